@@ -1,0 +1,38 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from tpc_hooks.synthetic import make_problem
+
+
+@pytest.fixture(autouse=True)
+def _seed_everything():
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    yield
+
+
+def random_head(d_model=6, degree=5, ranks=(3, 2, 4, 1), dtype=torch.float64, seed=0):
+    """A TPC with every parameter and the scaler drawn at random (not a trained head)."""
+    from tpc_hooks import TPC
+
+    gen = torch.Generator().manual_seed(seed)
+    head = TPC(d_model, degree, list(ranks[: degree - 1]))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.7)
+        head.scaler.mean.copy_(torch.randn(d_model, generator=gen))
+        head.scaler.scale.copy_(torch.rand(d_model, generator=gen) + 0.5)
+    return head.to(dtype)
+
+
+@pytest.fixture(scope="session")
+def problem():
+    """Train/val/test splits of one synthetic problem with planted interactions."""
+    Xtr, ytr = make_problem(1500, 12, seed=0, world=3)
+    Xva, yva = make_problem(500, 12, seed=1, world=3)
+    Xte, yte = make_problem(800, 12, seed=2, world=3)
+    return Xtr, ytr, Xva, yva, Xte, yte

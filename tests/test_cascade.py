@@ -1,0 +1,122 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import minimize
+
+import tpc_hooks as tpc
+from conftest import random_head
+
+
+def reference_cascade(head, z, lower, upper, temps=None, biases=None):
+    """Paper Alg. 1, one row at a time, from head(z, order=n)."""
+    temps = temps or [1.0] * head.degree
+    biases = biases or [0.0] * head.degree
+    orders, logits = [], []
+    for row in z:
+        for n in range(1, head.degree + 1):
+            s = float(head(row, order=n).detach())
+            p = 1 / (1 + math.exp(-(s / temps[n - 1] + biases[n - 1])))
+            if not (lower < p < upper):
+                break
+        orders.append(n)
+        logits.append(s)
+    return torch.tensor(orders), torch.tensor(logits, dtype=torch.float64)
+
+
+@pytest.fixture
+def head_and_z():
+    head = random_head(d_model=6, degree=4, ranks=(3, 2, 4), dtype=torch.float32)
+    with torch.no_grad():
+        head.bias.zero_()
+        for k in head.degrees:
+            head.lambdas[str(k)].mul_(0.05)
+    return head, torch.randn(300, 6) * 0.7
+
+
+def test_tau_zero_runs_every_order_and_equals_full_head(head_and_z):
+    head, z = head_and_z
+    out = tpc.Cascade(head, tau=0.0)(z)
+    assert (out.exit_order == head.degree).all()
+    torch.testing.assert_close(out.logits, head(z).detach())
+    assert (out.flops == head.cost().flops).all()
+
+
+def test_tau_half_stops_at_the_linear_probe(head_and_z):
+    head, z = head_and_z
+    out = tpc.Cascade(head, tau=0.5)(z)
+    assert (out.exit_order == 1).all()
+    torch.testing.assert_close(out.logits, head(z, order=1).detach())
+    assert (out.flops == head.cost(1).flops).all()
+
+
+@pytest.mark.parametrize("lower, upper", [(0.3, 0.7), (0.1, 0.9), (0.2, 0.6)])
+def test_rows_match_reference_algorithm(head_and_z, lower, upper):
+    head, z = head_and_z
+    out = tpc.Cascade(head, lower=lower, upper=upper)(z)
+    orders, logits = reference_cascade(head, z, lower, upper)
+    assert len(set(orders.tolist())) > 1  # the case exercises several exit orders
+    assert torch.equal(out.exit_order, orders)
+    torch.testing.assert_close(out.logits.double(), logits, rtol=1e-5, atol=1e-5)
+    per_row = torch.stack([head(z[i], order=int(out.exit_order[i])) for i in range(len(z))]).detach()
+    torch.testing.assert_close(out.logits, per_row, rtol=1e-5, atol=1e-5)
+    assert out.flops.tolist() == [head.cost(int(e)).flops for e in out.exit_order]
+    assert sum(out.exit_histogram()) == len(z)
+
+
+def test_higher_orders_see_only_undecided_rows(head_and_z, monkeypatch):
+    head, z = head_and_z
+    seen = {}
+    original = head._term_std
+
+    def counting(zs, k):
+        seen[k] = seen.get(k, 0) + zs.shape[0]
+        return original(zs, k)
+
+    monkeypatch.setattr(head, "_term_std", counting)
+    out = tpc.Cascade(head, tau=0.3)(z)
+    for k in head.degrees:
+        assert seen.get(k, 0) == int((out.exit_order >= k).sum())
+
+
+def test_calibration_is_the_nll_optimum(head_and_z):
+    head, z = head_and_z
+    with torch.no_grad():
+        y = (torch.sigmoid(3 * head(z) + 0.5) > torch.rand(len(z))).long()
+    c = tpc.Cascade(head, tau=0.2).calibrate(z, y)
+    yn = y.double().numpy()
+    for order in range(1, head.degree + 1):
+        s = head(z, order=order).detach().double().numpy()
+        nll = lambda ab: np.mean(np.logaddexp(0, ab[0] * s + ab[1]) - yn * (ab[0] * s + ab[1]))
+        a, b = minimize(nll, [1.0, 0.0], method="Nelder-Mead", options={"xatol": 1e-8, "fatol": 1e-12}).x
+        assert 1 / c.temperatures[order - 1] == pytest.approx(a, rel=1e-3)
+        assert c.biases[order - 1] == pytest.approx(b, abs=1e-3)
+        rep = c.calibration_report[order - 1]
+        assert rep["nll_after"] <= rep["nll_before"] + 1e-12
+    orders, logits = reference_cascade(head, z, 0.2, 0.8, c.temperatures, c.biases)
+    out = c(z)
+    assert torch.equal(out.exit_order, orders)
+    restored = tpc.Cascade.from_dict(head, c.to_dict())
+    assert torch.equal(restored(z).exit_order, out.exit_order)
+
+
+def test_sweep_spends_less_with_larger_tau(head_and_z):
+    head, z = head_and_z
+    y = (torch.rand(len(z)) > 0.5).long()
+    rows = tpc.Cascade(head).sweep(z, y, taus=[0.0, 0.1, 0.3, 0.5])
+    flops = [r["relative_flops"] for r in rows]
+    assert flops == sorted(flops, reverse=True)
+    assert flops[-1] == 1.0 and rows[0]["exit_histogram"] == [0, 0, 0, len(z)]
+
+
+def test_bad_thresholds(head_and_z):
+    head, _ = head_and_z
+    with pytest.raises(tpc.TPCHooksError, match=r"tau must be in \[0, 0.5\]; got 0.7"):
+        tpc.Cascade(head, tau=0.7)
+    with pytest.raises(tpc.TPCHooksError, match="pass both lower and upper"):
+        tpc.Cascade(head, lower=0.1)
+    with pytest.raises(tpc.TPCHooksError, match="0 <= lower <= upper <= 1"):
+        tpc.Cascade(head, lower=0.8, upper=0.2)
+    with pytest.raises(tpc.TPCHooksError, match="one value per order"):
+        tpc.Cascade(head, temperatures=[1.0])

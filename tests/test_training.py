@@ -1,0 +1,161 @@
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import f1_score
+from sklearn.preprocessing import StandardScaler
+
+import tpc_hooks as tpc
+from tpc_hooks.store import ActivationStore
+
+FAST = dict(rank=4, epochs=8, batch_size=256, verbose=False)
+
+
+def test_scaler_and_degree_one_equal_sklearn(problem):
+    Xtr, ytr, Xva, yva, Xte, _ = problem
+    head = tpc.fit(Xtr, ytr, Xva, yva, degree=2, Cs=(1.0,), **FAST)
+    sc = StandardScaler().fit(Xtr)
+    np.testing.assert_allclose(head.scaler.mean.numpy(), sc.mean_, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(head.scaler.scale.numpy(), sc.scale_, rtol=1e-5)
+    clf = LogisticRegression(C=1.0, max_iter=500).fit(sc.transform(Xtr), ytr)
+    want = clf.decision_function(sc.transform(Xte))
+    got = head(torch.tensor(Xte), order=1).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_C_is_chosen_by_validation_f1(problem):
+    Xtr, ytr, Xva, yva, _, _ = problem
+    Cs = (10.0, 0.01, 0.0001)
+    head = tpc.fit(Xtr, ytr, Xva, yva, degree=1, Cs=Cs, **FAST)
+    sc = StandardScaler().fit(Xtr)
+    f1s = [f1_score(yva, LogisticRegression(C=C, max_iter=500).fit(sc.transform(Xtr), ytr).predict(sc.transform(Xva)))
+           for C in Cs]
+    assert head.history.selected[1]["C"] == Cs[int(np.argmax(f1s))]
+    assert head.history.selected[1]["val_f1"] == pytest.approx(max(f1s))
+
+
+def test_higher_degrees_leave_lower_truncations_bit_identical(problem):
+    Xtr, ytr, Xva, yva, Xte, _ = problem
+    z = torch.tensor(Xte)
+    h3 = tpc.fit(Xtr, ytr, Xva, yva, degree=3, seed=5, **FAST)
+    h5 = tpc.fit(Xtr, ytr, Xva, yva, degree=5, init=h3, seed=5, **FAST)
+    with torch.no_grad():
+        for n in (1, 2, 3):
+            assert torch.equal(h3(z, order=n), h5(z, order=n))
+    for name, p in h3.state_dict().items():
+        assert torch.equal(p, h5.state_dict()[name]), name
+    assert not torch.equal(h5.lambdas["4"], torch.zeros(4))
+    # one fit to degree 4 trains degrees 1..3 exactly as a fit to degree 3 does
+    h4 = tpc.fit(Xtr, ytr, Xva, yva, degree=4, seed=5, **FAST)
+    with torch.no_grad():
+        for n in (1, 2, 3):
+            assert torch.equal(h3(z, order=n), h4(z, order=n))
+
+
+def test_fixed_seed_gives_identical_heads(problem):
+    Xtr, ytr, Xva, yva, _, _ = problem
+    a = tpc.fit(Xtr, ytr, Xva, yva, degree=3, seed=1, dropout=0.2, **FAST)
+    b = tpc.fit(Xtr, ytr, Xva, yva, degree=3, seed=1, dropout=0.2, **FAST)
+    c = tpc.fit(Xtr, ytr, Xva, yva, degree=3, seed=2, dropout=0.2, **FAST)
+    for name, p in a.state_dict().items():
+        assert torch.equal(p, b.state_dict()[name]), name
+    assert not torch.equal(a.factors["2"], c.factors["2"])
+
+
+def test_best_validation_epoch_is_kept(problem):
+    Xtr, ytr, Xva, yva, _, _ = problem
+    head = tpc.fit(Xtr, ytr, Xva, yva, degree=3, lr=3e-2, **FAST)
+    for k in (2, 3):
+        recs = head.history.for_degree(k)
+        assert [r["epoch"] for r in recs] == list(range(FAST["epochs"]))
+        best = min(recs, key=lambda r: r["val_loss"])
+        assert head.history.selected[k]["best_epoch"] == best["epoch"]
+        s = head(torch.tensor(Xva), order=k).detach().double()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(s, torch.tensor(yva, dtype=torch.float64))
+        assert float(loss) == pytest.approx(best["val_loss"], rel=1e-4)
+
+
+def test_progressive_training_gains_over_the_linear_probe(problem):
+    Xtr, ytr, Xva, yva, Xte, yte = problem
+    head = tpc.fit(Xtr, ytr, Xva, yva, degree=3, rank=8, epochs=40, batch_size=256, verbose=False)
+    z = torch.tensor(Xte)
+    f1 = [f1_score(yte, (head(z, order=n) > 0).numpy()) for n in (1, 2, 3)]
+    assert f1[1] > f1[0] + 0.03 and f1[2] > f1[0] + 0.03, f1
+
+
+def test_joint_mode_trains_every_term(problem):
+    Xtr, ytr, Xva, yva, _, _ = problem
+    head = tpc.fit(Xtr, ytr, Xva, yva, degree=3, mode="joint", **FAST)
+    assert head.history.mode == "joint"
+    assert not torch.equal(head.linear, torch.zeros(12))
+    assert not torch.equal(head.lambdas["3"], torch.zeros(4))
+    assert len(head.history.for_degree(3)) == FAST["epochs"]
+
+
+def test_sweep_selects_best_validation_f1(problem):
+    Xtr, ytr, Xva, yva, _, _ = problem
+    head = tpc.fit(Xtr, ytr, Xva, yva, degree=2, sweep={"lr": [1e-4, 3e-2], "dropout": [0.0, 0.5]}, **FAST)
+    recs = [r for r in head.history.records if r["degree"] == 2]
+    assert {r["trial"] for r in recs} == {0, 1, 2, 3}
+    best_per_trial = {t: min((r for r in recs if r["trial"] == t), key=lambda r: r["val_loss"]) for t in range(4)}
+    chosen = max(best_per_trial.items(), key=lambda kv: (kv[1]["val_f1"], -kv[1]["val_loss"]))[0]
+    assert head.history.selected[2]["trial"] == chosen
+
+
+def test_validation_split_is_stratified_and_reproducible(problem):
+    Xtr, ytr, *_ = problem
+    a = tpc.fit(Xtr, ytr, degree=2, **FAST)
+    b = tpc.fit(Xtr, ytr, degree=2, **FAST)
+    assert torch.equal(a.factors["2"], b.factors["2"])
+    assert a.history.selected[1]["val_f1"] > 0.5
+
+
+def test_store_training_streams_and_matches(tmp_path, problem):
+    Xtr, ytr, Xva, yva, Xte, yte = problem
+    store = ActivationStore.create(tmp_path / "acts", d_model=12)
+    for a in range(0, len(Xtr), 400):
+        store.append(Xtr[a:a + 400])
+    mem = tpc.fit(Xtr, ytr, Xva, yva, degree=2, Cs=(1.0,), **FAST)
+    disk = tpc.fit(store, ytr, Xva, yva, degree=2, Cs=(1.0,), chunk_rows=300, **FAST)
+    torch.testing.assert_close(disk.scaler.mean, mem.scaler.mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(disk.linear, mem.linear, rtol=1e-4, atol=1e-4)
+    streamed = tpc.fit(store, ytr, Xva, yva, degree=1, Cs=(1.0,), linear_solver="lbfgs", chunk_rows=300, **FAST)
+    torch.testing.assert_close(streamed.linear, mem.linear, rtol=2e-3, atol=2e-3)
+    z = torch.tensor(Xte)
+    f1_mem = f1_score(yte, (mem(z) > 0).numpy())
+    f1_disk = f1_score(yte, (disk(z) > 0).numpy())
+    assert abs(f1_mem - f1_disk) < 0.05
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda X, y: (X[:0], y[:0]), "X_train is empty"),
+        (lambda X, y: (X, y[:-1]), "y_train has 1499 labels but the features have 1500 rows"),
+        (lambda X, y: (X, np.zeros_like(y)), r"only one class: all 1500 labels are 0 \(benign\)"),
+        (lambda X, y: (X, y * 2), r"binary labels 0 \(benign\) and 1 \(harmful\); found \[2.0\]"),
+        (lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 30, np.inf, X), y), r"X_train contains 1 NaN/inf value\(s\), first at index \(2, 6\)"),
+        (lambda X, y: (X[:, None], y), r"X_train must be a 2-D array \[n_samples, d_model\]"),
+    ],
+)
+def test_bad_training_input(problem, mutate, message):
+    X, y = mutate(problem[0], problem[1])
+    with pytest.raises(tpc.TPCHooksError, match=message):
+        tpc.fit(X, y, degree=2, **FAST)
+
+
+def test_bad_training_options(problem):
+    Xtr, ytr, Xva, yva, _, _ = problem
+    with pytest.raises(tpc.TPCHooksError, match="X_val has d_model=11 but the head expects d_model=12"):
+        tpc.fit(Xtr, ytr, Xva[:, :11], yva, **FAST)
+    with pytest.raises(tpc.TPCHooksError, match="pass both X_val and y_val"):
+        tpc.fit(Xtr, ytr, Xva, **FAST)
+    with pytest.raises(tpc.TPCHooksError, match="mode must be 'progressive' or 'joint'"):
+        tpc.fit(Xtr, ytr, mode="greedy", **FAST)
+    with pytest.raises(tpc.TPCHooksError, match="dropout must be in"):
+        tpc.fit(Xtr, ytr, dropout=1.0, **FAST)
+    small = tpc.fit(Xtr, ytr, Xva, yva, degree=2, **FAST)
+    with pytest.raises(tpc.TPCHooksError, match="X_train has d_model=11 but the head expects d_model=12"):
+        tpc.fit(Xtr[:, :11], ytr, degree=3, init=small, **FAST)
+    with pytest.raises(tpc.TPCHooksError, match="degree=1 is below init's degree 2"):
+        tpc.fit(Xtr, ytr, degree=1, init=small, **FAST)

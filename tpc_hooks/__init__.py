@@ -1,0 +1,29 @@
+"""tpc-hooks: truncated polynomial classifiers on a language model's activations.
+
+A TPC is a degree-N polynomial in a residual-stream vector with symmetric CP weights,
+trained degree by degree so that every truncation is itself a classifier (degree 1 is the
+linear probe). Importing this package imports no interpretability toolkit.
+"""
+
+from ._errors import TPCHooksError as TPCHooksError
+from .cascade import Cascade as Cascade
+from .cascade import CascadeResult as CascadeResult
+from .polynomial import TPC as TPC
+from .polynomial import Cost as Cost
+from .store import ActivationStore as ActivationStore
+from .training import History as History
+from .training import fit as fit
+from . import baselines as baselines  # a module: tpc.baselines.compare(...)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TPC",
+    "Cost",
+    "fit",
+    "History",
+    "Cascade",
+    "CascadeResult",
+    "ActivationStore",
+    "TPCHooksError",
+]

@@ -1,0 +1,82 @@
+"""Validation of user-supplied features and labels, shared by every entry point."""
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._errors import TPCHooksError
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def as_tensor(x: Any, name: str) -> torch.Tensor:
+    """Turns an array-like into a floating tensor without copying when possible."""
+    if isinstance(x, torch.Tensor):
+        t = x
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(x))
+        except (TypeError, ValueError) as err:
+            raise TPCHooksError(f"{name} must be an array or tensor of numbers; got {type(x).__name__} ({err})") from None
+    if not (t.is_floating_point() or t.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)):
+        raise TPCHooksError(f"{name} must hold real numbers; got dtype {t.dtype}")
+    return t
+
+
+def check_features(x: Any, name: str = "X", d_model: int | None = None, *, min_rows: int = 1) -> torch.Tensor:
+    """Checks a feature matrix ``[n, d_model]`` and returns it as float32 (float64 kept).
+
+    Raises:
+        TPCHooksError: wrong rank, no rows, wrong ``d_model``, or a NaN/inf entry.
+    """
+    t = as_tensor(x, name)
+    if t.dim() != 2:
+        raise TPCHooksError(f"{name} must be a 2-D array [n_samples, d_model]; got shape {tuple(t.shape)}")
+    if t.shape[0] < min_rows:
+        raise TPCHooksError(f"{name} is empty: it has {t.shape[0]} rows; at least {min_rows} needed")
+    check_width(t, name, d_model)
+    t = t.float() if t.dtype != torch.float64 else t
+    check_finite(t, name)
+    return t
+
+
+def check_width(t: torch.Tensor, name: str, d_model: int | None) -> None:
+    if d_model is not None and t.shape[-1] != d_model:
+        raise TPCHooksError(
+            f"{name} has d_model={t.shape[-1]} but the head expects d_model={d_model}; "
+            "were these activations collected from another model or site?"
+        )
+
+
+def check_finite(t: torch.Tensor, name: str) -> None:
+    if not bool(torch.isfinite(t).all()):
+        bad = (~torch.isfinite(t)).nonzero()
+        first = tuple(bad[0].tolist())
+        raise TPCHooksError(
+            f"{name} contains {bad.shape[0]} NaN/inf value(s), first at index {first}; "
+            "drop or repair those rows (an overflowing float16 forward pass is a common cause)"
+        )
+
+
+def check_labels(y: Any, n: int, name: str = "y", *, need_both: bool = True) -> torch.Tensor:
+    """Checks binary labels of length ``n`` and returns them as float32 {0., 1.}."""
+    t = as_tensor(y, name)
+    if t.dim() != 1:
+        raise TPCHooksError(f"{name} must be 1-D [n_samples]; got shape {tuple(t.shape)}")
+    if t.shape[0] != n:
+        raise TPCHooksError(f"{name} has {t.shape[0]} labels but the features have {n} rows; they must match one to one")
+    if n == 0:
+        raise TPCHooksError(f"{name} is empty")
+    t = t.double()
+    if not bool(((t == 0) | (t == 1)).all()):
+        bad = sorted({float(v) for v in t[(t != 0) & (t != 1)].unique()[:5].tolist()})
+        raise TPCHooksError(f"{name} must hold binary labels 0 (benign) and 1 (harmful); found {bad}")
+    if need_both:
+        pos = int(t.sum())
+        if pos == 0 or pos == n:
+            only = "1 (harmful)" if pos else "0 (benign)"
+            raise TPCHooksError(
+                f"{name} has only one class: all {n} labels are {only}; a classifier needs examples of both"
+            )
+    return t.float()

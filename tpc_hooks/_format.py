@@ -1,0 +1,104 @@
+"""The saved-head directory format: file names, config checks, safetensors I/O.
+
+A saved head is a directory holding ``config.json`` and ``model.safetensors`` (float32).
+Nothing here unpickles.
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ._errors import TPCHooksError
+
+FORMAT_NAME = "tpc-hooks"
+FORMAT_VERSION = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_dir(path: str | os.PathLike, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
+    """Writes ``config.json`` and ``model.safetensors`` into ``path`` (created if needed)."""
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **config}
+    flat = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in tensors.items()}
+    _atomic_write(out / WEIGHTS_FILE, lambda tmp: save_file(flat, tmp, metadata={"format": FORMAT_NAME}))
+    text = json.dumps(cfg, indent=2, sort_keys=False)
+    _atomic_write(out / CONFIG_FILE, lambda tmp: Path(tmp).write_text(text + "\n"))
+    return out
+
+
+def read_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Reads a saved directory; checks the format name and version, not the contents."""
+    src = Path(path)
+    cfg_path, w_path = src / CONFIG_FILE, src / WEIGHTS_FILE
+    if not src.is_dir():
+        raise TPCHooksError(f"{src} is not a directory; a saved tpc-hooks head is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}")
+    for p in (cfg_path, w_path):
+        if not p.is_file():
+            raise TPCHooksError(f"{p} is missing; a saved tpc-hooks head has both {CONFIG_FILE} and {WEIGHTS_FILE}")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise TPCHooksError(f"{cfg_path} is not valid JSON ({err}); the file is corrupt") from None
+    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT_NAME:
+        raise TPCHooksError(f"{cfg_path} does not describe a tpc-hooks head (expected \"format\": \"{FORMAT_NAME}\")")
+    version = cfg.get("format_version")
+    if version != FORMAT_VERSION:
+        raise TPCHooksError(
+            f"{cfg_path} has format_version={version!r}; this version of tpc-hooks reads format_version={FORMAT_VERSION}. "
+            "Upgrade tpc-hooks, or re-save the head with the version that wrote it"
+        )
+    try:
+        tensors = load_file(str(w_path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise TPCHooksError(f"{w_path} could not be read as safetensors ({err}); the file is truncated or corrupt") from None
+    return cfg, tensors
+
+
+def require(cfg: dict[str, Any], key: str, kind: type | tuple[type, ...], where: Path | str) -> Any:
+    """Returns ``cfg[key]`` or raises naming the file when it is missing or of the wrong type."""
+    if key not in cfg:
+        raise TPCHooksError(f"{where}: config.json lacks the required key {key!r}")
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TPCHooksError(f"{where}: config.json key {key!r} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], where: Path | str) -> None:
+    """Strict check: same names, same shapes, float32, finite."""
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing:
+        raise TPCHooksError(f"{where}: {WEIGHTS_FILE} lacks tensor(s) {missing} that config.json requires")
+    if extra:
+        raise TPCHooksError(f"{where}: {WEIGHTS_FILE} has unexpected tensor(s) {extra}; config.json does not describe them")
+    for name, shape in expected.items():
+        t = tensors[name]
+        if tuple(t.shape) != tuple(shape):
+            raise TPCHooksError(
+                f"{where}: tensor {name!r} in {WEIGHTS_FILE} has shape {tuple(t.shape)} but config.json implies {tuple(shape)}"
+            )
+        if t.dtype != torch.float32:
+            raise TPCHooksError(f"{where}: tensor {name!r} is {t.dtype}; the format stores float32")
+        if not bool(torch.isfinite(t).all()):
+            raise TPCHooksError(f"{where}: tensor {name!r} contains NaN/inf; the file is corrupt")

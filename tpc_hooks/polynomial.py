@@ -1,0 +1,278 @@
+"""The truncated polynomial classifier (TPC) head and its cost accounting.
+
+    z_std  = (z - mean) / scale
+    P_{:n} = w0 + <w1, z_std> + sum_{k=2}^{n} sum_r lambda_k[r] * <U_k[:, r], z_std>^k
+
+Symmetric CP weights (paper Eq. 5): one factor matrix ``U_k`` [d_model, R_k] and one
+coefficient vector ``lambda_k`` [R_k] per degree k >= 2.
+"""
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from . import _format
+from ._checks import check_finite, check_width
+from ._errors import TPCHooksError
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Parameters and FLOPs (one multiply-add = one FLOP) of a truncation ``P_{:order}``.
+
+    Paper Table 2, symmetric CP, with the bias counted as a parameter:
+    ``params = D + 1 + sum_k (R_k D + R_k)``, ``flops = D + sum_k (R_k D + k R_k)``.
+    Standardisation is not counted: it is the same for every order.
+    """
+
+    order: int
+    params: int
+    flops: int
+
+
+class _Scaler(nn.Module):
+    """Per-feature standardisation stored with the head (``scaler.mean``, ``scaler.scale``)."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(d_model))
+        self.register_buffer("scale", torch.ones(d_model))
+
+    def forward(self, z: Tensor) -> Tensor:
+        return (z - self.mean.to(z.dtype)) / self.scale.to(z.dtype)
+
+
+def _check_int(value: Any, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise TPCHooksError(f"{name} must be an integer >= {low}; got {value!r}")
+    return value
+
+
+class TPC(nn.Module):
+    """A degree-N truncated polynomial classifier on ``d_model``-dimensional activations.
+
+    Every truncation ``P_{:n}`` (n = 1..degree) is a classifier; ``n = 1`` is the linear
+    probe. The standardisation is part of the module, so a saved head is self-contained.
+
+    Args:
+        d_model: width of the activations it reads.
+        degree: highest degree N (>= 1).
+        rank: CP rank of every degree >= 2, or a sequence ``[R_2, ..., R_N]``.
+
+    Example:
+        >>> import torch, tpc_hooks as tpc
+        >>> head = tpc.TPC(d_model=16, degree=3, rank=4)
+        >>> z = torch.randn(8, 16)
+        >>> head(z).shape, head(z, order=1).shape, head.terms(z).shape
+        (torch.Size([8]), torch.Size([8]), torch.Size([8, 3]))
+        >>> head.cost(order=2).params
+        85
+    """
+
+    def __init__(self, d_model: int, degree: int = 5, rank: int | Sequence[int] = 64):
+        super().__init__()
+        _check_int(d_model, "d_model", 1)
+        _check_int(degree, "degree", 1)
+        if isinstance(rank, int) and not isinstance(rank, bool):
+            ranks = [rank] * (degree - 1)
+        elif isinstance(rank, Sequence) and not isinstance(rank, str):
+            ranks = list(rank)
+            if len(ranks) != degree - 1:
+                raise TPCHooksError(
+                    f"rank lists one rank per degree 2..{degree}, so it needs {degree - 1} entries; got {len(ranks)}"
+                )
+        else:
+            raise TPCHooksError(f"rank must be an integer or a list of integers; got {rank!r}")
+        for r in ranks:
+            _check_int(r, "rank", 1)
+        self.d_model = d_model
+        self.degree = degree
+        self.ranks: tuple[int, ...] = tuple(ranks)
+        self.history: Any = None
+        self.scaler = _Scaler(d_model)
+        self.bias = nn.Parameter(torch.zeros(1))
+        self.linear = nn.Parameter(torch.zeros(d_model))
+        self.factors = nn.ParameterDict(
+            {str(k): nn.Parameter(torch.randn(d_model, r) / d_model**0.5) for k, r in zip(self.degrees, self.ranks)}
+        )
+        self.lambdas = nn.ParameterDict({str(k): nn.Parameter(torch.zeros(r)) for k, r in zip(self.degrees, self.ranks)})
+
+    @property
+    def degrees(self) -> range:
+        """The degrees with CP weights: ``2..degree``."""
+        return range(2, self.degree + 1)
+
+    def rank_of(self, k: int) -> int:
+        """CP rank ``R_k`` of degree ``k`` (2 <= k <= degree)."""
+        return self.ranks[k - 2]
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, degree={self.degree}, ranks={list(self.ranks)}"
+
+    # ------------------------------------------------------------------ scoring
+    def _check_order(self, order: int | None) -> int:
+        if order is None:
+            return self.degree
+        if isinstance(order, bool) or not isinstance(order, int) or not 1 <= order <= self.degree:
+            raise TPCHooksError(f"order must be an integer in 1..{self.degree} for this degree-{self.degree} head; got {order!r}")
+        return order
+
+    def _prepare(self, z: Tensor) -> tuple[Tensor, torch.Size]:
+        if not isinstance(z, Tensor):
+            raise TPCHooksError(f"expected a torch.Tensor of activations [..., {self.d_model}]; got {type(z).__name__}")
+        if z.dim() == 0:
+            raise TPCHooksError(f"expected activations of shape [..., {self.d_model}]; got a scalar")
+        check_width(z, "z", self.d_model)
+        if not z.is_floating_point() or z.dtype in (torch.float16, torch.bfloat16):
+            z = z.float()
+        dtype = torch.promote_types(z.dtype, self.bias.dtype)
+        z = z.to(device=self.bias.device, dtype=dtype)
+        check_finite(z, "z")
+        batch = z.shape[:-1]
+        return z.reshape(-1, self.d_model), batch
+
+    def standardize(self, z: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
+        """Returns ``(z - scaler.mean) / scaler.scale`` (the head's own units)."""
+        z2, batch = self._prepare(z)
+        return self.scaler(z2).reshape(*batch, self.d_model)
+
+    def _param(self, p: Tensor, like: Tensor) -> Tensor:
+        return p if p.dtype == like.dtype else p.to(like.dtype)
+
+    def _linear_std(self, zs: Tensor) -> Tensor:
+        """``w0 + <w1, z_std>`` for standardised rows ``[n, d_model]``."""
+        return zs @ self._param(self.linear, zs) + self._param(self.bias, zs)
+
+    def _term_std(self, zs: Tensor, k: int) -> Tensor:
+        """The degree-``k`` term for standardised rows ``[n, d_model]``."""
+        proj = zs @ self._param(self.factors[str(k)], zs)
+        return proj.pow(k) @ self._param(self.lambdas[str(k)], zs)
+
+    def _logits_std(self, zs: Tensor, order: int) -> Tensor:
+        s = self._linear_std(zs)
+        for k in range(2, order + 1):
+            s = s + self._term_std(zs, k)
+        return s
+
+    def forward(self, z: Float[Tensor, "*batch d_model"], order: int | None = None) -> Float[Tensor, "*batch"]:
+        """Logits of the truncation ``P_{:order}`` (the full polynomial when ``order`` is None).
+
+        Args:
+            z: activations ``[d_model]`` or ``[..., d_model]``; half precision is scored in float32.
+            order: truncation order in ``1..degree``.
+
+        Returns:
+            Logits with the batch shape of ``z`` (a 0-d tensor for a single vector).
+
+        Raises:
+            TPCHooksError: wrong ``d_model``, NaN/inf in ``z``, or ``order`` out of range.
+        """
+        n = self._check_order(order)
+        z2, batch = self._prepare(z)
+        return self._logits_std(self.scaler(z2), n).reshape(batch)
+
+    def terms(self, z: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch degree"]:
+        """Per-order contributions: column 0 is ``w0 + linear``, column ``k-1`` the degree-k term.
+
+        The columns' cumulative sums are the truncations: ``terms(z)[..., :n].sum(-1) == head(z, order=n)``.
+        """
+        z2, batch = self._prepare(z)
+        zs = self.scaler(z2)
+        cols = [self._linear_std(zs)] + [self._term_std(zs, k) for k in self.degrees]
+        return torch.stack(cols, dim=-1).reshape(*batch, self.degree)
+
+    def probs(self, z: Float[Tensor, "*batch d_model"], order: int | None = None) -> Float[Tensor, "*batch"]:
+        """``sigmoid(head(z, order))``: the probability of the harmful class."""
+        return torch.sigmoid(self.forward(z, order))
+
+    # ------------------------------------------------------------------ cost
+    def cost(self, order: int | None = None) -> Cost:
+        """Parameter count and FLOPs of the truncation ``P_{:order}`` (paper Table 2, symmetric CP)."""
+        n = self._check_order(order)
+        d = self.d_model
+        params, flops = d + 1, d
+        for k in range(2, n + 1):
+            r = self.rank_of(k)
+            params += r * d + r
+            flops += r * d + k * r
+        return Cost(order=n, params=params, flops=flops)
+
+    def term_flops(self) -> list[int]:
+        """FLOPs added by each order: ``[D, R_2 D + 2 R_2, ..., R_N D + N R_N]``."""
+        return [self.d_model] + [self.rank_of(k) * self.d_model + k * self.rank_of(k) for k in self.degrees]
+
+    # ------------------------------------------------------------------ saving
+    def _config(self) -> dict[str, Any]:
+        cfg: dict[str, Any] = {"d_model": self.d_model, "degree": self.degree, "ranks": list(self.ranks)}
+        if self.history is not None and hasattr(self.history, "to_dict"):
+            cfg["history"] = self.history.to_dict()
+        return cfg
+
+    def _tensors(self) -> dict[str, Tensor]:
+        out = {"bias": self.bias, "linear": self.linear, "scaler.mean": self.scaler.mean, "scaler.scale": self.scaler.scale}
+        for k in self.degrees:
+            out[f"factors.{k}"] = self.factors[str(k)]
+            out[f"lambdas.{k}"] = self.lambdas[str(k)]
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Saves to a directory: ``config.json`` + ``model.safetensors`` (float32, no pickle).
+
+        Example:
+            >>> import tempfile, tpc_hooks as tpc
+            >>> head = tpc.TPC(d_model=8, degree=2, rank=2)
+            >>> d = head.save(tempfile.mkdtemp() + "/head")
+            >>> tpc.TPC.load(d).ranks
+            (2,)
+        """
+        return _format.write_dir(path, self._config(), self._tensors())
+
+    @classmethod
+    def _from_saved(cls, cfg: dict[str, Any], tensors: dict[str, Tensor], where: Path | str) -> "TPC":
+        d_model = _format.require(cfg, "d_model", int, where)
+        degree = _format.require(cfg, "degree", int, where)
+        ranks = _format.require(cfg, "ranks", list, where)
+        if len(ranks) != degree - 1 or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
+            raise TPCHooksError(f"{where}: config.json ranks={ranks!r} must list {degree - 1} positive integers (R_2..R_{degree})")
+        if d_model < 1 or degree < 1:
+            raise TPCHooksError(f"{where}: config.json has d_model={d_model}, degree={degree}; both must be >= 1")
+        expected: dict[str, tuple[int, ...]] = {
+            "bias": (1,), "linear": (d_model,), "scaler.mean": (d_model,), "scaler.scale": (d_model,),
+        }
+        for k, r in zip(range(2, degree + 1), ranks):
+            expected[f"factors.{k}"] = (d_model, r)
+            expected[f"lambdas.{k}"] = (r,)
+        _format.check_tensors(tensors, expected, where)
+        if not bool((tensors["scaler.scale"] > 0).all()):
+            raise TPCHooksError(f"{where}: scaler.scale must be positive everywhere; the file is corrupt")
+        head = cls(d_model, degree, ranks)
+        with torch.no_grad():
+            head.bias.copy_(tensors["bias"])
+            head.linear.copy_(tensors["linear"])
+            head.scaler.mean.copy_(tensors["scaler.mean"])
+            head.scaler.scale.copy_(tensors["scaler.scale"])
+            for k in head.degrees:
+                head.factors[str(k)].copy_(tensors[f"factors.{k}"])
+                head.lambdas[str(k)].copy_(tensors[f"lambdas.{k}"])
+        if isinstance(cfg.get("history"), dict):
+            from .training import History
+
+            head.history = History.from_dict(cfg["history"])
+        return head
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "TPC":
+        """Loads a head saved by :meth:`save`. Strict: names, shapes, dtype and version must match.
+
+        Raises:
+            TPCHooksError: naming the file and the problem (missing/extra tensor, wrong shape,
+                unknown ``format_version``, truncated file).
+        """
+        cfg, tensors = _format.read_dir(path)
+        return cls._from_saved(cfg, tensors, Path(path) / _format.CONFIG_FILE)

@@ -1,0 +1,37 @@
+"""Synthetic activation-like problems with planted higher-order structure.
+
+For tests, benchmarks and the placeholder demo only: they are not evidence about real
+models. Features are correlated, offset and anisotropically scaled like residual-stream
+activations (one large "massive" coordinate), and the label depends on a linear direction
+plus pairwise and triple interactions, so that a linear probe is good but not perfect.
+"""
+
+import numpy as np
+
+
+def make_problem(n: int = 2000, d_model: int = 32, *, seed: int = 0, world: int = 0, noise: float = 0.5,
+                 interaction: float = 1.0, latent: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Returns ``(X float32 [n, d_model], y int64 [n])`` with roughly balanced classes.
+
+    ``world`` fixes the problem (mixing, scales, offsets, threshold); ``seed`` draws the
+    samples, so ``seed=0`` and ``seed=1`` with the same ``world`` are train and test sets
+    of one problem.
+
+    Example:
+        >>> X, y = make_problem(n=100, d_model=8, seed=1)
+        >>> X.shape, sorted(set(y.tolist()))
+        ((100, 8), [0, 1])
+    """
+    wrng = np.random.default_rng([world, d_model, latent])
+    latent = min(latent, d_model)
+    mix = wrng.standard_normal((latent, d_model)) / np.sqrt(latent)
+    scales, offsets = wrng.uniform(0.5, 3.0, d_model), wrng.normal(0, 2.0, d_model)
+    rng = np.random.default_rng([seed, 1 + world])
+    h = rng.standard_normal((n, latent))
+    X = h @ mix + 0.3 * rng.standard_normal((n, d_model))
+    X = X * scales + offsets
+    X[:, 0] = X[:, 0] * 20 + 100  # a massive activation, as in real residual streams
+    score = h[:, 0] + interaction * (h[:, 1] * h[:, 2] + 0.5 * (h[:, 3] ** 2 - 1) - 0.3 * h[:, 4] * h[:, 5] * h[:, 1])
+    score = score + noise * rng.standard_normal(n)
+    y = (score > 0.0).astype(np.int64)
+    return X.astype(np.float32), y
