@@ -159,3 +159,13 @@ def test_bad_training_options(problem):
         tpc.fit(Xtr[:, :11], ytr, degree=3, init=small, **FAST)
     with pytest.raises(tpc.TPCHooksError, match="degree=1 is below init's degree 2"):
         tpc.fit(Xtr, ytr, degree=1, init=small, **FAST)
+
+
+def test_float64_input_trains_like_float32_and_leaves_global_rng_alone(problem):
+    Xtr, ytr, Xva, yva, _, _ = problem
+    before = torch.random.get_rng_state()
+    a = tpc.fit(Xtr, ytr, Xva, yva, degree=2, **FAST)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    b = tpc.fit(Xtr.astype(np.float64), ytr, Xva.astype(np.float64), yva, degree=2, **FAST)
+    for name, p in a.state_dict().items():
+        assert torch.equal(p, b.state_dict()[name]), name

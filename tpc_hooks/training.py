@@ -164,27 +164,27 @@ class _Data:
         scale = torch.where(scale < 10 * torch.finfo(torch.float64).eps, torch.ones_like(scale), scale)
         return mean.float(), scale.float()
 
-    def hold_standardized(self, head: TPC, device: torch.device) -> None:
+    def hold_standardized(self, scaler: nn.Module, device: torch.device) -> None:
         """Standardises once and keeps the result (in-memory data only)."""
         if self.in_memory:
-            self.std = head.scaler(self.source.to(device))
+            self.std = scaler(self.source.to(device))
 
-    def _chunk(self, i: int, head: TPC, device: torch.device) -> tuple[np.ndarray, Tensor]:
+    def _chunk(self, i: int, scaler: nn.Module, device: torch.device) -> tuple[np.ndarray, Tensor]:
         if self.std is not None:
             a = i * self.chunk_rows
             b = min(a + self.chunk_rows, self.n)
             return np.arange(a, b), self.std[a:b]
         pos, x = self._raw_chunk(i)
-        return pos, head.scaler(x.to(device))
+        return pos, scaler(x.to(device))
 
-    def chunks(self, head: TPC, device: torch.device) -> Iterator[tuple[np.ndarray, Tensor]]:
+    def chunks(self, scaler: nn.Module, device: torch.device) -> Iterator[tuple[np.ndarray, Tensor]]:
         """Standardised chunks ``(positions, rows)`` in row order."""
         for i in range(self._n_chunks()):
-            pos, x = self._chunk(i, head, device)
+            pos, x = self._chunk(i, scaler, device)
             if len(pos):
                 yield pos, x
 
-    def batches(self, head: TPC, device: torch.device, batch_size: int, gen: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
+    def batches(self, scaler: nn.Module, device: torch.device, batch_size: int, gen: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
         """Shuffled minibatches ``(standardised rows, positions)``. In memory: one permutation
         of all rows. On disk: chunks in a random order, rows permuted within each chunk."""
         if self.std is not None:
@@ -194,16 +194,16 @@ class _Data:
                 yield self.std[idx.to(self.std.device)], idx
             return
         for i in torch.randperm(self._n_chunks(), generator=gen).tolist():
-            pos, x = self._chunk(i, head, device)
+            pos, x = self._chunk(i, scaler, device)
             perm = torch.randperm(x.shape[0], generator=gen)
             pos_t = torch.as_tensor(pos)
             for a in range(0, x.shape[0], batch_size):
                 idx = perm[a:a + batch_size]
                 yield x[idx.to(x.device)], pos_t[idx]
 
-    def map(self, head: TPC, device: torch.device, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    def map(self, scaler: nn.Module, device: torch.device, fn: Callable[[Tensor], Tensor]) -> Tensor:
         """Applies ``fn`` to standardised chunks and concatenates the results in row order."""
-        outs = [fn(x) for _, x in self.chunks(head, device)]
+        outs = [fn(x) for _, x in self.chunks(scaler, device)]
         return torch.cat(outs) if outs else torch.zeros(0, device=device)
 
 
@@ -214,7 +214,7 @@ def _as_data(X: Any, name: str, d_model: int | None = None) -> _Data:
         if d_model is not None and X.d_model != d_model:
             raise TPCHooksError(f"{name} has d_model={X.d_model} but the head expects d_model={d_model}")
         return _Data(X)
-    return _Data(check_features(X, name, d_model))
+    return _Data(check_features(X, name, d_model).float())
 # ---------------------------------------------------------------------- metrics used in the loop
 def f1_at_zero(logits: Tensor, y: Tensor) -> float:
     """F1 of ``logits > 0`` against binary ``y`` (0 when there is no true or predicted positive)."""
@@ -232,7 +232,7 @@ def train_loop(
     batch_loss: Callable[[Tensor, Tensor], Tensor],
     evaluate: Callable[[], tuple[float, float]],
     data: _Data,
-    head: TPC,
+    scaler: nn.Module,
     cfg: TrainConfig,
     device: torch.device,
     gen: torch.Generator,
@@ -245,8 +245,8 @@ def train_loop(
     """AdamW + ReduceLROnPlateau + gradient clipping; keeps the epoch with the best validation loss.
 
     ``batch_loss(rows, positions)`` returns the loss of one minibatch of standardised rows;
-    ``evaluate()`` returns ``(val_loss, val_f1)``. On return ``params`` hold the best epoch's
-    values. Used for the TPC degrees and for the baselines alike.
+    ``evaluate()`` returns ``(val_loss, val_f1)``; ``scaler`` standardises raw rows. On return
+    ``params`` hold the best epoch's values. Used for the TPC degrees and the baselines alike.
     """
     params = list(params)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -257,7 +257,7 @@ def train_loop(
     for epoch in bar:
         total = torch.zeros((), device=device)
         count = 0
-        for xb, idx in data.batches(head, device, cfg.batch_size, gen):
+        for xb, idx in data.batches(scaler, device, cfg.batch_size, gen):
             loss = batch_loss(xb, idx)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -316,7 +316,7 @@ def _sklearn_logreg(Xs: np.ndarray, y: np.ndarray, Xv: np.ndarray, yv: np.ndarra
     return best[1], best[2], best[3]
 
 
-def _streamed_logreg(data: _Data, head: TPC, y: Tensor, C: float, max_iter: int,
+def _streamed_logreg(data: _Data, scaler: nn.Module, y: Tensor, C: float, max_iter: int,
                      device: torch.device) -> tuple[np.ndarray, float]:
     """scikit-learn's L2 logistic regression objective, minimised by full-batch L-BFGS with the
     gradient accumulated chunk by chunk (for stores that do not fit in memory)."""
@@ -329,7 +329,7 @@ def _streamed_logreg(data: _Data, head: TPC, y: Tensor, C: float, max_iter: int,
     def closure():
         opt.zero_grad()
         total = torch.zeros((), dtype=torch.float64, device=device)
-        for pos, x in data.chunks(head, device):
+        for pos, x in data.chunks(scaler, device):
             s = x.double() @ w + b
             part = F.binary_cross_entropy_with_logits(s, y_d[torch.as_tensor(pos, device=device)], reduction="sum")
             part.backward()
@@ -348,15 +348,15 @@ def _fit_linear(head: TPC, tr: _Data, y_tr: Tensor, va: _Data, y_va: Tensor, Cs:
     if solver == "auto":
         solver = "sklearn" if small else "lbfgs"
     if solver == "sklearn":
-        Xs = tr.map(head, device, lambda x: x).cpu().numpy()
-        Xv = va.map(head, device, lambda x: x).cpu().numpy()
+        Xs = tr.map(head.scaler, device, lambda x: x).cpu().numpy()
+        Xv = va.map(head.scaler, device, lambda x: x).cpu().numpy()
         coef, intercept, chosen = _sklearn_logreg(Xs, y_tr.numpy(), Xv, y_va.numpy(), Cs, max_iter, records)
     elif solver == "lbfgs":
         best = None
         for C in Cs:
-            coef_c, b_c = _streamed_logreg(tr, head, y_tr, C, max_iter, device)
+            coef_c, b_c = _streamed_logreg(tr, head.scaler, y_tr, C, max_iter, device)
             w_t = torch.as_tensor(coef_c, dtype=torch.float32, device=device)
-            s = va.map(head, device, lambda x: x @ w_t + b_c).double().cpu()
+            s = va.map(head.scaler, device, lambda x: x @ w_t + b_c).double().cpu()
             yv = y_va.double()
             val_loss = float(F.binary_cross_entropy_with_logits(s, yv))
             val_f1 = f1_at_zero(s, yv)
@@ -398,8 +398,8 @@ def _init_degree(head: TPC, k: int, seed: int) -> None:
 def _train_degree(head: TPC, k: int, tr: _Data, y_tr: Tensor, va: _Data, y_va: Tensor, configs: list[TrainConfig],
                   seed: int, device: torch.device, verbose: bool, records: list[dict[str, Any]]) -> dict[str, Any]:
     with torch.no_grad():
-        prefix_tr = tr.map(head, device, lambda x: head._logits_std(x, k - 1))
-        prefix_va = va.map(head, device, lambda x: head._logits_std(x, k - 1))
+        prefix_tr = tr.map(head.scaler, device, lambda x: head._logits_std(x, k - 1))
+        prefix_va = va.map(head.scaler, device, lambda x: head._logits_std(x, k - 1))
     y_tr_d, y_va_d = y_tr.to(device), y_va.to(device)
     U, lam = head.factors[str(k)], head.lambdas[str(k)]
     best: dict[str, Any] | None = None
@@ -418,12 +418,12 @@ def _train_degree(head: TPC, k: int, tr: _Data, y_tr: Tensor, va: _Data, y_va: T
             return F.binary_cross_entropy_with_logits(logits, y_tr_d[idx])
 
         def evaluate() -> tuple[float, float]:
-            s = prefix_va + va.map(head, device, lambda x: head._term_std(x, k))
+            s = prefix_va + va.map(head.scaler, device, lambda x: head._term_std(x, k))
             return float(F.binary_cross_entropy_with_logits(s, y_va_d)), f1_at_zero(s, y_va_d)
 
         tags = {"degree": k, "trial": trial, "lr_init": cfg.lr, "weight_decay": cfg.weight_decay, "dropout": cfg.dropout}
         desc = f"degree {k}" + (f" trial {trial + 1}/{len(configs)}" if len(configs) > 1 else "")
-        res = train_loop([U, lam], batch_loss, evaluate, tr, head, cfg, device, gen,
+        res = train_loop([U, lam], batch_loss, evaluate, tr, head.scaler, cfg, device, gen,
                          desc=desc, verbose=verbose, records=records, tags=tags)
         key = (-res["val_f1"], res["val_loss"])
         if best is None or key < (-best["val_f1"], best["val_loss"]):
@@ -454,11 +454,11 @@ def _train_joint(head: TPC, tr: _Data, y_tr: Tensor, va: _Data, y_va: Tensor, co
             return F.binary_cross_entropy_with_logits(head._logits_std(xb, head.degree), y_tr_d[idx.to(device)])
 
         def evaluate() -> tuple[float, float]:
-            s = va.map(head, device, lambda x: head._logits_std(x, head.degree))
+            s = va.map(head.scaler, device, lambda x: head._logits_std(x, head.degree))
             return float(F.binary_cross_entropy_with_logits(s, y_va_d)), f1_at_zero(s, y_va_d)
 
         tags = {"degree": head.degree, "trial": trial, "lr_init": cfg.lr, "weight_decay": cfg.weight_decay, "dropout": 0.0}
-        res = train_loop(params, batch_loss, evaluate, tr, head, cfg, device, gen, desc="joint", verbose=verbose,
+        res = train_loop(params, batch_loss, evaluate, tr, head.scaler, cfg, device, gen, desc="joint", verbose=verbose,
                          records=records, tags=tags)
         key = (-res["val_f1"], res["val_loss"])
         if best is None or key < (-best["val_f1"], best["val_loss"]):
@@ -596,12 +596,14 @@ def fit(
             raise TPCHooksError(f"degree={degree} is below init's degree {init.degree}; truncate with head(z, order=n) instead")
         extra = degree - init.degree
         ranks = list(init.ranks) + ([rank] * extra if isinstance(rank, int) else list(rank))
-        head = TPC(init.d_model, degree, ranks)
+        with torch.random.fork_rng(devices=[]):
+            head = TPC(init.d_model, degree, ranks)
         head.load_state_dict(init.state_dict(), strict=False)
         history = copy.deepcopy(init.history) if isinstance(init.history, History) else History(mode="progressive")
         start = init.degree + 1
     else:
-        head = TPC(tr.d, degree, rank)
+        with torch.random.fork_rng(devices=[]):  # the initial factors are redrawn per degree from `seed`
+            head = TPC(tr.d, degree, rank)
         mean, scale = tr.fit_scaler()
         with torch.no_grad():
             head.scaler.mean.copy_(mean)
@@ -611,8 +613,8 @@ def fit(
     head.to(dev)
     for p in head.parameters():
         p.requires_grad_(False)
-    tr.hold_standardized(head, dev)
-    va.hold_standardized(head, dev)
+    tr.hold_standardized(head.scaler, dev)
+    va.hold_standardized(head.scaler, dev)
 
     if mode == "joint":
         for p in head.parameters():
