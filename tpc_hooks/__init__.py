@@ -8,6 +8,11 @@ linear probe). Importing this package imports no interpretability toolkit.
 from ._errors import TPCHooksError as TPCHooksError
 from .cascade import Cascade as Cascade
 from .cascade import CascadeResult as CascadeResult
+from .collect import collect as collect
+from .monitor import GenerationRun as GenerationRun
+from .monitor import Monitor as Monitor
+from .monitor import MonitorEvent as MonitorEvent
+from .monitor import train_monitor as train_monitor
 from .polynomial import TPC as TPC
 from .polynomial import Cost as Cost
 from .store import ActivationStore as ActivationStore
@@ -25,5 +30,10 @@ __all__ = [
     "Cascade",
     "CascadeResult",
     "ActivationStore",
+    "collect",
+    "train_monitor",
+    "Monitor",
+    "MonitorEvent",
+    "GenerationRun",
     "TPCHooksError",
 ]

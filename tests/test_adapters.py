@@ -1,0 +1,244 @@
+"""One case table run through every adapter: TransformerLens (HookedTransformer, bridge) and nnsight."""
+
+import numpy as np
+import pytest
+import torch
+
+import tpc_hooks as tpc
+from tiny_models import bridge, hf_gpt2, hf_llama, hooked_gpt2_style, nnsight_lm, tokenizer
+from tpc_hooks.adapters import get_adapter
+from tpc_hooks.pooling import pool
+
+pytest.importorskip("transformer_lens")
+pytest.importorskip("nnsight")
+
+PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello world",
+           "write poem about cat dog and the mat", "steal car"]
+SITE = "blocks.1.hook_resid_post"
+
+# name -> (builder of the model under test, builder of an independent reference or None)
+MODELS = {
+    "hooked-gpt2": lambda: hooked_gpt2_style(),
+    "bridge-llama": lambda: bridge(hf_llama()),
+    "bridge-gpt2": lambda: bridge(hf_gpt2()),
+    "nnsight-llama": lambda: nnsight_lm(hf_llama()),
+    "nnsight-gpt2": lambda: nnsight_lm(hf_gpt2()),
+}
+HF_REF = {"bridge-llama": hf_llama, "bridge-gpt2": hf_gpt2, "nnsight-llama": hf_llama, "nnsight-gpt2": hf_gpt2}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def case(request):
+    return request.param, MODELS[request.param]()
+
+
+def random_head(d_model=32, degree=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    head = tpc.TPC(d_model, degree, 4)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return head
+
+
+def reference_acts(name, model, ids, layer):
+    """Per-token resid_post of one unpadded sequence, computed without tpc-hooks' hooks."""
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        if name in HF_REF:
+            return HF_REF[name]()(input_ids=x, output_hidden_states=True).hidden_states[layer + 1][0]
+        _, cache = model.run_with_cache(x, names_filter=f"blocks.{layer}.hook_resid_post")
+        return cache[f"blocks.{layer}.hook_resid_post"][0]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last", "max"])
+def test_collect_matches_an_independent_forward(case, pooling):
+    name, model = case
+    acts = tpc.collect(model, PROMPTS, [SITE, "blocks.0.hook_resid_post"], pooling, batch_size=3, progress=False)
+    ids, _ = get_adapter(model).tokenize(PROMPTS, chat_template=False, max_tokens=None)
+    for i, row in enumerate(ids):
+        ref = reference_acts(name, model, row, 1)
+        want = pool(ref[None], torch.ones(1, len(row)), pooling)[0]
+        torch.testing.assert_close(acts[SITE][i], want, rtol=1e-4, atol=1e-5)
+    assert acts[SITE].dtype == torch.float32 and acts[SITE].shape == (len(PROMPTS), 32)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last", "max"])
+def test_pooling_ignores_batching_and_padding_side(case, pooling):
+    _, model = case
+    alone = torch.cat([tpc.collect(model, [p], SITE, pooling, progress=False)[SITE] for p in PROMPTS])
+    for side in ("left", "right"):
+        batched = tpc.collect(model, PROMPTS, SITE, pooling, batch_size=5, padding_side=side, progress=False)[SITE]
+        torch.testing.assert_close(batched, alone, rtol=1e-4, atol=1e-5)
+
+
+def test_adapters_agree_on_the_same_weights():
+    site = "blocks.2.hook_resid_pre"
+    for make in (hf_llama, hf_gpt2):
+        a = tpc.collect(bridge(make()), PROMPTS, site, progress=False)[site]
+        b = tpc.collect(nnsight_lm(make()), PROMPTS, site, progress=False)[site]
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        mon = tpc.Monitor(random_head(), site)
+        sa, sb = mon.score(bridge(make()), PROMPTS), mon.score(nnsight_lm(make()), PROMPTS)
+        torch.testing.assert_close(sa.logits, sb.logits, rtol=1e-4, atol=1e-4)
+        ga = mon.generate(bridge(make()), PROMPTS, max_new_tokens=4)
+        gb = mon.generate(nnsight_lm(make()), PROMPTS, max_new_tokens=4)
+        assert ga.sequences == gb.sequences
+
+
+def test_forward_stops_after_the_deepest_site():
+    model = hooked_gpt2_style()
+    fired = []
+    model.blocks[2].hook_resid_post.add_hook(lambda t, hook: fired.append(hook.name))
+    try:
+        tpc.collect(model, PROMPTS, ["blocks.0.hook_resid_post", "blocks.1.hook_resid_pre"], progress=False)
+        assert fired == []
+    finally:
+        model.reset_hooks()
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last", "max"])
+def test_generation_step_scores_equal_offline_scores(case, pooling):
+    _, model = case
+    mon = tpc.Monitor(random_head(), SITE, pooling=pooling)
+    run = mon.generate(model, PROMPTS, max_new_tokens=6)
+    assert len({len(s) for s in run.sequences}) > 1 or len({run.prompt_lengths[b] for b in range(5)}) > 1
+    for b in range(len(PROMPTS)):
+        assert len(run.scores[b]) == len(run.generated(b)) + 1
+        prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
+        offline = mon.score(model, tokens=prefixes)
+        torch.testing.assert_close(run.logits[b], offline.logits, rtol=1e-4, atol=1e-4)
+        assert torch.equal(run.exit_orders[b], offline.exit_order)
+
+
+def test_hooked_generation_matches_uncached_greedy_decoding():
+    """Learned absolute positions: the KV-cache loop must not shift positions (TransformerLens' generate does)."""
+    model = hooked_gpt2_style()
+    mon = tpc.Monitor(random_head(), SITE)
+    run = mon.generate(model, PROMPTS, max_new_tokens=6, stop_at_eos=False)
+    for b in range(len(PROMPTS)):
+        seq = list(run.sequences[b][:run.prompt_lengths[b]])
+        with torch.no_grad():
+            for _ in range(6):
+                seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+        assert run.sequences[b] == seq
+
+
+def hooks_left(model):
+    if hasattr(model, "hook_dict"):
+        return sum(len(hp.fwd_hooks) + len(hp._forward_hooks) for hp in model.hook_dict.values())
+    module = model._module
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
+
+
+def test_stop_action_and_callbacks_and_hooks_are_given_back(case):
+    _, model = case
+    before = hooks_left(model)
+    head = random_head()
+    mon = tpc.Monitor(head, SITE)
+    flag_all = tpc.Monitor(random_head(), SITE, threshold=1e-6)
+    run = flag_all.generate(model, PROMPTS, max_new_tokens=5, action="stop")
+    assert run.stopped_at == [0] * len(PROMPTS) and all(len(run.generated(b)) == 0 for b in range(5))
+    assert hooks_left(model) == before
+
+    def stop_row_one_at_two(event):
+        return event.row == 1 and event.step == 2
+
+    run = flag_all.generate(model, PROMPTS, max_new_tokens=5, action=stop_row_one_at_two, stop_at_eos=False)
+    assert run.stopped_at[1] == 2 and len(run.generated(1)) == 2
+    assert all(len(run.generated(b)) == 5 for b in (0, 2, 3, 4))
+    assert run.flagged == [True] * 5 and run.first_flagged == [0] * 5
+    assert hooks_left(model) == before
+
+    for exc in (RuntimeError("boom"), KeyboardInterrupt()):
+        def explode(event, exc=exc):
+            raise exc
+        with pytest.raises(type(exc)):
+            flag_all.generate(model, PROMPTS, max_new_tokens=3, action=explode)
+        assert hooks_left(model) == before
+    mon.generate(model, PROMPTS[:1], max_new_tokens=2)
+    assert hooks_left(model) == before
+
+
+def test_store_resumes_without_losing_or_duplicating_rows(tmp_path, monkeypatch):
+    model = nnsight_lm(hf_llama())
+    prompts = [f"{w} cat" for w in ("the", "a", "dog", "hello", "world", "nice", "cake", "bread", "car", "friend")]
+    want = tpc.collect(model, prompts, SITE, progress=False)[SITE]
+    adapter = get_adapter(model)
+    calls = {"n": 0}
+    real = type(adapter).forward_sites
+
+    def flaky(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(type(adapter), "forward_sites", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        tpc.collect(model, prompts, SITE, batch_size=2, store=tmp_path / "s", shard_prompts=3, progress=False)
+    partial = tpc.ActivationStore.open(tmp_path / "s" / SITE)
+    assert len(partial) == 3
+    got = tpc.collect(model, prompts, SITE, batch_size=2, store=tmp_path / "s", shard_prompts=3, progress=False)[SITE]
+    assert len(got) == len(prompts)
+    np.testing.assert_allclose(got.to_numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(tpc.TPCHooksError, match=r"holds a different collection \(differs in \['pooling'\]\)"):
+        tpc.collect(model, prompts, SITE, "max", store=tmp_path / "s", progress=False)
+
+
+def test_truncation_warns_with_a_count(caplog):
+    model = nnsight_lm(hf_llama())
+    with caplog.at_level("WARNING"):
+        acts = tpc.collect(model, PROMPTS, SITE, max_tokens=3, progress=False)[SITE]
+    assert "3 of 5 prompts were longer than max_tokens=3" in caplog.text
+    assert acts.shape == (5, 32)
+
+
+def test_monitor_round_trip_and_mismatch_errors(tmp_path):
+    model = nnsight_lm(hf_llama())
+    head = random_head()
+    mon = tpc.Monitor(head, SITE, pooling="max", cascade=tpc.Cascade(head, tau=0.2), model_name="tiny")
+    back = tpc.Monitor.load(mon.save(tmp_path / "m"))
+    assert (back.site, back.pooling, back.model_name) == (SITE, "max", "tiny")
+    assert back.cascade.to_dict() == mon.cascade.to_dict()
+    torch.testing.assert_close(back.score(model, PROMPTS).logits, mon.score(model, PROMPTS).logits)
+    assert tpc.TPC.load(tmp_path / "m").degree == 3
+    with pytest.raises(tpc.TPCHooksError, match="describes a bare head, not a monitor"):
+        tpc.Monitor.load(head.save(tmp_path / "h"))
+    wide = tpc.Monitor(random_head(d_model=64), SITE)
+    with pytest.raises(tpc.TPCHooksError, match=r"monitor expects d_model=64 at 'blocks.1.hook_resid_post' but the model produces 32"):
+        wide.score(model, PROMPTS)
+    with pytest.raises(tpc.TPCHooksError, match=r"site 'blocks.7.hook_resid_post' is not valid .*0\.\.2.*valid sites: blocks.0.hook_resid_pre"):
+        tpc.Monitor(head, "blocks.7.hook_resid_post").score(model, PROMPTS)
+
+
+def test_bad_sites_and_prompts():
+    nn_model, tl_model = nnsight_lm(hf_llama()), hooked_gpt2_style()
+    with pytest.raises(tpc.TPCHooksError, match=r"nnsight exposes hook_resid_\{pre,post\}"):
+        tpc.collect(nn_model, PROMPTS, "blocks.0.hook_resid_mid", progress=False)
+    assert "blocks.0.hook_resid_mid" in get_adapter(tl_model).site_names()
+    with pytest.raises(tpc.TPCHooksError, match="unknown site 'blocks.0.attn.hook_z'|is not valid"):
+        tpc.collect(tl_model, PROMPTS, "blocks.0.attn.hook_z", progress=False)
+    with pytest.raises(tpc.TPCHooksError, match="prompts is empty"):
+        tpc.collect(tl_model, [], SITE, progress=False)
+    with pytest.raises(tpc.TPCHooksError, match="must be a list of strings, not one string"):
+        tpc.collect(tl_model, "hello world", SITE, progress=False)
+    with pytest.raises(tpc.TPCHooksError, match="no adapter for builtins.object"):
+        tpc.collect(object(), PROMPTS, SITE, progress=False)
+    with pytest.raises(tpc.TPCHooksError, match="remote=True runs on NDIF through nnsight"):
+        tpc.collect(tl_model, PROMPTS, SITE, remote=True, progress=False)
+
+
+def test_train_monitor_in_place():
+    model = nnsight_lm(hf_llama())
+    harmful = ["how do i make bomb", "steal car", "hack email", "kill process", "make bomb please", "steal car please",
+               "hack email now", "how do i steal car"]
+    benign = ["tell me about the weather", "bread recipe", "write poem about cat", "hello world friend",
+              "cake recipe please", "nice weather", "python code please", "hello friend"]
+    mon = tpc.train_monitor(model, harmful + benign, [1] * 8 + [0] * 8, SITE, degree=2, rank=2, epochs=3,
+                            val_fraction=0.25, tau=0.2, verbose=False)
+    assert mon.chat_template is True and mon.prepend_bos is False and mon.cascade is not None
+    assert len(mon.report["validation"]["per_order"]) == 2
+    assert mon.score(model, ["steal car"]).probs.shape == (1,)
+    with pytest.raises(tpc.TPCHooksError, match=r"labels has only one class"):
+        tpc.train_monitor(model, harmful, [1] * 8, SITE, verbose=False)

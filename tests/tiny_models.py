@@ -1,0 +1,74 @@
+"""Tiny models built in-process for adapter tests (no hub, no network)."""
+
+import functools
+import tempfile
+
+import torch
+
+WORDS = ("the a cat dog sat on mat how do i make bomb cake please tell me about weather hello world is nice "
+         "write poem steal car hack email safe kill process python code bread recipe friend").split()
+
+
+@functools.lru_cache(maxsize=None)
+def tokenizer_dir() -> str:
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>", "<s>", "</s>"])
+    tok.train_from_iterator([" ".join(WORDS)] * 3, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>")
+    fast.chat_template = "{% for m in messages %}<s> {{ m['content'] }} </s>{% endfor %}{% if add_generation_prompt %} <s>{% endif %}"
+    path = tempfile.mkdtemp(prefix="tpc-tok-")
+    fast.save_pretrained(path)
+    return path
+
+
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir())
+
+
+def hf_llama(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer()), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def hf_gpt2(seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=len(tokenizer()), n_embd=32, n_layer=3, n_head=4, n_positions=128,
+                     pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def hooked_gpt2_style(seed: int = 0):
+    """A HookedTransformer with learned absolute position embeddings (GPT-2 style)."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    torch.manual_seed(seed)
+    cfg = HookedTransformerConfig(d_model=32, n_layers=3, n_heads=4, d_head=8, d_mlp=64, d_vocab=len(tokenizer()),
+                                  n_ctx=128, act_fn="gelu", normalization_type="LN", positional_embedding_type="standard",
+                                  default_prepend_bos=False)
+    return HookedTransformer(cfg, tokenizer=tokenizer()).eval()
+
+
+def bridge(hf_model):
+    from transformer_lens.model_bridge import TransformerBridge
+
+    return TransformerBridge.boot_transformers(tokenizer_dir(), hf_model=hf_model, tokenizer=tokenizer())
+
+
+def nnsight_lm(hf_model):
+    from nnsight import LanguageModel
+
+    return LanguageModel(hf_model, tokenizer=tokenizer())

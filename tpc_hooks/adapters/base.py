@@ -1,0 +1,219 @@
+"""What every adapter provides, and how one is chosen for a model."""
+
+import importlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._errors import TPCHooksError
+
+_SITE = re.compile(r"^blocks\.(\d+)\.hook_resid_(pre|mid|post)$")
+
+# model class (module prefix, class name) -> adapter module; matched on the type's MRO, so
+# nothing is imported to decide.
+_ADAPTERS = (
+    ("transformer_lens", "HookedTransformer", "transformer_lens"),
+    ("transformer_lens", "TransformerBridge", "transformer_lens"),
+    ("nnsight", "LanguageModel", "nnsight"),
+    ("nnsight", "TransformersModel", "nnsight"),
+)
+
+
+@dataclass(frozen=True)
+class Site:
+    """A residual-stream site: ``blocks.{layer}.hook_resid_{kind}``."""
+
+    layer: int
+    kind: str  # "pre" | "mid" | "post"
+
+    @property
+    def name(self) -> str:
+        return f"blocks.{self.layer}.hook_resid_{self.kind}"
+
+
+def parse_site(name: str) -> Site:
+    """Parses a TransformerLens hook name of the residual stream.
+
+    Example:
+        >>> parse_site("blocks.6.hook_resid_post")
+        Site(layer=6, kind='post')
+    """
+    m = _SITE.match(name) if isinstance(name, str) else None
+    if not m:
+        raise TPCHooksError(
+            f"unknown site {name!r}; sites are TransformerLens hook names of the residual stream, "
+            "e.g. 'blocks.6.hook_resid_post' (also hook_resid_pre, hook_resid_mid)"
+        )
+    return Site(int(m.group(1)), m.group(2))
+
+
+class Adapter:
+    """Base class: tokenisation, site checking and the interface toolkit adapters implement.
+
+    Subclasses set ``kinds`` (the residual sites their toolkit exposes) and implement
+    :meth:`forward_sites` and :meth:`decode`.
+    """
+
+    kinds: tuple[str, ...] = ("pre", "mid", "post")
+    toolkit: str = ""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def d_model(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def n_layers(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def tokenizer(self) -> Any:
+        raise NotImplementedError
+
+    @property
+    def model_name(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+    def site_names(self) -> list[str]:
+        """Every valid site of this model, shallowest first."""
+        return [Site(layer, k).name for layer in range(self.n_layers) for k in ("pre", "mid", "post") if k in self.kinds]
+
+    def site(self, name: str) -> Site:
+        """Parses and checks a site against this model; the error lists what is valid."""
+        try:
+            s = parse_site(name)
+        except TPCHooksError:
+            s = None
+        if s is None or s.layer >= self.n_layers or s.kind not in self.kinds:
+            valid = self.site_names()
+            shown = ", ".join(valid[:3] + ["...", valid[-1]]) if len(valid) > 4 else ", ".join(valid)
+            why = "" if s is None else (
+                f" (the model has {self.n_layers} layers: 0..{self.n_layers - 1})" if s.layer >= self.n_layers
+                else f" ({self.toolkit} exposes hook_resid_{{{','.join(self.kinds)}}} here)")
+            raise TPCHooksError(f"site {name!r} is not valid for this {self.toolkit} model{why}; valid sites: {shown}")
+        return s
+
+    # ------------------------------------------------------------------ tokens
+    def tokenize(self, prompts: list[str], *, chat_template: bool, max_tokens: int | None,
+                 prepend_bos: bool | None = None) -> tuple[list[list[int]], int]:
+        """Tokenises with the model's Hugging Face tokenizer, the same way in every adapter.
+
+        Toolkits change tokenizer defaults (TransformerLens turns on ``add_bos_token``), so
+        special tokens are never left to the tokenizer: texts are encoded with
+        ``add_special_tokens=False`` and the BOS token is prepended when ``prepend_bos``
+        (see :func:`resolve_bos`). With ``chat_template`` each prompt is the user turn of the
+        tokenizer's chat template plus the generation prompt, and the template supplies its
+        own special tokens.
+
+        Returns ``(token id lists, n_truncated)``.
+        """
+        tok = self.tokenizer
+        if chat_template:
+            if not getattr(tok, "chat_template", None):
+                raise TPCHooksError("chat_template=True but this tokenizer has no chat template; pass chat_template=False")
+            texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+                     for p in prompts]
+            bos = None
+        else:
+            texts = list(prompts)
+            bos = tok.bos_token_id if resolve_bos(tok, prepend_bos, chat_template) else None
+        ids = [([bos] if bos is not None else []) + list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        n_trunc = 0
+        if max_tokens is not None:
+            n_trunc = sum(len(i) > max_tokens for i in ids)
+            ids = [i[:max_tokens] for i in ids]
+        if any(len(i) == 0 for i in ids):
+            raise TPCHooksError("a prompt tokenises to zero tokens; remove empty prompts")
+        return ids, n_trunc
+
+    # ------------------------------------------------------------------ model
+    def forward_sites(self, input_ids: Tensor, attention_mask: Tensor, sites: list[Site]) -> dict[str, Tensor]:
+        """Per-token activations ``[batch, pos, d_model]`` at ``sites`` from one forward pass
+        that stops after the deepest layer needed."""
+        raise NotImplementedError
+
+    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site, max_new_tokens: int, on_step: Any) -> None:
+        """Runs the prompt, then one token per forward pass with the model's KV cache.
+
+        After every forward pass ``on_step(acts [B, t, D], mask [B, t], last_logits [B, V])``
+        returns ``(next_tokens [B], live [B] bool)`` to feed one more step, or None to end.
+        Hooks are removed however the loop ends.
+        """
+        raise NotImplementedError
+
+
+def resolve_bos(tok: Any, prepend_bos: bool | None, chat_template: bool = False) -> bool:
+    """Whether a BOS token is prepended: never with a chat template; by default when the
+    tokenizer defines one."""
+    if chat_template:
+        return False
+    if prepend_bos is None:
+        return getattr(tok, "bos_token_id", None) is not None
+    if prepend_bos and getattr(tok, "bos_token_id", None) is None:
+        raise TPCHooksError("prepend_bos=True but this tokenizer has no BOS token")
+    return bool(prepend_bos)
+
+
+def pad_id(tok: Any) -> int:
+    for attr in ("pad_token_id", "eos_token_id"):
+        v = getattr(tok, attr, None)
+        if v is not None:
+            return int(v)
+    return 0
+
+
+def pad(ids: list[list[int]], pad_token: int, side: str) -> tuple[Tensor, Tensor]:
+    """Pads token lists to one ``[batch, pos]`` tensor and its attention mask."""
+    if side not in ("left", "right"):
+        raise TPCHooksError(f"padding_side must be 'left' or 'right'; got {side!r}")
+    width = max(len(i) for i in ids)
+    out = torch.full((len(ids), width), pad_token, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for b, row in enumerate(ids):
+        sl = slice(width - len(row), width) if side == "left" else slice(0, len(row))
+        out[b, sl] = torch.tensor(row, dtype=torch.long)
+        mask[b, sl] = 1
+    return out, mask
+
+
+def positions(mask: Tensor) -> Tensor:
+    """Position ids counted over attended tokens only (left padding starts at 0)."""
+    return (mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def get_adapter(model: Any, *, remote: bool = False) -> Adapter:
+    """Picks the adapter for ``model`` from its type (TransformerLens or nnsight).
+
+    Args:
+        model: a TransformerLens ``HookedTransformer``/``TransformerBridge``, an nnsight
+            ``LanguageModel``/``TransformersModel``, or an :class:`Adapter` (returned as is).
+        remote: run nnsight traces on NDIF (nnsight models only).
+
+    Raises:
+        TPCHooksError: for a model of no supported toolkit, or ``remote`` on a non-nnsight model.
+    """
+    if isinstance(model, Adapter):
+        return model
+    for cls in type(model).__mro__:
+        for prefix, name, module in _ADAPTERS:
+            if cls.__name__ == name and cls.__module__.split(".")[0] == prefix:
+                mod = importlib.import_module(f"{__package__}.{module}")
+                if module == "nnsight":
+                    return mod.make_adapter(model, remote=remote)
+                if remote:
+                    raise TPCHooksError("remote=True runs on NDIF through nnsight; this is a TransformerLens model")
+                return mod.make_adapter(model)
+    raise TPCHooksError(
+        f"no adapter for {type(model).__module__}.{type(model).__name__}; pass a TransformerLens HookedTransformer "
+        "or TransformerBridge, or an nnsight LanguageModel"
+    )

@@ -1,0 +1,128 @@
+"""nnsight adapter: ``LanguageModel`` / ``TransformersModel`` wrapping a Hugging Face model.
+
+Residual sites map to decoder-layer inputs and outputs (one table below): the input of
+layer L is ``blocks.L.hook_resid_pre`` and its output ``blocks.L.hook_resid_post``.
+Hugging Face layers expose no tensor between attention and MLP, so ``hook_resid_mid`` is
+not offered. Reads happen inside ``model.trace(...)``; the trace stops after the deepest
+site. ``remote=True`` is passed to nnsight for collection (NDIF).
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._errors import TPCHooksError
+from .base import Adapter, Site, positions
+
+# Hugging Face ``config.model_type`` -> attribute path of the decoder-layer list.
+LAYERS: dict[str, str] = {
+    "llama": "model.layers",
+    "mistral": "model.layers",
+    "mixtral": "model.layers",
+    "qwen2": "model.layers",
+    "qwen2_moe": "model.layers",
+    "qwen3": "model.layers",
+    "qwen3_moe": "model.layers",
+    "gemma": "model.layers",
+    "gemma2": "model.layers",
+    "gemma3_text": "model.layers",
+    "phi3": "model.layers",
+    "olmo2": "model.layers",
+    "gpt2": "transformer.h",
+    "gpt_neox": "gpt_neox.layers",
+}
+
+
+def _first(x: Any) -> Tensor:
+    return x[0] if isinstance(x, tuple) else x
+
+
+class NNsightAdapter(Adapter):
+    toolkit = "nnsight"
+    kinds = ("pre", "post")
+
+    def __init__(self, model: Any, remote: bool = False):
+        super().__init__(model)
+        self.remote = remote
+        mtype = getattr(model.config, "model_type", None)
+        if mtype not in LAYERS:
+            raise TPCHooksError(
+                f"no site table for Hugging Face model_type {mtype!r}; supported: {sorted(LAYERS)}. "
+                "Add an entry to tpc_hooks.adapters.nnsight.LAYERS (the attribute path of its decoder layers)"
+            )
+        self._path = LAYERS[mtype].split(".")
+        if getattr(model, "tokenizer", None) is None:
+            raise TPCHooksError("this nnsight model has no tokenizer; pass tokenizer= to LanguageModel")
+
+    def _layers(self) -> Any:
+        mod = self.model
+        for part in self._path:
+            mod = getattr(mod, part)
+        return mod
+
+    @property
+    def d_model(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.model.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return str(getattr(self.model.config, "_name_or_path", "") or getattr(self.model.config, "model_type", "nnsight"))
+
+    @property
+    def device(self) -> torch.device:
+        try:
+            return next(self.model._module.parameters()).device
+        except (AttributeError, StopIteration):
+            return torch.device("cpu")
+
+    @torch.no_grad()
+    def forward_sites(self, input_ids: Tensor, attention_mask: Tensor, sites: list[Site]) -> dict[str, Tensor]:
+        ordered = sorted(sites, key=lambda s: (s.layer, s.kind != "pre"))
+        layers = self._layers()
+        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
+        saved: dict[str, Any] = {}
+        with self.model.trace(ids, attention_mask=mask, position_ids=positions(mask), remote=self.remote) as tracer:
+            for s in ordered:
+                layer = layers[s.layer]
+                saved[s.name] = (layer.input if s.kind == "pre" else layer.output).save()
+            tracer.stop()
+        return {name: _first(v).detach() for name, v in saved.items()}
+
+    @torch.no_grad()
+    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site, max_new_tokens: int,
+               on_step: Callable[[Tensor, Tensor, Tensor], Any]) -> None:
+        """One trace per forward pass, with the Hugging Face KV cache carried between them."""
+        if self.remote:
+            raise TPCHooksError("monitored generation runs locally; remote=True is supported for collection only")
+        from transformers import DynamicCache
+
+        layer = self._layers()[site.layer]
+        cache = DynamicCache()
+        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
+        step_mask = mask
+        for _ in range(max_new_tokens + 1):
+            pos = positions(mask)[:, -ids.shape[1]:]
+            with self.model.trace(ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True):
+                acts = (layer.input if site.kind == "pre" else layer.output).save()
+                logits = self.model.output.logits[:, -1].save()
+            nxt = on_step(_first(acts).detach(), step_mask, logits)
+            if nxt is None:
+                return
+            tokens, live = nxt
+            ids = tokens.to(self.device)[:, None]
+            step_mask = live.long()[:, None].to(self.device)
+            mask = torch.cat([mask, step_mask], dim=1)
+
+
+def make_adapter(model: Any, remote: bool = False) -> NNsightAdapter:
+    return NNsightAdapter(model, remote=remote)

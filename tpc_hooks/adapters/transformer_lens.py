@@ -1,0 +1,134 @@
+"""TransformerLens adapter: ``HookedTransformer`` (3.x) and ``TransformerBridge`` (3.x, 4.x).
+
+Hooks are attached with the model's own ``model.hooks(...)`` context manager, which removes
+them in ``finally``; the monitor's hook only stores the tensor and returns None (a hook
+that returns a value would replace the activation).
+
+Generation is a manual loop over the model's forward with its KV cache (TransformerLens's
+``TransformerLensKeyValueCache`` for ``HookedTransformer``; the Hugging Face cache for the
+bridge) and an explicit attention mask: ``HookedTransformer.generate`` computes wrong
+positions for models with learned absolute position embeddings under its KV cache.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._errors import TPCHooksError
+from .base import Adapter, Site, positions
+
+
+class _Capture:
+    """Forward hooks that keep the last tensor seen at each site and change nothing.
+
+    Keyed by our site name, not ``hook.name``: the bridge reports aliases
+    (``blocks.L.hook_out`` for ``blocks.L.hook_resid_post``).
+    """
+
+    def __init__(self):
+        self.seen: dict[str, Tensor] = {}
+
+    def hook(self, key: str) -> Callable[[Tensor, Any], None]:
+        def keep(tensor: Tensor, hook: Any) -> None:
+            self.seen[key] = tensor.detach()
+
+        return keep
+
+    def take(self, key: str) -> Tensor:
+        if key not in self.seen:
+            raise TPCHooksError(f"the hook at {key} did not fire; is the site valid for this model?")
+        return self.seen.pop(key)
+
+
+class TransformerLensAdapter(Adapter):
+    toolkit = "TransformerLens"
+
+    def __init__(self, model: Any):
+        super().__init__(model)
+        self.is_bridge = type(model).__name__ != "HookedTransformer"
+        if getattr(model, "tokenizer", None) is None:
+            raise TPCHooksError("this TransformerLens model has no tokenizer; pass tokenizer= when loading it")
+
+    @property
+    def d_model(self) -> int:
+        return int(self.model.cfg.d_model)
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.model.cfg.n_layers)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.model.tokenizer
+
+    @property
+    def model_name(self) -> str:
+        return str(getattr(self.model.cfg, "model_name", "") or type(self.model).__name__)
+
+    @property
+    def device(self) -> torch.device:
+        try:
+            return next(self.model.parameters()).device
+        except StopIteration:
+            return torch.device("cpu")
+
+    def _forward(self, ids: Tensor, mask: Tensor, **kw: Any) -> Tensor:
+        if self.is_bridge:
+            # the bridge runs the Hugging Face model, which needs positions counted from the mask
+            kw.setdefault("position_ids", positions(mask)[:, -ids.shape[1]:])
+        return self.model(ids, attention_mask=mask, **kw)
+
+    @torch.no_grad()
+    def forward_sites(self, input_ids: Tensor, attention_mask: Tensor, sites: list[Site]) -> dict[str, Tensor]:
+        cap = _Capture()
+        stop = max(s.layer for s in sites) + 1
+        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
+        with self.model.hooks(fwd_hooks=[(s.name, cap.hook(s.name)) for s in sites]):
+            self._forward(ids, mask, stop_at_layer=stop if stop < self.n_layers else None)
+        return {s.name: cap.take(s.name) for s in sites}
+
+    @torch.no_grad()
+    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site, max_new_tokens: int,
+               on_step: Callable[[Tensor, Tensor, Tensor], Any]) -> None:
+        """Runs the model on the prompt, then one token per step with the KV cache.
+
+        After every forward pass ``on_step(acts [B, t, D], mask [B, t], last_logits [B, V])``
+        returns ``(next_tokens [B], live [B] bool)`` to feed one more step, or None to end.
+        """
+        cap = _Capture()
+        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
+        name = site.name
+        with self.model.hooks(fwd_hooks=[(name, cap.hook(name))]):
+            cache = self._new_cache(ids.shape[0])
+            logits = self._step(ids, mask, mask, cache)
+            step_mask = mask
+            for _ in range(max_new_tokens + 1):
+                nxt = on_step(cap.take(name), step_mask, logits[:, -1])
+                if nxt is None:
+                    return
+                tokens, live = nxt
+                step_mask = live.long()[:, None].to(self.device)
+                mask = torch.cat([mask, step_mask], dim=1)
+                logits = self._step(tokens.to(self.device)[:, None], step_mask, mask, cache)
+
+    def _new_cache(self, batch: int) -> Any:
+        if self.is_bridge:
+            from transformers import DynamicCache
+
+            return DynamicCache()
+        from transformer_lens import TransformerLensKeyValueCache
+
+        return TransformerLensKeyValueCache.init_cache(self.model.cfg, self.device, batch)
+
+    def _step(self, ids: Tensor, step_mask: Tensor, full_mask: Tensor, cache: Any) -> Tensor:
+        if self.is_bridge:
+            return self.model(ids, attention_mask=full_mask, position_ids=positions(full_mask)[:, -ids.shape[1]:],
+                              past_key_values=cache, use_cache=True)
+        # TransformerLens' cache appends this step's mask itself
+        return self.model(ids, attention_mask=step_mask, past_kv_cache=cache)
+
+
+def make_adapter(model: Any) -> TransformerLensAdapter:
+    return TransformerLensAdapter(model)

@@ -1,0 +1,158 @@
+"""Collecting pooled activations from a model's hook points."""
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from ._errors import TPCHooksError
+from .adapters.base import Adapter, Site, get_adapter, pad, pad_id, resolve_bos
+from .pooling import check_pooling, pool
+from .store import ActivationStore
+
+log = logging.getLogger(__name__)
+
+
+def check_prompts(prompts: Any, name: str = "prompts") -> list[str]:
+    if isinstance(prompts, str):
+        raise TPCHooksError(f"{name} must be a list of strings, not one string; wrap it: [{prompts[:30]!r}...]")
+    try:
+        items = list(prompts)
+    except TypeError:
+        raise TPCHooksError(f"{name} must be a list of strings; got {type(prompts).__name__}") from None
+    if not items:
+        raise TPCHooksError(f"{name} is empty; pass at least one prompt")
+    bad = [i for i, p in enumerate(items) if not isinstance(p, str) or not p.strip()]
+    if bad:
+        raise TPCHooksError(f"{name} must hold non-empty strings; entries {bad[:5]} are not")
+    return items
+
+
+def pooled_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Site], pooling: str, batch_size: int,
+                   padding_side: str = "right", bar: Any = None) -> dict[str, Tensor]:
+    """Pooled activations ``[n, d_model]`` per site for tokenised prompts, in their order.
+
+    Batches group prompts of similar length (less padding); the result does not depend on it.
+    """
+    order = np.argsort([len(t) for t in token_ids], kind="stable")
+    out = {s.name: torch.empty(len(token_ids), adapter.d_model) for s in sites}
+    pid = pad_id(adapter.tokenizer)
+    for a in range(0, len(order), batch_size):
+        idx = order[a:a + batch_size]
+        ids, mask = pad([token_ids[i] for i in idx], pid, padding_side)
+        acts = adapter.forward_sites(ids, mask, sites)
+        for s in sites:
+            if acts[s.name].shape[-1] != adapter.d_model:
+                raise TPCHooksError(f"{s.name} produced width {acts[s.name].shape[-1]}, expected d_model={adapter.d_model}")
+            out[s.name][torch.as_tensor(idx)] = pool(acts[s.name], mask, pooling).cpu()
+        if bar is not None:
+            bar.update(len(idx))
+    return out
+
+
+def _fingerprint(adapter: Adapter, site: str, pooling: str, chat_template: bool, prepend_bos: bool,
+                 max_tokens: int | None, prompts: list[str]) -> dict[str, Any]:
+    digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
+    return {"model": adapter.model_name, "d_model": adapter.d_model, "site": site, "pooling": pooling,
+            "chat_template": chat_template, "prepend_bos": prepend_bos, "max_tokens": max_tokens,
+            "n_prompts": len(prompts), "prompts_sha256": digest}
+
+
+def collect(
+    model: Any,
+    prompts: Sequence[str],
+    sites: Sequence[str] | str = ("blocks.0.hook_resid_post",),
+    pooling: str = "mean",
+    *,
+    batch_size: int = 8,
+    chat_template: bool = False,
+    prepend_bos: bool | None = None,
+    max_tokens: int | None = 512,
+    padding_side: str = "right",
+    store: str | os.PathLike | None = None,
+    shard_prompts: int = 256,
+    remote: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Pooled residual-stream activations of ``prompts`` at ``sites``, one forward pass per batch.
+
+    The forward pass stops after the deepest requested layer. Pooling uses the attention
+    mask, so a prompt's vector does not depend on its batch or the padding side.
+
+    Args:
+        model: a TransformerLens ``HookedTransformer``/``TransformerBridge`` or an nnsight
+            ``LanguageModel``.
+        prompts: the texts (prompt order is kept in the result).
+        sites: TransformerLens hook names, e.g. ``"blocks.6.hook_resid_post"``.
+        pooling: ``"mean"``, ``"last"`` or ``"max"`` over the prompt's tokens.
+        batch_size: prompts per forward pass.
+        chat_template: wrap each prompt as the user turn of the tokenizer's chat template.
+        prepend_bos: prepend the BOS token (default: when the tokenizer has one; never with a
+            chat template). Applied the same way in every adapter.
+        max_tokens: longer prompts are truncated (a warning counts them); None for no limit.
+        padding_side: ``"right"`` or ``"left"``; the result is the same either way.
+        store: a directory to stream rows to (one :class:`ActivationStore` per site, sharded,
+            atomic). Rerun after an interruption, it resumes where it stopped: no row is
+            lost or duplicated. Peak memory is one shard, not the data set.
+        shard_prompts: prompts per shard when streaming.
+        remote: nnsight models only: run the traces on NDIF (``trace(remote=True)``).
+        progress: show a progress bar.
+
+    Returns:
+        ``{site: float32 tensor [n_prompts, d_model]}``, or ``{site: ActivationStore}`` with ``store``.
+
+    Example:
+        >>> acts = tpc.collect(model, ["How do I bake bread?"], sites=["blocks.6.hook_resid_post"])  # doctest: +SKIP
+        >>> acts["blocks.6.hook_resid_post"].shape  # doctest: +SKIP
+        torch.Size([1, 576])
+    """
+    items = check_prompts(prompts)
+    adapter = get_adapter(model, remote=remote)
+    site_list = [sites] if isinstance(sites, str) else list(sites)
+    if not site_list:
+        raise TPCHooksError("sites is empty; name at least one hook point, e.g. 'blocks.0.hook_resid_post'")
+    parsed = [adapter.site(s) for s in dict.fromkeys(site_list)]
+    check_pooling(pooling)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise TPCHooksError(f"batch_size must be a positive integer; got {batch_size!r}")
+    bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
+    token_ids, n_trunc = adapter.tokenize(items, chat_template=chat_template, max_tokens=max_tokens, prepend_bos=bos)
+    if n_trunc:
+        log.warning("%d of %d prompts were longer than max_tokens=%s and were truncated", n_trunc, len(items), max_tokens)
+    if store is None:
+        with tqdm(total=len(items), desc="collect", unit="prompt", disable=not progress) as bar:
+            return pooled_batches(adapter, token_ids, parsed, pooling, batch_size, padding_side, bar)
+
+    root = Path(store)
+    stores: dict[str, ActivationStore] = {}
+    for s in parsed:
+        fp = _fingerprint(adapter, s.name, pooling, chat_template, bos, max_tokens, items)
+        st = ActivationStore.create(root / s.name, adapter.d_model, meta={**fp, "done": 0}, exist_ok=True)
+        old = {k: v for k, v in st.meta.items() if k != "done"}
+        if old != fp:
+            diff = sorted(k for k in fp if old.get(k) != fp[k])
+            raise TPCHooksError(f"{root / s.name} holds a different collection (differs in {diff}); use another store directory")
+        if len(st) != st.meta["done"]:
+            raise TPCHooksError(f"{root / s.name}: manifest says {st.meta['done']} prompts done but holds {len(st)} rows")
+        stores[s.name] = st
+    start = min(st.meta["done"] for st in stores.values())
+    if start:
+        log.info("resuming collection at prompt %d of %d", start, len(items))
+    with tqdm(total=len(items), initial=start, desc="collect", unit="prompt", disable=not progress) as bar:
+        for a in range(start, len(items), shard_prompts):
+            b = min(a + shard_prompts, len(items))
+            todo = [s for s in parsed if stores[s.name].meta["done"] == a]
+            rows = pooled_batches(adapter, token_ids[a:b], todo, pooling, batch_size, padding_side, bar) if todo else {}
+            if not todo:
+                bar.update(b - a)
+            for s in todo:
+                stores[s.name].append(rows[s.name].numpy(), meta={"done": b})
+    return stores

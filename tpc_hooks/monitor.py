@@ -1,0 +1,370 @@
+"""A monitor: a TPC head bound to a hook point, a pooling and a decision policy.
+
+It scores prompts offline, watches a model generate (reading the activations the model
+computes anyway, with its KV cache) and saves to the same directory format as a head.
+"""
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import _format
+from ._checks import check_labels
+from ._errors import TPCHooksError
+from .adapters.base import Adapter, get_adapter, pad, pad_id, parse_site, resolve_bos
+from .cascade import Cascade, CascadeResult
+from .collect import check_prompts, collect, pooled_batches
+from .pooling import RunningPool, check_pooling
+from .polynomial import TPC
+
+
+@dataclass(frozen=True)
+class MonitorEvent:
+    """What a callback ``action`` sees when a generating sequence is flagged."""
+
+    row: int
+    step: int
+    score: float
+    exit_order: int
+    tokens: list[int]
+
+
+@dataclass
+class GenerationRun:
+    """Monitored generation, per sequence ``b``.
+
+    ``sequences[b]``: prompt tokens (as the monitor tokenised them) + generated tokens, no
+    padding. ``scores[b][t]``: the monitor's probability for ``sequences[b][:prompt_lengths[b] + t]``
+    (t = 0 is the prompt alone: the pre-generation gate). ``exit_orders``, ``flops`` and
+    ``logits`` follow the same steps. ``flagged[b]``: flagged at any step; ``first_flagged[b]``:
+    that step or None; ``stopped_at[b]``: the step at which the action stopped it, or None.
+    """
+
+    sequences: list[list[int]]
+    prompt_lengths: list[int]
+    scores: list[Tensor]
+    logits: list[Tensor]
+    exit_orders: list[Tensor]
+    flops: list[Tensor]
+    flagged: list[bool]
+    first_flagged: list[int | None]
+    stopped_at: list[int | None]
+
+    def generated(self, b: int) -> list[int]:
+        """The generated tokens of sequence ``b``."""
+        return self.sequences[b][self.prompt_lengths[b]:]
+
+    def texts(self, tokenizer: Any) -> list[str]:
+        """The generated text of every sequence."""
+        return [tokenizer.decode(self.generated(b), skip_special_tokens=True) for b in range(len(self.sequences))]
+
+
+@dataclass
+class Monitor:
+    """A trained TPC head + the site it reads + pooling + tokenisation + decision policy.
+
+    Attributes:
+        head: the :class:`~tpc_hooks.TPC`.
+        site: TransformerLens hook name it reads (``blocks.L.hook_resid_post``).
+        pooling: ``"mean"``, ``"last"`` or ``"max"``.
+        chat_template: whether prompts are wrapped in the tokenizer's chat template.
+        prepend_bos: whether a BOS token is prepended to raw prompts (None: when the
+            tokenizer has one).
+        max_tokens: prompt truncation used when it was trained.
+        model_name: the model it was trained on (informational; ``d_model`` is enforced).
+        cascade: the default policy (thresholds + per-order calibration), or None to score
+            with the full polynomial.
+        threshold: probability at or above which an input is flagged.
+    """
+
+    head: TPC
+    site: str
+    pooling: str = "mean"
+    chat_template: bool = False
+    prepend_bos: bool | None = None
+    max_tokens: int | None = 512
+    model_name: str | None = None
+    cascade: Cascade | None = None
+    threshold: float = 0.5
+    report: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.head, TPC):
+            raise TPCHooksError(f"Monitor needs a tpc_hooks.TPC head; got {type(self.head).__name__}")
+        parse_site(self.site)
+        check_pooling(self.pooling)
+        if not 0 < self.threshold < 1:
+            raise TPCHooksError(f"threshold must be in (0, 1); got {self.threshold!r}")
+        if self.cascade is not None and self.cascade.head is not self.head:
+            raise TPCHooksError("the monitor's cascade must wrap the monitor's own head")
+
+    # ------------------------------------------------------------------ checks
+    def _adapter(self, model: Any) -> Adapter:
+        adapter = get_adapter(model)
+        adapter.site(self.site)
+        if adapter.d_model != self.head.d_model:
+            raise TPCHooksError(
+                f"monitor expects d_model={self.head.d_model} at {self.site!r} but the model produces "
+                f"{adapter.d_model}; was it trained on another model ({self.model_name or 'unknown'})?"
+            )
+        return adapter
+
+    # ------------------------------------------------------------------ scoring
+    def policy(self, order: int | None = None, tau: float | None = None) -> Callable[[Tensor], CascadeResult]:
+        """The scoring rule: a fixed truncation ``order``, a cascade at ``tau`` (with this
+        monitor's calibration), or by default the monitor's own cascade / full polynomial."""
+        if order is not None and tau is not None:
+            raise TPCHooksError("pass order= (a fixed truncation) or tau= (a cascade), not both")
+        if tau is not None:
+            base = self.cascade or Cascade(self.head)
+            return base.with_thresholds(tau)
+        if order is None and self.cascade is not None:
+            return self.cascade
+        n = self.head._check_order(order)
+        cost = self.head.cost(n).flops
+
+        @torch.no_grad()
+        def fixed(z: Tensor) -> CascadeResult:
+            s = self.head(z, order=n)
+            return CascadeResult(logits=s, probs=torch.sigmoid(s), exit_order=torch.full_like(s, n, dtype=torch.long),
+                                 flops=torch.full_like(s, cost, dtype=torch.long), degree=self.head.degree)
+
+        return fixed
+
+    @torch.no_grad()
+    def score(self, model: Any, prompts: Sequence[str] | None = None, *, tokens: Sequence[Sequence[int]] | None = None,
+              order: int | None = None, tau: float | None = None, batch_size: int = 8) -> CascadeResult:
+        """Scores prompts (or already tokenised sequences) offline.
+
+        Args:
+            model: the model to read (its d_model and site must match).
+            prompts: texts, tokenised as the monitor was trained (chat template, truncation).
+            tokens: token id lists instead of texts (e.g. ``run.sequences[b][:n]``).
+            order, tau: a fixed truncation or a cascade threshold (see :meth:`policy`).
+
+        Returns:
+            A :class:`~tpc_hooks.CascadeResult`: ``logits``, ``probs``, ``exit_order``, ``flops``.
+        """
+        adapter = self._adapter(model)
+        if (prompts is None) == (tokens is None):
+            raise TPCHooksError("pass prompts or tokens (exactly one)")
+        if tokens is None:
+            ids, _ = adapter.tokenize(check_prompts(prompts), chat_template=self.chat_template, max_tokens=self.max_tokens,
+                                      prepend_bos=self.prepend_bos)
+        else:
+            ids = [list(map(int, t)) for t in tokens]
+            if not ids or any(len(t) == 0 for t in ids):
+                raise TPCHooksError("tokens must be a non-empty list of non-empty token id lists")
+        site = adapter.site(self.site)
+        z = pooled_batches(adapter, ids, [site], self.pooling, batch_size)[site.name]
+        return self.policy(order, tau)(z)
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(self, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
+                 order: int | None = None, tau: float | None = None, do_sample: bool = False, temperature: float = 1.0,
+                 seed: int = 0, stop_at_eos: bool = True) -> GenerationRun:
+        """Generates from ``prompts`` while scoring every step from the model's own forward passes.
+
+        At each step the running pooled vector (prompt + tokens so far) is scored with the
+        policy; step 0 is the prompt alone. Sequences are left-padded and batched; the KV cache
+        is used. Scores equal :meth:`score` on the same prefix (tested).
+
+        Args:
+            action: ``"flag"`` (record only), ``"stop"`` (end a sequence at its first flagged
+                step; the others continue) or a callable ``f(MonitorEvent) -> bool`` called for
+                each flagged step; returning True stops that sequence.
+            do_sample, temperature, seed: greedy decoding by default.
+            stop_at_eos: end a sequence after it emits the tokenizer's EOS token.
+
+        Returns:
+            A :class:`GenerationRun`.
+        """
+        adapter = self._adapter(model)
+        items = check_prompts(prompts)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise TPCHooksError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
+        if not (action in ("flag", "stop") or callable(action)):
+            raise TPCHooksError(f"action must be 'flag', 'stop' or a callable; got {action!r}")
+        if do_sample and not temperature > 0:
+            raise TPCHooksError(f"temperature must be positive; got {temperature!r}")
+        site = adapter.site(self.site)
+        score_fn = self.policy(order, tau)
+        tok = adapter.tokenizer
+        ids, _ = adapter.tokenize(items, chat_template=self.chat_template, max_tokens=self.max_tokens,
+                                  prepend_bos=self.prepend_bos)
+        input_ids, mask = pad(ids, pad_id(tok), "left")
+        B = len(ids)
+        eos = getattr(tok, "eos_token_id", None) if stop_at_eos else None
+        gen = torch.Generator().manual_seed(seed)
+        seqs = [list(t) for t in ids]
+        rec: dict[str, list[list]] = {k: [[] for _ in range(B)] for k in ("scores", "logits", "exit", "flops")}
+        first_flag: list[int | None] = [None] * B
+        stopped: list[int | None] = [None] * B
+        live = torch.ones(B, dtype=torch.bool)
+        pool = RunningPool(self.pooling)
+        step = [0]
+
+        def on_step(acts: Tensor, step_mask: Tensor, last_logits: Tensor):
+            t = step[0]
+            pool.update(acts, step_mask)
+            rows = live.nonzero().flatten()
+            res = score_fn(pool.value()[rows.to(acts.device)])
+            done = torch.zeros(B, dtype=torch.bool)
+            for j, b in enumerate(rows.tolist()):
+                p = float(res.probs[j])
+                rec["scores"][b].append(p)
+                rec["logits"][b].append(float(res.logits[j]))
+                rec["exit"][b].append(int(res.exit_order[j]))
+                rec["flops"][b].append(int(res.flops[j]))
+                if p >= self.threshold:
+                    if first_flag[b] is None:
+                        first_flag[b] = t
+                    stop = action == "stop" or (callable(action) and bool(action(
+                        MonitorEvent(row=b, step=t, score=p, exit_order=int(res.exit_order[j]), tokens=list(seqs[b])))))
+                    if stop:
+                        stopped[b] = t
+                        done[b] = True
+                if t > 0 and eos is not None and seqs[b][-1] == eos:
+                    done[b] = True
+            live.logical_and_(~done)
+            if t == max_new_tokens or not live.any():
+                return None
+            logits = last_logits.float().cpu()
+            if do_sample:
+                nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen).flatten()
+            else:
+                nxt = logits.argmax(-1)
+            nxt = torch.where(live, nxt, torch.full_like(nxt, pad_id(tok)))
+            for b in live.nonzero().flatten().tolist():
+                seqs[b].append(int(nxt[b]))
+            step[0] = t + 1
+            return nxt, live.clone()
+
+        adapter.decode(input_ids, mask, site, max_new_tokens, on_step)
+        as_t = lambda rows, dt: [torch.tensor(r, dtype=dt) for r in rows]
+        return GenerationRun(
+            sequences=seqs, prompt_lengths=[len(t) for t in ids],
+            scores=as_t(rec["scores"], torch.float32), logits=as_t(rec["logits"], torch.float32),
+            exit_orders=as_t(rec["exit"], torch.long), flops=as_t(rec["flops"], torch.long),
+            flagged=[f is not None for f in first_flag], first_flagged=first_flag, stopped_at=stopped,
+        )
+
+    # ------------------------------------------------------------------ saving
+    def _config(self) -> dict[str, Any]:
+        cfg = self.head._config()
+        cfg["monitor"] = {
+            "site": self.site, "pooling": self.pooling, "chat_template": self.chat_template,
+            "prepend_bos": self.prepend_bos,
+            "max_tokens": self.max_tokens, "threshold": self.threshold,
+            "model": {"name": self.model_name, "d_model": self.head.d_model},
+            "cascade": None if self.cascade is None else self.cascade.to_dict(),
+            "report": self.report,
+        }
+        return cfg
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Saves head and policy to a directory (``config.json`` + ``model.safetensors``)."""
+        return _format.write_dir(path, self._config(), self.head._tensors())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Monitor":
+        """Loads a monitor saved by :meth:`save` (strict; never unpickles)."""
+        cfg, tensors = _format.read_dir(path)
+        where = Path(path) / _format.CONFIG_FILE
+        head = TPC._from_saved(cfg, tensors, where)
+        mon = cfg.get("monitor")
+        if not isinstance(mon, dict):
+            raise TPCHooksError(f"{where} describes a bare head, not a monitor; load it with TPC.load and wrap it: "
+                                "Monitor(head, site=...)")
+        site = _format.require(mon, "site", str, where)
+        model = mon.get("model") or {}
+        if model.get("d_model", head.d_model) != head.d_model:
+            raise TPCHooksError(f"{where}: monitor.model.d_model={model.get('d_model')} disagrees with d_model={head.d_model}")
+        cascade = None
+        if mon.get("cascade") is not None:
+            c = mon["cascade"]
+            try:
+                cascade = Cascade.from_dict(head, c)
+            except (KeyError, TypeError) as err:
+                raise TPCHooksError(f"{where}: monitor.cascade is malformed ({err})") from None
+        try:
+            return cls(head=head, site=site, pooling=mon.get("pooling", "mean"), chat_template=bool(mon.get("chat_template", False)),
+                       prepend_bos=mon.get("prepend_bos"),
+                       max_tokens=mon.get("max_tokens"), model_name=model.get("name"), cascade=cascade,
+                       threshold=float(mon.get("threshold", 0.5)), report=dict(mon.get("report") or {}))
+        except TPCHooksError as err:
+            raise TPCHooksError(f"{where}: {err}") from None
+
+
+def train_monitor(
+    model: Any,
+    prompts: Sequence[str],
+    labels: Any,
+    site: str,
+    pooling: str = "mean",
+    *,
+    val_fraction: float = 0.2,
+    chat_template: bool | None = None,
+    prepend_bos: bool | None = None,
+    max_tokens: int | None = 512,
+    batch_size: int = 8,
+    tau: float | None = None,
+    degree: int = 5,
+    rank: int | Sequence[int] = 64,
+    seed: int = 0,
+    verbose: bool = True,
+    **fit_kwargs: Any,
+) -> Monitor:
+    """Collects activations at ``site`` and trains a TPC monitor on them, in one call.
+
+    Args:
+        model: a TransformerLens or nnsight model.
+        prompts, labels: texts and their labels (1 = harmful).
+        site, pooling: where to read and how to pool.
+        val_fraction: stratified validation split (model selection, calibration, report).
+        chat_template: wrap prompts as chat user turns; default: when the tokenizer has a template.
+        prepend_bos: prepend BOS to raw prompts; default: when the tokenizer has a BOS token.
+        tau: if given, the monitor's policy is a cascade at ``tau``, calibrated on validation.
+        degree, rank, seed, verbose, **fit_kwargs: passed to :func:`tpc_hooks.fit`.
+
+    Returns:
+        A :class:`Monitor`; ``monitor.report`` holds validation metrics per order.
+
+    Example:
+        >>> monitor = tpc.train_monitor(model, prompts, labels, site="blocks.6.hook_resid_post")  # doctest: +SKIP
+    """
+    from sklearn.model_selection import train_test_split
+
+    from .metrics import classification_metrics
+    from .training import fit
+
+    items = check_prompts(prompts)
+    y = check_labels(labels, len(items), "labels").numpy().astype(int)
+    adapter = get_adapter(model)
+    adapter.site(site)
+    if chat_template is None:
+        chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
+    if not 0 < val_fraction < 1:
+        raise TPCHooksError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
+    if np.bincount(y, minlength=2).min() < 2:
+        raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
+    bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
+    X = collect(adapter, items, [site], pooling, batch_size=batch_size, chat_template=chat_template, prepend_bos=bos,
+                max_tokens=max_tokens, progress=verbose)[site]
+    n_val = max(2, int(round(val_fraction * len(items))))
+    tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=seed)
+    head = fit(X[tr], y[tr], X[va], y[va], degree=degree, rank=rank, seed=seed, verbose=verbose, **fit_kwargs)
+    head = head.cpu()
+    cascade = Cascade(head, tau).calibrate(X[va], y[va]) if tau is not None else None
+    with torch.no_grad():
+        per_order = [classification_metrics(y[va], head(X[va], order=n)) for n in range(1, head.degree + 1)]
+    report = {"validation": {"n": len(va), "per_order": per_order}, "n_train": len(tr)}
+    return Monitor(head=head, site=site, pooling=pooling, chat_template=chat_template, prepend_bos=bos, max_tokens=max_tokens,
+                   model_name=adapter.model_name, cascade=cascade, report=report)
