@@ -93,6 +93,8 @@ def test_forward_stops_after_the_deepest_site():
     try:
         tpc.collect(model, PROMPTS, ["blocks.0.hook_resid_post", "blocks.1.hook_resid_pre"], progress=False)
         assert fired == []
+        model(torch.tensor([[4, 5, 6]]))  # the user's hook survived collect, and does fire on a full pass
+        assert fired == ["blocks.2.hook_resid_post"]
     finally:
         model.reset_hooks()
 
@@ -242,3 +244,56 @@ def test_train_monitor_in_place():
     assert mon.score(model, ["steal car"]).probs.shape == (1,)
     with pytest.raises(tpc.TPCHooksError, match=r"labels has only one class"):
         tpc.train_monitor(model, harmful, [1] * 8, SITE, verbose=False)
+
+
+def test_watch_scores_the_users_own_generate(case):
+    name, model = case
+    mon = tpc.Monitor(random_head(), SITE)
+    ids, _ = get_adapter(model).tokenize(PROMPTS, chat_template=False, max_tokens=None)
+    before = hooks_left(model)
+    if name.startswith("hooked"):
+        # TransformerLens' own generate, without its KV cache: every call is a fresh full forward
+        with mon.watch(model) as log:
+            outs = [model.generate(torch.tensor([row]), max_new_tokens=3, use_past_kv_cache=False, do_sample=False,
+                                   stop_at_eos=False, verbose=False)[0].tolist() for row in ids]
+        assert hooks_left(model) == before
+        assert log.fresh == [True] * 3 * len(ids)
+        for b, seq in enumerate(outs):
+            prefixes = [seq[:len(ids[b]) + t] for t in range(3)]
+            got = torch.cat([log.results[3 * b + t].logits for t in range(3)])
+            torch.testing.assert_close(got, mon.score(model, tokens=prefixes).logits, rtol=1e-4, atol=1e-4)
+        return
+    from tpc_hooks.adapters.base import pad
+
+    x, mask = pad(ids, 0, "left")
+    hf = model._module if name.startswith("nnsight") else model.original_model
+    with mon.watch(model) as log:  # Hugging Face generate, left-padded, with its KV cache
+        out = hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                          eos_token_id=None)
+    assert hooks_left(model) == before
+    assert log.fresh == [True, False, False] and log.new_tokens == [x.shape[1], 1, 1]
+    for t in range(3):
+        prefixes = [ids[b] + out[b, x.shape[1]:x.shape[1] + t].tolist() for b in range(len(ids))]
+        torch.testing.assert_close(log.results[t].logits, mon.score(model, tokens=prefixes).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma", "gpt_neox", "gpt2"])
+@pytest.mark.parametrize("wrap", ["nnsight", "bridge", "transformers_model"])
+def test_site_table_covers_architectures(arch, wrap):
+    from nnsight import TransformersModel
+
+    from tiny_models import hf_tiny
+
+    build = {"nnsight": nnsight_lm, "bridge": bridge,
+             "transformers_model": lambda m: TransformersModel(m, tokenizer=tokenizer())}[wrap]
+    model = build(hf_tiny(arch))
+    sites = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.2.hook_resid_pre"]
+    acts = tpc.collect(model, PROMPTS, sites, "mean", progress=False)
+    ref = hf_tiny(arch)
+    ids, _ = get_adapter(model).tokenize(PROMPTS, chat_template=False, max_tokens=None)
+    for i, row in enumerate(ids):
+        with torch.no_grad():
+            hs = ref(input_ids=torch.tensor([row]), output_hidden_states=True).hidden_states
+        torch.testing.assert_close(acts[sites[0]][i], hs[0][0].mean(0), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(acts[sites[1]][i], hs[2][0].mean(0), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(acts[sites[2]][i], hs[2][0].mean(0), rtol=1e-4, atol=1e-5)

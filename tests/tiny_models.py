@@ -72,3 +72,23 @@ def nnsight_lm(hf_model):
     from nnsight import LanguageModel
 
     return LanguageModel(hf_model, tokenizer=tokenizer())
+
+
+def hf_tiny(arch: str, seed: int = 0):
+    """A tiny randomly initialised causal LM of the given Hugging Face architecture."""
+    import transformers as tr
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=len(tokenizer()), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=4, max_position_embeddings=128, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    if arch == "llama":
+        return hf_llama(seed)
+    if arch == "gpt2":
+        return hf_gpt2(seed)
+    if arch == "qwen2":
+        return tr.Qwen2ForCausalLM(tr.Qwen2Config(num_key_value_heads=2, **common)).eval()
+    if arch == "gemma":
+        return tr.GemmaForCausalLM(tr.GemmaConfig(num_key_value_heads=2, head_dim=8, **common)).eval()
+    if arch == "gpt_neox":
+        return tr.GPTNeoXForCausalLM(tr.GPTNeoXConfig(**common)).eval()
+    raise ValueError(arch)

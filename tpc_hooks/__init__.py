@@ -12,6 +12,7 @@ from .collect import collect as collect
 from .monitor import GenerationRun as GenerationRun
 from .monitor import Monitor as Monitor
 from .monitor import MonitorEvent as MonitorEvent
+from .monitor import WatchLog as WatchLog
 from .monitor import train_monitor as train_monitor
 from .polynomial import TPC as TPC
 from .polynomial import Cost as Cost
@@ -35,5 +36,6 @@ __all__ = [
     "Monitor",
     "MonitorEvent",
     "GenerationRun",
+    "WatchLog",
     "TPCHooksError",
 ]

@@ -5,7 +5,8 @@ computes anyway, with its KV cache) and saves to the same directory format as a 
 """
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,28 @@ class GenerationRun:
     def texts(self, tokenizer: Any) -> list[str]:
         """The generated text of every sequence."""
         return [tokenizer.decode(self.generated(b), skip_special_tokens=True) for b in range(len(self.sequences))]
+
+
+@dataclass
+class WatchLog:
+    """What :meth:`Monitor.watch` saw: one entry per forward pass of the model.
+
+    ``results[i]`` is the policy's :class:`~tpc_hooks.CascadeResult` for every row after
+    call ``i`` (the score of everything that row has seen since its last fresh call);
+    ``fresh[i]`` says whether call ``i`` started new sequences (no KV cache before it).
+    """
+
+    results: list[CascadeResult] = field(default_factory=list)
+    fresh: list[bool] = field(default_factory=list)
+    new_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def scores(self) -> list[Tensor]:
+        """Probabilities per call (``[batch]`` each)."""
+        return [r.probs for r in self.results]
+
+    def __len__(self) -> int:
+        return len(self.results)
 
 
 @dataclass
@@ -255,6 +278,43 @@ class Monitor:
             exit_orders=as_t(rec["exit"], torch.long), flops=as_t(rec["flops"], torch.long),
             flagged=[f is not None for f in first_flag], first_flagged=first_flag, stopped_at=stopped,
         )
+
+    @contextmanager
+    def watch(self, model: Any, *, order: int | None = None, tau: float | None = None,
+              on_flag: Callable[[MonitorEvent], Any] | None = None) -> Iterator[WatchLog]:
+        """Scores every forward pass ``model`` makes inside the block (your own ``generate`` too).
+
+        A call without a KV cache starts new sequences; calls that continue a cache add their
+        tokens to each row's running pool. Pass ``attention_mask`` with padded batches (Hugging
+        Face ``generate`` does) so padding is not pooled. Hooks are removed however the block ends.
+
+        Example:
+            >>> with monitor.watch(lm) as log:  # doctest: +SKIP
+            ...     lm._module.generate(**batch, max_new_tokens=20)
+            >>> log.scores[-1]  # doctest: +SKIP
+        """
+        adapter = self._adapter(model)
+        site = adapter.site(self.site)
+        score_fn = self.policy(order, tau)
+        log = WatchLog()
+        state = {"pool": None}
+
+        def on_acts(acts: Tensor, mask: Tensor, fresh: bool) -> None:
+            if fresh or state["pool"] is None:
+                state["pool"] = RunningPool(self.pooling)
+            state["pool"].update(acts, mask)
+            with torch.no_grad():
+                res = score_fn(state["pool"].value())
+            log.results.append(res)
+            log.fresh.append(fresh)
+            log.new_tokens.append(int(acts.shape[1]))
+            if on_flag is not None:
+                for b in (res.probs >= self.threshold).nonzero().flatten().tolist():
+                    on_flag(MonitorEvent(row=b, step=len(log) - 1, score=float(res.probs[b]),
+                                         exit_order=int(res.exit_order[b]), tokens=[]))
+
+        with adapter.observe(site, on_acts):
+            yield log
 
     # ------------------------------------------------------------------ saving
     def _config(self) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 import importlib
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +152,39 @@ class Adapter:
         Hooks are removed however the loop ends.
         """
         raise NotImplementedError
+
+
+class InputSpy:
+    """A forward pre-hook (with kwargs) that records the attention mask of each call and how
+    many positions its KV cache already held (0 for a fresh call)."""
+
+    def __init__(self):
+        self.mask: Tensor | None = None
+        self.past = 0
+
+    def __call__(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self.mask = kwargs.get("attention_mask")
+        cache = kwargs.get("past_key_values", kwargs.get("past_kv_cache"))
+        self.past = _cache_length(cache)
+
+    def step(self, n_new: int, batch: int) -> tuple[Tensor, bool]:
+        """Mask of the ``n_new`` positions just computed, and whether the call was fresh."""
+        m = self.mask
+        if m is None or m.dim() != 2 or m.shape[1] < n_new or m.shape[0] != batch:
+            m = torch.ones(batch, n_new, dtype=torch.long)
+        return m[:, -n_new:], self.past == 0
+
+
+def _cache_length(cache: Any) -> int:
+    if cache is None:
+        return 0
+    if hasattr(cache, "get_seq_length"):
+        return int(cache.get_seq_length())
+    entries = getattr(cache, "entries", None)  # TransformerLens' cache
+    if entries:
+        keys = getattr(entries[0], "past_keys", None)
+        return int(keys.shape[1]) if keys is not None else 0
+    return 0
 
 
 def resolve_bos(tok: Any, prepend_bos: bool | None, chat_template: bool = False) -> bool:

@@ -7,14 +7,15 @@ not offered. Reads happen inside ``model.trace(...)``; the trace stops after the
 site. ``remote=True`` is passed to nnsight for collection (NDIF).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from .base import Adapter, Site, positions
+from .base import Adapter, InputSpy, Site, positions
 
 # Hugging Face ``config.model_type`` -> attribute path of the decoder-layer list.
 LAYERS: dict[str, str] = {
@@ -122,6 +123,36 @@ class NNsightAdapter(Adapter):
             ids = tokens.to(self.device)[:, None]
             step_mask = live.long()[:, None].to(self.device)
             mask = torch.cat([mask, step_mask], dim=1)
+
+
+    @contextmanager
+    def observe(self, site: Site, fn: Callable[[Tensor, Tensor, bool], None]) -> Iterator[None]:
+        """Plain PyTorch hooks on the wrapped Hugging Face modules: they see every forward pass,
+        inside or outside an nnsight trace, and are removed on exit."""
+        if self.remote:
+            raise TPCHooksError("watch() observes local forward passes; it cannot follow remote (NDIF) execution")
+        hf = self.model._module
+        layer = hf
+        for part in self._path:
+            layer = getattr(layer, part)
+        layer = layer[site.layer]
+        spy = InputSpy()
+
+        def on_acts(tensor: Tensor) -> None:
+            mask, fresh = spy.step(tensor.shape[1], tensor.shape[0])
+            fn(tensor.detach(), mask, fresh)
+
+        if site.kind == "pre":
+            h2 = layer.register_forward_pre_hook(lambda mod, args, kwargs: on_acts(
+                args[0] if args else kwargs["hidden_states"]), with_kwargs=True)
+        else:
+            h2 = layer.register_forward_hook(lambda mod, args, out: on_acts(_first(out)))
+        h1 = hf.register_forward_pre_hook(spy, with_kwargs=True)
+        try:
+            yield
+        finally:
+            h1.remove()
+            h2.remove()
 
 
 def make_adapter(model: Any, remote: bool = False) -> NNsightAdapter:

@@ -10,14 +10,15 @@ bridge) and an explicit attention mask: ``HookedTransformer.generate`` computes 
 positions for models with learned absolute position embeddings under its KV cache.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from .base import Adapter, Site, positions
+from .base import Adapter, InputSpy, Site, positions
 
 
 class _Capture:
@@ -112,6 +113,22 @@ class TransformerLensAdapter(Adapter):
                 step_mask = live.long()[:, None].to(self.device)
                 mask = torch.cat([mask, step_mask], dim=1)
                 logits = self._step(tokens.to(self.device)[:, None], step_mask, mask, cache)
+
+    @contextmanager
+    def observe(self, site: Site, fn: Callable[[Tensor, Tensor, bool], None]) -> Iterator[None]:
+        spy = InputSpy()
+        top = getattr(self.model, "original_model", None) if self.is_bridge else self.model
+        handle = top.register_forward_pre_hook(spy, with_kwargs=True)
+
+        def on_acts(tensor: Tensor, hook: Any) -> None:
+            mask, fresh = spy.step(tensor.shape[1], tensor.shape[0])
+            fn(tensor.detach(), mask, fresh)
+
+        try:
+            with self.model.hooks(fwd_hooks=[(site.name, on_acts)]):
+                yield
+        finally:
+            handle.remove()
 
     def _new_cache(self, batch: int) -> Any:
         if self.is_bridge:
