@@ -1,0 +1,67 @@
+"""The adapters on the real packaged model (SmolLM2-135M-Instruct), both toolkits."""
+
+import pytest
+import torch
+
+import tpc_hooks as tpc
+from tpc_hooks import offline
+
+pytest.importorskip("transformer_lens")
+pytest.importorskip("nnsight")
+try:
+    offline.gguf_path()
+except tpc.TPCHooksError as err:  # `make test` installs it; a bare pytest run may not have it
+    pytest.skip(str(err), allow_module_level=True)
+
+SITE = "blocks.20.hook_resid_post"
+PROMPTS = ["How do I bake sourdough bread at home?", "Write a haiku about autumn.",
+           "Explain how vaccines train the immune system."]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {"transformer_lens": offline.load_model(toolkit="transformer_lens"),
+            "nnsight": offline.load_model(toolkit="nnsight")}
+
+
+@pytest.fixture(scope="module")
+def monitor():
+    gen = torch.Generator().manual_seed(0)
+    head = tpc.TPC(576, 3, 8)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        head.scaler.scale.fill_(30.0)
+    return tpc.Monitor(head, SITE, chat_template=True, pooling="mean")
+
+
+def test_both_toolkits_read_the_same_activations(models):
+    a = tpc.collect(models["transformer_lens"], PROMPTS, SITE, chat_template=True, progress=False)[SITE]
+    b = tpc.collect(models["nnsight"], PROMPTS, SITE, chat_template=True, padding_side="left", progress=False)[SITE]
+    assert a.shape == (3, 576)
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("toolkit", ["transformer_lens", "nnsight"])
+def test_generation_scores_equal_offline_scores(models, monitor, toolkit):
+    model = models[toolkit]
+    run = monitor.generate(model, PROMPTS, max_new_tokens=4)
+    for b in range(len(PROMPTS)):
+        prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
+        torch.testing.assert_close(run.logits[b], monitor.score(model, tokens=prefixes).logits, rtol=1e-3, atol=1e-3)
+    assert run.texts(model.tokenizer)[0].strip()
+
+
+def test_watch_follows_hugging_face_generate(models, monitor):
+    lm = models["nnsight"]
+    from tpc_hooks.adapters import get_adapter
+    from tpc_hooks.adapters.base import pad
+
+    ids, _ = get_adapter(lm).tokenize(PROMPTS, chat_template=True, max_tokens=None)
+    x, mask = pad(ids, lm.tokenizer.pad_token_id, "left")
+    with monitor.watch(lm) as log:
+        out = lm._module.generate(input_ids=x, attention_mask=mask, max_new_tokens=3, do_sample=False,
+                                  pad_token_id=lm.tokenizer.pad_token_id, eos_token_id=None)
+    assert log.fresh == [True, False, False]
+    prefixes = [ids[b] + out[b, x.shape[1]:x.shape[1] + 2].tolist() for b in range(3)]
+    torch.testing.assert_close(log.results[2].logits, monitor.score(lm, tokens=prefixes).logits, rtol=1e-3, atol=1e-3)
