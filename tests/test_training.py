@@ -169,3 +169,30 @@ def test_float64_input_trains_like_float32_and_leaves_global_rng_alone(problem):
     b = tpc.fit(Xtr.astype(np.float64), ytr, Xva.astype(np.float64), yva, degree=2, **FAST)
     for name, p in a.state_dict().items():
         assert torch.equal(p, b.state_dict()[name]), name
+
+
+def _val_loss(head, X, y, order):
+    s = head(torch.tensor(X), order=order).detach().double()
+    return float(torch.nn.functional.binary_cross_entropy_with_logits(s, torch.tensor(y, dtype=torch.float64)))
+
+
+def test_a_degree_never_worsens_validation_loss(problem):
+    Xtr, ytr, Xva, yva, _, _ = problem
+    wild = tpc.fit(Xtr, ytr, Xva, yva, degree=3, lr=5.0, **{**FAST, "epochs": 3})  # training only hurts here
+    for k in (2, 3):
+        assert _val_loss(wild, Xva, yva, k) <= _val_loss(wild, Xva, yva, k - 1) + 1e-6
+        if wild.history.selected[k]["best_epoch"] == -1:
+            assert torch.equal(wild.lambdas[str(k)], torch.zeros(4))
+    assert any(wild.history.selected[k]["best_epoch"] == -1 for k in (2, 3))
+
+
+def test_early_stopping_counts_epochs_since_the_best(problem):
+    Xtr, ytr, Xva, yva, _, _ = problem
+    head = tpc.fit(Xtr, ytr, Xva, yva, degree=3, patience=2, lr=3e-2, **{**FAST, "epochs": 40})
+    for k in (2, 3):
+        recs = head.history.for_degree(k)
+        best = head.history.selected[k]["best_epoch"]
+        assert len(recs) == min(40, best + 2 + 2)
+        assert all(r["val_loss"] >= head.history.selected[k]["val_loss"] for r in recs)
+    full = tpc.fit(Xtr, ytr, Xva, yva, degree=2, patience=None, lr=3e-2, **{**FAST, "epochs": 12})
+    assert len(full.history.for_degree(2)) == 12

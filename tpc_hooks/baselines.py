@@ -394,14 +394,14 @@ def early_exit_cascade(model: EarlyExitMLP, z: Float[Tensor, "*batch d_model"], 
 
 # ---------------------------------------------------------------------- training
 def _fit_baseline(make: Callable[[int], _Baseline], kind: str, X_train: Any, y_train: Any, X_val: Any, y_val: Any, *,
-                  epochs: int, batch_size: int, lr: float, weight_decay: float, dropout: float,
+                  epochs: int, batch_size: int, lr: float, weight_decay: float, dropout: float, patience: int | None,
                   sweep: bool | dict[str, Sequence[float]], val_fraction: float, seed: int,
                   device: str | torch.device | None, verbose: bool) -> _Baseline:
     """Trains ``make(d_model)`` on the BCE summed over its outputs; each grid point starts from
     the same seeded initialisation, and the one with the best validation F1 (mean over
     outputs; ties by validation loss) is returned in eval mode with ``.history``."""
     configs = _grid(sweep, TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr,
-                                       weight_decay=weight_decay, dropout=dropout))
+                                       weight_decay=weight_decay, dropout=dropout, patience=patience))
     dev = _default_device(device)
     tr, y_tr, va, y_va = split_data(X_train, y_train, X_val, y_val, val_fraction, seed)
     mean, scale = tr.fit_scaler()
@@ -476,7 +476,7 @@ def fit_linear(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None,
 
 def fit_bilinear(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, *, rank: int = 64,
                  epochs: int = 50, batch_size: int = 1024, lr: float = 1e-3, weight_decay: float = 0.01,
-                 dropout: float = 0.0, sweep: bool | dict[str, Sequence[float]] = False, val_fraction: float = 0.2,
+                 dropout: float = 0.0, patience: int | None = 10, sweep: bool | dict[str, Sequence[float]] = False, val_fraction: float = 0.2,
                  seed: int = 0, device: str | torch.device | None = None, verbose: bool = True) -> BilinearProbe:
     """Trains a :class:`BilinearProbe` (all weights jointly, BCE).
 
@@ -501,13 +501,13 @@ def fit_bilinear(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = Non
     """
     _check_int(rank, "rank", 1)
     return _fit_baseline(lambda d: BilinearProbe(d, rank), "bilinear", X_train, y_train, X_val, y_val,
-                         epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout,
+                         epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout, patience=patience,
                          sweep=sweep, val_fraction=val_fraction, seed=seed, device=device, verbose=verbose)
 
 
 def fit_mlp(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, *, hidden: int,
             epochs: int = 50, batch_size: int = 1024, lr: float = 1e-3, weight_decay: float = 0.01,
-            dropout: float = 0.0, sweep: bool | dict[str, Sequence[float]] = False, val_fraction: float = 0.2,
+            dropout: float = 0.0, patience: int | None = 10, sweep: bool | dict[str, Sequence[float]] = False, val_fraction: float = 0.2,
             seed: int = 0, device: str | torch.device | None = None, verbose: bool = True) -> MLPProbe:
     """Trains an :class:`MLPProbe` of hidden width ``hidden`` (0: a linear layer trained with AdamW).
 
@@ -532,13 +532,13 @@ def fit_mlp(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, *,
     """
     _check_int(hidden, "hidden", 0)
     return _fit_baseline(lambda d: MLPProbe(d, hidden), "mlp", X_train, y_train, X_val, y_val,
-                         epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout,
+                         epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout, patience=patience,
                          sweep=sweep, val_fraction=val_fraction, seed=seed, device=device, verbose=verbose)
 
 
 def fit_early_exit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, *, widths: Sequence[int],
                    epochs: int = 50, batch_size: int = 1024, lr: float = 1e-3, weight_decay: float = 0.01,
-                   dropout: float = 0.0, sweep: bool | dict[str, Sequence[float]] = False, val_fraction: float = 0.2,
+                   dropout: float = 0.0, patience: int | None = 10, sweep: bool | dict[str, Sequence[float]] = False, val_fraction: float = 0.2,
                    seed: int = 0, device: str | torch.device | None = None, verbose: bool = True) -> EarlyExitMLP:
     """Trains an :class:`EarlyExitMLP` with all exits jointly (sum of the exits' BCE).
 
@@ -565,7 +565,7 @@ def fit_early_exit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = N
     """
     _check_widths(widths)
     return _fit_baseline(lambda d: EarlyExitMLP(d, widths), "early_exit", X_train, y_train, X_val, y_val,
-                         epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout,
+                         epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout, patience=patience,
                          sweep=sweep, val_fraction=val_fraction, seed=seed, device=device, verbose=verbose)
 
 
@@ -599,7 +599,7 @@ class Comparison:
         return "\n".join(lines)
 
 
-_BASELINE_KW = ("epochs", "batch_size", "lr", "weight_decay", "dropout", "sweep", "val_fraction")
+_BASELINE_KW = ("epochs", "batch_size", "lr", "weight_decay", "dropout", "patience", "sweep", "val_fraction")
 _TPC_KW = _BASELINE_KW + ("Cs", "max_iter", "linear_solver")
 
 

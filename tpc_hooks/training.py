@@ -42,6 +42,7 @@ class TrainConfig:
     dropout: float = 0.0
     grad_clip: float = 1.0
     plateau_factor: float = 0.5
+    patience: int | None = 10
 
     def __post_init__(self):
         if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
@@ -54,6 +55,9 @@ class TrainConfig:
             raise TPCHooksError(f"weight_decay must be >= 0; got {self.weight_decay!r}")
         if not 0 <= self.dropout < 1:
             raise TPCHooksError(f"dropout must be in [0, 1); got {self.dropout!r}")
+        if self.patience is not None and (isinstance(self.patience, bool) or not isinstance(self.patience, int)
+                                          or self.patience < 0):
+            raise TPCHooksError(f"patience must be None or an integer >= 0; got {self.patience!r}")
 
 
 @dataclass
@@ -245,13 +249,18 @@ def train_loop(
     """AdamW + ReduceLROnPlateau + gradient clipping; keeps the epoch with the best validation loss.
 
     ``batch_loss(rows, positions)`` returns the loss of one minibatch of standardised rows;
-    ``evaluate()`` returns ``(val_loss, val_f1)``; ``scaler`` standardises raw rows. On return
-    ``params`` hold the best epoch's values. Used for the TPC degrees and the baselines alike.
+    ``evaluate()`` returns ``(val_loss, val_f1)``; ``scaler`` standardises raw rows. The state
+    before training is a candidate too (epoch -1): for a new TPC degree that is lambda_k = 0,
+    i.e. the previous truncation, so training a degree never worsens the validation loss.
+    Stops after ``cfg.patience`` epochs without improvement (None: run every epoch). On return
+    ``params`` hold the best state. Used for the TPC degrees and the baselines alike.
     """
     params = list(params)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=cfg.plateau_factor)
-    best = {"val_loss": math.inf, "val_f1": float("nan"), "epoch": -1}
+    with torch.no_grad():
+        val_loss0, val_f1_0 = evaluate()
+    best = {"val_loss": val_loss0, "val_f1": val_f1_0, "epoch": -1}
     best_state = [p.detach().clone() for p in params]
     bar = tqdm(range(cfg.epochs), desc=desc, disable=not verbose, leave=False, unit="epoch")
     for epoch in bar:
@@ -280,6 +289,8 @@ def train_loop(
             best = {"val_loss": val_loss, "val_f1": val_f1, "epoch": epoch}
             best_state = [p.detach().clone() for p in params]
         bar.set_postfix(val_loss=f"{val_loss:.4f}", val_f1=f"{val_f1:.4f}")
+        if cfg.patience is not None and epoch - best["epoch"] > cfg.patience:
+            break
     with torch.no_grad():
         for p, s in zip(params, best_state):
             p.copy_(s)
@@ -521,6 +532,7 @@ def fit(
     lr: float = 1e-3,
     weight_decay: float = 0.01,
     dropout: float = 0.0,
+    patience: int | None = 10,
     sweep: bool | dict[str, Sequence[float]] = False,
     Cs: Sequence[float] = PAPER_CS,
     max_iter: int = 500,
@@ -549,6 +561,10 @@ def fit(
         degree, rank: highest degree N and the CP rank (an int, or ``[R_2, ..., R_N]``).
         epochs, batch_size, lr, weight_decay, dropout: AdamW settings per degree. ``dropout``
             drops the frozen prefix's logit per sample (the paper's TPC dropout).
+        patience: stop a degree after this many epochs without a better validation loss
+            (the best epoch is kept either way); None runs all ``epochs`` (the paper's recipe).
+            The untrained degree (lambda_k = 0) is a candidate, so a degree never makes the
+            validation loss worse than the truncation below it.
         sweep: ``True`` for the paper's grid (lr x weight decay x dropout, chosen per degree
             by validation F1), or a dict with some of those keys.
         Cs, max_iter: the degree-1 probe's C sweep and iteration cap.
@@ -578,7 +594,8 @@ def fit(
     """
     if mode not in ("progressive", "joint"):
         raise TPCHooksError(f"mode must be 'progressive' or 'joint'; got {mode!r}")
-    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout)
+    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout,
+                      patience=patience)
     configs = _grid(sweep, cfg)
     if not Cs:
         raise TPCHooksError("Cs must list at least one inverse regularisation strength")

@@ -144,9 +144,11 @@ class Adapter:
         that stops after the deepest layer needed."""
         raise NotImplementedError
 
-    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site, max_new_tokens: int, on_step: Any) -> None:
+    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | None, max_new_tokens: int,
+               on_step: Any) -> None:
         """Runs the prompt, then one token per forward pass with the model's KV cache.
 
+        ``site=None`` attaches no hook and passes ``acts=None`` (the unmonitored baseline).
         After every forward pass ``on_step(acts [B, t, D], mask [B, t], last_logits [B, V])``
         returns ``(next_tokens [B], live [B] bool)`` to feed one more step, or None to end.
         Hooks are removed however the loop ends.

@@ -100,23 +100,24 @@ class NNsightAdapter(Adapter):
         return {name: _first(v).detach() for name, v in saved.items()}
 
     @torch.no_grad()
-    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site, max_new_tokens: int,
+    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | None, max_new_tokens: int,
                on_step: Callable[[Tensor, Tensor, Tensor], Any]) -> None:
         """One trace per forward pass, with the Hugging Face KV cache carried between them."""
         if self.remote:
             raise TPCHooksError("monitored generation runs locally; remote=True is supported for collection only")
         from transformers import DynamicCache
 
-        layer = self._layers()[site.layer]
+        layer = self._layers()[site.layer] if site is not None else None  # None: read nothing (baseline)
         cache = DynamicCache()
         ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
         step_mask = mask
         for _ in range(max_new_tokens + 1):
             pos = positions(mask)[:, -ids.shape[1]:]
             with self.model.trace(ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True):
-                acts = (layer.input if site.kind == "pre" else layer.output).save()
+                if layer is not None:
+                    acts = (layer.input if site.kind == "pre" else layer.output).save()
                 logits = self.model.output.logits[:, -1].save()
-            nxt = on_step(_first(acts).detach(), step_mask, logits)
+            nxt = on_step(_first(acts).detach() if layer is not None else None, step_mask, logits)
             if nxt is None:
                 return
             tokens, live = nxt

@@ -91,7 +91,7 @@ class TransformerLensAdapter(Adapter):
         return {s.name: cap.take(s.name) for s in sites}
 
     @torch.no_grad()
-    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site, max_new_tokens: int,
+    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | None, max_new_tokens: int,
                on_step: Callable[[Tensor, Tensor, Tensor], Any]) -> None:
         """Runs the model on the prompt, then one token per step with the KV cache.
 
@@ -100,13 +100,13 @@ class TransformerLensAdapter(Adapter):
         """
         cap = _Capture()
         ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
-        name = site.name
-        with self.model.hooks(fwd_hooks=[(name, cap.hook(name))]):
+        name = site.name if site is not None else None  # None: no hook (the unmonitored baseline)
+        with self.model.hooks(fwd_hooks=[(name, cap.hook(name))] if name else []):
             cache = self._new_cache(ids.shape[0])
             logits = self._step(ids, mask, mask, cache)
             step_mask = mask
             for _ in range(max_new_tokens + 1):
-                nxt = on_step(cap.take(name), step_mask, logits[:, -1])
+                nxt = on_step(cap.take(name) if name else None, step_mask, logits[:, -1])
                 if nxt is None:
                     return
                 tokens, live = nxt
