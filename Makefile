@@ -13,7 +13,7 @@ test: install
 	$(PYTHON) -m pytest -q
 
 demo: install
-	tpc-hooks demo
+	$(PYTHON) -m tpc_hooks demo
 
 bench: install
 	$(PYTHON) benchmarks/bench_training.py

@@ -297,3 +297,20 @@ def test_site_table_covers_architectures(arch, wrap):
         torch.testing.assert_close(acts[sites[0]][i], hs[0][0].mean(0), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(acts[sites[1]][i], hs[2][0].mean(0), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(acts[sites[2]][i], hs[2][0].mean(0), rtol=1e-4, atol=1e-5)
+
+
+def test_remote_is_passed_to_nnsight_trace(monkeypatch):
+    model = nnsight_lm(hf_llama())
+    seen = []
+    real = type(model).trace
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("remote"))
+        kwargs["remote"] = False  # NDIF is not reachable from tests; the flag is what is checked
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "trace", spy)
+    tpc.collect(model, PROMPTS[:2], SITE, remote=True, progress=False)
+    assert seen == [True]
+    with pytest.raises(tpc.TPCHooksError, match="monitored generation runs locally"):
+        tpc.Monitor(random_head(), SITE).generate(get_adapter(model, remote=True), PROMPTS[:1], max_new_tokens=1)

@@ -120,3 +120,15 @@ def test_bad_thresholds(head_and_z):
         tpc.Cascade(head, lower=0.8, upper=0.2)
     with pytest.raises(tpc.TPCHooksError, match="one value per order"):
         tpc.Cascade(head, temperatures=[1.0])
+
+
+def test_plot_sweep_draws_one_point_per_tau(head_and_z):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from tpc_hooks.cascade import plot_sweep
+
+    head, z = head_and_z
+    rows = tpc.Cascade(head).sweep(z, (torch.rand(len(z)) > 0.5).long(), taus=[0.0, 0.2, 0.5])
+    ax = plot_sweep(rows)
+    xs, ys = ax.lines[0].get_data()
+    assert list(xs) == [r["relative_flops"] for r in rows] and list(ys) == [r["f1"] for r in rows]

@@ -239,18 +239,19 @@ class Monitor:
             pool.update(acts, step_mask)
             rows = live.nonzero().flatten()
             res = score_fn(pool.value()[rows.to(acts.device)])
+            probs, logits_, exits, flops = (x.tolist() for x in (res.probs, res.logits, res.exit_order, res.flops))
             done = torch.zeros(B, dtype=torch.bool)
             for j, b in enumerate(rows.tolist()):
-                p = float(res.probs[j])
+                p = probs[j]
                 rec["scores"][b].append(p)
-                rec["logits"][b].append(float(res.logits[j]))
-                rec["exit"][b].append(int(res.exit_order[j]))
-                rec["flops"][b].append(int(res.flops[j]))
+                rec["logits"][b].append(logits_[j])
+                rec["exit"][b].append(exits[j])
+                rec["flops"][b].append(flops[j])
                 if p >= self.threshold:
                     if first_flag[b] is None:
                         first_flag[b] = t
                     stop = action == "stop" or (callable(action) and bool(action(
-                        MonitorEvent(row=b, step=t, score=p, exit_order=int(res.exit_order[j]), tokens=list(seqs[b])))))
+                        MonitorEvent(row=b, step=t, score=p, exit_order=exits[j], tokens=list(seqs[b])))))
                     if stop:
                         stopped[b] = t
                         done[b] = True

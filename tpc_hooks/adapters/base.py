@@ -3,7 +3,7 @@
 import importlib
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,16 +144,55 @@ class Adapter:
         that stops after the deepest layer needed."""
         raise NotImplementedError
 
+    @contextmanager
+    def observe(self, site: Site, fn: Callable[[Tensor, Tensor, bool], None]) -> Iterator[None]:
+        """Calls ``fn(acts [B, T, D], new_mask [B, T], fresh)`` after every forward pass the
+        model makes inside the block, whoever starts it; hooks are removed on exit."""
+        raise NotImplementedError
+        yield  # pragma: no cover
+
+    def hf_model(self) -> Any:
+        """The underlying Hugging Face model, when there is one (None for HookedTransformer)."""
+        return None
+
+    @torch.no_grad()
     def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | None, max_new_tokens: int,
                on_step: Any) -> None:
         """Runs the prompt, then one token per forward pass with the model's KV cache.
 
-        ``site=None`` attaches no hook and passes ``acts=None`` (the unmonitored baseline).
         After every forward pass ``on_step(acts [B, t, D], mask [B, t], last_logits [B, V])``
         returns ``(next_tokens [B], live [B] bool)`` to feed one more step, or None to end.
+        ``site=None`` attaches no hook and passes ``acts=None`` (the unmonitored baseline).
         Hooks are removed however the loop ends.
+
+        This default drives the underlying Hugging Face model directly, as its own ``generate``
+        does (Hugging Face cache, positions from the mask, only the last position through the
+        LM head), and reads the site through :meth:`observe`.
         """
-        raise NotImplementedError
+        hf = self.hf_model()
+        if hf is None:
+            raise NotImplementedError
+        from transformers import DynamicCache
+
+        seen: dict[str, Tensor] = {}
+        watch = self.observe(site, lambda acts, m, fresh: seen.__setitem__("acts", acts)) if site else nullcontext()
+        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
+        step_mask = mask
+        with watch:
+            cache = DynamicCache()
+            for _ in range(max_new_tokens + 1):
+                out = hf(input_ids=ids, attention_mask=mask, position_ids=positions(mask)[:, -ids.shape[1]:],
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                acts = seen.pop("acts", None)
+                if site is not None and acts is None:
+                    raise TPCHooksError(f"the hook at {site.name} did not fire; is the site valid for this model?")
+                nxt = on_step(acts, step_mask, out.logits[:, -1])
+                if nxt is None:
+                    return
+                tokens, live = nxt
+                ids = tokens.to(self.device)[:, None]
+                step_mask = live.long()[:, None].to(self.device)
+                mask = torch.cat([mask, step_mask], dim=1)
 
 
 class InputSpy:

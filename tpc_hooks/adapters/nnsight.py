@@ -3,8 +3,9 @@
 Residual sites map to decoder-layer inputs and outputs (one table below): the input of
 layer L is ``blocks.L.hook_resid_pre`` and its output ``blocks.L.hook_resid_post``.
 Hugging Face layers expose no tensor between attention and MLP, so ``hook_resid_mid`` is
-not offered. Reads happen inside ``model.trace(...)``; the trace stops after the deepest
-site. ``remote=True`` is passed to nnsight for collection (NDIF).
+not offered. Collection reads inside ``model.trace(...)`` (stopped after the deepest site;
+``remote=True`` goes to NDIF). Generation and ``watch`` use plain PyTorch hooks on the wrapped
+modules, which see the same tensors without a trace per token.
 """
 
 from collections.abc import Callable, Iterator
@@ -99,32 +100,16 @@ class NNsightAdapter(Adapter):
             tracer.stop()
         return {name: _first(v).detach() for name, v in saved.items()}
 
-    @torch.no_grad()
-    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | None, max_new_tokens: int,
-               on_step: Callable[[Tensor, Tensor, Tensor], Any]) -> None:
-        """One trace per forward pass, with the Hugging Face KV cache carried between them."""
+    def hf_model(self) -> Any:
+        return self.model._module
+
+    def decode(self, *args: Any, **kwargs: Any) -> None:
+        """The shared Hugging Face decode loop (see :meth:`Adapter.decode`): a trace per token
+        would cost more than the monitor itself, and plain hooks on nnsight's modules read the
+        same tensors."""
         if self.remote:
             raise TPCHooksError("monitored generation runs locally; remote=True is supported for collection only")
-        from transformers import DynamicCache
-
-        layer = self._layers()[site.layer] if site is not None else None  # None: read nothing (baseline)
-        cache = DynamicCache()
-        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
-        step_mask = mask
-        for _ in range(max_new_tokens + 1):
-            pos = positions(mask)[:, -ids.shape[1]:]
-            with self.model.trace(ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True):
-                if layer is not None:
-                    acts = (layer.input if site.kind == "pre" else layer.output).save()
-                logits = self.model.output.logits[:, -1].save()
-            nxt = on_step(_first(acts).detach() if layer is not None else None, step_mask, logits)
-            if nxt is None:
-                return
-            tokens, live = nxt
-            ids = tokens.to(self.device)[:, None]
-            step_mask = live.long()[:, None].to(self.device)
-            mask = torch.cat([mask, step_mask], dim=1)
-
+        return super().decode(*args, **kwargs)
 
     @contextmanager
     def observe(self, site: Site, fn: Callable[[Tensor, Tensor, bool], None]) -> Iterator[None]:

@@ -4,10 +4,11 @@ Hooks are attached with the model's own ``model.hooks(...)`` context manager, wh
 them in ``finally``; the monitor's hook only stores the tensor and returns None (a hook
 that returns a value would replace the activation).
 
-Generation is a manual loop over the model's forward with its KV cache (TransformerLens's
-``TransformerLensKeyValueCache`` for ``HookedTransformer``; the Hugging Face cache for the
-bridge) and an explicit attention mask: ``HookedTransformer.generate`` computes wrong
-positions for models with learned absolute position embeddings under its KV cache.
+Generation: ``HookedTransformer`` runs a manual loop over its own forward with
+``TransformerLensKeyValueCache`` and an explicit attention mask (its ``generate`` computes wrong
+positions for models with learned absolute position embeddings under the KV cache). The
+bridge's hook points live inside the rewired Hugging Face layers, so it uses the shared
+Hugging Face decode loop of :class:`~tpc_hooks.adapters.base.Adapter`.
 """
 
 from collections.abc import Callable, Iterator
@@ -48,7 +49,7 @@ class TransformerLensAdapter(Adapter):
 
     def __init__(self, model: Any):
         super().__init__(model)
-        self.is_bridge = type(model).__name__ != "HookedTransformer"
+        self.is_bridge = not any(c.__name__ == "HookedTransformer" for c in type(model).__mro__)
         if getattr(model, "tokenizer", None) is None:
             raise TPCHooksError("this TransformerLens model has no tokenizer; pass tokenizer= when loading it")
 
@@ -90,14 +91,17 @@ class TransformerLensAdapter(Adapter):
             self._forward(ids, mask, stop_at_layer=stop if stop < self.n_layers else None)
         return {s.name: cap.take(s.name) for s in sites}
 
+    def hf_model(self) -> Any:
+        return self.model.original_model if self.is_bridge else None
+
     @torch.no_grad()
     def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | None, max_new_tokens: int,
                on_step: Callable[[Tensor, Tensor, Tensor], Any]) -> None:
-        """Runs the model on the prompt, then one token per step with the KV cache.
-
-        After every forward pass ``on_step(acts [B, t, D], mask [B, t], last_logits [B, V])``
-        returns ``(next_tokens [B], live [B] bool)`` to feed one more step, or None to end.
-        """
+        """The bridge uses the shared Hugging Face loop (its hook points live in the rewired HF
+        layers, so they fire); HookedTransformer runs its own forward with
+        ``TransformerLensKeyValueCache`` and an explicit mask (see :meth:`Adapter.decode`)."""
+        if self.is_bridge:
+            return super().decode(input_ids, attention_mask, site, max_new_tokens, on_step)
         cap = _Capture()
         ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
         name = site.name if site is not None else None  # None: no hook (the unmonitored baseline)
@@ -131,18 +135,11 @@ class TransformerLensAdapter(Adapter):
             handle.remove()
 
     def _new_cache(self, batch: int) -> Any:
-        if self.is_bridge:
-            from transformers import DynamicCache
-
-            return DynamicCache()
         from transformer_lens import TransformerLensKeyValueCache
 
         return TransformerLensKeyValueCache.init_cache(self.model.cfg, self.device, batch)
 
     def _step(self, ids: Tensor, step_mask: Tensor, full_mask: Tensor, cache: Any) -> Tensor:
-        if self.is_bridge:
-            return self.model(ids, attention_mask=full_mask, position_ids=positions(full_mask)[:, -ids.shape[1]:],
-                              past_key_values=cache, use_cache=True)
         # TransformerLens' cache appends this step's mask itself
         return self.model(ids, attention_mask=step_mask, past_kv_cache=cache)
 
