@@ -1,7 +1,7 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet -c constraints.txt
 
-.PHONY: install test demo bench
+.PHONY: install test test-tl4 demo bench
 
 install:
 	$(PIP) "torch==2.13.0"
@@ -11,6 +11,15 @@ install:
 
 test: install
 	$(PYTHON) -m pytest -q
+
+# TransformerBridge on TransformerLens 4.x (which dropped HookedTransformer): a venv that sees
+# the packages installed above and shadows transformer-lens with a 4.x release.
+TL4_VENV ?= .venv-tl4
+test-tl4: install
+	$(PYTHON) -m venv --system-site-packages $(TL4_VENV)
+	$(TL4_VENV)/bin/python -m pip install --quiet -c constraints.txt "transformer-lens>=4,<5"
+	$(TL4_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_adapters.py tests/test_integration_smollm2.py \
+		-k "not hooked and not deepest and not bad_sites"
 
 demo: install
 	$(PYTHON) -m tpc_hooks demo
