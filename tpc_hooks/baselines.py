@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ._checks import check_finite, check_labels, check_width
 from ._errors import TPCHooksError
-from .cascade import CascadeResult, _logit
+from .cascade import CascadeResult, _logit, thresholds
 from .metrics import classification_metrics
 from .polynomial import TPC, Cost, _check_int, _Scaler
 from .training import (
@@ -364,15 +364,7 @@ def early_exit_cascade(model: EarlyExitMLP, z: Float[Tensor, "*batch d_model"], 
     """
     if not isinstance(model, EarlyExitMLP):
         raise TPCHooksError(f"early_exit_cascade needs an EarlyExitMLP; got {type(model).__name__}")
-    if lower is None and upper is None:
-        if not 0 <= tau <= 0.5:
-            raise TPCHooksError(f"tau must be in [0, 0.5]; got {tau!r}")
-        lower, upper = tau, 1 - tau
-    elif lower is None or upper is None:
-        raise TPCHooksError("pass both lower and upper, or neither (then tau is used)")
-    if not 0 <= lower <= upper <= 1:
-        raise TPCHooksError(f"thresholds must satisfy 0 <= lower <= upper <= 1; got lower={lower}, upper={upper}")
-    lo, hi = _logit(lower), _logit(upper)
+    lo, hi = (_logit(t) for t in thresholds(tau, lower, upper))
     z2, _ = model._prepare(z)
     zs = model.scaler(z2)
     cum = model.cascade_flops()

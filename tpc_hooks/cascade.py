@@ -56,6 +56,19 @@ class CascadeResult:
         return torch.bincount(self.exit_order.flatten(), minlength=self.degree + 1)[1:].tolist()
 
 
+def thresholds(tau: float, lower: float | None, upper: float | None) -> tuple[float, float]:
+    """``(lower, upper)`` exit probabilities from a symmetric ``tau`` or explicit bounds."""
+    if lower is None and upper is None:
+        if not 0 <= tau <= 0.5:
+            raise TPCHooksError(f"tau must be in [0, 0.5]; got {tau!r}")
+        lower, upper = tau, 1 - tau
+    elif lower is None or upper is None:
+        raise TPCHooksError("pass both lower and upper, or neither (then tau is used)")
+    if not 0 <= lower <= upper <= 1:
+        raise TPCHooksError(f"thresholds must satisfy 0 <= lower <= upper <= 1; got lower={lower}, upper={upper}")
+    return float(lower), float(upper)
+
+
 def _logit(p: float) -> float:
     if p <= 0:
         return -math.inf
@@ -92,15 +105,7 @@ class Cascade:
         if not isinstance(head, TPC):
             raise TPCHooksError(f"Cascade needs a tpc_hooks.TPC head; got {type(head).__name__}")
         self.head = head
-        if lower is None and upper is None:
-            if not 0 <= tau <= 0.5:
-                raise TPCHooksError(f"tau must be in [0, 0.5]; got {tau!r}")
-            lower, upper = tau, 1 - tau
-        elif lower is None or upper is None:
-            raise TPCHooksError("pass both lower and upper, or neither (then tau is used)")
-        if not (0 <= lower <= upper <= 1):
-            raise TPCHooksError(f"thresholds must satisfy 0 <= lower <= upper <= 1; got lower={lower}, upper={upper}")
-        self.lower, self.upper = float(lower), float(upper)
+        self.lower, self.upper = thresholds(tau, lower, upper)
         n = head.degree
         self.temperatures = [1.0] * n if temperatures is None else [float(t) for t in temperatures]
         self.biases = [0.0] * n if biases is None else [float(b) for b in biases]

@@ -301,30 +301,18 @@ def train_loop(
 _SKLEARN_MAX_BYTES = 2 << 30
 
 
-def _sklearn_logreg(Xs: np.ndarray, y: np.ndarray, Xv: np.ndarray, yv: np.ndarray, Cs: Sequence[float],
-                    max_iter: int, records: list[dict[str, Any]]) -> tuple[np.ndarray, float, dict[str, Any]]:
+def _sklearn_logreg(Xs: np.ndarray, y: np.ndarray, C: float, max_iter: int) -> tuple[np.ndarray, float, bool]:
+    """scikit-learn's ``LogisticRegression`` (the paper's probe): ``(coef, intercept, converged)``."""
     import warnings
 
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
 
-    best: tuple | None = None
-    for C in Cs:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ConvergenceWarning)
-            clf = LogisticRegression(C=C, max_iter=max_iter).fit(Xs, y)
-        converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
-        s = torch.as_tensor(clf.decision_function(Xv), dtype=torch.float64)
-        yv_t = torch.as_tensor(yv, dtype=torch.float64)
-        val_loss = float(F.binary_cross_entropy_with_logits(s, yv_t))
-        val_f1 = f1_at_zero(s, yv_t)
-        records.append({"degree": 1, "trial": len(records), "epoch": 0, "C": C, "train_loss": None,
-                        "val_loss": val_loss, "val_f1": val_f1, "lr": None, "converged": converged})
-        key = (-val_f1, val_loss)
-        if best is None or key < best[0]:
-            best = (key, clf.coef_.ravel().copy(), float(clf.intercept_[0]),
-                    {"C": C, "trial": len(records) - 1, "val_f1": val_f1, "val_loss": val_loss, "solver": "sklearn-lbfgs"})
-    return best[1], best[2], best[3]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        clf = LogisticRegression(C=C, max_iter=max_iter).fit(Xs, y)
+    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    return clf.coef_.ravel().copy(), float(clf.intercept_[0]), converged
 
 
 def _streamed_logreg(data: _Data, scaler: nn.Module, y: Tensor, C: float, max_iter: int,
@@ -355,31 +343,30 @@ def _streamed_logreg(data: _Data, scaler: nn.Module, y: Tensor, C: float, max_it
 
 def _fit_linear(head: TPC, tr: _Data, y_tr: Tensor, va: _Data, y_va: Tensor, Cs: Sequence[float], max_iter: int,
                 solver: str, device: torch.device, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The degree-1 probe: one fit per C, the best validation F1 kept (ties: lower validation loss)."""
     small = tr.in_memory or tr.n * tr.d * 4 <= _SKLEARN_MAX_BYTES
     if solver == "auto":
         solver = "sklearn" if small else "lbfgs"
     if solver == "sklearn":
-        Xs = tr.map(head.scaler, device, lambda x: x).cpu().numpy()
-        Xv = va.map(head.scaler, device, lambda x: x).cpu().numpy()
-        coef, intercept, chosen = _sklearn_logreg(Xs, y_tr.numpy(), Xv, y_va.numpy(), Cs, max_iter, records)
+        Xs, ys = tr.map(head.scaler, device, lambda x: x).cpu().numpy(), y_tr.numpy()
+        solve = lambda C: _sklearn_logreg(Xs, ys, C, max_iter)
     elif solver == "lbfgs":
-        best = None
-        for C in Cs:
-            coef_c, b_c = _streamed_logreg(tr, head.scaler, y_tr, C, max_iter, device)
-            w_t = torch.as_tensor(coef_c, dtype=torch.float32, device=device)
-            s = va.map(head.scaler, device, lambda x: x @ w_t + b_c).double().cpu()
-            yv = y_va.double()
-            val_loss = float(F.binary_cross_entropy_with_logits(s, yv))
-            val_f1 = f1_at_zero(s, yv)
-            records.append({"degree": 1, "trial": len(records), "epoch": 0, "C": C, "train_loss": None,
-                            "val_loss": val_loss, "val_f1": val_f1, "lr": None, "converged": True})
-            key = (-val_f1, val_loss)
-            if best is None or key < best[0]:
-                best = (key, coef_c, b_c, {"C": C, "trial": len(records) - 1, "val_f1": val_f1,
-                                           "val_loss": val_loss, "solver": "streamed-lbfgs"})
-        _, coef, intercept, chosen = best
+        solve = lambda C: (*_streamed_logreg(tr, head.scaler, y_tr, C, max_iter, device), True)
     else:
         raise TPCHooksError(f"linear_solver must be 'auto', 'sklearn' or 'lbfgs'; got {solver!r}")
+    yv = y_va.double()
+    best = None
+    for C in Cs:
+        coef, intercept, converged = solve(C)
+        w = torch.as_tensor(coef, dtype=torch.float64, device=device)
+        s = va.map(head.scaler, device, lambda x: x.double() @ w + intercept).cpu()
+        val_loss, val_f1 = float(F.binary_cross_entropy_with_logits(s, yv)), f1_at_zero(s, yv)
+        records.append({"degree": 1, "trial": len(records), "epoch": 0, "C": C, "train_loss": None,
+                        "val_loss": val_loss, "val_f1": val_f1, "lr": None, "converged": converged})
+        if best is None or (-val_f1, val_loss) < best[0]:
+            best = ((-val_f1, val_loss), coef, intercept,
+                    {"C": C, "trial": len(records) - 1, "val_f1": val_f1, "val_loss": val_loss, "solver": solver})
+    _, coef, intercept, chosen = best
     with torch.no_grad():
         head.linear.copy_(torch.as_tensor(coef, dtype=torch.float32))
         head.bias.fill_(intercept)
