@@ -314,3 +314,19 @@ def test_remote_is_passed_to_nnsight_trace(monkeypatch):
     assert seen == [True]
     with pytest.raises(tpc.TPCHooksError, match="monitored generation runs locally"):
         tpc.Monitor(random_head(), SITE).generate(get_adapter(model, remote=True), PROMPTS[:1], max_new_tokens=1)
+
+
+def test_score_policies():
+    model = nnsight_lm(hf_llama())
+    head = random_head()
+    mon = tpc.Monitor(head, SITE)
+    z = tpc.collect(model, PROMPTS, SITE, progress=False)[SITE]
+    torch.testing.assert_close(mon.score(model, PROMPTS, order=2).logits, head(z, order=2), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mon.score(model, PROMPTS).logits, head(z), rtol=1e-5, atol=1e-5)
+    own = tpc.Cascade(head, lower=0.3, upper=0.6)
+    assert torch.equal(mon.score(model, PROMPTS, cascade=own).exit_order, own(z).exit_order)
+    assert torch.equal(mon.score(model, PROMPTS, cascade=0.5).exit_order, torch.ones(5, dtype=torch.long))
+    with pytest.raises(tpc.TPCHooksError, match="not both"):
+        mon.score(model, PROMPTS, order=1, cascade=0.1)
+    with pytest.raises(tpc.TPCHooksError, match="must wrap this monitor's head"):
+        mon.score(model, PROMPTS, cascade=tpc.Cascade(random_head(seed=1)))

@@ -139,14 +139,19 @@ class Monitor:
         return adapter
 
     # ------------------------------------------------------------------ scoring
-    def policy(self, order: int | None = None, tau: float | None = None) -> Callable[[Tensor], CascadeResult]:
-        """The scoring rule: a fixed truncation ``order``, a cascade at ``tau`` (with this
-        monitor's calibration), or by default the monitor's own cascade / full polynomial."""
-        if order is not None and tau is not None:
-            raise TPCHooksError("pass order= (a fixed truncation) or tau= (a cascade), not both")
-        if tau is not None:
+    def policy(self, order: int | None = None, cascade: float | Cascade | None = None) -> Callable[[Tensor], CascadeResult]:
+        """The scoring rule: a fixed truncation ``order``; a cascade (a threshold ``tau``, used
+        with this monitor's calibration, or a :class:`~tpc_hooks.Cascade` on this head); or by
+        default the monitor's own cascade, else the full polynomial."""
+        if order is not None and cascade is not None:
+            raise TPCHooksError("pass order= (a fixed truncation) or cascade= (a threshold or Cascade), not both")
+        if isinstance(cascade, Cascade):
+            if cascade.head is not self.head:
+                raise TPCHooksError("cascade= must wrap this monitor's head (Cascade(monitor.head, ...))")
+            return cascade
+        if cascade is not None:
             base = self.cascade or Cascade(self.head)
-            return base.with_thresholds(tau)
+            return base.with_thresholds(float(cascade))
         if order is None and self.cascade is not None:
             return self.cascade
         n = self.head._check_order(order)
@@ -162,14 +167,15 @@ class Monitor:
 
     @torch.no_grad()
     def score(self, model: Any, prompts: Sequence[str] | None = None, *, tokens: Sequence[Sequence[int]] | None = None,
-              order: int | None = None, tau: float | None = None, batch_size: int = 8) -> CascadeResult:
+              order: int | None = None, cascade: float | Cascade | None = None, batch_size: int = 8) -> CascadeResult:
         """Scores prompts (or already tokenised sequences) offline.
 
         Args:
             model: the model to read (its d_model and site must match).
             prompts: texts, tokenised as the monitor was trained (chat template, truncation).
             tokens: token id lists instead of texts (e.g. ``run.sequences[b][:n]``).
-            order, tau: a fixed truncation or a cascade threshold (see :meth:`policy`).
+            order, cascade: a fixed truncation, or a cascade threshold / :class:`~tpc_hooks.Cascade`
+                (see :meth:`policy`).
 
         Returns:
             A :class:`~tpc_hooks.CascadeResult`: ``logits``, ``probs``, ``exit_order``, ``flops``.
@@ -186,12 +192,13 @@ class Monitor:
                 raise TPCHooksError("tokens must be a non-empty list of non-empty token id lists")
         site = adapter.site(self.site)
         z = pooled_batches(adapter, ids, [site], self.pooling, batch_size)[site.name]
-        return self.policy(order, tau)(z)
+        return self.policy(order, cascade)(z)
 
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(self, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
-                 order: int | None = None, tau: float | None = None, do_sample: bool = False, temperature: float = 1.0,
+                 order: int | None = None, cascade: float | Cascade | None = None, do_sample: bool = False,
+                 temperature: float = 1.0,
                  seed: int = 0, stop_at_eos: bool = True) -> GenerationRun:
         """Generates from ``prompts`` while scoring every step from the model's own forward passes.
 
@@ -218,7 +225,7 @@ class Monitor:
         if do_sample and not temperature > 0:
             raise TPCHooksError(f"temperature must be positive; got {temperature!r}")
         site = adapter.site(self.site)
-        score_fn = self.policy(order, tau)
+        score_fn = self.policy(order, cascade)
         tok = adapter.tokenizer
         ids, _ = adapter.tokenize(items, chat_template=self.chat_template, max_tokens=self.max_tokens,
                                   prepend_bos=self.prepend_bos)
@@ -281,7 +288,7 @@ class Monitor:
         )
 
     @contextmanager
-    def watch(self, model: Any, *, order: int | None = None, tau: float | None = None,
+    def watch(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
               on_flag: Callable[[MonitorEvent], Any] | None = None) -> Iterator[WatchLog]:
         """Scores every forward pass ``model`` makes inside the block (your own ``generate`` too).
 
@@ -296,7 +303,7 @@ class Monitor:
         """
         adapter = self._adapter(model)
         site = adapter.site(self.site)
-        score_fn = self.policy(order, tau)
+        score_fn = self.policy(order, cascade)
         log = WatchLog()
         state = {"pool": None}
 
