@@ -330,3 +330,14 @@ def test_score_policies():
         mon.score(model, PROMPTS, order=1, cascade=0.1)
     with pytest.raises(tpc.TPCHooksError, match="must wrap this monitor's head"):
         mon.score(model, PROMPTS, cascade=tpc.Cascade(random_head(seed=1)))
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last", "max"])
+def test_token_scores_equal_scores_of_each_prefix(pooling):
+    model = nnsight_lm(hf_llama())
+    mon = tpc.Monitor(random_head(), SITE, pooling=pooling)
+    tokens, res = mon.token_scores(model, PROMPTS[3])
+    ids, _ = get_adapter(model).tokenize([PROMPTS[3]], chat_template=False, max_tokens=None)
+    assert len(tokens) == len(ids[0]) == len(res.logits)
+    offline = mon.score(model, tokens=[ids[0][:t + 1] for t in range(len(ids[0]))])
+    torch.testing.assert_close(res.logits, offline.logits, rtol=1e-4, atol=1e-4)

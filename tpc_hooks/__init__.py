@@ -6,6 +6,8 @@ linear probe). Importing this package imports no interpretability toolkit.
 """
 
 from ._errors import TPCHooksError as TPCHooksError
+from .attribution import Attribution as Attribution
+from .attribution import attribute as attribute
 from .cascade import Cascade as Cascade
 from .cascade import CascadeResult as CascadeResult
 from .collect import collect as collect
@@ -37,5 +39,7 @@ __all__ = [
     "MonitorEvent",
     "GenerationRun",
     "WatchLog",
+    "attribute",
+    "Attribution",
     "TPCHooksError",
 ]

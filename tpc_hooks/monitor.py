@@ -194,6 +194,25 @@ class Monitor:
         z = pooled_batches(adapter, ids, [site], self.pooling, batch_size)[site.name]
         return self.policy(order, cascade)(z)
 
+    @torch.no_grad()
+    def token_scores(self, model: Any, prompt: str, *, order: int | None = None,
+                     cascade: float | Cascade | None = None) -> tuple[list[str], CascadeResult]:
+        """The monitor's score of every prefix of one prompt, from a single forward pass.
+
+        Returns ``(token strings, result)``; ``result.probs[t]`` scores the first ``t + 1``
+        tokens. Hand it to :func:`tpc_hooks.attribution.colored_tokens` for circuitsvis.
+        """
+        adapter = self._adapter(model)
+        site = adapter.site(self.site)
+        (ids,), _ = adapter.tokenize(check_prompts([prompt]), chat_template=self.chat_template,
+                                     max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
+        x, mask = pad([ids], pad_id(adapter.tokenizer), "right")
+        acts = adapter.forward_sites(x, mask, [site])[site.name][0].float()  # [T, D]
+        n = torch.arange(1, acts.shape[0] + 1, device=acts.device, dtype=acts.dtype)[:, None]
+        prefixes = {"mean": acts.cumsum(0) / n, "max": acts.cummax(0).values, "last": acts}[self.pooling]
+        tokens = [adapter.tokenizer.decode([t]) for t in ids]
+        return tokens, self.policy(order, cascade)(prefixes)
+
     # ------------------------------------------------------------------ generation
     @torch.no_grad()
     def generate(self, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,

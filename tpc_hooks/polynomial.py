@@ -191,6 +191,25 @@ class TPC(nn.Module):
         """``sigmoid(head(z, order))``: the probability of the harmful class."""
         return torch.sigmoid(self.forward(z, order))
 
+    def direction(self, order: int = 1, r: int | None = None) -> Tensor:
+        """Residual-stream directions in model units, for patching or steering with a toolkit's hooks.
+
+        ``<u, (z - mean) / scale> = <u / scale, z> + const``, so a direction in the head's
+        standardised space is ``u / scale`` in the model's. Order 1 gives the linear probe's
+        direction ``w1 / scale`` ``[d_model]``; a degree k >= 2 gives factor ``r`` of ``U_k``
+        ``[d_model]``, or all factors ``[d_model, R_k]`` when ``r`` is None.
+        """
+        n = self._check_order(order)
+        scale = self.scaler.scale.detach()
+        if n == 1:
+            return self.linear.detach() / scale
+        U = self.factors[str(n)].detach() / scale[:, None]
+        if r is None:
+            return U
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < U.shape[1]:
+            raise TPCHooksError(f"r must index one of the {U.shape[1]} factors of degree {n}; got {r!r}")
+        return U[:, r]
+
     # ------------------------------------------------------------------ cost
     def cost(self, order: int | None = None) -> Cost:
         """Parameter count and FLOPs of the truncation ``P_{:order}`` (paper Table 2, symmetric CP)."""
