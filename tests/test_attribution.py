@@ -163,3 +163,26 @@ def test_directions_in_model_units_reproduce_the_projections():
     torch.testing.assert_close(head.direction(3, r=1), head.direction(3)[:, 1])
     with pytest.raises(tpc.TPCHooksError, match="r must index one of the 3 factors of degree 3"):
         head.direction(3, r=3)
+
+
+@pytest.mark.parametrize("mode", ["positive", "negative", "absolute"])
+def test_pairs_over_a_set_of_inputs(mode):
+    head = random_head(d_model=12, degree=3, ranks=(3, 2))
+    a = tpc.attribute(head, torch.randn(6, 12, dtype=torch.float64))
+    Ms = torch.stack([2 * a.pair_matrix(b, order=None) for b in range(6)])
+    agg = Ms.abs().mean(0) if mode == "absolute" else Ms.mean(0)
+    i, j = torch.triu_indices(12, 12, offset=1)
+    v = agg[i, j]
+    key = {"positive": v, "negative": -v, "absolute": v}[mode]
+    want = [(int(i[t]), int(j[t])) for t in key.argsort(descending=True)[:8]]
+    got = a.top_pairs(8, None, input=None, mode=mode, candidates=None, block=5)
+    assert [(p, q) for p, q, _ in got] == want
+    np.testing.assert_allclose([x for *_, x in got], [float(agg[p, q]) for p, q in want], rtol=1e-10)
+    # restricted to candidate neurons: exactly the brute force within that set
+    cand = a.by_neuron.abs().mean(0).topk(5).indices.sort().values.tolist()
+    sub = [(p, q) for p, q in zip(i.tolist(), j.tolist()) if p in cand and q in cand]
+    sub_key = torch.tensor([float(key[[t for t in range(len(i)) if (int(i[t]), int(j[t])) == pq][0]]) for pq in sub])
+    want_sub = [sub[t] for t in sub_key.argsort(descending=True)[:4]]
+    assert [(p, q) for p, q, _ in a.top_pairs(4, None, input=None, mode=mode, candidates=5)] == want_sub
+    with pytest.raises(tpc.TPCHooksError, match="exceeds the 10 pairs among 5 candidate neurons"):
+        a.top_pairs(11, None, input=None, candidates=5)

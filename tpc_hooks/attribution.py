@@ -106,20 +106,26 @@ class Attribution:
         A, w = self._factors(self._row(input), order)
         return (A * w) @ A.T
 
-    def top_pairs(self, k: int = 10, order: int | None = 2, *, input: int = 0, mode: str = "positive",
-                  block: int = 512) -> list[tuple[int, int, float]]:
-        """The ``k`` neuron pairs ``i < j`` contributing most to one input's logit.
+    def top_pairs(self, k: int = 10, order: int | None = 2, *, input: int | None = 0, mode: str = "positive",
+                  block: int = 512, candidates: int | None = 512) -> list[tuple[int, int, float]]:
+        """The ``k`` neuron pairs ``i < j`` contributing most to the logit.
 
         Args:
             k: how many pairs.
             order: the degree whose pairs are ranked (None: all degrees >= 2 together).
-            input: which attributed input.
-            mode: ``"positive"`` (largest contributions), ``"negative"`` (most negative) or
-                ``"absolute"`` (largest magnitude).
+            input: which attributed input; ``None`` ranks pairs over all attributed inputs by
+                their mean contribution (``positive``/``negative``) or mean absolute
+                contribution (``absolute``), e.g. over the prompts of one harm category.
+            mode: ``"positive"`` (largest contributions first), ``"negative"`` (most negative)
+                or ``"absolute"`` (largest magnitude).
             block: rows computed at a time; memory is O(block x d_model).
+            candidates: with ``input=None``, pairs are searched among the neurons with the
+                largest mean absolute attribution (exact when ``candidates >= d_model`` or
+                None); the cost is O(inputs x candidates^2 x rank).
 
         Returns:
-            ``[(i, j, value), ...]`` with ``i < j`` and ``value = 2 M_ij``, best first.
+            ``[(i, j, value), ...]`` with ``i < j`` and ``value = 2 M_ij`` (its mean over inputs
+            with ``input=None``), best first.
 
         Example:
             >>> import torch, tpc_hooks as tpc
@@ -135,30 +141,49 @@ class Attribution:
         n_pairs = d * (d - 1) // 2
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_pairs:
             raise TPCHooksError(f"k must be in 1..{n_pairs} (the number of neuron pairs for d_model={d}); got {k!r}")
-        A, w = self._factors(self._row(input), order)
-        Aw = A * w
-        best_v = torch.empty(0, dtype=A.dtype)
+        if input is None:
+            keep = torch.arange(d)
+            if candidates is not None and candidates < d:
+                keep = self.by_neuron.abs().mean(0).topk(max(candidates, 2)).indices.sort().values
+            blocks = [self._factors(b, order) for b in range(len(self))]
+
+            def values(a: int, b: int) -> Tensor:
+                rows = keep[a:b]
+                parts = [2 * ((A[rows] * w) @ A[keep].T) for A, w in blocks]
+                stack = torch.stack(parts)
+                return (stack.abs() if mode == "absolute" else stack).mean(0)
+
+            ids = keep
+        else:
+            A, w = self._factors(self._row(input), order)
+            Aw = A * w
+            ids = torch.arange(d)
+
+            def values(a: int, b: int) -> Tensor:
+                return 2 * (Aw[a:b] @ A.T)
+
+        m = len(ids)
+        if k > m * (m - 1) // 2:
+            raise TPCHooksError(f"k={k} exceeds the {m * (m - 1) // 2} pairs among {m} candidate neurons; raise candidates")
+        best_v = torch.empty(0, dtype=self.z.dtype)
         best_i = torch.empty(0, dtype=torch.long)
-        cols = torch.arange(d)
-        for a in range(0, d - 1, block):
-            b = min(a + block, d)
-            vals = 2 * (Aw[a:b] @ A.T)  # [rows, d]
-            rows = torch.arange(a, b)
-            vals = vals.masked_fill(cols[None, :] <= rows[:, None], float("nan"))  # keep i < j
-            key = {"positive": vals, "negative": -vals, "absolute": vals.abs()}[mode].nan_to_num(float("-inf"))
-            kk = min(k, key.numel())
-            top_key, flat = key.flatten().topk(kk)
-            ok = torch.isfinite(top_key)
-            flat = flat[ok]
+        cols = torch.arange(m)
+        rank = {"positive": lambda v: v, "negative": lambda v: -v, "absolute": lambda v: v.abs()}[mode]
+        for a in range(0, m - 1, block):
+            b = min(a + block, m)
+            vals = values(a, b)  # [rows, m]
+            upper = cols[None, :] > torch.arange(a, b)[:, None]  # keep i < j
+            key = rank(vals).masked_fill(~upper, float("-inf"))
+            top_key, flat = key.flatten().topk(min(k, key.numel()))
+            flat = flat[torch.isfinite(top_key)]
             best_v = torch.cat([best_v, vals.flatten()[flat]])
-            best_i = torch.cat([best_i, a * d + flat])  # global flat index i * d + j
-            order_key = {"positive": best_v, "negative": -best_v, "absolute": best_v.abs()}[mode]
-            keep = order_key.topk(min(k, len(best_v))).indices
-            best_v, best_i = best_v[keep], best_i[keep]
+            best_i = torch.cat([best_i, a * m + flat])  # flat index into [m, m]
+            keep_top = rank(best_v).topk(min(k, len(best_v))).indices
+            best_v, best_i = best_v[keep_top], best_i[keep_top]
         names = self.feature_ids
         out = []
         for v, idx in zip(best_v.tolist(), best_i.tolist()):
-            i, j = divmod(idx, d)
+            i, j = (int(ids[t]) for t in divmod(idx, m))
             out.append((names[i] if names else i, names[j] if names else j, v))
         return out
 
