@@ -140,7 +140,7 @@ def test_bad_attribution_input():
     a = tpc.attribute(head, torch.randn(2, 6))
     with pytest.raises(tpc.TPCHooksError, match=r"order in 2\.\.3"):
         a.top_pairs(3, order=4)
-    with pytest.raises(tpc.TPCHooksError, match=r"k must be in 1\.\.15 \(the number of neuron pairs for d_model=6\)"):
+    with pytest.raises(tpc.TPCHooksError, match=r"k must be in 1\.\.15 \(the number of pairs among 6 residual units\)"):
         a.top_pairs(16)
     with pytest.raises(tpc.TPCHooksError, match="mode must be one of"):
         a.top_pairs(3, mode="largest")

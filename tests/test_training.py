@@ -196,3 +196,20 @@ def test_early_stopping_counts_epochs_since_the_best(problem):
         assert all(r["val_loss"] >= head.history.selected[k]["val_loss"] for r in recs)
     full = tpc.fit(Xtr, ytr, Xva, yva, degree=2, patience=None, lr=3e-2, **{**FAST, "epochs": 12})
     assert len(full.history.for_degree(2)) == 12
+
+
+def test_l1_concentrates_the_factors(problem):
+    Xtr, ytr, Xva, yva, _, _ = problem
+    kw = {**FAST, "epochs": 25, "rank": 6}
+    plain = tpc.fit(Xtr, ytr, Xva, yva, degree=2, lr=1e-2, patience=None, **kw)
+    sparse = tpc.fit(Xtr, ytr, Xva, yva, degree=2, lr=1e-2, patience=None, l1=1e-2, **kw)
+
+    def share_of_mass_in_top_quarter(U):  # per factor column, how concentrated |U| is
+        a = U.detach().abs()
+        top = a.topk(a.shape[0] // 4, dim=0).values.sum(0)
+        return float((top / a.sum(0)).mean())
+
+    assert share_of_mass_in_top_quarter(sparse.factors["2"]) > share_of_mass_in_top_quarter(plain.factors["2"]) + 0.05
+    assert float(sparse.factors["2"].abs().sum()) < float(plain.factors["2"].abs().sum())
+    with pytest.raises(tpc.TPCHooksError, match="l1 must be >= 0"):
+        tpc.fit(Xtr, ytr, l1=-1.0, **FAST)

@@ -63,11 +63,23 @@ class Attribution:
     z: Tensor
     site: str | None = None
     basis: str = "residual"
-    feature_ids: list[int] | None = None
+    feature_ids: list[Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # SAE projection: zs = f @ dec + rows (per input), see attribute(..., sae=)
+    _proj: dict[str, Tensor] | None = None
 
     def __len__(self) -> int:
         return self.logit.shape[0]
+
+    @property
+    def by_feature(self) -> Tensor:
+        """Alias of :attr:`by_neuron` for SAE bases: ``[batch, units]``."""
+        return self.by_neuron
+
+    @property
+    def n_units(self) -> int:
+        """Number of basis directions: d_model (residual), d_sae (latents) or d_sae + 2 (projection)."""
+        return self.by_neuron.shape[1]
 
     def _row(self, input: int) -> int:
         if isinstance(input, bool) or not isinstance(input, int) or not -len(self) <= input < len(self):
@@ -83,14 +95,19 @@ class Attribution:
         return [order]
 
     def _factors(self, input: int, order: int | None) -> tuple[Tensor, Tensor]:
-        """``A = diag(z) U`` and weights ``w`` with ``M = A diag(w) A^T`` for one input."""
+        """``A = C U`` and weights ``w`` with ``M = A diag(w) A^T`` for one input, where the rows
+        ``c_v`` of ``C`` are the basis components of ``z`` (``diag(z)`` for neurons)."""
         zs = self.z[input]
         cols, weights = [], []
         for k in self._orders(order):
             U = self.head.factors[str(k)].detach().to(zs.dtype)
             lam = self.head.lambdas[str(k)].detach().to(zs.dtype)
             p = zs @ U
-            cols.append(zs[:, None] * U)
+            if self._proj is None:
+                cols.append(zs[:, None] * U)
+            else:
+                pr = self._proj
+                cols.append(torch.cat([pr["f"][input][:, None] * (pr["dec"] @ U), pr["rows"][input] @ U]))
             weights.append(lam * p.pow(k - 2))
         return torch.cat(cols, 1), torch.cat(weights)
 
@@ -100,14 +117,13 @@ class Attribution:
 
         Only for small ``d_model`` (``max_d``); use :meth:`top_pairs` otherwise.
         """
-        if self.head.d_model > max_d:
-            raise TPCHooksError(f"pair_matrix materialises d_model^2 = {self.head.d_model ** 2} values; "
-                                f"use top_pairs() (or raise max_d={max_d})")
+        if self.n_units > max_d:
+            raise TPCHooksError(f"pair_matrix materialises {self.n_units}^2 values; use top_pairs() (or raise max_d={max_d})")
         A, w = self._factors(self._row(input), order)
         return (A * w) @ A.T
 
     def top_pairs(self, k: int = 10, order: int | None = 2, *, input: int | None = 0, mode: str = "positive",
-                  block: int = 512, candidates: int | None = 512) -> list[tuple[int, int, float]]:
+                  block: int = 512, candidates: int | None = 512) -> list[tuple[Any, Any, float]]:
         """The ``k`` neuron pairs ``i < j`` contributing most to the logit.
 
         Args:
@@ -137,10 +153,10 @@ class Attribution:
         """
         if mode not in PAIR_MODES:
             raise TPCHooksError(f"mode must be one of {list(PAIR_MODES)}; got {mode!r}")
-        d = self.head.d_model
+        d = self.n_units
         n_pairs = d * (d - 1) // 2
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_pairs:
-            raise TPCHooksError(f"k must be in 1..{n_pairs} (the number of neuron pairs for d_model={d}); got {k!r}")
+            raise TPCHooksError(f"k must be in 1..{n_pairs} (the number of pairs among {d} {self.basis} units); got {k!r}")
         if input is None:
             keep = torch.arange(d)
             if candidates is not None and candidates < d:
@@ -193,12 +209,12 @@ class Attribution:
         return (A * A * w).sum(1)
 
     # ------------------------------------------------------------------ neurons
-    def top_neurons(self, k: int = 10, *, input: int | None = 0, mode: str = "absolute") -> list[tuple[int, float]]:
+    def top_neurons(self, k: int = 10, *, input: int | None = 0, mode: str = "absolute") -> list[tuple[Any, float]]:
         """Neurons by attribution for one input (or, with ``input=None``, by the mean over inputs
         for ``positive``/``negative`` and the mean absolute value for ``absolute``)."""
         if mode not in PAIR_MODES:
             raise TPCHooksError(f"mode must be one of {list(PAIR_MODES)}; got {mode!r}")
-        d = self.head.d_model
+        d = self.n_units
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d:
             raise TPCHooksError(f"k must be in 1..{d}; got {k!r}")
         if input is None:
@@ -219,12 +235,12 @@ class Attribution:
     def to_dict(self, input: int = 0, k: int = 20) -> dict[str, Any]:
         """One input's attribution as plain JSON-able data (top neurons and pairs, per order)."""
         r = self._row(input)
-        pairs = {str(o): self.top_pairs(min(k, self.head.d_model * (self.head.d_model - 1) // 2), o, input=r)
-                 for o in self.head.degrees}
+        n = self.n_units
+        pairs = {str(o): self.top_pairs(min(k, n * (n - 1) // 2), o, input=r) for o in self.head.degrees}
         return {
             "site": self.site, "basis": self.basis, "logit": float(self.logit[r]), "bias": float(self.bias[r]),
             "by_order": [float(v) for v in self.by_order[r]],
-            "top_neurons": self.top_neurons(min(k, self.head.d_model), input=r),
+            "top_neurons": self.top_neurons(min(k, n), input=r),
             "top_pairs": pairs,
         }
 
@@ -238,10 +254,11 @@ class Attribution:
         r = self._row(input)
         rows = [{"kind": "order", "order": o + 1, "i": None, "j": None, "value": float(self.by_order[r, o])}
                 for o in range(self.head.degree)]
-        for i, v in self.top_neurons(min(k, self.head.d_model), input=r):
+        n = self.n_units
+        for i, v in self.top_neurons(min(k, n), input=r):
             rows.append({"kind": "neuron", "order": None, "i": i, "j": None, "value": v})
         for o in self.head.degrees:
-            for i, j, v in self.top_pairs(min(k, self.head.d_model * (self.head.d_model - 1) // 2), o, input=r):
+            for i, j, v in self.top_pairs(min(k, n * (n - 1) // 2), o, input=r):
                 rows.append({"kind": "pair", "order": o, "i": i, "j": j, "value": v})
         df = pd.DataFrame(rows)
         df.attrs.update(site=self.site, basis=self.basis, logit=float(self.logit[r]))
@@ -263,7 +280,7 @@ class Attribution:
         ax1.set_title(f"logit {float(self.logit[r]):.3f} by order")
         ax1.tick_params(axis="x", rotation=30)
         if self.head.degree >= 2:
-            pairs = self.top_pairs(min(k, self.head.d_model * (self.head.d_model - 1) // 2), order, input=r)
+            pairs = self.top_pairs(min(k, self.n_units * (self.n_units - 1) // 2), order, input=r)
             ids = list(dict.fromkeys([p for i, j, _ in pairs for p in (i, j)]))[:k]
             idx = [self.feature_ids.index(n) if self.feature_ids else n for n in ids]
             A, w = self._factors(r, order)
@@ -279,7 +296,7 @@ class Attribution:
         return fig
 
 
-def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None) -> Attribution:
+def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None) -> Attribution:
     """Exact decompositions of a TPC's (or a Monitor's) logits for activations ``z``.
 
     Args:
@@ -289,6 +306,11 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None) -> Attribution:
             ``ActivationCache`` entry or an nnsight-saved tensor), pooled the monitor's way
             using ``mask`` (default: every position).
         mask: ``[batch, pos]`` attention mask for per-token input.
+        sae: an SAELens SAE for the head's (residual) site: the attribution is projected into
+            its feature basis. With ``z = W_dec^T f + b_dec + err`` (``f`` the SAE's latents of
+            the pooled input; for mean pooling of per-token input, the mean of per-token
+            latents) every part splits into ``d_sae`` features plus a ``"b_dec"`` and an
+            ``"error"`` term, and still sums exactly to the logit.
 
     Returns:
         An :class:`Attribution`.
@@ -301,11 +323,15 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None) -> Attribution:
         (True, True)
     """
     head, site = _head_of(head_or_monitor)
+    mon_sae = getattr(head_or_monitor, "sae", None)
+    if sae is not None and mon_sae is not None:
+        raise TPCHooksError("this monitor already reads SAE latents; its attribution is in feature ids without sae=")
     if hasattr(z, "keys") and site is not None and not isinstance(z, Tensor):  # an ActivationCache
         if site not in z:
             raise TPCHooksError(f"the cache has no {site!r}; run the model with names_filter including it")
         z = z[site]
     t = z if isinstance(z, Tensor) else torch.as_tensor(z)
+    f_mean = None
     if t.dim() == 3:
         if site is None:
             raise TPCHooksError("per-token activations [batch, pos, d_model] need a Monitor (for its pooling)")
@@ -314,6 +340,14 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None) -> Attribution:
         m = torch.ones(t.shape[:2], dtype=torch.long) if mask is None else torch.as_tensor(mask)
         if tuple(m.shape) != tuple(t.shape[:2]):
             raise TPCHooksError(f"mask has shape {tuple(m.shape)}; expected {tuple(t.shape[:2])}")
+        if mon_sae is not None:
+            from .sae import encode
+
+            t = encode(mon_sae, t.detach())
+        elif sae is not None and head_or_monitor.pooling == "mean":
+            from .sae import encode
+
+            f_mean = pool(encode(sae, t.detach()), m, "mean")
         t = pool(t.detach(), m, head_or_monitor.pooling)
     if t.dim() == 1:
         t = t[None]
@@ -335,8 +369,39 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None) -> Attribution:
         by_order[:, 0] += bias
         by_neuron = neuron_by_order.sum(1)
         logit = bias + by_neuron.sum(-1)
+    if sae is not None:
+        return _project(head, site, sae, X, zs, bias, by_order, logit, f_mean)
     return Attribution(head=head, logit=logit, bias=bias, by_order=by_order, by_neuron=by_neuron,
-                       neuron_by_order=neuron_by_order, z=zs, site=site)
+                       neuron_by_order=neuron_by_order, z=zs, site=site,
+                       basis="sae" if mon_sae is not None else "residual")
+
+
+@torch.no_grad()
+def _project(head: TPC, site: str | None, sae: Any, X: Tensor, zs: Tensor, bias: Tensor, by_order: Tensor,
+             logit: Tensor, f: Tensor | None) -> Attribution:
+    """Attribution of a residual-space head in an SAE's feature basis (see :func:`attribute`)."""
+    from .sae import check_sae, decoder, encode
+
+    check_sae(sae, head.d_model, site)
+    dtype = X.dtype
+    W_dec, b_dec = (t.to(dtype) for t in decoder(sae))
+    if f is None:
+        f = encode(sae, X)
+    f = f.to(dtype)
+    err = X - (f @ W_dec + b_dec)
+    mean, scale = head.scaler.mean.to(dtype), head.scaler.scale.to(dtype)
+    dec = W_dec / scale  # [d_sae, d_model] in standardised units
+    rows = torch.stack([((b_dec - mean) / scale).expand_as(X), err / scale], 1)  # [batch, 2, d_model]
+    qs = [head.linear.detach().to(dtype).expand_as(zs)]
+    for k in head.degrees:
+        U, lam = head.factors[str(k)].detach().to(dtype), head.lambdas[str(k)].detach().to(dtype)
+        qs.append((lam * (zs @ U).pow(k - 1)) @ U.T)  # (dT_k/dz) / k
+    unit_by_order = torch.stack([torch.cat([f * (q @ dec.T), torch.einsum("bvd,bd->bv", rows, q)], 1) for q in qs], 1)
+    by_unit = unit_by_order.sum(1)
+    ids: list[Any] = list(range(dec.shape[0])) + ["b_dec", "error"]
+    return Attribution(head=head, logit=logit, bias=bias, by_order=by_order, by_neuron=by_unit,
+                       neuron_by_order=unit_by_order, z=zs, site=site, basis="sae-projection", feature_ids=ids,
+                       _proj={"f": f, "dec": dec, "rows": rows})
 
 
 def colored_tokens(tokens: list[str], values: Any):

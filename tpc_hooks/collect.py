@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from ._errors import TPCHooksError
 from .adapters.base import Adapter, Site, get_adapter, pad, pad_id, resolve_bos
 from .pooling import check_pooling, pool
+from .sae import check_sae, encode as sae_encode, dims as sae_dims, identity as sae_identity
 from .store import ActivationStore
 
 log = logging.getLogger(__name__)
@@ -37,13 +38,15 @@ def check_prompts(prompts: Any, name: str = "prompts") -> list[str]:
 
 
 def pooled_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Site], pooling: str, batch_size: int,
-                   padding_side: str = "right", bar: Any = None) -> dict[str, Tensor]:
-    """Pooled activations ``[n, d_model]`` per site for tokenised prompts, in their order.
+                   padding_side: str = "right", bar: Any = None, sae: Any = None) -> dict[str, Tensor]:
+    """Pooled activations ``[n, d_model]`` per site for tokenised prompts, in their order
+    (``[n, d_sae]`` SAE latents, encoded per token before pooling, when ``sae`` is given).
 
     Batches group prompts of similar length (less padding); the result does not depend on it.
     """
     order = np.argsort([len(t) for t in token_ids], kind="stable")
-    out = {s.name: torch.empty(len(token_ids), adapter.d_model) for s in sites}
+    width = adapter.d_model if sae is None else sae_dims(sae)[1]
+    out = {s.name: torch.empty(len(token_ids), width) for s in sites}
     pid = pad_id(adapter.tokenizer)
     for a in range(0, len(order), batch_size):
         idx = order[a:a + batch_size]
@@ -52,18 +55,20 @@ def pooled_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Sit
         for s in sites:
             if acts[s.name].shape[-1] != adapter.d_model:
                 raise TPCHooksError(f"{s.name} produced width {acts[s.name].shape[-1]}, expected d_model={adapter.d_model}")
-            out[s.name][torch.as_tensor(idx)] = pool(acts[s.name], mask, pooling).cpu()
+            a = acts[s.name] if sae is None else sae_encode(sae, acts[s.name])
+            out[s.name][torch.as_tensor(idx)] = pool(a, mask, pooling).cpu()
         if bar is not None:
             bar.update(len(idx))
     return out
 
 
 def _fingerprint(adapter: Adapter, site: str, pooling: str, chat_template: bool, prepend_bos: bool,
-                 max_tokens: int | None, prompts: list[str]) -> dict[str, Any]:
+                 max_tokens: int | None, prompts: list[str], sae: Any) -> dict[str, Any]:
     digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
     return {"model": adapter.model_name, "d_model": adapter.d_model, "site": site, "pooling": pooling,
             "chat_template": chat_template, "prepend_bos": prepend_bos, "max_tokens": max_tokens,
-            "n_prompts": len(prompts), "prompts_sha256": digest}
+            "n_prompts": len(prompts), "prompts_sha256": digest,
+            "sae": None if sae is None else sae_identity(sae)["weights_sha256"]}
 
 
 def collect(
@@ -80,6 +85,7 @@ def collect(
     store: str | os.PathLike | None = None,
     shard_prompts: int = 256,
     remote: bool = False,
+    sae: Any = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Pooled residual-stream activations of ``prompts`` at ``sites``, one forward pass per batch.
@@ -104,6 +110,8 @@ def collect(
             lost or duplicated. Peak memory is one shard, not the data set.
         shard_prompts: prompts per shard when streaming.
         remote: nnsight models only: run the traces on NDIF (``trace(remote=True)``).
+        sae: an SAELens SAE for the (single) site: activations are encoded into SAE latents
+            per token, then pooled; rows are ``[n_prompts, d_sae]``.
         progress: show a progress bar.
 
     Returns:
@@ -121,6 +129,10 @@ def collect(
         raise TPCHooksError("sites is empty; name at least one hook point, e.g. 'blocks.0.hook_resid_post'")
     parsed = [adapter.site(s) for s in dict.fromkeys(site_list)]
     check_pooling(pooling)
+    if sae is not None:
+        if len(parsed) != 1:
+            raise TPCHooksError("sae= encodes one site's activations; collect one site at a time")
+        check_sae(sae, adapter.d_model, parsed[0].name)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise TPCHooksError(f"batch_size must be a positive integer; got {batch_size!r}")
     bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
@@ -129,13 +141,14 @@ def collect(
         log.warning("%d of %d prompts were longer than max_tokens=%s and were truncated", n_trunc, len(items), max_tokens)
     if store is None:
         with tqdm(total=len(items), desc="collect", unit="prompt", disable=not progress) as bar:
-            return pooled_batches(adapter, token_ids, parsed, pooling, batch_size, padding_side, bar)
+            return pooled_batches(adapter, token_ids, parsed, pooling, batch_size, padding_side, bar, sae)
 
     root = Path(store)
     stores: dict[str, ActivationStore] = {}
     for s in parsed:
-        fp = _fingerprint(adapter, s.name, pooling, chat_template, bos, max_tokens, items)
-        st = ActivationStore.create(root / s.name, adapter.d_model, meta={**fp, "done": 0}, exist_ok=True)
+        fp = _fingerprint(adapter, s.name, pooling, chat_template, bos, max_tokens, items, sae)
+        width = adapter.d_model if sae is None else sae_dims(sae)[1]
+        st = ActivationStore.create(root / s.name, width, meta={**fp, "done": 0}, exist_ok=True)
         old = {k: v for k, v in st.meta.items() if k != "done"}
         if old != fp:
             diff = sorted(k for k in fp if old.get(k) != fp[k])
@@ -150,7 +163,7 @@ def collect(
         for a in range(start, len(items), shard_prompts):
             b = min(a + shard_prompts, len(items))
             todo = [s for s in parsed if stores[s.name].meta["done"] == a]
-            rows = pooled_batches(adapter, token_ids[a:b], todo, pooling, batch_size, padding_side, bar) if todo else {}
+            rows = pooled_batches(adapter, token_ids[a:b], todo, pooling, batch_size, padding_side, bar, sae) if todo else {}
             if not todo:
                 bar.update(b - a)
             for s in todo:

@@ -23,6 +23,7 @@ from .cascade import Cascade, CascadeResult
 from .collect import check_prompts, collect, pooled_batches
 from .pooling import RunningPool, check_pooling
 from .polynomial import TPC
+from .sae import check_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,9 @@ class Monitor:
         cascade: the default policy (thresholds + per-order calibration), or None to score
             with the full polynomial.
         threshold: probability at or above which an input is flagged.
+        sae: an SAELens SAE when the head reads SAE latents (``head.d_model == d_sae``): the
+            site's activations are encoded per token before pooling. Its identity (sizes,
+            recorded release/id/hook, weights hash) is saved, and a different SAE is refused.
     """
 
     head: TPC
@@ -116,6 +120,8 @@ class Monitor:
     cascade: Cascade | None = None
     threshold: float = 0.5
     report: dict[str, Any] = field(default_factory=dict)
+    sae: Any = None
+    sae_identity: dict[str, Any] | None = None
 
     def __post_init__(self):
         if not isinstance(self.head, TPC):
@@ -126,12 +132,31 @@ class Monitor:
             raise TPCHooksError(f"threshold must be in (0, 1); got {self.threshold!r}")
         if self.cascade is not None and self.cascade.head is not self.head:
             raise TPCHooksError("the monitor's cascade must wrap the monitor's own head")
+        if self.sae is not None:
+            ident = sae_identity(self.sae)
+            if self.sae_identity is not None and self.sae_identity.get("weights_sha256") != ident["weights_sha256"]:
+                raise TPCHooksError(
+                    f"this monitor was trained on SAE latents of {_describe(self.sae_identity)}, and the SAE given "
+                    f"differs ({_describe(ident)}); pass the SAE it was trained with"
+                )
+            if sae_dims(self.sae)[1] != self.head.d_model:
+                raise TPCHooksError(f"the SAE has d_sae={sae_dims(self.sae)[1]} but the head reads {self.head.d_model} features")
+            self.sae_identity = ident
+        elif self.sae_identity is not None:
+            raise TPCHooksError(f"this monitor reads SAE latents of {_describe(self.sae_identity)}; pass sae= "
+                                "(Monitor.load(path, sae=...))")
+
+    def _features(self, acts: Tensor) -> Tensor:
+        """What the head reads from per-token activations: SAE latents when the monitor has an SAE."""
+        return acts if self.sae is None else sae_encode(self.sae, acts)
 
     # ------------------------------------------------------------------ checks
     def _adapter(self, model: Any) -> Adapter:
         adapter = get_adapter(model)
         adapter.site(self.site)
-        if adapter.d_model != self.head.d_model:
+        if self.sae is not None:
+            check_sae(self.sae, adapter.d_model, self.site)
+        elif adapter.d_model != self.head.d_model:
             raise TPCHooksError(
                 f"monitor expects d_model={self.head.d_model} at {self.site!r} but the model produces "
                 f"{adapter.d_model}; was it trained on another model ({self.model_name or 'unknown'})?"
@@ -191,7 +216,7 @@ class Monitor:
             if not ids or any(len(t) == 0 for t in ids):
                 raise TPCHooksError("tokens must be a non-empty list of non-empty token id lists")
         site = adapter.site(self.site)
-        z = pooled_batches(adapter, ids, [site], self.pooling, batch_size)[site.name]
+        z = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name]
         return self.policy(order, cascade)(z)
 
     @torch.no_grad()
@@ -207,7 +232,7 @@ class Monitor:
         (ids,), _ = adapter.tokenize(check_prompts([prompt]), chat_template=self.chat_template,
                                      max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
         x, mask = pad([ids], pad_id(adapter.tokenizer), "right")
-        acts = adapter.forward_sites(x, mask, [site])[site.name][0].float()  # [T, D]
+        acts = self._features(adapter.forward_sites(x, mask, [site])[site.name][0].float())  # [T, D]
         n = torch.arange(1, acts.shape[0] + 1, device=acts.device, dtype=acts.dtype)[:, None]
         prefixes = {"mean": acts.cumsum(0) / n, "max": acts.cummax(0).values, "last": acts}[self.pooling]
         tokens = [adapter.tokenizer.decode([t]) for t in ids]
@@ -262,7 +287,7 @@ class Monitor:
 
         def on_step(acts: Tensor, step_mask: Tensor, last_logits: Tensor):
             t = step[0]
-            pool.update(acts, step_mask)
+            pool.update(self._features(acts), step_mask)
             rows = live.nonzero().flatten()
             res = score_fn(pool.value()[rows.to(acts.device)])
             probs, logits_, exits, flops = (x.tolist() for x in (res.probs, res.logits, res.exit_order, res.flops))
@@ -329,7 +354,7 @@ class Monitor:
         def on_acts(acts: Tensor, mask: Tensor, fresh: bool) -> None:
             if fresh or state["pool"] is None:
                 state["pool"] = RunningPool(self.pooling)
-            state["pool"].update(acts, mask)
+            state["pool"].update(self._features(acts), mask)
             with torch.no_grad():
                 res = score_fn(state["pool"].value())
             log.results.append(res)
@@ -353,6 +378,7 @@ class Monitor:
             "model": {"name": self.model_name, "d_model": self.head.d_model},
             "cascade": None if self.cascade is None else self.cascade.to_dict(),
             "report": self.report,
+            "sae": self.sae_identity,
         }
         return cfg
 
@@ -361,8 +387,11 @@ class Monitor:
         return _format.write_dir(path, self._config(), self.head._tensors())
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Monitor":
-        """Loads a monitor saved by :meth:`save` (strict; never unpickles)."""
+    def load(cls, path: str | os.PathLike, *, sae: Any = None) -> "Monitor":
+        """Loads a monitor saved by :meth:`save` (strict; never unpickles).
+
+        A monitor trained on SAE latents needs its SAE again (``sae=``); a different one is refused.
+        """
         cfg, tensors = _format.read_dir(path)
         where = Path(path) / _format.CONFIG_FILE
         head = TPC._from_saved(cfg, tensors, where)
@@ -385,9 +414,15 @@ class Monitor:
             return cls(head=head, site=site, pooling=mon.get("pooling", "mean"), chat_template=bool(mon.get("chat_template", False)),
                        prepend_bos=mon.get("prepend_bos"),
                        max_tokens=mon.get("max_tokens"), model_name=model.get("name"), cascade=cascade,
-                       threshold=float(mon.get("threshold", 0.5)), report=dict(mon.get("report") or {}))
+                       threshold=float(mon.get("threshold", 0.5)), report=dict(mon.get("report") or {}),
+                       sae=sae, sae_identity=mon.get("sae"))
         except TPCHooksError as err:
             raise TPCHooksError(f"{where}: {err}") from None
+
+
+def _describe(ident: dict[str, Any]) -> str:
+    name = "/".join(str(v) for v in (ident.get("release"), ident.get("sae_id")) if v) or ident.get("class", "SAE")
+    return f"{name} (d_sae={ident.get('d_sae')}, weights {str(ident.get('weights_sha256'))[:12]})"
 
 
 def train_monitor(
@@ -403,6 +438,7 @@ def train_monitor(
     max_tokens: int | None = 512,
     batch_size: int = 8,
     tau: float | None = None,
+    sae: Any = None,
     degree: int = 5,
     rank: int | Sequence[int] = 64,
     seed: int = 0,
@@ -419,6 +455,8 @@ def train_monitor(
         chat_template: wrap prompts as chat user turns; default: when the tokenizer has a template.
         prepend_bos: prepend BOS to raw prompts; default: when the tokenizer has a BOS token.
         tau: if given, the monitor's policy is a cascade at ``tau``, calibrated on validation.
+        sae: an SAELens SAE for ``site``: train on its latents (pooled per prompt), so
+            attribution reads in feature ids.
         degree, rank, seed, verbose, **fit_kwargs: passed to :func:`tpc_hooks.fit`.
 
     Returns:
@@ -444,7 +482,7 @@ def train_monitor(
         raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
     bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
     X = collect(adapter, items, [site], pooling, batch_size=batch_size, chat_template=chat_template, prepend_bos=bos,
-                max_tokens=max_tokens, progress=verbose)[site]
+                max_tokens=max_tokens, sae=sae, progress=verbose)[site]
     n_val = max(2, int(round(val_fraction * len(items))))
     tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=seed)
     head = fit(X[tr], y[tr], X[va], y[va], degree=degree, rank=rank, seed=seed, verbose=verbose, **fit_kwargs)
@@ -454,4 +492,4 @@ def train_monitor(
         per_order = [classification_metrics(y[va], head(X[va], order=n)) for n in range(1, head.degree + 1)]
     report = {"validation": {"n": len(va), "per_order": per_order}, "n_train": len(tr)}
     return Monitor(head=head, site=site, pooling=pooling, chat_template=chat_template, prepend_bos=bos, max_tokens=max_tokens,
-                   model_name=adapter.model_name, cascade=cascade, report=report)
+                   model_name=adapter.model_name, cascade=cascade, report=report, sae=sae)

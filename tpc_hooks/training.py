@@ -43,6 +43,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     plateau_factor: float = 0.5
     patience: int | None = 10
+    l1: float = 0.0
 
     def __post_init__(self):
         if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
@@ -55,6 +56,8 @@ class TrainConfig:
             raise TPCHooksError(f"weight_decay must be >= 0; got {self.weight_decay!r}")
         if not 0 <= self.dropout < 1:
             raise TPCHooksError(f"dropout must be in [0, 1); got {self.dropout!r}")
+        if not self.l1 >= 0:
+            raise TPCHooksError(f"l1 must be >= 0; got {self.l1!r}")
         if self.patience is not None and (isinstance(self.patience, bool) or not isinstance(self.patience, int)
                                           or self.patience < 0):
             raise TPCHooksError(f"patience must be None or an integer >= 0; got {self.patience!r}")
@@ -413,7 +416,8 @@ def _train_degree(head: TPC, k: int, tr: _Data, y_tr: Tensor, va: _Data, y_va: T
                 keep = (torch.rand(idx.shape[0], generator=gen) >= cfg.dropout).to(device, prefix.dtype)
                 prefix = prefix * keep / (1 - cfg.dropout)
             logits = prefix + (xb @ U).pow(k) @ lam
-            return F.binary_cross_entropy_with_logits(logits, y_tr_d[idx])
+            loss = F.binary_cross_entropy_with_logits(logits, y_tr_d[idx])
+            return loss + cfg.l1 * U.abs().sum() if cfg.l1 else loss
 
         def evaluate() -> tuple[float, float]:
             s = prefix_va + va.map(head.scaler, device, lambda x: head._term_std(x, k))
@@ -520,6 +524,7 @@ def fit(
     weight_decay: float = 0.01,
     dropout: float = 0.0,
     patience: int | None = 10,
+    l1: float = 0.0,
     sweep: bool | dict[str, Sequence[float]] = False,
     Cs: Sequence[float] = PAPER_CS,
     max_iter: int = 500,
@@ -552,6 +557,8 @@ def fit(
             (the best epoch is kept either way); None runs all ``epochs`` (the paper's recipe).
             The untrained degree (lambda_k = 0) is a candidate, so a degree never makes the
             validation loss worse than the truncation below it.
+        l1: L1 penalty ``l1 * sum |U_k|`` on each degree's factors (progressive mode), so each
+            interaction term leans on few neurons or SAE features; 0 disables it.
         sweep: ``True`` for the paper's grid (lr x weight decay x dropout, chosen per degree
             by validation F1), or a dict with some of those keys.
         Cs, max_iter: the degree-1 probe's C sweep and iteration cap.
@@ -582,7 +589,7 @@ def fit(
     if mode not in ("progressive", "joint"):
         raise TPCHooksError(f"mode must be 'progressive' or 'joint'; got {mode!r}")
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout,
-                      patience=patience)
+                      patience=patience, l1=l1)
     configs = _grid(sweep, cfg)
     if not Cs:
         raise TPCHooksError("Cs must list at least one inverse regularisation strength")
