@@ -186,3 +186,20 @@ def test_pairs_over_a_set_of_inputs(mode):
     assert [(p, q) for p, q, _ in a.top_pairs(4, None, input=None, mode=mode, candidates=5)] == want_sub
     with pytest.raises(tpc.TPCHooksError, match="exceeds the 10 pairs among 5 candidate neurons"):
         a.top_pairs(11, None, input=None, candidates=5)
+
+
+def test_unit_directions_and_circuitsvis_hand_off():
+    head = random_head(d_model=6, degree=2, ranks=(2,), dtype=torch.float32)
+    a = tpc.attribute(head, torch.randn(2, 6))
+    assert torch.equal(a.direction(4), torch.eye(6)[4])
+    with pytest.raises(tpc.TPCHooksError, match=r"neuron index in 0\.\.5"):
+        a.direction(6)
+    from tpc_hooks.attribution import colored_tokens
+
+    try:
+        import circuitsvis  # noqa: F401
+    except ImportError:
+        with pytest.raises(tpc.TPCHooksError, match="needs circuitsvis: pip install circuitsvis"):
+            colored_tokens(["a", "b"], [0.1, 0.9])
+    else:
+        assert colored_tokens(["a", "b"], [0.1, 0.9]) is not None

@@ -126,3 +126,12 @@ def test_sae_mismatches_are_refused():
         tpc.attribute(random_head(8), torch.randn(2, 8), sae=make_sae(d_in=8, normalize_activations="layer_norm"))
     with pytest.raises(tpc.TPCHooksError, match="the SAE reads d_in=8 but the site has d_model=6"):
         tpc.attribute(random_head(6), torch.randn(2, 6), sae=make_sae(d_in=8))
+
+
+def test_feature_directions_are_decoder_rows():
+    sae = make_sae(d_in=6, d_sae=9)
+    a = tpc.attribute(random_head(6), torch.randn(2, 6), sae=sae)
+    torch.testing.assert_close(a.direction(3), sae.W_dec.detach()[3])
+    torch.testing.assert_close(a.direction("b_dec"), sae.b_dec.detach())
+    with pytest.raises(tpc.TPCHooksError, match=r"SAE feature id in 0\.\.8"):
+        a.direction(9)

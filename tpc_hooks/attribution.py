@@ -208,6 +208,25 @@ class Attribution:
         A, w = self._factors(self._row(input), order)
         return (A * A * w).sum(1)
 
+    def direction(self, unit: Any) -> Tensor:
+        """The residual-stream direction (model units) of a basis unit, for patching or steering:
+        the unit vector ``e_i`` for residual neuron ``i``, the decoder row ``W_dec[j]`` for SAE
+        feature ``j`` (``"b_dec"`` gives the decoder bias). Factor directions: :meth:`TPC.direction`."""
+        if self.basis == "residual":
+            if isinstance(unit, bool) or not isinstance(unit, int) or not 0 <= unit < self.head.d_model:
+                raise TPCHooksError(f"unit must be a neuron index in 0..{self.head.d_model - 1}; got {unit!r}")
+            e = torch.zeros(self.head.d_model, dtype=self.z.dtype)
+            e[unit] = 1
+            return e
+        W_dec, b_dec = self.extra.get("W_dec"), self.extra.get("b_dec")
+        if W_dec is None:
+            raise TPCHooksError("this attribution carries no SAE decoder")
+        if unit == "b_dec":
+            return b_dec
+        if isinstance(unit, bool) or not isinstance(unit, int) or not 0 <= unit < W_dec.shape[0]:
+            raise TPCHooksError(f"unit must be an SAE feature id in 0..{W_dec.shape[0] - 1} or 'b_dec'; got {unit!r}")
+        return W_dec[unit]
+
     # ------------------------------------------------------------------ neurons
     def top_neurons(self, k: int = 10, *, input: int | None = 0, mode: str = "absolute") -> list[tuple[Any, float]]:
         """Neurons by attribution for one input (or, with ``input=None``, by the mean over inputs
@@ -371,9 +390,14 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         logit = bias + by_neuron.sum(-1)
     if sae is not None:
         return _project(head, site, sae, X, zs, bias, by_order, logit, f_mean)
+    extra: dict[str, Any] = {}
+    if mon_sae is not None:
+        from .sae import decoder
+
+        extra["W_dec"], extra["b_dec"] = (t.to(dtype) for t in decoder(mon_sae))
     return Attribution(head=head, logit=logit, bias=bias, by_order=by_order, by_neuron=by_neuron,
                        neuron_by_order=neuron_by_order, z=zs, site=site,
-                       basis="sae" if mon_sae is not None else "residual")
+                       basis="sae" if mon_sae is not None else "residual", extra=extra)
 
 
 @torch.no_grad()
@@ -401,7 +425,7 @@ def _project(head: TPC, site: str | None, sae: Any, X: Tensor, zs: Tensor, bias:
     ids: list[Any] = list(range(dec.shape[0])) + ["b_dec", "error"]
     return Attribution(head=head, logit=logit, bias=bias, by_order=by_order, by_neuron=by_unit,
                        neuron_by_order=unit_by_order, z=zs, site=site, basis="sae-projection", feature_ids=ids,
-                       _proj={"f": f, "dec": dec, "rows": rows})
+                       extra={"W_dec": W_dec, "b_dec": b_dec}, _proj={"f": f, "dec": dec, "rows": rows})
 
 
 def colored_tokens(tokens: list[str], values: Any):
