@@ -202,4 +202,5 @@ def test_unit_directions_and_circuitsvis_hand_off():
         with pytest.raises(tpc.TPCHooksError, match="needs circuitsvis: pip install circuitsvis"):
             colored_tokens(["a", "b"], [0.1, 0.9])
     else:
-        assert colored_tokens(["a", "b"], [0.1, 0.9]) is not None
+        html = str(colored_tokens(["how", " to", " bake"], [0.1, 0.5, 0.9]))
+        assert "ColoredTokens" in html and '" bake"' in html and "0.9" in html
