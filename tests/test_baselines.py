@@ -320,3 +320,17 @@ def test_bad_input_raises_with_useful_messages(splits):
         B.compare(X, y, Xv, yv, Xt, yt, epoch=3)
     with pytest.raises(tpc.TPCHooksError, match=r"X_test has d_model=7 but the head expects d_model=8"):
         B.compare(X, y, Xv, yv, Xt[:, :7], yt)
+
+
+def test_comparison_evaluate_rescores_the_same_models():
+    from tpc_hooks.baselines import compare
+    from tpc_hooks.synthetic import make_problem
+
+    X, y = make_problem(n=500, d_model=8, seed=0, world=1)
+    Xt, yt = make_problem(n=200, d_model=8, seed=1, world=1)
+    res = compare(X[:400], y[:400], X[400:], y[400:], Xt, yt, degree=2, rank=2,
+                  methods=("tpc", "mlp", "early_exit"), epochs=2, verbose=False)
+    again = res.evaluate(Xt, yt)
+    assert [(r["method"], r["order"]) for r in again] == [(r["method"], r["order"]) for r in res.rows]
+    for a, b in zip(again, res.rows):
+        assert a["f1"] == pytest.approx(b["f1"]) and a["auroc"] == pytest.approx(b["auroc"])

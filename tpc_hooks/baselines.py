@@ -575,6 +575,22 @@ class Comparison:
     rows: list[dict[str, Any]] = field(default_factory=list)
     models: dict[str, Any] = field(default_factory=dict)
 
+    @torch.no_grad()
+    def evaluate(self, X: Any, y: Any, device: str | torch.device | None = None) -> list[dict[str, Any]]:
+        """Rows like :attr:`rows` for the trained models on other data (e.g. a held-out source)."""
+        first = next(iter(self.models.values()))
+        d_model = (first[0] if isinstance(first, list) else first).d_model
+        data = _as_data(X, "X", d_model)
+        y_t = check_labels(y, data.n, "y", need_both=False)
+        dev = _default_device(device)
+        rows = []
+        for method, model in self.models.items():
+            for order, cost, logits in _scored(method, model, data, dev):
+                m = classification_metrics(y_t, logits)
+                rows.append({"method": method, "order": order, "params": cost.params, "flops": cost.flops,
+                             **{k: m[k] for k in _METRICS}})
+        return rows
+
     def to_dataframe(self):
         """The rows as a pandas DataFrame (needs pandas)."""
         import pandas as pd
@@ -598,6 +614,20 @@ _TPC_KW = _BASELINE_KW + ("Cs", "max_iter", "linear_solver")
 @torch.no_grad()
 def _test_logits(model: nn.Module, test: _Data, dev: torch.device, fn: Callable[[Tensor], Tensor]) -> Tensor:
     return test.map(model.scaler, dev, lambda zs: fn(zs).reshape(zs.shape[0], -1)).cpu()
+
+
+def _scored(method: str, model: Any, data: _Data, dev: torch.device) -> list[tuple[int, Cost, Tensor]]:
+    """``(order, cost, logits)`` per order of one trained method (an MLP list: one per order)."""
+    if method in ("tpc", "tpc_joint", "linear"):
+        orders = range(1, model.degree + 1)
+        s = _test_logits(model, data, dev, lambda zs: torch.stack([model._logits_std(zs, n) for n in orders], -1))
+        return [(n, model.cost(n), s[:, n - 1]) for n in orders]
+    if method == "bilinear":
+        return [(2, model.cost(), _test_logits(model, data, dev, model._outputs_std)[:, 0])]
+    if method == "mlp":
+        return [(n, m.cost(), _test_logits(m, data, dev, m._outputs_std)[:, 0]) for n, m in enumerate(model, 1)]
+    s = _test_logits(model, data, dev, model._outputs_std)
+    return [(n, model.cost(n), s[:, n - 1]) for n in range(1, model.n_exits + 1)]
 
 
 def compare(X_train: Any, y_train: Any, X_val: Any, y_val: Any, X_test: Any, y_test: Any, *, degree: int = 5,
@@ -655,37 +685,21 @@ def compare(X_train: Any, y_train: Any, X_val: Any, y_val: Any, X_test: Any, y_t
     tpc_kw = dict(train_kw) | common
     data = (X_train, y_train, X_val, y_val)
     out = Comparison()
-
-    def add(method: str, order: int, cost: Cost, logits: Tensor) -> None:
-        m = classification_metrics(y_te, logits)
-        out.rows.append({"method": method, "order": order, "params": cost.params, "flops": cost.flops,
-                         **{k: m[k] for k in _METRICS}})
-
     for method in dict.fromkeys(methods):
         log.info("compare: training %s", method)
         if method in ("tpc", "tpc_joint", "linear"):
             kw = {"degree": degree, "rank": rank, "mode": "joint" if method == "tpc_joint" else "progressive"}
-            head = fit_linear(*data, **tpc_kw) if method == "linear" else fit(*data, **kw, **tpc_kw)
-            orders = range(1, head.degree + 1)
-            s = _test_logits(head, test, dev, lambda zs: torch.stack([head._logits_std(zs, n) for n in orders], -1))
-            for n in orders:
-                add(method, n, head.cost(n), s[:, n - 1])
-            out.models[method] = head
+            out.models[method] = fit_linear(*data, **tpc_kw) if method == "linear" else fit(*data, **kw, **tpc_kw)
         elif method == "bilinear":
-            model = fit_bilinear(*data, rank=shell.ranks[0] if shell.ranks else rank, **base_kw)
-            add(method, 2, model.cost(), _test_logits(model, test, dev, model._outputs_std)[:, 0])
-            out.models[method] = model
+            out.models[method] = fit_bilinear(*data, rank=shell.ranks[0] if shell.ranks else rank, **base_kw)
         elif method == "mlp":
-            out.models[method] = []
-            for n in range(1, degree + 1):
-                model = fit_mlp(*data, hidden=matched_mlp_width(shell, n), **base_kw)
-                add(method, n, model.cost(), _test_logits(model, test, dev, model._outputs_std)[:, 0])
-                out.models[method].append(model)
+            out.models[method] = [fit_mlp(*data, hidden=matched_mlp_width(shell, n), **base_kw)
+                                  for n in range(1, degree + 1)]
         else:
-            model = fit_early_exit(*data, widths=matched_early_exit_widths(shell), **base_kw)
-            s = _test_logits(model, test, dev, model._outputs_std)
-            for n in range(1, model.n_exits + 1):
-                add(method, n, model.cost(n), s[:, n - 1])
-            out.models[method] = model
+            out.models[method] = fit_early_exit(*data, widths=matched_early_exit_widths(shell), **base_kw)
+        for order, cost, logits in _scored(method, out.models[method], test, dev):
+            m = classification_metrics(y_te, logits)
+            out.rows.append({"method": method, "order": order, "params": cost.params, "flops": cost.flops,
+                             **{k: m[k] for k in _METRICS}})
     return out
 

@@ -1,0 +1,39 @@
+"""`tpc-hooks demo --quick` end to end on the packaged model and prompt set (about 2 minutes)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import tpc_hooks as tpc
+from tpc_hooks import offline
+
+try:
+    offline.gguf_path()
+    from tpc_hooks.data import default_prompt_set  # noqa: F401
+except tpc.TPCHooksError as err:
+    pytest.skip(str(err), allow_module_level=True)
+
+
+def test_quick_demo_writes_a_complete_run(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "tpc_hooks", "demo", "--quick", "--no-progress", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "F1 by order, heldout" in proc.stdout
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["sizes"]) == {"train", "val", "test", "heldout"}
+    methods = {r["method"] for r in res["f1"]["test"]}
+    assert methods == set(res["methods"]) and {r["method"] for r in res["f1"]["heldout"]} == methods
+    assert [r["tau"] for r in res["cascade"]["tpc"]] == [r["tau"] for r in res["cascade"]["early_exit"]]
+    assert res["cascade"]["tpc"][-1]["relative_flops"] == 1.0  # tau=0.5: every prompt stops at the linear probe
+    assert len(res["live"]) == 4 and all(len(g["scores"]) >= 1 for g in res["live"])
+    assert sum(res["attribution"]["by_order"]) == pytest.approx(res["attribution"]["logit"], abs=1e-3)
+    report = (out / "report.md").read_text()
+    for part in ("F1 by order, test", "TPC cascade", "Live monitored generations", "Attribution", "Time per stage"):
+        assert part in report
+    for plot in ("f1_by_order.png", "cascade.png", "exit_orders.png", "calibration.png", "attribution.png"):
+        assert (out / plot).stat().st_size > 1000
+    mon = tpc.Monitor.load(out / "monitor")
+    assert mon.site == res["site"] and mon.chat_template and mon.cascade is not None

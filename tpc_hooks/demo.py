@@ -1,0 +1,240 @@
+"""``tpc-hooks demo``: the whole pipeline on the offline default model and prompt set.
+
+collect -> train (TPC and baselines) -> evaluate (test split and a held-out source) -> cascade
+sweep -> save the monitor -> monitor a few live generations -> attribute one flagged prompt.
+Writes ``report.md``, ``results.json``, plots and the saved monitor into a run directory.
+"""
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import baselines
+from .attribution import attribute
+from .baselines import early_exit_cascade
+from .cascade import Cascade
+from .collect import collect
+from .data import PromptSet, default_prompt_set
+from .metrics import classification_metrics
+from .monitor import Monitor
+from .offline import DEFAULT_MODEL, load_model
+
+log = logging.getLogger(__name__)
+
+TAUS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
+
+
+def _subsample(ps: PromptSet, n: int, seed: int) -> PromptSet:
+    """A deterministic class-balanced subsample of at most ``n`` rows."""
+    if len(ps) <= n:
+        return ps
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(ps.labels)
+    take = []
+    for c in (0, 1):
+        idx = np.flatnonzero(labels == c)
+        take.extend(rng.choice(idx, size=min(len(idx), n // 2), replace=False).tolist())
+    return ps.subset(sorted(take))
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    cells = [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in cells])
+
+
+def _plots(out: Path, res: dict[str, Any]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed; skipping plots (pip install 'tpc-hooks[plot]')")
+        return []
+    files = []
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, split in zip(axes, ("test", "heldout")):
+        for method in res["methods"]:
+            rows = [r for r in res["f1"][split] if r["method"] == method]
+            ax.plot([r["order"] for r in rows], [r["f1"] for r in rows], marker="o", label=method)
+        ax.set_title(f"F1 by order ({split})")
+        ax.set_xlabel("order (TPC truncation / MLP match / early exit)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("F1")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "f1_by_order.png", dpi=120)
+    files.append("f1_by_order.png")
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for name, rows in (("TPC cascade", res["cascade"]["tpc"]), ("early-exit MLP cascade", res["cascade"]["early_exit"])):
+        ax.plot([r["relative_flops"] for r in rows], [r["f1"] for r in rows], marker="o", label=name)
+    ax.set_xlabel("mean FLOPs / linear probe FLOPs")
+    ax.set_ylabel("test F1")
+    ax.set_xscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "cascade.png", dpi=120)
+    files.append("cascade.png")
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    taus = [r["tau"] for r in res["cascade"]["tpc"]]
+    hist = np.array([r["exit_histogram"] for r in res["cascade"]["tpc"]], dtype=float)
+    bottom = np.zeros(len(taus))
+    for o in range(hist.shape[1]):
+        ax.bar([str(t) for t in taus], hist[:, o], bottom=bottom, label=f"order {o + 1}")
+        bottom += hist[:, o]
+    ax.set_xlabel("tau")
+    ax.set_ylabel("test prompts exiting at each order")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "exit_orders.png", dpi=120)
+    files.append("exit_orders.png")
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    cal = res["calibration"]
+    xs = np.arange(len(cal))
+    ax.bar(xs - 0.2, [c["ece_before"] for c in cal], 0.4, label="before")
+    ax.bar(xs + 0.2, [c["ece_after"] for c in cal], 0.4, label="after (T, b per order)")
+    ax.set_xticks(xs, [str(c["order"]) for c in cal])
+    ax.set_xlabel("order")
+    ax.set_ylabel("validation ECE")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "calibration.png", dpi=120)
+    files.append("calibration.png")
+    plt.close("all")
+    return files
+
+
+def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: str | None = None, layer: int = 20,
+             quick: bool = False, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    """Runs the demo into ``out`` and returns the results (also written to ``results.json``).
+
+    Args:
+        out: the run directory.
+        toolkit: ``"transformer_lens"`` (a TransformerBridge) or ``"nnsight"``.
+        model_name: a hub id or local folder; None for the offline default (SmolLM2-135M-Instruct).
+        layer: the residual-stream layer the monitor reads (``blocks.{layer}.hook_resid_post``).
+        quick: a small run for CI (subsampled data, rank 16, fewer epochs, two baselines).
+        seed: seeds the data split and all training.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal t0
+        times[name] = round(time.perf_counter() - t0, 1)
+        t0 = time.perf_counter()
+
+    sets = default_prompt_set(seed=seed)
+    if quick:
+        sets = {k: _subsample(v, {"train": 360, "val": 120, "test": 160, "heldout": 120}[k], seed) for k, v in sets.items()}
+    model = load_model(model_name, toolkit)
+    site = f"blocks.{layer}.hook_resid_post"
+    lap("load data and model")
+
+    X, y = {}, {}
+    for name, ps in sets.items():
+        X[name] = collect(model, ps.texts, site, "mean", chat_template=True, batch_size=8, store=out / "activations" / name,
+                          progress=progress)[site].to_numpy()
+        y[name] = np.asarray(ps.labels)
+    lap("collect activations")
+
+    degree, rank, epochs = (5, 16, 15) if quick else (5, 64, 50)
+    methods = ("linear", "mlp", "early_exit", "tpc") if not quick else ("mlp", "early_exit", "tpc")
+    cmp = baselines.compare(X["train"], y["train"], X["val"], y["val"], X["test"], y["test"], degree=degree, rank=rank,
+                            methods=methods, seed=seed, verbose=progress, epochs=epochs)
+    heldout_rows = cmp.evaluate(X["heldout"], y["heldout"])
+    head = cmp.models["tpc"].cpu()
+    lap("train TPC and baselines")
+
+    cascade = Cascade(head, tau=0.2).calibrate(X["val"], y["val"])
+    tpc_sweep = cascade.sweep(X["test"], y["test"], taus=TAUS)
+    ee = cmp.models["early_exit"].cpu()
+    ee_sweep = []
+    lin_flops = head.cost(1).flops
+    with torch.no_grad():
+        for tau in TAUS:
+            r = early_exit_cascade(ee, torch.as_tensor(X["test"]), tau=tau)
+            m = classification_metrics(y["test"], r.logits)
+            ee_sweep.append({"tau": tau, "f1": m["f1"], "relative_flops": r.mean_flops / lin_flops,
+                             "exit_histogram": r.exit_histogram()})
+    monitor = Monitor(head, site, chat_template=True, model_name=model_name or DEFAULT_MODEL, cascade=cascade,
+                      report={"test": [r for r in cmp.rows if r["method"] == "tpc"]})
+    monitor.save(out / "monitor")
+    lap("cascade and save")
+
+    test = sets["test"]
+    picks = [i for i in range(len(test)) if test.labels[i] == 1 and not test.adversarial[i]][:2]
+    picks += [i for i in range(len(test)) if test.labels[i] == 0 and not test.adversarial[i]][:2]
+    run = monitor.generate(model, [test.texts[i] for i in picks], max_new_tokens=8 if quick else 24, action="stop")
+    live = [{"prompt": test.texts[i], "label": test.labels[i], "scores": [round(float(v), 3) for v in run.scores[b]],
+             "exit_orders": run.exit_orders[b].tolist(), "stopped_at": run.stopped_at[b],
+             "generated": model.tokenizer.decode(run.generated(b), skip_special_tokens=True)}
+            for b, i in enumerate(picks)]
+    lap("monitored generation")
+
+    probs = cascade(torch.as_tensor(X["test"])).probs
+    flagged = [i for i in torch.argsort(probs, descending=True).tolist() if test.labels[i] == 1][:1]
+    attr = attribute(monitor, X["test"][flagged])
+    attribution = {"prompt": test.texts[flagged[0]], **attr.to_dict(0, k=8)}
+    try:
+        attr.plot(0, k=10).savefig(out / "attribution.png", dpi=120)
+    except ImportError:
+        pass
+    lap("attribution")
+
+    res = {"model": model_name or DEFAULT_MODEL, "toolkit": toolkit, "site": site, "quick": quick, "seed": seed,
+           "sizes": {k: len(v) for k, v in sets.items()}, "degree": degree, "rank": rank, "epochs": epochs,
+           "methods": list(methods), "f1": {"test": cmp.rows, "heldout": heldout_rows},
+           "cascade": {"tpc": tpc_sweep, "early_exit": ee_sweep}, "calibration": cascade.calibration_report,
+           "live": live, "attribution": attribution, "seconds": times}
+    res["plots"] = _plots(out, res)
+    (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
+    (out / "report.md").write_text(render_report(res))
+    return res
+
+
+def render_report(res: dict[str, Any]) -> str:
+    """The run's report as Markdown (what ``report.md`` holds)."""
+    n = res["degree"]
+    parts = [f"# tpc-hooks demo: {res['model']} via {res['toolkit']}, `{res['site']}`",
+             f"Data (offline, packaged): " + ", ".join(f"{k} {v}" for k, v in res["sizes"].items())
+             + f". TPC degree {n}, rank {res['rank']}, up to {res['epochs']} epochs per degree"
+             + (" (quick run)" if res["quick"] else "") + "."]
+    for split in ("test", "heldout"):
+        rows = []
+        for method in res["methods"]:
+            by = {r["order"]: r for r in res["f1"][split] if r["method"] == method}
+            rows.append([method] + [by[o]["f1"] if o in by else "" for o in range(1, n + 1)])
+        parts.append(f"## F1 by order, {split}" + (" (a source never seen in training)" if split == "heldout" else ""))
+        parts.append(_table(["method"] + [str(o) for o in range(1, n + 1)], rows))
+    rows = [[r["tau"], r["f1"], r["relative_flops"], str(r["exit_histogram"])] for r in res["cascade"]["tpc"]]
+    parts += ["## TPC cascade on the test split (calibrated per order)",
+              _table(["tau", "F1", "mean FLOPs / linear", "exits per order"], rows)]
+    rows = [[r["tau"], r["f1"], r["relative_flops"]] for r in res["cascade"]["early_exit"]]
+    parts += ["## Early-exit MLP cascade on the test split", _table(["tau", "F1", "mean FLOPs / linear"], rows)]
+    rows = [[c["order"], c["temperature"], c["bias"], c["ece_before"], c["ece_after"]] for c in res["calibration"]]
+    parts += ["## Calibration (validation)", _table(["order", "T", "b", "ECE before", "ECE after"], rows)]
+    parts.append("## Live monitored generations (action='stop'; score per step)")
+    for g in res["live"]:
+        parts.append(f"- label {g['label']}, stopped at step {g['stopped_at']}: {g['prompt'][:80]!r}\n"
+                     f"  scores {g['scores']}\n  exit orders {g['exit_orders']}\n  generated: {g['generated'][:120]!r}")
+    a = res["attribution"]
+    parts += [f"## Attribution of the most confidently flagged harmful test prompt\n{a['prompt'][:160]!r}: logit "
+              f"{a['logit']:.3f} = bias {a['bias']:.3f} + orders {[round(v, 3) for v in a['by_order']]}",
+              _table(["i", "j", "pair contribution (degree 2)"], [list(p) for p in a["top_pairs"]["2"]])]
+    parts += ["## Time per stage (s)", _table(list(res["seconds"]), [list(res["seconds"].values())])]
+    if res.get("plots"):
+        parts.append("## Plots\n" + "\n".join(f"![{p}]({p})" for p in res["plots"]))
+    return "\n\n".join(parts) + "\n"
