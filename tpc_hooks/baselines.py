@@ -468,15 +468,16 @@ def fit_linear(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None,
 
 def fit_bilinear(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, *, rank: int = 64,
                  epochs: int = 50, batch_size: int = 1024, lr: float = 1e-3, weight_decay: float = 0.01,
-                 dropout: float = 0.0, patience: int | None = 10, sweep: bool | dict[str, Sequence[float]] = False, val_fraction: float = 0.2,
+                 dropout: float = 0.0, patience: int | None = 10,
+                   sweep: bool | dict[str, Sequence[float]] = False, val_fraction: float = 0.2,
                  seed: int = 0, device: str | torch.device | None = None, verbose: bool = True) -> BilinearProbe:
     """Trains a :class:`BilinearProbe` (all weights jointly, BCE).
 
     Args:
         X_train, y_train, X_val, y_val: as in :func:`tpc_hooks.fit`.
         rank: rows of ``A``.
-        epochs, batch_size, lr, weight_decay, dropout, sweep, val_fraction, seed, device, verbose:
-            as in :func:`tpc_hooks.fit`; ``dropout`` drops the rank-one terms.
+        epochs, batch_size, lr, weight_decay, dropout, patience, sweep, val_fraction, seed, device,
+            verbose: as in :func:`tpc_hooks.fit`; ``dropout`` drops the rank-one terms.
 
     Returns:
         The trained probe (eval mode) with ``.history``.
@@ -493,21 +494,23 @@ def fit_bilinear(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = Non
     """
     _check_int(rank, "rank", 1)
     return _fit_baseline(lambda d: BilinearProbe(d, rank), "bilinear", X_train, y_train, X_val, y_val,
-                         epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout, patience=patience,
+                         epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout,
+                         patience=patience,
                          sweep=sweep, val_fraction=val_fraction, seed=seed, device=device, verbose=verbose)
 
 
 def fit_mlp(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, *, hidden: int,
             epochs: int = 50, batch_size: int = 1024, lr: float = 1e-3, weight_decay: float = 0.01,
-            dropout: float = 0.0, patience: int | None = 10, sweep: bool | dict[str, Sequence[float]] = False, val_fraction: float = 0.2,
+            dropout: float = 0.0, patience: int | None = 10,
+                   sweep: bool | dict[str, Sequence[float]] = False, val_fraction: float = 0.2,
             seed: int = 0, device: str | torch.device | None = None, verbose: bool = True) -> MLPProbe:
     """Trains an :class:`MLPProbe` of hidden width ``hidden`` (0: a linear layer trained with AdamW).
 
     Args:
         X_train, y_train, X_val, y_val: as in :func:`tpc_hooks.fit`.
         hidden: hidden width K, e.g. :func:`matched_mlp_width`.
-        epochs, batch_size, lr, weight_decay, dropout, sweep, val_fraction, seed, device, verbose:
-            as in :func:`tpc_hooks.fit`; ``dropout`` drops the hidden units.
+        epochs, batch_size, lr, weight_decay, dropout, patience, sweep, val_fraction, seed, device,
+            verbose: as in :func:`tpc_hooks.fit`; ``dropout`` drops the hidden units.
 
     Returns:
         The trained probe (eval mode) with ``.history``.
@@ -524,13 +527,15 @@ def fit_mlp(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, *,
     """
     _check_int(hidden, "hidden", 0)
     return _fit_baseline(lambda d: MLPProbe(d, hidden), "mlp", X_train, y_train, X_val, y_val,
-                         epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout, patience=patience,
+                         epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout,
+                         patience=patience,
                          sweep=sweep, val_fraction=val_fraction, seed=seed, device=device, verbose=verbose)
 
 
 def fit_early_exit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, *, widths: Sequence[int],
                    epochs: int = 50, batch_size: int = 1024, lr: float = 1e-3, weight_decay: float = 0.01,
-                   dropout: float = 0.0, patience: int | None = 10, sweep: bool | dict[str, Sequence[float]] = False, val_fraction: float = 0.2,
+                   dropout: float = 0.0, patience: int | None = 10,
+                   sweep: bool | dict[str, Sequence[float]] = False, val_fraction: float = 0.2,
                    seed: int = 0, device: str | torch.device | None = None, verbose: bool = True) -> EarlyExitMLP:
     """Trains an :class:`EarlyExitMLP` with all exits jointly (sum of the exits' BCE).
 
@@ -539,8 +544,8 @@ def fit_early_exit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = N
     Args:
         X_train, y_train, X_val, y_val: as in :func:`tpc_hooks.fit`.
         widths: ``[K_2, ..., K_N]``, e.g. :func:`matched_early_exit_widths`.
-        epochs, batch_size, lr, weight_decay, dropout, sweep, val_fraction, seed, device, verbose:
-            as in :func:`tpc_hooks.fit`; ``dropout`` drops the hidden units.
+        epochs, batch_size, lr, weight_decay, dropout, patience, sweep, val_fraction, seed, device,
+            verbose: as in :func:`tpc_hooks.fit`; ``dropout`` drops the hidden units.
 
     Returns:
         The trained model (eval mode) with ``.history``.
@@ -557,7 +562,8 @@ def fit_early_exit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = N
     """
     _check_widths(widths)
     return _fit_baseline(lambda d: EarlyExitMLP(d, widths), "early_exit", X_train, y_train, X_val, y_val,
-                         epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout, patience=patience,
+                         epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout,
+                         patience=patience,
                          sweep=sweep, val_fraction=val_fraction, seed=seed, device=device, verbose=verbose)
 
 
