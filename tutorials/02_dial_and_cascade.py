@@ -1,0 +1,48 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent,ipynb
+#     text_representation: {extension: .py, format_name: percent}
+# ---
+
+# %% [markdown]
+# # The safety dial and the cascade
+#
+# One polynomial gives a classifier at every truncation (the dial); the cascade evaluates
+# higher orders only for prompts the lower ones are unsure about.
+
+# %%
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import torch
+
+import tpc_hooks as tpc
+from _common import prompt_sets
+from tpc_hooks.cascade import plot_sweep
+from tpc_hooks.metrics import classification_metrics
+from tpc_hooks.offline import load_model
+
+model = load_model(toolkit="nnsight")
+sets = prompt_sets()
+site = "blocks.20.hook_resid_post"
+X = {k: tpc.collect(model, v.texts, site, chat_template=True, progress=False)[site] for k, v in sets.items()}
+y = {k: v.labels for k, v in sets.items()}
+
+# %%
+head = tpc.fit(X["train"], y["train"], X["val"], y["val"], degree=5, rank=16, epochs=20, verbose=False)
+for n in range(1, 6):
+    c = head.cost(n)
+    f1 = classification_metrics(y["test"], head(X["test"], order=n).detach())["f1"]
+    print(f"order {n}: F1 {f1:.3f}, {c.params} parameters, {c.flops} FLOPs")
+
+# %% [markdown]
+# Calibrate each order on validation data, then sweep the threshold: F1 against compute.
+
+# %%
+cascade = tpc.Cascade(head).calibrate(X["val"], y["val"])
+rows = cascade.sweep(X["test"], y["test"])
+ax = plot_sweep(rows)
+plt.savefig("/tmp/tpc-cascade.png")
+print([(r["tau"], round(r["f1"], 3), r["exit_histogram"]) for r in rows])
