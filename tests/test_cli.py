@@ -53,3 +53,16 @@ def test_cli_errors_are_one_clear_line(tmp_path, capsys):
     assert main(["evaluate", "--monitor", str(tmp_path / "nothing"), "--acts", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tpc-hooks evaluate: ") and "is not a directory" in err
+
+
+def test_demo_on_a_local_dataset(tmp_path):
+    data = tmp_path / "prompts.csv"
+    rows = [(t, int(i % 2 == 0)) for i, t in enumerate(t for pair in zip(HARMFUL * 3, BENIGN * 3) for t in pair)]
+    data.write_text("text,is_harmful\n" + "\n".join(f'"{t} ({i})",{y}' for i, (t, y) in enumerate(rows)))
+    out = tmp_path / "run"
+    assert main(["demo", "--quick", "--no-progress", "--dataset", str(data), "--label-column", "is_harmful",
+                 "--layer", "6", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["dataset"] == str(data) and res["f1"]["heldout"] == [] and res["f1"]["test"]
+    assert set(res["sizes"]) == {"train", "val", "test"} and sum(res["sizes"].values()) == len(rows)
+    assert "F1 by order, heldout" not in (out / "report.md").read_text()

@@ -33,9 +33,10 @@ def _demo(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / _dt.datetime.now().strftime("demo-%Y%m%d-%H%M%S"))
     t0 = time.perf_counter()
     res = run_demo(out, toolkit=args.toolkit, model_name=args.model, layer=args.layer, quick=args.quick,
-                   seed=args.seed, progress=not args.no_progress)
+                   seed=args.seed, progress=not args.no_progress, dataset=args.dataset,
+                   text_column=args.text_column, label_column=args.label_column)
     n = res["degree"]
-    for split in ("test", "heldout"):
+    for split in [k for k in ("test", "heldout") if res["f1"][k]]:
         rows = [[m] + [f"{r['f1']:.3f}" for r in res["f1"][split] if r["method"] == m] for m in res["methods"]]
         rows = [r + [""] * (n + 1 - len(r)) for r in rows]
         print(f"\nF1 by order, {split}" + (" (source never seen in training)" if split == "heldout" else ""))
@@ -196,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--toolkit", choices=("transformer_lens", "nnsight"), default="transformer_lens")
     demo.add_argument("--model", default=None, help="hub id or local folder (default: the packaged SmolLM2-135M-Instruct)")
     demo.add_argument("--layer", type=int, default=20, help="residual-stream layer the monitor reads")
+    demo.add_argument("--dataset", default="default",
+                      help="'default' (packaged, with a held-out source), a local CSV/JSONL, or a hub dataset id")
+    demo.add_argument("--text-column", default="text")
+    demo.add_argument("--label-column", default="label")
     demo.add_argument("--out", help="run directory (default: runs/demo-<timestamp>)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--no-progress", action="store_true", help="hide progress bars")

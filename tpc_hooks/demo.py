@@ -60,6 +60,9 @@ def _plots(out: Path, res: dict[str, Any]) -> list[str]:
     files = []
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for ax, split in zip(axes, ("test", "heldout")):
+        if not res["f1"][split]:
+            ax.set_axis_off()
+            continue
         for method in res["methods"]:
             rows = [r for r in res["f1"][split] if r["method"] == method]
             ax.plot([r["order"] for r in rows], [r["f1"] for r in rows], marker="o", label=method)
@@ -114,8 +117,29 @@ def _plots(out: Path, res: dict[str, Any]) -> list[str]:
     return files
 
 
+def prompt_splits(dataset: str = "default", *, seed: int = 0, text_column: str = "text", label_column: str = "label",
+                  split: str | None = None) -> dict[str, PromptSet]:
+    """train / val / test (/ heldout) prompt sets: the packaged default, or a local CSV/JSONL or hub
+    dataset split 70/10/20, stratified by label (such data has no held-out source)."""
+    if dataset == "default":
+        return default_prompt_set(seed=seed)
+    from sklearn.model_selection import train_test_split
+
+    from .data import load_hf_dataset, load_prompt_file
+
+    if Path(dataset).exists():
+        ps = load_prompt_file(dataset, text_column=text_column, label_column=label_column)
+    else:
+        ps = load_hf_dataset(dataset, split=split, text_column=text_column, label_column=label_column)
+    idx = np.arange(len(ps))
+    rest, test = train_test_split(idx, test_size=0.2, stratify=ps.labels, random_state=seed)
+    train, val = train_test_split(rest, test_size=0.125, stratify=np.asarray(ps.labels)[rest], random_state=seed)
+    return {"train": ps.subset(np.sort(train)), "val": ps.subset(np.sort(val)), "test": ps.subset(np.sort(test))}
+
+
 def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: str | None = None, layer: int = 20,
-             quick: bool = False, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+             quick: bool = False, seed: int = 0, progress: bool = True, dataset: str = "default",
+             text_column: str = "text", label_column: str = "label") -> dict[str, Any]:
     """Runs the demo into ``out`` and returns the results (also written to ``results.json``).
 
     Args:
@@ -125,6 +149,9 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
         layer: the residual-stream layer the monitor reads (``blocks.{layer}.hook_resid_post``).
         quick: a small run for CI (subsampled data, rank 16, fewer epochs, two baselines).
         seed: seeds the data split and all training.
+        dataset: ``"default"`` (the packaged set, with a held-out source), a local CSV/JSONL
+            file or a hub dataset id (e.g. ``allenai/wildguardmix``; needs the network), with
+            ``text_column``/``label_column``.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -136,7 +163,7 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
         times[name] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
 
-    sets = default_prompt_set(seed=seed)
+    sets = prompt_splits(dataset, seed=seed, text_column=text_column, label_column=label_column)
     if quick:
         sets = {k: _subsample(v, {"train": 360, "val": 120, "test": 160, "heldout": 120}[k], seed) for k, v in sets.items()}
     model = load_model(model_name, toolkit)
@@ -154,7 +181,7 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
     methods = ("linear", "mlp", "early_exit", "tpc") if not quick else ("mlp", "early_exit", "tpc")
     cmp = baselines.compare(X["train"], y["train"], X["val"], y["val"], X["test"], y["test"], degree=degree, rank=rank,
                             methods=methods, seed=seed, verbose=progress, epochs=epochs)
-    heldout_rows = cmp.evaluate(X["heldout"], y["heldout"])
+    heldout_rows = cmp.evaluate(X["heldout"], y["heldout"]) if "heldout" in X else []
     head = cmp.models["tpc"].cpu()
     lap("train TPC and baselines")
 
@@ -195,6 +222,7 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
     lap("attribution")
 
     res = {"model": model_name or DEFAULT_MODEL, "toolkit": toolkit, "site": site, "quick": quick, "seed": seed,
+           "dataset": dataset,
            "sizes": {k: len(v) for k, v in sets.items()}, "degree": degree, "rank": rank, "epochs": epochs,
            "methods": list(methods), "f1": {"test": cmp.rows, "heldout": heldout_rows},
            "cascade": {"tpc": tpc_sweep, "early_exit": ee_sweep}, "calibration": cascade.calibration_report,
@@ -212,7 +240,7 @@ def render_report(res: dict[str, Any]) -> str:
              f"Data (offline, packaged): " + ", ".join(f"{k} {v}" for k, v in res["sizes"].items())
              + f". TPC degree {n}, rank {res['rank']}, up to {res['epochs']} epochs per degree"
              + (" (quick run)" if res["quick"] else "") + "."]
-    for split in ("test", "heldout"):
+    for split in [k for k in ("test", "heldout") if res["f1"][k]]:
         rows = []
         for method in res["methods"]:
             by = {r["order"]: r for r in res["f1"][split] if r["method"] == method}
