@@ -19,11 +19,8 @@ import importlib.util
 import json
 import os
 import platform
-import resource
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 

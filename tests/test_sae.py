@@ -6,7 +6,6 @@ import torch
 import tpc_hooks as tpc
 from tiny_models import hf_llama, nnsight_lm
 from tpc_hooks.adapters import get_adapter
-from tpc_hooks.pooling import pool
 
 sae_lens = pytest.importorskip("sae_lens")
 SITE = "blocks.1.hook_resid_post"

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from ._checks import check_features

@@ -9,7 +9,7 @@ threshold mean the same confidence at every order.
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

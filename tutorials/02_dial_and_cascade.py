@@ -16,7 +16,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-import torch
 
 import tpc_hooks as tpc
 from _common import prompt_sets

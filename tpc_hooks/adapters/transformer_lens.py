@@ -102,21 +102,22 @@ class TransformerLensAdapter(Adapter):
         ``TransformerLensKeyValueCache`` and an explicit mask (see :meth:`Adapter.decode`)."""
         if self.is_bridge:
             return super().decode(input_ids, attention_mask, site, max_new_tokens, on_step)
+        from transformer_lens import TransformerLensKeyValueCache
+
         cap = _Capture()
-        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
+        ids, step_mask = input_ids.to(self.device), attention_mask.to(self.device)
         name = site.name if site is not None else None  # None: no hook (the unmonitored baseline)
         with self.model.hooks(fwd_hooks=[(name, cap.hook(name))] if name else []):
-            cache = self._new_cache(ids.shape[0])
-            logits = self._step(ids, mask, mask, cache)
-            step_mask = mask
+            cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.device, ids.shape[0])
             for _ in range(max_new_tokens + 1):
+                # the cache keeps the mask of every earlier step; each call passes only its own
+                logits = self.model(ids, attention_mask=step_mask, past_kv_cache=cache)
                 nxt = on_step(cap.take(name) if name else None, step_mask, logits[:, -1])
                 if nxt is None:
                     return
                 tokens, live = nxt
+                ids = tokens.to(self.device)[:, None]
                 step_mask = live.long()[:, None].to(self.device)
-                mask = torch.cat([mask, step_mask], dim=1)
-                logits = self._step(tokens.to(self.device)[:, None], step_mask, mask, cache)
 
     @contextmanager
     def observe(self, site: Site, fn: Callable[[Tensor, Tensor, bool], None]) -> Iterator[None]:
@@ -133,15 +134,6 @@ class TransformerLensAdapter(Adapter):
                 yield
         finally:
             handle.remove()
-
-    def _new_cache(self, batch: int) -> Any:
-        from transformer_lens import TransformerLensKeyValueCache
-
-        return TransformerLensKeyValueCache.init_cache(self.model.cfg, self.device, batch)
-
-    def _step(self, ids: Tensor, step_mask: Tensor, full_mask: Tensor, cache: Any) -> Tensor:
-        # TransformerLens' cache appends this step's mask itself
-        return self.model(ids, attention_mask=step_mask, past_kv_cache=cache)
 
 
 def make_adapter(model: Any) -> TransformerLensAdapter:
