@@ -80,3 +80,23 @@ def check_labels(y: Any, n: int, name: str = "y", *, need_both: bool = True) -> 
                 f"{name} has only one class: all {n} labels are {only}; a classifier needs examples of both"
             )
     return t.float()
+
+
+def prepare_activations(z: Any, d_model: int, like: torch.Tensor, *, promote: bool) -> tuple[torch.Tensor, torch.Size]:
+    """Checks activations ``[..., d_model]`` for a module whose parameters look like ``like``.
+
+    Returns the rows flattened to ``[n, d_model]`` on ``like``'s device, and the batch shape.
+    Half precision is scored in float32. With ``promote``, float64 input stays float64 (the
+    TPC computes in the wider type); otherwise rows take ``like``'s dtype.
+    """
+    if not isinstance(z, torch.Tensor):
+        raise TPCHooksError(f"expected a torch.Tensor of activations [..., {d_model}]; got {type(z).__name__}")
+    if z.dim() == 0:
+        raise TPCHooksError(f"expected activations of shape [..., {d_model}]; got a scalar")
+    check_width(z, "z", d_model)
+    if not z.is_floating_point() or z.dtype in _HALF:
+        z = z.float()
+    dtype = torch.promote_types(z.dtype, like.dtype) if promote else like.dtype
+    z = z.to(device=like.device, dtype=dtype)
+    check_finite(z, "z")
+    return z.reshape(-1, d_model), z.shape[:-1]

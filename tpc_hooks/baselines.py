@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from ._checks import check_finite, check_labels, check_width
+from ._checks import check_labels, prepare_activations
 from ._errors import TPCHooksError
 from .cascade import CascadeResult, _logit, thresholds
 from .metrics import classification_metrics
@@ -65,14 +65,7 @@ class _Baseline(nn.Module):
         self.scaler = _Scaler(d_model)
 
     def _prepare(self, z: Tensor) -> tuple[Tensor, torch.Size]:
-        if not isinstance(z, Tensor):
-            raise TPCHooksError(f"expected a torch.Tensor of activations [..., {self.d_model}]; got {type(z).__name__}")
-        if z.dim() == 0:
-            raise TPCHooksError(f"expected activations of shape [..., {self.d_model}]; got a scalar")
-        check_width(z, "z", self.d_model)
-        z = z.to(device=self.scaler.mean.device, dtype=self.scaler.mean.dtype)
-        check_finite(z, "z")
-        return z.reshape(-1, self.d_model), z.shape[:-1]
+        return prepare_activations(z, self.d_model, self.scaler.mean, promote=False)
 
     def _outputs_std(self, zs: Float[Tensor, "n d_model"], dropout: float = 0.0,
                      gen: torch.Generator | None = None) -> Float[Tensor, "n outputs"]:

@@ -18,7 +18,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from . import _format
-from ._checks import check_finite, check_width
+from ._checks import prepare_activations
 from ._errors import TPCHooksError
 
 
@@ -124,18 +124,7 @@ class TPC(nn.Module):
         return order
 
     def _prepare(self, z: Tensor) -> tuple[Tensor, torch.Size]:
-        if not isinstance(z, Tensor):
-            raise TPCHooksError(f"expected a torch.Tensor of activations [..., {self.d_model}]; got {type(z).__name__}")
-        if z.dim() == 0:
-            raise TPCHooksError(f"expected activations of shape [..., {self.d_model}]; got a scalar")
-        check_width(z, "z", self.d_model)
-        if not z.is_floating_point() or z.dtype in (torch.float16, torch.bfloat16):
-            z = z.float()
-        dtype = torch.promote_types(z.dtype, self.bias.dtype)
-        z = z.to(device=self.bias.device, dtype=dtype)
-        check_finite(z, "z")
-        batch = z.shape[:-1]
-        return z.reshape(-1, self.d_model), batch
+        return prepare_activations(z, self.d_model, self.bias, promote=True)
 
     def standardize(self, z: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """Returns ``(z - scaler.mean) / scaler.scale`` (the head's own units)."""
