@@ -68,13 +68,13 @@ def test_rows_match_reference_algorithm(head_and_z, lower, upper):
 def test_higher_orders_see_only_undecided_rows(head_and_z, monkeypatch):
     head, z = head_and_z
     seen = {}
-    original = head._term_std
+    original = head._step_std
 
     def counting(zs, k):
         seen[k] = seen.get(k, 0) + zs.shape[0]
         return original(zs, k)
 
-    monkeypatch.setattr(head, "_term_std", counting)
+    monkeypatch.setattr(head, "_step_std", counting)
     out = tpc.Cascade(head, tau=0.3)(z)
     for k in head.degrees:
         assert seen.get(k, 0) == int((out.exit_order >= k).sum())

@@ -100,7 +100,7 @@ class Attribution:
         cols, weights = [], []
         for k in self._orders(order):
             U = self.head.factors[str(k)].detach().to(zs.dtype)
-            lam = self.head.lambdas[str(k)].detach().to(zs.dtype)
+            lam = self.head.lambdas[str(k)].detach().to(zs.dtype) * self.head._lambda_scale(zs[None], k)[0]
             p = zs @ U
             if self._proj is None:
                 cols.append(zs[:, None] * U)
@@ -379,7 +379,7 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         per_order = [zs * w1]
         for k in head.degrees:
             U = head.factors[str(k)].detach().to(dtype)
-            lam = head.lambdas[str(k)].detach().to(dtype)
+            lam = head.lambdas[str(k)].detach().to(dtype) * head._lambda_scale(zs, k)  # clipping/gate as a rescaled lambda
             p = zs @ U
             per_order.append(zs * ((p.pow(k - 1) * lam) @ U.T))
         neuron_by_order = torch.stack(per_order, 1)
@@ -417,7 +417,8 @@ def _project(head: TPC, site: str | None, sae: Any, X: Tensor, zs: Tensor, bias:
     rows = torch.stack([((b_dec - mean) / scale).expand_as(X), err / scale], 1)  # [batch, 2, d_model]
     qs = [head.linear.detach().to(dtype).expand_as(zs)]
     for k in head.degrees:
-        U, lam = head.factors[str(k)].detach().to(dtype), head.lambdas[str(k)].detach().to(dtype)
+        U = head.factors[str(k)].detach().to(dtype)
+        lam = head.lambdas[str(k)].detach().to(dtype) * head._lambda_scale(zs, k)
         qs.append((lam * (zs @ U).pow(k - 1)) @ U.T)  # (dT_k/dz) / k
     unit_by_order = torch.stack([torch.cat([f * (q @ dec.T), torch.einsum("bvd,bd->bv", rows, q)], 1) for q in qs], 1)
     by_unit = unit_by_order.sum(1)

@@ -34,6 +34,8 @@ class CascadeResult:
         probs: the (calibrated) probability the exit decision used.
         exit_order: the order each row exited at, 1..N.
         flops: FLOPs spent on each row (sum of the orders evaluated, paper Table 2).
+        gated: rows the head's gate handed to the linear probe (their projections at the exit
+            order left the trust region; their logit is order 1's). All False without a gate.
     """
 
     logits: Float[Tensor, " batch"]
@@ -41,6 +43,7 @@ class CascadeResult:
     exit_order: Int[Tensor, " batch"]
     flops: Int[Tensor, " batch"]
     degree: int
+    gated: Any = None
 
     @property
     def flagged(self) -> Tensor:
@@ -144,18 +147,36 @@ class Cascade:
         exit_order = torch.ones(n, dtype=torch.int64, device=zs.device)
         c = self._calibrate(s, 1)
         probs = torch.sigmoid(c)
+        gate = head.gate and head.has_bounds
+        linear = s.clone()
+        raw = s.clone()  # running sum of the terms; s holds the logit the head reports (gate, escalate_only)
+        gated = torch.zeros(n, dtype=torch.bool, device=zs.device)
         active = torch.nonzero((c > lo) & (c < hi)).flatten()
         for k in head.degrees:
             if active.numel() == 0:
                 break
-            s_k = s[active] + head._term_std(zs[active], k)
-            s[active] = s_k
+            term, out = head._step_std(zs[active], k)
+            raw_k = raw[active] + term
+            raw[active] = raw_k
+            lin_k = linear[active]
+            s_k = torch.where(out, lin_k, raw_k) if gate else raw_k
+            if head.escalate_only:
+                s_k = torch.where(lin_k > 0, torch.maximum(s_k, lin_k), s_k)
             flops[active] += flops_per_order[k - 1]
             exit_order[active] = k
             c_k = self._calibrate(s_k, k)
-            probs[active] = torch.sigmoid(c_k)
-            active = active[(c_k > lo) & (c_k < hi)]
-        return CascadeResult(logits=s, probs=probs, exit_order=exit_order, flops=flops, degree=head.degree)
+            p_k = torch.sigmoid(c_k)
+            undecided = (c_k > lo) & (c_k < hi)
+            if gate and bool(out.any()):  # left the trust region: the linear probe decides, here and for good
+                p_k[out] = torch.sigmoid(self._calibrate(lin_k[out], 1))
+                gated[active[out]] = True
+                undecided &= ~out
+            s[active] = s_k
+            probs[active] = p_k
+            active = active[undecided]
+        if bool(gated.any()):
+            log.info("cascade: %d of %d rows left the trust region; scored by the linear probe", int(gated.sum()), n)
+        return CascadeResult(logits=s, probs=probs, exit_order=exit_order, flops=flops, degree=head.degree, gated=gated)
 
     # ------------------------------------------------------------------ calibration
     @torch.no_grad()

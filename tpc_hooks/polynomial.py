@@ -5,8 +5,19 @@
 
 Symmetric CP weights (paper Eq. 5): one factor matrix ``U_k`` [d_model, R_k] and one
 coefficient vector ``lambda_k`` [R_k] per degree k >= 2.
+
+Out-of-distribution guards (see docs/robustness in the README):
+
+* trust region (set by :func:`~tpc_hooks.fit` by default): each projection ``<U_k[:, r], z_std>``
+  is clipped to ``[lo_k[r], hi_k[r]]``, the range it took on the training rows, so a degree-k
+  term never exceeds what it reached in training;
+* ``gate`` (on by default with the trust region): a row that leaves the region at degree j is
+  scored by the linear probe at every order >= j;
+* ``escalate_only`` (off by default): the higher orders may raise a row's harm logit but never
+  clear a row the linear probe flags, so every order's recall is at least the linear probe's.
 """
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +31,9 @@ from torch import Tensor, nn
 from . import _format
 from ._checks import prepare_activations
 from ._errors import TPCHooksError
+
+
+BOUNDS_SLACK = 1e-6  # relative widening of the trust region against rounding (see TPC.set_bounds)
 
 
 @dataclass(frozen=True)
@@ -102,6 +116,10 @@ class TPC(nn.Module):
             {str(k): nn.Parameter(torch.randn(d_model, r) / d_model**0.5) for k, r in zip(self.degrees, self.ranks)}
         )
         self.lambdas = nn.ParameterDict({str(k): nn.Parameter(torch.zeros(r)) for k, r in zip(self.degrees, self.ranks)})
+        for k in self.degrees:
+            self.register_buffer(f"bounds_{k}", None)
+        self.gate = False
+        self.escalate_only = False
 
     @property
     def degrees(self) -> range:
@@ -113,7 +131,128 @@ class TPC(nn.Module):
         return self.ranks[k - 2]
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, degree={self.degree}, ranks={list(self.ranks)}"
+        tr = f", trust_region=True, gate={self.gate}" if self.has_bounds else ""
+        esc = ", escalate_only=True" if self.escalate_only else ""
+        return f"d_model={self.d_model}, degree={self.degree}, ranks={list(self.ranks)}{tr}{esc}"
+
+    # ------------------------------------------------------------------ trust region
+    @property
+    def has_bounds(self) -> bool:
+        """Whether projections are clipped to a trust region (see :meth:`set_bounds`)."""
+        return self.degree > 1 and all(self.bounds(k) is not None for k in self.degrees)
+
+    def bounds(self, k: int) -> Tensor | None:
+        """``[2, R_k]``: the lower and upper clip bound of each projection of degree ``k`` (None: no clipping)."""
+        return getattr(self, f"bounds_{k}")
+
+    @torch.no_grad()
+    def set_bounds(self, z: Float[Tensor, "n d_model"], margin: float = 0.0, *, gate: bool | None = None,
+                   degrees: Sequence[int] | None = None) -> "TPC":
+        """Sets the trust region from activations ``z`` (raw, in model units; normally the training rows).
+
+        Each projection ``<U_k[:, r], z_std>`` is clipped to its range on ``z``, widened by
+        ``margin`` times the range on each side (plus ``BOUNDS_SLACK`` = 1e-6 of it, against
+        rounding). Rows of ``z`` are therefore scored exactly as without clipping, while a degree-k term can never exceed the largest value it reached on
+        them. ``gate=True`` also scores rows that leave the region with the linear probe (every
+        order from the first degree they leave it at equals order 1). ``degrees`` limits which
+        degrees get new bounds (default: all). Re-run it after changing ``factors`` (``fit``
+        does). Returns ``self``.
+
+        Example:
+            >>> import torch, tpc_hooks as tpc
+            >>> head = tpc.TPC(d_model=8, degree=3, rank=2)
+            >>> _ = torch.nn.init.normal_(head.lambdas["3"])
+            >>> z = torch.randn(100, 8)
+            >>> torch.equal(head.set_bounds(z)(z), head.clear_bounds()(z))
+            True
+        """
+        if not 0 <= margin < float("inf"):
+            raise TPCHooksError(f"margin must be a finite number >= 0; got {margin!r}")
+        z2, _ = self._prepare(z)
+        if z2.shape[0] == 0:
+            raise TPCHooksError("set_bounds needs at least one row")
+        zs = self.scaler(z2)
+        for k in self.degrees if degrees is None else degrees:
+            p = zs @ self._param(self.factors[str(k)], zs)
+            self._put_bounds(k, p.min(0).values, p.max(0).values, margin)
+        if gate is not None:
+            self.gate = bool(gate)
+        return self
+
+    def _put_bounds(self, k: int, lo: Tensor, hi: Tensor, margin: float) -> None:
+        # BOUNDS_SLACK of the range (and rounding outward) keeps the rows that set the bounds inside
+        # them whatever the dtype or the matmul's summation order when they are scored again
+        w = (hi - lo) * (margin + BOUNDS_SLACK) + BOUNDS_SLACK * torch.maximum(lo.abs(), hi.abs())
+        dt = self.bias.dtype
+        lo_c, hi_c = (lo - w).to(dt), (hi + w).to(dt)
+        lo_c = torch.where(lo_c > lo - w, torch.nextafter(lo_c, torch.full_like(lo_c, -math.inf)), lo_c)
+        hi_c = torch.where(hi_c < hi + w, torch.nextafter(hi_c, torch.full_like(hi_c, math.inf)), hi_c)
+        setattr(self, f"bounds_{k}", torch.stack([lo_c, hi_c]).to(self.bias.device))
+
+    def clear_bounds(self) -> "TPC":
+        """Removes the trust region (and the gate): the plain polynomial of the paper. Returns ``self``."""
+        for k in self.degrees:
+            setattr(self, f"bounds_{k}", None)
+        self.gate = False
+        return self
+
+    def _proj(self, zs: Tensor, k: int) -> Tensor:
+        """Projections ``<U_k, z_std>`` ``[n, R_k]``, clipped to the trust region when one is set."""
+        p = zs @ self._param(self.factors[str(k)], zs)
+        b = self.bounds(k)
+        if b is not None:
+            b = b.to(p.dtype)
+            p = torch.minimum(torch.maximum(p, b[0]), b[1])
+        return p
+
+    def _step_std(self, zs: Tensor, k: int) -> tuple[Tensor, Tensor]:
+        """The degree-``k`` term (clipped) and, per row, whether a projection left the trust region."""
+        p = zs @ self._param(self.factors[str(k)], zs)
+        lam = self._param(self.lambdas[str(k)], zs)
+        b = self.bounds(k)
+        if b is None:
+            return p.pow(k) @ lam, torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
+        b = b.to(p.dtype)
+        out = ((p < b[0]) | (p > b[1])).any(1)
+        return torch.minimum(torch.maximum(p, b[0]), b[1]).pow(k) @ lam, out
+
+    def _outside_std(self, zs: Tensor, order: int | None = None) -> Tensor:
+        """Bool ``[n]``: some projection of degree 2..order lies outside the trust region."""
+        out = torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
+        for k in range(2, (self.degree if order is None else order) + 1):
+            if self.bounds(k) is not None:
+                out |= self._step_std(zs, k)[1]
+        return out
+
+    def outside(self, z: Float[Tensor, "*batch d_model"], order: int | None = None) -> Tensor:
+        """Bool per row: the input leaves the trust region at some degree in ``2..order``
+        (all False without bounds). With ``gate`` on, these rows get the linear probe's logit."""
+        n = self._check_order(order)
+        z2, batch = self._prepare(z)
+        return self._outside_std(self.scaler(z2), n).reshape(batch)
+
+    @torch.no_grad()
+    def _lambda_scale(self, zs: Tensor, k: int) -> Tensor:
+        """Per-row, per-factor multipliers ``m`` ``[n, R_k]`` with ``head``'s full-degree term
+        ``k`` ``== (p^k * m) @ lambda_k`` for the raw projections ``p``: the clipping written as a
+        rescaled ``lambda`` (``(clip(p)/p)^k``), 0 where the gate hands the row to the linear
+        probe. Attribution uses it to stay exact on clipped or gated rows."""
+        p = zs @ self._param(self.factors[str(k)], zs)
+        b = self.bounds(k)
+        if b is None:
+            m = torch.ones_like(p)
+        else:
+            b = b.to(p.dtype)
+            pc = torch.minimum(torch.maximum(p, b[0]), b[1])
+            safe = torch.where(p == 0, torch.ones_like(p), p)
+            m = torch.where(p == 0, torch.ones_like(p), pc / safe).pow(k)
+        if (self.gate and self.has_bounds) or self.escalate_only:
+            lin = self._linear_std(zs)
+            overruled = self._truncations_std(zs, self.degree)[-1] == lin
+            if not self.escalate_only:
+                overruled = overruled & self._outside_std(zs)
+            m = m * (~overruled).to(m.dtype)[:, None]
+        return m
 
     # ------------------------------------------------------------------ scoring
     def _check_order(self, order: int | None) -> int:
@@ -139,15 +278,37 @@ class TPC(nn.Module):
         return zs @ self._param(self.linear, zs) + self._param(self.bias, zs)
 
     def _term_std(self, zs: Tensor, k: int) -> Tensor:
-        """The degree-``k`` term for standardised rows ``[n, d_model]``."""
-        proj = zs @ self._param(self.factors[str(k)], zs)
-        return proj.pow(k) @ self._param(self.lambdas[str(k)], zs)
+        """The degree-``k`` term for standardised rows ``[n, d_model]`` (trust region applied, gate not)."""
+        return self._proj(zs, k).pow(k) @ self._param(self.lambdas[str(k)], zs)
+
+    def _truncations_std(self, zs: Tensor, order: int) -> list[Tensor]:
+        """Logits of the truncations 1..order for standardised rows.
+
+        The raw truncations are running sums of the terms (clipped to the trust region when one
+        is set). With the gate on, a row that leaves the trust region first at degree j gets the
+        linear probe's logit at every order >= j. With ``escalate_only``, a row the linear probe
+        flags keeps at least the linear probe's logit at every order. Both are exact (``where``),
+        so such rows equal order 1 bit for bit.
+        """
+        lin = self._linear_std(zs)
+        out, raw = [lin], lin
+        gate = self.gate and self.has_bounds
+        gated = torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
+        flagged = lin > 0 if self.escalate_only else None
+        for k in range(2, order + 1):
+            t, leaves = self._step_std(zs, k)
+            raw = raw + t
+            s = raw
+            if gate:
+                gated = gated | leaves
+                s = torch.where(gated, lin, s)
+            if flagged is not None:
+                s = torch.where(flagged, torch.maximum(s, lin), s)
+            out.append(s)
+        return out
 
     def _logits_std(self, zs: Tensor, order: int) -> Tensor:
-        s = self._linear_std(zs)
-        for k in range(2, order + 1):
-            s = s + self._term_std(zs, k)
-        return s
+        return self._truncations_std(zs, order)[-1]
 
     def forward(self, z: Float[Tensor, "*batch d_model"], order: int | None = None) -> Float[Tensor, "*batch"]:
         """Logits of the truncation ``P_{:order}`` (the full polynomial when ``order`` is None).
@@ -169,11 +330,17 @@ class TPC(nn.Module):
     def terms(self, z: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch degree"]:
         """Per-order contributions: column 0 is ``w0 + linear``, column ``k-1`` the degree-k term.
 
-        The columns' cumulative sums are the truncations: ``terms(z)[..., :n].sum(-1) == head(z, order=n)``.
+        The columns' cumulative sums are the truncations: ``terms(z)[..., :n].sum(-1) == head(z, order=n)``
+        (up to rounding where the gate or ``escalate_only`` overrules the higher orders: there a
+        column is the change of the truncation, not the raw term).
         """
         z2, batch = self._prepare(z)
         zs = self.scaler(z2)
-        cols = [self._linear_std(zs)] + [self._term_std(zs, k) for k in self.degrees]
+        if not (self.escalate_only or (self.gate and self.has_bounds)):
+            cols = [self._linear_std(zs)] + [self._term_std(zs, k) for k in self.degrees]
+        else:  # gated / escalated rows: the differences of consecutive truncations
+            tr = self._truncations_std(zs, self.degree)
+            cols = tr[:1] + [b - a for a, b in zip(tr, tr[1:])]
         return torch.stack(cols, dim=-1).reshape(*batch, self.degree)
 
     def probs(self, z: Float[Tensor, "*batch d_model"], order: int | None = None) -> Float[Tensor, "*batch"]:
@@ -218,6 +385,10 @@ class TPC(nn.Module):
     # ------------------------------------------------------------------ saving
     def _config(self) -> dict[str, Any]:
         cfg: dict[str, Any] = {"d_model": self.d_model, "degree": self.degree, "ranks": list(self.ranks)}
+        if self.has_bounds:
+            cfg["trust_region"] = {"gate": self.gate}
+        if self.escalate_only:
+            cfg["escalate_only"] = True
         if self.history is not None and hasattr(self.history, "to_dict"):
             cfg["history"] = self.history.to_dict()
         return cfg
@@ -227,6 +398,8 @@ class TPC(nn.Module):
         for k in self.degrees:
             out[f"factors.{k}"] = self.factors[str(k)]
             out[f"lambdas.{k}"] = self.lambdas[str(k)]
+            if self.has_bounds:
+                out[f"bounds.{k}"] = self.bounds(k)
         return out
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -253,10 +426,19 @@ class TPC(nn.Module):
         expected: dict[str, tuple[int, ...]] = {
             "bias": (1,), "linear": (d_model,), "scaler.mean": (d_model,), "scaler.scale": (d_model,),
         }
+        trust = cfg.get("trust_region")
+        if trust is not None and (not isinstance(trust, dict) or not isinstance(trust.get("gate"), bool) or degree < 2):
+            raise TPCHooksError(f"{where}: config.json trust_region must be {{\"gate\": true|false}} on a head of degree >= 2; "
+                                f"got {trust!r}")
         for k, r in zip(range(2, degree + 1), ranks):
             expected[f"factors.{k}"] = (d_model, r)
             expected[f"lambdas.{k}"] = (r,)
+            if trust is not None:
+                expected[f"bounds.{k}"] = (2, r)
         _format.check_tensors(tensors, expected, where)
+        if trust is not None and not all(bool((tensors[f"bounds.{k}"][0] <= tensors[f"bounds.{k}"][1]).all())
+                                         for k in range(2, degree + 1)):
+            raise TPCHooksError(f"{where}: a trust-region lower bound exceeds its upper bound; the file is corrupt")
         if not bool((tensors["scaler.scale"] > 0).all()):
             raise TPCHooksError(f"{where}: scaler.scale must be positive everywhere; the file is corrupt")
         head = cls(d_model, degree, ranks)
@@ -268,6 +450,13 @@ class TPC(nn.Module):
             for k in head.degrees:
                 head.factors[str(k)].copy_(tensors[f"factors.{k}"])
                 head.lambdas[str(k)].copy_(tensors[f"lambdas.{k}"])
+                if trust is not None:
+                    setattr(head, f"bounds_{k}", tensors[f"bounds.{k}"].clone())
+        head.gate = bool(trust["gate"]) if trust is not None else False
+        esc = cfg.get("escalate_only", False)
+        if not isinstance(esc, bool):
+            raise TPCHooksError(f"{where}: config.json escalate_only must be true or false; got {esc!r}")
+        head.escalate_only = esc
         if isinstance(cfg.get("history"), dict):
             from .training import History
 
