@@ -265,8 +265,10 @@ def test_compare_rows_and_independent_tpc_metrics(splits):
     (X, y), (Xv, yv), (Xt, yt) = splits
     res = B.compare(X, y, Xv, yv, Xt, yt, degree=3, rank=2, epochs=3, batch_size=128, verbose=False)
     keys = [(r["method"], r["order"]) for r in res.rows]
-    expected = ([("linear", 1), ("bilinear", 2)] + [(m, n) for m, n in itertools.product(("mlp", "early_exit", "tpc", "tpc_joint"), (1, 2, 3))])
+    expected = ([("linear", 1), ("bilinear", 2)] + [(m, n) for m, n in itertools.product(("mlp", "early_exit", "tpc", "tpc_paper", "tpc_joint"), (1, 2, 3))])
     assert keys == expected
+    assert res.models["tpc"].has_bounds and not res.models["tpc_paper"].has_bounds  # robust default vs the paper's recipe
+    assert res.models["tpc_paper"].history.settings["recipe"] == "paper"
     rows = {(r["method"], r["order"]): r for r in res.rows}
     head = res.models["tpc"]
     zt = torch.as_tensor(Xt)

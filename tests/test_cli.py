@@ -35,6 +35,12 @@ def test_collect_train_evaluate_monitor_attribute(tmp_path, capsys):
                  "--no-progress"]) == 0
     loaded = tpc.Monitor.load(mon)
     assert loaded.site == site and loaded.chat_template and loaded.cascade is not None
+    assert loaded.head.has_bounds and loaded.head.gate and not loaded.head.escalate_only  # the robust default
+    paper = tmp_path / "paper"
+    assert main(["train", "--acts", str(acts), "--out", str(paper), "--degree", "2", "--rank", "2", "--epochs", "3",
+                 "--recipe", "paper", "--no-progress"]) == 0
+    assert not tpc.Monitor.load(paper).head.has_bounds
+    assert main(["train", "--acts", str(acts), "--out", str(paper), "--recipe", "paper", "--escalate-only"]) == 2
     assert main(["evaluate", "--monitor", str(mon), "--acts", str(acts), "--splits", "all",
                  "--json", str(tmp_path / "e.json")]) == 0
     ev = json.loads((tmp_path / "e.json").read_text())

@@ -42,7 +42,7 @@ from .training import (
 
 log = logging.getLogger(__name__)
 
-METHODS = ("linear", "bilinear", "mlp", "early_exit", "tpc", "tpc_joint")
+METHODS = ("linear", "bilinear", "mlp", "early_exit", "tpc", "tpc_paper", "tpc_joint")
 _METRICS = ("f1", "precision", "recall", "accuracy", "frr", "auroc", "ece")
 
 
@@ -607,7 +607,8 @@ class Comparison:
 
 
 _BASELINE_KW = ("epochs", "batch_size", "lr", "weight_decay", "dropout", "patience", "sweep", "val_fraction")
-_TPC_KW = _BASELINE_KW + ("Cs", "max_iter", "linear_solver")
+_ROBUST_KW = ("trust_region", "margin", "gate", "shrink", "decay_growth", "escalate_only", "l1")
+_TPC_KW = _BASELINE_KW + ("Cs", "max_iter", "linear_solver") + _ROBUST_KW
 
 
 @torch.no_grad()
@@ -617,7 +618,7 @@ def _test_logits(model: nn.Module, test: _Data, dev: torch.device, fn: Callable[
 
 def _scored(method: str, model: Any, data: _Data, dev: torch.device) -> list[tuple[int, Cost, Tensor]]:
     """``(order, cost, logits)`` per order of one trained method (an MLP list: one per order)."""
-    if method in ("tpc", "tpc_joint", "linear"):
+    if method in ("tpc", "tpc_paper", "tpc_joint", "linear"):
         orders = range(1, model.degree + 1)
         s = _test_logits(model, data, dev, lambda zs: torch.stack([model._logits_std(zs, n) for n in orders], -1))
         return [(n, model.cost(n), s[:, n - 1]) for n in orders]
@@ -634,7 +635,8 @@ def compare(X_train: Any, y_train: Any, X_val: Any, y_val: Any, X_test: Any, y_t
             device: str | torch.device | None = None, verbose: bool = True, **train_kw: Any) -> Comparison:
     """Trains the TPC and the paper's baselines on one split and scores every order on the test set.
 
-    Rows: ``"tpc"``/``"tpc_joint"`` (progressive / joint TPC) and ``"early_exit"`` give one row
+    Rows: ``"tpc"``/``"tpc_paper"``/``"tpc_joint"`` (progressive TPC with the default robust
+    settings / the paper's exact recipe / joint TPC) and ``"early_exit"`` give one row
     per order or exit 1..N at that order's own cost; ``"mlp"`` trains one MLP per order,
     parameter-matched to ``P_{:n}`` (:func:`matched_mlp_width`); ``"linear"`` (order 1) and
     ``"bilinear"`` (order 2, rank ``R_2``) give one row each.
@@ -644,7 +646,7 @@ def compare(X_train: Any, y_train: Any, X_val: Any, y_val: Any, X_test: Any, y_t
             holds out a stratified split of the training rows).
         X_test, y_test: the data every row is scored on.
         degree, rank: the TPC's N and CP rank(s); the MLPs and early-exit MLP are matched to it.
-        methods: a subset of ``("linear", "bilinear", "mlp", "early_exit", "tpc", "tpc_joint")``.
+        methods: a subset of ``("linear", "bilinear", "mlp", "early_exit", "tpc", "tpc_paper", "tpc_joint")``.
         seed, device, verbose: as in :func:`tpc_hooks.fit`.
         **train_kw: ``epochs, batch_size, lr, weight_decay, dropout, sweep, val_fraction`` for
             every method; ``Cs, max_iter, linear_solver`` for the linear probe and the TPCs.
@@ -686,9 +688,12 @@ def compare(X_train: Any, y_train: Any, X_val: Any, y_val: Any, X_test: Any, y_t
     out = Comparison()
     for method in dict.fromkeys(methods):
         log.info("compare: training %s", method)
-        if method in ("tpc", "tpc_joint", "linear"):
+        if method in ("tpc", "tpc_paper", "tpc_joint", "linear"):
             kw = {"degree": degree, "rank": rank, "mode": "joint" if method == "tpc_joint" else "progressive"}
-            out.models[method] = fit_linear(*data, **tpc_kw) if method == "linear" else fit(*data, **kw, **tpc_kw)
+            if method == "tpc_paper":
+                kw["recipe"] = "paper"
+            own = {k: v for k, v in tpc_kw.items() if method == "tpc" or k not in _ROBUST_KW}
+            out.models[method] = fit_linear(*data, **own) if method == "linear" else fit(*data, **kw, **own)
         elif method == "bilinear":
             out.models[method] = fit_bilinear(*data, rank=shell.ranks[0] if shell.ranks else rank, **base_kw)
         elif method == "mlp":

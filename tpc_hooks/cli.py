@@ -99,8 +99,11 @@ def _train(args: argparse.Namespace) -> int:
     train_split = "train" if (acts / "train").exists() else "all"
     X, y = _split(acts, train_split, site)
     Xv, yv = _split(acts, "val", site) if (acts / "val").exists() else (None, None)
-    head = fit(X, y, Xv, yv, degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed,
-               verbose=not args.no_progress).cpu()
+    if args.recipe == "paper" and (args.no_gate or args.escalate_only):
+        raise TPCHooksError("--recipe paper is the plain polynomial; it takes neither --no-gate nor --escalate-only")
+    robust = {} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}
+    head = fit(X, y, Xv, yv, degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed, recipe=args.recipe,
+               verbose=not args.no_progress, **robust).cpu()
     cascade = Cascade(head, tau=args.tau).calibrate(Xv, yv) if Xv is not None else Cascade(head, tau=args.tau)
     mon = Monitor(head, site, pooling=cfg["pooling"], chat_template=cfg["chat_template"], max_tokens=cfg["max_tokens"],
                   model_name=cfg["model"], cascade=cascade)
@@ -226,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=64)
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--tau", type=float, default=0.2, help="the monitor's cascade threshold")
+    p.add_argument("--recipe", choices=["default", "paper"], default="default",
+                   help="'paper': the paper's exact recipe (plain polynomial, 50 epochs per degree, last epoch kept)")
+    p.add_argument("--no-gate", action="store_true", help="keep the trust region but let inputs that leave it use every order")
+    p.add_argument("--escalate-only", action="store_true",
+                   help="higher orders may not clear a prompt the linear probe flags (recall >= the linear probe's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     p = sub.add_parser("evaluate", help="metrics per order and the cascade sweep of a monitor on collected splits")

@@ -178,7 +178,7 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
     lap("collect activations")
 
     degree, rank, epochs = (5, 16, 15) if quick else (5, 64, 50)
-    methods = ("linear", "mlp", "early_exit", "tpc") if not quick else ("mlp", "early_exit", "tpc")
+    methods = ("linear", "mlp", "early_exit", "tpc_paper", "tpc") if not quick else ("mlp", "early_exit", "tpc")
     cmp = baselines.compare(X["train"], y["train"], X["val"], y["val"], X["test"], y["test"], degree=degree, rank=rank,
                             methods=methods, seed=seed, verbose=progress, epochs=epochs)
     heldout_rows = cmp.evaluate(X["heldout"], y["heldout"]) if "heldout" in X else []
@@ -237,7 +237,7 @@ def render_report(res: dict[str, Any]) -> str:
     """The run's report as Markdown (what ``report.md`` holds)."""
     n = res["degree"]
     parts = [f"# tpc-hooks demo: {res['model']} via {res['toolkit']}, `{res['site']}`",
-             f"Data (offline, packaged): " + ", ".join(f"{k} {v}" for k, v in res["sizes"].items())
+             "Data (offline, packaged): " + ", ".join(f"{k} {v}" for k, v in res["sizes"].items())
              + f". TPC degree {n}, rank {res['rank']}, up to {res['epochs']} epochs per degree"
              + (" (quick run)" if res["quick"] else "") + "."]
     for split in [k for k in ("test", "heldout") if res["f1"][k]]:

@@ -28,6 +28,7 @@ from .store import ActivationStore
 log = logging.getLogger(__name__)
 
 PAPER_CS = (100.0, 10.0, 1.0, 0.1, 0.01, 0.001)
+RECIPES = ("default", "paper")
 PAPER_GRID = {"lr": (1e-3, 5e-4, 1e-4), "weight_decay": (0.01, 0.1, 1.0), "dropout": (0.0, 0.2, 0.5)}
 
 
@@ -44,6 +45,7 @@ class TrainConfig:
     plateau_factor: float = 0.5
     patience: int | None = 10
     l1: float = 0.0
+    keep_best: bool = True
 
     def __post_init__(self):
         if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 1:
@@ -69,12 +71,14 @@ class History:
 
     ``records`` rows have ``degree, trial, epoch, train_loss, val_loss, val_f1, lr``.
     ``selected[k]`` holds the chosen hyperparameters, trial and best epoch of degree ``k``
-    (for degree 1: the chosen ``C``).
+    (for degree 1: the chosen ``C``; with shrinkage, ``scale``: the per-order scale folded into
+    ``lambda_k``). ``settings`` records the recipe and robustness options ``fit`` used.
     """
 
     mode: str
     records: list[dict[str, Any]] = field(default_factory=list)
     selected: dict[int, dict[str, Any]] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def for_degree(self, k: int) -> list[dict[str, Any]]:
         """Per-epoch records of the selected trial of degree ``k``."""
@@ -82,12 +86,13 @@ class History:
         return [r for r in self.records if r["degree"] == k and r["trial"] == trial]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "records": self.records, "selected": {str(k): v for k, v in self.selected.items()}}
+        return {"mode": self.mode, "records": self.records, "selected": {str(k): v for k, v in self.selected.items()},
+                "settings": self.settings}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "History":
         return cls(mode=d.get("mode", "progressive"), records=list(d.get("records", [])),
-                   selected={int(k): v for k, v in d.get("selected", {}).items()})
+                   selected={int(k): v for k, v in d.get("selected", {}).items()}, settings=dict(d.get("settings", {})))
 
     def to_dataframe(self):
         """The records as a pandas DataFrame (needs pandas)."""
@@ -263,7 +268,7 @@ def train_loop(
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=cfg.plateau_factor)
     with torch.no_grad():
         val_loss0, val_f1_0 = evaluate()
-    best = {"val_loss": val_loss0, "val_f1": val_f1_0, "epoch": -1}
+    best = {"val_loss": val_loss0 if cfg.keep_best else math.inf, "val_f1": val_f1_0, "epoch": -1}
     best_state = [p.detach().clone() for p in params]
     bar = tqdm(range(cfg.epochs), desc=desc, disable=not verbose, leave=False, unit="epoch")
     for epoch in bar:
@@ -288,7 +293,7 @@ def train_loop(
             raise TPCHooksError(
                 f"training diverged ({desc}, epoch {epoch}: loss is {train_loss}); lower lr or the rank, or check the features"
             )
-        if val_loss < best["val_loss"]:
+        if val_loss < best["val_loss"] or not cfg.keep_best:
             best = {"val_loss": val_loss, "val_f1": val_f1, "epoch": epoch}
             best_state = [p.detach().clone() for p in params]
         bar.set_postfix(val_loss=f"{val_loss:.4f}", val_f1=f"{val_f1:.4f}")
@@ -397,7 +402,8 @@ def _init_degree(head: TPC, k: int, seed: int) -> None:
 
 
 def _train_degree(head: TPC, k: int, tr: _Data, y_tr: Tensor, va: _Data, y_va: Tensor, configs: list[TrainConfig],
-                  seed: int, device: torch.device, verbose: bool, records: list[dict[str, Any]]) -> dict[str, Any]:
+                  seed: int, device: torch.device, verbose: bool, records: list[dict[str, Any]],
+                  shrink: bool = False, bounds_margin: float | None = None) -> dict[str, Any]:
     with torch.no_grad():
         prefix_tr = tr.map(head.scaler, device, lambda x: head._logits_std(x, k - 1))
         prefix_va = va.map(head.scaler, device, lambda x: head._logits_std(x, k - 1))
@@ -435,8 +441,30 @@ def _train_degree(head: TPC, k: int, tr: _Data, y_tr: Tensor, va: _Data, y_va: T
     with torch.no_grad():
         U.copy_(best_params[0])
         lam.copy_(best_params[1])
+    if bounds_margin is not None:
+        _set_bounds(head, tr, [k], bounds_margin, device)
+    with torch.no_grad():
+        if shrink:
+            term_va = va.map(head.scaler, device, lambda x: head._term_std(x, k))
+            scale, loss = _fit_order_scale(prefix_va, term_va, y_va_d)
+            lam.mul_(scale)
+            best["scale"], best["val_loss_scaled"] = scale, loss
     best.pop("epoch", None)
     return best
+
+
+SHRINK_GRID = tuple(i / 20 for i in range(21))
+
+
+def _fit_order_scale(prefix: Tensor, term: Tensor, y: Tensor) -> tuple[float, float]:
+    """The per-order scale ``s`` in ``SHRINK_GRID`` (0, 0.05, ..., 1) that minimises the validation
+    BCE of ``prefix + s * term`` (ties: the smaller ``s``). ``s = 0`` is the lower truncation."""
+    best = (math.inf, 0.0)
+    for s in SHRINK_GRID:
+        loss = float(F.binary_cross_entropy_with_logits(prefix + s * term, y))
+        if loss < best[0] - 1e-12:
+            best = (loss, s)
+    return best[1], best[0]
 
 
 def _train_joint(head: TPC, tr: _Data, y_tr: Tensor, va: _Data, y_va: Tensor, configs: list[TrainConfig],
@@ -502,6 +530,18 @@ def split_data(X: Any, y: Any, X_val: Any, y_val: Any, val_fraction: float, seed
     return data.subset(tr_idx), y_all[tr_idx], data.subset(va_idx), y_all[va_idx]
 
 
+@torch.no_grad()
+def _set_bounds(head: TPC, data: _Data, degrees: Sequence[int], margin: float, device: torch.device) -> None:
+    """The trust region of ``degrees`` from the training rows, read chunk by chunk."""
+    for k in degrees:
+        lo = hi = None
+        for _, x in data.chunks(head.scaler, device):
+            p = x @ head.factors[str(k)]
+            lo = p.min(0).values if lo is None else torch.minimum(lo, p.min(0).values)
+            hi = p.max(0).values if hi is None else torch.maximum(hi, p.max(0).values)
+        head._put_bounds(k, lo, hi, margin)
+
+
 def _default_device(device: str | torch.device | None) -> torch.device:
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -523,8 +563,15 @@ def fit(
     lr: float = 1e-3,
     weight_decay: float = 0.01,
     dropout: float = 0.0,
-    patience: int | None = 10,
+    patience: int | None | str = "auto",
     l1: float = 0.0,
+    recipe: str = "default",
+    trust_region: bool | None = None,
+    margin: float = 0.0,
+    gate: bool | None = None,
+    shrink: bool | None = None,
+    decay_growth: float = 1.0,
+    escalate_only: bool = False,
     sweep: bool | dict[str, Sequence[float]] = False,
     Cs: Sequence[float] = PAPER_CS,
     max_iter: int = 500,
@@ -554,9 +601,30 @@ def fit(
         epochs, batch_size, lr, weight_decay, dropout: AdamW settings per degree. ``dropout``
             drops the frozen prefix's logit per sample (the paper's TPC dropout).
         patience: stop a degree after this many epochs without a better validation loss
-            (the best epoch is kept either way); None runs all ``epochs`` (the paper's recipe).
-            The untrained degree (lambda_k = 0) is a candidate, so a degree never makes the
-            validation loss worse than the truncation below it.
+            (the best epoch is kept either way); None runs all ``epochs``. ``"auto"``: 10, or
+            None with ``recipe="paper"``. The untrained degree (lambda_k = 0) is a candidate, so
+            a degree never makes the validation loss worse than the truncation below it.
+        recipe: ``"default"`` (the robust settings below) or ``"paper"``: the paper's exact
+            recipe, the plain polynomial trained for all ``epochs`` per degree and kept as it
+            ends (no best-epoch or untrained candidate, no trust region, no shrinkage), to
+            reproduce its results.
+        trust_region: clip each projection ``<U_k[:, r], z_std>`` to its range on the training
+            rows (widened by ``margin`` times that range), so no degree-k term can exceed what it
+            reached in training on an unfamiliar input (see :meth:`TPC.set_bounds`). Default: on,
+            except for ``recipe="paper"`` and ``mode="joint"``.
+        gate: score inputs that leave the trust region with the linear probe at every order
+            from the degree they leave it at (see :meth:`TPC.set_bounds`; the cascade logs
+            them). Default: on whenever the trust region is.
+        shrink: after each degree is trained, scale its ``lambda_k`` by ``s`` in {0, 0.05, ..., 1}
+            chosen by validation loss (shrinkage toward the lower truncation; ``s = 0`` is the
+            lower truncation). Default: on, except for ``recipe="paper"`` and ``mode="joint"``.
+            Most useful when the validation set holds a source the training set lacks.
+        escalate_only: the higher orders may raise a row's harm logit but never clear a row the
+            linear probe flags (``logit_n = max(logit_n, logit_1)`` where ``logit_1 > 0``): every
+            order's recall is then at least the linear probe's on any data, at some cost in
+            false positives. Off by default.
+        decay_growth: degree k's weight decay is ``weight_decay * decay_growth ** (k - 2)``
+            (regularisation growing with the order); 1 keeps it constant.
         l1: L1 penalty ``l1 * sum |U_k|`` on each degree's factors (progressive mode), so each
             interaction term leans on few neurons or SAE features; 0 disables it.
         sweep: ``True`` for the paper's grid (lr x weight decay x dropout, chosen per degree
@@ -588,8 +656,25 @@ def fit(
     """
     if mode not in ("progressive", "joint"):
         raise TPCHooksError(f"mode must be 'progressive' or 'joint'; got {mode!r}")
+    if recipe not in RECIPES:
+        raise TPCHooksError(f"recipe must be one of {sorted(RECIPES)}; got {recipe!r}")
+    paper = recipe == "paper"
+    if paper and (trust_region or shrink or gate or escalate_only):
+        raise TPCHooksError("recipe='paper' is the plain polynomial: it cannot be combined with trust_region, gate, "
+                            "shrink or escalate_only")
+    trust_region = (not paper and mode == "progressive") if trust_region is None else bool(trust_region)
+    shrink = (not paper and mode == "progressive") if shrink is None else bool(shrink)
+    if gate and not trust_region:
+        raise TPCHooksError("gate=True needs the trust region (trust_region=True): the gate fires when an input leaves it")
+    gate = trust_region if gate is None else bool(gate)
+    if patience == "auto":
+        patience = None if paper else 10
+    if not (isinstance(decay_growth, (int, float)) and not isinstance(decay_growth, bool) and decay_growth > 0):
+        raise TPCHooksError(f"decay_growth must be a positive number; got {decay_growth!r}")
+    if not (isinstance(margin, (int, float)) and not isinstance(margin, bool) and 0 <= margin < math.inf):
+        raise TPCHooksError(f"margin must be a finite number >= 0; got {margin!r}")
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout,
-                      patience=patience, l1=l1)
+                      patience=patience, l1=l1, keep_best=not paper)
     configs = _grid(sweep, cfg)
     if not Cs:
         raise TPCHooksError("Cs must list at least one inverse regularisation strength")
@@ -610,6 +695,11 @@ def fit(
         with torch.random.fork_rng(devices=[]):
             head = TPC(init.d_model, degree, ranks)
         head.load_state_dict(init.state_dict(), strict=False)
+        for k in init.degrees:
+            b = init.bounds(k)
+            setattr(head, f"bounds_{k}", None if b is None else b.detach().clone())
+        if init.degree > 1 and not init.has_bounds:
+            trust_region = False  # extending a plain polynomial keeps it plain (its truncations must not change)
         history = copy.deepcopy(init.history) if isinstance(init.history, History) else History(mode="progressive")
         start = init.degree + 1
     else:
@@ -641,10 +731,18 @@ def fit(
             U, lam = head.factors[str(k)], head.lambdas[str(k)]
             U.requires_grad_(True)
             lam.requires_grad_(True)
-            history.selected[k] = _train_degree(head, k, tr, y_tr, va, y_va, configs, seed, dev, verbose, history.records)
+            wd = [TrainConfig(**{**asdict(c), "weight_decay": c.weight_decay * decay_growth ** (k - 2)}) for c in configs]
+            history.selected[k] = _train_degree(head, k, tr, y_tr, va, y_va, wd, seed, dev, verbose, history.records,
+                                                shrink=shrink, bounds_margin=margin if trust_region else None)
             U.requires_grad_(False)
             lam.requires_grad_(False)
             log.info("degree %d: val F1 %.4f (epoch %d)", k, history.selected[k]["val_f1"], history.selected[k]["best_epoch"])
+    if trust_region and head.degree > 1:
+        _set_bounds(head, tr, [k for k in head.degrees if head.bounds(k) is None], margin, dev)  # joint mode
+        head.gate = bool(gate) if init is None else (init.gate or bool(gate))
+    head.escalate_only = bool(escalate_only) or (init is not None and init.escalate_only)
+    history.settings = {"escalate_only": head.escalate_only, "recipe": recipe, "trust_region": trust_region, "margin": margin, "gate": head.gate,
+                      "shrink": shrink, "decay_growth": decay_growth, "patience": patience}
     for p in head.parameters():
         p.requires_grad_(True)
     head.history = history
