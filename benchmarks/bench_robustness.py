@@ -75,6 +75,21 @@ def load(held: tuple[str, str], cache: Path, model_box: list) -> tuple[dict, dic
     return X, y, {k: np.asarray(v.sources) for k, v in sets.items()}
 
 
+def mahalanobis_check(X: dict) -> str:
+    """Would a Mahalanobis-distance gate see the held-out source? Rows beyond the validation
+    split's 99th percentile, and the AUROC of the distance for held-out vs test rows."""
+    from sklearn.covariance import LedoitWolf
+    from sklearn.metrics import roc_auc_score
+
+    mu, sd = X["train"].mean(0), X["train"].std(0) + 1e-6
+    lw = LedoitWolf().fit((X["train"] - mu) / sd)
+    d = {k: lw.mahalanobis((X[k] - mu) / sd) for k in ("val", "test", "heldout")}
+    thr = np.quantile(d["val"], 0.99)
+    auc = roc_auc_score(np.r_[np.zeros(len(d["test"])), np.ones(len(d["heldout"]))], np.r_[d["test"], d["heldout"]])
+    return (f"beyond the validation 99th percentile: test {np.mean(d['test'] > thr):.1%}, held out "
+            f"{np.mean(d['heldout'] > thr):.1%}; AUROC held-out vs test {auc:.3f}")
+
+
 def per_order(head, X: np.ndarray, y: np.ndarray) -> list[dict]:
     with torch.no_grad():
         s = head.terms(torch.as_tensor(X)).double().cumsum(-1)
@@ -94,11 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     res = defaultdict(list)  # (config, split, method, order, metric) -> values over seeds
     cost = defaultdict(list)  # (config, what) -> values
     model_box: list = []
+    maha: dict[str, str] = {}
     t0 = time.time()
     for ci in args.configs:
         held = CONFIGS[ci]
         cfg = "+".join(held)
         X, y, src = load(held, Path(args.cache), model_box)
+        maha[cfg] = mahalanobis_check(X)
         harmful = [s for s in dict.fromkeys(src["train"]) if y["train"][src["train"] == s].mean() == 1]
         moved = min(harmful, key=lambda s: int((src["train"] == s).sum()))
         keep = src["train"] != moved
@@ -182,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
               f"held out {ms(cost[(cfg, 'gated heldout')])}")
         sc = np.array(cost[(cfg, "shrink scales")], dtype=float)
         print(f"- per-order shrinkage scales s_2..s_5 chosen (mean over seeds): {np.round(sc.mean(0), 2).tolist()}")
-        print(f"- rank 16 chosen over 64 by validation loss in {int(sum(cost[(cfg, 'rank16 chosen')]))} of {args.seeds} seeds\n")
+        print(f"- rank 16 chosen over 64 by validation loss in {int(sum(cost[(cfg, 'rank16 chosen')]))} of {args.seeds} seeds")
+        print(f"- Mahalanobis gate (Ledoit-Wolf, standardised activations): {maha[cfg]}\n")
     if args.json:
         Path(args.json).write_text(json.dumps({"results": {"|".join(map(str, k)): v for k, v in res.items()},
                                                "cost": {"|".join(map(str, k)): v for k, v in cost.items()}}, indent=1))
