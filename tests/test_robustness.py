@@ -307,3 +307,20 @@ def test_escalate_only_is_saved_and_set_by_fit(tmp_path, problem):
     assert back.escalate_only
     with torch.no_grad():
         assert torch.equal(back(torch.as_tensor(Xte)), head(torch.as_tensor(Xte)))
+
+
+def test_init_keeps_the_guards_it_was_trained_with(problem):
+    Xtr, ytr, Xva, yva, Xte, _ = problem
+    plain = tpc.fit(Xtr, ytr, Xva, yva, degree=2, recipe="paper", **FAST)
+    more = tpc.fit(Xtr, ytr, Xva, yva, degree=3, init=plain, **FAST)
+    assert not more.has_bounds and not more.gate  # a plain polynomial stays plain
+    z_far = torch.as_tensor(Xte) * 3
+    with torch.no_grad():
+        assert torch.equal(more(z_far, order=2), plain(z_far, order=2))
+    ungated = tpc.fit(Xtr, ytr, Xva, yva, degree=2, gate=False, **FAST)
+    assert not tpc.fit(Xtr, ytr, Xva, yva, degree=3, init=ungated, **FAST).gate
+    for bad in (dict(gate=True), dict(trust_region=False), dict(escalate_only=True)):
+        with pytest.raises(tpc.TPCHooksError, match="init= keeps"):
+            tpc.fit(Xtr, ytr, Xva, yva, degree=3, init=ungated, **bad, **FAST)
+    with pytest.raises(tpc.TPCHooksError, match="mode='progressive'"):
+        tpc.fit(Xtr, ytr, Xva, yva, degree=2, mode="joint", shrink=True, **FAST)

@@ -630,9 +630,10 @@ def fit(
         sweep: ``True`` for the paper's grid (lr x weight decay x dropout, chosen per degree
             by validation F1), or a dict with some of those keys.
         Cs, max_iter: the degree-1 probe's C sweep and iteration cap.
-        init: a trained head to extend: its degrees (and scaler) are kept bit-identical and
-            only the degrees above ``init.degree`` are trained; ``rank`` then gives the rank of
-            the added degrees (an int, or one entry per added degree).
+        init: a trained head to extend: its degrees (and scaler, trust region, gate and
+            ``escalate_only``) are kept bit-identical and only the degrees above ``init.degree``
+            are trained; ``rank`` then gives the rank of the added degrees (an int, or one entry
+            per added degree).
         linear_solver: ``"auto"`` (scikit-learn in memory, streamed L-BFGS on the same objective
             for stores over 2 GiB), ``"sklearn"`` or ``"lbfgs"``.
         chunk_rows: rows read from a store at a time (peak memory is O(chunk_rows x d_model)).
@@ -659,10 +660,13 @@ def fit(
     if recipe not in RECIPES:
         raise TPCHooksError(f"recipe must be one of {sorted(RECIPES)}; got {recipe!r}")
     paper = recipe == "paper"
+    trust_region_arg, gate_arg = trust_region, gate
     if paper and (trust_region or shrink or gate or escalate_only):
         raise TPCHooksError("recipe='paper' is the plain polynomial: it cannot be combined with trust_region, gate, "
                             "shrink or escalate_only")
     trust_region = (not paper and mode == "progressive") if trust_region is None else bool(trust_region)
+    if shrink and mode == "joint":
+        raise TPCHooksError("shrink scales each degree after it is trained alone; it needs mode='progressive'")
     shrink = (not paper and mode == "progressive") if shrink is None else bool(shrink)
     if gate and not trust_region:
         raise TPCHooksError("gate=True needs the trust region (trust_region=True): the gate fires when an input leaves it")
@@ -698,8 +702,16 @@ def fit(
         for k in init.degrees:
             b = init.bounds(k)
             setattr(head, f"bounds_{k}", None if b is None else b.detach().clone())
-        if init.degree > 1 and not init.has_bounds:
-            trust_region = False  # extending a plain polynomial keeps it plain (its truncations must not change)
+        # init's truncations must not change: its trust region, gate and escalate_only carry over as they are
+        if init.degree > 1:
+            if (trust_region_arg is not None and bool(trust_region_arg) != init.has_bounds) or \
+                    (gate_arg is not None and bool(gate_arg) != init.gate):
+                raise TPCHooksError(f"init= keeps init's trust_region={init.has_bounds} and gate={init.gate} (changing them "
+                                    "would change its truncations); leave trust_region and gate unset")
+            trust_region = init.has_bounds
+        if escalate_only and not init.escalate_only:
+            raise TPCHooksError("init= keeps init's escalate_only=False (changing it would change its truncations)")
+        gate, escalate_only = init.gate, init.escalate_only
         history = copy.deepcopy(init.history) if isinstance(init.history, History) else History(mode="progressive")
         start = init.degree + 1
     else:
@@ -739,10 +751,11 @@ def fit(
             log.info("degree %d: val F1 %.4f (epoch %d)", k, history.selected[k]["val_f1"], history.selected[k]["best_epoch"])
     if trust_region and head.degree > 1:
         _set_bounds(head, tr, [k for k in head.degrees if head.bounds(k) is None], margin, dev)  # joint mode
-        head.gate = bool(gate) if init is None else (init.gate or bool(gate))
-    head.escalate_only = bool(escalate_only) or (init is not None and init.escalate_only)
-    history.settings = {"escalate_only": head.escalate_only, "recipe": recipe, "trust_region": trust_region, "margin": margin, "gate": head.gate,
-                      "shrink": shrink, "decay_growth": decay_growth, "patience": patience}
+        head.gate = bool(gate)
+    head.escalate_only = bool(escalate_only)
+    history.settings = {"recipe": recipe, "trust_region": trust_region, "margin": margin, "gate": head.gate,
+                        "shrink": shrink, "escalate_only": head.escalate_only, "decay_growth": decay_growth,
+                        "patience": patience}
     for p in head.parameters():
         p.requires_grad_(True)
     head.history = history
