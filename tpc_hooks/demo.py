@@ -183,6 +183,9 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
                             methods=methods, seed=seed, verbose=progress, epochs=epochs)
     heldout_rows = cmp.evaluate(X["heldout"], y["heldout"]) if "heldout" in X else []
     head = cmp.models["tpc"].cpu()
+    with torch.no_grad():
+        guards = {"settings": head.history.settings,
+                  "outside": {k: float(head.outside(torch.as_tensor(v)).float().mean()) for k, v in X.items()}}
     lap("train TPC and baselines")
 
     cascade = Cascade(head, tau=0.2).calibrate(X["val"], y["val"])
@@ -226,7 +229,7 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
            "sizes": {k: len(v) for k, v in sets.items()}, "degree": degree, "rank": rank, "epochs": epochs,
            "methods": list(methods), "f1": {"test": cmp.rows, "heldout": heldout_rows},
            "cascade": {"tpc": tpc_sweep, "early_exit": ee_sweep}, "calibration": cascade.calibration_report,
-           "live": live, "attribution": attribution, "seconds": times}
+           "live": live, "attribution": attribution, "guards": guards, "seconds": times}
     res["plots"] = _plots(out, res)
     (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
     (out / "report.md").write_text(render_report(res))
@@ -247,6 +250,13 @@ def render_report(res: dict[str, Any]) -> str:
             rows.append([method] + [by[o]["f1"] if o in by else "" for o in range(1, n + 1)])
         parts.append(f"## F1 by order, {split}" + (" (a source never seen in training)" if split == "heldout" else ""))
         parts.append(_table(["method"] + [str(o) for o in range(1, n + 1)], rows))
+    if res.get("guards"):
+        g = res["guards"]
+        parts.append("Out-of-distribution guards of the TPC (fit's defaults; `tpc_paper` is the paper's exact recipe): "
+                     + ", ".join(f"{k}={v}" for k, v in g["settings"].items() if k in ("trust_region", "gate", "shrink",
+                                                                                         "escalate_only"))
+                     + ". Prompts outside the trust region (scored by the linear probe from the degree they leave "
+                     "it at): " + ", ".join(f"{k} {v:.1%}" for k, v in g["outside"].items()) + ".")
     rows = [[r["tau"], r["f1"], r["relative_flops"], str(r["exit_histogram"])] for r in res["cascade"]["tpc"]]
     parts += ["## TPC cascade on the test split (calibrated per order)",
               _table(["tau", "F1", "mean FLOPs / linear", "exits per order"], rows)]
