@@ -98,9 +98,10 @@ class Attribution:
         ``c_v`` of ``C`` are the basis components of ``z`` (``diag(z)`` for neurons)."""
         zs = self.z[input]
         cols, weights = [], []
+        scales = self.head._lambda_scales(zs[None])
         for k in self._orders(order):
             U = self.head.factors[str(k)].detach().to(zs.dtype)
-            lam = self.head.lambdas[str(k)].detach().to(zs.dtype) * self.head._lambda_scale(zs[None], k)[0]
+            lam = self.head.lambdas[str(k)].detach().to(zs.dtype) * scales[k][0]
             p = zs @ U
             if self._proj is None:
                 cols.append(zs[:, None] * U)
@@ -377,9 +378,10 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         w1 = head.linear.detach().to(dtype)
         bias = head.bias.detach().to(dtype).expand(zs.shape[0]).clone()
         per_order = [zs * w1]
+        scales = head._lambda_scales(zs)  # clipping, gate and escalate_only as a rescaled lambda
         for k in head.degrees:
             U = head.factors[str(k)].detach().to(dtype)
-            lam = head.lambdas[str(k)].detach().to(dtype) * head._lambda_scale(zs, k)  # clipping/gate as a rescaled lambda
+            lam = head.lambdas[str(k)].detach().to(dtype) * scales[k]
             p = zs @ U
             per_order.append(zs * ((p.pow(k - 1) * lam) @ U.T))
         neuron_by_order = torch.stack(per_order, 1)
@@ -416,9 +418,10 @@ def _project(head: TPC, site: str | None, sae: Any, X: Tensor, zs: Tensor, bias:
     dec = W_dec / scale  # [d_sae, d_model] in standardised units
     rows = torch.stack([((b_dec - mean) / scale).expand_as(X), err / scale], 1)  # [batch, 2, d_model]
     qs = [head.linear.detach().to(dtype).expand_as(zs)]
+    scales = head._lambda_scales(zs)
     for k in head.degrees:
         U = head.factors[str(k)].detach().to(dtype)
-        lam = head.lambdas[str(k)].detach().to(dtype) * head._lambda_scale(zs, k)
+        lam = head.lambdas[str(k)].detach().to(dtype) * scales[k]
         qs.append((lam * (zs @ U).pow(k - 1)) @ U.T)  # (dT_k/dz) / k
     unit_by_order = torch.stack([torch.cat([f * (q @ dec.T), torch.einsum("bvd,bd->bv", rows, q)], 1) for q in qs], 1)
     by_unit = unit_by_order.sum(1)

@@ -196,32 +196,27 @@ class TPC(nn.Module):
         self.gate = False
         return self
 
-    def _proj(self, zs: Tensor, k: int) -> Tensor:
-        """Projections ``<U_k, z_std>`` ``[n, R_k]``, clipped to the trust region when one is set."""
+    def _project(self, zs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Degree ``k``'s projections ``<U_k, z_std>`` ``[n, R_k]``: raw, clipped to the trust
+        region (the raw ones when none is set), and per row whether any left it."""
         p = zs @ self._param(self.factors[str(k)], zs)
         b = self.bounds(k)
-        if b is not None:
-            b = b.to(p.dtype)
-            p = torch.minimum(torch.maximum(p, b[0]), b[1])
-        return p
+        if b is None:
+            return p, p, torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
+        b = b.to(p.dtype)
+        return p, torch.minimum(torch.maximum(p, b[0]), b[1]), ((p < b[0]) | (p > b[1])).any(1)
 
     def _step_std(self, zs: Tensor, k: int) -> tuple[Tensor, Tensor]:
         """The degree-``k`` term (clipped) and, per row, whether a projection left the trust region."""
-        p = zs @ self._param(self.factors[str(k)], zs)
-        lam = self._param(self.lambdas[str(k)], zs)
-        b = self.bounds(k)
-        if b is None:
-            return p.pow(k) @ lam, torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
-        b = b.to(p.dtype)
-        out = ((p < b[0]) | (p > b[1])).any(1)
-        return torch.minimum(torch.maximum(p, b[0]), b[1]).pow(k) @ lam, out
+        _, pc, out = self._project(zs, k)
+        return pc.pow(k) @ self._param(self.lambdas[str(k)], zs), out
 
     def _outside_std(self, zs: Tensor, order: int | None = None) -> Tensor:
         """Bool ``[n]``: some projection of degree 2..order lies outside the trust region."""
         out = torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
         for k in range(2, (self.degree if order is None else order) + 1):
             if self.bounds(k) is not None:
-                out |= self._step_std(zs, k)[1]
+                out |= self._project(zs, k)[2]
         return out
 
     def outside(self, z: Float[Tensor, "*batch d_model"], order: int | None = None) -> Tensor:
@@ -232,27 +227,24 @@ class TPC(nn.Module):
         return self._outside_std(self.scaler(z2), n).reshape(batch)
 
     @torch.no_grad()
-    def _lambda_scale(self, zs: Tensor, k: int) -> Tensor:
-        """Per-row, per-factor multipliers ``m`` ``[n, R_k]`` with ``head``'s full-degree term
-        ``k`` ``== (p^k * m) @ lambda_k`` for the raw projections ``p``: the clipping written as a
-        rescaled ``lambda`` (``(clip(p)/p)^k``), 0 where the gate hands the row to the linear
-        probe. Attribution uses it to stay exact on clipped or gated rows."""
-        p = zs @ self._param(self.factors[str(k)], zs)
-        b = self.bounds(k)
-        if b is None:
-            m = torch.ones_like(p)
-        else:
-            b = b.to(p.dtype)
-            pc = torch.minimum(torch.maximum(p, b[0]), b[1])
-            safe = torch.where(p == 0, torch.ones_like(p), p)
-            m = torch.where(p == 0, torch.ones_like(p), pc / safe).pow(k)
+    def _lambda_scales(self, zs: Tensor) -> dict[int, Tensor]:
+        """Per degree k, per-row, per-factor multipliers ``m_k`` ``[n, R_k]`` with the full
+        polynomial's degree-k contribution ``== (p^k * m_k) @ lambda_k`` for the raw projections
+        ``p``: clipping written as a rescaled ``lambda`` (``(clip(p)/p)^k``), and 0 on rows where
+        the gate or ``escalate_only`` hands the decision to the linear probe. Attribution uses
+        them to stay exact on such rows."""
+        keep = None
         if (self.gate and self.has_bounds) or self.escalate_only:
-            lin = self._linear_std(zs)
-            overruled = self._truncations_std(zs, self.degree)[-1] == lin
+            overruled = self._logits_std(zs, self.degree) == self._linear_std(zs)
             if not self.escalate_only:
-                overruled = overruled & self._outside_std(zs)
-            m = m * (~overruled).to(m.dtype)[:, None]
-        return m
+                overruled &= self._outside_std(zs)
+            keep = (~overruled).to(zs.dtype)[:, None]
+        scales = {}
+        for k in self.degrees:
+            p, pc, _ = self._project(zs, k)
+            m = torch.where(p == 0, torch.ones_like(p), pc / torch.where(p == 0, torch.ones_like(p), p)).pow(k)
+            scales[k] = m if keep is None else m * keep
+        return scales
 
     # ------------------------------------------------------------------ scoring
     def _check_order(self, order: int | None) -> int:
@@ -279,7 +271,7 @@ class TPC(nn.Module):
 
     def _term_std(self, zs: Tensor, k: int) -> Tensor:
         """The degree-``k`` term for standardised rows ``[n, d_model]`` (trust region applied, gate not)."""
-        return self._proj(zs, k).pow(k) @ self._param(self.lambdas[str(k)], zs)
+        return self._step_std(zs, k)[0]
 
     def _truncations_std(self, zs: Tensor, order: int) -> list[Tensor]:
         """Logits of the truncations 1..order for standardised rows.
