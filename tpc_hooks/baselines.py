@@ -620,7 +620,7 @@ def _scored(method: str, model: Any, data: _Data, dev: torch.device) -> list[tup
     """``(order, cost, logits)`` per order of one trained method (an MLP list: one per order)."""
     if method in ("tpc", "tpc_paper", "tpc_joint", "linear"):
         orders = range(1, model.degree + 1)
-        s = _test_logits(model, data, dev, lambda zs: torch.stack([model._logits_std(zs, n) for n in orders], -1))
+        s = _test_logits(model, data, dev, lambda zs: torch.stack(model._truncations_std(zs, model.degree), -1))
         return [(n, model.cost(n), s[:, n - 1]) for n in orders]
     if method == "bilinear":
         return [(2, model.cost(), _test_logits(model, data, dev, model._outputs_std)[:, 0])]

@@ -80,7 +80,6 @@ def _collect(args: argparse.Namespace) -> int:
 
 
 def _split(acts: Path, split: str, site: str) -> tuple[Any, Any]:
-    from ._errors import TPCHooksError
     from .store import ActivationStore
 
     if not (acts / split / "labels.json").is_file():
@@ -127,7 +126,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     for split in args.splits:
         X, y = _split(acts, split, mon.site)
         with torch.no_grad():
-            per_order = [classification_metrics(y, mon.head(torch.as_tensor(X), order=n)) for n in range(1, mon.head.degree + 1)]
+            per_order = [classification_metrics(y, s) for s in mon.head.truncations(torch.as_tensor(X)).unbind(-1)]
         results[split] = {"per_order": per_order, "cascade": mon.cascade.sweep(X, y) if mon.cascade else []}
         print(f"\n{split}: metrics by order")
         print(_table(["order", "F1", "precision", "recall", "FRR", "AUROC", "ECE"],
@@ -174,15 +173,15 @@ def _attribute(args: argparse.Namespace) -> int:
     z = collect(model, args.prompt, mon.site, mon.pooling, chat_template=mon.chat_template, prepend_bos=mon.prepend_bos,
                 max_tokens=mon.max_tokens, progress=False)[mon.site]
     attr = attribute(mon, z)
-    for b, prompt in enumerate(args.prompt):
-        d = attr.to_dict(b, k=args.k)
+    dicts = [attr.to_dict(b, k=args.k) for b in range(len(args.prompt))]
+    for b, (prompt, d) in enumerate(zip(args.prompt, dicts)):
         print(f"\nprompt {b}: {prompt!r}\n  logit {d['logit']:.3f} (p = {1 / (1 + math.exp(-d['logit'])):.3f}); "
               f"by order: " + ", ".join(f"{o + 1}: {v:+.3f}" for o, v in enumerate(d["by_order"])))
         print("  top neurons: " + ", ".join(f"{i} ({v:+.3f})" for i, v in d["top_neurons"]))
         for order, pairs in d["top_pairs"].items():
             print(f"  top pairs, degree {order}: " + ", ".join(f"{i}x{j} ({v:+.3f})" for i, j, v in pairs))
     if args.json:
-        Path(args.json).write_text(json.dumps([attr.to_dict(b, k=args.k) for b in range(len(args.prompt))], indent=1))
+        Path(args.json).write_text(json.dumps(dicts, indent=1))
     return 0
 
 

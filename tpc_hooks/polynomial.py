@@ -319,6 +319,19 @@ class TPC(nn.Module):
         z2, batch = self._prepare(z)
         return self._logits_std(self.scaler(z2), n).reshape(batch)
 
+    def truncations(self, z: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch degree"]:
+        """Logits of every truncation in one pass: ``truncations(z)[..., n - 1] == head(z, order=n)`` exactly.
+
+        Example:
+            >>> import torch, tpc_hooks as tpc
+            >>> head = tpc.TPC(d_model=8, degree=3, rank=2)
+            >>> z = torch.randn(4, 8)
+            >>> torch.equal(head.truncations(z)[:, 1], head(z, order=2))
+            True
+        """
+        z2, batch = self._prepare(z)
+        return torch.stack(self._truncations_std(self.scaler(z2), self.degree), -1).reshape(*batch, self.degree)
+
     def terms(self, z: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch degree"]:
         """Per-order contributions: column 0 is ``w0 + linear``, column ``k-1`` the degree-k term.
 
