@@ -1,7 +1,5 @@
 """The out-of-distribution mechanisms: trust region (clipping), gate, per-order shrinkage, the paper recipe."""
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -267,7 +265,6 @@ def test_planted_shift_breaks_the_paper_recipe_but_not_the_default():
     assert min(f1["paper"]["shift"][1:]) < lin - 0.05  # the paper recipe's higher orders collapse
     assert min(f1["default"]["shift"][1:]) >= lin - 0.01  # the default's do not
     assert f1["default"]["test"][4] > f1["default"]["test"][0] + 0.01  # and it keeps the in-distribution gain
-    assert not math.isnan(sum(f1["default"]["test"]))
 
 
 def test_escalate_only_never_clears_what_the_linear_probe_flags():

@@ -233,8 +233,12 @@ class Monitor:
                                      max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
         x, mask = pad([ids], pad_id(adapter.tokenizer), "right")
         acts = self._features(adapter.forward_sites(x, mask, [site])[site.name][0].float())  # [T, D]
-        n = torch.arange(1, acts.shape[0] + 1, device=acts.device, dtype=acts.dtype)[:, None]
-        prefixes = {"mean": acts.cumsum(0) / n, "max": acts.cummax(0).values, "last": acts}[self.pooling]
+        if self.pooling == "mean":  # the monitor's pooling of every prefix, only the one it uses
+            prefixes = acts.cumsum(0) / torch.arange(1, acts.shape[0] + 1, device=acts.device, dtype=acts.dtype)[:, None]
+        elif self.pooling == "max":
+            prefixes = acts.cummax(0).values
+        else:
+            prefixes = acts
         tokens = [adapter.tokenizer.decode([t]) for t in ids]
         return tokens, self.policy(order, cascade)(prefixes)
 
@@ -311,11 +315,11 @@ class Monitor:
             live.logical_and_(~done)
             if t == max_new_tokens or not live.any():
                 return None
-            logits = last_logits.float().cpu()
-            if do_sample:
+            if do_sample:  # the seeded generator lives on the CPU
+                logits = last_logits.float().cpu()
                 nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen).flatten()
-            else:
-                nxt = logits.argmax(-1)
+            else:  # greedy needs B indices, not the [B, vocab] logits, on the host
+                nxt = last_logits.argmax(-1).cpu()
             nxt = torch.where(live, nxt, torch.full_like(nxt, pad_id(tok)))
             for b in live.nonzero().flatten().tolist():
                 seqs[b].append(int(nxt[b]))
@@ -361,9 +365,10 @@ class Monitor:
             log.fresh.append(fresh)
             log.new_tokens.append(int(acts.shape[1]))
             if on_flag is not None:
-                for b in (res.probs >= self.threshold).nonzero().flatten().tolist():
-                    on_flag(MonitorEvent(row=b, step=len(log) - 1, score=float(res.probs[b]),
-                                         exit_order=int(res.exit_order[b]), tokens=[]))
+                # one host copy per step, not one per flagged row
+                flagged, probs, exits = (res.probs >= self.threshold).tolist(), res.probs.tolist(), res.exit_order.tolist()
+                for b in (b for b, f in enumerate(flagged) if f):
+                    on_flag(MonitorEvent(row=b, step=len(log) - 1, score=probs[b], exit_order=exits[b], tokens=[]))
 
         with adapter.observe(site, on_acts):
             yield log
