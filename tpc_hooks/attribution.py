@@ -377,20 +377,20 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         zs = (X - mean) / scale
         w1 = head.linear.detach().to(dtype)
         bias = head.bias.detach().to(dtype).expand(zs.shape[0]).clone()
-        per_order = [zs * w1]
+        # q_k = (dT_k/dz_std) / k per order (order 1: w1), so each order's part of the logit is <z_std, q_k>
+        qs = [w1.expand_as(zs)]
         scales = head._lambda_scales(zs)  # clipping, gate and escalate_only as a rescaled lambda
         for k in head.degrees:
             U = head.factors[str(k)].detach().to(dtype)
             lam = head.lambdas[str(k)].detach().to(dtype) * scales[k]
-            p = zs @ U
-            per_order.append(zs * ((p.pow(k - 1) * lam) @ U.T))
-        neuron_by_order = torch.stack(per_order, 1)
+            qs.append(((zs @ U).pow(k - 1) * lam) @ U.T)
+        neuron_by_order = torch.stack([zs * q for q in qs], 1)
         by_order = neuron_by_order.sum(-1)
         by_order[:, 0] += bias
         by_neuron = neuron_by_order.sum(1)
         logit = bias + by_neuron.sum(-1)
     if sae is not None:
-        return _project(head, site, sae, X, zs, bias, by_order, logit, f_mean)
+        return _project(head, site, sae, X, zs, qs, bias, by_order, logit, f_mean)
     extra: dict[str, Any] = {}
     if mon_sae is not None:
         from .sae import decoder
@@ -402,9 +402,10 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
 
 
 @torch.no_grad()
-def _project(head: TPC, site: str | None, sae: Any, X: Tensor, zs: Tensor, bias: Tensor, by_order: Tensor,
-             logit: Tensor, f: Tensor | None) -> Attribution:
-    """Attribution of a residual-space head in an SAE's feature basis (see :func:`attribute`)."""
+def _project(head: TPC, site: str | None, sae: Any, X: Tensor, zs: Tensor, qs: list[Tensor], bias: Tensor,
+             by_order: Tensor, logit: Tensor, f: Tensor | None) -> Attribution:
+    """Attribution of a residual-space head in an SAE's feature basis (see :func:`attribute`);
+    ``qs`` are :func:`attribute`'s per-order gradients ``q_k`` in standardised units."""
     from .sae import check_sae, decoder, encode
 
     check_sae(sae, head.d_model, site)
@@ -417,12 +418,6 @@ def _project(head: TPC, site: str | None, sae: Any, X: Tensor, zs: Tensor, bias:
     mean, scale = head.scaler.mean.to(dtype), head.scaler.scale.to(dtype)
     dec = W_dec / scale  # [d_sae, d_model] in standardised units
     rows = torch.stack([((b_dec - mean) / scale).expand_as(X), err / scale], 1)  # [batch, 2, d_model]
-    qs = [head.linear.detach().to(dtype).expand_as(zs)]
-    scales = head._lambda_scales(zs)
-    for k in head.degrees:
-        U = head.factors[str(k)].detach().to(dtype)
-        lam = head.lambdas[str(k)].detach().to(dtype) * scales[k]
-        qs.append((lam * (zs @ U).pow(k - 1)) @ U.T)  # (dT_k/dz) / k
     unit_by_order = torch.stack([torch.cat([f * (q @ dec.T), torch.einsum("bvd,bd->bv", rows, q)], 1) for q in qs], 1)
     by_unit = unit_by_order.sum(1)
     ids: list[Any] = list(range(dec.shape[0])) + ["b_dec", "error"]
