@@ -30,7 +30,7 @@ import torch
 import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks.adapters import get_adapter
-from tpc_hooks.adapters.base import pad, positions
+from tpc_hooks.adapters import pad, positions
 
 SITE_LAYER = 20
 

@@ -62,6 +62,7 @@ def head_outputs(name: str, head, z) -> None:
         record(f"{name}/saved_weights", (Path(d) / "h" / "model.safetensors").read_bytes().hex())
         cfg = json.loads((Path(d) / "h" / "config.json").read_text())
         cfg.get("history", {}).pop("settings", None)  # settings may gain fields; checked below
+        cfg.get("history", {}).pop("config", None)
         record(f"{name}/saved_config", cfg)
 
 

@@ -263,7 +263,7 @@ def test_watch_scores_the_users_own_generate(case):
             got = torch.cat([log.results[3 * b + t].logits for t in range(3)])
             torch.testing.assert_close(got, mon.score(model, tokens=prefixes).logits, rtol=1e-4, atol=1e-4)
         return
-    from tpc_hooks.adapters.base import pad
+    from tpc_hooks.adapters import pad
 
     x, mask = pad(ids, 0, "left")
     hf = model._module if name.startswith("nnsight") else model.original_model

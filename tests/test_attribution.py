@@ -194,7 +194,7 @@ def test_unit_directions_and_circuitsvis_hand_off():
     assert torch.equal(a.direction(4), torch.eye(6)[4])
     with pytest.raises(tpc.TPCHooksError, match=r"neuron index in 0\.\.5"):
         a.direction(6)
-    from tpc_hooks.attribution import colored_tokens
+    from tpc_hooks.views import colored_tokens
 
     try:
         import circuitsvis  # noqa: F401

@@ -9,6 +9,7 @@ from sklearn.metrics import roc_auc_score
 
 import tpc_hooks as tpc
 from tpc_hooks import baselines as B
+from tpc_hooks._loop import f1_at_zero
 from tpc_hooks.synthetic import make_problem
 
 D = 8
@@ -250,7 +251,7 @@ def test_sweep_keeps_the_trial_with_best_val_f1(splits):
     # the returned weights are that trial's best epoch: its validation metrics reproduce
     with torch.no_grad():
         s = ee.exits(torch.as_tensor(Xv))
-    f1s = [tpc.training.f1_at_zero(s[:, j], torch.as_tensor(yv, dtype=torch.float32)) for j in range(2)]
+    f1s = [f1_at_zero(s[:, j], torch.as_tensor(yv, dtype=torch.float32)) for j in range(2)]
     assert np.mean(f1s) == pytest.approx(best_epoch[expected]["val_f1"], abs=1e-6)
 
 

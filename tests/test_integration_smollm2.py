@@ -55,7 +55,7 @@ def test_generation_scores_equal_offline_scores(models, monitor, toolkit):
 def test_watch_follows_hugging_face_generate(models, monitor):
     lm = models["nnsight"]
     from tpc_hooks.adapters import get_adapter
-    from tpc_hooks.adapters.base import pad
+    from tpc_hooks.adapters import pad
 
     ids, _ = get_adapter(lm).tokenize(PROMPTS, chat_template=True, max_tokens=None)
     x, mask = pad(ids, lm.tokenizer.pad_token_id, "left")

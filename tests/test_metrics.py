@@ -3,7 +3,7 @@ import pytest
 from sklearn.metrics import f1_score, precision_score, recall_score, roc_auc_score
 
 from tpc_hooks.metrics import classification_metrics, expected_calibration_error, false_rejection_rate
-from tpc_hooks.training import f1_at_zero
+from tpc_hooks._loop import f1_at_zero
 
 
 def test_metrics_agree_with_sklearn_and_hand_counts():

@@ -100,7 +100,7 @@ def test_bad_inputs_at_scoring():
 
 def test_import_pulls_in_no_toolkit():
     code = (
-        "import sys, tpc_hooks, tpc_hooks.training, tpc_hooks.cascade, tpc_hooks.metrics;"
+        "import sys, tpc_hooks, tpc_hooks.baselines, tpc_hooks.metrics, tpc_hooks.data, tpc_hooks.views, tpc_hooks.pooling;"
         "bad=[m for m in sys.modules if m.split('.')[0] in ('transformer_lens','nnsight','sae_lens','transformers')];"
         "assert not bad, bad"
     )

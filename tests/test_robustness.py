@@ -7,7 +7,7 @@ import torch
 import tpc_hooks as tpc
 from tpc_hooks.metrics import classification_metrics
 from tpc_hooks.synthetic import make_problem
-from tpc_hooks.training import SHRINK_GRID, _fit_order_scale
+from tpc_hooks._fit import SHRINK_GRID, _fit_order_scale
 
 from conftest import random_head
 
@@ -108,7 +108,7 @@ def test_gate_falls_back_to_order_one_exactly_from_the_degree_an_input_leaves():
 def test_cascade_gate_logs_and_scores_gated_rows_with_the_linear_probe(caplog):
     head, _ = _bounded_head(gate=True)
     z = torch.cat([torch.randn(100, head.d_model, dtype=torch.float64), 4 * torch.randn(100, head.d_model, dtype=torch.float64)])
-    with caplog.at_level("INFO", logger="tpc_hooks.cascade"):
+    with caplog.at_level("INFO", logger="tpc_hooks._cascade"):
         out = tpc.Cascade(head, tau=0.0)(z)  # tau 0: every row goes as deep as it may
     with torch.no_grad():
         lin = head(z, order=1)

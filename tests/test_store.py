@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import tpc_hooks as tpc
-from tpc_hooks.store import ActivationStore
+from tpc_hooks import ActivationStore
 
 
 def test_append_read_and_reopen(tmp_path):

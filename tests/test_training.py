@@ -6,7 +6,7 @@ from sklearn.metrics import f1_score
 from sklearn.preprocessing import StandardScaler
 
 import tpc_hooks as tpc
-from tpc_hooks.store import ActivationStore
+from tpc_hooks import ActivationStore
 
 FAST = dict(rank=4, epochs=8, batch_size=256, verbose=False)
 

@@ -6,21 +6,23 @@ linear probe). Importing this package imports no interpretability toolkit.
 """
 
 from ._errors import TPCHooksError as TPCHooksError
-from .attribution import Attribution as Attribution
-from .attribution import attribute as attribute
-from .cascade import Cascade as Cascade
-from .cascade import CascadeResult as CascadeResult
-from .collect import collect as collect
-from .monitor import GenerationRun as GenerationRun
-from .monitor import Monitor as Monitor
-from .monitor import MonitorEvent as MonitorEvent
-from .monitor import WatchLog as WatchLog
-from .monitor import train_monitor as train_monitor
-from .polynomial import TPC as TPC
-from .polynomial import Cost as Cost
-from .store import ActivationStore as ActivationStore
-from .training import History as History
-from .training import fit as fit
+from ._attribution import Attribution as Attribution
+from ._attribution import attribute as attribute
+from ._cascade import Cascade as Cascade
+from ._cascade import CascadeResult as CascadeResult
+from ._collect import collect as collect
+from ._monitor import GenerationRun as GenerationRun
+from ._monitor import Monitor as Monitor
+from ._monitor import MonitorEvent as MonitorEvent
+from ._monitor import WatchLog as WatchLog
+from ._monitor import train_monitor as train_monitor
+from ._polynomial import TPC as TPC
+from ._polynomial import Cost as Cost
+from ._store import ActivationStore as ActivationStore
+from ._fit import fit as fit
+from ._history import FitConfig as FitConfig
+from ._history import History as History
+from ._history import TrainConfig as TrainConfig
 from . import baselines as baselines  # a module: tpc.baselines.compare(...)
 
 __version__ = "0.1.0"
@@ -29,6 +31,8 @@ __all__ = [
     "TPC",
     "Cost",
     "fit",
+    "FitConfig",
+    "TrainConfig",
     "History",
     "Cascade",
     "CascadeResult",

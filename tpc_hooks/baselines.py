@@ -22,23 +22,16 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from . import _kernel
 from ._checks import check_labels, prepare_activations
 from ._errors import TPCHooksError
-from .cascade import CascadeResult, _logit, thresholds
+from ._cascade import CascadeResult, _logit, thresholds
 from .metrics import classification_metrics
-from .polynomial import TPC, Cost, _check_int, _Scaler
-from .training import (
-    History,
-    TrainConfig,
-    _as_data,
-    _Data,
-    _default_device,
-    _grid,
-    f1_at_zero,
-    fit,
-    split_data,
-    train_loop,
-)
+from ._polynomial import TPC, Cost, _check_int, _Scaler
+from ._fit import fit
+from ._history import History, TrainConfig
+from ._loop import default_device, f1_at_zero, train_loop
+from ._rows import Rows, as_rows, split_data
 
 log = logging.getLogger(__name__)
 
@@ -359,21 +352,15 @@ def early_exit_cascade(model: EarlyExitMLP, z: Float[Tensor, "*batch d_model"], 
         raise TPCHooksError(f"early_exit_cascade needs an EarlyExitMLP; got {type(model).__name__}")
     lo, hi = (_logit(t) for t in thresholds(tau, lower, upper))
     z2, _ = model._prepare(z)
-    zs = model.scaler(z2)
-    cum = model.cascade_flops()
-    s = model.heads[0](zs).squeeze(-1)
-    exit_order = torch.ones(zs.shape[0], dtype=torch.int64, device=zs.device)
-    flops = torch.full_like(exit_order, cum[0])
-    active = torch.nonzero((s > lo) & (s < hi)).flatten()
-    h = zs[active]
-    for n in range(2, model.n_exits + 1):
-        if active.numel() == 0:
-            break
-        h = torch.relu(model.layers[n - 2](h))
-        s_n = model.heads[n - 1](h).squeeze(-1)
-        s[active], exit_order[active], flops[active] = s_n, n, cum[n - 1]
-        undecided = (s_n > lo) & (s_n < hi)
-        active, h = active[undecided], h[undecided]
+    state = {"h": model.scaler(z2)}
+
+    def advance(n: int, keep: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        state["h"] = torch.relu(model.layers[n - 2](state["h"][keep]))
+        s_n = model.heads[n - 1](state["h"]).squeeze(-1)
+        return s_n, s_n, s_n, None  # probabilities: sigmoid of the final logits, below
+
+    first = model.heads[0](state["h"]).squeeze(-1)
+    s, _, exit_order, flops, _ = _kernel.exit_loop(first, first, advance, model.n_exits, model.cascade_flops(), lo, hi)
     return CascadeResult(logits=s, probs=torch.sigmoid(s), exit_order=exit_order, flops=flops, degree=model.n_exits)
 
 
@@ -385,9 +372,9 @@ def _fit_baseline(make: Callable[[int], _Baseline], kind: str, X_train: Any, y_t
     """Trains ``make(d_model)`` on the BCE summed over its outputs; each grid point starts from
     the same seeded initialisation, and the one with the best validation F1 (mean over
     outputs; ties by validation loss) is returned in eval mode with ``.history``."""
-    configs = _grid(sweep, TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr,
-                                       weight_decay=weight_decay, dropout=dropout, patience=patience))
-    dev = _default_device(device)
+    configs = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay, dropout=dropout,
+                          patience=patience).grid(sweep)
+    dev = default_device(device)
     tr, y_tr, va, y_va = split_data(X_train, y_train, X_val, y_val, val_fraction, seed)
     mean, scale = tr.fit_scaler()
     y_tr_d, y_va_d = y_tr.to(dev), y_va.to(dev)
@@ -579,9 +566,9 @@ class Comparison:
         """Rows like :attr:`rows` for the trained models on other data (e.g. a held-out source)."""
         first = next(iter(self.models.values()))
         d_model = (first[0] if isinstance(first, list) else first).d_model
-        data = _as_data(X, "X", d_model)
+        data = as_rows(X, "X", d_model)
         y_t = check_labels(y, data.n, "y", need_both=False)
-        dev = _default_device(device)
+        dev = default_device(device)
         rows = []
         for method, model in self.models.items():
             for order, cost, logits in _scored(method, model, data, dev):
@@ -612,15 +599,15 @@ _TPC_KW = _BASELINE_KW + ("Cs", "max_iter", "linear_solver") + _ROBUST_KW
 
 
 @torch.no_grad()
-def _test_logits(model: nn.Module, test: _Data, dev: torch.device, fn: Callable[[Tensor], Tensor]) -> Tensor:
+def _test_logits(model: nn.Module, test: Rows, dev: torch.device, fn: Callable[[Tensor], Tensor]) -> Tensor:
     return test.map(model.scaler, dev, lambda zs: fn(zs).reshape(zs.shape[0], -1)).cpu()
 
 
-def _scored(method: str, model: Any, data: _Data, dev: torch.device) -> list[tuple[int, Cost, Tensor]]:
+def _scored(method: str, model: Any, data: Rows, dev: torch.device) -> list[tuple[int, Cost, Tensor]]:
     """``(order, cost, logits)`` per order of one trained method (an MLP list: one per order)."""
     if method in ("tpc", "tpc_paper", "tpc_joint", "linear"):
         orders = range(1, model.degree + 1)
-        s = _test_logits(model, data, dev, lambda zs: torch.stack(model._truncations_std(zs, model.degree), -1))
+        s = _test_logits(model, data, dev, lambda zs: torch.stack(_kernel.truncations(model, zs, model.degree), -1))
         return [(n, model.cost(n), s[:, n - 1]) for n in orders]
     if method == "bilinear":
         return [(2, model.cost(), _test_logits(model, data, dev, model._outputs_std)[:, 0])]
@@ -675,12 +662,12 @@ def compare(X_train: Any, y_train: Any, X_val: Any, y_val: Any, X_test: Any, y_t
     bad = sorted(set(train_kw) - set(_TPC_KW))
     if bad:
         raise TPCHooksError(f"compare() got unknown keyword(s) {bad}; training keywords are {list(_TPC_KW)}")
-    train = _as_data(X_train, "X_train")
+    train = as_rows(X_train, "X_train")
     with torch.random.fork_rng(devices=[]):  # the untrained shell only supplies each order's cost
         shell = TPC(train.d, degree, rank)
-    test = _as_data(X_test, "X_test", train.d)
+    test = as_rows(X_test, "X_test", train.d)
     y_te = check_labels(y_test, test.n, "y_test", need_both=False)
-    dev = _default_device(device)
+    dev = default_device(device)
     common = {"seed": seed, "device": dev, "verbose": verbose}
     base_kw = {k: v for k, v in train_kw.items() if k in _BASELINE_KW} | common
     tpc_kw = dict(train_kw) | common

@@ -28,7 +28,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ._demo import run_demo
 
     out = Path(args.out or Path("runs") / _dt.datetime.now().strftime("demo-%Y%m%d-%H%M%S"))
     t0 = time.perf_counter()
@@ -60,7 +60,7 @@ def _datasets(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _collect(args: argparse.Namespace) -> int:
-    from .collect import collect
+    from ._collect import collect
     from .offline import load_model
 
     out = Path(args.out)
@@ -80,7 +80,7 @@ def _collect(args: argparse.Namespace) -> int:
 
 
 def _split(acts: Path, split: str, site: str) -> tuple[Any, Any]:
-    from .store import ActivationStore
+    from ._store import ActivationStore
 
     if not (acts / split / "labels.json").is_file():
         raise TPCHooksError(f"{acts / split} has no collected split {split!r}; run tpc-hooks collect first")
@@ -88,9 +88,9 @@ def _split(acts: Path, split: str, site: str) -> tuple[Any, Any]:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from .cascade import Cascade
-    from .monitor import Monitor
-    from .training import fit
+    from ._cascade import Cascade
+    from ._monitor import Monitor
+    from ._fit import fit
 
     acts = Path(args.acts)
     cfg = json.loads((acts / "collect.json").read_text())
@@ -118,7 +118,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     import torch
 
     from .metrics import classification_metrics
-    from .monitor import Monitor
+    from ._monitor import Monitor
 
     mon = Monitor.load(args.monitor)
     acts = Path(args.acts)
@@ -142,7 +142,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _monitor(args: argparse.Namespace) -> int:
-    from .monitor import Monitor
+    from ._monitor import Monitor
     from .offline import load_model
 
     mon = Monitor.load(args.monitor)
@@ -163,9 +163,9 @@ def _monitor(args: argparse.Namespace) -> int:
 
 
 def _attribute(args: argparse.Namespace) -> int:
-    from .attribution import attribute
-    from .collect import collect
-    from .monitor import Monitor
+    from ._attribution import attribute
+    from ._collect import collect
+    from ._monitor import Monitor
     from .offline import load_model
 
     mon = Monitor.load(args.monitor)

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 
 import tpc_hooks as tpc
 from _common import prompt_sets
-from tpc_hooks.cascade import plot_sweep
+from tpc_hooks.views import plot_sweep
 from tpc_hooks.metrics import classification_metrics
 from tpc_hooks.offline import load_model
 

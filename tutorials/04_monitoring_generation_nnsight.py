@@ -43,7 +43,7 @@ print(monitor.score(lm, tokens=prefixes).probs)
 
 # %%
 from tpc_hooks.adapters import get_adapter
-from tpc_hooks.adapters.base import pad
+from tpc_hooks.adapters import pad
 
 ids, _ = get_adapter(lm).tokenize(prompts, chat_template=True, max_tokens=None)
 x, mask = pad(ids, lm.tokenizer.pad_token_id, "left")

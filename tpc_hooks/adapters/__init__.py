@@ -2,8 +2,29 @@
 
 The adapter is chosen from the model's type; a toolkit module is imported only when a
 model of that toolkit is passed in (so ``import tpc_hooks`` imports no toolkit).
+
+Public here: :func:`get_adapter` (the adapter for a model), :class:`Adapter` (its interface:
+``tokenize``, ``forward_sites``, ``decode``, ``observe``), :func:`parse_site` / :class:`Site`
+(TransformerLens hook names), and the batching helpers :func:`pad` (left or right padding
+with an attention mask), :func:`pad_id`, :func:`positions` (position ids from a mask) and
+:func:`resolve_bos`.
+
+Example:
+    >>> from tpc_hooks.adapters import pad, parse_site
+    >>> ids, mask = pad([[5, 6, 7], [8]], pad_token=0, side="left")
+    >>> ids.tolist(), mask.tolist()
+    ([[5, 6, 7], [0, 0, 8]], [[1, 1, 1], [0, 0, 1]])
+    >>> parse_site("blocks.6.hook_resid_post").layer
+    6
 """
 
-from .base import Adapter as Adapter
-from .base import get_adapter as get_adapter
-from .base import parse_site as parse_site
+from ._base import Adapter as Adapter
+from ._base import Site as Site
+from ._base import get_adapter as get_adapter
+from ._base import pad as pad
+from ._base import pad_id as pad_id
+from ._base import parse_site as parse_site
+from ._base import positions as positions
+from ._base import resolve_bos as resolve_bos
+
+__all__ = ["Adapter", "Site", "get_adapter", "pad", "pad_id", "parse_site", "positions", "resolve_bos"]

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from .base import Adapter, InputSpy, Site, positions
+from ._base import Adapter, InputSpy, Site, positions
 
 # Hugging Face ``config.model_type`` -> attribute path of the decoder-layer list.
 LAYERS: dict[str, str] = {

@@ -8,7 +8,7 @@ Generation: ``HookedTransformer`` runs a manual loop over its own forward with
 ``TransformerLensKeyValueCache`` and an explicit attention mask (its ``generate`` computes wrong
 positions for models with learned absolute position embeddings under the KV cache). The
 bridge's hook points live inside the rewired Hugging Face layers, so it uses the shared
-Hugging Face decode loop of :class:`~tpc_hooks.adapters.base.Adapter`.
+Hugging Face decode loop of :class:`~tpc_hooks.adapters.Adapter`.
 """
 
 from collections.abc import Callable, Iterator
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from .base import Adapter, InputSpy, Site, positions
+from ._base import Adapter, InputSpy, Site, positions
 
 
 class _Capture:

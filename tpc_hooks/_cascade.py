@@ -6,6 +6,7 @@ per-order calibration (temperature and bias, fitted by NLL on validation data) m
 threshold mean the same confidence at every order.
 """
 
+import itertools
 import logging
 import math
 from collections.abc import Sequence
@@ -17,10 +18,11 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from . import _kernel
 from ._checks import check_features, check_labels
 from ._errors import TPCHooksError
 from .metrics import classification_metrics, expected_calibration_error
-from .polynomial import TPC
+from ._polynomial import TPC
 
 log = logging.getLogger(__name__)
 
@@ -137,45 +139,27 @@ class Cascade:
     def __call__(self, z: Float[Tensor, "*batch d_model"]) -> CascadeResult:
         """Runs the cascade on activations ``[..., d_model]`` (results are flattened to ``[batch]``)."""
         head = self.head
-        z2, _ = head._prepare(z)
-        zs = head.scaler(z2)
-        n = zs.shape[0]
-        lo, hi = _logit(self.lower), _logit(self.upper)
-        s = head._linear_std(zs)
-        flops_per_order = head.term_flops()
-        flops = torch.full((n,), flops_per_order[0], dtype=torch.int64, device=zs.device)
-        exit_order = torch.ones(n, dtype=torch.int64, device=zs.device)
-        c = self._calibrate(s, 1)
-        probs = torch.sigmoid(c)
-        gate = head.gate and head.has_bounds
-        linear = s.clone()
-        raw = s.clone()  # running sum of the terms; s holds the logit the head reports (gate, escalate_only)
-        gated = torch.zeros(n, dtype=torch.bool, device=zs.device)
-        active = torch.nonzero((c > lo) & (c < hi)).flatten()
-        for k in head.degrees:
-            if active.numel() == 0:
-                break
-            term, out = head._step_std(zs[active], k)
-            raw_k = raw[active] + term
-            raw[active] = raw_k
-            lin_k = linear[active]
-            s_k = torch.where(out, lin_k, raw_k) if gate else raw_k
-            if head.escalate_only:
-                s_k = torch.where(lin_k > 0, torch.maximum(s_k, lin_k), s_k)
-            flops[active] += flops_per_order[k - 1]
-            exit_order[active] = k
+        zs, _ = _kernel.standardize(head, z)
+        walk = _kernel.Walk(head, zs)
+        gate = _kernel.gating(head)
+
+        def advance(k: int, keep: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+            walk.keep(keep)
+            s_k, left = walk.step(k)
             c_k = self._calibrate(s_k, k)
             p_k = torch.sigmoid(c_k)
-            undecided = (c_k > lo) & (c_k < hi)
-            if gate and bool(out.any()):  # left the trust region: the linear probe decides, here and for good
-                p_k[out] = torch.sigmoid(self._calibrate(lin_k[out], 1))
-                gated[active[out]] = True
-                undecided &= ~out
-            s[active] = s_k
-            probs[active] = p_k
-            active = active[undecided]
+            if not gate:
+                return s_k, c_k, p_k, None
+            if bool(left.any()):  # left the trust region: the linear probe decides, here and for good
+                p_k[left] = torch.sigmoid(self._calibrate(walk.lin[left], 1))
+            return s_k, c_k, p_k, left
+
+        first = walk.logit.clone()
+        s, probs, exit_order, flops, gated = _kernel.exit_loop(
+            first, self._calibrate(first, 1), advance, head.degree, list(itertools.accumulate(head.term_flops())),
+            _logit(self.lower), _logit(self.upper))
         if bool(gated.any()):
-            log.info("cascade: %d of %d rows left the trust region; scored by the linear probe", int(gated.sum()), n)
+            log.info("cascade: %d of %d rows left the trust region; scored by the linear probe", int(gated.sum()), zs.shape[0])
         return CascadeResult(logits=s, probs=probs, exit_order=exit_order, flops=flops, degree=head.degree, gated=gated)
 
     # ------------------------------------------------------------------ calibration
@@ -240,20 +224,3 @@ class Cascade:
 
 def _nll(y: np.ndarray, s: np.ndarray) -> float:
     return float(np.mean(np.logaddexp(0, s) - y * s))
-
-
-def plot_sweep(rows: Sequence[dict[str, Any]], ax: Any = None, label: str = "TPC cascade"):
-    """F1 against relative FLOPs for the rows of :meth:`Cascade.sweep` (needs matplotlib)."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3.5))
-    xs = [r["relative_flops"] for r in rows]
-    ax.plot(xs, [r["f1"] for r in rows], marker="o", label=label)
-    for r in rows:
-        ax.annotate(f"τ={r['tau']:g}", (r["relative_flops"], r["f1"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel("mean FLOPs / linear probe FLOPs")
-    ax.set_ylabel("F1")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return ax

@@ -14,10 +14,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ._errors import TPCHooksError
-from .adapters.base import Adapter, Site, get_adapter, pad, pad_id, resolve_bos
+from .adapters._base import Adapter, Site, get_adapter, pad, pad_id, resolve_bos
 from .pooling import check_pooling, pool
-from .sae import check_sae, encode as sae_encode, dims as sae_dims, identity as sae_identity
-from .store import ActivationStore
+from ._sae import check_sae, encode as sae_encode, dims as sae_dims, identity as sae_identity
+from ._store import ActivationStore
 
 log = logging.getLogger(__name__)
 

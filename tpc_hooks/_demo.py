@@ -15,13 +15,13 @@ import numpy as np
 import torch
 
 from . import baselines
-from .attribution import attribute
+from ._attribution import attribute
 from .baselines import early_exit_cascade
-from .cascade import Cascade
-from .collect import collect
+from ._cascade import Cascade
+from ._collect import collect
 from .data import PromptSet, default_prompt_set
 from .metrics import classification_metrics
-from .monitor import Monitor
+from ._monitor import Monitor
 from .offline import DEFAULT_MODEL, load_model
 
 log = logging.getLogger(__name__)

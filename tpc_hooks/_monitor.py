@@ -18,12 +18,12 @@ from torch import Tensor
 from . import _format
 from ._checks import check_labels
 from ._errors import TPCHooksError
-from .adapters.base import Adapter, get_adapter, pad, pad_id, parse_site, resolve_bos
-from .cascade import Cascade, CascadeResult
-from .collect import check_prompts, collect, pooled_batches
+from .adapters._base import Adapter, get_adapter, pad, pad_id, parse_site, resolve_bos
+from ._cascade import Cascade, CascadeResult
+from ._collect import check_prompts, collect, pooled_batches
 from .pooling import RunningPool, check_pooling
-from .polynomial import TPC
-from .sae import check_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity
+from ._polynomial import TPC, from_saved, to_saved
+from ._sae import check_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ class Monitor:
             return base.with_thresholds(float(cascade))
         if order is None and self.cascade is not None:
             return self.cascade
-        n = self.head._check_order(order)
+        n = self.head.check_order(order)
         cost = self.head.cost(n).flops
 
         @torch.no_grad()
@@ -225,7 +225,7 @@ class Monitor:
         """The monitor's score of every prefix of one prompt, from a single forward pass.
 
         Returns ``(token strings, result)``; ``result.probs[t]`` scores the first ``t + 1``
-        tokens. Hand it to :func:`tpc_hooks.attribution.colored_tokens` for circuitsvis.
+        tokens. Hand it to :func:`tpc_hooks.views.colored_tokens` for circuitsvis.
         """
         adapter = self._adapter(model)
         site = adapter.site(self.site)
@@ -375,7 +375,7 @@ class Monitor:
 
     # ------------------------------------------------------------------ saving
     def _config(self) -> dict[str, Any]:
-        cfg = self.head._config()
+        cfg, _ = to_saved(self.head)
         cfg["monitor"] = {
             "site": self.site, "pooling": self.pooling, "chat_template": self.chat_template,
             "prepend_bos": self.prepend_bos,
@@ -389,7 +389,35 @@ class Monitor:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Saves head and policy to a directory (``config.json`` + ``model.safetensors``)."""
-        return _format.write_dir(path, self._config(), self.head._tensors())
+        return _format.write_dir(path, self._config(), to_saved(self.head)[1])
+
+    def save_pretrained(self, directory: str | os.PathLike, *, card: bool = True) -> Path:
+        """:meth:`save` plus a generated model card (``README.md``: model, site, pooling, data,
+        F1/recall per order, threshold, how to load). Returns the directory."""
+        from ._hub import save_pretrained
+
+        return save_pretrained(self, directory, card=card)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, *, sae: Any = None, revision: str | None = None,
+                        token: str | bool | None = None, cache_dir: str | os.PathLike | None = None) -> "Monitor":
+        """Loads a monitor from a local directory or a Hugging Face hub repository id
+        (``"user/repo"``, downloaded with ``huggingface_hub``; needs the network). Never unpickles.
+
+        Example:
+            >>> monitor = tpc.Monitor.from_pretrained("user/smollm2-harm-monitor")  # doctest: +SKIP
+        """
+        from ._hub import from_pretrained
+
+        return from_pretrained(cls, name_or_path, revision=revision, token=token, cache_dir=cache_dir, sae=sae)
+
+    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | bool | None = None,
+                    commit_message: str = "Upload tpc-hooks monitor", revision: str | None = None) -> Any:
+        """Uploads :meth:`save_pretrained`'s directory to a hub model repository (created if
+        missing) with ``huggingface_hub``; returns its commit info."""
+        from ._hub import push_to_hub
+
+        return push_to_hub(self, repo_id, private=private, token=token, commit_message=commit_message, revision=revision)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, sae: Any = None) -> "Monitor":
@@ -399,7 +427,7 @@ class Monitor:
         """
         cfg, tensors = _format.read_dir(path)
         where = Path(path) / _format.CONFIG_FILE
-        head = TPC._from_saved(cfg, tensors, where)
+        head = from_saved(cfg, tensors, where)
         mon = cfg.get("monitor")
         if not isinstance(mon, dict):
             raise TPCHooksError(f"{where} describes a bare head, not a monitor; load it with TPC.load and wrap it: "
@@ -473,7 +501,7 @@ def train_monitor(
     from sklearn.model_selection import train_test_split
 
     from .metrics import classification_metrics
-    from .training import fit
+    from ._fit import fit
 
     items = check_prompts(prompts)
     y = check_labels(labels, len(items), "labels").numpy().astype(int)

@@ -17,7 +17,6 @@ Out-of-distribution guards (see docs/robustness in the README):
   clear a row the linear probe flags, so every order's recall is at least the linear probe's.
 """
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,12 +27,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from . import _format
-from ._checks import prepare_activations
+from . import _format, _kernel
+from ._history import History
 from ._errors import TPCHooksError
 
 
-BOUNDS_SLACK = 1e-6  # relative widening of the trust region against rounding (see TPC.set_bounds)
 
 
 @dataclass(frozen=True)
@@ -151,7 +149,7 @@ class TPC(nn.Module):
         """Sets the trust region from activations ``z`` (raw, in model units; normally the training rows).
 
         Each projection ``<U_k[:, r], z_std>`` is clipped to its range on ``z``, widened by
-        ``margin`` times the range on each side (plus ``BOUNDS_SLACK`` = 1e-6 of it, against
+        ``margin`` times the range on each side (plus 1e-6 of it, against
         rounding). Rows of ``z`` are therefore scored exactly as without clipping, while a degree-k term can never exceed the largest value it reached on
         them. ``gate=True`` also scores rows that leave the region with the linear probe (every
         order from the first degree they leave it at equals order 1). ``degrees`` limits which
@@ -168,26 +166,22 @@ class TPC(nn.Module):
         """
         if not 0 <= margin < float("inf"):
             raise TPCHooksError(f"margin must be a finite number >= 0; got {margin!r}")
-        z2, _ = self._prepare(z)
-        if z2.shape[0] == 0:
+        zs, _ = _kernel.standardize(self, z)
+        if zs.shape[0] == 0:
             raise TPCHooksError("set_bounds needs at least one row")
-        zs = self.scaler(z2)
         for k in self.degrees if degrees is None else degrees:
-            p = zs @ self._param(self.factors[str(k)], zs)
-            self._put_bounds(k, p.min(0).values, p.max(0).values, margin)
+            p = zs @ _kernel.param(self.factors[str(k)], zs)
+            self.put_bounds(k, p.min(0).values, p.max(0).values, margin)
         if gate is not None:
             self.gate = bool(gate)
         return self
 
-    def _put_bounds(self, k: int, lo: Tensor, hi: Tensor, margin: float) -> None:
-        # BOUNDS_SLACK of the range (and rounding outward) keeps the rows that set the bounds inside
-        # them whatever the dtype or the matmul's summation order when they are scored again
-        w = (hi - lo) * (margin + BOUNDS_SLACK) + BOUNDS_SLACK * torch.maximum(lo.abs(), hi.abs())
-        dt = self.bias.dtype
-        lo_c, hi_c = (lo - w).to(dt), (hi + w).to(dt)
-        lo_c = torch.where(lo_c > lo - w, torch.nextafter(lo_c, torch.full_like(lo_c, -math.inf)), lo_c)
-        hi_c = torch.where(hi_c < hi + w, torch.nextafter(hi_c, torch.full_like(hi_c, math.inf)), hi_c)
-        setattr(self, f"bounds_{k}", torch.stack([lo_c, hi_c]).to(self.bias.device))
+    def put_bounds(self, k: int, lo: Tensor, hi: Tensor, margin: float = 0.0) -> "TPC":
+        """Sets degree ``k``'s trust region from the range ``[lo, hi]`` (``[R_k]`` each) its
+        projections took, e.g. streamed over a store chunk by chunk (``fit`` does); widened as in
+        :meth:`set_bounds`. Returns ``self``."""
+        setattr(self, f"bounds_{k}", _kernel.widen_bounds(lo, hi, margin, self.bias.dtype).to(self.bias.device))
+        return self
 
     def clear_bounds(self) -> "TPC":
         """Removes the trust region (and the gate): the plain polynomial of the paper. Returns ``self``."""
@@ -196,111 +190,26 @@ class TPC(nn.Module):
         self.gate = False
         return self
 
-    def _project(self, zs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Degree ``k``'s projections ``<U_k, z_std>`` ``[n, R_k]``: raw, clipped to the trust
-        region (the raw ones when none is set), and per row whether any left it."""
-        p = zs @ self._param(self.factors[str(k)], zs)
-        b = self.bounds(k)
-        if b is None:
-            return p, p, torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
-        b = b.to(p.dtype)
-        return p, torch.minimum(torch.maximum(p, b[0]), b[1]), ((p < b[0]) | (p > b[1])).any(1)
-
-    def _step_std(self, zs: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        """The degree-``k`` term (clipped) and, per row, whether a projection left the trust region."""
-        _, pc, out = self._project(zs, k)
-        return pc.pow(k) @ self._param(self.lambdas[str(k)], zs), out
-
-    def _outside_std(self, zs: Tensor, order: int | None = None) -> Tensor:
-        """Bool ``[n]``: some projection of degree 2..order lies outside the trust region."""
-        out = torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
-        for k in range(2, (self.degree if order is None else order) + 1):
-            if self.bounds(k) is not None:
-                out |= self._project(zs, k)[2]
-        return out
-
     def outside(self, z: Float[Tensor, "*batch d_model"], order: int | None = None) -> Tensor:
         """Bool per row: the input leaves the trust region at some degree in ``2..order``
         (all False without bounds). With ``gate`` on, these rows get the linear probe's logit."""
-        n = self._check_order(order)
-        z2, batch = self._prepare(z)
-        return self._outside_std(self.scaler(z2), n).reshape(batch)
-
-    @torch.no_grad()
-    def _lambda_scales(self, zs: Tensor) -> dict[int, Tensor]:
-        """Per degree k, per-row, per-factor multipliers ``m_k`` ``[n, R_k]`` with the full
-        polynomial's degree-k contribution ``== (p^k * m_k) @ lambda_k`` for the raw projections
-        ``p``: clipping written as a rescaled ``lambda`` (``(clip(p)/p)^k``), and 0 on rows where
-        the gate or ``escalate_only`` hands the decision to the linear probe. Attribution uses
-        them to stay exact on such rows."""
-        keep = None
-        if (self.gate and self.has_bounds) or self.escalate_only:
-            overruled = self._logits_std(zs, self.degree) == self._linear_std(zs)
-            if not self.escalate_only:
-                overruled &= self._outside_std(zs)
-            keep = (~overruled).to(zs.dtype)[:, None]
-        scales = {}
-        for k in self.degrees:
-            p, pc, _ = self._project(zs, k)
-            m = torch.where(p == 0, torch.ones_like(p), pc / torch.where(p == 0, torch.ones_like(p), p)).pow(k)
-            scales[k] = m if keep is None else m * keep
-        return scales
+        n = self.check_order(order)
+        zs, batch = _kernel.standardize(self, z)
+        return _kernel.outside(self, zs, n).reshape(batch)
 
     # ------------------------------------------------------------------ scoring
-    def _check_order(self, order: int | None) -> int:
+    def check_order(self, order: int | None) -> int:
+        """``order`` checked against this head (None: the full polynomial, ``degree``)."""
         if order is None:
             return self.degree
         if isinstance(order, bool) or not isinstance(order, int) or not 1 <= order <= self.degree:
             raise TPCHooksError(f"order must be an integer in 1..{self.degree} for this degree-{self.degree} head; got {order!r}")
         return order
 
-    def _prepare(self, z: Tensor) -> tuple[Tensor, torch.Size]:
-        return prepare_activations(z, self.d_model, self.bias, promote=True)
-
     def standardize(self, z: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
         """Returns ``(z - scaler.mean) / scaler.scale`` (the head's own units)."""
-        z2, batch = self._prepare(z)
-        return self.scaler(z2).reshape(*batch, self.d_model)
-
-    def _param(self, p: Tensor, like: Tensor) -> Tensor:
-        return p if p.dtype == like.dtype else p.to(like.dtype)
-
-    def _linear_std(self, zs: Tensor) -> Tensor:
-        """``w0 + <w1, z_std>`` for standardised rows ``[n, d_model]``."""
-        return zs @ self._param(self.linear, zs) + self._param(self.bias, zs)
-
-    def _term_std(self, zs: Tensor, k: int) -> Tensor:
-        """The degree-``k`` term for standardised rows ``[n, d_model]`` (trust region applied, gate not)."""
-        return self._step_std(zs, k)[0]
-
-    def _truncations_std(self, zs: Tensor, order: int) -> list[Tensor]:
-        """Logits of the truncations 1..order for standardised rows.
-
-        The raw truncations are running sums of the terms (clipped to the trust region when one
-        is set). With the gate on, a row that leaves the trust region first at degree j gets the
-        linear probe's logit at every order >= j. With ``escalate_only``, a row the linear probe
-        flags keeps at least the linear probe's logit at every order. Both are exact (``where``),
-        so such rows equal order 1 bit for bit.
-        """
-        lin = self._linear_std(zs)
-        out, raw = [lin], lin
-        gate = self.gate and self.has_bounds
-        gated = torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
-        flagged = lin > 0 if self.escalate_only else None
-        for k in range(2, order + 1):
-            t, leaves = self._step_std(zs, k)
-            raw = raw + t
-            s = raw
-            if gate:
-                gated = gated | leaves
-                s = torch.where(gated, lin, s)
-            if flagged is not None:
-                s = torch.where(flagged, torch.maximum(s, lin), s)
-            out.append(s)
-        return out
-
-    def _logits_std(self, zs: Tensor, order: int) -> Tensor:
-        return self._truncations_std(zs, order)[-1]
+        zs, batch = _kernel.standardize(self, z)
+        return zs.reshape(*batch, self.d_model)
 
     def forward(self, z: Float[Tensor, "*batch d_model"], order: int | None = None) -> Float[Tensor, "*batch"]:
         """Logits of the truncation ``P_{:order}`` (the full polynomial when ``order`` is None).
@@ -315,9 +224,9 @@ class TPC(nn.Module):
         Raises:
             TPCHooksError: wrong ``d_model``, NaN/inf in ``z``, or ``order`` out of range.
         """
-        n = self._check_order(order)
-        z2, batch = self._prepare(z)
-        return self._logits_std(self.scaler(z2), n).reshape(batch)
+        n = self.check_order(order)
+        zs, batch = _kernel.standardize(self, z)
+        return _kernel.logits(self, zs, n).reshape(batch)
 
     def truncations(self, z: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch degree"]:
         """Logits of every truncation in one pass: ``truncations(z)[..., n - 1] == head(z, order=n)`` exactly.
@@ -329,8 +238,8 @@ class TPC(nn.Module):
             >>> torch.equal(head.truncations(z)[:, 1], head(z, order=2))
             True
         """
-        z2, batch = self._prepare(z)
-        return torch.stack(self._truncations_std(self.scaler(z2), self.degree), -1).reshape(*batch, self.degree)
+        zs, batch = _kernel.standardize(self, z)
+        return torch.stack(_kernel.truncations(self, zs, self.degree), -1).reshape(*batch, self.degree)
 
     def terms(self, z: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch degree"]:
         """Per-order contributions: column 0 is ``w0 + linear``, column ``k-1`` the degree-k term.
@@ -339,12 +248,11 @@ class TPC(nn.Module):
         (up to rounding where the gate or ``escalate_only`` overrules the higher orders: there a
         column is the change of the truncation, not the raw term).
         """
-        z2, batch = self._prepare(z)
-        zs = self.scaler(z2)
-        if not (self.escalate_only or (self.gate and self.has_bounds)):
-            cols = [self._linear_std(zs)] + [self._term_std(zs, k) for k in self.degrees]
+        zs, batch = _kernel.standardize(self, z)
+        if not (self.escalate_only or _kernel.gating(self)):
+            cols = [_kernel.linear(self, zs)] + [_kernel.term(self, zs, k)[0] for k in self.degrees]
         else:  # gated / escalated rows: the differences of consecutive truncations
-            tr = self._truncations_std(zs, self.degree)
+            tr = _kernel.truncations(self, zs, self.degree)
             cols = tr[:1] + [b - a for a, b in zip(tr, tr[1:])]
         return torch.stack(cols, dim=-1).reshape(*batch, self.degree)
 
@@ -360,7 +268,7 @@ class TPC(nn.Module):
         direction ``w1 / scale`` ``[d_model]``; a degree k >= 2 gives factor ``r`` of ``U_k``
         ``[d_model]``, or all factors ``[d_model, R_k]`` when ``r`` is None.
         """
-        n = self._check_order(order)
+        n = self.check_order(order)
         scale = self.scaler.scale.detach()
         if n == 1:
             return self.linear.detach() / scale
@@ -374,7 +282,7 @@ class TPC(nn.Module):
     # ------------------------------------------------------------------ cost
     def cost(self, order: int | None = None) -> Cost:
         """Parameter count and FLOPs of the truncation ``P_{:order}`` (paper Table 2, symmetric CP)."""
-        n = self._check_order(order)
+        n = self.check_order(order)
         d = self.d_model
         params, flops = d + 1, d
         for k in range(2, n + 1):
@@ -387,26 +295,7 @@ class TPC(nn.Module):
         """FLOPs added by each order: ``[D, R_2 D + 2 R_2, ..., R_N D + N R_N]``."""
         return [self.d_model] + [self.rank_of(k) * self.d_model + k * self.rank_of(k) for k in self.degrees]
 
-    # ------------------------------------------------------------------ saving
-    def _config(self) -> dict[str, Any]:
-        cfg: dict[str, Any] = {"d_model": self.d_model, "degree": self.degree, "ranks": list(self.ranks)}
-        if self.has_bounds:
-            cfg["trust_region"] = {"gate": self.gate}
-        if self.escalate_only:
-            cfg["escalate_only"] = True
-        if self.history is not None and hasattr(self.history, "to_dict"):
-            cfg["history"] = self.history.to_dict()
-        return cfg
-
-    def _tensors(self) -> dict[str, Tensor]:
-        out = {"bias": self.bias, "linear": self.linear, "scaler.mean": self.scaler.mean, "scaler.scale": self.scaler.scale}
-        for k in self.degrees:
-            out[f"factors.{k}"] = self.factors[str(k)]
-            out[f"lambdas.{k}"] = self.lambdas[str(k)]
-            if self.has_bounds:
-                out[f"bounds.{k}"] = self.bounds(k)
-        return out
-
+    # ------------------------------------------------------------------ saving and sharing
     def save(self, path: str | os.PathLike) -> Path:
         """Saves to a directory: ``config.json`` + ``model.safetensors`` (float32, no pickle).
 
@@ -417,56 +306,7 @@ class TPC(nn.Module):
             >>> tpc.TPC.load(d).ranks
             (2,)
         """
-        return _format.write_dir(path, self._config(), self._tensors())
-
-    @classmethod
-    def _from_saved(cls, cfg: dict[str, Any], tensors: dict[str, Tensor], where: Path | str) -> "TPC":
-        d_model = _format.require(cfg, "d_model", int, where)
-        degree = _format.require(cfg, "degree", int, where)
-        ranks = _format.require(cfg, "ranks", list, where)
-        if len(ranks) != degree - 1 or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
-            raise TPCHooksError(f"{where}: config.json ranks={ranks!r} must list {degree - 1} positive integers (R_2..R_{degree})")
-        if d_model < 1 or degree < 1:
-            raise TPCHooksError(f"{where}: config.json has d_model={d_model}, degree={degree}; both must be >= 1")
-        expected: dict[str, tuple[int, ...]] = {
-            "bias": (1,), "linear": (d_model,), "scaler.mean": (d_model,), "scaler.scale": (d_model,),
-        }
-        trust = cfg.get("trust_region")
-        if trust is not None and (not isinstance(trust, dict) or not isinstance(trust.get("gate"), bool) or degree < 2):
-            raise TPCHooksError(f"{where}: config.json trust_region must be {{\"gate\": true|false}} on a head of degree >= 2; "
-                                f"got {trust!r}")
-        for k, r in zip(range(2, degree + 1), ranks):
-            expected[f"factors.{k}"] = (d_model, r)
-            expected[f"lambdas.{k}"] = (r,)
-            if trust is not None:
-                expected[f"bounds.{k}"] = (2, r)
-        _format.check_tensors(tensors, expected, where)
-        if trust is not None and not all(bool((tensors[f"bounds.{k}"][0] <= tensors[f"bounds.{k}"][1]).all())
-                                         for k in range(2, degree + 1)):
-            raise TPCHooksError(f"{where}: a trust-region lower bound exceeds its upper bound; the file is corrupt")
-        if not bool((tensors["scaler.scale"] > 0).all()):
-            raise TPCHooksError(f"{where}: scaler.scale must be positive everywhere; the file is corrupt")
-        head = cls(d_model, degree, ranks)
-        with torch.no_grad():
-            head.bias.copy_(tensors["bias"])
-            head.linear.copy_(tensors["linear"])
-            head.scaler.mean.copy_(tensors["scaler.mean"])
-            head.scaler.scale.copy_(tensors["scaler.scale"])
-            for k in head.degrees:
-                head.factors[str(k)].copy_(tensors[f"factors.{k}"])
-                head.lambdas[str(k)].copy_(tensors[f"lambdas.{k}"])
-                if trust is not None:
-                    setattr(head, f"bounds_{k}", tensors[f"bounds.{k}"].clone())
-        head.gate = bool(trust["gate"]) if trust is not None else False
-        esc = cfg.get("escalate_only", False)
-        if not isinstance(esc, bool):
-            raise TPCHooksError(f"{where}: config.json escalate_only must be true or false; got {esc!r}")
-        head.escalate_only = esc
-        if isinstance(cfg.get("history"), dict):
-            from .training import History
-
-            head.history = History.from_dict(cfg["history"])
-        return head
+        return _format.write_dir(path, *to_saved(self))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "TPC":
@@ -477,4 +317,102 @@ class TPC(nn.Module):
                 unknown ``format_version``, truncated file).
         """
         cfg, tensors = _format.read_dir(path)
-        return cls._from_saved(cfg, tensors, Path(path) / _format.CONFIG_FILE)
+        return from_saved(cfg, tensors, Path(path) / _format.CONFIG_FILE)
+
+    def save_pretrained(self, directory: str | os.PathLike, *, card: bool = True) -> Path:
+        """:meth:`save` plus a generated model card (``README.md``), as ``transformers`` and
+        SAELens users expect. Returns the directory.
+
+        Example:
+            >>> import tempfile, tpc_hooks as tpc
+            >>> d = tpc.TPC(d_model=8, degree=2, rank=2).save_pretrained(tempfile.mkdtemp())
+            >>> sorted(p.name for p in d.iterdir())
+            ['README.md', 'config.json', 'model.safetensors']
+        """
+        from ._hub import save_pretrained
+
+        return save_pretrained(self, directory, card=card)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | os.PathLike, *, revision: str | None = None,
+                        token: str | bool | None = None, cache_dir: str | os.PathLike | None = None) -> "TPC":
+        """Loads a head from a local directory or a Hugging Face hub repository id (``"user/repo"``,
+        downloaded with ``huggingface_hub``; needs the network). Loading never unpickles."""
+        from ._hub import from_pretrained
+
+        return from_pretrained(cls, name_or_path, revision=revision, token=token, cache_dir=cache_dir)
+
+    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | bool | None = None,
+                    commit_message: str = "Upload tpc-hooks head", revision: str | None = None) -> Any:
+        """Uploads :meth:`save_pretrained`'s directory to a hub model repository (created if
+        missing) with ``huggingface_hub``; returns its commit info."""
+        from ._hub import push_to_hub
+
+        return push_to_hub(self, repo_id, private=private, token=token, commit_message=commit_message, revision=revision)
+
+
+# ---------------------------------------------------------------------- the saved format
+def to_saved(head: TPC) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """``(config, tensors)`` of a head in the saved format (DESIGN.md: "Saved head")."""
+    cfg: dict[str, Any] = {"d_model": head.d_model, "degree": head.degree, "ranks": list(head.ranks)}
+    if head.has_bounds:
+        cfg["trust_region"] = {"gate": head.gate}
+    if head.escalate_only:
+        cfg["escalate_only"] = True
+    if head.history is not None and hasattr(head.history, "to_dict"):
+        cfg["history"] = head.history.to_dict()
+    out = {"bias": head.bias, "linear": head.linear, "scaler.mean": head.scaler.mean, "scaler.scale": head.scaler.scale}
+    for k in head.degrees:
+        out[f"factors.{k}"] = head.factors[str(k)]
+        out[f"lambdas.{k}"] = head.lambdas[str(k)]
+        if head.has_bounds:
+            out[f"bounds.{k}"] = head.bounds(k)
+    return cfg, out
+
+
+def from_saved(cfg: dict[str, Any], tensors: dict[str, Tensor], where: Path | str) -> TPC:
+    """The head a saved ``(config, tensors)`` describes; strict (see :meth:`TPC.load`)."""
+    d_model = _format.require(cfg, "d_model", int, where)
+    degree = _format.require(cfg, "degree", int, where)
+    ranks = _format.require(cfg, "ranks", list, where)
+    if len(ranks) != degree - 1 or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
+        raise TPCHooksError(f"{where}: config.json ranks={ranks!r} must list {degree - 1} positive integers (R_2..R_{degree})")
+    if d_model < 1 or degree < 1:
+        raise TPCHooksError(f"{where}: config.json has d_model={d_model}, degree={degree}; both must be >= 1")
+    expected: dict[str, tuple[int, ...]] = {
+        "bias": (1,), "linear": (d_model,), "scaler.mean": (d_model,), "scaler.scale": (d_model,),
+    }
+    trust = cfg.get("trust_region")
+    if trust is not None and (not isinstance(trust, dict) or not isinstance(trust.get("gate"), bool) or degree < 2):
+        raise TPCHooksError(f"{where}: config.json trust_region must be {{\"gate\": true|false}} on a head of degree >= 2; "
+                            f"got {trust!r}")
+    for k, r in zip(range(2, degree + 1), ranks):
+        expected[f"factors.{k}"] = (d_model, r)
+        expected[f"lambdas.{k}"] = (r,)
+        if trust is not None:
+            expected[f"bounds.{k}"] = (2, r)
+    _format.check_tensors(tensors, expected, where)
+    if trust is not None and not all(bool((tensors[f"bounds.{k}"][0] <= tensors[f"bounds.{k}"][1]).all())
+                                     for k in range(2, degree + 1)):
+        raise TPCHooksError(f"{where}: a trust-region lower bound exceeds its upper bound; the file is corrupt")
+    if not bool((tensors["scaler.scale"] > 0).all()):
+        raise TPCHooksError(f"{where}: scaler.scale must be positive everywhere; the file is corrupt")
+    head = TPC(d_model, degree, ranks)
+    with torch.no_grad():
+        head.bias.copy_(tensors["bias"])
+        head.linear.copy_(tensors["linear"])
+        head.scaler.mean.copy_(tensors["scaler.mean"])
+        head.scaler.scale.copy_(tensors["scaler.scale"])
+        for k in head.degrees:
+            head.factors[str(k)].copy_(tensors[f"factors.{k}"])
+            head.lambdas[str(k)].copy_(tensors[f"lambdas.{k}"])
+            if trust is not None:
+                setattr(head, f"bounds_{k}", tensors[f"bounds.{k}"].clone())
+    head.gate = bool(trust["gate"]) if trust is not None else False
+    esc = cfg.get("escalate_only", False)
+    if not isinstance(esc, bool):
+        raise TPCHooksError(f"{where}: config.json escalate_only must be true or false; got {esc!r}")
+    head.escalate_only = esc
+    if isinstance(cfg.get("history"), dict):
+        head.history = History.from_dict(cfg["history"])
+    return head

@@ -27,7 +27,7 @@ class ActivationStore:
 
     Example:
         >>> import tempfile, numpy as np
-        >>> from tpc_hooks.store import ActivationStore
+        >>> from tpc_hooks import ActivationStore
         >>> st = ActivationStore.create(tempfile.mkdtemp() + "/acts", d_model=4)
         >>> st.append(np.ones((3, 4))); st.append(np.zeros((2, 4)))
         >>> len(st), float(st.read(2, 4).sum())

@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from . import _kernel
 from ._checks import check_features
 from ._errors import TPCHooksError
-from .polynomial import TPC
+from ._polynomial import TPC
 
 PAIR_MODES = ("positive", "negative", "absolute")
 
@@ -98,7 +99,7 @@ class Attribution:
         ``c_v`` of ``C`` are the basis components of ``z`` (``diag(z)`` for neurons)."""
         zs = self.z[input]
         cols, weights = [], []
-        scales = self.head._lambda_scales(zs[None])
+        scales = _kernel.lambda_scales(self.head, zs[None])
         for k in self._orders(order):
             U = self.head.factors[str(k)].detach().to(zs.dtype)
             lam = self.head.lambdas[str(k)].detach().to(zs.dtype) * scales[k][0]
@@ -360,11 +361,11 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         if tuple(m.shape) != tuple(t.shape[:2]):
             raise TPCHooksError(f"mask has shape {tuple(m.shape)}; expected {tuple(t.shape[:2])}")
         if mon_sae is not None:
-            from .sae import encode
+            from ._sae import encode
 
             t = encode(mon_sae, t.detach())
         elif sae is not None and head_or_monitor.pooling == "mean":
-            from .sae import encode
+            from ._sae import encode
 
             f_mean = pool(encode(sae, t.detach()), m, "mean")
         t = pool(t.detach(), m, head_or_monitor.pooling)
@@ -379,7 +380,7 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         bias = head.bias.detach().to(dtype).expand(zs.shape[0]).clone()
         # q_k = (dT_k/dz_std) / k per order (order 1: w1), so each order's part of the logit is <z_std, q_k>
         qs = [w1.expand_as(zs)]
-        scales = head._lambda_scales(zs)  # clipping, gate and escalate_only as a rescaled lambda
+        scales = _kernel.lambda_scales(head, zs)  # clipping, gate and escalate_only as a rescaled lambda
         for k in head.degrees:
             U = head.factors[str(k)].detach().to(dtype)
             lam = head.lambdas[str(k)].detach().to(dtype) * scales[k]
@@ -393,7 +394,7 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         return _project(head, site, sae, X, zs, qs, bias, by_order, logit, f_mean)
     extra: dict[str, Any] = {}
     if mon_sae is not None:
-        from .sae import decoder
+        from ._sae import decoder
 
         extra["W_dec"], extra["b_dec"] = (t.to(dtype) for t in decoder(mon_sae))
     return Attribution(head=head, logit=logit, bias=bias, by_order=by_order, by_neuron=by_neuron,
@@ -406,7 +407,7 @@ def _project(head: TPC, site: str | None, sae: Any, X: Tensor, zs: Tensor, qs: l
              by_order: Tensor, logit: Tensor, f: Tensor | None) -> Attribution:
     """Attribution of a residual-space head in an SAE's feature basis (see :func:`attribute`);
     ``qs`` are :func:`attribute`'s per-order gradients ``q_k`` in standardised units."""
-    from .sae import check_sae, decoder, encode
+    from ._sae import check_sae, decoder, encode
 
     check_sae(sae, head.d_model, site)
     dtype = X.dtype
@@ -424,15 +425,3 @@ def _project(head: TPC, site: str | None, sae: Any, X: Tensor, zs: Tensor, qs: l
     return Attribution(head=head, logit=logit, bias=bias, by_order=by_order, by_neuron=by_unit,
                        neuron_by_order=unit_by_order, z=zs, site=site, basis="sae-projection", feature_ids=ids,
                        extra={"W_dec": W_dec, "b_dec": b_dec}, _proj={"f": f, "dec": dec, "rows": rows})
-
-
-def colored_tokens(tokens: list[str], values: Any):
-    """circuitsvis's token colouring of per-token values (e.g. :meth:`Monitor.token_scores`).
-
-    Needs ``circuitsvis`` (``pip install circuitsvis``); returns its renderable object.
-    """
-    try:
-        from circuitsvis.tokens import colored_tokens as _colored
-    except ImportError:
-        raise TPCHooksError("colored_tokens needs circuitsvis: pip install circuitsvis") from None
-    return _colored(tokens=list(tokens), values=[float(v) for v in values])

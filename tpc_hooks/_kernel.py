@@ -1,0 +1,212 @@
+"""The one place that says how a TPC's truncations are evaluated.
+
+Every consumer — the head's ``forward``/``truncations``/``terms``, the cascade, training,
+attribution, the baselines' comparison — calls these functions on a head's tensors, so a
+change to the rule below is one edit here.
+
+    z_std     = (z - mean) / scale                                   standardise
+    p_k       = z_std @ U_k                        [n, R_k]          project
+    c_k       = clamp(p_k, lo_k, hi_k)             (trust region)    clip
+    T_k       = c_k ** k @ lambda_k                                  term
+    raw_n     = w0 + <w1, z_std> + sum_{k=2..n} T_k                  running sum
+    logit_n   = raw_n, except                                        decide
+                * gate: a row that left the trust region at some degree <= n gets order 1's logit;
+                * escalate_only: a row order 1 flags (logit_1 > 0) keeps max(logit_n, logit_1).
+
+Both overrides use ``torch.where``, never a cancelling sum, so an overruled row equals order 1
+bit for bit. Attribution writes the same rule as a per-row rescaled ``lambda``
+(:func:`lambda_scales`). The cascade's exit loop (paper Alg. 1), shared by the TPC cascade and
+the early-exit MLP baseline, is :func:`exit_loop`.
+"""
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._checks import prepare_activations
+
+BOUNDS_SLACK = 1e-6  # relative widening of the trust region against rounding (see widen_bounds)
+
+
+# ---------------------------------------------------------------------- standardise, project, clip
+def param(p: Tensor, like: Tensor) -> Tensor:
+    """``p`` in ``like``'s dtype (no copy when it already is)."""
+    return p if p.dtype == like.dtype else p.to(like.dtype)
+
+
+def standardize(head: Any, z: Any) -> tuple[Tensor, torch.Size]:
+    """Checks activations ``[..., d_model]`` for ``head`` and standardises them.
+
+    Returns the standardised rows ``[n, d_model]`` on the head's device (half precision in
+    float32, float64 kept) and the batch shape to restore.
+    """
+    z2, batch = prepare_activations(z, head.d_model, head.bias, promote=True)
+    return head.scaler(z2), batch
+
+
+def linear(head: Any, zs: Tensor) -> Tensor:
+    """Order 1: ``w0 + <w1, z_std>`` ``[n]``."""
+    return zs @ param(head.linear, zs) + param(head.bias, zs)
+
+
+def project(head: Any, zs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Degree ``k``'s projections ``[n, R_k]``: raw, clipped to the trust region (the raw ones
+    when none is set), and per row whether any projection left it."""
+    p = zs @ param(head.factors[str(k)], zs)
+    b = head.bounds(k)
+    if b is None:
+        return p, p, torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
+    b = b.to(p.dtype)
+    return p, torch.minimum(torch.maximum(p, b[0]), b[1]), ((p < b[0]) | (p > b[1])).any(1)
+
+
+def term(head: Any, zs: Tensor, k: int, *, clip: bool = True) -> tuple[Tensor, Tensor | None]:
+    """The degree-``k`` term ``[n]`` and, per row, whether a projection left the trust region.
+    ``clip=False``: the plain term ``<U_k, z_std>^k @ lambda_k`` (what training fits), no mask."""
+    if clip:
+        _, p, left = project(head, zs, k)
+    else:
+        p, left = zs @ param(head.factors[str(k)], zs), None
+    return p.pow(k) @ param(head.lambdas[str(k)], zs), left
+
+
+def widen_bounds(lo: Tensor, hi: Tensor, margin: float, dtype: torch.dtype) -> Tensor:
+    """Trust-region bounds ``[2, R]`` from the range ``[lo, hi]`` of each projection.
+
+    Widened by ``margin`` times the range on each side, plus ``BOUNDS_SLACK`` of it, and rounded
+    outward when cast to ``dtype``: the rows that set the bounds stay inside them whatever the
+    dtype or the matmul's summation order when they are scored again.
+    """
+    w = (hi - lo) * (margin + BOUNDS_SLACK) + BOUNDS_SLACK * torch.maximum(lo.abs(), hi.abs())
+    lo_c, hi_c = (lo - w).to(dtype), (hi + w).to(dtype)
+    lo_c = torch.where(lo_c > lo - w, torch.nextafter(lo_c, torch.full_like(lo_c, -math.inf)), lo_c)
+    hi_c = torch.where(hi_c < hi + w, torch.nextafter(hi_c, torch.full_like(hi_c, math.inf)), hi_c)
+    return torch.stack([lo_c, hi_c])
+
+
+# ---------------------------------------------------------------------- the running sum over orders
+def gating(head: Any) -> bool:
+    """Whether the gate is in force (it needs a trust region)."""
+    return bool(head.gate and head.has_bounds)
+
+
+def decide(head: Any, raw: Tensor, lin: Tensor, gated: Tensor) -> Tensor:
+    """The logit a head reports at an order from the raw running sum, order 1's logit and the
+    rows gated so far. THE rule for the gate and ``escalate_only``."""
+    s = torch.where(gated, lin, raw) if gating(head) else raw
+    if head.escalate_only:
+        s = torch.where(lin > 0, torch.maximum(s, lin), s)
+    return s
+
+
+class Walk:
+    """The evaluation of one head's orders for a set of rows, one order at a time.
+
+    ``walk.logit`` is the current order's logit; :meth:`step` adds the next degree;
+    :meth:`keep` drops rows (the cascade's exits) without recomputing anything.
+    """
+
+    def __init__(self, head: Any, zs: Tensor):
+        self.head, self.zs = head, zs
+        self.lin = linear(head, zs)
+        self.raw = self.lin
+        self.logit = self.lin
+        self.gated = torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
+
+    def step(self, k: int) -> tuple[Tensor, Tensor]:
+        """Adds degree ``k``: returns its logit and the rows that left the trust region at ``k``."""
+        t, left = term(self.head, self.zs, k)
+        self.raw = self.raw + t
+        if gating(self.head):
+            self.gated = self.gated | left
+        self.logit = decide(self.head, self.raw, self.lin, self.gated)
+        return self.logit, left
+
+    def keep(self, rows: Tensor) -> None:
+        """Keeps only ``rows`` (a bool mask or indices into the current rows)."""
+        self.zs, self.lin, self.raw = self.zs[rows], self.lin[rows], self.raw[rows]
+        self.logit, self.gated = self.logit[rows], self.gated[rows]
+
+
+def truncations(head: Any, zs: Tensor, order: int) -> list[Tensor]:
+    """Logits of the truncations ``1..order`` for standardised rows, from one running sum."""
+    walk = Walk(head, zs)
+    out = [walk.logit]
+    for k in range(2, order + 1):
+        out.append(walk.step(k)[0])
+    return out
+
+
+def logits(head: Any, zs: Tensor, order: int) -> Tensor:
+    """Logits of the truncation ``P_{:order}`` for standardised rows."""
+    return truncations(head, zs, order)[-1]
+
+
+def outside(head: Any, zs: Tensor, order: int | None = None) -> Tensor:
+    """Bool ``[n]``: some projection of degree ``2..order`` lies outside the trust region."""
+    out = torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
+    for k in range(2, (head.degree if order is None else order) + 1):
+        if head.bounds(k) is not None:
+            out |= project(head, zs, k)[2]
+    return out
+
+
+@torch.no_grad()
+def lambda_scales(head: Any, zs: Tensor) -> dict[int, Tensor]:
+    """Per degree k, per-row, per-factor multipliers ``m_k`` ``[n, R_k]`` with the full
+    polynomial's degree-k contribution ``== (p^k * m_k) @ lambda_k`` for the raw projections
+    ``p``: clipping written as a rescaled ``lambda`` (``(clip(p)/p)^k``), and 0 on rows where
+    the gate or ``escalate_only`` hands the decision to order 1 (:func:`decide`). Attribution
+    uses them to stay exact on such rows."""
+    keep = None
+    if gating(head) or head.escalate_only:
+        overruled = logits(head, zs, head.degree) == linear(head, zs)
+        if not head.escalate_only:
+            overruled &= outside(head, zs)
+        keep = (~overruled).to(zs.dtype)[:, None]
+    scales = {}
+    for k in head.degrees:
+        p, pc, _ = project(head, zs, k)
+        m = torch.where(p == 0, torch.ones_like(p), pc / torch.where(p == 0, torch.ones_like(p), p)).pow(k)
+        scales[k] = m if keep is None else m * keep
+    return scales
+
+
+# ---------------------------------------------------------------------- the cascade's exit loop
+def exit_loop(first: Tensor, first_decision: Tensor,
+              advance: Callable[[int, Tensor], tuple[Tensor, Tensor, Tensor | None, Tensor | None]],
+              orders: int, cumulative_flops: Sequence[int], lo: float, hi: float) -> tuple[Tensor, ...]:
+    """Paper Alg. 1: exit each row at the first order whose decision logit is outside ``(lo, hi)``.
+
+    ``advance(k, keep)`` first keeps the rows of its current set selected by the bool mask
+    ``keep`` (the rows still undecided), then returns, for them, order ``k``'s logit, its
+    decision logit (calibrated, say), the probabilities to report (None: the sigmoid of the
+    decision logit) and a bool mask of rows that must exit now whatever their score (or None).
+    Nothing is computed for a row after it exits.
+
+    Returns ``(logits, probs, exit_order, flops, forced)``: ``probs`` at the exit order, ``flops = cumulative_flops[exit_order - 1]``, ``forced`` the rows a
+    ``advance`` mask made exit.
+    """
+    n = first.shape[0]
+    s = first
+    probs = torch.sigmoid(first_decision)
+    exit_order = torch.ones(n, dtype=torch.int64, device=first.device)
+    flops = torch.full((n,), cumulative_flops[0], dtype=torch.int64, device=first.device)
+    forced = torch.zeros(n, dtype=torch.bool, device=first.device)
+    keep = (first_decision > lo) & (first_decision < hi)
+    active = torch.nonzero(keep).flatten()
+    for k in range(2, orders + 1):
+        if active.numel() == 0:
+            break
+        s_k, c_k, p_k, stop = advance(k, keep)
+        s[active], probs[active] = s_k, torch.sigmoid(c_k) if p_k is None else p_k
+        exit_order[active], flops[active] = k, cumulative_flops[k - 1]
+        keep = (c_k > lo) & (c_k < hi)
+        if stop is not None:
+            forced[active[stop]] = True
+            keep &= ~stop
+        active = active[keep]
+    return s, probs, exit_order, flops, forced
