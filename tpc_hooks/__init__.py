@@ -11,10 +11,10 @@ from ._attribution import attribute as attribute
 from ._cascade import Cascade as Cascade
 from ._cascade import CascadeResult as CascadeResult
 from ._collect import collect as collect
-from ._monitor import GenerationRun as GenerationRun
+from ._generation import GenerationRun as GenerationRun
 from ._monitor import Monitor as Monitor
-from ._monitor import MonitorEvent as MonitorEvent
-from ._monitor import WatchLog as WatchLog
+from ._generation import MonitorEvent as MonitorEvent
+from ._generation import WatchLog as WatchLog
 from ._monitor import train_monitor as train_monitor
 from ._polynomial import TPC as TPC
 from ._polynomial import Cost as Cost

@@ -5,8 +5,8 @@ computes anyway, with its KV cache) and saves to the same directory format as a 
 """
 
 import os
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,78 +15,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _format
+from . import _format, _generation
 from ._checks import check_labels
 from ._errors import TPCHooksError
 from .adapters._base import Adapter, get_adapter, pad, pad_id, parse_site, resolve_bos
 from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts, collect, pooled_batches
-from .pooling import RunningPool, check_pooling
+from ._generation import GenerationRun, MonitorEvent, WatchLog
+from .pooling import check_pooling
 from ._polynomial import TPC, from_saved, to_saved
 from ._sae import check_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity
-
-
-@dataclass(frozen=True)
-class MonitorEvent:
-    """What a callback ``action`` sees when a generating sequence is flagged."""
-
-    row: int
-    step: int
-    score: float
-    exit_order: int
-    tokens: list[int]
-
-
-@dataclass
-class GenerationRun:
-    """Monitored generation, per sequence ``b``.
-
-    ``sequences[b]``: prompt tokens (as the monitor tokenised them) + generated tokens, no
-    padding. ``scores[b][t]``: the monitor's probability for ``sequences[b][:prompt_lengths[b] + t]``
-    (t = 0 is the prompt alone: the pre-generation gate). ``exit_orders``, ``flops`` and
-    ``logits`` follow the same steps. ``flagged[b]``: flagged at any step; ``first_flagged[b]``:
-    that step or None; ``stopped_at[b]``: the step at which the action stopped it, or None.
-    """
-
-    sequences: list[list[int]]
-    prompt_lengths: list[int]
-    scores: list[Tensor]
-    logits: list[Tensor]
-    exit_orders: list[Tensor]
-    flops: list[Tensor]
-    flagged: list[bool]
-    first_flagged: list[int | None]
-    stopped_at: list[int | None]
-
-    def generated(self, b: int) -> list[int]:
-        """The generated tokens of sequence ``b``."""
-        return self.sequences[b][self.prompt_lengths[b]:]
-
-    def texts(self, tokenizer: Any) -> list[str]:
-        """The generated text of every sequence."""
-        return [tokenizer.decode(self.generated(b), skip_special_tokens=True) for b in range(len(self.sequences))]
-
-
-@dataclass
-class WatchLog:
-    """What :meth:`Monitor.watch` saw: one entry per forward pass of the model.
-
-    ``results[i]`` is the policy's :class:`~tpc_hooks.CascadeResult` for every row after
-    call ``i`` (the score of everything that row has seen since its last fresh call);
-    ``fresh[i]`` says whether call ``i`` started new sequences (no KV cache before it).
-    """
-
-    results: list[CascadeResult] = field(default_factory=list)
-    fresh: list[bool] = field(default_factory=list)
-    new_tokens: list[int] = field(default_factory=list)
-
-    @property
-    def scores(self) -> list[Tensor]:
-        """Probabilities per call (``[batch]`` each)."""
-        return [r.probs for r in self.results]
-
-    def __len__(self) -> int:
-        return len(self.results)
 
 
 @dataclass
@@ -243,7 +181,6 @@ class Monitor:
         return tokens, self.policy(order, cascade)(prefixes)
 
     # ------------------------------------------------------------------ generation
-    @torch.no_grad()
     def generate(self, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
                  order: int | None = None, cascade: float | Cascade | None = None, do_sample: bool = False,
                  temperature: float = 1.0,
@@ -264,80 +201,11 @@ class Monitor:
         Returns:
             A :class:`GenerationRun`.
         """
-        adapter = self._adapter(model)
-        items = check_prompts(prompts)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise TPCHooksError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
-        if not (action in ("flag", "stop") or callable(action)):
-            raise TPCHooksError(f"action must be 'flag', 'stop' or a callable; got {action!r}")
-        if do_sample and not temperature > 0:
-            raise TPCHooksError(f"temperature must be positive; got {temperature!r}")
-        site = adapter.site(self.site)
-        score_fn = self.policy(order, cascade)
-        tok = adapter.tokenizer
-        ids, _ = adapter.tokenize(items, chat_template=self.chat_template, max_tokens=self.max_tokens,
-                                  prepend_bos=self.prepend_bos)
-        input_ids, mask = pad(ids, pad_id(tok), "left")
-        B = len(ids)
-        eos = getattr(tok, "eos_token_id", None) if stop_at_eos else None
-        gen = torch.Generator().manual_seed(seed)
-        seqs = [list(t) for t in ids]
-        rec: dict[str, list[list]] = {k: [[] for _ in range(B)] for k in ("scores", "logits", "exit", "flops")}
-        first_flag: list[int | None] = [None] * B
-        stopped: list[int | None] = [None] * B
-        live = torch.ones(B, dtype=torch.bool)
-        pool = RunningPool(self.pooling)
-        step = [0]
+        return _generation.generate(self, model, prompts, max_new_tokens, action, order=order, cascade=cascade,
+                                    do_sample=do_sample, temperature=temperature, seed=seed, stop_at_eos=stop_at_eos)
 
-        def on_step(acts: Tensor, step_mask: Tensor, last_logits: Tensor):
-            t = step[0]
-            pool.update(self._features(acts), step_mask)
-            rows = live.nonzero().flatten()
-            res = score_fn(pool.value()[rows.to(acts.device)])
-            probs, logits_, exits, flops = (x.tolist() for x in (res.probs, res.logits, res.exit_order, res.flops))
-            done = torch.zeros(B, dtype=torch.bool)
-            for j, b in enumerate(rows.tolist()):
-                p = probs[j]
-                rec["scores"][b].append(p)
-                rec["logits"][b].append(logits_[j])
-                rec["exit"][b].append(exits[j])
-                rec["flops"][b].append(flops[j])
-                if p >= self.threshold:
-                    if first_flag[b] is None:
-                        first_flag[b] = t
-                    stop = action == "stop" or (callable(action) and bool(action(
-                        MonitorEvent(row=b, step=t, score=p, exit_order=exits[j], tokens=list(seqs[b])))))
-                    if stop:
-                        stopped[b] = t
-                        done[b] = True
-                if t > 0 and eos is not None and seqs[b][-1] == eos:
-                    done[b] = True
-            live.logical_and_(~done)
-            if t == max_new_tokens or not live.any():
-                return None
-            if do_sample:  # the seeded generator lives on the CPU
-                logits = last_logits.float().cpu()
-                nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen).flatten()
-            else:  # greedy needs B indices, not the [B, vocab] logits, on the host
-                nxt = last_logits.argmax(-1).cpu()
-            nxt = torch.where(live, nxt, torch.full_like(nxt, pad_id(tok)))
-            for b in live.nonzero().flatten().tolist():
-                seqs[b].append(int(nxt[b]))
-            step[0] = t + 1
-            return nxt, live.clone()
-
-        adapter.decode(input_ids, mask, site, max_new_tokens, on_step)
-        as_t = lambda rows, dt: [torch.tensor(r, dtype=dt) for r in rows]
-        return GenerationRun(
-            sequences=seqs, prompt_lengths=[len(t) for t in ids],
-            scores=as_t(rec["scores"], torch.float32), logits=as_t(rec["logits"], torch.float32),
-            exit_orders=as_t(rec["exit"], torch.long), flops=as_t(rec["flops"], torch.long),
-            flagged=[f is not None for f in first_flag], first_flagged=first_flag, stopped_at=stopped,
-        )
-
-    @contextmanager
     def watch(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
-              on_flag: Callable[[MonitorEvent], Any] | None = None) -> Iterator[WatchLog]:
+              on_flag: Callable[[MonitorEvent], Any] | None = None) -> AbstractContextManager["WatchLog"]:
         """Scores every forward pass ``model`` makes inside the block (your own ``generate`` too).
 
         A call without a KV cache starts new sequences; calls that continue a cache add their
@@ -349,29 +217,7 @@ class Monitor:
             ...     lm._module.generate(**batch, max_new_tokens=20)
             >>> log.scores[-1]  # doctest: +SKIP
         """
-        adapter = self._adapter(model)
-        site = adapter.site(self.site)
-        score_fn = self.policy(order, cascade)
-        log = WatchLog()
-        state = {"pool": None}
-
-        def on_acts(acts: Tensor, mask: Tensor, fresh: bool) -> None:
-            if fresh or state["pool"] is None:
-                state["pool"] = RunningPool(self.pooling)
-            state["pool"].update(self._features(acts), mask)
-            with torch.no_grad():
-                res = score_fn(state["pool"].value())
-            log.results.append(res)
-            log.fresh.append(fresh)
-            log.new_tokens.append(int(acts.shape[1]))
-            if on_flag is not None:
-                # one host copy per step, not one per flagged row
-                flagged, probs, exits = (res.probs >= self.threshold).tolist(), res.probs.tolist(), res.exit_order.tolist()
-                for b in (b for b, f in enumerate(flagged) if f):
-                    on_flag(MonitorEvent(row=b, step=len(log) - 1, score=probs[b], exit_order=exits[b], tokens=[]))
-
-        with adapter.observe(site, on_acts):
-            yield log
+        return _generation.watch(self, model, order=order, cascade=cascade, on_flag=on_flag)
 
     # ------------------------------------------------------------------ saving
     def _config(self) -> dict[str, Any]:
