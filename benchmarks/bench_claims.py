@@ -29,6 +29,8 @@ from tpc_hooks.baselines import compare, early_exit_cascade
 from tpc_hooks.data import default_prompt_set
 from tpc_hooks.metrics import classification_metrics
 
+from _results import add_results_argument, recording
+
 TAUS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
 
 
@@ -45,7 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rank", type=int, default=64)
     ap.add_argument("--cache", default=str(offline.cache_dir() / "bench-claims"))
     ap.add_argument("--json", default=None)
+    add_results_argument(ap, "bench_claims")
     args = ap.parse_args(argv)
+    with recording(args.results, argv):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     sets = default_prompt_set(seed=0)
     sites = [f"blocks.{L}.hook_resid_post" for L in sorted(set(args.layers) | {args.layer})]
     model = offline.load_model(toolkit="nnsight")

@@ -21,6 +21,8 @@ from tpc_hooks import offline
 from tpc_hooks.data import default_prompt_set
 from tpc_hooks.metrics import classification_metrics
 
+from _results import add_results_argument, recording
+
 
 def activations(model, sets: dict, site: str, cache: Path) -> dict[str, np.ndarray]:
     out = {}
@@ -47,7 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=50)
     ap.add_argument("--cache", default=str(offline.cache_dir() / "bench-l1"))
+    add_results_argument(ap, "bench_l1")
     args = ap.parse_args(argv)
+    with recording(args.results, argv):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     site = f"blocks.{args.layer}.hook_resid_post"
     sets = default_prompt_set(seed=0)
     model = offline.load_model(toolkit="nnsight")

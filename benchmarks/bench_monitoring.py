@@ -29,8 +29,10 @@ import torch
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
-from tpc_hooks.adapters import get_adapter
-from tpc_hooks.adapters import pad, positions
+from tpc_hooks.adapters import get_adapter, pad, positions
+from tpc_hooks.pooling import RunningPool
+
+from _results import add_results_argument, recording
 
 SITE_LAYER = 20
 
@@ -63,8 +65,6 @@ def best_of_interleaved(fns: dict, reps: int) -> dict:
 
 def scoring_cost_ms(mon: "tpc.Monitor", d_model: int, reps: int = 500) -> float:
     """Time of the monitor's work per generated token at batch 1: pool update + policy score."""
-    from tpc_hooks.pooling import RunningPool
-
     pool = RunningPool(mon.pooling)
     pool.update(torch.randn(1, 30, d_model), torch.ones(1, 30, dtype=torch.long))
     acts, m = torch.randn(1, 1, d_model), torch.ones(1, 1, dtype=torch.long)
@@ -208,7 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer tokens, prompts and repetitions")
     ap.add_argument("--json", help="write the results here")
+    add_results_argument(ap, "bench_monitoring")
     args = ap.parse_args(argv)
+    with recording(args.results, argv):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     new_tokens, reps, n_collect, n_mem = (8, 1, 16, 16) if args.quick else (32, 5, 64, 64)
     prompts = packaged_prompts()
     models = {"transformer_lens": offline.load_model(toolkit="transformer_lens"),

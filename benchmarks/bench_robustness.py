@@ -39,6 +39,8 @@ from tpc_hooks.baselines import compare
 from tpc_hooks.data import default_prompt_set
 from tpc_hooks.metrics import classification_metrics
 
+from _results import add_results_argument, recording
+
 CONFIGS = (("harmbench", "refusal_benign"), ("donotanswer", "overrefusal"), ("advbench", "sharegpt"))
 SITE = "blocks.20.hook_resid_post"
 VARIANTS = {  # name -> fit() keywords on top of the default
@@ -105,7 +107,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="indices into " + str(CONFIGS))
     ap.add_argument("--cache", default=str(offline.cache_dir() / "bench-robustness"))
     ap.add_argument("--json", default=None)
+    add_results_argument(ap, "bench_robustness")
     args = ap.parse_args(argv)
+    with recording(args.results, argv):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     res = defaultdict(list)  # (config, split, method, order, metric) -> values over seeds
     cost = defaultdict(list)  # (config, what) -> values
     model_box: list = []

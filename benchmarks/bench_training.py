@@ -53,7 +53,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import tpc_hooks as tpc
 from tpc_hooks.synthetic import make_problem
-from tpc_hooks.training import PAPER_CS
+
+from _results import add_results_argument, recording
+
+PAPER_CS = tpc.FitConfig().Cs  # the paper's degree-1 C sweep, fit's default
 
 LR = 1e-3
 WEIGHT_DECAY = 0.01
@@ -102,7 +105,7 @@ def ref_train(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray
     log: list[dict] = []
     for k in range(2, degree + 1):
         U, lam = model.HO[k - 2], model.lam[k - 2]
-        with torch.no_grad():  # same init as tpc_hooks.training._init_degree
+        with torch.no_grad():  # the same init as fit's for each new degree
             gen = torch.Generator().manual_seed(seed * 1009 + k)
             U.copy_(torch.randn(d, rank, generator=gen) / d**0.5)
             lam.zero_()
@@ -389,7 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-wait", type=float, default=120.0,
                    help="seconds to wait for an idle machine before each timed segment (default 120)")
     p.add_argument("--json", type=str, default=None, help="write the results as JSON here")
+    add_results_argument(p, "bench_training")
     args = p.parse_args(argv)
+    with recording(args.results, argv):
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.n_train, args.n_val, args.n_test = 4000, 1000, 1000
         args.epochs = min(args.epochs, 2)

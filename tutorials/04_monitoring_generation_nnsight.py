@@ -42,8 +42,7 @@ print(monitor.score(lm, tokens=prefixes).probs)
 # Around your own generate call (here Hugging Face's, on the model nnsight wraps):
 
 # %%
-from tpc_hooks.adapters import get_adapter
-from tpc_hooks.adapters import pad
+from tpc_hooks.adapters import get_adapter, pad
 
 ids, _ = get_adapter(lm).tokenize(prompts, chat_template=True, max_tokens=None)
 x, mask = pad(ids, lm.tokenizer.pad_token_id, "left")
