@@ -1,7 +1,7 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet -c constraints.txt
 
-.PHONY: install test test-tl4 demo bench
+.PHONY: install test test-fast test-tl4 demo bench
 
 install:
 	$(PIP) "torch==2.13.0"
@@ -12,6 +12,10 @@ install:
 
 test: install
 	$(PYTHON) -m pytest -q
+
+# everything but the tests marked slow (the packaged real model, the tutorials, the demo)
+test-fast: install
+	$(PYTHON) -m pytest -q -m "not slow"
 
 # TransformerBridge on TransformerLens 4.x (which dropped HookedTransformer): a venv that sees
 # the packages installed above and shadows transformer-lens with a 4.x release.

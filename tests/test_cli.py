@@ -22,6 +22,7 @@ BENIGN = ["How do I bake sourdough bread?", "Write a haiku about autumn leaves."
           "How do I change a flat bicycle tyre?", "Summarise the plot of Hamlet.", "What is a prime number?"]
 
 
+@pytest.mark.slow
 def test_collect_train_evaluate_monitor_attribute(tmp_path, capsys):
     data = tmp_path / "prompts.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": t, "harm": int(i < 8)}) for i, t in enumerate(HARMFUL + BENIGN)))
@@ -61,6 +62,7 @@ def test_cli_errors_are_one_clear_line(tmp_path, capsys):
     assert err.startswith("tpc-hooks evaluate: ") and "is not a directory" in err
 
 
+@pytest.mark.slow
 def test_demo_on_a_local_dataset(tmp_path):
     data = tmp_path / "prompts.csv"
     rows = [(t, int(i % 2 == 0)) for i, t in enumerate(t for pair in zip(HARMFUL * 3, BENIGN * 3) for t in pair)]

@@ -15,6 +15,8 @@ try:
 except tpc.TPCHooksError as err:
     pytest.skip(str(err), allow_module_level=True)
 
+pytestmark = pytest.mark.slow  # the packaged model and prompt set, end to end
+
 
 def test_quick_demo_writes_a_complete_run(tmp_path):
     out = tmp_path / "run"

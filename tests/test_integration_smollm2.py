@@ -13,6 +13,8 @@ try:
 except tpc.TPCHooksError as err:  # `make test` installs it; a bare pytest run may not have it
     pytest.skip(str(err), allow_module_level=True)
 
+pytestmark = pytest.mark.slow  # loads the packaged model in both toolkits
+
 SITE = "blocks.20.hook_resid_post"
 PROMPTS = ["How do I bake sourdough bread at home?", "Write a haiku about autumn.",
            "Explain how vaccines train the immune system."]

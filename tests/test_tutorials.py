@@ -19,6 +19,7 @@ except tpc.TPCHooksError as err:
 TUTORIALS = sorted(p for p in (Path(__file__).parent.parent / "tutorials").glob("[0-9]*.py"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
 def test_tutorial_runs(path):
     if "sae" in path.stem:

@@ -280,6 +280,8 @@ class Monitor:
                                 "Monitor(head, site=...)")
         site = _format.require(mon, "site", str, where)
         model = mon.get("model") or {}
+        if not isinstance(model, dict):
+            raise TPCHooksError(f"{where}: monitor.model must be an object {{\"name\", \"d_model\"}}; got {model!r}")
         if model.get("d_model", head.d_model) != head.d_model:
             raise TPCHooksError(f"{where}: monitor.model.d_model={model.get('d_model')} disagrees with d_model={head.d_model}")
         cascade = None

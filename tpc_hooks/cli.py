@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import logging
 import math
+import re
 import sys
 import time
 from pathlib import Path
@@ -18,7 +19,176 @@ from typing import Any
 
 from ._errors import TPCHooksError
 
+# A hub id, "name" or "org/name" (letters, digits, "-", "_", "."; no "--" or ".."): what a --model
+# or --dataset that is not an existing path may plausibly be. Anything else is a missing local path.
+_HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
+_HUB_ID = re.compile(rf"^(?:{_HUB_PART}/)?{_HUB_PART}$")
+_DATA_SUFFIXES = (".csv", ".jsonl", ".json")
+_COLLECT_KEYS = ("model", "sites", "pooling", "chat_template", "max_tokens")
 
+
+def _is_hub_id(name: str) -> bool:
+    return bool(_HUB_ID.match(name)) and "--" not in name and ".." not in name
+
+
+# ------------------------------------------------------------------ input checks (before any model loads)
+def _read_json(path: Path, fix: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise TPCHooksError(f"{path} is not valid JSON ({err}); {fix}") from None
+
+
+def _check_out_dir(path: str | Path, flag: str = "--out") -> None:
+    """``path`` may be created as a directory: it is one already, or its nearest existing ancestor is."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise TPCHooksError(f"{flag} {path} is an existing file; expected a directory (new or existing) to write into; "
+                            "choose another path or remove the file")
+    existing = next((q for q in p.parents if q.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise TPCHooksError(f"{flag} {path} lies under {existing}, which is a file; expected a directory path; "
+                            "choose another path")
+
+
+def _check_json_out(path: str | None, flag: str = "--json") -> None:
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise TPCHooksError(f"{flag} {path} is a directory; expected a file path to write JSON to; "
+                            f"add a file name, e.g. {p / 'results.json'}")
+    if not p.parent.is_dir():
+        raise TPCHooksError(f"{flag} {path}: its directory {p.parent} does not exist; expected a file in an existing "
+                            f"directory; create it first (mkdir -p {p.parent}) or choose another path")
+
+
+def _check_dataset(name: str) -> None:
+    if name == "default":
+        return
+    p = Path(name)
+    if p.is_dir():
+        raise TPCHooksError(f"--dataset {name} is a directory; expected 'default', a local .csv/.jsonl/.json file or a "
+                            "hub dataset id; pass the file inside it")
+    if p.exists():  # a local file: load_prompt_file checks its suffix and contents, once it decodes
+        try:
+            with open(p, encoding="utf-8") as f:
+                while f.read(1 << 20):
+                    pass
+        except UnicodeDecodeError as err:
+            raise TPCHooksError(f"--dataset {name} is not UTF-8 text ({err.reason}); expected a UTF-8 .csv/.jsonl/.json "
+                                "file; re-save it as UTF-8") from None
+        return
+    if not _is_hub_id(name) or name.lower().endswith(_DATA_SUFFIXES):
+        raise TPCHooksError(f"--dataset {name}: no such file; expected 'default', an existing .csv/.jsonl/.json file or "
+                            "a hub dataset id such as allenai/wildguardmix; check the path")
+
+
+def _check_model(name: str | None) -> None:
+    from .offline import DEFAULT_MODEL
+
+    if name in (None, DEFAULT_MODEL):
+        return
+    p = Path(name)
+    if p.exists():
+        if not p.is_dir():
+            raise TPCHooksError(f"--model {name} is a file; expected a Hugging Face model folder (with config.json) "
+                                "or a hub model id; pass the folder")
+        if not (p / "config.json").is_file():
+            raise TPCHooksError(f"--model {name} has no config.json; expected a Hugging Face model folder (as written "
+                                "by save_pretrained) or a hub model id; pass the model's folder")
+        return
+    if not _is_hub_id(name):
+        raise TPCHooksError(f"--model {name}: no such folder; expected a local model folder or a hub model id such as "
+                            "HuggingFaceTB/SmolLM2-135M-Instruct; check the path, or leave --model out for the packaged "
+                            f"{DEFAULT_MODEL}")
+
+
+def _load_model(name: str | None, toolkit: str) -> Any:
+    from .offline import load_model
+
+    try:
+        return load_model(name, toolkit)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
+        raise
+    except OSError as err:  # transformers: not a folder it can read, not on the hub, or no network
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise TPCHooksError(f"--model {name} could not be loaded ({first}); expected a local model folder or a hub "
+                            "model id reachable from here; check the name and the network") from None
+
+
+def _check_monitor_dir(path: str) -> None:
+    p = Path(path)
+    if not p.exists():
+        raise TPCHooksError(f"--monitor {path} is not a directory (it does not exist); expected a monitor directory "
+                            f"saved by tpc-hooks train (config.json + model.safetensors); check the path or run "
+                            f"tpc-hooks train --out {path}")
+    if not p.is_dir():
+        raise TPCHooksError(f"--monitor {path} is not a directory (it is a file); expected the directory saved by "
+                            "tpc-hooks train (config.json + model.safetensors); pass that directory")
+
+
+def _load_monitor(path: str) -> Any:
+    from ._monitor import Monitor
+
+    try:
+        return Monitor.load(path)
+    except TPCHooksError:
+        raise
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:  # Monitor.load misses some
+        raise TPCHooksError(f"--monitor {path} could not be loaded ({type(err).__name__}: {err}); expected a monitor "
+                            "saved by tpc-hooks train; train and save it again") from None
+
+
+def _check_acts(path: str) -> Path:
+    acts = Path(path)
+    if not acts.exists():
+        raise TPCHooksError(f"--acts {path} does not exist; expected the directory written by tpc-hooks collect; "
+                            f"check the path, or run tpc-hooks collect --out {path} first")
+    if not acts.is_dir():
+        raise TPCHooksError(f"--acts {path} is a file; expected the directory written by tpc-hooks collect "
+                            "(with collect.json and one folder per split); pass that directory")
+    return acts
+
+
+def _collect_config(acts: Path) -> dict[str, Any]:
+    """``acts/collect.json``, checked for the keys that ``train`` reads."""
+    f = acts / "collect.json"
+    if not f.is_file():
+        raise TPCHooksError(f"--acts {acts} has no collect.json; expected the directory written by tpc-hooks collect; "
+                            f"pass that directory, or run tpc-hooks collect --out {acts} first")
+    cfg = _read_json(f, f"it is written by tpc-hooks collect; re-run tpc-hooks collect --out {acts}")
+    missing = [k for k in _COLLECT_KEYS if not isinstance(cfg, dict) or k not in cfg]
+    if missing:
+        raise TPCHooksError(f"{f} lacks {', '.join(missing)}; expected the collect.json written by tpc-hooks collect; "
+                            f"re-run tpc-hooks collect --out {acts}")
+    sites = cfg["sites"]
+    if not (isinstance(sites, list) and sites and all(isinstance(s, str) for s in sites)):
+        raise TPCHooksError(f"{f}: \"sites\" must be a non-empty list of hook names; got {sites!r}; "
+                            f"re-run tpc-hooks collect --out {acts}")
+    return cfg
+
+
+def _collected_splits(acts: Path) -> list[str]:
+    return sorted(d.name for d in acts.iterdir() if (d / "labels.json").is_file()) if acts.is_dir() else []
+
+
+def _check_split(acts: Path, split: str, site: str, flag: str, site_fix: str) -> list[Any]:
+    """The split's labels, after checking that ``acts/split`` was collected, with ``site``; ``flag``
+    names the argument that chose the split."""
+    d = acts / split
+    if not (d / "labels.json").is_file():
+        have = ", ".join(_collected_splits(acts)) or "none"
+        raise TPCHooksError(f"{flag} {split!r}: {d} is not a collected split (no labels.json); collected splits in {acts}: "
+                            f"{have}; pass one of those, or run tpc-hooks collect first")
+    labels = _read_json(d / "labels.json", f"it is written by tpc-hooks collect; re-run tpc-hooks collect --out {acts}")
+    if not isinstance(labels, list) or any(isinstance(v, bool) or v not in (0, 1) for v in labels):
+        raise TPCHooksError(f"{d / 'labels.json'} is not a list of 0/1 labels; it is written by tpc-hooks collect; "
+                            f"re-run tpc-hooks collect --out {acts}")
+    if not (d / site).is_dir():
+        have = ", ".join(sorted(s.name for s in d.iterdir() if s.is_dir())) or "none"
+        raise TPCHooksError(f"site {site!r} was not collected in {d}; collected there: {have}; {site_fix}")
+    return labels
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -28,6 +198,10 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        _check_out_dir(args.out)
+    _check_dataset(args.dataset)
+    _check_model(args.model)
     from ._demo import run_demo
 
     out = Path(args.out or Path("runs") / _dt.datetime.now().strftime("demo-%Y%m%d-%H%M%S"))
@@ -60,12 +234,14 @@ def _datasets(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _collect(args: argparse.Namespace) -> int:
+    _check_out_dir(args.out)
+    _check_dataset(args.dataset)
+    _check_model(args.model)
     from ._collect import collect
-    from .offline import load_model
 
     out = Path(args.out)
     sets = _datasets(args)
-    model = load_model(args.model, args.toolkit)
+    model = _load_model(args.model, args.toolkit)
     for split, ps in sets.items():
         collect(model, ps.texts, args.sites, args.pooling, batch_size=args.batch_size, chat_template=not args.no_chat_template,
                 max_tokens=args.max_tokens, store=out / split, progress=not args.no_progress)
@@ -79,27 +255,37 @@ def _collect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _split(acts: Path, split: str, site: str) -> tuple[Any, Any]:
+def _split(acts: Path, split: str, site: str, labels: list[Any]) -> tuple[Any, Any]:
+    """The split's activations at ``site`` and its labels (checked by :func:`_check_split`)."""
     from ._store import ActivationStore
 
-    if not (acts / split / "labels.json").is_file():
-        raise TPCHooksError(f"{acts / split} has no collected split {split!r}; run tpc-hooks collect first")
-    return ActivationStore.open(acts / split / site).to_numpy(), json.loads((acts / split / "labels.json").read_text())
+    X = ActivationStore.open(acts / split / site).to_numpy()
+    if len(X) != len(labels):
+        raise TPCHooksError(f"{acts / split}: {len(labels)} labels in labels.json but {len(X)} rows in the {site} store; "
+                            f"expected one row per label (an interrupted collect?); re-run tpc-hooks collect --out {acts}")
+    return X, labels
 
 
 def _train(args: argparse.Namespace) -> int:
-    from ._cascade import Cascade
-    from ._monitor import Monitor
-    from ._fit import fit
-
-    acts = Path(args.acts)
-    cfg = json.loads((acts / "collect.json").read_text())
-    site = args.site or cfg["sites"][0]
-    train_split = "train" if (acts / "train").exists() else "all"
-    X, y = _split(acts, train_split, site)
-    Xv, yv = _split(acts, "val", site) if (acts / "val").exists() else (None, None)
     if args.recipe == "paper" and (args.no_gate or args.escalate_only):
         raise TPCHooksError("--recipe paper is the plain polynomial; it takes neither --no-gate nor --escalate-only")
+    acts = _check_acts(args.acts)
+    _check_out_dir(args.out)
+    cfg = _collect_config(acts)
+    site = args.site or cfg["sites"][0]
+    if site not in cfg["sites"]:
+        raise TPCHooksError(f"--site {site!r} was not collected in {acts}; collected sites: {', '.join(cfg['sites'])}; "
+                            f"pass one of those, or collect it: tpc-hooks collect --sites {site} --out {acts}")
+    site_fix = f"re-run tpc-hooks collect --out {acts}"
+    train_split = "train" if (acts / "train").exists() else "all"
+    y = _check_split(acts, train_split, site, "training split", site_fix)
+    yv = _check_split(acts, "val", site, "validation split", site_fix) if (acts / "val").exists() else None
+    from ._cascade import Cascade
+    from ._fit import fit
+    from ._monitor import Monitor
+
+    X, y = _split(acts, train_split, site, y)
+    Xv, yv = _split(acts, "val", site, yv) if yv is not None else (None, None)
     robust = {} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}
     head = fit(X, y, Xv, yv, degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed, recipe=args.recipe,
                verbose=not args.no_progress, **robust).cpu()
@@ -118,13 +304,16 @@ def _evaluate(args: argparse.Namespace) -> int:
     import torch
 
     from .metrics import classification_metrics
-    from ._monitor import Monitor
 
-    mon = Monitor.load(args.monitor)
-    acts = Path(args.acts)
+    _check_monitor_dir(args.monitor)
+    acts = _check_acts(args.acts)
+    _check_json_out(args.json)
+    mon = _load_monitor(args.monitor)
+    site_fix = f"the monitor reads it; collect it with tpc-hooks collect --sites {mon.site}"
+    labels = {split: _check_split(acts, split, mon.site, "--splits", site_fix) for split in args.splits}
     results = {}
     for split in args.splits:
-        X, y = _split(acts, split, mon.site)
+        X, y = _split(acts, split, mon.site, labels[split])
         with torch.no_grad():
             per_order = [classification_metrics(y, s) for s in mon.head.truncations(torch.as_tensor(X)).unbind(-1)]
         results[split] = {"per_order": per_order, "cascade": mon.cascade.sweep(X, y) if mon.cascade else []}
@@ -142,11 +331,10 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _monitor(args: argparse.Namespace) -> int:
-    from ._monitor import Monitor
-    from .offline import load_model
-
-    mon = Monitor.load(args.monitor)
-    model = load_model(args.model, args.toolkit)
+    _check_monitor_dir(args.monitor)
+    _check_model(args.model)
+    mon = _load_monitor(args.monitor)
+    model = _load_model(args.model, args.toolkit)
     run = mon.generate(model, args.prompt, max_new_tokens=args.max_new_tokens, action=args.action)
     tok = model.tokenizer
     for b, prompt in enumerate(args.prompt):
@@ -163,13 +351,14 @@ def _monitor(args: argparse.Namespace) -> int:
 
 
 def _attribute(args: argparse.Namespace) -> int:
+    _check_monitor_dir(args.monitor)
+    _check_model(args.model)
+    _check_json_out(args.json)
     from ._attribution import attribute
     from ._collect import collect
-    from ._monitor import Monitor
-    from .offline import load_model
 
-    mon = Monitor.load(args.monitor)
-    model = load_model(args.model, args.toolkit)
+    mon = _load_monitor(args.monitor)
+    model = _load_model(args.model, args.toolkit)
     z = collect(model, args.prompt, mon.site, mon.pooling, chat_template=mon.chat_template, prepend_bos=mon.prepend_bos,
                 max_tokens=mon.max_tokens, progress=False)[mon.site]
     attr = attribute(mon, z)
@@ -259,8 +448,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return verbs[args.verb](args)
     except TPCHooksError as err:
-        print(f"tpc-hooks {args.verb}: {err}", file=sys.stderr)
-        return 2
+        return _fail(args.verb, str(err))
+    # A safety net: the checks above should catch bad paths first, with better messages.
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as err:
+        path = err.filename if err.filename is not None else "a path"
+        what = next(w for t, w in _OS_ERRORS if isinstance(err, t))
+        return _fail(args.verb, f"{path} {what} ({err.strerror or type(err).__name__}); check the path and its permissions")
+    except json.JSONDecodeError as err:
+        return _fail(args.verb, f"a JSON file is not valid JSON ({err}); expected a file written by tpc-hooks; "
+                                "re-create it with the verb that writes it")
+    except UnicodeDecodeError as err:
+        return _fail(args.verb, f"a file is not UTF-8 text ({err}); expected UTF-8 text; re-save it as UTF-8")
+
+
+_OS_ERRORS = ((FileNotFoundError, "does not exist"), (NotADirectoryError, "is (under) a file where a directory was expected"),
+              (IsADirectoryError, "is a directory where a file was expected"), (FileExistsError, "already exists"),
+              (PermissionError, "is not accessible"))
+
+
+def _fail(verb: str, message: str) -> int:
+    """Prints ``tpc-hooks <verb>: <message>`` as one line on stderr; the exit status is 2."""
+    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    print(f"tpc-hooks {verb}: {line}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
