@@ -5,8 +5,8 @@ files: every logit of every truncation, the cascade's decisions, attribution, tr
 recipe and option), the baselines, the saved files and a monitor on a tiny model must agree
 bit for bit.
 
-    python benchmarks/output_hashes.py > before.json
-    ... refactor ...
+    git worktree add /tmp/before <commit before the refactor>
+    PYTHONPATH=/tmp/before python benchmarks/output_hashes.py > before.json
     python benchmarks/output_hashes.py > after.json && diff before.json after.json
 
 Uses public names only, so the same script runs on both sides of a refactor.
@@ -61,8 +61,7 @@ def head_outputs(name: str, head, z) -> None:
         head.save(Path(d) / "h")
         record(f"{name}/saved_weights", (Path(d) / "h" / "model.safetensors").read_bytes().hex())
         cfg = json.loads((Path(d) / "h" / "config.json").read_text())
-        cfg.get("history", {}).pop("settings", None)  # settings may gain fields; checked below
-        cfg.get("history", {}).pop("config", None)
+        cfg.get("history", {}).pop("config", None)  # added by the FitConfig refactor; settings are hashed below
         record(f"{name}/saved_config", cfg)
 
 
@@ -94,6 +93,7 @@ def main() -> None:
         h = head.history
         record(f"{name}/history/records", h.records)
         record(f"{name}/history/selected", {str(k): v for k, v in h.selected.items()})
+        record(f"{name}/history/settings", h.settings)
     # a head with random weights, float64, under every guard
     gen = torch.Generator().manual_seed(0)
     rnd = tpc.TPC(12, 5, [3, 2, 4, 1])
