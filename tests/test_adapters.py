@@ -244,6 +244,15 @@ def test_train_monitor_in_place():
     assert mon.score(model, ["steal car"]).probs.shape == (1,)
     with pytest.raises(tpc.TPCHooksError, match=r"labels has only one class"):
         tpc.train_monitor(model, harmful, [1] * 8, SITE, verbose=False)
+    # a FitConfig is honoured; degree=/rank=/seed= override it only when given
+    cfg = tpc.FitConfig(degree=3, rank=2, epochs=2, seed=1)
+    from_cfg = tpc.train_monitor(model, harmful + benign, [1] * 8 + [0] * 8, SITE, config=cfg, val_fraction=0.25,
+                                 verbose=False)
+    assert from_cfg.head.degree == 3 and from_cfg.head.history.config.seed == 1
+    assert from_cfg.head.history.config.epochs == 2
+    overridden = tpc.train_monitor(model, harmful + benign, [1] * 8 + [0] * 8, SITE, config=cfg, degree=2,
+                                   val_fraction=0.25, verbose=False)
+    assert overridden.head.degree == 2 and overridden.head.history.config.seed == 1
 
 
 def test_watch_scores_the_users_own_generate(case):

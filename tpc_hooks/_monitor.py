@@ -23,6 +23,7 @@ from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts, collect, pooled_batches
 from ._generation import GenerationRun, MonitorEvent, WatchLog
 from .pooling import check_pooling
+from ._history import FitConfig
 from ._polynomial import TPC, from_saved, to_saved
 from ._sae import check_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity
 
@@ -320,9 +321,10 @@ def train_monitor(
     batch_size: int = 8,
     tau: float | None = None,
     sae: Any = None,
-    degree: int = 5,
-    rank: int | Sequence[int] = 64,
-    seed: int = 0,
+    config: FitConfig | None = None,
+    degree: int | None = None,
+    rank: int | Sequence[int] | None = None,
+    seed: int | None = None,
     verbose: bool = True,
     **fit_kwargs: Any,
 ) -> Monitor:
@@ -338,7 +340,9 @@ def train_monitor(
         tau: if given, the monitor's policy is a cascade at ``tau``, calibrated on validation.
         sae: an SAELens SAE for ``site``: train on its latents (pooled per prompt), so
             attribution reads in feature ids.
-        degree, rank, seed, verbose, **fit_kwargs: passed to :func:`tpc_hooks.fit`.
+        config, degree, rank, seed, verbose, **fit_kwargs: passed to :func:`tpc_hooks.fit` (a
+            :class:`~tpc_hooks.FitConfig` and/or its fields; ``degree``, ``rank`` and ``seed``
+            override ``config`` only when given; ``seed`` also draws the validation split).
 
     Returns:
         A :class:`Monitor`; ``monitor.report`` holds validation metrics per order.
@@ -365,8 +369,11 @@ def train_monitor(
     X = collect(adapter, items, [site], pooling, batch_size=batch_size, chat_template=chat_template, prepend_bos=bos,
                 max_tokens=max_tokens, sae=sae, progress=verbose)[site]
     n_val = max(2, int(round(val_fraction * len(items))))
-    tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=seed)
-    head = fit(X[tr], y[tr], X[va], y[va], degree=degree, rank=rank, seed=seed, verbose=verbose, **fit_kwargs)
+    given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
+    own = {k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs}  # fit's, not FitConfig's
+    cfg = FitConfig.from_options(config, {**given, **fit_kwargs})
+    tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=cfg.seed)
+    head = fit(X[tr], y[tr], X[va], y[va], cfg, verbose=verbose, **own)
     head = head.cpu()
     cascade = Cascade(head, tau).calibrate(X[va], y[va]) if tau is not None else None
     with torch.no_grad():
