@@ -1,5 +1,6 @@
 """Training settings (frozen, validated on construction) and the record of what training did."""
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -62,8 +63,6 @@ class TrainConfig:
         if unknown:
             raise TPCHooksError(f"sweep keys must be among {sorted(PAPER_GRID)}; got {sorted(unknown)}")
         keys = sorted(grid)
-        import itertools
-
         return [replace(self, **dict(zip(keys, vals))) for vals in itertools.product(*(grid[k] for k in keys))]
 
 
