@@ -117,3 +117,16 @@ def test_non_positive_scale_is_rejected(saved):
     _rewrite(path, lambda t: t["scaler.scale"].__setitem__(0, 0.0))
     with pytest.raises(tpc.TPCHooksError, match="scaler.scale must be positive"):
         tpc.TPC.load(path)
+
+
+@pytest.mark.parametrize("key, value", [("threshold", "high"), ("report", [1, 2]), ("model", "SmolLM2"),
+                                        ("cascade", {"lower": "a", "upper": 0.9, "temperatures": [1] * 3,
+                                                     "biases": [0] * 3})])
+def test_malformed_monitor_fields_name_the_file(saved, key, value):
+    head, _ = saved
+    path = tpc.Monitor(head, site="blocks.1.hook_resid_post").save(saved[1].parent / "mon")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["monitor"][key] = value
+    (path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(tpc.TPCHooksError, match=r"mon/config\.json"):
+        tpc.Monitor.load(path)

@@ -290,7 +290,7 @@ class Monitor:
             c = mon["cascade"]
             try:
                 cascade = Cascade.from_dict(head, c)
-            except (KeyError, TypeError) as err:
+            except (KeyError, TypeError, ValueError) as err:
                 raise TPCHooksError(f"{where}: monitor.cascade is malformed ({err})") from None
         try:
             return cls(head=head, site=site, pooling=mon.get("pooling", "mean"), chat_template=bool(mon.get("chat_template", False)),
@@ -298,7 +298,7 @@ class Monitor:
                        max_tokens=mon.get("max_tokens"), model_name=model.get("name"), cascade=cascade,
                        threshold=float(mon.get("threshold", 0.5)), report=dict(mon.get("report") or {}),
                        sae=sae, sae_identity=mon.get("sae"))
-        except TPCHooksError as err:
+        except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError; float()/dict() of a bad value too
             raise TPCHooksError(f"{where}: {err}") from None
 
 

@@ -128,18 +128,6 @@ def _check_monitor_dir(path: str) -> None:
                             "tpc-hooks train (config.json + model.safetensors); pass that directory")
 
 
-def _load_monitor(path: str) -> Any:
-    from ._monitor import Monitor
-
-    try:
-        return Monitor.load(path)
-    except TPCHooksError:
-        raise
-    except (AttributeError, KeyError, TypeError, ValueError, IndexError, RuntimeError) as err:  # Monitor.load misses some
-        raise TPCHooksError(f"--monitor {path} could not be loaded ({type(err).__name__}: {err}); expected a monitor "
-                            "saved by tpc-hooks train; train and save it again") from None
-
-
 def _check_acts(path: str) -> Path:
     acts = Path(path)
     if not acts.exists():
@@ -303,12 +291,13 @@ def _train(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     import torch
 
+    from ._monitor import Monitor
     from .metrics import classification_metrics
 
     _check_monitor_dir(args.monitor)
     acts = _check_acts(args.acts)
     _check_json_out(args.json)
-    mon = _load_monitor(args.monitor)
+    mon = Monitor.load(args.monitor)
     site_fix = f"the monitor reads it; collect it with tpc-hooks collect --sites {mon.site}"
     labels = {split: _check_split(acts, split, mon.site, "--splits", site_fix) for split in args.splits}
     results = {}
@@ -331,9 +320,11 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _monitor(args: argparse.Namespace) -> int:
+    from ._monitor import Monitor
+
     _check_monitor_dir(args.monitor)
     _check_model(args.model)
-    mon = _load_monitor(args.monitor)
+    mon = Monitor.load(args.monitor)
     model = _load_model(args.model, args.toolkit)
     run = mon.generate(model, args.prompt, max_new_tokens=args.max_new_tokens, action=args.action)
     tok = model.tokenizer
@@ -356,8 +347,9 @@ def _attribute(args: argparse.Namespace) -> int:
     _check_json_out(args.json)
     from ._attribution import attribute
     from ._collect import collect
+    from ._monitor import Monitor
 
-    mon = _load_monitor(args.monitor)
+    mon = Monitor.load(args.monitor)
     model = _load_model(args.model, args.toolkit)
     z = collect(model, args.prompt, mon.site, mon.pooling, chat_template=mon.chat_template, prepend_bos=mon.prepend_bos,
                 max_tokens=mon.max_tokens, progress=False)[mon.site]
