@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from . import _kernel
 from ._checks import prepare_activations
 from ._errors import TPCHooksError
-from ._cascade import CascadeResult, _logit, thresholds
+from ._cascade import CascadeResult, thresholds
 from ._polynomial import TPC, Cost, _check_int, _Scaler
 from ._history import History, TrainConfig
 from ._loop import default_device, f1_at_zero, train_loop
@@ -349,7 +349,7 @@ def early_exit_cascade(model: EarlyExitMLP, z: Float[Tensor, "*batch d_model"], 
     """
     if not isinstance(model, EarlyExitMLP):
         raise TPCHooksError(f"early_exit_cascade needs an EarlyExitMLP; got {type(model).__name__}")
-    lo, hi = (_logit(t) for t in thresholds(tau, lower, upper))
+    lower, upper = thresholds(tau, lower, upper)
     z2, _ = model._prepare(z)
     state = {"h": model.scaler(z2)}
 
@@ -359,7 +359,7 @@ def early_exit_cascade(model: EarlyExitMLP, z: Float[Tensor, "*batch d_model"], 
         return s_n, s_n, s_n, None  # probabilities: sigmoid of the final logits, below
 
     first = model.heads[0](state["h"]).squeeze(-1)
-    s, _, exit_order, flops, _ = _kernel.exit_loop(first, first, advance, model.n_exits, model.cascade_flops(), lo, hi)
+    s, _, exit_order, flops, _ = _kernel.exit_loop(first, first, advance, model.n_exits, model.cascade_flops(), lower, upper)
     return CascadeResult(logits=s, probs=torch.sigmoid(s), exit_order=exit_order, flops=flops, degree=model.n_exits)
 
 

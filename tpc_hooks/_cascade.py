@@ -74,14 +74,6 @@ def thresholds(tau: float, lower: float | None, upper: float | None) -> tuple[fl
     return float(lower), float(upper)
 
 
-def _logit(p: float) -> float:
-    if p <= 0:
-        return -math.inf
-    if p >= 1:
-        return math.inf
-    return math.log(p / (1 - p))
-
-
 class Cascade:
     """Cascaded evaluation of a TPC: exit at the first order whose probability is outside
     ``(lower, upper)``; by default ``lower = tau``, ``upper = 1 - tau``.
@@ -157,7 +149,7 @@ class Cascade:
         first = walk.logit.clone()
         s, probs, exit_order, flops, gated = _kernel.exit_loop(
             first, self._calibrate(first, 1), advance, head.degree, list(itertools.accumulate(head.term_flops())),
-            _logit(self.lower), _logit(self.upper))
+            self.lower, self.upper)
         if bool(gated.any()):
             log.info("cascade: %d of %d rows left the trust region; scored by the linear probe", int(gated.sum()), zs.shape[0])
         return CascadeResult(logits=s, probs=probs, exit_order=exit_order, flops=flops, degree=head.degree, gated=gated)

@@ -99,9 +99,6 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
         head.gate = bool(cfg.gate)
     head.escalate_only = bool(cfg.escalate_only)
     history.config = replace(cfg, gate=head.gate)
-    history.settings = {"recipe": cfg.recipe, "trust_region": cfg.trust_region, "margin": cfg.margin, "gate": head.gate,
-                        "shrink": cfg.shrink, "escalate_only": head.escalate_only, "decay_growth": cfg.decay_growth,
-                        "patience": cfg.patience}
     head.requires_grad_(True)
     head.history = history
     return head.eval()

@@ -182,6 +182,12 @@ class FitConfig:
         return replace(config or cls(), **options)
 
     @property
+    def _patience(self) -> int | None:
+        if self.patience == "auto":
+            return None if self.recipe == "paper" else 10
+        return self.patience
+
+    @property
     def resolved_trust_region(self) -> bool:
         if self.trust_region is None:
             return self.recipe != "paper" and self.mode == "progressive"
@@ -195,14 +201,20 @@ class FitConfig:
             self, trust_region=trust,
             gate=trust if self.gate is None else bool(self.gate),
             shrink=(not paper and self.mode == "progressive") if self.shrink is None else bool(self.shrink),
-            patience=(None if paper else 10) if self.patience == "auto" else self.patience,
+            patience=self._patience,
         )
 
     def train_config(self) -> TrainConfig:
         """The optimiser settings of one degree (before any ``decay_growth``)."""
-        patience = (None if self.recipe == "paper" else 10) if self.patience == "auto" else self.patience
         return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
-                           dropout=self.dropout, patience=patience, l1=self.l1, keep_best=self.recipe != "paper")
+                           dropout=self.dropout, patience=self._patience, l1=self.l1, keep_best=self.recipe != "paper")
+
+    def settings(self) -> dict[str, Any]:
+        """The recipe and robustness options, resolved, as ``History.settings`` reports them."""
+        r = self.resolved()
+        return {"recipe": r.recipe, "trust_region": r.trust_region, "margin": r.margin, "gate": r.gate,
+                "shrink": r.shrink, "escalate_only": r.escalate_only, "decay_growth": r.decay_growth,
+                "patience": r.patience}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields (saved in ``config.json`` with the head's history)."""
@@ -227,14 +239,20 @@ class History:
     ``selected[k]`` holds the chosen hyperparameters, trial and best epoch of degree ``k``
     (for degree 1: the chosen ``C``; with shrinkage, ``scale``: the per-order scale folded into
     ``lambda_k``). ``config`` is the :class:`FitConfig` ``fit`` used, resolved (None for
-    baselines); ``settings`` its recipe and robustness options as a dict.
+    baselines); :attr:`settings` its recipe and robustness options as a dict.
     """
 
     mode: str
     records: list[dict[str, Any]] = field(default_factory=list)
     selected: dict[int, dict[str, Any]] = field(default_factory=dict)
-    settings: dict[str, Any] = field(default_factory=dict)
     config: FitConfig | None = None
+    # settings read from a file written before the FitConfig was recorded
+    recorded_settings: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """Recipe and robustness options (``recipe``, ``trust_region``, ``gate``, ``shrink``, ...)."""
+        return self.config.settings() if self.config is not None else self.recorded_settings
 
     def for_degree(self, k: int) -> list[dict[str, Any]]:
         """Per-epoch records of the selected trial of degree ``k``."""
@@ -257,8 +275,8 @@ class History:
             except (TPCHooksError, TypeError):
                 config = None  # a record written by another version: the records still load
         return cls(mode=d.get("mode", "progressive"), records=list(d.get("records", [])),
-                   selected={int(k): v for k, v in d.get("selected", {}).items()}, settings=dict(d.get("settings", {})),
-                   config=config)
+                   selected={int(k): v for k, v in d.get("selected", {}).items()}, config=config,
+                   recorded_settings=dict(d.get("settings", {})))
 
     def to_dataframe(self):
         """The records as a pandas DataFrame (needs pandas)."""

@@ -176,10 +176,20 @@ def lambda_scales(head: Any, zs: Tensor) -> dict[int, Tensor]:
 
 
 # ---------------------------------------------------------------------- the cascade's exit loop
+def logit_of(p: float) -> float:
+    """``log(p / (1 - p))``, infinite at 0 and 1."""
+    if p <= 0:
+        return -math.inf
+    if p >= 1:
+        return math.inf
+    return math.log(p / (1 - p))
+
+
 def exit_loop(first: Tensor, first_decision: Tensor,
               advance: Callable[[int, Tensor], tuple[Tensor, Tensor, Tensor | None, Tensor | None]],
-              orders: int, cumulative_flops: Sequence[int], lo: float, hi: float) -> tuple[Tensor, ...]:
-    """Paper Alg. 1: exit each row at the first order whose decision logit is outside ``(lo, hi)``.
+              orders: int, cumulative_flops: Sequence[int], lower: float, upper: float) -> tuple[Tensor, ...]:
+    """Paper Alg. 1: exit each row at the first order whose decision probability is outside
+    ``(lower, upper)`` (decided in logit space, so it never saturates).
 
     ``advance(k, keep)`` first keeps the rows of its current set selected by the bool mask
     ``keep`` (the rows still undecided), then returns, for them, order ``k``'s logit, its
@@ -190,6 +200,7 @@ def exit_loop(first: Tensor, first_decision: Tensor,
     Returns ``(logits, probs, exit_order, flops, forced)``: ``probs`` at the exit order, ``flops = cumulative_flops[exit_order - 1]``, ``forced`` the rows a
     ``advance`` mask made exit.
     """
+    lo, hi = logit_of(lower), logit_of(upper)
     n = first.shape[0]
     s = first
     probs = torch.sigmoid(first_decision)
