@@ -117,26 +117,22 @@ def _load_model(name: str | None, toolkit: str) -> Any:
                             "model id reachable from here; check the name and the network") from None
 
 
-def _check_monitor_dir(path: str) -> None:
+def _existing_dir(path: str, flag: str, expected: str, fix: str) -> Path:
     p = Path(path)
-    if not p.exists():
-        raise TPCHooksError(f"--monitor {path} is not a directory (it does not exist); expected a monitor directory "
-                            f"saved by tpc-hooks train (config.json + model.safetensors); check the path or run "
-                            f"tpc-hooks train --out {path}")
     if not p.is_dir():
-        raise TPCHooksError(f"--monitor {path} is not a directory (it is a file); expected the directory saved by "
-                            "tpc-hooks train (config.json + model.safetensors); pass that directory")
+        state = "it is a file" if p.exists() else "it does not exist"
+        raise TPCHooksError(f"{flag} {path} is not a directory ({state}); expected {expected}; {fix}")
+    return p
+
+
+def _check_monitor_dir(path: str) -> None:
+    _existing_dir(path, "--monitor", "the directory saved by tpc-hooks train (config.json + model.safetensors)",
+                  f"check the path, or run tpc-hooks train --out {path}")
 
 
 def _check_acts(path: str) -> Path:
-    acts = Path(path)
-    if not acts.exists():
-        raise TPCHooksError(f"--acts {path} does not exist; expected the directory written by tpc-hooks collect; "
-                            f"check the path, or run tpc-hooks collect --out {path} first")
-    if not acts.is_dir():
-        raise TPCHooksError(f"--acts {path} is a file; expected the directory written by tpc-hooks collect "
-                            "(with collect.json and one folder per split); pass that directory")
-    return acts
+    return _existing_dir(path, "--acts", "the directory written by tpc-hooks collect (collect.json and one folder "
+                         "per split)", f"check the path, or run tpc-hooks collect --out {path} first")
 
 
 def _collect_config(acts: Path) -> dict[str, Any]:
