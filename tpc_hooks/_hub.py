@@ -17,14 +17,14 @@ CARD_FILE = "README.md"
 HUB_FILES = [_format.CONFIG_FILE, _format.WEIGHTS_FILE, CARD_FILE]
 TAGS = ["tpc-hooks", "activation-probe", "safety-monitor", "interpretability"]
 
-# A hub model id: "name" or "org/name" (letters, digits, "-", "_", "."; no "--" or "..").
-_REPO_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
-_REPO_ID = re.compile(rf"^(?:{_REPO_PART}/)?{_REPO_PART}$")
+def is_repo_id(name: str, *, need_org: bool = False) -> bool:
+    """Whether ``name`` is a valid hub repository id (``"name"`` or ``"org/name"``), by
+    ``huggingface_hub``'s own rule."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-
-def _is_repo_id(name: str, *, need_org: bool = False) -> bool:
-    """Whether ``name`` looks like a hub model id (``"name"`` or ``"org/name"``)."""
-    if not _REPO_ID.match(name) or "--" in name or ".." in name:
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
         return False
     return "/" in name or not need_org
 
@@ -109,7 +109,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def _front_matter(obj: TPC | Monitor) -> str:
     lines = ["---", "library_name: tpc-hooks", "tags:"] + [f"- {t}" for t in TAGS]
     name = obj.model_name if isinstance(obj, Monitor) else None
-    if isinstance(name, str) and _is_repo_id(name, need_org=True):
+    if isinstance(name, str) and is_repo_id(name, need_org=True):
         lines.append(f"base_model: {name}")
     return "\n".join(lines + ["---"])
 
@@ -306,7 +306,7 @@ def from_pretrained(cls: type, name_or_path: str | os.PathLike, *, revision: str
         raise TPCHooksError(f"expected a directory saved with save_pretrained (holding {_format.CONFIG_FILE} and "
                             f"{_format.WEIGHTS_FILE}); {str(path)!r} is a file. Pass the directory that contains it")
     name = name_or_path if isinstance(name_or_path, str) else None
-    if name is None or not _is_repo_id(name):
+    if name is None or not is_repo_id(name):
         raise TPCHooksError(f"the directory {str(path)!r} does not exist, and it is not a hub model id (\"org/name\"); "
                             "pass a directory saved with save_pretrained, or a hub repository id")
     import huggingface_hub as hf
@@ -343,7 +343,7 @@ def push_to_hub(obj: TPC | Monitor, repo_id: str, *, private: bool | None = None
         >>> push_to_hub(monitor, "user/smollm2-harm-monitor", private=True)  # doctest: +SKIP
     """
     _check_obj(obj)
-    if not isinstance(repo_id, str) or not _is_repo_id(repo_id):
+    if not isinstance(repo_id, str) or not is_repo_id(repo_id):
         raise TPCHooksError(f"expected a hub model id like \"user/name\"; got {repo_id!r}. Pass the repository to create "
                             "or update")
     import huggingface_hub as hf

@@ -11,7 +11,6 @@ import datetime as _dt
 import json
 import logging
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -19,16 +18,15 @@ from typing import Any
 
 from ._errors import TPCHooksError
 
-# A hub id, "name" or "org/name" (letters, digits, "-", "_", "."; no "--" or ".."): what a --model
-# or --dataset that is not an existing path may plausibly be. Anything else is a missing local path.
-_HUB_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?"
-_HUB_ID = re.compile(rf"^(?:{_HUB_PART}/)?{_HUB_PART}$")
 _DATA_SUFFIXES = (".csv", ".jsonl", ".json")
 _COLLECT_KEYS = ("model", "sites", "pooling", "chat_template", "max_tokens")
 
 
 def _is_hub_id(name: str) -> bool:
-    return bool(_HUB_ID.match(name)) and "--" not in name and ".." not in name
+    """What a --model or --dataset that is not an existing path may plausibly be."""
+    from ._hub import is_repo_id
+
+    return is_repo_id(name)
 
 
 # ------------------------------------------------------------------ input checks (before any model loads)
