@@ -337,3 +337,18 @@ def test_comparison_evaluate_rescores_the_same_models():
     assert [(r["method"], r["order"]) for r in again] == [(r["method"], r["order"]) for r in res.rows]
     for a, b in zip(again, res.rows):
         assert a["f1"] == pytest.approx(b["f1"]) and a["auroc"] == pytest.approx(b["auroc"])
+
+
+def test_comparison_logits_are_the_scores_behind_its_rows():
+    from tpc_hooks.metrics import classification_metrics
+
+    X, y = make_problem(n=500, d_model=8, seed=0)
+    Xt, yt = make_problem(n=200, d_model=8, seed=1)
+    res = B.compare(X[:400], y[:400], X[400:], y[400:], Xt, yt, degree=2, rank=2, methods=("tpc", "mlp"), epochs=2,
+                    verbose=False)
+    got = res.logits(Xt)
+    assert sorted(got) == [("mlp", 1), ("mlp", 2), ("tpc", 1), ("tpc", 2)]
+    with torch.no_grad():
+        assert np.allclose(got[("tpc", 2)], res.models["tpc"](torch.as_tensor(Xt)).double().numpy(), atol=1e-5)
+    for row in res.rows:
+        assert classification_metrics(yt, got[(row["method"], row["order"])])["f1"] == pytest.approx(row["f1"])

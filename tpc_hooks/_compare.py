@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -78,6 +79,16 @@ class Comparison:
                 rows.append({"method": method, "order": order, "params": cost.params, "flops": cost.flops,
                              **{k: m[k] for k in _METRICS}})
         return rows
+
+    @torch.no_grad()
+    def logits(self, X: Any, device: str | torch.device | None = None) -> dict[tuple[str, int], np.ndarray]:
+        """Every trained method's logit at every order on ``X``: ``{(method, order): [n]}``, for
+        metrics :attr:`rows` lacks (recall at a fixed false-positive rate, for one)."""
+        first = next(iter(self.models.values()))
+        data = as_rows(X, "X", (first[0] if isinstance(first, list) else first).d_model)
+        dev = default_device(device)
+        return {(method, order): logits.double().numpy() for method, model in self.models.items()
+                for order, _, logits in _scored(method, model, data, dev)}
 
     def to_dataframe(self):
         """The rows as a pandas DataFrame (needs pandas)."""

@@ -74,3 +74,51 @@ def classification_metrics(y_true: Any, scores: Any, *, from_logits: bool = True
         "auroc": float(roc_auc_score(yt, s)) if both else float("nan"),
         "ece": expected_calibration_error(yt, probs),
     }
+
+
+def threshold_at_fpr(benign_scores: Any, fpr: float = 0.01) -> float:
+    """The score threshold that flags at most ``fpr`` of ``benign_scores`` (flag: score > threshold).
+
+    The threshold is one of the benign scores: the ``floor(fpr * n)``-th largest counted from
+    the top, so that exactly that many (fewer under ties) benign rows lie strictly above it. Set it
+    on benign *validation* rows and apply it unchanged to new data.
+
+    Args:
+        benign_scores: scores (logits or probabilities: any monotone scale) of benign rows.
+        fpr: the false-positive rate allowed, in [0, 1).
+
+    Raises:
+        TPCHooksError: no scores, a NaN score, or ``fpr`` outside [0, 1).
+
+    Example:
+        >>> threshold_at_fpr([0.1, 0.4, 0.2, 0.9, 0.3], fpr=0.2)  # one of five may lie above
+        0.4
+    """
+    s = np.sort(_np(benign_scores).astype(np.float64).ravel())
+    if s.size == 0 or np.isnan(s).any():
+        raise TPCHooksError(f"threshold_at_fpr needs at least one benign score and no NaN; got {s.size} scores")
+    if not 0 <= fpr < 1:
+        raise TPCHooksError(f"fpr must be in [0, 1); got {fpr}")
+    return float(s[s.size - 1 - int(np.floor(fpr * s.size + 1e-9))])
+
+
+def recall_at_fpr(y_true: Any, scores: Any, benign_reference: Any, fpr: float = 0.01) -> dict[str, float]:
+    """Recall and false-positive rate on ``(y_true, scores)`` at the threshold that flags ``fpr`` of
+    ``benign_reference`` (benign validation scores; see :func:`threshold_at_fpr`).
+
+    The false-positive rate on new data can differ from ``fpr``: it is reported, not assumed.
+
+    Returns:
+        ``{"recall", "fpr", "threshold"}``; recall (fpr) is NaN when ``y_true`` has no harmful (benign) row.
+
+    Example:
+        >>> r = recall_at_fpr([0, 0, 1, 1], [0.1, 0.5, 0.45, 0.9], benign_reference=[0.1, 0.2, 0.3, 0.4], fpr=0.0)
+        >>> r["recall"], r["fpr"], r["threshold"]
+        (1.0, 0.5, 0.4)
+    """
+    s = _np(scores).astype(np.float64)
+    yt = check_labels(y_true, len(s), "y_true", need_both=False).numpy()
+    t = threshold_at_fpr(benign_reference, fpr)
+    flagged = s > t
+    return {"recall": float(flagged[yt == 1].mean()) if (yt == 1).any() else float("nan"),
+            "fpr": float(flagged[yt == 0].mean()) if (yt == 0).any() else float("nan"), "threshold": t}
