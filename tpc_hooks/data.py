@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _sources
+from . import _phrasing, _sources
 from ._errors import TPCHooksError
 from ._sources import INSTALL as INSTALL
 from ._sources import MIN_CHARS as _MIN_CHARS
@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 HARMFUL_SOURCES = ("advbench", "harmbench", "donotanswer")
 BENIGN_SOURCES = ("overrefusal", "refusal_benign", "gsm8k", "sharegpt")
+PHRASING_FAMILIES = _phrasing.FAMILIES
 _MAX_WRAPPED_REQUEST = 300  # benign requests wrapped in templates stay as short as the harmful ones
 # An explicit insertion point: "[INSERT PROMPT HERE]", "{prompt}", "[PUT YOUR QUESTION HERE]", "[INPUT]"...
 _SLOT = re.compile(
@@ -208,7 +209,7 @@ def default_prompt_set(seed: int = 0, n_benign_sharegpt: int = 1000, n_adversari
     _rng(seed, "templates").shuffle(templates)
     pairs_total = n_adversarial // 2
     for name, tmpl, n_pairs in zip(splits, _cut(templates, fractions), _cut_sizes(pairs_total, fractions)):
-        splits[name] += _wrapped(splits[name], tmpl, n_pairs, _rng(seed, f"wrap-{name}"))
+        splits[name] += [w for w, _ in _wrapped(splits[name], tmpl, n_pairs, _rng(seed, f"wrap-{name}"))]
     splits["heldout"] = held
 
     out = {}
@@ -219,6 +220,102 @@ def default_prompt_set(seed: int = 0, n_benign_sharegpt: int = 1000, n_adversari
     if seen and max(seen.values()) > 1:  # a wrapped text equal to another: not expected, but checked
         raise TPCHooksError("internal error: a normalised text occurs twice across the splits; please report it")
     return out
+
+
+def phrasing_benchmark(seed: int = 0, heldout_family: str = "tense", *, n_benign_sharegpt: int = 1000,
+                       n_adversarial: int = 300, max_chars: int = 300,
+                       fractions: tuple[float, float, float, float] = (0.5, 0.15, 0.15, 0.2)) -> dict[str, PromptSet]:
+    """Splits for measuring a monitor on requests *phrased* differently from training, not on new sources.
+
+    Every source's base requests are divided (per source and label, by ``fractions``) among
+    train, val, test and a *shift* pool, so no base request is shared across them. Train, val and
+    test hold the plain requests plus the same in-the-wild jailbreak templates wrapped around
+    harmful and benign requests alike (the in-distribution mix; the wrapper carries no label).
+    The shift pool is rewritten by each phrasing family (:data:`PHRASING_FAMILIES`: past/future
+    tense, fictional or hypothetical framing, third-person questions, paraphrase templates,
+    casing/punctuation noise), harmful and benign alike, into one evaluation split per family.
+    For augmentation and selection, ``"aug"`` rewrites each training request by one family
+    drawn at random and ``"val/<family>"`` rewrites every validation request by each family;
+    both skip ``heldout_family``, which appears only in ``"shift/<heldout_family>"``: never
+    trained on, never used to select.
+
+    Args:
+        seed: Seeds every draw; the same seed gives the same splits.
+        heldout_family: The family kept out of ``"aug"`` and ``"val/*"``.
+        n_benign_sharegpt: ShareGPT first user turns among the base requests.
+        n_adversarial: Wrapped rows in train/val/test together, half harmful and half benign.
+        max_chars: Length cap for ShareGPT prompts.
+        fractions: Train/val/test/shift fractions of the base requests.
+
+    Returns:
+        ``"train"``, ``"val"``, ``"test"``, ``"aug"``, ``"val/<family>"`` (each family but the
+        held-out one) and ``"shift/<family>"`` (every family) to :class:`PromptSet`. A rewritten
+        row keeps its base request's source and label; its category is the family's name.
+
+    Raises:
+        TPCHooksError: an unknown family, a bad argument, or a missing data package.
+
+    Example:
+        >>> splits = phrasing_benchmark(seed=0)  # doctest: +SKIP
+        >>> sorted(k for k in splits if k.startswith("shift/"))  # doctest: +SKIP
+        ['shift/fiction', 'shift/noise', 'shift/paraphrase', 'shift/tense', 'shift/third_person']
+    """
+    if heldout_family not in PHRASING_FAMILIES:
+        raise TPCHooksError(f"heldout_family must be one of {PHRASING_FAMILIES}; got {heldout_family!r}")
+    if len(fractions) != 4 or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-9:
+        raise TPCHooksError(f"fractions must be four positive numbers summing to 1 (train, val, test, shift); "
+                            f"got {fractions}")
+    _check_args(n_benign_sharegpt, n_adversarial, max_chars, ("harmbench", "sharegpt"), (0.7, 0.1, 0.2))
+    pools = _phrasing_pools(seed, n_benign_sharegpt, max_chars, fractions)
+    out = {}
+    for name, pairs in _phrasing_splits(pools, heldout_family, n_adversarial, seed, fractions).items():
+        rows = _dedupe({"all": [r for r, _ in pairs]})["all"]  # two requests can rephrase to one text (casing noise)
+        _rng(seed, f"phrasing-order-{name}").shuffle(rows)
+        out[name] = PromptSet._from_rows(rows)
+    return out
+
+
+def _phrasing_pools(seed: int, n_benign_sharegpt: int, max_chars: int,
+                    fractions: tuple[float, float, float, float]) -> dict[str, list[_Row]]:
+    """The base requests of :func:`phrasing_benchmark`: train, val, test and shift pools, disjoint."""
+    by_source = {name: list(load()) for name, load in _sources.LOADERS.items()}
+    sharegpt = [r for r in _sources.sharegpt() if len(r.text) <= max_chars]
+    _rng(seed, "phrasing-sharegpt").shuffle(sharegpt)
+    by_source["sharegpt"] = sharegpt[:n_benign_sharegpt]
+    by_source = _dedupe(by_source)
+    pools: dict[str, list[_Row]] = {"train": [], "val": [], "test": [], "shift": []}
+    rng = _rng(seed, "phrasing-split")
+    for source in sorted(by_source):
+        for label in (0, 1):
+            group = [r for r in by_source[source] if r.label == label]
+            rng.shuffle(group)
+            for name, part in zip(pools, _cut4(group, fractions)):
+                pools[name] += part
+    return pools
+
+
+def _phrasing_splits(pools: dict[str, list[_Row]], heldout_family: str, n_adversarial: int, seed: int,
+                     fractions: tuple[float, float, float, float]) -> dict[str, list[tuple[_Row, _Row]]]:
+    """Every split of :func:`phrasing_benchmark` as (row, its base request) pairs, unshuffled."""
+    splits = {name: [(r, r) for r in pools[name]] for name in ("train", "val", "test")}
+    templates = _sources.templates()
+    _rng(seed, "phrasing-templates").shuffle(templates)
+    in_dist = tuple(f / sum(fractions[:3]) for f in fractions[:3])
+    for name, tmpl, n_pairs in zip(list(splits), _cut(templates, in_dist), _cut_sizes(n_adversarial // 2, in_dist)):
+        splits[name] += _wrapped(pools[name], tmpl, n_pairs, _rng(seed, f"phrasing-wrap-{name}"))
+
+    trained = [f for f in PHRASING_FAMILIES if f != heldout_family]
+    train = pools["train"]
+    splits["aug"] = [(train[i]._replace(text=text, category=family, adversarial=False), train[i])
+                     for i, family, text in _phrasing.augmented([r.text for r in train], tuple(trained),
+                                                                _rng(seed, "phrasing-aug"))]
+    for name, pool, families in (("val", pools["val"], trained), ("shift", pools["shift"], PHRASING_FAMILIES)):
+        by_family = _phrasing.views([r.text for r in pool], tuple(families),
+                                    lambda f, name=name: _rng(seed, f"phrasing-{name}-{f}"))
+        for family, rows in by_family.items():
+            splits[f"{name}/{family}"] = [(pool[i]._replace(text=text, category=family, adversarial=False), pool[i])
+                                          for i, text in rows]
+    return splits
 
 
 def load_prompt_file(path: str | os.PathLike, text_column: str = "text", label_column: str = "label") -> PromptSet:
@@ -399,14 +496,20 @@ def _stratified_split(by_source: dict[str, list[_Row]], fractions: tuple[float, 
     return splits
 
 
+def _cut4(rows: list[Any], fractions: tuple[float, ...]) -> list[list[Any]]:
+    edges = [round(len(rows) * sum(fractions[:i])) for i in range(len(fractions) + 1)]
+    return [rows[a:b] for a, b in zip(edges, edges[1:])]
+
+
 def _wrap(template: str, request: str) -> str:
     if _SLOT.search(template):
         return _SLOT.sub(lambda _: request, template)
     return f"{template.rstrip()}\n\n{request}"
 
 
-def _wrapped(rows: list[_Row], templates: list[str], n_pairs: int, rng: random.Random) -> list[_Row]:
-    """``n_pairs`` harmful and ``n_pairs`` benign requests of a split; template ``i`` wraps the ``i``-th of each."""
+def _wrapped(rows: list[_Row], templates: list[str], n_pairs: int, rng: random.Random) -> list[tuple[_Row, _Row]]:
+    """``n_pairs`` harmful and ``n_pairs`` benign requests of a split, each as (wrapped row, request);
+    template ``i`` wraps the ``i``-th of each."""
     harmful = [r for r in rows if r.label == 1]
     benign = [r for r in rows if r.label == 0 and len(r.text) <= _MAX_WRAPPED_REQUEST]
     n = min(n_pairs, len(harmful), len(benign)) if templates else 0
@@ -415,7 +518,7 @@ def _wrapped(rows: list[_Row], templates: list[str], n_pairs: int, rng: random.R
     out = []
     for i, (h, b) in enumerate(zip(rng.sample(harmful, n), rng.sample(benign, n))):
         template = templates[i % len(templates)]
-        out += [r._replace(text=_wrap(template, r.text), adversarial=True) for r in (h, b)]
+        out += [(r._replace(text=_wrap(template, r.text), adversarial=True), r) for r in (h, b)]
     return out
 
 
