@@ -321,3 +321,58 @@ def test_init_keeps_the_guards_it_was_trained_with(problem):
             tpc.fit(Xtr, ytr, Xva, yva, degree=3, init=ungated, **bad, **FAST)
     with pytest.raises(tpc.TPCHooksError, match="mode='progressive'"):
         tpc.fit(Xtr, ytr, Xva, yva, degree=2, mode="joint", shrink=True, **FAST)
+
+
+def test_worst_group_scale_refuses_a_term_that_hurts_one_group():
+    torch.manual_seed(0)
+    y = torch.tensor([0.0, 1.0] * 50)
+    prefix = torch.zeros(100)
+    helps = torch.where(y == 1, 1.0, -1.0)  # pushes every row the right way
+    term = torch.cat([helps[:50], -helps[50:]])  # ...on the first half, the wrong way on the second
+    a, b = torch.arange(50), torch.arange(50, 100)
+    assert _fit_order_scale(prefix[:50], term[:50], y[:50])[0] == 1.0
+    assert _fit_order_scale(prefix, term, y, [a, b])[0] == 0.0
+    both = torch.cat([helps[:50], 0.5 * helps[50:]])
+    scale, pooled = _fit_order_scale(prefix, both, y, [a, b])
+    # by hand: the scale on the grid with the smallest worst-group change of BCE
+    bce = lambda s, g: float(torch.nn.functional.binary_cross_entropy_with_logits(s * both[g], y[g]))
+    want = min(SHRINK_GRID, key=lambda s: (round(max(bce(s, g) - bce(0, g) for g in (a, b)), 12), s))
+    assert scale == want > 0
+    assert pooled == pytest.approx(float(torch.nn.functional.binary_cross_entropy_with_logits(scale * both, y)))
+
+
+def test_one_validation_group_selects_as_the_pooled_rows_do():
+    X, y = make_problem(n=900, d_model=12, seed=0)
+    Xv, yv = make_problem(n=300, d_model=12, seed=1)
+    plain = tpc.fit(X, y, Xv, yv, degree=3, seed=0, **FAST)
+    grouped = tpc.fit(X, y, Xv, yv, degree=3, seed=0, val_groups=["all"] * len(yv), **FAST)
+    for (_, a), (_, b) in zip(plain.state_dict().items(), grouped.state_dict().items()):
+        assert torch.equal(a, b)
+
+
+def test_worst_group_selection_follows_the_harder_group():
+    X, y = make_problem(n=900, d_model=12, seed=0)
+    Xv, yv = make_problem(n=300, d_model=12, seed=1)
+    Xs, ys = make_problem(n=300, d_model=12, seed=2, shift=4.0)  # nuisance directions stretched
+    Xva, yva = np.concatenate([Xv, Xs]), np.concatenate([yv, ys])
+    groups = ["in"] * 300 + ["shifted"] * 300
+    head = tpc.fit(X, y, Xva, yva, degree=3, seed=0, val_groups=groups, gate=False, **FAST)
+    for k in (2, 3):  # every kept scale lowers the loss of both groups (the gate, off here, acts after selection)
+        with torch.no_grad():
+            t = head.terms(torch.as_tensor(Xva)).double()
+        before = t[:, :k - 1].sum(-1)
+        for idx in (slice(0, 300), slice(300, 600)):
+            yy = torch.as_tensor(yva[idx], dtype=torch.float64)
+            lo = torch.nn.functional.binary_cross_entropy_with_logits(before[idx], yy)
+            hi = torch.nn.functional.binary_cross_entropy_with_logits(before[idx] + t[idx, k - 1], yy)
+            assert hi <= lo + 1e-7  # float32 selection, float64 check
+    pooled = tpc.fit(X, y, Xva, yva, degree=3, seed=0, gate=False, **FAST)
+    assert [head.history.selected[k]["scale"] for k in (2, 3)] != [pooled.history.selected[k]["scale"] for k in (2, 3)]
+
+
+def test_val_groups_errors():
+    X, y = make_problem(n=200, d_model=8, seed=0)
+    with pytest.raises(tpc.TPCHooksError, match="val_groups labels the rows of X_val"):
+        tpc.fit(X, y, degree=2, val_groups=[0] * 40, **FAST)
+    with pytest.raises(tpc.TPCHooksError, match=r"one label per validation row \(50\); got 49"):
+        tpc.fit(X[:150], y[:150], X[150:], y[150:], degree=2, val_groups=[0] * 49, **FAST)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -23,8 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config: FitConfig | None = None, *,
-        init: TPC | None = None, device: str | torch.device | None = None, verbose: bool = True,
-        **settings: Any) -> TPC:
+        init: TPC | None = None, val_groups: Any = None, device: str | torch.device | None = None,
+        verbose: bool = True, **settings: Any) -> TPC:
     """Trains a TPC on activations ``X`` [n, d_model] and binary labels ``y`` (1 = harmful).
 
     ``mode="progressive"`` (the paper's method): degree 1 is scikit-learn's
@@ -44,6 +45,11 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
             ``escalate_only``) are kept bit-identical and only the degrees above ``init.degree``
             are trained; ``rank`` then gives the rank of the added degrees (an int, or one entry
             per added degree).
+        val_groups: one group label per validation row (a phrasing family, a source, ...): degrees
+            k >= 2 are then selected for the *worst* group, not the pooled rows: early stopping
+            and the grid point by the worst group's loss and F1, and the shrinkage scale by the
+            worst group's change in loss over the truncation below (a degree that hurts any group
+            is shrunk towards zero). The linear probe's C is still chosen on the pooled rows.
         device: where to train (default: CUDA if available). The head is returned there.
         verbose: progress bars.
         **settings: any :class:`~tpc_hooks.FitConfig` field, overriding ``config``: ``degree``,
@@ -71,12 +77,13 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
     tr, y_tr, va, y_va = split_data(X_train, y_train, X_val, y_val, cfg.val_fraction, cfg.seed,
                                     None if init is None else init.d_model)
     tr.chunk_rows = va.chunk_rows = cfg.chunk_rows
+    groups = _groups(val_groups, va.n, X_val is not None)
     head, history, cfg = _extend(init, cfg) if init is not None else _new_head(tr, cfg.resolved())
     head.to(dev)
     head.requires_grad_(False)
     tr.hold_standardized(head.scaler, dev)
     va.hold_standardized(head.scaler, dev)
-    train = _Trainer(head, tr, y_tr, va, y_va, cfg, dev, verbose, history.records)
+    train = _Trainer(head, tr, y_tr, va, y_va, cfg, dev, verbose, history.records, groups)
 
     if cfg.mode == "joint":
         history.selected[head.degree] = train.joint()
@@ -102,6 +109,18 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
     head.requires_grad_(True)
     head.history = history
     return head.eval()
+
+
+def _groups(val_groups: Any, n_val: int, given: bool) -> list[Tensor] | None:
+    """The validation rows of each group (index tensors), or ``None`` for pooled selection."""
+    if val_groups is None:
+        return None
+    if not given:
+        raise TPCHooksError("val_groups labels the rows of X_val; pass X_val and y_val with it")
+    labels = np.asarray(val_groups).reshape(-1)
+    if labels.shape[0] != n_val:
+        raise TPCHooksError(f"val_groups needs one label per validation row ({n_val}); got {labels.shape[0]}")
+    return [torch.as_tensor(np.flatnonzero(labels == g)) for g in dict.fromkeys(labels.tolist())]
 
 
 def _new_head(tr: Rows, cfg: FitConfig) -> tuple[TPC, History, FitConfig]:
@@ -154,8 +173,9 @@ class _Trainer:
     """The steps of progressive (and joint) training on one head and one split."""
 
     def __init__(self, head: TPC, tr: Rows, y_tr: Tensor, va: Rows, y_va: Tensor, cfg: FitConfig, device: torch.device,
-                 verbose: bool, records: list[dict[str, Any]]):
+                 verbose: bool, records: list[dict[str, Any]], groups: list[Tensor] | None = None):
         self.head, self.tr, self.va, self.cfg, self.device, self.verbose, self.records = head, tr, va, cfg, device, verbose, records
+        self.groups = None if groups is None else [g.to(device) for g in groups]
         self.y_tr, self.y_va = y_tr.to(device), y_va.to(device)
         self.configs = cfg.train_config().grid(cfg.sweep)
 
@@ -164,6 +184,14 @@ class _Trainer:
         """The frozen truncation ``P_{:k-1}``'s logits on the training and validation rows."""
         fn = lambda x: _kernel.logits(self.head, x, k - 1)
         return self.tr.map(self.head.scaler, self.device, fn), self.va.map(self.head.scaler, self.device, fn)
+
+    def _scored(self, s: Tensor) -> tuple[float, float]:
+        """Validation (loss, F1) of logits ``s``: pooled, or the worst group's of each."""
+        if self.groups is None:
+            return float(F.binary_cross_entropy_with_logits(s, self.y_va)), f1_at_zero(s, self.y_va)
+        scores = [(float(F.binary_cross_entropy_with_logits(s[g], self.y_va[g])), f1_at_zero(s[g], self.y_va[g]))
+                  for g in self.groups]
+        return max(a for a, _ in scores), min(b for _, b in scores)
 
     def _val_term(self, k: int) -> Tensor:
         return self.va.map(self.head.scaler, self.device, lambda x: _kernel.term(self.head, x, k)[0])
@@ -193,8 +221,7 @@ class _Trainer:
                 return loss + tc.l1 * U.abs().sum() if tc.l1 else loss
 
             def evaluate() -> tuple[float, float]:
-                s = prefix_va + self._val_term(k)
-                return float(F.binary_cross_entropy_with_logits(s, self.y_va)), f1_at_zero(s, self.y_va)
+                return self._scored(prefix_va + self._val_term(k))
 
             tags = {"degree": k, "trial": trial, "lr_init": tc.lr, "weight_decay": tc.weight_decay, "dropout": tc.dropout}
             desc = f"degree {k}" + (f" trial {trial + 1}/{len(configs)}" if len(configs) > 1 else "")
@@ -226,7 +253,7 @@ class _Trainer:
     @torch.no_grad()
     def shrink(self, k: int, prefix: tuple[Tensor, Tensor]) -> dict[str, float]:
         """Scales ``lambda_k`` by the grid scale with the lowest validation loss."""
-        scale, loss = _fit_order_scale(prefix[1], self._val_term(k), self.y_va)
+        scale, loss = _fit_order_scale(prefix[1], self._val_term(k), self.y_va, self.groups)
         self.head.lambdas[str(k)].mul_(scale)
         return {"scale": scale, "val_loss_scaled": loss}
 
@@ -268,9 +295,21 @@ class _Trainer:
 SHRINK_GRID = tuple(i / 20 for i in range(21))
 
 
-def _fit_order_scale(prefix: Tensor, term: Tensor, y: Tensor) -> tuple[float, float]:
+def _fit_order_scale(prefix: Tensor, term: Tensor, y: Tensor,
+                     groups: Sequence[Tensor] | None = None) -> tuple[float, float]:
     """The per-order scale ``s`` in ``SHRINK_GRID`` (0, 0.05, ..., 1) that minimises the validation
-    BCE of ``prefix + s * term`` (ties: the smaller ``s``). ``s = 0`` is the lower truncation."""
+    BCE of ``prefix + s * term`` (ties: the smaller ``s``). ``s = 0`` is the lower truncation.
+
+    With ``groups`` (index tensors), ``s`` minimises the worst group's change in BCE over ``s = 0``,
+    so a scale above 0 is kept only where it lowers every group's loss; the pooled BCE is returned."""
+    if groups is not None:
+        def bce(s: float, g: Tensor) -> float:
+            return float(F.binary_cross_entropy_with_logits(prefix[g] + s * term[g], y[g]))
+
+        base = [bce(0.0, g) for g in groups]
+        regret = [(max(bce(s, g) - b for g, b in zip(groups, base)), s) for s in SHRINK_GRID]
+        scale = min(regret, key=lambda r: (round(r[0], 12), r[1]))[1]
+        return scale, float(F.binary_cross_entropy_with_logits(prefix + scale * term, y))
     best = (math.inf, 0.0)
     for s in SHRINK_GRID:
         loss = float(F.binary_cross_entropy_with_logits(prefix + s * term, y))
