@@ -311,9 +311,10 @@ def train_monitor(
     model: Any,
     prompts: Sequence[str],
     labels: Any,
-    site: str,
+    site: str | Sequence[str],
     pooling: str = "mean",
     *,
+    augment: bool | Sequence[str] = True,
     val_fraction: float = 0.2,
     chat_template: bool | None = None,
     prepend_bos: bool | None = None,
@@ -330,10 +331,24 @@ def train_monitor(
 ) -> Monitor:
     """Collects activations at ``site`` and trains a TPC monitor on them, in one call.
 
+    By default the monitor is trained to hold up on requests *phrased* differently from the
+    training prompts (past or future tense, fictional framing, third person, paraphrase, casing
+    noise: ``tpc_hooks.data.PHRASING_FAMILIES``). Each training prompt gains one rewritten copy
+    (same label), each validation prompt is rewritten by every family, and every degree >= 2 is
+    selected for the *worst* validation group (the plain prompts and each family:
+    ``fit(val_groups=...)``). On the repository's benchmark (``benchmarks/bench_phrasing.py``)
+    this is what keeps the higher orders at least as strong as the linear probe on a phrasing
+    family never trained on; ``augment=False`` trains on the prompts as given. The rewrites are
+    English templates; collection reads about 2.8x as many prompts with every family.
+
     Args:
         model: a TransformerLens or nnsight model.
         prompts, labels: texts and their labels (1 = harmful).
-        site, pooling: where to read and how to pool.
+        site: where to read, or several sites: all are collected in one pass and the one whose
+            linear probe has the best worst-group recall at 1% false-positive rate on validation
+            is kept (``monitor.report["site_selection"]`` has the table).
+        pooling: how to pool tokens.
+        augment: ``True`` (every phrasing family), ``False``, or the families to use.
         val_fraction: stratified validation split (model selection, calibration, report).
         chat_template: wrap prompts as chat user turns; default: when the tokenizer has a template.
         prepend_bos: prepend BOS to raw prompts; default: when the tokenizer has a BOS token.
@@ -342,42 +357,86 @@ def train_monitor(
             attribution reads in feature ids.
         config, degree, rank, seed, verbose, **fit_kwargs: passed to :func:`tpc_hooks.fit` (a
             :class:`~tpc_hooks.FitConfig` and/or its fields; ``degree``, ``rank`` and ``seed``
-            override ``config`` only when given; ``seed`` also draws the validation split).
+            override ``config`` only when given; ``seed`` also draws the validation split and
+            the rewrites).
 
     Returns:
-        A :class:`Monitor`; ``monitor.report`` holds validation metrics per order.
+        A :class:`Monitor`; ``monitor.report`` holds validation metrics per order (on the
+        validation prompts as given), the worst validation group's, and the site choice.
 
     Example:
-        >>> monitor = tpc.train_monitor(model, prompts, labels, site="blocks.6.hook_resid_post")  # doctest: +SKIP
+        >>> monitor = tpc.train_monitor(model, prompts, labels,  # doctest: +SKIP
+        ...                             site=[f"blocks.{l}.hook_resid_post" for l in (10, 15, 20)])
     """
+    import random
+
     from sklearn.model_selection import train_test_split
 
-    from .metrics import classification_metrics
+    from . import _phrasing
     from ._fit import fit
+    from ._select import choose_site, worst_group
+    from .metrics import classification_metrics
 
     items = check_prompts(prompts)
     y = check_labels(labels, len(items), "labels").numpy().astype(int)
+    sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
+    if not sites or not all(isinstance(s, str) for s in sites):
+        raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
+    families = _phrasing.check_families(augment)
     adapter = get_adapter(model)
-    adapter.site(site)
+    for s in sites:
+        adapter.site(s)
+    if sae is not None and len(sites) > 1:
+        raise TPCHooksError("an SAE belongs to one site: pass a single site with sae=")
     if chat_template is None:
         chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
     if not 0 < val_fraction < 1:
         raise TPCHooksError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
     if np.bincount(y, minlength=2).min() < 2:
         raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
-    bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
-    X = collect(adapter, items, [site], pooling, batch_size=batch_size, chat_template=chat_template, prepend_bos=bos,
-                max_tokens=max_tokens, sae=sae, progress=verbose)[site]
     n_val = max(2, int(round(val_fraction * len(items))))
     given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
     own = {k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs}  # fit's, not FitConfig's
     cfg = FitConfig.from_options(config, {**given, **fit_kwargs})
     tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=cfg.seed)
-    head = fit(X[tr], y[tr], X[va], y[va], cfg, verbose=verbose, **own)
-    head = head.cpu()
-    cascade = Cascade(head, tau).calibrate(X[va], y[va]) if tau is not None else None
+
+    # One collection pass over the prompts and their rewrites; rows are addressed by index into `texts`.
+    texts, y_all = list(items), list(y)
+    aug = _phrasing.augmented([items[i] for i in tr], families, random.Random(f"tpc-hooks-augment-{cfg.seed}"))
+    tr_rows = list(tr) + [len(texts) + j for j in range(len(aug))]
+    texts += [t for _, _, t in aug]
+    y_all += [int(y[tr[i]]) for i, _, _ in aug]
+    va_rows, groups = list(va), ["prompts"] * len(va)
+    views = _phrasing.views([items[i] for i in va], families,
+                            lambda f: random.Random(f"tpc-hooks-view-{cfg.seed}-{f}"))
+    for family, rows in views.items():
+        va_rows += range(len(texts), len(texts) + len(rows))
+        groups += [family] * len(rows)
+        texts += [t for _, t in rows]
+        y_all += [int(y[va[i]]) for i, _ in rows]
+    y_all = np.asarray(y_all)
+    bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
+    X = collect(adapter, texts, sites, pooling, batch_size=batch_size, chat_template=chat_template, prepend_bos=bos,
+                max_tokens=max_tokens, sae=sae, progress=verbose)
+    y_tr, y_va, g_va = y_all[tr_rows], y_all[va_rows], np.asarray(groups)
+    val_groups = g_va if families else None
+    report: dict[str, Any] = {}
+    if len(sites) > 1:
+        chosen, table = choose_site({s: (X[s][tr_rows], y_tr, X[s][va_rows], y_va) for s in sites}, g_va, cfg,
+                                    own.get("device"))
+        report["site_selection"] = table
+    else:
+        chosen = sites[0]
+    Xs = X[chosen]
+    head = fit(Xs[tr_rows], y_tr, Xs[va_rows], y_va, cfg, verbose=verbose, val_groups=val_groups, **own).cpu()
+    Xv_plain = Xs[va]
+    cascade = Cascade(head, tau).calibrate(Xs[va_rows], y_va) if tau is not None else None
     with torch.no_grad():
-        per_order = [classification_metrics(y[va], head(X[va], order=n)) for n in range(1, head.degree + 1)]
-    report = {"validation": {"n": len(va), "per_order": per_order}, "n_train": len(tr)}
-    return Monitor(head=head, site=site, pooling=pooling, chat_template=chat_template, prepend_bos=bos, max_tokens=max_tokens,
-                   model_name=adapter.model_name, cascade=cascade, report=report, sae=sae)
+        per_order = [classification_metrics(y[va], head(Xv_plain, order=n)) for n in range(1, head.degree + 1)]
+        worst = [worst_group(y_va, head(Xs[va_rows], order=n).double().numpy(), g_va) for n in range(1, head.degree + 1)]
+    report.update({"validation": {"n": len(va), "per_order": per_order},
+                   "worst_validation_group": {"groups": sorted(set(groups)), "per_order": worst},
+                   "n_train": len(tr), "augment": {"families": list(families), "n_train_rewrites": len(aug),
+                                                   "n_val_rewrites": len(va_rows) - len(va)}})
+    return Monitor(head=head, site=chosen, pooling=pooling, chat_template=chat_template, prepend_bos=bos,
+                   max_tokens=max_tokens, model_name=adapter.model_name, cascade=cascade, report=report, sae=sae)

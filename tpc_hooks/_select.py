@@ -1,0 +1,65 @@
+"""Robustness-aware choices made on validation groups (phrasing families, sources): which site a
+monitor reads, judged by the worst group at a fixed false-positive rate."""
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._errors import TPCHooksError
+from ._history import FitConfig
+from .metrics import classification_metrics, recall_at_fpr
+
+FPR = 0.01
+
+
+def worst_group(y: np.ndarray, scores: np.ndarray, groups: np.ndarray, fpr: float = FPR) -> dict[str, float]:
+    """The worst group's recall at ``fpr`` (threshold from the benign rows of every group together),
+    AUROC and F1 at logit 0, each taken over the groups separately.
+
+    Example:
+        >>> y = np.array([0, 1, 0, 1]); s = np.array([-1.0, 2.0, -2.0, 0.5]); g = np.array(["a", "a", "b", "b"])
+        >>> worst_group(y, s, g, fpr=0.0)["recall_at_fpr"]
+        1.0
+    """
+    ref = scores[y == 0]
+    out = {"recall_at_fpr": np.inf, "auroc": np.inf, "f1": np.inf}
+    for g in dict.fromkeys(groups.tolist()):
+        m = groups == g
+        out["recall_at_fpr"] = min(out["recall_at_fpr"], recall_at_fpr(y[m], scores[m], ref, fpr)["recall"])
+        metrics = classification_metrics(y[m], scores[m])
+        out["auroc"] = min(out["auroc"], metrics["auroc"])
+        out["f1"] = min(out["f1"], metrics["f1"])
+    return {k: float(v) for k, v in out.items()}
+
+
+def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, config: FitConfig,
+                device: Any = None, fpr: float = FPR) -> tuple[str, list[dict[str, Any]]]:
+    """The site whose linear probe does best on its *worst* validation group: recall at ``fpr``,
+    ties by AUROC. The probe is the TPC's own order 1 (same data, same C selection), so the
+    choice costs one logistic regression per site, and it is deterministic.
+
+    Args:
+        data: site -> ``(X_train, y_train, X_val, y_val)``; the validation rows of every site are
+            the same prompts in the same order.
+        groups: one group label per validation row.
+        config: the :class:`FitConfig` the monitor trains with (its ``Cs``, solver and seed).
+
+    Returns:
+        ``(site, table)``: the chosen site and one row per candidate (``site``, ``recall_at_fpr``,
+        ``auroc``, ``f1``: each the worst group's).
+    """
+    from ._fit import fit
+
+    if not data:
+        raise TPCHooksError("choose_site needs at least one candidate site")
+    g = np.asarray(groups)
+    table = []
+    for site, (X, y, Xv, yv) in data.items():
+        probe = fit(X, y, Xv, yv, config, degree=1, device=device, verbose=False)
+        with torch.no_grad():
+            s = probe(torch.as_tensor(np.asarray(Xv))).double().cpu().numpy()
+        table.append({"site": site, **worst_group(np.asarray(yv), s, g, fpr)})
+    best = max(table, key=lambda r: (r["recall_at_fpr"], r["auroc"]))
+    return best["site"], table
