@@ -6,18 +6,23 @@ activations (one large "massive" coordinate), and the label depends on a linear 
 plus pairwise and triple interactions, so that a linear probe is good but not perfect.
 """
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
 def make_problem(n: int = 2000, d_model: int = 32, *, seed: int = 0, world: int = 0, noise: float = 0.5,
-                 interaction: float = 1.0, latent: int = 8, shift: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                 interaction: float = 1.0, latent: int = 8,
+                 shift: float | Sequence[float] = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Returns ``(X float32 [n, d_model], y int64 [n])`` with roughly balanced classes.
 
     ``world`` fixes the problem (mixing, scales, offsets, threshold); ``seed`` draws the
     samples, so ``seed=0`` and ``seed=1`` with the same ``world`` are train and test sets
     of one problem. ``shift`` scales the latent factors the label does not depend on (factors
     6 and up): ``shift > 1`` is a planted distribution shift, a source that varies along
-    directions the training rows barely explored while the labelling rule stays the same.
+    directions the training rows barely explored while the labelling rule stays the same. A
+    sequence gives one scale per such factor (6, 7, ...): shifts along different factors stand in
+    for different phrasings of the same requests.
 
     Example:
         >>> X, y = make_problem(n=100, d_model=8, seed=1)
@@ -30,7 +35,7 @@ def make_problem(n: int = 2000, d_model: int = 32, *, seed: int = 0, world: int 
     scales, offsets = wrng.uniform(0.5, 3.0, d_model), wrng.normal(0, 2.0, d_model)
     rng = np.random.default_rng([seed, 1 + world])
     h = rng.standard_normal((n, latent))
-    h[:, 6:] *= shift
+    h[:, 6:] *= np.broadcast_to(np.asarray(shift, dtype=np.float64), (h.shape[1] - min(6, h.shape[1]),))
     X = h @ mix + 0.3 * rng.standard_normal((n, d_model))
     X = X * scales + offsets
     X[:, 0] = X[:, 0] * 20 + 100  # a massive activation, as in real residual streams
