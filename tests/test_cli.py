@@ -74,3 +74,32 @@ def test_demo_on_a_local_dataset(tmp_path):
     assert res["dataset"] == str(data) and res["f1"]["heldout"] == [] and res["f1"]["test"]
     assert set(res["sizes"]) == {"train", "val", "test"} and sum(res["sizes"].values()) == len(rows)
     assert "F1 by order, heldout" not in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, monkeypatch, capsys):
+    from tpc_hooks import cli
+    from tpc_hooks.data import PromptSet
+
+    def two_splits(args):
+        def ps(harmful, benign):
+            n = len(harmful) + len(benign)
+            return PromptSet(harmful + benign, [1] * len(harmful) + [0] * len(benign), ["mine"] * n, [""] * n, [False] * n)
+        return {"train": ps(HARMFUL[:6], BENIGN[:6]), "val": ps(HARMFUL[6:], BENIGN[6:])}
+
+    monkeypatch.setattr(cli, "_datasets", two_splits)
+    acts, mon = tmp_path / "acts", tmp_path / "monitor"
+    sites = ["blocks.3.hook_resid_post", "blocks.6.hook_resid_post"]
+    assert main(["collect", "--sites", *sites, "--out", str(acts), "--no-progress"]) == 0
+    families = ("fiction", "noise", "paraphrase", "tense", "third_person")
+    assert {p.name for p in acts.iterdir() if p.is_dir()} == {"train", "val", "aug", *(f"val-{f}" for f in families)}
+    aug = json.loads((acts / "aug" / "labels.json").read_text())
+    assert aug == [1] * 6 + [0] * 6  # every training prompt gains one rewrite with its label
+    assert main(["train", "--acts", str(acts), "--out", str(mon), "--site", "auto", "--degree", "2", "--rank", "2",
+                 "--epochs", "2", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    chosen = out.split("--site auto: ")[1].split()[0]
+    assert chosen in sites and tpc.Monitor.load(mon).site == chosen
+    plain = tmp_path / "plain"
+    assert main(["collect", "--sites", sites[0], "--out", str(plain), "--no-augment", "--no-progress"]) == 0
+    assert {p.name for p in plain.iterdir() if p.is_dir()} == {"train", "val"}

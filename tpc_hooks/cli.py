@@ -223,6 +223,8 @@ def _collect(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     sets = _datasets(args)
+    if not args.no_augment:
+        sets.update(_rewrites(sets, args.seed))
     model = _load_model(args.model, args.toolkit)
     for split, ps in sets.items():
         collect(model, ps.texts, args.sites, args.pooling, batch_size=args.batch_size, chat_template=not args.no_chat_template,
@@ -235,6 +237,27 @@ def _collect(args: argparse.Namespace) -> int:
     print(_table(["split", "prompts"], [[k, str(len(v))] for k, v in sets.items()]))
     print(f"activations in {out} (sites: {', '.join(args.sites)})")
     return 0
+
+
+def _rewrites(sets: dict[str, Any], seed: int) -> dict[str, Any]:
+    """``"aug"`` (one phrasing rewrite per training prompt) and ``"val-<family>"`` (every validation
+    prompt by each family), as ``train_monitor`` builds them; none for a set without train/val splits."""
+    import random
+
+    from . import _phrasing
+    from .data import PromptSet
+
+    if "train" not in sets or "val" not in sets:
+        return {}
+    train, val = sets["train"], sets["val"]
+    aug = _phrasing.augmented(train.texts, _phrasing.FAMILIES, random.Random(f"tpc-hooks-augment-{seed}"))
+    out = {"aug": PromptSet([t for _, _, t in aug], [train.labels[i] for i, _, _ in aug],
+                            [train.sources[i] for i, _, _ in aug], [f for _, f, _ in aug], [False] * len(aug))}
+    views = _phrasing.views(val.texts, _phrasing.FAMILIES, lambda f: random.Random(f"tpc-hooks-view-{seed}-{f}"))
+    for family, rows in views.items():
+        out[f"val-{family}"] = PromptSet([t for _, t in rows], [val.labels[i] for i, _ in rows],
+                                         [val.sources[i] for i, _ in rows], [family] * len(rows), [False] * len(rows))
+    return out
 
 
 def _split(acts: Path, split: str, site: str, labels: list[Any]) -> tuple[Any, Any]:
@@ -255,22 +278,52 @@ def _train(args: argparse.Namespace) -> int:
     _check_out_dir(args.out)
     cfg = _collect_config(acts)
     site = args.site or cfg["sites"][0]
-    if site not in cfg["sites"]:
+    if site != "auto" and site not in cfg["sites"]:
         raise TPCHooksError(f"--site {site!r} was not collected in {acts}; collected sites: {', '.join(cfg['sites'])}; "
                             f"pass one of those, or collect it: tpc-hooks collect --sites {site} --out {acts}")
     site_fix = f"re-run tpc-hooks collect --out {acts}"
     train_split = "train" if (acts / "train").exists() else "all"
-    y = _check_split(acts, train_split, site, "training split", site_fix)
-    yv = _check_split(acts, "val", site, "validation split", site_fix) if (acts / "val").exists() else None
+    first = cfg["sites"][0] if site == "auto" else site
+    y = _check_split(acts, train_split, first, "training split", site_fix)
+    yv = _check_split(acts, "val", first, "validation split", site_fix) if (acts / "val").exists() else None
     from ._cascade import Cascade
     from ._fit import fit
     from ._monitor import Monitor
 
-    X, y = _split(acts, train_split, site, y)
-    Xv, yv = _split(acts, "val", site, yv) if yv is not None else (None, None)
+    import numpy as np
+
+    from ._history import FitConfig
+    from ._select import choose_site
+
+    # The phrasing rewrites `collect` wrote (unless --no-augment there): trained on, and selected for
+    # the worst validation group, as train_monitor does.
+    families = [] if yv is None else sorted(d.name for d in acts.glob("val-*") if (d / "labels.json").is_file())
+    parts = [train_split] + (["aug"] if families and (acts / "aug" / "labels.json").is_file() else [])
+
+    def rows(site: str) -> tuple[Any, Any, Any, Any]:
+        X, y_ = zip(*(_split(acts, p, site, _check_split(acts, p, site, "training split", site_fix)) for p in parts))
+        if yv is None:
+            return np.concatenate(X), np.concatenate(y_), None, None
+        Xv, yv_ = zip(*(_split(acts, p, site, _check_split(acts, p, site, "validation split", site_fix))
+                        for p in ["val", *families]))
+        return np.concatenate(X), np.concatenate(y_), np.concatenate(Xv), np.concatenate(yv_)
+
+    groups = None
+    if families:
+        groups = np.concatenate([[p] * len(_check_split(acts, p, cfg["sites"][0], "validation split", site_fix))
+                                 for p in ["val", *families]])
     robust = {} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}
-    head = fit(X, y, Xv, yv, degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed, recipe=args.recipe,
-               verbose=not args.no_progress, **robust).cpu()
+    settings = dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed, recipe=args.recipe, **robust)
+    if site == "auto":
+        if yv is None:
+            raise TPCHooksError(f"--site auto chooses on the validation split, and {acts} has none; pass --site")
+        site, table = choose_site({s: rows(s) for s in cfg["sites"]},
+                                  groups if groups is not None else np.zeros(len(yv)), FitConfig(**settings))
+        print(_table(["site", "worst-group recall at 1% FPR", "worst-group AUROC"],
+                     [[r["site"], f"{r['recall_at_fpr']:.3f}", f"{r['auroc']:.3f}"] for r in table]))
+        print(f"--site auto: {site}")
+    X, y, Xv, yv = rows(site)
+    head = fit(X, y, Xv, yv, val_groups=groups, verbose=not args.no_progress, **settings).cpu()
     cascade = Cascade(head, tau=args.tau).calibrate(Xv, yv) if Xv is not None else Cascade(head, tau=args.tau)
     mon = Monitor(head, site, pooling=cfg["pooling"], chat_template=cfg["chat_template"], max_tokens=cfg["max_tokens"],
                   model_name=cfg["model"], cascade=cascade)
@@ -394,11 +447,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-augment", action="store_true",
+                   help="skip the phrasing rewrites of the train and val splits (splits aug and val-<family>)")
     p.add_argument("--no-progress", action="store_true")
     p = sub.add_parser("train", help="train a monitor on collected activations")
     p.add_argument("--acts", required=True)
     p.add_argument("--out", required=True, help="directory for the saved monitor")
-    p.add_argument("--site", default=None, help="default: the first collected site")
+    p.add_argument("--site", default=None,
+                   help="default: the first collected site; 'auto': the collected site whose linear probe has the best "
+                        "worst-group recall at 1%% FPR on validation")
     p.add_argument("--degree", type=int, default=5)
     p.add_argument("--rank", type=int, default=64)
     p.add_argument("--epochs", type=int, default=50)
