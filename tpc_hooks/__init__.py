@@ -16,6 +16,7 @@ from ._monitor import Monitor as Monitor
 from ._generation import MonitorEvent as MonitorEvent
 from ._generation import WatchLog as WatchLog
 from ._monitor import train_monitor as train_monitor
+from ._select import choose_site as choose_site
 from ._polynomial import TPC as TPC
 from ._polynomial import Cost as Cost
 from ._store import ActivationStore as ActivationStore
@@ -39,6 +40,7 @@ __all__ = [
     "ActivationStore",
     "collect",
     "train_monitor",
+    "choose_site",
     "Monitor",
     "MonitorEvent",
     "GenerationRun",

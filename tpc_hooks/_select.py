@@ -34,21 +34,32 @@ def worst_group(y: np.ndarray, scores: np.ndarray, groups: np.ndarray, fpr: floa
     return {k: float(v) for k, v in out.items()}
 
 
-def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, config: FitConfig,
+def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, config: FitConfig | None = None,
                 device: Any = None, fpr: float = FPR) -> tuple[str, list[dict[str, Any]]]:
     """The site whose linear probe does best on its *worst* validation group: recall at ``fpr``,
     ties by AUROC. The probe is the TPC's own order 1 (same data, same C selection), so the
-    choice costs one logistic regression per site, and it is deterministic.
+    choice costs one logistic regression per site, and it is deterministic. ``train_monitor``
+    calls it when given several sites; call it yourself on activations you collected.
 
     Args:
         data: site -> ``(X_train, y_train, X_val, y_val)``; the validation rows of every site are
             the same prompts in the same order.
         groups: one group label per validation row.
-        config: the :class:`FitConfig` the monitor trains with (its ``Cs``, solver and seed).
+        config: the :class:`FitConfig` the monitor trains with (its ``Cs``, solver and seed;
+            default: ``FitConfig()``).
 
     Returns:
         ``(site, table)``: the chosen site and one row per candidate (``site``, ``recall_at_fpr``,
         ``auroc``, ``f1``: each the worst group's).
+
+    Example:
+        >>> import numpy as np, tpc_hooks as tpc
+        >>> from tpc_hooks.synthetic import make_problem
+        >>> X, y = make_problem(n=400, d_model=8, seed=0)
+        >>> noise = np.random.default_rng(0).standard_normal(X.shape).astype(np.float32)
+        >>> data = {"signal": (X[:300], y[:300], X[300:], y[300:]), "noise": (noise[:300], y[:300], noise[300:], y[300:])}
+        >>> tpc.choose_site(data, groups=["all"] * 100, config=tpc.FitConfig())[0]
+        'signal'
     """
     from ._fit import fit
 

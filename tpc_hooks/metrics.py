@@ -122,3 +122,16 @@ def recall_at_fpr(y_true: Any, scores: Any, benign_reference: Any, fpr: float = 
     flagged = s > t
     return {"recall": float(flagged[yt == 1].mean()) if (yt == 1).any() else float("nan"),
             "fpr": float(flagged[yt == 0].mean()) if (yt == 0).any() else float("nan"), "threshold": t}
+
+
+def worst_group(y_true: Any, scores: Any, groups: Any, fpr: float = 0.01) -> dict[str, float]:
+    """The worst group's recall at ``fpr``, AUROC and F1 (see :func:`tpc_hooks.choose_site`).
+
+    Example:
+        >>> worst_group([0, 1, 0, 1], [-1.0, 2.0, -2.0, 0.5], ["a", "a", "b", "b"], fpr=0.0)["recall_at_fpr"]
+        1.0
+    """
+    from ._select import worst_group as _worst
+
+    s = _np(scores).astype(np.float64)
+    return _worst(check_labels(y_true, len(s), "y_true", need_both=False).numpy(), s, np.asarray(groups), fpr)
