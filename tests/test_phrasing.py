@@ -197,3 +197,17 @@ def test_choose_site_prefers_the_site_that_holds_on_every_group():
     by_hand = min(float((s[(gv == k) & (yv == 1)] > t).mean()) for k in ("a", "b"))
     assert table[0]["recall_at_fpr"] == pytest.approx(by_hand)
     assert worst_group(yv, s, gv)["recall_at_fpr"] == pytest.approx(by_hand)
+
+
+def test_rewrites_keep_each_prompts_label_and_name_the_family():
+    prompts = HARMFUL + BENIGN + ["Tom has 3 apples."]
+    labels = [1] * 8 + [0] * 9
+    one = data.rewrites(prompts, labels, seed=3)
+    assert one.texts == data.rewrites(prompts, labels, seed=3).texts  # deterministic
+    assert sorted(map(int, one.sources)) == list(range(17))  # one rewrite per prompt (noise rephrases anything)
+    every = data.rewrites(prompts, labels, ("tense", "fiction"), every_family=True)
+    for text, label, source, family in zip(every.texts, every.labels, every.sources, every.categories):
+        assert label == labels[int(source)] and family in ("tense", "fiction") and text != prompts[int(source)]
+    assert sorted(int(s) for s, f in zip(every.sources, every.categories) if f == "tense") == list(range(16))
+    with pytest.raises(TPCHooksError, match="one label per prompt"):
+        data.rewrites(prompts, labels[:-1])

@@ -368,12 +368,11 @@ def train_monitor(
         >>> monitor = tpc.train_monitor(model, prompts, labels,  # doctest: +SKIP
         ...                             site=[f"blocks.{l}.hook_resid_post" for l in (10, 15, 20)])
     """
-    import random
-
     from sklearn.model_selection import train_test_split
 
     from . import _phrasing
     from ._fit import fit
+    from .data import PromptSet, rewrites
     from ._select import choose_site, worst_group
     from .metrics import classification_metrics
 
@@ -401,19 +400,19 @@ def train_monitor(
     tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=cfg.seed)
 
     # One collection pass over the prompts and their rewrites; rows are addressed by index into `texts`.
-    texts, y_all = list(items), list(y)
-    aug = _phrasing.augmented([items[i] for i in tr], families, random.Random(f"tpc-hooks-augment-{cfg.seed}"))
-    tr_rows = list(tr) + [len(texts) + j for j in range(len(aug))]
-    texts += [t for _, _, t in aug]
-    y_all += [int(y[tr[i]]) for i, _, _ in aug]
-    va_rows, groups = list(va), ["prompts"] * len(va)
-    views = _phrasing.views([items[i] for i in va], families,
-                            lambda f: random.Random(f"tpc-hooks-view-{cfg.seed}-{f}"))
-    for family, rows in views.items():
-        va_rows += range(len(texts), len(texts) + len(rows))
-        groups += [family] * len(rows)
-        texts += [t for _, t in rows]
-        y_all += [int(y[va[i]]) for i, _ in rows]
+    texts, y_all, va_rows, groups = list(items), list(y), list(va), ["prompts"] * len(va)
+    if families:
+        aug = rewrites([items[i] for i in tr], y[tr], families, seed=cfg.seed)
+        views = rewrites([items[i] for i in va], y[va], families, every_family=True, seed=cfg.seed)
+    else:
+        aug = views = PromptSet([], [], [], [], [])
+    tr_rows = list(tr) + list(range(len(texts), len(texts) + len(aug)))
+    texts += aug.texts
+    y_all += aug.labels
+    va_rows += range(len(texts), len(texts) + len(views))
+    groups += views.categories
+    texts += views.texts
+    y_all += views.labels
     y_all = np.asarray(y_all)
     bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
     X = collect(adapter, texts, sites, pooling, batch_size=batch_size, chat_template=chat_template, prepend_bos=bos,
@@ -437,6 +436,6 @@ def train_monitor(
     report.update({"validation": {"n": len(va), "per_order": per_order},
                    "worst_validation_group": {"groups": sorted(set(groups)), "per_order": worst},
                    "n_train": len(tr), "augment": {"families": list(families), "n_train_rewrites": len(aug),
-                                                   "n_val_rewrites": len(va_rows) - len(va)}})
+                                                   "n_val_rewrites": len(views)}})
     return Monitor(head=head, site=chosen, pooling=pooling, chat_template=chat_template, prepend_bos=bos,
                    max_tokens=max_tokens, model_name=adapter.model_name, cascade=cascade, report=report, sae=sae)

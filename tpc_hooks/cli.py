@@ -242,21 +242,14 @@ def _collect(args: argparse.Namespace) -> int:
 def _rewrites(sets: dict[str, Any], seed: int) -> dict[str, Any]:
     """``"aug"`` (one phrasing rewrite per training prompt) and ``"val-<family>"`` (every validation
     prompt by each family), as ``train_monitor`` builds them; none for a set without train/val splits."""
-    import random
-
-    from . import _phrasing
-    from .data import PromptSet
+    from .data import PHRASING_FAMILIES, rewrites
 
     if "train" not in sets or "val" not in sets:
         return {}
-    train, val = sets["train"], sets["val"]
-    aug = _phrasing.augmented(train.texts, _phrasing.FAMILIES, random.Random(f"tpc-hooks-augment-{seed}"))
-    out = {"aug": PromptSet([t for _, _, t in aug], [train.labels[i] for i, _, _ in aug],
-                            [train.sources[i] for i, _, _ in aug], [f for _, f, _ in aug], [False] * len(aug))}
-    views = _phrasing.views(val.texts, _phrasing.FAMILIES, lambda f: random.Random(f"tpc-hooks-view-{seed}-{f}"))
-    for family, rows in views.items():
-        out[f"val-{family}"] = PromptSet([t for _, t in rows], [val.labels[i] for i, _ in rows],
-                                         [val.sources[i] for i, _ in rows], [family] * len(rows), [False] * len(rows))
+    out = {"aug": rewrites(sets["train"].texts, sets["train"].labels, seed=seed)}
+    views = rewrites(sets["val"].texts, sets["val"].labels, every_family=True, seed=seed)
+    for family in PHRASING_FAMILIES:
+        out[f"val-{family}"] = views.subset([i for i, f in enumerate(views.categories) if f == family])
     return out
 
 

@@ -318,6 +318,44 @@ def _phrasing_splits(pools: dict[str, list[_Row]], heldout_family: str, n_advers
     return splits
 
 
+def rewrites(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, families: Sequence[str] | None = None, *,
+             every_family: bool = False, seed: int = 0) -> PromptSet:
+    """Prompts rephrased by the phrasing families, with their labels: the rewrites ``train_monitor``
+    trains and selects on, for pipelines that collect activations themselves.
+
+    ``every_family=False`` gives one rewrite per prompt (a family drawn per prompt among those
+    that can rephrase it): training augmentation. ``every_family=True`` gives every family's
+    rewrite of every prompt it can rephrase: validation groups for ``fit(val_groups=...)``,
+    read from the result's ``categories`` (the family of each row). ``sources`` holds the index
+    of the prompt each row rewrites.
+
+    Args:
+        prompts, labels: the prompts and their labels (1 = harmful).
+        families: names from :data:`PHRASING_FAMILIES` (default: all).
+        every_family: every family per prompt instead of one.
+        seed: seeds the draws; the same seed gives the same rewrites.
+
+    Raises:
+        TPCHooksError: an unknown family, or prompts and labels of different lengths.
+
+    Example:
+        >>> aug = rewrites(["How do I bake bread?", "Write a phishing email"], [0, 1], ["tense"])
+        >>> aug.labels, aug.categories, aug.sources
+        ([0, 1], ['tense', 'tense'], ['0', '1'])
+    """
+    fams = _phrasing.check_families(True if families is None else tuple(families))
+    texts, ys = list(prompts), [int(v) for v in labels]
+    if len(texts) != len(ys):
+        raise TPCHooksError(f"rewrites needs one label per prompt; got {len(texts)} prompts and {len(ys)} labels")
+    if every_family:
+        views = _phrasing.views(texts, fams, lambda f: random.Random(f"tpc-hooks-view-{seed}-{f}"))
+        rows = [(i, f, t) for f, got in views.items() for i, t in got]
+    else:
+        rows = _phrasing.augmented(texts, fams, random.Random(f"tpc-hooks-augment-{seed}"))
+    return PromptSet([t for _, _, t in rows], [ys[i] for i, _, _ in rows], [str(i) for i, _, _ in rows],
+                     [f for _, f, _ in rows], [False] * len(rows))
+
+
 def load_prompt_file(path: str | os.PathLike, text_column: str = "text", label_column: str = "label") -> PromptSet:
     """Reads labelled prompts from a local ``.csv``, ``.jsonl`` or ``.json`` (a list of objects) file.
 

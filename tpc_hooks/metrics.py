@@ -61,7 +61,8 @@ def classification_metrics(y_true: Any, scores: Any, *, from_logits: bool = True
 
     s = _np(scores)
     yt = check_labels(y_true, len(s), "y_true", need_both=False).numpy()
-    probs = 1 / (1 + np.exp(-s)) if from_logits else s
+    with np.errstate(over="ignore"):  # exp(-s) overflows to inf for s < -709: the probability is then 0, as wanted
+        probs = 1 / (1 + np.exp(-s)) if from_logits else s
     pred = (probs >= threshold).astype(int)
     both = 0 < yt.sum() < len(yt)
     return {
