@@ -1,7 +1,8 @@
 """The safety dial on shifted phrasing: every order of every method, per phrasing family, at 1% FPR.
 
-Builds :func:`tpc_hooks.data.phrasing_benchmark` (data seed 0): train/val/test are plain requests
-plus harmful and benign requests wrapped in the same jailbreak templates; each phrasing family
+Builds :func:`tpc_hooks.data.phrasing_benchmark` (``--data-seed``, default 0): train/val/test
+are plain requests plus harmful and benign requests wrapped in the same jailbreak templates;
+each phrasing family
 (past/future tense, fiction, third person, paraphrase, casing/punctuation noise) rewrites a pool
 of base requests that no other split shares. ``--heldout-family`` (default: tense) is never
 trained on and never used to select. Activations (SmolLM2-135M-Instruct, mean pooling, chat
@@ -9,7 +10,13 @@ template) are collected once, resumably, into ``--cache`` at layers 10, 15 and 2
 
 Per family and method and order: F1 at logit 0, recall, FPR, AUROC, and recall at 1% FPR with
 the threshold set on the benign validation rows (:func:`tpc_hooks.metrics.recall_at_fpr`).
-Run: ``python benchmarks/bench_phrasing.py [--seeds 5]``.
+Methods: the linear probe, parameter-matched MLPs, the early-exit MLP, the TPC paper recipe and
+the TPC's robust settings, each trained on the plain training split and again with one phrasing
+rewrite per training request (``aug``); the default (``aug`` + worst-family selection, what
+``train_monitor`` does); disagreement escalation at a fixed FPR; the default's cascade. The
+default's site is chosen among layers 10, 15, 20 by :func:`tpc_hooks.choose_site`.
+Run: ``python benchmarks/bench_phrasing.py [--seeds 5] [--layers 15 20]`` (about 16 min on 2
+CPU cores once activations are cached; collecting them takes about 12 min).
 """
 
 import argparse
@@ -43,9 +50,10 @@ def site(layer: int) -> str:
     return f"blocks.{layer}.hook_resid_post"
 
 
-def load(cache: Path, heldout_family: str = "tense", layers=LAYERS, model_box: list | None = None):
+def load(cache: Path, heldout_family: str = "tense", layers=LAYERS, model_box: list | None = None, data_seed: int = 0):
     """``{split: {layer: X}}``, ``{split: y}``, ``{split: sources}``; collects what the cache lacks."""
-    sets = phrasing_benchmark(seed=0, heldout_family=heldout_family)
+    sets = phrasing_benchmark(seed=data_seed, heldout_family=heldout_family)
+    cache = cache if data_seed == 0 else cache / f"data-seed-{data_seed}"
     model_box = [] if model_box is None else model_box
     X = {}
     for split, ps in sets.items():
@@ -111,13 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default=str(offline.cache_dir() / "bench-phrasing"))
     ap.add_argument("--heldout-family", default="tense")
     ap.add_argument("--collect-only", action="store_true")
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=5, help="training seeds")
+    ap.add_argument("--data-seed", type=int, default=0, help="seeds phrasing_benchmark's split and rewrites")
     ap.add_argument("--layers", type=int, nargs="+", default=[15, 20], choices=LAYERS)
     ap.add_argument("--rank", type=int, default=64)
     ap.add_argument("--json", default=None, help="also write every per-seed figure here")
     add_results_argument(ap, "bench_phrasing")
     args = ap.parse_args(argv)
-    X, y, _ = load(Path(args.cache), args.heldout_family)
+    X, y, _ = load(Path(args.cache), args.heldout_family, data_seed=args.data_seed)
     if args.collect_only:
         return 0
     with recording(args.results, argv):
@@ -204,7 +213,7 @@ METRICS = (("r@1", "recall at 1% FPR"), ("f1", "F1 at logit 0"), ("recall", "rec
 
 def report(args: argparse.Namespace, res: dict, extra: dict, chosen: int, table: list[dict]) -> None:
     print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}; SmolLM2-135M-Instruct, mean pooling, chat "
-          f"template; data seed 0, training seeds 0-{args.seeds - 1}; degree 5, rank {args.rank}. Held-out family: "
+          f"template; data seed {args.data_seed}, training seeds 0-{args.seeds - 1}; degree 5, rank {args.rank}. Held-out family: "
           f"{args.heldout_family} (never trained on, never used to select). Thresholds for 1% FPR from the benign "
           "validation rows (val and its trained-family rewrites), the same for every method. Figures in %, "
           "mean ± std over seeds. `aug`: trained on train + one rewrite per training request, validated on val + "
