@@ -211,3 +211,13 @@ def test_rewrites_keep_each_prompts_label_and_name_the_family():
     assert sorted(int(s) for s, f in zip(every.sources, every.categories) if f == "tense") == list(range(16))
     with pytest.raises(TPCHooksError, match="one label per prompt"):
         data.rewrites(prompts, labels[:-1])
+
+
+def test_worst_group_skips_groups_without_the_class_a_metric_needs():
+    y = np.array([0, 1, 0, 1, 0, 0])
+    s = np.array([-1.0, 2.0, -2.0, -0.5, 0.5, -3.0])
+    g = np.array(["a", "a", "b", "b", "c", "c"])  # group c has no harmful row
+    got = worst_group(y, s, g, fpr=0.0)
+    # by hand: threshold = the top benign score (0.5); recall a = 1, b = 0; AUROC a = 1, b = 1; F1 a = 1, b = 0
+    assert got == {"recall_at_fpr": 0.0, "auroc": 1.0, "f1": 0.0}
+    assert all(np.isnan(v) for v in worst_group(y[4:], s[4:], g[4:]).values())

@@ -24,14 +24,15 @@ def worst_group(y: np.ndarray, scores: np.ndarray, groups: np.ndarray, fpr: floa
         1.0
     """
     ref = scores[y == 0]
-    out = {"recall_at_fpr": np.inf, "auroc": np.inf, "f1": np.inf}
+    per_group: dict[str, list[float]] = {"recall_at_fpr": [], "auroc": [], "f1": []}
     for g in dict.fromkeys(groups.tolist()):
         m = groups == g
-        out["recall_at_fpr"] = min(out["recall_at_fpr"], recall_at_fpr(y[m], scores[m], ref, fpr)["recall"])
         metrics = classification_metrics(y[m], scores[m])
-        out["auroc"] = min(out["auroc"], metrics["auroc"])
-        out["f1"] = min(out["f1"], metrics["f1"])
-    return {k: float(v) for k, v in out.items()}
+        per_group["recall_at_fpr"].append(recall_at_fpr(y[m], scores[m], ref, fpr)["recall"])
+        per_group["auroc"].append(metrics["auroc"])
+        per_group["f1"].append(metrics["f1"] if (y[m] == 1).any() else np.nan)
+    # a group without harmful rows (or without both classes, for AUROC) has no value: skipped; none at all: NaN
+    return {k: float(min((v for v in vals if not np.isnan(v)), default=np.nan)) for k, vals in per_group.items()}
 
 
 def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, config: FitConfig | None = None,
@@ -72,5 +73,6 @@ def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, conf
         with torch.no_grad():
             s = probe(torch.as_tensor(np.asarray(Xv))).double().cpu().numpy()
         table.append({"site": site, **worst_group(np.asarray(yv), s, g, fpr)})
-    best = max(table, key=lambda r: (r["recall_at_fpr"], r["auroc"]))
+    rank = lambda v: -np.inf if np.isnan(v) else v
+    best = max(table, key=lambda r: (rank(r["recall_at_fpr"]), rank(r["auroc"])))
     return best["site"], table
