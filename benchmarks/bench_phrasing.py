@@ -83,12 +83,14 @@ def load(cache: Path, heldout_family: str = "tense", layers=LAYERS, model_box: l
 
 
 
-def flagged_metrics(y: np.ndarray, s: np.ndarray, benign_val: np.ndarray) -> dict[str, float]:
-    """F1 / recall / FPR at logit 0, AUROC, and recall / FPR at the 1%-FPR threshold of benign validation."""
+def flagged_metrics(y: np.ndarray, s: np.ndarray, benign_val: np.ndarray, benign_plain: np.ndarray) -> dict[str, float]:
+    """F1 / recall / FPR at logit 0, AUROC, and recall / FPR at the 1%-FPR threshold of the benign
+    validation rows with their rewrites (``r@1``) and of the plain benign validation rows (``r@1 plain``)."""
     m = classification_metrics(y, s)
     r = recall_at_fpr(y, s, benign_val, FPR)
+    rp = recall_at_fpr(y, s, benign_plain, FPR)
     return {"f1": m["f1"], "recall": m["recall"], "fpr": m["frr"], "auroc": m["auroc"], "r@1": r["recall"],
-            "fpr@1": r["fpr"]}
+            "fpr@1": r["fpr"], "r@1 plain": rp["recall"], "fpr@1 plain": rp["fpr"]}
 
 
 def or_thresholds(ref1: np.ndarray, refk: np.ndarray, fpr: float = FPR) -> tuple[float, float]:
@@ -192,8 +194,9 @@ def run(args: argparse.Namespace, X_all: dict, y: dict) -> int:
             for method, by_order in scores.items():
                 for order, by_split in by_order.items():
                     ref = by_split["calib"][benign]
+                    ref_plain = by_split["calib"][:len(y["val"])][y["val"] == 0]  # val comes first in calib
                     for sp in splits[1:]:
-                        for metric, v in flagged_metrics(y[sp], by_split[sp], ref).items():
+                        for metric, v in flagged_metrics(y[sp], by_split[sp], ref, ref_plain).items():
                             res[(layer, method, order, sp, metric)].append(v)
             print(f"layer {layer} seed {seed} done ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     report(args, res, extra, chosen, table)
@@ -207,15 +210,18 @@ def ms(v: list[float]) -> str:
     return f"{100 * np.mean(v):.1f} ± {100 * np.std(v):.1f}" if v else ""
 
 
-METRICS = (("r@1", "recall at 1% FPR"), ("f1", "F1 at logit 0"), ("recall", "recall at logit 0"),
-           ("fpr", "FPR at logit 0"), ("fpr@1", "FPR at the 1% threshold"), ("auroc", "AUROC"))
+METRICS = (("r@1", "recall at 1% FPR (threshold: benign val + rewrites)"),
+           ("r@1 plain", "recall at 1% FPR (threshold: plain benign val only)"), ("f1", "F1 at logit 0"),
+           ("recall", "recall at logit 0"), ("fpr", "FPR at logit 0"),
+           ("fpr@1", "FPR at the 1% threshold (val + rewrites)"), ("fpr@1 plain", "FPR at the 1% threshold (plain val)"),
+           ("auroc", "AUROC"))
 
 
 def report(args: argparse.Namespace, res: dict, extra: dict, chosen: int, table: list[dict]) -> None:
     print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}; SmolLM2-135M-Instruct, mean pooling, chat "
           f"template; data seed {args.data_seed}, training seeds 0-{args.seeds - 1}; degree 5, rank {args.rank}. Held-out family: "
           f"{args.heldout_family} (never trained on, never used to select). Thresholds for 1% FPR from the benign "
-          "validation rows (val and its trained-family rewrites), the same for every method. Figures in %, "
+          "validation rows (val and its trained-family rewrites), the same for every method (`plain`: from the plain benign validation rows only). Figures in %, "
           "mean ± std over seeds. `aug`: trained on train + one rewrite per training request, validated on val + "
           "its rewrites; DEFAULT: what `train_monitor` now does (aug + degrees selected for the worst validation "
           "family).\n")
@@ -260,7 +266,7 @@ def goal_check(args, res, extra, layer, methods, splits) -> None:
         for ref in ("linear", "linear aug"):
             worst = {}  # (split, metric) -> the largest shortfall beyond one std, over orders
             for sp in splits:
-                for metric in ("r@1", "f1"):
+                for metric in ("r@1", "r@1 plain", "f1"):
                     for n in orders:
                         v = res[(layer, m, n, sp, metric)]
                         if np.mean(v) + np.std(v) < mean(ref, 1, sp, metric):
@@ -269,8 +275,9 @@ def goal_check(args, res, extra, layer, methods, splits) -> None:
             misses = [f"{sp[6:] or sp} {metric} {gap:+.1f}" for (sp, metric), gap in worst.items()]
             line.append(f"vs {ref}: {'MET' if not misses else 'missed (worst order) ' + ', '.join(misses)}")
         top = orders[-1]
-        gain = [100 * (mean(m, top, "test", k) - mean("linear", 1, "test", k)) for k in ("r@1", "f1")]
-        print(f"- **{m}**: (a) " + "; (a) ".join(line) + f"; (b) recall@1%FPR {gain[0]:+.1f}, F1 {gain[1]:+.1f}")
+        gain = [100 * (mean(m, top, "test", k) - mean("linear", 1, "test", k)) for k in ("r@1", "r@1 plain", "f1")]
+        print(f"- **{m}**: (a) " + "; (a) ".join(line) + f"; (b) recall@1%FPR {gain[0]:+.1f} (plain-val threshold "
+              f"{gain[1]:+.1f}), F1 {gain[2]:+.1f}")
     sc = np.array(extra[(layer, "scales")], dtype=float)
     print(f"\n- DEFAULT's per-order shrinkage scales s_2..s_5 (mean over seeds): {np.round(sc.mean(0), 2).tolist()}")
     print(f"- FLOPs of order 5 / linear probe: {np.mean(extra[(layer, 'order 5 flops')]):.0f}")
