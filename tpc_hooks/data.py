@@ -204,7 +204,7 @@ def default_prompt_set(seed: int = 0, n_benign_sharegpt: int = 1000, n_adversari
                     len(sharegpt), max_chars, n_benign_sharegpt)
     by_source["sharegpt"] = sharegpt[:n_benign_sharegpt]
 
-    splits = _stratified_split(by_source, fractions, _rng(seed, "split"))
+    splits = _stratified_split(by_source, ("train", "val", "test"), fractions, _rng(seed, "split"))
     templates = _sources.templates()
     _rng(seed, "templates").shuffle(templates)
     pairs_total = n_adversarial // 2
@@ -283,15 +283,7 @@ def _phrasing_pools(seed: int, n_benign_sharegpt: int, max_chars: int,
     _rng(seed, "phrasing-sharegpt").shuffle(sharegpt)
     by_source["sharegpt"] = sharegpt[:n_benign_sharegpt]
     by_source = _dedupe(by_source)
-    pools: dict[str, list[_Row]] = {"train": [], "val": [], "test": [], "shift": []}
-    rng = _rng(seed, "phrasing-split")
-    for source in sorted(by_source):
-        for label in (0, 1):
-            group = [r for r in by_source[source] if r.label == label]
-            rng.shuffle(group)
-            for name, part in zip(pools, _cut4(group, fractions)):
-                pools[name] += part
-    return pools
+    return _stratified_split(by_source, ("train", "val", "test", "shift"), fractions, _rng(seed, "phrasing-split"))
 
 
 def _phrasing_splits(pools: dict[str, list[_Row]], heldout_family: str, n_adversarial: int, seed: int,
@@ -522,19 +514,20 @@ def _cut(rows: list[Any], fractions: tuple[float, float, float]) -> list[list[An
     return [rows[:a], rows[a:a + b], rows[a + b:]]
 
 
-def _stratified_split(by_source: dict[str, list[_Row]], fractions: tuple[float, float, float],
+def _stratified_split(by_source: dict[str, list[_Row]], names: Sequence[str], fractions: Sequence[float],
                       rng: random.Random) -> dict[str, list[_Row]]:
-    splits: dict[str, list[_Row]] = {"train": [], "val": [], "test": []}
+    """Each (source, label) group shuffled and cut by ``fractions`` into the splits ``names``."""
+    splits: dict[str, list[_Row]] = {name: [] for name in names}
     for source in sorted(by_source):
         for label in (0, 1):
             group = [r for r in by_source[source] if r.label == label]
             rng.shuffle(group)
-            for name, part in zip(splits, _cut(group, fractions)):
+            for name, part in zip(names, _cut_by(group, fractions)):
                 splits[name] += part
     return splits
 
 
-def _cut4(rows: list[Any], fractions: tuple[float, ...]) -> list[list[Any]]:
+def _cut_by(rows: list[Any], fractions: Sequence[float]) -> list[list[Any]]:
     edges = [round(len(rows) * sum(fractions[:i])) for i in range(len(fractions) + 1)]
     return [rows[a:b] for a, b in zip(edges, edges[1:])]
 
