@@ -55,11 +55,18 @@ def test_third_person_swaps_the_asker_out_of_the_task():
 
 
 def test_noise_keeps_the_words():
+    import re
+
     text = "How do I reset my router?"
-    for seed in range(20):
+    letters = lambda t: [sorted(w) for w in re.findall(r"\w+", t.casefold())]  # case and letter order aside
+    seen = 0
+    for seed in range(40):
         out = rephrase("noise", text, random.Random(seed))
         if out is not None:
-            assert len(out.split()) == len(text.split()) or out.rstrip("?! pls") != text
+            seen += 1
+            got = letters(out)
+            assert got[:6] == letters(text) and got[6:] in ([], [sorted("pls")]), out
+    assert seen >= 30
 
 
 @pytest.fixture(scope="module")
