@@ -133,3 +133,42 @@ def test_plot_sweep_draws_one_point_per_tau(head_and_z):
     ax = plot_sweep(rows)
     xs, ys = ax.lines[0].get_data()
     assert list(xs) == [r["relative_flops"] for r in rows] and list(ys) == [r["f1"] for r in rows]
+
+
+# ------------------------------------------------------------------ exits centred on an operating threshold
+def _sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+@pytest.mark.parametrize("tau, center", [(0.1, 0.9), (0.2, 0.03), (0.05, 0.995)])
+def test_centred_exits_sit_a_tau_margin_either_side_of_the_threshold(head_and_z, tau, center):
+    head, z = head_and_z
+    c = tpc.Cascade(head, tau, center=center)
+    mid, margin = math.log(center / (1 - center)), math.log((1 - tau) / tau)
+    assert c.lower == pytest.approx(_sigmoid(mid - margin), rel=1e-12)
+    assert c.upper == pytest.approx(_sigmoid(mid + margin), rel=1e-12)
+    assert (c.tau, c.center) == (tau, center)
+    orders, logits = reference_cascade(head, z, c.lower, c.upper)
+    out = c(z)
+    assert torch.equal(out.exit_order, orders)
+    assert torch.allclose(out.logits.double(), logits, atol=1e-5)
+    restored = tpc.Cascade.from_dict(head, c.to_dict())
+    assert (restored.lower, restored.upper, restored.tau, restored.center) == (c.lower, c.upper, tau, center)
+
+
+def test_centre_one_half_is_the_plain_tau_and_bad_centres_are_refused(head_and_z):
+    head, _ = head_and_z
+    c = tpc.Cascade(head, 0.1, center=0.5)
+    assert (c.lower, c.upper) == (0.1, 1 - 0.1) and c.to_dict().keys() == {"lower", "upper", "temperatures", "biases"}
+    assert tpc.Cascade(head, 0.0, center=0.9).to_dict()["lower"] == 0.0
+    for bad in (0.0, 1.0, 1.5):
+        with pytest.raises(tpc.TPCHooksError, match="center must be in"):
+            tpc.Cascade(head, 0.1, center=bad)
+    with pytest.raises(tpc.TPCHooksError, match="center= places the symmetric tau"):
+        tpc.Cascade(head, lower=0.1, upper=0.9, center=0.8)
+    d = tpc.Cascade(head, 0.1, center=0.8).to_dict()
+    d["upper"] = 0.5
+    with pytest.raises(tpc.TPCHooksError, match="do not follow from tau"):
+        tpc.Cascade.from_dict(head, d)
+    moved = tpc.Cascade(head, lower=0.2, upper=0.7).centered(0.9)  # no symmetric tau: the default 0.1
+    assert moved.tau == 0.1 and moved.center == 0.9

@@ -99,7 +99,18 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
                  "--epochs", "2", "--no-progress"]) == 0
     out = capsys.readouterr().out
     chosen = out.split("--site auto: ")[1].split()[0]
-    assert chosen in sites and tpc.Monitor.load(mon).site == chosen
+    loaded = tpc.Monitor.load(mon)
+    assert chosen in sites and loaded.site == chosen
+    # the operating point: set on the benign validation rows and their rewrites (--target-fpr 0.01 by default)
+    op = loaded.report["operating_point"]
+    n_benign = sum(json.loads((acts / p / "labels.json").read_text()).count(0) for p in ["val", *(f"val-{f}" for f in families)])
+    assert op["n_benign"] == n_benign and op["flagged"] <= int(0.01 * n_benign) and loaded.threshold == op["threshold"]
+    assert f"threshold {loaded.threshold:.6g}: flags {op['flagged']} of {n_benign}" in out
+    assert loaded.cascade.center != 0.5
+    # --recipe in_distribution ignores the rewrites: its operating point reads the plain validation rows only
+    assert main(["train", "--acts", str(acts), "--out", str(tmp_path / "ind"), "--site", sites[0], "--degree", "2",
+                 "--rank", "2", "--epochs", "2", "--no-progress", "--recipe", "in_distribution"]) == 0
+    assert tpc.Monitor.load(tmp_path / "ind").report["operating_point"]["n_benign"] == 2
     plain = tmp_path / "plain"
     assert main(["collect", "--sites", sites[0], "--out", str(plain), "--no-augment", "--no-progress"]) == 0
     assert {p.name for p in plain.iterdir() if p.is_dir()} == {"train", "val"}

@@ -228,3 +228,30 @@ def test_worst_group_skips_groups_without_the_class_a_metric_needs():
     # by hand: threshold = the top benign score (0.5); recall a = 1, b = 0; AUROC a = 1, b = 1; F1 a = 1, b = 0
     assert got == {"recall_at_fpr": 0.0, "auroc": 1.0, "f1": 0.0}
     assert all(np.isnan(v) for v in worst_group(y[4:], s[4:], g[4:]).values())
+
+
+def test_in_distribution_recipe_is_the_plain_split_and_the_threshold_is_set_on_benign_validation(lm):
+    prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
+    kw = dict(degree=2, rank=2, epochs=3, val_fraction=0.25, verbose=False)
+    plain = tpc.train_monitor(lm, prompts, y, SITES[1], augment=False, target_fpr=None, **kw)
+    ind = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="in_distribution", **kw)
+    for (_, a), (_, b) in zip(plain.head.state_dict().items(), ind.head.state_dict().items()):
+        assert torch.equal(a, b)
+    assert plain.threshold == 0.5 and ind.report["augment"]["families"] == [] and ind.report["recipe"] == "in_distribution"
+    # the threshold, by hand: just above the top benign validation score (1% of 2 rows is none)
+    from sklearn.model_selection import train_test_split
+    _, va = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
+    X = tpc.collect(lm, [prompts[i] for i in va], SITES[1], chat_template=True, progress=False)[SITES[1]]
+    p = torch.sigmoid(ind.head(X)).detach().numpy()
+    top = p[y[va] == 0].max()
+    assert ind.threshold == float(np.nextafter(np.float32(top), np.float32(1)))
+    assert ind.report["operating_point"]["flagged"] == 0
+    # Monitor.calibrate reads the prompts itself: the same threshold from the same benign prompts
+    again = tpc.Monitor(ind.head, SITES[1], chat_template=True).calibrate(lm, [prompts[i] for i in va if y[i] == 0], 0.01)
+    assert again.threshold == ind.threshold
+    paper = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="paper", augment=("noise",), **kw)
+    assert paper.head.history.config.recipe == "paper" and paper.report["augment"]["families"] == ["noise"]
+    with pytest.raises(TPCHooksError, match="cannot be combined with augment"):
+        tpc.train_monitor(lm, prompts, y, SITES[1], recipe="in_distribution", augment=True, verbose=False)
+    with pytest.raises(TPCHooksError, match="recipe must be one of"):
+        tpc.train_monitor(lm, prompts, y, SITES[1], recipe="robust", verbose=False)

@@ -213,3 +213,31 @@ def test_l1_concentrates_the_factors(problem):
     assert float(sparse.factors["2"].abs().sum()) < float(plain.factors["2"].abs().sum())
     with pytest.raises(tpc.TPCHooksError, match="l1 must be >= 0"):
         tpc.fit(Xtr, ytr, l1=-1.0, **FAST)
+
+
+def test_consistency_pulls_higher_orders_to_add_nothing_on_the_unlabelled_rows(problem):
+    Xtr, ytr, Xva, yva, Xte, _ = problem
+    Xu = Xte[:400]
+    z = torch.tensor(Xu)
+    free = tpc.fit(Xtr, ytr, Xva, yva, degree=3, seed=3, shrink=False, **FAST)
+    held = tpc.fit(Xtr, ytr, Xva, yva, degree=3, seed=3, shrink=False, X_unlabelled=Xu, consistency=30.0, **FAST)
+    with torch.no_grad():
+        assert torch.equal(free(z, order=1), held(z, order=1))  # degree 1 is the probe either way
+        t_free, t_held = free.terms(z)[:, 1:], held.terms(z)[:, 1:]
+    for k in (0, 1):  # each higher degree's term on the unlabelled rows, mean square
+        assert float(t_held[:, k].square().mean()) < 0.5 * float(t_free[:, k].square().mean())
+    assert held.history.config.consistency == 30.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(X_unlabelled="Xu"), "only read by the consistency penalty"),
+    (dict(consistency=1.0), "consistency > 0 needs X_unlabelled"),
+    (dict(consistency=-1.0, X_unlabelled="Xu"), "consistency must be a finite number"),
+    (dict(consistency=1.0, X_unlabelled="Xu", mode="joint", trust_region=False, shrink=False), "needs mode='progressive'"),
+    (dict(consistency=1.0, X_unlabelled="narrow"), "d_model"),
+])
+def test_bad_consistency_settings(problem, kwargs, message):
+    Xtr, ytr, Xva, yva, Xte, _ = problem
+    kwargs = {k: {"Xu": Xte[:50], "narrow": Xte[:50, :5]}.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()}
+    with pytest.raises(tpc.TPCHooksError, match=message):
+        tpc.fit(Xtr, ytr, Xva, yva, degree=2, **FAST, **kwargs)

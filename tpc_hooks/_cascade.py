@@ -61,12 +61,27 @@ class CascadeResult:
         return torch.bincount(self.exit_order.flatten(), minlength=self.degree + 1)[1:].tolist()
 
 
-def thresholds(tau: float, lower: float | None, upper: float | None) -> tuple[float, float]:
-    """``(lower, upper)`` exit probabilities from a symmetric ``tau`` or explicit bounds."""
+def thresholds(tau: float, lower: float | None, upper: float | None, center: float = 0.5) -> tuple[float, float]:
+    """``(lower, upper)`` exit probabilities from a symmetric ``tau`` or explicit bounds.
+
+    ``tau`` is a margin in logit space around ``center`` (the operating threshold):
+    ``lower, upper = sigmoid(logit(center) -/+ logit(1 - tau))``; at ``center = 0.5`` that is
+    ``tau, 1 - tau``."""
     if lower is None and upper is None:
         if not 0 <= tau <= 0.5:
             raise TPCHooksError(f"tau must be in [0, 0.5]; got {tau!r}")
-        lower, upper = tau, 1 - tau
+        if not 0 < center < 1:
+            raise TPCHooksError(f"center must be in (0, 1); got {center!r}")
+        if center == 0.5:
+            lower, upper = tau, 1 - tau
+        elif tau == 0:
+            lower, upper = 0.0, 1.0
+        else:
+            margin = math.log1p(-tau) - math.log(tau)
+            mid = math.log(center) - math.log1p(-center)
+            lower, upper = 1 / (1 + math.exp(margin - mid)), 1 / (1 + math.exp(-(mid + margin)))
+    elif center != 0.5:
+        raise TPCHooksError("center= places the symmetric tau margin; with explicit lower and upper leave it out")
     elif lower is None or upper is None:
         raise TPCHooksError("pass both lower and upper, or neither (then tau is used)")
     if not 0 <= lower <= upper <= 1:
@@ -86,6 +101,11 @@ class Cascade:
         tau: symmetric threshold in [0, 0.5].
         lower, upper: asymmetric thresholds instead of ``tau`` (exit as benign at
             ``p <= lower``, as harmful at ``p >= upper``).
+        center: the operating threshold the decision is made at (a monitor's ``threshold``):
+            ``tau`` then sets a margin of ``logit(1 - tau)`` on either side of ``logit(center)``,
+            so a row exits early only when its order is clearly on one side of the threshold
+            actually used. With a 1%-FPR threshold far above 0.5, an uncentred cascade would
+            let order 1 settle rows (as harmful at ``p >= 1 - tau``) that the full order clears.
         temperatures, biases: per-order calibration ``p_n = sigmoid(s_n / T_n + b_n)``;
             usually set by :meth:`calibrate`.
 
@@ -98,11 +118,13 @@ class Cascade:
     """
 
     def __init__(self, head: TPC, tau: float = 0.1, *, lower: float | None = None, upper: float | None = None,
-                 temperatures: Sequence[float] | None = None, biases: Sequence[float] | None = None):
+                 center: float = 0.5, temperatures: Sequence[float] | None = None, biases: Sequence[float] | None = None):
         if not isinstance(head, TPC):
             raise TPCHooksError(f"Cascade needs a tpc_hooks.TPC head; got {type(head).__name__}")
         self.head = head
-        self.lower, self.upper = thresholds(tau, lower, upper)
+        self.lower, self.upper = thresholds(tau, lower, upper, center)
+        symmetric = lower is None and upper is None
+        self._tau, self.center = (float(tau), float(center)) if symmetric else (None, 0.5)
         n = head.degree
         self.temperatures = [1.0] * n if temperatures is None else [float(t) for t in temperatures]
         self.biases = [0.0] * n if biases is None else [float(b) for b in biases]
@@ -114,12 +136,20 @@ class Cascade:
 
     @property
     def tau(self) -> float | None:
-        """The symmetric threshold, or None when lower/upper are asymmetric."""
+        """The symmetric threshold (around :attr:`center`), or None when lower/upper are asymmetric."""
+        if self._tau is not None:
+            return self._tau
         return self.lower if math.isclose(self.lower, 1 - self.upper) else None
 
-    def with_thresholds(self, tau: float | None = None, *, lower: float | None = None, upper: float | None = None) -> "Cascade":
-        """The same head and calibration with other thresholds."""
-        c = Cascade(self.head, 0.1 if tau is None else tau, lower=lower, upper=upper,
+    def centered(self, center: float) -> "Cascade":
+        """The same head, calibration and ``tau`` (default 0.1 when built from lower/upper), with the
+        exits placed around the operating threshold ``center`` (see :class:`Cascade`)."""
+        return self.with_thresholds(0.1 if self.tau is None else self.tau, center=center)
+
+    def with_thresholds(self, tau: float | None = None, *, lower: float | None = None, upper: float | None = None,
+                        center: float = 0.5) -> "Cascade":
+        """The same head and calibration with other thresholds (``center``: see :class:`Cascade`)."""
+        c = Cascade(self.head, 0.1 if tau is None else tau, lower=lower, upper=upper, center=center,
                     temperatures=self.temperatures, biases=self.biases)
         c.calibration_report = self.calibration_report
         return c
@@ -189,10 +219,19 @@ class Cascade:
 
     def to_dict(self) -> dict[str, Any]:
         """Thresholds and calibration, JSON-serialisable (saved with a monitor)."""
-        return {"lower": self.lower, "upper": self.upper, "temperatures": self.temperatures, "biases": self.biases}
+        d = {"lower": self.lower, "upper": self.upper, "temperatures": self.temperatures, "biases": self.biases}
+        if self._tau is not None and self.center != 0.5:
+            d.update(tau=self._tau, center=self.center)  # lower/upper follow from them; kept for readers of the file
+        return d
 
     @classmethod
     def from_dict(cls, head: TPC, d: dict[str, Any]) -> "Cascade":
+        if d.get("center") is not None:
+            c = cls(head, d["tau"], center=d["center"], temperatures=d["temperatures"], biases=d["biases"])
+            if not (math.isclose(c.lower, d["lower"], rel_tol=1e-9) and math.isclose(c.upper, d["upper"], rel_tol=1e-9)):
+                raise TPCHooksError(f"lower/upper {d['lower']}/{d['upper']} do not follow from tau={d['tau']} and "
+                                    f"center={d['center']}")
+            return c
         return cls(head, lower=d["lower"], upper=d["upper"], temperatures=d["temperatures"], biases=d["biases"])
 
     # ------------------------------------------------------------------ sweeps

@@ -18,13 +18,13 @@ from ._history import FitConfig, History, TrainConfig
 from ._loop import default_device, f1_at_zero, train_loop
 from ._polynomial import TPC
 from ._probe import fit_probe
-from ._rows import Rows, split_data
+from ._rows import Rows, as_rows, split_data
 
 log = logging.getLogger(__name__)
 
 
 def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config: FitConfig | None = None, *,
-        init: TPC | None = None, val_groups: Any = None, device: str | torch.device | None = None,
+        init: TPC | None = None, val_groups: Any = None, X_unlabelled: Any = None, device: str | torch.device | None = None,
         verbose: bool = True, **settings: Any) -> TPC:
     """Trains a TPC on activations ``X`` [n, d_model] and binary labels ``y`` (1 = harmful).
 
@@ -78,12 +78,15 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
                                     None if init is None else init.d_model)
     tr.chunk_rows = va.chunk_rows = cfg.chunk_rows
     groups = _groups(val_groups, va.n, X_val is not None)
+    unl = _unlabelled(X_unlabelled, tr.d, cfg)
     head, history, cfg = _extend(init, cfg) if init is not None else _new_head(tr, cfg.resolved())
     head.to(dev)
     head.requires_grad_(False)
     tr.hold_standardized(head.scaler, dev)
     va.hold_standardized(head.scaler, dev)
-    train = _Trainer(head, tr, y_tr, va, y_va, cfg, dev, verbose, history.records, groups)
+    if unl is not None:
+        unl.hold_standardized(head.scaler, dev)
+    train = _Trainer(head, tr, y_tr, va, y_va, cfg, dev, verbose, history.records, groups, unl)
 
     if cfg.mode == "joint":
         history.selected[head.degree] = train.joint()
@@ -121,6 +124,22 @@ def _groups(val_groups: Any, n_val: int, given: bool) -> list[Tensor] | None:
     if labels.shape[0] != n_val:
         raise TPCHooksError(f"val_groups needs one label per validation row ({n_val}); got {labels.shape[0]}")
     return [torch.as_tensor(np.flatnonzero(labels == g)) for g in dict.fromkeys(labels.tolist())]
+
+
+def _unlabelled(X: Any, d: int, cfg: FitConfig) -> Rows | None:
+    """The rows the consistency penalty reads (held in memory), or None."""
+    if X is None:
+        if cfg.consistency:
+            raise TPCHooksError("consistency > 0 needs X_unlabelled (the rows where higher orders should add nothing)")
+        return None
+    if not cfg.consistency:
+        raise TPCHooksError("X_unlabelled is only read by the consistency penalty; set consistency > 0 with it")
+    if cfg.mode != "progressive":
+        raise TPCHooksError("consistency applies to degrees trained one at a time; it needs mode='progressive'")
+    rows = as_rows(X, "X_unlabelled", d)
+    if not rows.in_memory:
+        raise TPCHooksError("X_unlabelled must fit in memory (an array or tensor), not an ActivationStore")
+    return rows
 
 
 def _new_head(tr: Rows, cfg: FitConfig) -> tuple[TPC, History, FitConfig]:
@@ -173,7 +192,9 @@ class _Trainer:
     """The steps of progressive (and joint) training on one head and one split."""
 
     def __init__(self, head: TPC, tr: Rows, y_tr: Tensor, va: Rows, y_va: Tensor, cfg: FitConfig, device: torch.device,
-                 verbose: bool, records: list[dict[str, Any]], groups: list[Tensor] | None = None):
+                 verbose: bool, records: list[dict[str, Any]], groups: list[Tensor] | None = None,
+                 unlabelled: Rows | None = None):
+        self.unlabelled = unlabelled
         self.head, self.tr, self.va, self.cfg, self.device, self.verbose, self.records = head, tr, va, cfg, device, verbose, records
         self.groups = None if groups is None else [g.to(device) for g in groups]
         self.y_tr, self.y_va = y_tr.to(device), y_va.to(device)
@@ -210,6 +231,7 @@ class _Trainer:
         for trial, tc in enumerate(configs):
             _init_degree(head, k, cfg.seed)
             gen = torch.Generator().manual_seed(cfg.seed * 7919 + k * 31 + trial)
+            gen_u = torch.Generator().manual_seed(cfg.seed * 7919 + k * 31 + trial + 1)  # labelled batches unchanged
 
             def batch_loss(xb: Tensor, idx: Tensor, tc: TrainConfig = tc, gen: torch.Generator = gen) -> Tensor:
                 idx = idx.to(device)
@@ -218,6 +240,10 @@ class _Trainer:
                     keep = (torch.rand(idx.shape[0], generator=gen) >= tc.dropout).to(device, prefix.dtype)
                     prefix = prefix * keep / (1 - tc.dropout)
                 loss = F.binary_cross_entropy_with_logits(prefix + _kernel.term(head, xb, k, clip=False)[0], self.y_tr[idx])
+                if self.unlabelled is not None:
+                    std = self.unlabelled.std
+                    pick = torch.randint(std.shape[0], (xb.shape[0],), generator=gen_u).to(std.device)
+                    loss = loss + cfg.consistency * _kernel.term(head, std[pick], k, clip=False)[0].square().mean()
                 return loss + tc.l1 * U.abs().sum() if tc.l1 else loss
 
             def evaluate() -> tuple[float, float]:

@@ -96,6 +96,9 @@ class FitConfig:
         escalate_only: higher orders may raise a row's harm logit but never clear a row the
             linear probe flags, so every order's recall is at least the linear probe's.
         l1: L1 penalty ``l1 * sum |U_k|`` on each degree's factors (progressive mode).
+        consistency: with ``fit(..., X_unlabelled=...)``, degree k's loss adds
+            ``consistency * mean(term_k(x_u) ** 2)`` over a minibatch of those rows: the degree is
+            pulled to add nothing there, so its truncation agrees with the one below (progressive mode).
         sweep: ``True`` for the paper's grid (lr x weight decay x dropout, chosen per degree by
             validation F1), or a dict with some of those keys.
         Cs, max_iter: the degree-1 probe's C sweep and iteration cap.
@@ -128,6 +131,7 @@ class FitConfig:
     dropout: float = 0.0
     patience: int | None | str = "auto"
     l1: float = 0.0
+    consistency: float = 0.0
     trust_region: bool | None = None
     margin: float = 0.0
     gate: bool | None = None
@@ -160,6 +164,8 @@ class FitConfig:
             raise TPCHooksError("gate=True needs the trust region (trust_region=True): the gate fires when an input leaves it")
         if not (_number(self.decay_growth) and self.decay_growth > 0):
             raise TPCHooksError(f"decay_growth must be a positive number; got {self.decay_growth!r}")
+        if not (_number(self.consistency) and 0 <= self.consistency < math.inf):
+            raise TPCHooksError(f"consistency must be a finite number >= 0; got {self.consistency!r}")
         if not (_number(self.margin) and 0 <= self.margin < math.inf):
             raise TPCHooksError(f"margin must be a finite number >= 0; got {self.margin!r}")
         self.train_config().grid(self.sweep)  # checks the optimiser settings and the grid

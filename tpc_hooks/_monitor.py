@@ -114,8 +114,8 @@ class Monitor:
                 raise TPCHooksError("cascade= must wrap this monitor's head (Cascade(monitor.head, ...))")
             return cascade
         if cascade is not None:
-            base = self.cascade or Cascade(self.head)
-            return base.with_thresholds(float(cascade))
+            base = self.cascade or Cascade(self.head).centered(self.threshold)
+            return base.with_thresholds(float(cascade), center=base.center)
         if order is None and self.cascade is not None:
             return self.cascade
         n = self.head.check_order(order)
@@ -157,6 +157,56 @@ class Monitor:
         site = adapter.site(self.site)
         z = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name]
         return self.policy(order, cascade)(z)
+
+    # ------------------------------------------------------------------ operating point
+    @torch.no_grad()
+    def calibrate(self, model: Any, benign_prompts: Sequence[str], fpr: float = 0.01, *, batch_size: int = 8) -> "Monitor":
+        """Sets :attr:`threshold` so that at most ``fpr`` of ``benign_prompts`` is flagged.
+
+        The prompts are scored as :meth:`score` does (this monitor's pooling and policy); see
+        :meth:`calibrate_activations` for what is set and recorded. Returns ``self``.
+
+        Example:
+            >>> monitor.calibrate(model, benign_validation_prompts, fpr=0.01)  # doctest: +SKIP
+            >>> monitor.threshold, monitor.report["operating_point"]["flagged"]  # doctest: +SKIP
+        """
+        adapter = self._adapter(model)
+        ids, _ = adapter.tokenize(check_prompts(benign_prompts), chat_template=self.chat_template,
+                                  max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
+        site = adapter.site(self.site)
+        z = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name]
+        return self.calibrate_activations(z, fpr)
+
+    @torch.no_grad()
+    def calibrate_activations(self, benign: Any, fpr: float = 0.01) -> "Monitor":
+        """Sets :attr:`threshold` from pooled activations ``[n, d_model]`` of benign inputs, so that
+        at most ``fpr`` of them is flagged (``prob >= threshold``).
+
+        With a cascade, its exits are first centred on the full order's threshold
+        (:meth:`Cascade.centered`: an order settles a row only when it is clearly on one side of
+        the threshold in use), then the threshold is set on the cascade's own probabilities, so
+        the bound holds for the policy that runs. ``report["operating_point"]`` records the
+        target, the benign count and how many were flagged. Returns ``self``.
+
+        Raises:
+            TPCHooksError: no rows, wrong ``d_model``, NaN/inf, ``fpr`` outside [0, 1), or a benign
+                tail saturated at probability 1 (no threshold below 1 can separate it).
+        """
+        from .metrics import threshold_at_fpr
+        from ._checks import check_features
+
+        z = check_features(benign, "benign activations", self.head.d_model).float()
+        if not 0 <= fpr < 1:
+            raise TPCHooksError(f"fpr must be in [0, 1); got {fpr!r}")
+        if self.cascade is not None:
+            full = self.cascade.with_thresholds(0.0)(z).probs
+            self.cascade = self.cascade.centered(_above(threshold_at_fpr(full.double().cpu().numpy(), fpr)))
+        probs = self.policy()(z).probs
+        self.threshold = _above(threshold_at_fpr(probs.double().cpu().numpy(), fpr))
+        flagged = int((probs >= self.threshold).sum())
+        self.report["operating_point"] = {"fpr": float(fpr), "n_benign": int(z.shape[0]), "flagged": flagged,
+                                          "threshold": self.threshold}
+        return self
 
     @torch.no_grad()
     def token_scores(self, model: Any, prompt: str, *, order: int | None = None,
@@ -302,9 +352,22 @@ class Monitor:
             raise TPCHooksError(f"{where}: {err}") from None
 
 
+def _above(t: float) -> float:
+    """The smallest float32 probability above ``t`` (a threshold ``p >= _above(t)`` leaves a score of
+    exactly ``t`` unflagged; probabilities are float32), checked to lie in (0, 1)."""
+    up = float(np.nextafter(np.float32(t), np.float32(1)))
+    if up >= 1:
+        raise TPCHooksError("the benign scores' tail is saturated at probability 1: no threshold below 1 keeps it "
+                            "unflagged (the benign rows look harmful to this monitor; check the prompts and labels)")
+    return max(up, float(np.finfo(np.float32).tiny))
+
+
 def _describe(ident: dict[str, Any]) -> str:
     name = "/".join(str(v) for v in (ident.get("release"), ident.get("sae_id")) if v) or ident.get("class", "SAE")
     return f"{name} (d_sae={ident.get('d_sae')}, weights {str(ident.get('weights_sha256'))[:12]})"
+
+
+TRAIN_RECIPES = ("default", "in_distribution", "paper")
 
 
 def train_monitor(
@@ -314,7 +377,9 @@ def train_monitor(
     site: str | Sequence[str],
     pooling: str = "mean",
     *,
-    augment: bool | Sequence[str] = True,
+    augment: bool | Sequence[str] | None = None,
+    recipe: str = "default",
+    target_fpr: float | None = 0.01,
     val_fraction: float = 0.2,
     chat_template: bool | None = None,
     prepend_bos: bool | None = None,
@@ -341,6 +406,16 @@ def train_monitor(
     family never trained on; ``augment=False`` trains on the prompts as given. The rewrites are
     English templates; collection reads about 2.8x as many prompts with every family.
 
+    That robustness costs in-distribution recall: ``recipe="in_distribution"`` trains on the
+    prompts as given with pooled selection (the highest recall on prompts phrased like the
+    training set, and a dial that turns the wrong way on rephrased ones); ``recipe="paper"`` is
+    the paper's exact recipe (:class:`~tpc_hooks.FitConfig`), with the rewrites unless
+    ``augment=False``. The README's phrasing section has the measured trade-off.
+
+    The monitor's operating point is set on the benign validation prompts (and their rewrites):
+    ``threshold`` flags at most ``target_fpr`` of them (:meth:`Monitor.calibrate_activations`), and a
+    cascade (``tau``) exits around that threshold.
+
     Args:
         model: a TransformerLens or nnsight model.
         prompts, labels: texts and their labels (1 = harmful).
@@ -348,7 +423,11 @@ def train_monitor(
             linear probe has the best worst-group recall at 1% false-positive rate on validation
             is kept (``monitor.report["site_selection"]`` has the table).
         pooling: how to pool tokens.
-        augment: ``True`` (every phrasing family), ``False``, or the families to use.
+        augment: ``True`` (every phrasing family), ``False``, or the families to use; default:
+            every family, none for ``recipe="in_distribution"``.
+        recipe: ``"default"`` (rewrites + worst-family selection), ``"in_distribution"`` (no
+            rewrites, pooled selection) or ``"paper"`` (the paper's recipe).
+        target_fpr: the benign validation share the threshold may flag; None keeps 0.5.
         val_fraction: stratified validation split (model selection, calibration, report).
         chat_template: wrap prompts as chat user turns; default: when the tokenizer has a template.
         prepend_bos: prepend BOS to raw prompts; default: when the tokenizer has a BOS token.
@@ -381,7 +460,11 @@ def train_monitor(
     sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
     if not sites or not all(isinstance(s, str) for s in sites):
         raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
-    families = _phrasing.check_families(augment)
+    if recipe not in TRAIN_RECIPES:
+        raise TPCHooksError(f"recipe must be one of {list(TRAIN_RECIPES)}; got {recipe!r}")
+    if recipe == "in_distribution" and augment not in (None, False):
+        raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with augment")
+    families = _phrasing.check_families(recipe != "in_distribution" if augment is None else augment)
     adapter = get_adapter(model)
     for s in sites:
         adapter.site(s)
@@ -396,7 +479,10 @@ def train_monitor(
     n_val = max(2, int(round(val_fraction * len(items))))
     given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
     own = {k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs}  # fit's, not FitConfig's
-    cfg = FitConfig.from_options(config, {**given, **fit_kwargs})
+    if "recipe" in fit_kwargs:
+        raise TPCHooksError("pass recipe= once (train_monitor's recipe covers fit's)")
+    fit_recipe = {"recipe": "paper"} if recipe == "paper" else {}
+    cfg = FitConfig.from_options(config, {**given, **fit_kwargs, **fit_recipe})
     tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=cfg.seed)
 
     # One collection pass over the prompts and their rewrites; rows are addressed by index into `texts`.
@@ -437,5 +523,9 @@ def train_monitor(
                    "worst_validation_group": {"groups": sorted(set(groups)), "per_order": worst},
                    "n_train": len(tr), "augment": {"families": list(families), "n_train_rewrites": len(aug),
                                                    "n_val_rewrites": len(views)}})
-    return Monitor(head=head, site=chosen, pooling=pooling, chat_template=chat_template, prepend_bos=bos,
-                   max_tokens=max_tokens, model_name=adapter.model_name, cascade=cascade, report=report, sae=sae)
+    report["recipe"] = recipe
+    monitor = Monitor(head=head, site=chosen, pooling=pooling, chat_template=chat_template, prepend_bos=bos,
+                      max_tokens=max_tokens, model_name=adapter.model_name, cascade=cascade, report=report, sae=sae)
+    if target_fpr is not None:
+        monitor.calibrate_activations(Xs[va_rows][y_va == 0], target_fpr)
+    return monitor

@@ -290,7 +290,8 @@ def _train(args: argparse.Namespace) -> int:
 
     # The phrasing rewrites `collect` wrote (unless --no-augment there): trained on, and selected for
     # the worst validation group, as train_monitor does.
-    families = [] if yv is None else sorted(d.name for d in acts.glob("val-*") if (d / "labels.json").is_file())
+    families = [] if yv is None or args.recipe == "in_distribution" else \
+        sorted(d.name for d in acts.glob("val-*") if (d / "labels.json").is_file())
     parts = [train_split] + (["aug"] if families and (acts / "aug" / "labels.json").is_file() else [])
 
     def rows(site: str) -> tuple[Any, Any, Any, Any]:
@@ -306,7 +307,8 @@ def _train(args: argparse.Namespace) -> int:
         groups = np.concatenate([[p] * len(_check_split(acts, p, cfg["sites"][0], "validation split", site_fix))
                                  for p in ["val", *families]])
     robust = {} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}
-    settings = dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed, recipe=args.recipe, **robust)
+    settings = dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed,
+                    recipe="paper" if args.recipe == "paper" else "default", **robust)
     if site == "auto":
         if yv is None:
             raise TPCHooksError(f"--site auto chooses on the validation split, and {acts} has none; pass --site")
@@ -320,6 +322,13 @@ def _train(args: argparse.Namespace) -> int:
     cascade = Cascade(head, tau=args.tau).calibrate(Xv, yv) if Xv is not None else Cascade(head, tau=args.tau)
     mon = Monitor(head, site, pooling=cfg["pooling"], chat_template=cfg["chat_template"], max_tokens=cfg["max_tokens"],
                   model_name=cfg["model"], cascade=cascade)
+    if args.target_fpr is not None and Xv is not None:
+        mon.calibrate_activations(Xv[yv == 0], args.target_fpr)
+        op = mon.report["operating_point"]
+        print(f"threshold {mon.threshold:.6g}: flags {op['flagged']} of {op['n_benign']} benign validation rows "
+              f"(target FPR {args.target_fpr:g})")
+    elif args.target_fpr is not None:
+        print("no validation split: the threshold stays 0.5 (collect with a val split to set it by --target-fpr)")
     path = mon.save(args.out)
     sel = head.history.selected
     print(_table(["degree", "val F1", "chosen"], [[str(k), f"{v['val_f1']:.3f}", str(v.get("C", v.get("best_epoch")))]
@@ -453,8 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=64)
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--tau", type=float, default=0.2, help="the monitor's cascade threshold")
-    p.add_argument("--recipe", choices=["default", "paper"], default="default",
-                   help="'paper': the paper's exact recipe (plain polynomial, 50 epochs per degree, last epoch kept)")
+    p.add_argument("--recipe", choices=["default", "in_distribution", "paper"], default="default",
+                   help="'in_distribution': ignore the phrasing rewrites (higher recall on prompts phrased like "
+                        "training, weaker on rephrased ones); 'paper': the paper's exact recipe (plain polynomial, "
+                        "50 epochs per degree, last epoch kept)")
+    p.add_argument("--target-fpr", type=float, default=0.01,
+                   help="set the monitor's threshold to flag at most this share of benign validation rows "
+                        "(default 0.01; the cascade exits around it)")
     p.add_argument("--no-gate", action="store_true", help="keep the trust region but let inputs that leave it use every order")
     p.add_argument("--escalate-only", action="store_true",
                    help="higher orders may not clear a prompt the linear probe flags (recall >= the linear probe's)")

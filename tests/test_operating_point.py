@@ -1,0 +1,102 @@
+"""Operating points: a monitor's threshold set at a false-positive rate, and cascades centred on it."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import tpc_hooks as tpc
+from conftest import random_head
+
+SITE = "blocks.1.hook_resid_post"
+
+
+def small_head(seed=0):
+    head = random_head(d_model=6, degree=3, ranks=(3, 2), dtype=torch.float32, seed=seed)
+    with torch.no_grad():  # logits of a few units: float32 probabilities do not saturate
+        head.linear.mul_(0.2)
+        for k in head.degrees:
+            head.lambdas[str(k)].mul_(0.02)
+    return head
+
+
+def benign(n, seed):
+    return torch.randn(n, 6, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("fpr", [0.0, 0.01, 0.05, 0.2])
+def test_threshold_flags_at_most_the_target_share_of_its_benign_rows(fpr):
+    mon = tpc.Monitor(small_head(), SITE)
+    z = benign(1000, 1)
+    mon.calibrate_activations(z, fpr)
+    probs = torch.sigmoid(mon.head(z))
+    flagged = int((probs >= mon.threshold).sum())
+    # exactly floor(fpr * n) rows lie above the threshold (no ties among continuous scores)
+    assert flagged == math.floor(fpr * 1000 + 1e-9) == mon.report["operating_point"]["flagged"]
+    assert mon.report["operating_point"] == {"fpr": fpr, "n_benign": 1000, "flagged": flagged,
+                                             "threshold": mon.threshold}
+
+
+def test_held_out_benign_rows_are_flagged_at_the_target_rate_within_sampling_error():
+    mon = tpc.Monitor(small_head(), SITE).calibrate_activations(benign(4000, 2), 0.05)
+    held_out = torch.sigmoid(mon.head(benign(40000, 3)))
+    rate = float((held_out >= mon.threshold).double().mean())
+    # the threshold is the 95th percentile of 4000 draws: its coverage has sd sqrt(.05 * .95 / 4000) ~ 0.0034
+    assert abs(rate - 0.05) < 4 * math.sqrt(0.05 * 0.95 / 4000) + 4 * math.sqrt(0.05 * 0.95 / 40000)
+
+
+def test_ties_never_push_the_flagged_share_over_the_target():
+    mon = tpc.Monitor(small_head(), SITE)
+    z = benign(50, 4).repeat(20, 1)  # every score 20 times
+    mon.calibrate_activations(z, 0.03)
+    assert int((torch.sigmoid(mon.head(z)) >= mon.threshold).sum()) <= 30
+
+
+def test_with_a_cascade_the_bound_holds_for_the_cascade_and_its_exits_are_centred():
+    head = small_head()
+    z = benign(2000, 5)
+    y = (torch.sigmoid(head(z)) > torch.rand(2000, generator=torch.Generator().manual_seed(6))).long()
+    mon = tpc.Monitor(head, SITE, cascade=tpc.Cascade(head, 0.1).calibrate(z, y))
+    mon.calibrate_activations(z[y == 0], 0.02)
+    full = mon.cascade.with_thresholds(0.0)(z[y == 0]).probs
+    t_full = tpc.metrics.threshold_at_fpr(full.double().numpy(), 0.02)
+    assert mon.cascade.center == pytest.approx(t_full, rel=1e-6) and mon.cascade.tau == 0.1
+    out = mon.policy()(z[y == 0])
+    assert int((out.probs >= mon.threshold).sum()) <= math.floor(0.02 * int((y == 0).sum()))
+    assert mon.policy(cascade=0.3).center == mon.cascade.center  # a tau passed at scoring time keeps the centre
+
+
+def test_a_monitor_without_cascade_centres_the_cascade_it_is_asked_for():
+    mon = tpc.Monitor(small_head(), SITE).calibrate_activations(benign(500, 7), 0.01)
+    c = mon.policy(cascade=0.2)
+    assert c.center == mon.threshold and c.tau == 0.2
+
+
+def test_bad_calibration_input_is_refused_and_changes_nothing():
+    mon = tpc.Monitor(small_head(), SITE)
+    z = benign(100, 8)
+    for bad, match in ((z[:, :5], "d_model"), (torch.full((3, 6), math.nan), "NaN"), (z[:0], "empty|no rows|at least")):
+        with pytest.raises(tpc.TPCHooksError, match=match):
+            mon.calibrate_activations(bad, 0.01)
+    for fpr in (-0.1, 1.0):
+        with pytest.raises(tpc.TPCHooksError, match="fpr must be in"):
+            mon.calibrate_activations(z, fpr)
+    assert mon.threshold == 0.5 and "operating_point" not in mon.report
+    hot = small_head()
+    with torch.no_grad():
+        hot.bias.fill_(200.0)  # every benign row scores probability 1
+    with pytest.raises(tpc.TPCHooksError, match="saturated at probability 1"):
+        tpc.Monitor(hot, SITE).calibrate_activations(z, 0.01)
+
+
+def test_threshold_and_centred_cascade_survive_save_and_load(tmp_path):
+    head = small_head()
+    mon = tpc.Monitor(head, SITE, cascade=tpc.Cascade(head, 0.1))
+    mon.calibrate_activations(benign(300, 9), 0.05)
+    back = tpc.Monitor.load(mon.save(tmp_path / "m"))
+    assert back.threshold == mon.threshold and back.report["operating_point"] == mon.report["operating_point"]
+    assert (back.cascade.lower, back.cascade.upper, back.cascade.center) == (mon.cascade.lower, mon.cascade.upper,
+                                                                              mon.cascade.center)
+    z = benign(50, 10)
+    assert torch.equal(back.policy()(z).probs, mon.policy()(z).probs)
