@@ -12,8 +12,10 @@ Per family and method and order: F1 at logit 0, recall, FPR, AUROC, and recall a
 the threshold set on the benign validation rows (:func:`tpc_hooks.metrics.recall_at_fpr`).
 Methods: the linear probe, parameter-matched MLPs, the early-exit MLP, the TPC paper recipe and
 the TPC's robust settings, each trained on the plain training split and again with one phrasing
-rewrite per training request (``aug``); the default (``aug`` + worst-family selection, what
-``train_monitor`` does); disagreement escalation at a fixed FPR; the default's cascade. The
+rewrite per training request (``aug``); the default (``aug`` + worst-family selection + a
+consistency penalty of 0.03 on the training rewrites, what ``train_monitor`` does) and the same
+without the penalty; disagreement escalation at a fixed FPR; the default's cascade, uncentred
+and centred on the 1%-FPR threshold (what ``train_monitor(tau=...)`` builds). The
 default's site is chosen among layers 10, 15, 20 by :func:`tpc_hooks.choose_site`.
 Run: ``python benchmarks/bench_phrasing.py [--seeds 5] [--layers 15 20]`` (about 16 min on 2
 CPU cores once activations are cached; collecting them takes about 12 min).
@@ -42,8 +44,11 @@ from _results import add_results_argument, recording
 
 LAYERS = (10, 15, 20)
 FPR = 0.01
-DEFAULT = "DEFAULT (aug + worst-family)"
-CASCADES = {"tau=0.1": {"tau": 0.1}, "lower=0.1 upper=0.99": {"lower": 0.1, "upper": 0.99}}
+DEFAULT = "DEFAULT (aug + worst-family + consistency)"
+WORST = "aug + worst-family"  # the default before the consistency penalty
+CONSISTENCY = 0.03  # train_monitor's consistency weight on the training rewrites
+CASCADES = {"tau=0.1": {"tau": 0.1}, "lower=0.1 upper=0.99": {"lower": 0.1, "upper": 0.99},
+            "tau=0.1 centred": {"tau": 0.1}}  # centred: exits around the 1%-FPR threshold, as train_monitor sets it
 
 
 def site(layer: int) -> str:
@@ -176,15 +181,21 @@ def run(args: argparse.Namespace, X_all: dict, y: dict) -> int:
                     name = method if regime == "plain" else f"{method} aug" + (" pooled" if method == "tpc" else "")
                     scores.setdefault(name, {})[order] = {sp: per_split[sp][(method, order)] for sp in splits}
             Xtr, ytr, Xva, yva = reg["aug"]
-            head = tpc.fit(Xtr, ytr, Xva, yva, degree=5, rank=args.rank, seed=seed, val_groups=g_va, verbose=False)
-            with torch.no_grad():
-                cum = {sp: head.terms(torch.as_tensor(X[sp])).double().cumsum(-1).numpy() for sp in splits}
-            scores[DEFAULT] = {k: {sp: cum[sp][:, k - 1] for sp in splits} for k in range(1, 6)}
+            for name, extra_fit in ((WORST, {}), (DEFAULT, {"X_unlabelled": X["aug"], "consistency": CONSISTENCY})):
+                head = tpc.fit(Xtr, ytr, Xva, yva, degree=5, rank=args.rank, seed=seed, val_groups=g_va, verbose=False,
+                               **extra_fit)
+                with torch.no_grad():
+                    cum = {sp: head.terms(torch.as_tensor(X[sp])).double().cumsum(-1).numpy() for sp in splits}
+                scores[name] = {k: {sp: cum[sp][:, k - 1] for sp in splits} for k in range(1, 6)}
             extra[(layer, "scales")].append([head.history.selected[k]["scale"] for k in range(2, 6)])
             for name in ("tpc", DEFAULT):
-                scores[f"{name} + escalation"] = escalated(scores[name], benign)
+                scores[f"{name} + escalation"] = escalated(scores[name], benign)  # `head` is DEFAULT's from here
             for name, bounds in CASCADES.items():  # the default tau, and an upper exit above the 1%-FPR threshold
                 casc = tpc.Cascade(head, **bounds).calibrate(Xva, yva)
+                if name.endswith("centred"):  # what train_monitor(tau=0.1) builds: the monitor's operating point
+                    mon = tpc.Monitor(head, site(layer), cascade=casc).calibrate_activations(Xva[yva == 0], FPR)
+                    casc = mon.cascade
+                    extra[(layer, "centred cascade exits")].append((casc.lower, casc.upper))
                 with torch.no_grad():
                     outs = {sp: casc(torch.as_tensor(X[sp])) for sp in splits}
                 scores[f"{DEFAULT}, cascade {name}"] = {0: {sp: logit(o.probs.double().numpy()) for sp, o in outs.items()}}
@@ -224,7 +235,7 @@ def report(args: argparse.Namespace, res: dict, extra: dict, chosen: int, table:
           "validation rows (val and its trained-family rewrites), the same for every method (`plain`: from the plain benign validation rows only). Figures in %, "
           "mean ± std over seeds. `aug`: trained on train + one rewrite per training request, validated on val + "
           "its rewrites; DEFAULT: what `train_monitor` now does (aug + degrees selected for the worst validation "
-          "family).\n")
+          "family + consistency 0.03 on the training rewrites).\n")
     print("## The default's site choice (linear probe, worst validation group)\n")
     print("| layer | worst-group recall at 1% FPR | worst-group AUROC | worst-group F1 |\n|---|---|---|---|")
     for r in table:
@@ -285,6 +296,9 @@ def goal_check(args, res, extra, layer, methods, splits) -> None:
         fl = extra[(layer, f"cascade {name} flops")]
         print(f"- DEFAULT cascade ({name}) mean FLOPs / linear probe: " + ", ".join(
             f"{sp[6:] or sp}: {np.mean([f[sp] for f in fl]):.0f}" for sp in splits))
+    ex = np.array(extra[(layer, "centred cascade exits")])
+    print(f"- the centred cascade's exits (mean over seeds): benign at p <= {ex[:, 0].mean():.3f}, harmful at p >= "
+          f"{ex[:, 1].mean():.4f}")
     print()
 
 

@@ -170,8 +170,37 @@ def test_train_monitor_rewrites_training_and_validation_prompts(lm):
     assert 4 <= rep["augment"]["n_val_rewrites"] <= 8
     assert rep["worst_validation_group"]["groups"] == ["noise", "prompts", "tense"]
     assert mon.head.history.config.seed == 0 and len(rep["validation"]["per_order"]) == 2
+    assert mon.head.history.config.consistency == 0.03  # the penalty on the training rewrites, by default
     with pytest.raises(TPCHooksError, match="augment must be True, False or phrasing families"):
         tpc.train_monitor(lm, prompts, y, SITES[1], augment=("pirate",), verbose=False)
+
+
+def test_the_consistency_penalty_reads_exactly_the_training_rewrites(lm, monkeypatch):
+    from sklearn.model_selection import train_test_split
+
+    from tpc_hooks import _fit
+    from tpc_hooks.data import rewrites
+
+    seen = []
+    real = _fit.fit
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("X_unlabelled"), args[4].consistency))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_fit, "fit", spy)
+    prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
+    kw = dict(augment=("tense", "noise"), degree=2, rank=2, epochs=2, val_fraction=0.25, verbose=False)
+    tpc.train_monitor(lm, prompts, y, SITES[1], **kw)
+    tr, _ = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
+    aug = rewrites([prompts[i] for i in tr], y[tr], ("tense", "noise"), seed=0)
+    want = tpc.collect(lm, aug.texts, SITES[1], chat_template=True, progress=False)[SITES[1]]
+    got, weight = seen[-1]
+    assert weight == 0.03 and torch.allclose(torch.as_tensor(got), torch.as_tensor(want), atol=1e-5)
+    tpc.train_monitor(lm, prompts, y, SITES[1], consistency=0.0, **kw)
+    assert seen[-1] == (None, 0.0)
+    tpc.train_monitor(lm, prompts, y, SITES[1], **{**kw, "augment": False})
+    assert seen[-1] == (None, 0.0)  # no rewrites, no penalty
 
 
 def test_train_monitor_reads_the_site_its_table_ranks_first(lm):

@@ -318,7 +318,13 @@ def _train(args: argparse.Namespace) -> int:
                      [[r["site"], f"{r['recall_at_fpr']:.3f}", f"{r['auroc']:.3f}"] for r in table]))
         print(f"--site auto: {site}")
     X, y, Xv, yv = rows(site)
-    head = fit(X, y, Xv, yv, val_groups=groups, verbose=not args.no_progress, **settings).cpu()
+    unlabelled = None
+    if "aug" in parts and args.recipe == "default":  # as train_monitor: consistency on the training rewrites
+        from ._monitor import REWRITE_CONSISTENCY
+
+        unlabelled = _split(acts, "aug", site, _check_split(acts, "aug", site, "training split", site_fix))[0]
+        settings["consistency"] = REWRITE_CONSISTENCY
+    head = fit(X, y, Xv, yv, val_groups=groups, X_unlabelled=unlabelled, verbose=not args.no_progress, **settings).cpu()
     cascade = Cascade(head, tau=args.tau).calibrate(Xv, yv) if Xv is not None else Cascade(head, tau=args.tau)
     mon = Monitor(head, site, pooling=cfg["pooling"], chat_template=cfg["chat_template"], max_tokens=cfg["max_tokens"],
                   model_name=cfg["model"], cascade=cascade)
