@@ -1,11 +1,12 @@
-"""One case table run through every adapter: TransformerLens (HookedTransformer, bridge) and nnsight."""
+"""One case table run through every adapter: TransformerLens (HookedTransformer, bridge), nnsight and plain
+transformers."""
 
 import numpy as np
 import pytest
 import torch
 
 import tpc_hooks as tpc
-from tiny_models import bridge, hf_gpt2, hf_llama, hooked_gpt2_style, nnsight_lm, tokenizer
+from tiny_models import bridge, hf_gpt2, hf_llama, hooked_gpt2_style, named, nnsight_lm, tokenizer, tiny_head
 from tpc_hooks.adapters import get_adapter
 from tpc_hooks.pooling import pool
 
@@ -23,8 +24,12 @@ MODELS = {
     "bridge-gpt2": lambda: bridge(hf_gpt2()),
     "nnsight-llama": lambda: nnsight_lm(hf_llama()),
     "nnsight-gpt2": lambda: nnsight_lm(hf_gpt2()),
+    # a plain Hugging Face model; its tokenizer loads from name_or_path (the default)
+    "transformers-llama": lambda: named(hf_llama()),
+    "transformers-gpt2": lambda: named(hf_gpt2()),
 }
-HF_REF = {"bridge-llama": hf_llama, "bridge-gpt2": hf_gpt2, "nnsight-llama": hf_llama, "nnsight-gpt2": hf_gpt2}
+HF_REF = {"bridge-llama": hf_llama, "bridge-gpt2": hf_gpt2, "nnsight-llama": hf_llama, "nnsight-gpt2": hf_gpt2,
+          "transformers-llama": hf_llama, "transformers-gpt2": hf_gpt2}
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
@@ -32,13 +37,6 @@ def case(request):
     return request.param, MODELS[request.param]()
 
 
-def random_head(d_model=32, degree=3, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    head = tpc.TPC(d_model, degree, 4)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    return head
 
 
 def reference_acts(name, model, ids, layer):
@@ -77,13 +75,18 @@ def test_adapters_agree_on_the_same_weights():
     for make in (hf_llama, hf_gpt2):
         a = tpc.collect(bridge(make()), PROMPTS, site, progress=False)[site]
         b = tpc.collect(nnsight_lm(make()), PROMPTS, site, progress=False)[site]
+        c = tpc.collect(make(), PROMPTS, site, tokenizer=tokenizer(), progress=False)[site]
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-        mon = tpc.Monitor(random_head(), site)
+        torch.testing.assert_close(c, b, rtol=1e-4, atol=1e-5)
+        mon = tpc.Monitor(tiny_head(), site)
         sa, sb = mon.score(bridge(make()), PROMPTS), mon.score(nnsight_lm(make()), PROMPTS)
+        sc = mon.score(make(), PROMPTS, tokenizer=tokenizer())
         torch.testing.assert_close(sa.logits, sb.logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(sc.logits, sb.logits, rtol=1e-4, atol=1e-4)
         ga = mon.generate(bridge(make()), PROMPTS, max_new_tokens=4)
         gb = mon.generate(nnsight_lm(make()), PROMPTS, max_new_tokens=4)
-        assert ga.sequences == gb.sequences
+        gc = mon.generate(make(), PROMPTS, max_new_tokens=4, tokenizer=tokenizer())
+        assert ga.sequences == gb.sequences == gc.sequences
 
 
 def test_forward_stops_after_the_deepest_site():
@@ -102,7 +105,7 @@ def test_forward_stops_after_the_deepest_site():
 @pytest.mark.parametrize("pooling", ["mean", "last", "max"])
 def test_generation_step_scores_equal_offline_scores(case, pooling):
     _, model = case
-    mon = tpc.Monitor(random_head(), SITE, pooling=pooling)
+    mon = tpc.Monitor(tiny_head(), SITE, pooling=pooling)
     run = mon.generate(model, PROMPTS, max_new_tokens=6)
     assert len({len(s) for s in run.sequences}) > 1 or len({run.prompt_lengths[b] for b in range(5)}) > 1
     for b in range(len(PROMPTS)):
@@ -116,7 +119,7 @@ def test_generation_step_scores_equal_offline_scores(case, pooling):
 def test_hooked_generation_matches_uncached_greedy_decoding():
     """Learned absolute positions: the KV-cache loop must not shift positions (TransformerLens' generate does)."""
     model = hooked_gpt2_style()
-    mon = tpc.Monitor(random_head(), SITE)
+    mon = tpc.Monitor(tiny_head(), SITE)
     run = mon.generate(model, PROMPTS, max_new_tokens=6, stop_at_eos=False)
     for b in range(len(PROMPTS)):
         seq = list(run.sequences[b][:run.prompt_lengths[b]])
@@ -129,16 +132,16 @@ def test_hooked_generation_matches_uncached_greedy_decoding():
 def hooks_left(model):
     if hasattr(model, "hook_dict"):
         return sum(len(hp.fwd_hooks) + len(hp._forward_hooks) for hp in model.hook_dict.values())
-    module = model._module
+    module = getattr(model, "_module", model)  # nnsight wraps the Hugging Face model; a plain one is it
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
 
 
 def test_stop_action_and_callbacks_and_hooks_are_given_back(case):
     _, model = case
     before = hooks_left(model)
-    head = random_head()
+    head = tiny_head()
     mon = tpc.Monitor(head, SITE)
-    flag_all = tpc.Monitor(random_head(), SITE, threshold=1e-6)
+    flag_all = tpc.Monitor(tiny_head(), SITE, threshold=1e-6)
     run = flag_all.generate(model, PROMPTS, max_new_tokens=5, action="stop")
     assert run.stopped_at == [0] * len(PROMPTS) and all(len(run.generated(b)) == 0 for b in range(5))
     assert hooks_left(model) == before
@@ -198,7 +201,7 @@ def test_truncation_warns_with_a_count(caplog):
 
 def test_monitor_round_trip_and_mismatch_errors(tmp_path):
     model = nnsight_lm(hf_llama())
-    head = random_head()
+    head = tiny_head()
     mon = tpc.Monitor(head, SITE, pooling="max", cascade=tpc.Cascade(head, tau=0.2), model_name="tiny")
     back = tpc.Monitor.load(mon.save(tmp_path / "m"))
     assert (back.site, back.pooling, back.model_name) == (SITE, "max", "tiny")
@@ -207,7 +210,7 @@ def test_monitor_round_trip_and_mismatch_errors(tmp_path):
     assert tpc.TPC.load(tmp_path / "m").degree == 3
     with pytest.raises(tpc.TPCHooksError, match="describes a bare head, not a monitor"):
         tpc.Monitor.load(head.save(tmp_path / "h"))
-    wide = tpc.Monitor(random_head(d_model=64), SITE)
+    wide = tpc.Monitor(tiny_head(d_model=64), SITE)
     with pytest.raises(tpc.TPCHooksError, match=r"monitor expects d_model=64 at 'blocks.1.hook_resid_post' but the model produces 32"):
         wide.score(model, PROMPTS)
     with pytest.raises(tpc.TPCHooksError, match=r"site 'blocks.7.hook_resid_post' is not valid .*0\.\.2.*valid sites: blocks.0.hook_resid_pre"):
@@ -257,7 +260,7 @@ def test_train_monitor_in_place():
 
 def test_watch_scores_the_users_own_generate(case):
     name, model = case
-    mon = tpc.Monitor(random_head(), SITE)
+    mon = tpc.Monitor(tiny_head(), SITE)
     ids, _ = get_adapter(model).tokenize(PROMPTS, chat_template=False, max_tokens=None)
     before = hooks_left(model)
     if name.startswith("hooked"):
@@ -275,7 +278,8 @@ def test_watch_scores_the_users_own_generate(case):
     from tpc_hooks.adapters import pad
 
     x, mask = pad(ids, 0, "left")
-    hf = model._module if name.startswith("nnsight") else model.original_model
+    hf = {"nnsight": lambda: model._module, "bridge": lambda: model.original_model,
+          "transformers": lambda: model}[name.split("-")[0]]()
     with mon.watch(model) as log:  # Hugging Face generate, left-padded, with its KV cache
         out = hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
                           eos_token_id=None)
@@ -287,14 +291,14 @@ def test_watch_scores_the_users_own_generate(case):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma", "gpt_neox", "gpt2"])
-@pytest.mark.parametrize("wrap", ["nnsight", "bridge", "transformers_model"])
+@pytest.mark.parametrize("wrap", ["nnsight", "bridge", "transformers_model", "transformers"])
 def test_site_table_covers_architectures(arch, wrap):
     from nnsight import TransformersModel
 
     from tiny_models import hf_tiny
 
     build = {"nnsight": nnsight_lm, "bridge": bridge,
-             "transformers_model": lambda m: TransformersModel(m, tokenizer=tokenizer())}[wrap]
+             "transformers_model": lambda m: TransformersModel(m, tokenizer=tokenizer()), "transformers": named}[wrap]
     model = build(hf_tiny(arch))
     sites = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.2.hook_resid_pre"]
     acts = tpc.collect(model, PROMPTS, sites, "mean", progress=False)
@@ -322,12 +326,12 @@ def test_remote_is_passed_to_nnsight_trace(monkeypatch):
     tpc.collect(model, PROMPTS[:2], SITE, remote=True, progress=False)
     assert seen == [True]
     with pytest.raises(tpc.TPCHooksError, match="monitored generation runs locally"):
-        tpc.Monitor(random_head(), SITE).generate(get_adapter(model, remote=True), PROMPTS[:1], max_new_tokens=1)
+        tpc.Monitor(tiny_head(), SITE).generate(get_adapter(model, remote=True), PROMPTS[:1], max_new_tokens=1)
 
 
 def test_score_policies():
     model = nnsight_lm(hf_llama())
-    head = random_head()
+    head = tiny_head()
     mon = tpc.Monitor(head, SITE)
     z = tpc.collect(model, PROMPTS, SITE, progress=False)[SITE]
     torch.testing.assert_close(mon.score(model, PROMPTS, order=2).logits, head(z, order=2), rtol=1e-5, atol=1e-5)
@@ -338,13 +342,13 @@ def test_score_policies():
     with pytest.raises(tpc.TPCHooksError, match="not both"):
         mon.score(model, PROMPTS, order=1, cascade=0.1)
     with pytest.raises(tpc.TPCHooksError, match="must wrap this monitor's head"):
-        mon.score(model, PROMPTS, cascade=tpc.Cascade(random_head(seed=1)))
+        mon.score(model, PROMPTS, cascade=tpc.Cascade(tiny_head(seed=1)))
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last", "max"])
 def test_token_scores_equal_scores_of_each_prefix(pooling):
     model = nnsight_lm(hf_llama())
-    mon = tpc.Monitor(random_head(), SITE, pooling=pooling)
+    mon = tpc.Monitor(tiny_head(), SITE, pooling=pooling)
     tokens, res = mon.token_scores(model, PROMPTS[3])
     ids, _ = get_adapter(model).tokenize([PROMPTS[3]], chat_template=False, max_tokens=None)
     assert len(tokens) == len(ids[0]) == len(res.logits)

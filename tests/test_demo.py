@@ -18,11 +18,21 @@ except tpc.TPCHooksError as err:
 pytestmark = pytest.mark.slow  # the packaged model and prompt set, end to end
 
 
-def test_quick_demo_writes_a_complete_run(tmp_path):
-    out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "tpc_hooks", "demo", "--quick", "--no-progress", "--out", str(out)],
+def quick_demo(out, *extra):
+    proc = subprocess.run([sys.executable, "-m", "tpc_hooks", "demo", "--quick", "--no-progress", *extra, "--out", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "run"
+    return out, quick_demo(out)
+
+
+def test_quick_demo_writes_a_complete_run(default_run):
+    out, proc = default_run
     assert "F1 by order, heldout" in proc.stdout
     res = json.loads((out / "results.json").read_text())
     assert set(res["sizes"]) == {"train", "val", "test", "heldout"}
@@ -39,3 +49,14 @@ def test_quick_demo_writes_a_complete_run(tmp_path):
         assert (out / plot).stat().st_size > 1000
     mon = tpc.Monitor.load(out / "monitor")
     assert mon.site == res["site"] and mon.chat_template and mon.cascade is not None
+
+
+def test_quick_demo_on_the_plain_transformers_model_generates_the_same_text(default_run, tmp_path):
+    """The same run through the transformers adapter: same activations, so the same monitor and the
+    same monitored generations as through the default toolkit."""
+    quick_demo(tmp_path / "hf", "--toolkit", "transformers")
+    a = json.loads((default_run[0] / "results.json").read_text())["live"]
+    b = json.loads((tmp_path / "hf" / "results.json").read_text())["live"]
+    assert [g["generated"] for g in a] == [g["generated"] for g in b] and any(g["generated"] for g in b)
+    for ga, gb in zip(a, b):
+        assert ga["scores"] == pytest.approx(gb["scores"], abs=2e-3)

@@ -51,6 +51,13 @@ def hf_gpt2(seed: int = 0):
     return GPT2LMHeadModel(cfg).eval()
 
 
+def named(hf_model):
+    """``hf_model`` with ``name_or_path`` set to the tiny tokenizer's folder, as ``from_pretrained``
+    would set it: the transformers adapter then loads its default tokenizer from there."""
+    hf_model.name_or_path = tokenizer_dir()
+    return hf_model
+
+
 def hooked_gpt2_style(seed: int = 0):
     """A HookedTransformer with learned absolute position embeddings (GPT-2 style)."""
     from transformer_lens import HookedTransformer, HookedTransformerConfig
@@ -92,3 +99,15 @@ def hf_tiny(arch: str, seed: int = 0):
     if arch == "gpt_neox":
         return tr.GPTNeoXForCausalLM(tr.GPTNeoXConfig(**common)).eval()
     raise ValueError(arch)
+
+
+def tiny_head(d_model: int = 32, degree: int = 3, seed: int = 0):
+    """A TPC (rank 4) with every parameter drawn at random, small enough for the tiny models."""
+    import tpc_hooks as tpc
+
+    gen = torch.Generator().manual_seed(seed)
+    head = tpc.TPC(d_model, degree, 4)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return head

@@ -11,6 +11,7 @@ from ._attribution import attribute as attribute
 from ._cascade import Cascade as Cascade
 from ._cascade import CascadeResult as CascadeResult
 from ._collect import collect as collect
+from ._generation import GenerateLog as GenerateLog
 from ._generation import GenerationRun as GenerationRun
 from ._monitor import Monitor as Monitor
 from ._generation import MonitorEvent as MonitorEvent
@@ -45,6 +46,7 @@ __all__ = [
     "MonitorEvent",
     "GenerationRun",
     "WatchLog",
+    "GenerateLog",
     "attribute",
     "Attribution",
     "TPCHooksError",

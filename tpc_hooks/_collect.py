@@ -86,6 +86,7 @@ def collect(
     shard_prompts: int = 256,
     remote: bool = False,
     sae: Any = None,
+    tokenizer: Any = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Pooled residual-stream activations of ``prompts`` at ``sites``, one forward pass per batch.
@@ -94,8 +95,8 @@ def collect(
     mask, so a prompt's vector does not depend on its batch or the padding side.
 
     Args:
-        model: a TransformerLens ``HookedTransformer``/``TransformerBridge`` or an nnsight
-            ``LanguageModel``.
+        model: a TransformerLens ``HookedTransformer``/``TransformerBridge``, an nnsight
+            ``LanguageModel``, or a Hugging Face ``transformers`` causal LM.
         prompts: the texts (prompt order is kept in the result).
         sites: TransformerLens hook names, e.g. ``"blocks.6.hook_resid_post"``.
         pooling: ``"mean"``, ``"last"`` or ``"max"`` over the prompt's tokens.
@@ -112,6 +113,8 @@ def collect(
         remote: nnsight models only: run the traces on NDIF (``trace(remote=True)``).
         sae: an SAELens SAE for the (single) site: activations are encoded into SAE latents
             per token, then pooled; rows are ``[n_prompts, d_sae]``.
+        tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
+            ``name_or_path``); a toolkit model uses its own (see :func:`~tpc_hooks.adapters.get_adapter`).
         progress: show a progress bar.
 
     Returns:
@@ -123,7 +126,7 @@ def collect(
         torch.Size([1, 576])
     """
     items = check_prompts(prompts)
-    adapter = get_adapter(model, remote=remote)
+    adapter = get_adapter(model, remote=remote, tokenizer=tokenizer)
     site_list = [sites] if isinstance(sites, str) else list(sites)
     if not site_list:
         raise TPCHooksError("sites is empty; name at least one hook point, e.g. 'blocks.0.hook_resid_post'")

@@ -16,6 +16,7 @@ import torch
 
 from . import baselines
 from ._attribution import attribute
+from .adapters import get_adapter
 from .baselines import early_exit_cascade
 from ._cascade import Cascade
 from ._collect import collect
@@ -144,7 +145,7 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
 
     Args:
         out: the run directory.
-        toolkit: ``"transformer_lens"`` (a TransformerBridge) or ``"nnsight"``.
+        toolkit: ``"transformer_lens"`` (a TransformerBridge), ``"nnsight"`` or ``"transformers"`` (the plain model).
         model_name: a hub id or local folder; None for the offline default (SmolLM2-135M-Instruct).
         layer: the residual-stream layer the monitor reads (``blocks.{layer}.hook_resid_post``).
         quick: a small run for CI (subsampled data, rank 16, fewer epochs, two baselines).
@@ -208,9 +209,10 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
     picks = [i for i in range(len(test)) if test.labels[i] == 1 and not test.adversarial[i]][:2]
     picks += [i for i in range(len(test)) if test.labels[i] == 0 and not test.adversarial[i]][:2]
     run = monitor.generate(model, [test.texts[i] for i in picks], max_new_tokens=8 if quick else 24, action="stop")
+    tok = get_adapter(model).tokenizer  # a plain transformers model carries none: the adapter loads it
     live = [{"prompt": test.texts[i], "label": test.labels[i], "scores": [round(float(v), 3) for v in run.scores[b]],
              "exit_orders": run.exit_orders[b].tolist(), "stopped_at": run.stopped_at[b],
-             "generated": model.tokenizer.decode(run.generated(b), skip_special_tokens=True)}
+             "generated": tok.decode(run.generated(b), skip_special_tokens=True)}
             for b, i in enumerate(picks)]
     lap("monitored generation")
 

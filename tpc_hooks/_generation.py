@@ -1,5 +1,6 @@
 """Monitored generation: the decode loop behind :meth:`Monitor.generate`, the hooks behind
-:meth:`Monitor.watch`, and the records they return.
+:meth:`Monitor.watch`, and the records they return (:class:`GenerateLog` is filled by the
+monitor's ``stopping_criteria`` / ``logits_processor`` inside Hugging Face ``generate``).
 
 Both read the site's activations from the model's own forward passes (through the adapter),
 keep a running pool per sequence and score it with the monitor's policy every step.
@@ -83,12 +84,108 @@ class WatchLog:
         return len(self.results)
 
 
+class GenerateLog:
+    """What a monitor saw inside Hugging Face ``generate``, per row ``b`` of the batch
+    (:meth:`Monitor.stopping_criteria`, :meth:`Monitor.logits_processor`).
+
+    ``scores[b][t]`` is the monitor's probability for row ``b``'s prompt (without its padding)
+    plus its first ``t`` generated tokens: t = 0 is the prompt alone (the pre-generation gate),
+    then one step per forward pass that ``generate`` ran while row ``b`` was unfinished. A row
+    is finished after the step that flagged it or that gave it an EOS token; ``generate``
+    never feeds back a sequence's last token, so ``len(scores[b])`` is the number of tokens
+    ``generate`` appended to row ``b`` (padding after its end not counted). ``logits``,
+    ``exit_orders`` and ``flops`` follow the same steps. ``flagged[b]``: ``prob >= threshold``
+    at some step; ``first_flagged[b]``: that step or None; ``stopped_at[b]`` equals it (a flagged
+    row is stopped at that step). ``live``: ``[steps, batch]``, which rows each step scored.
+
+    While ``generate`` runs, the steps stay on the model's device (no host copy per step); the
+    first read copies them to the host once.
+    """
+
+    def __init__(self, threshold: float):
+        self.threshold = float(threshold)
+        self._results: list[CascadeResult] = []
+        self._live: list[Tensor] = []
+        self._host: dict[str, Any] | None = None
+
+    def _append(self, result: CascadeResult, live: Tensor) -> None:
+        self._results.append(result)
+        self._live.append(live)
+        self._host = None
+
+    def _replace_last(self, result: CascadeResult | None = None, live: Tensor | None = None) -> None:
+        if result is not None:
+            self._results[-1] = result
+        if live is not None:
+            self._live[-1] = live
+        self._host = None
+
+    def _copy(self) -> dict[str, Any]:
+        if self._host is None:
+            if not self._results:
+                self._host = {"live": torch.zeros(0, 0, dtype=torch.bool)}
+            else:
+                stack = lambda xs: torch.stack(xs).cpu()
+                self._host = {"live": stack(self._live), "probs": stack([r.probs.float() for r in self._results]),
+                              "logits": stack([r.logits.float() for r in self._results]),
+                              "exit": stack([r.exit_order for r in self._results]),
+                              "flops": stack([r.flops for r in self._results])}
+        return self._host
+
+    def _rows(self, key: str) -> list[Tensor]:
+        h = self._copy()
+        return [h[key][h["live"][:, b], b] for b in range(h["live"].shape[1])]
+
+    @property
+    def steps(self) -> int:
+        """Forward passes seen (step 0 is the prompt)."""
+        return len(self._results)
+
+    @property
+    def live(self) -> Tensor:
+        """``[steps, batch]`` bool: the rows each step scored (unfinished ones)."""
+        return self._copy()["live"]
+
+    @property
+    def scores(self) -> list[Tensor]:
+        """Probabilities per row (1-D each, over that row's steps)."""
+        return self._rows("probs")
+
+    @property
+    def logits(self) -> list[Tensor]:
+        return self._rows("logits")
+
+    @property
+    def exit_orders(self) -> list[Tensor]:
+        return self._rows("exit")
+
+    @property
+    def flops(self) -> list[Tensor]:
+        return self._rows("flops")
+
+    @property
+    def first_flagged(self) -> list[int | None]:
+        out = []
+        for p in self.scores:
+            hits = (p >= self.threshold).nonzero().flatten()
+            out.append(int(hits[0]) if len(hits) else None)
+        return out
+
+    @property
+    def flagged(self) -> list[bool]:
+        return [f is not None for f in self.first_flagged]
+
+    @property
+    def stopped_at(self) -> list[int | None]:
+        return self.first_flagged
+
+
 @torch.no_grad()
 def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
              order: int | None = None, cascade: float | Cascade | None = None, do_sample: bool = False,
-             temperature: float = 1.0, seed: int = 0, stop_at_eos: bool = True) -> GenerationRun:
+             temperature: float = 1.0, seed: int = 0, stop_at_eos: bool = True, tokenizer: Any = None) -> GenerationRun:
     """See :meth:`tpc_hooks.Monitor.generate`."""
-    adapter = monitor._adapter(model)
+    adapter = monitor._adapter(model, tokenizer=tokenizer)
     items = check_prompts(prompts)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise TPCHooksError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
@@ -162,9 +259,9 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
 
 @contextmanager
 def watch(monitor: Any, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
-          on_flag: Callable[[MonitorEvent], Any] | None = None) -> Iterator[WatchLog]:
+          on_flag: Callable[[MonitorEvent], Any] | None = None, tokenizer: Any = None) -> Iterator[WatchLog]:
     """See :meth:`tpc_hooks.Monitor.watch`."""
-    adapter = monitor._adapter(model)
+    adapter = monitor._adapter(model, tokenizer=tokenizer)
     site = adapter.site(monitor.site)
     score_fn = monitor.policy(order, cascade)
     log = WatchLog()

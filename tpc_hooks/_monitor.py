@@ -21,7 +21,7 @@ from ._errors import TPCHooksError
 from .adapters._base import Adapter, get_adapter, pad, pad_id, parse_site, resolve_bos
 from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts, collect, pooled_batches
-from ._generation import GenerationRun, MonitorEvent, WatchLog
+from ._generation import GenerateLog, GenerationRun, MonitorEvent, WatchLog
 from .pooling import check_pooling
 from ._history import FitConfig
 from ._polynomial import TPC, from_saved, to_saved
@@ -44,6 +44,9 @@ class Monitor:
         cascade: the default policy (thresholds + per-order calibration), or None to score
             with the full polynomial.
         threshold: probability at or above which an input is flagged.
+        last_generate_log: the :class:`~tpc_hooks.GenerateLog` of the latest Hugging Face
+            ``generate`` call served by one of its :meth:`stopping_criteria` or
+            :meth:`logits_processor` (None before any; not saved, not compared).
         sae: an SAELens SAE when the head reads SAE latents (``head.d_model == d_sae``): the
             site's activations are encoded per token before pooling. Its identity (sizes,
             recorded release/id/hook, weights hash) is saved, and a different SAE is refused.
@@ -61,6 +64,7 @@ class Monitor:
     report: dict[str, Any] = field(default_factory=dict)
     sae: Any = None
     sae_identity: dict[str, Any] | None = None
+    last_generate_log: GenerateLog | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not isinstance(self.head, TPC):
@@ -90,8 +94,8 @@ class Monitor:
         return acts if self.sae is None else sae_encode(self.sae, acts)
 
     # ------------------------------------------------------------------ checks
-    def _adapter(self, model: Any) -> Adapter:
-        adapter = get_adapter(model)
+    def _adapter(self, model: Any, tokenizer: Any = None) -> Adapter:
+        adapter = get_adapter(model, tokenizer=tokenizer)
         adapter.site(self.site)
         if self.sae is not None:
             check_sae(self.sae, adapter.d_model, self.site)
@@ -131,7 +135,8 @@ class Monitor:
 
     @torch.no_grad()
     def score(self, model: Any, prompts: Sequence[str] | None = None, *, tokens: Sequence[Sequence[int]] | None = None,
-              order: int | None = None, cascade: float | Cascade | None = None, batch_size: int = 8) -> CascadeResult:
+              order: int | None = None, cascade: float | Cascade | None = None, batch_size: int = 8,
+              tokenizer: Any = None) -> CascadeResult:
         """Scores prompts (or already tokenised sequences) offline.
 
         Args:
@@ -140,11 +145,13 @@ class Monitor:
             tokens: token id lists instead of texts (e.g. ``run.sequences[b][:n]``).
             order, cascade: a fixed truncation, or a cascade threshold / :class:`~tpc_hooks.Cascade`
                 (see :meth:`policy`).
+            tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
+                ``name_or_path``); toolkit models use their own.
 
         Returns:
             A :class:`~tpc_hooks.CascadeResult`: ``logits``, ``probs``, ``exit_order``, ``flops``.
         """
-        adapter = self._adapter(model)
+        adapter = self._adapter(model, tokenizer)
         if (prompts is None) == (tokens is None):
             raise TPCHooksError("pass prompts or tokens (exactly one)")
         if tokens is None:
@@ -160,17 +167,19 @@ class Monitor:
 
     # ------------------------------------------------------------------ operating point
     @torch.no_grad()
-    def calibrate(self, model: Any, benign_prompts: Sequence[str], fpr: float = 0.01, *, batch_size: int = 8) -> "Monitor":
+    def calibrate(self, model: Any, benign_prompts: Sequence[str], fpr: float = 0.01, *, batch_size: int = 8,
+                  tokenizer: Any = None) -> "Monitor":
         """Sets :attr:`threshold` so that at most ``fpr`` of ``benign_prompts`` is flagged.
 
         The prompts are scored as :meth:`score` does (this monitor's pooling and policy); see
-        :meth:`calibrate_activations` for what is set and recorded. Returns ``self``.
+        :meth:`calibrate_activations` for what is set and recorded (``tokenizer``: as in
+        :meth:`score`). Returns ``self``.
 
         Example:
             >>> monitor.calibrate(model, benign_validation_prompts, fpr=0.01)  # doctest: +SKIP
             >>> monitor.threshold, monitor.report["operating_point"]["flagged"]  # doctest: +SKIP
         """
-        adapter = self._adapter(model)
+        adapter = self._adapter(model, tokenizer)
         ids, _ = adapter.tokenize(check_prompts(benign_prompts), chat_template=self.chat_template,
                                   max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
         site = adapter.site(self.site)
@@ -210,13 +219,14 @@ class Monitor:
 
     @torch.no_grad()
     def token_scores(self, model: Any, prompt: str, *, order: int | None = None,
-                     cascade: float | Cascade | None = None) -> tuple[list[str], CascadeResult]:
+                     cascade: float | Cascade | None = None, tokenizer: Any = None) -> tuple[list[str], CascadeResult]:
         """The monitor's score of every prefix of one prompt, from a single forward pass.
 
         Returns ``(token strings, result)``; ``result.probs[t]`` scores the first ``t + 1``
-        tokens. Hand it to :func:`tpc_hooks.views.colored_tokens` for circuitsvis.
+        tokens. Hand it to :func:`tpc_hooks.views.colored_tokens` for circuitsvis. ``tokenizer``:
+        as in :meth:`score`.
         """
-        adapter = self._adapter(model)
+        adapter = self._adapter(model, tokenizer)
         site = adapter.site(self.site)
         (ids,), _ = adapter.tokenize(check_prompts([prompt]), chat_template=self.chat_template,
                                      max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
@@ -235,7 +245,7 @@ class Monitor:
     def generate(self, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
                  order: int | None = None, cascade: float | Cascade | None = None, do_sample: bool = False,
                  temperature: float = 1.0,
-                 seed: int = 0, stop_at_eos: bool = True) -> GenerationRun:
+                 seed: int = 0, stop_at_eos: bool = True, tokenizer: Any = None) -> GenerationRun:
         """Generates from ``prompts`` while scoring every step from the model's own forward passes.
 
         At each step the running pooled vector (prompt + tokens so far) is scored with the
@@ -248,27 +258,114 @@ class Monitor:
                 each flagged step; returning True stops that sequence.
             do_sample, temperature, seed: greedy decoding by default.
             stop_at_eos: end a sequence after it emits the tokenizer's EOS token.
+            tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
+                ``name_or_path``); toolkit models use their own.
 
         Returns:
             A :class:`GenerationRun`.
         """
         return _generation.generate(self, model, prompts, max_new_tokens, action, order=order, cascade=cascade,
-                                    do_sample=do_sample, temperature=temperature, seed=seed, stop_at_eos=stop_at_eos)
+                                    do_sample=do_sample, temperature=temperature, seed=seed, stop_at_eos=stop_at_eos,
+                                    tokenizer=tokenizer)
 
     def watch(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
-              on_flag: Callable[[MonitorEvent], Any] | None = None) -> AbstractContextManager["WatchLog"]:
+              on_flag: Callable[[MonitorEvent], Any] | None = None,
+              tokenizer: Any = None) -> AbstractContextManager["WatchLog"]:
         """Scores every forward pass ``model`` makes inside the block (your own ``generate`` too).
 
         A call without a KV cache starts new sequences; calls that continue a cache add their
         tokens to each row's running pool. Pass ``attention_mask`` with padded batches (Hugging
         Face ``generate`` does) so padding is not pooled. Hooks are removed however the block ends.
+        ``tokenizer``: as in :meth:`score` (not needed to watch). To stop flagged rows inside
+        ``generate``, see :meth:`stopping_criteria`.
 
         Example:
             >>> with monitor.watch(lm) as log:  # doctest: +SKIP
             ...     lm._module.generate(**batch, max_new_tokens=20)
             >>> log.scores[-1]  # doctest: +SKIP
         """
-        return _generation.watch(self, model, order=order, cascade=cascade, on_flag=on_flag)
+        return _generation.watch(self, model, order=order, cascade=cascade, on_flag=on_flag, tokenizer=tokenizer)
+
+    def stopping_criteria(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
+                          eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
+        """A ``transformers.StoppingCriteria`` that stops the rows this monitor flags, inside the
+        model's own ``generate``.
+
+        Every forward pass ``generate`` makes (KV cache on) is read at :attr:`site` by a hook; each
+        row's running pool is scored with the policy, and the rows with ``prob >= threshold`` are
+        stopped (a per-row bool tensor: the other rows go on, token for token as without the
+        monitor). The pool, the decision and the log stay where the activations are; the
+        criterion reads one bool per step (whether any row goes on), as ``generate`` does. As
+        with any stopping criterion, ``generate`` has already appended the token of the step that
+        is stopped, and pads a finished row only when it has an EOS token (the model's
+        ``generation_config`` usually names one); :meth:`logits_processor` puts EOS in its place.
+
+        One criterion serves one ``generate`` call. Its hooks are attached when it is made and
+        removed as soon as every row has ended (flagged, or an EOS token), by ``close()``
+        (idempotent), at the end of a ``with`` block however it ends, or when the criterion is
+        garbage-collected. So the inline form below leaves no hook behind once ``generate``
+        returns, or once its exception is handled (CPython frees the criterion then). A criterion
+        you keep in a variable keeps its hooks while rows are unfinished (``max_new_tokens``
+        reached): call ``sc.close()``, use ``with``, or drop it. The log stays readable after the
+        hooks are gone: ``sc.log``, or :attr:`last_generate_log` for the inline form.
+
+        Works with whatever drives the Hugging Face model's ``generate`` (greedy or sampling,
+        ``num_beams=1``): a ``transformers`` model, nnsight's ``lm._module``, a TransformerBridge's
+        ``original_model``.
+
+        Args:
+            model: the model ``generate`` runs (or its toolkit wrapper).
+            order, cascade: the scoring policy (see :meth:`policy`).
+            eos_token_id: the EOS ids that end a row, when ``generate`` is given others than the
+                model's ``generation_config`` (the log needs to know when a row ended).
+            tokenizer: as in :meth:`score` (only its EOS id is read, when no other names one).
+
+        Returns:
+            A ``StoppingCriteria`` (also a context manager); its ``log`` (a
+            :class:`~tpc_hooks.GenerateLog`) holds the step scores per row and first flagged
+            steps of the ``generate`` call it served.
+
+        Raises:
+            TPCHooksError: a model without Hugging Face ``generate`` (``HookedTransformer``); from
+                inside ``generate``: a criterion used for a second ``generate`` call or after
+                ``close()``, or made but not passed to the ``generate`` that runs its model.
+
+        Example:
+            >>> out = hf_model.generate(**batch, max_new_tokens=32,  # doctest: +SKIP
+            ...                         stopping_criteria=[monitor.stopping_criteria(hf_model, tokenizer=tok)])
+            >>> monitor.last_generate_log.stopped_at  # doctest: +SKIP
+            >>> with monitor.stopping_criteria(hf_model, tokenizer=tok) as sc:  # doctest: +SKIP
+            ...     out = hf_model.generate(**batch, max_new_tokens=32, stopping_criteria=[sc])
+            >>> sc.log.stopped_at, sc.log.scores[0]  # doctest: +SKIP
+        """
+        from ._hf_generate import MonitorStoppingCriteria
+
+        return MonitorStoppingCriteria(self, model, tokenizer=tokenizer, order=order, cascade=cascade,
+                                       eos_token_id=eos_token_id)
+
+    def logits_processor(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
+                         eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
+        """A ``transformers.LogitsProcessor`` that forces EOS on the rows this monitor flags, for
+        code paths that take processors but no stopping criteria.
+
+        As :meth:`stopping_criteria` (same hooks, scores, log, lifetime: inline, ``close()`` or
+        ``with``), except that a row flagged at step ``t`` gets an EOS token in place of its next
+        token (and at every later step), so it ends with ``t`` generated tokens plus EOS;
+        ``generate``'s own EOS criterion then finishes it. ``eos_token_id`` (default: the model's
+        ``generation_config``, else ``tokenizer.eos_token_id``) must name an EOS token; the first
+        one is forced. The hooks are removed early when every row is forced to EOS; a row that
+        picks EOS itself is known to have ended only at the next step, so when the last rows end
+        that way the hooks go when the processor is closed or freed.
+
+        Example:
+            >>> out = hf_model.generate(**batch, max_new_tokens=32,  # doctest: +SKIP
+            ...                         logits_processor=[monitor.logits_processor(hf_model, tokenizer=tok)])
+            >>> monitor.last_generate_log.first_flagged  # doctest: +SKIP
+        """
+        from ._hf_generate import MonitorLogitsProcessor
+
+        return MonitorLogitsProcessor(self, model, tokenizer=tokenizer, order=order, cascade=cascade,
+                                      eos_token_id=eos_token_id)
 
     # ------------------------------------------------------------------ saving
     def _config(self) -> dict[str, Any]:
@@ -393,6 +490,7 @@ def train_monitor(
     rank: int | Sequence[int] | None = None,
     seed: int | None = None,
     verbose: bool = True,
+    tokenizer: Any = None,
     **fit_kwargs: Any,
 ) -> Monitor:
     """Collects activations at ``site`` and trains a TPC monitor on them, in one call.
@@ -419,7 +517,7 @@ def train_monitor(
     cascade (``tau``) exits around that threshold.
 
     Args:
-        model: a TransformerLens or nnsight model.
+        model: a TransformerLens, nnsight or plain ``transformers`` model.
         prompts, labels: texts and their labels (1 = harmful).
         site: where to read, or several sites: all are collected in one pass and the one whose
             linear probe has the best worst-group recall at 1% false-positive rate on validation
@@ -440,6 +538,8 @@ def train_monitor(
             :class:`~tpc_hooks.FitConfig` and/or its fields; ``degree``, ``rank`` and ``seed``
             override ``config`` only when given; ``seed`` also draws the validation split and
             the rewrites).
+        tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
+            ``name_or_path``); toolkit models use their own.
 
     Returns:
         A :class:`Monitor`; ``monitor.report`` holds validation metrics per order (on the
@@ -467,7 +567,7 @@ def train_monitor(
     if recipe == "in_distribution" and augment not in (None, False):
         raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with augment")
     families = _phrasing.check_families(recipe != "in_distribution" if augment is None else augment)
-    adapter = get_adapter(model)
+    adapter = get_adapter(model, tokenizer=tokenizer)
     for s in sites:
         adapter.site(s)
     if sae is not None and len(sites) > 1:

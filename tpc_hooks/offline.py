@@ -75,7 +75,9 @@ def load_hf(name: str | None = None) -> tuple[Any, Any]:
 
 
 def load_model(name: str | None = None, toolkit: str = "transformer_lens") -> Any:
-    """A model wrapped for a toolkit: ``"transformer_lens"`` (a ``TransformerBridge``) or ``"nnsight"``.
+    """A model wrapped for a toolkit: ``"transformer_lens"`` (a ``TransformerBridge``), ``"nnsight"``,
+    or ``"transformers"`` (the plain ``AutoModelForCausalLM``; its tokenizer loads from its
+    ``name_or_path`` when tpc-hooks needs it).
 
     Example:
         >>> model = load_model(toolkit="nnsight")  # doctest: +SKIP
@@ -90,4 +92,6 @@ def load_model(name: str | None = None, toolkit: str = "transformer_lens") -> An
         from nnsight import LanguageModel
 
         return LanguageModel(hf, tokenizer=tok)
-    raise TPCHooksError(f"toolkit must be 'transformer_lens' or 'nnsight'; got {toolkit!r}")
+    if toolkit == "transformers":
+        return hf
+    raise TPCHooksError(f"toolkit must be 'transformer_lens', 'nnsight' or 'transformers'; got {toolkit!r}")

@@ -21,7 +21,15 @@ _ADAPTERS = (
     ("transformer_lens", "TransformerBridge", "transformer_lens"),
     ("nnsight", "LanguageModel", "nnsight"),
     ("nnsight", "TransformersModel", "nnsight"),
+    ("transformers", "PreTrainedModel", "transformers"),
 )
+
+# what each toolkit's users change to wrap a model with another tokenizer
+_TOKENIZER_FIX = {
+    "nnsight": "LanguageModel(hf_model, tokenizer=tok)",
+    "TransformerLens": "HookedTransformer.from_pretrained(..., tokenizer=tok) or "
+                       "TransformerBridge.boot_transformers(..., tokenizer=tok)",
+}
 
 
 @dataclass(frozen=True)
@@ -267,29 +275,75 @@ def positions(mask: Tensor) -> Tensor:
     return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
-def get_adapter(model: Any, *, remote: bool = False) -> Adapter:
-    """Picks the adapter for ``model`` from its type (TransformerLens or nnsight).
+def get_adapter(model: Any, *, remote: bool = False, tokenizer: Any = None) -> Adapter:
+    """Picks the adapter for ``model`` from its type (TransformerLens, nnsight or plain transformers).
 
     Args:
         model: a TransformerLens ``HookedTransformer``/``TransformerBridge``, an nnsight
-            ``LanguageModel``/``TransformersModel``, or an :class:`Adapter` (returned as is).
+            ``LanguageModel``/``TransformersModel``, a Hugging Face ``transformers`` causal LM
+            (``AutoModelForCausalLM``), or an :class:`Adapter` (returned as is).
         remote: run nnsight traces on NDIF (nnsight models only).
+        tokenizer: the Hugging Face tokenizer, for a ``transformers`` model (which carries none;
+            default: ``AutoTokenizer.from_pretrained(model.name_or_path)``, loaded when first
+            needed). A toolkit model tokenises with its own tokenizer: passing one that differs
+            from it (another vocabulary, special tokens or chat template) is an error, not an
+            override, so a monitor never reads a model through a tokenizer it was not given.
 
     Raises:
-        TPCHooksError: for a model of no supported toolkit, or ``remote`` on a non-nnsight model.
+        TPCHooksError: for a model of no supported toolkit, ``remote`` on a non-nnsight model, or
+            a ``tokenizer`` that disagrees with the toolkit model's own.
+
+    Example:
+        >>> get_adapter(object())
+        Traceback (most recent call last):
+        ...
+        tpc_hooks._errors.TPCHooksError: no adapter for builtins.object; pass a TransformerLens HookedTransformer or TransformerBridge, an nnsight LanguageModel, or a transformers PreTrainedModel (AutoModelForCausalLM)
     """
     if isinstance(model, Adapter):
-        return model
-    for cls in type(model).__mro__:
-        for prefix, name, module in _ADAPTERS:
-            if cls.__name__ == name and cls.__module__.split(".")[0] == prefix:
-                mod = importlib.import_module(f"{__package__}.{module}")
-                if module == "nnsight":
-                    return mod.make_adapter(model, remote=remote)
-                if remote:
-                    raise TPCHooksError("remote=True runs on NDIF through nnsight; this is a TransformerLens model")
-                return mod.make_adapter(model)
-    raise TPCHooksError(
-        f"no adapter for {type(model).__module__}.{type(model).__name__}; pass a TransformerLens HookedTransformer "
-        "or TransformerBridge, or an nnsight LanguageModel"
-    )
+        adapter = model
+    else:
+        adapter = None
+        for cls in type(model).__mro__:
+            match = next((m for prefix, name, m in _ADAPTERS
+                          if cls.__name__ == name and cls.__module__.split(".")[0] == prefix), None)
+            if match is not None:
+                break
+        else:
+            raise TPCHooksError(
+                f"no adapter for {type(model).__module__}.{type(model).__name__}; pass a TransformerLens HookedTransformer "
+                "or TransformerBridge, an nnsight LanguageModel, or a transformers PreTrainedModel (AutoModelForCausalLM)"
+            )
+        mod = importlib.import_module(f"{__package__}.{match}")
+        if match == "nnsight":
+            adapter = mod.make_adapter(model, remote=remote)
+        elif remote:
+            kind = "a transformers" if match == "transformers" else "a TransformerLens"
+            raise TPCHooksError(f"remote=True runs on NDIF through nnsight; this is {kind} model "
+                                "(wrap it: nnsight.LanguageModel(model, tokenizer=tok))")
+        elif match == "transformers":
+            return mod.make_adapter(model, tokenizer=tokenizer)
+        else:
+            adapter = mod.make_adapter(model)
+    if tokenizer is not None and not same_tokenizer(tokenizer, adapter.tokenizer):
+        fix = _TOKENIZER_FIX.get(adapter.toolkit, "the tokenizer the model was built with")
+        raise TPCHooksError(
+            f"tokenizer= differs from the one this {adapter.toolkit} model carries (vocabulary, special tokens or chat "
+            f"template); tpc-hooks tokenises with the model's own tokenizer, so drop tokenizer= or wrap the model with "
+            f"the one you mean: {fix}"
+        )
+    return adapter
+
+
+def same_tokenizer(a: Any, b: Any) -> bool:
+    """Whether two Hugging Face tokenizers tokenise alike for tpc-hooks: the same object, or the
+    same vocabulary, BOS/EOS/pad ids and chat template (toolkits may reload the tokenizer they
+    are given, e.g. TransformerLens with ``add_bos_token``, which tpc-hooks never relies on)."""
+    if a is b:
+        return True
+    try:
+        if any(getattr(a, k, None) != getattr(b, k, None)
+               for k in ("bos_token_id", "eos_token_id", "pad_token_id", "chat_template")):
+            return False
+        return a.get_vocab() == b.get_vocab()
+    except (AttributeError, TypeError, NotImplementedError):
+        return False
