@@ -3,7 +3,10 @@
 1. Generation, tokens/s, batch 1 and 8, each toolkit (best of interleaved rounds):
    * ``HF generate``: the toolkit's underlying Hugging Face model's own greedy ``generate``;
    * ``loop``: tpc-hooks' decode loop with the KV cache, no hook, no scoring;
-   * ``monitored``: ``Monitor.generate`` (hook + running pool + TPC score every step).
+   * ``monitored``: ``Monitor.generate`` (hook + running pool + TPC score every step);
+   * ``HF + stopping_criteria``: the model's own ``generate`` with ``Monitor.stopping_criteria``
+     (the same scoring inside HF generate), as a median ratio to plain HF generate over the
+     interleaved rounds, with a second plain HF generate as the noise control.
    Target: monitored / loop >= 0.98. The monitor's head has fit's default trust region and
    gate (wide bounds, so every check runs); its scoring cost is also timed without them.
 2. ``collect`` vs a bare forward to the same layer (target >= 0.95), and the speed-up of
@@ -51,16 +54,27 @@ def packaged_prompts() -> list[str]:
     return out
 
 
-def best_of_interleaved(fns: dict, reps: int) -> dict:
-    """Best time of each function over ``reps`` rounds, the functions interleaved within a round
-    (so a slow spell of the machine hits all of them, not one)."""
+def interleaved(fns: dict, reps: int) -> dict:
+    """Times of each function over ``reps`` rounds, the functions interleaved within a round (so a
+    slow spell of the machine hits all of them, not one)."""
     times = {k: [] for k in fns}
     for _ in range(reps):
         for k, fn in fns.items():
             t = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t)
-    return {k: min(v) for k, v in times.items()}
+    return times
+
+
+def best_of_interleaved(fns: dict, reps: int) -> dict:
+    """Best time of each function over ``reps`` interleaved rounds."""
+    return {k: min(v) for k, v in interleaved(fns, reps).items()}
+
+
+def round_ratios(times: dict, num: str, den: str) -> tuple[float, float, float]:
+    """Throughput ratio ``num / den`` per round (time den / time num): median, min, max."""
+    r = sorted(b / a for a, b in zip(times[num], times[den]))
+    return r[len(r) // 2] if len(r) % 2 else (r[len(r) // 2 - 1] + r[len(r) // 2]) / 2, r[0], r[-1]
 
 
 def scoring_cost_ms(mon: "tpc.Monitor", d_model: int, reps: int = 500) -> float:
@@ -98,7 +112,9 @@ def bench_generation(models: dict, prompts: list[str], new_tokens: int, reps: in
     for toolkit, model in models.items():
         adapter = get_adapter(model)
         mon = head_for(adapter.d_model)
-        hf = model.original_model if toolkit == "transformer_lens" else model._module
+        hf = {"transformer_lens": lambda: model.original_model, "nnsight": lambda: model._module,
+              "transformers": lambda: model}[toolkit]()
+        quiet = tpc.Monitor(mon.head, mon.site, chat_template=True, cascade=mon.cascade, threshold=1 - 1e-6)  # never stops a row
         for batch in (1, 8):
             ps = prompts[:batch]
             ids, _ = adapter.tokenize(ps, chat_template=True, max_tokens=None)
@@ -108,6 +124,12 @@ def bench_generation(models: dict, prompts: list[str], new_tokens: int, reps: in
                 with torch.no_grad():
                     hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=new_tokens,
                                 min_new_tokens=new_tokens, do_sample=False, pad_token_id=adapter.tokenizer.pad_token_id)
+
+            def hf_stopping():  # the monitor inside generate itself (Monitor.stopping_criteria)
+                with torch.no_grad():
+                    hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                do_sample=False, pad_token_id=adapter.tokenizer.pad_token_id,
+                                stopping_criteria=[quiet.stopping_criteria(model)])
 
             def loop():
                 count = [0]
@@ -121,14 +143,18 @@ def bench_generation(models: dict, prompts: list[str], new_tokens: int, reps: in
             def monitored():
                 mon.generate(model, ps, max_new_tokens=new_tokens, stop_at_eos=False)
 
-            for fn in (hf_generate, loop, monitored):  # warm up
+            for fn in (hf_generate, hf_stopping, loop, monitored):  # warm up
                 fn()
-            t = best_of_interleaved({"hf": hf_generate, "loop": loop, "monitored": monitored}, reps)
+            times = interleaved({"hf": hf_generate, "hf_stopping": hf_stopping, "hf_again": hf_generate, "loop": loop,
+                                 "monitored": monitored}, reps)
+            t = {k: min(v) for k, v in times.items()}
             tps = {k: batch * new_tokens / v for k, v in t.items()}
             cost = scoring_cost_ms(mon, adapter.d_model) if batch == 1 else None
             rows.append({"toolkit": toolkit, "batch": batch, **{f"tok_s_{k}": v for k, v in tps.items()},
                          "monitored_over_loop": tps["monitored"] / tps["loop"],
                          "monitored_over_hf": tps["monitored"] / tps["hf"],
+                         "stopping_over_hf": round_ratios(times, "hf_stopping", "hf"),
+                         "noise_hf_again_over_hf": round_ratios(times, "hf_again", "hf"),
                          "scoring_ms_per_token": cost,
                          "scoring_share_of_token": None if cost is None else cost / 1e3 * tps["loop"]})
     return rows
@@ -142,7 +168,8 @@ def bench_collect(models: dict, prompts: list[str], reps: int) -> list[dict]:
         ids, _ = adapter.tokenize(prompts, chat_template=True, max_tokens=None)
         ids = sorted(ids, key=len)  # the same length-sorted batches collect makes (less padding)
         batches = [pad(ids[a:a + 8], adapter.tokenizer.pad_token_id, "right") for a in range(0, len(ids), 8)]
-        hf = model.original_model if toolkit == "transformer_lens" else model._module
+        hf = {"transformer_lens": lambda: model.original_model, "nnsight": lambda: model._module,
+              "transformers": lambda: model}[toolkit]()
         layers = hf.model.layers
 
         def bare_to_layer():
@@ -218,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
     new_tokens, reps, n_collect, n_mem = (8, 1, 16, 16) if args.quick else (32, 5, 64, 64)
     prompts = packaged_prompts()
     models = {"transformer_lens": offline.load_model(toolkit="transformer_lens"),
-              "nnsight": offline.load_model(toolkit="nnsight")}
+              "nnsight": offline.load_model(toolkit="nnsight"), "transformers": offline.load_model(toolkit="transformers")}
     print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, threads {torch.get_num_threads()}, "
           f"python {platform.python_version()}; model {offline.DEFAULT_MODEL} (float32), site blocks.{SITE_LAYER}."
           f"hook_resid_post, chat template on; {len(prompts)} packaged prompts available\n")
@@ -232,6 +259,14 @@ def run(args: argparse.Namespace) -> int:
     for r in gen:
         print(f"| {r['toolkit']} | {r['batch']} | {r['tok_s_hf']:.1f} | {r['tok_s_loop']:.1f} | {r['tok_s_monitored']:.1f} "
               f"| {r['monitored_over_loop']:.3f} | {r['monitored_over_hf']:.3f} |")
+    print(f"\n## Hugging Face generate with the monitor as a StoppingCriteria (`Monitor.stopping_criteria`, "
+          f"threshold never reached); tokens/s ratio to plain HF generate per interleaved round: median [min, max] "
+          f"over {reps} rounds; the noise control is a second plain HF generate in the same rounds\n")
+    print("| toolkit | batch | HF + stopping_criteria / HF | HF again / HF (noise) |")
+    print("|---|---:|---:|---:|")
+    for r in gen:
+        (m, lo, hi), (nm, nlo, nhi) = r["stopping_over_hf"], r["noise_hf_again_over_hf"]
+        print(f"| {r['toolkit']} | {r['batch']} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {nm:.3f} [{nlo:.3f}, {nhi:.3f}] |")
     for r in gen:
         if r["scoring_ms_per_token"] is not None:
             print(f"\n{r['toolkit']}: the monitor's own work per token at batch 1 (pool update + cascade score), timed "
