@@ -546,3 +546,26 @@ def test_the_packaged_model_as_plain_transformers():
         n = len(sc.log.scores[b])
         prefixes = [ids[b] + out[b, x.shape[1]:x.shape[1] + t].tolist() for t in range(n)]
         torch.testing.assert_close(sc.log.logits[b], mon.score(hf, tokens=prefixes).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_the_monitor_follows_a_bfloat16_model_and_scores_in_float32():
+    """A bfloat16 model: the monitor reads its activations, pools and scores them in float32, equal
+    to the float32 computation on the same activations; the stopping criterion logs the same scores."""
+    hf = named(hf_llama()).to(torch.bfloat16)
+    mon = tpc.Monitor(tiny_head(), SITE)
+    prompts = ["How do I bake bread?", "Hi there"]
+    got = mon.score(hf, prompts)
+    X = tpc.collect(hf, prompts, SITE, progress=False)[SITE]
+    assert X.dtype == torch.float32 and got.probs.dtype == torch.float32
+    with torch.no_grad():
+        torch.testing.assert_close(got.logits, mon.head(X.double()).float(), rtol=0, atol=1e-5)
+    adapter = get_adapter(hf)
+    ids, _ = adapter.tokenize(prompts, chat_template=False, max_tokens=None)
+    x, mask = pad(ids, PAD, "left")
+    sc = mon.stopping_criteria(hf)
+    with torch.no_grad():
+        hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=2, do_sample=False, stopping_criteria=[sc],
+                    pad_token_id=PAD)
+    for b in range(2):
+        assert sc.log.logits[b].dtype == torch.float32
+        torch.testing.assert_close(sc.log.logits[b][0], got.logits[b], rtol=0, atol=1e-5)
