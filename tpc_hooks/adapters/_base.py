@@ -92,7 +92,11 @@ class Adapter:
 
     @property
     def device(self) -> torch.device:
-        raise NotImplementedError
+        """Where the model's parameters live (CPU for a model without any)."""
+        try:
+            return next(self.model.parameters()).device
+        except StopIteration:
+            return torch.device("cpu")
 
     def site_names(self) -> list[str]:
         """Every valid site of this model, shallowest first."""

@@ -69,13 +69,6 @@ class TransformerLensAdapter(Adapter):
     def model_name(self) -> str:
         return str(getattr(self.model.cfg, "model_name", "") or type(self.model).__name__)
 
-    @property
-    def device(self) -> torch.device:
-        try:
-            return next(self.model.parameters()).device
-        except StopIteration:
-            return torch.device("cpu")
-
     def _forward(self, ids: Tensor, mask: Tensor, **kw: Any) -> Tensor:
         if self.is_bridge:
             # the bridge runs the Hugging Face model, which needs positions counted from the mask

@@ -63,13 +63,6 @@ class TransformersAdapter(HFShape, Adapter):
     def model_name(self) -> str:
         return str(_name_or_path(self.model) or getattr(self.model.config, "model_type", "transformers"))
 
-    @property
-    def device(self) -> torch.device:
-        try:
-            return next(self.model.parameters()).device
-        except StopIteration:
-            return torch.device("cpu")
-
     @torch.no_grad()
     def forward_sites(self, input_ids: Tensor, attention_mask: Tensor, sites: list[Site]) -> dict[str, Tensor]:
         """One forward pass of the model with hooks on the decoder layers; the hook of the
