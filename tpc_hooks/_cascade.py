@@ -184,6 +184,47 @@ class Cascade:
             log.info("cascade: %d of %d rows left the trust region; scored by the linear probe", int(gated.sum()), zs.shape[0])
         return CascadeResult(logits=s, probs=probs, exit_order=exit_order, flops=flops, degree=head.degree, gated=gated)
 
+    @torch.no_grad()
+    def step(self, z: Float[Tensor, "batch d_model"]) -> CascadeResult:
+        """The cascade for one step of generation, with no host synchronisation.
+
+        Each row reports what :meth:`__call__` reports for it (the logit, probability, exit
+        order and FLOPs of the order it exits at, equal up to rounding), but every order is
+        evaluated for every row and the exits are picked with masks on the device: at decode
+        batch sizes that costs less on a GPU than the row selection's synchronisations, and
+        ``flops`` still counts what the cascade spends on a row. A row with a NaN/inf
+        activation gets NaN logits and probabilities (the monitor counts it as flagged) instead
+        of an error: the decode loop is not interrupted to read a check back.
+        """
+        head = self.head
+        zs, ok = _kernel.stream_rows(head, z)
+        walk = _kernel.Walk(head, zs)
+        gate = _kernel.gating(head)
+        lo, hi = _kernel.logit_of(self.lower), _kernel.logit_of(self.upper)
+        cum = list(itertools.accumulate(head.term_flops()))
+        s = walk.logit
+        c = self._calibrate(s, 1)
+        probs = torch.sigmoid(c)
+        exit_order = torch.ones_like(s, dtype=torch.int64)
+        flops = torch.full_like(s, cum[0], dtype=torch.int64)
+        forced = torch.zeros_like(s, dtype=torch.bool)
+        open_ = (c > lo) & (c < hi)  # rows no order has settled yet
+        for k in range(2, head.degree + 1):
+            s_k, left = walk.step(k)
+            c_k = self._calibrate(s_k, k)
+            p_k = torch.sigmoid(c_k)
+            go_on = (c_k > lo) & (c_k < hi)
+            if gate:  # left the trust region: the linear probe decides, here and for good
+                p_k = torch.where(left, torch.sigmoid(self._calibrate(walk.lin, 1)), p_k)
+                forced = forced | (open_ & left)
+                go_on = go_on & ~left
+            s, probs = torch.where(open_, s_k, s), torch.where(open_, p_k, probs)
+            exit_order = exit_order.masked_fill(open_, k)
+            flops = flops.masked_fill(open_, cum[k - 1])
+            open_ = open_ & go_on
+        return CascadeResult(logits=_kernel.nan_rows(s, ok), probs=_kernel.nan_rows(probs, ok), exit_order=exit_order,
+                             flops=flops, degree=head.degree, gated=forced)
+
     # ------------------------------------------------------------------ calibration
     @torch.no_grad()
     def calibrate(self, X_val: Any, y_val: Any) -> "Cascade":

@@ -6,6 +6,7 @@ Both read the site's activations from the model's own forward passes (through th
 keep a running pool per sequence and score it with the monitor's policy every step.
 """
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -130,6 +131,7 @@ class GenerateLog:
                               "logits": stack([r.logits.float() for r in self._results]),
                               "exit": stack([r.exit_order for r in self._results]),
                               "flops": stack([r.flops for r in self._results])}
+                warn_nonfinite(self._host["probs"], self._host["live"], "the monitor inside generate")
         return self._host
 
     def _rows(self, key: str) -> list[Tensor]:
@@ -167,7 +169,7 @@ class GenerateLog:
     def first_flagged(self) -> list[int | None]:
         out = []
         for p in self.scores:
-            hits = (p >= self.threshold).nonzero().flatten()
+            hits = flagged(p, self.threshold).nonzero().flatten()
             out.append(int(hits[0]) if len(hits) else None)
         return out
 
@@ -180,11 +182,35 @@ class GenerateLog:
         return self.first_flagged
 
 
+def flagged(probs: Tensor, threshold: float) -> Tensor:
+    """THE flag rule of a monitoring run: ``prob >= threshold``, and a NaN probability (a step
+    whose activations held NaN/inf) counts as flagged: the monitor fails closed."""
+    return (probs >= threshold) | probs.isnan()
+
+
+def warn_nonfinite(probs: Tensor, live: Tensor | None, what: str) -> None:
+    """Warns once when a monitoring run scored a step NaN (``probs``/``live``: ``[steps, batch]``
+    on the host)."""
+    bad = probs.isnan() if live is None else probs.isnan() & live
+    if bool(bad.any()):
+        step, row = (int(i) for i in bad.nonzero()[0])
+        warnings.warn(
+            f"{what}: the monitor's site held NaN/inf activations at {int(bad.sum())} scored step(s) (first: row {row}, "
+            f"step {step}); those scores are NaN and count as flagged. An overflowing float16 forward pass is a "
+            "common cause", RuntimeWarning, stacklevel=3)
+
+
 @torch.no_grad()
 def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
              order: int | None = None, cascade: float | Cascade | None = None, do_sample: bool = False,
              temperature: float = 1.0, seed: int = 0, stop_at_eos: bool = True, tokenizer: Any = None) -> GenerationRun:
-    """See :meth:`tpc_hooks.Monitor.generate`."""
+    """See :meth:`tpc_hooks.Monitor.generate`.
+
+    Every step's scores, liveness and tokens stay on the model's device and reach the host once,
+    at the end. Per step the loop reads one bool back (whether any row goes on, as Hugging
+    Face ``generate`` does); a callable ``action`` also reads the flagged rows, since it decides
+    on the host.
+    """
     adapter = monitor._adapter(model, tokenizer=tokenizer)
     items = check_prompts(prompts)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -194,65 +220,84 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     if do_sample and not temperature > 0:
         raise TPCHooksError(f"temperature must be positive; got {temperature!r}")
     site = adapter.site(monitor.site)
-    score_fn = monitor.policy(order, cascade)
+    score_fn = monitor._step_policy(order, cascade)
+    threshold = float(monitor.threshold)
     tok = adapter.tokenizer
     ids, _ = adapter.tokenize(items, chat_template=monitor.chat_template, max_tokens=monitor.max_tokens,
                               prepend_bos=monitor.prepend_bos)
     input_ids, mask = pad(ids, pad_id(tok), "left")
     B = len(ids)
     eos = getattr(tok, "eos_token_id", None) if stop_at_eos else None
-    gen = torch.Generator().manual_seed(seed)
-    seqs = [list(t) for t in ids]
-    rec: dict[str, list[list]] = {k: [[] for _ in range(B)] for k in ("scores", "logits", "exit", "flops")}
-    first_flag: list[int | None] = [None] * B
-    stopped: list[int | None] = [None] * B
-    live = torch.ones(B, dtype=torch.bool)
+    results: list[CascadeResult] = []
+    scored: list[Tensor] = []  # per step: the rows it scored (live ones)
+    tokens: list[Tensor] = []  # per step after the first: the token fed to each row (pad on ended rows)
+    fed: list[Tensor] = []  # ... and which rows it was fed to
+    stopped: list[int | None] = [None] * B  # for a callable action: the step it asked to stop
     pool = RunningPool(monitor.pooling)
-    step = [0]
+    state: dict[str, Any] = {"t": 0, "live": None, "gen": None}
+
+    def row_tokens(b: int) -> list[int]:
+        if not tokens:
+            return list(ids[b])
+        tk, on = torch.stack(tokens)[:, b].tolist(), torch.stack(fed)[:, b].tolist()
+        return list(ids[b]) + [x for x, f in zip(tk, on) if f]
 
     def on_step(acts: Tensor, step_mask: Tensor, last_logits: Tensor):
-        t = step[0]
+        t, device = state["t"], last_logits.device
+        live = state["live"] if t else torch.ones(B, dtype=torch.bool, device=device)
         pool.update(monitor._features(acts), step_mask)
-        rows = live.nonzero().flatten()
-        res = score_fn(pool.value()[rows.to(acts.device)])
-        probs, logits_, exits, flops = (x.tolist() for x in (res.probs, res.logits, res.exit_order, res.flops))
-        done = torch.zeros(B, dtype=torch.bool)
-        for j, b in enumerate(rows.tolist()):
-            p = probs[j]
-            rec["scores"][b].append(p)
-            rec["logits"][b].append(logits_[j])
-            rec["exit"][b].append(exits[j])
-            rec["flops"][b].append(flops[j])
-            if p >= monitor.threshold:
-                if first_flag[b] is None:
-                    first_flag[b] = t
-                stop = action == "stop" or (callable(action) and bool(action(
-                    MonitorEvent(row=b, step=t, score=p, exit_order=exits[j], tokens=list(seqs[b])))))
-                if stop:
-                    stopped[b] = t
-                    done[b] = True
-            if t > 0 and eos is not None and seqs[b][-1] == eos:
-                done[b] = True
-        live.logical_and_(~done)
-        if t == max_new_tokens or not live.any():
+        res = score_fn(pool.value())
+        results.append(res)
+        scored.append(live)
+        hit = live & flagged(res.probs, threshold).to(device)
+        done = hit if action == "stop" else torch.zeros_like(live)
+        if callable(action):
+            rows = hit.nonzero().flatten().tolist()  # the callable decides on the host, now
+            if rows:
+                probs, exits = res.probs[rows].tolist(), res.exit_order[rows].tolist()
+                for j, b in enumerate(rows):
+                    if action(MonitorEvent(row=b, step=t, score=probs[j], exit_order=exits[j], tokens=row_tokens(b))):
+                        stopped[b] = t
+                        done[b] = True
+        if t > 0 and eos is not None:  # the token fed at this step was EOS: the row ends after it is scored
+            done = done | (tokens[-1] == eos)
+        live = live & ~done
+        state["live"] = live
+        if t == max_new_tokens or not bool(live.any()):  # the loop's own read each step, as in HF generate
             return None
-        if do_sample:  # the seeded generator lives on the CPU
-            logits = last_logits.float().cpu()
-            nxt = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=gen).flatten()
-        else:  # greedy needs B indices, not the [B, vocab] logits, on the host
-            nxt = last_logits.argmax(-1).cpu()
+        if do_sample:
+            if state["gen"] is None:
+                state["gen"] = torch.Generator(device=device).manual_seed(seed)
+            probs_next = torch.softmax(last_logits.float() / temperature, -1)
+            nxt = torch.multinomial(probs_next, 1, generator=state["gen"]).flatten()
+        else:
+            nxt = last_logits.argmax(-1)
         nxt = torch.where(live, nxt, torch.full_like(nxt, pad_id(tok)))
-        for b in live.nonzero().flatten().tolist():
-            seqs[b].append(int(nxt[b]))
-        step[0] = t + 1
-        return nxt, live.clone()
+        tokens.append(nxt)
+        fed.append(live)
+        state["t"] = t + 1
+        return nxt, live
 
     adapter.decode(input_ids, mask, site, max_new_tokens, on_step)
-    as_t = lambda rows, dt: [torch.tensor(r, dtype=dt) for r in rows]
+    live_h = torch.stack(scored).cpu()
+    host = {k: torch.stack([getattr(r, k).float() if k in ("probs", "logits") else getattr(r, k) for r in results]).cpu()
+            for k in ("probs", "logits", "exit_order", "flops")}
+    warn_nonfinite(host["probs"], live_h, "monitor.generate")
+    rows = lambda key: [host[key][live_h[:, b], b] for b in range(B)]
+    seqs = [list(t) for t in ids]
+    if tokens:
+        tk, on = torch.stack(tokens).cpu(), torch.stack(fed).cpu()
+        seqs = [seqs[b] + tk[on[:, b], b].tolist() for b in range(B)]
+    scores = rows("probs")
+    first_flag = [None] * B
+    for b, p in enumerate(scores):
+        hits = flagged(p, threshold).nonzero().flatten()
+        first_flag[b] = int(hits[0]) if len(hits) else None
+    if action == "stop":
+        stopped = list(first_flag)
     return GenerationRun(
-        sequences=seqs, prompt_lengths=[len(t) for t in ids],
-        scores=as_t(rec["scores"], torch.float32), logits=as_t(rec["logits"], torch.float32),
-        exit_orders=as_t(rec["exit"], torch.long), flops=as_t(rec["flops"], torch.long),
+        sequences=seqs, prompt_lengths=[len(t) for t in ids], scores=scores, logits=rows("logits"),
+        exit_orders=rows("exit_order"), flops=rows("flops"),
         flagged=[f is not None for f in first_flag], first_flagged=first_flag, stopped_at=stopped,
     )
 
@@ -263,7 +308,8 @@ def watch(monitor: Any, model: Any, *, order: int | None = None, cascade: float 
     """See :meth:`tpc_hooks.Monitor.watch`."""
     adapter = monitor._adapter(model, tokenizer=tokenizer)
     site = adapter.site(monitor.site)
-    score_fn = monitor.policy(order, cascade)
+    score_fn = monitor._step_policy(order, cascade)
+    threshold = float(monitor.threshold)
     log = WatchLog()
     state = {"pool": None}
 
@@ -277,10 +323,17 @@ def watch(monitor: Any, model: Any, *, order: int | None = None, cascade: float 
         log.fresh.append(fresh)
         log.new_tokens.append(int(acts.shape[1]))
         if on_flag is not None:
-            # one host copy per step, not one per flagged row
-            flagged, probs, exits = (res.probs >= monitor.threshold).tolist(), res.probs.tolist(), res.exit_order.tolist()
-            for b in (b for b, f in enumerate(flagged) if f):
+            # the callback decides on the host: one copy per step, not one per flagged row
+            hits, probs, exits = flagged(res.probs, threshold).tolist(), res.probs.tolist(), res.exit_order.tolist()
+            for b in (b for b, f in enumerate(hits) if f):
                 on_flag(MonitorEvent(row=b, step=len(log) - 1, score=probs[b], exit_order=exits[b], tokens=[]))
 
     with adapter.observe(site, on_acts):
         yield log
+    if log.results:  # one read at the end: did any call score NaN?
+        bad = torch.stack([r.probs.isnan().sum() for r in log.results]).cpu()
+        if bool(bad.any()):
+            warnings.warn(
+                f"monitor.watch: the monitor's site held NaN/inf activations in {int((bad > 0).sum())} of {len(bad)} "
+                f"forward passes (first: call {int(bad.nonzero()[0])}); those rows' scores are NaN and count as "
+                "flagged. An overflowing float16 forward pass is a common cause", RuntimeWarning, stacklevel=3)

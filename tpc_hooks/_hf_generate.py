@@ -22,7 +22,7 @@ from torch import Tensor
 from transformers import LogitsProcessor, StoppingCriteria
 
 from ._errors import TPCHooksError
-from ._generation import GenerateLog
+from ._generation import GenerateLog, flagged
 from .adapters._base import Adapter, Site
 from .pooling import RunningPool
 
@@ -93,7 +93,7 @@ class _Run:
             self.log._replace_last(res, self.live)
         else:
             self.log._append(res, self.live)
-        self.hit = res.probs >= self.threshold
+        self.hit = flagged(res.probs, self.threshold)
         self.decided = False
 
     # ------------------------------------------------------------------ per call from generate
@@ -182,7 +182,7 @@ class _Monitoring:
         eos = _eos_ids(eos_token_id, hf, tokenizer)
         self._check_eos(eos)
         run = _Run(monitor, adapter, adapter.site(monitor.site), what=self._what, usage=self._usage,
-                   score=monitor.policy(order, cascade), eos=eos)
+                   score=monitor._step_policy(order, cascade), eos=eos)
         self._run = run
         # run.close, not a method of self: the finalizer must not keep self alive
         self._finalizer = weakref.finalize(self, run.close)

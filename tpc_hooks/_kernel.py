@@ -47,6 +47,26 @@ def standardize(head: Any, z: Any) -> tuple[Tensor, torch.Size]:
     return head.scaler(z2), batch
 
 
+def stream_rows(head: Any, z: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`standardize` for the per-step path of generation, without a host synchronisation.
+
+    ``z`` is ``[n, d_model]`` (its width already checked). Returns the standardised rows on the
+    head's device and a bool ``[n]`` saying which rows were finite; a non-finite row is zeroed
+    before it is scored, and its scores are to be reported as NaN (:func:`nan_rows`). No
+    ``isfinite(...).all()`` is read on the host: the check stays a mask on the device.
+    """
+    if not z.is_floating_point() or z.dtype in (torch.float16, torch.bfloat16):
+        z = z.float()
+    z = z.to(device=head.bias.device, dtype=torch.promote_types(z.dtype, head.bias.dtype))
+    ok = torch.isfinite(z).all(-1)
+    return head.scaler(torch.where(ok[:, None], z, torch.zeros((), dtype=z.dtype, device=z.device))), ok
+
+
+def nan_rows(t: Tensor, ok: Tensor) -> Tensor:
+    """``t`` with NaN on the rows that are not ``ok``."""
+    return torch.where(ok, t, torch.full((), math.nan, dtype=t.dtype, device=t.device))
+
+
 def linear(head: Any, zs: Tensor) -> Tensor:
     """Order 1: ``w0 + <w1, z_std>`` ``[n]``."""
     return zs @ param(head.linear, zs) + param(head.bias, zs)

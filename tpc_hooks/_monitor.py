@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _format, _generation
+from . import _format, _generation, _kernel
 from ._checks import check_labels
 from ._errors import TPCHooksError
 from .adapters._base import Adapter, get_adapter, pad, pad_id, parse_site, resolve_bos
@@ -104,6 +104,7 @@ class Monitor:
                 f"monitor expects d_model={self.head.d_model} at {self.site!r} but the model produces "
                 f"{adapter.d_model}; was it trained on another model ({self.model_name or 'unknown'})?"
             )
+        self._follow(adapter.device)
         return adapter
 
     # ------------------------------------------------------------------ scoring
@@ -122,16 +123,31 @@ class Monitor:
             return base.with_thresholds(float(cascade), center=base.center)
         if order is None and self.cascade is not None:
             return self.cascade
-        n = self.head.check_order(order)
-        cost = self.head.cost(n).flops
+        return _Fixed(self.head, self.head.check_order(order))
 
-        @torch.no_grad()
-        def fixed(z: Tensor) -> CascadeResult:
-            s = self.head(z, order=n)
-            return CascadeResult(logits=s, probs=torch.sigmoid(s), exit_order=torch.full_like(s, n, dtype=torch.long),
-                                 flops=torch.full_like(s, cost, dtype=torch.long), degree=self.head.degree)
+    def _step_policy(self, order: int | None = None, cascade: float | Cascade | None = None) -> Callable[[Tensor], CascadeResult]:
+        """:meth:`policy` for the per-step path of generation: the same scores with no host
+        synchronisation (non-finite rows score NaN instead of raising; see :meth:`Cascade.step`)."""
+        return self.policy(order, cascade).step
 
-        return fixed
+    # ------------------------------------------------------------------ device
+    def to(self, device: str | torch.device) -> "Monitor":
+        """Moves the head (and so the cascade, which shares it) to ``device``; returns ``self``.
+
+        Not usually needed: a monitor moves to its model's device when it is first used with
+        that model (``score``, ``generate``, ``watch``, the ``generate`` hooks), and scores
+        there in float32 whatever the model's dtype.
+
+        Example:
+            >>> monitor.to("cuda")  # doctest: +SKIP
+        """
+        self.head.to(device)
+        return self
+
+    def _follow(self, device: torch.device) -> None:
+        # a lazily loaded model (nnsight before its first trace) sits on the meta device: no weights to follow
+        if device.type != "meta" and self.head.bias.device != device:
+            self.head.to(device)
 
     @torch.no_grad()
     def score(self, model: Any, prompts: Sequence[str] | None = None, *, tokens: Sequence[Sequence[int]] | None = None,
@@ -250,13 +266,19 @@ class Monitor:
 
         At each step the running pooled vector (prompt + tokens so far) is scored with the
         policy; step 0 is the prompt alone. Sequences are left-padded and batched; the KV cache
-        is used. Scores equal :meth:`score` on the same prefix (tested).
+        is used. Scores equal :meth:`score` on the same prefix (tested). The monitor scores on
+        the model's device and keeps every step there until the end; the loop reads one bool
+        per step back to the host (whether any row goes on, as Hugging Face ``generate`` does;
+        a callable ``action`` also reads the flagged rows). A step whose activations hold
+        NaN/inf scores NaN, counts as flagged and raises a ``RuntimeWarning`` at the end.
 
         Args:
             action: ``"flag"`` (record only), ``"stop"`` (end a sequence at its first flagged
                 step; the others continue) or a callable ``f(MonitorEvent) -> bool`` called for
                 each flagged step; returning True stops that sequence.
-            do_sample, temperature, seed: greedy decoding by default.
+            do_sample, temperature, seed: greedy decoding by default. The sampling generator
+                lives on the model's device (seeded by ``seed``), so a GPU and a CPU draw
+                different samples from the same seed.
             stop_at_eos: end a sequence after it emits the tokenizer's EOS token.
             tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
                 ``name_or_path``); toolkit models use their own.
@@ -447,6 +469,27 @@ class Monitor:
                        sae=sae, sae_identity=mon.get("sae"))
         except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError; float()/dict() of a bad value too
             raise TPCHooksError(f"{where}: {err}") from None
+
+
+class _Fixed:
+    """A fixed truncation as a policy: called offline (inputs checked), or per generation step
+    through :meth:`step` (no host synchronisation)."""
+
+    def __init__(self, head: TPC, order: int):
+        self.head, self.order, self.cost = head, order, head.cost(order).flops
+
+    def _result(self, s: Tensor) -> CascadeResult:
+        return CascadeResult(logits=s, probs=torch.sigmoid(s), exit_order=torch.full_like(s, self.order, dtype=torch.long),
+                             flops=torch.full_like(s, self.cost, dtype=torch.long), degree=self.head.degree)
+
+    @torch.no_grad()
+    def __call__(self, z: Tensor) -> CascadeResult:
+        return self._result(self.head(z, order=self.order))
+
+    @torch.no_grad()
+    def step(self, z: Tensor) -> CascadeResult:
+        zs, ok = _kernel.stream_rows(self.head, z)
+        return self._result(_kernel.nan_rows(_kernel.logits(self.head, zs, self.order), ok))
 
 
 def _above(t: float) -> float:

@@ -220,11 +220,12 @@ class InputSpy:
         cache = kwargs.get("past_key_values", kwargs.get("past_kv_cache"))
         self.past = _cache_length(cache)
 
-    def step(self, n_new: int, batch: int) -> tuple[Tensor, bool]:
-        """Mask of the ``n_new`` positions just computed, and whether the call was fresh."""
+    def step(self, n_new: int, batch: int, device: torch.device | None = None) -> tuple[Tensor, bool]:
+        """Mask of the ``n_new`` positions just computed, and whether the call was fresh (a
+        missing mask is all ones, made on ``device``: no host-to-device copy per step)."""
         m = self.mask
         if m is None or m.dim() != 2 or m.shape[1] < n_new or m.shape[0] != batch:
-            m = torch.ones(batch, n_new, dtype=torch.long)
+            m = torch.ones(batch, n_new, dtype=torch.long, device=device)
         return m[:, -n_new:], self.past == 0
 
 

@@ -92,7 +92,7 @@ def observe_layers(hf: Any, layers: Any, site: Site, fn: Callable[[Tensor, Tenso
     spy = InputSpy()
 
     def on_acts(tensor: Tensor) -> None:
-        mask, fresh = spy.step(tensor.shape[1], tensor.shape[0])
+        mask, fresh = spy.step(tensor.shape[1], tensor.shape[0], tensor.device)
         fn(tensor.detach(), mask, fresh)
 
     h1 = hf.register_forward_pre_hook(spy, with_kwargs=True)

@@ -119,7 +119,7 @@ class TransformerLensAdapter(Adapter):
         handle = top.register_forward_pre_hook(spy, with_kwargs=True)
 
         def on_acts(tensor: Tensor, hook: Any) -> None:
-            mask, fresh = spy.step(tensor.shape[1], tensor.shape[0])
+            mask, fresh = spy.step(tensor.shape[1], tensor.shape[0], tensor.device)
             fn(tensor.detach(), mask, fresh)
 
         try:

@@ -1,0 +1,257 @@
+"""The monitor on the model's device (issue 12, item 1), checked on a CPU-only machine.
+
+* The per-step scoring of generation reads nothing back to the host: it runs on tensors of
+  the ``meta`` device, where every data-dependent host read (``bool``, ``item``, ``nonzero``,
+  boolean indexing, ``tolist``) raises. On a GPU those reads are the synchronisations.
+* :meth:`Cascade.step` (every order for every row, exits picked with masks) reports what the
+  row-selecting cascade reports, against the offline cascade.
+* NaN/inf activations during generation give NaN scores, count as flagged, and warn.
+* The decode loops read back at most one bool per step (counted by wrapping the host reads).
+* The monitor follows the adapter's device on first use (but not a lazily loaded model's meta one).
+"""
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import tpc_hooks as tpc
+from host_reads import HostReads, reads_per_step
+from tiny_models import hf_llama, named, tiny_head, tokenizer
+from tpc_hooks.adapters import _base
+from tpc_hooks.pooling import RunningPool
+
+SITE = "blocks.1.hook_resid_post"
+PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello world", "steal car"]
+
+
+def bounded_head(seed: int = 0, gate: bool = True, escalate_only: bool = False):
+    """A random head with a trust region narrow enough that some rows leave it (so the gate acts)."""
+    head = tiny_head(d_model=16, degree=4, seed=seed)
+    head.set_bounds(torch.randn(64, 16, generator=torch.Generator().manual_seed(seed + 1)) * 0.5)
+    head.gate, head.escalate_only = gate, escalate_only
+    return head
+
+
+def cascades(head):
+    yield tpc.Cascade(head, 0.0)
+    yield tpc.Cascade(head, 0.2)
+    yield tpc.Cascade(head, 0.1).centered(0.8)
+    yield tpc.Cascade(head, lower=0.3, upper=0.9, temperatures=[1.5, 0.7, 2.0, 1.1], biases=[0.2, -0.1, 0.3, 0.0])
+    yield tpc.Cascade(head, 0.5)
+
+
+# ---------------------------------------------------------------------- Cascade.step = Cascade.__call__
+@pytest.mark.parametrize("gate,escalate_only", [(True, False), (False, False), (True, True)])
+def test_cascade_step_reports_what_the_cascade_reports(gate, escalate_only):
+    head = bounded_head(gate=gate, escalate_only=escalate_only)
+    z = torch.randn(300, 16, generator=torch.Generator().manual_seed(7))
+    gated_somewhere = False
+    for c in cascades(head):
+        want, got = c(z), c.step(z)
+        assert torch.equal(got.exit_order, want.exit_order)
+        assert torch.equal(got.flops, want.flops)
+        assert torch.equal(got.gated, want.gated)
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got.probs, want.probs, rtol=1e-5, atol=1e-6)
+        gated_somewhere |= bool(want.gated.any())
+    assert gated_somewhere == gate  # the trust region was narrow enough to matter
+    assert len(set(tpc.Cascade(head, 0.2)(z).exit_order.tolist())) >= 3  # rows exit at several orders
+
+
+def test_fixed_order_step_equals_the_head():
+    head = bounded_head()
+    mon = tpc.Monitor(head, SITE)
+    z = torch.randn(50, 16)
+    for order in (1, 2, 4):
+        got = mon._step_policy(order=order)(z)
+        torch.testing.assert_close(got.logits, head(z, order=order), rtol=1e-6, atol=1e-6)
+        assert torch.equal(got.exit_order, torch.full((50,), order))
+
+
+def test_non_finite_rows_score_nan_and_leave_the_others_alone():
+    head = bounded_head()
+    mon = tpc.Monitor(head, SITE, cascade=tpc.Cascade(head, 0.1))
+    z = torch.randn(6, 16)
+    bad = z.clone()
+    bad[1, 3], bad[4, 0] = float("nan"), float("inf")
+    for rule in (mon._step_policy(), mon._step_policy(order=2)):
+        got, want = rule(bad), rule(z)
+        assert got.probs.isnan().tolist() == [False, True, False, False, True, False]
+        assert got.logits.isnan().tolist() == got.probs.isnan().tolist()
+        ok = ~got.probs.isnan()
+        torch.testing.assert_close(got.probs[ok], want.probs[ok], rtol=0, atol=0)
+    from tpc_hooks._generation import flagged
+    assert flagged(got.probs, 0.999999)[[1, 4]].all()  # the monitor fails closed
+    with pytest.raises(tpc.TPCHooksError, match="NaN/inf"):  # offline scoring still refuses them
+        mon.policy()(bad)
+
+
+# ---------------------------------------------------------------------- no host reads per step
+@pytest.mark.parametrize("pooling", ["mean", "last", "max"])
+def test_per_step_scoring_reads_nothing_back(pooling):
+    """On the meta device a host read raises; the whole per-step path (pool update, every
+    policy, the flag rule) runs there."""
+    head = copy.deepcopy(bounded_head()).to("meta")
+    mon = tpc.Monitor(head, SITE, pooling=pooling, cascade=tpc.Cascade(head, 0.1))
+    from tpc_hooks._generation import flagged
+
+    with pytest.raises((RuntimeError, NotImplementedError)):  # the premise: meta refuses host reads
+        bool(torch.ones(3, device="meta").any())
+    pool = RunningPool(pooling)
+    for n in (5, 1, 1):
+        pool.update(torch.randn(3, n, 16, device="meta"), torch.ones(3, n, dtype=torch.long, device="meta"))
+        for rule in (mon._step_policy(), mon._step_policy(order=3), mon._step_policy(cascade=0.2),
+                     mon._step_policy(cascade=tpc.Cascade(head, lower=0.2, upper=0.7))):
+            res = rule(pool.value())
+            hit = flagged(res.probs, 0.7)
+            assert res.probs.device.type == "meta" and hit.shape == (3,)
+
+
+def monitor_on(threshold: float = 0.999999):
+    """A monitor that flags nothing on the tiny model (every row generates to the end)."""
+    return tpc.Monitor(tiny_head(), SITE, threshold=threshold)
+
+
+@pytest.mark.parametrize("action", ["flag", "stop"])
+def test_monitor_generate_reads_no_more_per_step_than_hf_generate(action):
+    hf = named(hf_llama())
+    tok = tokenizer()
+    mon = monitor_on()
+    mon.generate(hf, PROMPTS, max_new_tokens=2, action=action)  # warm up (tokenizer, first-use moves)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    lengths = []
+
+    def ours(n):
+        run = mon.generate(hf, PROMPTS, max_new_tokens=n, action=action, stop_at_eos=False)
+        lengths.append({len(s) for s in run.scores})
+
+    monitored = reads_per_step(ours)
+    plain = reads_per_step(lambda n: hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False))
+    assert lengths == [{5}, {13}]  # nothing flagged, nothing ended
+    # the model's own mask check + the loop's "does any row go on?" (HF generate reads its own each step)
+    assert monitored == plain == 2.0
+
+
+def test_stopping_criteria_reads_one_bool_per_step():
+    hf = named(hf_llama())
+    tok = tokenizer()
+    mon = monitor_on()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+
+    def plain(n):
+        hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+
+    def monitored(n):
+        hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False, stopping_criteria=[mon.stopping_criteria(hf)])
+
+    # the criterion's one read per step: "does any row go on?" (its hooks are given back when none does)
+    assert reads_per_step(monitored) - reads_per_step(plain) == 1.0
+
+
+def test_watch_reads_nothing_per_step():
+    hf = named(hf_llama())
+    tok = tokenizer()
+    mon = monitor_on()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+
+    def plain(n):
+        hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+
+    def watched(n):
+        with mon.watch(hf, tokenizer=tok) as log:
+            hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        assert len(log) == n
+
+    assert reads_per_step(watched) == reads_per_step(plain)  # one read at the end of the block, none per step
+
+
+# ---------------------------------------------------------------------- NaN during generation
+def poison(mon, row: int):
+    """Makes the monitor see NaN in ``row``'s activations from the model's first pass on."""
+    real = mon._features
+
+    def features(acts):
+        acts = real(acts).clone()
+        acts[row] = float("nan")
+        return acts
+    mon._features = features
+
+
+def test_nan_activations_in_generate_flag_stop_and_warn():
+    hf = named(hf_llama())
+    mon = monitor_on()
+    clean = mon.generate(hf, PROMPTS, max_new_tokens=5, action="stop")
+    poison(mon, 2)
+    with pytest.warns(RuntimeWarning, match=r"NaN/inf activations at 1 scored step\(s\) \(first: row 2, step 0\)"):
+        run = mon.generate(hf, PROMPTS, max_new_tokens=5, action="stop")
+    assert run.flagged == [False, False, True, False] and run.stopped_at[2] == 0
+    assert run.scores[2].isnan().all() and len(run.scores[2]) == 1
+    for b in (0, 1, 3):
+        assert run.sequences[b] == clean.sequences[b]
+        torch.testing.assert_close(run.scores[b], clean.scores[b], rtol=0, atol=0)
+
+
+def test_nan_activations_in_hf_generate_stop_that_row_and_warn():
+    hf = named(hf_llama())
+    tok = tokenizer()
+    mon = monitor_on()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    plain = hf.generate(**enc, max_new_tokens=5, do_sample=False)
+    poison(mon, 1)
+    sc = mon.stopping_criteria(hf)
+    out = hf.generate(**enc, max_new_tokens=5, do_sample=False, stopping_criteria=[sc])
+    with pytest.warns(RuntimeWarning, match="first: row 1, step 0"):
+        assert sc.log.flagged == [False, True, False, False]
+    assert sc.log.stopped_at[1] == 0
+    for b in (0, 2, 3):
+        assert out[b].tolist() == plain[b].tolist()
+
+
+def test_nan_activations_under_watch_warn_at_the_end():
+    hf = named(hf_llama())
+    tok = tokenizer()
+    mon = monitor_on()
+    poison(mon, 0)
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    with pytest.warns(RuntimeWarning, match=r"monitor.watch: .* in 3 of 3 forward passes"):
+        with mon.watch(hf, tokenizer=tok) as log:
+            hf.generate(**enc, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    assert all(r.probs[0].isnan() and not r.probs[1:].isnan().any() for r in log.results)
+
+
+# ---------------------------------------------------------------------- device following
+def test_the_monitor_follows_the_adapters_device_but_not_meta(monkeypatch):
+    hf = named(hf_llama())
+    mon = monitor_on()
+    moved = []
+    real_to = type(mon.head).to
+
+    def spy(module, *args, **kwargs):
+        moved.append(args[0] if args else kwargs.get("device"))
+        return real_to(module, *args, **kwargs)
+
+    monkeypatch.setattr(type(mon.head), "to", spy)
+    mon.score(hf, PROMPTS[:1])
+    assert moved == []  # already there
+    monkeypatch.setattr(_base.Adapter, "device", property(lambda self: torch.device("meta")))
+    mon._adapter(hf)
+    assert moved == [] and mon.head.bias.device.type == "cpu"  # a lazily loaded model: no weights to follow
+    monkeypatch.setattr(_base.Adapter, "device", property(lambda self: torch.device("cpu", 0)))
+    mon._adapter(hf)
+    assert moved == [torch.device("cpu", 0)]
+
+
+def test_monitor_to_moves_the_head_and_its_cascade():
+    head = tiny_head()
+    mon = tpc.Monitor(head, SITE, cascade=tpc.Cascade(head, 0.1))
+    assert mon.to("cpu") is mon and mon.cascade.head is mon.head
+    mon.head.double()  # a float64 head scores float32 steps in float64, as offline
+    z = torch.randn(3, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = mon._step_policy()(z)
+    assert got.logits.dtype == torch.float64
+    torch.testing.assert_close(got.logits, mon.policy()(z).logits, rtol=1e-12, atol=1e-12)
+
