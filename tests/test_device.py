@@ -255,3 +255,25 @@ def test_monitor_to_moves_the_head_and_its_cascade():
     assert got.logits.dtype == torch.float64
     torch.testing.assert_close(got.logits, mon.policy()(z).logits, rtol=1e-12, atol=1e-12)
 
+
+# ---------------------------------------------------------------------- fit: no reads per batch
+@pytest.mark.parametrize("settings", [{}, {"dropout": 0.3}, {"consistency": 0.05}])
+def test_fit_reads_per_epoch_do_not_grow_with_the_batches(settings):
+    """An epoch reads back its loss and its validation scores (what the progress bar shows),
+    however many minibatches it has: the shuffle, dropout and consistency draws reach the
+    device once per epoch, not per batch."""
+    from tpc_hooks.synthetic import make_problem
+
+    X, y = make_problem(n=1200, d_model=16, seed=0)
+    if settings.get("consistency"):
+        settings = {**settings, "X_unlabelled": torch.randn(200, 16, generator=torch.Generator().manual_seed(1))}
+
+    def reads(epochs: int, batch_size: int) -> int:
+        r = HostReads()
+        with r.counting():
+            tpc.fit(X, y, degree=2, rank=4, epochs=epochs, batch_size=batch_size, patience=None, verbose=False,
+                    **settings)
+        return r.count
+
+    per_epoch = {b: reads(5, b) - reads(3, b) for b in (16, 128)}  # 60 vs 8 minibatches an epoch
+    assert per_epoch[16] == per_epoch[128] <= 2 * 3  # <= 3 reads per epoch, 2 epochs

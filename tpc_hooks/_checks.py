@@ -24,8 +24,12 @@ def as_tensor(x: Any, name: str) -> torch.Tensor:
     return t
 
 
-def check_features(x: Any, name: str = "X", d_model: int | None = None, *, min_rows: int = 1) -> torch.Tensor:
+def check_features(x: Any, name: str = "X", d_model: int | None = None, *, min_rows: int = 1,
+                   device: torch.device | str | None = None) -> torch.Tensor:
     """Checks a feature matrix ``[n, d_model]`` and returns it as float32 (float64 kept).
+
+    With ``device`` the rows are moved there first (one copy, in their own dtype) and checked
+    there: on a GPU the NaN/inf scan runs on the device, not on the host.
 
     Raises:
         TPCHooksError: wrong rank, no rows, wrong ``d_model``, or a NaN/inf entry.
@@ -36,6 +40,8 @@ def check_features(x: Any, name: str = "X", d_model: int | None = None, *, min_r
     if t.shape[0] < min_rows:
         raise TPCHooksError(f"{name} is empty: it has {t.shape[0]} rows; at least {min_rows} needed")
     check_width(t, name, d_model)
+    if device is not None:
+        t = t.to(device)
     t = t.float() if t.dtype != torch.float64 else t
     check_finite(t, name)
     return t

@@ -43,10 +43,12 @@ def pooled_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Sit
     (``[n, d_sae]`` SAE latents, encoded per token before pooling, when ``sae`` is given).
 
     Batches group prompts of similar length (less padding); the result does not depend on it.
+    The pooled rows stay on the model's device until every batch is done, then reach the host
+    in one copy per site (no read back per batch).
     """
     order = np.argsort([len(t) for t in token_ids], kind="stable")
     width = adapter.d_model if sae is None else sae_dims(sae)[1]
-    out = {s.name: torch.empty(len(token_ids), width) for s in sites}
+    parts: dict[str, list[Tensor]] = {s.name: [] for s in sites}
     pid = pad_id(adapter.tokenizer)
     for a in range(0, len(order), batch_size):
         idx = order[a:a + batch_size]
@@ -56,9 +58,15 @@ def pooled_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Sit
             if acts[s.name].shape[-1] != adapter.d_model:
                 raise TPCHooksError(f"{s.name} produced width {acts[s.name].shape[-1]}, expected d_model={adapter.d_model}")
             a = acts[s.name] if sae is None else sae_encode(sae, acts[s.name])
-            out[s.name][torch.as_tensor(idx)] = pool(a, mask, pooling).cpu()
+            parts[s.name].append(pool(a, mask, pooling))
         if bar is not None:
             bar.update(len(idx))
+    out = {}
+    where = torch.as_tensor(order)
+    for s in sites:
+        rows = torch.cat(parts[s.name]).cpu() if parts[s.name] else torch.empty(0, width)
+        out[s.name] = torch.empty(len(token_ids), width)
+        out[s.name][where] = rows  # back in the prompts' order
     return out
 
 

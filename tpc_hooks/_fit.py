@@ -15,7 +15,7 @@ from torch import Tensor
 from . import _kernel
 from ._errors import TPCHooksError
 from ._history import FitConfig, History, TrainConfig
-from ._loop import default_device, f1_at_zero, train_loop
+from ._loop import Draws, default_device, loss_and_f1, train_loop
 from ._polynomial import TPC
 from ._probe import fit_probe
 from ._rows import Rows, as_rows, split_data
@@ -75,10 +75,10 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
     cfg = FitConfig.from_options(config, settings)
     dev = default_device(device)
     tr, y_tr, va, y_va = split_data(X_train, y_train, X_val, y_val, cfg.val_fraction, cfg.seed,
-                                    None if init is None else init.d_model)
+                                    None if init is None else init.d_model, dev)
     tr.chunk_rows = va.chunk_rows = cfg.chunk_rows
     groups = _groups(val_groups, va.n, X_val is not None)
-    unl = _unlabelled(X_unlabelled, tr.d, cfg)
+    unl = _unlabelled(X_unlabelled, tr.d, cfg, dev)
     head, history, cfg = _extend(init, cfg) if init is not None else _new_head(tr, cfg.resolved())
     head.to(dev)
     head.requires_grad_(False)
@@ -126,7 +126,7 @@ def _groups(val_groups: Any, n_val: int, given: bool) -> list[Tensor] | None:
     return [torch.as_tensor(np.flatnonzero(labels == g)) for g in dict.fromkeys(labels.tolist())]
 
 
-def _unlabelled(X: Any, d: int, cfg: FitConfig) -> Rows | None:
+def _unlabelled(X: Any, d: int, cfg: FitConfig, device: torch.device) -> Rows | None:
     """The rows the consistency penalty reads (held in memory), or None."""
     if X is None:
         if cfg.consistency:
@@ -136,7 +136,7 @@ def _unlabelled(X: Any, d: int, cfg: FitConfig) -> Rows | None:
         raise TPCHooksError("X_unlabelled is only read by the consistency penalty; set consistency > 0 with it")
     if cfg.mode != "progressive":
         raise TPCHooksError("consistency applies to degrees trained one at a time; it needs mode='progressive'")
-    rows = as_rows(X, "X_unlabelled", d)
+    rows = as_rows(X, "X_unlabelled", d, device)
     if not rows.in_memory:
         raise TPCHooksError("X_unlabelled must fit in memory (an array or tensor), not an ActivationStore")
     return rows
@@ -207,12 +207,9 @@ class _Trainer:
         return self.tr.map(self.head.scaler, self.device, fn), self.va.map(self.head.scaler, self.device, fn)
 
     def _scored(self, s: Tensor) -> tuple[float, float]:
-        """Validation (loss, F1) of logits ``s``: pooled, or the worst group's of each."""
-        if self.groups is None:
-            return float(F.binary_cross_entropy_with_logits(s, self.y_va)), f1_at_zero(s, self.y_va)
-        scores = [(float(F.binary_cross_entropy_with_logits(s[g], self.y_va[g])), f1_at_zero(s[g], self.y_va[g]))
-                  for g in self.groups]
-        return max(a for a, _ in scores), min(b for _, b in scores)
+        """Validation (loss, F1) of logits ``s``: pooled, or the worst group's of each (one read
+        back to the host per call)."""
+        return loss_and_f1(s, self.y_va, self.groups)
 
     def _val_term(self, k: int) -> Tensor:
         return self.va.map(self.head.scaler, self.device, lambda x: _kernel.term(self.head, x, k)[0])
@@ -232,18 +229,23 @@ class _Trainer:
             _init_degree(head, k, cfg.seed)
             gen = torch.Generator().manual_seed(cfg.seed * 7919 + k * 31 + trial)
             gen_u = torch.Generator().manual_seed(cfg.seed * 7919 + k * 31 + trial + 1)  # labelled batches unchanged
+            # an epoch's draws at once, after its shuffle (streamed rows shuffle per chunk: drawn per batch there)
+            drop = Draws(lambda g, n: torch.rand(n, generator=g), gen, self.tr.n if self.tr.std is not None else 0, device)
+            unl = self.unlabelled.std if self.unlabelled is not None else None
+            pick_u = None if unl is None else Draws(lambda g, n: torch.randint(unl.shape[0], (n,), generator=g), gen_u,
+                                                    self.tr.n, unl.device)
 
-            def batch_loss(xb: Tensor, idx: Tensor, tc: TrainConfig = tc, gen: torch.Generator = gen) -> Tensor:
+            def batch_loss(xb: Tensor, idx: Tensor, tc: TrainConfig = tc, drop: Draws = drop,
+                           pick_u: Draws | None = pick_u) -> Tensor:
                 idx = idx.to(device)
                 prefix = prefix_tr[idx]
                 if tc.dropout > 0:
-                    keep = (torch.rand(idx.shape[0], generator=gen) >= tc.dropout).to(device, prefix.dtype)
+                    keep = (drop.take(idx.shape[0]) >= tc.dropout).to(prefix.dtype)
                     prefix = prefix * keep / (1 - tc.dropout)
                 loss = F.binary_cross_entropy_with_logits(prefix + _kernel.term(head, xb, k, clip=False)[0], self.y_tr[idx])
-                if self.unlabelled is not None:
-                    std = self.unlabelled.std
-                    pick = torch.randint(std.shape[0], (xb.shape[0],), generator=gen_u).to(std.device)
-                    loss = loss + cfg.consistency * _kernel.term(head, std[pick], k, clip=False)[0].square().mean()
+                if pick_u is not None:
+                    loss = loss + cfg.consistency * _kernel.term(head, unl[pick_u.take(xb.shape[0])], k,
+                                                                 clip=False)[0].square().mean()
                 return loss + tc.l1 * U.abs().sum() if tc.l1 else loss
 
             def evaluate() -> tuple[float, float]:
@@ -303,7 +305,7 @@ class _Trainer:
 
             def evaluate() -> tuple[float, float]:
                 s = self.va.map(head.scaler, device, lambda x: _kernel.logits(head, x, head.degree))
-                return float(F.binary_cross_entropy_with_logits(s, self.y_va)), f1_at_zero(s, self.y_va)
+                return loss_and_f1(s, self.y_va)
 
             tags = {"degree": head.degree, "trial": trial, "lr_init": tc.lr, "weight_decay": tc.weight_decay, "dropout": 0.0}
             res = train_loop(params, batch_loss, evaluate, self.tr, head.scaler, tc, device, gen, desc="joint",
@@ -328,17 +330,17 @@ def _fit_order_scale(prefix: Tensor, term: Tensor, y: Tensor,
 
     With ``groups`` (index tensors), ``s`` minimises the worst group's change in BCE over ``s = 0``,
     so a scale above 0 is kept only where it lowers every group's loss; the pooled BCE is returned."""
+    # every (scale, group) loss in one read back to the host
+    parts = [slice(None)] + ([] if groups is None else list(groups))
+    table = torch.stack([torch.stack([F.binary_cross_entropy_with_logits(prefix[g] + s * term[g], y[g]) for g in parts])
+                         for s in SHRINK_GRID]).tolist()  # [scale][pooled, group...]
     if groups is not None:
-        def bce(s: float, g: Tensor) -> float:
-            return float(F.binary_cross_entropy_with_logits(prefix[g] + s * term[g], y[g]))
-
-        base = [bce(0.0, g) for g in groups]
-        regret = [(max(bce(s, g) - b for g, b in zip(groups, base)), s) for s in SHRINK_GRID]
-        scale = min(regret, key=lambda r: (round(r[0], 12), r[1]))[1]
-        return scale, float(F.binary_cross_entropy_with_logits(prefix + scale * term, y))
+        base = table[0][1:]  # SHRINK_GRID[0] == 0
+        regret = [(max(row[1 + j] - b for j, b in enumerate(base)), s) for s, row in zip(SHRINK_GRID, table)]
+        i = min(range(len(regret)), key=lambda i: (round(regret[i][0], 12), regret[i][1]))
+        return SHRINK_GRID[i], table[i][0]
     best = (math.inf, 0.0)
-    for s in SHRINK_GRID:
-        loss = float(F.binary_cross_entropy_with_logits(prefix + s * term, y))
-        if loss < best[0] - 1e-12:
-            best = (loss, s)
+    for s, row in zip(SHRINK_GRID, table):
+        if row[0] < best[0] - 1e-12:
+            best = (row[0], s)
     return best[1], best[0]

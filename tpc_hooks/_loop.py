@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
@@ -21,6 +22,49 @@ def f1_at_zero(logits: Tensor, y: Tensor) -> float:
     fp = (pred & ~pos).sum().item()
     fn = (~pred & pos).sum().item()
     return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
+
+
+def loss_and_f1(logits: Tensor, y: Tensor, groups: Sequence[Tensor] | None = None) -> tuple[float, float]:
+    """Validation BCE and F1 at logit 0 (:func:`f1_at_zero`) with one read back to the host:
+    pooled, or with ``groups`` (index tensors) the worst group's of each (highest loss, lowest F1)."""
+    parts = [slice(None)] if groups is None else list(groups)
+    rows = []
+    for g in parts:
+        s, t = logits[g], y[g]
+        pred, pos = s > 0, t > 0.5
+        rows.append(torch.stack([F.binary_cross_entropy_with_logits(s, t).double(), (pred & pos).sum().double(),
+                                 (pred & ~pos).sum().double(), (~pred & pos).sum().double()]))
+    vals = torch.stack(rows).tolist()
+    losses = [v[0] for v in vals]
+    f1s = [0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn) for _, tp, fp, fn in vals]
+    return max(losses), min(f1s)
+
+
+class Draws:
+    """Random draws made on a CPU generator in blocks and moved to ``device`` once per block,
+    handed out batch by batch: the same numbers as drawing each batch's share in turn (CPU
+    generators give a block's values in order), without a host-to-device copy per batch.
+
+    ``draw(gen, n)`` draws ``n`` values. The refill happens at the first :meth:`take` that runs
+    past the block, i.e. in the generator's stream exactly where the per-batch draw would be.
+    """
+
+    def __init__(self, draw: Callable[[torch.Generator, int], Tensor], gen: torch.Generator, block: int,
+                 device: torch.device):
+        self.draw, self.gen, self.block, self.device = draw, gen, block, device
+        self.buf: Tensor | None = None
+        self.at = 0
+
+    def take(self, n: int) -> Tensor:
+        if self.buf is not None and self.at + n <= self.buf.shape[0]:
+            out = self.buf[self.at:self.at + n]
+            self.at += n
+            return out
+        head = self.buf[self.at:] if self.buf is not None else None
+        need = n - (0 if head is None else head.shape[0])
+        self.buf, self.at = self.draw(self.gen, max(self.block, need)).to(self.device), need
+        fresh = self.buf[:need]
+        return fresh if head is None or head.shape[0] == 0 else torch.cat([head, fresh])
 
 
 def default_device(device: str | torch.device | None) -> torch.device:

@@ -111,11 +111,11 @@ class Rows:
     def batches(self, scaler: nn.Module, device: torch.device, batch_size: int, gen: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
         """Shuffled minibatches ``(standardised rows, positions)``. In memory: one permutation
         of all rows. On disk: chunks in a random order, rows permuted within each chunk."""
-        if self.std is not None:
-            perm = torch.randperm(self.n, generator=gen)
+        if self.std is not None:  # the epoch's order goes to the device once, not once per batch
+            perm = torch.randperm(self.n, generator=gen).to(self.std.device)
             for a in range(0, self.n, batch_size):
                 idx = perm[a:a + batch_size]
-                yield self.std[idx.to(self.std.device)], idx
+                yield self.std[idx], idx
             return
         for i in torch.randperm(self._n_chunks(), generator=gen).tolist():
             pos, x = self._chunk(i, scaler, device)
@@ -131,26 +131,29 @@ class Rows:
         return torch.cat(outs) if outs else torch.zeros(0, device=device)
 
 
-def as_rows(X: Any, name: str, d_model: int | None = None) -> Rows:
+def as_rows(X: Any, name: str, d_model: int | None = None, device: torch.device | None = None) -> Rows:
+    """Checked rows: a store as is (streamed chunk by chunk), anything else in memory, moved to
+    ``device`` once and checked there."""
     if isinstance(X, ActivationStore):
         if len(X) == 0:
             raise TPCHooksError(f"{name} is an empty activation store ({X.path})")
         if d_model is not None and X.d_model != d_model:
             raise TPCHooksError(f"{name} has d_model={X.d_model} but the head expects d_model={d_model}")
         return Rows(X)
-    return Rows(check_features(X, name, d_model).float())
+    return Rows(check_features(X, name, d_model, device=device).float())
 
 
 def split_data(X: Any, y: Any, X_val: Any, y_val: Any, val_fraction: float, seed: int,
-               d_model: int | None = None) -> tuple[Rows, Tensor, Rows, Tensor]:
+               d_model: int | None = None, device: torch.device | None = None) -> tuple[Rows, Tensor, Rows, Tensor]:
     """Checks the inputs and returns (train, y_train, val, y_val); without a validation set,
-    holds out a stratified ``val_fraction`` of the training rows."""
-    data = as_rows(X, "X_train", d_model)
+    holds out a stratified ``val_fraction`` of the training rows. In-memory rows are moved to
+    ``device`` once (labels stay on the host)."""
+    data = as_rows(X, "X_train", d_model, device)
     y_all = check_labels(y, data.n, "y_train")
     if (X_val is None) != (y_val is None):
         raise TPCHooksError("pass both X_val and y_val, or neither (a stratified split of the training data is then used)")
     if X_val is not None:
-        va = as_rows(X_val, "X_val", data.d)
+        va = as_rows(X_val, "X_val", data.d, device)
         return data, y_all, va, check_labels(y_val, va.n, "y_val")
     if not 0 < val_fraction < 1:
         raise TPCHooksError(f"val_fraction must be in (0, 1); got {val_fraction!r}")

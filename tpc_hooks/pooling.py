@@ -30,9 +30,9 @@ def pool(acts: Float[Tensor, "batch pos d_model"], mask: Int[Tensor, "batch pos"
         tensor([[4.5000, 5.5000, 6.5000]])
     """
     check_pooling(how)
-    m = mask.to(acts.device).bool()
-    if not bool(m.any(1).all()):
+    if not bool(mask.bool().any(1).all()):  # checked where the mask is (the host, when it was built there)
         raise TPCHooksError("a sequence has no attended token to pool (empty prompt?)")
+    m = mask.to(acts.device).bool()
     a = acts.float()
     if how == "mean":
         return a.masked_fill(~m[..., None], 0.0).sum(1) / m.sum(1, keepdim=True)
