@@ -114,57 +114,49 @@ def monitor_on(threshold: float = 0.999999):
     return tpc.Monitor(tiny_head(), SITE, threshold=threshold)
 
 
+def hf_setup():
+    """The tiny model, a monitor that never flags, and ``hf_run(n, **kw)``: greedy HF generate
+    of exactly n tokens for the left-padded prompts."""
+    hf, tok = named(hf_llama()), tokenizer()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+
+    def hf_run(n, **kw):
+        return hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw)
+    return hf, tok, monitor_on(), hf_run
+
+
 @pytest.mark.parametrize("action", ["flag", "stop"])
 def test_monitor_generate_reads_no_more_per_step_than_hf_generate(action):
-    hf = named(hf_llama())
-    tok = tokenizer()
-    mon = monitor_on()
+    hf, _, mon, hf_run = hf_setup()
     mon.generate(hf, PROMPTS, max_new_tokens=2, action=action)  # warm up (tokenizer, first-use moves)
-    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     lengths = []
 
     def ours(n):
         run = mon.generate(hf, PROMPTS, max_new_tokens=n, action=action, stop_at_eos=False)
         lengths.append({len(s) for s in run.scores})
 
-    monitored = reads_per_step(ours)
-    plain = reads_per_step(lambda n: hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False))
+    monitored, plain = reads_per_step(ours), reads_per_step(hf_run)
     assert lengths == [{5}, {13}]  # nothing flagged, nothing ended
     # the model's own mask check + the loop's "does any row go on?" (HF generate reads its own each step)
     assert monitored == plain == 2.0
 
 
 def test_stopping_criteria_reads_one_bool_per_step():
-    hf = named(hf_llama())
-    tok = tokenizer()
-    mon = monitor_on()
-    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-
-    def plain(n):
-        hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-
-    def monitored(n):
-        hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False, stopping_criteria=[mon.stopping_criteria(hf)])
-
+    hf, _, mon, hf_run = hf_setup()
+    monitored = reads_per_step(lambda n: hf_run(n, stopping_criteria=[mon.stopping_criteria(hf)]))
     # the criterion's one read per step: "does any row go on?" (its hooks are given back when none does)
-    assert reads_per_step(monitored) - reads_per_step(plain) == 1.0
+    assert monitored - reads_per_step(hf_run) == 1.0
 
 
 def test_watch_reads_nothing_per_step():
-    hf = named(hf_llama())
-    tok = tokenizer()
-    mon = monitor_on()
-    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-
-    def plain(n):
-        hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    hf, tok, mon, hf_run = hf_setup()
 
     def watched(n):
         with mon.watch(hf, tokenizer=tok) as log:
-            hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            hf_run(n)
         assert len(log) == n
 
-    assert reads_per_step(watched) == reads_per_step(plain)  # one read at the end of the block, none per step
+    assert reads_per_step(watched) == reads_per_step(hf_run)  # one read at the end of the block, none per step
 
 
 # ---------------------------------------------------------------------- NaN during generation
@@ -194,14 +186,11 @@ def test_nan_activations_in_generate_flag_stop_and_warn():
 
 
 def test_nan_activations_in_hf_generate_stop_that_row_and_warn():
-    hf = named(hf_llama())
-    tok = tokenizer()
-    mon = monitor_on()
-    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
-    plain = hf.generate(**enc, max_new_tokens=5, do_sample=False)
+    hf, _, mon, hf_run = hf_setup()
+    plain = hf_run(5)
     poison(mon, 1)
     sc = mon.stopping_criteria(hf)
-    out = hf.generate(**enc, max_new_tokens=5, do_sample=False, stopping_criteria=[sc])
+    out = hf_run(5, stopping_criteria=[sc])
     with pytest.warns(RuntimeWarning, match="first: row 1, step 0"):
         assert sc.log.flagged == [False, True, False, False]
     assert sc.log.stopped_at[1] == 0
@@ -210,14 +199,11 @@ def test_nan_activations_in_hf_generate_stop_that_row_and_warn():
 
 
 def test_nan_activations_under_watch_warn_at_the_end():
-    hf = named(hf_llama())
-    tok = tokenizer()
-    mon = monitor_on()
+    hf, tok, mon, hf_run = hf_setup()
     poison(mon, 0)
-    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     with pytest.warns(RuntimeWarning, match=r"monitor.watch: .* in 3 of 3 forward passes"):
         with mon.watch(hf, tokenizer=tok) as log:
-            hf.generate(**enc, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+            hf_run(3)
     assert all(r.probs[0].isnan() and not r.probs[1:].isnan().any() for r in log.results)
 
 
