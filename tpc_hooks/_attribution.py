@@ -315,6 +315,26 @@ class Attribution:
         fig.tight_layout()
         return fig
 
+    def to_html(self, inputs: int | list[int] | None = None, k: int = 8, labels: list[str] | None = None):
+        """The attribution as small coloured tables (by order, top neurons, top degree-2 pairs):
+        :func:`tpc_hooks.views.attribution_html`. An attribution has no per-token scores.
+
+        Returns an :class:`tpc_hooks.views.HTML` (Jupyter displays it; ``.save(path)`` writes a page).
+
+        Example:
+            >>> import torch, tpc_hooks as tpc
+            >>> attr = tpc.attribute(tpc.TPC(d_model=6, degree=3, rank=2), torch.randn(3, 6))
+            >>> str(attr.to_html(inputs=[0, 2], labels=["a", "b", "c"])).count("<table>")
+            6
+        """
+        from .views import attribution_html
+
+        return attribution_html(self, inputs=inputs, k=k, labels=labels)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: :meth:`to_html` of the first five inputs."""
+        return str(self.to_html(inputs=list(range(min(len(self), 5)))))
+
 
 def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None) -> Attribution:
     """Exact decompositions of a TPC's (or a Monitor's) logits for activations ``z``.

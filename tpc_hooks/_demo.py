@@ -2,11 +2,16 @@
 
 collect -> train (TPC and baselines) -> evaluate (test split and a held-out source) -> cascade
 sweep -> save the monitor -> monitor a few live generations -> attribute one flagged prompt.
-Writes ``report.md``, ``results.json``, plots and the saved monitor into a run directory.
+Writes ``report.md``, ``results.json``, plots, one HTML page per live generation (plus a PNG
+screenshot of one, where a Chromium is installed), the attribution's page and the saved monitor
+into a run directory.
 """
 
 import json
 import logging
+import shutil
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +29,7 @@ from .data import PromptSet, default_prompt_set
 from .metrics import classification_metrics
 from ._monitor import Monitor
 from .offline import DEFAULT_MODEL, load_model
+from .views import attribution_html, generation_html
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +122,56 @@ def _plots(out: Path, res: dict[str, Any]) -> list[str]:
     files.append("calibration.png")
     plt.close("all")
     return files
+
+
+CHROMIUMS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def chromium() -> str | None:
+    """The path of a Chromium (or Chrome) on PATH, or None."""
+    return next((p for p in map(shutil.which, CHROMIUMS) if p), None)
+
+
+def screenshot(page: Path, png: Path, *, size: tuple[int, int] = (1100, 640), timeout: float = 120) -> bool:
+    """A PNG of the HTML file ``page`` taken with headless Chromium; False, with a log line,
+    where no Chromium is installed or it fails (never raises for that)."""
+    exe = chromium()
+    if exe is None:
+        log.warning("no Chromium on PATH (%s): no screenshot of %s (apt-get install chromium)", ", ".join(CHROMIUMS),
+                    page.name)
+        return False
+    png = Path(png)
+    # --no-sandbox: root and containers have no usable sandbox; the page is our static HTML,
+    # whose policy forbids scripts and outside resources. A fresh profile: never share one.
+    try:
+        png.unlink(missing_ok=True)
+        with tempfile.TemporaryDirectory(prefix="tpc-chromium-") as profile:
+            cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars",
+                   "--no-first-run", "--mute-audio", f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
+                   f"--screenshot={png.resolve()}", Path(page).resolve().as_uri()]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError) as err:
+        log.warning("Chromium (%s) could not take a screenshot of %s: %s", exe, page.name, err)
+        return False
+    if not png.is_file() or png.stat().st_size == 0:
+        log.warning("Chromium (%s) exited %s without a screenshot of %s: %s", exe, proc.returncode, page.name,
+                    proc.stderr.strip()[-400:])
+        return False
+    return True
+
+
+def _pages(out: Path, run: Any, tok: Any, threshold: float, attr: Any, attr_prompt: str) -> dict[str, Any]:
+    """One HTML page per live generation, the attribution's page, and a screenshot of the first
+    flagged generation's page (the first page where none was flagged)."""
+    live = []
+    for b in range(len(run.sequences)):
+        generation_html(run, tokenizer=tok, threshold=threshold, rows=b).save(out / f"live_{b}.html")
+        live.append(f"live_{b}.html")
+    attribution_html(attr, labels=[attr_prompt]).save(out / "attribution.html")
+    shot = next((b for b, f in enumerate(run.flagged) if f), 0)
+    png = out / f"live_{shot}.png"
+    return {"live": live, "attribution": "attribution.html",
+            "screenshot": png.name if screenshot(out / live[shot], png) else None}
 
 
 def prompt_splits(dataset: str = "default", *, seed: int = 0, text_column: str = "text", label_column: str = "label",
@@ -226,12 +282,15 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
         pass
     lap("attribution")
 
+    pages = _pages(out, run, tok, monitor.threshold, attr, attribution["prompt"])
+    lap("pages")
+
     res = {"model": model_name or DEFAULT_MODEL, "toolkit": toolkit, "site": site, "quick": quick, "seed": seed,
            "dataset": dataset,
            "sizes": {k: len(v) for k, v in sets.items()}, "degree": degree, "rank": rank, "epochs": epochs,
            "methods": list(methods), "f1": {"test": cmp.rows, "heldout": heldout_rows},
            "cascade": {"tpc": tpc_sweep, "early_exit": ee_sweep}, "calibration": cascade.calibration_report,
-           "live": live, "attribution": attribution, "guards": guards, "seconds": times}
+           "live": live, "attribution": attribution, "guards": guards, "pages": pages, "seconds": times}
     res["plots"] = _plots(out, res)
     (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
     (out / "report.md").write_text(render_report(res))
@@ -274,6 +333,13 @@ def render_report(res: dict[str, Any]) -> str:
     parts += [f"## Attribution of the most confidently flagged harmful test prompt\n{a['prompt'][:160]!r}: logit "
               f"{a['logit']:.3f} = bias {a['bias']:.3f} + orders {[round(v, 3) for v in a['by_order']]}",
               _table(["i", "j", "pair contribution (degree 2)"], [list(p) for p in a["top_pairs"]["2"]])]
+    if res.get("pages"):
+        p = res["pages"]
+        shot = (f"![screenshot of {p['screenshot'][:-4]}.html]({p['screenshot']})" if p["screenshot"] else
+                "(no screenshot: no Chromium was found, or it failed; see the log)")
+        parts.append("## Pages (open in a browser)\nEach live generation coloured token by token by the monitor's "
+                     "score: " + ", ".join(f"[{f}]({f})" for f in p["live"])
+                     + f"; the attribution: [{p['attribution']}]({p['attribution']}).\n\n" + shot)
     parts += ["## Time per stage (s)", _table(list(res["seconds"]), [list(res["seconds"].values())])]
     if res.get("plots"):
         parts.append("## Plots\n" + "\n".join(f"![{p}]({p})" for p in res["plots"]))
