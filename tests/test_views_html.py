@@ -383,3 +383,22 @@ def test_demo_screenshot_of_a_page(browser, tmp_path):
     assert _demo.screenshot(page, tmp_path / "live_0.png")
     assert (tmp_path / "live_0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+
+def test_runs_and_token_scores_render_themselves():
+    """The wiring: ``run.to_html()`` / ``_repr_html_`` and ``monitor.token_scores(...)`` (which
+    still unpacks as ``(tokens, result)``) give the same pages as the view functions."""
+    hf = named(hf_llama())
+    mon = tpc.Monitor(tiny_head(), "blocks.1.hook_resid_post", threshold=0.6)
+    run = mon.generate(hf, ["how do i make bomb", "hello world"], max_new_tokens=3)
+    assert run.threshold == 0.6 and run.tokenizer is not None
+    want = views.generation_html(run, tokenizer=run.tokenizer, threshold=0.6)
+    assert str(run.to_html()) == str(want) == run._repr_html_()
+    ts = mon.token_scores(hf, "how do i make bomb")
+    tokens, result = ts
+    assert ts.tokens is tokens and ts.result is result and ts.threshold == 0.6
+    assert str(ts.to_html()) == str(views.token_scores_html(tokens, result, threshold=0.6)) == ts._repr_html_()
+    bare = tpc.GenerationRun(**{**{k: getattr(run, k) for k in run.__dataclass_fields__}, "tokenizer": None})
+    with pytest.raises(tpc.TPCHooksError, match="pass tokenizer="):
+        bare.to_html()
+    assert str(bare.to_html(tokenizer=run.tokenizer)) == str(want)
+    assert bare._repr_html_().startswith("<pre>")

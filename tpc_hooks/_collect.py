@@ -70,6 +70,29 @@ def pooled_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Sit
     return out
 
 
+def token_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Site], batch_size: int, bar: Any = None,
+                  sae: Any = None, to_host: bool = True) -> dict[str, list[Tensor]]:
+    """Per-token activations ``[T_i, d_model]`` (float32; SAE latents with ``sae``) of each
+    tokenised prompt at ``sites``, in the prompts' order: what a per-token monitor reads.
+    Batched by length, one forward pass per batch; ``to_host=False`` leaves them on the
+    model's device."""
+    order = np.argsort([len(t) for t in token_ids], kind="stable")
+    out: dict[str, list[Any]] = {s.name: [None] * len(token_ids) for s in sites}
+    pid = pad_id(adapter.tokenizer)
+    for a in range(0, len(order), batch_size):
+        idx = order[a:a + batch_size]
+        ids, mask = pad([token_ids[i] for i in idx], pid, "right")
+        acts = adapter.forward_sites(ids, mask, sites)
+        for s in sites:
+            a_s = acts[s.name] if sae is None else sae_encode(sae, acts[s.name])
+            a_s = a_s.float().cpu() if to_host else a_s.float()
+            for j, i in enumerate(idx):
+                out[s.name][i] = a_s[j, :len(token_ids[i])]
+        if bar is not None:
+            bar.update(len(idx))
+    return out
+
+
 def _fingerprint(adapter: Adapter, site: str, pooling: str, chat_template: bool, prepend_bos: bool,
                  max_tokens: int | None, prompts: list[str], sae: Any) -> dict[str, Any]:
     digest = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()

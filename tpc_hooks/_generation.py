@@ -6,6 +6,7 @@ Both read the site's activations from the model's own forward passes (through th
 keep a running pool per sequence and score it with the monitor's policy every step.
 """
 
+import html
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts
 from ._errors import TPCHooksError
 from .adapters._base import pad, pad_id
-from .pooling import RunningPool
+from .pooling import RunningAggregate, RunningPool
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,10 @@ class GenerationRun:
     padding. ``scores[b][t]``: the monitor's probability for ``sequences[b][:prompt_lengths[b] + t]``
     (t = 0 is the prompt alone: the pre-generation gate). ``exit_orders``, ``flops`` and
     ``logits`` follow the same steps. ``flagged[b]``: flagged at any step; ``first_flagged[b]``:
-    that step or None; ``stopped_at[b]``: the step at which the action stopped it, or None.
+    that step or None (the detection latency, in generated tokens); ``stopped_at[b]``: the step
+    at which the action stopped it, or None. ``threshold``: the monitor's at the time.
+
+    In Jupyter the run renders as its text coloured token by token (:meth:`to_html`).
     """
 
     sequences: list[list[int]]
@@ -53,6 +57,27 @@ class GenerationRun:
     flagged: list[bool]
     first_flagged: list[int | None]
     stopped_at: list[int | None]
+    threshold: float = 0.5
+    tokenizer: Any = field(default=None, repr=False, compare=False)
+
+    def to_html(self, rows: int | Sequence[int] | None = None, *, tokenizer: Any = None) -> Any:
+        """The run as a page: every row's text coloured token by token by the monitor's score,
+        flagged steps and exit orders marked (:func:`tpc_hooks.views.generation_html`; save it
+        with ``.save(path)``). ``tokenizer``: default, the one the run was generated with.
+
+        Example:
+            >>> run = monitor.generate(model, prompts, action="stop")  # doctest: +SKIP
+            >>> run.to_html().save("run.html")  # doctest: +SKIP
+        """
+        from .views import generation_html
+
+        tok = tokenizer if tokenizer is not None else self.tokenizer
+        if tok is None:
+            raise TPCHooksError("this run carries no tokenizer to show its tokens; pass tokenizer=")
+        return generation_html(self, tokenizer=tok, threshold=self.threshold, rows=rows)
+
+    def _repr_html_(self) -> str:
+        return str(self.to_html()) if self.tokenizer is not None else f"<pre>{html.escape(repr(self))}</pre>"
 
     def generated(self, b: int) -> list[int]:
         """The generated tokens of sequence ``b``."""
@@ -70,11 +95,26 @@ class WatchLog:
     ``results[i]`` is the policy's :class:`~tpc_hooks.CascadeResult` for every row after
     call ``i`` (the score of everything that row has seen since its last fresh call);
     ``fresh[i]`` says whether call ``i`` started new sequences (no KV cache before it).
+    ``threshold`` is the monitor's; :attr:`first_flagged` gives the detection latency.
     """
 
     results: list[CascadeResult] = field(default_factory=list)
     fresh: list[bool] = field(default_factory=list)
     new_tokens: list[int] = field(default_factory=list)
+    threshold: float = 0.5
+
+    @property
+    def first_flagged(self) -> list[int | None]:
+        """Per row of the latest sequences (the calls since the last fresh one): the first call
+        at which the row was flagged, counted from that fresh call (0: the prompt's own pass;
+        with ``generate``, call t has seen t generated tokens), or None. NaN counts as flagged."""
+        if not self.results:
+            return []
+        start = max((i for i, f in enumerate(self.fresh) if f), default=0)
+        width = self.results[start].probs.shape[0]
+        calls = [r.probs for r in self.results[start:] if r.probs.shape[0] == width]
+        hits = flagged(torch.stack(calls).float().cpu(), self.threshold)
+        return [int(h.nonzero()[0]) if h.any() else None for h in hits.T]
 
     @property
     def scores(self) -> list[Tensor]:
@@ -182,6 +222,50 @@ class GenerateLog:
         return self.first_flagged
 
 
+class StepScores:
+    """THE rule a monitor applies to each forward pass while a model generates (used by
+    :meth:`Monitor.generate`, :meth:`Monitor.watch` and the Hugging Face ``generate`` hooks).
+
+    :meth:`update` takes the new positions' activations ``[B, n, d_model]`` and their mask and
+    returns the monitor's :class:`~tpc_hooks.CascadeResult` per row for everything the row has
+    seen since :meth:`reset`. A prefix-pooled monitor pools the activations (running mean, last
+    or max) and scores the pooled vector; a per-token monitor (``pooling="token"``) scores every
+    new token and aggregates the logits over time (:class:`~tpc_hooks.pooling.RunningAggregate`):
+    ``logits`` is the aggregate, ``probs`` its sigmoid, ``exit_order`` the newest token's order
+    and ``flops`` what the row's tokens have cost so far (as :meth:`Monitor.score` counts a
+    prefix). Nothing is read back to the host.
+    """
+
+    def __init__(self, monitor: Any, order: int | None = None, cascade: float | Cascade | None = None):
+        self.monitor = monitor
+        self.rule = monitor._step_policy(order, cascade)
+        self.state: Any = None
+        self.spent: Tensor | None = None
+
+    def reset(self) -> None:
+        self.state = self.spent = None
+
+    def update(self, acts: Tensor, mask: Tensor) -> CascadeResult:
+        mon = self.monitor
+        feats = mon._features(acts)
+        if mon.pooling != "token":
+            if self.state is None:
+                self.state = RunningPool(mon.pooling)
+            self.state.update(feats, mask)
+            return self.rule(self.state.value())
+        if self.state is None:
+            self.state, self.spent = RunningAggregate(mon.aggregate, mon.alpha, mon.window), 0
+        B, n, D = feats.shape
+        res = self.rule(feats.reshape(B * n, D))
+        m = mask.to(res.logits.device).bool()
+        agg = self.state.update(res.logits.reshape(B, n), m)
+        newest = torch.where(m, torch.arange(n, device=m.device), -1).amax(1).clamp_min(0)[:, None]
+        self.spent = self.spent + res.flops.reshape(B, n).masked_fill(~m, 0).sum(1)
+        return CascadeResult(logits=agg, probs=torch.sigmoid(agg),
+                             exit_order=res.exit_order.reshape(B, n).gather(1, newest)[:, 0],
+                             flops=self.spent, degree=res.degree)
+
+
 def flagged(probs: Tensor, threshold: float) -> Tensor:
     """THE flag rule of a monitoring run: ``prob >= threshold``, and a NaN probability (a step
     whose activations held NaN/inf) counts as flagged: the monitor fails closed."""
@@ -220,7 +304,7 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     if do_sample and not temperature > 0:
         raise TPCHooksError(f"temperature must be positive; got {temperature!r}")
     site = adapter.site(monitor.site)
-    score_fn = monitor._step_policy(order, cascade)
+    scores_ = StepScores(monitor, order, cascade)
     threshold = float(monitor.threshold)
     tok = adapter.tokenizer
     ids, _ = adapter.tokenize(items, chat_template=monitor.chat_template, max_tokens=monitor.max_tokens,
@@ -233,7 +317,6 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     tokens: list[Tensor] = []  # per step after the first: the token fed to each row (pad on ended rows)
     fed: list[Tensor] = []  # ... and which rows it was fed to
     stopped: list[int | None] = [None] * B  # for a callable action: the step it asked to stop
-    pool = RunningPool(monitor.pooling)
     state: dict[str, Any] = {"t": 0, "live": None, "gen": None}
 
     def row_tokens(b: int) -> list[int]:
@@ -245,8 +328,7 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     def on_step(acts: Tensor, step_mask: Tensor, last_logits: Tensor):
         t, device = state["t"], last_logits.device
         live = state["live"] if t else torch.ones(B, dtype=torch.bool, device=device)
-        pool.update(monitor._features(acts), step_mask)
-        res = score_fn(pool.value())
+        res = scores_.update(acts, step_mask)
         results.append(res)
         scored.append(live)
         hit = live & flagged(res.probs, threshold).to(device)
@@ -299,6 +381,7 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         sequences=seqs, prompt_lengths=[len(t) for t in ids], scores=scores, logits=rows("logits"),
         exit_orders=rows("exit_order"), flops=rows("flops"),
         flagged=[f is not None for f in first_flag], first_flagged=first_flag, stopped_at=stopped,
+        threshold=threshold, tokenizer=tok,
     )
 
 
@@ -308,17 +391,15 @@ def watch(monitor: Any, model: Any, *, order: int | None = None, cascade: float 
     """See :meth:`tpc_hooks.Monitor.watch`."""
     adapter = monitor._adapter(model, tokenizer=tokenizer)
     site = adapter.site(monitor.site)
-    score_fn = monitor._step_policy(order, cascade)
+    scores_ = StepScores(monitor, order, cascade)
     threshold = float(monitor.threshold)
-    log = WatchLog()
-    state = {"pool": None}
+    log = WatchLog(threshold=threshold)
 
     def on_acts(acts: Tensor, mask: Tensor, fresh: bool) -> None:
-        if fresh or state["pool"] is None:
-            state["pool"] = RunningPool(monitor.pooling)
-        state["pool"].update(monitor._features(acts), mask)
+        if fresh:
+            scores_.reset()
         with torch.no_grad():
-            res = score_fn(state["pool"].value())
+            res = scores_.update(acts, mask)
         log.results.append(res)
         log.fresh.append(fresh)
         log.new_tokens.append(int(acts.shape[1]))

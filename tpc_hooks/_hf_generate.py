@@ -22,9 +22,8 @@ from torch import Tensor
 from transformers import LogitsProcessor, StoppingCriteria
 
 from ._errors import TPCHooksError
-from ._generation import GenerateLog, flagged
+from ._generation import GenerateLog, StepScores, flagged
 from .adapters._base import Adapter, Site
-from .pooling import RunningPool
 
 
 class _Run:
@@ -35,11 +34,11 @@ class _Run:
     def __init__(self, monitor: Any, adapter: Adapter, site: Site, *, what: str, usage: str, score: Any,
                  eos: Tensor | None):
         self.monitor, self.what, self.usage = monitor, what, usage
-        self.score = score
+        self.scores = score
         self.threshold = float(monitor.threshold)
         self.eos = eos
         self.log = GenerateLog(self.threshold)
-        self.pool: RunningPool | None = None
+        self.started = False  # a pass of this generation has been scored
         self.hit: Tensor | None = None
         self.decided = False
         self.served = False  # generate has called the object: its one generation has begun
@@ -67,12 +66,13 @@ class _Run:
 
     def _on_acts(self, acts: Tensor, mask: Tensor, fresh: bool) -> None:
         B, device = acts.shape[0], acts.device
-        continuing_prefill = not fresh and self.pool is not None and not self.decided and acts.shape[1] > 1
-        if fresh or self.pool is None:
+        continuing_prefill = not fresh and self.started and not self.decided and acts.shape[1] > 1
+        if fresh or not self.started:
             if self.served:  # a pass after this object's generation is not its to score; a second generate
                 self.close()  # that passes it is refused at its first call
                 return
-            self.pool = RunningPool(self.monitor.pooling)
+            self.scores.reset()
+            self.started = True
             self.log = GenerateLog(self.threshold)
             self.monitor.last_generate_log = self.log
             self.t = 0
@@ -87,8 +87,7 @@ class _Run:
                 )
             self.live = self.live & ~self.done
             self.t += 1
-        self.pool.update(self.monitor._features(acts), mask)
-        res = self.score(self.pool.value())
+        res = self.scores.update(acts, mask)
         if continuing_prefill:  # a chunked prefill: the prompt's step is not over
             self.log._replace_last(res, self.live)
         else:
@@ -182,7 +181,7 @@ class _Monitoring:
         eos = _eos_ids(eos_token_id, hf, tokenizer)
         self._check_eos(eos)
         run = _Run(monitor, adapter, adapter.site(monitor.site), what=self._what, usage=self._usage,
-                   score=monitor._step_policy(order, cascade), eos=eos)
+                   score=StepScores(monitor, order, cascade), eos=eos)
         self._run = run
         # run.close, not a method of self: the finalizer must not keep self alive
         self._finalizer = weakref.finalize(self, run.close)

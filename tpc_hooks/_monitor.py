@@ -20,9 +20,9 @@ from ._checks import check_labels
 from ._errors import TPCHooksError
 from .adapters._base import Adapter, get_adapter, pad, pad_id, parse_site, resolve_bos
 from ._cascade import Cascade, CascadeResult
-from ._collect import check_prompts, collect, pooled_batches
+from ._collect import check_prompts, collect, pooled_batches, token_batches
 from ._generation import GenerateLog, GenerationRun, MonitorEvent, WatchLog
-from .pooling import check_pooling
+from .pooling import aggregate as aggregate_logits, check_aggregate, check_pooling
 from ._history import FitConfig
 from ._polynomial import TPC, from_saved, to_saved
 from ._sae import check_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity
@@ -35,7 +35,9 @@ class Monitor:
     Attributes:
         head: the :class:`~tpc_hooks.TPC`.
         site: TransformerLens hook name it reads (``blocks.L.hook_resid_post``).
-        pooling: ``"mean"``, ``"last"`` or ``"max"``.
+        pooling: ``"mean"``, ``"last"`` or ``"max"`` (the activations of a prefix pooled, then
+            scored), or ``"token"``: every token scored and the logits aggregated over time
+            (a streaming monitor; see ``aggregate``).
         chat_template: whether prompts are wrapped in the tokenizer's chat template.
         prepend_bos: whether a BOS token is prepended to raw prompts (None: when the
             tokenizer has one).
@@ -50,6 +52,11 @@ class Monitor:
         sae: an SAELens SAE when the head reads SAE latents (``head.d_model == d_sae``): the
             site's activations are encoded per token before pooling. Its identity (sizes,
             recorded release/id/hook, weights hash) is saved, and a different SAE is refused.
+        aggregate, alpha, window: how a per-token monitor (``pooling="token"``) turns the
+            per-token logits ``s_1..s_t`` of a prefix into its logit: ``"mean"``, ``"max"``,
+            ``"ema"`` (``e_t = alpha * s_t + (1 - alpha) * e_{t-1}``, ``e_1 = s_1``) or
+            ``"rolling"`` (the mean of the last ``window`` logits); see
+            :func:`tpc_hooks.pooling.aggregate`. Ignored by prefix-pooled monitors.
     """
 
     head: TPC
@@ -64,13 +71,18 @@ class Monitor:
     report: dict[str, Any] = field(default_factory=dict)
     sae: Any = None
     sae_identity: dict[str, Any] | None = None
+    aggregate: str = "max"
+    alpha: float = 0.1
+    window: int = 16
     last_generate_log: GenerateLog | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not isinstance(self.head, TPC):
             raise TPCHooksError(f"Monitor needs a tpc_hooks.TPC head; got {type(self.head).__name__}")
         parse_site(self.site)
-        check_pooling(self.pooling)
+        if self.pooling != "token":
+            check_pooling(self.pooling)
+        self.aggregate, self.alpha, self.window = check_aggregate(self.aggregate, self.alpha, self.window)
         if not 0 < self.threshold < 1:
             raise TPCHooksError(f"threshold must be in (0, 1); got {self.threshold!r}")
         if self.cascade is not None and self.cascade.head is not self.head:
@@ -88,6 +100,11 @@ class Monitor:
         elif self.sae_identity is not None:
             raise TPCHooksError(f"this monitor reads SAE latents of {_describe(self.sae_identity)}; pass sae= "
                                 "(Monitor.load(path, sae=...))")
+
+    @property
+    def streaming(self) -> bool:
+        """Whether this is a per-token monitor (``pooling="token"``)."""
+        return self.pooling == "token"
 
     def _features(self, acts: Tensor) -> Tensor:
         """What the head reads from per-token activations: SAE latents when the monitor has an SAE."""
@@ -178,8 +195,28 @@ class Monitor:
             if not ids or any(len(t) == 0 for t in ids):
                 raise TPCHooksError("tokens must be a non-empty list of non-empty token id lists")
         site = adapter.site(self.site)
+        if self.streaming:  # the aggregate after each prompt's last token
+            per = self._token_pass(adapter, ids, site, self.policy(order, cascade), batch_size)
+            return _stack_results([_at(res, agg, -1) for res, agg in per])
         z = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name]
         return self.policy(order, cascade)(z)
+
+    def _token_pass(self, adapter: Adapter, ids: list[list[int]], site: Any, rule: Callable[[Tensor], CascadeResult],
+                    batch_size: int) -> list[tuple[CascadeResult, Tensor]]:
+        """A per-token monitor offline: for each sequence, the rule's result for every token
+        ``[T]`` and the aggregated logit after every token ``[T]`` (inputs are checked, so
+        NaN/inf is an error here)."""
+        return [self._aggregated(rule, z) for z in self._token_acts(adapter, ids, site, batch_size)]
+
+    def _aggregated(self, rule: Callable[[Tensor], CascadeResult], z: Tensor) -> tuple[CascadeResult, Tensor]:
+        res = rule(z)
+        ones = torch.ones(1, z.shape[0], device=res.logits.device)
+        return res, aggregate_logits(res.logits[None], ones, self.aggregate, self.alpha, self.window)[0]
+
+    def _token_acts(self, adapter: Adapter, ids: list[list[int]], site: Any, batch_size: int) -> list[Tensor]:
+        """Each sequence's per-token features ``[T, d]`` (SAE latents with an SAE), batched by
+        length, one forward pass per batch."""
+        return token_batches(adapter, ids, [site], batch_size, sae=self.sae, to_host=False)[site.name]
 
     # ------------------------------------------------------------------ operating point
     @torch.no_grad()
@@ -199,13 +236,18 @@ class Monitor:
         ids, _ = adapter.tokenize(check_prompts(benign_prompts), chat_template=self.chat_template,
                                   max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
         site = adapter.site(self.site)
+        if self.streaming:
+            return self.calibrate_activations(self._token_acts(adapter, ids, site, batch_size), fpr)
         z = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name]
         return self.calibrate_activations(z, fpr)
 
     @torch.no_grad()
     def calibrate_activations(self, benign: Any, fpr: float = 0.01) -> "Monitor":
         """Sets :attr:`threshold` from pooled activations ``[n, d_model]`` of benign inputs, so that
-        at most ``fpr`` of them is flagged (``prob >= threshold``).
+        at most ``fpr`` of them is flagged (``prob >= threshold``). A per-token monitor takes a
+        list of per-token activations ``[T_i, d_model]``, one per benign sequence, and counts a
+        sequence as flagged when its aggregated score reaches the threshold at any token (the
+        maximum over the sequence: what a monitor streaming it would see).
 
         With a cascade, its exits are first centred on the full order's threshold
         (:meth:`Cascade.centered`: an order settles a row only when it is clearly on one side of
@@ -220,32 +262,48 @@ class Monitor:
         from .metrics import threshold_at_fpr
         from ._checks import check_features
 
-        z = check_features(benign, "benign activations", self.head.d_model).float()
+        if self.streaming:
+            if isinstance(benign, (Tensor, np.ndarray)) or not isinstance(benign, Sequence) or not benign:
+                raise TPCHooksError("a per-token monitor calibrates on a non-empty list of per-token activations "
+                                    "[T_i, d_model], one per benign sequence (or use calibrate(model, prompts))")
+            seqs = [check_features(z, f"benign sequence {i}", self.head.d_model).float() for i, z in enumerate(benign)]
+            probs_of = lambda rule: torch.stack([torch.sigmoid(self._aggregated(rule, z)[1].max()) for z in seqs])
+            n = len(seqs)
+        else:
+            z = check_features(benign, "benign activations", self.head.d_model).float()
+            probs_of = lambda rule: rule(z).probs
+            n = z.shape[0]
         if not 0 <= fpr < 1:
             raise TPCHooksError(f"fpr must be in [0, 1); got {fpr!r}")
         if self.cascade is not None:
-            full = self.cascade.with_thresholds(0.0)(z).probs
+            full = probs_of(self.cascade.with_thresholds(0.0))
             self.cascade = self.cascade.centered(_above(threshold_at_fpr(full.double().cpu().numpy(), fpr)))
-        probs = self.policy()(z).probs
+        probs = probs_of(self.policy())
         self.threshold = _above(threshold_at_fpr(probs.double().cpu().numpy(), fpr))
         flagged = int((probs >= self.threshold).sum())
-        self.report["operating_point"] = {"fpr": float(fpr), "n_benign": int(z.shape[0]), "flagged": flagged,
-                                          "threshold": self.threshold}
+        self.report["operating_point"] = {"fpr": float(fpr), "n_benign": n, "flagged": flagged,
+                                          "threshold": self.threshold, **({"by": "max over tokens"} if self.streaming else {})}
         return self
 
     @torch.no_grad()
     def token_scores(self, model: Any, prompt: str, *, order: int | None = None,
-                     cascade: float | Cascade | None = None, tokenizer: Any = None) -> tuple[list[str], CascadeResult]:
+                     cascade: float | Cascade | None = None, tokenizer: Any = None) -> "TokenScores":
         """The monitor's score of every prefix of one prompt, from a single forward pass.
 
-        Returns ``(token strings, result)``; ``result.probs[t]`` scores the first ``t + 1``
-        tokens. Hand it to :func:`tpc_hooks.views.colored_tokens` for circuitsvis. ``tokenizer``:
+        Returns ``(token strings, result)`` (a :class:`TokenScores`, which also renders with
+        ``.to_html()``); ``result.probs[t]`` scores the first ``t + 1`` tokens (a per-token
+        monitor: the aggregate after token ``t``). Hand it to :func:`tpc_hooks.views.colored_tokens` for circuitsvis. ``tokenizer``:
         as in :meth:`score`.
         """
         adapter = self._adapter(model, tokenizer)
         site = adapter.site(self.site)
         (ids,), _ = adapter.tokenize(check_prompts([prompt]), chat_template=self.chat_template,
                                      max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
+        tokens = [adapter.tokenizer.decode([t]) for t in ids]
+        if self.streaming:  # every token scored, the aggregate after each
+            res, agg = self._token_pass(adapter, [ids], site, self.policy(order, cascade), 1)[0]
+            return TokenScores(tokens, CascadeResult(logits=agg, probs=torch.sigmoid(agg), exit_order=res.exit_order,
+                                                     flops=res.flops.cumsum(0), degree=res.degree), self.threshold)
         x, mask = pad([ids], pad_id(adapter.tokenizer), "right")
         acts = self._features(adapter.forward_sites(x, mask, [site])[site.name][0].float())  # [T, D]
         if self.pooling == "mean":  # the monitor's pooling of every prefix, only the one it uses
@@ -254,8 +312,7 @@ class Monitor:
             prefixes = acts.cummax(0).values
         else:
             prefixes = acts
-        tokens = [adapter.tokenizer.decode([t]) for t in ids]
-        return tokens, self.policy(order, cascade)(prefixes)
+        return TokenScores(tokens, self.policy(order, cascade)(prefixes), self.threshold)
 
     # ------------------------------------------------------------------ generation
     def generate(self, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
@@ -396,6 +453,7 @@ class Monitor:
             "site": self.site, "pooling": self.pooling, "chat_template": self.chat_template,
             "prepend_bos": self.prepend_bos,
             "max_tokens": self.max_tokens, "threshold": self.threshold,
+            **({"aggregate": self.aggregate, "alpha": self.alpha, "window": self.window} if self.streaming else {}),
             "model": {"name": self.model_name, "d_model": self.head.d_model},
             "cascade": None if self.cascade is None else self.cascade.to_dict(),
             "report": self.report,
@@ -466,9 +524,52 @@ class Monitor:
                        prepend_bos=mon.get("prepend_bos"),
                        max_tokens=mon.get("max_tokens"), model_name=model.get("name"), cascade=cascade,
                        threshold=float(mon.get("threshold", 0.5)), report=dict(mon.get("report") or {}),
-                       sae=sae, sae_identity=mon.get("sae"))
+                       sae=sae, sae_identity=mon.get("sae"), aggregate=mon.get("aggregate", "max"),
+                       alpha=mon.get("alpha", 0.1), window=mon.get("window", 16))
         except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError; float()/dict() of a bad value too
             raise TPCHooksError(f"{where}: {err}") from None
+
+
+def _at(res: CascadeResult, agg: Tensor, t: int) -> CascadeResult:
+    """A per-token monitor's result for the prefix ending at token ``t``: the aggregate, the
+    token's exit order, and the FLOPs of every token up to it."""
+    t = t % agg.shape[0]
+    return CascadeResult(logits=agg[t:t + 1], probs=torch.sigmoid(agg[t:t + 1]), exit_order=res.exit_order[t:t + 1],
+                         flops=res.flops[:t + 1].sum(0, keepdim=True), degree=res.degree)
+
+
+def _stack_results(parts: Sequence[CascadeResult]) -> CascadeResult:
+    cat = lambda k: torch.cat([getattr(r, k) for r in parts])
+    return CascadeResult(logits=cat("logits"), probs=cat("probs"), exit_order=cat("exit_order"), flops=cat("flops"),
+                         degree=parts[0].degree)
+
+
+class TokenScores(tuple):
+    """What :meth:`Monitor.token_scores` returns: a ``(tokens, result)`` pair (it unpacks as one)
+    that also renders: :meth:`to_html`, and in Jupyter the prompt coloured token by token."""
+
+    def __new__(cls, tokens: list[str], result: CascadeResult, threshold: float):
+        obj = super().__new__(cls, (tokens, result))
+        obj.threshold = float(threshold)
+        return obj
+
+    @property
+    def tokens(self) -> list[str]:
+        return self[0]
+
+    @property
+    def result(self) -> CascadeResult:
+        return self[1]
+
+    def to_html(self) -> Any:
+        """The prompt with each token coloured by the score of the prefix it ends, flagged prefixes
+        and exit orders marked (:func:`tpc_hooks.views.token_scores_html`; ``.save(path)``)."""
+        from .views import token_scores_html
+
+        return token_scores_html(self.tokens, self.result, threshold=self.threshold)
+
+    def _repr_html_(self) -> str:
+        return str(self.to_html())
 
 
 class _Fixed:
@@ -518,6 +619,9 @@ def train_monitor(
     site: str | Sequence[str],
     pooling: str = "mean",
     *,
+    aggregate: str = "max",
+    alpha: float = 0.1,
+    window: int = 16,
     augment: bool | Sequence[str] | None = None,
     recipe: str = "default",
     target_fpr: float | None = 0.01,
@@ -565,7 +669,12 @@ def train_monitor(
         site: where to read, or several sites: all are collected in one pass and the one whose
             linear probe has the best worst-group recall at 1% false-positive rate on validation
             is kept (``monitor.report["site_selection"]`` has the table).
-        pooling: how to pool tokens.
+        pooling: how to pool tokens (``"mean"``, ``"last"``, ``"max"``), or ``"token"`` for a
+            streaming monitor: the head is trained on every token's activation, each token
+            labelled with its prompt's label, and scores are aggregated over time.
+        aggregate, alpha, window: a streaming monitor's aggregation (see :class:`Monitor`).
+            Its report and operating point count a prompt as flagged when the aggregate
+            reaches the threshold at any token.
         augment: ``True`` (every phrasing family), ``False``, or the families to use; default:
             every family, none for ``recipe="in_distribution"``.
         recipe: ``"default"`` (rewrites + worst-family selection), ``"in_distribution"`` (no
@@ -615,6 +724,13 @@ def train_monitor(
         adapter.site(s)
     if sae is not None and len(sites) > 1:
         raise TPCHooksError("an SAE belongs to one site: pass a single site with sae=")
+    streaming = pooling == "token"
+    if streaming:
+        check_aggregate(aggregate, alpha, window)
+        if len(sites) > 1:
+            raise TPCHooksError("a per-token monitor (pooling='token') reads one site; pass a single site")
+    else:
+        check_pooling(pooling)
     if chat_template is None:
         chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
     if not 0 < val_fraction < 1:
@@ -648,9 +764,15 @@ def train_monitor(
     y_all += views.labels
     y_all = np.asarray(y_all)
     bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
+    y_tr, y_va, g_va = y_all[tr_rows], y_all[va_rows], np.asarray(groups)
+    if streaming:
+        return _train_token_monitor(
+            adapter, texts, y_all, tr_rows, va_rows, g_va, n_plain_tr=len(tr), plain_va=list(va), site=sites[0],
+            cfg=cfg, families=families, own=own, tau=tau, target_fpr=target_fpr, chat_template=chat_template, bos=bos,
+            max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose, recipe=recipe,
+            stream=(aggregate, alpha, window), n_aug=(len(aug), len(views)))
     X = collect(adapter, texts, sites, pooling, batch_size=batch_size, chat_template=chat_template, prepend_bos=bos,
                 max_tokens=max_tokens, sae=sae, progress=verbose)
-    y_tr, y_va, g_va = y_all[tr_rows], y_all[va_rows], np.asarray(groups)
     val_groups = g_va if families else None
     report: dict[str, Any] = {}
     if len(sites) > 1:
@@ -678,3 +800,50 @@ def train_monitor(
     if target_fpr is not None:
         monitor.calibrate_activations(Xs[va_rows][y_va == 0], target_fpr)
     return monitor
+
+
+def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, tr_rows: Sequence[Any],
+                         va_rows: Sequence[Any], g_va: np.ndarray, *, n_plain_tr: int, plain_va: Sequence[Any], site: str,
+                         cfg: FitConfig,
+                         families: Sequence[str], own: dict[str, Any], tau: float | None, target_fpr: float | None,
+                         chat_template: bool, bos: bool, max_tokens: int | None, batch_size: int, sae: Any,
+                         verbose: bool, recipe: str, stream: tuple[str, float, int], n_aug: tuple[int, int]) -> Monitor:
+    """:func:`train_monitor` for ``pooling="token"``: the same prompts, rewrites, split and
+    selection, on token rows (each token carries its prompt's label; validation groups too)."""
+    from tqdm.auto import tqdm
+
+    from ._fit import fit
+    from .metrics import classification_metrics
+    from ._select import worst_group
+
+    ids, _ = adapter.tokenize(texts, chat_template=chat_template, max_tokens=max_tokens, prepend_bos=bos)
+    with tqdm(total=len(ids), desc="collect tokens", unit="prompt", disable=not verbose) as bar:
+        per = token_batches(adapter, ids, [adapter.site(site)], batch_size, bar, sae=sae)[site]
+    rows = lambda idx: torch.cat([per[i] for i in idx])
+    repeat = lambda idx, v: np.concatenate([np.full(per[i].shape[0], v[j]) for j, i in enumerate(idx)])
+    y_tr_t = repeat(tr_rows, y_all[tr_rows])
+    y_va_t = repeat(va_rows, y_all[va_rows])
+    unlabelled = rows(tr_rows[n_plain_tr:]) if cfg.consistency and families else None
+    head = fit(rows(tr_rows), y_tr_t, rows(va_rows), y_va_t, cfg, verbose=verbose,
+               val_groups=repeat(va_rows, g_va) if families else None, X_unlabelled=unlabelled, **own).cpu()
+    cascade = Cascade(head, tau).calibrate(rows(va_rows), y_va_t) if tau is not None else None
+    how, alpha, window = stream
+    monitor = Monitor(head=head, site=site, pooling="token", chat_template=chat_template, prepend_bos=bos,
+                      max_tokens=max_tokens, model_name=adapter.model_name, cascade=cascade, sae=sae, aggregate=how,
+                      alpha=alpha, window=window)
+
+    def peaks(idx: Sequence[Any], n: int) -> np.ndarray:  # each prompt's highest aggregated logit at order n
+        return torch.stack([monitor._aggregated(_Fixed(head, n), per[i])[1].max() for i in idx]).double().numpy()
+
+    y_plain = y_all[plain_va]
+    per_order = [classification_metrics(y_plain, peaks(plain_va, n)) for n in range(1, head.degree + 1)]
+    worst = [worst_group(y_all[va_rows], peaks(va_rows, n), g_va) for n in range(1, head.degree + 1)]
+    monitor.report.update({
+        "validation": {"n": len(plain_va), "per_order": per_order, "decision": "max over tokens of the aggregate"},
+        "worst_validation_group": {"groups": sorted(set(g_va.tolist())), "per_order": worst},
+        "n_train": n_plain_tr, "n_train_tokens": int(len(y_tr_t)), "recipe": recipe,
+        "augment": {"families": list(families), "n_train_rewrites": n_aug[0], "n_val_rewrites": n_aug[1]}})
+    if target_fpr is not None:
+        monitor.calibrate_activations([per[i] for i in va_rows if y_all[i] == 0], target_fpr)
+    return monitor
+

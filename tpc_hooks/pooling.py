@@ -6,6 +6,7 @@ because only the mask decides which positions count. :class:`RunningPool` does t
 incrementally for generation (prompt first, then one token per step).
 """
 
+import numpy as np
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
@@ -82,3 +83,120 @@ class RunningPool:
         if self.state is None:
             raise TPCHooksError("RunningPool.value() called before any update")
         return self.state
+
+
+# ---------------------------------------------------------------------- per-token scores over time
+AGGREGATES = ("mean", "max", "ema", "rolling")
+
+
+def check_aggregate(how: str, alpha: float, window: int) -> tuple[str, float, int]:
+    """Checks a streaming monitor's aggregation settings."""
+    if how not in AGGREGATES:
+        raise TPCHooksError(f"aggregate must be one of {list(AGGREGATES)}; got {how!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
+        raise TPCHooksError(f"alpha (the EMA's weight on the newest token) must be in (0, 1]; got {alpha!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise TPCHooksError(f"window (tokens in the rolling mean) must be a positive integer; got {window!r}")
+    return how, float(alpha), window
+
+
+def aggregate(logits: Float[Tensor, "batch pos"], mask: Tensor, how: str, alpha: float = 0.1,
+              window: int = 16) -> Float[Tensor, "batch pos"]:
+    """The aggregated score after every position of per-token logits (padding skipped).
+
+    With ``s_1..s_t`` a row's attended per-token logits up to position ``t``:
+
+    * ``mean``: ``(s_1 + ... + s_t) / t``;
+    * ``max``: ``max(s_1, ..., s_t)``;
+    * ``ema``: ``e_1 = s_1``, ``e_t = alpha * s_t + (1 - alpha) * e_{t-1}``;
+    * ``rolling``: the mean of the last ``min(t, window)`` logits.
+
+    A padded position carries the row's previous value (NaN before its first attended token).
+    Computed over whole sequences at once in float64 (cumulative sums, a linear filter for the
+    EMA) and returned in the logits' dtype; :class:`RunningAggregate` computes the same values
+    incrementally, token by token (equal up to float32 rounding).
+
+    Example:
+        >>> aggregate(torch.tensor([[1., 3., 2.]]), torch.ones(1, 3), "rolling", window=2)
+        tensor([[1.0000, 2.0000, 2.5000]])
+    """
+    how, alpha, window = check_aggregate(how, alpha, window)
+    m = mask.to(logits.device).bool()
+    out = torch.full(logits.shape, float("nan"), dtype=torch.float64)
+    for b in range(logits.shape[0]):
+        at = m[b].nonzero().flatten().cpu()
+        if len(at):
+            out[b, at] = torch.from_numpy(_aggregate_1d(logits[b, at.to(logits.device)].detach().double().cpu().numpy(), how,
+                                                        alpha, window))
+    last = torch.where(m.cpu(), torch.arange(m.shape[1]), -1).cummax(1).values  # the newest attended position
+    carried = out.gather(1, last.clamp_min(0)).masked_fill(last < 0, float("nan"))
+    return carried.to(device=logits.device, dtype=logits.dtype)
+
+
+def _aggregate_1d(s: np.ndarray, how: str, alpha: float, window: int) -> np.ndarray:
+    n = np.arange(1, len(s) + 1)
+    if how == "mean":
+        return np.cumsum(s) / n
+    if how == "max":
+        return np.maximum.accumulate(s)
+    if how == "rolling":
+        c = np.concatenate([[0.0], np.cumsum(s)])
+        lo = np.maximum(n - window, 0)
+        return (c[n] - c[lo]) / (n - lo)
+    from scipy.signal import lfilter  # e_t = alpha s_t + (1 - alpha) e_{t-1}, started at e_1 = s_1
+
+    return lfilter([alpha], [1.0, alpha - 1.0], s, zi=[(1 - alpha) * s[0]])[0]
+
+
+class RunningAggregate:
+    """:func:`aggregate` incrementally: O(1) state per row (``window`` logits for ``rolling``).
+
+    ``update(logits [B, n], mask [B, n])`` adds the attended new positions in order and
+    returns each row's aggregated score after them ``[B]`` (NaN for a row with none yet).
+    Everything stays on the logits' device; nothing is read back to the host.
+    """
+
+    def __init__(self, how: str, alpha: float = 0.1, window: int = 16):
+        self.how, self.alpha, self.window = check_aggregate(how, alpha, window)
+        self.value: Tensor | None = None  # [B] the aggregate (NaN before any token)
+        self.count: Tensor | None = None  # [B] attended tokens so far
+        self.total: Tensor | None = None  # [B] mean: the running sum
+        self.ring: Tensor | None = None  # [B, window] rolling: the last logits (slot = count % window)
+
+    def _start(self, like: Tensor) -> None:
+        B = like.shape[0]
+        self.value = torch.full((B,), float("nan"), dtype=like.dtype, device=like.device)
+        self.count = torch.zeros(B, dtype=torch.long, device=like.device)
+        self.total = torch.zeros(B, dtype=like.dtype, device=like.device)
+        if self.how == "rolling":
+            self.ring = torch.zeros(B, self.window, dtype=like.dtype, device=like.device)
+
+    def update(self, logits: Tensor, mask: Tensor) -> Tensor:
+        if self.value is None:
+            self._start(logits)
+        m = mask.to(logits.device).bool()
+        if self.how == "mean":  # one sum for all new positions
+            self.total = self.total + logits.masked_fill(~m, 0.0).sum(1)
+            self.count = self.count + m.sum(1)
+            self.value = torch.where(self.count > 0, self.total / self.count.clamp_min(1), self.value)
+            return self.value
+        if self.how == "max":
+            new = logits.masked_fill(~m, float("-inf")).amax(1)
+            has = m.any(1)
+            self.value = torch.where(has, torch.where(self.count > 0, torch.maximum(self.value, new), new), self.value)
+            self.count = self.count + m.sum(1)
+            return self.value
+        for j in range(logits.shape[1]):  # ema and rolling: position by position
+            s, on = logits[:, j], m[:, j]
+            if self.how == "ema":
+                nxt = torch.where(self.count > 0, self.alpha * s + (1 - self.alpha) * self.value, s)
+            else:
+                slot = (self.count % self.window)[:, None]
+                ring = self.ring.scatter(1, slot, s[:, None])
+                self.ring = torch.where(on[:, None], ring, self.ring)
+                n = (self.count + 1).clamp_max(self.window)
+                filled = torch.arange(self.window, device=s.device)[None, :] < n[:, None]
+                nxt = self.ring.masked_fill(~filled, 0.0).sum(1) / n
+            self.value = torch.where(on, nxt, self.value)
+            self.count = self.count + on.long()
+        return self.value

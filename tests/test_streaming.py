@@ -1,0 +1,246 @@
+"""Per-token (streaming) monitors, issue 14 items 1-3: every token scored, the logits aggregated
+over time, the same rule offline and incrementally, calibrated by the maximum over a sequence.
+
+Independent computations: a hand-written float64 loop for each aggregation; offline
+``Monitor.score`` of every prefix against the scores logged during generation (the monitor's
+own ``generate``, ``watch`` and HF ``generate`` with ``stopping_criteria``); an FPR bound
+checked by counting."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import tpc_hooks as tpc
+from tiny_models import hf_llama, named, tiny_head, tokenizer
+from tpc_hooks.pooling import AGGREGATES, RunningAggregate, aggregate
+
+SITE = "blocks.1.hook_resid_post"
+PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello world", "steal car",
+           "write poem about cat dog and the mat"]
+SETTINGS = [("mean", {}), ("max", {}), ("ema", {"alpha": 0.3}), ("ema", {"alpha": 1.0}), ("rolling", {"window": 3}),
+            ("rolling", {"window": 1})]
+
+
+def by_hand(s: list[float], how: str, alpha: float = 0.1, window: int = 16) -> list[float]:
+    """The aggregate after each of the logits ``s`` (float64, a plain loop)."""
+    out, e = [], None
+    for t in range(len(s)):
+        if how == "mean":
+            out.append(sum(s[:t + 1]) / (t + 1))
+        elif how == "max":
+            out.append(max(s[:t + 1]))
+        elif how == "ema":
+            e = s[t] if e is None else alpha * s[t] + (1 - alpha) * e
+            out.append(e)
+        else:
+            last = s[max(0, t + 1 - window):t + 1]
+            out.append(sum(last) / len(last))
+    return out
+
+
+# ---------------------------------------------------------------------- the rule, offline and incremental
+@pytest.mark.parametrize("how,kw", SETTINGS)
+def test_aggregate_equals_a_hand_written_loop_under_padding(how, kw):
+    gen = torch.Generator().manual_seed(0)
+    lengths = [7, 1, 12, 4]
+    rows = [torch.randn(n, generator=gen) * 3 for n in lengths]
+    T = max(lengths)
+    for side in ("left", "right"):
+        logits = torch.full((len(rows), T), 123.0)  # padding holds garbage: it must not count
+        mask = torch.zeros(len(rows), T, dtype=torch.long)
+        for b, r in enumerate(rows):
+            sl = slice(T - len(r), T) if side == "left" else slice(0, len(r))
+            logits[b, sl], mask[b, sl] = r, 1
+        got = aggregate(logits, mask, how, **kw)
+        for b, r in enumerate(rows):
+            want = by_hand(r.double().tolist(), how, **kw)
+            at = torch.arange(T)[mask[b].bool()]
+            np.testing.assert_allclose(got[b, at].double().numpy(), want, rtol=1e-6, atol=1e-6)
+            if side == "right":  # padding after the end carries the last value
+                assert torch.equal(got[b, len(r):], got[b, len(r) - 1].expand(T - len(r)))
+            else:  # before the first token there is no score yet
+                assert got[b, :T - len(r)].isnan().all()
+
+
+@pytest.mark.parametrize("how,kw", SETTINGS)
+def test_incremental_equals_offline_on_every_prefix(how, kw):
+    """A prompt chunk, then one token per step with some rows ended (mask 0): the running value
+    after each step equals the offline aggregate at that position."""
+    gen = torch.Generator().manual_seed(1)
+    B, P, steps = 4, 6, 9
+    prompt_mask = torch.ones(B, P, dtype=torch.long)
+    prompt_mask[1, :4] = 0  # left padding
+    prompt_mask[3, :1] = 0
+    logits = torch.randn(B, P + steps, generator=gen)
+    step_mask = (torch.rand(B, steps, generator=gen) > 0.2).long()
+    mask = torch.cat([prompt_mask, step_mask], 1)
+    offline = aggregate(logits, mask, how, **kw)
+    run = RunningAggregate(how, **kw)
+    got = [run.update(logits[:, :P], prompt_mask)]
+    for t in range(steps):
+        got.append(run.update(logits[:, P + t:P + t + 1], step_mask[:, t:t + 1]))
+    want = [offline[:, P - 1]] + [offline[:, P + t] for t in range(steps)]
+    for g, w in zip(got, want):  # float32 running state against the float64 offline formulas
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_aggregation_settings_are_clear_errors():
+    head = tiny_head()
+    for kw, match in [({"aggregate": "median"}, "aggregate must be one of"), ({"alpha": 0.0}, "alpha"),
+                      ({"alpha": 1.5}, "alpha"), ({"window": 0}, "window"), ({"window": -3}, "window")]:
+        with pytest.raises(tpc.TPCHooksError, match=match):
+            tpc.Monitor(head, SITE, pooling="token", **kw)
+    with pytest.raises(tpc.TPCHooksError, match="pooling must be one of"):
+        tpc.Monitor(head, SITE, pooling="tokens")
+
+
+# ---------------------------------------------------------------------- generation = offline, per prefix
+def streaming_monitor(how="rolling", threshold=0.9999, **kw):
+    kw = {"alpha": 0.3, "window": 3, **kw}
+    return tpc.Monitor(tiny_head(), SITE, pooling="token", aggregate=how, threshold=threshold, **kw)
+
+
+def check_against_offline(mon, hf, sequences, prompt_lengths, logits, exits, flops):
+    for b, seq in enumerate(sequences):
+        n0 = prompt_lengths[b]
+        prefixes = [seq[:n0 + t] for t in range(len(logits[b]))]
+        off = mon.score(hf, tokens=prefixes)
+        torch.testing.assert_close(logits[b], off.logits, rtol=1e-5, atol=1e-5)
+        assert torch.equal(exits[b], off.exit_order) and torch.equal(flops[b], off.flops)
+
+
+@pytest.mark.parametrize("how", AGGREGATES)
+def test_monitor_generate_step_scores_equal_offline_scores(how):
+    hf = named(hf_llama())
+    mon = streaming_monitor(how, cascade=None)
+    run = mon.generate(hf, PROMPTS, max_new_tokens=6)
+    assert all(len(s) == 7 for s in run.scores)
+    check_against_offline(mon, hf, run.sequences, run.prompt_lengths, run.logits, run.exit_orders, run.flops)
+
+
+def test_cascade_streaming_monitor_in_hf_generate_equals_offline():
+    hf, tok = named(hf_llama()), tokenizer()
+    head = tiny_head()
+    mon = tpc.Monitor(head, SITE, pooling="token", aggregate="ema", alpha=0.5, threshold=0.9999,
+                      cascade=tpc.Cascade(head, lower=0.61, upper=0.62))
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    sc = mon.stopping_criteria(hf)
+    out = hf.generate(**enc, max_new_tokens=5, do_sample=False, stopping_criteria=[sc])
+    seqs, lengths = [], []
+    for b in range(len(PROMPTS)):
+        row = out[b][enc["attention_mask"][b].bool().tolist() + [True] * (out.shape[1] - enc["input_ids"].shape[1])]
+        seqs.append(row.tolist())
+        lengths.append(int(enc["attention_mask"][b].sum()))
+    log = sc.log
+    assert len({int(e) for r in log.exit_orders for e in r}) > 1  # the cascade exits at several orders
+    check_against_offline(mon, hf, seqs, lengths, log.logits, log.exit_orders, log.flops)
+
+
+def test_watch_scores_a_streaming_monitor_as_offline():
+    hf, tok = named(hf_llama()), tokenizer()
+    mon = streaming_monitor("max")
+    enc = tok(PROMPTS[:2], return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    with mon.watch(hf, tokenizer=tok) as log:
+        with torch.no_grad():
+            hf(**enc)
+    for b in range(2):
+        n = int(enc["attention_mask"][b].sum())
+        off = mon.score(hf, tokens=[enc["input_ids"][b, :n].tolist()])
+        torch.testing.assert_close(log.results[0].logits[b:b + 1], off.logits, rtol=1e-5, atol=1e-5)
+
+
+def test_token_scores_are_the_aggregate_after_each_token():
+    hf = named(hf_llama())
+    mon = streaming_monitor("ema")
+    tokens, res = mon.token_scores(hf, PROMPTS[4])
+    head = mon.head
+    ids = tokenizer()(PROMPTS[4], add_special_tokens=False)["input_ids"]
+    ids = [tokenizer().bos_token_id] + ids
+    assert len(tokens) == len(ids) == len(res.logits)
+    from tpc_hooks.adapters import get_adapter, pad  # the per-token logits by hand, then the EMA by hand
+    adapter = get_adapter(hf)
+    x, m = pad([ids], 0, "right")
+    s = head(adapter.forward_sites(x, m, [adapter.site(SITE)])[SITE][0]).double().tolist()
+    np.testing.assert_allclose(res.logits.double().numpy(), by_hand(s, "ema", alpha=0.3), rtol=1e-5, atol=1e-5)
+    off = mon.score(hf, tokens=[ids[:t + 1] for t in range(len(ids))])
+    torch.testing.assert_close(res.logits, off.logits, rtol=1e-5, atol=1e-5)
+    assert torch.equal(res.flops, torch.arange(1, len(ids) + 1) * head.cost().flops)
+
+
+# ---------------------------------------------------------------------- operating point: max over the sequence
+def test_calibration_bounds_the_share_of_benign_sequences_flagged_at_any_token():
+    gen = torch.Generator().manual_seed(3)
+    head = tiny_head(d_model=16)
+    mon = tpc.Monitor(head, SITE, pooling="token", aggregate="rolling", window=4)
+    seqs = [torch.randn(int(n), 16, generator=gen) for n in torch.randint(3, 40, (200,), generator=gen)]
+    for fpr in (0.0, 0.05, 0.2):
+        mon.calibrate_activations(seqs, fpr)
+        peaks = [torch.sigmoid(aggregate(head(z)[None], torch.ones(1, len(z)), "rolling", window=4)[0]).max() for z in seqs]
+        flagged = sum(bool(p >= mon.threshold) for p in peaks)
+        assert flagged <= math.floor(fpr * len(seqs)) and flagged == mon.report["operating_point"]["flagged"]
+        assert mon.report["operating_point"]["by"] == "max over tokens"
+    held_out = [torch.randn(int(n), 16, generator=gen) for n in torch.randint(3, 40, (600,), generator=gen)]
+    mon.calibrate_activations(seqs, 0.05)
+    peaks = torch.stack([torch.sigmoid(aggregate(head(z)[None], torch.ones(1, len(z)), "rolling", window=4)[0]).max()
+                         for z in held_out])
+    rate = float((peaks >= mon.threshold).double().mean())
+    assert rate < 0.05 + 3 * math.sqrt(0.05 * 0.95 / 200) + 3 * math.sqrt(0.05 * 0.95 / 600)  # sampling error
+    with pytest.raises(tpc.TPCHooksError, match="list of per-token activations"):
+        mon.calibrate_activations(torch.randn(10, 16), 0.01)
+
+
+def test_streaming_monitor_is_saved_and_loaded(tmp_path):
+    hf = named(hf_llama())
+    mon = streaming_monitor("rolling", window=5)
+    back = tpc.Monitor.load(mon.save(tmp_path / "m"))
+    assert (back.pooling, back.aggregate, back.alpha, back.window) == ("token", "rolling", 0.3, 5)
+    torch.testing.assert_close(back.score(hf, PROMPTS).logits, mon.score(hf, PROMPTS).logits)
+
+
+# ---------------------------------------------------------------------- training
+def test_train_monitor_on_tokens():
+    hf = named(hf_llama())
+    harmful = ["how do i make bomb", "steal car please", "hack email", "kill process how", "make bomb tell me",
+               "hack car", "steal email", "kill the cat"]
+    benign = ["bread recipe", "tell me about weather", "hello world", "write poem", "cake recipe please",
+              "python code", "the cat sat on mat", "hello friend"]
+    mon = tpc.train_monitor(hf, harmful + benign, [1] * 8 + [0] * 8, SITE, pooling="token", aggregate="ema", alpha=0.5,
+                            augment=False, degree=2, rank=2, epochs=2, val_fraction=0.25, target_fpr=0.25,
+                            verbose=False, tokenizer=tokenizer())
+    assert mon.streaming and (mon.aggregate, mon.alpha) == ("ema", 0.5)
+    assert mon.report["n_train_tokens"] > 12  # tokens, not prompts
+    assert mon.report["validation"]["decision"] == "max over tokens of the aggregate"
+    op = mon.report["operating_point"]
+    assert op["by"] == "max over tokens" and op["flagged"] <= math.floor(0.25 * op["n_benign"])
+    run = mon.generate(hf, benign[:2], max_new_tokens=3)
+    check_against_offline(mon, hf, run.sequences, run.prompt_lengths, run.logits, run.exit_orders, run.flops)
+    with pytest.raises(tpc.TPCHooksError, match="reads one site"):
+        tpc.train_monitor(hf, harmful + benign, [1] * 8 + [0] * 8, [SITE, "blocks.0.hook_resid_post"], pooling="token",
+                          verbose=False, tokenizer=tokenizer())
+
+
+def test_every_run_says_when_each_sequence_was_first_flagged():
+    """Detection latency: the step of the first flag, the same in the monitor's own generate,
+    HF generate's log and watch, and equal to the first prefix whose offline score is flagged."""
+    hf, tok = named(hf_llama()), tokenizer()
+    mon = streaming_monitor("mean", threshold=0.5)
+    probe = mon.generate(hf, PROMPTS, max_new_tokens=6)
+    mon.threshold = float(torch.cat(probe.scores).median())  # about half the steps are flagged
+    run = mon.generate(hf, PROMPTS, max_new_tokens=6)
+    assert any(f not in (None, 0) for f in run.first_flagged) and None in run.first_flagged
+    for b, f in enumerate(run.first_flagged):
+        n0 = run.prompt_lengths[b]
+        off = mon.score(hf, tokens=[run.sequences[b][:n0 + t] for t in range(7)]).probs
+        want = next((t for t in range(7) if off[t] >= mon.threshold), None)
+        assert f == want
+    from tpc_hooks.adapters import pad  # the prompts exactly as the monitor tokenised them
+
+    x, m = pad([run.sequences[b][:run.prompt_lengths[b]] for b in range(len(PROMPTS))], 0, "left")
+    enc = {"input_ids": x, "attention_mask": m}
+    with mon.watch(hf, tokenizer=tok) as log:
+        hf.generate(**enc, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    sc = mon.stopping_criteria(hf)
+    hf.generate(**enc, max_new_tokens=6, min_new_tokens=6, do_sample=False, stopping_criteria=[sc])
+    assert log.first_flagged == run.first_flagged == sc.log.first_flagged
