@@ -244,3 +244,12 @@ def test_every_run_says_when_each_sequence_was_first_flagged():
     sc = mon.stopping_criteria(hf)
     hf.generate(**enc, max_new_tokens=6, min_new_tokens=6, do_sample=False, stopping_criteria=[sc])
     assert log.first_flagged == run.first_flagged == sc.log.first_flagged
+
+
+def test_attribution_of_a_streaming_monitor_is_per_token():
+    mon = streaming_monitor("mean")
+    acts = torch.randn(2, 5, 32)
+    with pytest.raises(tpc.TPCHooksError, match="attribute the tokens themselves"):
+        tpc.attribute(mon, acts)
+    attr = tpc.attribute(mon, acts[0])  # one row per token: each token's own logit, exactly
+    torch.testing.assert_close(attr.logit.float(), mon.head(acts[0]).detach(), rtol=1e-5, atol=1e-5)

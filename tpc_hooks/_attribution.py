@@ -375,6 +375,9 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
     if t.dim() == 3:
         if site is None:
             raise TPCHooksError("per-token activations [batch, pos, d_model] need a Monitor (for its pooling)")
+        if getattr(head_or_monitor, "pooling", None) == "token":
+            raise TPCHooksError("a per-token monitor aggregates its tokens' logits over time; attribute the tokens "
+                                "themselves: attribute(monitor, acts[b, :T]) gives one row per token")
         from .pooling import pool
 
         m = torch.ones(t.shape[:2], dtype=torch.long) if mask is None else torch.as_tensor(mask)
