@@ -113,8 +113,7 @@ class WatchLog:
         start = max((i for i, f in enumerate(self.fresh) if f), default=0)
         width = self.results[start].probs.shape[0]
         calls = [r.probs for r in self.results[start:] if r.probs.shape[0] == width]
-        hits = flagged(torch.stack(calls).float().cpu(), self.threshold)
-        return [int(h.nonzero()[0]) if h.any() else None for h in hits.T]
+        return [first_hit(h) for h in flagged(torch.stack(calls).float().cpu(), self.threshold).T]
 
     @property
     def scores(self) -> list[Tensor]:
@@ -143,8 +142,8 @@ class GenerateLog:
     first read copies them to the host once.
     """
 
-    def __init__(self, threshold: float):
-        self.threshold = float(threshold)
+    def __init__(self, threshold: float, what: str = "the monitor inside generate"):
+        self.threshold, self._what = float(threshold), what
         self._results: list[CascadeResult] = []
         self._live: list[Tensor] = []
         self._host: dict[str, Any] | None = None
@@ -171,7 +170,7 @@ class GenerateLog:
                               "logits": stack([r.logits.float() for r in self._results]),
                               "exit": stack([r.exit_order for r in self._results]),
                               "flops": stack([r.flops for r in self._results])}
-                warn_nonfinite(self._host["probs"], self._host["live"], "the monitor inside generate")
+                warn_nonfinite(self._host["probs"], self._host["live"], self._what)
         return self._host
 
     def _rows(self, key: str) -> list[Tensor]:
@@ -207,11 +206,7 @@ class GenerateLog:
 
     @property
     def first_flagged(self) -> list[int | None]:
-        out = []
-        for p in self.scores:
-            hits = flagged(p, self.threshold).nonzero().flatten()
-            out.append(int(hits[0]) if len(hits) else None)
-        return out
+        return [first_hit(flagged(p, self.threshold)) for p in self.scores]
 
     @property
     def flagged(self) -> list[bool]:
@@ -272,6 +267,12 @@ def flagged(probs: Tensor, threshold: float) -> Tensor:
     return (probs >= threshold) | probs.isnan()
 
 
+def first_hit(hits: Tensor) -> int | None:
+    """The first index where a 1-D bool tensor is True, or None (the detection step)."""
+    at = hits.nonzero().flatten()
+    return int(at[0]) if len(at) else None
+
+
 def warn_nonfinite(probs: Tensor, live: Tensor | None, what: str) -> None:
     """Warns once when a monitoring run scored a step NaN (``probs``/``live``: ``[steps, batch]``
     on the host)."""
@@ -312,8 +313,7 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     input_ids, mask = pad(ids, pad_id(tok), "left")
     B = len(ids)
     eos = getattr(tok, "eos_token_id", None) if stop_at_eos else None
-    results: list[CascadeResult] = []
-    scored: list[Tensor] = []  # per step: the rows it scored (live ones)
+    log = GenerateLog(threshold, "monitor.generate")  # per step: the scores and the rows scored (live ones)
     tokens: list[Tensor] = []  # per step after the first: the token fed to each row (pad on ended rows)
     fed: list[Tensor] = []  # ... and which rows it was fed to
     stopped: list[int | None] = [None] * B  # for a callable action: the step it asked to stop
@@ -329,8 +329,7 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         t, device = state["t"], last_logits.device
         live = state["live"] if t else torch.ones(B, dtype=torch.bool, device=device)
         res = scores_.update(acts, step_mask)
-        results.append(res)
-        scored.append(live)
+        log._append(res, live)
         hit = live & flagged(res.probs, threshold).to(device)
         done = hit if action == "stop" else torch.zeros_like(live)
         if callable(action):
@@ -361,25 +360,16 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         return nxt, live
 
     adapter.decode(input_ids, mask, site, max_new_tokens, on_step)
-    live_h = torch.stack(scored).cpu()
-    host = {k: torch.stack([getattr(r, k).float() if k in ("probs", "logits") else getattr(r, k) for r in results]).cpu()
-            for k in ("probs", "logits", "exit_order", "flops")}
-    warn_nonfinite(host["probs"], live_h, "monitor.generate")
-    rows = lambda key: [host[key][live_h[:, b], b] for b in range(B)]
     seqs = [list(t) for t in ids]
     if tokens:
         tk, on = torch.stack(tokens).cpu(), torch.stack(fed).cpu()
         seqs = [seqs[b] + tk[on[:, b], b].tolist() for b in range(B)]
-    scores = rows("probs")
-    first_flag = [None] * B
-    for b, p in enumerate(scores):
-        hits = flagged(p, threshold).nonzero().flatten()
-        first_flag[b] = int(hits[0]) if len(hits) else None
+    first_flag = log.first_flagged  # the one host copy of every step (and the NaN warning)
     if action == "stop":
         stopped = list(first_flag)
     return GenerationRun(
-        sequences=seqs, prompt_lengths=[len(t) for t in ids], scores=scores, logits=rows("logits"),
-        exit_orders=rows("exit_order"), flops=rows("flops"),
+        sequences=seqs, prompt_lengths=[len(t) for t in ids], scores=log.scores, logits=log.logits,
+        exit_orders=log.exit_orders, flops=log.flops,
         flagged=[f is not None for f in first_flag], first_flagged=first_flag, stopped_at=stopped,
         threshold=threshold, tokenizer=tok,
     )

@@ -31,10 +31,10 @@ class _Run:
     the hooks themselves. It never refers to the criterion or processor that owns it, so the
     model's hooks do not keep that one alive, and its ``weakref.finalize`` can remove them."""
 
-    def __init__(self, monitor: Any, adapter: Adapter, site: Site, *, what: str, usage: str, score: Any,
+    def __init__(self, monitor: Any, adapter: Adapter, site: Site, *, what: str, usage: str, scores: StepScores,
                  eos: Tensor | None):
         self.monitor, self.what, self.usage = monitor, what, usage
-        self.scores = score
+        self.scores = scores
         self.threshold = float(monitor.threshold)
         self.eos = eos
         self.log = GenerateLog(self.threshold)
@@ -181,7 +181,7 @@ class _Monitoring:
         eos = _eos_ids(eos_token_id, hf, tokenizer)
         self._check_eos(eos)
         run = _Run(monitor, adapter, adapter.site(monitor.site), what=self._what, usage=self._usage,
-                   score=StepScores(monitor, order, cascade), eos=eos)
+                   scores=StepScores(monitor, order, cascade), eos=eos)
         self._run = run
         # run.close, not a method of self: the finalizer must not keep self alive
         self._finalizer = weakref.finalize(self, run.close)
