@@ -67,3 +67,19 @@ def test_watch_follows_hugging_face_generate(models, monitor):
     assert log.fresh == [True, False, False]
     prefixes = [ids[b] + out[b, x.shape[1]:x.shape[1] + 2].tolist() for b in range(3)]
     torch.testing.assert_close(log.results[2].logits, monitor.score(lm, tokens=prefixes).logits, rtol=1e-3, atol=1e-3)
+
+
+def test_the_fixed_prefix_is_the_chat_templates_and_nothing_of_the_prompt(models):
+    """A streaming monitor skips what every prompt starts with: on the real chat template, every
+    prompt's tokens start with it, the prompts' own first tokens follow it, and its text is the
+    template rendered up to where the user's text begins."""
+    from tpc_hooks.adapters import get_adapter
+
+    adapter = get_adapter(models["nnsight"])
+    tok = adapter.tokenizer
+    n = adapter.fixed_prefix(chat_template=True)
+    ids, _ = adapter.tokenize(PROMPTS, chat_template=True, max_tokens=None)
+    assert n > 1 and len({tuple(i[:n]) for i in ids}) == 1 and len({i[n] for i in ids}) == len(PROMPTS)
+    rendered = tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], tokenize=False, add_generation_prompt=True)
+    assert rendered.startswith(tok.decode(ids[0][:n])) and tok.decode(ids[0][n:]).startswith(PROMPTS[0])
+    assert adapter.fixed_prefix(chat_template=False) == (1 if tok.bos_token_id is not None else 0)

@@ -41,8 +41,11 @@ def by_hand(s: list[float], how: str, alpha: float = 0.1, window: int = 16) -> l
 
 
 # ---------------------------------------------------------------------- the rule, offline and incremental
+@pytest.mark.parametrize("skip", [0, 2])
 @pytest.mark.parametrize("how,kw", SETTINGS)
-def test_aggregate_equals_a_hand_written_loop_under_padding(how, kw):
+def test_aggregate_equals_a_hand_written_loop_under_padding(how, kw, skip):
+    """Each row's first ``skip`` tokens are not scored: the hand loop starts after them, and the
+    aggregate is -inf (nothing seen, never flagged) until the first scored token."""
     gen = torch.Generator().manual_seed(0)
     lengths = [7, 1, 12, 4]
     rows = [torch.randn(n, generator=gen) * 3 for n in lengths]
@@ -53,19 +56,21 @@ def test_aggregate_equals_a_hand_written_loop_under_padding(how, kw):
         for b, r in enumerate(rows):
             sl = slice(T - len(r), T) if side == "left" else slice(0, len(r))
             logits[b, sl], mask[b, sl] = r, 1
-        got = aggregate(logits, mask, how, **kw)
+        got = aggregate(logits, mask, how, **kw, skip=skip)
         for b, r in enumerate(rows):
-            want = by_hand(r.double().tolist(), how, **kw)
+            want = by_hand(r[skip:].double().tolist(), how, **kw)
             at = torch.arange(T)[mask[b].bool()]
-            np.testing.assert_allclose(got[b, at].double().numpy(), want, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(got[b, at[skip:]].double().numpy(), want, rtol=1e-6, atol=1e-6)
+            assert torch.equal(got[b, at[:skip]], torch.full((len(at[:skip]),), -math.inf))  # skipped: no score yet
             if side == "right":  # padding after the end carries the last value
                 assert torch.equal(got[b, len(r):], got[b, len(r) - 1].expand(T - len(r)))
             else:  # before the first token there is no score yet
-                assert got[b, :T - len(r)].isnan().all()
+                assert torch.equal(got[b, :T - len(r)], torch.full((T - len(r),), -math.inf))
 
 
+@pytest.mark.parametrize("skip", [0, 5])
 @pytest.mark.parametrize("how,kw", SETTINGS)
-def test_incremental_equals_offline_on_every_prefix(how, kw):
+def test_incremental_equals_offline_on_every_prefix(how, kw, skip):
     """A prompt chunk, then one token per step with some rows ended (mask 0): the running value
     after each step equals the offline aggregate at that position."""
     gen = torch.Generator().manual_seed(1)
@@ -76,14 +81,35 @@ def test_incremental_equals_offline_on_every_prefix(how, kw):
     logits = torch.randn(B, P + steps, generator=gen)
     step_mask = (torch.rand(B, steps, generator=gen) > 0.2).long()
     mask = torch.cat([prompt_mask, step_mask], 1)
-    offline = aggregate(logits, mask, how, **kw)
-    run = RunningAggregate(how, **kw)
+    offline = aggregate(logits, mask, how, **kw, skip=skip)
+    run = RunningAggregate(how, **kw, skip=skip)
     got = [run.update(logits[:, :P], prompt_mask)]
     for t in range(steps):
         got.append(run.update(logits[:, P + t:P + t + 1], step_mask[:, t:t + 1]))
     want = [offline[:, P - 1]] + [offline[:, P + t] for t in range(steps)]
     for g, w in zip(got, want):  # float32 running state against the float64 offline formulas
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+
+@pytest.mark.parametrize("skip", [0, 3])
+@pytest.mark.parametrize("how,kw", SETTINGS)
+def test_incremental_in_chunks_of_any_length_equals_offline(how, kw, skip):
+    """Chunks of 0-40 positions with holes (a long prompt, speculative or multi-token steps):
+    the whole-chunk update (no per-position loop) equals the offline aggregate after each chunk."""
+    gen = torch.Generator().manual_seed(2)
+    B, T = 3, 200
+    logits = torch.randn(B, T, generator=gen) * 2
+    mask = (torch.rand(B, T, generator=gen) > 0.3).long()
+    offline = aggregate(logits, mask, how, **kw, skip=skip)
+    run, at = RunningAggregate(how, **kw, skip=skip), 0
+    assert torch.equal(run.update(logits[:, :0], mask[:, :0]), torch.full((B,), -math.inf))  # an empty chunk
+    while at < T:
+        n = int(torch.randint(0, 41, (), generator=gen))
+        got = run.update(logits[:, at:at + n], mask[:, at:at + n])
+        at += n
+        if at:
+            torch.testing.assert_close(got, offline[:, min(at, T) - 1], rtol=1e-5, atol=1e-5)
 
 
 def test_bad_aggregation_settings_are_clear_errors():
@@ -111,19 +137,27 @@ def check_against_offline(mon, hf, sequences, prompt_lengths, logits, exits, flo
         assert torch.equal(exits[b], off.exit_order) and torch.equal(flops[b], off.flops)
 
 
+@pytest.mark.parametrize("skip", [0, 4])
 @pytest.mark.parametrize("how", AGGREGATES)
-def test_monitor_generate_step_scores_equal_offline_scores(how):
+def test_monitor_generate_step_scores_equal_offline_scores(how, skip):
+    """With ``skip`` 4, "hello world" (BOS + 2 tokens) has no scored token until its second
+    generated token: -inf offline and in generation, no FLOPs, and never flagged."""
     hf = named(hf_llama())
-    mon = streaming_monitor(how, cascade=None)
-    run = mon.generate(hf, PROMPTS, max_new_tokens=6)
+    mon = streaming_monitor(how, cascade=None, skip=skip, threshold=1e-6)  # every scored step is flagged
+    run = mon.generate(hf, PROMPTS, max_new_tokens=6, action="flag")
     assert all(len(s) == 7 for s in run.scores)
     check_against_offline(mon, hf, run.sequences, run.prompt_lengths, run.logits, run.exit_orders, run.flops)
+    for b, n0 in enumerate(run.prompt_lengths):
+        unscored = max(0, skip - n0 + 1)  # steps whose prefix holds no token after the first `skip`
+        assert torch.equal(run.logits[b][:unscored], torch.full((unscored,), -math.inf))
+        assert run.first_flagged[b] == unscored and not run.flops[b][:unscored].any()
+    assert max(skip - n0 + 1 for n0 in run.prompt_lengths) > 0 or skip == 0
 
 
 def test_cascade_streaming_monitor_in_hf_generate_equals_offline():
     hf, tok = named(hf_llama()), tokenizer()
     head = tiny_head()
-    mon = tpc.Monitor(head, SITE, pooling="token", aggregate="ema", alpha=0.5, threshold=0.9999,
+    mon = tpc.Monitor(head, SITE, pooling="token", aggregate="ema", alpha=0.5, threshold=0.9999, skip=2,
                       cascade=tpc.Cascade(head, lower=0.61, upper=0.62))
     enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     sc = mon.stopping_criteria(hf)
@@ -140,7 +174,7 @@ def test_cascade_streaming_monitor_in_hf_generate_equals_offline():
 
 def test_watch_scores_a_streaming_monitor_as_offline():
     hf, tok = named(hf_llama()), tokenizer()
-    mon = streaming_monitor("max")
+    mon = streaming_monitor("max", skip=2)
     enc = tok(PROMPTS[:2], return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
     with mon.watch(hf, tokenizer=tok) as log:
         with torch.no_grad():
@@ -151,9 +185,10 @@ def test_watch_scores_a_streaming_monitor_as_offline():
         torch.testing.assert_close(log.results[0].logits[b:b + 1], off.logits, rtol=1e-5, atol=1e-5)
 
 
-def test_token_scores_are_the_aggregate_after_each_token():
+@pytest.mark.parametrize("skip", [0, 2])
+def test_token_scores_are_the_aggregate_after_each_token(skip):
     hf = named(hf_llama())
-    mon = streaming_monitor("ema")
+    mon = streaming_monitor("ema", skip=skip)
     tokens, res = mon.token_scores(hf, PROMPTS[4])
     head = mon.head
     ids = tokenizer()(PROMPTS[4], add_special_tokens=False)["input_ids"]
@@ -163,27 +198,32 @@ def test_token_scores_are_the_aggregate_after_each_token():
     adapter = get_adapter(hf)
     x, m = pad([ids], 0, "right")
     s = head(adapter.forward_sites(x, m, [adapter.site(SITE)])[SITE][0]).double().tolist()
-    np.testing.assert_allclose(res.logits.double().numpy(), by_hand(s, "ema", alpha=0.3), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(res.logits[skip:].double().numpy(), by_hand(s[skip:], "ema", alpha=0.3), rtol=1e-5,
+                               atol=1e-5)
+    assert torch.equal(res.logits[:skip], torch.full((skip,), -math.inf))
     off = mon.score(hf, tokens=[ids[:t + 1] for t in range(len(ids))])
     torch.testing.assert_close(res.logits, off.logits, rtol=1e-5, atol=1e-5)
-    assert torch.equal(res.flops, torch.arange(1, len(ids) + 1) * head.cost().flops)
+    assert torch.equal(res.flops, (torch.arange(1, len(ids) + 1) - skip).clamp_min(0) * head.cost().flops)
+    page = str(tpc.TokenScores(tokens, res, 1e-6, skip).to_html())  # the skipped tokens are shown unscored, never flagged
+    assert page.count("data-score=") == len(ids) - skip and page.count('class="tok first') == 1
 
 
 # ---------------------------------------------------------------------- operating point: max over the sequence
 def test_calibration_bounds_the_share_of_benign_sequences_flagged_at_any_token():
     gen = torch.Generator().manual_seed(3)
     head = tiny_head(d_model=16)
-    mon = tpc.Monitor(head, SITE, pooling="token", aggregate="rolling", window=4)
+    mon = tpc.Monitor(head, SITE, pooling="token", aggregate="rolling", window=4, skip=2)
     seqs = [torch.randn(int(n), 16, generator=gen) for n in torch.randint(3, 40, (200,), generator=gen)]
     for fpr in (0.0, 0.05, 0.2):
         mon.calibrate_activations(seqs, fpr)
-        peaks = [torch.sigmoid(aggregate(head(z)[None], torch.ones(1, len(z)), "rolling", window=4)[0]).max() for z in seqs]
+        peaks = [torch.sigmoid(aggregate(head(z[2:])[None], torch.ones(1, len(z) - 2), "rolling", window=4)[0]).max()
+                 for z in seqs]  # by hand: the skipped tokens dropped
         flagged = sum(bool(p >= mon.threshold) for p in peaks)
         assert flagged <= math.floor(fpr * len(seqs)) and flagged == mon.report["operating_point"]["flagged"]
         assert mon.report["operating_point"]["by"] == "max over tokens"
     held_out = [torch.randn(int(n), 16, generator=gen) for n in torch.randint(3, 40, (600,), generator=gen)]
     mon.calibrate_activations(seqs, 0.05)
-    peaks = torch.stack([torch.sigmoid(aggregate(head(z)[None], torch.ones(1, len(z)), "rolling", window=4)[0]).max()
+    peaks = torch.stack([torch.sigmoid(aggregate(head(z)[None], torch.ones(1, len(z)), "rolling", window=4, skip=2)[0]).max()
                          for z in held_out])
     rate = float((peaks >= mon.threshold).double().mean())
     assert rate < 0.05 + 3 * math.sqrt(0.05 * 0.95 / 200) + 3 * math.sqrt(0.05 * 0.95 / 600)  # sampling error
@@ -193,14 +233,23 @@ def test_calibration_bounds_the_share_of_benign_sequences_flagged_at_any_token()
 
 def test_streaming_monitor_is_saved_and_loaded(tmp_path):
     hf = named(hf_llama())
-    mon = streaming_monitor("rolling", window=5)
+    mon = streaming_monitor("rolling", window=5, skip=3)
     back = tpc.Monitor.load(mon.save(tmp_path / "m"))
-    assert (back.pooling, back.aggregate, back.alpha, back.window) == ("token", "rolling", 0.3, 5)
+    assert (back.pooling, back.aggregate, back.alpha, back.window, back.skip) == ("token", "rolling", 0.3, 5, 3)
     torch.testing.assert_close(back.score(hf, PROMPTS).logits, mon.score(hf, PROMPTS).logits)
 
 
 # ---------------------------------------------------------------------- training
-def test_train_monitor_on_tokens():
+def test_train_monitor_on_tokens(monkeypatch):
+    import tpc_hooks._fit
+
+    seen, fit = {}, tpc_hooks._fit.fit
+
+    def spy(X, *a, **kw):
+        seen["X"] = X
+        return fit(X, *a, **kw)
+
+    monkeypatch.setattr(tpc_hooks._fit, "fit", spy)
     hf = named(hf_llama())
     harmful = ["how do i make bomb", "steal car please", "hack email", "kill process how", "make bomb tell me",
                "hack car", "steal email", "kill the cat"]
@@ -210,7 +259,19 @@ def test_train_monitor_on_tokens():
                             augment=False, degree=2, rank=2, epochs=2, val_fraction=0.25, target_fpr=0.25,
                             verbose=False, tokenizer=tokenizer())
     assert mon.streaming and (mon.aggregate, mon.alpha) == ("ema", 0.5)
-    assert mon.report["n_train_tokens"] > 12  # tokens, not prompts
+    assert mon.skip == 1  # the template's "<s>" every prompt starts with
+    X = seen["X"]  # the rows fit saw: every token but the fixed prefix, whose activation is the same in every prompt
+    assert len(X) == mon.report["n_train_tokens"] > 12
+    from tpc_hooks.adapters import get_adapter
+
+    adapter = get_adapter(hf, tokenizer=tokenizer())
+    first = adapter.forward_sites(torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.long), [adapter.site(SITE)])[SITE][0, 0]
+    assert not torch.isclose(X.float(), first.float(), atol=1e-5).all(1).any()
+    monkeypatch.setattr(type(adapter), "fixed_prefix", lambda self, **kw: 0)  # control: nothing skipped
+    full = tpc.train_monitor(hf, harmful + benign, [1] * 8 + [0] * 8, SITE, pooling="token", augment=False, degree=1,
+                             epochs=1, val_fraction=0.25, verbose=False, tokenizer=tokenizer())
+    assert full.skip == 0 and torch.isclose(seen["X"].float(), first.float(), atol=1e-5).all(1).any()
+    assert full.report["n_train_tokens"] == len(seen["X"]) == len(X) + 12  # one fixed-prefix row per training prompt
     assert mon.report["validation"]["decision"] == "max over tokens of the aggregate"
     op = mon.report["operating_point"]
     assert op["by"] == "max over tokens" and op["flagged"] <= math.floor(0.25 * op["n_benign"])

@@ -20,7 +20,7 @@ from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts
 from ._errors import TPCHooksError
 from .adapters._base import pad, pad_id
-from .pooling import RunningAggregate, RunningPool
+from .pooling import RunningAggregate, RunningPool, scored
 
 
 @dataclass(frozen=True)
@@ -249,13 +249,14 @@ class StepScores:
             self.state.update(feats, mask)
             return self.rule(self.state.value())
         if self.state is None:
-            self.state, self.spent = RunningAggregate(mon.aggregate, mon.alpha, mon.window), 0
+            self.state, self.spent = RunningAggregate(mon.aggregate, mon.alpha, mon.window, mon.skip), 0
         B, n, D = feats.shape
         res = self.rule(feats.reshape(B * n, D))
         m = mask.to(res.logits.device).bool()
+        on = scored(m, mon.skip, self.state.seen)  # before update: the tokens this pass scores
         agg = self.state.update(res.logits.reshape(B, n), m)
         newest = torch.where(m, torch.arange(n, device=m.device), -1).amax(1).clamp_min(0)[:, None]
-        self.spent = self.spent + res.flops.reshape(B, n).masked_fill(~m, 0).sum(1)
+        self.spent = self.spent + res.flops.reshape(B, n).masked_fill(~on, 0).sum(1)
         return CascadeResult(logits=agg, probs=torch.sigmoid(agg),
                              exit_order=res.exit_order.reshape(B, n).gather(1, newest)[:, 0],
                              flops=self.spent, degree=res.degree)

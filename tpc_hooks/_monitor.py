@@ -7,7 +7,7 @@ computes anyway, with its KV cache) and saves to the same directory format as a 
 import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from .adapters._base import Adapter, get_adapter, pad, pad_id, parse_site, resol
 from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts, collect, pooled_batches, token_batches
 from ._generation import GenerateLog, GenerationRun, MonitorEvent, WatchLog
-from .pooling import aggregate as aggregate_logits, check_aggregate, check_pooling
+from .pooling import aggregate as aggregate_logits, check_aggregate, check_pooling, check_skip, scored
 from ._history import FitConfig
 from ._polynomial import TPC, from_saved, to_saved
 from ._sae import check_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity
@@ -57,6 +57,11 @@ class Monitor:
             ``"ema"`` (``e_t = alpha * s_t + (1 - alpha) * e_{t-1}``, ``e_1 = s_1``) or
             ``"rolling"`` (the mean of the last ``window`` logits); see
             :func:`tpc_hooks.pooling.aggregate`. Ignored by prefix-pooled monitors.
+        skip: a per-token monitor's leading tokens that are never scored: the fixed prefix every
+            sequence starts with (BOS, the chat template's system prompt and user header), which
+            carries no information about the request and would otherwise put the same floor
+            under every sequence's maximum. :func:`train_monitor` sets it from the tokenizer
+            (:meth:`~tpc_hooks.adapters.Adapter.fixed_prefix`); 0 scores every token.
     """
 
     head: TPC
@@ -74,6 +79,7 @@ class Monitor:
     aggregate: str = "max"
     alpha: float = 0.1
     window: int = 16
+    skip: int = 0
     last_generate_log: GenerateLog | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -83,6 +89,7 @@ class Monitor:
         if self.pooling != "token":
             check_pooling(self.pooling)
         self.aggregate, self.alpha, self.window = check_aggregate(self.aggregate, self.alpha, self.window)
+        self.skip = check_skip(self.skip)
         if not 0 < self.threshold < 1:
             raise TPCHooksError(f"threshold must be in (0, 1); got {self.threshold!r}")
         if self.cascade is not None and self.cascade.head is not self.head:
@@ -209,9 +216,13 @@ class Monitor:
         return [self._aggregated(rule, z) for z in self._token_acts(adapter, ids, site, batch_size)]
 
     def _aggregated(self, rule: Callable[[Tensor], CascadeResult], z: Tensor) -> tuple[CascadeResult, Tensor]:
+        """One sequence's per-token results ``[T]`` (the ``skip`` leading tokens cost no FLOPs) and
+        the aggregated logit after every token ``[T]`` (``-inf`` over the skipped prefix)."""
         res = rule(z)
         ones = torch.ones(1, z.shape[0], device=res.logits.device)
-        return res, aggregate_logits(res.logits[None], ones, self.aggregate, self.alpha, self.window)[0]
+        on = scored(ones, self.skip)[0]
+        res = replace(res, flops=res.flops.masked_fill(~on.to(res.flops.device), 0))
+        return res, aggregate_logits(res.logits[None], ones, self.aggregate, self.alpha, self.window, self.skip)[0]
 
     def _token_acts(self, adapter: Adapter, ids: list[list[int]], site: Any, batch_size: int) -> list[Tensor]:
         """Each sequence's per-token features ``[T, d]`` (SAE latents with an SAE), batched by
@@ -303,7 +314,8 @@ class Monitor:
         if self.streaming:  # every token scored, the aggregate after each
             res, agg = self._token_pass(adapter, [ids], site, self.policy(order, cascade), 1)[0]
             return TokenScores(tokens, CascadeResult(logits=agg, probs=torch.sigmoid(agg), exit_order=res.exit_order,
-                                                     flops=res.flops.cumsum(0), degree=res.degree), self.threshold)
+                                                     flops=res.flops.cumsum(0), degree=res.degree), self.threshold,
+                               min(self.skip, len(tokens)))
         x, mask = pad([ids], pad_id(adapter.tokenizer), "right")
         acts = self._features(adapter.forward_sites(x, mask, [site])[site.name][0].float())  # [T, D]
         if self.pooling == "mean":  # the monitor's pooling of every prefix, only the one it uses
@@ -453,7 +465,8 @@ class Monitor:
             "site": self.site, "pooling": self.pooling, "chat_template": self.chat_template,
             "prepend_bos": self.prepend_bos,
             "max_tokens": self.max_tokens, "threshold": self.threshold,
-            **({"aggregate": self.aggregate, "alpha": self.alpha, "window": self.window} if self.streaming else {}),
+            **({"aggregate": self.aggregate, "alpha": self.alpha, "window": self.window, "skip": self.skip}
+               if self.streaming else {}),
             "model": {"name": self.model_name, "d_model": self.head.d_model},
             "cascade": None if self.cascade is None else self.cascade.to_dict(),
             "report": self.report,
@@ -525,7 +538,7 @@ class Monitor:
                        max_tokens=mon.get("max_tokens"), model_name=model.get("name"), cascade=cascade,
                        threshold=float(mon.get("threshold", 0.5)), report=dict(mon.get("report") or {}),
                        sae=sae, sae_identity=mon.get("sae"), aggregate=mon.get("aggregate", "max"),
-                       alpha=mon.get("alpha", 0.1), window=mon.get("window", 16))
+                       alpha=mon.get("alpha", 0.1), window=mon.get("window", 16), skip=mon.get("skip", 0))
         except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError; float()/dict() of a bad value too
             raise TPCHooksError(f"{where}: {err}") from None
 
@@ -548,9 +561,9 @@ class TokenScores(tuple):
     """What :meth:`Monitor.token_scores` returns: a ``(tokens, result)`` pair (it unpacks as one)
     that also renders: :meth:`to_html`, and in Jupyter the prompt coloured token by token."""
 
-    def __new__(cls, tokens: list[str], result: CascadeResult, threshold: float):
+    def __new__(cls, tokens: list[str], result: CascadeResult, threshold: float, skip: int = 0):
         obj = super().__new__(cls, (tokens, result))
-        obj.threshold = float(threshold)
+        obj.threshold, obj.skip = float(threshold), int(skip)
         return obj
 
     @property
@@ -566,7 +579,7 @@ class TokenScores(tuple):
         and exit orders marked (:func:`tpc_hooks.views.token_scores_html`; ``.save(path)``)."""
         from .views import token_scores_html
 
-        return token_scores_html(self.tokens, self.result, threshold=self.threshold)
+        return token_scores_html(self.tokens, self.result, threshold=self.threshold, unscored=self.skip)
 
     def _repr_html_(self) -> str:
         return str(self.to_html())
@@ -671,7 +684,9 @@ def train_monitor(
             is kept (``monitor.report["site_selection"]`` has the table).
         pooling: how to pool tokens (``"mean"``, ``"last"``, ``"max"``), or ``"token"`` for a
             streaming monitor: the head is trained on every token's activation, each token
-            labelled with its prompt's label, and scores are aggregated over time.
+            labelled with its prompt's label, and scores are aggregated over time. The tokens
+            every prompt starts with (BOS, the chat template's system prompt and header; see
+            ``Monitor.skip``) are neither trained on nor scored.
         aggregate, alpha, window: a streaming monitor's aggregation (see :class:`Monitor`).
             Its report and operating point count a prompt as flagged when the aggregate
             reaches the threshold at any token.
@@ -817,10 +832,11 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
     from ._select import worst_group
 
     ids, _ = adapter.tokenize(texts, chat_template=chat_template, max_tokens=max_tokens, prepend_bos=bos)
+    skip = adapter.fixed_prefix(chat_template=chat_template, prepend_bos=bos)  # identical in every prompt: no signal
     with tqdm(total=len(ids), desc="collect tokens", unit="prompt", disable=not verbose) as bar:
         per = token_batches(adapter, ids, [adapter.site(site)], batch_size, bar, sae=sae)[site]
-    rows = lambda idx: torch.cat([per[i] for i in idx])
-    repeat = lambda idx, v: np.concatenate([np.full(per[i].shape[0], v[j]) for j, i in enumerate(idx)])
+    rows = lambda idx: torch.cat([per[i][skip:] for i in idx])
+    repeat = lambda idx, v: np.concatenate([np.full(per[i][skip:].shape[0], v[j]) for j, i in enumerate(idx)])
     y_tr_t = repeat(tr_rows, y_all[tr_rows])
     y_va_t = repeat(va_rows, y_all[va_rows])
     unlabelled = rows(tr_rows[n_plain_tr:]) if cfg.consistency and families else None
@@ -830,7 +846,7 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
     how, alpha, window = stream
     monitor = Monitor(head=head, site=site, pooling="token", chat_template=chat_template, prepend_bos=bos,
                       max_tokens=max_tokens, model_name=adapter.model_name, cascade=cascade, sae=sae, aggregate=how,
-                      alpha=alpha, window=window)
+                      alpha=alpha, window=window, skip=skip)
 
     def peaks(idx: Sequence[Any], n: int) -> np.ndarray:  # each prompt's highest aggregated logit at order n
         return torch.stack([monitor._aggregated(_Fixed(head, n), per[i])[1].max() for i in idx]).double().numpy()

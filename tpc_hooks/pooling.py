@@ -89,6 +89,23 @@ class RunningPool:
 AGGREGATES = ("mean", "max", "ema", "rolling")
 
 
+def check_skip(skip: int) -> int:
+    """Checks a streaming monitor's number of unscored leading tokens."""
+    if isinstance(skip, bool) or not isinstance(skip, (int, np.integer)) or skip < 0:
+        raise TPCHooksError(f"skip (leading tokens not scored) must be an integer >= 0; got {skip!r}")
+    return int(skip)
+
+
+def scored(mask: Tensor, skip: int, seen: Tensor | None = None) -> Tensor:
+    """The attended positions of ``mask [B, n]`` that are scored: all but each row's first
+    ``skip`` attended tokens, counting the ``seen [B]`` attended tokens of earlier chunks."""
+    m = mask.bool()
+    if skip == 0:
+        return m
+    rank = m.long().cumsum(1) + (0 if seen is None else seen[:, None])  # 1-based index of each attended token
+    return m & (rank > skip)
+
+
 def check_aggregate(how: str, alpha: float, window: int) -> tuple[str, float, int]:
     """Checks a streaming monitor's aggregation settings."""
     if how not in AGGREGATES:
@@ -101,27 +118,33 @@ def check_aggregate(how: str, alpha: float, window: int) -> tuple[str, float, in
 
 
 def aggregate(logits: Float[Tensor, "batch pos"], mask: Tensor, how: str, alpha: float = 0.1,
-              window: int = 16) -> Float[Tensor, "batch pos"]:
+              window: int = 16, skip: int = 0) -> Float[Tensor, "batch pos"]:
     """The aggregated score after every position of per-token logits (padding skipped).
 
-    With ``s_1..s_t`` a row's attended per-token logits up to position ``t``:
+    The first ``skip`` attended positions of every row are not scored (a streaming monitor's
+    fixed prefix: the chat template's system prompt and header, identical in every sequence).
+    With ``s_1..s_t`` a row's scored per-token logits up to position ``t``:
 
     * ``mean``: ``(s_1 + ... + s_t) / t``;
     * ``max``: ``max(s_1, ..., s_t)``;
     * ``ema``: ``e_1 = s_1``, ``e_t = alpha * s_t + (1 - alpha) * e_{t-1}``;
     * ``rolling``: the mean of the last ``min(t, window)`` logits.
 
-    A padded position carries the row's previous value (NaN before its first attended token).
-    Computed over whole sequences at once in float64 (cumulative sums, a linear filter for the
-    EMA) and returned in the logits' dtype; :class:`RunningAggregate` computes the same values
-    incrementally, token by token (equal up to float32 rounding).
+    A padded position carries the row's previous value; before a row's first scored token the
+    value is ``-inf`` (nothing seen yet: probability 0, never flagged). Computed over whole
+    sequences at once in float64 (cumulative sums, a linear filter for the EMA) and returned in
+    the logits' dtype; :class:`RunningAggregate` computes the same values incrementally, token
+    by token (equal up to float32 rounding).
 
     Example:
         >>> aggregate(torch.tensor([[1., 3., 2.]]), torch.ones(1, 3), "rolling", window=2)
         tensor([[1.0000, 2.0000, 2.5000]])
+        >>> aggregate(torch.tensor([[9., 3., 2.]]), torch.ones(1, 3), "max", skip=1)
+        tensor([[-inf, 3., 3.]])
     """
     how, alpha, window = check_aggregate(how, alpha, window)
-    m = mask.to(logits.device).bool()
+    skip = check_skip(skip)
+    m = scored(mask.to(logits.device).bool(), skip)
     out = torch.full(logits.shape, float("nan"), dtype=torch.float64)
     for b in range(logits.shape[0]):
         at = m[b].nonzero().flatten().cpu()
@@ -129,7 +152,7 @@ def aggregate(logits: Float[Tensor, "batch pos"], mask: Tensor, how: str, alpha:
             out[b, at] = torch.from_numpy(_aggregate_1d(logits[b, at.to(logits.device)].detach().double().cpu().numpy(), how,
                                                         alpha, window))
     last = torch.where(m.cpu(), torch.arange(m.shape[1]), -1).cummax(1).values  # the newest attended position
-    carried = out.gather(1, last.clamp_min(0)).masked_fill(last < 0, float("nan"))
+    carried = out.gather(1, last.clamp_min(0)).masked_fill(last < 0, float("-inf"))
     return carried.to(device=logits.device, dtype=logits.dtype)
 
 
@@ -151,13 +174,16 @@ def _aggregate_1d(s: np.ndarray, how: str, alpha: float, window: int) -> np.ndar
 class RunningAggregate:
     """:func:`aggregate` incrementally: O(1) state per row (``window`` logits for ``rolling``).
 
-    ``update(logits [B, n], mask [B, n])`` adds the attended new positions in order and
-    returns each row's aggregated score after them ``[B]`` (NaN for a row with none yet).
-    Everything stays on the logits' device; nothing is read back to the host.
+    ``update(logits [B, n], mask [B, n])`` adds the attended new positions in order (each row's
+    first ``skip`` attended tokens are not scored) and returns each row's aggregated score after
+    them ``[B]`` (``-inf`` for a row with no scored token yet). Everything stays on the logits'
+    device; nothing is read back to the host.
     """
 
-    def __init__(self, how: str, alpha: float = 0.1, window: int = 16):
+    def __init__(self, how: str, alpha: float = 0.1, window: int = 16, skip: int = 0):
         self.how, self.alpha, self.window = check_aggregate(how, alpha, window)
+        self.skip = check_skip(skip)
+        self.seen: Tensor | None = None  # [B] attended tokens so far, scored or not
         self.value: Tensor | None = None  # [B] the aggregate (NaN before any token)
         self.count: Tensor | None = None  # [B] attended tokens so far
         self.total: Tensor | None = None  # [B] mean: the running sum
@@ -167,6 +193,7 @@ class RunningAggregate:
         B = like.shape[0]
         self.value = torch.full((B,), float("nan"), dtype=like.dtype, device=like.device)
         self.count = torch.zeros(B, dtype=torch.long, device=like.device)
+        self.seen = torch.zeros(B, dtype=torch.long, device=like.device)
         self.total = torch.zeros(B, dtype=like.dtype, device=like.device)
         if self.how == "rolling":
             self.ring = torch.zeros(B, self.window, dtype=like.dtype, device=like.device)
@@ -174,29 +201,42 @@ class RunningAggregate:
     def update(self, logits: Tensor, mask: Tensor) -> Tensor:
         if self.value is None:
             self._start(logits)
-        m = mask.to(logits.device).bool()
+        if logits.shape[1] == 0:
+            return self._out()
+        attended = mask.to(logits.device).bool()
+        m = scored(attended, self.skip, self.seen)
+        self.seen = self.seen + attended.sum(1)
         if self.how == "mean":  # one sum for all new positions
             self.total = self.total + logits.masked_fill(~m, 0.0).sum(1)
             self.count = self.count + m.sum(1)
             self.value = torch.where(self.count > 0, self.total / self.count.clamp_min(1), self.value)
-            return self.value
+            return self._out()
         if self.how == "max":
             new = logits.masked_fill(~m, float("-inf")).amax(1)
             has = m.any(1)
             self.value = torch.where(has, torch.where(self.count > 0, torch.maximum(self.value, new), new), self.value)
             self.count = self.count + m.sum(1)
-            return self.value
-        for j in range(logits.shape[1]):  # ema and rolling: position by position
-            s, on = logits[:, j], m[:, j]
-            if self.how == "ema":
-                nxt = torch.where(self.count > 0, self.alpha * s + (1 - self.alpha) * self.value, s)
-            else:
-                slot = (self.count % self.window)[:, None]
-                ring = self.ring.scatter(1, slot, s[:, None])
-                self.ring = torch.where(on[:, None], ring, self.ring)
-                n = (self.count + 1).clamp_max(self.window)
-                filled = torch.arange(self.window, device=s.device)[None, :] < n[:, None]
-                nxt = self.ring.masked_fill(~filled, 0.0).sum(1) / n
-            self.value = torch.where(on, nxt, self.value)
-            self.count = self.count + on.long()
-        return self.value
+            return self._out()
+        # ema and rolling: the whole chunk at once (a prompt of any length costs a few ops)
+        rank = m.long().cumsum(1)  # 1-based rank of each scored new position
+        k = rank[:, -1:]  # [B, 1] scored new positions per row
+        if self.how == "ema":  # e_K = (1-a)^K e_0 + sum_i a (1-a)^(K-i) s_i, with e_0 = s_1 on an empty row
+            first = logits.gather(1, (rank == 0).long().sum(1, keepdim=True).clamp_max(logits.shape[1] - 1))[:, 0]
+            start = torch.where(self.count > 0, self.value, first)
+            decay = torch.pow(1 - self.alpha, (k - rank).to(logits.dtype))
+            fresh = (self.alpha * decay * logits).masked_fill(~m, 0.0).sum(1)
+            nxt = torch.pow(1 - self.alpha, k[:, 0].to(logits.dtype)) * start + fresh
+        else:  # the last `window` scored positions go to their ring slots; the rest would be overwritten
+            keep = m & (rank > k - self.window)
+            slot = torch.where(keep, (self.count[:, None] + rank - 1) % self.window, self.window)
+            ring = torch.cat([self.ring, self.ring.new_zeros(len(self.ring), 1)], 1)  # column `window`: discarded writes
+            self.ring = ring.scatter(1, slot, logits)[:, :self.window]
+            n = (self.count + k[:, 0]).clamp(1, self.window)
+            filled = torch.arange(self.window, device=logits.device)[None, :] < n[:, None]
+            nxt = self.ring.masked_fill(~filled, 0.0).sum(1) / n
+        self.value = torch.where(k[:, 0] > 0, nxt, self.value)
+        self.count = self.count + k[:, 0]
+        return self._out()
+
+    def _out(self) -> Tensor:
+        return self.value.masked_fill(self.count == 0, float("-inf"))

@@ -343,7 +343,7 @@ def generation_html(run: Any, *, tokenizer: Any, threshold: SupportsFloat,
     return HTML(content, "tpc-hooks: monitored generation")
 
 
-def token_scores_html(tokens: Sequence[str], result: Any, *, threshold: SupportsFloat) -> HTML:
+def token_scores_html(tokens: Sequence[str], result: Any, *, threshold: SupportsFloat, unscored: int = 0) -> HTML:
     """A prompt coloured token by token by the monitor's score of each prefix.
 
     Token ``t`` is coloured by ``result.probs[t]``, the score of the first ``t + 1`` tokens (what
@@ -356,6 +356,8 @@ def token_scores_html(tokens: Sequence[str], result: Any, *, threshold: Supports
         result: a :class:`~tpc_hooks.CascadeResult` (``probs``, ``exit_order``), or just a
             sequence of probabilities (no exit orders shown).
         threshold: the flag threshold, usually ``monitor.threshold``.
+        unscored: leading tokens the monitor does not score (a streaming monitor's ``skip``:
+            the chat template's fixed prefix); shown uncoloured, never flagged.
 
     Returns:
         An :class:`HTML` view.
@@ -375,13 +377,13 @@ def token_scores_html(tokens: Sequence[str], result: Any, *, threshold: Supports
     if len(probs) != len(tokens) or len(orders) not in (0, len(tokens)):
         raise TPCHooksError(f"token_scores_html needs one score (and exit order) per token; got {len(tokens)} tokens, "
                             f"{len(probs)} scores and {len(orders)} exit orders. Pass what Monitor.token_scores returned")
-    first = next((i for i, s in enumerate(probs) if _is_flagged(s, t)), None)
-    head = [f"{len(tokens)} tokens"]
+    first = next((i for i, s in enumerate(probs) if i >= unscored and _is_flagged(s, t)), None)
+    head = [f"{len(tokens)} tokens"] + ([f"first {unscored} not scored (fixed prefix)"] if unscored else [])
     if probs:
         head.append(f"whole prompt: score {_score_text(probs[-1])}")
     head.append("no prefix flagged" if first is None else f"first flagged at token {first}")
-    spans = [_token(w, ["first"] if i == first else [], score=probs[i], threshold=t, step=i,
-                    order=orders[i] if orders else None, what="prefix of tokens 0..{}")
+    spans = [_token(w, ["first"] if i == first else [], score=probs[i] if i >= unscored else None, threshold=t, step=i,
+                    order=orders[i] if orders and i >= unscored else None, what="prefix of tokens 0..{}")
              for i, w in enumerate(tokens)]
     content = (f'<div class="tpc-view">{_STYLE}{_legend(t)}<div class="row"><div class="head">{_esc(" · ".join(head))}'
                f'</div><div class="text">{"".join(spans)}</div></div></div>')

@@ -131,17 +131,8 @@ class Adapter:
 
         Returns ``(token id lists, n_truncated)``.
         """
-        tok = self.tokenizer
-        if chat_template:
-            if not getattr(tok, "chat_template", None):
-                raise TPCHooksError("chat_template=True but this tokenizer has no chat template; pass chat_template=False")
-            texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-                     for p in prompts]
-            bos = None
-        else:
-            texts = list(prompts)
-            bos = tok.bos_token_id if resolve_bos(tok, prepend_bos, chat_template) else None
-        ids = [([bos] if bos is not None else []) + list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+        texts, bos = self._texts(prompts, chat_template, prepend_bos)
+        ids = [self._encode(t, bos) for t in texts]
         n_trunc = 0
         if max_tokens is not None:
             n_trunc = sum(len(i) > max_tokens for i in ids)
@@ -149,6 +140,38 @@ class Adapter:
         if any(len(i) == 0 for i in ids):
             raise TPCHooksError("a prompt tokenises to zero tokens; remove empty prompts")
         return ids, n_trunc
+
+    def _texts(self, prompts: list[str], chat_template: bool, prepend_bos: bool | None) -> tuple[list[str], int | None]:
+        """The texts :meth:`tokenize` encodes (chat-template wrapped or raw) and the BOS id it prepends."""
+        tok = self.tokenizer
+        if chat_template:
+            if not getattr(tok, "chat_template", None):
+                raise TPCHooksError("chat_template=True but this tokenizer has no chat template; pass chat_template=False")
+            return [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+                    for p in prompts], None
+        return list(prompts), tok.bos_token_id if resolve_bos(tok, prepend_bos, chat_template) else None
+
+    def _encode(self, text: str, bos: int | None) -> list[int]:
+        return ([bos] if bos is not None else []) + list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def fixed_prefix(self, *, chat_template: bool, prepend_bos: bool | None = None) -> int:
+        """How many leading tokens every prompt starts with whatever its text, as :meth:`tokenize`
+        wraps it: BOS, and with ``chat_template`` the template's system prompt and user header.
+
+        Two one-character prompts are wrapped; the text they share before the prompt is
+        encoded, and the count is the tokens that encoding and both prompts' encodings start
+        with (so a tokenizer that merges the header's last characters into the prompt's first
+        token, or maps both prompts to the same unknown token, gives a shorter prefix, never a
+        longer one).
+
+        Example:
+            >>> adapter.fixed_prefix(chat_template=True)  # doctest: +SKIP
+            24
+        """
+        (ta, tb), bos = self._texts(["A", "7"], chat_template, prepend_bos)
+        shared = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+        seqs = [self._encode(ta[:shared], bos), self._encode(ta, bos), self._encode(tb, bos)]
+        return next((i for i, col in enumerate(zip(*seqs)) if len(set(col)) > 1), min(map(len, seqs)))
 
     # ------------------------------------------------------------------ model
     def forward_sites(self, input_ids: Tensor, attention_mask: Tensor, sites: list[Site]) -> dict[str, Tensor]:
