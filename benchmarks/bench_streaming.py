@@ -11,10 +11,12 @@ serves every head and the label study:
 
 * ``prefix-mean``: ``pooling="mean"`` (the mean of the prompt's tokens);
 * ``last-token``: ``pooling="last"`` (the generation prompt's final token);
-* ``token <agg>``: ONE per-token head (``pooling="token"``: every token of a prompt labelled
-  with the prompt's label, as ``train_monitor`` does), read through each aggregation: mean, max,
-  ema (alpha 0.1, 0.3), rolling (window 16, 64): the same head in ``tpc.Monitor(head, site,
-  pooling="token", aggregate=...)``;
+* ``token <agg>``: ONE per-token head (``pooling="token"``: every token of a prompt after the
+  fixed prefix labelled with the prompt's label, as ``train_monitor`` does), read through each
+  aggregation: mean, max, ema (alpha 0.1, 0.3), rolling (window 16, 64): the same head in
+  ``tpc.Monitor(head, site, pooling="token", aggregate=..., skip=...)``. The fixed prefix (the 24
+  tokens of SmolLM2's system prompt and user header, ``Adapter.fixed_prefix``; identical in every
+  sequence) is neither trained on nor scored, as in the library;
 * ``token[last W] <agg>`` (``--label-study``, on by default; W = ``--label-window``, 16): a
   second per-token head trained only on each prompt's last W tokens, with the prompt's label
   (the request's end plus the template's ``<|im_end|>``/assistant header). Earlier tokens are
@@ -61,8 +63,9 @@ Decisions and metrics, recall at 1% FPR (:func:`tpc_hooks.metrics.recall_at_fpr`
 * ``stream``: a sequence's score is the maximum of the monitor's score after each position from
   the first token of the first user turn on (a monitor reading the conversation as it streams;
   benign context can raise false positives). The main figure. The 24 tokens before it (the
-  system prompt and the turn header) are the same in every sequence, so their scores are one
-  constant that would only put a floor under every maximum; the aggregates still read them.
+  system prompt and the turn header) are the same in every sequence; per-token monitors skip
+  them (their aggregate starts at the first user token); the pooled ones' prefix means include
+  them, as ``pooling="mean"`` does.
 * ``final``: the score after the last token (the whole conversation scored once).
 * threshold from the benign sequences of the same cell (same length and position; ``all``:
   the three positions of a length pooled). With ``n`` benign sequences the threshold is the
@@ -74,8 +77,8 @@ Decisions and metrics, recall at 1% FPR (:func:`tpc_hooks.metrics.recall_at_fpr`
   (``full``: every harmful and benign test prompt, template-wrapped ones included).
 * ``deployed``: the threshold ``Monitor.calibrate_activations`` sets on the short benign
   validation prompts at 1% FPR (what a shipped monitor would use), applied with the decision it
-  calibrates: for a per-token monitor the maximum over EVERY token (the system prompt included,
-  as the library counts it), for prefix-mean and last-token the whole conversation scored once
+  calibrates: for a per-token monitor the maximum over every scored token (the same as
+  ``stream``, now that the fixed prefix is skipped), for prefix-mean and last-token the whole conversation scored once
   (their ``final``). Recall on the harmful and FPR on the benign long sequences. A head whose
   benign maximum saturates at probability 1 in float32 cannot be calibrated ("failed").
 * tokens to detection (stream decision, the cell's threshold): for each detected harmful
@@ -356,13 +359,13 @@ class TokenCache:
 
 
 # ---------------------------------------------------------------------------------------------- monitors
-def train_heads(acts: dict, y: dict, args) -> dict[str, tpc.TPC]:
+def train_heads(acts: dict, y: dict, args, skip: int) -> dict[str, tpc.TPC]:
     f32 = lambda a: torch.from_numpy(a.astype(np.float32))
     views = {
         "mean": lambda sp: (torch.stack([f32(a).mean(0) for a in acts[sp]]), y[sp]),
         "last": lambda sp: (torch.stack([f32(a[-1]) for a in acts[sp]]), y[sp]),
-        "token": lambda sp: (torch.cat([f32(a) for a in acts[sp]]),
-                             np.concatenate([np.full(len(a), c) for a, c in zip(acts[sp], y[sp])])),
+        "token": lambda sp: (torch.cat([f32(a[skip:]) for a in acts[sp]]),  # as train_monitor: no fixed-prefix rows
+                             np.concatenate([np.full(len(a[skip:]), c) for a, c in zip(acts[sp], y[sp])])),
         "window": lambda sp: (torch.cat([f32(a[-args.label_window:]) for a in acts[sp]]),
                               np.concatenate([np.full(len(a[-args.label_window:]), c) for a, c in zip(acts[sp], y[sp])])),
     }
@@ -378,13 +381,14 @@ def train_heads(acts: dict, y: dict, args) -> dict[str, tpc.TPC]:
     return heads
 
 
-def monitors(heads: dict[str, tpc.TPC], site_name: str, window: int) -> dict[str, tpc.Monitor]:
+def monitors(heads: dict[str, tpc.TPC], site_name: str, window: int, skip: int) -> dict[str, tpc.Monitor]:
     mons = {"prefix-mean": tpc.Monitor(heads["mean"], site_name, pooling="mean", chat_template=True),
             "last-token": tpc.Monitor(heads["last"], site_name, pooling="last", chat_template=True)}
     for key, label in (("token", "token"), ("window", f"token[last {window}]")):
         if key in heads:
             for agg, kw in AGGREGATIONS.items():
-                mons[f"{label} {agg}"] = tpc.Monitor(heads[key], site_name, pooling="token", chat_template=True, **kw)
+                mons[f"{label} {agg}"] = tpc.Monitor(heads[key], site_name, pooling="token", chat_template=True,
+                                                     skip=skip, **kw)
     return mons
 
 
@@ -403,7 +407,8 @@ def position_logits(mons: dict[str, tpc.Monitor], acts: np.ndarray) -> dict[str,
         else:
             if id(m.head) not in per_token:
                 per_token[id(m.head)] = m.head(z)
-            s = aggregate(per_token[id(m.head)][None], torch.ones(1, z.shape[0]), m.aggregate, m.alpha, m.window)[0]
+            s = aggregate(per_token[id(m.head)][None], torch.ones(1, z.shape[0]), m.aggregate, m.alpha, m.window,
+                          m.skip)[0]
         out[name] = s.float().numpy()
     return out
 
@@ -515,12 +520,16 @@ def run(args: argparse.Namespace) -> int:
         for sp, ps in short.items():
             ids_of[sp], _ = adapter.tokenize(ps.texts, chat_template=True, max_tokens=512)
             acts[sp], y[sp] = cache.prompts(ids_of[sp], bar), np.asarray(ps.labels)
-    heads = train_heads(acts, y, args)
-    mons = monitors(heads, site_name, args.label_window)
+    p0, head = content_start(tok)
+    skip = adapter.fixed_prefix(chat_template=True)
+    if skip != p0:
+        raise SystemExit(f"internal error: the library's fixed prefix ({skip} tokens) is not the system prompt + "
+                         f"header ({p0})")
+    heads = train_heads(acts, y, args, skip)
+    mons = monitors(heads, site_name, args.label_window, skip)
     deployed = calibrated(mons, [a for a, c in zip(acts["val"], y["val"]) if c == 0])
 
     # short-prompt scores: stream (max over positions) and final (the whole prompt), per monitor
-    p0, head = content_start(tok)
     short_scores = {}
     for sp in ("val", "test"):
         per = [position_logits(mons, a) for a in acts[sp]]
