@@ -5,6 +5,8 @@ and prompt set. The other verbs do one step each, on saved activations and monit
 ``collect`` (prompts -> activation stores + labels), ``train`` (stores -> monitor), ``evaluate``
 (monitor + stores -> metrics per order and the cascade sweep), ``monitor`` (live generation with
 per-step scores) and ``attribute`` (a prompt's decision by order, neuron and pair).
+``collect --pooling token`` stores every token's row instead, and ``train`` then makes a per-token
+(streaming) monitor (``--aggregate``, ``--alpha``, ``--window``).
 """
 import argparse
 import datetime as _dt
@@ -235,7 +237,8 @@ def _collect(args: argparse.Namespace) -> int:
         "chat_template": not args.no_chat_template, "max_tokens": args.max_tokens, "dataset": args.dataset,
         "splits": {k: len(v) for k, v in sets.items()}}, indent=1))
     print(_table(["split", "prompts"], [[k, str(len(v))] for k, v in sets.items()]))
-    print(f"activations in {out} (sites: {', '.join(args.sites)})")
+    kind = "per-token rows" if args.pooling == "token" else f"pooling {args.pooling}"
+    print(f"activations in {out} (sites: {', '.join(args.sites)}; {kind})")
     return 0
 
 
@@ -253,15 +256,39 @@ def _rewrites(sets: dict[str, Any], seed: int) -> dict[str, Any]:
     return out
 
 
-def _split(acts: Path, split: str, site: str, labels: list[Any]) -> tuple[Any, Any]:
-    """The split's activations at ``site`` and its labels (checked by :func:`_check_split`)."""
+def _split(acts: Path, split: str, site: str, labels: list[Any], user: str = "a pooled monitor") -> tuple[Any, Any]:
+    """The split's activations at ``site`` and its labels (checked by :func:`_check_split`); ``user``
+    names what needs pooled rows, for the error on a store of per-token rows."""
     from ._store import ActivationStore
 
-    X = ActivationStore.open(acts / split / site).to_numpy()
+    st = ActivationStore.open(acts / split / site)
+    if st.holds_sequences:
+        raise TPCHooksError(f"{acts / split / site} holds per-token rows (tpc-hooks collect --pooling token), but {user} "
+                            "reads pooled rows (one per prompt); collect them with --pooling mean|last|max into another "
+                            "--out, or use a per-token monitor")
+    X = st.to_numpy()
     if len(X) != len(labels):
         raise TPCHooksError(f"{acts / split}: {len(labels)} labels in labels.json but {len(X)} rows in the {site} store; "
                             f"expected one row per label (an interrupted collect?); re-run tpc-hooks collect --out {acts}")
     return X, labels
+
+
+def _sequences(acts: Path, split: str, site: str, labels: list[Any], user: str) -> tuple[list[Any], dict[str, Any]]:
+    """A per-token store's sequences ``[T_i, d]`` (float32 arrays, one per label) and its metadata
+    (``fixed_prefix``: the leading tokens every prompt shares); ``user`` names what needs them,
+    for the error on a pooled store."""
+    from ._store import ActivationStore
+
+    st = ActivationStore.open(acts / split / site)
+    if not st.holds_sequences:
+        raise TPCHooksError(f"{acts / split / site} holds pooled rows (pooling {st.meta.get('pooling')!r}), but {user} "
+                            "reads per-token rows; collect them with tpc-hooks collect --pooling token into another "
+                            "--out (a directory holds one kind)")
+    if st.n_sequences != len(labels):
+        raise TPCHooksError(f"{acts / split}: {len(labels)} labels in labels.json but {st.n_sequences} sequences in the "
+                            f"{site} store; expected one per label (an interrupted collect?); re-run tpc-hooks collect "
+                            f"--out {acts}")
+    return st.sequences(), st.meta
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -275,6 +302,19 @@ def _train(args: argparse.Namespace) -> int:
         raise TPCHooksError(f"--site {site!r} was not collected in {acts}; collected sites: {', '.join(cfg['sites'])}; "
                             f"pass one of those, or collect it: tpc-hooks collect --sites {site} --out {acts}")
     site_fix = f"re-run tpc-hooks collect --out {acts}"
+    per_token = cfg["pooling"] == "token"
+    stream = {k: getattr(args, k) for k in ("aggregate", "alpha", "window") if getattr(args, k) is not None}
+    if stream and not per_token:
+        raise TPCHooksError(f"--{'/--'.join(stream)} set how a per-token monitor aggregates its token scores, but {acts} "
+                            f"holds pooled rows (pooling {cfg['pooling']!r}); drop the option, or collect per-token rows: "
+                            f"tpc-hooks collect --pooling token")
+    if per_token:
+        from .pooling import check_aggregate
+
+        check_aggregate(stream.get("aggregate", "max"), stream.get("alpha", 0.1), stream.get("window", 16))
+    if per_token and site == "auto":
+        raise TPCHooksError("--site auto chooses among sites by pooled linear probes; a per-token monitor reads one site: "
+                            f"pass --site (collected: {', '.join(cfg['sites'])})")
     train_split = "train" if (acts / "train").exists() else "all"
     first = cfg["sites"][0] if site == "auto" else site
     y = _check_split(acts, train_split, first, "training split", site_fix)
@@ -309,6 +349,9 @@ def _train(args: argparse.Namespace) -> int:
     robust = {} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}
     settings = dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed,
                     recipe="paper" if args.recipe == "paper" else "default", **robust)
+    if per_token:
+        return _train_tokens(args, acts, cfg, site, parts, ["val", *families] if yv is not None else [], settings,
+                             stream, site_fix)
     if site == "auto":
         if yv is None:
             raise TPCHooksError(f"--site auto chooses on the validation split, and {acts} has none; pass --site")
@@ -343,6 +386,129 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_tokens(args: argparse.Namespace, acts: Path, cfg: dict[str, Any], site: str, parts: list[str],
+                  val_parts: list[str], settings: dict[str, Any], stream: dict[str, Any], site_fix: str) -> int:
+    """``train`` on per-token stores, as ``train_monitor(pooling="token")`` trains: every token after
+    the fixed prefix is a row carrying its prompt's label (validation groups too); the prefix is
+    the monitor's ``skip``; the threshold bounds the benign validation sequences flagged at any token."""
+    import numpy as np
+    import torch
+
+    from ._cascade import Cascade
+    from ._fit import fit
+    from ._monitor import REWRITE_CONSISTENCY, Monitor
+
+    user = "a per-token monitor (collect.json says pooling 'token')"
+    data: dict[str, tuple[list[Any], Any]] = {}
+    metas = {}
+    for p in parts + val_parts:
+        labels = _check_split(acts, p, site, "training split" if p in parts else "validation split", site_fix)
+        seqs, metas[p] = _sequences(acts, p, site, labels, user)
+        data[p] = seqs, np.asarray(labels)
+    prefixes = {p: m.get("fixed_prefix") for p, m in metas.items()}
+    if len(set(prefixes.values())) > 1:
+        raise TPCHooksError(f"the per-token stores in {acts} were collected with different fixed prefixes ({prefixes}); "
+                            f"re-run tpc-hooks collect --out {acts} with one setting")
+    skip = prefixes[parts[0]]
+    if not isinstance(skip, int):
+        raise TPCHooksError(f"the {site} stores in {acts} do not record their fixed prefix; re-run tpc-hooks collect")
+
+    def rows(names: list[str]) -> tuple[Any, Any, Any]:
+        """The token rows after the prefix of the splits ``names``, each row's label and split."""
+        seqs = [(z[skip:], c, p) for p in names for z, c in zip(*data[p])]
+        labels = np.concatenate([np.full(len(z), c) for z, c, _ in seqs])
+        return np.concatenate([z for z, _, _ in seqs]), labels, np.concatenate([[p] * len(z) for z, _, p in seqs])
+
+    X, y, _ = rows(parts)
+    Xv = yv = groups = None
+    if val_parts:
+        Xv, yv, groups = rows(val_parts)
+        groups = groups if len(val_parts) > 1 else None  # the phrasing families, as the pooled path
+    unlabelled = None
+    if "aug" in parts and args.recipe == "default":  # as train_monitor: consistency on the training rewrites
+        unlabelled = rows(["aug"])[0]
+        settings["consistency"] = REWRITE_CONSISTENCY
+    head = fit(X, y, Xv, yv, val_groups=groups, X_unlabelled=unlabelled, verbose=not args.no_progress, **settings).cpu()
+    cascade = Cascade(head, tau=args.tau).calibrate(Xv, yv) if Xv is not None else Cascade(head, tau=args.tau)
+    mon = Monitor(head, site, pooling="token", chat_template=cfg["chat_template"],
+                  prepend_bos=metas[parts[0]].get("prepend_bos"), max_tokens=cfg["max_tokens"], model_name=cfg["model"],
+                  cascade=cascade, skip=skip, **stream)
+    mon.report.update({"n_train": int(sum(len(data[p][1]) for p in parts)), "n_train_tokens": int(len(y))})
+    if args.target_fpr is not None and val_parts:
+        benign = [torch.from_numpy(s) for p in val_parts for s, c in zip(*data[p]) if c == 0]
+        mon.calibrate_activations(benign, args.target_fpr)
+        op = mon.report["operating_point"]
+        print(f"threshold {mon.threshold:.6g}: flags {op['flagged']} of {op['n_benign']} benign validation sequences at "
+              f"any token (target FPR {args.target_fpr:g})")
+    elif args.target_fpr is not None:
+        print("no validation split: the threshold stays 0.5 (collect with a val split to set it by --target-fpr)")
+    path = mon.save(args.out)
+    sel = head.history.selected
+    print(_table(["degree", "val F1 (tokens)", "chosen"],
+                 [[str(k), f"{v['val_f1']:.3f}", str(v.get("C", v.get("best_epoch")))] for k, v in sorted(sel.items())]))
+    print(f"per-token monitor (aggregate {mon.aggregate}, skip {skip} leading tokens) trained on {len(y)} token rows; "
+          f"saved to {path}")
+    return 0
+
+
+_DECISIONS = {"max": "max over tokens of the aggregate", "last": "the aggregate after the last token"}
+
+
+def _token_scores(mon: Any, seqs: list[Any], rule: Any) -> tuple[Any, Any]:
+    """Per sequence: the rule's result on every token (one call for all of them) and the aggregated
+    logit after every token (``-inf`` before the first scored one)."""
+    import numpy as np
+    import torch
+
+    from .pooling import aggregate
+
+    lengths = [len(s) for s in seqs]
+    with torch.no_grad():
+        res = rule(torch.from_numpy(np.concatenate(seqs)))
+        parts = torch.split(res.logits, lengths)
+        agg = [aggregate(p[None], torch.ones(1, len(p)), mon.aggregate, mon.alpha, mon.window, mon.skip)[0] for p in parts]
+    return res, agg
+
+
+def _decide(agg: list[Any], decision: str) -> Any:
+    """One score per sequence; a sequence with no scored token (all prefix) gets float32's lowest logit
+    (probability 0), which metrics can rank."""
+    import numpy as np
+    import torch
+
+    s = torch.stack([a.max() if decision == "max" else a[-1] for a in agg]).double().numpy()
+    return np.maximum(s, np.finfo(np.float32).min)
+
+
+def _evaluate_tokens(mon: Any, seqs: list[Any], y: list[Any], decision: str) -> dict[str, Any]:
+    """``evaluate`` for a per-token monitor: metrics per order and a cascade sweep, one score per
+    prompt (``decision``); FLOPs are counted on the scored tokens (the prefix costs none)."""
+    import numpy as np
+    import torch
+
+    from ._monitor import _Fixed
+    from .metrics import classification_metrics
+
+    per_order, logits = [], None
+    for n in range(1, mon.head.degree + 1):
+        s = _decide(_token_scores(mon, seqs, _Fixed(mon.head, n))[1], decision)
+        per_order.append(classification_metrics(y, s))
+        logits = s
+    sweep = []
+    if mon.cascade is not None:
+        on = torch.cat([torch.arange(len(z)) >= mon.skip for z in seqs])  # the scored tokens
+        base = mon.head.cost(1).flops
+        for tau in (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5):
+            res, agg = _token_scores(mon, seqs, mon.cascade.with_thresholds(tau))
+            m = classification_metrics(y, _decide(agg, decision))
+            flops = res.flops[on].double().mean().item() if bool(on.any()) else 0.0
+            hist = np.bincount(res.exit_order[on].numpy(), minlength=mon.head.degree + 1)[1:].tolist()
+            sweep.append({"tau": tau, "f1": m["f1"], "accuracy": m["accuracy"], "recall": m["recall"], "frr": m["frr"],
+                          "mean_flops": flops, "relative_flops": flops / base, "exit_histogram": hist})
+    return {"decision": _DECISIONS[decision], "per_order": per_order, "cascade": sweep,
+            "logits": [float(v) for v in logits]}
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     import torch
 
@@ -353,20 +519,32 @@ def _evaluate(args: argparse.Namespace) -> int:
     acts = _check_acts(args.acts)
     _check_json_out(args.json)
     mon = Monitor.load(args.monitor)
+    if args.decision is not None and not mon.streaming:
+        raise TPCHooksError(f"--decision chooses how a per-token monitor scores a prompt, but {args.monitor} pools "
+                            f"({mon.pooling!r}): one score per prompt already; drop --decision")
+    decision = args.decision or "max"
     site_fix = f"the monitor reads it; collect it with tpc-hooks collect --sites {mon.site}"
     labels = {split: _check_split(acts, split, mon.site, "--splits", site_fix) for split in args.splits}
     results = {}
     for split in args.splits:
-        X, y = _split(acts, split, mon.site, labels[split])
-        with torch.no_grad():
-            per_order = [classification_metrics(y, s) for s in mon.head.truncations(torch.as_tensor(X)).unbind(-1)]
-        results[split] = {"per_order": per_order, "cascade": mon.cascade.sweep(X, y) if mon.cascade else []}
-        print(f"\n{split}: metrics by order")
+        if mon.streaming:
+            seqs, _ = _sequences(acts, split, mon.site, labels[split], f"the per-token monitor {args.monitor}")
+            results[split] = _evaluate_tokens(mon, seqs, labels[split], decision)
+            per_order = results[split]["per_order"]
+            print(f"\n{split}: metrics by order, one score per prompt: the {_DECISIONS[decision]} "
+                  f"({mon.aggregate}; the first {mon.skip} tokens not scored)")
+        else:
+            X, y = _split(acts, split, mon.site, labels[split], f"the monitor {args.monitor} (pooling {mon.pooling!r})")
+            with torch.no_grad():
+                per_order = [classification_metrics(y, s) for s in mon.head.truncations(torch.as_tensor(X)).unbind(-1)]
+            results[split] = {"per_order": per_order, "cascade": mon.cascade.sweep(X, y) if mon.cascade else []}
+            print(f"\n{split}: metrics by order")
         print(_table(["order", "F1", "precision", "recall", "FRR", "AUROC", "ECE"],
                      [[str(n + 1)] + [f"{m[k]:.3f}" for k in ("f1", "precision", "recall", "frr", "auroc", "ece")]
                       for n, m in enumerate(per_order)]))
         if mon.cascade:
-            print(_table(["tau", "F1", "mean FLOPs / linear", "exits per order"],
+            print(_table(["tau", "F1", "mean FLOPs per token / linear" if mon.streaming else "mean FLOPs / linear",
+                          "exits per order"],
                          [[f"{r['tau']:g}", f"{r['f1']:.3f}", f"{r['relative_flops']:.2f}", str(r["exit_histogram"])]
                           for r in results[split]["cascade"]]))
     if args.json:
@@ -405,6 +583,11 @@ def _attribute(args: argparse.Namespace) -> int:
     from ._monitor import Monitor
 
     mon = Monitor.load(args.monitor)
+    if mon.streaming:
+        raise TPCHooksError(f"{args.monitor} is a per-token monitor: its decision aggregates many tokens' logits, and "
+                            "tpc-hooks attribute splits one pooled decision; attribute its tokens in Python: "
+                            "tpc.attribute(monitor, rows) with rows = tpc.collect(model, [prompt], monitor.site, "
+                            "pooling='token')[monitor.site][0] (one attribution per token)")
     model = _load_model(args.model, args.toolkit)
     z = collect(model, args.prompt, mon.site, mon.pooling, chat_template=mon.chat_template, prepend_bos=mon.prepend_bos,
                 max_tokens=mon.max_tokens, progress=False)[mon.site]
@@ -442,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--out", help="run directory (default: runs/demo-<timestamp>)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    p = sub.add_parser("collect", help="pooled activations of a prompt set into stores, with labels")
+    p = sub.add_parser("collect", help="pooled (or per-token) activations of a prompt set into stores, with labels")
     _model_args(p)
     p.add_argument("--out", required=True, help="directory for the stores (resumable)")
     p.add_argument("--dataset", default="default", help="'default' (packaged), a local CSV/JSONL, or a hub dataset id")
@@ -450,7 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
     p.add_argument("--sites", nargs="+", default=["blocks.20.hook_resid_post"])
-    p.add_argument("--pooling", choices=("mean", "last", "max"), default="mean")
+    p.add_argument("--pooling", choices=("mean", "last", "max", "token"), default="mean",
+                   help="how each prompt's tokens are pooled; 'token': every token's row (for a per-token monitor)")
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
@@ -475,6 +659,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target-fpr", type=float, default=0.01,
                    help="set the monitor's threshold to flag at most this share of benign validation rows "
                         "(default 0.01; the cascade exits around it)")
+    p.add_argument("--aggregate", choices=("max", "mean", "ema", "rolling"), default=None,
+                   help="per-token stores only: how the monitor aggregates its token scores over time (default max)")
+    p.add_argument("--alpha", type=float, default=None, help="per-token stores, --aggregate ema: the newest token's weight "
+                                                            "(default 0.1)")
+    p.add_argument("--window", type=int, default=None, help="per-token stores, --aggregate rolling: tokens in the mean "
+                                                           "(default 16)")
     p.add_argument("--no-gate", action="store_true", help="keep the trust region but let inputs that leave it use every order")
     p.add_argument("--escalate-only", action="store_true",
                    help="higher orders may not clear a prompt the linear probe flags (recall >= the linear probe's)")
@@ -484,6 +674,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--monitor", required=True)
     p.add_argument("--acts", required=True)
     p.add_argument("--splits", nargs="+", default=["test"])
+    p.add_argument("--decision", choices=("max", "last"), default=None,
+                   help="per-token monitors: a prompt's score is the max of the aggregate over its tokens (default; "
+                        "what the threshold is calibrated for) or the aggregate after its last token")
     p.add_argument("--json", default=None)
     p = sub.add_parser("monitor", help="generate with live per-step scores")
     _model_args(p)
