@@ -85,9 +85,34 @@ def test_bad_calibration_input_is_refused_and_changes_nothing():
     assert mon.threshold == 0.5 and "operating_point" not in mon.report
     hot = small_head()
     with torch.no_grad():
-        hot.bias.fill_(200.0)  # every benign row scores probability 1
-    with pytest.raises(tpc.TPCHooksError, match="saturated at probability 1"):
+        hot.bias.fill_(200.0)  # logits of 200: beyond any float64 probability below 1
+    with pytest.raises(tpc.TPCHooksError, match="no probability threshold below 1"):
         tpc.Monitor(hot, SITE).calibrate_activations(z, 0.01)
+
+
+@pytest.mark.parametrize("cascade", [False, True])
+def test_a_threshold_is_set_where_float32_probabilities_saturate(cascade):
+    """Benign logits around 25: every float32 probability is exactly 1, yet the monitor flags at
+    most the target share, because it compares decision logits with logit(threshold); the flags
+    of generation-time scoring (one step) are the same rows."""
+    head = small_head()
+    with torch.no_grad():
+        head.bias.fill_(25.0)
+        head.linear.mul_(2.0)
+    z = benign(1000, 9)
+    with torch.no_grad():
+        assert bool((torch.sigmoid(head(z)) == 1.0).all())  # the old, probability-space threshold had no room
+    mon = tpc.Monitor(head, SITE, cascade=tpc.Cascade(head, 0.1) if cascade else None).calibrate_activations(z, 0.05)
+    assert 0.5 < mon.threshold < 1
+    res = mon.policy()(z)
+    cut = math.log(mon.threshold) - math.log1p(-mon.threshold)  # by hand: the decision logit against logit(threshold)
+    flagged = int((res.decision_logits >= cut).sum())
+    assert flagged == 50 == mon.report["operating_point"]["flagged"]
+    assert torch.equal(res.probs, torch.sigmoid(res.decision_logits))
+    step = mon._step_policy()(z)  # the per-step path of generate / watch / HF generate
+    from tpc_hooks._generation import flagged as rule
+
+    assert torch.equal(rule(step.decision_logits, mon.threshold), res.decision_logits >= cut)
 
 
 def test_threshold_and_centred_cascade_survive_save_and_load(tmp_path):

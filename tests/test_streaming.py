@@ -23,6 +23,10 @@ SETTINGS = [("mean", {}), ("max", {}), ("ema", {"alpha": 0.3}), ("ema", {"alpha"
             ("rolling", {"window": 1})]
 
 
+def logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
 def by_hand(s: list[float], how: str, alpha: float = 0.1, window: int = 16) -> list[float]:
     """The aggregate after each of the logits ``s`` (float64, a plain loop)."""
     out, e = [], None
@@ -216,16 +220,16 @@ def test_calibration_bounds_the_share_of_benign_sequences_flagged_at_any_token()
     seqs = [torch.randn(int(n), 16, generator=gen) for n in torch.randint(3, 40, (200,), generator=gen)]
     for fpr in (0.0, 0.05, 0.2):
         mon.calibrate_activations(seqs, fpr)
-        peaks = [torch.sigmoid(aggregate(head(z[2:])[None], torch.ones(1, len(z) - 2), "rolling", window=4)[0]).max()
-                 for z in seqs]  # by hand: the skipped tokens dropped
-        flagged = sum(bool(p >= mon.threshold) for p in peaks)
+        peaks = [aggregate(head(z[2:])[None], torch.ones(1, len(z) - 2), "rolling", window=4)[0].max()
+                 for z in seqs]  # by hand: the skipped tokens dropped; flagged: logit >= logit(threshold)
+        flagged = sum(bool(p >= logit(mon.threshold)) for p in peaks)
         assert flagged <= math.floor(fpr * len(seqs)) and flagged == mon.report["operating_point"]["flagged"]
         assert mon.report["operating_point"]["by"] == "max over tokens"
     held_out = [torch.randn(int(n), 16, generator=gen) for n in torch.randint(3, 40, (600,), generator=gen)]
     mon.calibrate_activations(seqs, 0.05)
-    peaks = torch.stack([torch.sigmoid(aggregate(head(z)[None], torch.ones(1, len(z)), "rolling", window=4, skip=2)[0]).max()
+    peaks = torch.stack([aggregate(head(z)[None], torch.ones(1, len(z)), "rolling", window=4, skip=2)[0].max()
                          for z in held_out])
-    rate = float((peaks >= mon.threshold).double().mean())
+    rate = float((peaks >= logit(mon.threshold)).double().mean())
     assert rate < 0.05 + 3 * math.sqrt(0.05 * 0.95 / 200) + 3 * math.sqrt(0.05 * 0.95 / 600)  # sampling error
     with pytest.raises(tpc.TPCHooksError, match="list of per-token activations"):
         mon.calibrate_activations(torch.randn(10, 16), 0.01)

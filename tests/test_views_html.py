@@ -23,6 +23,11 @@ import tpc_hooks as tpc
 from tiny_models import hf_llama, named, tiny_head, tokenizer
 from tpc_hooks import _demo, views
 from tpc_hooks._generation import flagged as flag_rule
+
+
+def prob_rule(p: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The flag rule on probabilities alone (a run built by hand carries no decision logits)."""
+    return (p >= threshold) | p.isnan()
 from tpc_hooks.views import HTML, attribution_html, generation_html, score_color, token_scores_html
 
 SITE = "blocks.1.hook_resid_post"
@@ -94,7 +99,7 @@ def hand_run(rows, threshold=0.5):
     scores = [torch.tensor(s, dtype=torch.float32) for _, _, s, _, _ in rows]
     firsts = []
     for s in scores:
-        hits = flag_rule(s, threshold).nonzero().flatten()
+        hits = prob_rule(s, threshold).nonzero().flatten()
         firsts.append(int(hits[0]) if len(hits) else None)
     run = tpc.GenerationRun(
         sequences=seqs, prompt_lengths=[pl for _, pl, *_ in rows], scores=scores, logits=[torch.logit(s) for s in scores],
@@ -168,7 +173,7 @@ def test_generated_tokens_are_coloured_by_the_score_one_step_later():
         assert background(spans.attrs[j]["style"]) == score_color(scores[i + 1], 0.6)
         assert int(spans.attrs[j]["data-step"]) == i + 1
         assert int(spans.attrs[j]["data-order"]) == run.exit_orders[0][i + 1]
-        assert ("flag" in spans.classes(j)) == bool(flag_rule(torch.tensor(scores[i + 1]), 0.6))
+        assert ("flag" in spans.classes(j)) == bool(prob_rule(torch.tensor(scores[i + 1]), 0.6))
     last = spans.attrs[gen[-1]]
     assert "unscored" in last["class"] and "style" not in last and "data-score" not in last
     assert '<span class="stop" title="the action stopped this row at step 3">stopped</span></div>' in content
@@ -191,7 +196,11 @@ def test_nan_scores_render_as_flagged():
 def test_the_flag_rule_is_the_monitors():
     scores = torch.tensor([0.0, 0.4999, 0.5, 0.51, 1.0, float("nan"), 0.2])
     spans = TokenSpans(str(token_scores_html(list("abcdefg"), scores, threshold=0.5)))
-    assert ["flag" in spans.classes(i) for i in range(7)] == flag_rule(scores, 0.5).tolist()
+    assert ["flag" in spans.classes(i) for i in range(7)] == prob_rule(scores, 0.5).tolist()
+    res = tpc.CascadeResult(logits=torch.logit(scores), probs=scores, exit_order=torch.ones(7, dtype=torch.long),
+                            flops=torch.ones(7, dtype=torch.long), degree=1)  # decision logits: logit(probs)
+    spans = TokenSpans(str(token_scores_html(list("abcdefg"), res, threshold=0.5)))
+    assert ["flag" in spans.classes(i) for i in range(7)] == flag_rule(res.decision_logits, 0.5).tolist()
     assert [i for i in range(7) if "first" in spans.classes(i)] == [2]
 
 
@@ -279,7 +288,7 @@ def test_tiny_model_generation_renders_every_token(tiny_generation):
     assert spans.texts == [tok.decode([i]) for seq in run.sequences for i in seq]
     gen = [i for i in range(len(spans.texts)) if "gen" in spans.classes(i)]
     assert len(gen) == sum(len(run.generated(b)) for b in range(len(run.sequences)))
-    want = [bool(flag_rule(run.scores[b][t], threshold)) for b in range(len(run.sequences))
+    want = [bool(flag_rule(run.decision_logits[b][t], threshold)) for b in range(len(run.sequences))
             for t in range(1, len(run.generated(b)) + 1) if t < len(run.scores[b])]
     got = [("flag" in spans.classes(i)) for i in gen if "unscored" not in spans.classes(i)]
     assert got == want and any(want) and not all(want)

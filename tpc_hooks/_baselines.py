@@ -353,14 +353,15 @@ def early_exit_cascade(model: EarlyExitMLP, z: Float[Tensor, "*batch d_model"], 
     z2, _ = model._prepare(z)
     state = {"h": model.scaler(z2)}
 
-    def advance(n: int, keep: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+    def advance(n: int, keep: Tensor) -> tuple[Tensor, Tensor, None, None]:
         state["h"] = torch.relu(model.layers[n - 2](state["h"][keep]))
         s_n = model.heads[n - 1](state["h"]).squeeze(-1)
-        return s_n, s_n, s_n, None  # probabilities: sigmoid of the final logits, below
+        return s_n, s_n, None, None
 
     first = model.heads[0](state["h"]).squeeze(-1)
     s, _, exit_order, flops, _ = _kernel.exit_loop(first, first, advance, model.n_exits, model.cascade_flops(), lower, upper)
-    return CascadeResult(logits=s, probs=torch.sigmoid(s), exit_order=exit_order, flops=flops, degree=model.n_exits)
+    return CascadeResult(logits=s, probs=torch.sigmoid(s), exit_order=exit_order, flops=flops, degree=model.n_exits,
+                         decision_logits=s)
 
 
 # ---------------------------------------------------------------------- training

@@ -38,6 +38,11 @@ class CascadeResult:
         flops: FLOPs spent on each row (sum of the orders evaluated, paper Table 2).
         gated: rows the head's gate handed to the linear probe (their projections at the exit
             order left the trust region; their logit is order 1's). All False without a gate.
+        decision_logits: the logit the decision reads, ``probs == sigmoid(decision_logits)``: the
+            calibrated logit at the exit order (a cascade), the raw logit (one order), the
+            aggregate (a per-token monitor). A monitor flags ``decision_logits >=
+            logit(threshold)``, which does not saturate where float32 probabilities reach 1.
+            None (a result built by hand) means ``logit(probs)``.
     """
 
     logits: Float[Tensor, " batch"]
@@ -46,6 +51,11 @@ class CascadeResult:
     flops: Int[Tensor, " batch"]
     degree: int
     gated: Any = None
+    decision_logits: Any = None
+
+    def __post_init__(self):
+        if self.decision_logits is None:
+            object.__setattr__(self, "decision_logits", torch.logit(self.probs))
 
     @property
     def flagged(self) -> Tensor:
@@ -165,24 +175,25 @@ class Cascade:
         walk = _kernel.Walk(head, zs)
         gate = _kernel.gating(head)
 
-        def advance(k: int, keep: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        def advance(k: int, keep: Tensor) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
             walk.keep(keep)
             s_k, left = walk.step(k)
             c_k = self._calibrate(s_k, k)
-            p_k = torch.sigmoid(c_k)
             if not gate:
-                return s_k, c_k, p_k, None
+                return s_k, c_k, None, None
+            d_k = c_k.clone()
             if bool(left.any()):  # left the trust region: the linear probe decides, here and for good
-                p_k[left] = torch.sigmoid(self._calibrate(walk.lin[left], 1))
-            return s_k, c_k, p_k, left
+                d_k[left] = self._calibrate(walk.lin[left], 1)
+            return s_k, c_k, d_k, left
 
         first = walk.logit.clone()
-        s, probs, exit_order, flops, gated = _kernel.exit_loop(
+        s, d, exit_order, flops, gated = _kernel.exit_loop(
             first, self._calibrate(first, 1), advance, head.degree, list(itertools.accumulate(head.term_flops())),
             self.lower, self.upper)
         if bool(gated.any()):
             log.info("cascade: %d of %d rows left the trust region; scored by the linear probe", int(gated.sum()), zs.shape[0])
-        return CascadeResult(logits=s, probs=probs, exit_order=exit_order, flops=flops, degree=head.degree, gated=gated)
+        return CascadeResult(logits=s, probs=torch.sigmoid(d), exit_order=exit_order, flops=flops, degree=head.degree,
+                             gated=gated, decision_logits=d)
 
     @torch.no_grad()
     def step(self, z: Float[Tensor, "batch d_model"]) -> CascadeResult:
@@ -204,7 +215,7 @@ class Cascade:
         cum = list(itertools.accumulate(head.term_flops()))
         s = walk.logit
         c = self._calibrate(s, 1)
-        probs = torch.sigmoid(c)
+        d = c  # the decision logit at each row's exit order
         exit_order = torch.ones_like(s, dtype=torch.int64)
         flops = torch.full_like(s, cum[0], dtype=torch.int64)
         forced = torch.zeros_like(s, dtype=torch.bool)
@@ -212,18 +223,19 @@ class Cascade:
         for k in range(2, head.degree + 1):
             s_k, left = walk.step(k)
             c_k = self._calibrate(s_k, k)
-            p_k = torch.sigmoid(c_k)
+            d_k = c_k
             go_on = (c_k > lo) & (c_k < hi)
             if gate:  # left the trust region: the linear probe decides, here and for good
-                p_k = torch.where(left, torch.sigmoid(self._calibrate(walk.lin, 1)), p_k)
+                d_k = torch.where(left, self._calibrate(walk.lin, 1), c_k)
                 forced = forced | (open_ & left)
                 go_on = go_on & ~left
-            s, probs = torch.where(open_, s_k, s), torch.where(open_, p_k, probs)
+            s, d = torch.where(open_, s_k, s), torch.where(open_, d_k, d)
             exit_order = exit_order.masked_fill(open_, k)
             flops = flops.masked_fill(open_, cum[k - 1])
             open_ = open_ & go_on
-        return CascadeResult(logits=_kernel.nan_rows(s, ok), probs=_kernel.nan_rows(probs, ok), exit_order=exit_order,
-                             flops=flops, degree=head.degree, gated=forced)
+        d = _kernel.nan_rows(d, ok)
+        return CascadeResult(logits=_kernel.nan_rows(s, ok), probs=torch.sigmoid(d), exit_order=exit_order,
+                             flops=flops, degree=head.degree, gated=forced, decision_logits=d)
 
     # ------------------------------------------------------------------ calibration
     @torch.no_grad()

@@ -7,6 +7,7 @@ keep a running pool per sequence and score it with the monitor's policy every st
 """
 
 import html
+import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -41,7 +42,9 @@ class GenerationRun:
     ``sequences[b]``: prompt tokens (as the monitor tokenised them) + generated tokens, no
     padding. ``scores[b][t]``: the monitor's probability for ``sequences[b][:prompt_lengths[b] + t]``
     (t = 0 is the prompt alone: the pre-generation gate). ``exit_orders``, ``flops`` and
-    ``logits`` follow the same steps. ``flagged[b]``: flagged at any step; ``first_flagged[b]``:
+    ``logits`` follow the same steps, and ``decision_logits``: the logits the flags compare with
+    ``logit(threshold)`` (``scores`` are their sigmoid; empty in a run built by hand, whose
+    flags then read ``scores``). ``flagged[b]``: flagged at any step; ``first_flagged[b]``:
     that step or None (the detection latency, in generated tokens); ``stopped_at[b]``: the step
     at which the action stopped it, or None. ``threshold``: the monitor's at the time.
 
@@ -59,6 +62,7 @@ class GenerationRun:
     stopped_at: list[int | None]
     threshold: float = 0.5
     tokenizer: Any = field(default=None, repr=False, compare=False)
+    decision_logits: list[Tensor] = field(default_factory=list, repr=False)
 
     def to_html(self, rows: int | Sequence[int] | None = None, *, tokenizer: Any = None) -> Any:
         """The run as a page: every row's text coloured token by token by the monitor's score,
@@ -112,7 +116,7 @@ class WatchLog:
             return []
         start = max((i for i, f in enumerate(self.fresh) if f), default=0)
         width = self.results[start].probs.shape[0]
-        calls = [r.probs for r in self.results[start:] if r.probs.shape[0] == width]
+        calls = [r.decision_logits for r in self.results[start:] if r.probs.shape[0] == width]
         return [first_hit(h) for h in flagged(torch.stack(calls).float().cpu(), self.threshold).T]
 
     @property
@@ -168,6 +172,7 @@ class GenerateLog:
                 stack = lambda xs: torch.stack(xs).cpu()
                 self._host = {"live": stack(self._live), "probs": stack([r.probs.float() for r in self._results]),
                               "logits": stack([r.logits.float() for r in self._results]),
+                              "decision": stack([r.decision_logits.float() for r in self._results]),
                               "exit": stack([r.exit_order for r in self._results]),
                               "flops": stack([r.flops for r in self._results])}
                 warn_nonfinite(self._host["probs"], self._host["live"], self._what)
@@ -205,8 +210,13 @@ class GenerateLog:
         return self._rows("flops")
 
     @property
+    def decision_logits(self) -> list[Tensor]:
+        """The logits the flags compare with ``logit(threshold)`` (``scores`` are their sigmoid)."""
+        return self._rows("decision")
+
+    @property
     def first_flagged(self) -> list[int | None]:
-        return [first_hit(flagged(p, self.threshold)) for p in self.scores]
+        return [first_hit(flagged(d, self.threshold)) for d in self.decision_logits]
 
     @property
     def flagged(self) -> list[bool]:
@@ -257,15 +267,22 @@ class StepScores:
         agg = self.state.update(res.logits.reshape(B, n), m)
         newest = torch.where(m, torch.arange(n, device=m.device), -1).amax(1).clamp_min(0)[:, None]
         self.spent = self.spent + res.flops.reshape(B, n).masked_fill(~on, 0).sum(1)
-        return CascadeResult(logits=agg, probs=torch.sigmoid(agg),
+        return CascadeResult(logits=agg, probs=torch.sigmoid(agg), decision_logits=agg,
                              exit_order=res.exit_order.reshape(B, n).gather(1, newest)[:, 0],
                              flops=self.spent, degree=res.degree)
 
 
-def flagged(probs: Tensor, threshold: float) -> Tensor:
-    """THE flag rule of a monitoring run: ``prob >= threshold``, and a NaN probability (a step
-    whose activations held NaN/inf) counts as flagged: the monitor fails closed."""
-    return (probs >= threshold) | probs.isnan()
+def threshold_logit(threshold: float) -> float:
+    """``logit(threshold)`` in float64 (:func:`flagged` compares decision logits with it)."""
+    return math.log(threshold) - math.log1p(-threshold)
+
+
+def flagged(decision_logits: Tensor, threshold: float) -> Tensor:
+    """THE flag rule of a monitoring run: ``decision_logit >= logit(threshold)`` (the same as
+    ``prob >= threshold``, compared in logit space, in the logits' own dtype, so it does not
+    saturate where a float32 probability reaches 1), and a NaN (a step whose activations held
+    NaN/inf) counts as flagged: the monitor fails closed."""
+    return (decision_logits >= threshold_logit(threshold)) | decision_logits.isnan()
 
 
 def first_hit(hits: Tensor) -> int | None:
@@ -331,7 +348,7 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         live = state["live"] if t else torch.ones(B, dtype=torch.bool, device=device)
         res = scores_.update(acts, step_mask)
         log._append(res, live)
-        hit = live & flagged(res.probs, threshold).to(device)
+        hit = live & flagged(res.decision_logits, threshold).to(device)
         done = hit if action == "stop" else torch.zeros_like(live)
         if callable(action):
             rows = hit.nonzero().flatten().tolist()  # the callable decides on the host, now
@@ -372,7 +389,7 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         sequences=seqs, prompt_lengths=[len(t) for t in ids], scores=log.scores, logits=log.logits,
         exit_orders=log.exit_orders, flops=log.flops,
         flagged=[f is not None for f in first_flag], first_flagged=first_flag, stopped_at=stopped,
-        threshold=threshold, tokenizer=tok,
+        threshold=threshold, tokenizer=tok, decision_logits=log.decision_logits,
     )
 
 
@@ -396,7 +413,7 @@ def watch(monitor: Any, model: Any, *, order: int | None = None, cascade: float 
         log.new_tokens.append(int(acts.shape[1]))
         if on_flag is not None:
             # the callback decides on the host: one copy per step, not one per flagged row
-            hits, probs, exits = flagged(res.probs, threshold).tolist(), res.probs.tolist(), res.exit_order.tolist()
+            hits, probs, exits = flagged(res.decision_logits, threshold).tolist(), res.probs.tolist(), res.exit_order.tolist()
             for b in (b for b, f in enumerate(hits) if f):
                 on_flag(MonitorEvent(row=b, step=len(log) - 1, score=probs[b], exit_order=exits[b], tokens=[]))
 

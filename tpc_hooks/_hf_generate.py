@@ -92,7 +92,7 @@ class _Run:
             self.log._replace_last(res, self.live)
         else:
             self.log._append(res, self.live)
-        self.hit = flagged(res.probs, self.threshold)
+        self.hit = flagged(res.decision_logits, self.threshold)
         self.decided = False
 
     # ------------------------------------------------------------------ per call from generate

@@ -213,17 +213,17 @@ def exit_loop(first: Tensor, first_decision: Tensor,
 
     ``advance(k, keep)`` first keeps the rows of its current set selected by the bool mask
     ``keep`` (the rows still undecided), then returns, for them, order ``k``'s logit, its
-    decision logit (calibrated, say), the probabilities to report (None: the sigmoid of the
-    decision logit) and a bool mask of rows that must exit now whatever their score (or None).
-    Nothing is computed for a row after it exits.
+    exit logit (calibrated, say), the decision logit to report (None: the exit logit) and a
+    bool mask of rows that must exit now whatever their score (or None). Nothing is computed
+    for a row after it exits.
 
-    Returns ``(logits, probs, exit_order, flops, forced)``: ``probs`` at the exit order, ``flops = cumulative_flops[exit_order - 1]``, ``forced`` the rows a
-    ``advance`` mask made exit.
+    Returns ``(logits, decision_logits, exit_order, flops, forced)``: both at the exit order,
+    ``flops = cumulative_flops[exit_order - 1]``, ``forced`` the rows a ``advance`` mask made exit.
     """
     lo, hi = logit_of(lower), logit_of(upper)
     n = first.shape[0]
     s = first
-    probs = torch.sigmoid(first_decision)
+    dec = first_decision.clone()
     exit_order = torch.ones(n, dtype=torch.int64, device=first.device)
     flops = torch.full((n,), cumulative_flops[0], dtype=torch.int64, device=first.device)
     forced = torch.zeros(n, dtype=torch.bool, device=first.device)
@@ -232,12 +232,12 @@ def exit_loop(first: Tensor, first_decision: Tensor,
     for k in range(2, orders + 1):
         if active.numel() == 0:
             break
-        s_k, c_k, p_k, stop = advance(k, keep)
-        s[active], probs[active] = s_k, torch.sigmoid(c_k) if p_k is None else p_k
+        s_k, c_k, d_k, stop = advance(k, keep)
+        s[active], dec[active] = s_k, c_k if d_k is None else d_k
         exit_order[active], flops[active] = k, cumulative_flops[k - 1]
         keep = (c_k > lo) & (c_k < hi)
         if stop is not None:
             forced[active[stop]] = True
             keep &= ~stop
         active = active[keep]
-    return s, probs, exit_order, flops, forced
+    return s, dec, exit_order, flops, forced

@@ -4,6 +4,7 @@ It scores prompts offline, watches a model generate (reading the activations the
 computes anyway, with its KV cache) and saves to the same directory format as a head.
 """
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -45,7 +46,9 @@ class Monitor:
         model_name: the model it was trained on (informational; ``d_model`` is enforced).
         cascade: the default policy (thresholds + per-order calibration), or None to score
             with the full polynomial.
-        threshold: probability at or above which an input is flagged.
+        threshold: probability at or above which an input is flagged. Compared in logit space
+            (``result.decision_logits >= logit(threshold)``, in float32), so thresholds set by
+            :meth:`calibrate` stay meaningful where float32 probabilities reach 1.
         last_generate_log: the :class:`~tpc_hooks.GenerateLog` of the latest Hugging Face
             ``generate`` call served by one of its :meth:`stopping_criteria` or
             :meth:`logits_processor` (None before any; not saved, not compared).
@@ -278,20 +281,20 @@ class Monitor:
                 raise TPCHooksError("a per-token monitor calibrates on a non-empty list of per-token activations "
                                     "[T_i, d_model], one per benign sequence (or use calibrate(model, prompts))")
             seqs = [check_features(z, f"benign sequence {i}", self.head.d_model).float() for i, z in enumerate(benign)]
-            probs_of = lambda rule: torch.stack([torch.sigmoid(self._aggregated(rule, z)[1].max()) for z in seqs])
+            decisions_of = lambda rule: torch.stack([self._aggregated(rule, z)[1].max() for z in seqs])
             n = len(seqs)
         else:
             z = check_features(benign, "benign activations", self.head.d_model).float()
-            probs_of = lambda rule: rule(z).probs
+            decisions_of = lambda rule: rule(z).decision_logits
             n = z.shape[0]
         if not 0 <= fpr < 1:
             raise TPCHooksError(f"fpr must be in [0, 1); got {fpr!r}")
         if self.cascade is not None:
-            full = probs_of(self.cascade.with_thresholds(0.0))
-            self.cascade = self.cascade.centered(_above(threshold_at_fpr(full.double().cpu().numpy(), fpr)))
-        probs = probs_of(self.policy())
-        self.threshold = _above(threshold_at_fpr(probs.double().cpu().numpy(), fpr))
-        flagged = int((probs >= self.threshold).sum())
+            full = decisions_of(self.cascade.with_thresholds(0.0))
+            self.cascade = self.cascade.centered(_above(full, threshold_at_fpr(full.double().cpu().numpy(), fpr)))
+        decisions = decisions_of(self.policy())
+        self.threshold = _above(decisions, threshold_at_fpr(decisions.double().cpu().numpy(), fpr))
+        flagged = int(_generation.flagged(decisions, self.threshold).sum())
         self.report["operating_point"] = {"fpr": float(fpr), "n_benign": n, "flagged": flagged,
                                           "threshold": self.threshold, **({"by": "max over tokens"} if self.streaming else {})}
         return self
@@ -314,7 +317,8 @@ class Monitor:
         if self.streaming:  # every token scored, the aggregate after each
             res, agg = self._token_pass(adapter, [ids], site, self.policy(order, cascade), 1)[0]
             return TokenScores(tokens, CascadeResult(logits=agg, probs=torch.sigmoid(agg), exit_order=res.exit_order,
-                                                     flops=res.flops.cumsum(0), degree=res.degree), self.threshold,
+                                                     flops=res.flops.cumsum(0), degree=res.degree, decision_logits=agg),
+                               self.threshold,
                                min(self.skip, len(tokens)))
         x, mask = pad([ids], pad_id(adapter.tokenizer), "right")
         acts = self._features(adapter.forward_sites(x, mask, [site])[site.name][0].float())  # [T, D]
@@ -548,13 +552,13 @@ def _at(res: CascadeResult, agg: Tensor, t: int) -> CascadeResult:
     token's exit order, and the FLOPs of every token up to it."""
     t = t % agg.shape[0]
     return CascadeResult(logits=agg[t:t + 1], probs=torch.sigmoid(agg[t:t + 1]), exit_order=res.exit_order[t:t + 1],
-                         flops=res.flops[:t + 1].sum(0, keepdim=True), degree=res.degree)
+                         flops=res.flops[:t + 1].sum(0, keepdim=True), degree=res.degree, decision_logits=agg[t:t + 1])
 
 
 def _stack_results(parts: Sequence[CascadeResult]) -> CascadeResult:
     cat = lambda k: torch.cat([getattr(r, k) for r in parts])
     return CascadeResult(logits=cat("logits"), probs=cat("probs"), exit_order=cat("exit_order"), flops=cat("flops"),
-                         degree=parts[0].degree)
+                         degree=parts[0].degree, decision_logits=cat("decision_logits"))
 
 
 class TokenScores(tuple):
@@ -594,7 +598,8 @@ class _Fixed:
 
     def _result(self, s: Tensor) -> CascadeResult:
         return CascadeResult(logits=s, probs=torch.sigmoid(s), exit_order=torch.full_like(s, self.order, dtype=torch.long),
-                             flops=torch.full_like(s, self.cost, dtype=torch.long), degree=self.head.degree)
+                             flops=torch.full_like(s, self.cost, dtype=torch.long), degree=self.head.degree,
+                             decision_logits=s)
 
     @torch.no_grad()
     def __call__(self, z: Tensor) -> CascadeResult:
@@ -606,14 +611,23 @@ class _Fixed:
         return self._result(_kernel.nan_rows(_kernel.logits(self.head, zs, self.order), ok))
 
 
-def _above(t: float) -> float:
-    """The smallest float32 probability above ``t`` (a threshold ``p >= _above(t)`` leaves a score of
-    exactly ``t`` unflagged; probabilities are float32), checked to lie in (0, 1)."""
-    up = float(np.nextafter(np.float32(t), np.float32(1)))
-    if up >= 1:
-        raise TPCHooksError("the benign scores' tail is saturated at probability 1: no threshold below 1 keeps it "
+def _above(like: Tensor, z: float) -> float:
+    """The lowest probability threshold that leaves a decision logit of ``z`` unflagged, by the
+    monitors' rule (:func:`~tpc_hooks._generation.flagged`: in logit space, in ``like``'s dtype, so
+    it does not saturate) and, where ``z``'s float32 probability is below 1, by ``prob >=
+    threshold`` on that probability too; checked to lie in (0, 1)."""
+    at = torch.tensor([z], dtype=like.dtype)
+    target = torch.nextafter(at, torch.tensor([math.inf], dtype=like.dtype))
+    t = float(torch.sigmoid(target.double()))
+    while 0 < t < 1 and bool(_generation.flagged(at, t)):  # rounding at large logits: the next float64 up
+        t = math.nextafter(t, 1.0)
+    p_up = float(np.nextafter(torch.sigmoid(at.float()).numpy()[0], np.float32(1)))  # above z's float32 probability
+    if p_up < 1:
+        t = max(t, p_up)
+    if t >= 1:
+        raise TPCHooksError(f"the benign scores' tail is at logit {z:.4g}: no probability threshold below 1 keeps it "
                             "unflagged (the benign rows look harmful to this monitor; check the prompts and labels)")
-    return max(up, float(np.finfo(np.float32).tiny))
+    return max(t, math.ulp(0.0))
 
 
 def _describe(ident: dict[str, Any]) -> str:

@@ -179,6 +179,18 @@ def _signed_color(value: float, scale: float) -> str:
     return _color_at(0.5 + 0.5 * value / scale) if scale > 0 else _color_at(0.5)
 
 
+def _flags(decisions: Any, b: int, scores: list[float], threshold: float) -> list[bool]:
+    """Each step's flag: the monitoring runs' rule on ``decisions[b]`` (decision logits) when
+    given, else on the probabilities ``scores``."""
+    if decisions:
+        from ._generation import flagged
+
+        import torch
+
+        return [bool(f) for f in flagged(torch.as_tensor(decisions[b]).detach().float().cpu(), threshold)]
+    return [_is_flagged(s, threshold) for s in scores]
+
+
 def _is_flagged(score: float, threshold: float) -> bool:
     """The monitoring runs' flag rule: ``score >= threshold``, and NaN counts as flagged."""
     return math.isnan(score) or score >= threshold
@@ -193,9 +205,10 @@ def _score_text(s: float) -> str:
 
 
 def _token(text: str, classes: list[str], *, score: float | None = None, threshold: float = 0.5,
-           step: int | None = None, order: int | None = None, what: str = "step {}") -> str:
+           step: int | None = None, order: int | None = None, what: str = "step {}", flag: bool | None = None) -> str:
     """One token's ``<span class="tok">``: its text escaped (controls as control pictures), its
-    colour and flag from ``score`` (None: unscored), its details in the tooltip."""
+    colour and flag from ``score`` (None: unscored; ``flag``: the run's own flag, when known),
+    its details in the tooltip."""
     cls = ["tok", *classes]
     if "\n" in text or "\r" in text:
         cls.append("nl")
@@ -204,7 +217,7 @@ def _token(text: str, classes: list[str], *, score: float | None = None, thresho
         attrs.append(f'data-step="{step}"')
         tip.append(what.format(step))
     if score is not None:
-        if _is_flagged(score, threshold):
+        if _is_flagged(score, threshold) if flag is None else flag:
             cls.append("flag")
         if math.isnan(score):
             cls.append("nan")
@@ -302,7 +315,7 @@ def generation_html(run: Any, *, tokenizer: Any, threshold: SupportsFloat,
                                 f"tokens; expected at most {n_gen + 1} of each (step 0 is the prompt), one order per "
                                 "score. Was the run built by Monitor.generate?")
         words = [str(tokenizer.decode([i])) for i in seq]
-        flags = [_is_flagged(s, t) for s in scores]
+        flags = _flags(getattr(run, "decision_logits", None), b, scores, t)
         first = next((i for i, f in enumerate(flags) if f), None)
         order_at = orders + [None] * (len(scores) - len(orders))  # no orders given: None for each step
         head = [f"row {b}", f"{pl} prompt tokens, {n_gen} generated"]
@@ -331,7 +344,7 @@ def generation_html(run: Any, *, tokenizer: Any, threshold: SupportsFloat,
             step = i + 1
             if step < len(scores):
                 spans.append(_token(w, ["gen"] + (["first"] if first == step else []), score=scores[step],
-                                    threshold=t, step=step, order=order_at[step]))
+                                    threshold=t, step=step, order=order_at[step], flag=flags[step]))
             else:
                 spans.append(_token(w, ["gen", "unscored"], step=step, what="step {}: not scored"))
         if stopped_at[b] is not None:
@@ -377,13 +390,15 @@ def token_scores_html(tokens: Sequence[str], result: Any, *, threshold: Supports
     if len(probs) != len(tokens) or len(orders) not in (0, len(tokens)):
         raise TPCHooksError(f"token_scores_html needs one score (and exit order) per token; got {len(tokens)} tokens, "
                             f"{len(probs)} scores and {len(orders)} exit orders. Pass what Monitor.token_scores returned")
-    first = next((i for i, s in enumerate(probs) if i >= unscored and _is_flagged(s, t)), None)
+    dec = getattr(result, "decision_logits", None)
+    flags = _flags(None if dec is None else [dec], 0, probs, t)
+    first = next((i for i, f in enumerate(flags) if i >= unscored and f), None)
     head = [f"{len(tokens)} tokens"] + ([f"first {unscored} not scored (fixed prefix)"] if unscored else [])
     if probs:
         head.append(f"whole prompt: score {_score_text(probs[-1])}")
     head.append("no prefix flagged" if first is None else f"first flagged at token {first}")
     spans = [_token(w, ["first"] if i == first else [], score=probs[i] if i >= unscored else None, threshold=t, step=i,
-                    order=orders[i] if orders and i >= unscored else None, what="prefix of tokens 0..{}")
+                    order=orders[i] if orders and i >= unscored else None, what="prefix of tokens 0..{}", flag=flags[i])
              for i, w in enumerate(tokens)]
     content = (f'<div class="tpc-view">{_STYLE}{_legend(t)}<div class="row"><div class="head">{_esc(" · ".join(head))}'
                f'</div><div class="text">{"".join(spans)}</div></div></div>')
