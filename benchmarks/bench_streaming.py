@@ -23,8 +23,8 @@ serves every head and the label study:
   DROPPED, not relabelled benign: they include the system prompt (the same in both classes)
   and the beginning of the harmful request itself, so "benign elsewhere" would teach the head
   that harmful text is benign until its last W tokens. The price: this head never sees the
-  system prompt, and its scores there are extrapolations (in ``--quick`` they saturate, so the
-  library cannot calibrate it: "failed" below). Issue 14, item 1: "the prompt's label on every
+  system prompt, and its scores there are extrapolations (in ``--quick`` they saturate).
+  Issue 14, item 1: "the prompt's label on every
   token, or on windows: measure which trains better".
 
 Every figure is at the full polynomial (the monitors have no cascade).
@@ -80,8 +80,9 @@ Decisions and metrics, recall at 1% FPR (:func:`tpc_hooks.metrics.recall_at_fpr`
   validation prompts at 1% FPR (what a shipped monitor would use), applied with the decision it
   calibrates: for a per-token monitor the maximum over every scored token (the same as
   ``stream``, now that the fixed prefix is skipped), for prefix-mean and last-token the whole conversation scored once
-  (their ``final``). Recall on the harmful and FPR on the benign long sequences. A head whose
-  benign maximum saturates at probability 1 in float32 cannot be calibrated ("failed").
+  (their ``final``), flagged as the library flags: decision logit >= logit(threshold). Recall on
+  the harmful and FPR on the benign long sequences. A head whose benign tail lies beyond what a
+  float64 probability threshold can express (logit ~36.7) cannot be calibrated ("failed").
 * tokens to detection (stream decision, the cell's threshold): for each detected harmful
   sequence, the first position at or after the request's first token whose score exceeds the
   threshold, minus that token's position (median, p90). Positions before the request equal the
@@ -105,6 +106,7 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import sys
@@ -422,10 +424,11 @@ def decisions(by: dict, L: int, positions, c: int, name: str, mon: tpc.Monitor, 
 
 
 def flagged_at(prob_threshold: float | None, logits: np.ndarray) -> float:
-    """The share of ``logits`` whose float32 probability reaches the monitor's threshold (as ``Monitor`` flags)."""
+    """The share of ``logits`` (float32) at or above ``logit(threshold)``: as ``Monitor`` flags."""
     if prob_threshold is None:
         return float("nan")
-    return float((torch.sigmoid(torch.from_numpy(logits.astype(np.float32))) >= prob_threshold).float().mean())
+    cut = math.log(prob_threshold) - math.log1p(-prob_threshold)
+    return float((torch.from_numpy(logits.astype(np.float32)) >= cut).float().mean())
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -597,7 +600,7 @@ def report(args, mons, seqs, logits, short_scores, y, short, deployed, check, ti
             row += [pct(ref[(m, rule)]), pct(recall_at_fpr(yt, st, ref_b, FPR)["recall"])]
         th = deployed[m]
         dep = short_scores["test"][(m, "final" if not mon.streaming else "all tokens")][plain_h]
-        print(f"| {m} | " + " | ".join(row) + f" | {'failed' if th is None else f'{th:.4f}'} | "
+        print(f"| {m} | " + " | ".join(row) + f" | {'failed' if th is None else f'{th:.6g}'} | "
               f"{pct(flagged_at(th, dep))} |")
     print()
 
