@@ -129,7 +129,7 @@ def test_mixing_token_and_pooled_stores_is_a_clear_error(tmp_path, tiny_cli, cap
 
     assert main(["train", "--acts", str(pooled), "--out", str(tmp_path / "mean"), *common]) == 0
     assert main(["train", "--acts", str(tok), "--out", str(tmp_path / "token"), *common]) == 0
-    assert tpc.Monitor.load(tmp_path / "token").aggregate == "max"  # the default
+    assert tpc.Monitor.load(tmp_path / "token").aggregate == "rolling"  # the default
     fails(["evaluate", "--monitor", str(tmp_path / "mean"), "--acts", str(tok), "--splits", "test"],
           f"{tok / 'test' / SITE} holds per-token rows (tpc-hooks collect --pooling token), but the monitor",
           "(pooling 'mean') reads pooled rows")

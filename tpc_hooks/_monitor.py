@@ -58,7 +58,9 @@ class Monitor:
         aggregate, alpha, window: how a per-token monitor (``pooling="token"``) turns the
             per-token logits ``s_1..s_t`` of a prefix into its logit: ``"mean"``, ``"max"``,
             ``"ema"`` (``e_t = alpha * s_t + (1 - alpha) * e_{t-1}``, ``e_1 = s_1``) or
-            ``"rolling"`` (the mean of the last ``window`` logits); see
+            ``"rolling"`` (the mean of the last ``window`` logits; the default: on long benign
+            conversations its false-positive rate stays put as they grow, where a running
+            ``"max"``'s climbs with every token; benchmarks/bench_streaming.py); see
             :func:`tpc_hooks.pooling.aggregate`. Ignored by prefix-pooled monitors.
         skip: a per-token monitor's leading tokens that are never scored: the fixed prefix every
             sequence starts with (BOS, the chat template's system prompt and user header), which
@@ -79,7 +81,7 @@ class Monitor:
     report: dict[str, Any] = field(default_factory=dict)
     sae: Any = None
     sae_identity: dict[str, Any] | None = None
-    aggregate: str = "max"
+    aggregate: str = "rolling"
     alpha: float = 0.1
     window: int = 16
     skip: int = 0
@@ -646,7 +648,7 @@ def train_monitor(
     site: str | Sequence[str],
     pooling: str = "mean",
     *,
-    aggregate: str = "max",
+    aggregate: str = "rolling",
     alpha: float = 0.1,
     window: int = 16,
     augment: bool | Sequence[str] | None = None,

@@ -311,7 +311,7 @@ def _train(args: argparse.Namespace) -> int:
     if per_token:
         from .pooling import check_aggregate
 
-        check_aggregate(stream.get("aggregate", "max"), stream.get("alpha", 0.1), stream.get("window", 16))
+        check_aggregate(stream.get("aggregate", "rolling"), stream.get("alpha", 0.1), stream.get("window", 16))
     if per_token and site == "auto":
         raise TPCHooksError("--site auto chooses among sites by pooled linear probes; a per-token monitor reads one site: "
                             f"pass --site (collected: {', '.join(cfg['sites'])})")
@@ -660,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="set the monitor's threshold to flag at most this share of benign validation rows "
                         "(default 0.01; the cascade exits around it)")
     p.add_argument("--aggregate", choices=("max", "mean", "ema", "rolling"), default=None,
-                   help="per-token stores only: how the monitor aggregates its token scores over time (default max)")
+                   help="per-token stores only: how the monitor aggregates its token scores over time (default rolling, window 16)")
     p.add_argument("--alpha", type=float, default=None, help="per-token stores, --aggregate ema: the newest token's weight "
                                                             "(default 0.1)")
     p.add_argument("--window", type=int, default=None, help="per-token stores, --aggregate rolling: tokens in the mean "
