@@ -322,6 +322,30 @@ class TokenCache:
 
 
 # ---------------------------------------------------------------------------------------------- monitors
+def context_rows(tok, cache, streams, overhead: int, prompts, labels, skip: int, seed: str):
+    """``--context-train``: each prompt in place of the first, middle or last user turn (in turn)
+    of a 512- or 1024-token benign context (in turn) from ``streams``; per-token rows after the
+    fixed prefix, labelled benign before the request's first token and with the prompt's label
+    from it to the end of its turn (4 tokens after its last: the turn's closing tokens). After a
+    harmful request the rest of the conversation is dropped, not labelled (benign text whose
+    residuals may or may not carry the request); after a benign one it stays benign.
+    Returns ``(rows float32 [N, d], labels [N])``."""
+    order = list(range(len(prompts)))
+    random.Random(seed).shuffle(order)
+    X, y = [], []
+    for j, i in enumerate(order):
+        stream = streams[j % len(streams)]
+        turns = fit_turns(tok, stream, (512, 1024)[j % 2] - overhead)
+        ids, first, last = build_sequence(tok, turns, overhead, POSITIONS[j % len(POSITIONS)], prompts[i])
+        a = cache.sequence(ids)
+        pos = np.arange(len(ids))
+        lab = np.where(pos >= first, labels[i], 0)
+        keep = (pos >= skip) & ((pos <= last + 4) if labels[i] == 1 else True)
+        X.append(torch.from_numpy(a[keep].astype(np.float32)))
+        y.append(lab[keep])
+    return torch.cat(X), np.concatenate(y)
+
+
 def train_heads(acts: dict, y: dict, args, skip: int) -> dict[str, tpc.TPC]:
     f32 = lambda a: torch.from_numpy(a.astype(np.float32))
     views = {
@@ -344,10 +368,44 @@ def train_heads(acts: dict, y: dict, args, skip: int) -> dict[str, tpc.TPC]:
     return heads
 
 
+def train_context_head(tok, cache, args, full: dict, acts: dict, y: dict, skip: int) -> tpc.TPC:
+    """The every-token head's rows plus ``--context-train`` harmful and benign training prompts (a
+    quarter as many validation prompts) placed inside benign ShareGPT contexts that the test
+    sequences do not use (the streams after the first ``--n``)."""
+    from tqdm.auto import tqdm
+
+    exclude = [t for ps in full.values() for t in ps.texts]
+    k_val = max(1, args.context_train // 4)
+    streams = context_streams(tok, exclude, args.n + 2 * k_val + 2 * args.context_train, 1024 + 2 * args.turn_cap,
+                              args.turn_cap)[args.n:]  # disjoint from the test contexts
+    overhead = len(tok(tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
+                                               add_generation_prompt=True), add_special_tokens=False)["input_ids"]) \
+        - turn_tokens(tok, "user", "x")
+    f32 = lambda a: torch.from_numpy(a.astype(np.float32))
+    parts = {}
+    for sp, k, st in (("train", args.context_train, streams[2 * k_val:]), ("val", k_val, streams[:2 * k_val])):
+        ps = full[sp]
+        pick = [i for c in (1, 0) for i in [i for i, (yy, a) in enumerate(zip(ps.labels, ps.adversarial))
+                                            if yy == c and not a][:k]]
+        with tqdm(total=1, desc=f"context {sp} rows", unit="set") as bar:
+            Xc, yc = context_rows(tok, cache, st, overhead, [ps.texts[i] for i in pick], [ps.labels[i] for i in pick],
+                                  skip, f"ctx-{args.seed}-{sp}")
+            bar.update(1)
+        Xs = torch.cat([f32(a[skip:]) for a in acts[sp]])
+        ys = np.concatenate([np.full(len(a[skip:]), c) for a, c in zip(acts[sp], y[sp])])
+        parts[sp] = torch.cat([Xs, Xc]), np.concatenate([ys, yc])
+    t0 = time.time()
+    head = tpc.fit(*parts["train"], *parts["val"], degree=args.degree, rank=args.rank, epochs=args.epochs,
+                   seed=args.seed, verbose=False).cpu()
+    print(f"fitted the ctx head on {len(parts['train'][1])} rows ({int((parts['train'][1] == 1).sum())} harmful) in "
+          f"{time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    return head
+
+
 def monitors(heads: dict[str, tpc.TPC], site_name: str, window: int, skip: int) -> dict[str, tpc.Monitor]:
     mons = {"prefix-mean": tpc.Monitor(heads["mean"], site_name, pooling="mean", chat_template=True),
             "last-token": tpc.Monitor(heads["last"], site_name, pooling="last", chat_template=True)}
-    for key, label in (("token", "token"), ("window", f"token[last {window}]")):
+    for key, label in (("token", "token"), ("window", f"token[last {window}]"), ("ctx", "token+ctx")):
         if key in heads:
             for agg, kw in AGGREGATIONS.items():
                 mons[f"{label} {agg}"] = tpc.Monitor(heads[key], site_name, pooling="token", chat_template=True,
@@ -447,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turn-cap", type=int, default=192, help="tokens kept of each ShareGPT turn")
     ap.add_argument("--seed", type=int, default=0, help="the prompt set's split, the requests drawn, training")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context-train", type=int, default=0, metavar="K",
+                    help="also train a per-token head ('token+ctx') with K harmful + K benign training prompts placed "
+                         "inside 512/1024-token benign ShareGPT contexts (tokens before the request labelled benign)")
     ap.add_argument("--quick", action="store_true", help="a small end-to-end check (no results file)")
     add_results_argument(ap, "bench_streaming")
     args = ap.parse_args(argv)
@@ -490,6 +551,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"internal error: the library's fixed prefix ({skip} tokens) is not the system prompt + "
                          f"header ({p0})")
     heads = train_heads(acts, y, args, skip)
+    if args.context_train:  # a head that has also seen requests inside benign conversations
+        heads["ctx"] = train_context_head(tok, cache, args, full, acts, y, skip)
     mons = monitors(heads, site_name, args.label_window, skip)
     deployed = calibrated(mons, [a for a, c in zip(acts["val"], y["val"]) if c == 0])
 
