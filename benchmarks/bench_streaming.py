@@ -322,7 +322,7 @@ class TokenCache:
 
 
 # ---------------------------------------------------------------------------------------------- monitors
-def context_rows(tok, cache, streams, overhead: int, prompts, labels, skip: int, seed: str):
+def context_rows(tok, cache, streams, overhead: int, prompts, labels, skip: int, seed: str, bar):
     """``--context-train``: each prompt in place of the first, middle or last user turn (in turn)
     of a 512- or 1024-token benign context (in turn) from ``streams``; per-token rows after the
     fixed prefix, labelled benign before the request's first token and with the prompt's label
@@ -343,6 +343,7 @@ def context_rows(tok, cache, streams, overhead: int, prompts, labels, skip: int,
         keep = (pos >= skip) & ((pos <= last + 4) if labels[i] == 1 else True)
         X.append(torch.from_numpy(a[keep].astype(np.float32)))
         y.append(lab[keep])
+        bar.update(1)
     return torch.cat(X), np.concatenate(y)
 
 
@@ -387,10 +388,9 @@ def train_context_head(tok, cache, args, full: dict, acts: dict, y: dict, skip: 
         ps = full[sp]
         pick = [i for c in (1, 0) for i in [i for i, (yy, a) in enumerate(zip(ps.labels, ps.adversarial))
                                             if yy == c and not a][:k]]
-        with tqdm(total=1, desc=f"context {sp} rows", unit="set") as bar:
+        with tqdm(total=len(pick), desc=f"context {sp} sequences", unit="seq") as bar:
             Xc, yc = context_rows(tok, cache, st, overhead, [ps.texts[i] for i in pick], [ps.labels[i] for i in pick],
-                                  skip, f"ctx-{args.seed}-{sp}")
-            bar.update(1)
+                                  skip, f"ctx-{args.seed}-{sp}", bar)
         Xs = torch.cat([f32(a[skip:]) for a in acts[sp]])
         ys = np.concatenate([np.full(len(a[skip:]), c) for a, c in zip(acts[sp], y[sp])])
         parts[sp] = torch.cat([Xs, Xc]), np.concatenate([ys, yc])

@@ -371,19 +371,26 @@ def _train(args: argparse.Namespace) -> int:
     cascade = Cascade(head, tau=args.tau).calibrate(Xv, yv) if Xv is not None else Cascade(head, tau=args.tau)
     mon = Monitor(head, site, pooling=cfg["pooling"], chat_template=cfg["chat_template"], max_tokens=cfg["max_tokens"],
                   model_name=cfg["model"], cascade=cascade)
-    if args.target_fpr is not None and Xv is not None:
-        mon.calibrate_activations(Xv[yv == 0], args.target_fpr)
+    path = _calibrate_and_save(mon, args, None if Xv is None else Xv[yv == 0], "rows", "val F1")
+    print(f"monitor saved to {path}")
+    return 0
+
+
+def _calibrate_and_save(mon: Any, args: argparse.Namespace, benign: Any, unit: str, f1_label: str) -> Path:
+    """``train``'s last steps for either kind of monitor: the threshold from the benign validation
+    data (``--target-fpr``; None: no validation split), the save, the per-degree table."""
+    if args.target_fpr is not None and benign is not None:
+        mon.calibrate_activations(benign, args.target_fpr)
         op = mon.report["operating_point"]
-        print(f"threshold {mon.threshold:.6g}: flags {op['flagged']} of {op['n_benign']} benign validation rows "
+        print(f"threshold {mon.threshold:.6g}: flags {op['flagged']} of {op['n_benign']} benign validation {unit} "
               f"(target FPR {args.target_fpr:g})")
     elif args.target_fpr is not None:
         print("no validation split: the threshold stays 0.5 (collect with a val split to set it by --target-fpr)")
     path = mon.save(args.out)
-    sel = head.history.selected
-    print(_table(["degree", "val F1", "chosen"], [[str(k), f"{v['val_f1']:.3f}", str(v.get("C", v.get("best_epoch")))]
+    sel = mon.head.history.selected
+    print(_table(["degree", f1_label, "chosen"], [[str(k), f"{v['val_f1']:.3f}", str(v.get("C", v.get("best_epoch")))]
                                                  for k, v in sorted(sel.items())]))
-    print(f"monitor saved to {path}")
-    return 0
+    return path
 
 
 def _train_tokens(args: argparse.Namespace, acts: Path, cfg: dict[str, Any], site: str, parts: list[str],
@@ -434,18 +441,8 @@ def _train_tokens(args: argparse.Namespace, acts: Path, cfg: dict[str, Any], sit
                   prepend_bos=metas[parts[0]].get("prepend_bos"), max_tokens=cfg["max_tokens"], model_name=cfg["model"],
                   cascade=cascade, skip=skip, **stream)
     mon.report.update({"n_train": int(sum(len(data[p][1]) for p in parts)), "n_train_tokens": int(len(y))})
-    if args.target_fpr is not None and val_parts:
-        benign = [torch.from_numpy(s) for p in val_parts for s, c in zip(*data[p]) if c == 0]
-        mon.calibrate_activations(benign, args.target_fpr)
-        op = mon.report["operating_point"]
-        print(f"threshold {mon.threshold:.6g}: flags {op['flagged']} of {op['n_benign']} benign validation sequences at "
-              f"any token (target FPR {args.target_fpr:g})")
-    elif args.target_fpr is not None:
-        print("no validation split: the threshold stays 0.5 (collect with a val split to set it by --target-fpr)")
-    path = mon.save(args.out)
-    sel = head.history.selected
-    print(_table(["degree", "val F1 (tokens)", "chosen"],
-                 [[str(k), f"{v['val_f1']:.3f}", str(v.get("C", v.get("best_epoch")))] for k, v in sorted(sel.items())]))
+    benign = [torch.from_numpy(s) for p in val_parts for s, c in zip(*data[p]) if c == 0] if val_parts else None
+    path = _calibrate_and_save(mon, args, benign, "sequences at any token", "val F1 (tokens)")
     print(f"per-token monitor (aggregate {mon.aggregate}, skip {skip} leading tokens) trained on {len(y)} token rows; "
           f"saved to {path}")
     return 0
