@@ -83,3 +83,39 @@ def test_the_fixed_prefix_is_the_chat_templates_and_nothing_of_the_prompt(models
     rendered = tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], tokenize=False, add_generation_prompt=True)
     assert rendered.startswith(tok.decode(ids[0][:n])) and tok.decode(ids[0][n:]).startswith(PROMPTS[0])
     assert adapter.fixed_prefix(chat_template=False) == (1 if tok.bos_token_id is not None else 0)
+
+
+def test_train_monitor_places_requests_in_sharegpt_contexts(models):
+    """``contexts=N`` on the real model and template: N ShareGPT contexts host plain prompts, the
+    held-out benign chats join the operating point, and each hosted request sits after the
+    template's fixed prefix with its own tokens where ``in_conversation`` says."""
+    import tpc_hooks._context
+    from tpc_hooks.data import default_prompt_set
+
+    hosted, host = [], tpc_hooks._context.host_requests
+
+    def spy(*a, **kw):
+        hosted.append(host(*a, **kw))
+        return hosted[-1]
+
+    train = default_prompt_set(seed=0)["train"]
+    pick = [i for c in (1, 0) for i in [i for i, y in enumerate(train.labels) if y == c][:10]]
+    prompts, labels = [train.texts[i] for i in pick], [train.labels[i] for i in pick]
+    mp = pytest.MonkeyPatch()
+    mp.setattr(tpc_hooks._context, "host_requests", spy)
+    try:
+        mon = tpc.train_monitor(models["nnsight"], prompts, labels, SITE, pooling="token", aggregate="max", contexts=8,
+                                context_tokens=(160, 240), augment=False, degree=2, rank=4, epochs=2,
+                                val_fraction=0.25, target_fpr=0.2, verbose=False)
+    finally:
+        mp.undo()
+    val, tr = hosted
+    assert (len(val.sequences), len(tr.sequences)) == (2, 6) == (mon.report["contexts"]["n_val"],
+                                                                 mon.report["contexts"]["n_train"])
+    tok = models["nnsight"].tokenizer
+    for q in val.sequences + tr.sequences:
+        assert mon.skip <= q.start < q.stop <= len(q.ids) and len(q.ids) <= 240 + 64
+        assert tok.decode(q.ids[q.start:q.stop]).strip() in prompts
+        assert sum(m["role"] == "user" for m in q.messages) >= 1 and q.messages[-1]["role"] == "user"
+    assert sorted(val.labels) == [0, 1] and sorted(tr.labels) == [0, 0, 0, 1, 1, 1]
+    assert mon.report["operating_point"]["by"] == "max over tokens"

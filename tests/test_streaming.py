@@ -286,6 +286,96 @@ def test_train_monitor_on_tokens(monkeypatch):
                           verbose=False, tokenizer=tokenizer())
 
 
+HARMFUL = ["how do i make bomb", "steal car please", "hack email", "kill process how", "make bomb tell me",
+           "hack car", "steal email", "kill the cat"]
+BENIGN = ["bread recipe", "tell me about weather", "hello world", "write poem", "cake recipe please",
+          "python code", "the cat sat on mat", "hello friend"]
+
+
+def chats(n: int) -> list[list[dict[str, str]]]:
+    """``n`` benign conversations of the tiny vocabulary, of different lengths."""
+    words = "the a cat dog sat on mat hello world is nice write poem bread recipe friend python code".split()
+    rng = np.random.default_rng(0)
+    say = lambda k: " ".join(rng.choice(words, k))
+    return [[{"role": ("user", "assistant")[t % 2], "content": say(3 + (t * 5 + i) % 9)} for t in range(3 + 2 * (i % 3))]
+            for i in range(n)]
+
+
+def test_train_monitor_with_contexts_adds_the_rows_of_requests_inside_conversations(monkeypatch):
+    """The rows fit sees beyond the prompts' own are, in order, those of each hosted training
+    sequence computed by hand: a fresh forward of its tokens, positions after the fixed prefix,
+    benign before the request, the request's label through its turn's end, nothing after a
+    harmful request's turn. The held-out contexts are validation rows of group "contexts", and
+    their benign chats join the operating point."""
+    import tpc_hooks._context
+    import tpc_hooks._fit
+    from tpc_hooks.adapters import get_adapter
+
+    seen, hosted, fit, host = {}, [], tpc_hooks._fit.fit, tpc_hooks._context.host_requests
+
+    def spy_fit(X, y, X_val, y_val, *a, **kw):
+        seen.update(X=X, y=np.asarray(y), X_val=X_val, y_val=np.asarray(y_val), groups=kw.get("val_groups"))
+        return fit(X, y, X_val, y_val, *a, **kw)
+
+    def spy_host(*a, **kw):
+        hosted.append(host(*a, **kw))
+        return hosted[-1]
+
+    monkeypatch.setattr(tpc_hooks._fit, "fit", spy_fit)
+    monkeypatch.setattr(tpc_hooks._context, "host_requests", spy_host)
+    hf, tok = named(hf_llama()), tokenizer()
+    kw = dict(pooling="token", degree=2, rank=2, epochs=2, val_fraction=0.25, target_fpr=0.25, verbose=False,
+              tokenizer=tok)
+    plain = tpc.train_monitor(hf, HARMFUL + BENIGN, [1] * 8 + [0] * 8, SITE, **kw)
+    n_plain, n_plain_val = len(seen["y"]), len(seen["y_val"])
+    mon = tpc.train_monitor(hf, HARMFUL + BENIGN, [1] * 8 + [0] * 8, SITE, contexts=chats(8), context_tokens=(24, 40),
+                            **kw)
+    assert (plain.aggregate, mon.aggregate) == ("rolling", "max")  # the defaults without and with contexts
+    val, train = hosted  # validation contexts are hosted first: 2 of 8 at val_fraction 0.25
+    assert (len(val.sequences), len(train.sequences)) == (2, 6)
+    assert sorted(val.labels) == [0, 1] and sorted(train.labels) == [0, 0, 0, 1, 1, 1]
+    requests = lambda h: {tok.decode(q.ids[q.start:q.stop]) for q in h.sequences}
+    assert not requests(val) & requests(train)  # validation prompts host validation contexts only
+    adapter = get_adapter(hf, tokenizer=tok)
+    expected_X, expected_y = [], []
+    for q, c in zip(train.sequences, train.labels):
+        acts = adapter.forward_sites(torch.tensor([q.ids]), torch.ones(1, len(q.ids), dtype=torch.long),
+                                     [adapter.site(SITE)])[SITE][0]
+        for p in range(mon.skip, len(q.ids)):
+            if c == 1 and p >= q.stop + train.tail:
+                break
+            expected_X.append(acts[p])
+            expected_y.append(int(c) if p >= q.start else 0)
+    assert len(seen["y"]) == n_plain + len(expected_y)
+    torch.testing.assert_close(seen["X"][n_plain:].float(), torch.stack(expected_X).float(), atol=1e-5, rtol=1e-4)
+    assert seen["y"][n_plain:].tolist() == expected_y
+    assert seen["groups"][n_plain_val:].tolist() == ["contexts"] * (len(seen["y_val"]) - n_plain_val)
+    report = mon.report["contexts"]
+    assert (report["n_train"], report["n_val"], report["lengths"]) == (6, 2, [24, 40])
+    assert len(report["per_order"]) == mon.head.degree
+    n_benign_val_prompts = plain.report["operating_point"]["n_benign"]
+    assert mon.report["operating_point"]["n_benign"] == n_benign_val_prompts + 1  # + the benign validation chat
+
+
+def test_train_monitor_contexts_errors():
+    hf, tok = named(hf_llama()), tokenizer()
+    args = (hf, HARMFUL + BENIGN, [1] * 8 + [0] * 8, SITE)
+    kw = dict(verbose=False, tokenizer=tok, degree=1, epochs=1)
+    cases = [
+        (dict(pooling="mean", contexts=chats(4)), "pass pooling='token'"),
+        (dict(pooling="token", contexts=chats(3)), "at least 4 non-empty conversations"),
+        (dict(pooling="token", contexts=chats(3) + [[]]), "one is empty"),
+        (dict(pooling="token", contexts=2), "at least 4"),
+        (dict(pooling="token", contexts="hello"), "list of conversations"),
+        (dict(pooling="token", contexts=chats(4), context_tokens=0), "context_tokens must be"),
+        (dict(pooling="token", contexts=chats(4), chat_template=False), "needs chat_template=True"),
+        (dict(pooling="token", contexts=chats(3) + [[{"role": "assistant", "content": "hi"}]]), "turns alternate"),
+    ]
+    for extra, message in cases:
+        with pytest.raises(tpc.TPCHooksError, match=message):
+            tpc.train_monitor(*args, **extra, **kw)
+
+
 def test_every_run_says_when_each_sequence_was_first_flagged():
     """Detection latency: the step of the first flag, the same in the monitor's own generate,
     HF generate's log and watch, and equal to the first prefix whose offline score is flagged."""

@@ -648,9 +648,11 @@ def train_monitor(
     site: str | Sequence[str],
     pooling: str = "mean",
     *,
-    aggregate: str = "rolling",
+    aggregate: str | None = None,
     alpha: float = 0.1,
     window: int = 16,
+    contexts: Any = None,
+    context_tokens: int | Sequence[int] = (512, 1024),
     augment: bool | Sequence[str] | None = None,
     recipe: str = "default",
     target_fpr: float | None = 0.01,
@@ -705,7 +707,24 @@ def train_monitor(
             ``Monitor.skip``) are neither trained on nor scored.
         aggregate, alpha, window: a streaming monitor's aggregation (see :class:`Monitor`).
             Its report and operating point count a prompt as flagged when the aggregate
-            reaches the threshold at any token.
+            reaches the threshold at any token. Default: ``"max"`` with ``contexts`` (the
+            best at long contexts once the head has seen requests inside conversations),
+            ``"rolling"`` without (trained on short prompts only, a running max flags more
+            long benign chats the longer they are; README, "Long contexts").
+        contexts: benign chat conversations (``[{"role", "content"}]`` turns, user first) to
+            train a per-token monitor on requests *inside* conversations as well, or a number
+            of ShareGPT contexts to draw (:func:`tpc_hooks.data.sharegpt_contexts`, the prompts
+            excluded). Each context hosts one training or validation prompt (as given, not a
+            rewrite; the classes balanced, in a seeded order) in place of its first, middle or
+            last user turn, its budget the ``context_tokens`` in turn
+            (:func:`tpc_hooks.data.host_requests`); its tokens before the request are benign
+            rows, the request's turn carries the prompt's label, and after a harmful request the
+            rest is dropped (:func:`tpc_hooks.data.token_labels`). 1000 contexts (as measured:
+            README, "Long contexts") keep the short-prompt recall at 2k tokens; 300 did not. A ``val_fraction`` share of the contexts (at least 2) is held out:
+            it joins model selection (group ``"contexts"``), the report
+            (``report["contexts"]``) and, for its benign sequences, the operating point, so the
+            threshold holds on long benign chats. Needs a chat template.
+        context_tokens: each context's token budget, or several used in turn (512, 1024).
         augment: ``True`` (every phrasing family), ``False``, or the families to use; default:
             every family, none for ``recipe="in_distribution"``.
         recipe: ``"default"`` (rewrites + worst-family selection), ``"in_distribution"`` (no
@@ -756,14 +775,21 @@ def train_monitor(
     if sae is not None and len(sites) > 1:
         raise TPCHooksError("an SAE belongs to one site: pass a single site with sae=")
     streaming = pooling == "token"
+    if aggregate is None:
+        aggregate = "rolling" if contexts is None else "max"
     if streaming:
         check_aggregate(aggregate, alpha, window)
         if len(sites) > 1:
             raise TPCHooksError("a per-token monitor (pooling='token') reads one site; pass a single site")
     else:
         check_pooling(pooling)
+        if contexts is not None:
+            raise TPCHooksError("contexts= trains a per-token monitor on requests inside conversations; pass "
+                                "pooling='token'")
     if chat_template is None:
         chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
+    if contexts is not None:
+        contexts, context_tokens = _check_contexts(adapter.tokenizer, contexts, context_tokens, chat_template, items)
     if not 0 < val_fraction < 1:
         raise TPCHooksError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
     if np.bincount(y, minlength=2).min() < 2:
@@ -801,7 +827,8 @@ def train_monitor(
             adapter, texts, y_all, tr_rows, va_rows, g_va, n_plain_tr=len(tr), plain_va=list(va), site=sites[0],
             cfg=cfg, families=families, own=own, tau=tau, target_fpr=target_fpr, chat_template=chat_template, bos=bos,
             max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose, recipe=recipe,
-            stream=(aggregate, alpha, window), n_aug=(len(aug), len(views)))
+            stream=(aggregate, alpha, window), n_aug=(len(aug), len(views)),
+            contexts=None if contexts is None else (contexts, context_tokens, val_fraction))
     X = collect(adapter, texts, sites, pooling, batch_size=batch_size, chat_template=chat_template, prepend_bos=bos,
                 max_tokens=max_tokens, sae=sae, progress=verbose)
     val_groups = g_va if families else None
@@ -838,11 +865,14 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
                          cfg: FitConfig,
                          families: Sequence[str], own: dict[str, Any], tau: float | None, target_fpr: float | None,
                          chat_template: bool, bos: bool, max_tokens: int | None, batch_size: int, sae: Any,
-                         verbose: bool, recipe: str, stream: tuple[str, float, int], n_aug: tuple[int, int]) -> Monitor:
+                         verbose: bool, recipe: str, stream: tuple[str, float, int], n_aug: tuple[int, int],
+                         contexts: tuple[list[list[dict[str, str]]], tuple[int, ...], float] | None) -> Monitor:
     """:func:`train_monitor` for ``pooling="token"``: the same prompts, rewrites, split and
-    selection, on token rows (each token carries its prompt's label; validation groups too)."""
+    selection, on token rows (each token carries its prompt's label; validation groups too),
+    plus, with ``contexts``, the rows of requests hosted in conversations."""
     from tqdm.auto import tqdm
 
+    from ._context import host_requests, token_labels
     from ._fit import fit
     from .metrics import classification_metrics
     from ._select import worst_group
@@ -853,12 +883,33 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
         per = token_batches(adapter, ids, [adapter.site(site)], batch_size, bar, sae=sae)[site]
     rows = lambda idx: torch.cat([per[i][skip:] for i in idx])
     repeat = lambda idx, v: np.concatenate([np.full(per[i][skip:].shape[0], v[j]) for j, i in enumerate(idx)])
-    y_tr_t = repeat(tr_rows, y_all[tr_rows])
-    y_va_t = repeat(va_rows, y_all[va_rows])
+    X_tr, y_tr_t = rows(tr_rows), repeat(tr_rows, y_all[tr_rows])
+    X_va, y_va_t = rows(va_rows), repeat(va_rows, y_all[va_rows])
+    groups_t = repeat(va_rows, g_va)
+    hosted: dict[str, Any] = {}
+    if contexts is not None:  # requests inside benign conversations: more rows for training and validation
+        convs, lengths, val_fraction = contexts
+        n_val = max(2, int(round(val_fraction * len(convs))))
+        for k, (split, cs, idx) in enumerate((("val", convs[:n_val], list(plain_va)),
+                                               ("train", convs[n_val:], list(tr_rows[:n_plain_tr])))):
+            pick = _balanced(y_all[idx], len(cs), np.random.default_rng([cfg.seed, k]))
+            h = host_requests(adapter.tokenizer, cs, [texts[idx[i]] for i in pick], y_all[[idx[i] for i in pick]],
+                              lengths=lengths)
+            with tqdm(total=len(cs), desc=f"collect {split} contexts", unit="chat", disable=not verbose) as bar:
+                acts = token_batches(adapter, [q.ids for q in h.sequences], [adapter.site(site)], batch_size, bar,
+                                     sae=sae)[site]
+            spans = [token_labels(len(q.ids), q.start, q.stop, int(c), skip=skip, tail=h.tail)
+                     for q, c in zip(h.sequences, h.labels)]
+            hosted[split] = (h, acts, spans)
+        X_tr = torch.cat([X_tr] + [a[sl] for a, (sl, _) in zip(hosted["train"][1], hosted["train"][2])])
+        y_tr_t = np.concatenate([y_tr_t] + [lab for _, lab in hosted["train"][2]])
+        X_va = torch.cat([X_va] + [a[sl] for a, (sl, _) in zip(hosted["val"][1], hosted["val"][2])])
+        y_va_t = np.concatenate([y_va_t] + [lab for _, lab in hosted["val"][2]])
+        groups_t = np.concatenate([groups_t, np.full(len(y_va_t) - len(groups_t), "contexts")])
     unlabelled = rows(tr_rows[n_plain_tr:]) if cfg.consistency and families else None
-    head = fit(rows(tr_rows), y_tr_t, rows(va_rows), y_va_t, cfg, verbose=verbose,
-               val_groups=repeat(va_rows, g_va) if families else None, X_unlabelled=unlabelled, **own).cpu()
-    cascade = Cascade(head, tau).calibrate(rows(va_rows), y_va_t) if tau is not None else None
+    head = fit(X_tr, y_tr_t, X_va, y_va_t, cfg, verbose=verbose,
+               val_groups=groups_t if families else None, X_unlabelled=unlabelled, **own).cpu()
+    cascade = Cascade(head, tau).calibrate(X_va, y_va_t) if tau is not None else None
     how, alpha, window = stream
     monitor = Monitor(head=head, site=site, pooling="token", chat_template=chat_template, prepend_bos=bos,
                       max_tokens=max_tokens, model_name=adapter.model_name, cascade=cascade, sae=sae, aggregate=how,
@@ -875,7 +926,54 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
         "worst_validation_group": {"groups": sorted(set(g_va.tolist())), "per_order": worst},
         "n_train": n_plain_tr, "n_train_tokens": int(len(y_tr_t)), "recipe": recipe,
         "augment": {"families": list(families), "n_train_rewrites": n_aug[0], "n_val_rewrites": n_aug[1]}})
+    benign = [per[i] for i in va_rows if y_all[i] == 0]
+    if hosted:
+        h, acts, spans = hosted["val"]
+        val_peaks = lambda n: torch.stack([monitor._aggregated(_Fixed(head, n), a[:sl.stop])[1].max()
+                                           for a, (sl, _) in zip(acts, spans)]).double().numpy()
+        monitor.report["contexts"] = {
+            "n_train": len(hosted["train"][0].sequences), "n_val": len(h.sequences), "lengths": list(contexts[1]),
+            "n_train_tokens": int(sum(len(lab) for _, lab in hosted["train"][2])),
+            "per_order": [classification_metrics(h.labels, val_peaks(n)) for n in range(1, head.degree + 1)],
+            "decision": "max over the chat of the aggregate (after a harmful request: to its turn's end)"}
+        benign += [a for a, c in zip(acts, h.labels) if c == 0]  # whole benign chats: the threshold holds on them
     if target_fpr is not None:
-        monitor.calibrate_activations([per[i] for i in va_rows if y_all[i] == 0], target_fpr)
+        monitor.calibrate_activations(benign, target_fpr)
     return monitor
+
+
+def _balanced(y: np.ndarray, n: int, rng: np.random.Generator) -> list[int]:
+    """``n`` indices into ``y``, half of each class (class 1 gets the odd one), each class's
+    drawn without replacement until it runs out (then cycling), in a shuffled order."""
+    out = []
+    for c, k in ((1, n - n // 2), (0, n // 2)):
+        pool = rng.permutation(np.flatnonzero(y == c))
+        out += [int(pool[i % len(pool)]) for i in range(k)]
+    return [out[i] for i in rng.permutation(n)]
+
+
+def _check_contexts(tokenizer: Any, contexts: Any, lengths: Any, chat_template: bool,
+                    prompts: Sequence[str]) -> tuple[list[list[dict[str, str]]], tuple[int, ...]]:
+    """``train_monitor``'s ``contexts`` (conversations, or a number of ShareGPT contexts) and
+    ``context_tokens``, checked."""
+    from ._context import check_conversation, sharegpt_contexts
+
+    lengths = (lengths,) if isinstance(lengths, int) and not isinstance(lengths, bool) else tuple(lengths)
+    if not lengths or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in lengths):
+        raise TPCHooksError(f"context_tokens must be a positive integer or a list of them; got {lengths!r}")
+    if not chat_template:
+        raise TPCHooksError("contexts= places prompts in chat conversations; it needs chat_template=True "
+                            "(a tokenizer with a chat template)")
+    if isinstance(contexts, int) and not isinstance(contexts, bool):
+        if contexts < 4:
+            raise TPCHooksError(f"contexts must be at least 4 (2 held out for validation); got {contexts}")
+        return sharegpt_contexts(tokenizer, contexts, tokens=max(lengths) + 384, exclude=prompts), lengths
+    if isinstance(contexts, (str, bytes)) or not isinstance(contexts, Sequence):
+        raise TPCHooksError("contexts must be a list of conversations ([{'role', 'content'}] turns) or a number of "
+                            f"ShareGPT contexts; got {type(contexts).__name__}")
+    convs = [check_conversation(c) for c in contexts]
+    if len(convs) < 4 or any(not c for c in convs):
+        raise TPCHooksError(f"contexts needs at least 4 non-empty conversations (2 are held out); got {len(convs)}"
+                            + (" (one is empty)" if any(not c for c in convs) else ""))
+    return convs, lengths
 

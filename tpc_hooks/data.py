@@ -25,7 +25,11 @@ source              label  file
 For other data, :func:`load_prompt_file` reads a local CSV/JSONL and :func:`load_hf_dataset`
 loads a Hugging Face dataset (WildGuardMix, for one), which needs the network.
 :func:`sharegpt_conversations` yields whole multi-turn ShareGPT conversations (chat messages, the
-same filters), as benign context for long-context tests of streaming monitors.
+same filters), as benign context for long-context tests of streaming monitors;
+:func:`sharegpt_contexts` joins them into contexts of a given token length, and
+:func:`in_conversation` places a request in one and says where its tokens are;
+:func:`host_requests` and :func:`token_labels` build and label the sequences
+``train_monitor(pooling="token", contexts=...)`` trains on.
 """
 
 import csv
@@ -43,6 +47,12 @@ from typing import Any
 import numpy as np
 
 from . import _phrasing, _sources
+from ._context import HostedRequests as HostedRequests
+from ._context import InConversation as InConversation
+from ._context import host_requests as host_requests
+from ._context import in_conversation as in_conversation
+from ._context import sharegpt_contexts as sharegpt_contexts
+from ._context import token_labels as token_labels
 from ._errors import TPCHooksError
 from ._sources import INSTALL as INSTALL
 from ._sources import MIN_CHARS as _MIN_CHARS
