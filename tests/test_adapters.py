@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import tpc_hooks as tpc
-from tiny_models import bridge, hf_gpt2, hf_llama, hooked_gpt2_style, named, nnsight_lm, tokenizer, tiny_head
+from tiny_models import (RESUME_PROMPTS, bridge, hf_gpt2, hf_llama, hooked_gpt2_style, interrupt_forward, named, nnsight_lm,
+                         tokenizer, tiny_head)
 from tpc_hooks.adapters import get_adapter
 from tpc_hooks.pooling import pool
 
@@ -167,19 +168,9 @@ def test_stop_action_and_callbacks_and_hooks_are_given_back(case):
 
 def test_store_resumes_without_losing_or_duplicating_rows(tmp_path, monkeypatch):
     model = nnsight_lm(hf_llama())
-    prompts = [f"{w} cat" for w in ("the", "a", "dog", "hello", "world", "nice", "cake", "bread", "car", "friend")]
+    prompts = RESUME_PROMPTS
     want = tpc.collect(model, prompts, SITE, progress=False)[SITE]
-    adapter = get_adapter(model)
-    calls = {"n": 0}
-    real = type(adapter).forward_sites
-
-    def flaky(self, *a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(type(adapter), "forward_sites", flaky)
+    interrupt_forward(monkeypatch, get_adapter(model), at=4)
     with pytest.raises(KeyboardInterrupt):
         tpc.collect(model, prompts, SITE, batch_size=2, store=tmp_path / "s", shard_prompts=3, progress=False)
     partial = tpc.ActivationStore.open(tmp_path / "s" / SITE)

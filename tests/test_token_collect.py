@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import tpc_hooks as tpc
-from tiny_models import hf_llama, hooked_gpt2_style, named, nnsight_lm
+from tiny_models import RESUME_PROMPTS, hf_llama, hooked_gpt2_style, interrupt_forward, named, nnsight_lm
 from tpc_hooks.adapters import get_adapter
 
 SITE = "blocks.1.hook_resid_post"
@@ -148,19 +148,9 @@ def test_store_round_trip_records_token_rows_and_the_fixed_prefix(tmp_path):
 
 def test_store_resumes_after_an_interruption_without_duplicates(tmp_path, monkeypatch):
     model = nnsight_lm(hf_llama())
-    prompts = [f"{w} cat" for w in ("the", "a", "dog", "hello", "world", "nice", "cake", "bread", "car", "friend")]
+    prompts = RESUME_PROMPTS
     want = tpc.collect(model, prompts, SITE, "token", progress=False)[SITE]
-    adapter = get_adapter(model)
-    calls = {"n": 0}
-    real = type(adapter).forward_sites
-
-    def flaky(self, *a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(type(adapter), "forward_sites", flaky)
+    interrupt_forward(monkeypatch, get_adapter(model), at=4)
     with pytest.raises(KeyboardInterrupt):
         tpc.collect(model, prompts, SITE, "token", batch_size=2, store=tmp_path / "s", shard_prompts=3, progress=False)
     partial = tpc.ActivationStore.open(tmp_path / "s" / SITE)

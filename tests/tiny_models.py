@@ -111,3 +111,21 @@ def tiny_head(d_model: int = 32, degree: int = 3, seed: int = 0):
         for p in head.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     return head
+
+
+RESUME_PROMPTS = [f"{w} cat" for w in ("the", "a", "dog", "hello", "world", "nice", "cake", "bread", "car", "friend")]
+
+
+def interrupt_forward(monkeypatch, adapter, at: int) -> None:
+    """Makes the adapter's ``at``-th forward pass (counting from 1) raise ``KeyboardInterrupt``, as
+    a user pressing Ctrl-C in the middle of a collection; every other pass runs as usual."""
+    calls = {"n": 0}
+    real = type(adapter).forward_sites
+
+    def flaky(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == at:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(type(adapter), "forward_sites", flaky)

@@ -875,17 +875,15 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
     from ._context import host_requests, token_labels
     from ._fit import fit
     from .metrics import classification_metrics
+    from ._rows import token_rows
     from ._select import worst_group
 
     ids, _ = adapter.tokenize(texts, chat_template=chat_template, max_tokens=max_tokens, prepend_bos=bos)
     skip = adapter.fixed_prefix(chat_template=chat_template, prepend_bos=bos)  # identical in every prompt: no signal
     with tqdm(total=len(ids), desc="collect tokens", unit="prompt", disable=not verbose) as bar:
         per = token_batches(adapter, ids, [adapter.site(site)], batch_size, bar, sae=sae)[site]
-    rows = lambda idx: torch.cat([per[i][skip:] for i in idx])
-    repeat = lambda idx, v: np.concatenate([np.full(per[i][skip:].shape[0], v[j]) for j, i in enumerate(idx)])
-    X_tr, y_tr_t = rows(tr_rows), repeat(tr_rows, y_all[tr_rows])
-    X_va, y_va_t = rows(va_rows), repeat(va_rows, y_all[va_rows])
-    groups_t = repeat(va_rows, g_va)
+    X_tr, y_tr_t = token_rows([per[i] for i in tr_rows], skip, y_all[tr_rows])
+    X_va, y_va_t, groups_t = token_rows([per[i] for i in va_rows], skip, y_all[va_rows], g_va)
     hosted: dict[str, Any] = {}
     if contexts is not None:  # requests inside benign conversations: more rows for training and validation
         convs, lengths, val_fraction = contexts
@@ -906,7 +904,7 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
         X_va = torch.cat([X_va] + [a[sl] for a, (sl, _) in zip(hosted["val"][1], hosted["val"][2])])
         y_va_t = np.concatenate([y_va_t] + [lab for _, lab in hosted["val"][2]])
         groups_t = np.concatenate([groups_t, np.full(len(y_va_t) - len(groups_t), "contexts")])
-    unlabelled = rows(tr_rows[n_plain_tr:]) if cfg.consistency and families else None
+    unlabelled = token_rows([per[i] for i in tr_rows[n_plain_tr:]], skip)[0] if cfg.consistency and families else None
     head = fit(X_tr, y_tr_t, X_va, y_va_t, cfg, verbose=verbose,
                val_groups=groups_t if families else None, X_unlabelled=unlabelled, **own).cpu()
     cascade = Cascade(head, tau).calibrate(X_va, y_va_t) if tau is not None else None

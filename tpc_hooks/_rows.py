@@ -170,3 +170,13 @@ def split_data(X: Any, y: Any, X_val: Any, y_val: Any, val_fraction: float, seed
     tr_idx, va_idx = train_test_split(np.arange(data.n), test_size=n_val, stratify=y_np, random_state=seed)
     tr_idx, va_idx = np.sort(tr_idx), np.sort(va_idx)
     return data.subset(tr_idx), y_all[tr_idx], data.subset(va_idx), y_all[va_idx]
+
+
+def token_rows(seqs: list[Any], skip: int, *per_seq: Any) -> tuple[Any, ...]:
+    """A per-token monitor's rows: every position of each sequence ``[T_i, d]`` (tensors or
+    arrays) after its first ``skip`` (the fixed prefix), stacked, then each of ``per_seq``
+    (per-sequence values: labels, group names) repeated once per row of its sequence.
+
+    Returns ``(rows [N, d] tensor, *repeated [N] arrays)``."""
+    parts = [torch.as_tensor(z[skip:]) for z in seqs]
+    return (torch.cat(parts), *(np.concatenate([np.full(len(p), v) for p, v in zip(parts, vals)]) for vals in per_seq))

@@ -404,6 +404,7 @@ def _train_tokens(args: argparse.Namespace, acts: Path, cfg: dict[str, Any], sit
     from ._cascade import Cascade
     from ._fit import fit
     from ._monitor import REWRITE_CONSISTENCY, Monitor
+    from ._rows import token_rows
 
     user = "a per-token monitor (collect.json says pooling 'token')"
     data: dict[str, tuple[list[Any], Any]] = {}
@@ -422,9 +423,8 @@ def _train_tokens(args: argparse.Namespace, acts: Path, cfg: dict[str, Any], sit
 
     def rows(names: list[str]) -> tuple[Any, Any, Any]:
         """The token rows after the prefix of the splits ``names``, each row's label and split."""
-        seqs = [(z[skip:], c, p) for p in names for z, c in zip(*data[p])]
-        labels = np.concatenate([np.full(len(z), c) for z, c, _ in seqs])
-        return np.concatenate([z for z, _, _ in seqs]), labels, np.concatenate([[p] * len(z) for z, _, p in seqs])
+        seqs, labels, splits = zip(*[(z, c, p) for p in names for z, c in zip(*data[p])])
+        return token_rows(list(seqs), skip, labels, splits)
 
     X, y, _ = rows(parts)
     Xv = yv = groups = None
