@@ -105,7 +105,7 @@ def _fit_turns(tpl: _Template, turns: list[tuple[str, str, int]], budget: int) -
     return out
 
 
-def in_conversation(tokenizer: Any, request: str, conversation: Sequence[dict[str, str]], *,
+def in_conversation(tokenizer: Any, request: str, conversation: Any, *,
                     position: str = "middle", max_tokens: int | None = 1024,
                     turn_cap: int | None = 192) -> InConversation:
     """Puts ``request`` in place of one user turn of ``conversation`` and tokenises the chat.
