@@ -139,3 +139,56 @@ def test_mixing_token_and_pooled_stores_is_a_clear_error(tmp_path, tiny_cli, cap
            "max"], "--decision chooses how a per-token monitor scores a prompt", "pools ('mean')")
     fails(["attribute", "--monitor", str(tmp_path / "token"), "--prompt", HARMFUL[0]], "is a per-token monitor",
           "tpc.attribute(monitor, rows)")
+
+
+def tiny_chats(tokenizer, n, tokens, exclude):
+    """Benign chats of the tiny vocabulary in place of ShareGPT (collect --contexts' source)."""
+    words = "the a cat dog sat on mat hello world is nice write poem bread recipe friend python code".split()
+    rng = np.random.default_rng(n)
+    return [[{"role": ("user", "assistant")[t % 2], "content": " ".join(rng.choice(words, 4 + (t + i) % 6))}
+             for t in range(5 + 2 * (i % 2))] for i in range(n)]
+
+
+def test_collect_contexts_then_train_learns_from_the_hosted_chats(tmp_path, tiny_cli, monkeypatch, capsys):
+    """collect --contexts writes ctx-train / ctx-val (chats hosting train / val prompts, their
+    request spans); train adds their rows exactly as token_labels labels them, calibrates on the
+    benign held-out chats too, and defaults to aggregate max; --no-contexts leaves them out."""
+    from tpc_hooks.data import token_labels
+
+    monkeypatch.setattr(cli, "_conversations", tiny_chats)
+    acts = tmp_path / "acts"
+    assert main(["collect", "--pooling", "token", "--sites", SITE, "--out", str(acts), "--no-augment", "--contexts",
+                 "10", "--context-tokens", "20", "30", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "ctx-train" in out and "ctx-val" in out
+    tok = get_adapter(tiny_cli).tokenizer
+    sets = _sets(None)
+    n_rows = {}
+    for split, prompts, n in (("ctx-train", sets["train"].texts, 8), ("ctx-val", sets["val"].texts, 2)):
+        labels = json.loads((acts / split / "labels.json").read_text())
+        spans = json.loads((acts / split / "spans.json").read_text())
+        seqs = tpc.ActivationStore.open(acts / split / SITE).sequences()
+        assert len(labels) == len(seqs) == len(spans["spans"]) == n and sorted(set(labels)) == [0, 1]
+        sizes = {len(tok(t, add_special_tokens=False)["input_ids"]) for t in prompts}  # the split's own prompts
+        for (start, stop), z in zip(spans["spans"], seqs):
+            assert 1 <= start < stop <= len(z) and stop - start in sizes
+        n_rows[split] = sum(len(token_labels(len(z), a, b, c, skip=1, tail=spans["tail"])[1])
+                            for z, (a, b), c in zip(seqs, spans["spans"], labels))
+    common = ["--degree", "2", "--rank", "2", "--epochs", "2", "--no-progress"]
+    assert main(["train", "--acts", str(acts), "--out", str(tmp_path / "with"), *common]) == 0
+    out = capsys.readouterr().out
+    assert main(["train", "--acts", str(acts), "--out", str(tmp_path / "without"), "--no-contexts", *common]) == 0
+    capsys.readouterr()
+    with_, without = tpc.Monitor.load(tmp_path / "with"), tpc.Monitor.load(tmp_path / "without")
+    assert (with_.aggregate, without.aggregate) == ("max", "rolling")
+    assert with_.report["n_train_tokens"] == without.report["n_train_tokens"] + n_rows["ctx-train"]
+    assert with_.report["contexts"] == {"train": 8, "val": 2} and "contexts" not in without.report
+    n_benign_chats = json.loads((acts / "ctx-val" / "labels.json").read_text()).count(0)
+    assert with_.report["operating_point"]["n_benign"] == without.report["operating_point"]["n_benign"] + n_benign_chats
+    assert "8 ctx-train, 2 ctx-val chats included" in out
+    # a damaged spans file is a clear error
+    (acts / "ctx-val" / "spans.json").write_text(json.dumps({"spans": [[0, 1]], "tail": 2}))
+    assert main(["train", "--acts", str(acts), "--out", str(tmp_path / "bad"), *common]) == 2
+    assert "does not hold one request span per chat" in capsys.readouterr().err
+    assert main(["collect", "--sites", SITE, "--out", str(tmp_path / "pooled"), "--contexts", "10"]) == 2
+    assert "needs --pooling token" in capsys.readouterr().err

@@ -280,3 +280,31 @@ def token_labels(n_tokens: int, start: int, stop: int, label: int, *, skip: int,
     end = n_tokens if label == 0 else min(n_tokens, stop + tail)
     pos = np.arange(skip, end)
     return slice(skip, end), np.where(pos >= start, label, 0).astype(int)
+
+
+def _balanced(y: np.ndarray, n: int, rng: np.random.Generator) -> list[int]:
+    """``n`` indices into ``y``, half of each class (class 1 gets the odd one), each class's
+    drawn without replacement until it runs out (then cycling), in a shuffled order."""
+    out = []
+    for c, k in ((1, n - n // 2), (0, n // 2)):
+        pool = rng.permutation(np.flatnonzero(y == c))
+        if k and not len(pool):
+            raise TPCHooksError(f"contexts host requests of both classes, and no prompt has label {c}")
+        out += [int(pool[i % len(pool)]) for i in range(k)]
+    return [out[i] for i in rng.permutation(n)]
+
+
+def host_splits(tokenizer: Any, contexts: Sequence[Sequence[dict[str, str]]],
+                prompts: dict[str, tuple[Sequence[str], Any]], *, val_fraction: float,
+                lengths: Sequence[int], seed: int) -> dict[str, HostedRequests]:
+    """The contexts split as ``train_monitor(contexts=...)`` splits them: the first
+    ``max(2, round(val_fraction * n))`` host validation prompts, the rest training ones; each
+    context one prompt of its split (``prompts["val"]``, ``prompts["train"]``: texts and labels),
+    the classes balanced, in a seeded order (:func:`host_requests`)."""
+    n_val = max(2, int(round(val_fraction * len(contexts))))
+    out = {}
+    for k, (name, cs) in enumerate((("val", contexts[:n_val]), ("train", contexts[n_val:]))):
+        texts, y = prompts[name][0], np.asarray(prompts[name][1], dtype=int)
+        pick = _balanced(y, len(cs), np.random.default_rng([seed, k]))
+        out[name] = host_requests(tokenizer, cs, [texts[i] for i in pick], y[pick], lengths=lengths)
+    return out

@@ -872,7 +872,7 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
     plus, with ``contexts``, the rows of requests hosted in conversations."""
     from tqdm.auto import tqdm
 
-    from ._context import host_requests, token_labels
+    from ._context import host_splits, token_labels
     from ._fit import fit
     from .metrics import classification_metrics
     from ._rows import token_rows
@@ -887,13 +887,11 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
     hosted: dict[str, Any] = {}
     if contexts is not None:  # requests inside benign conversations: more rows for training and validation
         convs, lengths, val_fraction = contexts
-        n_val = max(2, int(round(val_fraction * len(convs))))
-        for k, (split, cs, idx) in enumerate((("val", convs[:n_val], list(plain_va)),
-                                               ("train", convs[n_val:], list(tr_rows[:n_plain_tr])))):
-            pick = _balanced(y_all[idx], len(cs), np.random.default_rng([cfg.seed, k]))
-            h = host_requests(adapter.tokenizer, cs, [texts[idx[i]] for i in pick], y_all[[idx[i] for i in pick]],
-                              lengths=lengths)
-            with tqdm(total=len(cs), desc=f"collect {split} contexts", unit="chat", disable=not verbose) as bar:
+        splits = {name: ([texts[i] for i in idx], y_all[list(idx)])
+                  for name, idx in (("val", plain_va), ("train", tr_rows[:n_plain_tr]))}
+        for split, h in host_splits(adapter.tokenizer, convs, splits, val_fraction=val_fraction, lengths=lengths,
+                                    seed=cfg.seed).items():
+            with tqdm(total=len(h.sequences), desc=f"collect {split} contexts", unit="chat", disable=not verbose) as bar:
                 acts = token_batches(adapter, [q.ids for q in h.sequences], [adapter.site(site)], batch_size, bar,
                                      sae=sae)[site]
             spans = [token_labels(len(q.ids), q.start, q.stop, int(c), skip=skip, tail=h.tail)
@@ -938,16 +936,6 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
     if target_fpr is not None:
         monitor.calibrate_activations(benign, target_fpr)
     return monitor
-
-
-def _balanced(y: np.ndarray, n: int, rng: np.random.Generator) -> list[int]:
-    """``n`` indices into ``y``, half of each class (class 1 gets the odd one), each class's
-    drawn without replacement until it runs out (then cycling), in a shuffled order."""
-    out = []
-    for c, k in ((1, n - n // 2), (0, n // 2)):
-        pool = rng.permutation(np.flatnonzero(y == c))
-        out += [int(pool[i % len(pool)]) for i in range(k)]
-    return [out[i] for i in rng.permutation(n)]
 
 
 def _check_contexts(tokenizer: Any, contexts: Any, lengths: Any, chat_template: bool,

@@ -6,7 +6,8 @@ and prompt set. The other verbs do one step each, on saved activations and monit
 (monitor + stores -> metrics per order and the cascade sweep), ``monitor`` (live generation with
 per-step scores) and ``attribute`` (a prompt's decision by order, neuron and pair).
 ``collect --pooling token`` stores every token's row instead, and ``train`` then makes a per-token
-(streaming) monitor (``--aggregate``, ``--alpha``, ``--window``).
+(streaming) monitor (``--aggregate``, ``--alpha``, ``--window``); ``--contexts N`` there also
+collects N benign chats hosting train/val prompts, which ``train`` learns from.
 """
 import argparse
 import datetime as _dt
@@ -223,8 +224,19 @@ def _collect(args: argparse.Namespace) -> int:
     _check_model(args.model)
     from ._collect import collect
 
+    if args.contexts is not None:
+        if args.pooling != "token" or args.no_chat_template:
+            raise TPCHooksError("--contexts places prompts inside chat conversations for a per-token monitor; it needs "
+                                "--pooling token and the chat template (drop --no-chat-template)")
+        if args.contexts < 4 or any(t < 1 for t in args.context_tokens):
+            raise TPCHooksError(f"--contexts needs at least 4 (2 are held out) and --context-tokens positive budgets; "
+                                f"got {args.contexts} and {args.context_tokens}")
     out = Path(args.out)
     sets = _datasets(args)
+    if args.contexts is not None and not {"train", "val"} <= set(sets):
+        raise TPCHooksError(f"--contexts hosts training and validation prompts, and --dataset {args.dataset} has no "
+                            "train/val splits; use the default set, or drop --contexts")
+    plain = {k: sets[k] for k in ("train", "val") if k in sets}
     if not args.no_augment:
         sets.update(_rewrites(sets, args.seed))
     model = _load_model(args.model, args.toolkit)
@@ -232,14 +244,49 @@ def _collect(args: argparse.Namespace) -> int:
         collect(model, ps.texts, args.sites, args.pooling, batch_size=args.batch_size, chat_template=not args.no_chat_template,
                 max_tokens=args.max_tokens, store=out / split, progress=not args.no_progress)
         (out / split / "labels.json").write_text(json.dumps(list(map(int, ps.labels))))
+    sizes = {k: len(v) for k, v in sets.items()}
+    if args.contexts is not None:
+        sizes.update(_collect_contexts(args, model, out, plain, [t for ps in sets.values() for t in ps.texts]))
     (out / "collect.json").write_text(json.dumps({
         "model": args.model, "toolkit": args.toolkit, "sites": args.sites, "pooling": args.pooling,
         "chat_template": not args.no_chat_template, "max_tokens": args.max_tokens, "dataset": args.dataset,
-        "splits": {k: len(v) for k, v in sets.items()}}, indent=1))
-    print(_table(["split", "prompts"], [[k, str(len(v))] for k, v in sets.items()]))
+        "splits": sizes}, indent=1))
+    print(_table(["split", "prompts"], [[k, str(v)] for k, v in sizes.items()]))
     kind = "per-token rows" if args.pooling == "token" else f"pooling {args.pooling}"
     print(f"activations in {out} (sites: {', '.join(args.sites)}; {kind})")
     return 0
+
+
+CONTEXT_SPLITS = {"train": "ctx-train", "val": "ctx-val"}
+
+
+def _conversations(tokenizer: Any, n: int, tokens: int, exclude: list[str]) -> list[Any]:
+    """``collect --contexts``' benign chats (ShareGPT; tests replace this)."""
+    from ._context import sharegpt_contexts
+
+    return sharegpt_contexts(tokenizer, n, tokens=tokens, exclude=exclude)
+
+
+def _collect_contexts(args: argparse.Namespace, model: Any, out: Path, plain: dict[str, Any],
+                      exclude: list[str]) -> dict[str, int]:
+    """``collect --contexts N``: N benign chats, each hosting one train or val prompt as
+    ``train_monitor(contexts=N)`` does, into splits ``ctx-train`` / ``ctx-val`` (per-token stores,
+    each chat's request label in labels.json, its request's token span in spans.json)."""
+    from ._collect import collect
+    from ._context import host_splits
+    from .adapters import get_adapter
+
+    tok = get_adapter(model).tokenizer
+    convs = _conversations(tok, args.contexts, max(args.context_tokens) + 384, exclude)
+    hosted = host_splits(tok, convs, {k: (ps.texts, ps.labels) for k, ps in plain.items()}, val_fraction=0.2,
+                         lengths=args.context_tokens, seed=args.seed)
+    for split, h in hosted.items():
+        d = out / CONTEXT_SPLITS[split]
+        collect(model, tokens=[q.ids for q in h.sequences], sites=args.sites, pooling="token",
+                batch_size=args.batch_size, store=d, progress=not args.no_progress)
+        (d / "labels.json").write_text(json.dumps(h.labels.tolist()))
+        (d / "spans.json").write_text(json.dumps({"spans": [[q.start, q.stop] for q in h.sequences], "tail": h.tail}))
+    return {CONTEXT_SPLITS[k]: len(h.sequences) for k, h in hosted.items()}
 
 
 def _rewrites(sets: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -431,6 +478,15 @@ def _train_tokens(args: argparse.Namespace, acts: Path, cfg: dict[str, Any], sit
     if val_parts:
         Xv, yv, groups = rows(val_parts)
         groups = groups if len(val_parts) > 1 else None  # the phrasing families, as the pooled path
+    hosted = {} if args.no_contexts else {k: _hosted(acts, d, site, skip, site_fix) for k, d in CONTEXT_SPLITS.items()
+                                          if (acts / d / "labels.json").is_file()}
+    if "train" in hosted:  # collect --contexts: requests inside benign chats, as train_monitor(contexts=...)
+        X, y = torch.cat([X, hosted["train"][0]]), np.concatenate([y, hosted["train"][1]])
+    if "val" in hosted and Xv is not None:
+        Xv, yv = torch.cat([Xv, hosted["val"][0]]), np.concatenate([yv, hosted["val"][1]])
+        groups = None if groups is None else np.concatenate([groups, np.full(len(hosted["val"][1]), "contexts")])
+    if hosted and "aggregate" not in stream:
+        stream["aggregate"] = "max"  # as train_monitor with contexts: the best at long contexts
     unlabelled = None
     if "aug" in parts and args.recipe == "default":  # as train_monitor: consistency on the training rewrites
         unlabelled = rows(["aug"])[0]
@@ -441,11 +497,41 @@ def _train_tokens(args: argparse.Namespace, acts: Path, cfg: dict[str, Any], sit
                   prepend_bos=metas[parts[0]].get("prepend_bos"), max_tokens=cfg["max_tokens"], model_name=cfg["model"],
                   cascade=cascade, skip=skip, **stream)
     mon.report.update({"n_train": int(sum(len(data[p][1]) for p in parts)), "n_train_tokens": int(len(y))})
+    if hosted:
+        mon.report["contexts"] = {k: len(v[2]) for k, v in hosted.items()}
     benign = [torch.from_numpy(s) for p in val_parts for s, c in zip(*data[p]) if c == 0] if val_parts else None
+    if benign is not None and "val" in hosted:  # whole benign chats: the threshold holds on them
+        benign += [torch.from_numpy(s) for s, c in zip(*hosted["val"][2:]) if c == 0]
     path = _calibrate_and_save(mon, args, benign, "sequences at any token", "val F1 (tokens)")
-    print(f"per-token monitor (aggregate {mon.aggregate}, skip {skip} leading tokens) trained on {len(y)} token rows; "
-          f"saved to {path}")
+    ctx = f" ({', '.join(f'{len(v[2])} {CONTEXT_SPLITS[k]}' for k, v in hosted.items())} chats included)" if hosted else ""
+    print(f"per-token monitor (aggregate {mon.aggregate}, skip {skip} leading tokens) trained on {len(y)} token rows"
+          f"{ctx}; saved to {path}")
     return 0
+
+
+def _hosted(acts: Path, split: str, site: str, skip: int, site_fix: str) -> tuple[Any, Any, list[Any], list[int]]:
+    """A ``collect --contexts`` split: its rows and token labels (:func:`tpc_hooks.data.token_labels`),
+    then its whole chats and their request labels."""
+    import numpy as np
+    import torch
+
+    from ._context import token_labels
+
+    labels = _check_split(acts, split, site, "context split", site_fix)
+    seqs, _ = _sequences(acts, split, site, labels, "a per-token monitor")
+    spans = _read_json(acts / split / "spans.json", f"it is written by tpc-hooks collect --contexts; {site_fix}")
+    ok = (isinstance(spans, dict) and isinstance(spans.get("tail"), int) and isinstance(spans.get("spans"), list)
+          and len(spans["spans"]) == len(seqs)
+          and all(isinstance(p, list) and len(p) == 2 and skip <= p[0] < p[1] <= len(z) for p, z in zip(spans["spans"], seqs)))
+    if not ok:
+        raise TPCHooksError(f"{acts / split / 'spans.json'} does not hold one request span per chat of {acts / split} "
+                            f"(after the {skip}-token fixed prefix); {site_fix} --contexts ...")
+    X, y = [], []
+    for z, (start, stop), c in zip(seqs, spans["spans"], labels):
+        rows, lab = token_labels(len(z), start, stop, c, skip=skip, tail=spans["tail"])
+        X.append(torch.from_numpy(np.asarray(z[rows], dtype=np.float32)))
+        y.append(lab)
+    return torch.cat(X), np.concatenate(y), list(seqs), labels
 
 
 _DECISIONS = {"max": "max over tokens of the aggregate", "last": "the aggregate after the last token"}
@@ -638,6 +724,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-augment", action="store_true",
                    help="skip the phrasing rewrites of the train and val splits (splits aug and val-<family>)")
+    p.add_argument("--contexts", type=int, default=None, metavar="N",
+                   help="--pooling token: also N benign ShareGPT chats, each hosting one train or val prompt (splits "
+                        "ctx-train, ctx-val; a fifth held out), which train then learns from (1000 as measured)")
+    p.add_argument("--context-tokens", type=int, nargs="+", default=[512, 1024],
+                   help="--contexts: the chats' token budgets, used in turn (default 512 1024)")
     p.add_argument("--no-progress", action="store_true")
     p = sub.add_parser("train", help="train a monitor on collected activations")
     p.add_argument("--acts", required=True)
@@ -657,11 +748,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="set the monitor's threshold to flag at most this share of benign validation rows "
                         "(default 0.01; the cascade exits around it)")
     p.add_argument("--aggregate", choices=("max", "mean", "ema", "rolling"), default=None,
-                   help="per-token stores only: how the monitor aggregates its token scores over time (default rolling, window 16)")
+                   help="per-token stores only: how the monitor aggregates its token scores over time (default rolling, window "
+                        "16; max with collect --contexts chats)")
     p.add_argument("--alpha", type=float, default=None, help="per-token stores, --aggregate ema: the newest token's weight "
                                                             "(default 0.1)")
     p.add_argument("--window", type=int, default=None, help="per-token stores, --aggregate rolling: tokens in the mean "
                                                            "(default 16)")
+    p.add_argument("--no-contexts", action="store_true",
+                   help="per-token stores: ignore the ctx-train/ctx-val chats collect --contexts wrote")
     p.add_argument("--no-gate", action="store_true", help="keep the trust region but let inputs that leave it use every order")
     p.add_argument("--escalate-only", action="store_true",
                    help="higher orders may not clear a prompt the linear probe flags (recall >= the linear probe's)")
