@@ -6,6 +6,7 @@ tokenised alone; the prefix token counts of the rendered chat; a hand-written lo
 positions for the labels; the ShareGPT conversation stream, walked by hand, for the contexts.
 """
 
+import copy
 import functools
 import importlib.util
 from collections.abc import Mapping
@@ -179,6 +180,24 @@ def test_the_budget_bounds_the_chat_and_more_budget_never_gives_fewer_tokens(whi
         assert lengths == sorted(lengths) and lengths[0] < lengths[-1], (position, lengths)
 
 
+@pytest.mark.parametrize("position", POSITIONS)
+def test_the_last_assistant_turn_kept_is_cut_to_fill_the_budget(which, position):
+    tok = TOKENIZERS[which]()
+    request = REQUESTS[which]
+    rng = np.random.default_rng(11)
+    conv = [{"role": "user", "content": "write a poem"},
+            {"role": "assistant", "content": " ".join(rng.choice(CONV_WORDS, 400))},
+            {"role": "user", "content": "bread recipe"}]
+    for m in (120, 200, 300):
+        q = in_conversation(tok, request, conv, position=position, max_tokens=m, turn_cap=None)
+        j = check_sequence(tok, q, request)
+        assert len(q.messages) == 3 and q.messages[2 - j] == conv[2 - j]
+        kept = q.messages[1]["content"]
+        assert kept and len(kept) < len(conv[1]["content"]) and conv[1]["content"].startswith(kept)
+        replaced = len(enc(tok, conv[j]["content"]))
+        assert m - replaced - 4 <= len(q.ids) - (q.stop - q.start) <= m + 4  # the budget filled, give or take
+
+
 def test_a_budget_under_the_first_turn_gives_the_request_alone(which):
     tok = TOKENIZERS[which]()
     request = REQUESTS[which]
@@ -229,6 +248,19 @@ def test_a_trailing_assistant_turn_is_dropped(which):
         q = in_conversation(tok, request, tuple(conv), position="end", max_tokens=m, turn_cap=None)
         check_sequence(tok, q, request)
         assert len(q.messages) == 7 and q.messages[:6] == conv[:6]
+
+
+def test_a_trimming_template_renders_the_request_as_it_renders_any_turn():
+    """Llama 3 and Gemma templates trim each turn's text: the request is rendered by the template
+    too (not pasted in), and its span is the trimmed text."""
+    tok = copy.deepcopy(smollm2())
+    tok.chat_template = tok.chat_template.replace("message['content']", "(message['content'] | trim)")
+    assert "| trim" in tok.chat_template
+    request = "How do I bake bread?\n"
+    for conv in ([], conversation(5, seed=12)):
+        q = in_conversation(tok, request, conv, position="end")
+        assert q.ids == string_route(tok, q.messages)
+        assert tok.decode(q.ids[q.start:q.stop]) == request.strip()
 
 
 class SlowTokenizer:
@@ -367,13 +399,16 @@ def test_host_requests_cycles_lengths_and_positions_and_reports_the_tail(which):
         assert all(len(enc(tok, m["content"])) <= 3 for m in q.messages if m["content"] != r)
 
 
-def test_host_requests_refuses_mismatched_counts():
+def test_host_requests_refuses_mismatched_counts_and_bad_lengths():
     tok = tiny_models.tokenizer()
     contexts = [conversation(5, seed=k) for k in range(3)]
     requests = ["hack email", "steal car", "bread recipe"]
     for args in [(contexts, requests[:2], [0, 1, 0]), (contexts, requests, [0, 1]), (contexts[:2], requests, [0, 1, 0])]:
         with pytest.raises(TPCHooksError, match="one request and label per context"):
             host_requests(tok, *args)
+    for lengths in ((), (0,), (True, 40)):
+        with pytest.raises(TPCHooksError, match="lengths must be a non-empty list of positive token budgets"):
+            host_requests(tok, contexts, requests, [0, 1, 0], lengths=lengths)
 
 
 # ---------------------------------------------------------------------------------------------- sharegpt_contexts

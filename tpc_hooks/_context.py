@@ -170,20 +170,27 @@ def _place(tpl: _Template, turns: list[tuple[str, str, int]], position: str, req
         starts = tpl.overhead + np.concatenate([[0], np.cumsum([t[2] for t in turns])])
         j = min(users, key=lambda k: abs(starts[k] - starts[-1] / 2))
     messages = [_msg(r, _PLACEHOLDER if k == j else t) for k, (r, t, _) in enumerate(turns)]
-    rendered = _render(tpl.tok, messages, True)
-    c0 = rendered.index(_PLACEHOLDER)
-    rendered = rendered.replace(_PLACEHOLDER, request)
+    marked = _render(tpl.tok, messages, True)
+    c0 = marked.index(_PLACEHOLDER)
+    after = marked[c0 + len(_PLACEHOLDER):]
     messages[j] = _msg("user", request)
+    # The template's own rendering: it may transform a turn's text (Llama 3 trims it), so the
+    # request's rendered text is whatever lies between the placeholder's surroundings.
+    rendered = _render(tpl.tok, messages, True)
+    c1 = len(rendered) - len(after)
+    if rendered[:c0] != marked[:c0] or rendered[c1:] != after or c1 <= c0:
+        raise TPCHooksError("cannot locate the request in the chat template's rendering: the template renders the "
+                            "turns around it differently depending on its text")
     ids = tpl.tok(rendered, add_special_tokens=False, return_offsets_mapping=True) if tpl.tok.is_fast else None
     if ids is not None:
         offsets = ids["offset_mapping"]
         start = next(i for i, (_, e) in enumerate(offsets) if e > c0)
-        stop = 1 + max(i for i, (s, _) in enumerate(offsets) if s < c0 + len(request))
+        stop = 1 + max(i for i, (s, _) in enumerate(offsets) if s < c1)
         return InConversation(list(ids["input_ids"]), start, stop, messages)
     # a slow tokenizer has no offsets: count the tokens of the text before and through the request
     full = _encode(tpl.tok, rendered)
     start = len(_encode(tpl.tok, rendered[:c0]))
-    stop = len(_encode(tpl.tok, rendered[:c0 + len(request)]))
+    stop = len(_encode(tpl.tok, rendered[:c1]))
     return InConversation(full, min(start, stop - 1), stop, messages)
 
 
@@ -254,6 +261,8 @@ def host_requests(tokenizer: Any, contexts: Sequence[Sequence[dict[str, str]]], 
     position start, middle, end for ``j % 3`` = 0, 1, 2: sequences for training a per-token
     monitor on requests inside conversations. Order the requests so that lengths and positions
     do not follow the label (``train_monitor`` shuffles them)."""
+    if not lengths or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in lengths):
+        raise TPCHooksError(f"lengths must be a non-empty list of positive token budgets; got {lengths!r}")
     if len(requests) != len(contexts) or len(labels) != len(contexts):
         raise TPCHooksError(f"one request and label per context; got {len(requests)} requests, {len(labels)} labels, "
                             f"{len(contexts)} contexts")
