@@ -16,6 +16,13 @@ import numpy as np
 from ._errors import TPCHooksError
 
 POSITIONS = ("start", "middle", "end")
+TURN_CAP = 192  # tokens kept of each context turn by default: a long context holds several exchanges
+
+
+def context_budget(lengths: Sequence[int], turn_cap: int = TURN_CAP) -> int:
+    """The least length to draw contexts at (:func:`sharegpt_contexts`) so that each fills the
+    largest of ``lengths`` even when its last exchange is cut away."""
+    return max(lengths) + 2 * turn_cap
 _PLACEHOLDER = "\u2063REQUEST\u2063"  # invisible separators: no real turn contains this
 _X = "x"  # a one-character turn, to measure what the template adds around a turn
 
@@ -58,13 +65,14 @@ class _Template:
         if not getattr(tokenizer, "chat_template", None):
             raise TPCHooksError("a conversation needs a tokenizer with a chat template; this one has none")
         self.tok = tokenizer
+        # a turn is measured after a chat that a turn of its role may follow
+        self.before = {"assistant": [_msg("user", _X)], "user": [_msg("user", _X), _msg("assistant", _X)]}
+        self.base = {r: len(_encode(tokenizer, _render(tokenizer, b, False))) for r, b in self.before.items()}
         self.overhead = len(_encode(tokenizer, _render(tokenizer, [_msg("user", _X)], True))) - self.turn("user", _X)
         self.assistant_frame = self.turn("assistant", "")  # an assistant turn's tokens beyond its text
 
     def turn(self, role: str, text: str) -> int:
-        before = [_msg("user", _X)] if role == "assistant" else [_msg("user", _X), _msg("assistant", _X)]
-        grown = _encode(self.tok, _render(self.tok, before + [_msg(role, text)], False))
-        return len(grown) - len(_encode(self.tok, _render(self.tok, before, False)))
+        return len(_encode(self.tok, _render(self.tok, self.before[role] + [_msg(role, text)], False))) - self.base[role]
 
 
 def _msg(role: str, text: str) -> dict[str, str]:
@@ -107,7 +115,7 @@ def _fit_turns(tpl: _Template, turns: list[tuple[str, str, int]], budget: int) -
 
 def in_conversation(tokenizer: Any, request: str, conversation: Any, *,
                     position: str = "middle", max_tokens: int | None = 1024,
-                    turn_cap: int | None = 192) -> InConversation:
+                    turn_cap: int | None = TURN_CAP) -> InConversation:
     """Puts ``request`` in place of one user turn of ``conversation`` and tokenises the chat.
 
     The conversation's leading turns are kept up to about ``max_tokens`` tokens of chat
@@ -194,7 +202,7 @@ def _place(tpl: _Template, turns: list[tuple[str, str, int]], position: str, req
     return InConversation(full, min(start, stop - 1), stop, messages)
 
 
-def sharegpt_contexts(tokenizer: Any, n: int, *, tokens: int = 1024, turn_cap: int | None = 192,
+def sharegpt_contexts(tokenizer: Any, n: int, *, tokens: int = 1024, turn_cap: int | None = TURN_CAP,
                       exclude: Iterable[str] = ()) -> list[list[dict[str, str]]]:
     """``n`` benign chat contexts of more than ``tokens`` tokens each, from ShareGPT.
 
@@ -256,7 +264,7 @@ class HostedRequests(NamedTuple):
 
 def host_requests(tokenizer: Any, contexts: Sequence[Sequence[dict[str, str]]], requests: Sequence[str],
                   labels: Sequence[int] | np.ndarray, *, lengths: Sequence[int] = (512, 1024),
-                  turn_cap: int | None = 192) -> HostedRequests:
+                  turn_cap: int | None = TURN_CAP) -> HostedRequests:
     """Request ``j`` placed in context ``j``, within ``lengths[j % len(lengths)]`` tokens, at
     position start, middle, end for ``j % 3`` = 0, 1, 2: sequences for training a per-token
     monitor on requests inside conversations. Order the requests so that lengths and positions

@@ -942,7 +942,7 @@ def _check_contexts(tokenizer: Any, contexts: Any, lengths: Any, chat_template: 
                     prompts: Sequence[str]) -> tuple[list[list[dict[str, str]]], tuple[int, ...]]:
     """``train_monitor``'s ``contexts`` (conversations, or a number of ShareGPT contexts) and
     ``context_tokens``, checked."""
-    from ._context import check_conversation, sharegpt_contexts
+    from ._context import check_conversation, context_budget, sharegpt_contexts
 
     lengths = (lengths,) if isinstance(lengths, int) and not isinstance(lengths, bool) else tuple(lengths)
     if not lengths or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in lengths):
@@ -953,7 +953,7 @@ def _check_contexts(tokenizer: Any, contexts: Any, lengths: Any, chat_template: 
     if isinstance(contexts, int) and not isinstance(contexts, bool):
         if contexts < 4:
             raise TPCHooksError(f"contexts must be at least 4 (2 held out for validation); got {contexts}")
-        return sharegpt_contexts(tokenizer, contexts, tokens=max(lengths) + 384, exclude=prompts), lengths
+        return sharegpt_contexts(tokenizer, contexts, tokens=context_budget(lengths), exclude=prompts), lengths
     if isinstance(contexts, (str, bytes)) or not isinstance(contexts, Sequence):
         raise TPCHooksError("contexts must be a list of conversations ([{'role', 'content'}] turns) or a number of "
                             f"ShareGPT contexts; got {type(contexts).__name__}")

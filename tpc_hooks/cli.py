@@ -273,11 +273,11 @@ def _collect_contexts(args: argparse.Namespace, model: Any, out: Path, plain: di
     ``train_monitor(contexts=N)`` does, into splits ``ctx-train`` / ``ctx-val`` (per-token stores,
     each chat's request label in labels.json, its request's token span in spans.json)."""
     from ._collect import collect
-    from ._context import host_splits
+    from ._context import context_budget, host_splits
     from .adapters import get_adapter
 
     tok = get_adapter(model).tokenizer
-    convs = _conversations(tok, args.contexts, max(args.context_tokens) + 384, exclude)
+    convs = _conversations(tok, args.contexts, context_budget(args.context_tokens), exclude)
     hosted = host_splits(tok, convs, {k: (ps.texts, ps.labels) for k, ps in plain.items()}, val_fraction=0.2,
                          lengths=args.context_tokens, seed=args.seed)
     for split, h in hosted.items():
