@@ -299,6 +299,24 @@ def token_labels(n_tokens: int, start: int, stop: int, label: int, *, skip: int,
     return slice(skip, end), np.where(pos >= start, label, 0).astype(int)
 
 
+def hosted_rows(seqs: Sequence[Any], spans: Sequence[Sequence[int]], labels: Sequence[int] | np.ndarray, *,
+                skip: int, tail: int) -> tuple[Any, np.ndarray, list[int]]:
+    """The training rows of hosted chats: each chat's activations ``[T_i, d]`` (tensors or
+    arrays) cut and labelled by :func:`token_labels` from its request's ``(start, stop)``.
+
+    Returns ``(rows [N, d] float32 tensor, labels [N], each chat's end)``: the end is where a
+    chat's rows stop (after a harmful request's turn), what its monitor's decision may read."""
+    import torch
+
+    X, y, ends = [], [], []
+    for z, (start, stop), c in zip(seqs, spans, labels):
+        rows, lab = token_labels(len(z), int(start), int(stop), int(c), skip=skip, tail=tail)
+        X.append(torch.as_tensor(z[rows]).float())
+        y.append(lab)
+        ends.append(rows.stop)
+    return torch.cat(X), np.concatenate(y), ends
+
+
 def _balanced(y: np.ndarray, n: int, rng: np.random.Generator) -> list[int]:
     """``n`` indices into ``y``, half of each class (class 1 gets the odd one), each class's
     drawn without replacement until it runs out (then cycling), in a shuffled order."""

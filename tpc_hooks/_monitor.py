@@ -872,7 +872,7 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
     plus, with ``contexts``, the rows of requests hosted in conversations."""
     from tqdm.auto import tqdm
 
-    from ._context import host_splits, token_labels
+    from ._context import host_splits, hosted_rows
     from ._fit import fit
     from .metrics import classification_metrics
     from ._rows import token_rows
@@ -894,13 +894,10 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
             with tqdm(total=len(h.sequences), desc=f"collect {split} contexts", unit="chat", disable=not verbose) as bar:
                 acts = token_batches(adapter, [q.ids for q in h.sequences], [adapter.site(site)], batch_size, bar,
                                      sae=sae)[site]
-            spans = [token_labels(len(q.ids), q.start, q.stop, int(c), skip=skip, tail=h.tail)
-                     for q, c in zip(h.sequences, h.labels)]
-            hosted[split] = (h, acts, spans)
-        X_tr = torch.cat([X_tr] + [a[sl] for a, (sl, _) in zip(hosted["train"][1], hosted["train"][2])])
-        y_tr_t = np.concatenate([y_tr_t] + [lab for _, lab in hosted["train"][2]])
-        X_va = torch.cat([X_va] + [a[sl] for a, (sl, _) in zip(hosted["val"][1], hosted["val"][2])])
-        y_va_t = np.concatenate([y_va_t] + [lab for _, lab in hosted["val"][2]])
+            rows = hosted_rows(acts, [(q.start, q.stop) for q in h.sequences], h.labels, skip=skip, tail=h.tail)
+            hosted[split] = (h, acts, rows)
+        X_tr, y_tr_t = torch.cat([X_tr, hosted["train"][2][0]]), np.concatenate([y_tr_t, hosted["train"][2][1]])
+        X_va, y_va_t = torch.cat([X_va, hosted["val"][2][0]]), np.concatenate([y_va_t, hosted["val"][2][1]])
         groups_t = np.concatenate([groups_t, np.full(len(y_va_t) - len(groups_t), "contexts")])
     unlabelled = token_rows([per[i] for i in tr_rows[n_plain_tr:]], skip)[0] if cfg.consistency and families else None
     head = fit(X_tr, y_tr_t, X_va, y_va_t, cfg, verbose=verbose,
@@ -924,12 +921,12 @@ def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, 
         "augment": {"families": list(families), "n_train_rewrites": n_aug[0], "n_val_rewrites": n_aug[1]}})
     benign = [per[i] for i in va_rows if y_all[i] == 0]
     if hosted:
-        h, acts, spans = hosted["val"]
-        val_peaks = lambda n: torch.stack([monitor._aggregated(_Fixed(head, n), a[:sl.stop])[1].max()
-                                           for a, (sl, _) in zip(acts, spans)]).double().numpy()
+        h, acts, (_, _, ends) = hosted["val"]
+        val_peaks = lambda n: torch.stack([monitor._aggregated(_Fixed(head, n), a[:end])[1].max()
+                                           for a, end in zip(acts, ends)]).double().numpy()
         monitor.report["contexts"] = {
             "n_train": len(hosted["train"][0].sequences), "n_val": len(h.sequences), "lengths": list(contexts[1]),
-            "n_train_tokens": int(sum(len(lab) for _, lab in hosted["train"][2])),
+            "n_train_tokens": int(len(hosted["train"][2][1])),
             "per_order": [classification_metrics(h.labels, val_peaks(n)) for n in range(1, head.degree + 1)],
             "decision": "max over the chat of the aggregate (after a harmful request: to its turn's end)"}
         benign += [a for a, c in zip(acts, h.labels) if c == 0]  # whole benign chats: the threshold holds on them

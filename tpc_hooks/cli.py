@@ -510,12 +510,9 @@ def _train_tokens(args: argparse.Namespace, acts: Path, cfg: dict[str, Any], sit
 
 
 def _hosted(acts: Path, split: str, site: str, skip: int, site_fix: str) -> tuple[Any, Any, list[Any], list[int]]:
-    """A ``collect --contexts`` split: its rows and token labels (:func:`tpc_hooks.data.token_labels`),
-    then its whole chats and their request labels."""
-    import numpy as np
-    import torch
-
-    from ._context import token_labels
+    """A ``collect --contexts`` split: its rows and token labels (as ``train_monitor(contexts=...)``
+    labels them), then its whole chats and their request labels."""
+    from ._context import hosted_rows
 
     labels = _check_split(acts, split, site, "context split", site_fix)
     seqs, _ = _sequences(acts, split, site, labels, "a per-token monitor")
@@ -526,12 +523,8 @@ def _hosted(acts: Path, split: str, site: str, skip: int, site_fix: str) -> tupl
     if not ok:
         raise TPCHooksError(f"{acts / split / 'spans.json'} does not hold one request span per chat of {acts / split} "
                             f"(after the {skip}-token fixed prefix); {site_fix} --contexts ...")
-    X, y = [], []
-    for z, (start, stop), c in zip(seqs, spans["spans"], labels):
-        rows, lab = token_labels(len(z), start, stop, c, skip=skip, tail=spans["tail"])
-        X.append(torch.from_numpy(np.asarray(z[rows], dtype=np.float32)))
-        y.append(lab)
-    return torch.cat(X), np.concatenate(y), list(seqs), labels
+    X, y, _ = hosted_rows(seqs, spans["spans"], labels, skip=skip, tail=spans["tail"])
+    return X, y, list(seqs), labels
 
 
 _DECISIONS = {"max": "max over tokens of the aggregate", "last": "the aggregate after the last token"}
