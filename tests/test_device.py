@@ -88,6 +88,107 @@ def test_non_finite_rows_score_nan_and_leave_the_others_alone():
         mon.policy()(bad)
 
 
+# ---------------------------------------------------------------------- the fused per-step kernel
+def uneven_head(dtype=torch.float32, bounds=True, gate=True, escalate_only=False):
+    """Degree 5 with ranks 3, 6, 1, 4 (the kernel pads them to one width) and, optionally, a
+    trust region narrow enough that rows leave it at different degrees."""
+    gen = torch.Generator().manual_seed(3)
+    head = tpc.TPC(12, 5, [3, 6, 1, 4]).to(dtype)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=dtype) * 0.4)
+    if bounds:
+        head.set_bounds(torch.randn(40, 12, generator=gen, dtype=dtype) * 0.6)
+    head.gate, head.escalate_only = gate, escalate_only
+    return head
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bounds,gate,escalate_only", [(False, False, False), (True, False, False), (True, True, False),
+                                                       (True, True, True), (False, False, True)])
+def test_stream_logits_are_every_truncation_and_where_rows_left(dtype, bounds, gate, escalate_only):
+    from tpc_hooks import _kernel
+
+    head = uneven_head(dtype, bounds, gate, escalate_only)
+    z = torch.randn(200, 12, generator=torch.Generator().manual_seed(4), dtype=dtype)
+    zs, _ = _kernel.standardize(head, z)
+    for order in range(1, 6):
+        got, left = _kernel.stream_logits(head, zs, order)
+        want = torch.stack([head(z, order=k) for k in range(1, order + 1)], 1)  # the head's own, order by order
+        # rounding only: relative to the size of everything summed (terms cancel on some rows)
+        with torch.no_grad():
+            size = [1 + (zs @ head.linear).abs() + head.bias.abs()]
+            for k in range(2, order + 1):
+                size.append(size[-1] + (zs @ head.factors[str(k)]).abs() ** k @ head.lambdas[str(k)].abs())
+        eps = torch.finfo(dtype).eps
+        assert bool(((got - want).abs() <= 16 * eps * torch.stack(size, 1)).all())
+        by_hand = [torch.zeros(200, dtype=torch.bool)] + [  # a projection outside [lo, hi], degree by degree
+            ((zs @ head.factors[str(k)] < head.bounds(k)[0]) | (zs @ head.factors[str(k)] > head.bounds(k)[1])).any(1)
+            if bounds else torch.zeros(200, dtype=torch.bool) for k in range(2, order + 1)]
+        assert torch.equal(left, torch.stack(by_hand, 1))
+    if bounds:
+        assert 0 < int(left[:, 1:].any(1).sum()) < 200  # some rows left, some did not
+
+
+def test_the_packed_weights_follow_every_change_to_the_head():
+    """The kernel packs the head's tensors once; an optimiser step, new bounds, a dtype or device
+    change must be seen at the next step."""
+    from tpc_hooks import _kernel
+
+    head = uneven_head()
+    z = torch.randn(30, 12)
+    rule = tpc.Cascade(head, 0.0).step
+
+    def agrees():
+        torch.testing.assert_close(rule(z).logits, head(z), rtol=1e-5, atol=1e-6)
+    agrees()
+    opt = torch.optim.SGD(head.parameters(), lr=0.5)
+    head(z).sum().backward()
+    opt.step()  # in place, as fit's optimiser steps are
+    agrees()
+    head.set_bounds(torch.randn(40, 12) * 0.3)
+    agrees()
+    with torch.no_grad():
+        head.factors["4"] = torch.nn.Parameter(torch.randn(12, 1))  # a new tensor, not an in-place change
+    agrees()
+    head.clear_bounds()
+    agrees()
+    head.double()
+    got = rule(z.double())
+    assert got.logits.dtype == torch.float64
+    torch.testing.assert_close(got.logits, head(z.double()), rtol=1e-12, atol=1e-12)
+    assert _kernel.stream_logits(head, torch.randn(2, 12, dtype=torch.float64), 5)[0].dtype == torch.float64
+
+
+def step_kernels(head, batch: int = 4) -> list[str]:
+    """The tensor operations one generation step's cascade runs (views, which launch nothing, left out)."""
+    from torch.profiler import profile
+
+    rule = tpc.Cascade(head, 0.1).step
+    z = torch.randn(batch, head.d_model)
+    rule(z)  # the packed weights are built on the first step
+    with profile() as prof:
+        rule(z)
+    views = {"view", "slice", "select", "unsqueeze", "expand", "as_strided", "reshape", "to", "_to_copy",
+             "promote_types", "alias", "detach"}
+    return [name for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")
+            and (name := e.name.removeprefix("aten::")) not in views]
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_a_steps_operations_do_not_grow_with_the_degree(gate):
+    """Every order in one pass: a degree-8 head launches the same operations per step as a
+    degree-2 one (the order-by-order loop launched ~20 more per degree)."""
+    ops = []
+    for degree in (2, 8):
+        head = tiny_head(d_model=16, degree=degree)
+        if gate:
+            head.set_bounds(torch.randn(64, 16), gate=True)
+        ops.append(step_kernels(head))
+    assert ops[0] == ops[1]
+    assert len(ops[0]) <= 40, ops[0]
+
+
 # ---------------------------------------------------------------------- no host reads per step
 @pytest.mark.parametrize("pooling", ["mean", "last", "max"])
 def test_per_step_scoring_reads_nothing_back(pooling):

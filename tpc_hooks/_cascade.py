@@ -209,33 +209,32 @@ class Cascade:
         """
         head = self.head
         zs, ok = _kernel.stream_rows(head, z)
-        walk = _kernel.Walk(head, zs)
-        gate = _kernel.gating(head)
+        s, left = _kernel.stream_logits(head, zs, head.degree)
+        temps, biases, cum = self._step_tensors(s)
+        c = s / temps + biases  # each order's calibrated logit
+        d = torch.where(left, c[:, :1], c) if _kernel.gating(head) else c  # left the trust region: order 1 decides
         lo, hi = _kernel.logit_of(self.lower), _kernel.logit_of(self.upper)
-        cum = list(itertools.accumulate(head.term_flops()))
-        s = walk.logit
-        c = self._calibrate(s, 1)
-        d = c  # the decision logit at each row's exit order
-        exit_order = torch.ones_like(s, dtype=torch.int64)
-        flops = torch.full_like(s, cum[0], dtype=torch.int64)
-        forced = torch.zeros_like(s, dtype=torch.bool)
-        open_ = (c > lo) & (c < hi)  # rows no order has settled yet
-        for k in range(2, head.degree + 1):
-            s_k, left = walk.step(k)
-            c_k = self._calibrate(s_k, k)
-            d_k = c_k
-            go_on = (c_k > lo) & (c_k < hi)
-            if gate:  # left the trust region: the linear probe decides, here and for good
-                d_k = torch.where(left, self._calibrate(walk.lin, 1), c_k)
-                forced = forced | (open_ & left)
-                go_on = go_on & ~left
-            s, d = torch.where(open_, s_k, s), torch.where(open_, d_k, d)
-            exit_order = exit_order.masked_fill(open_, k)
-            flops = flops.masked_fill(open_, cum[k - 1])
-            open_ = open_ & go_on
-        d = _kernel.nan_rows(d, ok)
-        return CascadeResult(logits=_kernel.nan_rows(s, ok), probs=torch.sigmoid(d), exit_order=exit_order,
-                             flops=flops, degree=head.degree, gated=forced, decision_logits=d)
+        go_on = (c > lo) & (c < hi)
+        if _kernel.gating(head):
+            go_on = go_on & ~left
+        else:  # a trust region without the gate clips, and decides nothing
+            left = torch.zeros_like(left)
+        # a row exits at the first order that settles it: the number of leading orders that leave it open
+        at = go_on[:, :-1].cumprod(1, dtype=torch.int64).sum(1, keepdim=True)
+        d = _kernel.nan_rows(d.gather(1, at)[:, 0], ok)
+        return CascadeResult(logits=_kernel.nan_rows(s.gather(1, at)[:, 0], ok), probs=torch.sigmoid(d),
+                             exit_order=at[:, 0] + 1, flops=cum.index_select(0, at[:, 0]), degree=head.degree,
+                             gated=left.gather(1, at)[:, 0], decision_logits=d)
+
+    def _step_tensors(self, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-order temperatures, biases and cumulative FLOPs on ``like``'s device (made once per
+        calibration and device, not per generation step)."""
+        key = (tuple(self.temperatures), tuple(self.biases), tuple(self.head.term_flops()), like.dtype, like.device)
+        if getattr(self, "_step_cache", (None,))[0] != key:
+            t = torch.tensor([self.temperatures, self.biases], dtype=like.dtype).to(like.device)
+            cum = torch.tensor(list(itertools.accumulate(self.head.term_flops())), dtype=torch.int64).to(like.device)
+            self._step_cache = (key, (t[0], t[1], cum))
+        return self._step_cache[1]
 
     # ------------------------------------------------------------------ calibration
     @torch.no_grad()

@@ -59,12 +59,69 @@ def stream_rows(head: Any, z: Tensor) -> tuple[Tensor, Tensor]:
         z = z.float()
     z = z.to(device=head.bias.device, dtype=torch.promote_types(z.dtype, head.bias.dtype))
     ok = torch.isfinite(z).all(-1)
-    return head.scaler(torch.where(ok[:, None], z, torch.zeros((), dtype=z.dtype, device=z.device))), ok
+    return head.scaler(torch.where(ok[:, None], z, 0.0)), ok
+
+
+def _packed(head: Any, order: int, like: Tensor) -> tuple:
+    """Degrees ``1..order`` of ``head`` as the few tensors :func:`stream_logits` reads, in
+    ``like``'s dtype and on its device, one block of ``R`` columns per order (``R`` the largest
+    rank; order 1's block holds the linear weights then zeros, a degree's block its factors then
+    zeros): ``W [d, order * R]``, the clip bounds ``lo, hi`` (+-inf where there are none, on
+    order 1 and on the padding), each column's exponent, its ``lambda`` (1 for the linear
+    weights, 0 on the padding), and ``[bias, 0, ...]`` per order. Built once per parameter
+    version (an optimiser step, ``to``, ``set_bounds`` rebuild it), not per generation step."""
+    ks = range(2, order + 1)
+    parts = [head.linear, head.bias] + [t for k in ks for t in (head.factors[str(k)], head.lambdas[str(k)], head.bounds(k))]
+    key = (order, like.dtype, like.device, tuple(None if t is None else (id(t), t.data_ptr(), t._version) for t in parts))
+    cache = head.__dict__.setdefault("_stream_packs", {})
+    hit = cache.get(order)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    dt, dev = like.dtype, like.device
+    r = max([1] + [head.rank_of(k) for k in ks])
+    with torch.no_grad():
+        w = torch.zeros(head.d_model, order * r, dtype=dt, device=dev)
+        lo = torch.full((order * r,), -math.inf, dtype=dt, device=dev)
+        hi, exps, lam = torch.full_like(lo, math.inf), torch.ones_like(lo), torch.zeros_like(lo)
+        bias = torch.zeros(order, dtype=dt, device=dev)
+        w[:, 0], lam[0], bias[0] = head.linear.detach().to(dev, dt), 1, head.bias.detach().to(dev, dt)
+        for k in ks:
+            rk, at = head.rank_of(k), (k - 1) * r
+            w[:, at:at + rk] = head.factors[str(k)].detach().to(dev, dt)
+            lam[at:at + rk] = head.lambdas[str(k)].detach().to(dev, dt)
+            exps[at:at + r] = k
+            b = head.bounds(k)
+            if b is not None:
+                lo[at:at + rk], hi[at:at + rk] = b.to(dev, dt)
+        packs = (w, lo, hi, exps, lam, bias, r)
+    cache[order] = (key, packs)
+    return packs
+
+
+def stream_logits(head: Any, zs: Tensor, order: int) -> tuple[Tensor, Tensor]:
+    """Every truncation ``1..order`` at once for standardised rows, in a fixed, small number of
+    tensor operations whatever the degree (a generation step's launch count; :class:`Walk`
+    evaluates order by order instead, for the cascade that drops rows between orders).
+
+    Returns ``(logits, left)``, both ``[n, order]``: the logit of each truncation by the rule
+    of :func:`decide` (the gate, ``escalate_only``), equal to :func:`truncations` up to rounding,
+    and per degree whether a projection left the trust region (column 0, order 1, all False).
+    """
+    w, lo, hi, exps, lam, bias, r = _packed(head, order, zs)
+    p = zs @ w
+    n = zs.shape[0]
+    raw = ((torch.clamp(p, lo, hi).pow(exps) * lam).view(n, order, r).sum(-1) + bias).cumsum(1)
+    left = ((p < lo) | (p > hi)).view(n, order, r).any(-1)
+    lin = raw[:, :1]
+    s = torch.where(left.cumsum(1) > 0, lin, raw) if gating(head) else raw
+    if head.escalate_only:
+        s = torch.where(lin > 0, torch.maximum(s, lin), s)
+    return s, left
 
 
 def nan_rows(t: Tensor, ok: Tensor) -> Tensor:
     """``t`` with NaN on the rows that are not ``ok``."""
-    return torch.where(ok, t, torch.full((), math.nan, dtype=t.dtype, device=t.device))
+    return torch.where(ok, t, math.nan)
 
 
 def linear(head: Any, zs: Tensor) -> Tensor:

@@ -610,7 +610,7 @@ class _Fixed:
     @torch.no_grad()
     def step(self, z: Tensor) -> CascadeResult:
         zs, ok = _kernel.stream_rows(self.head, z)
-        return self._result(_kernel.nan_rows(_kernel.logits(self.head, zs, self.order), ok))
+        return self._result(_kernel.nan_rows(_kernel.stream_logits(self.head, zs, self.order)[0][:, -1], ok))
 
 
 def _above(like: Tensor, z: float) -> float:
