@@ -9,7 +9,7 @@ leaves the previous record in place.
     ap = argparse.ArgumentParser(...)
     add_results_argument(ap, "bench_claims")
     args = ap.parse_args(argv)
-    with recording(args.results, argv):
+    with recording(results_path(args), argv):
         ...
 """
 
@@ -34,10 +34,20 @@ def default_path(name: str) -> Path:
 
 
 def add_results_argument(parser: argparse.ArgumentParser, name: str) -> None:
-    """``--results PATH`` (default ``benchmarks/results/<name>.md``; ``--results ''`` records nothing)."""
-    parser.add_argument("--results", default=str(default_path(name)), metavar="PATH",
+    """``--results PATH`` (default ``benchmarks/results/<name>.md``, except under ``--quick``,
+    whose smoke-test figures must not replace a real run's record; ``--results ''`` records
+    nothing). Read it with :func:`results_path`."""
+    parser.add_argument("--results", default=None, metavar="PATH",
                         help=f"also write everything printed to stdout here, as Markdown "
-                             f"(default: benchmarks/results/{name}.md; '' to disable)")
+                             f"(default: benchmarks/results/{name}.md, none with --quick; '' to disable)")
+    parser.set_defaults(results_name=name)
+
+
+def results_path(args: argparse.Namespace) -> Path | None:
+    """Where :func:`recording` writes for parsed ``args`` (see :func:`add_results_argument`)."""
+    if args.results is not None:
+        return Path(args.results) if args.results else None
+    return None if getattr(args, "quick", False) else default_path(args.results_name)
 
 
 class Tee(io.TextIOBase):

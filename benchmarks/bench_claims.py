@@ -29,7 +29,7 @@ from tpc_hooks.baselines import compare, early_exit_cascade
 from tpc_hooks.data import default_prompt_set
 from tpc_hooks.metrics import classification_metrics
 
-from _results import add_results_argument, recording
+from _results import add_results_argument, recording, results_path
 
 TAUS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     add_results_argument(ap, "bench_claims")
     args = ap.parse_args(argv)
-    with recording(args.results, argv):
+    with recording(results_path(args), argv):
         return run(args)
 
 

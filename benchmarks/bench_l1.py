@@ -21,7 +21,7 @@ from tpc_hooks import offline
 from tpc_hooks.data import default_prompt_set
 from tpc_hooks.metrics import classification_metrics
 
-from _results import add_results_argument, recording
+from _results import add_results_argument, recording, results_path
 
 
 def activations(model, sets: dict, site: str, cache: Path) -> dict[str, np.ndarray]:
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", default=str(offline.cache_dir() / "bench-l1"))
     add_results_argument(ap, "bench_l1")
     args = ap.parse_args(argv)
-    with recording(args.results, argv):
+    with recording(results_path(args), argv):
         return run(args)
 
 

@@ -48,8 +48,10 @@
    (``--prompt-tokens``, no chat template, no BOS): packaged HarmBench + do-not-answer texts,
    joined until long enough and cut by the monitor's ``max_tokens``, so no row is padded.
    On CUDA every timed call is bracketed by ``torch.cuda.synchronize()``.
-2. (packaged SmolLM2 on CPU only) The monitor's own scoring work per token, timed alone. And
-   unless ``--no-collect``: ``collect`` vs a bare forward to the same layer (target >= 0.95),
+2. The monitor's own work per decode step, timed alone on the device for each d_model and batch
+   (a running-mean pool update + ``Cascade.step``), with the number of tensor operations it
+   runs (each a kernel launch on a GPU) and its share of a plain HF generate step. And (packaged
+   SmolLM2 on CPU only) unless ``--no-collect``: ``collect`` vs a bare forward to the same layer (target >= 0.95),
    and the speed-up of stopping at that layer vs a full forward;
 3. (as 2, unless ``--no-collect``) Peak RSS of ``collect`` streaming to a store, N vs 10 N prompts (each run in a fresh
    process): flat means the 10x run peaks within a few MB of the 1x run.
@@ -82,7 +84,7 @@ from tpc_hooks import offline
 from tpc_hooks.adapters import get_adapter, pad, pad_id, positions
 from tpc_hooks.pooling import RunningPool
 
-from _results import add_results_argument, recording
+from _results import add_results_argument, recording, results_path
 from _syncs import CudaSyncs, HostReads
 from bench_training import Meter  # the CPU share other processes take (/proc/stat)
 
@@ -153,20 +155,41 @@ def round_ratios(times: dict, num: str, den: str) -> tuple[float, float, float]:
     return median(r), min(r), max(r)
 
 
-def scoring_cost_ms(mon: "tpc.Monitor", d_model: int, reps: int = 500) -> float:
-    """Time of the monitor's work per generated token at batch 1: pool update + policy score."""
-    pool = RunningPool(mon.pooling)
-    pool.update(torch.randn(1, 30, d_model), torch.ones(1, 30, dtype=torch.long))
-    acts, m = torch.randn(1, 1, d_model), torch.ones(1, 1, dtype=torch.long)
-    policy = mon.policy()
-    for _ in range(50):
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def step_cost(mon: "tpc.Monitor", d_model: int, batch: int, device: str, reps: int = 300) -> tuple[float, int]:
+    """The monitor's own work per decode step, alone: a running-mean pool update and the
+    per-step cascade (``Cascade.step``, what generation runs: no host read) for ``batch`` rows
+    on ``device``. Returns (ms per step, tensor operations per step: views left out, each of
+    the others a kernel launch on a GPU)."""
+    from torch.profiler import profile
+
+    mon.head.to(device)
+    pool, rule = RunningPool(mon.pooling), mon.policy().step
+    pool.update(torch.randn(batch, 30, d_model, device=device), torch.ones(batch, 30, dtype=torch.long, device=device))
+    acts, m = torch.randn(batch, 1, d_model, device=device), torch.ones(batch, 1, dtype=torch.long, device=device)
+
+    def one() -> None:
         pool.update(acts, m)
-        policy(pool.value()).probs.tolist()
+        rule(pool.value())
+    for _ in range(50):
+        one()
+    sync(device)
     t = time.perf_counter()
     for _ in range(reps):
-        pool.update(acts, m)
-        policy(pool.value()).probs.tolist()
-    return (time.perf_counter() - t) / reps * 1e3
+        one()
+    sync(device)
+    ms = (time.perf_counter() - t) / reps * 1e3
+    with profile() as prof:
+        one()
+    views = {"view", "slice", "select", "unsqueeze", "expand", "as_strided", "reshape", "to", "_to_copy",
+             "promote_types", "alias", "detach", "empty", "empty_strided"}
+    ops = sum(1 for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")
+              and e.name.removeprefix("aten::") not in views)
+    return ms, ops
 
 
 def site_layer(n_layers: int) -> int:
@@ -394,7 +417,7 @@ def bench_variants(model: Any, toolkit: str, tok: Any, texts: list[str], args: a
     times = interleaved(fns, args.rounds, sync=torch.cuda.synchronize if device == "cuda" else None, rotate=True)
     others = Meter.share(before, Meter._sample())
     tok_s = [B * n / t for t in times["hf"]]
-    return {"toolkit": toolkit, "batch": B, "site": mon.site, "prompt_tokens": length, "new_tokens": n,
+    return {"toolkit": toolkit, "batch": B, "d_model": adapter.d_model, "site": mon.site, "prompt_tokens": length, "new_tokens": n,
             "rounds": args.rounds, "tok_s_hf": (median(tok_s), min(tok_s), max(tok_s)),
             "ratios": {f"{k}/{over}": round_ratios(times, k, over) for k, _, over in SHOWN},
             "noise_hf_again_over_hf": round_ratios(times, "hf_again", "hf"),
@@ -562,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the results here")
     add_results_argument(ap, "bench_monitoring")
     args = ap.parse_args(argv)
-    with recording(args.results, argv):
+    with recording(results_path(args), argv):
         return run(args)
 
 
@@ -626,15 +649,25 @@ def run(args: argparse.Namespace) -> int:
     print()
     print_generation(rows, shapes, device, args)
 
-    if any(s.packaged for s in shapes):
-        plain = scoring_cost_ms(head_for(576, gate=False), 576)
-        gated = scoring_cost_ms(head_for(576), 576)
-        shares = ", ".join(f"{r['toolkit']} {gated / 1e3 * r['tok_s_hf'][0]:.2%}" for r in rows
-                           if r["shape"] == "smollm2-135m" and r["batch"] == 1)
-        print(f"\nthe monitor's own work per token at batch 1 (pool update + cascade score, SmolLM2's d_model 576), timed "
-              f"alone on the CPU: {gated:.3f} ms with fit's trust region + gate, {plain:.3f} ms for the plain polynomial "
-              f"({gated / plain:.2f}x)" + (f"; share of a batch-1 HF generate token: {shares}" if shares else ""))
-        extras["scoring_ms"] = {"gated": gated, "plain": plain}
+    d_models = sorted({r["d_model"] for r in rows})
+    costs = {(d, gate, b): step_cost(head_for(d, gate=gate), d, b, device)
+             for d in d_models for gate in (True, False) for b in args.batch}
+    print(f"\n## The monitor's own work per decode step on {device}, timed alone\n\nA running-mean pool update + "
+          "`Cascade.step` (tau=0.1, degree 5, rank 64), what generation runs each step; ms per step and the tensor "
+          "operations it runs (views left out: on a GPU each is a kernel launch). Fit's default head has the trust "
+          "region + gate; the plain polynomial has neither. Share: of one decode step of plain HF generate at that "
+          "batch, where measured above.\n")
+    print("| d_model | batch | fit's default: ms/step | operations | plain: ms/step | operations | share of an HF generate step (fit's default) |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
+    for (d, gate, b), (ms, ops) in costs.items():
+        if not gate:
+            continue
+        ms0, ops0 = costs[(d, False, b)]
+        shares = ", ".join(f"{r['shape']} {r['toolkit']} {ms / 1e3 * r['tok_s_hf'][0] / b:.2%}" for r in rows
+                           if r["batch"] == b and r["d_model"] == d)
+        print(f"| {d} | {b} | {ms:.3f} | {ops} | {ms0:.3f} | {ops0} | {shares or '-'} |")
+    extras["step_cost"] = [{"d_model": d, "gate": g, "batch": b, "ms": ms, "ops": ops}
+                           for (d, g, b), (ms, ops) in costs.items()]
     if "collect" in extras:
         col, mem = extras["collect"], extras["memory"]
         print(f"\n## collect vs a bare forward to layer {SITE_LAYER} ({n_collect} prompts, batch 8, the same "

@@ -40,7 +40,7 @@ from tpc_hooks.baselines import compare
 from tpc_hooks.data import phrasing_benchmark
 from tpc_hooks.metrics import classification_metrics, recall_at_fpr
 
-from _results import add_results_argument, recording
+from _results import add_results_argument, recording, results_path
 
 LAYERS = (10, 15, 20)
 FPR = 0.01
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     X, y, _ = load(Path(args.cache), args.heldout_family, data_seed=args.data_seed)
     if args.collect_only:
         return 0
-    with recording(args.results, argv):
+    with recording(results_path(args), argv):
         return run(args, X, y)
 
 

@@ -39,7 +39,7 @@ from tpc_hooks.baselines import compare
 from tpc_hooks.data import default_prompt_set
 from tpc_hooks.metrics import classification_metrics
 
-from _results import add_results_argument, recording
+from _results import add_results_argument, recording, results_path
 
 CONFIGS = (("harmbench", "refusal_benign"), ("donotanswer", "overrefusal"), ("advbench", "sharegpt"))
 SITE = "blocks.20.hook_resid_post"
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None)
     add_results_argument(ap, "bench_robustness")
     args = ap.parse_args(argv)
-    with recording(args.results, argv):
+    with recording(results_path(args), argv):
         return run(args)
 
 

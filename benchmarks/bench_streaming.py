@@ -132,7 +132,7 @@ from tpc_hooks.data import (InConversation, default_prompt_set, host_requests, i
 from tpc_hooks.metrics import recall_at_fpr, threshold_at_fpr
 from tpc_hooks.pooling import aggregate
 
-from _results import add_results_argument, recording
+from _results import add_results_argument, recording, results_path
 
 FPR = 0.01
 POSITIONS = ("start", "middle", "end")
@@ -459,9 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     args.lengths = sorted(set(args.lengths))
     torch.set_num_threads(args.threads)
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    if args.quick:
-        args.results = ""
-    with recording(args.results, argv):
+    with recording(results_path(args), argv):
         return run(args)
 
 

@@ -62,7 +62,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import tpc_hooks as tpc
 from tpc_hooks.synthetic import make_problem
 
-from _results import add_results_argument, recording
+from _results import add_results_argument, recording, results_path
 
 PAPER_CS = tpc.FitConfig().Cs  # the paper's degree-1 C sweep, fit's default
 
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=str, default=None, help="write the results as JSON here")
     add_results_argument(p, "bench_training")
     args = p.parse_args(argv)
-    with recording(args.results, argv):
+    with recording(results_path(args), argv):
         return run(args)
 
 
