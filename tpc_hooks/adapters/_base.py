@@ -202,32 +202,52 @@ class Adapter:
 
         This default drives the underlying Hugging Face model directly, as its own ``generate``
         does (Hugging Face cache, positions from the mask, only the last position through the
-        LM head), and reads the site through :meth:`observe`.
+        LM head), and reads the site through :meth:`observe`. The last pass (the token after
+        ``max_new_tokens``, fed only to be scored) stops at the site's layer, or is not run
+        when there is no site: its ``last_logits`` are the pass before's, and ``on_step`` must
+        return None for it.
         """
         hf = self.hf_model()
         if hf is None:
             raise NotImplementedError
         from transformers import DynamicCache
 
-        seen: dict[str, Tensor] = {}
-        watch = self.observe(site, lambda acts, m, fresh: seen.__setitem__("acts", acts)) if site else nullcontext()
+        seen: dict[str, Any] = {"last": False}
+
+        def read(acts: Tensor, m: Tensor, fresh: bool) -> None:
+            seen["acts"] = acts
+            if seen["last"]:  # nothing after the site is needed: end the pass here
+                raise StopPass
+        watch = self.observe(site, read) if site else nullcontext()
         ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
         step_mask = mask
+        logits: Tensor | None = None
         with watch:
             cache = DynamicCache()
-            for _ in range(max_new_tokens + 1):
-                out = hf(input_ids=ids, attention_mask=mask, position_ids=positions(mask)[:, -ids.shape[1]:],
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+            for i in range(max_new_tokens + 1):
+                seen["last"] = i == max_new_tokens and i > 0
+                if not (seen["last"] and site is None):
+                    try:
+                        out = hf(input_ids=ids, attention_mask=mask, position_ids=positions(mask)[:, -ids.shape[1]:],
+                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+                        logits = out.logits[:, -1]
+                    except StopPass:
+                        pass
                 acts = seen.pop("acts", None)
                 if site is not None and acts is None:
                     raise TPCHooksError(f"the hook at {site.name} did not fire; is the site valid for this model?")
-                nxt = on_step(acts, step_mask, out.logits[:, -1])
+                nxt = on_step(acts, step_mask, logits)
                 if nxt is None:
                     return
                 tokens, live = nxt
                 ids = tokens.to(self.device)[:, None]
                 step_mask = live.long()[:, None].to(self.device)
                 mask = torch.cat([mask, step_mask], dim=1)
+
+
+class StopPass(Exception):
+    """Raised by a hook to end a forward pass once the activations it needs are read (caught by
+    the adapter that raised it; never reaches the user)."""
 
 
 class InputSpy:

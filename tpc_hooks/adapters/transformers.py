@@ -28,16 +28,12 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ._base import Adapter, Site, positions
+from ._base import Adapter, Site, StopPass, positions
 from ._hf import LAYERS as LAYERS  # the table shared with the nnsight adapter
 from ._hf import HFShape, decoder_layers, first, layer_input, layer_path, observe_layers
 
 # Tokenizers loaded from ``name_or_path``, one per model, so repeated calls do not reload them.
 _LOADED: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-
-
-class _Stop(Exception):
-    """Raised by the deepest site's hook to end a forward pass early (never leaves this module)."""
 
 
 class TransformersAdapter(HFShape, Adapter):
@@ -75,7 +71,7 @@ class TransformersAdapter(HFShape, Adapter):
         def keep(site: Site, tensor: Tensor) -> None:
             saved[site.name] = tensor.detach()
             if site == deepest:
-                raise _Stop
+                raise StopPass
 
         handles = []
         try:
@@ -89,7 +85,7 @@ class TransformersAdapter(HFShape, Adapter):
             ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
             try:
                 self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
-            except _Stop:
+            except StopPass:
                 pass
         finally:
             for h in handles:
