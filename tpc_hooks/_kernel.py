@@ -14,8 +14,10 @@ change to the rule below is one edit here.
                 * escalate_only: a row order 1 flags (logit_1 > 0) keeps max(logit_n, logit_1).
 
 Both overrides use ``torch.where``, never a cancelling sum, so an overruled row equals order 1
-bit for bit. Attribution writes the same rule as a per-row rescaled ``lambda``
-(:func:`lambda_scales`). The cascade's exit loop (paper Alg. 1), shared by the TPC cascade and
+bit for bit. :class:`Walk` evaluates the orders one at a time (the cascade that drops settled
+rows between orders); :func:`stream_logits` evaluates them all in one pass over the packed
+factors (a generation step: a fixed number of kernel launches); both decide by :func:`decide`.
+Attribution writes the same rule as a per-row rescaled ``lambda`` (:func:`lambda_scales`). The cascade's exit loop (paper Alg. 1), shared by the TPC cascade and
 the early-exit MLP baseline, is :func:`exit_loop`.
 """
 
@@ -112,11 +114,8 @@ def stream_logits(head: Any, zs: Tensor, order: int) -> tuple[Tensor, Tensor]:
     n = zs.shape[0]
     raw = ((torch.clamp(p, lo, hi).pow(exps) * lam).view(n, order, r).sum(-1) + bias).cumsum(1)
     left = ((p < lo) | (p > hi)).view(n, order, r).any(-1)
-    lin = raw[:, :1]
-    s = torch.where(left.cumsum(1) > 0, lin, raw) if gating(head) else raw
-    if head.escalate_only:
-        s = torch.where(lin > 0, torch.maximum(s, lin), s)
-    return s, left
+    gated = left.cumsum(1) > 0 if gating(head) else left  # rows out of the region at some degree <= n
+    return decide(head, raw, raw[:, :1], gated), left
 
 
 def nan_rows(t: Tensor, ok: Tensor) -> Tensor:
