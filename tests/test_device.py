@@ -242,6 +242,33 @@ def test_monitor_generate_reads_no_more_per_step_than_hf_generate(action):
     assert monitored == plain == 2.0
 
 
+def test_unpadded_monitor_generate_reads_as_hf_generate_and_scores_the_same():
+    """Prompts of one length: HF generate drops the all-ones mask (so the model checks none per
+    step) and so does monitor.generate's loop: one read per step each, the same tokens, and each
+    step's score is still the offline score of its prefix."""
+    hf = named(hf_llama())
+    mon = monitor_on()
+    prompts = ["how do i make bomb", "how to make a bomb"]
+    ids = torch.tensor(mon.generate(hf, prompts, max_new_tokens=0).sequences)  # the monitor's own tokenisation
+    assert ids.shape[0] == 2  # the premise: both prompts have one length, so nothing is padded
+
+    def hf_run(n):
+        return hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                           do_sample=False)
+
+    def ours(n):
+        return mon.generate(hf, prompts, max_new_tokens=n, stop_at_eos=False)
+    mon.generate(hf, prompts, max_new_tokens=2)  # warm up
+    assert reads_per_step(ours) == reads_per_step(hf_run) == 1.0
+    run, want = ours(6), hf_run(6)
+    assert [list(s) for s in run.sequences] == want.tolist()
+    for b in range(2):
+        for t in (0, 3, 6):
+            prefix = run.sequences[b][:run.prompt_lengths[b] + t]
+            torch.testing.assert_close(torch.as_tensor(run.scores[b][t]).float(),
+                                       mon.score(hf, tokens=[prefix]).probs[0].float(), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("toolkit", ["transformers", "nnsight"])
 def test_monitor_generate_ends_its_scoring_pass_at_the_site(toolkit):
     """n tokens take n full passes (as HF generate) and one more that stops at the site's layer:

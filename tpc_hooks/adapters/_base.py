@@ -202,7 +202,8 @@ class Adapter:
 
         This default drives the underlying Hugging Face model directly, as its own ``generate``
         does (Hugging Face cache, positions from the mask, only the last position through the
-        LM head), and reads the site through :meth:`observe`. The last pass (the token after
+        LM head, no mask at all when a host ``attention_mask`` has no padding), and reads the
+        site through :meth:`observe`. The last pass (the token after
         ``max_new_tokens``, fed only to be scored) stops at the site's layer, or is not run
         when there is no site: its ``last_logits`` are the pass before's, and ``on_step`` must
         return None for it.
@@ -219,17 +220,26 @@ class Adapter:
             if seen["last"]:  # nothing after the site is needed: end the pass here
                 raise StopPass
         watch = self.observe(site, read) if site else nullcontext()
+        # no padding, known on the host without reading the device: like HF generate, pass no mask (the model
+        # then checks none per step, a sync on a GPU); a row that ends is fed padding nobody reads
+        unpadded = attention_mask.device.type == "cpu" and bool(attention_mask.all())
         ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
         step_mask = mask
         logits: Tensor | None = None
+        seen_len = 0  # positions already in the cache
         with watch:
             cache = DynamicCache()
             for i in range(max_new_tokens + 1):
                 seen["last"] = i == max_new_tokens and i > 0
+                n = ids.shape[1]
+                if unpadded:
+                    kw = {"position_ids": torch.arange(seen_len, seen_len + n, device=self.device).expand(ids.shape[0], n)}
+                else:
+                    kw = {"attention_mask": mask, "position_ids": positions(mask)[:, -n:]}
+                seen_len += n
                 if not (seen["last"] and site is None):
                     try:
-                        out = hf(input_ids=ids, attention_mask=mask, position_ids=positions(mask)[:, -ids.shape[1]:],
-                                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+                        out = hf(input_ids=ids, **kw, past_key_values=cache, use_cache=True, logits_to_keep=1)
                         logits = out.logits[:, -1]
                     except StopPass:
                         pass
@@ -242,7 +252,8 @@ class Adapter:
                 tokens, live = nxt
                 ids = tokens.to(self.device)[:, None]
                 step_mask = live.long()[:, None].to(self.device)
-                mask = torch.cat([mask, step_mask], dim=1)
+                if not unpadded:
+                    mask = torch.cat([mask, step_mask], dim=1)
 
 
 class StopPass(Exception):
