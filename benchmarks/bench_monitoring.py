@@ -478,8 +478,10 @@ def print_generation(rows: list[dict], shapes: list[Shape], device: str, args: a
         d = dict(p)
         print(f"\nforward passes of the model per call: HF generate {d['hf']}, + stopping_criteria {d['stopping']}, "
               f"watch {d['watch']}, monitor.generate {d['monitored']}, tpc loop {d['loop']}"
-              + (" (monitor.generate and the tpc loop also run the last generated token through the model, to score "
-                 "the whole sequence; HF generate never feeds it back)" if d["monitored"] > d["hf"] else ""))
+              + (" (monitor.generate also runs the last generated token through the model, up to the monitor's "
+                 "layer only, to score the whole sequence; HF generate never feeds it back: that last pass alone "
+                 "costs monitor.generate about (layer + 1) / n_layers / new tokens of its speed)"
+                 if d["monitored"] > d["hf"] else ""))
     for s in shapes:
         for tk, why in s.skipped.items():
             print(f"\n{s.name}: {tk} not run: {why}")
