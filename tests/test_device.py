@@ -269,28 +269,35 @@ def test_unpadded_monitor_generate_reads_as_hf_generate_and_scores_the_same():
                                        mon.score(hf, tokens=[prefix]).probs[0].float(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("toolkit", ["transformers", "nnsight"])
+@pytest.mark.parametrize("toolkit", ["transformers", "nnsight", "hooked"])
 def test_monitor_generate_ends_its_scoring_pass_at_the_site(toolkit):
     """n tokens take n full passes (as HF generate) and one more that stops at the site's layer:
     the last token is scored, and no later layer or LM head runs for it."""
     hf, tok, mon, _ = hf_setup()
-    model = hf if toolkit == "transformers" else __import__("nnsight").LanguageModel(hf, tokenizer=tok)
+    if toolkit == "hooked":
+        from tiny_models import hooked_gpt2_style
+
+        model = hooked_gpt2_style()
+        layers, head = model.blocks, model.unembed
+    else:
+        model = hf if toolkit == "transformers" else __import__("nnsight").LanguageModel(hf, tokenizer=tok)
+        layers, head = hf.model.layers, hf.lm_head
     calls = {"site": 0, "after": 0, "head": 0}
-    layers = hf.model.layers
     site_layer = int(SITE.split(".")[1])
     hooks = [layers[site_layer].register_forward_hook(lambda *a: calls.__setitem__("site", calls["site"] + 1)),
              layers[-1].register_forward_hook(lambda *a: calls.__setitem__("after", calls["after"] + 1)),
-             hf.lm_head.register_forward_hook(lambda *a: calls.__setitem__("head", calls["head"] + 1))]
+             head.register_forward_hook(lambda *a: calls.__setitem__("head", calls["head"] + 1))]
     assert site_layer < len(layers) - 1
+    kw = {} if toolkit == "hooked" else {"tokenizer": tok}
     try:
-        run = mon.generate(model, PROMPTS, max_new_tokens=5, stop_at_eos=False, tokenizer=tok)
+        run = mon.generate(model, PROMPTS, max_new_tokens=5, stop_at_eos=False, **kw)
     finally:
         for h in hooks:
             h.remove()
     assert calls == {"site": 6, "after": 5, "head": 5}
     assert {len(s) for s in run.scores} == {6}  # the prompt and every generated token scored
     for b in range(len(PROMPTS)):  # the last step's score is the offline score of the whole sequence
-        offline = mon.score(hf, tokens=[run.sequences[b]], tokenizer=tok).probs[0]
+        offline = mon.score(model, tokens=[run.sequences[b]], **kw).probs[0]
         torch.testing.assert_close(torch.as_tensor(run.scores[b][-1]).float(), offline.float(), rtol=1e-4, atol=1e-5)
 
 

@@ -92,7 +92,8 @@ class TransformerLensAdapter(Adapter):
                on_step: Callable[[Tensor, Tensor, Tensor], Any]) -> None:
         """The bridge uses the shared Hugging Face loop (its hook points live in the rewired HF
         layers, so they fire); HookedTransformer runs its own forward with
-        ``TransformerLensKeyValueCache`` and an explicit mask (see :meth:`Adapter.decode`)."""
+        ``TransformerLensKeyValueCache`` and an explicit mask, its last pass stopping after the
+        site's block (see :meth:`Adapter.decode`)."""
         if self.is_bridge:
             return super().decode(input_ids, attention_mask, site, max_new_tokens, on_step)
         from transformer_lens import TransformerLensKeyValueCache
@@ -100,12 +101,16 @@ class TransformerLensAdapter(Adapter):
         cap = _Capture()
         ids, step_mask = input_ids.to(self.device), attention_mask.to(self.device)
         name = site.name if site is not None else None  # None: no hook (the unmonitored baseline)
+        logits = None
         with self.model.hooks(fwd_hooks=[(name, cap.hook(name))] if name else []):
             cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.device, ids.shape[0])
-            for _ in range(max_new_tokens + 1):
+            for i in range(max_new_tokens + 1):
                 # the cache keeps the mask of every earlier step; each call passes only its own
-                logits = self.model(ids, attention_mask=step_mask, past_kv_cache=cache)
-                nxt = on_step(cap.take(name) if name else None, step_mask, logits[:, -1])
+                if i < max_new_tokens or i == 0:
+                    logits = self.model(ids, attention_mask=step_mask, past_kv_cache=cache)[:, -1]
+                elif name:  # the last token is fed only to be scored: up to the site's block
+                    self.model(ids, attention_mask=step_mask, past_kv_cache=cache, stop_at_layer=site.layer + 1)
+                nxt = on_step(cap.take(name) if name else None, step_mask, logits)
                 if nxt is None:
                     return
                 tokens, live = nxt
