@@ -203,29 +203,28 @@ class Cascade:
         order and FLOPs of the order it exits at, equal up to rounding), but every order is
         evaluated for every row, all in one pass (one matmul over the head's packed factors),
         and the exits are picked on the device: a fixed number of tensor operations whatever
-        the degree (about 40; each is a kernel launch on a GPU), where the row selection would
-        synchronise at every order; ``flops`` still counts what the cascade spends on a row. A row with a NaN/inf
-        activation gets NaN logits and probabilities (the monitor counts it as flagged) instead
-        of an error: the decode loop is not interrupted to read a check back.
+        the degree (about 40; each a kernel launch on a GPU), where the row selection would
+        synchronise at every order. ``flops`` still counts what the cascade spends on a row. A
+        row with a NaN/inf activation gets NaN logits and probabilities (the monitor counts it
+        as flagged) instead of an error: the decode loop is not interrupted to read a check back.
         """
         head = self.head
         zs, ok = _kernel.stream_rows(head, z)
         s, left = _kernel.stream_logits(head, zs, head.degree)
         temps, biases, cum = self._step_tensors(s)
-        c = s / temps + biases  # each order's calibrated logit
-        d = torch.where(left, c[:, :1], c) if _kernel.gating(head) else c  # left the trust region: order 1 decides
+        c = s / temps + biases  # each order's calibrated logit: the exit decision reads it
         lo, hi = _kernel.logit_of(self.lower), _kernel.logit_of(self.upper)
         go_on = (c > lo) & (c < hi)
-        if _kernel.gating(head):
+        gate = _kernel.gating(head)
+        if gate:  # left the trust region at an order: order 1 decides there, and the row exits
+            c = torch.where(left, c[:, :1], c)
             go_on = go_on & ~left
-        else:  # a trust region without the gate clips, and decides nothing
-            left = torch.zeros_like(left)
         # a row exits at the first order that settles it: the number of leading orders that leave it open
         at = go_on[:, :-1].cumprod(1, dtype=torch.int64).sum(1, keepdim=True)
-        d = _kernel.nan_rows(d.gather(1, at)[:, 0], ok)
+        d = _kernel.nan_rows(c.gather(1, at)[:, 0], ok)
         return CascadeResult(logits=_kernel.nan_rows(s.gather(1, at)[:, 0], ok), probs=torch.sigmoid(d),
                              exit_order=at[:, 0] + 1, flops=cum.index_select(0, at[:, 0]), degree=head.degree,
-                             gated=left.gather(1, at)[:, 0], decision_logits=d)
+                             gated=left.gather(1, at)[:, 0] if gate else torch.zeros_like(ok), decision_logits=d)
 
     def _step_tensors(self, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Per-order temperatures, biases and cumulative FLOPs on ``like``'s device (made once per

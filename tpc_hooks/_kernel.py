@@ -17,8 +17,9 @@ Both overrides use ``torch.where``, never a cancelling sum, so an overruled row 
 bit for bit. :class:`Walk` evaluates the orders one at a time (the cascade that drops settled
 rows between orders); :func:`stream_logits` evaluates them all in one pass over the packed
 factors (a generation step: a fixed number of kernel launches); both decide by :func:`decide`.
-Attribution writes the same rule as a per-row rescaled ``lambda`` (:func:`lambda_scales`). The cascade's exit loop (paper Alg. 1), shared by the TPC cascade and
-the early-exit MLP baseline, is :func:`exit_loop`.
+Attribution writes the same rule as a per-row rescaled ``lambda`` (:func:`lambda_scales`).
+The cascade's exit loop (paper Alg. 1), shared by the TPC cascade and the early-exit MLP
+baseline, is :func:`exit_loop`.
 """
 
 import math

@@ -203,10 +203,9 @@ class Adapter:
         This default drives the underlying Hugging Face model directly, as its own ``generate``
         does (Hugging Face cache, positions from the mask, only the last position through the
         LM head, no mask at all when a host ``attention_mask`` has no padding), and reads the
-        site through :meth:`observe`. The last pass (the token after
-        ``max_new_tokens``, fed only to be scored) stops at the site's layer, or is not run
-        when there is no site: its ``last_logits`` are the pass before's, and ``on_step`` must
-        return None for it.
+        site through :meth:`observe`. The last pass (the token after ``max_new_tokens``, fed
+        only to be scored) stops at the site's layer, or is not run when there is no site: its
+        ``last_logits`` are the pass before's, and ``on_step`` must return None for it.
         """
         hf = self.hf_model()
         if hf is None:
@@ -226,17 +225,17 @@ class Adapter:
         ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
         step_mask = mask
         logits: Tensor | None = None
-        seen_len = 0  # positions already in the cache
+        cached = 0  # positions already in the cache
         with watch:
             cache = DynamicCache()
             for i in range(max_new_tokens + 1):
                 seen["last"] = i == max_new_tokens and i > 0
                 n = ids.shape[1]
                 if unpadded:
-                    kw = {"position_ids": torch.arange(seen_len, seen_len + n, device=self.device).expand(ids.shape[0], n)}
+                    kw = {"position_ids": torch.arange(cached, cached + n, device=self.device).expand(ids.shape[0], n)}
                 else:
                     kw = {"attention_mask": mask, "position_ids": positions(mask)[:, -n:]}
-                seen_len += n
+                cached += n
                 if not (seen["last"] and site is None):
                     try:
                         out = hf(input_ids=ids, **kw, past_key_values=cache, use_cache=True, logits_to_keep=1)
