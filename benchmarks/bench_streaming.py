@@ -318,6 +318,7 @@ def train_context_head(tok, cache, args, full: dict, acts: dict, y: dict, skip: 
     from tqdm.auto import tqdm
 
     exclude = [t for ps in full.values() for t in ps.texts]
+    ctx_seed = args.seed if args.context_seed is None else args.context_seed
     k_val = max(1, args.context_train // 4)
     streams = streams_of(tok, exclude, args.n + 2 * k_val + 2 * args.context_train, 1024 + 2 * args.turn_cap,
                          args.turn_cap)[args.n:]  # disjoint from the test contexts
@@ -325,17 +326,21 @@ def train_context_head(tok, cache, args, full: dict, acts: dict, y: dict, skip: 
     parts = {}
     for sp, k, st in (("train", args.context_train, streams[2 * k_val:]), ("val", k_val, streams[:2 * k_val])):
         ps = full[sp]
-        pick = [i for c in (1, 0) for i in [i for i, (yy, a) in enumerate(zip(ps.labels, ps.adversarial))
-                                            if yy == c and not a][:k]]
+        pick = []
+        for c in (1, 0):
+            pool = [i for i, (yy, a) in enumerate(zip(ps.labels, ps.adversarial)) if yy == c and not a]
+            if args.context_seed is not None:  # another draw of the split's prompts (default: its first k)
+                random.Random(f"ctx-pick-{args.context_seed}-{sp}-{c}").shuffle(pool)
+            pick += pool[:k]
         with tqdm(total=len(pick), desc=f"context {sp} sequences", unit="seq") as bar:
             Xc, yc = context_rows(tok, cache, st, [ps.texts[i] for i in pick], [ps.labels[i] for i in pick],
-                                  skip, f"ctx-{args.seed}-{sp}", bar)
+                                  skip, f"ctx-{ctx_seed}-{sp}", bar)
         Xs = torch.cat([f32(a[skip:]) for a in acts[sp]])
         ys = np.concatenate([np.full(len(a[skip:]), c) for a, c in zip(acts[sp], y[sp])])
         parts[sp] = torch.cat([Xs, Xc]), np.concatenate([ys, yc])
     t0 = time.time()
     head = tpc.fit(*parts["train"], *parts["val"], degree=args.degree, rank=args.rank, epochs=args.epochs,
-                   seed=args.seed, verbose=False).cpu()
+                   seed=ctx_seed, verbose=False).cpu()
     print(f"fitted the ctx head on {len(parts['train'][1])} rows ({int((parts['train'][1] == 1).sum())} harmful) in "
           f"{time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     return head
@@ -447,6 +452,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context-train", type=int, default=0, metavar="K",
                     help="also train a per-token head ('token+ctx') with K harmful + K benign training prompts placed "
                          "inside 512/1024-token benign ShareGPT contexts (tokens before the request labelled benign)")
+    ap.add_argument("--context-seed", type=int, default=None, metavar="S",
+                    help="the context head's training draw only: which K prompts of each class (shuffled by S), their "
+                         "pairing with contexts, and its fit seed; the short-prompt split, the test sequences and the "
+                         "other heads stay those of --seed (default: --seed's draw, the split's first K of each class)")
     ap.add_argument("--quick", action="store_true", help="a small end-to-end check (no results file)")
     add_results_argument(ap, "bench_streaming")
     args = ap.parse_args(argv)
@@ -556,7 +565,9 @@ def report(args, mons, seqs, logits, short_scores, y, short, deployed, check, ti
     degree = next(iter(mons.values())).head.degree
     print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, {args.threads} threads; SmolLM2-135M-Instruct "
           f"(transformers), site {site(args.layer)}, chat template. Heads: degree {degree}, rank {args.rank}, "
-          f"{args.epochs} epochs per degree, seed {args.seed}, no augmentation; scored at "
+          f"{args.epochs} epochs per degree, seed {args.seed}"
+          + (f" (the token+ctx head's training draw: context seed {args.context_seed})" if args.context_seed is not None
+             else "") + ", no augmentation; scored at "
           f"the full polynomial. Short prompts: "
           f"{len(y['train'])} train / {len(y['val'])} val / {len(y['test'])} test. Long contexts: lengths "
           f"{args.lengths}, n = {args.n} harmful + {args.n} benign per (length, position), turns cut to "
