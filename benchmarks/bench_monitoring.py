@@ -51,8 +51,8 @@
 2. The monitor's own work per decode step, timed alone on the device for each d_model and batch
    (a running-mean pool update + ``Cascade.step``), with the number of tensor operations it
    runs (each a kernel launch on a GPU) and its share of a plain HF generate step. And (packaged
-   SmolLM2 on CPU only) unless ``--no-collect``: ``collect`` vs a bare forward to the same layer (target >= 0.95),
-   and the speed-up of stopping at that layer vs a full forward;
+   SmolLM2 on CPU only) unless ``--no-collect``: ``collect`` vs a bare forward to the same layer
+   (target >= 0.95), and the speed-up of stopping at that layer vs a full forward;
 3. (as 2, unless ``--no-collect``) Peak RSS of ``collect`` streaming to a store, N vs 10 N prompts (each run in a fresh
    process): flat means the 10x run peaks within a few MB of the 1x run.
 
@@ -417,7 +417,8 @@ def bench_variants(model: Any, toolkit: str, tok: Any, texts: list[str], args: a
     times = interleaved(fns, args.rounds, sync=torch.cuda.synchronize if device == "cuda" else None, rotate=True)
     others = Meter.share(before, Meter._sample())
     tok_s = [B * n / t for t in times["hf"]]
-    return {"toolkit": toolkit, "batch": B, "d_model": adapter.d_model, "site": mon.site, "prompt_tokens": length, "new_tokens": n,
+    return {"toolkit": toolkit, "batch": B, "d_model": adapter.d_model, "site": mon.site, "prompt_tokens": length,
+            "new_tokens": n,
             "rounds": args.rounds, "tok_s_hf": (median(tok_s), min(tok_s), max(tok_s)),
             "ratios": {f"{k}/{over}": round_ratios(times, k, over) for k, _, over in SHOWN},
             "noise_hf_again_over_hf": round_ratios(times, "hf_again", "hf"),
@@ -659,7 +660,8 @@ def run(args: argparse.Namespace) -> int:
           "operations it runs (views left out: on a GPU each is a kernel launch). Fit's default head has the trust "
           "region + gate; the plain polynomial has neither. Share: of one decode step of plain HF generate at that "
           "batch, where measured above.\n")
-    print("| d_model | batch | fit's default: ms/step | operations | plain: ms/step | operations | share of an HF generate step (fit's default) |")
+    print("| d_model | batch | fit's default: ms/step | operations | plain: ms/step | operations "
+          "| share of an HF generate step (fit's default) |")
     print("|---:|---:|---:|---:|---:|---:|---|")
     for (d, gate, b), (ms, ops) in costs.items():
         if not gate:

@@ -203,7 +203,7 @@ class Cascade:
         order and FLOPs of the order it exits at, equal up to rounding), but every order is
         evaluated for every row, all in one pass (one matmul over the head's packed factors),
         and the exits are picked on the device: a fixed number of tensor operations whatever
-        the degree (about 40; each a kernel launch on a GPU), where the row selection would
+        the degree (37 with the gate; each a kernel launch on a GPU), where the row selection would
         synchronise at every order. ``flops`` still counts what the cascade spends on a row. A
         row with a NaN/inf activation gets NaN logits and probabilities (the monitor counts it
         as flagged) instead of an error: the decode loop is not interrupted to read a check back.

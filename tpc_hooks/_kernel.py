@@ -74,7 +74,8 @@ def _packed(head: Any, order: int, like: Tensor) -> tuple:
     weights, 0 on the padding), and ``[bias, 0, ...]`` per order. Built once per parameter
     version (an optimiser step, ``to``, ``set_bounds`` rebuild it), not per generation step."""
     ks = range(2, order + 1)
-    parts = [head.linear, head.bias] + [t for k in ks for t in (head.factors[str(k)], head.lambdas[str(k)], head.bounds(k))]
+    parts = [head.linear, head.bias]
+    parts += [t for k in ks for t in (head.factors[str(k)], head.lambdas[str(k)], head.bounds(k))]
     key = (order, like.dtype, like.device, tuple(None if t is None else (id(t), t.data_ptr(), t._version) for t in parts))
     cache = head.__dict__.setdefault("_stream_packs", {})
     hit = cache.get(order)
