@@ -9,7 +9,6 @@ import torch
 from conftest import random_head
 
 import tpc_hooks as tpc
-from tpc_hooks._hub import model_card
 
 FILES = ["README.md", "config.json", "model.safetensors"]
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -98,7 +97,7 @@ def test_tpc_card_reports_history(tmp_path):
     head = _head()
     head.history = tpc.History(mode="progressive", selected={1: {"val_f1": 0.81234}, 2: {"val_f1": 0.84567}},
                                config=tpc.FitConfig(degree=3, rank=2, recipe="paper", seed=7))
-    card = model_card(head)
+    card = head.model_card()
     assert re.search(r"^\| 1 \| 0\.812 \|$", card, re.MULTILINE) and re.search(r"^\| 2 \| 0\.846 \|$", card, re.MULTILINE)
     assert re.search(r"^\| 3 \| not recorded \|$", card, re.MULTILINE)
     assert "recipe='paper'" in card and "seed=7" in card
@@ -134,7 +133,7 @@ def test_monitor_round_trip_and_card(tmp_path):
 
 def test_monitor_card_without_report_invents_nothing():
     mon = tpc.Monitor(head=_head(), site=SITE, report={})
-    card = model_card(mon)
+    card = mon.model_card()
     section = card.split("## Training data and metrics")[1].split("## How to load")[0]
     assert "Validation metrics: not recorded." in section and "Data: not recorded." in section
     assert "Training prompts: not recorded; validation prompts: not recorded." in section
@@ -147,7 +146,7 @@ def test_card_escapes_model_name_and_shows_data():
     head = _head()
     mon = tpc.Monitor(head=head, site=SITE, model_name="local|model\nname",
                       report={"data": "prompts | from <b>somewhere</b>", "validation": {"per_order": [{"f1": 0.5}]}})
-    card = model_card(mon)
+    card = mon.model_card()
     assert "base_model" not in card  # not a hub id
     assert "| model | `local\\|model name` |" in card
     assert "prompts \\| from &lt;b&gt;somewhere&lt;/b&gt;" in card

@@ -22,7 +22,7 @@ import torch
 import tpc_hooks as tpc
 from tiny_models import hf_llama, named, tiny_head, tokenizer
 from tpc_hooks import _demo, views
-from tpc_hooks._generation import flagged as flag_rule
+from tpc_hooks._kernel import flagged as flag_rule
 
 
 def prob_rule(p: torch.Tensor, threshold: float) -> torch.Tensor:

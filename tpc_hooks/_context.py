@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._errors import TPCHooksError
+from ._sources import sharegpt_conversations
 
 POSITIONS = ("start", "middle", "end")
 TURN_CAP = 192  # tokens kept of each context turn by default: a long context holds several exchanges
@@ -229,8 +230,6 @@ def sharegpt_contexts(tokenizer: Any, n: int, *, tokens: int = 1024, turn_cap: i
         >>> len(contexts), contexts[0][0]["role"]  # doctest: +SKIP
         (4, 'user')
     """
-    from .data import sharegpt_conversations
-
     for name, v in (("n", n), ("tokens", tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise TPCHooksError(f"{name} must be a positive integer; got {v!r}")

@@ -7,7 +7,6 @@ keep a running pool per sequence and score it with the monitor's policy every st
 """
 
 import html
-import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from torch import Tensor
 from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts
 from ._errors import TPCHooksError
+from ._kernel import flagged
 from .adapters._base import pad, pad_id
 from .pooling import RunningAggregate, RunningPool, scored
 
@@ -270,19 +270,6 @@ class StepScores:
         return CascadeResult(logits=agg, probs=torch.sigmoid(agg), decision_logits=agg,
                              exit_order=res.exit_order.reshape(B, n).gather(1, newest)[:, 0],
                              flops=self.spent, degree=res.degree)
-
-
-def threshold_logit(threshold: float) -> float:
-    """``logit(threshold)`` in float64 (:func:`flagged` compares decision logits with it)."""
-    return math.log(threshold) - math.log1p(-threshold)
-
-
-def flagged(decision_logits: Tensor, threshold: float) -> Tensor:
-    """THE flag rule of a monitoring run: ``decision_logit >= logit(threshold)`` (the same as
-    ``prob >= threshold``, compared in logit space, in the logits' own dtype, so it does not
-    saturate where a float32 probability reaches 1), and a NaN (a step whose activations held
-    NaN/inf) counts as flagged: the monitor fails closed."""
-    return (decision_logits >= threshold_logit(threshold)) | decision_logits.isnan()
 
 
 def first_hit(hits: Tensor) -> int | None:

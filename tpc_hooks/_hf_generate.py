@@ -22,7 +22,8 @@ from torch import Tensor
 from transformers import LogitsProcessor, StoppingCriteria
 
 from ._errors import TPCHooksError
-from ._generation import GenerateLog, StepScores, flagged
+from ._generation import GenerateLog, StepScores
+from ._kernel import flagged
 from .adapters._base import Adapter, Site
 
 

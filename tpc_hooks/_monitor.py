@@ -25,12 +25,14 @@ from ._collect import check_prompts, collect, pooled_batches, token_batches
 from ._generation import GenerateLog, GenerationRun, MonitorEvent, WatchLog
 from .pooling import aggregate as aggregate_logits, check_aggregate, check_pooling, check_skip, scored
 from ._history import FitConfig
+from ._cards import monitor_card
+from ._hub import HubMixin
 from ._polynomial import TPC, from_saved, to_saved
 from ._sae import check_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity
 
 
 @dataclass
-class Monitor:
+class Monitor(HubMixin):
     """A trained TPC head + the site it reads + pooling + tokenisation + decision policy.
 
     Attributes:
@@ -68,6 +70,8 @@ class Monitor:
             under every sequence's maximum. :func:`train_monitor` sets it from the tokenizer
             (:meth:`~tpc_hooks.adapters.Adapter.fixed_prefix`); 0 scores every token.
     """
+
+    _hub_commit_message = "Upload tpc-hooks monitor"
 
     head: TPC
     site: str
@@ -296,7 +300,7 @@ class Monitor:
             self.cascade = self.cascade.centered(_above(full, threshold_at_fpr(full.double().cpu().numpy(), fpr)))
         decisions = decisions_of(self.policy())
         self.threshold = _above(decisions, threshold_at_fpr(decisions.double().cpu().numpy(), fpr))
-        flagged = int(_generation.flagged(decisions, self.threshold).sum())
+        flagged = int(_kernel.flagged(decisions, self.threshold).sum())
         self.report["operating_point"] = {"fpr": float(fpr), "n_benign": n, "flagged": flagged,
                                           "threshold": self.threshold, **({"by": "max over tokens"} if self.streaming else {})}
         return self
@@ -484,33 +488,12 @@ class Monitor:
         """Saves head and policy to a directory (``config.json`` + ``model.safetensors``)."""
         return _format.write_dir(path, self._config(), to_saved(self.head)[1])
 
-    def save_pretrained(self, directory: str | os.PathLike, *, card: bool = True) -> Path:
-        """:meth:`save` plus a generated model card (``README.md``: model, site, pooling, data,
-        F1/recall per order, threshold, how to load). Returns the directory."""
-        from ._hub import save_pretrained
-
-        return save_pretrained(self, directory, card=card)
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike, *, sae: Any = None, revision: str | None = None,
-                        token: str | bool | None = None, cache_dir: str | os.PathLike | None = None) -> "Monitor":
-        """Loads a monitor from a local directory or a Hugging Face hub repository id
-        (``"user/repo"``, downloaded with ``huggingface_hub``; needs the network). Never unpickles.
-
-        Example:
-            >>> monitor = tpc.Monitor.from_pretrained("user/smollm2-harm-monitor")  # doctest: +SKIP
-        """
-        from ._hub import from_pretrained
-
-        return from_pretrained(cls, name_or_path, revision=revision, token=token, cache_dir=cache_dir, sae=sae)
-
-    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | bool | None = None,
-                    commit_message: str = "Upload tpc-hooks monitor", revision: str | None = None) -> Any:
-        """Uploads :meth:`save_pretrained`'s directory to a hub model repository (created if
-        missing) with ``huggingface_hub``; returns its commit info."""
-        from ._hub import push_to_hub
-
-        return push_to_hub(self, repo_id, private=private, token=token, commit_message=commit_message, revision=revision)
+    def model_card(self, *, repo_id: str | None = None) -> str:
+        """The model card :meth:`save_pretrained` writes (``README.md``): model, site, pooling,
+        threshold, cascade, the head, and the training data and metrics ``report`` records.
+        ``save_pretrained``, ``from_pretrained`` (``sae=`` for a monitor on SAE latents) and
+        ``push_to_hub`` come from :class:`~tpc_hooks._hub.HubMixin`."""
+        return monitor_card(self, repo_id=repo_id)
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, sae: Any = None) -> "Monitor":
@@ -615,13 +598,13 @@ class _Fixed:
 
 def _above(like: Tensor, z: float) -> float:
     """The lowest probability threshold that leaves a decision logit of ``z`` unflagged, by the
-    monitors' rule (:func:`~tpc_hooks._generation.flagged`: in logit space, in ``like``'s dtype, so
+    monitors' rule (:func:`~tpc_hooks._kernel.flagged`: in logit space, in ``like``'s dtype, so
     it does not saturate) and, where ``z``'s float32 probability is below 1, by ``prob >=
     threshold`` on that probability too; checked to lie in (0, 1)."""
     at = torch.tensor([z], dtype=like.dtype)
     target = torch.nextafter(at, torch.tensor([math.inf], dtype=like.dtype))
     t = float(torch.sigmoid(target.double()))
-    while 0 < t < 1 and bool(_generation.flagged(at, t)):  # rounding at large logits: the next float64 up
+    while 0 < t < 1 and bool(_kernel.flagged(at, t)):  # rounding at large logits: the next float64 up
         t = math.nextafter(t, 1.0)
     p_up = float(np.nextafter(torch.sigmoid(at.float()).numpy()[0], np.float32(1)))  # above z's float32 probability
     if p_up < 1:

@@ -28,6 +28,8 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from . import _format, _kernel
+from ._cards import head_card
+from ._hub import HubMixin
 from ._history import History
 from ._errors import TPCHooksError
 
@@ -66,7 +68,7 @@ def _check_int(value: Any, name: str, low: int) -> int:
     return value
 
 
-class TPC(nn.Module):
+class TPC(nn.Module, HubMixin):
     """A degree-N truncated polynomial classifier on ``d_model``-dimensional activations.
 
     Every truncation ``P_{:n}`` (n = 1..degree) is a classifier; ``n = 1`` is the linear
@@ -86,6 +88,8 @@ class TPC(nn.Module):
         >>> head.cost(order=2).params
         85
     """
+
+    _hub_commit_message = "Upload tpc-hooks head"
 
     def __init__(self, d_model: int, degree: int = 5, rank: int | Sequence[int] = 64):
         super().__init__()
@@ -319,36 +323,10 @@ class TPC(nn.Module):
         cfg, tensors = _format.read_dir(path)
         return from_saved(cfg, tensors, Path(path) / _format.CONFIG_FILE)
 
-    def save_pretrained(self, directory: str | os.PathLike, *, card: bool = True) -> Path:
-        """:meth:`save` plus a generated model card (``README.md``), as ``transformers`` and
-        SAELens users expect. Returns the directory.
-
-        Example:
-            >>> import tempfile, tpc_hooks as tpc
-            >>> d = tpc.TPC(d_model=8, degree=2, rank=2).save_pretrained(tempfile.mkdtemp())
-            >>> sorted(p.name for p in d.iterdir())
-            ['README.md', 'config.json', 'model.safetensors']
-        """
-        from ._hub import save_pretrained
-
-        return save_pretrained(self, directory, card=card)
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike, *, revision: str | None = None,
-                        token: str | bool | None = None, cache_dir: str | os.PathLike | None = None) -> "TPC":
-        """Loads a head from a local directory or a Hugging Face hub repository id (``"user/repo"``,
-        downloaded with ``huggingface_hub``; needs the network). Loading never unpickles."""
-        from ._hub import from_pretrained
-
-        return from_pretrained(cls, name_or_path, revision=revision, token=token, cache_dir=cache_dir)
-
-    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | bool | None = None,
-                    commit_message: str = "Upload tpc-hooks head", revision: str | None = None) -> Any:
-        """Uploads :meth:`save_pretrained`'s directory to a hub model repository (created if
-        missing) with ``huggingface_hub``; returns its commit info."""
-        from ._hub import push_to_hub
-
-        return push_to_hub(self, repo_id, private=private, token=token, commit_message=commit_message, revision=revision)
+    def model_card(self, *, repo_id: str | None = None) -> str:
+        """The model card :meth:`save_pretrained` writes (``README.md``): shape, the cost of
+        every truncation, the training history; ``repo_id`` names the loading snippet's source."""
+        return head_card(self, repo_id=repo_id)
 
 
 # ---------------------------------------------------------------------- the saved format

@@ -9,30 +9,10 @@ import torch
 
 from ._errors import TPCHooksError
 from ._history import FitConfig
-from .metrics import classification_metrics, recall_at_fpr
+from ._fit import fit
+from .metrics import worst_group
 
 FPR = 0.01
-
-
-def worst_group(y: np.ndarray, scores: np.ndarray, groups: np.ndarray, fpr: float = FPR) -> dict[str, float]:
-    """The worst group's recall at ``fpr`` (threshold from the benign rows of every group together),
-    AUROC and F1 at logit 0, each taken over the groups separately.
-
-    Example:
-        >>> y = np.array([0, 1, 0, 1]); s = np.array([-1.0, 2.0, -2.0, 0.5]); g = np.array(["a", "a", "b", "b"])
-        >>> worst_group(y, s, g, fpr=0.0)["recall_at_fpr"]
-        1.0
-    """
-    ref = scores[y == 0]
-    per_group: dict[str, list[float]] = {"recall_at_fpr": [], "auroc": [], "f1": []}
-    for g in dict.fromkeys(groups.tolist()):
-        m = groups == g
-        metrics = classification_metrics(y[m], scores[m])
-        per_group["recall_at_fpr"].append(recall_at_fpr(y[m], scores[m], ref, fpr)["recall"])
-        per_group["auroc"].append(metrics["auroc"])
-        per_group["f1"].append(metrics["f1"] if (y[m] == 1).any() else np.nan)
-    # a group without harmful rows (or without both classes, for AUROC) has no value: skipped; none at all: NaN
-    return {k: float(min((v for v in vals if not np.isnan(v)), default=np.nan)) for k, vals in per_group.items()}
 
 
 def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, config: FitConfig | None = None,
@@ -62,8 +42,6 @@ def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, conf
         >>> tpc.choose_site(data, groups=["all"] * 100, config=tpc.FitConfig())[0]
         'signal'
     """
-    from ._fit import fit
-
     if not data:
         raise TPCHooksError("choose_site needs at least one candidate site")
     g = np.asarray(groups)

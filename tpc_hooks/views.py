@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, SupportsFloat
 
 from ._errors import TPCHooksError
+from ._kernel import flagged
 
 __all__ = ["HTML", "generation_html", "token_scores_html", "attribution_html", "score_color", "plot_sweep",
            "colored_tokens"]
@@ -183,9 +184,8 @@ def _flags(decisions: Any, b: int, scores: list[float], threshold: float) -> lis
     """Each step's flag: the monitoring runs' rule on ``decisions[b]`` (decision logits) when
     given, else on the probabilities ``scores``."""
     if decisions:
-        from ._generation import flagged
-
         import torch
+
 
         return [bool(f) for f in flagged(torch.as_tensor(decisions[b]).detach().float().cpu(), threshold)]
     return [_is_flagged(s, threshold) for s in scores]
