@@ -216,7 +216,8 @@ def quiet_monitor(d_model: int, layer: int, prompt_tokens: int, device: str) -> 
     template, no BOS), with a threshold its small random head never reaches (no row is ever stopped)."""
     mon = head_for(d_model, layer=layer)
     mon.head.to(device)  # the cascade holds the same module
-    return replace(mon, chat_template=False, prepend_bos=False, max_tokens=prompt_tokens, threshold=NEVER)
+    return tpc.Monitor(mon.head, config=replace(mon.config, chat_template=False, prepend_bos=False, max_tokens=prompt_tokens,
+                                               threshold=NEVER), cascade=mon.cascade)
 
 
 # ---------------------------------------------------------------------- models

@@ -1,5 +1,6 @@
 import json
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,3 +131,26 @@ def test_malformed_monitor_fields_name_the_file(saved, key, value):
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(tpc.TPCHooksError, match=r"mon/config\.json"):
         tpc.Monitor.load(path)
+
+
+SAVED_V1 = Path(__file__).parent / "data" / "saved-v1"
+
+
+@pytest.mark.parametrize("kind", ["pooled", "token"])
+def test_monitors_saved_by_format_version_1_load_and_save_unchanged(tmp_path, kind):
+    """Files written before the settings became a MonitorConfig: every saved setting reads back as
+    the file states it, and saving again writes the same config and the same weight bytes."""
+    src = SAVED_V1 / kind
+    saved = json.loads((src / "config.json").read_text())
+    mon = tpc.Monitor.load(src)
+    for key in ("site", "pooling", "chat_template", "prepend_bos", "max_tokens", "threshold"):
+        assert getattr(mon, key) == saved["monitor"][key]
+    assert mon.model_name == saved["monitor"]["model"]["name"]
+    if kind == "token":
+        assert [getattr(mon, k) for k in ("aggregate", "alpha", "window", "skip")] == \
+            [saved["monitor"][k] for k in ("aggregate", "alpha", "window", "skip")]
+    else:
+        assert mon.cascade.to_dict() == saved["monitor"]["cascade"]
+    again = mon.save(tmp_path / "again")
+    assert json.loads((again / "config.json").read_text()) == saved
+    assert (again / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()

@@ -14,6 +14,7 @@ from ._collect import collect as collect
 from ._generation import GenerateLog as GenerateLog
 from ._generation import GenerationRun as GenerationRun
 from ._monitor import Monitor as Monitor
+from ._monitor_config import MonitorConfig as MonitorConfig
 from ._monitor import TokenScores as TokenScores
 from ._generation import MonitorEvent as MonitorEvent
 from ._generation import WatchLog as WatchLog
@@ -44,6 +45,7 @@ __all__ = [
     "train_monitor",
     "choose_site",
     "Monitor",
+    "MonitorConfig",
     "MonitorEvent",
     "TokenScores",
     "GenerationRun",

@@ -8,7 +8,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,92 +19,84 @@ from torch import Tensor
 from . import _format, _generation, _kernel
 from ._checks import check_labels
 from ._errors import TPCHooksError
-from .adapters._base import Adapter, get_adapter, pad, pad_id, parse_site, resolve_bos
+from .adapters._base import Adapter, get_adapter, pad, pad_id, resolve_bos
 from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts, collect, pooled_batches, token_batches
 from ._generation import GenerateLog, GenerationRun, MonitorEvent, WatchLog
-from .pooling import aggregate as aggregate_logits, check_aggregate, check_pooling, check_skip, scored
+from .pooling import aggregate as aggregate_logits, check_aggregate, check_pooling, scored
 from ._history import FitConfig
 from ._cards import monitor_card
 from ._hub import HubMixin
 from ._polynomial import TPC, from_saved, to_saved
-from ._sae import check_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity
+from ._monitor_config import MonitorConfig
+from ._sae import check_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity_of
 
 
-@dataclass
 class Monitor(HubMixin):
-    """A trained TPC head + the site it reads + pooling + tokenisation + decision policy.
+    """A trained TPC head + the settings it reads and decides with (:class:`~tpc_hooks.MonitorConfig`:
+    site, pooling, tokenisation, aggregation, threshold) + a decision policy.
 
-    Attributes:
+    Args:
         head: the :class:`~tpc_hooks.TPC`.
-        site: TransformerLens hook name it reads (``blocks.L.hook_resid_post``).
-        pooling: ``"mean"``, ``"last"`` or ``"max"`` (the activations of a prefix pooled, then
-            scored), or ``"token"``: every token scored and the logits aggregated over time
-            (a streaming monitor; see ``aggregate``).
-        chat_template: whether prompts are wrapped in the tokenizer's chat template.
-        prepend_bos: whether a BOS token is prepended to raw prompts (None: when the
-            tokenizer has one).
-        max_tokens: prompt truncation used when it was trained.
-        model_name: the model it was trained on (informational; ``d_model`` is enforced).
-        cascade: the default policy (thresholds + per-order calibration), or None to score
-            with the full polynomial.
-        threshold: probability at or above which an input is flagged. Compared in logit space
-            (``result.decision_logits >= logit(threshold)``, in float32), so thresholds set by
-            :meth:`calibrate` stay meaningful where float32 probabilities reach 1.
-        last_generate_log: the :class:`~tpc_hooks.GenerateLog` of the latest Hugging Face
-            ``generate`` call served by one of its :meth:`stopping_criteria` or
-            :meth:`logits_processor` (None before any; not saved, not compared).
+        site: TransformerLens hook name it reads (``blocks.L.hook_resid_post``); or pass ``config``.
+        config: a :class:`~tpc_hooks.MonitorConfig` (default: built from ``site`` and ``settings``).
+        cascade: the default policy (a :class:`~tpc_hooks.Cascade` on ``head``: thresholds +
+            per-order calibration), or None to score with the full polynomial.
+        report: what training measured (validation metrics per order, the operating point, ...).
         sae: an SAELens SAE when the head reads SAE latents (``head.d_model == d_sae``): the
             site's activations are encoded per token before pooling. Its identity (sizes,
             recorded release/id/hook, weights hash) is saved, and a different SAE is refused.
-        aggregate, alpha, window: how a per-token monitor (``pooling="token"``) turns the
-            per-token logits ``s_1..s_t`` of a prefix into its logit: ``"mean"``, ``"max"``,
-            ``"ema"`` (``e_t = alpha * s_t + (1 - alpha) * e_{t-1}``, ``e_1 = s_1``) or
-            ``"rolling"`` (the mean of the last ``window`` logits; the default: on long benign
-            conversations its false-positive rate stays put as they grow, where a running
-            ``"max"``'s climbs with every token; benchmarks/bench_streaming.py); see
-            :func:`tpc_hooks.pooling.aggregate`. Ignored by prefix-pooled monitors.
-        skip: a per-token monitor's leading tokens that are never scored: the fixed prefix every
-            sequence starts with (BOS, the chat template's system prompt and user header), which
-            carries no information about the request and would otherwise put the same floor
-            under every sequence's maximum. :func:`train_monitor` sets it from the tokenizer
-            (:meth:`~tpc_hooks.adapters.Adapter.fixed_prefix`); 0 scores every token.
+        sae_identity: the identity recorded with a saved monitor (checked against ``sae``).
+        **settings: any field of :class:`~tpc_hooks.MonitorConfig` (``pooling``,
+            ``chat_template``, ``prepend_bos``, ``max_tokens``, ``model_name``, ``threshold``,
+            ``aggregate``, ``alpha``, ``window``, ``skip``); with ``config``, they override it.
+
+    Every setting reads as an attribute (``monitor.site``, ``monitor.threshold``, ...); assigning
+    one replaces :attr:`config` and is validated (``monitor.threshold = float("nan")`` is an
+    error, not a monitor that never flags).
+
+    Attributes:
+        last_generate_log: the :class:`~tpc_hooks.GenerateLog` of the latest Hugging Face
+            ``generate`` call served by one of its :meth:`stopping_criteria` or
+            :meth:`logits_processor` (None before any; not saved).
+
+    Example:
+        >>> import tpc_hooks as tpc
+        >>> mon = tpc.Monitor(tpc.TPC(8, 2, 2), "blocks.1.hook_resid_post", pooling="max")
+        >>> mon.pooling, mon.config.threshold
+        ('max', 0.5)
     """
 
     _hub_commit_message = "Upload tpc-hooks monitor"
 
-    head: TPC
-    site: str
-    pooling: str = "mean"
-    chat_template: bool = False
-    prepend_bos: bool | None = None
-    max_tokens: int | None = 512
-    model_name: str | None = None
-    cascade: Cascade | None = None
-    threshold: float = 0.5
-    report: dict[str, Any] = field(default_factory=dict)
-    sae: Any = None
-    sae_identity: dict[str, Any] | None = None
-    aggregate: str = "rolling"
-    alpha: float = 0.1
-    window: int = 16
-    skip: int = 0
-    last_generate_log: GenerateLog | None = field(default=None, init=False, repr=False, compare=False)
-
-    def __post_init__(self):
-        if not isinstance(self.head, TPC):
-            raise TPCHooksError(f"Monitor needs a tpc_hooks.TPC head; got {type(self.head).__name__}")
-        parse_site(self.site)
-        if self.pooling != "token":
-            check_pooling(self.pooling)
-        self.aggregate, self.alpha, self.window = check_aggregate(self.aggregate, self.alpha, self.window)
-        self.skip = check_skip(self.skip)
-        if not 0 < self.threshold < 1:
-            raise TPCHooksError(f"threshold must be in (0, 1); got {self.threshold!r}")
+    def __init__(self, head: TPC, site: str | None = None, *, config: MonitorConfig | None = None,
+                 cascade: Cascade | None = None, report: dict[str, Any] | None = None, sae: Any = None,
+                 sae_identity: dict[str, Any] | None = None, **settings: Any):
+        if not isinstance(head, TPC):
+            raise TPCHooksError(f"Monitor needs a tpc_hooks.TPC head; got {type(head).__name__}")
+        unknown = sorted(set(settings) - {f.name for f in fields(MonitorConfig)})
+        if unknown:
+            raise TPCHooksError(f"Monitor got unknown settings {unknown}; the settings are MonitorConfig's fields: "
+                                f"{[f.name for f in fields(MonitorConfig)]}")
+        if site is not None:
+            settings["site"] = site
+        if config is None:
+            if "site" not in settings:
+                raise TPCHooksError("Monitor needs site= (the hook name it reads, e.g. 'blocks.6.hook_resid_post') "
+                                    "or config=")
+            config = MonitorConfig(**settings)
+        elif not isinstance(config, MonitorConfig):
+            raise TPCHooksError(f"config must be a tpc_hooks.MonitorConfig; got {type(config).__name__}")
+        elif settings:
+            config = replace(config, **settings)
+        self.head, self.config, self.cascade = head, config, cascade
+        self.report: dict[str, Any] = {} if report is None else report
+        self.sae, self.sae_identity = sae, sae_identity
+        self.last_generate_log: GenerateLog | None = None
         if self.cascade is not None and self.cascade.head is not self.head:
             raise TPCHooksError("the monitor's cascade must wrap the monitor's own head")
         if self.sae is not None:
-            ident = sae_identity(self.sae)
+            ident = sae_identity_of(self.sae)
             if self.sae_identity is not None and self.sae_identity.get("weights_sha256") != ident["weights_sha256"]:
                 raise TPCHooksError(
                     f"this monitor was trained on SAE latents of {_describe(self.sae_identity)}, and the SAE given "
@@ -116,6 +108,11 @@ class Monitor(HubMixin):
         elif self.sae_identity is not None:
             raise TPCHooksError(f"this monitor reads SAE latents of {_describe(self.sae_identity)}; pass sae= "
                                 "(Monitor.load(path, sae=...))")
+
+    def __repr__(self) -> str:
+        policy = "full polynomial" if self.cascade is None else f"cascade({self.cascade.lower:g}, {self.cascade.upper:g})"
+        return (f"Monitor({self.site!r}, pooling={self.pooling!r}, d_model={self.head.d_model}, degree={self.head.degree}, "
+                f"threshold={self.threshold:.6g}, policy={policy})")
 
     @property
     def streaming(self) -> bool:
@@ -471,13 +468,11 @@ class Monitor(HubMixin):
     # ------------------------------------------------------------------ saving
     def _config(self) -> dict[str, Any]:
         cfg, _ = to_saved(self.head)
+        settings = self.config.to_dict()
+        name = settings.pop("model_name")
         cfg["monitor"] = {
-            "site": self.site, "pooling": self.pooling, "chat_template": self.chat_template,
-            "prepend_bos": self.prepend_bos,
-            "max_tokens": self.max_tokens, "threshold": self.threshold,
-            **({"aggregate": self.aggregate, "alpha": self.alpha, "window": self.window, "skip": self.skip}
-               if self.streaming else {}),
-            "model": {"name": self.model_name, "d_model": self.head.d_model},
+            **settings,
+            "model": {"name": name, "d_model": self.head.d_model},
             "cascade": None if self.cascade is None else self.cascade.to_dict(),
             "report": self.report,
             "sae": self.sae_identity,
@@ -508,28 +503,42 @@ class Monitor(HubMixin):
         if not isinstance(mon, dict):
             raise TPCHooksError(f"{where} describes a bare head, not a monitor; load it with TPC.load and wrap it: "
                                 "Monitor(head, site=...)")
-        site = _format.require(mon, "site", str, where)
         model = mon.get("model") or {}
         if not isinstance(model, dict):
             raise TPCHooksError(f"{where}: monitor.model must be an object {{\"name\", \"d_model\"}}; got {model!r}")
         if model.get("d_model", head.d_model) != head.d_model:
             raise TPCHooksError(f"{where}: monitor.model.d_model={model.get('d_model')} disagrees with d_model={head.d_model}")
+        try:
+            config = MonitorConfig.from_dict({**mon, "model_name": model.get("name")})
+        except TPCHooksError as err:
+            raise TPCHooksError(f"{where}: monitor: {err}") from None
         cascade = None
         if mon.get("cascade") is not None:
-            c = mon["cascade"]
             try:
-                cascade = Cascade.from_dict(head, c)
+                cascade = Cascade.from_dict(head, mon["cascade"])
             except (KeyError, TypeError, ValueError) as err:
                 raise TPCHooksError(f"{where}: monitor.cascade is malformed ({err})") from None
+        report = mon.get("report") or {}
+        if not isinstance(report, dict):
+            raise TPCHooksError(f"{where}: monitor.report must be an object; got {type(report).__name__}")
         try:
-            return cls(head=head, site=site, pooling=mon.get("pooling", "mean"), chat_template=bool(mon.get("chat_template", False)),
-                       prepend_bos=mon.get("prepend_bos"),
-                       max_tokens=mon.get("max_tokens"), model_name=model.get("name"), cascade=cascade,
-                       threshold=float(mon.get("threshold", 0.5)), report=dict(mon.get("report") or {}),
-                       sae=sae, sae_identity=mon.get("sae"), aggregate=mon.get("aggregate", "max"),
-                       alpha=mon.get("alpha", 0.1), window=mon.get("window", 16), skip=mon.get("skip", 0))
-        except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError; float()/dict() of a bad value too
+            return cls(head, config=config, cascade=cascade, report=dict(report), sae=sae, sae_identity=mon.get("sae"))
+        except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError
             raise TPCHooksError(f"{where}: {err}") from None
+
+
+def _setting(name: str) -> property:
+    def get(self: Monitor) -> Any:
+        return getattr(self.config, name)
+
+    def set_(self: Monitor, value: Any) -> None:
+        self.config = replace(self.config, **{name: value})
+
+    return property(get, set_, doc=f"``config.{name}`` (:class:`~tpc_hooks.MonitorConfig`); assigning it is validated.")
+
+
+for _field in fields(MonitorConfig):
+    setattr(Monitor, _field.name, _setting(_field.name))
 
 
 def _at(res: CascadeResult, agg: Tensor, t: int) -> CascadeResult:
