@@ -182,7 +182,8 @@ def test_collect_contexts_then_train_learns_from_the_hosted_chats(tmp_path, tiny
     with_, without = tpc.Monitor.load(tmp_path / "with"), tpc.Monitor.load(tmp_path / "without")
     assert (with_.aggregate, without.aggregate) == ("max", "rolling")
     assert with_.report["n_train_tokens"] == without.report["n_train_tokens"] + n_rows["ctx-train"]
-    assert with_.report["contexts"] == {"train": 8, "val": 2} and "contexts" not in without.report
+    assert (with_.report["contexts"]["n_train"], with_.report["contexts"]["n_val"]) == (8, 2)
+    assert "contexts" not in without.report
     n_benign_chats = json.loads((acts / "ctx-val" / "labels.json").read_text()).count(0)
     assert with_.report["operating_point"]["n_benign"] == without.report["operating_point"]["n_benign"] + n_benign_chats
     assert "8 ctx-train, 2 ctx-val chats included" in out

@@ -179,17 +179,17 @@ def test_train_monitor_rewrites_training_and_validation_prompts(lm):
 def test_the_consistency_penalty_reads_exactly_the_training_rewrites(lm, monkeypatch):
     from sklearn.model_selection import train_test_split
 
-    from tpc_hooks import _fit
+    from tpc_hooks import _train
     from tpc_hooks.data import rewrites
 
     seen = []
-    real = _fit.fit
+    real = _train.fit
 
     def spy(*args, **kwargs):
         seen.append((kwargs.get("X_unlabelled"), args[4].consistency))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_fit, "fit", spy)
+    monkeypatch.setattr(_train, "fit", spy)
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
     kw = dict(augment=("tense", "noise"), degree=2, rank=2, epochs=2, val_fraction=0.25, verbose=False)
     tpc.train_monitor(lm, prompts, y, SITES[1], **kw)

@@ -10,6 +10,8 @@ from ._attribution import Attribution as Attribution
 from ._attribution import attribute as attribute
 from ._cascade import Cascade as Cascade
 from ._cascade import CascadeResult as CascadeResult
+from ._policy import FixedOrder as FixedOrder
+from ._policy import Policy as Policy
 from ._collect import collect as collect
 from ._generation import GenerateLog as GenerateLog
 from ._generation import GenerationRun as GenerationRun
@@ -18,7 +20,7 @@ from ._monitor_config import MonitorConfig as MonitorConfig
 from ._monitor import TokenScores as TokenScores
 from ._generation import MonitorEvent as MonitorEvent
 from ._generation import WatchLog as WatchLog
-from ._monitor import train_monitor as train_monitor
+from ._train import train_monitor as train_monitor
 from ._select import choose_site as choose_site
 from ._polynomial import TPC as TPC
 from ._polynomial import Cost as Cost
@@ -40,6 +42,8 @@ __all__ = [
     "History",
     "Cascade",
     "CascadeResult",
+    "FixedOrder",
+    "Policy",
     "ActivationStore",
     "collect",
     "train_monitor",

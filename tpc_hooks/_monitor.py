@@ -17,18 +17,20 @@ import torch
 from torch import Tensor
 
 from . import _format, _generation, _kernel
-from ._checks import check_labels
+from ._checks import check_features
 from ._errors import TPCHooksError
-from .adapters._base import Adapter, get_adapter, pad, pad_id, resolve_bos
+from .adapters._base import Adapter, get_adapter, pad, pad_id
 from ._cascade import Cascade, CascadeResult
-from ._collect import check_prompts, collect, pooled_batches, token_batches
+from ._collect import check_prompts, pooled_batches, token_batches
 from ._generation import GenerateLog, GenerationRun, MonitorEvent, WatchLog
-from .pooling import aggregate as aggregate_logits, check_aggregate, check_pooling, scored
-from ._history import FitConfig
+from .pooling import aggregate as aggregate_logits, scored
 from ._cards import monitor_card
 from ._hub import HubMixin
+from ._policy import FixedOrder
 from ._polynomial import TPC, from_saved, to_saved
 from ._monitor_config import MonitorConfig
+from .metrics import threshold_at_fpr
+from .views import token_scores_html
 from ._sae import check_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity_of
 
 
@@ -153,7 +155,7 @@ class Monitor(HubMixin):
             return base.with_thresholds(float(cascade), center=base.center)
         if order is None and self.cascade is not None:
             return self.cascade
-        return _Fixed(self.head, self.head.check_order(order))
+        return FixedOrder(self.head, order)
 
     def _step_policy(self, order: int | None = None, cascade: float | Cascade | None = None) -> Callable[[Tensor], CascadeResult]:
         """:meth:`policy` for the per-step path of generation: the same scores with no host
@@ -276,9 +278,6 @@ class Monitor(HubMixin):
             TPCHooksError: no rows, wrong ``d_model``, NaN/inf, ``fpr`` outside [0, 1), or a benign
                 tail saturated at probability 1 (no threshold below 1 can separate it).
         """
-        from .metrics import threshold_at_fpr
-        from ._checks import check_features
-
         if self.streaming:
             if isinstance(benign, (Tensor, np.ndarray)) or not isinstance(benign, Sequence) or not benign:
                 raise TPCHooksError("a per-token monitor calibrates on a non-empty list of per-token activations "
@@ -575,34 +574,10 @@ class TokenScores(tuple):
     def to_html(self) -> Any:
         """The prompt with each token coloured by the score of the prefix it ends, flagged prefixes
         and exit orders marked (:func:`tpc_hooks.views.token_scores_html`; ``.save(path)``)."""
-        from .views import token_scores_html
-
         return token_scores_html(self.tokens, self.result, threshold=self.threshold, unscored=self.skip)
 
     def _repr_html_(self) -> str:
         return str(self.to_html())
-
-
-class _Fixed:
-    """A fixed truncation as a policy: called offline (inputs checked), or per generation step
-    through :meth:`step` (no host synchronisation)."""
-
-    def __init__(self, head: TPC, order: int):
-        self.head, self.order, self.cost = head, order, head.cost(order).flops
-
-    def _result(self, s: Tensor) -> CascadeResult:
-        return CascadeResult(logits=s, probs=torch.sigmoid(s), exit_order=torch.full_like(s, self.order, dtype=torch.long),
-                             flops=torch.full_like(s, self.cost, dtype=torch.long), degree=self.head.degree,
-                             decision_logits=s)
-
-    @torch.no_grad()
-    def __call__(self, z: Tensor) -> CascadeResult:
-        return self._result(self.head(z, order=self.order))
-
-    @torch.no_grad()
-    def step(self, z: Tensor) -> CascadeResult:
-        zs, ok = _kernel.stream_rows(self.head, z)
-        return self._result(_kernel.nan_rows(_kernel.stream_logits(self.head, zs, self.order)[0][:, -1], ok))
 
 
 def _above(like: Tensor, z: float) -> float:
@@ -627,328 +602,3 @@ def _above(like: Tensor, z: float) -> float:
 def _describe(ident: dict[str, Any]) -> str:
     name = "/".join(str(v) for v in (ident.get("release"), ident.get("sae_id")) if v) or ident.get("class", "SAE")
     return f"{name} (d_sae={ident.get('d_sae')}, weights {str(ident.get('weights_sha256'))[:12]})"
-
-
-TRAIN_RECIPES = ("default", "in_distribution", "paper")
-REWRITE_CONSISTENCY = 0.03  # fit's consistency weight on the training rewrites (bench_phrasing: the best of 0.03/0.1/0.3)
-
-
-def train_monitor(
-    model: Any,
-    prompts: Sequence[str],
-    labels: Any,
-    site: str | Sequence[str],
-    pooling: str = "mean",
-    *,
-    aggregate: str | None = None,
-    alpha: float = 0.1,
-    window: int = 16,
-    contexts: Any = None,
-    context_tokens: int | Sequence[int] = (512, 1024),
-    augment: bool | Sequence[str] | None = None,
-    recipe: str = "default",
-    target_fpr: float | None = 0.01,
-    val_fraction: float = 0.2,
-    chat_template: bool | None = None,
-    prepend_bos: bool | None = None,
-    max_tokens: int | None = 512,
-    batch_size: int = 8,
-    tau: float | None = None,
-    sae: Any = None,
-    config: FitConfig | None = None,
-    degree: int | None = None,
-    rank: int | Sequence[int] | None = None,
-    seed: int | None = None,
-    verbose: bool = True,
-    tokenizer: Any = None,
-    **fit_kwargs: Any,
-) -> Monitor:
-    """Collects activations at ``site`` and trains a TPC monitor on them, in one call.
-
-    By default the monitor is trained to hold up on requests *phrased* differently from the
-    training prompts (past or future tense, fictional framing, third person, paraphrase, casing
-    noise: ``tpc_hooks.data.PHRASING_FAMILIES``). Each training prompt gains one rewritten copy
-    (same label), each validation prompt is rewritten by every family, and every degree >= 2 is
-    selected for the *worst* validation group (the plain prompts and each family:
-    ``fit(val_groups=...)``), with a small consistency penalty on the rewritten training prompts
-    (``FitConfig.consistency``, 0.03: each degree >= 2 is pulled to add little there). On the repository's benchmark (``benchmarks/bench_phrasing.py``)
-    this is what keeps the higher orders at least as strong as the linear probe on a phrasing
-    family never trained on; ``augment=False`` trains on the prompts as given. The rewrites are
-    English templates; collection reads about 2.8x as many prompts with every family.
-
-    That robustness costs in-distribution recall: ``recipe="in_distribution"`` trains on the
-    prompts as given with pooled selection (the highest recall on prompts phrased like the
-    training set, and a dial that turns the wrong way on rephrased ones); ``recipe="paper"`` is
-    the paper's exact recipe (:class:`~tpc_hooks.FitConfig`), with the rewrites unless
-    ``augment=False``. The README's phrasing section has the measured trade-off.
-
-    The monitor's operating point is set on the benign validation prompts (and their rewrites):
-    ``threshold`` flags at most ``target_fpr`` of them (:meth:`Monitor.calibrate_activations`), and a
-    cascade (``tau``) exits around that threshold.
-
-    Args:
-        model: a TransformerLens, nnsight or plain ``transformers`` model.
-        prompts, labels: texts and their labels (1 = harmful).
-        site: where to read, or several sites: all are collected in one pass and the one whose
-            linear probe has the best worst-group recall at 1% false-positive rate on validation
-            is kept (``monitor.report["site_selection"]`` has the table).
-        pooling: how to pool tokens (``"mean"``, ``"last"``, ``"max"``), or ``"token"`` for a
-            streaming monitor: the head is trained on every token's activation, each token
-            labelled with its prompt's label, and scores are aggregated over time. The tokens
-            every prompt starts with (BOS, the chat template's system prompt and header; see
-            ``Monitor.skip``) are neither trained on nor scored.
-        aggregate, alpha, window: a streaming monitor's aggregation (see :class:`Monitor`).
-            Its report and operating point count a prompt as flagged when the aggregate
-            reaches the threshold at any token. Default: ``"max"`` with ``contexts`` (the
-            best at long contexts once the head has seen requests inside conversations),
-            ``"rolling"`` without (trained on short prompts only, a running max flags more
-            long benign chats the longer they are; README, "Long contexts").
-        contexts: benign chat conversations (``[{"role", "content"}]`` turns, user first) to
-            train a per-token monitor on requests *inside* conversations as well, or a number
-            of ShareGPT contexts to draw (:func:`tpc_hooks.data.sharegpt_contexts`, the prompts
-            excluded). Each context hosts one training or validation prompt (as given, not a
-            rewrite; the classes balanced, in a seeded order) in place of its first, middle or
-            last user turn, its budget the ``context_tokens`` in turn
-            (:func:`tpc_hooks.data.host_requests`); its tokens before the request are benign
-            rows, the request's turn carries the prompt's label, and after a harmful request the
-            rest is dropped (:func:`tpc_hooks.data.token_labels`). 1000 contexts (as measured:
-            README, "Long contexts") keep the short-prompt recall at 2k tokens; 300 did not. A ``val_fraction`` share of the contexts (at least 2) is held out:
-            it joins model selection (group ``"contexts"``), the report
-            (``report["contexts"]``) and, for its benign sequences, the operating point, so the
-            threshold holds on long benign chats. Needs a chat template.
-        context_tokens: each context's token budget, or several used in turn (512, 1024).
-        augment: ``True`` (every phrasing family), ``False``, or the families to use; default:
-            every family, none for ``recipe="in_distribution"``.
-        recipe: ``"default"`` (rewrites + worst-family selection), ``"in_distribution"`` (no
-            rewrites, pooled selection) or ``"paper"`` (the paper's recipe).
-        target_fpr: the benign validation share the threshold may flag; None keeps 0.5.
-        val_fraction: stratified validation split (model selection, calibration, report).
-        chat_template: wrap prompts as chat user turns; default: when the tokenizer has a template.
-        prepend_bos: prepend BOS to raw prompts; default: when the tokenizer has a BOS token.
-        tau: if given, the monitor's policy is a cascade at ``tau``, calibrated on validation.
-        sae: an SAELens SAE for ``site``: train on its latents (pooled per prompt), so
-            attribution reads in feature ids.
-        config, degree, rank, seed, verbose, **fit_kwargs: passed to :func:`tpc_hooks.fit` (a
-            :class:`~tpc_hooks.FitConfig` and/or its fields; ``degree``, ``rank`` and ``seed``
-            override ``config`` only when given; ``seed`` also draws the validation split and
-            the rewrites).
-        tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
-            ``name_or_path``); toolkit models use their own.
-
-    Returns:
-        A :class:`Monitor`; ``monitor.report`` holds validation metrics per order (on the
-        validation prompts as given), the worst validation group's, and the site choice.
-
-    Example:
-        >>> monitor = tpc.train_monitor(model, prompts, labels,  # doctest: +SKIP
-        ...                             site=[f"blocks.{l}.hook_resid_post" for l in (10, 15, 20)])
-    """
-    from sklearn.model_selection import train_test_split
-
-    from . import _phrasing
-    from ._fit import fit
-    from .data import PromptSet, rewrites
-    from ._select import choose_site, worst_group
-    from .metrics import classification_metrics
-
-    items = check_prompts(prompts)
-    y = check_labels(labels, len(items), "labels").numpy().astype(int)
-    sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
-    if not sites or not all(isinstance(s, str) for s in sites):
-        raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
-    if recipe not in TRAIN_RECIPES:
-        raise TPCHooksError(f"recipe must be one of {list(TRAIN_RECIPES)}; got {recipe!r}")
-    if recipe == "in_distribution" and augment not in (None, False):
-        raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with augment")
-    families = _phrasing.check_families(recipe != "in_distribution" if augment is None else augment)
-    adapter = get_adapter(model, tokenizer=tokenizer)
-    for s in sites:
-        adapter.site(s)
-    if sae is not None and len(sites) > 1:
-        raise TPCHooksError("an SAE belongs to one site: pass a single site with sae=")
-    streaming = pooling == "token"
-    if aggregate is None:
-        aggregate = "rolling" if contexts is None else "max"
-    if streaming:
-        check_aggregate(aggregate, alpha, window)
-        if len(sites) > 1:
-            raise TPCHooksError("a per-token monitor (pooling='token') reads one site; pass a single site")
-    else:
-        check_pooling(pooling)
-        if contexts is not None:
-            raise TPCHooksError("contexts= trains a per-token monitor on requests inside conversations; pass "
-                                "pooling='token'")
-    if chat_template is None:
-        chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
-    if contexts is not None:
-        contexts, context_tokens = _check_contexts(adapter.tokenizer, contexts, context_tokens, chat_template, items)
-    if not 0 < val_fraction < 1:
-        raise TPCHooksError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
-    if np.bincount(y, minlength=2).min() < 2:
-        raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
-    n_val = max(2, int(round(val_fraction * len(items))))
-    given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
-    own = {k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs}  # fit's, not FitConfig's
-    if "recipe" in fit_kwargs:
-        raise TPCHooksError("pass recipe= once (train_monitor's recipe covers fit's)")
-    fit_recipe = {"recipe": "paper"} if recipe == "paper" else {}
-    if recipe == "default" and families and "consistency" not in fit_kwargs and (config is None or not config.consistency):
-        fit_recipe["consistency"] = REWRITE_CONSISTENCY
-    cfg = FitConfig.from_options(config, {**given, **fit_kwargs, **fit_recipe})
-    tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=cfg.seed)
-
-    # One collection pass over the prompts and their rewrites; rows are addressed by index into `texts`.
-    texts, y_all, va_rows, groups = list(items), list(y), list(va), ["prompts"] * len(va)
-    if families:
-        aug = rewrites([items[i] for i in tr], y[tr], families, seed=cfg.seed)
-        views = rewrites([items[i] for i in va], y[va], families, every_family=True, seed=cfg.seed)
-    else:
-        aug = views = PromptSet([], [], [], [], [])
-    tr_rows = list(tr) + list(range(len(texts), len(texts) + len(aug)))
-    texts += aug.texts
-    y_all += aug.labels
-    va_rows += range(len(texts), len(texts) + len(views))
-    groups += views.categories
-    texts += views.texts
-    y_all += views.labels
-    y_all = np.asarray(y_all)
-    bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
-    y_tr, y_va, g_va = y_all[tr_rows], y_all[va_rows], np.asarray(groups)
-    if streaming:
-        return _train_token_monitor(
-            adapter, texts, y_all, tr_rows, va_rows, g_va, n_plain_tr=len(tr), plain_va=list(va), site=sites[0],
-            cfg=cfg, families=families, own=own, tau=tau, target_fpr=target_fpr, chat_template=chat_template, bos=bos,
-            max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose, recipe=recipe,
-            stream=(aggregate, alpha, window), n_aug=(len(aug), len(views)),
-            contexts=None if contexts is None else (contexts, context_tokens, val_fraction))
-    X = collect(adapter, texts, sites, pooling, batch_size=batch_size, chat_template=chat_template, prepend_bos=bos,
-                max_tokens=max_tokens, sae=sae, progress=verbose)
-    val_groups = g_va if families else None
-    report: dict[str, Any] = {}
-    if len(sites) > 1:
-        chosen, table = choose_site({s: (X[s][tr_rows], y_tr, X[s][va_rows], y_va) for s in sites}, g_va, cfg,
-                                    own.get("device"))
-        report["site_selection"] = table
-    else:
-        chosen = sites[0]
-    Xs = X[chosen]
-    unlabelled = Xs[tr_rows[len(tr):]] if cfg.consistency and families else None  # the training rewrites
-    head = fit(Xs[tr_rows], y_tr, Xs[va_rows], y_va, cfg, verbose=verbose, val_groups=val_groups,
-               X_unlabelled=unlabelled, **own).cpu()
-    Xv_plain = Xs[va]
-    cascade = Cascade(head, tau).calibrate(Xs[va_rows], y_va) if tau is not None else None
-    with torch.no_grad():
-        per_order = [classification_metrics(y[va], head(Xv_plain, order=n)) for n in range(1, head.degree + 1)]
-        worst = [worst_group(y_va, head(Xs[va_rows], order=n).double().numpy(), g_va) for n in range(1, head.degree + 1)]
-    report.update({"validation": {"n": len(va), "per_order": per_order},
-                   "worst_validation_group": {"groups": sorted(set(groups)), "per_order": worst},
-                   "n_train": len(tr), "augment": {"families": list(families), "n_train_rewrites": len(aug),
-                                                   "n_val_rewrites": len(views)}})
-    report["recipe"] = recipe
-    monitor = Monitor(head=head, site=chosen, pooling=pooling, chat_template=chat_template, prepend_bos=bos,
-                      max_tokens=max_tokens, model_name=adapter.model_name, cascade=cascade, report=report, sae=sae)
-    if target_fpr is not None:
-        monitor.calibrate_activations(Xs[va_rows][y_va == 0], target_fpr)
-    return monitor
-
-
-def _train_token_monitor(adapter: Adapter, texts: list[str], y_all: np.ndarray, tr_rows: Sequence[Any],
-                         va_rows: Sequence[Any], g_va: np.ndarray, *, n_plain_tr: int, plain_va: Sequence[Any], site: str,
-                         cfg: FitConfig,
-                         families: Sequence[str], own: dict[str, Any], tau: float | None, target_fpr: float | None,
-                         chat_template: bool, bos: bool, max_tokens: int | None, batch_size: int, sae: Any,
-                         verbose: bool, recipe: str, stream: tuple[str, float, int], n_aug: tuple[int, int],
-                         contexts: tuple[list[list[dict[str, str]]], tuple[int, ...], float] | None) -> Monitor:
-    """:func:`train_monitor` for ``pooling="token"``: the same prompts, rewrites, split and
-    selection, on token rows (each token carries its prompt's label; validation groups too),
-    plus, with ``contexts``, the rows of requests hosted in conversations."""
-    from tqdm.auto import tqdm
-
-    from ._context import host_splits, hosted_rows
-    from ._fit import fit
-    from .metrics import classification_metrics
-    from ._rows import token_rows
-    from ._select import worst_group
-
-    ids, _ = adapter.tokenize(texts, chat_template=chat_template, max_tokens=max_tokens, prepend_bos=bos)
-    skip = adapter.fixed_prefix(chat_template=chat_template, prepend_bos=bos)  # identical in every prompt: no signal
-    with tqdm(total=len(ids), desc="collect tokens", unit="prompt", disable=not verbose) as bar:
-        per = token_batches(adapter, ids, [adapter.site(site)], batch_size, bar, sae=sae)[site]
-    X_tr, y_tr_t = token_rows([per[i] for i in tr_rows], skip, y_all[tr_rows])
-    X_va, y_va_t, groups_t = token_rows([per[i] for i in va_rows], skip, y_all[va_rows], g_va)
-    hosted: dict[str, Any] = {}
-    if contexts is not None:  # requests inside benign conversations: more rows for training and validation
-        convs, lengths, val_fraction = contexts
-        splits = {name: ([texts[i] for i in idx], y_all[list(idx)])
-                  for name, idx in (("val", plain_va), ("train", tr_rows[:n_plain_tr]))}
-        for split, h in host_splits(adapter.tokenizer, convs, splits, val_fraction=val_fraction, lengths=lengths,
-                                    seed=cfg.seed).items():
-            with tqdm(total=len(h.sequences), desc=f"collect {split} contexts", unit="chat", disable=not verbose) as bar:
-                acts = token_batches(adapter, [q.ids for q in h.sequences], [adapter.site(site)], batch_size, bar,
-                                     sae=sae)[site]
-            rows = hosted_rows(acts, [(q.start, q.stop) for q in h.sequences], h.labels, skip=skip, tail=h.tail)
-            hosted[split] = (h, acts, rows)
-        X_tr, y_tr_t = torch.cat([X_tr, hosted["train"][2][0]]), np.concatenate([y_tr_t, hosted["train"][2][1]])
-        X_va, y_va_t = torch.cat([X_va, hosted["val"][2][0]]), np.concatenate([y_va_t, hosted["val"][2][1]])
-        groups_t = np.concatenate([groups_t, np.full(len(y_va_t) - len(groups_t), "contexts")])
-    unlabelled = token_rows([per[i] for i in tr_rows[n_plain_tr:]], skip)[0] if cfg.consistency and families else None
-    head = fit(X_tr, y_tr_t, X_va, y_va_t, cfg, verbose=verbose,
-               val_groups=groups_t if families else None, X_unlabelled=unlabelled, **own).cpu()
-    cascade = Cascade(head, tau).calibrate(X_va, y_va_t) if tau is not None else None
-    how, alpha, window = stream
-    monitor = Monitor(head=head, site=site, pooling="token", chat_template=chat_template, prepend_bos=bos,
-                      max_tokens=max_tokens, model_name=adapter.model_name, cascade=cascade, sae=sae, aggregate=how,
-                      alpha=alpha, window=window, skip=skip)
-
-    def peaks(idx: Sequence[Any], n: int) -> np.ndarray:  # each prompt's highest aggregated logit at order n
-        return torch.stack([monitor._aggregated(_Fixed(head, n), per[i])[1].max() for i in idx]).double().numpy()
-
-    y_plain = y_all[plain_va]
-    per_order = [classification_metrics(y_plain, peaks(plain_va, n)) for n in range(1, head.degree + 1)]
-    worst = [worst_group(y_all[va_rows], peaks(va_rows, n), g_va) for n in range(1, head.degree + 1)]
-    monitor.report.update({
-        "validation": {"n": len(plain_va), "per_order": per_order, "decision": "max over tokens of the aggregate"},
-        "worst_validation_group": {"groups": sorted(set(g_va.tolist())), "per_order": worst},
-        "n_train": n_plain_tr, "n_train_tokens": int(len(y_tr_t)), "recipe": recipe,
-        "augment": {"families": list(families), "n_train_rewrites": n_aug[0], "n_val_rewrites": n_aug[1]}})
-    benign = [per[i] for i in va_rows if y_all[i] == 0]
-    if hosted:
-        h, acts, (_, _, ends) = hosted["val"]
-        val_peaks = lambda n: torch.stack([monitor._aggregated(_Fixed(head, n), a[:end])[1].max()
-                                           for a, end in zip(acts, ends)]).double().numpy()
-        monitor.report["contexts"] = {
-            "n_train": len(hosted["train"][0].sequences), "n_val": len(h.sequences), "lengths": list(contexts[1]),
-            "n_train_tokens": int(len(hosted["train"][2][1])),
-            "per_order": [classification_metrics(h.labels, val_peaks(n)) for n in range(1, head.degree + 1)],
-            "decision": "max over the chat of the aggregate (after a harmful request: to its turn's end)"}
-        benign += [a for a, c in zip(acts, h.labels) if c == 0]  # whole benign chats: the threshold holds on them
-    if target_fpr is not None:
-        monitor.calibrate_activations(benign, target_fpr)
-    return monitor
-
-
-def _check_contexts(tokenizer: Any, contexts: Any, lengths: Any, chat_template: bool,
-                    prompts: Sequence[str]) -> tuple[list[list[dict[str, str]]], tuple[int, ...]]:
-    """``train_monitor``'s ``contexts`` (conversations, or a number of ShareGPT contexts) and
-    ``context_tokens``, checked."""
-    from ._context import check_conversation, context_budget, sharegpt_contexts
-
-    lengths = (lengths,) if isinstance(lengths, int) and not isinstance(lengths, bool) else tuple(lengths)
-    if not lengths or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in lengths):
-        raise TPCHooksError(f"context_tokens must be a positive integer or a list of them; got {lengths!r}")
-    if not chat_template:
-        raise TPCHooksError("contexts= places prompts in chat conversations; it needs chat_template=True "
-                            "(a tokenizer with a chat template)")
-    if isinstance(contexts, int) and not isinstance(contexts, bool):
-        if contexts < 4:
-            raise TPCHooksError(f"contexts must be at least 4 (2 held out for validation); got {contexts}")
-        return sharegpt_contexts(tokenizer, contexts, tokens=context_budget(lengths), exclude=prompts), lengths
-    if isinstance(contexts, (str, bytes)) or not isinstance(contexts, Sequence):
-        raise TPCHooksError("contexts must be a list of conversations ([{'role', 'content'}] turns) or a number of "
-                            f"ShareGPT contexts; got {type(contexts).__name__}")
-    convs = [check_conversation(c) for c in contexts]
-    if len(convs) < 4 or any(not c for c in convs):
-        raise TPCHooksError(f"contexts needs at least 4 non-empty conversations (2 are held out); got {len(convs)}"
-                            + (" (one is empty)" if any(not c for c in convs) else ""))
-    return convs, lengths
-

@@ -339,10 +339,16 @@ def _sequences(acts: Path, split: str, site: str, labels: list[Any], user: str) 
 
 
 def _train(args: argparse.Namespace) -> int:
+    """``train``: the stores ``collect`` wrote, read as the rows :func:`tpc_hooks.train_monitor`
+    collects (the prompts, their phrasing rewrites, the validation families, hosted chats), then
+    the same recipe (``tpc_hooks._train.train``)."""
     if args.recipe == "paper" and (args.no_gate or args.escalate_only):
         raise TPCHooksError("--recipe paper is the plain polynomial; it takes neither --no-gate nor --escalate-only")
     acts = _check_acts(args.acts)
     _check_out_dir(args.out)
+    from ._train import check_target_fpr
+
+    check_target_fpr(args.target_fpr)
     cfg = _collect_config(acts)
     site = args.site or cfg["sites"][0]
     if site != "auto" and site not in cfg["sites"]:
@@ -364,155 +370,145 @@ def _train(args: argparse.Namespace) -> int:
                             f"pass --site (collected: {', '.join(cfg['sites'])})")
     train_split = "train" if (acts / "train").exists() else "all"
     first = cfg["sites"][0] if site == "auto" else site
-    y = _check_split(acts, train_split, first, "training split", site_fix)
-    yv = _check_split(acts, "val", first, "validation split", site_fix) if (acts / "val").exists() else None
-    from ._cascade import Cascade
-    from ._fit import fit
-    from ._monitor import Monitor
+    _check_split(acts, train_split, first, "training split", site_fix)
+    has_val = (acts / "val").exists()
+    if has_val:
+        _check_split(acts, "val", first, "validation split", site_fix)
+    if site == "auto" and not has_val:
+        raise TPCHooksError(f"--site auto chooses on the validation split, and {acts} has none; pass --site")
+    from .data import PHRASING_FAMILIES
 
-    import numpy as np
+    # The phrasing rewrites `collect` wrote (unless --no-augment there), in train_monitor's order.
+    families = [] if not has_val or args.recipe == "in_distribution" else \
+        [f for f in PHRASING_FAMILIES if (acts / f"val-{f}" / "labels.json").is_file()]
+    rewrites = bool(families) and (acts / "aug" / "labels.json").is_file()
+    hosted = [] if args.no_contexts or not per_token else \
+        [k for k, d in CONTEXT_SPLITS.items() if (acts / d / "labels.json").is_file()]
+    reader = _TokenStores(acts, site_fix) if per_token else _PooledStores(acts, site_fix)
+    sites = cfg["sites"] if site == "auto" else [site]
+    data = {s: reader.data(s, train_split, rewrites, families if has_val else None, hosted) for s in sites}
+    from ._monitor_config import MonitorConfig
+    from ._train import TrainPlan, default_aggregate, fit_config, train
 
-    from ._history import FitConfig
-    from ._select import choose_site
-
-    # The phrasing rewrites `collect` wrote (unless --no-augment there): trained on, and selected for
-    # the worst validation group, as train_monitor does.
-    families = [] if yv is None or args.recipe == "in_distribution" else \
-        sorted(d.name for d in acts.glob("val-*") if (d / "labels.json").is_file())
-    parts = [train_split] + (["aug"] if families and (acts / "aug" / "labels.json").is_file() else [])
-
-    def rows(site: str) -> tuple[Any, Any, Any, Any]:
-        X, y_ = zip(*(_split(acts, p, site, _check_split(acts, p, site, "training split", site_fix)) for p in parts))
-        if yv is None:
-            return np.concatenate(X), np.concatenate(y_), None, None
-        Xv, yv_ = zip(*(_split(acts, p, site, _check_split(acts, p, site, "validation split", site_fix))
-                        for p in ["val", *families]))
-        return np.concatenate(X), np.concatenate(y_), np.concatenate(Xv), np.concatenate(yv_)
-
-    groups = None
-    if families:
-        groups = np.concatenate([[p] * len(_check_split(acts, p, cfg["sites"][0], "validation split", site_fix))
-                                 for p in ["val", *families]])
     robust = {} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}
-    settings = dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed,
-                    recipe="paper" if args.recipe == "paper" else "default", **robust)
-    if per_token:
-        return _train_tokens(args, acts, cfg, site, parts, ["val", *families] if yv is not None else [], settings,
-                             stream, site_fix)
+    options = dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed, **robust)
+    streaming = {"skip": reader.skip, "prepend_bos": reader.prepend_bos,
+                 "aggregate": stream.pop("aggregate", default_aggregate(bool(hosted))), **stream} if per_token else {}
+    settings = MonitorConfig(first, pooling=cfg["pooling"], chat_template=cfg["chat_template"],
+                             max_tokens=cfg["max_tokens"], model_name=cfg["model"], **streaming)
+    plan = TrainPlan(settings, fit_config(args.recipe, families, None, options), recipe=args.recipe,
+                     families=tuple(families), tau=args.tau, target_fpr=args.target_fpr)
+    mon = train(data, plan, verbose=not args.no_progress)
     if site == "auto":
-        if yv is None:
-            raise TPCHooksError(f"--site auto chooses on the validation split, and {acts} has none; pass --site")
-        site, table = choose_site({s: rows(s) for s in cfg["sites"]},
-                                  groups if groups is not None else np.zeros(len(yv)), FitConfig(**settings))
         print(_table(["site", "worst-group recall at 1% FPR", "worst-group AUROC"],
-                     [[r["site"], f"{r['recall_at_fpr']:.3f}", f"{r['auroc']:.3f}"] for r in table]))
-        print(f"--site auto: {site}")
-    X, y, Xv, yv = rows(site)
-    unlabelled = None
-    if "aug" in parts and args.recipe == "default":  # as train_monitor: consistency on the training rewrites
-        from ._monitor import REWRITE_CONSISTENCY
-
-        unlabelled = _split(acts, "aug", site, _check_split(acts, "aug", site, "training split", site_fix))[0]
-        settings["consistency"] = REWRITE_CONSISTENCY
-    head = fit(X, y, Xv, yv, val_groups=groups, X_unlabelled=unlabelled, verbose=not args.no_progress, **settings).cpu()
-    cascade = Cascade(head, tau=args.tau).calibrate(Xv, yv) if Xv is not None else Cascade(head, tau=args.tau)
-    mon = Monitor(head, site, pooling=cfg["pooling"], chat_template=cfg["chat_template"], max_tokens=cfg["max_tokens"],
-                  model_name=cfg["model"], cascade=cascade)
-    path = _calibrate_and_save(mon, args, None if Xv is None else Xv[yv == 0], "rows", "val F1")
-    print(f"monitor saved to {path}")
-    return 0
-
-
-def _calibrate_and_save(mon: Any, args: argparse.Namespace, benign: Any, unit: str, f1_label: str) -> Path:
-    """``train``'s last steps for either kind of monitor: the threshold from the benign validation
-    data (``--target-fpr``; None: no validation split), the save, the per-degree table."""
-    if args.target_fpr is not None and benign is not None:
-        mon.calibrate_activations(benign, args.target_fpr)
-        op = mon.report["operating_point"]
+                     [[r["site"], f"{r['recall_at_fpr']:.3f}", f"{r['auroc']:.3f}"] for r in mon.report["site_selection"]]))
+        print(f"--site auto: {mon.site}")
+    op = mon.report.get("operating_point")
+    if op is not None:
+        unit = "sequences at any token" if per_token else "rows"
         print(f"threshold {mon.threshold:.6g}: flags {op['flagged']} of {op['n_benign']} benign validation {unit} "
               f"(target FPR {args.target_fpr:g})")
     elif args.target_fpr is not None:
         print("no validation split: the threshold stays 0.5 (collect with a val split to set it by --target-fpr)")
     path = mon.save(args.out)
     sel = mon.head.history.selected
-    print(_table(["degree", f1_label, "chosen"], [[str(k), f"{v['val_f1']:.3f}", str(v.get("C", v.get("best_epoch")))]
-                                                 for k, v in sorted(sel.items())]))
-    return path
-
-
-def _train_tokens(args: argparse.Namespace, acts: Path, cfg: dict[str, Any], site: str, parts: list[str],
-                  val_parts: list[str], settings: dict[str, Any], stream: dict[str, Any], site_fix: str) -> int:
-    """``train`` on per-token stores, as ``train_monitor(pooling="token")`` trains: every token after
-    the fixed prefix is a row carrying its prompt's label (validation groups too); the prefix is
-    the monitor's ``skip``; the threshold bounds the benign validation sequences flagged at any token."""
-    import numpy as np
-    import torch
-
-    from ._cascade import Cascade
-    from ._fit import fit
-    from ._monitor import REWRITE_CONSISTENCY, Monitor
-    from ._rows import token_rows
-
-    user = "a per-token monitor (collect.json says pooling 'token')"
-    data: dict[str, tuple[list[Any], Any]] = {}
-    metas = {}
-    for p in parts + val_parts:
-        labels = _check_split(acts, p, site, "training split" if p in parts else "validation split", site_fix)
-        seqs, metas[p] = _sequences(acts, p, site, labels, user)
-        data[p] = seqs, np.asarray(labels)
-    prefixes = {p: m.get("fixed_prefix") for p, m in metas.items()}
-    if len(set(prefixes.values())) > 1:
-        raise TPCHooksError(f"the per-token stores in {acts} were collected with different fixed prefixes ({prefixes}); "
-                            f"re-run tpc-hooks collect --out {acts} with one setting")
-    skip = prefixes[parts[0]]
-    if not isinstance(skip, int):
-        raise TPCHooksError(f"the {site} stores in {acts} do not record their fixed prefix; re-run tpc-hooks collect")
-
-    def rows(names: list[str]) -> tuple[Any, Any, Any]:
-        """The token rows after the prefix of the splits ``names``, each row's label and split."""
-        seqs, labels, splits = zip(*[(z, c, p) for p in names for z, c in zip(*data[p])])
-        return token_rows(list(seqs), skip, labels, splits)
-
-    X, y, _ = rows(parts)
-    Xv = yv = groups = None
-    if val_parts:
-        Xv, yv, groups = rows(val_parts)
-        groups = groups if len(val_parts) > 1 else None  # the phrasing families, as the pooled path
-    hosted = {} if args.no_contexts else {k: _hosted(acts, d, site, skip, site_fix) for k, d in CONTEXT_SPLITS.items()
-                                          if (acts / d / "labels.json").is_file()}
-    if "train" in hosted:  # collect --contexts: requests inside benign chats, as train_monitor(contexts=...)
-        X, y = torch.cat([X, hosted["train"][0]]), np.concatenate([y, hosted["train"][1]])
-    if "val" in hosted and Xv is not None:
-        Xv, yv = torch.cat([Xv, hosted["val"][0]]), np.concatenate([yv, hosted["val"][1]])
-        groups = None if groups is None else np.concatenate([groups, np.full(len(hosted["val"][1]), "contexts")])
-    if hosted and "aggregate" not in stream:
-        stream["aggregate"] = "max"  # as train_monitor with contexts: the best at long contexts
-    unlabelled = None
-    if "aug" in parts and args.recipe == "default":  # as train_monitor: consistency on the training rewrites
-        unlabelled = rows(["aug"])[0]
-        settings["consistency"] = REWRITE_CONSISTENCY
-    head = fit(X, y, Xv, yv, val_groups=groups, X_unlabelled=unlabelled, verbose=not args.no_progress, **settings).cpu()
-    cascade = Cascade(head, tau=args.tau).calibrate(Xv, yv) if Xv is not None else Cascade(head, tau=args.tau)
-    mon = Monitor(head, site, pooling="token", chat_template=cfg["chat_template"],
-                  prepend_bos=metas[parts[0]].get("prepend_bos"), max_tokens=cfg["max_tokens"], model_name=cfg["model"],
-                  cascade=cascade, skip=skip, **stream)
-    mon.report.update({"n_train": int(sum(len(data[p][1]) for p in parts)), "n_train_tokens": int(len(y))})
-    if hosted:
-        mon.report["contexts"] = {k: len(v[2]) for k, v in hosted.items()}
-    benign = [torch.from_numpy(s) for p in val_parts for s, c in zip(*data[p]) if c == 0] if val_parts else None
-    if benign is not None and "val" in hosted:  # whole benign chats: the threshold holds on them
-        benign += [torch.from_numpy(s) for s, c in zip(*hosted["val"][2:]) if c == 0]
-    path = _calibrate_and_save(mon, args, benign, "sequences at any token", "val F1 (tokens)")
-    ctx = f" ({', '.join(f'{len(v[2])} {CONTEXT_SPLITS[k]}' for k, v in hosted.items())} chats included)" if hosted else ""
-    print(f"per-token monitor (aggregate {mon.aggregate}, skip {skip} leading tokens) trained on {len(y)} token rows"
-          f"{ctx}; saved to {path}")
+    print(_table(["degree", "val F1 (tokens)" if per_token else "val F1", "chosen"],
+                 [[str(k), f"{v['val_f1']:.3f}", str(v.get("C", v.get("best_epoch")))] for k, v in sorted(sel.items())]))
+    if per_token:
+        ctx = f" ({', '.join(f'{len(data[mon.site].contexts[k].seqs)} {CONTEXT_SPLITS[k]}' for k in hosted)} chats included)" \
+            if hosted else ""
+        print(f"per-token monitor (aggregate {mon.aggregate}, skip {mon.skip} leading tokens) trained on "
+              f"{mon.report['n_train_tokens']} token rows{ctx}; saved to {path}")
+    else:
+        print(f"monitor saved to {path}")
     return 0
 
 
-def _hosted(acts: Path, split: str, site: str, skip: int, site_fix: str) -> tuple[Any, Any, list[Any], list[int]]:
-    """A ``collect --contexts`` split: its rows and token labels (as ``train_monitor(contexts=...)``
-    labels them), then its whole chats and their request labels."""
-    from ._context import hosted_rows
+class _PooledStores:
+    """``train``'s reader of pooled stores: one row per prompt."""
+
+    skip, prepend_bos = 0, None
+
+    def __init__(self, acts: Path, site_fix: str):
+        self.acts, self.site_fix = acts, site_fix
+
+    def part(self, split: str, site: str, flag: str) -> tuple[Any, Any]:
+        import numpy as np
+        import torch
+
+        X, y = _split(self.acts, split, site, _check_split(self.acts, split, site, flag, self.site_fix))
+        return torch.from_numpy(X), np.asarray(y, dtype=int)
+
+    def cat(self, parts: list[Any]) -> Any:
+        import torch
+
+        return torch.cat(parts)
+
+    def data(self, site: str, train_split: str, rewrites: bool, families: list[str] | None, hosted: list[str]) -> Any:
+        """The :class:`~tpc_hooks._train.TrainData` of ``site``: the training split, its rewrites
+        (``aug``), and the validation split then each family's (``val-<family>``)."""
+        import numpy as np
+
+        from ._train import PLAIN, Examples, TrainData
+
+        train = Examples(*self.part(train_split, site, "training split"))
+        aug = Examples(*self.part("aug", site, "training split")) if rewrites else None
+        val = None
+        if families is not None:
+            parts = [("val", PLAIN)] + [(f"val-{f}", f) for f in families]
+            got = [self.part(p, site, "validation split") for p, _ in parts]
+            groups = np.concatenate([np.full(len(y), g) for (X, y), (_, g) in zip(got, parts)])
+            val = Examples(self.cat([X for X, _ in got]), np.concatenate([y for _, y in got]), groups)
+        return TrainData(train=train, rewrites=aug, val=val, contexts=self.contexts(site, hosted))
+
+    def contexts(self, site: str, hosted: list[str]) -> dict[str, Any]:
+        return {}
+
+
+class _TokenStores(_PooledStores):
+    """``train``'s reader of per-token stores: each prompt's token activations; every store must
+    record the same fixed prefix (the monitor's ``skip``)."""
+
+    def __init__(self, acts: Path, site_fix: str):
+        super().__init__(acts, site_fix)
+        self.skip: Any = None
+        self.prepend_bos: Any = None
+
+    def part(self, split: str, site: str, flag: str) -> tuple[Any, Any]:
+        import numpy as np
+        import torch
+
+        labels = _check_split(self.acts, split, site, flag, self.site_fix)
+        seqs, meta = _sequences(self.acts, split, site, labels, "a per-token monitor (collect.json says pooling 'token')")
+        self._prefix(meta, split, site)
+        return [torch.from_numpy(z) for z in seqs], np.asarray(labels, dtype=int)
+
+    def _prefix(self, meta: dict[str, Any], split: str, site: str) -> None:
+        prefix = meta.get("fixed_prefix")
+        if not isinstance(prefix, int) or isinstance(prefix, bool):
+            raise TPCHooksError(f"the {site} stores in {self.acts} do not record their fixed prefix; re-run tpc-hooks "
+                                "collect")
+        if self.skip is None:
+            self.skip, self.prepend_bos = prefix, meta.get("prepend_bos")
+        elif prefix != self.skip:
+            raise TPCHooksError(f"the per-token stores in {self.acts} were collected with different fixed prefixes "
+                                f"({split!r}: {prefix}, others: {self.skip}); re-run tpc-hooks collect --out {self.acts} "
+                                "with one setting")
+
+    def cat(self, parts: list[Any]) -> Any:
+        return [z for p in parts for z in p]
+
+    def contexts(self, site: str, hosted: list[str]) -> dict[str, Any]:
+        return {k: _hosted(self.acts, CONTEXT_SPLITS[k], site, self.skip, self.site_fix) for k in hosted}
+
+
+def _hosted(acts: Path, split: str, site: str, skip: int, site_fix: str) -> Any:
+    """A ``collect --contexts`` split as :class:`~tpc_hooks._train.Chats`: its chats' token
+    activations, request spans (checked to fit each chat after the fixed prefix) and labels."""
+    import numpy as np
+    import torch
+
+    from ._train import Chats
 
     labels = _check_split(acts, split, site, "context split", site_fix)
     seqs, _ = _sequences(acts, split, site, labels, "a per-token monitor")
@@ -523,8 +519,8 @@ def _hosted(acts: Path, split: str, site: str, skip: int, site_fix: str) -> tupl
     if not ok:
         raise TPCHooksError(f"{acts / split / 'spans.json'} does not hold one request span per chat of {acts / split} "
                             f"(after the {skip}-token fixed prefix); {site_fix} --contexts ...")
-    X, y, _ = hosted_rows(seqs, spans["spans"], labels, skip=skip, tail=spans["tail"])
-    return X, y, list(seqs), labels
+    return Chats([torch.from_numpy(z) for z in seqs], [tuple(p) for p in spans["spans"]], np.asarray(labels, dtype=int),
+                 spans["tail"])
 
 
 _DECISIONS = {"max": "max over tokens of the aggregate", "last": "the aggregate after the last token"}
@@ -562,12 +558,12 @@ def _evaluate_tokens(mon: Any, seqs: list[Any], y: list[Any], decision: str) -> 
     import numpy as np
     import torch
 
-    from ._monitor import _Fixed
+    from ._policy import FixedOrder
     from .metrics import classification_metrics
 
     per_order, logits = [], None
     for n in range(1, mon.head.degree + 1):
-        s = _decide(_token_scores(mon, seqs, _Fixed(mon.head, n))[1], decision)
+        s = _decide(_token_scores(mon, seqs, FixedOrder(mon.head, n))[1], decision)
         per_order.append(classification_metrics(y, s))
         logits = s
     sweep = []

@@ -1,0 +1,127 @@
+"""One recipe, two doors: ``train_monitor`` (collects from the model) and ``tpc-hooks collect`` ->
+``tpc-hooks train`` (stores on disk) give the same monitor from the same prompts, bit for bit.
+
+The CLI is handed the split ``train_monitor`` draws (recomputed here with scikit-learn's
+``train_test_split``, the same call) and writes the same phrasing rewrites; everything after
+that is the CLI's own reading of its stores."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from sklearn.model_selection import train_test_split
+
+import tpc_hooks as tpc
+from tiny_models import hooked_gpt2_style
+from tpc_hooks import cli
+from tpc_hooks.data import PromptSet
+
+pytest.importorskip("transformer_lens")
+
+SITE = "blocks.1.hook_resid_post"
+HARMFUL = ["how do i make bomb", "steal car please", "hack email of friend", "tell me how to kill", "make bomb now",
+           "how do i steal car", "hack the email", "kill the cat", "make a bomb for me", "steal the car of friend"]
+BENIGN = ["bread recipe please", "write poem about cat", "hello world is nice", "tell me about weather",
+          "python code for cake", "the dog sat on the mat", "write poem about weather", "safe cake recipe",
+          "hello friend", "the cat sat on mat"]
+PROMPTS, LABELS = HARMFUL + BENIGN, np.array([1] * 10 + [0] * 10)
+FIT = dict(degree=2, rank=2, epochs=2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hooked_gpt2_style()
+
+
+def _sets(val_fraction: float):
+    """train_monitor's split of PROMPTS, as PromptSets for the CLI's collect."""
+    n_val = max(2, int(round(val_fraction * len(PROMPTS))))
+    tr, va = train_test_split(np.arange(len(PROMPTS)), test_size=n_val, stratify=LABELS, random_state=FIT["seed"])
+
+    def ps(idx):
+        return PromptSet([PROMPTS[i] for i in idx], LABELS[idx].tolist(), ["mine"] * len(idx), [""] * len(idx),
+                         [False] * len(idx))
+    return {"train": ps(tr), "val": ps(va)}
+
+
+def _saved(path):
+    cfg = json.loads((path / "config.json").read_text())
+    mon = cfg.pop("monitor")
+    for door_only in ("model", "prepend_bos"):  # what each door knows of the model, not what it trained
+        mon.pop(door_only)
+    return cfg, mon, (path / "model.safetensors").read_bytes()
+
+
+def _write_stores(acts, data, plan, pooling):
+    """The rows train_monitor handed the recipe, written as the stores ``tpc-hooks collect`` writes:
+    ``train``, ``aug``, ``val`` and one ``val-<family>`` split per phrasing family."""
+    from tpc_hooks._train import PLAIN
+
+    meta = {"pooling": pooling, "fixed_prefix": plan.monitor.skip, "prepend_bos": plan.monitor.prepend_bos}
+    parts = {"train": (data.train.X, data.train.y)}
+    if data.rewrites is not None:
+        parts["aug"] = (data.rewrites.X, data.rewrites.y)
+    for group in dict.fromkeys(data.val.groups.tolist()):
+        at = np.flatnonzero(data.val.groups == group)
+        X = data.val.X[at] if pooling != "token" else [data.val.X[i] for i in at]
+        parts["val" if group == PLAIN else f"val-{group}"] = (X, data.val.y[at])
+    for split, (X, y) in parts.items():
+        st = tpc.ActivationStore.create(acts / split / SITE, 32, meta=meta, sequences=pooling == "token")
+        if pooling == "token":
+            st.append(torch.cat(list(X)).numpy(), lengths=[len(z) for z in X])
+        else:
+            st.append(X.numpy())
+        (acts / split / "labels.json").write_text(json.dumps(y.tolist()))
+    (acts / "collect.json").write_text(json.dumps({"model": "tiny", "sites": [SITE], "pooling": pooling,
+                                                   "chat_template": plan.monitor.chat_template,
+                                                   "max_tokens": plan.monitor.max_tokens}))
+
+
+@pytest.mark.parametrize("pooling, augment", [("mean", True), ("max", False), ("token", True)])
+def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(tmp_path, monkeypatch, model, pooling,
+                                                                               augment):
+    from tpc_hooks import _train
+
+    seen = []
+    real = _train.train
+    monkeypatch.setattr(_train, "train", lambda data, plan, **kw: seen.append((data, plan)) or real(data, plan, **kw))
+    api = tpc.train_monitor(model, PROMPTS, LABELS, SITE, pooling, augment=augment, tau=0.2, val_fraction=0.2,
+                            verbose=False, **FIT)
+    api.save(tmp_path / "api")
+    (data, plan), = seen
+    acts = tmp_path / "acts"
+    _write_stores(acts, data[SITE], plan, pooling)
+    assert cli.main(["train", "--acts", str(acts), "--out", str(tmp_path / "cli"), "--degree", "2", "--rank", "2",
+                     "--epochs", "2", "--tau", "0.2", "--no-progress"]) == 0
+    assert len(seen) == 2  # the CLI went through the same recipe
+    cfg_cli, mon_cli, w_cli = _saved(tmp_path / "cli")
+    cfg_api, mon_api, w_api = _saved(tmp_path / "api")
+    assert w_cli == w_api  # the head, bit for bit
+    assert cfg_cli == cfg_api  # shape, trust region, training history and settings
+    assert mon_cli == mon_api  # site, pooling, threshold, cascade calibration, the whole report
+    z = torch.randn(5, 32)
+    assert torch.equal(tpc.Monitor.load(tmp_path / "cli").policy()(z).logits, api.policy()(z).logits)
+
+
+def test_the_cli_collects_the_rows_train_monitor_collects(tmp_path, monkeypatch, model):
+    """The CLI's collect writes the prompts of train_monitor's split and the same phrasing rewrites;
+    their activations agree up to batching (prompts are batched per split there, all at once here)."""
+    from tpc_hooks import _train
+
+    seen = []
+    real = _train.train
+    monkeypatch.setattr(_train, "train", lambda data, plan, **kw: seen.append(data) or real(data, plan, **kw))
+    tpc.train_monitor(model, PROMPTS, LABELS, SITE, tau=0.2, val_fraction=0.2, verbose=False, **FIT)
+    monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
+    monkeypatch.setattr(cli, "_datasets", lambda args: _sets(0.2))
+    acts = tmp_path / "acts"
+    assert cli.main(["collect", "--sites", SITE, "--out", str(acts), "--no-progress"]) == 0
+    d = seen[0][SITE]
+    store = lambda split: torch.from_numpy(tpc.ActivationStore.open(acts / split / SITE).to_numpy())
+    torch.testing.assert_close(store("train"), d.train.X, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(store("aug"), d.rewrites.X, rtol=1e-5, atol=1e-5)
+    from tpc_hooks.data import PHRASING_FAMILIES
+
+    val = torch.cat([store("val")] + [store(f"val-{f}") for f in PHRASING_FAMILIES])
+    torch.testing.assert_close(val, d.val.X, rtol=1e-5, atol=1e-5)
