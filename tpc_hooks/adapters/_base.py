@@ -1,18 +1,16 @@
 """What every adapter provides, and how one is chosen for a model."""
 
 import importlib
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-
-_SITE = re.compile(r"^blocks\.(\d+)\.hook_resid_(pre|mid|post)$")
+from ._batching import pad as pad, pad_id as pad_id, positions as positions, resolve_bos as resolve_bos
+from ._sites import Site as Site, parse_site as parse_site
 
 # model class (module prefix, class name) -> adapter module; matched on the type's MRO, so
 # nothing is imported to decide.
@@ -30,34 +28,6 @@ _TOKENIZER_FIX = {
     "TransformerLens": "HookedTransformer.from_pretrained(..., tokenizer=tok) or "
                        "TransformerBridge.boot_transformers(..., tokenizer=tok)",
 }
-
-
-@dataclass(frozen=True)
-class Site:
-    """A residual-stream site: ``blocks.{layer}.hook_resid_{kind}``."""
-
-    layer: int
-    kind: str  # "pre" | "mid" | "post"
-
-    @property
-    def name(self) -> str:
-        return f"blocks.{self.layer}.hook_resid_{self.kind}"
-
-
-def parse_site(name: str) -> Site:
-    """Parses a TransformerLens hook name of the residual stream.
-
-    Example:
-        >>> parse_site("blocks.6.hook_resid_post")
-        Site(layer=6, kind='post')
-    """
-    m = _SITE.match(name) if isinstance(name, str) else None
-    if not m:
-        raise TPCHooksError(
-            f"unknown site {name!r}; sites are TransformerLens hook names of the residual stream, "
-            "e.g. 'blocks.6.hook_resid_post' (also hook_resid_pre, hook_resid_mid)"
-        )
-    return Site(int(m.group(1)), m.group(2))
 
 
 class Adapter:
@@ -292,45 +262,6 @@ def _cache_length(cache: Any) -> int:
         keys = getattr(entries[0], "past_keys", None)
         return int(keys.shape[1]) if keys is not None else 0
     return 0
-
-
-def resolve_bos(tok: Any, prepend_bos: bool | None, chat_template: bool = False) -> bool:
-    """Whether a BOS token is prepended: never with a chat template; by default when the
-    tokenizer defines one."""
-    if chat_template:
-        return False
-    if prepend_bos is None:
-        return getattr(tok, "bos_token_id", None) is not None
-    if prepend_bos and getattr(tok, "bos_token_id", None) is None:
-        raise TPCHooksError("prepend_bos=True but this tokenizer has no BOS token")
-    return bool(prepend_bos)
-
-
-def pad_id(tok: Any) -> int:
-    for attr in ("pad_token_id", "eos_token_id"):
-        v = getattr(tok, attr, None)
-        if v is not None:
-            return int(v)
-    return 0
-
-
-def pad(ids: list[list[int]], pad_token: int, side: str) -> tuple[Tensor, Tensor]:
-    """Pads token lists to one ``[batch, pos]`` tensor and its attention mask."""
-    if side not in ("left", "right"):
-        raise TPCHooksError(f"padding_side must be 'left' or 'right'; got {side!r}")
-    width = max(len(i) for i in ids)
-    out = torch.full((len(ids), width), pad_token, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for b, row in enumerate(ids):
-        sl = slice(width - len(row), width) if side == "left" else slice(0, len(row))
-        out[b, sl] = torch.tensor(row, dtype=torch.long)
-        mask[b, sl] = 1
-    return out, mask
-
-
-def positions(mask: Tensor) -> Tensor:
-    """Position ids counted over attended tokens only (left padding starts at 0)."""
-    return (mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
 def get_adapter(model: Any, *, remote: bool = False, tokenizer: Any = None) -> Adapter:
