@@ -2,13 +2,15 @@
 
 import importlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
+from ._hf import InputSpy as InputSpy, StopPass as StopPass
+from ._hf_loop import hf_decode
 from ._batching import pad as pad, pad_id as pad_id, positions as positions, resolve_bos as resolve_bos
 from ._sites import Site as Site, parse_site as parse_site
 
@@ -180,88 +182,7 @@ class Adapter:
         hf = self.hf_model()
         if hf is None:
             raise NotImplementedError
-        from transformers import DynamicCache
-
-        seen: dict[str, Any] = {"last": False}
-
-        def read(acts: Tensor, m: Tensor, fresh: bool) -> None:
-            seen["acts"] = acts
-            if seen["last"]:  # nothing after the site is needed: end the pass here
-                raise StopPass
-        watch = self.observe(site, read) if site else nullcontext()
-        # no padding, known on the host without reading the device: like HF generate, pass no mask (the model
-        # then checks none per step, a sync on a GPU); a row that ends is fed padding nobody reads
-        unpadded = attention_mask.device.type == "cpu" and bool(attention_mask.all())
-        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
-        step_mask = mask
-        logits: Tensor | None = None
-        cached = 0  # positions already in the cache
-        with watch:
-            cache = DynamicCache()
-            for i in range(max_new_tokens + 1):
-                seen["last"] = i == max_new_tokens and i > 0
-                n = ids.shape[1]
-                if unpadded:
-                    kw = {"position_ids": torch.arange(cached, cached + n, device=self.device).expand(ids.shape[0], n)}
-                else:
-                    kw = {"attention_mask": mask, "position_ids": positions(mask)[:, -n:]}
-                cached += n
-                if not (seen["last"] and site is None):
-                    try:
-                        out = hf(input_ids=ids, **kw, past_key_values=cache, use_cache=True, logits_to_keep=1)
-                        logits = out.logits[:, -1]
-                    except StopPass:
-                        pass
-                acts = seen.pop("acts", None)
-                if site is not None and acts is None:
-                    raise TPCHooksError(f"the hook at {site.name} did not fire; is the site valid for this model?")
-                nxt = on_step(acts, step_mask, logits)
-                if nxt is None:
-                    return
-                tokens, live = nxt
-                ids = tokens.to(self.device)[:, None]
-                step_mask = live.long()[:, None].to(self.device)
-                if not unpadded:
-                    mask = torch.cat([mask, step_mask], dim=1)
-
-
-class StopPass(Exception):
-    """Raised by a hook to end a forward pass once the activations it needs are read (caught by
-    the adapter that raised it; never reaches the user)."""
-
-
-class InputSpy:
-    """A forward pre-hook (with kwargs) that records the attention mask of each call and how
-    many positions its KV cache already held (0 for a fresh call)."""
-
-    def __init__(self):
-        self.mask: Tensor | None = None
-        self.past = 0
-
-    def __call__(self, module: Any, args: tuple, kwargs: dict) -> None:
-        self.mask = kwargs.get("attention_mask")
-        cache = kwargs.get("past_key_values", kwargs.get("past_kv_cache"))
-        self.past = _cache_length(cache)
-
-    def step(self, n_new: int, batch: int, device: torch.device | None = None) -> tuple[Tensor, bool]:
-        """Mask of the ``n_new`` positions just computed, and whether the call was fresh (a
-        missing mask is all ones, made on ``device``: no host-to-device copy per step)."""
-        m = self.mask
-        if m is None or m.dim() != 2 or m.shape[1] < n_new or m.shape[0] != batch:
-            m = torch.ones(batch, n_new, dtype=torch.long, device=device)
-        return m[:, -n_new:], self.past == 0
-
-
-def _cache_length(cache: Any) -> int:
-    if cache is None:
-        return 0
-    if hasattr(cache, "get_seq_length"):
-        return int(cache.get_seq_length())
-    entries = getattr(cache, "entries", None)  # TransformerLens' cache
-    if entries:
-        keys = getattr(entries[0], "past_keys", None)
-        return int(keys.shape[1]) if keys is not None else 0
-    return 0
+        hf_decode(self, hf, input_ids, attention_mask, site, max_new_tokens, on_step)
 
 
 def get_adapter(model: Any, *, remote: bool = False, tokenizer: Any = None) -> Adapter:
