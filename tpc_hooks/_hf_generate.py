@@ -23,7 +23,7 @@ from transformers import LogitsProcessor, StoppingCriteria
 
 from ._errors import TPCHooksError
 from ._generation import GenerateLog, StepScores, flagged
-from .adapters._base import Adapter, Site
+from .adapters import Adapter, Site
 
 
 class _Run:

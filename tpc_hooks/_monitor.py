@@ -19,7 +19,7 @@ from torch import Tensor
 from . import _format, _generation, _kernel
 from ._checks import check_labels
 from ._errors import TPCHooksError
-from .adapters._base import Adapter, get_adapter, pad, pad_id, parse_site, resolve_bos
+from .adapters import Adapter, get_adapter, pad, pad_id, parse_site, resolve_bos
 from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts, collect, pooled_batches, token_batches
 from ._generation import GenerateLog, GenerationRun, MonitorEvent, WatchLog

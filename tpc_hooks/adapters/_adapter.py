@@ -9,10 +9,9 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ._hf import InputSpy as InputSpy, StopPass as StopPass
+from ._batching import resolve_bos
 from ._hf_loop import hf_decode
-from ._batching import pad as pad, pad_id as pad_id, positions as positions, resolve_bos as resolve_bos
-from ._sites import Site as Site, parse_site as parse_site
+from ._sites import Site, parse_site
 
 # model class (module prefix, class name) -> adapter module; matched on the type's MRO, so
 # nothing is imported to decide.
