@@ -19,7 +19,7 @@ import torch
 import tpc_hooks as tpc
 from host_reads import HostReads, reads_per_step
 from tiny_models import hf_llama, named, tiny_head, tokenizer
-from tpc_hooks.adapters import _base
+from tpc_hooks.adapters import Adapter
 from tpc_hooks.pooling import RunningPool
 
 SITE = "blocks.1.hook_resid_post"
@@ -381,10 +381,10 @@ def test_the_monitor_follows_the_adapters_device_but_not_meta(monkeypatch):
     monkeypatch.setattr(type(mon.head), "to", spy)
     mon.score(hf, PROMPTS[:1])
     assert moved == []  # already there
-    monkeypatch.setattr(_base.Adapter, "device", property(lambda self: torch.device("meta")))
+    monkeypatch.setattr(Adapter, "device", property(lambda self: torch.device("meta")))
     mon._adapter(hf)
     assert moved == [] and mon.head.bias.device.type == "cpu"  # a lazily loaded model: no weights to follow
-    monkeypatch.setattr(_base.Adapter, "device", property(lambda self: torch.device("cpu", 0)))
+    monkeypatch.setattr(Adapter, "device", property(lambda self: torch.device("cpu", 0)))
     mon._adapter(hf)
     assert moved == [torch.device("cpu", 0)]
 

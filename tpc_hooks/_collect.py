@@ -14,7 +14,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ._errors import TPCHooksError
-from .adapters._base import Adapter, Site, get_adapter, pad, pad_id, resolve_bos
+from .adapters import Adapter, Site, get_adapter, pad, pad_id, resolve_bos
 from .pooling import POOLINGS, pool
 from ._sae import check_sae, encode as sae_encode, dims as sae_dims, identity as sae_identity
 from ._store import ActivationStore

@@ -20,7 +20,7 @@ from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts
 from ._errors import TPCHooksError
 from ._kernel import flagged
-from .adapters._base import pad, pad_id
+from .adapters import pad, pad_id
 from .pooling import RunningAggregate, RunningPool, scored
 
 

@@ -24,7 +24,7 @@ from transformers import LogitsProcessor, StoppingCriteria
 from ._errors import TPCHooksError
 from ._generation import GenerateLog, StepScores
 from ._kernel import flagged
-from .adapters._base import Adapter, Site
+from .adapters import Adapter, Site
 
 
 class _Run:

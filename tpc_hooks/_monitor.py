@@ -19,7 +19,7 @@ from torch import Tensor
 from . import _format, _generation, _kernel
 from ._checks import check_features
 from ._errors import TPCHooksError
-from .adapters._base import Adapter, get_adapter, pad, pad_id
+from .adapters import Adapter, get_adapter, pad, pad_id
 from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts, pooled_batches, token_batches
 from ._generation import GenerateLog, GenerationRun, MonitorEvent, WatchLog

@@ -18,13 +18,13 @@ Example:
     6
 """
 
-from ._base import Adapter as Adapter
-from ._base import Site as Site
-from ._base import get_adapter as get_adapter
-from ._base import pad as pad
-from ._base import pad_id as pad_id
-from ._base import parse_site as parse_site
-from ._base import positions as positions
-from ._base import resolve_bos as resolve_bos
+from ._adapter import Adapter as Adapter
+from ._adapter import get_adapter as get_adapter
+from ._batching import pad as pad
+from ._batching import pad_id as pad_id
+from ._batching import positions as positions
+from ._batching import resolve_bos as resolve_bos
+from ._sites import Site as Site
+from ._sites import parse_site as parse_site
 
 __all__ = ["Adapter", "Site", "get_adapter", "pad", "pad_id", "parse_site", "positions", "resolve_bos"]

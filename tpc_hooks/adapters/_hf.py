@@ -1,5 +1,6 @@
 """What the Hugging Face adapters share (plain ``transformers`` and nnsight): the one table of
-decoder layers, and plain PyTorch hooks on a ``transformers`` model.
+decoder layers, and plain PyTorch hooks on a ``transformers`` model (:class:`InputSpy` and
+:class:`StopPass` serve the TransformerLens adapter's hooks too).
 
 Residual sites map to decoder-layer inputs and outputs: the input of layer L is
 ``blocks.L.hook_resid_pre`` and its output ``blocks.L.hook_resid_post`` (Hugging Face's
@@ -11,10 +12,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ._base import InputSpy, Site
+from ._sites import Site
 
 
 class HFShape:
@@ -82,6 +84,45 @@ def first(x: Any) -> Tensor:
 
 def layer_input(args: tuple, kwargs: dict) -> Tensor:
     return args[0] if args else kwargs["hidden_states"]
+
+
+class StopPass(Exception):
+    """Raised by a hook to end a forward pass once the activations it needs are read (caught by
+    the adapter that raised it; never reaches the user)."""
+
+
+class InputSpy:
+    """A forward pre-hook (with kwargs) that records the attention mask of each call and how
+    many positions its KV cache already held (0 for a fresh call)."""
+
+    def __init__(self):
+        self.mask: Tensor | None = None
+        self.past = 0
+
+    def __call__(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self.mask = kwargs.get("attention_mask")
+        cache = kwargs.get("past_key_values", kwargs.get("past_kv_cache"))
+        self.past = _cache_length(cache)
+
+    def step(self, n_new: int, batch: int, device: torch.device | None = None) -> tuple[Tensor, bool]:
+        """Mask of the ``n_new`` positions just computed, and whether the call was fresh (a
+        missing mask is all ones, made on ``device``: no host-to-device copy per step)."""
+        m = self.mask
+        if m is None or m.dim() != 2 or m.shape[1] < n_new or m.shape[0] != batch:
+            m = torch.ones(batch, n_new, dtype=torch.long, device=device)
+        return m[:, -n_new:], self.past == 0
+
+
+def _cache_length(cache: Any) -> int:
+    if cache is None:
+        return 0
+    if hasattr(cache, "get_seq_length"):
+        return int(cache.get_seq_length())
+    entries = getattr(cache, "entries", None)  # TransformerLens' cache
+    if entries:
+        keys = getattr(entries[0], "past_keys", None)
+        return int(keys.shape[1]) if keys is not None else 0
+    return 0
 
 
 @contextmanager

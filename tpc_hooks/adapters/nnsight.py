@@ -17,9 +17,11 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ._base import Adapter, Site, positions
+from ._adapter import Adapter
+from ._batching import positions
 from ._hf import LAYERS as LAYERS  # the table shared with the transformers adapter
 from ._hf import HFShape, decoder_layers, first, layer_path, observe_layers
+from ._sites import Site
 
 
 class NNsightAdapter(HFShape, Adapter):

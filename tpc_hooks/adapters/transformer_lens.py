@@ -19,7 +19,10 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ._base import Adapter, InputSpy, Site, positions
+from ._adapter import Adapter
+from ._batching import positions
+from ._hf import InputSpy
+from ._sites import Site
 
 
 class _Capture:

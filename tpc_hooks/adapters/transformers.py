@@ -28,9 +28,11 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ._base import Adapter, Site, StopPass, positions
+from ._adapter import Adapter
+from ._batching import positions
 from ._hf import LAYERS as LAYERS  # the table shared with the nnsight adapter
-from ._hf import HFShape, decoder_layers, first, layer_input, layer_path, observe_layers
+from ._hf import HFShape, StopPass, decoder_layers, first, layer_input, layer_path, observe_layers
+from ._sites import Site
 
 # Tokenizers loaded from ``name_or_path``, one per model, so repeated calls do not reload them.
 _LOADED: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()

@@ -1,18 +1,17 @@
 """What every adapter provides, and how one is chosen for a model."""
 
 import importlib
-import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-
-_SITE = re.compile(r"^blocks\.(\d+)\.hook_resid_(pre|mid|post)$")
+from ._batching import resolve_bos
+from ._hf_loop import hf_decode
+from ._sites import Site, parse_site
 
 # model class (module prefix, class name) -> adapter module; matched on the type's MRO, so
 # nothing is imported to decide.
@@ -30,34 +29,6 @@ _TOKENIZER_FIX = {
     "TransformerLens": "HookedTransformer.from_pretrained(..., tokenizer=tok) or "
                        "TransformerBridge.boot_transformers(..., tokenizer=tok)",
 }
-
-
-@dataclass(frozen=True)
-class Site:
-    """A residual-stream site: ``blocks.{layer}.hook_resid_{kind}``."""
-
-    layer: int
-    kind: str  # "pre" | "mid" | "post"
-
-    @property
-    def name(self) -> str:
-        return f"blocks.{self.layer}.hook_resid_{self.kind}"
-
-
-def parse_site(name: str) -> Site:
-    """Parses a TransformerLens hook name of the residual stream.
-
-    Example:
-        >>> parse_site("blocks.6.hook_resid_post")
-        Site(layer=6, kind='post')
-    """
-    m = _SITE.match(name) if isinstance(name, str) else None
-    if not m:
-        raise TPCHooksError(
-            f"unknown site {name!r}; sites are TransformerLens hook names of the residual stream, "
-            "e.g. 'blocks.6.hook_resid_post' (also hook_resid_pre, hook_resid_mid)"
-        )
-    return Site(int(m.group(1)), m.group(2))
 
 
 class Adapter:
@@ -210,127 +181,7 @@ class Adapter:
         hf = self.hf_model()
         if hf is None:
             raise NotImplementedError
-        from transformers import DynamicCache
-
-        seen: dict[str, Any] = {"last": False}
-
-        def read(acts: Tensor, m: Tensor, fresh: bool) -> None:
-            seen["acts"] = acts
-            if seen["last"]:  # nothing after the site is needed: end the pass here
-                raise StopPass
-        watch = self.observe(site, read) if site else nullcontext()
-        # no padding, known on the host without reading the device: like HF generate, pass no mask (the model
-        # then checks none per step, a sync on a GPU); a row that ends is fed padding nobody reads
-        unpadded = attention_mask.device.type == "cpu" and bool(attention_mask.all())
-        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
-        step_mask = mask
-        logits: Tensor | None = None
-        cached = 0  # positions already in the cache
-        with watch:
-            cache = DynamicCache()
-            for i in range(max_new_tokens + 1):
-                seen["last"] = i == max_new_tokens and i > 0
-                n = ids.shape[1]
-                if unpadded:
-                    kw = {"position_ids": torch.arange(cached, cached + n, device=self.device).expand(ids.shape[0], n)}
-                else:
-                    kw = {"attention_mask": mask, "position_ids": positions(mask)[:, -n:]}
-                cached += n
-                if not (seen["last"] and site is None):
-                    try:
-                        out = hf(input_ids=ids, **kw, past_key_values=cache, use_cache=True, logits_to_keep=1)
-                        logits = out.logits[:, -1]
-                    except StopPass:
-                        pass
-                acts = seen.pop("acts", None)
-                if site is not None and acts is None:
-                    raise TPCHooksError(f"the hook at {site.name} did not fire; is the site valid for this model?")
-                nxt = on_step(acts, step_mask, logits)
-                if nxt is None:
-                    return
-                tokens, live = nxt
-                ids = tokens.to(self.device)[:, None]
-                step_mask = live.long()[:, None].to(self.device)
-                if not unpadded:
-                    mask = torch.cat([mask, step_mask], dim=1)
-
-
-class StopPass(Exception):
-    """Raised by a hook to end a forward pass once the activations it needs are read (caught by
-    the adapter that raised it; never reaches the user)."""
-
-
-class InputSpy:
-    """A forward pre-hook (with kwargs) that records the attention mask of each call and how
-    many positions its KV cache already held (0 for a fresh call)."""
-
-    def __init__(self):
-        self.mask: Tensor | None = None
-        self.past = 0
-
-    def __call__(self, module: Any, args: tuple, kwargs: dict) -> None:
-        self.mask = kwargs.get("attention_mask")
-        cache = kwargs.get("past_key_values", kwargs.get("past_kv_cache"))
-        self.past = _cache_length(cache)
-
-    def step(self, n_new: int, batch: int, device: torch.device | None = None) -> tuple[Tensor, bool]:
-        """Mask of the ``n_new`` positions just computed, and whether the call was fresh (a
-        missing mask is all ones, made on ``device``: no host-to-device copy per step)."""
-        m = self.mask
-        if m is None or m.dim() != 2 or m.shape[1] < n_new or m.shape[0] != batch:
-            m = torch.ones(batch, n_new, dtype=torch.long, device=device)
-        return m[:, -n_new:], self.past == 0
-
-
-def _cache_length(cache: Any) -> int:
-    if cache is None:
-        return 0
-    if hasattr(cache, "get_seq_length"):
-        return int(cache.get_seq_length())
-    entries = getattr(cache, "entries", None)  # TransformerLens' cache
-    if entries:
-        keys = getattr(entries[0], "past_keys", None)
-        return int(keys.shape[1]) if keys is not None else 0
-    return 0
-
-
-def resolve_bos(tok: Any, prepend_bos: bool | None, chat_template: bool = False) -> bool:
-    """Whether a BOS token is prepended: never with a chat template; by default when the
-    tokenizer defines one."""
-    if chat_template:
-        return False
-    if prepend_bos is None:
-        return getattr(tok, "bos_token_id", None) is not None
-    if prepend_bos and getattr(tok, "bos_token_id", None) is None:
-        raise TPCHooksError("prepend_bos=True but this tokenizer has no BOS token")
-    return bool(prepend_bos)
-
-
-def pad_id(tok: Any) -> int:
-    for attr in ("pad_token_id", "eos_token_id"):
-        v = getattr(tok, attr, None)
-        if v is not None:
-            return int(v)
-    return 0
-
-
-def pad(ids: list[list[int]], pad_token: int, side: str) -> tuple[Tensor, Tensor]:
-    """Pads token lists to one ``[batch, pos]`` tensor and its attention mask."""
-    if side not in ("left", "right"):
-        raise TPCHooksError(f"padding_side must be 'left' or 'right'; got {side!r}")
-    width = max(len(i) for i in ids)
-    out = torch.full((len(ids), width), pad_token, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for b, row in enumerate(ids):
-        sl = slice(width - len(row), width) if side == "left" else slice(0, len(row))
-        out[b, sl] = torch.tensor(row, dtype=torch.long)
-        mask[b, sl] = 1
-    return out, mask
-
-
-def positions(mask: Tensor) -> Tensor:
-    """Position ids counted over attended tokens only (left padding starts at 0)."""
-    return (mask.long().cumsum(-1) - 1).clamp_min(0)
+        hf_decode(self, hf, input_ids, attention_mask, site, max_new_tokens, on_step)
 
 
 def get_adapter(model: Any, *, remote: bool = False, tokenizer: Any = None) -> Adapter:

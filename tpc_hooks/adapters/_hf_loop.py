@@ -1,0 +1,61 @@
+"""The Hugging Face decode loop: a causal LM run one token per forward pass with its KV cache."""
+
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._errors import TPCHooksError
+from ._batching import positions
+from ._hf import StopPass
+from ._sites import Site
+
+
+def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, site: Site | None,
+              max_new_tokens: int, on_step: Any) -> None:
+    """The default :meth:`~tpc_hooks.adapters.Adapter.decode` (documented there): ``adapter``'s
+    underlying Hugging Face model ``hf`` driven directly, the site read through ``adapter.observe``."""
+    from transformers import DynamicCache
+
+    seen: dict[str, Any] = {"last": False}
+
+    def read(acts: Tensor, m: Tensor, fresh: bool) -> None:
+        seen["acts"] = acts
+        if seen["last"]:  # nothing after the site is needed: end the pass here
+            raise StopPass
+    watch = adapter.observe(site, read) if site else nullcontext()
+    # no padding, known on the host without reading the device: like HF generate, pass no mask (the model
+    # then checks none per step, a sync on a GPU); a row that ends is fed padding nobody reads
+    unpadded = attention_mask.device.type == "cpu" and bool(attention_mask.all())
+    ids, mask = input_ids.to(adapter.device), attention_mask.to(adapter.device)
+    step_mask = mask
+    logits: Tensor | None = None
+    cached = 0  # positions already in the cache
+    with watch:
+        cache = DynamicCache()
+        for i in range(max_new_tokens + 1):
+            seen["last"] = i == max_new_tokens and i > 0
+            n = ids.shape[1]
+            if unpadded:
+                kw = {"position_ids": torch.arange(cached, cached + n, device=adapter.device).expand(ids.shape[0], n)}
+            else:
+                kw = {"attention_mask": mask, "position_ids": positions(mask)[:, -n:]}
+            cached += n
+            if not (seen["last"] and site is None):
+                try:
+                    out = hf(input_ids=ids, **kw, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    logits = out.logits[:, -1]
+                except StopPass:
+                    pass
+            acts = seen.pop("acts", None)
+            if site is not None and acts is None:
+                raise TPCHooksError(f"the hook at {site.name} did not fire; is the site valid for this model?")
+            nxt = on_step(acts, step_mask, logits)
+            if nxt is None:
+                return
+            tokens, live = nxt
+            ids = tokens.to(adapter.device)[:, None]
+            step_mask = live.long()[:, None].to(adapter.device)
+            if not unpadded:
+                mask = torch.cat([mask, step_mask], dim=1)
