@@ -118,11 +118,8 @@ def _resolve(target: str, obj: griffe.Object, index: dict[str, list[str]]) -> st
         paths = index.get(key, [])
         if len(paths) == 1:
             return paths[0]
-        if "tpc_hooks" in paths:  # a top-level name re-exported by a namespace too
-            return "tpc_hooks." + key
-        top = [p for p in paths if p.count(".") == key.count(".") + 1 and p.startswith("tpc_hooks.")]
-        if len(top) == 1:
-            return top[0]
+        if f"tpc_hooks.{key}" in paths:  # a top-level name that a namespace re-exports too
+            return f"tpc_hooks.{key}"
     return None
 
 
