@@ -1,7 +1,7 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet -c constraints.txt
 
-.PHONY: install test test-fast test-tl4 demo bench
+.PHONY: install test test-fast test-tl4 demo bench docs
 
 install:
 	$(PIP) "torch==2.13.0"
@@ -31,3 +31,10 @@ demo: install
 
 bench: install
 	$(PYTHON) benchmarks/bench_training.py
+
+# the docs site into site/ (mkdocs.yml, docs/): offline, every warning an error. The tutorials are
+# rendered from tutorials/*.py without being run (the tests run them). NO_MKDOCS_2_WARNING quiets
+# mkdocs-material's banner about MkDocs 2, which this site does not use (mkdocs<2 in the extra).
+docs:
+	$(PIP) -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site

@@ -2,7 +2,7 @@
 
 Each ``bench_*.py`` wraps its work in :func:`recording`: everything the script writes to
 stdout still goes to the terminal, and is also written, under a short header (the command
-line, the date, the exit), to the results file the README links to. Progress on stderr is not
+line, the date, the exit), to the results file the benchmark pages of the docs link to. Progress on stderr is not
 recorded. The file is replaced only when the run finishes, so an interrupted or failed run
 leaves the previous record in place.
 
