@@ -22,16 +22,15 @@ from ._checks import check_labels
 from ._collect import check_prompts, collect, token_batches
 from ._context import check_conversation, context_budget, host_splits, hosted_rows, sharegpt_contexts
 from ._errors import TPCHooksError
+from ._evaluate import DECISIONS, per_order, worst_per_order
 from ._fit import fit
 from ._history import FitConfig
 from ._monitor import Monitor
 from ._monitor_config import MonitorConfig
-from ._policy import FixedOrder
 from ._rows import token_rows
 from ._select import choose_site
 from .adapters import get_adapter, resolve_bos
 from .data import PromptSet, rewrites
-from .metrics import classification_metrics, worst_group
 from .pooling import check_aggregate, check_pooling
 
 TRAIN_RECIPES = ("default", "in_distribution", "paper")
@@ -231,28 +230,21 @@ def _report(monitor: Monitor, d: TrainData, tokens: _TokenRows | None, X_va: Any
     """Fills ``monitor.report`` with the validation metrics per order (on the prompts as given),
     the worst validation group's, and the hosted chats'; returns the benign validation data the
     threshold is set on."""
-    head, val = monitor.head, d.val
+    val = d.val
     plain = val.groups == PLAIN
-    orders = range(1, head.degree + 1)
     if tokens is None:
-        with torch.no_grad():
-            per_order = [classification_metrics(val.y[plain], head(X_va[plain], order=n)) for n in orders]
-            worst = [worst_group(y_va, head(X_va, order=n).double().numpy(), g_va) for n in orders]
-        monitor.report.update({"validation": {"n": int(plain.sum()), "per_order": per_order},
-                               "worst_validation_group": {"groups": sorted(set(g_va.tolist())), "per_order": worst}})
+        monitor.report.update({
+            "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, X_va[plain], val.y[plain])},
+            "worst_validation_group": {"groups": sorted(set(g_va.tolist())),
+                                       "per_order": worst_per_order(monitor, X_va, y_va, g_va)}})
         return X_va[y_va == 0]
     seqs = list(val.X)
-
-    def peaks(chosen: Sequence[Any], n: int) -> np.ndarray:  # each sequence's highest aggregated logit at order n
-        return torch.stack([monitor._aggregated(FixedOrder(head, n), z)[1].max() for z in chosen]).double().numpy()
-
-    plain_seqs = [z for z, p in zip(seqs, plain) if p]
     monitor.report.update({
-        "validation": {"n": int(plain.sum()), "per_order": [classification_metrics(val.y[plain], peaks(plain_seqs, n))
-                                                              for n in orders],
-                       "decision": "max over tokens of the aggregate"},
+        "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, [z for z, p in zip(seqs, plain) if p],
+                                                                     val.y[plain]),
+                       "decision": DECISIONS["max"]},
         "worst_validation_group": {"groups": sorted(set(val.groups.tolist())),
-                                   "per_order": [worst_group(val.y, peaks(seqs, n), val.groups) for n in orders]}})
+                                   "per_order": worst_per_order(monitor, seqs, val.y, val.groups)}})
     benign = [z for z, c in zip(seqs, val.y) if c == 0]
     if "val" in tokens.chats:
         chats, (_, _, ends) = tokens.chats["val"]
@@ -260,8 +252,7 @@ def _report(monitor: Monitor, d: TrainData, tokens: _TokenRows | None, X_va: Any
             "n_train": len(d.contexts["train"].seqs) if "train" in d.contexts else 0, "n_val": len(chats.seqs),
             "lengths": list(plan.context_lengths), "n_train_tokens": int(len(tokens.chats["train"][1][1]))
             if "train" in tokens.chats else 0,
-            "per_order": [classification_metrics(chats.labels, peaks([a[:end] for a, end in zip(chats.seqs, ends)], n))
-                          for n in orders],
+            "per_order": per_order(monitor, [a[:end] for a, end in zip(chats.seqs, ends)], chats.labels),
             "decision": "max over the chat of the aggregate (after a harmful request: to its turn's end)"}
         benign += [a for a, c in zip(chats.seqs, chats.labels) if c == 0]  # whole benign chats: the threshold holds on them
     return benign

@@ -523,69 +523,13 @@ def _hosted(acts: Path, split: str, site: str, skip: int, site_fix: str) -> Any:
                  spans["tail"])
 
 
-_DECISIONS = {"max": "max over tokens of the aggregate", "last": "the aggregate after the last token"}
-
-
-def _token_scores(mon: Any, seqs: list[Any], rule: Any) -> tuple[Any, Any]:
-    """Per sequence: the rule's result on every token (one call for all of them) and the aggregated
-    logit after every token (``-inf`` before the first scored one)."""
-    import numpy as np
-    import torch
-
-    from .pooling import aggregate
-
-    lengths = [len(s) for s in seqs]
-    with torch.no_grad():
-        res = rule(torch.from_numpy(np.concatenate(seqs)))
-        parts = torch.split(res.logits, lengths)
-        agg = [aggregate(p[None], torch.ones(1, len(p)), mon.aggregate, mon.alpha, mon.window, mon.skip)[0] for p in parts]
-    return res, agg
-
-
-def _decide(agg: list[Any], decision: str) -> Any:
-    """One score per sequence; a sequence with no scored token (all prefix) gets float32's lowest logit
-    (probability 0), which metrics can rank."""
-    import numpy as np
-    import torch
-
-    s = torch.stack([a.max() if decision == "max" else a[-1] for a in agg]).double().numpy()
-    return np.maximum(s, np.finfo(np.float32).min)
-
-
-def _evaluate_tokens(mon: Any, seqs: list[Any], y: list[Any], decision: str) -> dict[str, Any]:
-    """``evaluate`` for a per-token monitor: metrics per order and a cascade sweep, one score per
-    prompt (``decision``); FLOPs are counted on the scored tokens (the prefix costs none)."""
-    import numpy as np
-    import torch
-
-    from ._policy import FixedOrder
-    from .metrics import classification_metrics
-
-    per_order, logits = [], None
-    for n in range(1, mon.head.degree + 1):
-        s = _decide(_token_scores(mon, seqs, FixedOrder(mon.head, n))[1], decision)
-        per_order.append(classification_metrics(y, s))
-        logits = s
-    sweep = []
-    if mon.cascade is not None:
-        on = torch.cat([torch.arange(len(z)) >= mon.skip for z in seqs])  # the scored tokens
-        base = mon.head.cost(1).flops
-        for tau in (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5):
-            res, agg = _token_scores(mon, seqs, mon.cascade.with_thresholds(tau))
-            m = classification_metrics(y, _decide(agg, decision))
-            flops = res.flops[on].double().mean().item() if bool(on.any()) else 0.0
-            hist = np.bincount(res.exit_order[on].numpy(), minlength=mon.head.degree + 1)[1:].tolist()
-            sweep.append({"tau": tau, "f1": m["f1"], "accuracy": m["accuracy"], "recall": m["recall"], "frr": m["frr"],
-                          "mean_flops": flops, "relative_flops": flops / base, "exit_histogram": hist})
-    return {"decision": _DECISIONS[decision], "per_order": per_order, "cascade": sweep,
-            "logits": [float(v) for v in logits]}
-
-
 def _evaluate(args: argparse.Namespace) -> int:
+    """``evaluate``: metrics per order and the cascade sweep, measured as a monitor's report
+    measures them (``tpc_hooks._evaluate``)."""
     import torch
 
+    from ._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
     from ._monitor import Monitor
-    from .metrics import classification_metrics
 
     _check_monitor_dir(args.monitor)
     acts = _check_acts(args.acts)
@@ -600,20 +544,21 @@ def _evaluate(args: argparse.Namespace) -> int:
     results = {}
     for split in args.splits:
         if mon.streaming:
-            seqs, _ = _sequences(acts, split, mon.site, labels[split], f"the per-token monitor {args.monitor}")
-            results[split] = _evaluate_tokens(mon, seqs, labels[split], decision)
-            per_order = results[split]["per_order"]
-            print(f"\n{split}: metrics by order, one score per prompt: the {_DECISIONS[decision]} "
+            X, _ = _sequences(acts, split, mon.site, labels[split], f"the per-token monitor {args.monitor}")
+            y = labels[split]
+            print(f"\n{split}: metrics by order, one score per prompt: the {DECISIONS[decision]} "
                   f"({mon.aggregate}; the first {mon.skip} tokens not scored)")
         else:
             X, y = _split(acts, split, mon.site, labels[split], f"the monitor {args.monitor} (pooling {mon.pooling!r})")
-            with torch.no_grad():
-                per_order = [classification_metrics(y, s) for s in mon.head.truncations(torch.as_tensor(X)).unbind(-1)]
-            results[split] = {"per_order": per_order, "cascade": mon.cascade.sweep(X, y) if mon.cascade else []}
+            X = torch.from_numpy(X)
             print(f"\n{split}: metrics by order")
+        results[split] = {"per_order": per_order(mon, X, y, decision), "cascade": cascade_sweep(mon, X, y, decision)}
+        if mon.streaming:
+            results[split] = {"decision": DECISIONS[decision], **results[split],
+                              "logits": [float(v) for v in order_logits(mon, X, mon.head.degree, decision)]}
         print(_table(["order", "F1", "precision", "recall", "FRR", "AUROC", "ECE"],
                      [[str(n + 1)] + [f"{m[k]:.3f}" for k in ("f1", "precision", "recall", "frr", "auroc", "ece")]
-                      for n, m in enumerate(per_order)]))
+                      for n, m in enumerate(results[split]["per_order"])]))
         if mon.cascade:
             print(_table(["tau", "F1", "mean FLOPs per token / linear" if mon.streaming else "mean FLOPs / linear",
                           "exits per order"],
