@@ -16,3 +16,14 @@ def test_import_linter_contracts_are_kept():
                           "sys.exit(lint_imports(no_cache=True))"], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "0 broken" in run.stdout
+
+
+def test_every_module_has_a_layer():
+    """A new module cannot slip past the contract: each module of the package (the adapters as one
+    subpackage) is named in a layer."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    layers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]["layers"]
+    named = {m.strip() for layer in layers for m in layer.replace("|", ":").split(":")}
+    modules = {f"tpc_hooks.{p.stem}" for p in (ROOT / "tpc_hooks").glob("*.py") if p.stem != "__init__"}
+    assert modules | {"tpc_hooks.adapters"} == named

@@ -85,7 +85,9 @@ def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(tmp
 
     seen = []
     real = _train.train
-    monkeypatch.setattr(_train, "train", lambda data, plan, **kw: seen.append((data, plan)) or real(data, plan, **kw))
+    spy = lambda data, plan, **kw: seen.append((data, plan)) or real(data, plan, **kw)
+    monkeypatch.setattr(_train, "train", spy)
+    monkeypatch.setattr(cli, "train", spy)  # the CLI's own reference to the recipe
     api = tpc.train_monitor(model, PROMPTS, LABELS, SITE, pooling, augment=augment, tau=0.2, val_fraction=0.2,
                             verbose=False, **FIT)
     api.save(tmp_path / "api")

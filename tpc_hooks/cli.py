@@ -19,27 +19,40 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from ._attribution import attribute
+from ._collect import collect
+from ._collected import (CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config, pooled_rows,
+                         token_sequences)
+from ._context import context_budget, host_splits, sharegpt_contexts
+from ._demo import run_demo
 from ._errors import TPCHooksError
+from ._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
+from ._hub import is_repo_id
+from ._monitor import Monitor
+from ._monitor_config import MonitorConfig
+from ._train import TrainPlan, check_target_fpr, default_aggregate, fit_config, train
+from .adapters import get_adapter
+from .data import (
+    PHRASING_FAMILIES,
+    default_prompt_set,
+    load_hf_dataset,
+    load_prompt_file,
+    rewrites,
+)
+from .offline import DEFAULT_MODEL, load_model
+from .pooling import check_aggregate
 
 _DATA_SUFFIXES = (".csv", ".jsonl", ".json")
-_COLLECT_KEYS = ("model", "sites", "pooling", "chat_template", "max_tokens")
 
 
 def _is_hub_id(name: str) -> bool:
     """What a --model or --dataset that is not an existing path may plausibly be."""
-    from ._hub import is_repo_id
-
     return is_repo_id(name)
 
 
 # ------------------------------------------------------------------ input checks (before any model loads)
-def _read_json(path: Path, fix: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TPCHooksError(f"{path} is not valid JSON ({err}); {fix}") from None
-
-
 def _check_out_dir(path: str | Path, flag: str = "--out") -> None:
     """``path`` may be created as a directory: it is one already, or its nearest existing ancestor is."""
     p = Path(path)
@@ -86,7 +99,6 @@ def _check_dataset(name: str) -> None:
 
 
 def _check_model(name: str | None) -> None:
-    from .offline import DEFAULT_MODEL
 
     if name in (None, DEFAULT_MODEL):
         return
@@ -106,7 +118,6 @@ def _check_model(name: str | None) -> None:
 
 
 def _load_model(name: str | None, toolkit: str) -> Any:
-    from .offline import load_model
 
     try:
         return load_model(name, toolkit)
@@ -136,46 +147,6 @@ def _check_acts(path: str) -> Path:
                          "per split)", f"check the path, or run tpc-hooks collect --out {path} first")
 
 
-def _collect_config(acts: Path) -> dict[str, Any]:
-    """``acts/collect.json``, checked for the keys that ``train`` reads."""
-    f = acts / "collect.json"
-    if not f.is_file():
-        raise TPCHooksError(f"--acts {acts} has no collect.json; expected the directory written by tpc-hooks collect; "
-                            f"pass that directory, or run tpc-hooks collect --out {acts} first")
-    cfg = _read_json(f, f"it is written by tpc-hooks collect; re-run tpc-hooks collect --out {acts}")
-    missing = [k for k in _COLLECT_KEYS if not isinstance(cfg, dict) or k not in cfg]
-    if missing:
-        raise TPCHooksError(f"{f} lacks {', '.join(missing)}; expected the collect.json written by tpc-hooks collect; "
-                            f"re-run tpc-hooks collect --out {acts}")
-    sites = cfg["sites"]
-    if not (isinstance(sites, list) and sites and all(isinstance(s, str) for s in sites)):
-        raise TPCHooksError(f"{f}: \"sites\" must be a non-empty list of hook names; got {sites!r}; "
-                            f"re-run tpc-hooks collect --out {acts}")
-    return cfg
-
-
-def _collected_splits(acts: Path) -> list[str]:
-    return sorted(d.name for d in acts.iterdir() if (d / "labels.json").is_file()) if acts.is_dir() else []
-
-
-def _check_split(acts: Path, split: str, site: str, flag: str, site_fix: str) -> list[Any]:
-    """The split's labels, after checking that ``acts/split`` was collected, with ``site``; ``flag``
-    names the argument that chose the split."""
-    d = acts / split
-    if not (d / "labels.json").is_file():
-        have = ", ".join(_collected_splits(acts)) or "none"
-        raise TPCHooksError(f"{flag} {split!r}: {d} is not a collected split (no labels.json); collected splits in {acts}: "
-                            f"{have}; pass one of those, or run tpc-hooks collect first")
-    labels = _read_json(d / "labels.json", f"it is written by tpc-hooks collect; re-run tpc-hooks collect --out {acts}")
-    if not isinstance(labels, list) or any(isinstance(v, bool) or v not in (0, 1) for v in labels):
-        raise TPCHooksError(f"{d / 'labels.json'} is not a list of 0/1 labels; it is written by tpc-hooks collect; "
-                            f"re-run tpc-hooks collect --out {acts}")
-    if not (d / site).is_dir():
-        have = ", ".join(sorted(s.name for s in d.iterdir() if s.is_dir())) or "none"
-        raise TPCHooksError(f"site {site!r} was not collected in {d}; collected there: {have}; {site_fix}")
-    return labels
-
-
 def _table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
@@ -187,7 +158,6 @@ def _demo(args: argparse.Namespace) -> int:
         _check_out_dir(args.out)
     _check_dataset(args.dataset)
     _check_model(args.model)
-    from ._demo import run_demo
 
     out = Path(args.out or Path("runs") / _dt.datetime.now().strftime("demo-%Y%m%d-%H%M%S"))
     t0 = time.perf_counter()
@@ -208,7 +178,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _datasets(args: argparse.Namespace) -> dict[str, Any]:
-    from .data import default_prompt_set, load_hf_dataset, load_prompt_file
 
     if args.dataset == "default":
         return default_prompt_set(seed=args.seed)
@@ -222,7 +191,6 @@ def _collect(args: argparse.Namespace) -> int:
     _check_out_dir(args.out)
     _check_dataset(args.dataset)
     _check_model(args.model)
-    from ._collect import collect
 
     if args.contexts is not None:
         if args.pooling != "token" or args.no_chat_template:
@@ -257,13 +225,8 @@ def _collect(args: argparse.Namespace) -> int:
     return 0
 
 
-CONTEXT_SPLITS = {"train": "ctx-train", "val": "ctx-val"}
-
-
 def _conversations(tokenizer: Any, n: int, tokens: int, exclude: list[str]) -> list[Any]:
     """``collect --contexts``' benign chats (ShareGPT; tests replace this)."""
-    from ._context import sharegpt_contexts
-
     return sharegpt_contexts(tokenizer, n, tokens=tokens, exclude=exclude)
 
 
@@ -272,9 +235,6 @@ def _collect_contexts(args: argparse.Namespace, model: Any, out: Path, plain: di
     """``collect --contexts N``: N benign chats, each hosting one train or val prompt as
     ``train_monitor(contexts=N)`` does, into splits ``ctx-train`` / ``ctx-val`` (per-token stores,
     each chat's request label in labels.json, its request's token span in spans.json)."""
-    from ._collect import collect
-    from ._context import context_budget, host_splits
-    from .adapters import get_adapter
 
     tok = get_adapter(model).tokenizer
     convs = _conversations(tok, args.contexts, context_budget(args.context_tokens), exclude)
@@ -292,7 +252,6 @@ def _collect_contexts(args: argparse.Namespace, model: Any, out: Path, plain: di
 def _rewrites(sets: dict[str, Any], seed: int) -> dict[str, Any]:
     """``"aug"`` (one phrasing rewrite per training prompt) and ``"val-<family>"`` (every validation
     prompt by each family), as ``train_monitor`` builds them; none for a set without train/val splits."""
-    from .data import PHRASING_FAMILIES, rewrites
 
     if "train" not in sets or "val" not in sets:
         return {}
@@ -303,41 +262,6 @@ def _rewrites(sets: dict[str, Any], seed: int) -> dict[str, Any]:
     return out
 
 
-def _split(acts: Path, split: str, site: str, labels: list[Any], user: str = "a pooled monitor") -> tuple[Any, Any]:
-    """The split's activations at ``site`` and its labels (checked by :func:`_check_split`); ``user``
-    names what needs pooled rows, for the error on a store of per-token rows."""
-    from ._store import ActivationStore
-
-    st = ActivationStore.open(acts / split / site)
-    if st.holds_sequences:
-        raise TPCHooksError(f"{acts / split / site} holds per-token rows (tpc-hooks collect --pooling token), but {user} "
-                            "reads pooled rows (one per prompt); collect them with --pooling mean|last|max into another "
-                            "--out, or use a per-token monitor")
-    X = st.to_numpy()
-    if len(X) != len(labels):
-        raise TPCHooksError(f"{acts / split}: {len(labels)} labels in labels.json but {len(X)} rows in the {site} store; "
-                            f"expected one row per label (an interrupted collect?); re-run tpc-hooks collect --out {acts}")
-    return X, labels
-
-
-def _sequences(acts: Path, split: str, site: str, labels: list[Any], user: str) -> tuple[list[Any], dict[str, Any]]:
-    """A per-token store's sequences ``[T_i, d]`` (float32 arrays, one per label) and its metadata
-    (``fixed_prefix``: the leading tokens every prompt shares); ``user`` names what needs them,
-    for the error on a pooled store."""
-    from ._store import ActivationStore
-
-    st = ActivationStore.open(acts / split / site)
-    if not st.holds_sequences:
-        raise TPCHooksError(f"{acts / split / site} holds pooled rows (pooling {st.meta.get('pooling')!r}), but {user} "
-                            "reads per-token rows; collect them with tpc-hooks collect --pooling token into another "
-                            "--out (a directory holds one kind)")
-    if st.n_sequences != len(labels):
-        raise TPCHooksError(f"{acts / split}: {len(labels)} labels in labels.json but {st.n_sequences} sequences in the "
-                            f"{site} store; expected one per label (an interrupted collect?); re-run tpc-hooks collect "
-                            f"--out {acts}")
-    return st.sequences(), st.meta
-
-
 def _train(args: argparse.Namespace) -> int:
     """``train``: the stores ``collect`` wrote, read as the rows :func:`tpc_hooks.train_monitor`
     collects (the prompts, their phrasing rewrites, the validation families, hosted chats), then
@@ -346,10 +270,9 @@ def _train(args: argparse.Namespace) -> int:
         raise TPCHooksError("--recipe paper is the plain polynomial; it takes neither --no-gate nor --escalate-only")
     acts = _check_acts(args.acts)
     _check_out_dir(args.out)
-    from ._train import check_target_fpr
 
     check_target_fpr(args.target_fpr)
-    cfg = _collect_config(acts)
+    cfg = collect_config(acts)
     site = args.site or cfg["sites"][0]
     if site != "auto" and site not in cfg["sites"]:
         raise TPCHooksError(f"--site {site!r} was not collected in {acts}; collected sites: {', '.join(cfg['sites'])}; "
@@ -362,7 +285,6 @@ def _train(args: argparse.Namespace) -> int:
                             f"holds pooled rows (pooling {cfg['pooling']!r}); drop the option, or collect per-token rows: "
                             f"tpc-hooks collect --pooling token")
     if per_token:
-        from .pooling import check_aggregate
 
         check_aggregate(stream.get("aggregate", "rolling"), stream.get("alpha", 0.1), stream.get("window", 16))
     if per_token and site == "auto":
@@ -370,13 +292,12 @@ def _train(args: argparse.Namespace) -> int:
                             f"pass --site (collected: {', '.join(cfg['sites'])})")
     train_split = "train" if (acts / "train").exists() else "all"
     first = cfg["sites"][0] if site == "auto" else site
-    _check_split(acts, train_split, first, "training split", site_fix)
+    check_split(acts, train_split, first, "training split", site_fix)
     has_val = (acts / "val").exists()
     if has_val:
-        _check_split(acts, "val", first, "validation split", site_fix)
+        check_split(acts, "val", first, "validation split", site_fix)
     if site == "auto" and not has_val:
         raise TPCHooksError(f"--site auto chooses on the validation split, and {acts} has none; pass --site")
-    from .data import PHRASING_FAMILIES
 
     # The phrasing rewrites `collect` wrote (unless --no-augment there), in train_monitor's order.
     families = [] if not has_val or args.recipe == "in_distribution" else \
@@ -384,11 +305,9 @@ def _train(args: argparse.Namespace) -> int:
     rewrites = bool(families) and (acts / "aug" / "labels.json").is_file()
     hosted = [] if args.no_contexts or not per_token else \
         [k for k, d in CONTEXT_SPLITS.items() if (acts / d / "labels.json").is_file()]
-    reader = _TokenStores(acts, site_fix) if per_token else _PooledStores(acts, site_fix)
+    reader = TokenStores(acts, site_fix) if per_token else PooledStores(acts, site_fix)
     sites = cfg["sites"] if site == "auto" else [site]
     data = {s: reader.data(s, train_split, rewrites, families if has_val else None, hosted) for s in sites}
-    from ._monitor_config import MonitorConfig
-    from ._train import TrainPlan, default_aggregate, fit_config, train
 
     robust = {} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}
     options = dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed, **robust)
@@ -424,112 +343,9 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-class _PooledStores:
-    """``train``'s reader of pooled stores: one row per prompt."""
-
-    skip, prepend_bos = 0, None
-
-    def __init__(self, acts: Path, site_fix: str):
-        self.acts, self.site_fix = acts, site_fix
-
-    def part(self, split: str, site: str, flag: str) -> tuple[Any, Any]:
-        import numpy as np
-        import torch
-
-        X, y = _split(self.acts, split, site, _check_split(self.acts, split, site, flag, self.site_fix))
-        return torch.from_numpy(X), np.asarray(y, dtype=int)
-
-    def cat(self, parts: list[Any]) -> Any:
-        import torch
-
-        return torch.cat(parts)
-
-    def data(self, site: str, train_split: str, rewrites: bool, families: list[str] | None, hosted: list[str]) -> Any:
-        """The :class:`~tpc_hooks._train.TrainData` of ``site``: the training split, its rewrites
-        (``aug``), and the validation split then each family's (``val-<family>``)."""
-        import numpy as np
-
-        from ._train import PLAIN, Examples, TrainData
-
-        train = Examples(*self.part(train_split, site, "training split"))
-        aug = Examples(*self.part("aug", site, "training split")) if rewrites else None
-        val = None
-        if families is not None:
-            parts = [("val", PLAIN)] + [(f"val-{f}", f) for f in families]
-            got = [self.part(p, site, "validation split") for p, _ in parts]
-            groups = np.concatenate([np.full(len(y), g) for (X, y), (_, g) in zip(got, parts)])
-            val = Examples(self.cat([X for X, _ in got]), np.concatenate([y for _, y in got]), groups)
-        return TrainData(train=train, rewrites=aug, val=val, contexts=self.contexts(site, hosted))
-
-    def contexts(self, site: str, hosted: list[str]) -> dict[str, Any]:
-        return {}
-
-
-class _TokenStores(_PooledStores):
-    """``train``'s reader of per-token stores: each prompt's token activations; every store must
-    record the same fixed prefix (the monitor's ``skip``)."""
-
-    def __init__(self, acts: Path, site_fix: str):
-        super().__init__(acts, site_fix)
-        self.skip: Any = None
-        self.prepend_bos: Any = None
-
-    def part(self, split: str, site: str, flag: str) -> tuple[Any, Any]:
-        import numpy as np
-        import torch
-
-        labels = _check_split(self.acts, split, site, flag, self.site_fix)
-        seqs, meta = _sequences(self.acts, split, site, labels, "a per-token monitor (collect.json says pooling 'token')")
-        self._prefix(meta, split, site)
-        return [torch.from_numpy(z) for z in seqs], np.asarray(labels, dtype=int)
-
-    def _prefix(self, meta: dict[str, Any], split: str, site: str) -> None:
-        prefix = meta.get("fixed_prefix")
-        if not isinstance(prefix, int) or isinstance(prefix, bool):
-            raise TPCHooksError(f"the {site} stores in {self.acts} do not record their fixed prefix; re-run tpc-hooks "
-                                "collect")
-        if self.skip is None:
-            self.skip, self.prepend_bos = prefix, meta.get("prepend_bos")
-        elif prefix != self.skip:
-            raise TPCHooksError(f"the per-token stores in {self.acts} were collected with different fixed prefixes "
-                                f"({split!r}: {prefix}, others: {self.skip}); re-run tpc-hooks collect --out {self.acts} "
-                                "with one setting")
-
-    def cat(self, parts: list[Any]) -> Any:
-        return [z for p in parts for z in p]
-
-    def contexts(self, site: str, hosted: list[str]) -> dict[str, Any]:
-        return {k: _hosted(self.acts, CONTEXT_SPLITS[k], site, self.skip, self.site_fix) for k in hosted}
-
-
-def _hosted(acts: Path, split: str, site: str, skip: int, site_fix: str) -> Any:
-    """A ``collect --contexts`` split as :class:`~tpc_hooks._train.Chats`: its chats' token
-    activations, request spans (checked to fit each chat after the fixed prefix) and labels."""
-    import numpy as np
-    import torch
-
-    from ._train import Chats
-
-    labels = _check_split(acts, split, site, "context split", site_fix)
-    seqs, _ = _sequences(acts, split, site, labels, "a per-token monitor")
-    spans = _read_json(acts / split / "spans.json", f"it is written by tpc-hooks collect --contexts; {site_fix}")
-    ok = (isinstance(spans, dict) and isinstance(spans.get("tail"), int) and isinstance(spans.get("spans"), list)
-          and len(spans["spans"]) == len(seqs)
-          and all(isinstance(p, list) and len(p) == 2 and skip <= p[0] < p[1] <= len(z) for p, z in zip(spans["spans"], seqs)))
-    if not ok:
-        raise TPCHooksError(f"{acts / split / 'spans.json'} does not hold one request span per chat of {acts / split} "
-                            f"(after the {skip}-token fixed prefix); {site_fix} --contexts ...")
-    return Chats([torch.from_numpy(z) for z in seqs], [tuple(p) for p in spans["spans"]], np.asarray(labels, dtype=int),
-                 spans["tail"])
-
-
 def _evaluate(args: argparse.Namespace) -> int:
     """``evaluate``: metrics per order and the cascade sweep, measured as a monitor's report
     measures them (``tpc_hooks._evaluate``)."""
-    import torch
-
-    from ._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
-    from ._monitor import Monitor
 
     _check_monitor_dir(args.monitor)
     acts = _check_acts(args.acts)
@@ -540,16 +356,16 @@ def _evaluate(args: argparse.Namespace) -> int:
                             f"({mon.pooling!r}): one score per prompt already; drop --decision")
     decision = args.decision or "max"
     site_fix = f"the monitor reads it; collect it with tpc-hooks collect --sites {mon.site}"
-    labels = {split: _check_split(acts, split, mon.site, "--splits", site_fix) for split in args.splits}
+    labels = {split: check_split(acts, split, mon.site, "--splits", site_fix) for split in args.splits}
     results = {}
     for split in args.splits:
         if mon.streaming:
-            X, _ = _sequences(acts, split, mon.site, labels[split], f"the per-token monitor {args.monitor}")
+            X, _ = token_sequences(acts, split, mon.site, labels[split], f"the per-token monitor {args.monitor}")
             y = labels[split]
             print(f"\n{split}: metrics by order, one score per prompt: the {DECISIONS[decision]} "
                   f"({mon.aggregate}; the first {mon.skip} tokens not scored)")
         else:
-            X, y = _split(acts, split, mon.site, labels[split], f"the monitor {args.monitor} (pooling {mon.pooling!r})")
+            X, y = pooled_rows(acts, split, mon.site, labels[split], f"the monitor {args.monitor} (pooling {mon.pooling!r})")
             X = torch.from_numpy(X)
             print(f"\n{split}: metrics by order")
         results[split] = {"per_order": per_order(mon, X, y, decision), "cascade": cascade_sweep(mon, X, y, decision)}
@@ -570,7 +386,6 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 
 def _monitor(args: argparse.Namespace) -> int:
-    from ._monitor import Monitor
 
     _check_monitor_dir(args.monitor)
     _check_model(args.model)
@@ -595,9 +410,6 @@ def _attribute(args: argparse.Namespace) -> int:
     _check_monitor_dir(args.monitor)
     _check_model(args.model)
     _check_json_out(args.json)
-    from ._attribution import attribute
-    from ._collect import collect
-    from ._monitor import Monitor
 
     mon = Monitor.load(args.monitor)
     if mon.streaming:
