@@ -24,6 +24,9 @@ from . import _kernel
 from ._checks import check_features
 from ._errors import TPCHooksError
 from ._polynomial import TPC
+from ._sae import check_sae, decoder, encode
+from .pooling import pool
+from .views import attribution_html
 
 PAIR_MODES = ("positive", "negative", "absolute")
 
@@ -327,8 +330,6 @@ class Attribution:
             >>> str(attr.to_html(inputs=[0, 2], labels=["a", "b", "c"])).count("<table>")
             6
         """
-        from .views import attribution_html
-
         return attribution_html(self, inputs=inputs, k=k, labels=labels)
 
     def _repr_html_(self) -> str:
@@ -378,18 +379,12 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         if getattr(head_or_monitor, "pooling", None) == "token":
             raise TPCHooksError("a per-token monitor aggregates its tokens' logits over time; attribute the tokens "
                                 "themselves: attribute(monitor, acts[b, :T]) gives one row per token")
-        from .pooling import pool
-
         m = torch.ones(t.shape[:2], dtype=torch.long) if mask is None else torch.as_tensor(mask)
         if tuple(m.shape) != tuple(t.shape[:2]):
             raise TPCHooksError(f"mask has shape {tuple(m.shape)}; expected {tuple(t.shape[:2])}")
         if mon_sae is not None:
-            from ._sae import encode
-
             t = encode(mon_sae, t.detach())
         elif sae is not None and head_or_monitor.pooling == "mean":
-            from ._sae import encode
-
             f_mean = pool(encode(sae, t.detach()), m, "mean")
         t = pool(t.detach(), m, head_or_monitor.pooling)
     if t.dim() == 1:
@@ -417,8 +412,6 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         return _project(head, site, sae, X, zs, qs, bias, by_order, logit, f_mean)
     extra: dict[str, Any] = {}
     if mon_sae is not None:
-        from ._sae import decoder
-
         extra["W_dec"], extra["b_dec"] = (t.to(dtype) for t in decoder(mon_sae))
     return Attribution(head=head, logit=logit, bias=bias, by_order=by_order, by_neuron=by_neuron,
                        neuron_by_order=neuron_by_order, z=zs, site=site,
@@ -430,8 +423,6 @@ def _project(head: TPC, site: str | None, sae: Any, X: Tensor, zs: Tensor, qs: l
              by_order: Tensor, logit: Tensor, f: Tensor | None) -> Attribution:
     """Attribution of a residual-space head in an SAE's feature basis (see :func:`attribute`);
     ``qs`` are :func:`attribute`'s per-order gradients ``q_k`` in standardised units."""
-    from ._sae import check_sae, decoder, encode
-
     check_sae(sae, head.d_model, site)
     dtype = X.dtype
     W_dec, b_dec = (t.to(dtype) for t in decoder(sae))

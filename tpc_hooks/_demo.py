@@ -25,7 +25,7 @@ from .adapters import get_adapter
 from .baselines import early_exit_cascade
 from ._cascade import Cascade
 from ._collect import collect
-from .data import PromptSet, default_prompt_set
+from .data import PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file
 from .metrics import classification_metrics
 from ._monitor import Monitor
 from .offline import DEFAULT_MODEL, load_model
@@ -181,8 +181,6 @@ def prompt_splits(dataset: str = "default", *, seed: int = 0, text_column: str =
     if dataset == "default":
         return default_prompt_set(seed=seed)
     from sklearn.model_selection import train_test_split
-
-    from .data import load_hf_dataset, load_prompt_file
 
     if Path(dataset).exists():
         ps = load_prompt_file(dataset, text_column=text_column, label_column=label_column)

@@ -22,6 +22,7 @@ from ._errors import TPCHooksError
 from ._kernel import flagged
 from .adapters import pad, pad_id
 from .pooling import RunningAggregate, RunningPool, scored
+from .views import generation_html
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,6 @@ class GenerationRun:
             >>> run = monitor.generate(model, prompts, action="stop")  # doctest: +SKIP
             >>> run.to_html().save("run.html")  # doctest: +SKIP
         """
-        from .views import generation_html
-
         tok = tokenizer if tokenizer is not None else self.tokenizer
         if tok is None:
             raise TPCHooksError("this run carries no tokenizer to show its tokens; pass tokenizer=")

@@ -26,10 +26,12 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ._checks import prepare_activations
+from ._errors import TPCHooksError
 
 BOUNDS_SLACK = 1e-6  # relative widening of the trust region against rounding (see widen_bounds)
 
@@ -312,3 +314,22 @@ def flagged(decision_logits: Tensor, threshold: float) -> Tensor:
     saturate where a float32 probability reaches 1), and a NaN (a step whose activations held
     NaN/inf) counts as flagged: the monitor fails closed."""
     return (decision_logits >= threshold_logit(threshold)) | decision_logits.isnan()
+
+
+def threshold_above(like: Tensor, z: float) -> float:
+    """The lowest probability threshold that leaves a decision logit of ``z`` unflagged, by the
+    monitors' rule (:func:`flagged`: in logit space, in ``like``'s dtype, so
+    it does not saturate) and, where ``z``'s float32 probability is below 1, by ``prob >=
+    threshold`` on that probability too; checked to lie in (0, 1)."""
+    at = torch.tensor([z], dtype=like.dtype)
+    target = torch.nextafter(at, torch.tensor([math.inf], dtype=like.dtype))
+    t = float(torch.sigmoid(target.double()))
+    while 0 < t < 1 and bool(flagged(at, t)):  # rounding at large logits: the next float64 up
+        t = math.nextafter(t, 1.0)
+    p_up = float(np.nextafter(torch.sigmoid(at.float()).numpy()[0], np.float32(1)))  # above z's float32 probability
+    if p_up < 1:
+        t = max(t, p_up)
+    if t >= 1:
+        raise TPCHooksError(f"the benign scores' tail is at logit {z:.4g}: no probability threshold below 1 keeps it "
+                            "unflagged (the benign rows look harmful to this monitor; check the prompts and labels)")
+    return max(t, math.ulp(0.0))

@@ -4,7 +4,6 @@ It scores prompts offline, watches a model generate (reading the activations the
 computes anyway, with its KV cache) and saves to the same directory format as a head.
 """
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -293,9 +292,9 @@ class Monitor(HubMixin):
             raise TPCHooksError(f"fpr must be in [0, 1); got {fpr!r}")
         if self.cascade is not None:
             full = decisions_of(self.cascade.with_thresholds(0.0))
-            self.cascade = self.cascade.centered(_above(full, threshold_at_fpr(full.double().cpu().numpy(), fpr)))
+            self.cascade = self.cascade.centered(_kernel.threshold_above(full, threshold_at_fpr(full.double().cpu().numpy(), fpr)))
         decisions = decisions_of(self.policy())
-        self.threshold = _above(decisions, threshold_at_fpr(decisions.double().cpu().numpy(), fpr))
+        self.threshold = _kernel.threshold_above(decisions, threshold_at_fpr(decisions.double().cpu().numpy(), fpr))
         flagged = int(_kernel.flagged(decisions, self.threshold).sum())
         self.report["operating_point"] = {"fpr": float(fpr), "n_benign": n, "flagged": flagged,
                                           "threshold": self.threshold, **({"by": "max over tokens"} if self.streaming else {})}
@@ -578,25 +577,6 @@ class TokenScores(tuple):
 
     def _repr_html_(self) -> str:
         return str(self.to_html())
-
-
-def _above(like: Tensor, z: float) -> float:
-    """The lowest probability threshold that leaves a decision logit of ``z`` unflagged, by the
-    monitors' rule (:func:`~tpc_hooks._kernel.flagged`: in logit space, in ``like``'s dtype, so
-    it does not saturate) and, where ``z``'s float32 probability is below 1, by ``prob >=
-    threshold`` on that probability too; checked to lie in (0, 1)."""
-    at = torch.tensor([z], dtype=like.dtype)
-    target = torch.nextafter(at, torch.tensor([math.inf], dtype=like.dtype))
-    t = float(torch.sigmoid(target.double()))
-    while 0 < t < 1 and bool(_kernel.flagged(at, t)):  # rounding at large logits: the next float64 up
-        t = math.nextafter(t, 1.0)
-    p_up = float(np.nextafter(torch.sigmoid(at.float()).numpy()[0], np.float32(1)))  # above z's float32 probability
-    if p_up < 1:
-        t = max(t, p_up)
-    if t >= 1:
-        raise TPCHooksError(f"the benign scores' tail is at logit {z:.4g}: no probability threshold below 1 keeps it "
-                            "unflagged (the benign rows look harmful to this monitor; check the prompts and labels)")
-    return max(t, math.ulp(0.0))
 
 
 def _describe(ident: dict[str, Any]) -> str:
