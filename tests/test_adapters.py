@@ -279,6 +279,11 @@ def test_watch_scores_the_users_own_generate(case):
     for t in range(3):
         prefixes = [ids[b] + out[b, x.shape[1]:x.shape[1] + t].tolist() for b in range(len(ids))]
         torch.testing.assert_close(log.results[t].logits, mon.score(model, tokens=prefixes).logits, rtol=1e-4, atol=1e-4)
+    run = log.run  # the same calls as a GenerationRun: row b's step t is call t's score of it
+    assert isinstance(run, tpc.GenerationRun) and run.steps == 3 and run.sequences is None
+    for b in range(len(ids)):
+        assert torch.equal(run.scores[b], torch.stack([log.results[t].probs[b] for t in range(3)]))
+    assert run.first_flagged == log.first_flagged
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma", "gpt_neox", "gpt2"])

@@ -288,6 +288,20 @@ def test_generate_stops_exactly_the_flagged_rows(gen_case, split, kind, form):
         torch.testing.assert_close(log.logits[b], offline[b].logits[:n], rtol=1e-4, atol=1e-4)
         assert torch.equal(log.exit_orders[b], offline[b].exit_order[:n])
         assert torch.equal(log.flops[b], offline[b].flops[:n])
+    assert isinstance(log, tpc.GenerationRun)  # the one record of a monitored generation
+    if kind == "stopping_criteria":  # it sees every appended token: the rows generate returned, without padding
+        assert log.sequences == [list(ids[b]) + rows[b] for b in range(len(ids))]
+        assert log.prompt_lengths == [len(i) for i in ids]
+        assert [log.generated(b) for b in range(len(ids))] == rows
+    else:  # a processor never sees the last token generate appends
+        assert log.sequences is None
+        with pytest.raises(tpc.TPCHooksError, match="no token sequences"):
+            log.generated(0)
+
+
+def test_generate_log_is_the_old_name_of_the_generation_run():
+    with pytest.warns(DeprecationWarning, match="GenerationRun"):
+        assert tpc.GenerateLog is tpc.GenerationRun
 
 
 def test_a_held_criterion_keeps_its_hooks_until_closed_or_dropped(gen_case, split):

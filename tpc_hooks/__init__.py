@@ -5,6 +5,8 @@ trained degree by degree so that every truncation is itself a classifier (degree
 linear probe). Importing this package imports no interpretability toolkit.
 """
 
+import warnings
+
 from ._errors import TPCHooksError as TPCHooksError
 from ._attribution import Attribution as Attribution
 from ._attribution import attribute as attribute
@@ -13,13 +15,12 @@ from ._cascade import CascadeResult as CascadeResult
 from ._policy import FixedOrder as FixedOrder
 from ._policy import Policy as Policy
 from ._collect import collect as collect
-from ._generation import GenerateLog as GenerateLog
-from ._generation import GenerationRun as GenerationRun
+from ._records import GenerationRun as GenerationRun
 from ._monitor import Monitor as Monitor
 from ._monitor_config import MonitorConfig as MonitorConfig
 from ._monitor import TokenScores as TokenScores
-from ._generation import MonitorEvent as MonitorEvent
-from ._generation import WatchLog as WatchLog
+from ._records import MonitorEvent as MonitorEvent
+from ._records import WatchLog as WatchLog
 from ._train import train_monitor as train_monitor
 from ._select import choose_site as choose_site
 from ._polynomial import TPC as TPC
@@ -54,8 +55,17 @@ __all__ = [
     "TokenScores",
     "GenerationRun",
     "WatchLog",
-    "GenerateLog",
     "attribute",
     "Attribution",
     "TPCHooksError",
 ]
+
+
+def __getattr__(name: str):
+    # GenerateLog (what the Hugging Face generate hooks recorded) is now GenerationRun, the one record of a
+    # monitored generation whatever drove it; the old name keeps working, with a warning.
+    if name == "GenerateLog":
+        warnings.warn("tpc_hooks.GenerateLog is now tpc_hooks.GenerationRun (one record for every monitored "
+                      "generation); use that name", DeprecationWarning, stacklevel=2)
+        return GenerationRun
+    raise AttributeError(f"module 'tpc_hooks' has no attribute {name!r}")

@@ -1,16 +1,14 @@
 """Monitored generation: the decode loop behind :meth:`Monitor.generate`, the hooks behind
-:meth:`Monitor.watch`, and the records they return (:class:`GenerateLog` is filled by the
-monitor's ``stopping_criteria`` / ``logits_processor`` inside Hugging Face ``generate``).
+:meth:`Monitor.watch`, and the per-step scoring rule they and the Hugging Face ``generate``
+hooks share (:class:`StepScores`). What they record is in ``_records``.
 
 Both read the site's activations from the model's own forward passes (through the adapter),
 keep a running pool per sequence and score it with the monitor's policy every step.
 """
 
-import html
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,210 +18,9 @@ from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts
 from ._errors import TPCHooksError
 from ._kernel import flagged
+from ._records import GenerationRun, MonitorEvent, WatchLog
 from .adapters import pad, pad_id
 from .pooling import RunningAggregate, RunningPool, scored
-from .views import generation_html
-
-
-@dataclass(frozen=True)
-class MonitorEvent:
-    """What a callback ``action`` sees when a generating sequence is flagged."""
-
-    row: int
-    step: int
-    score: float
-    exit_order: int
-    tokens: list[int]
-
-
-@dataclass
-class GenerationRun:
-    """Monitored generation, per sequence ``b``.
-
-    ``sequences[b]``: prompt tokens (as the monitor tokenised them) + generated tokens, no
-    padding. ``scores[b][t]``: the monitor's probability for ``sequences[b][:prompt_lengths[b] + t]``
-    (t = 0 is the prompt alone: the pre-generation gate). ``exit_orders``, ``flops`` and
-    ``logits`` follow the same steps, and ``decision_logits``: the logits the flags compare with
-    ``logit(threshold)`` (``scores`` are their sigmoid; empty in a run built by hand, whose
-    flags then read ``scores``). ``flagged[b]``: flagged at any step; ``first_flagged[b]``:
-    that step or None (the detection latency, in generated tokens); ``stopped_at[b]``: the step
-    at which the action stopped it, or None. ``threshold``: the monitor's at the time.
-
-    In Jupyter the run renders as its text coloured token by token (:meth:`to_html`).
-    """
-
-    sequences: list[list[int]]
-    prompt_lengths: list[int]
-    scores: list[Tensor]
-    logits: list[Tensor]
-    exit_orders: list[Tensor]
-    flops: list[Tensor]
-    flagged: list[bool]
-    first_flagged: list[int | None]
-    stopped_at: list[int | None]
-    threshold: float = 0.5
-    tokenizer: Any = field(default=None, repr=False, compare=False)
-    decision_logits: list[Tensor] = field(default_factory=list, repr=False)
-
-    def to_html(self, rows: int | Sequence[int] | None = None, *, tokenizer: Any = None) -> Any:
-        """The run as a page: every row's text coloured token by token by the monitor's score,
-        flagged steps and exit orders marked (:func:`tpc_hooks.views.generation_html`; save it
-        with ``.save(path)``). ``tokenizer``: default, the one the run was generated with.
-
-        Example:
-            >>> run = monitor.generate(model, prompts, action="stop")  # doctest: +SKIP
-            >>> run.to_html().save("run.html")  # doctest: +SKIP
-        """
-        tok = tokenizer if tokenizer is not None else self.tokenizer
-        if tok is None:
-            raise TPCHooksError("this run carries no tokenizer to show its tokens; pass tokenizer=")
-        return generation_html(self, tokenizer=tok, threshold=self.threshold, rows=rows)
-
-    def _repr_html_(self) -> str:
-        return str(self.to_html()) if self.tokenizer is not None else f"<pre>{html.escape(repr(self))}</pre>"
-
-    def generated(self, b: int) -> list[int]:
-        """The generated tokens of sequence ``b``."""
-        return self.sequences[b][self.prompt_lengths[b]:]
-
-    def texts(self, tokenizer: Any) -> list[str]:
-        """The generated text of every sequence."""
-        return [tokenizer.decode(self.generated(b), skip_special_tokens=True) for b in range(len(self.sequences))]
-
-
-@dataclass
-class WatchLog:
-    """What :meth:`Monitor.watch` saw: one entry per forward pass of the model.
-
-    ``results[i]`` is the policy's :class:`~tpc_hooks.CascadeResult` for every row after
-    call ``i`` (the score of everything that row has seen since its last fresh call);
-    ``fresh[i]`` says whether call ``i`` started new sequences (no KV cache before it).
-    ``threshold`` is the monitor's; :attr:`first_flagged` gives the detection latency.
-    """
-
-    results: list[CascadeResult] = field(default_factory=list)
-    fresh: list[bool] = field(default_factory=list)
-    new_tokens: list[int] = field(default_factory=list)
-    threshold: float = 0.5
-
-    @property
-    def first_flagged(self) -> list[int | None]:
-        """Per row of the latest sequences (the calls since the last fresh one): the first call
-        at which the row was flagged, counted from that fresh call (0: the prompt's own pass;
-        with ``generate``, call t has seen t generated tokens), or None. NaN counts as flagged."""
-        if not self.results:
-            return []
-        start = max((i for i, f in enumerate(self.fresh) if f), default=0)
-        width = self.results[start].probs.shape[0]
-        calls = [r.decision_logits for r in self.results[start:] if r.probs.shape[0] == width]
-        return [first_hit(h) for h in flagged(torch.stack(calls).float().cpu(), self.threshold).T]
-
-    @property
-    def scores(self) -> list[Tensor]:
-        """Probabilities per call (``[batch]`` each)."""
-        return [r.probs for r in self.results]
-
-    def __len__(self) -> int:
-        return len(self.results)
-
-
-class GenerateLog:
-    """What a monitor saw inside Hugging Face ``generate``, per row ``b`` of the batch
-    (:meth:`Monitor.stopping_criteria`, :meth:`Monitor.logits_processor`).
-
-    ``scores[b][t]`` is the monitor's probability for row ``b``'s prompt (without its padding)
-    plus its first ``t`` generated tokens: t = 0 is the prompt alone (the pre-generation gate),
-    then one step per forward pass that ``generate`` ran while row ``b`` was unfinished. A row
-    is finished after the step that flagged it or that gave it an EOS token; ``generate``
-    never feeds back a sequence's last token, so ``len(scores[b])`` is the number of tokens
-    ``generate`` appended to row ``b`` (padding after its end not counted). ``logits``,
-    ``exit_orders`` and ``flops`` follow the same steps. ``flagged[b]``: ``prob >= threshold``
-    at some step; ``first_flagged[b]``: that step or None; ``stopped_at[b]`` equals it (a flagged
-    row is stopped at that step). ``live``: ``[steps, batch]``, which rows each step scored.
-
-    While ``generate`` runs, the steps stay on the model's device (no host copy per step); the
-    first read copies them to the host once.
-    """
-
-    def __init__(self, threshold: float, what: str = "the monitor inside generate"):
-        self.threshold, self._what = float(threshold), what
-        self._results: list[CascadeResult] = []
-        self._live: list[Tensor] = []
-        self._host: dict[str, Any] | None = None
-
-    def _append(self, result: CascadeResult, live: Tensor) -> None:
-        self._results.append(result)
-        self._live.append(live)
-        self._host = None
-
-    def _replace_last(self, result: CascadeResult | None = None, live: Tensor | None = None) -> None:
-        if result is not None:
-            self._results[-1] = result
-        if live is not None:
-            self._live[-1] = live
-        self._host = None
-
-    def _copy(self) -> dict[str, Any]:
-        if self._host is None:
-            if not self._results:
-                self._host = {"live": torch.zeros(0, 0, dtype=torch.bool)}
-            else:
-                stack = lambda xs: torch.stack(xs).cpu()
-                self._host = {"live": stack(self._live), "probs": stack([r.probs.float() for r in self._results]),
-                              "logits": stack([r.logits.float() for r in self._results]),
-                              "decision": stack([r.decision_logits.float() for r in self._results]),
-                              "exit": stack([r.exit_order for r in self._results]),
-                              "flops": stack([r.flops for r in self._results])}
-                warn_nonfinite(self._host["probs"], self._host["live"], self._what)
-        return self._host
-
-    def _rows(self, key: str) -> list[Tensor]:
-        h = self._copy()
-        return [h[key][h["live"][:, b], b] for b in range(h["live"].shape[1])]
-
-    @property
-    def steps(self) -> int:
-        """Forward passes seen (step 0 is the prompt)."""
-        return len(self._results)
-
-    @property
-    def live(self) -> Tensor:
-        """``[steps, batch]`` bool: the rows each step scored (unfinished ones)."""
-        return self._copy()["live"]
-
-    @property
-    def scores(self) -> list[Tensor]:
-        """Probabilities per row (1-D each, over that row's steps)."""
-        return self._rows("probs")
-
-    @property
-    def logits(self) -> list[Tensor]:
-        return self._rows("logits")
-
-    @property
-    def exit_orders(self) -> list[Tensor]:
-        return self._rows("exit")
-
-    @property
-    def flops(self) -> list[Tensor]:
-        return self._rows("flops")
-
-    @property
-    def decision_logits(self) -> list[Tensor]:
-        """The logits the flags compare with ``logit(threshold)`` (``scores`` are their sigmoid)."""
-        return self._rows("decision")
-
-    @property
-    def first_flagged(self) -> list[int | None]:
-        return [first_hit(flagged(d, self.threshold)) for d in self.decision_logits]
-
-    @property
-    def flagged(self) -> list[bool]:
-        return [f is not None for f in self.first_flagged]
-
-    @property
-    def stopped_at(self) -> list[int | None]:
-        return self.first_flagged
 
 
 class StepScores:
@@ -271,24 +68,6 @@ class StepScores:
                              flops=self.spent, degree=res.degree)
 
 
-def first_hit(hits: Tensor) -> int | None:
-    """The first index where a 1-D bool tensor is True, or None (the detection step)."""
-    at = hits.nonzero().flatten()
-    return int(at[0]) if len(at) else None
-
-
-def warn_nonfinite(probs: Tensor, live: Tensor | None, what: str) -> None:
-    """Warns once when a monitoring run scored a step NaN (``probs``/``live``: ``[steps, batch]``
-    on the host)."""
-    bad = probs.isnan() if live is None else probs.isnan() & live
-    if bool(bad.any()):
-        step, row = (int(i) for i in bad.nonzero()[0])
-        warnings.warn(
-            f"{what}: the monitor's site held NaN/inf activations at {int(bad.sum())} scored step(s) (first: row {row}, "
-            f"step {step}); those scores are NaN and count as flagged. An overflowing float16 forward pass is a "
-            "common cause", RuntimeWarning, stacklevel=3)
-
-
 @torch.no_grad()
 def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
              order: int | None = None, cascade: float | Cascade | None = None, do_sample: bool = False,
@@ -317,7 +96,7 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     input_ids, mask = pad(ids, pad_id(tok), "left")
     B = len(ids)
     eos = getattr(tok, "eos_token_id", None) if stop_at_eos else None
-    log = GenerateLog(threshold, "monitor.generate")  # per step: the scores and the rows scored (live ones)
+    log = GenerationRun._recording(threshold, "monitor.generate")  # per step: the scores and the rows scored
     tokens: list[Tensor] = []  # per step after the first: the token fed to each row (pad on ended rows)
     fed: list[Tensor] = []  # ... and which rows it was fed to
     stopped: list[int | None] = [None] * B  # for a callable action: the step it asked to stop
@@ -368,15 +147,11 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     if tokens:
         tk, on = torch.stack(tokens).cpu(), torch.stack(fed).cpu()
         seqs = [seqs[b] + tk[on[:, b], b].tolist() for b in range(B)]
-    first_flag = log.first_flagged  # the one host copy of every step (and the NaN warning)
-    if action == "stop":
-        stopped = list(first_flag)
-    return GenerationRun(
-        sequences=seqs, prompt_lengths=[len(t) for t in ids], scores=log.scores, logits=log.logits,
-        exit_orders=log.exit_orders, flops=log.flops,
-        flagged=[f is not None for f in first_flag], first_flagged=first_flag, stopped_at=stopped,
-        threshold=threshold, tokenizer=tok, decision_logits=log.decision_logits,
-    )
+    log.sequences, log.prompt_lengths, log.tokenizer = seqs, [len(t) for t in ids], tok
+    if action != "stop":  # "stop": each row's first flagged step
+        log._flags["stopped_at"] = stopped
+    log._copy()  # the one host copy of every step (and the NaN warning), before the run is returned
+    return log
 
 
 @contextmanager

@@ -22,8 +22,9 @@ from torch import Tensor
 from transformers import LogitsProcessor, StoppingCriteria
 
 from ._errors import TPCHooksError
-from ._generation import GenerateLog, StepScores
+from ._generation import StepScores
 from ._kernel import flagged
+from ._records import GenerationRun
 from .adapters import Adapter, Site
 
 
@@ -38,7 +39,7 @@ class _Run:
         self.scores = scores
         self.threshold = float(monitor.threshold)
         self.eos = eos
-        self.log = GenerateLog(self.threshold)
+        self.log = GenerationRun._recording(self.threshold, "the monitor inside generate")
         self.started = False  # a pass of this generation has been scored
         self.hit: Tensor | None = None
         self.decided = False
@@ -74,7 +75,7 @@ class _Run:
                 return
             self.scores.reset()
             self.started = True
-            self.log = GenerateLog(self.threshold)
+            self.log = GenerationRun._recording(self.threshold, "the monitor inside generate")
             self.monitor.last_generate_log = self.log
             self.t = 0
             self.live = torch.ones(B, dtype=torch.bool, device=device)
@@ -89,6 +90,8 @@ class _Run:
             self.live = self.live & ~self.done
             self.t += 1
         res = self.scores.update(acts, mask)
+        if fresh or continuing_prefill or self.t == 0:  # the prompt's pass(es): the prompt's tokens are cut by it
+            self.log._prompt_mask(mask, first=not continuing_prefill)
         if continuing_prefill:  # a chunked prefill: the prompt's step is not over
             self.log._replace_last(res, self.live)
         else:
@@ -103,6 +106,7 @@ class _Run:
         stop = self.live & self.hit
         # generate has appended this step's token: an EOS there ends the row, as generate's own criterion does
         self.done = stop | self._ended(input_ids)
+        self.log._set_inputs(input_ids, complete=True)  # every appended token: the run's sequences are cut from it
         self._called(input_ids, self.live & ~self.done)
         return stop.to(input_ids.device)
 
@@ -191,8 +195,8 @@ class _Monitoring:
         pass
 
     @property
-    def log(self) -> GenerateLog:
-        """The :class:`~tpc_hooks.GenerateLog` of the ``generate`` call this object served; it stays
+    def log(self) -> GenerationRun:
+        """The :class:`~tpc_hooks.GenerationRun` of the ``generate`` call this object served; it stays
         readable after the hooks are removed."""
         return self._run.log
 
@@ -219,7 +223,7 @@ class MonitorStoppingCriteria(_Monitoring, StoppingCriteria):
     """A ``transformers.StoppingCriteria`` that stops exactly the rows a monitor flags.
 
     Made by :meth:`Monitor.stopping_criteria`; see there. ``log`` is the
-    :class:`~tpc_hooks.GenerateLog` of the ``generate`` call it served; ``close()`` removes its hooks.
+    :class:`~tpc_hooks.GenerationRun` of the ``generate`` call it served; ``close()`` removes its hooks.
     """
 
     _what = "stopping_criteria"
@@ -237,7 +241,7 @@ class MonitorLogitsProcessor(_Monitoring, LogitsProcessor):
     """A ``transformers.LogitsProcessor`` that forces EOS on the rows a monitor flags.
 
     Made by :meth:`Monitor.logits_processor`; see there. ``log`` is the
-    :class:`~tpc_hooks.GenerateLog` of the ``generate`` call it served; ``close()`` removes its hooks.
+    :class:`~tpc_hooks.GenerationRun` of the ``generate`` call it served; ``close()`` removes its hooks.
     """
 
     _what = "logits_processor"

@@ -21,7 +21,7 @@ from ._errors import TPCHooksError
 from .adapters import Adapter, get_adapter, pad, pad_id
 from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts, pooled_batches, token_batches
-from ._generation import GenerateLog, GenerationRun, MonitorEvent, WatchLog
+from ._records import GenerationRun, MonitorEvent, WatchLog
 from .pooling import aggregate as aggregate_logits, scored
 from ._cards import monitor_card
 from ._hub import HubMixin
@@ -57,7 +57,7 @@ class Monitor(HubMixin):
     error, not a monitor that never flags).
 
     Attributes:
-        last_generate_log: the :class:`~tpc_hooks.GenerateLog` of the latest Hugging Face
+        last_generate_log: the :class:`~tpc_hooks.GenerationRun` of the latest Hugging Face
             ``generate`` call served by one of its :meth:`stopping_criteria` or
             :meth:`logits_processor` (None before any; not saved).
 
@@ -93,7 +93,7 @@ class Monitor(HubMixin):
         self.head, self.config, self.cascade = head, config, cascade
         self.report: dict[str, Any] = {} if report is None else report
         self.sae, self.sae_identity = sae, sae_identity
-        self.last_generate_log: GenerateLog | None = None
+        self.last_generate_log: GenerationRun | None = None
         if self.cascade is not None and self.cascade.head is not self.head:
             raise TPCHooksError("the monitor's cascade must wrap the monitor's own head")
         if self.sae is not None:
@@ -418,7 +418,7 @@ class Monitor(HubMixin):
 
         Returns:
             A ``StoppingCriteria`` (also a context manager); its ``log`` (a
-            :class:`~tpc_hooks.GenerateLog`) holds the step scores per row and first flagged
+            :class:`~tpc_hooks.GenerationRun`) holds the step scores per row and first flagged
             steps of the ``generate`` call it served.
 
         Raises:
