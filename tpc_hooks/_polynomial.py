@@ -6,7 +6,7 @@
 Symmetric CP weights (paper Eq. 5): one factor matrix ``U_k`` [d_model, R_k] and one
 coefficient vector ``lambda_k`` [R_k] per degree k >= 2.
 
-Out-of-distribution guards (see docs/robustness in the README):
+Out-of-distribution guards (docs/concepts/training.md, "Out-of-distribution guards"):
 
 * trust region (set by :func:`~tpc_hooks.fit` by default): each projection ``<U_k[:, r], z_std>``
   is clipped to ``[lo_k[r], hi_k[r]]``, the range it took on the training rows, so a degree-k

@@ -305,7 +305,7 @@ def train_monitor(
     prompts as given with pooled selection (the highest recall on prompts phrased like the
     training set, and a dial that turns the wrong way on rephrased ones); ``recipe="paper"`` is
     the paper's exact recipe (:class:`~tpc_hooks.FitConfig`), with the rewrites unless
-    ``augment=False``. The README's phrasing section has the measured trade-off.
+    ``augment=False``. The docs' phrasing benchmark (docs/benchmarks/phrasing.md) has the measured trade-off.
 
     The monitor's operating point is set on the benign validation prompts (and their rewrites):
     ``threshold`` flags at most ``target_fpr`` of them (:meth:`Monitor.calibrate_activations`), and a
@@ -327,7 +327,7 @@ def train_monitor(
             reaches the threshold at any token. Default: ``"max"`` with ``contexts`` (the
             best at long contexts once the head has seen requests inside conversations),
             ``"rolling"`` without (trained on short prompts only, a running max flags more
-            long benign chats the longer they are; README, "Long contexts").
+            long benign chats the longer they are; docs/benchmarks/long-contexts.md).
         contexts: benign chat conversations (``[{"role", "content"}]`` turns, user first) to
             train a per-token monitor on requests *inside* conversations as well, or a number
             of ShareGPT contexts to draw (:func:`tpc_hooks.data.sharegpt_contexts`, the prompts
@@ -337,7 +337,7 @@ def train_monitor(
             (:func:`tpc_hooks.data.host_requests`); its tokens before the request are benign
             rows, the request's turn carries the prompt's label, and after a harmful request the
             rest is dropped (:func:`tpc_hooks.data.token_labels`). 1000 contexts (as measured:
-            README, "Long contexts") keep the short-prompt recall at 2k tokens; 300 did not. A ``val_fraction`` share of the contexts (at least 2) is held out:
+            docs/benchmarks/long-contexts.md) keep the short-prompt recall at 2k tokens; 300 did not. A ``val_fraction`` share of the contexts (at least 2) is held out:
             it joins model selection (group ``"contexts"``), the report
             (``report["contexts"]``) and, for its benign sequences, the operating point, so the
             threshold holds on long benign chats. Needs a chat template.
