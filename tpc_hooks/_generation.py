@@ -17,7 +17,7 @@ from torch import Tensor
 from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts
 from ._errors import TPCHooksError
-from ._kernel import flagged
+from ._kernel import flagged, forget_packs
 from ._records import GenerationRun, MonitorEvent, WatchLog
 from .adapters import pad, pad_id
 from .pooling import RunningAggregate, RunningPool, scored
@@ -39,6 +39,9 @@ class StepScores:
 
     def __init__(self, monitor: Any, order: int | None = None, cascade: float | Cascade | None = None):
         self.monitor = monitor
+        # the weights are read afresh for every generation: edits through .data (which no version
+        # counter sees) between two generations reach the per-step path
+        forget_packs(monitor.head)
         self.rule = monitor._step_policy(order, cascade)
         self.state: Any = None
         self.spent: Tensor | None = None

@@ -74,7 +74,8 @@ def _packed(head: Any, order: int, like: Tensor) -> tuple:
     zeros): ``W [d, order * R]``, the clip bounds ``lo, hi`` (+-inf where there are none, on
     order 1 and on the padding), each column's exponent, its ``lambda`` (1 for the linear
     weights, 0 on the padding), and ``[bias, 0, ...]`` per order. Built once per parameter
-    version (an optimiser step, ``to``, ``set_bounds`` rebuild it), not per generation step."""
+    version (an optimiser step, ``to``, ``set_bounds`` rebuild it) and per generation
+    (:func:`forget_packs`), not per generation step."""
     ks = range(2, order + 1)
     parts = [head.linear, head.bias]
     parts += [t for k in ks for t in (head.factors[str(k)], head.lambdas[str(k)], head.bounds(k))]
@@ -102,6 +103,14 @@ def _packed(head: Any, order: int, like: Tensor) -> tuple:
         packs = (w, lo, hi, exps, lam, bias, r)
     cache[order] = (key, packs)
     return packs
+
+
+def forget_packs(head: Any) -> None:
+    """Drops ``head``'s packed weights, so the next step packs them from its parameters again.
+    The pack follows its parameters' version counters within a generation (an optimiser step,
+    ``to``, ``set_bounds``); an edit through ``.data`` bumps none, so every monitored generation
+    starts from a fresh pack."""
+    head.__dict__.pop("_stream_packs", None)
 
 
 def stream_logits(head: Any, zs: Tensor, order: int) -> tuple[Tensor, Tensor]:

@@ -73,8 +73,6 @@ class Monitor(HubMixin):
     def __init__(self, head: TPC, site: str | None = None, *, config: MonitorConfig | None = None,
                  cascade: Cascade | None = None, report: dict[str, Any] | None = None, sae: Any = None,
                  sae_identity: dict[str, Any] | None = None, **settings: Any):
-        if not isinstance(head, TPC):
-            raise TPCHooksError(f"Monitor needs a tpc_hooks.TPC head; got {type(head).__name__}")
         unknown = sorted(set(settings) - {f.name for f in fields(MonitorConfig)})
         if unknown:
             raise TPCHooksError(f"Monitor got unknown settings {unknown}; the settings are MonitorConfig's fields: "
@@ -90,12 +88,11 @@ class Monitor(HubMixin):
             raise TPCHooksError(f"config must be a tpc_hooks.MonitorConfig; got {type(config).__name__}")
         elif settings:
             config = replace(config, **settings)
-        self.head, self.config, self.cascade = head, config, cascade
+        self._cascade = None
+        self.head, self.cascade, self.config = head, cascade, config
         self.report: dict[str, Any] = {} if report is None else report
         self.sae, self.sae_identity = sae, sae_identity
         self.last_generate_log: GenerationRun | None = None
-        if self.cascade is not None and self.cascade.head is not self.head:
-            raise TPCHooksError("the monitor's cascade must wrap the monitor's own head")
         if self.sae is not None:
             ident = sae_identity_of(self.sae)
             if self.sae_identity is not None and self.sae_identity.get("weights_sha256") != ident["weights_sha256"]:
@@ -109,6 +106,36 @@ class Monitor(HubMixin):
         elif self.sae_identity is not None:
             raise TPCHooksError(f"this monitor reads SAE latents of {_describe(self.sae_identity)}; pass sae= "
                                 "(Monitor.load(path, sae=...))")
+
+    @property
+    def head(self) -> TPC:
+        """The :class:`~tpc_hooks.TPC`. Assigning another is checked: a cascade on the old head must
+        go first (``monitor.cascade = None``, or a :class:`~tpc_hooks.Cascade` on the new head)."""
+        return self._head
+
+    @head.setter
+    def head(self, head: Any) -> None:
+        if not isinstance(head, TPC):
+            raise TPCHooksError(f"Monitor needs a tpc_hooks.TPC head; got {type(head).__name__}")
+        if self._cascade is not None and self._cascade.head is not head:
+            raise TPCHooksError("this monitor's cascade wraps the old head and would go on scoring with it; set "
+                                "monitor.cascade = None (or a Cascade on the new head: tpc.Cascade(head, tau)) first, "
+                                "then assign the head")
+        self._head = head
+
+    @property
+    def cascade(self) -> Cascade | None:
+        """The default policy: a :class:`~tpc_hooks.Cascade` on :attr:`head`, or None (the full
+        polynomial). Assigning one on another head is refused."""
+        return self._cascade
+
+    @cascade.setter
+    def cascade(self, cascade: Any) -> None:
+        if cascade is not None and (not isinstance(cascade, Cascade) or cascade.head is not self._head):
+            raise TPCHooksError("the monitor's cascade must wrap the monitor's own head: tpc.Cascade(monitor.head, tau)"
+                                if isinstance(cascade, Cascade) else
+                                f"cascade must be a tpc_hooks.Cascade or None; got {type(cascade).__name__}")
+        self._cascade = cascade
 
     def __repr__(self) -> str:
         policy = "full polynomial" if self.cascade is None else f"cascade({self.cascade.lower:g}, {self.cascade.upper:g})"
