@@ -106,3 +106,10 @@ def prepare_activations(z: Any, d_model: int, like: torch.Tensor, *, promote: bo
     z = z.to(device=like.device, dtype=dtype)
     check_finite(z, "z")
     return z.reshape(-1, d_model), z.shape[:-1]
+
+
+def check_rate(value: Any, name: str) -> float:
+    """A false-positive rate: a number in [0, 1) (a string, a bool, NaN or 1 is refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise TPCHooksError(f"{name} must be a number in [0, 1) (the benign share that may be flagged); got {value!r}")
+    return float(value)

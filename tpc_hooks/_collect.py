@@ -36,6 +36,13 @@ def check_prompts(prompts: Any, name: str = "prompts") -> list[str]:
     bad = [i for i, p in enumerate(items) if not isinstance(p, str) or not p.strip()]
     if bad:
         raise TPCHooksError(f"{name} must hold non-empty strings; entries {bad[:5]} are not")
+    for i, p in enumerate(items):
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError as err:  # a lone surrogate: no tokenizer can encode it
+            raise TPCHooksError(
+                f"{name}[{i}] is not valid Unicode text: it holds a lone surrogate {p[err.start]!r} at position "
+                f"{err.start}; clean it first, e.g. text.encode('utf-8', 'replace').decode('utf-8')") from None
     return items
 
 

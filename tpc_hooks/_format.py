@@ -46,6 +46,18 @@ def write_dir(path: str | os.PathLike, config: dict[str, Any], tensors: dict[str
     return out
 
 
+MAX_DEPTH = 32  # a saved config nests a few levels (history records, the report): far deeper is corruption
+
+
+def _depth(value: Any, limit: int = MAX_DEPTH + 1) -> int:
+    """How deep ``value`` nests (lists and dicts), counted up to ``limit``."""
+    level, frontier = 0, [value]
+    while frontier and level < limit:
+        frontier = [v for x in frontier for v in (x.values() if isinstance(x, dict) else x if isinstance(x, list) else ())]
+        level += 1
+    return level if not frontier else limit
+
+
 def read_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """Reads a saved directory; checks the format name and version, not the contents."""
     src = Path(path)
@@ -59,6 +71,12 @@ def read_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.T
         cfg = json.loads(cfg_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise TPCHooksError(f"{cfg_path} is not valid JSON ({err}); the file is corrupt") from None
+    except RecursionError:
+        raise TPCHooksError(f"{cfg_path} nests its JSON deeper than Python can read; a saved config is a few levels "
+                            "deep: the file is corrupt or was not written by tpc-hooks") from None
+    if _depth(cfg) > MAX_DEPTH:
+        raise TPCHooksError(f"{cfg_path} nests its JSON {_depth(cfg)} levels deep (at most {MAX_DEPTH} in a saved "
+                            "config): the file is corrupt or was not written by tpc-hooks")
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT_NAME:
         raise TPCHooksError(f"{cfg_path} does not describe a tpc-hooks head (expected \"format\": \"{FORMAT_NAME}\")")
     version = cfg.get("format_version")

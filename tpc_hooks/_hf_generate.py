@@ -273,4 +273,8 @@ def _eos_ids(explicit: Any, hf: Any, tokenizer: Any) -> Tensor | None:
     items = [ids] if isinstance(ids, int) else list(ids) if isinstance(ids, (list, tuple)) else None
     if not items or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in items):
         raise TPCHooksError(f"eos_token_id must be a token id or a list of them; got {ids!r}")
+    vocab = getattr(getattr(hf, "config", None), "vocab_size", None)
+    if isinstance(vocab, int) and any(i >= vocab for i in items):
+        raise TPCHooksError(f"eos_token_id {[i for i in items if i >= vocab]} names no token of this model "
+                            f"(vocabulary of {vocab}); pass the EOS id its tokenizer uses (tokenizer.eos_token_id)")
     return torch.tensor(items, dtype=torch.long)

@@ -274,6 +274,14 @@ class History:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "History":
+        """The record of :meth:`to_dict`, checked (a wrong type is a :class:`TPCHooksError`)."""
+        for key, kind in (("records", list), ("selected", dict), ("settings", dict)):
+            if key in d and not isinstance(d[key], kind):
+                raise TPCHooksError(f"history.{key} must be a JSON {'array' if kind is list else 'object'}; "
+                                    f"got {type(d[key]).__name__}")
+        if not all(isinstance(k, str) and k.isdigit() for k in d.get("selected", {})):
+            raise TPCHooksError(f"history.selected must be keyed by degree (\"1\", \"2\", ...); got "
+                                f"{list(d.get('selected', {}))[:5]}")
         config = None
         if isinstance(d.get("config"), dict):
             try:

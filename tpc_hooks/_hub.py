@@ -7,7 +7,7 @@ itself from one and write its model card; it knows no concrete class.
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, no_type_check
 
 from . import _format
 from ._errors import TPCHooksError
@@ -75,6 +75,7 @@ def _hub_errors(hf: Any) -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
+@no_type_check  # name_or_path is checked here, with a message that names the fix
 def from_pretrained(cls: type, name_or_path: str | os.PathLike, *, revision: str | None = None,
                     token: str | bool | None = None, cache_dir: str | os.PathLike | None = None, **load_kw: Any) -> Any:
     """Loads ``cls`` (TPC or Monitor) from a local directory or a Hugging Face hub model id.
@@ -93,6 +94,9 @@ def from_pretrained(cls: type, name_or_path: str | os.PathLike, *, revision: str
         >>> from_pretrained(tpc.TPC, d).ranks
         (2,)
     """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TPCHooksError(f"expected a directory saved with save_pretrained or a hub id (\"org/name\"); got "
+                            f"{type(name_or_path).__name__}")
     path = Path(name_or_path)
     if path.is_dir():
         return cls.load(path, **load_kw)
@@ -174,6 +178,7 @@ class HubMixin:
         return save_pretrained(self, directory, card=card)
 
     @classmethod
+    @no_type_check  # as from_pretrained above
     def from_pretrained(cls, name_or_path: str | os.PathLike, *, revision: str | None = None,
                         token: str | bool | None = None, cache_dir: str | os.PathLike | None = None,
                         **load_kwargs: Any) -> Any:

@@ -4,19 +4,21 @@ It scores prompts offline, watches a model generate (reading the activations the
 computes anyway, with its KV cache) and saves to the same directory format as a head.
 """
 
+import math
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, no_type_check
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from . import _format, _generation, _kernel
-from ._checks import check_features
+from ._checks import check_features, check_rate
 from ._errors import TPCHooksError
 from .adapters import Adapter, get_adapter, pad, pad_id
 from ._cascade import Cascade, CascadeResult
@@ -264,6 +266,7 @@ class Monitor(HubMixin):
         return token_batches(adapter, ids, [site], batch_size, sae=self.sae, to_host=False)[site.name]
 
     # ------------------------------------------------------------------ operating point
+    @no_type_check  # fpr is checked here, with a message that names the fix; the test-time checker would preempt it
     @torch.no_grad()
     def calibrate(self, model: Any, benign_prompts: Sequence[str], fpr: float = 0.01, *, batch_size: int = 8,
                   tokenizer: Any = None) -> "Monitor":
@@ -277,6 +280,7 @@ class Monitor(HubMixin):
             >>> monitor.calibrate(model, benign_validation_prompts, fpr=0.01)  # doctest: +SKIP
             >>> monitor.threshold, monitor.report["operating_point"]["flagged"]  # doctest: +SKIP
         """
+        check_rate(fpr, "fpr")  # before any forward pass
         adapter = self._adapter(model, tokenizer)
         ids, _ = adapter.tokenize(check_prompts(benign_prompts), chat_template=self.chat_template,
                                   max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
@@ -286,6 +290,7 @@ class Monitor(HubMixin):
         z = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name]
         return self.calibrate_activations(z, fpr)
 
+    @no_type_check  # as calibrate
     @torch.no_grad()
     def calibrate_activations(self, benign: Any, fpr: float = 0.01) -> "Monitor":
         """Sets :attr:`threshold` from pooled activations ``[n, d_model]`` of benign inputs, so that
@@ -304,6 +309,7 @@ class Monitor(HubMixin):
             TPCHooksError: no rows, wrong ``d_model``, NaN/inf, ``fpr`` outside [0, 1), or a benign
                 tail saturated at probability 1 (no threshold below 1 can separate it).
         """
+        fpr = check_rate(fpr, "fpr")
         if self.streaming:
             if isinstance(benign, (Tensor, np.ndarray)) or not isinstance(benign, Sequence) or not benign:
                 raise TPCHooksError("a per-token monitor calibrates on a non-empty list of per-token activations "
@@ -315,8 +321,11 @@ class Monitor(HubMixin):
             z = check_features(benign, "benign activations", self.head.d_model).float()
             decisions_of = lambda rule: rule(z).decision_logits
             n = z.shape[0]
-        if not 0 <= fpr < 1:
-            raise TPCHooksError(f"fpr must be in [0, 1); got {fpr!r}")
+        if 0 < fpr * n < 1:
+            warnings.warn(f"calibrating at fpr={fpr:g} on {n} benign input(s): one flag would already be a rate of "
+                          f"{1 / n:.3g}, so the threshold keeps all {n} unflagged and the rate it reaches on new benign "
+                          f"traffic is unmeasured; calibrate on at least {math.ceil(1 / fpr)} benign inputs",
+                          UserWarning, stacklevel=3)
         if self.cascade is not None:
             full = decisions_of(self.cascade.with_thresholds(0.0))
             self.cascade = self.cascade.centered(_kernel.threshold_above(full, threshold_at_fpr(full.double().cpu().numpy(), fpr)))
@@ -539,10 +548,16 @@ class Monitor(HubMixin):
             raise TPCHooksError(f"{where}: monitor: {err}") from None
         cascade = None
         if mon.get("cascade") is not None:
+            if not isinstance(mon["cascade"], dict):
+                raise TPCHooksError(f"{where}: monitor.cascade must be an object (lower, upper, temperatures, biases) "
+                                    f"or null; got {type(mon['cascade']).__name__}")
             try:
                 cascade = Cascade.from_dict(head, mon["cascade"])
-            except (KeyError, TypeError, ValueError) as err:
+            except (KeyError, TypeError, ValueError, AttributeError) as err:
                 raise TPCHooksError(f"{where}: monitor.cascade is malformed ({err})") from None
+        if mon.get("sae") is not None and not isinstance(mon["sae"], dict):
+            raise TPCHooksError(f"{where}: monitor.sae must be an object (the SAE's identity) or null; got "
+                                f"{type(mon['sae']).__name__}")
         report = mon.get("report") or {}
         if not isinstance(report, dict):
             raise TPCHooksError(f"{where}: monitor.report must be an object; got {type(report).__name__}")

@@ -391,6 +391,13 @@ def from_saved(cfg: dict[str, Any], tensors: dict[str, Tensor], where: Path | st
     if not isinstance(esc, bool):
         raise TPCHooksError(f"{where}: config.json escalate_only must be true or false; got {esc!r}")
     head.escalate_only = esc
-    if isinstance(cfg.get("history"), dict):
-        head.history = History.from_dict(cfg["history"])
+    history = cfg.get("history")
+    if history is not None and not isinstance(history, dict):
+        raise TPCHooksError(f"{where}: config.json history must be an object (the training record); got "
+                            f"{type(history).__name__}")
+    if history is not None:
+        try:
+            head.history = History.from_dict(history)
+        except TPCHooksError as err:
+            raise TPCHooksError(f"{where}: config.json {err}") from None
     return head

@@ -196,7 +196,17 @@ class ActivationStore:
                                 "read it with read() or to_numpy()")
 
     def _shard(self, i: int) -> np.ndarray:
-        return np.load(self.path / self._manifest["shards"][i]["file"], mmap_mode="r", allow_pickle=False)
+        entry = self._manifest["shards"][i]
+        f = self.path / entry["file"]
+        try:
+            a = np.load(f, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as err:  # truncated, corrupt or missing
+            raise TPCHooksError(f"{f} could not be read ({err}): the shard is truncated or corrupt; delete the store "
+                                f"{self.path} and collect it again") from None
+        if a.ndim != 2 or a.shape[1] != self.d_model or a.shape[0] != entry.get("rows", a.shape[0]):
+            raise TPCHooksError(f"{f} holds an array of shape {a.shape} but the store's manifest expects "
+                                f"[{entry.get('rows')}, {self.d_model}]; delete the store {self.path} and collect it again")
+        return a
 
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` as a float32 array (copied out of the memory map)."""

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from . import _phrasing
 from ._cascade import Cascade
-from ._checks import check_labels
+from ._checks import check_labels, check_rate
 from ._collect import check_prompts, collect, token_batches
 from ._context import check_conversation, context_budget, host_splits, hosted_rows, sharegpt_contexts
 from ._errors import TPCHooksError
@@ -106,13 +106,10 @@ class TrainPlan:
         check_target_fpr(self.target_fpr)
 
 
-def check_target_fpr(target_fpr: Any) -> None:
+def check_target_fpr(target_fpr: Any, name: str = "target_fpr") -> None:
     """``target_fpr`` is None or a number in [0, 1) (checked before anything is collected)."""
-    if target_fpr is None:
-        return
-    if isinstance(target_fpr, bool) or not isinstance(target_fpr, (int, float)) or not 0 <= target_fpr < 1:
-        raise TPCHooksError(f"target_fpr must be a number in [0, 1) (the benign share the threshold may flag) or None; "
-                            f"got {target_fpr!r}")
+    if target_fpr is not None:
+        check_rate(target_fpr, name)
 
 
 def fit_config(recipe: str, families: Sequence[str], config: FitConfig | None, options: dict[str, Any]) -> FitConfig:

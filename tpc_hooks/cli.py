@@ -271,7 +271,7 @@ def _train(args: argparse.Namespace) -> int:
     acts = _check_acts(args.acts)
     _check_out_dir(args.out)
 
-    check_target_fpr(args.target_fpr)
+    check_target_fpr(args.target_fpr, "--target-fpr")
     cfg = collect_config(acts)
     site = args.site or cfg["sites"][0]
     if site != "auto" and site not in cfg["sites"]:
