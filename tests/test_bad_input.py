@@ -2,7 +2,6 @@
 gives a TPCHooksError, or a one-line CLI error, that names the fix."""
 
 import json
-import sys
 
 import pytest
 import torch
@@ -123,7 +122,6 @@ def test_the_cli_names_a_truncated_shard_in_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("value", ["1.5", "-0.1", "nan"])
 def test_the_cli_refuses_a_target_rate_before_training(tmp_path, capsys, value, monkeypatch):
-    from tpc_hooks import _train
 
     monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("training ran"))
     (tmp_path / "acts").mkdir()
