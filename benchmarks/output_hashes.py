@@ -62,6 +62,7 @@ def head_outputs(name: str, head, z) -> None:
         record(f"{name}/saved_weights", (Path(d) / "h" / "model.safetensors").read_bytes().hex())
         cfg = json.loads((Path(d) / "h" / "config.json").read_text())
         cfg.get("history", {}).pop("config", None)  # added by the FitConfig refactor; settings are hashed below
+        cfg.pop("weights_sha256", None)  # the weights' checksum: the weights are hashed above
         record(f"{name}/saved_config", cfg)
 
 
@@ -166,6 +167,7 @@ def monitor_record(name: str, mon) -> None:
     m = cfg.pop("monitor")
     report = m.pop("report", {})
     cfg.get("history", {}).pop("config", None)
+    cfg.pop("weights_sha256", None)  # the weights' checksum: the weights are hashed above
     record(f"{name}/head_config", cfg)
     record(f"{name}/cascade", m.pop("cascade", None))
     record(f"{name}/threshold", m.pop("threshold", None))

@@ -36,3 +36,20 @@ def problem():
     Xva, yva = make_problem(500, 12, seed=1, world=3)
     Xte, yte = make_problem(800, 12, seed=2, world=3)
     return Xtr, ytr, Xva, yva, Xte, yte
+
+
+def write_weights(directory, tensors):
+    """Writes ``model.safetensors`` of a saved directory by hand and records its checksum in
+    ``config.json``, as a tool that edits saved files would: the loader's structural checks,
+    not the checksum, must then catch what is wrong."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    d = Path(directory)
+    save_file(tensors, str(d / "model.safetensors"))
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["weights_sha256"] = hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
+    (d / "config.json").write_text(json.dumps(cfg))

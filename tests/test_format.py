@@ -1,13 +1,14 @@
+import hashlib
 import json
 import pickle
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 import tpc_hooks as tpc
-from conftest import random_head
+from conftest import random_head, write_weights
 
 NAMES = {"bias", "linear", "scaler.mean", "scaler.scale", "factors.2", "lambdas.2", "factors.3", "lambdas.3"}
 
@@ -53,7 +54,7 @@ def test_history_survives_a_round_trip(tmp_path, problem):
 def _rewrite(path, edit):
     t = load_file(str(path / "model.safetensors"))
     edit(t)
-    save_file(t, str(path / "model.safetensors"))
+    write_weights(path, t)
 
 
 def test_missing_tensor(saved):
@@ -152,5 +153,8 @@ def test_monitors_saved_by_format_version_1_load_and_save_unchanged(tmp_path, ki
     else:
         assert mon.cascade.to_dict() == saved["monitor"]["cascade"]
     again = mon.save(tmp_path / "again")
-    assert json.loads((again / "config.json").read_text()) == saved
+    resaved = json.loads((again / "config.json").read_text())
+    checksum = resaved.pop("weights_sha256")  # what a save records now, beside the same settings
+    assert resaved == saved
     assert (again / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+    assert checksum == hashlib.sha256((src / "model.safetensors").read_bytes()).hexdigest()

@@ -9,7 +9,7 @@ from tpc_hooks.metrics import classification_metrics
 from tpc_hooks.synthetic import make_problem
 from tpc_hooks._fit import SHRINK_GRID, _fit_order_scale
 
-from conftest import random_head
+from conftest import random_head, write_weights
 
 FAST = dict(rank=4, epochs=8, batch_size=256, verbose=False)
 
@@ -220,7 +220,7 @@ def test_extending_a_head_keeps_its_trust_region_and_truncations(problem):
 def test_saved_trust_region_round_trips_and_corrupt_bounds_are_refused(tmp_path):
     import json
 
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     head, z_in = _bounded_head(gate=True)
     head = head.float()
@@ -233,11 +233,11 @@ def test_saved_trust_region_round_trips_and_corrupt_bounds_are_refused(tmp_path)
     t = load_file(str(d / "model.safetensors"))
     b = t["bounds.3"]
     t["bounds.3"] = torch.stack([b[1] + 1, b[0]])  # lower above upper
-    save_file(t, str(d / "model.safetensors"))
+    write_weights(d, t)
     with pytest.raises(tpc.TPCHooksError, match="lower bound exceeds"):
         tpc.TPC.load(d)
     del t["bounds.3"]
-    save_file(t, str(d / "model.safetensors"))
+    write_weights(d, t)
     with pytest.raises(tpc.TPCHooksError, match="lacks tensor"):
         tpc.TPC.load(d)
     cfg = json.loads((d / "config.json").read_text())

@@ -4,7 +4,9 @@ A saved head is a directory holding ``config.json`` and ``model.safetensors`` (f
 Nothing here unpickles.
 """
 
+import hashlib
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -12,7 +14,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save
 
 from ._errors import TPCHooksError
 
@@ -20,6 +22,8 @@ FORMAT_NAME = "tpc-hooks"
 FORMAT_VERSION = 1
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
+
+log = logging.getLogger(__name__)
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -34,15 +38,39 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
+PREVIOUS_WEIGHTS = ".model.safetensors.prev"  # the weights of the save being replaced, until the new config lands
+CHECKSUM_KEY = "weights_sha256"
+
+
 def write_dir(path: str | os.PathLike, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
-    """Writes ``config.json`` and ``model.safetensors`` into ``path`` (created if needed)."""
+    """Writes ``config.json`` and ``model.safetensors`` into ``path`` (created if needed).
+
+    A crash at any point leaves a directory that loads as the previous save or as this one,
+    never a mix: the config records the weights' SHA-256 and is written last; the weights it
+    replaces stay beside it (``.model.safetensors.prev``, a hard link) until it lands, and
+    :func:`read_dir` falls back to them when the weights no longer match the config. Every file
+    is written to a temporary name and renamed into place; other files in ``path`` are left alone.
+    """
     out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise TPCHooksError(f"{out} is a file, not a directory; a saved head or monitor is a directory holding "
+                            f"{CONFIG_FILE} and {WEIGHTS_FILE}: choose another path, or remove the file")
     out.mkdir(parents=True, exist_ok=True)
-    cfg = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **config}
     flat = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in tensors.items()}
-    _atomic_write(out / WEIGHTS_FILE, lambda tmp: save_file(flat, tmp, metadata={"format": FORMAT_NAME}))
+    data = save(flat, metadata={"format": FORMAT_NAME})
+    cfg = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **config,
+           CHECKSUM_KEY: hashlib.sha256(data).hexdigest()}
+    weights, prev = out / WEIGHTS_FILE, out / PREVIOUS_WEIGHTS
+    if weights.is_file() and (out / CONFIG_FILE).is_file():
+        prev.unlink(missing_ok=True)
+        try:
+            os.link(weights, prev)
+        except OSError:  # a file system without hard links
+            _atomic_write(prev, lambda tmp: Path(tmp).write_bytes(weights.read_bytes()))
+    _atomic_write(weights, lambda tmp: Path(tmp).write_bytes(data))
     text = json.dumps(cfg, indent=2, sort_keys=False)
     _atomic_write(out / CONFIG_FILE, lambda tmp: Path(tmp).write_text(text + "\n"))
+    prev.unlink(missing_ok=True)
     return out
 
 
@@ -85,11 +113,28 @@ def read_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.T
             f"{cfg_path} has format_version={version!r}; this version of tpc-hooks reads format_version={FORMAT_VERSION}. "
             "Upgrade tpc-hooks, or re-save the head with the version that wrote it"
         )
+    data = w_path.read_bytes()
+    want = cfg.get(CHECKSUM_KEY)
+    if want is not None and not isinstance(want, str):
+        raise TPCHooksError(f"{cfg_path}: {CHECKSUM_KEY} must be a hex string; got {type(want).__name__}")
+    if want is not None and hashlib.sha256(data).hexdigest() != want:
+        prev = src / PREVIOUS_WEIGHTS
+        if prev.is_file() and not prev.is_symlink() and hashlib.sha256(older := prev.read_bytes()).hexdigest() == want:
+            log.warning("%s: a save into this directory was interrupted before its config was written; loading the "
+                        "previous save (its weights are kept in %s)", src, PREVIOUS_WEIGHTS)
+            data = older
+        else:
+            _parse(data, w_path)  # a file that does not even parse says so first
+            raise TPCHooksError(f"{w_path} does not match the SHA-256 recorded in {cfg_path}: the weights are corrupt, "
+                                "or come from another save; save the head or monitor again")
+    return cfg, _parse(data, w_path)
+
+
+def _parse(data: bytes, w_path: Path) -> dict[str, torch.Tensor]:
     try:
-        tensors = load_file(str(w_path))
+        return load(data)
     except (SafetensorError, OSError, ValueError) as err:
         raise TPCHooksError(f"{w_path} could not be read as safetensors ({err}); the file is truncated or corrupt") from None
-    return cfg, tensors
 
 
 def require(cfg: dict[str, Any], key: str, kind: type | tuple[type, ...], where: Path | str) -> Any:

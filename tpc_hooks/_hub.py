@@ -29,7 +29,7 @@ def is_repo_id(name: str, *, need_org: bool = False) -> bool:
 
 
 # ---------------------------------------------------------------------- saving
-def save_pretrained(obj: Any, directory: str | os.PathLike, *, card: bool = True,
+def save_pretrained(obj: Any, directory: str | os.PathLike, *, card: bool | str = True,
                     repo_id: str | None = None) -> Path:
     """Saves a head or monitor with ``obj.save`` and, when ``card``, a model card ``README.md``.
 
@@ -37,7 +37,8 @@ def save_pretrained(obj: Any, directory: str | os.PathLike, *, card: bool = True
         obj: a :class:`~tpc_hooks.TPC` or :class:`~tpc_hooks.Monitor`.
         directory: created if needed; ``config.json`` and ``model.safetensors`` are written
             exactly as :meth:`~tpc_hooks.TPC.save` writes them.
-        card: also write the generated model card (``obj.model_card()``).
+        card: also write the generated model card (``obj.model_card()``) as ``README.md``, when that file is
+            absent or a card this package wrote (``"overwrite"``: replace whatever is there; ``False``: none).
         repo_id: the hub id the card's loading snippet names (default: a placeholder path).
 
     Returns:
@@ -50,12 +51,27 @@ def save_pretrained(obj: Any, directory: str | os.PathLike, *, card: bool = True
         ['README.md', 'config.json', 'model.safetensors']
     """
     _check_obj(obj)
+    if card not in (True, False, "overwrite"):
+        raise TPCHooksError(f"card must be True, False or 'overwrite'; got {card!r}")
     out = Path(directory)
+    readme = out / CARD_FILE
+    if card is True and readme.is_file() and not _ours(readme):  # checked before anything is written
+        raise TPCHooksError(f"{readme} exists and is not a tpc-hooks model card; it is left alone: pass card=False to "
+                            "save without a card, or card='overwrite' to replace it with the generated one")
     obj.save(out)
     if card:
         text = obj.model_card(repo_id=repo_id)
-        _format._atomic_write(out / CARD_FILE, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        _format._atomic_write(readme, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return out
+
+
+def _ours(readme: Path) -> bool:
+    """Whether ``readme`` is a model card this package wrote (its front matter names the library)."""
+    try:
+        head = readme.read_text(encoding="utf-8", errors="replace")[:200]
+    except OSError:
+        return False
+    return head.startswith("---\nlibrary_name: tpc-hooks\n")
 
 
 def _check_obj(obj: Any) -> None:
@@ -165,7 +181,7 @@ class HubMixin:
 
     _hub_commit_message = "Upload tpc-hooks model"
 
-    def save_pretrained(self, directory: str | os.PathLike, *, card: bool = True) -> Path:
+    def save_pretrained(self, directory: str | os.PathLike, *, card: bool | str = True) -> Path:
         """:meth:`save` plus a generated model card (``README.md``), as ``transformers`` and
         SAELens users expect. Returns the directory.
 
