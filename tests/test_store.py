@@ -50,3 +50,37 @@ def test_store_errors(tmp_path):
     (tmp_path / "s" / "shard-000000.npy").unlink()
     with pytest.raises(tpc.TPCHooksError, match="shard-000000.npy is listed in .* but missing"):
         ActivationStore.open(tmp_path / "s")
+
+
+def test_a_resume_with_another_shard_size_and_another_site_completes_every_site(tmp_path, monkeypatch):
+    """Interrupted at a prompt that is no multiple of the new shard size, resumed with a second site:
+    every site holds every prompt once, equal to an uninterrupted collection."""
+    from tiny_models import RESUME_PROMPTS, hf_llama, interrupt_forward, nnsight_lm
+    from tpc_hooks.adapters import get_adapter
+
+    model = nnsight_lm(hf_llama())
+    prompts = RESUME_PROMPTS * 6  # 60 prompts
+    sites = ["blocks.1.hook_resid_post", "blocks.0.hook_resid_post"]
+    want = tpc.collect(model, prompts, sites, progress=False)
+    with monkeypatch.context() as m:
+        interrupt_forward(m, get_adapter(model), at=5)
+        with pytest.raises(KeyboardInterrupt):
+            tpc.collect(model, prompts, sites[0], batch_size=4, store=tmp_path / "s", shard_prompts=4, progress=False)
+    assert tpc.ActivationStore.open(tmp_path / "s" / sites[0]).meta["done"] == 16
+    got = tpc.collect(model, prompts, sites, batch_size=4, store=tmp_path / "s", shard_prompts=12, progress=False)
+    for s in sites:
+        assert len(got[s]) == len(prompts) and got[s].meta["done"] == len(prompts)
+        np.testing.assert_allclose(got[s].to_numpy(), want[s].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_reopening_a_store_to_write_removes_what_an_interrupted_append_left(tmp_path):
+    st = tpc.ActivationStore.create(tmp_path / "s", 4)
+    st.append(np.ones((3, 4)))
+    (tmp_path / "s" / ".shard-000001.npy.abc.tmp").write_bytes(b"partial")  # killed mid-write
+    (tmp_path / "s" / ".manifest.xyz.tmp").write_text("{")
+    np.save(tmp_path / "s" / "shard-000001.npy", np.zeros((2, 4), np.float32))  # written, never listed
+    assert len(tpc.ActivationStore.open(tmp_path / "s")) == 3  # reading leaves them
+    again = tpc.ActivationStore.create(tmp_path / "s", 4, exist_ok=True)
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == ["manifest.json", "shard-000000.npy"]
+    again.append(np.zeros((2, 4)))
+    assert len(tpc.ActivationStore.open(tmp_path / "s")) == 5

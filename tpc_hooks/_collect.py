@@ -259,13 +259,16 @@ def collect(
     start = min(st.meta["done"] for st in stores.values())
     if start:
         log.info("resuming collection at prompt %d of %d", start, len(token_ids))
-    with tqdm(total=len(token_ids), initial=start, desc="collect", unit="prompt", disable=not progress) as bar:
-        for a in range(start, len(token_ids), shard_prompts):
-            b = min(a + shard_prompts, len(token_ids))
+    n = len(token_ids)
+    with tqdm(total=n, initial=start, desc="collect", unit="prompt", disable=not progress) as bar:
+        # Each site resumes where its own store stopped (sites may have stopped at different prompts, and a
+        # resumed run may use another shard_prompts): the sites furthest behind go first, and a shard ends
+        # where another site's store stopped, so the sites then go on together.
+        while (a := min(st.meta["done"] for st in stores.values())) < n:
+            ahead = [st.meta["done"] for st in stores.values() if st.meta["done"] > a]
+            b = min([a + shard_prompts, n] + ahead)
             todo = [s for s in parsed if stores[s.name].meta["done"] == a]
-            rows = batches(token_ids[a:b], todo, bar) if todo else {}
-            if not todo:
-                bar.update(b - a)
+            rows = batches(token_ids[a:b], todo, bar)
             for s in todo:
                 if per_token:
                     seqs = rows[s.name]

@@ -11,6 +11,7 @@ lists the shard, so the rows split back into sequences exactly.
 """
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from ._errors import TPCHooksError
+
+log = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.json"
 STORE_FORMAT = "tpc-hooks-store"
@@ -69,6 +72,7 @@ class ActivationStore:
                 kinds = ("pooled rows (one per prompt)", "per-token sequences")
                 raise TPCHooksError(f"{root} holds {kinds[store.holds_sequences]}, not {kinds[bool(sequences)]}; "
                                     "use another store directory")
+            store._clean_orphans()
             return store
         root.mkdir(parents=True, exist_ok=True)
         manifest = {"format": STORE_FORMAT, "format_version": STORE_VERSION, "d_model": int(d_model),
@@ -99,6 +103,17 @@ class ActivationStore:
                 if not (root / shard[key]).is_file():
                     raise TPCHooksError(f"{root / shard[key]} is listed in {mpath} but missing")
         return cls(root, manifest)
+
+    def _clean_orphans(self) -> None:
+        """Removes what an interrupted append left behind (a store has one writer): temporary files
+        and shards the manifest does not list (written, but killed before the manifest was)."""
+        listed = {f for shard in self._manifest["shards"] for f in (shard["file"], shard.get("lengths")) if f}
+        for p in self.path.iterdir():
+            temporary = p.name.startswith(".") and p.name.endswith(".tmp")
+            unlisted = p.name.startswith("shard-") and p.name.endswith(".npy") and p.name not in listed
+            if p.is_file() and (temporary or unlisted):
+                log.info("removing %s, left by an interrupted collection", p)
+                p.unlink()
 
     def _write_manifest(self) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".manifest.", suffix=".tmp")
