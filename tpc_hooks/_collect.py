@@ -62,7 +62,8 @@ def pooled_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Sit
     for a in range(0, len(order), batch_size):
         idx = order[a:a + batch_size]
         ids, mask = pad([token_ids[i] for i in idx], pid, padding_side)
-        acts = adapter.forward_sites(ids, mask, sites)
+        with adapter.exclusive():  # one pass at a time per model (threads may share it)
+            acts = adapter.forward_sites(ids, mask, sites)
         for s in sites:
             if acts[s.name].shape[-1] != adapter.d_model:
                 raise TPCHooksError(f"{s.name} produced width {acts[s.name].shape[-1]}, expected d_model={adapter.d_model}")
@@ -91,7 +92,8 @@ def token_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Site
     for a in range(0, len(order), batch_size):
         idx = order[a:a + batch_size]
         ids, mask = pad([token_ids[i] for i in idx], pid, padding_side)
-        acts = adapter.forward_sites(ids, mask, sites)
+        with adapter.exclusive():  # one pass at a time per model (threads may share it)
+            acts = adapter.forward_sites(ids, mask, sites)
         width = ids.shape[1]
         for s in sites:
             if acts[s.name].shape[-1] != adapter.d_model:

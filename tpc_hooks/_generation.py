@@ -145,7 +145,8 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         state["t"] = t + 1
         return nxt, live
 
-    adapter.decode(input_ids, mask, site, max_new_tokens, on_step)
+    with adapter.exclusive():  # the loop's passes are this thread's alone
+        adapter.decode(input_ids, mask, site, max_new_tokens, on_step)
     seqs = [list(t) for t in ids]
     if tokens:
         tk, on = torch.stack(tokens).cpu(), torch.stack(fed).cpu()

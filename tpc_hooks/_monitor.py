@@ -358,7 +358,9 @@ class Monitor(HubMixin):
                                self.threshold,
                                min(self.skip, len(tokens)))
         x, mask = pad([ids], pad_id(adapter.tokenizer), "right")
-        acts = self._features(adapter.forward_sites(x, mask, [site])[site.name][0].float())  # [T, D]
+        with adapter.exclusive():
+            acts = adapter.forward_sites(x, mask, [site])[site.name][0].float()  # [T, D]
+        acts = self._features(acts)
         if self.pooling == "mean":  # the monitor's pooling of every prefix, only the one it uses
             prefixes = acts.cumsum(0) / torch.arange(1, acts.shape[0] + 1, device=acts.device, dtype=acts.dtype)[:, None]
         elif self.pooling == "max":

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from .._errors import TPCHooksError
 from ._batching import resolve_bos
+from ._hf import model_lock
 from ._hf_loop import hf_decode
 from ._sites import Site, parse_site
 
@@ -160,6 +161,12 @@ class Adapter:
     def hf_model(self) -> Any:
         """The underlying Hugging Face model, when there is one (None for HookedTransformer)."""
         return None
+
+    def exclusive(self) -> Any:
+        """The lock around a pass tpc-hooks drives through this model (one per underlying model,
+        shared by every adapter of it; re-entrant). See :func:`~tpc_hooks.adapters._hf.model_lock`."""
+        hf = self.hf_model() if self.toolkit != "TransformerLens" else None
+        return model_lock(hf if hf is not None else self.model)
 
     @torch.no_grad()
     def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | None, max_new_tokens: int,

@@ -8,6 +8,8 @@ Residual sites map to decoder-layer inputs and outputs: the input of layer L is
 ``hook_resid_mid`` is not offered. Nothing here imports ``transformers`` or nnsight.
 """
 
+import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -86,6 +88,37 @@ def layer_input(args: tuple, kwargs: dict) -> Tensor:
     return args[0] if args else kwargs["hidden_states"]
 
 
+def this_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a hook that acts only in the thread that made it: a forward pass another thread
+    runs through the same model (its own scoring, its own ``generate``) passes it by. Every hook
+    tpc-hooks attaches goes through this, so threads sharing a model never see each other's
+    activations and never end each other's passes."""
+    owner = threading.get_ident()
+
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == owner:
+            return fn(*args, **kwargs)
+        return None
+
+    return hook
+
+
+_LOCKS: "weakref.WeakKeyDictionary[Any, threading.RLock]" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: Any) -> threading.RLock:
+    """The lock of the passes tpc-hooks drives through ``model`` (collection, scoring, its own
+    decode loop): one at a time per model, so a toolkit's own per-model state (TransformerLens'
+    hook context levels, an nnsight trace) is never shared by two threads. Passes the user drives
+    (``watch``, the ``generate`` hooks) take no lock: their hooks act only in their own thread."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = _LOCKS[model] = threading.RLock()
+        return lock
+
+
 class StopPass(Exception):
     """Raised by a hook to end a forward pass once the activations it needs are read (caught by
     the adapter that raised it; never reaches the user)."""
@@ -136,13 +169,13 @@ def observe_layers(hf: Any, layers: Any, site: Site, fn: Callable[[Tensor, Tenso
         mask, fresh = spy.step(tensor.shape[1], tensor.shape[0], tensor.device)
         fn(tensor.detach(), mask, fresh)
 
-    h1 = hf.register_forward_pre_hook(spy, with_kwargs=True)
+    h1 = hf.register_forward_pre_hook(this_thread(spy), with_kwargs=True)
     try:
         if site.kind == "pre":
-            h2 = layer.register_forward_pre_hook(lambda mod, args, kwargs: on_acts(layer_input(args, kwargs)),
+            h2 = layer.register_forward_pre_hook(this_thread(lambda mod, args, kwargs: on_acts(layer_input(args, kwargs))),
                                                  with_kwargs=True)
         else:
-            h2 = layer.register_forward_hook(lambda mod, args, out: on_acts(first(out)))
+            h2 = layer.register_forward_hook(this_thread(lambda mod, args, out: on_acts(first(out))))
         try:
             yield
         finally:

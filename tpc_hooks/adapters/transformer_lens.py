@@ -21,7 +21,7 @@ from torch import Tensor
 from .._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
-from ._hf import InputSpy
+from ._hf import InputSpy, this_thread
 from ._sites import Site
 
 
@@ -83,7 +83,7 @@ class TransformerLensAdapter(Adapter):
         cap = _Capture()
         stop = max(s.layer for s in sites) + 1
         ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
-        with self.model.hooks(fwd_hooks=[(s.name, cap.hook(s.name)) for s in sites]):
+        with self.model.hooks(fwd_hooks=[(s.name, this_thread(cap.hook(s.name))) for s in sites]):
             self._forward(ids, mask, stop_at_layer=stop if stop < self.n_layers else None)
         return {s.name: cap.take(s.name) for s in sites}
 
@@ -105,7 +105,7 @@ class TransformerLensAdapter(Adapter):
         ids, step_mask = input_ids.to(self.device), attention_mask.to(self.device)
         name = site.name if site is not None else None  # None: no hook (the unmonitored baseline)
         logits = None
-        with self.model.hooks(fwd_hooks=[(name, cap.hook(name))] if name else []):
+        with self.model.hooks(fwd_hooks=[(name, this_thread(cap.hook(name)))] if name else []):
             cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.device, ids.shape[0])
             for i in range(max_new_tokens + 1):
                 # the cache keeps the mask of every earlier step; each call passes only its own
@@ -124,14 +124,14 @@ class TransformerLensAdapter(Adapter):
     def observe(self, site: Site, fn: Callable[[Tensor, Tensor, bool], None]) -> Iterator[None]:
         spy = InputSpy()
         top = getattr(self.model, "original_model", None) if self.is_bridge else self.model
-        handle = top.register_forward_pre_hook(spy, with_kwargs=True)
+        handle = top.register_forward_pre_hook(this_thread(spy), with_kwargs=True)
 
         def on_acts(tensor: Tensor, hook: Any) -> None:
             mask, fresh = spy.step(tensor.shape[1], tensor.shape[0], tensor.device)
             fn(tensor.detach(), mask, fresh)
 
         try:
-            with self.model.hooks(fwd_hooks=[(site.name, on_acts)]):
+            with self.model.hooks(fwd_hooks=[(site.name, this_thread(on_acts))]):
                 yield
         finally:
             handle.remove()

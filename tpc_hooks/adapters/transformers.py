@@ -31,7 +31,7 @@ from .._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
 from ._hf import LAYERS as LAYERS  # the table shared with the nnsight adapter
-from ._hf import HFShape, StopPass, decoder_layers, first, layer_input, layer_path, observe_layers
+from ._hf import HFShape, StopPass, decoder_layers, first, layer_input, layer_path, observe_layers, this_thread
 from ._sites import Site
 
 # Tokenizers loaded from ``name_or_path``, one per model, so repeated calls do not reload them.
@@ -81,9 +81,9 @@ class TransformersAdapter(HFShape, Adapter):
                 layer = layers[s.layer]
                 if s.kind == "pre":
                     handles.append(layer.register_forward_pre_hook(
-                        lambda mod, args, kwargs, s=s: keep(s, layer_input(args, kwargs)), with_kwargs=True))
+                        this_thread(lambda mod, args, kwargs, s=s: keep(s, layer_input(args, kwargs))), with_kwargs=True))
                 else:
-                    handles.append(layer.register_forward_hook(lambda mod, args, out, s=s: keep(s, first(out))))
+                    handles.append(layer.register_forward_hook(this_thread(lambda mod, args, out, s=s: keep(s, first(out)))))
             ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
             try:
                 self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
