@@ -6,6 +6,8 @@ because only the mask decides which positions count. :class:`RunningPool` does t
 incrementally for generation (prompt first, then one token per step).
 """
 
+from typing import Any
+
 import numpy as np
 import torch
 from jaxtyping import Float, Int
@@ -16,7 +18,7 @@ from ._errors import TPCHooksError
 POOLINGS = ("mean", "last", "max")
 
 
-def check_pooling(how: str) -> str:
+def check_pooling(how: Any) -> str:
     if how not in POOLINGS:
         raise TPCHooksError(f"pooling must be one of {list(POOLINGS)}; got {how!r}")
     return how
@@ -89,7 +91,7 @@ class RunningPool:
 AGGREGATES = ("mean", "max", "ema", "rolling")
 
 
-def check_skip(skip: int) -> int:
+def check_skip(skip: Any) -> int:
     """Checks a streaming monitor's number of unscored leading tokens."""
     if isinstance(skip, bool) or not isinstance(skip, (int, np.integer)) or skip < 0:
         raise TPCHooksError(f"skip (leading tokens not scored) must be an integer >= 0; got {skip!r}")
@@ -106,7 +108,7 @@ def scored(mask: Tensor, skip: int, seen: Tensor | None = None) -> Tensor:
     return m & (rank > skip)
 
 
-def check_aggregate(how: str, alpha: float, window: int) -> tuple[str, float, int]:
+def check_aggregate(how: Any, alpha: Any, window: Any) -> tuple[str, float, int]:
     """Checks a streaming monitor's aggregation settings."""
     if how not in AGGREGATES:
         raise TPCHooksError(f"aggregate must be one of {list(AGGREGATES)}; got {how!r}")
