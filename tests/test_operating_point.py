@@ -80,7 +80,7 @@ def test_bad_calibration_input_is_refused_and_changes_nothing():
         with pytest.raises(tpc.TPCHooksError, match=match):
             mon.calibrate_activations(bad, 0.01)
     for fpr in (-0.1, 1.0):
-        with pytest.raises(tpc.TPCHooksError, match="fpr must be in"):
+        with pytest.raises(tpc.TPCHooksError, match=r"fpr must be a number in \[0, 1\)"):
             mon.calibrate_activations(z, fpr)
     assert mon.threshold == 0.5 and "operating_point" not in mon.report
     hot = small_head()
