@@ -27,3 +27,9 @@ def test_every_module_has_a_layer():
     named = {m.strip() for layer in layers for m in layer.replace("|", ":").split(":")}
     modules = {f"tpc_hooks.{p.stem}" for p in (ROOT / "tpc_hooks").glob("*.py") if p.stem != "__init__"}
     assert modules | {"tpc_hooks.adapters"} == named
+
+
+def test_no_module_grows_past_600_lines():
+    """A module past 600 lines holds more than one idea: split it before it lands."""
+    sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in (ROOT / "tpc_hooks").rglob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 600} == {}

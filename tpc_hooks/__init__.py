@@ -18,7 +18,7 @@ from ._collect import collect as collect
 from ._records import GenerationRun as GenerationRun
 from ._monitor import Monitor as Monitor
 from ._monitor_config import MonitorConfig as MonitorConfig
-from ._monitor import TokenScores as TokenScores
+from ._records import TokenScores as TokenScores
 from ._records import MonitorEvent as MonitorEvent
 from ._records import WatchLog as WatchLog
 from ._train import train_monitor as train_monitor

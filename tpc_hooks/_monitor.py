@@ -23,7 +23,7 @@ from ._errors import TPCHooksError
 from .adapters import Adapter, get_adapter, pad, pad_id
 from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts, pooled_batches, token_batches
-from ._records import GenerationRun, MonitorEvent, WatchLog
+from ._records import GenerationRun, MonitorEvent, TokenScores, WatchLog
 from .pooling import aggregate as aggregate_logits, scored
 from ._cards import monitor_card
 from ._hub import HubMixin
@@ -31,8 +31,7 @@ from ._policy import FixedOrder
 from ._polynomial import TPC, from_saved, to_saved
 from ._monitor_config import MonitorConfig
 from .metrics import threshold_at_fpr
-from .views import token_scores_html
-from ._sae import check_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity_of
+from ._sae import check_sae, describe as describe_sae, dims as sae_dims, encode as sae_encode, identity as sae_identity_of
 
 
 class Monitor(HubMixin):
@@ -99,14 +98,14 @@ class Monitor(HubMixin):
             ident = sae_identity_of(self.sae)
             if self.sae_identity is not None and self.sae_identity.get("weights_sha256") != ident["weights_sha256"]:
                 raise TPCHooksError(
-                    f"this monitor was trained on SAE latents of {_describe(self.sae_identity)}, and the SAE given "
-                    f"differs ({_describe(ident)}); pass the SAE it was trained with"
+                    f"this monitor was trained on SAE latents of {describe_sae(self.sae_identity)}, and the SAE given "
+                    f"differs ({describe_sae(ident)}); pass the SAE it was trained with"
                 )
             if sae_dims(self.sae)[1] != self.head.d_model:
                 raise TPCHooksError(f"the SAE has d_sae={sae_dims(self.sae)[1]} but the head reads {self.head.d_model} features")
             self.sae_identity = ident
         elif self.sae_identity is not None:
-            raise TPCHooksError(f"this monitor reads SAE latents of {_describe(self.sae_identity)}; pass sae= "
+            raise TPCHooksError(f"this monitor reads SAE latents of {describe_sae(self.sae_identity)}; pass sae= "
                                 "(Monitor.load(path, sae=...))")
 
     @property
@@ -595,34 +594,3 @@ def _stack_results(parts: Sequence[CascadeResult]) -> CascadeResult:
     cat = lambda k: torch.cat([getattr(r, k) for r in parts])
     return CascadeResult(logits=cat("logits"), probs=cat("probs"), exit_order=cat("exit_order"), flops=cat("flops"),
                          degree=parts[0].degree, decision_logits=cat("decision_logits"))
-
-
-class TokenScores(tuple):
-    """What :meth:`Monitor.token_scores` returns: a ``(tokens, result)`` pair (it unpacks as one)
-    that also renders: :meth:`to_html`, and in Jupyter the prompt coloured token by token."""
-
-    def __new__(cls, tokens: list[str], result: CascadeResult, threshold: float, skip: int = 0):
-        obj = super().__new__(cls, (tokens, result))
-        obj.threshold, obj.skip = float(threshold), int(skip)
-        return obj
-
-    @property
-    def tokens(self) -> list[str]:
-        return self[0]
-
-    @property
-    def result(self) -> CascadeResult:
-        return self[1]
-
-    def to_html(self) -> Any:
-        """The prompt with each token coloured by the score of the prefix it ends, flagged prefixes
-        and exit orders marked (:func:`tpc_hooks.views.token_scores_html`; ``.save(path)``)."""
-        return token_scores_html(self.tokens, self.result, threshold=self.threshold, unscored=self.skip)
-
-    def _repr_html_(self) -> str:
-        return str(self.to_html())
-
-
-def _describe(ident: dict[str, Any]) -> str:
-    name = "/".join(str(v) for v in (ident.get("release"), ident.get("sae_id")) if v) or ident.get("class", "SAE")
-    return f"{name} (d_sae={ident.get('d_sae')}, weights {str(ident.get('weights_sha256'))[:12]})"

@@ -16,7 +16,7 @@ from torch import Tensor
 from ._cascade import CascadeResult
 from ._errors import TPCHooksError
 from ._kernel import flagged
-from .views import generation_html
+from .views import generation_html, token_scores_html
 
 
 @dataclass(frozen=True)
@@ -255,6 +255,32 @@ class GenerationRun:
         if self.tokenizer is not None and self.sequences is not None:
             return str(self.to_html())
         return f"<pre>{html.escape(repr(self))}</pre>"
+
+
+class TokenScores(tuple):
+    """What :meth:`Monitor.token_scores` returns: a ``(tokens, result)`` pair (it unpacks as one)
+    that also renders: :meth:`to_html`, and in Jupyter the prompt coloured token by token."""
+
+    def __new__(cls, tokens: list[str], result: CascadeResult, threshold: float, skip: int = 0):
+        obj = super().__new__(cls, (tokens, result))
+        obj.threshold, obj.skip = float(threshold), int(skip)
+        return obj
+
+    @property
+    def tokens(self) -> list[str]:
+        return self[0]
+
+    @property
+    def result(self) -> CascadeResult:
+        return self[1]
+
+    def to_html(self) -> Any:
+        """The prompt with each token coloured by the score of the prefix it ends, flagged prefixes
+        and exit orders marked (:func:`tpc_hooks.views.token_scores_html`; ``.save(path)``)."""
+        return token_scores_html(self.tokens, self.result, threshold=self.threshold, unscored=self.skip)
+
+    def _repr_html_(self) -> str:
+        return str(self.to_html())
 
 
 @dataclass

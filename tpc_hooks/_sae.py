@@ -73,3 +73,9 @@ def identity(sae: Any) -> dict[str, Any]:
         h.update(t.detach().cpu().float().contiguous().numpy().tobytes())
     return {"class": type(sae).__name__, "d_in": d_in, "d_sae": d_sae, "release": _cfg(sae, "release"),
             "sae_id": _cfg(sae, "sae_id"), "hook_name": _cfg(sae, "hook_name"), "weights_sha256": h.hexdigest()}
+
+
+def describe(ident: dict[str, Any]) -> str:
+    """An SAE's recorded identity in a few words, for messages."""
+    name = "/".join(str(v) for v in (ident.get("release"), ident.get("sae_id")) if v) or ident.get("class", "SAE")
+    return f"{name} (d_sae={ident.get('d_sae')}, weights {str(ident.get('weights_sha256'))[:12]})"
