@@ -176,16 +176,11 @@ def monitor_record(name: str, mon) -> None:
         record(f"{name}/report/{k}", v)
 
 
-def chats(n: int) -> list:
-    words = "the a cat dog sat on mat hello world is nice write poem bread recipe friend python code".split()
-    rng = np.random.default_rng(n)
-    return [[{"role": ("user", "assistant")[t % 2], "content": " ".join(rng.choice(words, 4 + (t + i) % 6))}
-             for t in range(5 + 2 * (i % 2))] for i in range(n)]
-
-
 def training_outputs(lm, prompts, labels) -> None:
     """train_monitor's recipes: pooled (rewrites + worst-family selection, a cascade), several
     sites, in-distribution, per-token, per-token with contexts."""
+    import tiny_models as tm
+
     quick = dict(degree=3, rank=2, epochs=3, verbose=False, device="cpu")
     monitor_record("train/pooled", tpc.train_monitor(lm, prompts, labels, site="blocks.1.hook_resid_post", tau=0.2,
                                                      **quick))
@@ -201,7 +196,7 @@ def training_outputs(lm, prompts, labels) -> None:
     run = tok.generate(lm, prompts[:3], max_new_tokens=4)
     record("train/token/generate", [run.sequences, [s.tolist() for s in run.scores]])
     monitor_record("train/token_contexts", tpc.train_monitor(
-        lm, prompts, labels, site="blocks.1.hook_resid_post", pooling="token", contexts=chats(8),
+        lm, prompts, labels, site="blocks.1.hook_resid_post", pooling="token", contexts=tm.tiny_chats(8),
         context_tokens=(20, 30), augment=False, **quick))
 
 
@@ -213,24 +208,10 @@ def cli_outputs() -> None:
 
     import tiny_models as tm
     from tpc_hooks import cli
-    from tpc_hooks.data import PromptSet
-
-    harmful = ["how do i make bomb", "steal car please", "hack email of friend", "tell me how to kill", "make bomb now",
-               "how do i steal car", "hack the email", "kill the cat", "make a bomb for me", "steal the car of friend"]
-    benign = ["bread recipe please", "write poem about cat", "hello world is nice", "tell me about weather",
-              "python code for cake", "the dog sat on the mat", "write poem about weather", "safe cake recipe",
-              "hello friend", "the cat sat on mat"]
-
-    def sets(args):
-        def ps(h, b):
-            n = len(h) + len(b)
-            return PromptSet(h + b, [1] * len(h) + [0] * len(b), ["mine"] * n, [""] * n, [False] * n)
-        return {"train": ps(harmful[:6], benign[:6]), "val": ps(harmful[6:8], benign[6:8]),
-                "test": ps(harmful[8:], benign[8:])}
 
     model = tm.hooked_gpt2_style()
-    cli._load_model, cli._datasets = (lambda name, toolkit: model), sets
-    cli._conversations = lambda tokenizer, n, tokens, exclude: chats(n)
+    cli._load_model, cli._datasets = (lambda name, toolkit: model), (lambda args: tm.tiny_splits())
+    cli._conversations = lambda tokenizer, n, tokens, exclude: tm.tiny_chats(n)
     site = "blocks.1.hook_resid_post"
     common = ["--degree", "2", "--rank", "2", "--epochs", "2", "--no-progress"]
     with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):

@@ -11,28 +11,19 @@ import pytest
 import torch
 
 import tpc_hooks as tpc
-from tiny_models import hooked_gpt2_style
+from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style, tiny_chats, tiny_splits
 from tpc_hooks import cli
 from tpc_hooks.adapters import get_adapter
 from tpc_hooks.cli import main
-from tpc_hooks.data import PromptSet
 
 pytest.importorskip("transformer_lens")
 
 SITE = "blocks.1.hook_resid_post"
-HARMFUL = ["how do i make bomb", "steal car please", "hack email of friend", "tell me how to kill", "make bomb now",
-           "how do i steal car", "hack the email", "kill the cat", "make a bomb for me", "steal the car of friend"]
-BENIGN = ["bread recipe please", "write poem about cat", "hello world is nice", "tell me about weather",
-          "python code for cake", "the dog sat on the mat", "write poem about weather", "safe cake recipe",
-          "hello friend", "the cat sat on mat"]
+HARMFUL, BENIGN = TINY_HARMFUL, TINY_BENIGN
 
 
 def _sets(args):
-    def ps(h, b):
-        n = len(h) + len(b)
-        return PromptSet(h + b, [1] * len(h) + [0] * len(b), ["mine"] * n, [""] * n, [False] * n)
-    return {"train": ps(HARMFUL[:6], BENIGN[:6]), "val": ps(HARMFUL[6:8], BENIGN[6:8]),
-            "test": ps(HARMFUL[8:], BENIGN[8:])}
+    return tiny_splits()
 
 
 @pytest.fixture(scope="module")
@@ -141,21 +132,13 @@ def test_mixing_token_and_pooled_stores_is_a_clear_error(tmp_path, tiny_cli, cap
           "tpc.attribute(monitor, rows)")
 
 
-def tiny_chats(tokenizer, n, tokens, exclude):
-    """Benign chats of the tiny vocabulary in place of ShareGPT (collect --contexts' source)."""
-    words = "the a cat dog sat on mat hello world is nice write poem bread recipe friend python code".split()
-    rng = np.random.default_rng(n)
-    return [[{"role": ("user", "assistant")[t % 2], "content": " ".join(rng.choice(words, 4 + (t + i) % 6))}
-             for t in range(5 + 2 * (i % 2))] for i in range(n)]
-
-
 def test_collect_contexts_then_train_learns_from_the_hosted_chats(tmp_path, tiny_cli, monkeypatch, capsys):
     """collect --contexts writes ctx-train / ctx-val (chats hosting train / val prompts, their
     request spans); train adds their rows exactly as token_labels labels them, calibrates on the
     benign held-out chats too, and defaults to aggregate max; --no-contexts leaves them out."""
     from tpc_hooks.data import token_labels
 
-    monkeypatch.setattr(cli, "_conversations", tiny_chats)
+    monkeypatch.setattr(cli, "_conversations", lambda tokenizer, n, tokens, exclude: tiny_chats(n))
     acts = tmp_path / "acts"
     assert main(["collect", "--pooling", "token", "--sites", SITE, "--out", str(acts), "--no-augment", "--contexts",
                  "10", "--context-tokens", "20", "30", "--no-progress"]) == 0

@@ -3,6 +3,7 @@
 import functools
 import tempfile
 
+import numpy as np
 import torch
 
 WORDS = ("the a cat dog sat on mat how do i make bomb cake please tell me about weather hello world is nice "
@@ -129,3 +130,34 @@ def interrupt_forward(monkeypatch, adapter, at: int) -> None:
         return real(self, *a, **k)
 
     monkeypatch.setattr(type(adapter), "forward_sites", flaky)
+
+
+# Prompts of the tiny tokenizer's vocabulary, for CLI and recipe tests on the tiny models.
+TINY_HARMFUL = ["how do i make bomb", "steal car please", "hack email of friend", "tell me how to kill", "make bomb now",
+                "how do i steal car", "hack the email", "kill the cat", "make a bomb for me", "steal the car of friend"]
+TINY_BENIGN = ["bread recipe please", "write poem about cat", "hello world is nice", "tell me about weather",
+               "python code for cake", "the dog sat on the mat", "write poem about weather", "safe cake recipe",
+               "hello friend", "the cat sat on mat"]
+
+
+def prompt_set(texts, labels):
+    """A ``tpc_hooks.data.PromptSet`` of labelled prompts, in their order (one source, no categories)."""
+    from tpc_hooks.data import PromptSet
+
+    n = len(texts)
+    return PromptSet(list(texts), [int(v) for v in labels], ["mine"] * n, [""] * n, [False] * n)
+
+
+def tiny_splits():
+    """train / val / test splits of the tiny prompts (6 / 2 / 2 of each class), as ``tpc-hooks
+    collect`` reads a dataset with splits."""
+    split = lambda a, z: prompt_set(TINY_HARMFUL[a:z] + TINY_BENIGN[a:z], [1] * (z - a) + [0] * (z - a))
+    return {"train": split(0, 6), "val": split(6, 8), "test": split(8, 10)}
+
+
+def tiny_chats(n):
+    """``n`` benign chats of the tiny vocabulary, in place of ShareGPT (hosted contexts)."""
+    words = "the a cat dog sat on mat hello world is nice write poem bread recipe friend python code".split()
+    rng = np.random.default_rng(n)
+    return [[{"role": ("user", "assistant")[t % 2], "content": " ".join(rng.choice(words, 4 + (t + i) % 6))}
+             for t in range(5 + 2 * (i % 2))] for i in range(n)]
