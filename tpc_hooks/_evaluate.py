@@ -25,8 +25,13 @@ def sequence_logits(monitor: Any, seqs: Sequence[Any], rule: Any, decision: str 
     the value after its last token (``"last"``). A sequence with no scored token gets float32's
     lowest logit (probability 0), which metrics can rank."""
     with torch.no_grad():
-        agg = [monitor._aggregated(rule, torch.as_tensor(z))[1] for z in seqs]
-        s = torch.stack([a.max() if decision == "max" else a[-1] for a in agg]).double().numpy()
+        return _decide([monitor._aggregated(rule, torch.as_tensor(z))[1] for z in seqs], decision)
+
+
+def _decide(aggregates: Sequence[Any], decision: str) -> np.ndarray:
+    """One logit per sequence from its aggregate after every token: the maximum or the last, with
+    float32's lowest logit for a sequence that has no scored token."""
+    s = torch.stack([a.max() if decision == "max" else a[-1] for a in aggregates]).double().numpy()
     return np.maximum(s, np.finfo(np.float32).min)
 
 
@@ -67,15 +72,15 @@ def cascade_sweep(monitor: Any, X: Any, y: Any, decision: str = "max",
     base, degree, rows = monitor.head.cost(1).flops, monitor.head.degree, []
     for tau in taus:
         rule = cascade.with_thresholds(tau)
-        flops, exits, logits = [], [], []
+        flops, exits, aggregates = [], [], []
         with torch.no_grad():
             for z in X:
                 res, agg = monitor._aggregated(rule, torch.as_tensor(z))
                 on = torch.arange(len(agg)) >= monitor.skip  # the scored tokens
                 flops.append(res.flops[on].double())
                 exits.append(res.exit_order[on])
-                logits.append(agg.max() if decision == "max" else agg[-1])
-        m = classification_metrics(y, np.maximum(torch.stack(logits).double().numpy(), np.finfo(np.float32).min))
+                aggregates.append(agg)
+        m = classification_metrics(y, _decide(aggregates, decision))
         f = torch.cat(flops)
         mean = f.mean().item() if len(f) else 0.0
         hist = np.bincount(torch.cat(exits).numpy(), minlength=degree + 1)[1:].tolist()

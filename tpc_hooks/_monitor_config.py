@@ -73,9 +73,8 @@ class MonitorConfig:
             raise TPCHooksError(f"pooling must be a string; got {self.pooling!r}")
         if self.pooling != "token":
             check_pooling(self.pooling)
-        for name in ("chat_template",):
-            if not isinstance(getattr(self, name), bool):
-                raise TPCHooksError(f"{name} must be true or false; got {getattr(self, name)!r}")
+        if not isinstance(self.chat_template, bool):
+            raise TPCHooksError(f"chat_template must be true or false; got {self.chat_template!r}")
         if self.prepend_bos is not None and not isinstance(self.prepend_bos, bool):
             raise TPCHooksError(f"prepend_bos must be true, false or None (when the tokenizer has a BOS token); "
                                 f"got {self.prepend_bos!r}")

@@ -155,19 +155,24 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     if len(data) > 1:
         if any(d.val is None for d in data.values()):
             raise TPCHooksError("choosing among several sites needs a validation split")
+        pooled = {s: _cat(d.train, d.rewrites) for s, d in data.items()}
         site, report["site_selection"] = choose_site(
-            {s: (_cat(d.train, d.rewrites).X, _cat(d.train, d.rewrites).y, d.val.X, d.val.y) for s, d in data.items()},
-            data[site].val.groups, plan.fit, device)
+            {s: (pooled[s].X, pooled[s].y, d.val.X, d.val.y) for s, d in data.items()}, data[site].val.groups,
+            plan.fit, device)
     d, cfg = data[site], plan.fit
     settings = replace(plan.monitor, site=site)
     tokens = _TokenRows(d, settings.skip) if settings.streaming else None
-    X_tr, y_tr = tokens.train if tokens else (_cat(d.train, d.rewrites).X, _cat(d.train, d.rewrites).y)
+    if tokens:
+        X_tr, y_tr = tokens.train
+    else:
+        rows = _cat(d.train, d.rewrites)
+        X_tr, y_tr = rows.X, rows.y
     X_va = y_va = g_va = None
     if d.val is not None:
         X_va, y_va, g_va = tokens.val if tokens else (d.val.X, d.val.y, d.val.groups)
     unlabelled = None
     if cfg.consistency and plan.families and d.rewrites is not None:
-        unlabelled = tokens.unlabelled if tokens else d.rewrites.X
+        unlabelled = token_rows(list(d.rewrites.X), settings.skip)[0] if tokens else d.rewrites.X
     head = fit(X_tr, y_tr, X_va, y_va, cfg, verbose=verbose, val_groups=g_va if plan.families else None,
                X_unlabelled=unlabelled, init=init, device=device).cpu()
     cascade = None
@@ -212,7 +217,6 @@ class _TokenRows:
             rows = self.chats["train"][1]
             X, y = torch.cat([X, rows[0]]), np.concatenate([y, rows[1]])
         self.train = X, y
-        self.unlabelled = None if d.rewrites is None else token_rows(list(d.rewrites.X), skip)[0]
         if d.val is not None:
             X, y, g = token_rows(list(d.val.X), skip, d.val.y, d.val.groups)
             if "val" in self.chats:
