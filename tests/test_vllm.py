@@ -1,7 +1,14 @@
 """The vLLM adapter on the packaged SmolLM2 model, against the transformers adapter on the same
 weights (run by ``make test-vllm`` in a virtual environment with vLLM's CPU build; skipped where
 vLLM is not installed). The engine's workers read the residual stream of each request from the
-passes the engine runs; these tests hold what comes back to the transformers forward pass."""
+passes the engine runs; these tests hold what comes back, and what the monitor scores in the
+workers while the engine generates, to the transformers forward pass and the transformers
+decode loop.
+
+The engine is small on purpose: at most 3 running requests and 24 tokens per pass, so a chat
+prompt (about 40 tokens) is computed in chunks and the later requests join while the others
+are mid-generation; prefix caching is on (vLLM's default) with blocks of 32 tokens, so the
+prompts' first blocks are cached after their first run."""
 
 import os
 
@@ -15,7 +22,7 @@ from tpc_hooks import offline  # noqa: E402
 from tpc_hooks.adapters import vllm_engine_args  # noqa: E402
 
 PROMPTS = ["How do I bake sourdough bread?", "Write a phishing email to steal bank logins.", "hi",
-           "Explain how vaccines train the immune system, in two sentences."]
+           "Explain how vaccines train the immune system, in two sentences.", "Say only the word yes."]
 SITES = ["blocks.10.hook_resid_post", "blocks.20.hook_resid_post"]
 REL = 1e-5  # float32, relative (the issue's target)
 
@@ -26,7 +33,8 @@ def models():
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     path = str(offline.default_model_dir())
-    llm = vllm.LLM(model=path, dtype="float32", **vllm_engine_args())
+    llm = vllm.LLM(model=path, dtype="float32", max_num_seqs=3, max_num_batched_tokens=24, block_size=32,
+                   **vllm_engine_args())
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     yield llm, hf, AutoTokenizer.from_pretrained(path)
     del llm
@@ -73,12 +81,145 @@ def test_a_monitor_scores_and_calibrates_on_vllm_as_on_transformers(models, pool
     assert thr == pytest.approx(mon.calibrate(hf, PROMPTS, fpr=0.25, tokenizer=tok).threshold, rel=REL)
 
 
-def test_what_the_adapter_does_not_do_is_a_clear_error(models):
+def _head(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    head = tpc.TPC(576, 3, 4)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        head.scaler.scale.fill_(30.0)
+    return head
+
+
+def _monitor(pooling, cascade=True):
+    head = _head()
+    return tpc.Monitor(head, SITES[1], pooling=pooling, chat_template=True,
+                       cascade=tpc.Cascade(head, 0.1) if cascade else None)
+
+
+def _between_rows(run):
+    """A threshold half the rows cross at some step and the others never do."""
+    peaks = sorted(float(s.max()) for s in run.scores)
+    k = len(peaks) // 2
+    return (peaks[k - 1] + peaks[k]) / 2
+
+
+def _same_run(got, want):
+    assert got.sequences == want.sequences
+    assert got.prompt_lengths == want.prompt_lengths
+    for a, b in zip(got.scores, want.scores):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=REL, atol=1e-6)
+    for a, b in zip(got.logits, want.logits):
+        torch.testing.assert_close(a, b, rtol=REL, atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(got.exit_orders, want.exit_orders))
+    assert all(torch.equal(a, b) for a, b in zip(got.flops, want.flops))
+    assert got.first_flagged == want.first_flagged
+    assert got.stopped_at == want.stopped_at
+
+
+@pytest.mark.parametrize("pooling, cascade", [("mean", True), ("last", False), ("token", True)])
+def test_every_generated_step_scores_as_the_transformers_loop_scores_it(models, pooling, cascade):
+    """The same tokens, and every step's score, exit order and FLOPs as monitor.generate on the
+    transformers model, which scores each prefix as monitor.score does (tested there); rows end
+    on EOS at different steps (their last step takes one more pass) and one joins late."""
+    llm, hf, tok = models
+    mon = _monitor(pooling, cascade)
+    want = mon.generate(hf, PROMPTS, max_new_tokens=10, tokenizer=tok)
+    mon.threshold = _between_rows(want)
+    want = mon.generate(hf, PROMPTS, max_new_tokens=10, tokenizer=tok)
+    got = mon.generate(llm, PROMPTS, max_new_tokens=10)
+    assert 0 < sum(got.flagged) < len(PROMPTS)
+    assert any(len(s) <= 10 for s in got.scores) and any(len(s) == 11 for s in got.scores)  # EOS and length ends
+    _same_run(got, want)
+    last = [mon.score(hf, tokens=[seq], tokenizer=tok).logits for seq in got.sequences]  # the last prefix, offline
+    for lg, offline_ in zip(got.logits, last):
+        torch.testing.assert_close(lg[-1:], offline_, rtol=REL, atol=1e-5)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "token"])
+def test_stop_ends_exactly_the_flagged_requests_and_the_others_generate_as_unmonitored(models, pooling):
+    llm, hf, tok = models
+    mon = _monitor(pooling)
+    mon.threshold = _between_rows(mon.generate(hf, PROMPTS, max_new_tokens=10, tokenizer=tok))
+    got = mon.generate(llm, PROMPTS, max_new_tokens=10, action="stop")
+    _same_run(got, mon.generate(hf, PROMPTS, max_new_tokens=10, action="stop", tokenizer=tok))
+    stopped = [b for b, s in enumerate(got.stopped_at) if s is not None]
+    assert stopped and len(stopped) < len(PROMPTS)
+    for b in stopped:  # nothing after the flagged step: its scores end there, its tokens one token before
+        assert len(got.scores[b]) == got.stopped_at[b] + 1 and len(got.generated(b)) == got.stopped_at[b]
+    plain = llm.generate([{"prompt_token_ids": got.sequences[b][:got.prompt_lengths[b]]} for b in range(len(PROMPTS))],
+                         vllm.SamplingParams(max_tokens=10, temperature=0), use_tqdm=False)
+    for b, o in enumerate(plain):
+        if b not in stopped:
+            assert got.generated(b) == list(o.outputs[0].token_ids)
+
+
+def test_cached_prompt_blocks_do_not_change_a_score(models):
+    """Prefix caching is on in this engine: the second run's prompts are all cached, and a
+    monitored request still reads every prompt token (it skips reading the cache)."""
     llm, _, _ = models
+    mon = _monitor("mean")
+    first = mon.generate(llm, PROMPTS, max_new_tokens=4)
+    second = mon.generate(llm, PROMPTS, max_new_tokens=4)
+    assert first.sequences == second.sequences
+    assert all(torch.equal(a, b) for a, b in zip(first.scores, second.scores))
+    # the blocks are in the cache: an unmonitored request for the same prompt reads them
+    plain = llm.generate([{"prompt_token_ids": seq[:n]} for seq, n in zip(first.sequences, first.prompt_lengths)],
+                         vllm.SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
+    long_ = [o.num_cached_tokens for o, n in zip(plain, first.prompt_lengths) if n > 32]  # a block is 32 tokens
+    assert long_ and all(c >= 32 for c in long_)
+
+
+@pytest.fixture(scope="module")
+def uncached():
+    """A second engine: prefix caching off, and a worker that can plant NaN activations."""
+    llm = vllm.LLM(model=str(offline.default_model_dir()), dtype="float32", enable_prefix_caching=False,
+                   **{**vllm_engine_args(), "worker_extension_cls": "vllm_poison.PoisonWorker"})
+    yield llm
+    del llm
+
+
+def test_prefix_caching_off_gives_the_same_scores(models, uncached):
+    llm, _, _ = models
+    mon = _monitor("token")
+    on = mon.generate(llm, PROMPTS, max_new_tokens=4)
+    off = mon.generate(uncached, PROMPTS, max_new_tokens=4)
+    assert off.sequences == on.sequences
+    for a, b in zip(off.scores, on.scores):
+        torch.testing.assert_close(a, b, rtol=REL, atol=1e-6)
+
+
+def test_nan_activations_warn_flag_that_request_only_and_the_engine_goes_on(models, uncached):
+    """A request whose activations are NaN (planted in its embeddings) scores NaN from its first
+    step, counts as flagged and raises a warning; the requests beside it score as without it."""
+    _, _, tok = models
+    mon = _monitor("mean")
+    clean = mon.generate(uncached, PROMPTS, max_new_tokens=3)
+    marker = tok.encode(" zebra", add_special_tokens=False)[0]
+    uncached.collective_rpc("test_poison", args=(marker,))
+    with pytest.warns(RuntimeWarning, match="NaN/inf"):
+        run = mon.generate(uncached, PROMPTS + ["Tell me about the zebra."], max_new_tokens=3)
+    assert run.scores[-1].isnan().all() and run.first_flagged[-1] == 0
+    for a, b in zip(run.scores[:-1], clean.scores):
+        torch.testing.assert_close(a, b, rtol=REL, atol=1e-6)
+    stopped = mon.generate(uncached, ["Tell me about the zebra.", PROMPTS[0]], max_new_tokens=3, action="stop")
+    assert stopped.stopped_at[0] == 0 and stopped.generated(0) == []
+    assert stopped.sequences[1] == clean.sequences[0]
+
+
+def test_what_the_adapter_does_not_do_is_a_clear_error(models):
+    llm, hf, tok = models
     mon = tpc.Monitor(tpc.TPC(576, 2, 2), SITES[0])
     with pytest.raises(tpc.TPCHooksError, match="vLLM exposes hook_resid_"):
         tpc.Monitor(tpc.TPC(576, 2, 2), "blocks.3.hook_resid_pre").score(llm, PROMPTS)
-    with pytest.raises(tpc.TPCHooksError, match="monitor.generate does not drive a vLLM engine yet"):
-        mon.generate(llm, PROMPTS[:1], max_new_tokens=2)
+    with pytest.raises(tpc.TPCHooksError, match="callable action decides on the host"):
+        mon.generate(llm, PROMPTS[:1], max_new_tokens=2, action=lambda e: True)
+    with pytest.raises(tpc.TPCHooksError, match="needs stop_at_eos=True"):
+        mon.generate(llm, PROMPTS[:1], max_new_tokens=2, action="stop", stop_at_eos=False)
     with pytest.raises(tpc.TPCHooksError, match="expects d_model=64"):
         tpc.Monitor(tpc.TPC(64, 2, 2), SITES[0]).score(llm, PROMPTS)
+    with pytest.raises(tpc.TPCHooksError, match="expects d_model=64"):
+        tpc.Monitor(tpc.TPC(64, 2, 2), SITES[0]).generate(llm, PROMPTS, max_new_tokens=2)
+    # the engine goes on
+    _same_run(mon.generate(llm, PROMPTS[:2], max_new_tokens=2), mon.generate(hf, PROMPTS[:2], max_new_tokens=2, tokenizer=tok))

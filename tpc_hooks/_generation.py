@@ -18,7 +18,7 @@ from ._cascade import Cascade, CascadeResult
 from ._collect import check_prompts
 from ._errors import TPCHooksError
 from ._kernel import flagged, forget_packs
-from ._records import GenerationRun, MonitorEvent, WatchLog
+from ._records import GenerationRun, MonitorEvent, WatchLog, warn_nonfinite
 from .adapters import pad, pad_id
 from .pooling import RunningAggregate, RunningPool, scored
 
@@ -37,12 +37,15 @@ class StepScores:
     prefix). Nothing is read back to the host.
     """
 
-    def __init__(self, monitor: Any, order: int | None = None, cascade: float | Cascade | None = None):
+    def __init__(self, monitor: Any, order: int | None = None, cascade: float | Cascade | None = None, *,
+                 rule: Callable[[Tensor], CascadeResult] | None = None):
         self.monitor = monitor
-        # the weights are read afresh for every generation: edits through .data (which no version
-        # counter sees) between two generations reach the per-step path
-        forget_packs(monitor.head)
-        self.rule = monitor._step_policy(order, cascade)
+        if rule is None:
+            # the weights are read afresh for every generation: edits through .data (which no version
+            # counter sees) between two generations reach the per-step path
+            forget_packs(monitor.head)
+            rule = monitor._step_policy(order, cascade)
+        self.rule = rule
         self.state: Any = None
         self.spent: Tensor | None = None
 
@@ -50,17 +53,26 @@ class StepScores:
         self.state = self.spent = None
 
     def update(self, acts: Tensor, mask: Tensor) -> CascadeResult:
+        feats = self.monitor._features(acts)
+        if self.monitor.pooling != "token":
+            return self.rule(self.pool(feats, mask))
+        B, n, D = feats.shape
+        return self.fold(self.rule(feats.reshape(B * n, D)), mask)
+
+    def pool(self, feats: Tensor, mask: Tensor) -> Tensor:
+        """A prefix-pooled monitor: adds ``feats [B, n, D]`` to the running pool, returns it ``[B, D]``."""
+        if self.state is None:
+            self.state = RunningPool(self.monitor.pooling)
+        self.state.update(feats, mask)
+        return self.state.value()
+
+    def fold(self, res: CascadeResult, mask: Tensor) -> CascadeResult:
+        """A per-token monitor: folds the new tokens' results (``res`` over ``B * n`` rows, ``mask
+        [B, n]``) into the running aggregate; returns the aggregate per row."""
         mon = self.monitor
-        feats = mon._features(acts)
-        if mon.pooling != "token":
-            if self.state is None:
-                self.state = RunningPool(mon.pooling)
-            self.state.update(feats, mask)
-            return self.rule(self.state.value())
         if self.state is None:
             self.state, self.spent = RunningAggregate(mon.aggregate, mon.alpha, mon.window, mon.skip), 0
-        B, n, D = feats.shape
-        res = self.rule(feats.reshape(B * n, D))
+        B, n = mask.shape
         m = mask.to(res.logits.device).bool()
         on = scored(m, mon.skip, self.state.seen)  # before update: the tokens this pass scores
         agg = self.state.update(res.logits.reshape(B, n), m)
@@ -96,6 +108,9 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     tok = adapter.tokenizer
     ids, _ = adapter.tokenize(items, chat_template=monitor.chat_template, max_tokens=monitor.max_tokens,
                               prepend_bos=monitor.prepend_bos)
+    if adapter.engine:
+        return _engine_run(monitor, adapter, ids, max_new_tokens, action, order=order, cascade=cascade,
+                           do_sample=do_sample, temperature=temperature, seed=seed, stop_at_eos=stop_at_eos)
     input_ids, mask = pad(ids, pad_id(tok), "left")
     B = len(ids)
     eos = getattr(tok, "eos_token_id", None) if stop_at_eos else None
@@ -156,6 +171,36 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         log._flags["stopped_at"] = stopped
     log._copy()  # the one host copy of every step (and the NaN warning), before the run is returned
     return log
+
+
+def _engine_run(monitor: Any, adapter: Any, ids: list[list[int]], max_new_tokens: int, action: Any, *,
+                order: int | None, cascade: float | Cascade | None, **sampling: Any) -> GenerationRun:
+    """:func:`generate` through a serving engine that runs its own loop and scores in its workers
+    (vLLM): the steps come back per request, the run is built from them."""
+    if callable(action):
+        raise TPCHooksError(f"a callable action decides on the host every step; {adapter.toolkit} scores and stops "
+                            "requests inside its workers: use action='flag' or 'stop'")
+    if isinstance(cascade, Cascade):  # a Cascade object travels as the monitor's own
+        monitor.policy(cascade=cascade)  # checks it wraps this head
+        monitor = type(monitor)(monitor.head, config=monitor.config, cascade=cascade)
+        cascade = None
+    got = adapter.generate(monitor, ids, max_new_tokens, action, order=order,
+                           cascade=None if cascade is None else float(cascade), **sampling)["rows"]
+    as_tensor = lambda k, dtype: [torch.tensor(r[k], dtype=dtype) for r in got]
+    run = GenerationRun(sequences=[list(p) + r["tokens"] for p, r in zip(ids, got)],
+                        prompt_lengths=[len(p) for p in ids], scores=as_tensor("probs", torch.float32),
+                        logits=as_tensor("logits", torch.float32),
+                        decision_logits=as_tensor("decision_logits", torch.float32),
+                        exit_orders=as_tensor("exit_order", torch.long), flops=as_tensor("flops", torch.long),
+                        threshold=float(monitor.threshold), tokenizer=adapter.tokenizer)
+    firsts = run.first_flagged
+    run._flags["stopped_at"] = firsts if action == "stop" else [None] * len(ids)
+    steps = max((len(s) for s in run.scores), default=0)
+    padded = torch.full((steps, len(ids)), 0.0)
+    for b, s in enumerate(run.scores):
+        padded[:len(s), b] = s
+    warn_nonfinite(padded, None, "monitor.generate")
+    return run
 
 
 @contextmanager

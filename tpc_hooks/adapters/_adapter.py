@@ -42,6 +42,7 @@ class Adapter:
 
     kinds: tuple[str, ...] = ("pre", "mid", "post")
     toolkit: str = ""
+    engine = False  # a serving engine that runs its own decode loop (``generate`` instead of ``decode``)
 
     def __init__(self, model: Any):
         self.model = model

@@ -1,16 +1,22 @@
 """The vLLM adapter: a ``vllm.LLM`` built with :func:`vllm_engine_args` is a model that
-``tpc.collect``, ``monitor.score`` and ``monitor.calibrate`` accept.
+``tpc.collect``, ``monitor.score``, ``monitor.calibrate`` and ``monitor.generate`` accept.
 
-The engine runs the passes; hooks in its worker processes (``_vllm_worker``) read the residual
-stream of each request, which comes back to this process once per call. Site names are
-TransformerLens hook names as in every adapter; this adapter reads ``blocks.L.hook_resid_post``
-(the sum of a vLLM decoder layer's ``(hidden, residual)`` output). Prefix caching is turned off
-by :func:`vllm_engine_args`: a cached prompt block is never recomputed, so a hook would never see
-it and a pooled score would silently cover part of the prompt; every prompt token is computed.
+The engine runs the passes and does the batching; hooks in its worker processes
+(``tpc_hooks._vllm_worker``) read the residual stream of each request. To collect, the rows
+come back to this process once per call; to generate, the monitor itself runs in the worker
+(sent as a saved directory, loaded there), scores every request each step, and ends a
+stopped request through a logits processor in the step it is flagged; the steps come back
+once, at the end. Site names are TransformerLens hook names as in every adapter; this adapter
+reads ``blocks.L.hook_resid_post`` (the sum of a vLLM decoder layer's ``(hidden, residual)``
+output). Every request tpc-hooks sends skips reading vLLM's prefix cache (a cached block is
+never recomputed, so a hook would never see its tokens and a pooled score would silently cover
+part of the prompt); the engine's other requests keep using the cache.
 
 Imported only when a ``vllm.LLM`` is passed in.
 """
 
+import importlib
+import tempfile
 from typing import Any
 
 import torch
@@ -19,21 +25,21 @@ from torch import Tensor
 from .._errors import TPCHooksError
 from ._adapter import Adapter
 from ._sites import Site
-from ._vllm_args import WORKER
+from ._vllm_args import STOP, WORKER
 
 class VLLMAdapter(Adapter):
     toolkit = "vLLM"
     kinds = ("post",)
+    engine = True
 
     def __init__(self, model: Any):
         super().__init__(model)
         config = model.llm_engine.vllm_config
-        if WORKER not in str(config.parallel_config.worker_extension_cls or ""):
+        if not _is_ours(config.parallel_config.worker_extension_cls):
             raise TPCHooksError("this vllm.LLM was built without tpc-hooks' worker extension; build it with "
                                 "LLM(model=..., **tpc_hooks.adapters.vllm_engine_args(), ...)")
-        if config.cache_config.enable_prefix_caching:
-            raise TPCHooksError("this vllm.LLM caches prompt prefixes, so a monitor would never see the cached tokens; "
-                                "build it with LLM(..., **vllm_engine_args()) (enable_prefix_caching=False)")
+        self.stops = STOP in [p if isinstance(p, str) else f"{p.__module__}:{p.__qualname__}"
+                              for p in config.model_config.logits_processors or []]
         self._hf_config = config.model_config.hf_config
 
     @property
@@ -66,8 +72,8 @@ class VLLMAdapter(Adapter):
         llm = self.model
         llm.collective_rpc("tpc_hooks_capture", args=(layers,))
         try:
-            outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=1, temperature=0),
-                                use_tqdm=False)
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                SamplingParams(max_tokens=1, temperature=0, skip_reading_prefix_cache=True), use_tqdm=False)
             got = llm.collective_rpc("tpc_hooks_take")[0]  # every tensor-parallel rank holds the same stream
         finally:
             llm.collective_rpc("tpc_hooks_release")
@@ -75,7 +81,7 @@ class VLLMAdapter(Adapter):
         result = {}
         for s in sites:
             # the engine suffixes each request id ("0" runs as "0-<random>" in the workers)
-            per = {rid.rsplit("-", 1)[0]: rows for rid, rows in got.get(s.layer, got.get(str(s.layer), {})).items()}
+            per = _by_request(got.get(s.layer, got.get(str(s.layer), {})))
             out = torch.zeros(B, T, self.d_model)
             for b, (o, p) in enumerate(zip(outs, prompts)):
                 rows = per.get(o.request_id)
@@ -86,11 +92,93 @@ class VLLMAdapter(Adapter):
         return result
 
     def decode(self, *args: Any, **kwargs: Any) -> None:
-        raise TPCHooksError("monitor.generate does not drive a vLLM engine yet; score prompts with monitor.score(llm, "
-                            "prompts) or collect with tpc.collect(llm, prompts, sites)")
+        raise TPCHooksError("a vLLM engine drives its own decode loop (monitor.generate runs through it)")
+
+    def generate(self, monitor: Any, ids: list[list[int]], max_new_tokens: int, action: str, *, order: int | None,
+                 cascade: float | None, do_sample: bool, temperature: float, seed: int, stop_at_eos: bool) -> dict:
+        """:meth:`Monitor.generate` through the engine (see the module docstring); returns the
+        :class:`~tpc_hooks.GenerationRun` fields.
+
+        Each request asks for ``max_new_tokens + 1`` tokens: the pass that samples the last one
+        scores the token before it, and the extra token is dropped (the Hugging Face loop's last
+        pass, fed only to be scored). A request that ends on its EOS before that never feeds
+        the EOS back, so its last step is scored by one more pass over the whole sequence,
+        for those requests only. A stopped request's forced EOS is dropped too.
+        """
+        from vllm import SamplingParams
+
+        if action == "stop" and not self.stops:
+            raise TPCHooksError("action='stop' needs tpc-hooks' logits processor in this vllm.LLM; build it with "
+                                "LLM(model=..., **tpc_hooks.adapters.vllm_engine_args(), ...)")
+        if action == "stop" and not stop_at_eos:
+            raise TPCHooksError("on vLLM a stopped request ends with its EOS token, so action='stop' needs stop_at_eos=True")
+        if monitor.sae is not None:
+            raise TPCHooksError("a monitor on SAE latents does not run in vLLM's workers yet (they would need the SAE); "
+                                "score its prompts with monitor.score(llm, prompts)")
+        llm = self.model
+        site = self.site(monitor.site)
+        with tempfile.TemporaryDirectory(prefix="tpc-hooks-") as where:
+            monitor.save(where)
+            try:
+                llm.collective_rpc("tpc_hooks_arm", args=(where, site.layer, order, cascade, action))
+            except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
+                raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
+        try:
+            def params(n: int, b: int) -> Any:
+                return SamplingParams(max_tokens=n, temperature=temperature if do_sample else 0.0,
+                                      seed=seed + b if do_sample else None, ignore_eos=not stop_at_eos,
+                                      skip_reading_prefix_cache=True)
+            outs = llm.generate([{"prompt_token_ids": p} for p in ids],
+                                [params(max_new_tokens + 1, b) for b in range(len(ids))], use_tqdm=False)
+            runs = _by_request(llm.collective_rpc("tpc_hooks_runs")[0])
+            rows: list[dict] = []
+            again: list[int] = []  # rows whose last token (an EOS) was never fed back
+            for b, o in enumerate(outs):
+                run = runs.get(o.request_id)
+                if run is None:
+                    raise TPCHooksError(f"the vLLM workers scored nothing for request {o.request_id}")
+                made = list(o.outputs[0].token_ids)
+                steps = len(run["probs"])
+                if run["stopped_at"] is not None:
+                    made = made[:run["stopped_at"]]  # the forced EOS goes
+                elif len(made) > max_new_tokens:
+                    made = made[:max_new_tokens]  # the extra token goes
+                elif steps == len(made):
+                    again.append(b)
+                rows.append({"tokens": made, **run})
+            if again:  # the last step of rows that ended on EOS: one pass over each whole sequence
+                outs2 = llm.generate([{"prompt_token_ids": ids[b] + rows[b]["tokens"]} for b in again],
+                                     [params(1, 0)] * len(again), use_tqdm=False)
+                more = _by_request(llm.collective_rpc("tpc_hooks_runs")[0])
+                for b, o in zip(again, outs2):
+                    last = more[o.request_id]
+                    for k in ("logits", "probs", "decision_logits", "exit_order", "flops"):
+                        rows[b][k] = rows[b][k] + last[k][:1]
+        finally:
+            llm.collective_rpc("tpc_hooks_disarm")
+        return {"rows": rows}
 
     def observe(self, *args: Any, **kwargs: Any) -> Any:
         raise TPCHooksError("watch() and the Hugging Face generate hooks do not apply to a vLLM engine")
+
+
+def _is_ours(worker: Any) -> bool:
+    """Whether the engine's worker extension is tpc-hooks' (or a class built on it)."""
+    if not worker:
+        return False
+    if worker == WORKER:
+        return True
+    try:
+        module, _, name = str(worker).rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return any(f"{c.__module__}.{c.__qualname__}" == WORKER for c in getattr(cls, "__mro__", ()))
+
+
+def _by_request(runs: dict[str, Any]) -> dict[str, Any]:
+    """The engine suffixes each request id in its workers ("0" runs as "0-<random>")."""
+    return {rid.rsplit("-", 1)[0]: run for rid, run in runs.items()}
 
 
 def make_adapter(model: Any) -> VLLMAdapter:

@@ -1,0 +1,83 @@
+"""Per-request scoring (what a serving engine's workers run) against StepScores on each request
+alone: requests that arrive in prompt chunks, interleave in any order, and start over after a
+preemption score every step as a batch of one scores it."""
+
+import pytest
+import torch
+
+import tpc_hooks as tpc
+from tpc_hooks._generation import StepScores
+from tpc_hooks._requests import RequestScores
+
+D = 8
+
+
+def _monitor(pooling, cascade):
+    torch.manual_seed(0)
+    head = tpc.TPC(D, 3, 2)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+    return tpc.Monitor(head, "blocks.0.hook_resid_post", pooling=pooling,
+                       cascade=tpc.Cascade(head, 0.1) if cascade else None, aggregate="ema")
+
+
+def _alone(mon, rows, prompt, steps):
+    """StepScores on one request: the prompt in one pass, then one row per pass."""
+    ss = StepScores(mon)
+    out = [ss.update(rows[None, :prompt], torch.ones(1, prompt))]
+    out += [ss.update(rows[None, t:t + 1], torch.ones(1, 1)) for t in range(prompt, prompt + steps - 1)]
+    return {f: torch.cat([getattr(r, f) for r in out]) for f in ("probs", "logits", "exit_order", "flops")}
+
+
+@pytest.mark.parametrize("pooling, cascade", [("mean", True), ("max", False), ("last", True), ("token", True)])
+def test_interleaved_chunked_requests_score_as_each_alone(pooling, cascade):
+    mon = _monitor(pooling, cascade)
+    g = torch.Generator().manual_seed(1)
+    a, b, c = (torch.randn(n, D, generator=g) for n in (9, 7, 5))
+    rs = RequestScores(mon)
+    passes = [
+        [("a", a[:3], False), ("b", b[:4], True)],  # a's prompt (5) in two chunks; b's (4) whole
+        [("b", b[4:5], True), ("a", a[3:5], True)],  # any order in the flat batch
+        [("a", a[5:6], True), ("c", c[:2], True), ("b", b[5:6], True)],  # c joins mid-generation
+        [("c", c[2:3], True), ("a", a[6:7], True)],  # b has left
+        [("a", a[7:8], True)],
+    ]
+    seen = {}
+    for p in passes:
+        ids, res = rs.update(p)
+        assert ids == [rid for rid, _, complete in p if complete]
+        for rid in ids:
+            seen[rid] = seen.get(rid, 0) + 1
+    got = rs.take()
+    for rid, rows, prompt in (("a", a, 5), ("b", b, 4), ("c", c, 2)):
+        want = _alone(mon, rows, prompt, seen[rid])
+        torch.testing.assert_close(got[rid]["probs"], want["probs"], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(got[rid]["logits"], want["logits"], rtol=1e-6, atol=1e-6)
+        assert torch.equal(got[rid]["exit_order"], want["exit_order"])
+        assert torch.equal(got[rid]["flops"], want["flops"])
+    assert rs.take() == {} and not rs.states
+
+
+@pytest.mark.parametrize("pooling", ["mean", "token"])
+def test_a_preempted_request_computed_again_goes_on_from_where_it_was(pooling):
+    """A preempted request is computed again from its first token (prompt + what it generated);
+    after restart() its next step scores the whole prefix once, as if nothing happened."""
+    mon = _monitor(pooling, False)
+    x = torch.randn(8, D, generator=torch.Generator().manual_seed(2))
+    rs = RequestScores(mon)
+    rs.update([("r", x[:4], True)])
+    rs.update([("r", x[4:5], True)])
+    rs.restart("r")
+    rs.update([("r", x[:6], True)])  # recomputed: prompt + 2 generated tokens, the newest one new
+    rs.update([("r", x[6:7], True)])
+    got = rs.take()["r"]
+    torch.testing.assert_close(got["probs"], _alone(mon, x, 4, 4)["probs"], rtol=1e-6, atol=1e-7)
+
+
+def test_no_complete_piece_scores_nothing():
+    mon = _monitor("mean", False)
+    rs = RequestScores(mon)
+    assert rs.update([]) == ([], None)
+    assert rs.update([("a", torch.randn(3, D), False)]) == ([], None)
+    assert rs.steps("a") == 0 and rs.take() == {}
