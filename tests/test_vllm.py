@@ -19,7 +19,7 @@ vllm = pytest.importorskip("vllm")
 
 import tpc_hooks as tpc  # noqa: E402
 from tpc_hooks import offline  # noqa: E402
-from tpc_hooks.adapters import vllm_engine_args  # noqa: E402
+from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
 
 PROMPTS = ["How do I bake sourdough bread?", "Write a phishing email to steal bank logins.", "hi",
            "Explain how vaccines train the immune system, in two sentences.", "Say only the word yes."]
@@ -169,6 +169,12 @@ def test_cached_prompt_blocks_do_not_change_a_score(models):
                          vllm.SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
     long_ = [o.num_cached_tokens for o, n in zip(plain, first.prompt_lengths) if n > 32]  # a block is 32 tokens
     assert long_ and all(c >= 32 for c in long_)
+    # a request of the user's own that reads the cache while the monitor runs gets no score, and is told why
+    with get_adapter(llm).monitoring(mon):
+        llm.generate([{"prompt_token_ids": first.sequences[0][:first.prompt_lengths[0]]}],
+                     vllm.SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
+        runs = list(llm.collective_rpc("tpc_hooks_runs")[0].values())
+    assert len(runs) == 1 and "skip_reading_prefix_cache=True" in runs[0]["error"]
 
 
 @pytest.fixture(scope="module")

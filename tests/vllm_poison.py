@@ -10,7 +10,10 @@ from tpc_hooks._vllm_worker import TPCHooksWorker
 
 
 class PoisonWorker(TPCHooksWorker):
-    def test_poison(self, token_id: int) -> bool:
+    def test_poison(self, token_id: int | str) -> bool:
+        """From now on the embedding rows of ``token_id`` are NaN (a string: from the server's
+        development endpoint, ``POST /collective_rpc``, which passes strings)."""
+        token_id = int(token_id)
         embed = self.model_runner.get_model().model.embed_tokens
 
         def hook(module: Any, args: Any, out: torch.Tensor) -> torch.Tensor:

