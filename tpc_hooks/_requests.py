@@ -7,6 +7,7 @@ keeps its own running pool (or per-token aggregate); the policy runs once per pa
 request's new rows together.
 """
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,8 +26,30 @@ def _part(res: CascadeResult, a: int, b: int) -> CascadeResult:
                          exit_order=res.exit_order[a:b], flops=res.flops[a:b], degree=res.degree)
 
 
+def _pick(res: CascadeResult, index: Tensor) -> CascadeResult:
+    return CascadeResult(**{f: getattr(res, f)[index] for f in FIELDS}, degree=res.degree)
+
+
 def _cat(parts: list[CascadeResult]) -> CascadeResult:
     return CascadeResult(**{f: torch.cat([getattr(p, f) for p in parts]) for f in FIELDS}, degree=parts[0].degree)
+
+
+def _stacked(objs: list[Any]) -> Any:
+    """One state object for a batch of requests: each tensor attribute of ``objs`` (a batch of
+    one each) concatenated along the batch; everything else from the first."""
+    out = copy.copy(objs[0])
+    for k, v in vars(objs[0]).items():
+        if isinstance(v, Tensor):
+            setattr(out, k, torch.cat([getattr(o, k) for o in objs]))
+    return out
+
+
+def _unstacked(batched: Any, objs: list[Any]) -> None:
+    """The batch's new state back into each request's object (views, one per request)."""
+    for k, v in vars(batched).items():
+        if isinstance(v, Tensor):
+            for o, part in zip(objs, v.split(1)):
+                setattr(o, k, part)
 
 
 class RequestScores:
@@ -75,19 +98,42 @@ class RequestScores:
         sizes = [int(rows.shape[0]) for _, rows, _ in pieces]
         ends = torch.tensor(sizes).cumsum(0).tolist()
         states = [self.states.setdefault(rid, StepScores(mon, rule=self.rule)) for rid, _, _ in pieces]
-        done = [rid for rid, _, complete in pieces if complete]
-        if mon.pooling != "token":
-            pooled = [st.pool(feats[e - n:e][None], torch.ones(1, n, device=device)) for st, n, e in zip(states, sizes, ends)]
-            keep = [v for v, (_, _, complete) in zip(pooled, pieces) if complete]
-            res = self.rule(torch.cat(keep)) if keep else None
-        else:
-            every = self.rule(feats)
-            parts = [st.fold(_part(every, e - n, e), torch.ones(1, n, device=device))
-                     for st, n, e in zip(states, sizes, ends)]
-            keep = [p for p, (_, _, complete) in zip(parts, pieces) if complete]
-            res = _cat(keep) if keep else None
+        # one token each, with a running state (every decode step): one batched update for all of them
+        group = [k for k, (st, n) in enumerate(zip(states, sizes)) if n == 1 and st.state is not None]
+        grouped = set(group)
+        alone = [k for k in range(len(pieces)) if k not in grouped]
+        token = mon.pooling == "token"
+        every = self.rule(feats) if token else None
+        outs: list[Any] = []  # per piece: its pooled vector [1, D] or its result (one row)
+        order: list[int] = []
+        if group:
+            rows = torch.tensor([ends[k] - 1 for k in group], device=device)
+            batch = StepScores(mon, rule=self.rule)
+            batch.state = _stacked([states[k].state for k in group])
+            batch.spent = torch.cat([states[k].spent for k in group]) if token else None
+            ones = torch.ones(len(group), 1, device=device)
+            got = batch.fold(_pick(every, rows), ones) if token else batch.pool(feats[rows][:, None], ones)
+            _unstacked(batch.state, [states[k].state for k in group])
+            if token:
+                for k, part in zip(group, batch.spent.split(1)):
+                    states[k].spent = part
+            outs.append(got)
+            order += group
+        for k in alone:
+            n, e = sizes[k], ends[k]
+            ones = torch.ones(1, n, device=device)
+            outs.append(states[k].fold(_part(every, e - n, e), ones) if token else states[k].pool(feats[e - n:e][None], ones))
+            order += [k]
+        done_k = [k for k in sorted(order) if pieces[k][2]]
+        done = [pieces[k][0] for k in done_k]
+        if not done:
+            return [], None
+        place = {k: i for i, k in enumerate(order)}
+        at = torch.tensor([place[k] for k in done_k], device=device)
+        res = _pick(_cat(outs), at) if token else self.rule(torch.cat(outs)[at])
+        vals = [getattr(res, f).tolist() for f in FIELDS]
         for j, rid in enumerate(done):
-            self.records.setdefault(rid, []).append(_part(res, j, j + 1))
+            self.records.setdefault(rid, []).append(tuple(v[j] for v in vals))
         return done, res
 
     def take(self, requests: Sequence[str] | None = None) -> dict[str, dict[str, Tensor]]:
@@ -98,7 +144,9 @@ class RequestScores:
             recs = self.records.pop(rid, [])
             self.states.pop(rid, None)
             if recs:
-                out[rid] = {f: torch.cat([getattr(r, f) for r in recs]).cpu() for f in FIELDS}
+                cols = list(zip(*recs))
+                out[rid] = {f: torch.tensor(c, dtype=torch.long if f in ("exit_order", "flops") else torch.float32)
+                            for f, c in zip(FIELDS, cols)}
         if requests is None:
             self.states.clear()
         return out

@@ -14,6 +14,7 @@ Imported by vLLM in its workers (and by the engine when it checks the logits pro
 per-request arguments), never by ``import tpc_hooks``.
 """
 
+import math
 import time
 from collections import OrderedDict
 from typing import Any
@@ -297,7 +298,7 @@ class TPCHooksWorker:
                 armed.first[rid] = step = armed.scores.steps(rid) - 1
                 # a server ends a request whose activations turn NaN/inf whatever the action (its response is an
                 # error); monitor.generate records NaN steps as the Hugging Face loop does
-                nonfinite = armed.keep == "summary" and bool(armed.scores.records[rid][-1].decision_logits.isnan().any())
+                nonfinite = armed.keep == "summary" and bool(math.isnan(armed.scores.records[rid][-1][2]))
                 if armed.action == "stop" or nonfinite:
                     armed.stopped[rid] = step
                     armed.stop_rows.append(rows[rid])
