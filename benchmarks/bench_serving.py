@@ -15,6 +15,19 @@
    timed inside the worker's hook (wall clock around the scoring, ``tpc_hooks_stats``), next
    to the pass's whole time (the call's wall clock over its passes).
 
+2. The server under load (unless ``--no-server``): ``tpc-hooks serve`` (the monitor, action
+   stop, a threshold it never reaches) and, as the baseline, vLLM's own OpenAI server with no
+   tpc-hooks at all, one after the other on a loopback port, each sent ``--requests`` chat
+   requests (``--server-tokens`` greedy tokens each, ``ignore_eos``) from ``--clients`` concurrent
+   clients (httpx, asyncio). Per server: p50 / p99 latency, tokens/s, requests lost (no answer, or
+   an answer without its ``tpc_hooks`` field: must be 0), errors other than the ones planted
+   (every 50th request asks for ``tpc_hooks_threshold: 2``, a 400 by design: must be 0 others),
+   and the monitor's state in the worker before and after (requests, steps and summaries held;
+   the worker's resident memory), read through vLLM's development endpoint. Flat means the
+   monitor holds nothing after the run and the worker's memory grew by no more than the engine
+   alone grows (reported beside it: the baseline server's worker is not reachable, so the
+   monitored server's own growth over a second, identical run is the check).
+
 The monitor: a random degree-5 rank-64 TPC on ``blocks.20.hook_resid_post`` with small weights,
 a cascade at tau 0.1, and a threshold it never reaches (nothing is stopped, so both sides
 generate the same tokens; checked before timing). Prompts: HarmBench and do-not-answer from the
@@ -26,11 +39,15 @@ Runs in the vLLM environment ``make test-vllm`` builds (``make bench-serving``):
 """
 
 import argparse
+import asyncio
 import importlib.util
 import json
 import os
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -140,6 +157,138 @@ def offline_rounds(llm, mon, prompts: list[list[int]], new_tokens: int, rounds: 
             "hook_ms": statistics.median(hook_ms), "pass_ms": statistics.median(pass_ms)}
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(cmd: list[str], port: int, env: dict) -> subprocess.Popen:
+    import httpx
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env={**os.environ, **env})
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited: {' '.join(cmd)}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    proc.kill()
+    raise SystemExit("the server did not come up in 300 s")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+async def load(port: int, texts: list[str], n: int, clients: int, new_tokens: int, monitored: bool) -> dict:
+    """``n`` chat requests from ``clients`` concurrent clients; every 50th is a planted bad one."""
+    import httpx
+
+    queue: asyncio.Queue = asyncio.Queue()
+    for i in range(n):
+        queue.put_nowait(i)
+    lat, tokens, lost, other, planted = [], 0, 0, [], 0
+
+    async def client(http: httpx.AsyncClient) -> None:
+        nonlocal tokens, lost, planted
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            bad = i % 50 == 49
+            body = {"model": "smol", "messages": [{"role": "user", "content": texts[i % len(texts)]}],
+                    "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+            if bad:
+                body["vllm_xargs"] = {"tpc_hooks_threshold": 2}
+            t = time.perf_counter()
+            try:
+                r = await http.post("/v1/chat/completions", json=body)
+            except httpx.HTTPError as err:
+                lost += 1
+                other.append(repr(err))
+                continue
+            if bad and monitored:
+                planted += r.status_code == 400
+                if r.status_code != 400:
+                    other.append(f"planted request answered {r.status_code}")
+                continue
+            if r.status_code != 200:
+                other.append(f"{r.status_code}: {r.text[:200]}")
+                continue
+            out = r.json()
+            if monitored and "tpc_hooks" not in out["choices"][0]:
+                lost += 1
+                continue
+            lat.append(time.perf_counter() - t)
+            tokens += out["usage"]["completion_tokens"]
+
+    t0 = time.perf_counter()
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600, limits=limits) as http:
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+    wall = time.perf_counter() - t0
+    lat.sort()
+    return {"answered": len(lat), "p50": lat[len(lat) // 2], "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "tokens_per_s": tokens / wall, "lost": lost, "other_errors": other, "planted_400": planted}
+
+
+def worker_state(port: int) -> dict:
+    import httpx
+
+    r = httpx.post(f"http://127.0.0.1:{port}/collective_rpc", json={"method": "tpc_hooks_stats"}, timeout=60)
+    return r.json()["results"][0]
+
+
+def server_rounds(args, texts: list[str]) -> None:
+    model = str(offline.default_model_dir())
+    common = ["--dtype", "float32", "--served-model-name", "smol", "--max-num-seqs", str(args.clients)]
+    env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_SERVER_DEV_MODE": "1"}
+    print(f"\n## Server under load: {args.requests} chat requests from {args.clients} concurrent clients on loopback\n")
+    print(f"{args.server_tokens} greedy tokens each; every 50th request is a planted bad one (a 400 by design). "
+          "Baseline: vLLM's own OpenAI server, no tpc-hooks.\n")
+    print("| server | answered | lost | other errors | planted 400s | p50 s | p99 s | tokens/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as where:
+        quiet_monitor(576).save(where)
+        runs = [("vLLM (no monitor)", [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model],
+                 False),
+                ("tpc-hooks serve", [sys.executable, "-m", "tpc_hooks", "serve", model, "--monitor", where], True)]
+        states = []
+        for name, cmd, monitored in runs:
+            port = free_port()
+            proc = start_server([*cmd, "--port", str(port), *common], port, env)
+            try:
+                before = worker_state(port) if monitored else None
+                for rep in range(2 if monitored else 1):  # the monitored server twice: its memory must not grow
+                    res = asyncio.run(load(port, texts, args.requests, args.clients, args.server_tokens, monitored))
+                    print(f"| {name}{' (again)' if rep else ''} | {res['answered']} | {res['lost']} | "
+                          f"{len(res['other_errors'])} | {res['planted_400']} | {res['p50']:.2f} | {res['p99']:.2f} | "
+                          f"{res['tokens_per_s']:.1f} |")
+                    if res["other_errors"]:
+                        print(f"  first other errors: {res['other_errors'][:3]}", file=sys.stderr)
+                    if monitored:
+                        states.append(worker_state(port))
+            finally:
+                stop_server(proc)
+    print("\nThe monitor in the worker (tpc_hooks_stats):\n")
+    print("| when | requests held | steps held | summaries held | worker RSS MiB | passes | hook ms / pass |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for when, st in zip(("before", "after run 1", "after run 2"), [before, *states]):
+        ms = 1e3 * st["seconds"] / st["passes"] if st["passes"] else 0.0
+        print(f"| {when} | {st['requests_held']} | {st['steps_held']} | {st['summaries_held']} | "
+              f"{st['rss_bytes'] / 2**20:.0f} | {st['passes']} | {ms:.2f} |")
+
+
 def fmt(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}]"
 
@@ -150,32 +299,41 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--quick", action="store_true", help="1 and 8, 16 tokens, 2 rounds (a smoke test)")
+    ap.add_argument("--requests", type=int, default=1000, help="server load test: requests per server")
+    ap.add_argument("--server-tokens", type=int, default=16, help="server load test: greedy tokens per request")
+    ap.add_argument("--clients", type=int, default=32, help="server load test: concurrent clients")
+    ap.add_argument("--no-server", action="store_true", help="skip the server load test")
+    ap.add_argument("--no-offline", action="store_true", help="skip the offline engine rounds")
+    ap.add_argument("--quick", action="store_true", help="1 and 8, 16 tokens, 2 rounds, 100 requests (a smoke test)")
     add_results_argument(ap, "bench_serving")
     args = ap.parse_args(argv)
     if args.quick:
-        args.concurrency, args.new_tokens, args.rounds = [1, 8], 16, 2
+        args.concurrency, args.new_tokens, args.rounds, args.requests = [1, 8], 16, 2, 100
     import vllm
     from transformers import AutoTokenizer
 
     path = str(offline.default_model_dir())
     tok = AutoTokenizer.from_pretrained(path)
-    llm = vllm.LLM(model=path, dtype="float32", max_num_seqs=max(args.concurrency), **vllm_engine_args())
-    mon = quiet_monitor(576)
     texts = packaged_prompts()
     with recording(results_path(args), argv):
-        print("## Offline vLLM: monitored tokens/s over unmonitored, same run\n")
-        print(f"SmolLM2-135M-Instruct float32 on CPU ({os.cpu_count()} cores), vllm {vllm.__version__}, "
-              f"{args.prompt_tokens}-token prompts, {args.new_tokens} greedy tokens each, {args.rounds} rotated rounds; "
-              f"median [min, max]. Monitor: degree 5, rank 64, cascade tau 0.1, at {SITE}.\n")
-        print("| concurrent requests | unmonitored tokens/s | monitored | noise control (unmonitored again) "
-              "| hook ms / pass | pass ms |")
-        print("|---:|---:|---:|---:|---:|---:|")
-        for c in args.concurrency:
-            prompts = token_prompts(tok, texts, c, args.prompt_tokens)
-            res = offline_rounds(llm, mon, prompts, args.new_tokens, args.rounds)
-            print(f"| {c} | {res['tokens_per_s']:.1f} | {fmt(res['ratios']['monitored'])} | {fmt(res['ratios']['unmonitored again'])} "
-                  f"| {res['hook_ms']:.2f} | {res['pass_ms']:.1f} |")
+        if not args.no_offline:
+            llm = vllm.LLM(model=path, dtype="float32", max_num_seqs=max(args.concurrency), **vllm_engine_args())
+            mon = quiet_monitor(576)
+            print("## Offline vLLM: monitored tokens/s over unmonitored, same run\n")
+            print(f"SmolLM2-135M-Instruct float32 on CPU ({os.cpu_count()} cores), vllm {vllm.__version__}, "
+                  f"{args.prompt_tokens}-token prompts, {args.new_tokens} greedy tokens each, {args.rounds} rotated rounds; "
+                  f"median [min, max]. Monitor: degree 5, rank 64, cascade tau 0.1, at {SITE}.\n")
+            print("| concurrent requests | unmonitored tokens/s | monitored | noise control (unmonitored again) "
+                  "| hook ms / pass | pass ms |")
+            print("|---:|---:|---:|---:|---:|---:|")
+            for c in args.concurrency:
+                prompts = token_prompts(tok, texts, c, args.prompt_tokens)
+                res = offline_rounds(llm, mon, prompts, args.new_tokens, args.rounds)
+                print(f"| {c} | {res['tokens_per_s']:.1f} | {fmt(res['ratios']['monitored'])} | "
+                      f"{fmt(res['ratios']['unmonitored again'])} | {res['hook_ms']:.2f} | {res['pass_ms']:.1f} |")
+            del llm
+        if not args.no_server:
+            server_rounds(args, texts)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ per-request arguments), never by ``import tpc_hooks``.
 """
 
 import math
+import os
 import time
 from collections import OrderedDict
 from typing import Any
@@ -249,9 +250,16 @@ class TPCHooksWorker:
     def tpc_hooks_stats(self) -> dict[str, float]:
         """What the monitor's hook has cost since it was armed: forward passes, seconds (wall
         clock inside the hook, which includes the scoring; on a GPU, without waiting for the
-        device) and rows scored."""
+        device), rows scored, and what it holds: requests with a running state, requests with
+        recorded steps (and how many steps), summaries not yet taken, the process's resident
+        memory."""
         armed = _ARMED
-        return {} if armed is None else {"passes": armed.passes, "seconds": armed.seconds, "rows": armed.rows}
+        if armed is None:
+            return {}
+        return {"passes": armed.passes, "seconds": armed.seconds, "rows": armed.rows,
+                "requests_held": len(armed.scores.states), "records_held": len(armed.scores.records),
+                "summaries_held": len(armed.summaries), "steps_held": sum(map(len, armed.scores.records.values())),
+                "rss_bytes": _rss()}
 
     def _tpc_monitor_hook(self, module: Any, args: Any, out: Any) -> None:
         armed = _ARMED
@@ -302,6 +310,15 @@ class TPCHooksWorker:
                 if armed.action == "stop" or nonfinite:
                     armed.stopped[rid] = step
                     armed.stop_rows.append(rows[rid])
+
+
+def _rss() -> int:
+    """This process's resident memory in bytes (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _stream(out: Any) -> torch.Tensor:
