@@ -92,16 +92,7 @@ SITE_LAYER = 20  # SmolLM2's 30 layers; other depths read at the same relative d
 TOOLKITS = ("transformers", "nnsight", "transformer_lens")
 NEVER = 1 - 1e-6  # the monitor's threshold in the generation benchmark: a small random head never reaches it
 
-# Llama shapes, random-initialised (nothing downloads); SmolLM2-135M's is read from the packaged config
-SHAPES: dict[str, dict[str, Any] | None] = {
-    "smollm2-135m": None,
-    "llama-1b": {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
-                 "intermediate_size": 8192, "vocab_size": 128256, "tie_word_embeddings": True},
-    "llama-8b": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-                 "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False},
-}
-_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
-               "vocab_size", "tie_word_embeddings", "head_dim")
+from _shapes import SHAPE_KEYS, SHAPES  # noqa: E402
 
 
 def packaged_prompts() -> list[str]:
@@ -247,7 +238,7 @@ def random_config(shape: str, tok: Any) -> Any:
     dims = SHAPES[shape]
     if dims is None:
         packaged = AutoConfig.from_pretrained(offline.default_model_dir())
-        dims = {k: getattr(packaged, k) for k in _SHAPE_KEYS if getattr(packaged, k, None) is not None}
+        dims = {k: getattr(packaged, k) for k in SHAPE_KEYS if getattr(packaged, k, None) is not None}
     return LlamaConfig(**dims, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=pad_id(tok))
 
 

@@ -16,6 +16,7 @@ Imported by ``tpc-hooks serve`` only (it imports vLLM).
 """
 
 import argparse
+import asyncio
 import hashlib
 import json
 import re
@@ -198,6 +199,38 @@ async def _event(event: bytes, annotate: Any) -> bytes:
     return out
 
 
+class _Asks:
+    """One RPC to the workers at a time, for every response that finished while the previous
+    one was out: under load the engine answers one summary call per step or so, not one per
+    response (each call waits for the engine's loop between two steps)."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, asyncio.Future] = {}
+        self.busy = False
+
+    async def ask(self, engine: Any, response_id: str) -> dict[str, Any]:
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(response_id, fut)
+        fut = self.waiting[response_id]
+        if not self.busy:
+            self.busy = True
+            try:
+                while self.waiting:
+                    batch, self.waiting = self.waiting, {}
+                    try:
+                        got = (await engine.collective_rpc("tpc_hooks_summaries", args=(list(batch),)))[0]
+                    except Exception as err:  # every waiting response learns it
+                        for f in batch.values():
+                            f.set_exception(err)
+                        continue
+                    for rid, f in batch.items():
+                        f.set_result({k: v for k, v in got.items() if rid in k})
+            finally:
+                self.busy = False
+        return await fut
+
+
+_ASKS = _Asks()
 _CHILD = re.compile(r"^(?:(\d+)_)?(.*)$")
 
 
@@ -205,7 +238,7 @@ async def _summaries(engine: Any, response_id: str, n: int) -> dict[int, dict | 
     """The workers' summaries of a response's requests, by choice index. Engine ids: a chat
     request ``chatcmpl-X-<8 hex>``; a completion's prompt ``i`` ``cmpl-X-i-<8 hex>``; the
     ``k``-th of ``n`` samples ``k_<that>``."""
-    got = (await engine.collective_rpc("tpc_hooks_summaries", args=([response_id],)))[0]
+    got = await _ASKS.ask(engine, response_id)
     out: dict[int, dict | None] = {}
     for rid, summary in got.items():
         k, rest = _CHILD.match(rid).groups()
