@@ -229,3 +229,46 @@ def test_what_the_adapter_does_not_do_is_a_clear_error(models):
         tpc.Monitor(tpc.TPC(64, 2, 2), SITES[0]).generate(llm, PROMPTS, max_new_tokens=2)
     # the engine goes on
     _same_run(mon.generate(llm, PROMPTS[:2], max_new_tokens=2), mon.generate(hf, PROMPTS[:2], max_new_tokens=2, tokenizer=tok))
+
+
+def test_tensor_parallel_ranks_score_once_and_as_the_transformers_loop(tmp_path, monkeypatch):
+    """tensor_parallel_size=2 on this CPU (one core per rank; SmolLM2-135M's 9 heads do not split
+    in two, so a small random Llama with 8 heads, saved with transformers): only rank 0 scores,
+    and the run is the transformers loop's on the same weights."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 CPU cores")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                      intermediate_size=512, vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True,
+                      bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(offline.default_model_dir() / name, tmp_path)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # vLLM's CPU backend binds each rank to its own cores
+    llm = vllm.LLM(model=str(tmp_path), dtype="float32", tensor_parallel_size=2, **vllm_engine_args())
+    try:
+        from transformers import AutoTokenizer
+
+        hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+        tok = AutoTokenizer.from_pretrained(tmp_path)
+        gen = torch.Generator().manual_seed(1)
+        head = tpc.TPC(256, 3, 4)
+        with torch.no_grad():
+            for p in head.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+        mon = tpc.Monitor(head, "blocks.2.hook_resid_post", pooling="mean", chat_template=True,
+                          cascade=tpc.Cascade(head, 0.1))
+        mon.threshold = _between_rows(mon.generate(hf, PROMPTS, max_new_tokens=8, tokenizer=tok))
+        got = mon.generate(llm, PROMPTS, max_new_tokens=8, action="stop")
+        _same_run(got, mon.generate(hf, PROMPTS, max_new_tokens=8, action="stop", tokenizer=tok))
+        assert 0 < sum(s is not None for s in got.stopped_at) < len(PROMPTS)
+        with get_adapter(llm).monitoring(mon):
+            llm.generate(PROMPTS, vllm.SamplingParams(max_tokens=3, skip_reading_prefix_cache=True), use_tqdm=False)
+            ranks = llm.collective_rpc("tpc_hooks_stats")
+        assert len(ranks) == 2 and ranks[0]["passes"] > 0 and ranks[1] == {}  # rank 1 holds no monitor
+    finally:
+        del llm
