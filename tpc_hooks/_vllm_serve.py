@@ -28,6 +28,7 @@ from prometheus_client import Counter, Histogram
 from . import _format
 from ._errors import TPCHooksError
 from ._monitor import Monitor
+from .adapters._hf import layer_path
 from .adapters._sites import parse_site
 from .adapters._vllm_args import STOP, WORKER
 from .adapters.vllm import _is_ours
@@ -319,8 +320,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     return ours, args
 
 
-def check_model(monitor: dict[str, Any], model: str, trust_remote_code: bool = False) -> None:
-    """The monitor's site and d_model against the model's config (read, not loaded)."""
+def check_model(monitor: dict[str, Any], model: str, trust_remote_code: bool = False) -> list[str]:
+    """The monitor's site and d_model against the model's config (read, not loaded); returns the
+    attribute path of its decoder layers (the transformers adapter's table)."""
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
@@ -332,6 +334,7 @@ def check_model(monitor: dict[str, Any], model: str, trust_remote_code: bool = F
     if monitor["d_model"] != cfg.hidden_size:
         raise TPCHooksError(f"monitor expects d_model={monitor['d_model']} but {model} produces {cfg.hidden_size}; "
                             "was it trained on another model?")
+    return layer_path(cfg, "vLLM")
 
 
 async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
@@ -345,7 +348,7 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
         async with build_async_engine_client(args) as engine:
             try:
                 await engine.collective_rpc("tpc_hooks_arm", args=(str(Path(ours.monitor).resolve()), site.layer, None,
-                                                                   None, ours.action, "summary"))
+                                                                   None, ours.action, "summary", ours.layers_path))
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
                 raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
             _skip_cache_reads(engine)
@@ -362,7 +365,7 @@ def main(argv: list[str]) -> int:
     ours, args = parse(argv)
     # a bad directory, or a monitor for another model, fails here, before the engine starts
     MonitorMiddleware.monitor = identity(ours.monitor)
-    check_model(MonitorMiddleware.monitor, args.model, getattr(args, "trust_remote_code", False))
+    ours.layers_path = check_model(MonitorMiddleware.monitor, args.model, getattr(args, "trust_remote_code", False))
     uvloop.run(run(ours, args))
     return 0
 

@@ -139,12 +139,12 @@ class TPCHooksWorker:
     residual stream is the same on every tensor-parallel rank."""
 
     # ------------------------------------------------------------------ recording (collect, score)
-    def tpc_hooks_capture(self, layers: list[int]) -> int:
-        """Starts recording ``blocks.L.hook_resid_post`` for each ``L`` of ``layers``, per request;
-        returns the model's hidden size."""
+    def tpc_hooks_capture(self, layers: list[int], path: list[str]) -> int:
+        """Starts recording ``blocks.L.hook_resid_post`` for each ``L`` of ``layers``, per request
+        (``path``: the attribute path of the decoder layers, from the transformers adapter's
+        table); returns the model's hidden size."""
         self.tpc_hooks_release()
-        model = self.model_runner.get_model()
-        decoder = model.model.layers
+        decoder = self._tpc_layers(path)
         self._tpc_rows: dict[int, dict[str, list[torch.Tensor]]] = {layer: {} for layer in layers}
 
         def make(layer: int) -> Any:
@@ -155,7 +155,7 @@ class TPCHooksWorker:
             return hook
 
         self._tpc_handles = [decoder[layer].register_forward_hook(make(layer)) for layer in layers]
-        return int(model.config.hidden_size)
+        return self._tpc_d_model()
 
     def tpc_hooks_take(self) -> dict[int, dict[str, list[list[float]]]]:
         """Every recorded request's rows per layer (prompt tokens, then one row per decode step),
@@ -173,9 +173,10 @@ class TPCHooksWorker:
 
     # ------------------------------------------------------------------ monitoring (generate, serve)
     def tpc_hooks_arm(self, path: str, layer: int, order: int | None, cascade: float | None, action: str,
-                      keep: str = "steps") -> dict:
+                      keep: str = "steps", layers_path: tuple[str, ...] = ("model", "layers")) -> dict:
         """Loads the monitor saved at ``path`` and scores every request from now on at
-        ``blocks.{layer}.hook_resid_post``; ``action="stop"`` ends a request at its first
+        ``blocks.{layer}.hook_resid_post`` (``layers_path``: the attribute path of the decoder
+        layers); ``action="stop"`` ends a request at its first
         flagged step.
         ``keep="steps"``: every step of every request, until :meth:`tpc_hooks_runs` takes them;
         ``"summary"`` (a server): a finished request's steps become a summary, kept for the last
@@ -184,14 +185,13 @@ class TPCHooksWorker:
         runs (site, threshold, d_model)."""
         global _ARMED
         self.tpc_hooks_disarm()
-        model = self.model_runner.get_model()
         monitor = Monitor.load(path)
-        d_model = int(model.config.hidden_size)
+        d_model = self._tpc_d_model()
         if monitor.head.d_model != d_model:
             raise TPCHooksError(f"monitor expects d_model={monitor.head.d_model} but this model produces {d_model}")
         if getattr(self, "rank", 0) == 0:
             _ARMED = _Armed(monitor, layer, order, cascade, action, keep)
-            self._tpc_arm_handle = model.model.layers[layer].register_forward_hook(self._tpc_monitor_hook)
+            self._tpc_arm_handle = self._tpc_layers(layers_path)[layer].register_forward_hook(self._tpc_monitor_hook)
         return {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": d_model}
 
     def tpc_hooks_runs(self, requests: list[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -238,6 +238,17 @@ class TPCHooksWorker:
         self._tpc_arm_handle = None
         _ARMED = None
         return True
+
+    def _tpc_layers(self, path: list[str] | tuple[str, ...]) -> Any:
+        mod = self.model_runner.get_model()
+        for part in path:
+            if not hasattr(mod, part):
+                raise TPCHooksError(f"this vLLM model has no {'.'.join(path)} (its decoder layers)")
+            mod = getattr(mod, part)
+        return mod
+
+    def _tpc_d_model(self) -> int:
+        return int(self.model_runner.model_config.get_hidden_size())
 
     # ------------------------------------------------------------------ inside a forward pass
     def _tpc_pieces(self) -> list[tuple[str, int, int]]:

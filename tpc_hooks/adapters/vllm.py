@@ -26,6 +26,7 @@ from torch import Tensor
 
 from .._errors import TPCHooksError
 from ._adapter import Adapter
+from ._hf import layer_path
 from ._sites import Site
 from ._vllm_args import STOP, WORKER
 
@@ -43,6 +44,7 @@ class VLLMAdapter(Adapter):
         self.stops = STOP in [p if isinstance(p, str) else f"{p.__module__}:{p.__qualname__}"
                               for p in config.model_config.logits_processors or []]
         self._hf_config = config.model_config.hf_config
+        self._path = layer_path(self._hf_config, "vLLM")  # the transformers adapter's table
 
     @property
     def d_model(self) -> int:
@@ -72,7 +74,7 @@ class VLLMAdapter(Adapter):
         layers = sorted({s.layer for s in sites})
         prompts = [row[m.bool()].tolist() for row, m in zip(input_ids.cpu(), attention_mask.cpu())]
         llm = self.model
-        llm.collective_rpc("tpc_hooks_capture", args=(layers,))
+        llm.collective_rpc("tpc_hooks_capture", args=(layers, self._path))
         try:
             outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                                 SamplingParams(max_tokens=1, temperature=0, skip_reading_prefix_cache=True), use_tqdm=False)
@@ -178,7 +180,8 @@ class VLLMAdapter(Adapter):
         with tempfile.TemporaryDirectory(prefix="tpc-hooks-") as where:
             monitor.save(where)
             try:
-                info = llm.collective_rpc("tpc_hooks_arm", args=(where, site.layer, order, cascade, action, keep))[0]
+                info = llm.collective_rpc("tpc_hooks_arm", args=(where, site.layer, order, cascade, action, keep,
+                                                                 self._path))[0]
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
                 raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
         try:
