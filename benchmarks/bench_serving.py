@@ -61,6 +61,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # vLLM's log is progress, not a result
 
 import torch  # noqa: E402
 

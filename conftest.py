@@ -1,0 +1,8 @@
+"""Collection rules for the whole repository: the modules that import vLLM (they run in vLLM's
+workers and server) are collected, for their doctests, only where vLLM is installed
+(``make test-vllm``'s environment)."""
+
+import importlib.util
+
+collect_ignore = [] if importlib.util.find_spec("vllm") else [
+    "tests/vllm_poison.py", "tpc_hooks/_vllm_worker.py", "tpc_hooks/_vllm_serve.py"]
