@@ -26,7 +26,7 @@ def _part(res: CascadeResult, a: int, b: int) -> CascadeResult:
                          exit_order=res.exit_order[a:b], flops=res.flops[a:b], degree=res.degree)
 
 
-def _pick(res: CascadeResult, index: Tensor) -> CascadeResult:
+def _pick(res: CascadeResult, index: Tensor | slice) -> CascadeResult:
     return CascadeResult(**{f: getattr(res, f)[index] for f in FIELDS}, degree=res.degree)
 
 
@@ -107,7 +107,8 @@ class RequestScores:
         outs: list[Any] = []  # per piece: its pooled vector [1, D] or its result (one row)
         order: list[int] = []
         if group:
-            rows = torch.tensor([ends[k] - 1 for k in group], device=device)
+            every_row = len(group) == len(feats)  # the usual decode step: one row per request, all of them
+            rows = slice(None) if every_row else torch.tensor([ends[k] - 1 for k in group], device=device)
             batch = StepScores(mon, rule=self.rule)
             batch.state = _stacked([states[k].state for k in group])
             batch.spent = torch.cat([states[k].spent for k in group]) if token else None
@@ -129,8 +130,9 @@ class RequestScores:
         if not done:
             return [], None
         place = {k: i for i, k in enumerate(order)}
-        at = torch.tensor([place[k] for k in done_k], device=device)
-        res = _pick(_cat(outs), at) if token else self.rule(torch.cat(outs)[at])
+        at = [place[k] for k in done_k]
+        pick = slice(None) if at == list(range(len(order))) else torch.tensor(at, device=device)
+        res = _pick(_cat(outs) if len(outs) > 1 else outs[0], pick) if token else self.rule(torch.cat(outs)[pick])
         vals = [getattr(res, f).tolist() for f in FIELDS]
         for j, rid in enumerate(done):
             self.records.setdefault(rid, []).append(tuple(v[j] for v in vals))
