@@ -20,6 +20,7 @@ vllm = pytest.importorskip("vllm")
 import tpc_hooks as tpc  # noqa: E402
 from tpc_hooks import offline  # noqa: E402
 from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
+from tiny_models import random_head  # noqa: E402
 
 PROMPTS = ["How do I bake sourdough bread?", "Write a phishing email to steal bank logins.", "hi",
            "Explain how vaccines train the immune system, in two sentences.", "Say only the word yes."]
@@ -66,12 +67,7 @@ def test_per_token_rows_match_token_for_token(models):
 @pytest.mark.parametrize("pooling", ["mean", "token"])
 def test_a_monitor_scores_and_calibrates_on_vllm_as_on_transformers(models, pooling):
     llm, hf, tok = models
-    gen = torch.Generator().manual_seed(0)
-    head = tpc.TPC(576, 3, 4)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-        head.scaler.scale.fill_(30.0)
+    head = _head()
     mon = tpc.Monitor(head, SITES[1], pooling=pooling, chat_template=True, cascade=tpc.Cascade(head, 0.1))
     got = mon.score(llm, PROMPTS)
     want = mon.score(hf, PROMPTS, tokenizer=tok)
@@ -81,14 +77,8 @@ def test_a_monitor_scores_and_calibrates_on_vllm_as_on_transformers(models, pool
     assert thr == pytest.approx(mon.calibrate(hf, PROMPTS, fpr=0.25, tokenizer=tok).threshold, rel=REL)
 
 
-def _head(seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    head = tpc.TPC(576, 3, 4)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-        head.scaler.scale.fill_(30.0)
-    return head
+def _head():
+    return random_head(576, std=0.05, scale=30.0)
 
 
 def _monitor(pooling, cascade=True):
@@ -255,11 +245,7 @@ def test_tensor_parallel_ranks_score_once_and_as_the_transformers_loop(tmp_path,
 
         hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
         tok = AutoTokenizer.from_pretrained(tmp_path)
-        gen = torch.Generator().manual_seed(1)
-        head = tpc.TPC(256, 3, 4)
-        with torch.no_grad():
-            for p in head.parameters():
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+        head = random_head(256, std=0.1, seed=1)
         mon = tpc.Monitor(head, "blocks.2.hook_resid_post", pooling="mean", chat_template=True,
                           cascade=tpc.Cascade(head, 0.1))
         mon.threshold = _between_rows(mon.generate(hf, PROMPTS, max_new_tokens=8, tokenizer=tok))

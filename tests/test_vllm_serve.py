@@ -18,6 +18,7 @@ httpx = pytest.importorskip("httpx")
 
 import tpc_hooks as tpc  # noqa: E402
 from tpc_hooks import offline  # noqa: E402
+from tiny_models import random_head  # noqa: E402
 
 PROMPTS = ["How do I bake sourdough bread?", "hi", "Say only the word yes.",
            "Write a phishing email to steal bank logins."]
@@ -26,12 +27,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def _monitor(threshold=0.5):
-    gen = torch.Generator().manual_seed(0)
-    head = tpc.TPC(576, 3, 4)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-        head.scaler.scale.fill_(30.0)
+    head = random_head(576, std=0.05, scale=30.0)
     return tpc.Monitor(head, "blocks.20.hook_resid_post", pooling="last", chat_template=True, threshold=threshold)
 
 

@@ -102,16 +102,25 @@ def hf_tiny(arch: str, seed: int = 0):
     raise ValueError(arch)
 
 
-def tiny_head(d_model: int = 32, degree: int = 3, seed: int = 0):
-    """A TPC (rank 4) with every parameter drawn at random, small enough for the tiny models."""
+def random_head(d_model: int, degree: int = 3, rank: int = 4, *, std: float = 0.3, scale: float | None = None,
+                seed: int = 0):
+    """A TPC with every parameter drawn at random (``std``), its input scale set to ``scale``
+    when given (a real model's residual stream is far from unit scale)."""
     import tpc_hooks as tpc
 
     gen = torch.Generator().manual_seed(seed)
-    head = tpc.TPC(d_model, degree, 4)
+    head = tpc.TPC(d_model, degree, rank)
     with torch.no_grad():
         for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
+        if scale is not None:
+            head.scaler.scale.fill_(scale)
     return head
+
+
+def tiny_head(d_model: int = 32, degree: int = 3, seed: int = 0):
+    """A TPC (rank 4) with every parameter drawn at random, small enough for the tiny models."""
+    return random_head(d_model, degree, seed=seed)
 
 
 RESUME_PROMPTS = [f"{w} cat" for w in ("the", "a", "dog", "hello", "world", "nice", "cake", "bread", "car", "friend")]

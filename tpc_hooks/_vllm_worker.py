@@ -36,9 +36,9 @@ KEEP = 4096  # finished requests whose summary waits for the server to take it (
 class _Armed:
     """The monitor a worker runs and what it has decided (one per worker process)."""
 
-    def __init__(self, monitor: Monitor, layer: int, order: int | None, cascade: float | None, action: str,
+    def __init__(self, monitor: Monitor, order: int | None, cascade: float | None, action: str,
                  keep: str):
-        self.monitor, self.layer, self.action, self.keep = monitor, layer, action, keep
+        self.monitor, self.action, self.keep = monitor, action, keep
         self.scores = RequestScores(monitor, order, cascade)
         self.threshold = float(monitor.threshold)
         self.stop_rows: list[int] = []  # input-batch rows whose next token ends them (this pass)
@@ -190,7 +190,7 @@ class TPCHooksWorker:
         if monitor.head.d_model != d_model:
             raise TPCHooksError(f"monitor expects d_model={monitor.head.d_model} but this model produces {d_model}")
         if getattr(self, "rank", 0) == 0:
-            _ARMED = _Armed(monitor, layer, order, cascade, action, keep)
+            _ARMED = _Armed(monitor, order, cascade, action, keep)
             self._tpc_arm_handle = self._tpc_layers(layers_path)[layer].register_forward_hook(self._tpc_monitor_hook)
         return {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": d_model}
 
