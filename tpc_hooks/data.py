@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import random
-import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -58,6 +57,8 @@ from ._sources import INSTALL as INSTALL
 from ._sources import MIN_CHARS as _MIN_CHARS
 from ._sources import Row as _Row
 from ._sources import norm as _norm
+from ._splits import cut as _cut, cut_sizes as _cut_sizes, dedupe as _dedupe, rng as _rng
+from ._splits import stratified_split as _stratified_split, wrapped as _wrapped
 from ._sources import sharegpt_conversations as sharegpt_conversations
 
 log = logging.getLogger(__name__)
@@ -65,15 +66,6 @@ log = logging.getLogger(__name__)
 HARMFUL_SOURCES = ("advbench", "harmbench", "donotanswer")
 BENIGN_SOURCES = ("overrefusal", "refusal_benign", "gsm8k", "sharegpt")
 PHRASING_FAMILIES = _phrasing.FAMILIES
-_MAX_WRAPPED_REQUEST = 300  # benign requests wrapped in templates stay as short as the harmful ones
-# An explicit insertion point: "[INSERT PROMPT HERE]", "{prompt}", "[PUT YOUR QUESTION HERE]", "[INPUT]"...
-_SLOT = re.compile(
-    r"[\[{]\s*(?:insert|enter|put|write|type)?[\s_]*(?:your|any|the|a)?[\s_]*"
-    r"(?:prompt|question|request|input)(?:[\s_]*here)?[\s_]*\\?[\]}]",
-    re.IGNORECASE,
-)
-
-
 @dataclass(frozen=True)
 class PromptSet:
     """Prompts with binary labels (1 = harmful) and, per row, its source, category and adversarial flag.
@@ -486,84 +478,6 @@ def _check_args(n_benign_sharegpt: int, n_adversarial: int, max_chars: int, held
     if min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-9:
         raise TPCHooksError(
             f"fractions must be three positive numbers summing to 1 (train, val, test); got {fractions}")
-
-
-def _rng(seed: int, stage: str) -> random.Random:
-    """One independent stream per stage, so that changing one size leaves the other draws alone."""
-    return random.Random(f"tpc-hooks-data-{seed}-{stage}")
-
-
-def _dedupe(by_source: dict[str, list[_Row]]) -> dict[str, list[_Row]]:
-    """Keeps the first row of each normalised text (in source order) and drops texts found with both labels."""
-    labels: dict[str, set[int]] = {}
-    for rows in by_source.values():
-        for r in rows:
-            labels.setdefault(_norm(r.text), set()).add(r.label)
-    conflicts = {t for t, ys in labels.items() if len(ys) > 1}
-    if conflicts:
-        log.info("dropping %d texts that occur with both labels", len(conflicts))
-    seen: set[str] = set()
-    out = {}
-    for source, rows in by_source.items():
-        kept = []
-        for r in rows:
-            key = _norm(r.text)
-            if key not in seen and key not in conflicts:
-                seen.add(key)
-                kept.append(r)
-        if len(kept) < len(rows):
-            log.info("%s: dropped %d duplicate rows", source, len(rows) - len(kept))
-        out[source] = kept
-    return out
-
-
-def _cut_sizes(n: int, fractions: tuple[float, float, float]) -> list[int]:
-    a, b = round(n * fractions[0]), round(n * (fractions[0] + fractions[1]))
-    return [a, b - a, n - b]
-
-
-def _cut(rows: list[Any], fractions: tuple[float, float, float]) -> list[list[Any]]:
-    a, b, _ = _cut_sizes(len(rows), fractions)
-    return [rows[:a], rows[a:a + b], rows[a + b:]]
-
-
-def _stratified_split(by_source: dict[str, list[_Row]], names: Sequence[str], fractions: Sequence[float],
-                      rng: random.Random) -> dict[str, list[_Row]]:
-    """Each (source, label) group shuffled and cut by ``fractions`` into the splits ``names``."""
-    splits: dict[str, list[_Row]] = {name: [] for name in names}
-    for source in sorted(by_source):
-        for label in (0, 1):
-            group = [r for r in by_source[source] if r.label == label]
-            rng.shuffle(group)
-            for name, part in zip(names, _cut_by(group, fractions)):
-                splits[name] += part
-    return splits
-
-
-def _cut_by(rows: list[Any], fractions: Sequence[float]) -> list[list[Any]]:
-    edges = [round(len(rows) * sum(fractions[:i])) for i in range(len(fractions) + 1)]
-    return [rows[a:b] for a, b in zip(edges, edges[1:])]
-
-
-def _wrap(template: str, request: str) -> str:
-    if _SLOT.search(template):
-        return _SLOT.sub(lambda _: request, template)
-    return f"{template.rstrip()}\n\n{request}"
-
-
-def _wrapped(rows: list[_Row], templates: list[str], n_pairs: int, rng: random.Random) -> list[tuple[_Row, _Row]]:
-    """``n_pairs`` harmful and ``n_pairs`` benign requests of a split, each as (wrapped row, request);
-    template ``i`` wraps the ``i``-th of each."""
-    harmful = [r for r in rows if r.label == 1]
-    benign = [r for r in rows if r.label == 0 and len(r.text) <= _MAX_WRAPPED_REQUEST]
-    n = min(n_pairs, len(harmful), len(benign)) if templates else 0
-    if n < n_pairs:
-        log.warning("only %d of %d adversarial pairs could be built in a split", n, n_pairs)
-    out = []
-    for i, (h, b) in enumerate(zip(rng.sample(harmful, n), rng.sample(benign, n))):
-        template = templates[i % len(templates)]
-        out += [(r._replace(text=_wrap(template, r.text), adversarial=True), r) for r in (h, b)]
-    return out
 
 
 def _read_json_records(path: Path, suffix: str) -> list[dict[str, Any]]:
