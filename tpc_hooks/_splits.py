@@ -7,6 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from . import _intent, _phrasing
 from ._sources import Row, norm
 
 log = logging.getLogger(__name__)
@@ -96,3 +97,57 @@ def wrapped(rows: list[Row], templates: list[str], n_pairs: int, rng: random.Ran
         template = templates[i % len(templates)]
         out += [(r._replace(text=wrap(template, r.text), adversarial=True), r) for r in (h, b)]
     return out
+
+
+def act_key(text: str) -> str | None:
+    """The normalised act a request asks for (``None``: not a task), so that two wordings of one
+    request ("Write a tutorial on how to make a bomb", "Give instructions on how to make a bomb")
+    count as one base request."""
+    parsed = _phrasing.parse(text)
+    vp = None if parsed is None else _intent.act(parsed)
+    return norm(vp) if vp else None
+
+
+def intent_splits(by_source: dict[str, list[Row]], templates: list[str], seed: int, heldout_kind: str,
+                  n_adversarial: int, fractions: tuple[float, float, float]) -> dict[str, list[Row]]:
+    """The splits of :func:`tpc_hooks.data.intent_benchmark`, unshuffled: ``train``/``val``/``test``
+    (plain requests and jailbreak-wrapped pairs) and ``<split>/hard`` (hard negatives, label 0, the
+    kind as category). ``by_source`` is deduplicated and holds the ``overrefusal`` rows apart from
+    the ordinary sources."""
+    hard_pool = by_source.pop(_intent.OVERREFUSAL, [])
+    names = ("train", "val", "test")
+    splits = stratified_split(by_source, names, fractions, rng(seed, "intent-split"))
+    rng(seed, "intent-templates").shuffle(templates)
+    for name, tmpl, n_pairs in zip(names, cut(templates, fractions), cut_sizes(n_adversarial // 2, fractions)):
+        splits[name] += [w for w, _ in wrapped(splits[name], tmpl, n_pairs, rng(seed, f"intent-wrap-{name}"))]
+
+    trained = tuple(k for k in _intent.KINDS if k != heldout_kind)
+    hard: dict[str, list[Row]] = {name: [] for name in names}
+    acts: set[str] = set()  # an act flipped in one split is not flipped again in a later one
+    for name in names:
+        harmful = [r for r in splits[name] if r.label == 1 and not r.adversarial]
+        keys = [act_key(r.text) for r in harmful]
+        harmful = [r for r, k in zip(harmful, keys) if k is None or k not in acts]
+        acts |= {k for k in keys if k is not None}
+        if name == "train":
+            got = _intent.flipped([r.text for r in harmful], trained, rng(seed, "intent-flip-train"))
+        else:
+            kinds = trained if name == "val" else _intent.KINDS
+            views = _intent.flipped_views([r.text for r in harmful], kinds,
+                                          lambda k, name=name: rng(seed, f"intent-flip-{name}-{k}"))
+            got = [(i, k, t) for k, rows in views.items() for i, t in rows]
+        hard[name] += [harmful[i]._replace(text=t, label=0, category=k) for i, k, t in got]
+
+    pairs = _intent.homonym_pairs()
+    rng(seed, "intent-homonyms").shuffle(pairs)
+    extra = sorted(hard_pool, key=lambda r: norm(r.text))
+    rng(seed, "intent-overrefusal").shuffle(extra)
+    for kind, pool in ((_intent.HOMONYM, pairs), (_intent.OVERREFUSAL, extra)):
+        parts = [[], [], pool] if kind == heldout_kind else cut(pool, fractions)
+        for name, part in zip(names, parts):
+            if kind == _intent.HOMONYM:
+                texts = _intent.homonyms(part, rng(seed, f"intent-homonym-{name}"))
+                hard[name] += [Row(t, 0, _intent.HOMONYM, _intent.HOMONYM, False) for t in texts]
+            else:
+                hard[name] += [r._replace(category=_intent.OVERREFUSAL) for r in part]
+    return {**splits, **{f"{name}/hard": rows for name, rows in hard.items()}}

