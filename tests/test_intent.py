@@ -112,3 +112,29 @@ def test_intent_benchmark_is_deterministic_and_checks_its_kind(bench):
     assert intent_benchmark(seed=1)["test/hard"].texts != bench["test/hard"].texts
     with pytest.raises(TPCHooksError, match="heldout_kind must be one of"):
         intent_benchmark(heldout_kind="tense")
+
+
+def test_a_degree_2_term_separates_intent_from_topic_where_the_linear_probe_cannot():
+    """Harmful only when a topic and an intent are both present: at 1% FPR the linear probe (order 1)
+    misses most harmful rows, the degree-2 truncation catches them, and at the recall order 1
+    reaches it flags fewer benign rows that only dwell on the topic."""
+    import numpy as np
+    import torch
+
+    import tpc_hooks as tpc
+    from tpc_hooks.metrics import threshold_at_fpr
+    from tpc_hooks.synthetic import topic_intent
+
+    X, y, _ = topic_intent(4000, 32, seed=0)
+    Xv, yv, _ = topic_intent(1000, 32, seed=1)
+    Xt, yt, kind = topic_intent(2000, 32, seed=2)
+    head = tpc.fit(X, y, Xv, yv, degree=2, rank=8, seed=0, verbose=False)
+    with torch.no_grad():
+        val = {k: head(torch.as_tensor(Xv), order=k).numpy() for k in (1, 2)}
+        test = {k: head(torch.as_tensor(Xt), order=k).numpy() for k in (1, 2)}
+    recall = {k: float((test[k][yt == 1] > threshold_at_fpr(val[k][yv == 0], 0.01)).mean()) for k in (1, 2)}
+    assert recall[1] < 0.4 and recall[2] > 0.85, recall
+    # at order 1's recall, order 2 flags fewer "topic only" rows than order 1 does
+    at = {k: np.quantile(test[k][yt == 1], 1 - recall[1]) for k in (1, 2)}
+    topic = {k: float((test[k][kind == "topic only"] > at[k]).mean()) for k in (1, 2)}
+    assert topic[2] < topic[1], topic
