@@ -105,3 +105,21 @@ def test_import_pulls_in_no_toolkit():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("gate, escalate_only", [(False, False), (True, False), (True, True)])
+def test_a_truncated_head_scores_as_the_truncation_and_saves_as_a_smaller_head(tmp_path, gate, escalate_only):
+    head = random_head(d_model=12, degree=4, ranks=(3, 2, 2), dtype=torch.float32, seed=3)
+    z = torch.randn(200, 12)
+    head.set_bounds(z[:100], gate=gate)  # half the rows leave the trust region somewhere
+    head.escalate_only = escalate_only
+    for n in range(1, 5):
+        small = head.truncated(n)
+        assert small.degree == n and small.ranks == head.ranks[:n - 1]
+        assert torch.equal(small(z), head(z, order=n))
+        assert all(torch.equal(small(z, order=k), head(z, order=k)) for k in range(1, n + 1))
+        assert small.cost().params == head.cost(n).params
+        again = tpc.TPC.load(small.save(tmp_path / f"n{n}"))
+        assert torch.equal(again(z), head(z, order=n))
+    with pytest.raises(tpc.TPCHooksError, match="order must be an integer in 1..4"):
+        head.truncated(5)

@@ -283,6 +283,31 @@ class TPC(nn.Module, HubMixin):
             raise TPCHooksError(f"r must index one of the {U.shape[1]} factors of degree {n}; got {r!r}")
         return U[:, r]
 
+    def truncated(self, order: int) -> "TPC":
+        """A degree-``order`` copy of this head: its logits are ``head(z, order=order)`` for every
+        ``z`` (the same tensors, trust region, gate and ``escalate_only``), and the higher degrees'
+        weights are gone, so no policy can run them. ``history`` is kept.
+
+        Example:
+            >>> import torch, tpc_hooks as tpc
+            >>> head = tpc.TPC(d_model=8, degree=3, rank=2)
+            >>> _ = torch.nn.init.normal_(head.lambdas["2"])
+            >>> z = torch.randn(4, 8)
+            >>> small = head.truncated(2)
+            >>> small.degree, torch.equal(small(z), head(z, order=2))
+            (2, True)
+        """
+        n = self.check_order(order)
+        out = TPC(self.d_model, n, list(self.ranks[:n - 1]))
+        keep = {k: v for k, v in self.state_dict().items() if not k.startswith(("factors.", "lambdas.", "bounds_"))
+                or int(k.split("_")[-1] if k.startswith("bounds_") else k.split(".")[1]) <= n}
+        out.load_state_dict({k: v.detach().clone() for k, v in keep.items() if not k.startswith("bounds_")}, strict=False)
+        for k in out.degrees:
+            b = self.bounds(k)
+            setattr(out, f"bounds_{k}", None if b is None else b.detach().clone())
+        out.gate, out.escalate_only, out.history = self.gate, self.escalate_only, self.history
+        return out.to(self.bias.device).train(self.training)
+
     # ------------------------------------------------------------------ cost
     def cost(self, order: int | None = None) -> Cost:
         """Parameter count and FLOPs of the truncation ``P_{:order}`` (paper Table 2, symmetric CP)."""
