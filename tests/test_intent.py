@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from tpc_hooks import TPCHooksError
-from tpc_hooks._intent import _TEMPLATES, HOMONYM, KINDS, OVERREFUSAL, act, flip, homonym_pairs, homonyms
+from tpc_hooks._intent import _TEMPLATES, HOMONYM, KINDS, OVERREFUSAL, act, flip, homonym_pairs, homonyms, templates
 from tpc_hooks._phrasing import parse
 from tpc_hooks._sources import norm
 from tpc_hooks.data import HARD_NEGATIVE_KINDS, intent_benchmark, intent_flips
@@ -93,6 +93,15 @@ def test_no_text_and_no_flipped_act_is_shared_across_splits(bench):
     pairs = {split: {p for p in homonym_pairs() if any(f"{p.verb} {p.obj}" in t for t in bench[f"{split}/hard"].texts)}
              for split in ("train", "val", "test")}
     assert not (pairs["train"] & pairs["test"]) and not (pairs["val"] & pairs["test"])
+
+
+def test_test_flips_use_wordings_never_trained_on(bench):
+    for split, wording in (("train", "train"), ("val", "train"), ("test", "test")):
+        hard = bench[f"{split}/hard"]
+        for t, kind in zip(hard.texts, hard.categories):
+            if kind in KINDS:
+                assert any(re.match(re.escape(p).replace(re.escape("{vp}"), ".+") + "$", t)
+                           for p in templates(kind, wording)), (split, t)
 
 
 def test_the_heldout_kind_is_only_in_the_test_hard_negatives(bench):

@@ -130,11 +130,12 @@ def intent_splits(by_source: dict[str, list[Row]], templates: list[str], seed: i
         harmful = [r for r, k in zip(harmful, keys) if k is None or k not in acts]
         acts |= {k for k in keys if k is not None}
         if name == "train":
-            got = _intent.flipped([r.text for r in harmful], trained, rng(seed, "intent-flip-train"))
+            got = _intent.flipped([r.text for r in harmful], trained, rng(seed, "intent-flip-train"), "train")
         else:
             kinds = trained if name == "val" else _intent.KINDS
             views = _intent.flipped_views([r.text for r in harmful], kinds,
-                                          lambda k, name=name: rng(seed, f"intent-flip-{name}-{k}"))
+                                          lambda k, name=name: rng(seed, f"intent-flip-{name}-{k}"),
+                                          "train" if name == "val" else "test")
             got = [(i, k, t) for k, rows in views.items() for i, t in rows]
         hard[name] += [harmful[i]._replace(text=t, label=0, category=k) for i, k, t in got]
 

