@@ -37,7 +37,9 @@ from sklearn.metrics import f1_score
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
-from tpc_hooks.data import HARD_NEGATIVE_KINDS, INTENT_KINDS, intent_benchmark, rewrites
+from tpc_hooks._monitor_config import MonitorConfig
+from tpc_hooks._train import INTENT, Examples, TrainData, TrainPlan, fit_config, train
+from tpc_hooks.data import HARD_NEGATIVE_KINDS, INTENT_KINDS, PHRASING_FAMILIES, intent_benchmark, rewrites
 from tpc_hooks.metrics import threshold_at_fpr
 
 from _results import add_results_argument, recording, results_path
@@ -45,6 +47,7 @@ from _results import add_results_argument, recording, results_path
 LAYERS = (10, 15, 20)
 FPR, HARD_FPR = 0.01, 0.05
 CONSISTENCY = 0.03  # train_monitor's
+SHIPPED = "SHIPPED: train_monitor's default (flips, orders pruned)"
 USER_HARD = ("homonym", "overrefusal")  # hard negatives a user may have among their own prompts
 
 
@@ -132,6 +135,7 @@ class Rows:
         self.test = A["test"], y["test"]
         self.hard = A["test/hard"], cat["test/hard"]
         self.val_hard_kinds = sorted(set(vh.tolist()))
+        self.layer, self.kept = layer, []
 
 
 def probe(Xtr, ytr, Xva, yva, seed):
@@ -190,6 +194,21 @@ def recipes(r: Rows, seed: int, weight: int):
     out["default + flips, threshold without flips"] = with_flips(1, calibrate_on_flips=False)
     out[f"default + flips x{weight}"] = with_flips(weight)
     out["flips, pooled selection"] = with_flips(1, groups=False, consistency=False)
+
+    def shipped():
+        """train_monitor's default on these rows: the recipe itself (tpc_hooks._train.train), with
+        its rewrites, flips, worst-group selection, pruning of orders and operating point."""
+        vX, vy = np.concatenate([val_X, Xi]), np.concatenate([val_y, yi])
+        vg = np.concatenate([val_g, [INTENT] * len(yi)])
+        t = lambda a: torch.as_tensor(a)
+        data = {site(r.layer): TrainData(train=Examples(t(Xg), yg), rewrites=Examples(t(Xa), ya), val=Examples(t(vX), vy, vg),
+                                  flips=Examples(t(Xf), yf))}
+        plan = TrainPlan(MonitorConfig(site(r.layer)), fit_config("default", PHRASING_FAMILIES, None, {"seed": seed}),
+                         families=PHRASING_FAMILIES, intent=INTENT_KINDS, prune=True)
+        mon = train(data, plan, verbose=False)
+        r.kept.append(mon.report["orders"])
+        return tpc_scores(mon.head), vX[vy == 0]
+    out[SHIPPED] = shipped
     return out
 
 
@@ -245,6 +264,16 @@ def run(args: argparse.Namespace, X: dict, sets: dict) -> int:
                 for k, row in measure(scores, calib, r, r.val[0][r.val[1] == 0]).items():
                     res[(name, k)].append(row)
                 print(f"layer {layer} seed {seed} {name} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+        if r.kept:
+            print(f"\n{SHIPPED}: the order kept per training seed, and why (validation, each order at 1% of the "
+                  "benign validation rows; `gained`/`lost`: harmful rows it flags that the order kept before it "
+                  "does not, and the reverse):\n")
+            print("| seed | kept | " + " | ".join(f"order {k}: flagged (+gained -lost)" for k in range(1, 6)) +
+                  " |\n|---:|---:|" + "---|" * 5)
+            for seed, o in enumerate(r.kept):
+                print(f"| {seed} | {o['kept']} | " + " | ".join(
+                    f"{row['flagged_harmful']}/{row['n_harmful']} (+{row['gained']} -{row['lost']})"
+                    for row in o["per_order"]) + " |")
         print(f"\n## Layer {layer}\n\nMean over {args.seeds} training seeds (test split). `recall`, `fpr`, `hard` "
               "and the kinds at the deployed threshold (1% of the method's benign validation rows); `flips`: the "
               "intent flips together; `r@1% ordinary`: recall at 1% FPR on ordinary benign validation; `r@5% hard`: "

@@ -92,18 +92,22 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
     sites = ["blocks.3.hook_resid_post", "blocks.6.hook_resid_post"]
     assert main(["collect", "--sites", *sites, "--out", str(acts), "--no-progress"]) == 0
     families = ("fiction", "noise", "paraphrase", "tense", "third_person")
-    assert {p.name for p in acts.iterdir() if p.is_dir()} == {"train", "val", "aug", *(f"val-{f}" for f in families)}
+    assert {p.name for p in acts.iterdir() if p.is_dir()} == {"train", "val", "aug", *(f"val-{f}" for f in families),
+                                                               "flips", "val-intent"}
     aug = json.loads((acts / "aug" / "labels.json").read_text())
     assert aug == [1] * 6 + [0] * 6  # every training prompt gains one rewrite with its label
+    flips = json.loads((acts / "flips" / "labels.json").read_text())
+    assert flips == [0] * 6  # every harmful training prompt gains one benign intent flip
     assert main(["train", "--acts", str(acts), "--out", str(mon), "--site", "auto", "--degree", "2", "--rank", "2",
                  "--epochs", "2", "--no-progress"]) == 0
     out = capsys.readouterr().out
     chosen = out.split("--site auto: ")[1].split()[0]
     loaded = tpc.Monitor.load(mon)
     assert chosen in sites and loaded.site == chosen
-    # the operating point: set on the benign validation rows and their rewrites (--target-fpr 0.01 by default)
+    # the operating point: set on the benign validation rows, their rewrites and the intent flips (--target-fpr 0.01)
     op = loaded.report["operating_point"]
-    n_benign = sum(json.loads((acts / p / "labels.json").read_text()).count(0) for p in ["val", *(f"val-{f}" for f in families)])
+    n_benign = sum(json.loads((acts / p / "labels.json").read_text()).count(0)
+                   for p in ["val", *(f"val-{f}" for f in families), "val-intent"])
     assert op["n_benign"] == n_benign and op["flagged"] <= int(0.01 * n_benign) and loaded.threshold == op["threshold"]
     assert f"threshold {loaded.threshold:.6g}: flags {op['flagged']} of {n_benign}" in out
     assert loaded.cascade.center != 0.5
@@ -112,5 +116,6 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
                  "--rank", "2", "--epochs", "2", "--no-progress", "--recipe", "in_distribution"]) == 0
     assert tpc.Monitor.load(tmp_path / "ind").report["operating_point"]["n_benign"] == 2
     plain = tmp_path / "plain"
-    assert main(["collect", "--sites", sites[0], "--out", str(plain), "--no-augment", "--no-progress"]) == 0
+    assert main(["collect", "--sites", sites[0], "--out", str(plain), "--no-augment", "--no-intent",
+                 "--no-progress"]) == 0
     assert {p.name for p in plain.iterdir() if p.is_dir()} == {"train", "val"}

@@ -53,13 +53,13 @@ def test_collect_train_evaluate_monitor_per_token(tmp_path, tiny_cli, capsys):
     assert {"train", "val", "test", "aug"} <= splits and any(s.startswith("val-") for s in splits)
 
     assert main(["train", "--acts", str(acts), "--out", str(mon_dir), "--degree", "2", "--rank", "2", "--epochs", "2",
-                 "--aggregate", "ema", "--alpha", "0.3", "--no-progress"]) == 0
+                 "--aggregate", "ema", "--alpha", "0.3", "--keep-all-orders", "--no-progress"]) == 0
     out = capsys.readouterr().out
     mon = tpc.Monitor.load(mon_dir)
     assert mon.streaming and (mon.aggregate, mon.alpha, mon.skip) == ("ema", 0.3, skip)
     assert mon.site == SITE and mon.chat_template and mon.cascade is not None
-    # training rows: every token after the fixed prefix of the training prompts and their rewrites
-    n_rows = sum(len(s) - skip for p in ("train", "aug") for s in tpc.ActivationStore.open(acts / p / SITE).sequences())
+    # training rows: every token after the fixed prefix of the training prompts, their rewrites and intent flips
+    n_rows = sum(len(s) - skip for p in ("train", "aug", "flips") for s in tpc.ActivationStore.open(acts / p / SITE).sequences())
     assert mon.report["n_train_tokens"] == n_rows and f"trained on {n_rows} token rows" in out
     val_parts = ["val"] + sorted(p for p in splits if p.startswith("val-"))
     n_benign = sum(json.loads((acts / p / "labels.json").read_text()).count(0) for p in val_parts)
@@ -140,8 +140,8 @@ def test_collect_contexts_then_train_learns_from_the_hosted_chats(tmp_path, tiny
 
     monkeypatch.setattr(cli, "_conversations", lambda tokenizer, n, tokens, exclude: tiny_chats(n))
     acts = tmp_path / "acts"
-    assert main(["collect", "--pooling", "token", "--sites", SITE, "--out", str(acts), "--no-augment", "--contexts",
-                 "10", "--context-tokens", "20", "30", "--no-progress"]) == 0
+    assert main(["collect", "--pooling", "token", "--sites", SITE, "--out", str(acts), "--no-augment", "--no-intent",
+                 "--contexts", "10", "--context-tokens", "20", "30", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "ctx-train" in out and "ctx-val" in out
     tok = get_adapter(tiny_cli).tokenizer

@@ -147,3 +147,60 @@ def test_a_degree_2_term_separates_intent_from_topic_where_the_linear_probe_cann
     at = {k: np.quantile(test[k][yt == 1], 1 - recall[1]) for k in (1, 2)}
     topic = {k: float((test[k][kind == "topic only"] > at[k]).mean()) for k in (1, 2)}
     assert topic[2] < topic[1], topic
+
+
+def _plan(degree=3, prune=True, tau=None):
+    import tpc_hooks as tpc
+    from tpc_hooks._monitor_config import MonitorConfig
+    from tpc_hooks._train import TrainPlan
+
+    return TrainPlan(MonitorConfig("blocks.0.hook_resid_post"), tpc.FitConfig(degree=degree, rank=4, epochs=30, seed=0),
+                     tau=tau, prune=prune)
+
+
+def _data(X, y, Xv, yv):
+    import numpy as np
+    import torch
+
+    from tpc_hooks._train import PLAIN, Examples, TrainData
+
+    return {"blocks.0.hook_resid_post": TrainData(train=Examples(torch.as_tensor(X), y),
+                                                  val=Examples(torch.as_tensor(Xv), yv, np.full(len(yv), PLAIN)))}
+
+
+def test_orders_that_add_nothing_at_the_operating_point_are_dropped_and_the_report_says_so():
+    """A problem a linear probe solves: the head keeps order 1 only (no policy can run the others);
+    where a degree-2 term is needed, order 2 is kept; each order's count is checked by hand."""
+    import numpy as np
+    import torch
+
+    from tpc_hooks._evaluate import earned_order
+    from tpc_hooks._monitor import Monitor
+    from tpc_hooks._train import train
+    from tpc_hooks.metrics import threshold_at_fpr
+    from tpc_hooks.synthetic import make_problem, topic_intent
+
+    X, y = make_problem(3000, 16, seed=0, interaction=0.0, noise=0.0)
+    Xv, yv = make_problem(800, 16, seed=1, interaction=0.0, noise=0.0)
+    mon = train(_data(X, y, Xv, yv), _plan(tau=0.2), verbose=False)
+    orders = mon.report["orders"]
+    assert (orders["trained"], orders["kept"], mon.head.degree, mon.cascade.head.degree) == (3, 1, 1, 1)
+    assert "orders 2-3 add nothing at the operating point" in orders["note"]
+    full = train(_data(X, y, Xv, yv), _plan(prune=False), verbose=False)
+    assert "orders" not in full.report and full.head.degree == 3
+    for row in orders["per_order"]:  # by hand, on the unpruned head trained from the same rows and seed
+        with torch.no_grad():
+            s = full.head(torch.as_tensor(Xv), order=row["order"]).double().numpy()
+        t = threshold_at_fpr(s[yv == 0], 0.01)
+        assert row["flagged_harmful"] == int((s[yv == 1] > t).sum()) and row["n_harmful"] == int(yv.sum())
+    assert torch.equal(mon.head(torch.as_tensor(Xv)), full.head(torch.as_tensor(Xv), order=1))
+
+    X, y, _ = topic_intent(4000, 32, seed=0)
+    Xv, yv, _ = topic_intent(1000, 32, seed=1)
+    mon = train(_data(X, y, Xv, yv), _plan(degree=2), verbose=False)
+    assert mon.report["orders"]["kept"] == mon.head.degree == 2
+    assert mon.report["orders"]["note"].startswith("order 2 adds at the operating point")
+    kept, table = earned_order(Monitor(mon.head, "blocks.0.hook_resid_post"), Xv, yv, 0.01)
+    b, c = table[1]["gained"], table[1]["lost"]
+    assert kept == 2 and b - c == table[1]["flagged_harmful"] - table[0]["flagged_harmful"] >= 2 * np.sqrt(b + c)
+    assert np.isclose(table[1]["recall"], table[1]["flagged_harmful"] / yv.sum())

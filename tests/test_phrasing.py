@@ -150,26 +150,27 @@ def test_train_monitor_without_rewrites_is_fit_on_the_plain_split(lm):
     from sklearn.model_selection import train_test_split
 
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
-    mon = tpc.train_monitor(lm, prompts, y, SITES[1], augment=False, degree=2, rank=2, epochs=3, val_fraction=0.25,
-                            verbose=False)
+    mon = tpc.train_monitor(lm, prompts, y, SITES[1], augment=False, intent=False, degree=2, rank=2, epochs=3,
+                            val_fraction=0.25, prune_orders=False, verbose=False)
     X = tpc.collect(lm, prompts, SITES[1], chat_template=True, progress=False)[SITES[1]]
     tr, va = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
     head = tpc.fit(X[tr], y[tr], X[va], y[va], degree=2, rank=2, epochs=3, verbose=False)
     for (_, a), (_, b) in zip(mon.head.state_dict().items(), head.state_dict().items()):
         assert torch.equal(a, b)
-    assert mon.report["augment"] == {"families": [], "n_train_rewrites": 0, "n_val_rewrites": 0}
+    assert mon.report["augment"] == {"families": [], "n_train_rewrites": 0, "n_val_rewrites": 0, "intent": [],
+                                     "n_train_flips": 0, "n_val_flips": 0}
 
 
 def test_train_monitor_rewrites_training_and_validation_prompts(lm):
     prompts, y = HARMFUL + BENIGN, [1] * 8 + [0] * 8
     mon = tpc.train_monitor(lm, prompts, y, SITES[1], augment=("tense", "noise"), degree=2, rank=2, epochs=2,
-                            val_fraction=0.25, verbose=False)
+                            val_fraction=0.25, prune_orders=False, verbose=False)
     rep = mon.report
     assert rep["augment"]["families"] == ["tense", "noise"]
     assert rep["augment"]["n_train_rewrites"] == 12  # every training prompt parses, so every one gains a rewrite
     # each of the 4 validation prompts by each family: tense rephrases all of them, noise may leave one unchanged
     assert 4 <= rep["augment"]["n_val_rewrites"] <= 8
-    assert rep["worst_validation_group"]["groups"] == ["noise", "prompts", "tense"]
+    assert rep["worst_validation_group"]["groups"] == ["intent", "noise", "prompts", "tense"]
     assert mon.head.history.config.seed == 0 and len(rep["validation"]["per_order"]) == 2
     assert mon.head.history.config.consistency == 0.03  # the penalty on the training rewrites, by default
     with pytest.raises(TPCHooksError, match="augment must be True, False or phrasing families"):
@@ -191,7 +192,7 @@ def test_the_consistency_penalty_reads_exactly_the_training_rewrites(lm, monkeyp
 
     monkeypatch.setattr(_train, "fit", spy)
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
-    kw = dict(augment=("tense", "noise"), degree=2, rank=2, epochs=2, val_fraction=0.25, verbose=False)
+    kw = dict(augment=("tense", "noise"), degree=2, rank=2, epochs=2, val_fraction=0.25, verbose=False)  # + flips
     tpc.train_monitor(lm, prompts, y, SITES[1], **kw)
     tr, _ = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
     aug = rewrites([prompts[i] for i in tr], y[tr], ("tense", "noise"), seed=0)
@@ -202,6 +203,52 @@ def test_the_consistency_penalty_reads_exactly_the_training_rewrites(lm, monkeyp
     assert seen[-1] == (None, 0.0)
     tpc.train_monitor(lm, prompts, y, SITES[1], **{**kw, "augment": False})
     assert seen[-1] == (None, 0.0)  # no rewrites, no penalty
+
+
+def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_prompts(lm, monkeypatch):
+    """The default adds one flip per harmful training prompt (label 0, outside the consistency rows)
+    and a validation group "intent": every harmful validation prompt, then every kind's flip of
+    them; the threshold is set on every benign validation row, flips included."""
+    from sklearn.model_selection import train_test_split
+
+    from tpc_hooks import _train
+    from tpc_hooks.data import intent_flips, rewrites
+
+    seen = []
+    real = _train.fit
+
+    def spy(*args, **kwargs):
+        seen.append((args[:4], kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_train, "fit", spy)
+    prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
+    mon = tpc.train_monitor(lm, prompts, y, SITES[1], augment=("tense",), degree=2, rank=2, epochs=2,
+                            val_fraction=0.25, verbose=False)
+    (X_tr, y_tr, X_va, y_va), kw = seen[-1]
+    tr, va = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
+    aug = rewrites([prompts[i] for i in tr], y[tr], ("tense",), seed=0)
+    views = rewrites([prompts[i] for i in va], y[va], ("tense",), every_family=True, seed=0)
+    flips = intent_flips([prompts[i] for i in tr], y[tr], seed=0)
+    val_flips = intent_flips([prompts[i] for i in va], y[va], every_kind=True, seed=0)
+    assert len(flips) == int(y[tr].sum()) and len(val_flips) == len(tpc.data.INTENT_KINDS) * int(y[va].sum())
+    harmful_va = [i for i in va if y[i] == 1]
+    want_va = [prompts[i] for i in va] + views.texts + [prompts[i] for i in harmful_va] + val_flips.texts
+    collect = lambda texts: tpc.collect(lm, texts, SITES[1], chat_template=True, progress=False)[SITES[1]]
+    want_tr = [prompts[i] for i in tr] + aug.texts + flips.texts
+    assert torch.allclose(torch.as_tensor(X_tr), torch.as_tensor(collect(want_tr)), atol=1e-5)
+    assert list(y_tr) == list(y[tr]) + aug.labels + [0] * len(flips)
+    assert torch.allclose(torch.as_tensor(X_va), torch.as_tensor(collect(want_va)), atol=1e-5)
+    groups = list(kw["val_groups"])
+    assert groups == ["prompts"] * 4 + ["tense"] * len(views) + ["intent"] * (len(harmful_va) + len(val_flips))
+    assert len(kw["X_unlabelled"]) == len(aug)  # the consistency rows: the rewrites only
+    assert mon.report["augment"]["intent"] == list(tpc.data.INTENT_KINDS)
+    assert mon.report["augment"]["n_train_flips"] == len(flips)
+    assert mon.report["operating_point"]["n_benign"] == int((np.asarray(y_va) == 0).sum())
+    with pytest.raises(TPCHooksError, match="kinds must be True, False or names"):
+        tpc.train_monitor(lm, prompts, y, SITES[1], intent=("tense",), verbose=False)
+    with pytest.raises(TPCHooksError, match="cannot be combined with intent"):
+        tpc.train_monitor(lm, prompts, y, SITES[1], recipe="in_distribution", intent=True, verbose=False)
 
 
 def test_train_monitor_reads_the_site_its_table_ranks_first(lm):
@@ -263,8 +310,8 @@ def test_worst_group_skips_groups_without_the_class_a_metric_needs():
 def test_in_distribution_recipe_is_the_plain_split_and_the_threshold_is_set_on_benign_validation(lm):
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
     kw = dict(degree=2, rank=2, epochs=3, val_fraction=0.25, verbose=False)
-    plain = tpc.train_monitor(lm, prompts, y, SITES[1], augment=False, target_fpr=None, **kw)
-    ind = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="in_distribution", **kw)
+    plain = tpc.train_monitor(lm, prompts, y, SITES[1], augment=False, intent=False, target_fpr=None, **kw)
+    ind = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="in_distribution", **kw)  # both prune on the same rows
     for (_, a), (_, b) in zip(plain.head.state_dict().items(), ind.head.state_dict().items()):
         assert torch.equal(a, b)
     assert plain.threshold == 0.5 and ind.report["augment"]["families"] == [] and ind.report["recipe"] == "in_distribution"

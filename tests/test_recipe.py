@@ -52,6 +52,8 @@ def _write_stores(acts, data, plan, pooling):
     parts = {"train": (data.train.X, data.train.y)}
     if data.rewrites is not None:
         parts["aug"] = (data.rewrites.X, data.rewrites.y)
+    if data.flips is not None:
+        parts["flips"] = (data.flips.X, data.flips.y)
     for group in dict.fromkeys(data.val.groups.tolist()):
         at = np.flatnonzero(data.val.groups == group)
         X = data.val.X[at] if pooling != "token" else [data.val.X[i] for i in at]
@@ -115,5 +117,6 @@ def test_the_cli_collects_the_rows_train_monitor_collects(tmp_path, monkeypatch,
     torch.testing.assert_close(store("aug"), d.rewrites.X, rtol=1e-5, atol=1e-5)
     from tpc_hooks.data import PHRASING_FAMILIES
 
-    val = torch.cat([store("val")] + [store(f"val-{f}") for f in PHRASING_FAMILIES])
+    val = torch.cat([store("val")] + [store(f"val-{f}") for f in PHRASING_FAMILIES] + [store("val-intent")])
     torch.testing.assert_close(val, d.val.X, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(store("flips"), d.flips.X, rtol=1e-5, atol=1e-5)

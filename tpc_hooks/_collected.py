@@ -2,8 +2,10 @@
 and the readers that turn its stores into the training recipe's rows.
 
 Layout: ``collect.json`` (model, sites, pooling, tokenisation), one folder per split (``train``,
-``val``, ``test`` or ``all``; ``aug`` and ``val-<family>`` with the phrasing rewrites; ``ctx-train``
-and ``ctx-val`` with hosted chats) holding ``labels.json`` and one activation store per site.
+``val``, ``test`` or ``all``; ``aug`` and ``val-<family>`` with the phrasing rewrites; ``flips`` and
+``val-intent`` with the intent flips; ``ctx-train`` and ``ctx-val`` with hosted chats) holding
+``labels.json`` and one activation store per site. :func:`rewrite_splits` and :func:`flip_splits`
+build the extra splits from the prompt sets, as ``train_monitor`` builds its rows.
 """
 
 import json
@@ -15,7 +17,8 @@ import torch
 
 from ._errors import TPCHooksError
 from ._store import ActivationStore
-from ._train import PLAIN, Chats, Examples, TrainData
+from ._train import INTENT, PLAIN, Chats, Examples, TrainData
+from .data import PHRASING_FAMILIES, PromptSet, intent_flips, rewrites
 
 COLLECT_KEYS = ("model", "sites", "pooling", "chat_template", "max_tokens")
 
@@ -116,18 +119,21 @@ class PooledStores:
     def cat(self, parts: list[Any]) -> Any:
         return torch.cat(parts)
 
-    def data(self, site: str, train_split: str, rewrites: bool, families: list[str] | None, hosted: list[str]) -> Any:
+    def data(self, site: str, train_split: str, rewrites: bool, families: list[str] | None, hosted: list[str],
+             intent: bool = False) -> Any:
         """The :class:`~tpc_hooks._train.TrainData` of ``site``: the training split, its rewrites
-        (``aug``), and the validation split then each family's (``val-<family>``)."""
+        (``aug``), its intent flips (``flips``), and the validation split then each family's
+        (``val-<family>``) then the group ``val-intent``."""
         train = Examples(*self.part(train_split, site, "training split"))
         aug = Examples(*self.part("aug", site, "training split")) if rewrites else None
+        flips = Examples(*self.part("flips", site, "training split")) if intent else None
         val = None
         if families is not None:
-            parts = [("val", PLAIN)] + [(f"val-{f}", f) for f in families]
+            parts = [("val", PLAIN)] + [(f"val-{f}", f) for f in families] + ([("val-intent", INTENT)] if intent else [])
             got = [self.part(p, site, "validation split") for p, _ in parts]
             groups = np.concatenate([np.full(len(y), g) for (X, y), (_, g) in zip(got, parts)])
             val = Examples(self.cat([X for X, _ in got]), np.concatenate([y for _, y in got]), groups)
-        return TrainData(train=train, rewrites=aug, val=val, contexts=self.contexts(site, hosted))
+        return TrainData(train=train, rewrites=aug, val=val, contexts=self.contexts(site, hosted), flips=flips)
 
     def contexts(self, site: str, hosted: list[str]) -> dict[str, Any]:
         return {}
@@ -181,3 +187,30 @@ def hosted_chats(acts: Path, split: str, site: str, skip: int, site_fix: str) ->
                             f"(after the {skip}-token fixed prefix); {site_fix} --contexts ...")
     return Chats([torch.from_numpy(z) for z in seqs], [tuple(p) for p in spans["spans"]], np.asarray(labels, dtype=int),
                  spans["tail"])
+
+
+def rewrite_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
+    """``"aug"`` (one phrasing rewrite per training prompt) and ``"val-<family>"`` (every validation
+    prompt by each family), as ``train_monitor`` builds them; none for a set without train/val splits."""
+
+    if "train" not in sets or "val" not in sets:
+        return {}
+    out = {"aug": rewrites(sets["train"].texts, sets["train"].labels, seed=seed)}
+    views = rewrites(sets["val"].texts, sets["val"].labels, every_family=True, seed=seed)
+    for family in PHRASING_FAMILIES:
+        out[f"val-{family}"] = views.subset([i for i, f in enumerate(views.categories) if f == family])
+    return out
+
+
+def flip_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
+    """``"flips"`` (one intent flip per harmful training prompt, label 0) and ``"val-intent"``
+    (every harmful validation prompt, then every kind's flip of them), as ``train_monitor`` builds
+    them; none for a set without train/val splits."""
+    if "train" not in sets or "val" not in sets:
+        return {}
+    val = sets["val"]
+    harmful = val.subset([i for i, v in enumerate(val.labels) if v == 1])
+    flips = intent_flips(val.texts, val.labels, every_kind=True, seed=seed)
+    both = PromptSet(harmful.texts + flips.texts, harmful.labels + flips.labels, harmful.sources + flips.sources,
+                     harmful.categories + flips.categories, harmful.adversarial + flips.adversarial)
+    return {"flips": intent_flips(sets["train"].texts, sets["train"].labels, seed=seed), "val-intent": both}

@@ -87,3 +87,44 @@ def cascade_sweep(monitor: Any, X: Any, y: Any, decision: str = "max",
         rows.append({"tau": tau, "f1": m["f1"], "accuracy": m["accuracy"], "recall": m["recall"], "frr": m["frr"],
                      "mean_flops": mean, "relative_flops": mean / base, "exit_histogram": hist})
     return rows
+
+
+EARN_Z = 2.0  # a higher order is kept when it flags significantly more harmful validation rows (a paired sign test)
+
+
+def earned_order(monitor: Any, X: Any, y: Any, fpr: float, decision: str = "max", counted: Any = None,
+                 z: float = EARN_Z) -> tuple[int, list[dict[str, Any]]]:
+    """The lowest truncation order that nothing above adds to at the operating point, and the table.
+
+    Each order ``n`` gets its own threshold, flagging ``fpr`` of the benign rows of ``(X, y)``
+    (:func:`tpc_hooks.metrics.threshold_at_fpr`), and flags some of the harmful rows (those
+    ``counted``, default all). Order ``n`` earns its terms over the order kept so far when, of the
+    harmful rows exactly one of the two flags, ``n`` flags ``b`` and the kept order ``c`` with
+    ``b - c >= max(1, z * sqrt(b + c))`` (a paired sign test, ``z = 2``: about 2% one-sided); the
+    order kept is the last that earned them.
+
+    Returns:
+        ``(order, table)``: one row per order with ``order``, ``flagged_harmful``, ``n_harmful``,
+        ``recall`` (at its threshold), ``flagged_benign``, ``n_benign``, and ``gained`` / ``lost``:
+        the harmful rows it flags that the order kept before it does not, and the reverse.
+    """
+    from .metrics import threshold_at_fpr
+
+    y = np.asarray(y)
+    harmful = (y == 1) & (np.ones(len(y), bool) if counted is None else np.asarray(counted, bool))
+    n_h, n_b = int(harmful.sum()), int((y == 0).sum())
+    table, hits = [], []
+    kept = 1
+    for n in range(1, monitor.head.degree + 1):
+        s = order_logits(monitor, X if monitor.streaming else torch.as_tensor(X), n, decision)
+        s = np.asarray(s if isinstance(s, np.ndarray) else s.double().cpu().numpy(), dtype=np.float64)
+        t = threshold_at_fpr(s[y == 0], fpr)
+        hits.append(s[harmful] > t)
+        gained = int((hits[-1] & ~hits[kept - 1]).sum())
+        lost = int((hits[kept - 1] & ~hits[-1]).sum())
+        table.append({"order": n, "flagged_harmful": int(hits[-1].sum()), "n_harmful": n_h,
+                      "recall": float(hits[-1].mean()) if n_h else float("nan"),
+                      "flagged_benign": int((s[y == 0] > t).sum()), "n_benign": n_b, "gained": gained, "lost": lost})
+        if n > 1 and gained - lost >= max(1.0, z * np.sqrt(gained + lost)):
+            kept = n
+    return kept, table

@@ -16,26 +16,27 @@ from sklearn.model_selection import train_test_split
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from . import _phrasing
+from . import _intent, _phrasing
 from ._cascade import Cascade
 from ._checks import check_labels, check_rate
 from ._collect import check_prompts, collect, token_batches
 from ._context import check_conversation, context_budget, host_splits, hosted_rows, sharegpt_contexts
 from ._errors import TPCHooksError
-from ._evaluate import DECISIONS, per_order, worst_per_order
+from ._evaluate import DECISIONS, EARN_Z, earned_order, per_order, worst_per_order
 from ._fit import fit
 from ._history import FitConfig
 from ._monitor import Monitor
 from ._monitor_config import MonitorConfig
 from ._rows import token_rows
-from ._select import choose_site
+from ._select import FPR, choose_site
 from .adapters import get_adapter, resolve_bos
-from .data import PromptSet, rewrites
+from .data import PromptSet, intent_flips, rewrites
 from .pooling import check_aggregate, check_pooling
 
 TRAIN_RECIPES = ("default", "in_distribution", "paper")
 REWRITE_CONSISTENCY = 0.03  # fit's consistency weight on the training rewrites (bench_phrasing: the best of 0.03/0.1/0.3)
 PLAIN = "prompts"  # the validation group of the prompts as given (the others are phrasing families)
+INTENT = "intent"  # the validation group of the harmful prompts with their intent flips
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,10 @@ class TrainData:
         rewrites: their phrasing rewrites (trained on; with the default recipe also the rows
             of the consistency penalty), or None.
         val: the validation prompts as given (group :data:`PLAIN`), then their rewrites (group:
-            the family), or None (no threshold, no report, an uncalibrated cascade).
+            the family), then the harmful ones again with their intent flips (group
+            :data:`INTENT`), or None (no threshold, no report, an uncalibrated cascade).
+        flips: benign-labelled intent flips of the harmful training prompts (trained on; not
+            rows of the consistency penalty: the higher orders are free to model them), or None.
         contexts: ``{"train": Chats, "val": Chats}`` for a per-token monitor trained on requests
             inside conversations (either may be missing).
     """
@@ -82,23 +86,27 @@ class TrainData:
     rewrites: Examples | None = None
     val: Examples | None = None
     contexts: dict[str, Chats] = field(default_factory=dict)
+    flips: Examples | None = None
 
 
 @dataclass(frozen=True)
 class TrainPlan:
     """How to train: the monitor's settings (its ``site`` is replaced by the chosen one when
     several sites are offered; its threshold is set by calibration), the fit settings, the
-    recipe's name and phrasing families (selection by the worst validation group when there are
-    any), the cascade's ``tau`` (None: no cascade) and the benign validation share the threshold
-    may flag (None: keep the config's)."""
+    recipe's name, phrasing families and intent-flip kinds (selection by the worst validation
+    group when there are any), the cascade's ``tau`` (None: no cascade) and the benign validation share the threshold
+    may flag (None: keep the config's), and whether the head keeps only the orders that earn their
+    terms at that operating point on validation (``prune``)."""
 
     monitor: MonitorConfig
     fit: FitConfig
     recipe: str = "default"
     families: tuple[str, ...] = ()
     tau: float | None = None
+    intent: tuple[str, ...] = ()
     target_fpr: float | None = 0.01
     context_lengths: tuple[int, ...] = ()
+    prune: bool = False
 
     def __post_init__(self) -> None:
         if self.recipe not in TRAIN_RECIPES:
@@ -155,7 +163,7 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     if len(data) > 1:
         if any(d.val is None for d in data.values()):
             raise TPCHooksError("choosing among several sites needs a validation split")
-        pooled = {s: _cat(d.train, d.rewrites) for s, d in data.items()}
+        pooled = {s: _cat(_cat(d.train, d.rewrites), d.flips) for s, d in data.items()}
         site, report["site_selection"] = choose_site(
             {s: (pooled[s].X, pooled[s].y, d.val.X, d.val.y) for s, d in data.items()}, data[site].val.groups,
             plan.fit, device)
@@ -165,7 +173,7 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     if tokens:
         X_tr, y_tr = tokens.train
     else:
-        rows = _cat(d.train, d.rewrites)
+        rows = _cat(_cat(d.train, d.rewrites), d.flips)
         X_tr, y_tr = rows.X, rows.y
     X_va = y_va = g_va = None
     if d.val is not None:
@@ -173,8 +181,11 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     unlabelled = None
     if cfg.consistency and plan.families and d.rewrites is not None:
         unlabelled = token_rows(list(d.rewrites.X), settings.skip)[0] if tokens else d.rewrites.X
-    head = fit(X_tr, y_tr, X_va, y_va, cfg, verbose=verbose, val_groups=g_va if plan.families else None,
+    grouped = bool(plan.families or plan.intent)
+    head = fit(X_tr, y_tr, X_va, y_va, cfg, verbose=verbose, val_groups=g_va if grouped else None,
                X_unlabelled=unlabelled, init=init, device=device).cpu()
+    if plan.prune and d.val is not None and head.degree > 1:
+        head = _earned(head, d, settings, sae, plan, report)
     cascade = None
     if plan.tau is not None:
         cascade = Cascade(head, plan.tau)
@@ -183,7 +194,10 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     monitor = Monitor(head, config=settings, cascade=cascade, sae=sae, report=report)
     report.update({"n_train": len(d.train), "augment": {
         "families": list(plan.families), "n_train_rewrites": 0 if d.rewrites is None else len(d.rewrites),
-        "n_val_rewrites": 0 if d.val is None else int((d.val.groups != PLAIN).sum())}, "recipe": plan.recipe})
+        "n_val_rewrites": 0 if d.val is None else int(((d.val.groups != PLAIN) & (d.val.groups != INTENT)).sum()),
+        "intent": list(plan.intent), "n_train_flips": 0 if d.flips is None else len(d.flips),
+        "n_val_flips": 0 if d.val is None else int(((d.val.groups == INTENT) & (d.val.y == 0)).sum())},
+        "recipe": plan.recipe})
     if tokens:
         report["n_train_tokens"] = int(len(y_tr))
     if d.val is None:
@@ -192,6 +206,27 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     if plan.target_fpr is not None:
         monitor.calibrate_activations(benign, plan.target_fpr)
     return monitor
+
+
+def _earned(head: Any, d: TrainData, settings: MonitorConfig, sae: Any, plan: TrainPlan, report: dict[str, Any]) -> Any:
+    """The head truncated to the order the validation operating point earns
+    (:func:`~tpc_hooks._evaluate.earned_order`: each order at its own threshold flagging
+    ``target_fpr`` of the benign validation rows; the harmful rows of the intent group are the
+    prompts again, not counted twice); ``report["orders"]`` says what was kept and why."""
+    fpr = FPR if plan.target_fpr is None else plan.target_fpr
+    probe = Monitor(head, config=settings, sae=sae)
+    X = list(d.val.X) if settings.streaming else d.val.X
+    kept, table = earned_order(probe, X, d.val.y, fpr, counted=d.val.groups != INTENT)
+    best = table[kept - 1]
+    report["orders"] = {"trained": head.degree, "kept": kept, "fpr": fpr, "z": EARN_Z, "per_order": table,
+                        "note": (f"orders {kept + 1}-{head.degree} add nothing at the operating point on validation "
+                                 f"(order {kept} flags {best['flagged_harmful']} of {best['n_harmful']} harmful rows at "
+                                 f"{fpr:g} FPR; no order above flags significantly more): they were dropped, so no "
+                                 "policy runs them" if kept < head.degree else
+                                 f"order {kept} adds at the operating point on validation (flags {best['flagged_harmful']}"
+                                 f" of {best['n_harmful']} harmful rows at {fpr:g} FPR, order 1 "
+                                 f"{table[0]['flagged_harmful']})")}
+    return head.truncated(kept) if kept < head.degree else head
 
 
 def _cat(a: Examples, b: Examples | None) -> Examples:
@@ -207,8 +242,9 @@ class _TokenRows:
     label (validation: its group too), then the rows of the hosted chats."""
 
     def __init__(self, d: TrainData, skip: int):
-        seqs = list(d.train.X) + ([] if d.rewrites is None else list(d.rewrites.X))
-        labels = np.concatenate([d.train.y] + ([] if d.rewrites is None else [d.rewrites.y]))
+        extra = [e for e in (d.rewrites, d.flips) if e is not None]
+        seqs = list(d.train.X) + [z for e in extra for z in e.X]
+        labels = np.concatenate([d.train.y] + [e.y for e in extra])
         X, y = token_rows(seqs, skip, labels)
         self.chats: dict[str, tuple[Chats, Any]] = {}
         for split, c in d.contexts.items():
@@ -272,8 +308,10 @@ def train_monitor(
     contexts: Any = None,
     context_tokens: int | Sequence[int] = (512, 1024),
     augment: bool | Sequence[str] | None = None,
+    intent: bool | Sequence[str] | None = None,
     recipe: str = "default",
     target_fpr: float | None = 0.01,
+    prune_orders: bool | None = None,
     val_fraction: float = 0.2,
     chat_template: bool | None = None,
     prepend_bos: bool | None = None,
@@ -345,9 +383,24 @@ def train_monitor(
         context_tokens: each context's token budget, or several used in turn (512, 1024).
         augment: ``True`` (every phrasing family), ``False``, or the families to use; default:
             every family, none for ``recipe="in_distribution"``.
+        intent: ``True`` (every kind), ``False``, or intent-flip kinds
+            (``tpc_hooks.data.INTENT_KINDS``): each harmful training prompt gains a benign-labelled
+            counterpart on the same topic that asks no operational question ("What laws make it a
+            crime to ...?"; :func:`tpc_hooks.data.intent_flips`), and the harmful validation
+            prompts with every kind's flip of them form the validation group ``"intent"``, so
+            selection by worst group sees the hard negatives and the threshold holds on them.
+            Default: every kind with ``recipe="default"``, none otherwise.
         recipe: ``"default"`` (rewrites + worst-family selection), ``"in_distribution"`` (no
             rewrites, pooled selection) or ``"paper"`` (the paper's recipe).
         target_fpr: the benign validation share the threshold may flag; None keeps 0.5.
+        prune_orders: keep only the orders that earn their terms at the operating point: each
+            order at its own threshold flagging ``target_fpr`` of the benign validation rows, an
+            order above the last one kept must flag significantly more of the harmful validation
+            rows (a paired sign test: :func:`tpc_hooks._evaluate.earned_order`); the head is
+            truncated to the last order that did
+            (:meth:`TPC.truncated`), so neither the full polynomial nor a cascade runs the others,
+            and ``report["orders"]`` says what was kept and why. Default: on, except with
+            ``recipe="paper"``.
         val_fraction: stratified validation split (model selection, calibration, report).
         chat_template: wrap prompts as chat user turns; default: when the tokenizer has a template.
         prepend_bos: prepend BOS to raw prompts; default: when the tokenizer has a BOS token.
@@ -380,6 +433,9 @@ def train_monitor(
         raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with augment")
     check_target_fpr(target_fpr)
     families = _phrasing.check_families(recipe != "in_distribution" if augment is None else augment)
+    if recipe == "in_distribution" and intent not in (None, False):
+        raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with intent")
+    kinds = _intent.check_kinds(recipe == "default" if intent is None else intent)
     adapter = get_adapter(model, tokenizer=tokenizer)
     for s in sites:
         adapter.site(s)
@@ -412,16 +468,22 @@ def train_monitor(
     tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=cfg.seed)
 
     # One collection pass over the prompts and their rewrites, in this order: the training prompts,
-    # the validation prompts, the training rewrites, the validation rewrites (every family).
+    # the validation prompts, the training rewrites, the validation rewrites (every family), the
+    # training flips, the validation flips (every kind).
+    none = PromptSet([], [], [], [], [])
     if families:
         aug = rewrites([items[i] for i in tr], y[tr], families, seed=cfg.seed)
         views = rewrites([items[i] for i in va], y[va], families, every_family=True, seed=cfg.seed)
     else:
-        aug = views = PromptSet([], [], [], [], [])
-    texts = list(items) + aug.texts + views.texts
-    n = len(items)
-    idx = {"train": list(tr), "val": list(va), "rewrites": list(range(n, n + len(aug))),
-           "views": list(range(n + len(aug), len(texts)))}
+        aug = views = none
+    flips = intent_flips([items[i] for i in tr], y[tr], kinds, seed=cfg.seed) if kinds else none
+    val_flips = intent_flips([items[i] for i in va], y[va], kinds, every_kind=True, seed=cfg.seed) if kinds else none
+    texts = list(items) + aug.texts + views.texts + flips.texts + val_flips.texts
+    n, cuts = len(items), np.cumsum([len(items), len(aug), len(views), len(flips), len(val_flips)])
+    idx = {"train": list(tr), "val": list(va), "rewrites": list(range(n, cuts[1])), "views": list(range(cuts[1], cuts[2])),
+           "flips": list(range(cuts[2], cuts[3])),
+           # the group INTENT: every harmful validation prompt as given, then the flips
+           "intent": [int(i) for i in va if y[i] == 1] * bool(kinds) + list(range(cuts[3], cuts[4]))}
     bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
     skip = adapter.fixed_prefix(chat_template=chat_template, prepend_bos=bos) if streaming else 0
     if streaming:
@@ -433,8 +495,9 @@ def train_monitor(
         acts = collect(adapter, texts, sites, pooling, batch_size=batch_size, chat_template=chat_template,
                        prepend_bos=bos, max_tokens=max_tokens, sae=sae, progress=verbose)
         rows = {s: (lambda at, a=acts[s]: a[at]) for s in sites}
-    y_all = np.concatenate([y, np.asarray(aug.labels, dtype=int), np.asarray(views.labels, dtype=int)])
-    groups = np.asarray([PLAIN] * len(va) + list(views.categories))
+    y_all = np.concatenate([y] + [np.asarray(p.labels, dtype=int) for p in (aug, views, flips, val_flips)])
+    groups = np.asarray([PLAIN] * len(va) + list(views.categories) + [INTENT] * len(idx["intent"]))
+    at_val = idx["val"] + idx["views"] + idx["intent"]
     chats = {}
     if contexts is not None:  # requests inside benign conversations: more rows for training and validation
         splits = {"val": ([items[i] for i in va], y[va]), "train": ([items[i] for i in tr], y[tr])}
@@ -446,13 +509,15 @@ def train_monitor(
             chats[split] = Chats(seqs, [(q.start, q.stop) for q in h.sequences], h.labels, h.tail)
     data = {s: TrainData(train=Examples(rows[s](idx["train"]), y[tr]),
                          rewrites=Examples(rows[s](idx["rewrites"]), y_all[idx["rewrites"]]) if families else None,
-                         val=Examples(rows[s](idx["val"] + idx["views"]), y_all[idx["val"] + idx["views"]], groups),
-                         contexts=chats)
+                         val=Examples(rows[s](at_val), y_all[at_val], groups), contexts=chats,
+                         flips=Examples(rows[s](idx["flips"]), y_all[idx["flips"]]) if kinds else None)
             for s in sites}
     settings = MonitorConfig(sites[0], pooling=pooling, chat_template=chat_template, prepend_bos=bos,
                              max_tokens=max_tokens, model_name=adapter.model_name, aggregate=aggregate, alpha=alpha,
                              window=window, skip=skip)
-    plan = TrainPlan(settings, cfg, recipe=recipe, families=tuple(families), tau=tau, target_fpr=target_fpr,
+    prune = recipe != "paper" if prune_orders is None else bool(prune_orders)
+    plan = TrainPlan(settings, cfg, recipe=recipe, families=tuple(families), tau=tau, target_fpr=target_fpr, intent=kinds,
+                     prune=prune,
                      context_lengths=tuple(context_tokens) if contexts is not None else ())
     return train(data, plan, sae=sae, verbose=verbose, **own)
 

@@ -23,8 +23,8 @@ import torch
 
 from ._attribution import attribute
 from ._collect import collect
-from ._collected import (CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config, pooled_rows,
-                         token_sequences)
+from ._collected import (CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config, flip_splits,
+                         pooled_rows, rewrite_splits, token_sequences)
 from ._context import context_budget, host_splits, sharegpt_contexts
 from ._demo import run_demo
 from ._errors import TPCHooksError
@@ -35,11 +35,11 @@ from ._monitor_config import MonitorConfig
 from ._train import TrainPlan, check_target_fpr, default_aggregate, fit_config, train
 from .adapters import get_adapter
 from .data import (
+    INTENT_KINDS,
     PHRASING_FAMILIES,
     default_prompt_set,
     load_hf_dataset,
     load_prompt_file,
-    rewrites,
 )
 from .offline import DEFAULT_MODEL, load_model
 from .pooling import check_aggregate
@@ -206,7 +206,9 @@ def _collect(args: argparse.Namespace) -> int:
                             "train/val splits; use the default set, or drop --contexts")
     plain = {k: sets[k] for k in ("train", "val") if k in sets}
     if not args.no_augment:
-        sets.update(_rewrites(sets, args.seed))
+        sets.update(rewrite_splits(sets, args.seed))
+    if not args.no_intent:
+        sets.update(flip_splits(sets, args.seed))
     model = _load_model(args.model, args.toolkit)
     for split, ps in sets.items():
         collect(model, ps.texts, args.sites, args.pooling, batch_size=args.batch_size, chat_template=not args.no_chat_template,
@@ -247,19 +249,6 @@ def _collect_contexts(args: argparse.Namespace, model: Any, out: Path, plain: di
         (d / "labels.json").write_text(json.dumps(h.labels.tolist()))
         (d / "spans.json").write_text(json.dumps({"spans": [[q.start, q.stop] for q in h.sequences], "tail": h.tail}))
     return {CONTEXT_SPLITS[k]: len(h.sequences) for k, h in hosted.items()}
-
-
-def _rewrites(sets: dict[str, Any], seed: int) -> dict[str, Any]:
-    """``"aug"`` (one phrasing rewrite per training prompt) and ``"val-<family>"`` (every validation
-    prompt by each family), as ``train_monitor`` builds them; none for a set without train/val splits."""
-
-    if "train" not in sets or "val" not in sets:
-        return {}
-    out = {"aug": rewrites(sets["train"].texts, sets["train"].labels, seed=seed)}
-    views = rewrites(sets["val"].texts, sets["val"].labels, every_family=True, seed=seed)
-    for family in PHRASING_FAMILIES:
-        out[f"val-{family}"] = views.subset([i for i, f in enumerate(views.categories) if f == family])
-    return out
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -303,11 +292,14 @@ def _train(args: argparse.Namespace) -> int:
     families = [] if not has_val or args.recipe == "in_distribution" else \
         [f for f in PHRASING_FAMILIES if (acts / f"val-{f}" / "labels.json").is_file()]
     rewrites = bool(families) and (acts / "aug" / "labels.json").is_file()
+    # ... and the intent flips (unless --no-intent there): trained on, and the validation group "intent"
+    intent = () if not has_val or args.recipe == "in_distribution" or args.no_intent else \
+        INTENT_KINDS if all((acts / p / "labels.json").is_file() for p in ("flips", "val-intent")) else ()
     hosted = [] if args.no_contexts or not per_token else \
         [k for k, d in CONTEXT_SPLITS.items() if (acts / d / "labels.json").is_file()]
     reader = TokenStores(acts, site_fix) if per_token else PooledStores(acts, site_fix)
     sites = cfg["sites"] if site == "auto" else [site]
-    data = {s: reader.data(s, train_split, rewrites, families if has_val else None, hosted) for s in sites}
+    data = {s: reader.data(s, train_split, rewrites, families if has_val else None, hosted, bool(intent)) for s in sites}
 
     robust = {} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}
     options = dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed, **robust)
@@ -316,7 +308,8 @@ def _train(args: argparse.Namespace) -> int:
     settings = MonitorConfig(first, pooling=cfg["pooling"], chat_template=cfg["chat_template"],
                              max_tokens=cfg["max_tokens"], model_name=cfg["model"], **streaming)
     plan = TrainPlan(settings, fit_config(args.recipe, families, None, options), recipe=args.recipe,
-                     families=tuple(families), tau=args.tau, target_fpr=args.target_fpr)
+                     families=tuple(families), tau=args.tau, target_fpr=args.target_fpr, intent=intent,
+                     prune=args.recipe != "paper" and not args.keep_all_orders)
     mon = train(data, plan, verbose=not args.no_progress)
     if site == "auto":
         print(_table(["site", "worst-group recall at 1% FPR", "worst-group AUROC"],
@@ -473,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-augment", action="store_true",
                    help="skip the phrasing rewrites of the train and val splits (splits aug and val-<family>)")
+    p.add_argument("--no-intent", action="store_true",
+                   help="skip the intent flips of the harmful train and val prompts (splits flips and val-intent)")
     p.add_argument("--contexts", type=int, default=None, metavar="N",
                    help="--pooling token: also N benign ShareGPT chats, each hosting one train or val prompt (splits "
                         "ctx-train, ctx-val; a fifth held out), which train then learns from (1000 as measured)")
@@ -489,6 +484,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=64)
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--tau", type=float, default=0.2, help="the monitor's cascade threshold")
+    p.add_argument("--no-intent", action="store_true",
+                   help="ignore the intent flips collect wrote (splits flips and val-intent)")
+    p.add_argument("--keep-all-orders", action="store_true",
+                   help="keep every trained order, even those that add nothing at the operating point on validation "
+                        "(default: dropped, except with --recipe paper)")
     p.add_argument("--recipe", choices=["default", "in_distribution", "paper"], default="default",
                    help="'in_distribution': ignore the phrasing rewrites (higher recall on prompts phrased like "
                         "training, weaker on rephrased ones); 'paper': the paper's exact recipe (plain polynomial, "
