@@ -70,6 +70,13 @@ def test_intent_flips_label_only_harmful_prompts_benign_and_name_their_source():
         intent_flips(prompts, [1])
     with pytest.raises(TPCHooksError, match="kinds must be"):
         intent_flips(prompts, [0, 1, 1, 1], kinds=["homonym"])
+    with pytest.raises(TPCHooksError, match="wording must be one of"):
+        intent_flips(prompts, [0, 1, 1, 1], wording="heldout")
+    # what train_monitor trains on never uses the wordings evaluations keep for themselves
+    reserved = [re.compile(re.escape(p).replace(re.escape("{vp}"), ".+") + "$") for k in KINDS for p in templates(k, "test")]
+    for seed in range(5):
+        for t in intent_flips(prompts, [0, 1, 1, 1], every_kind=True, seed=seed).texts:
+            assert not any(p.match(t) for p in reserved)
 
 
 @pytest.fixture(scope="module")

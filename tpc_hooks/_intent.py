@@ -128,10 +128,14 @@ def flip(kind: str, text: str, rng: random.Random, wording: str = "all") -> str 
     return rng.choice(templates(kind, wording)).format(vp=vp)
 
 
-def templates(kind: str, wording: str = "all") -> tuple[str, ...]:
-    """The templates of ``kind`` for ``wording`` (see :func:`flip`)."""
+def check_wording(wording: str) -> None:
     if wording not in WORDINGS:
         raise TPCHooksError(f"wording must be one of {WORDINGS}; got {wording!r}")
+
+
+def templates(kind: str, wording: str = "all") -> tuple[str, ...]:
+    """The templates of ``kind`` for ``wording`` (see :func:`flip`)."""
+    check_wording(wording)
     every = _TEMPLATES[kind]
     return every if wording == "all" else every[:-N_TEST_TEMPLATES] if wording == "train" else every[-N_TEST_TEMPLATES:]
 
@@ -139,6 +143,7 @@ def templates(kind: str, wording: str = "all") -> tuple[str, ...]:
 def flipped(texts: list[str], kinds: tuple[str, ...], rng: random.Random,
             wording: str = "all") -> list[tuple[int, str, str]]:
     """One intent flip per text that can be flipped, the kind drawn per text: ``(index, kind, text)``."""
+    check_wording(wording)
     out = []
     for i, t in enumerate(texts):
         kind = rng.choice(kinds)
@@ -151,6 +156,7 @@ def flipped(texts: list[str], kinds: tuple[str, ...], rng: random.Random,
 def flipped_views(texts: list[str], kinds: tuple[str, ...], rng_for: Callable[[str], random.Random],
                   wording: str = "all") -> dict[str, list[tuple[int, str]]]:
     """Every text flipped by every kind, ``{kind: [(index, text)]}``; kind ``k`` draws from ``rng_for(k)``."""
+    check_wording(wording)
     out = {}
     for k in kinds:
         rng = rng_for(k)

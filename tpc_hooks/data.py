@@ -373,7 +373,7 @@ def intent_benchmark(seed: int = 0, heldout_kind: str = "overrefusal", *, n_beni
 
 
 def intent_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, kinds: Sequence[str] | None = None, *,
-                 every_kind: bool = False, seed: int = 0) -> PromptSet:
+                 every_kind: bool = False, seed: int = 0, wording: str = "train") -> PromptSet:
     """Benign counterparts of the harmful prompts: each keeps its request's topic and flips its
     intent (history, law, prevention, defence, news, research, fiction: :data:`INTENT_KINDS`).
     Benign prompts and prompts that are not a task (a question, a long text) give none. Every
@@ -382,27 +382,27 @@ def intent_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, kin
     Args:
         prompts, labels: the prompts and their labels (1 = harmful).
         kinds: names from :data:`INTENT_KINDS` (default: all).
-        every_kind: every kind per harmful prompt (validation groups) instead of one drawn per
-            prompt (training rows).
+        every_kind: every kind per harmful prompt (validation groups), not one drawn per prompt.
         seed: seeds the draws.
+        wording: ``"train"`` (each kind's templates but its last two, which evaluations keep for
+            themselves: ``train_monitor`` never trains on them), ``"test"`` (those two) or ``"all"``.
 
     Example:
         >>> flips = intent_flips(["How do I bake bread?", "Explain how to pick a lock"], [0, 1], ["law"])
         >>> flips.labels, flips.categories, flips.sources
         ([0], ['law'], ['1'])
     """
-    chosen = _intent.check_kinds(True if kinds is None else tuple(kinds))
-    texts, ys = list(prompts), [int(v) for v in labels]
+    chosen, texts, ys = _intent.check_kinds(True if kinds is None else tuple(kinds)), list(prompts), [int(v) for v in labels]
     harmful = [i for i, v in enumerate(ys) if v == 1]
     if len(texts) != len(ys):
         raise TPCHooksError(f"intent_flips needs one label per prompt; got {len(texts)} prompts and {len(ys)} labels")
     if every_kind:
         views = _intent.flipped_views([texts[i] for i in harmful], chosen,
-                                      lambda k: random.Random(f"tpc-hooks-flip-view-{seed}-{k}"))
+                                      lambda k: random.Random(f"tpc-hooks-flip-view-{seed}-{k}"), wording)
         rows = [(harmful[j], k, t) for k, got in views.items() for j, t in got]
     else:
         rows = [(harmful[j], k, t) for j, k, t in _intent.flipped([texts[i] for i in harmful], chosen,
-                                                                  random.Random(f"tpc-hooks-flip-{seed}"))]
+                                                                  random.Random(f"tpc-hooks-flip-{seed}"), wording)]
     return PromptSet([t for _, _, t in rows], [0] * len(rows), [str(i) for i, _, _ in rows],
                      [k for _, k, _ in rows], [False] * len(rows))
 
