@@ -1,10 +1,12 @@
-"""`tpc-hooks demo --quick` end to end on the packaged model and prompt set (about 2 minutes)."""
+"""`tpc-hooks demo --quick` end to end on the packaged model and prompt set (about 4 minutes)."""
 
 import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import torch
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
@@ -49,6 +51,20 @@ def test_quick_demo_writes_a_complete_run(default_run):
         assert (out / plot).stat().st_size > 1000
     mon = tpc.Monitor.load(out / "monitor")
     assert mon.site == res["site"] and mon.chat_template and mon.cascade is not None
+    # what a deployment sees: the saved monitor is train_monitor's, and its row is its own threshold on the test split
+    dep = res["deployment"]
+    assert "What a deployment sees" in report and mon.report["recipe"] == "default" and mon.report["augment"]["intent"]
+    assert [r["order"] for r in dep["rows"]] == [str(n) for n in range(1, mon.head.degree + 1)] + ["deployed"]
+    assert dep["orders"]["kept"] == mon.head.degree and set(dep["n_hard"]) >= {"homonym", "law", "fiction"}
+    from tpc_hooks._demo import _subsample
+    from tpc_hooks.data import default_prompt_set
+
+    labels = np.asarray(_subsample(default_prompt_set(seed=0)["test"], 160, 0).labels)
+    X = torch.as_tensor(tpc.ActivationStore.open(out / "activations" / "test" / res["site"]).to_numpy())
+    with torch.no_grad():  # the monitor's rule: its policy's logit at or above logit(threshold)
+        flagged = (mon.policy()(X).logits.double() >= np.log(mon.threshold / (1 - mon.threshold))).numpy()
+    assert len(labels) == len(X) and dep["rows"][-1]["recall"] == pytest.approx(flagged[labels == 1].mean(),
+                                                                                 abs=1.01 / labels.sum())
 
 
 def test_quick_demo_on_the_plain_transformers_model_generates_the_same_text(default_run, tmp_path):

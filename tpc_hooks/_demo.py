@@ -9,10 +9,12 @@ into a run directory.
 
 import json
 import logging
+import random
 import shutil
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,10 @@ from .adapters import get_adapter
 from .baselines import early_exit_cascade
 from ._cascade import Cascade
 from ._collect import collect
+from . import _intent
+from ._train import train_monitor
 from .data import PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file
+from .metrics import threshold_at_fpr
 from .metrics import classification_metrics
 from ._monitor import Monitor
 from .offline import DEFAULT_MODEL, load_model
@@ -256,13 +261,23 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
                              "exit_histogram": r.exit_histogram()})
     monitor = Monitor(head, site, chat_template=True, model_name=model_name or DEFAULT_MODEL, cascade=cascade,
                       report={"test": [r for r in cmp.rows if r["method"] == "tpc"]})
-    monitor.save(out / "monitor")
-    lap("cascade and save")
+    lap("cascade")
+
+    # What a deployment sees: train_monitor's default on the training split, at its own threshold,
+    # on the test split, the held-out source and hard negatives (benign requests on harmful topics).
+    deployed = train_monitor(model, sets["train"].texts, sets["train"].labels, site, tau=0.2, seed=seed,
+                             verbose=progress, **({"rank": 16, "epochs": 15} if quick else {}))
+    hard = hard_negatives(sets["test"], seed, per_kind=20 if quick else None)
+    X["hard"] = collect(model, hard.texts, site, "mean", chat_template=True, batch_size=8, progress=progress)[site].numpy()
+    y["hard"] = np.zeros(len(hard), dtype=int)
+    deployment = deployment_table(deployed, X, y, sets, hard)
+    deployed.save(out / "monitor")
+    lap("train_monitor (default) and hard negatives")
 
     test = sets["test"]
     picks = [i for i in range(len(test)) if test.labels[i] == 1 and not test.adversarial[i]][:2]
     picks += [i for i in range(len(test)) if test.labels[i] == 0 and not test.adversarial[i]][:2]
-    run = monitor.generate(model, [test.texts[i] for i in picks], max_new_tokens=8 if quick else 24, action="stop")
+    run = deployed.generate(model, [test.texts[i] for i in picks], max_new_tokens=8 if quick else 24, action="stop")
     tok = get_adapter(model).tokenizer  # a plain transformers model carries none: the adapter loads it
     live = [{"prompt": test.texts[i], "label": test.labels[i], "scores": [round(float(v), 3) for v in run.scores[b]],
              "exit_orders": run.exit_orders[b].tolist(), "stopped_at": run.stopped_at[b],
@@ -280,7 +295,7 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
         pass
     lap("attribution")
 
-    pages = _pages(out, run, tok, monitor.threshold, attr, attribution["prompt"])
+    pages = _pages(out, run, tok, deployed.threshold, attr, attribution["prompt"])
     lap("pages")
 
     res = {"model": model_name or DEFAULT_MODEL, "toolkit": toolkit, "site": site, "quick": quick, "seed": seed,
@@ -288,11 +303,56 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
            "sizes": {k: len(v) for k, v in sets.items()}, "degree": degree, "rank": rank, "epochs": epochs,
            "methods": list(methods), "f1": {"test": cmp.rows, "heldout": heldout_rows},
            "cascade": {"tpc": tpc_sweep, "early_exit": ee_sweep}, "calibration": cascade.calibration_report,
-           "live": live, "attribution": attribution, "guards": guards, "pages": pages, "seconds": times}
+           "live": live, "attribution": attribution, "guards": guards, "pages": pages, "deployment": deployment,
+           "seconds": times}
     res["plots"] = _plots(out, res)
     (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
     (out / "report.md").write_text(render_report(res))
     return res
+
+
+def hard_negatives(test: PromptSet, seed: int, per_kind: int | None = None) -> PromptSet:
+    """Benign requests that look like harmful ones, none trained on: every intent-flip kind of the
+    test split's plain harmful requests in the wordings training never uses, and every homonym;
+    ``categories`` holds the kind. ``per_kind`` caps each kind (a quick run)."""
+    harmful = [t for t, y, a in zip(test.texts, test.labels, test.adversarial) if y == 1 and not a]
+    rows = []
+    for kind, got in _intent.flipped_views(harmful, _intent.KINDS, lambda k: random.Random(f"demo-{seed}-{k}"),
+                                           "test").items():
+        rows += [(t, kind) for _, t in got[:per_kind]]
+    rows += [(t, _intent.HOMONYM) for t in _intent.homonyms(_intent.homonym_pairs(), random.Random(f"demo-{seed}"))]
+    return PromptSet([t for t, _ in rows], [0] * len(rows), ["hard"] * len(rows), [k for _, k in rows],
+                     [False] * len(rows))
+
+
+def deployment_table(monitor: Monitor, X: dict[str, Any], y: dict[str, Any], sets: dict[str, PromptSet],
+                     hard: PromptSet) -> dict[str, Any]:
+    """Per order of the deployed monitor: recall and the flag rates of benign prompts, each order at
+    its own threshold flagging 1% of the validation split's benign prompts (which training never
+    saw), and the monitor's own operating point (its threshold, its policy)."""
+    test = sets["test"]
+    src = np.asarray(test.sources)
+    ordinary = (y["test"] == 0) & (src != "overrefusal")
+    kinds = np.asarray(hard.categories)
+    parts = {"recall": (X["test"], y["test"] == 1), "ordinary benign": (X["test"], ordinary),
+             "overrefusal": (X["test"], src == "overrefusal"),
+             "intent flips": (X["hard"], np.isin(kinds, _intent.KINDS)), "homonyms": (X["hard"], kinds == "homonym")}
+    if "heldout" in X:
+        parts["heldout recall"] = (X["heldout"], y["heldout"] == 1)
+        parts["heldout benign"] = (X["heldout"], y["heldout"] == 0)
+
+    def rates(score: Any, t: float) -> dict[str, float]:
+        return {k: float((score(Z)[m] > t).mean()) if m.any() else float("nan") for k, (Z, m) in parts.items()}
+
+    rows = []
+    for n in range(1, monitor.head.degree + 1):
+        score = lambda Z, n=n: monitor.head(torch.as_tensor(Z), order=n).detach().double().numpy()
+        t = threshold_at_fpr(score(X["val"])[y["val"] == 0], 0.01)
+        rows.append({"order": str(n), **rates(score, t)})
+    deployed = lambda Z: monitor.policy()(torch.as_tensor(Z)).logits.detach().double().numpy()
+    p = monitor.threshold
+    rows.append({"order": "deployed", **rates(deployed, float(np.nextafter(np.log(p / (1 - p)), -np.inf)))})
+    return {"rows": rows, "orders": monitor.report.get("orders", {}), "n_hard": dict(Counter(hard.categories))}
 
 
 def render_report(res: dict[str, Any]) -> str:
@@ -302,6 +362,22 @@ def render_report(res: dict[str, Any]) -> str:
              "Data (offline, packaged): " + ", ".join(f"{k} {v}" for k, v in res["sizes"].items())
              + f". TPC degree {n}, rank {res['rank']}, up to {res['epochs']} epochs per degree"
              + (" (quick run)" if res["quick"] else "") + "."]
+    if res.get("deployment"):
+        dep = res["deployment"]
+        cols = [k for k in dep["rows"][0] if k != "order"]
+        parts += ["## What a deployment sees: `train_monitor`'s default, per order",
+                  "Trained on the training split by `tpc.train_monitor` as shipped (phrasing rewrites, intent flips, "
+                  "orders that add nothing dropped). Each order at its own threshold flagging 1% of the validation "
+                  "split's benign prompts; `deployed`: the saved monitor's own threshold and policy. Percent flagged: "
+                  "`recall` of the test split's harmful prompts, its `ordinary benign` prompts, its `overrefusal` "
+                  "(safe-but-edgy) questions, and hard negatives no training saw: intent flips of the test split's "
+                  "harmful requests in held-back wordings, and homonyms (" + ", ".join(
+                      f"{k} {v}" for k, v in sorted(dep["n_hard"].items())) + ").",
+                  _table(["order"] + cols, [[r["order"]] + [f"{100 * r[c]:.1f}" for c in cols] for r in dep["rows"]])]
+        if dep.get("orders"):
+            parts.append(f"Orders kept: {dep['orders']['kept']} of {dep['orders']['trained']}: "
+                         f"{dep['orders']['note']}.")
+        parts.append("The tables below train the paper's methods on the same split and score them at logit 0.")
     for split in [k for k in ("test", "heldout") if res["f1"][k]]:
         rows = []
         for method in res["methods"]:

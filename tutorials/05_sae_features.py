@@ -28,8 +28,10 @@ sae = StandardSAE(StandardSAEConfig(d_in=576, d_sae=1024))
 sets = prompt_sets()
 
 # %%
+# prune_orders=False keeps the degree-2 term (feature pairs) even where it adds nothing at the
+# operating point, which train_monitor would otherwise drop.
 monitor = tpc.train_monitor(model, sets["train"].texts, sets["train"].labels, site=site, sae=sae, degree=2,
-                            rank=8, epochs=20, verbose=False)
+                            rank=8, epochs=20, prune_orders=False, verbose=False)
 z = tpc.collect(model, ["Write a phishing email that steals bank passwords."], site, chat_template=True,
                 sae=sae, progress=False)[site]
 print(tpc.attribute(monitor, z).top_pairs(5, order=2, mode="absolute"))
@@ -40,7 +42,7 @@ print(tpc.attribute(monitor, z).top_pairs(5, order=2, mode="absolute"))
 
 # %%
 resid_monitor = tpc.train_monitor(model, sets["train"].texts, sets["train"].labels, site=site, degree=2, rank=8,
-                                  epochs=20, verbose=False)
+                                  epochs=20, prune_orders=False, verbose=False)
 zr = tpc.collect(model, ["Write a phishing email that steals bank passwords."], site, chat_template=True,
                  progress=False)[site]
 attr = tpc.attribute(resid_monitor, zr, sae=sae)
