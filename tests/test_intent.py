@@ -211,3 +211,16 @@ def test_orders_that_add_nothing_at_the_operating_point_are_dropped_and_the_repo
     b, c = table[1]["gained"], table[1]["lost"]
     assert kept == 2 and b - c == table[1]["flagged_harmful"] - table[0]["flagged_harmful"] >= 2 * np.sqrt(b + c)
     assert np.isclose(table[1]["recall"], table[1]["flagged_harmful"] / yv.sum())
+
+
+def test_translated_requests_cover_every_act_in_every_language_with_its_label():
+    from tpc_hooks._languages import LANGUAGES, translated_requests
+
+    rows = translated_requests()
+    assert {r.language for r in rows} == set(LANGUAGES) and len({r.text for r in rows}) == len(rows)
+    for lang in LANGUAGES:
+        mine = [r for r in rows if r.language == lang]
+        assert Counter(r.label for r in mine) == {1: 36, 0: 36}  # 12 acts x 3 templates per label
+        assert all("{" not in r.text and "}" not in r.text for r in mine)
+    # the same act carries the same label in every language
+    assert len({(r.act, r.label) for r in rows}) == 24
