@@ -22,9 +22,6 @@ Run: ``python benchmarks/bench_intent.py [--seeds 3] [--layers 15]``.
 """
 
 import argparse
-import hashlib
-import json
-import shutil
 import sys
 import time
 from collections import Counter, defaultdict
@@ -43,6 +40,7 @@ from tpc_hooks._languages import LANGUAGES, translated_requests
 from tpc_hooks.data import HARD_NEGATIVE_KINDS, INTENT_KINDS, PHRASING_FAMILIES, PromptSet, intent_benchmark, rewrites
 from tpc_hooks.metrics import threshold_at_fpr
 
+from _activations import cached_activations, digest, site
 from _results import add_results_argument, recording, results_path
 
 LAYERS = (10, 15, 20)
@@ -50,10 +48,6 @@ FPR, HARD_FPR = 0.01, 0.05
 CONSISTENCY = 0.03  # train_monitor's
 SHIPPED = "SHIPPED: train_monitor's default (flips, orders pruned)"
 USER_HARD = ("homonym", "overrefusal")  # hard negatives a user may have among their own prompts
-
-
-def site(layer: int) -> str:
-    return f"blocks.{layer}.hook_resid_post"
 
 
 def texts_to_collect(sets: dict, seed: int) -> dict:
@@ -78,26 +72,8 @@ def load(cache: Path, heldout_kind: str, data_seed: int, model_box: list):
     sets = texts_to_collect(intent_benchmark(seed=data_seed, heldout_kind=heldout_kind), data_seed)
     X = {}
     for split, ps in sets.items():
-        digest = hashlib.sha256(json.dumps(ps.texts).encode()).hexdigest()
-        path = cache / f"{split.replace('/', '-')}-{digest[:16]}"  # splits equal under two settings are shared
-        stores = {}
-        for layer in LAYERS:
-            try:
-                stores[layer] = tpc.ActivationStore.open(path / site(layer))
-            except tpc.TPCHooksError:
-                continue
-        if any(st.meta.get("prompts_sha256") != digest for st in stores.values()):
-            shutil.rmtree(path)  # another version of the split: collect afresh
-            stores = {}
-        if len(stores) < len(LAYERS) or any(len(st) != len(ps) for st in stores.values()):
-            if not model_box:
-                model_box.append(offline.load_model(toolkit="nnsight"))
-            t0 = time.time()
-            got = tpc.collect(model_box[0], ps.texts, [site(layer) for layer in LAYERS], "mean", chat_template=True,
-                              batch_size=8, store=path, progress=True)
-            stores = {layer: got[site(layer)] for layer in LAYERS}
-            print(f"collected {split}: {len(ps)} rows in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-        X[split] = {layer: s.to_numpy() for layer, s in stores.items()}
+        path = cache / f"{split.replace('/', '-')}-{digest(ps.texts)[:16]}"  # splits equal under two settings are shared
+        X[split] = cached_activations(path, ps.texts, LAYERS, model_box, split)
     return X, sets
 
 

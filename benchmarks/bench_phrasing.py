@@ -22,9 +22,7 @@ CPU cores once activations are cached; collecting them takes about 12 min).
 """
 
 import argparse
-import hashlib
 import json
-import shutil
 import os
 import sys
 import time
@@ -40,6 +38,7 @@ from tpc_hooks.baselines import compare
 from tpc_hooks.data import phrasing_benchmark
 from tpc_hooks.metrics import classification_metrics, recall_at_fpr
 
+from _activations import cached_activations, site
 from _results import add_results_argument, recording, results_path
 
 LAYERS = (10, 15, 20)
@@ -51,37 +50,13 @@ CASCADES = {"tau=0.1": {"tau": 0.1}, "lower=0.1 upper=0.99": {"lower": 0.1, "upp
             "tau=0.1 centred": {"tau": 0.1}}  # centred: exits around the 1%-FPR threshold, as train_monitor sets it
 
 
-def site(layer: int) -> str:
-    return f"blocks.{layer}.hook_resid_post"
-
-
 def load(cache: Path, heldout_family: str = "tense", layers=LAYERS, model_box: list | None = None, data_seed: int = 0):
     """``{split: {layer: X}}``, ``{split: y}``, ``{split: sources}``; collects what the cache lacks."""
     sets = phrasing_benchmark(seed=data_seed, heldout_family=heldout_family)
     cache = cache if data_seed == 0 else cache / f"data-seed-{data_seed}"
     model_box = [] if model_box is None else model_box
-    X = {}
-    for split, ps in sets.items():
-        path = cache / heldout_family / split
-        digest = hashlib.sha256(json.dumps(ps.texts).encode()).hexdigest()
-        stores = {}
-        for layer in layers:
-            try:
-                stores[layer] = tpc.ActivationStore.open(path / site(layer))
-            except tpc.TPCHooksError:
-                continue
-        if any(st.meta.get("prompts_sha256") != digest for st in stores.values()):
-            shutil.rmtree(path)  # cached from another version of the split: collect afresh
-            stores = {}
-        if len(stores) < len(layers) or any(len(st) != len(ps) for st in stores.values()):
-            if not model_box:
-                model_box.append(offline.load_model(toolkit="nnsight"))
-            t0 = time.time()
-            got = tpc.collect(model_box[0], ps.texts, [site(layer) for layer in layers], "mean", chat_template=True,
-                              batch_size=8, store=path, progress=True)
-            stores = {layer: got[site(layer)] for layer in layers}
-            print(f"collected {split}: {len(ps)} rows in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-        X[split] = {layer: s.to_numpy() for layer, s in stores.items()}
+    X = {split: cached_activations(cache / heldout_family / split, ps.texts, layers, model_box, split)
+         for split, ps in sets.items()}
     y = {k: np.asarray(v.labels) for k, v in sets.items()}
     return X, y, {k: np.asarray(v.sources) for k, v in sets.items()}
 

@@ -1,4 +1,4 @@
-"""`tpc-hooks demo --quick` end to end on the packaged model and prompt set (about 4 minutes)."""
+"""`tpc-hooks demo --quick` end to end on the packaged model and prompt set (about 3 minutes)."""
 
 import json
 import subprocess

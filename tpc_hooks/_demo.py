@@ -334,15 +334,17 @@ def deployment_table(monitor: Monitor, X: dict[str, Any], y: dict[str, Any], set
     src = np.asarray(test.sources)
     ordinary = (y["test"] == 0) & (src != "overrefusal")
     kinds = np.asarray(hard.categories)
-    parts = {"recall": (X["test"], y["test"] == 1), "ordinary benign": (X["test"], ordinary),
-             "overrefusal": (X["test"], src == "overrefusal"),
-             "intent flips": (X["hard"], np.isin(kinds, _intent.KINDS)), "homonyms": (X["hard"], kinds == "homonym")}
+    parts = {"recall": ("test", y["test"] == 1), "ordinary benign": ("test", ordinary),
+             "overrefusal": ("test", src == "overrefusal"),
+             "intent flips": ("hard", np.isin(kinds, _intent.KINDS)), "homonyms": ("hard", kinds == "homonym")}
     if "heldout" in X:
-        parts["heldout recall"] = (X["heldout"], y["heldout"] == 1)
-        parts["heldout benign"] = (X["heldout"], y["heldout"] == 0)
+        parts["heldout recall"] = ("heldout", y["heldout"] == 1)
+        parts["heldout benign"] = ("heldout", y["heldout"] == 0)
+    used = sorted({split for split, _ in parts.values()})
 
     def rates(score: Any, t: float) -> dict[str, float]:
-        return {k: float((score(Z)[m] > t).mean()) if m.any() else float("nan") for k, (Z, m) in parts.items()}
+        s = {split: score(X[split]) for split in used}  # each split scored once
+        return {k: float((s[split][m] > t).mean()) if m.any() else float("nan") for k, (split, m) in parts.items()}
 
     rows = []
     for n in range(1, monitor.head.degree + 1):

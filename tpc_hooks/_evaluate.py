@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ._policy import FixedOrder
-from .metrics import classification_metrics, worst_group
+from .metrics import classification_metrics, threshold_at_fpr, worst_group
 
 DECISIONS = {"max": "max over tokens of the aggregate", "last": "the aggregate after the last token"}
 SWEEP_TAUS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
@@ -108,8 +108,6 @@ def earned_order(monitor: Any, X: Any, y: Any, fpr: float, decision: str = "max"
         ``recall`` (at its threshold), ``flagged_benign``, ``n_benign``, and ``gained`` / ``lost``:
         the harmful rows it flags that the order kept before it does not, and the reverse.
     """
-    from .metrics import threshold_at_fpr
-
     y = np.asarray(y)
     harmful = (y == 1) & (np.ones(len(y), bool) if counted is None else np.asarray(counted, bool))
     n_h, n_b = int(harmful.sum()), int((y == 0).sum())

@@ -299,9 +299,8 @@ class TPC(nn.Module, HubMixin):
         """
         n = self.check_order(order)
         out = TPC(self.d_model, n, list(self.ranks[:n - 1]))
-        keep = {k: v for k, v in self.state_dict().items() if not k.startswith(("factors.", "lambdas.", "bounds_"))
-                or int(k.split("_")[-1] if k.startswith("bounds_") else k.split(".")[1]) <= n}
-        out.load_state_dict({k: v.detach().clone() for k, v in keep.items() if not k.startswith("bounds_")}, strict=False)
+        mine = self.state_dict()
+        out.load_state_dict({k: mine[k].detach().clone() for k in out.state_dict()})  # bounds: None there, set below
         for k in out.degrees:
             b = self.bounds(k)
             setattr(out, f"bounds_{k}", None if b is None else b.detach().clone())

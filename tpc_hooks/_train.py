@@ -483,7 +483,7 @@ def train_monitor(
     idx = {"train": list(tr), "val": list(va), "rewrites": list(range(n, cuts[1])), "views": list(range(cuts[1], cuts[2])),
            "flips": list(range(cuts[2], cuts[3])),
            # the group INTENT: every harmful validation prompt as given, then the flips
-           "intent": [int(i) for i in va if y[i] == 1] * bool(kinds) + list(range(cuts[3], cuts[4]))}
+           "intent": ([int(i) for i in va if y[i] == 1] if kinds else []) + list(range(cuts[3], cuts[4]))}
     bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
     skip = adapter.fixed_prefix(chat_template=chat_template, prepend_bos=bos) if streaming else 0
     if streaming:
