@@ -251,6 +251,40 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
         tpc.train_monitor(lm, prompts, y, SITES[1], recipe="in_distribution", intent=True, verbose=False)
 
 
+def test_contrast_pairs_each_harmful_training_prompt_with_its_own_flip(lm, monkeypatch):
+    """``train_monitor(contrast=...)`` hands fit one pair per training flip: the training prompt it
+    flips (as a row of X_train) and the flip's row, checked against collecting both texts."""
+    from sklearn.model_selection import train_test_split
+
+    from tpc_hooks import _train
+    from tpc_hooks.data import intent_flips
+
+    seen = []
+    real = _train.fit
+
+    def spy(*args, **kwargs):
+        seen.append((args[0], args[1], kwargs.get("pairs")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_train, "fit", spy)
+    prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
+    kw = dict(augment=("tense",), degree=2, rank=2, epochs=2, val_fraction=0.25, verbose=False)
+    mon = tpc.train_monitor(lm, prompts, y, SITES[1], contrast=1.0, **kw)
+    X_tr, y_tr, pairs = seen[-1]
+    tr, _ = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
+    flips = intent_flips([prompts[i] for i in tr], y[tr], seed=0)
+    assert pairs.shape == (len(flips), 2) and (np.asarray(y_tr)[pairs[:, 0]] == 1).all()
+    collect = lambda texts: torch.as_tensor(tpc.collect(lm, texts, SITES[1], chat_template=True, progress=False)[SITES[1]])
+    X_tr = torch.as_tensor(X_tr)
+    assert torch.allclose(X_tr[pairs[:, 0]], collect([prompts[tr[int(i)]] for i in flips.sources]), atol=1e-5)
+    assert torch.allclose(X_tr[pairs[:, 1]], collect(flips.texts), atol=1e-5)
+    assert mon.head.history.config.contrast == 1.0
+    tpc.train_monitor(lm, prompts, y, SITES[1], **kw)
+    assert seen[-1][2] is None  # not by default
+    with pytest.raises(TPCHooksError, match="contrast ranks each harmful training prompt"):
+        tpc.train_monitor(lm, prompts, y, SITES[1], contrast=1.0, **{**kw, "intent": False})
+
+
 def test_train_monitor_reads_the_site_its_table_ranks_first(lm):
     mon = tpc.train_monitor(lm, HARMFUL + BENIGN, [1] * 8 + [0] * 8, SITES, augment=("noise",), degree=2, rank=2,
                             epochs=2, val_fraction=0.25, verbose=False)

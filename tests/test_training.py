@@ -229,6 +229,47 @@ def test_consistency_pulls_higher_orders_to_add_nothing_on_the_unlabelled_rows(p
     assert held.history.config.consistency == 30.0
 
 
+def test_contrast_ranks_each_harmful_row_above_its_counterpart(problem):
+    """The contrast loss lowers the pairs' ranking loss at the higher orders (the objective it adds),
+    leaves degree 1 (the probe) bit-identical, and is recorded in the config."""
+    Xtr, ytr, Xva, yva, _, _ = problem
+    pos, neg = np.flatnonzero(ytr == 1)[:150], np.flatnonzero(ytr == 0)[:150]
+    pairs = np.stack([pos, neg], 1)
+    z = torch.tensor(Xtr)
+    free = tpc.fit(Xtr, ytr, Xva, yva, degree=3, seed=3, shrink=False, **FAST)
+    held = tpc.fit(Xtr, ytr, Xva, yva, degree=3, seed=3, shrink=False, pairs=pairs, contrast=30.0, **FAST)
+
+    def rank_loss(head, order):
+        with torch.no_grad():
+            s = head(z, order=order).double()
+        return float(torch.nn.functional.softplus(s[neg] - s[pos]).mean())
+
+    with torch.no_grad():
+        assert torch.equal(free(z, order=1), held(z, order=1))
+    assert rank_loss(held, 3) < rank_loss(free, 3)
+    assert held.history.config.contrast == 30.0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(pairs="pairs"), "only read by the contrast loss"),
+    (dict(contrast=1.0), "contrast > 0 needs pairs"),
+    (dict(contrast=-1.0, pairs="pairs"), "contrast must be a finite number"),
+    (dict(contrast=1.0, pairs="swapped"), "each pair is"),
+    (dict(contrast=1.0, pairs="outside"), "pairs index rows"),
+    (dict(contrast=1.0, pairs="flat"), r"\[m, 2\]"),
+    (dict(contrast=1.0, pairs="pairs", mode="joint", trust_region=False, shrink=False), "needs mode='progressive'"),
+])
+def test_bad_contrast_settings(problem, kwargs, message):
+    Xtr, ytr, Xva, yva, _, _ = problem
+    pairs = np.stack([np.flatnonzero(ytr == 1)[:5], np.flatnonzero(ytr == 0)[:5]], 1)
+    named = {"pairs": pairs, "swapped": pairs[:, ::-1], "outside": pairs + len(ytr), "flat": pairs[:, 0]}
+    kwargs = {k: named.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()}
+    with pytest.raises(tpc.TPCHooksError, match=message):
+        tpc.fit(Xtr, ytr, Xva, yva, degree=2, **FAST, **kwargs)
+    with pytest.raises(tpc.TPCHooksError, match="pass X_val and y_val"):
+        tpc.fit(Xtr, ytr, degree=2, pairs=pairs, contrast=1.0, **FAST)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(X_unlabelled="Xu"), "only read by the consistency penalty"),
     (dict(consistency=1.0), "consistency > 0 needs X_unlabelled"),

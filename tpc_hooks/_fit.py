@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config: FitConfig | None = None, *,
-        init: TPC | None = None, val_groups: Any = None, X_unlabelled: Any = None, device: str | torch.device | None = None,
-        verbose: bool = True, **settings: Any) -> TPC:
+        init: TPC | None = None, val_groups: Any = None, X_unlabelled: Any = None, pairs: Any = None,
+        device: str | torch.device | None = None, verbose: bool = True, **settings: Any) -> TPC:
     """Trains a TPC on activations ``X`` [n, d_model] and binary labels ``y`` (1 = harmful).
 
     ``mode="progressive"`` (the paper's method): degree 1 is scikit-learn's
@@ -50,6 +50,10 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
             and the grid point by the worst group's loss and F1, and the shrinkage scale by the
             worst group's change in loss over the truncation below (a degree that hurts any group
             is shrunk towards zero). The linear probe's C is still chosen on the pooled rows.
+        X_unlabelled: the rows the ``consistency`` penalty reads (in memory).
+        pairs: ``[m, 2]`` row indices into ``X_train`` (in memory, with ``X_val`` given): a
+            harmful row and a benign counterpart on its topic (its intent flip); the ``contrast``
+            loss ranks each harmful row above its counterpart.
         device: where to train (default: CUDA if available). The head is returned there.
         verbose: progress bars.
         **settings: any :class:`~tpc_hooks.FitConfig` field, overriding ``config``: ``degree``,
@@ -79,6 +83,7 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
     tr.chunk_rows = va.chunk_rows = cfg.chunk_rows
     groups = _groups(val_groups, va.n, X_val is not None)
     unl = _unlabelled(X_unlabelled, tr.d, cfg, dev)
+    pair_rows = _pairs(pairs, X_val is not None, tr, y_tr, cfg, dev)
     head, history, cfg = _extend(init, cfg) if init is not None else _new_head(tr, cfg.resolved())
     head.to(dev)
     head.requires_grad_(False)
@@ -86,7 +91,7 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
     va.hold_standardized(head.scaler, dev)
     if unl is not None:
         unl.hold_standardized(head.scaler, dev)
-    train = _Trainer(head, tr, y_tr, va, y_va, cfg, dev, verbose, history.records, groups, unl)
+    train = _Trainer(head, tr, y_tr, va, y_va, cfg, dev, verbose, history.records, groups, unl, pair_rows)
 
     if cfg.mode == "joint":
         history.selected[head.degree] = train.joint()
@@ -142,6 +147,32 @@ def _unlabelled(X: Any, d: int, cfg: FitConfig, device: torch.device) -> Rows | 
     return rows
 
 
+def _pairs(pairs: Any, given: bool, tr: Rows, y: Tensor, cfg: FitConfig, device: torch.device) -> Tensor | None:
+    """The contrast loss's (harmful, counterpart) training-row pairs as a ``[m, 2]`` tensor, or None."""
+    if pairs is None:
+        if cfg.contrast:
+            raise TPCHooksError("contrast > 0 needs pairs (each harmful training row with its benign counterpart)")
+        return None
+    if not cfg.contrast:
+        raise TPCHooksError("pairs are only read by the contrast loss; set contrast > 0 with them")
+    if cfg.mode != "progressive":
+        raise TPCHooksError("contrast applies to degrees trained one at a time; it needs mode='progressive'")
+    if not given:
+        raise TPCHooksError("pairs index X_train's rows; pass X_val and y_val so that none of them is held out")
+    if not tr.in_memory:
+        raise TPCHooksError("pairs need the training rows in memory (an array or tensor), not an ActivationStore")
+    arr = np.asarray(pairs)
+    if arr.ndim != 2 or arr.shape[1] != 2 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.integer):
+        raise TPCHooksError(f"pairs must be a non-empty [m, 2] array of integer row indices; got shape {arr.shape} "
+                            f"and dtype {arr.dtype}")
+    if arr.min() < 0 or arr.max() >= tr.n:
+        raise TPCHooksError(f"pairs index rows 0..{tr.n - 1} of X_train; got {int(arr.min())}..{int(arr.max())}")
+    yy = y.numpy()
+    if (yy[arr[:, 0]] != 1).any() or (yy[arr[:, 1]] != 0).any():
+        raise TPCHooksError("each pair is (a harmful row, label 1; its benign counterpart, label 0)")
+    return torch.as_tensor(arr, dtype=torch.long, device=device)
+
+
 def _new_head(tr: Rows, cfg: FitConfig) -> tuple[TPC, History, FitConfig]:
     """An untrained head whose scaler is fitted on the training rows."""
     with torch.random.fork_rng(devices=[]):  # the initial factors are redrawn per degree from `seed`
@@ -193,8 +224,8 @@ class _Trainer:
 
     def __init__(self, head: TPC, tr: Rows, y_tr: Tensor, va: Rows, y_va: Tensor, cfg: FitConfig, device: torch.device,
                  verbose: bool, records: list[dict[str, Any]], groups: list[Tensor] | None = None,
-                 unlabelled: Rows | None = None):
-        self.unlabelled = unlabelled
+                 unlabelled: Rows | None = None, pairs: Tensor | None = None):
+        self.unlabelled, self.pairs = unlabelled, pairs
         self.head, self.tr, self.va, self.cfg, self.device, self.verbose, self.records = head, tr, va, cfg, device, verbose, records
         self.groups = None if groups is None else [g.to(device) for g in groups]
         self.y_tr, self.y_va = y_tr.to(device), y_va.to(device)
@@ -234,9 +265,13 @@ class _Trainer:
             unl = self.unlabelled.std if self.unlabelled is not None else None
             pick_u = None if unl is None else Draws(lambda g, n: torch.randint(unl.shape[0], (n,), generator=g), gen_u,
                                                     self.tr.n, unl.device)
+            pairs = self.pairs
+            pick_p = None if pairs is None else Draws(lambda g, n: torch.randint(pairs.shape[0], (n,), generator=g),
+                                                     torch.Generator().manual_seed(cfg.seed * 7919 + k * 31 + trial + 2),
+                                                     self.tr.n, device)
 
             def batch_loss(xb: Tensor, idx: Tensor, tc: TrainConfig = tc, drop: Draws = drop,
-                           pick_u: Draws | None = pick_u) -> Tensor:
+                           pick_u: Draws | None = pick_u, pick_p: Draws | None = pick_p) -> Tensor:
                 idx = idx.to(device)
                 prefix = prefix_tr[idx]
                 if tc.dropout > 0:
@@ -246,6 +281,10 @@ class _Trainer:
                 if pick_u is not None:
                     loss = loss + cfg.consistency * _kernel.term(head, unl[pick_u.take(xb.shape[0])], k,
                                                                  clip=False)[0].square().mean()
+                if pick_p is not None:
+                    p = pairs[pick_p.take(xb.shape[0])].reshape(-1)  # harmful, counterpart, harmful, ...
+                    s = (prefix_tr[p] + _kernel.term(head, self.tr.std[p], k, clip=False)[0]).view(-1, 2)
+                    loss = loss + cfg.contrast * F.softplus(s[:, 1] - s[:, 0]).mean()
                 return loss + tc.l1 * U.abs().sum() if tc.l1 else loss
 
             def evaluate() -> tuple[float, float]:

@@ -99,6 +99,10 @@ class FitConfig:
         consistency: with ``fit(..., X_unlabelled=...)``, degree k's loss adds
             ``consistency * mean(term_k(x_u) ** 2)`` over a minibatch of those rows: the degree is
             pulled to add nothing there, so its truncation agrees with the one below (progressive mode).
+        contrast: with ``fit(..., pairs=...)`` (harmful training rows, each with a benign
+            counterpart on its topic: its intent flip), degree k's loss adds
+            ``contrast * mean(softplus(s(benign) - s(harmful)))`` over a minibatch of the pairs, ``s``
+            the truncation's logit: each harmful row is ranked above its own counterpart (progressive mode).
         sweep: ``True`` for the paper's grid (lr x weight decay x dropout, chosen per degree by
             validation F1), or a dict with some of those keys.
         Cs, max_iter: the degree-1 probe's C sweep and iteration cap.
@@ -132,6 +136,7 @@ class FitConfig:
     patience: int | None | str = "auto"
     l1: float = 0.0
     consistency: float = 0.0
+    contrast: float = 0.0
     trust_region: bool | None = None
     margin: float = 0.0
     gate: bool | None = None
@@ -166,6 +171,8 @@ class FitConfig:
             raise TPCHooksError(f"decay_growth must be a positive number; got {self.decay_growth!r}")
         if not (_number(self.consistency) and 0 <= self.consistency < math.inf):
             raise TPCHooksError(f"consistency must be a finite number >= 0; got {self.consistency!r}")
+        if not (_number(self.contrast) and 0 <= self.contrast < math.inf):
+            raise TPCHooksError(f"contrast must be a finite number >= 0; got {self.contrast!r}")
         if not (_number(self.margin) and 0 <= self.margin < math.inf):
             raise TPCHooksError(f"margin must be a finite number >= 0; got {self.margin!r}")
         self.train_config().grid(self.sweep)  # checks the optimiser settings and the grid

@@ -47,7 +47,8 @@ def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, conf
     g = np.asarray(groups)
     table = []
     for site, (X, y, Xv, yv) in data.items():
-        probe = fit(X, y, Xv, yv, config, degree=1, consistency=0.0, device=device, verbose=False)  # degree 1 only
+        probe = fit(X, y, Xv, yv, config, degree=1, consistency=0.0, contrast=0.0, device=device,  # degree 1 only
+                    verbose=False)
         with torch.no_grad():
             s = probe(torch.as_tensor(np.asarray(Xv))).double().cpu().numpy()
         table.append({"site": site, **worst_group(np.asarray(yv), s, g, fpr)})

@@ -78,6 +78,8 @@ class TrainData:
             :data:`INTENT`), or None (no threshold, no report, an uncalibrated cascade).
         flips: benign-labelled intent flips of the harmful training prompts (trained on; not
             rows of the consistency penalty: the higher orders are free to model them), or None.
+        flip_of: per flip, the position in ``train`` of the prompt it flips (the pairs of
+            ``FitConfig.contrast``), or None.
         contexts: ``{"train": Chats, "val": Chats}`` for a per-token monitor trained on requests
             inside conversations (either may be missing).
     """
@@ -87,6 +89,7 @@ class TrainData:
     val: Examples | None = None
     contexts: dict[str, Chats] = field(default_factory=dict)
     flips: Examples | None = None
+    flip_of: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,7 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
         unlabelled = token_rows(list(d.rewrites.X), settings.skip)[0] if tokens else d.rewrites.X
     grouped = bool(plan.families or plan.intent)
     head = fit(X_tr, y_tr, X_va, y_va, cfg, verbose=verbose, val_groups=g_va if grouped else None,
-               X_unlabelled=unlabelled, init=init, device=device).cpu()
+               X_unlabelled=unlabelled, pairs=_pairs(d, cfg, tokens), init=init, device=device).cpu()
     if plan.prune and d.val is not None and head.degree > 1:
         head = _earned(head, d, settings, sae, plan, report)
     cascade = None
@@ -206,6 +209,18 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     if plan.target_fpr is not None:
         monitor.calibrate_activations(benign, plan.target_fpr)
     return monitor
+
+
+def _pairs(d: TrainData, cfg: FitConfig, tokens: Any) -> np.ndarray | None:
+    """``FitConfig.contrast``'s pairs: each training flip's prompt and the flip, as positions in the
+    training rows (the prompts, then the rewrites, then the flips), or None."""
+    if not cfg.contrast:
+        return None
+    if tokens or d.flips is None or d.flip_of is None:
+        raise TPCHooksError("contrast ranks each harmful training prompt above its intent flip: it needs intent flips "
+                            "(intent=True) and a per-prompt monitor (no aggregate)")
+    start = len(d.train) + (0 if d.rewrites is None else len(d.rewrites))
+    return np.stack([np.asarray(d.flip_of), start + np.arange(len(d.flips))], 1)
 
 
 def _earned(head: Any, d: TrainData, settings: MonitorConfig, sae: Any, plan: TrainPlan, report: dict[str, Any]) -> Any:
@@ -510,7 +525,8 @@ def train_monitor(
     data = {s: TrainData(train=Examples(rows[s](idx["train"]), y[tr]),
                          rewrites=Examples(rows[s](idx["rewrites"]), y_all[idx["rewrites"]]) if families else None,
                          val=Examples(rows[s](at_val), y_all[at_val], groups), contexts=chats,
-                         flips=Examples(rows[s](idx["flips"]), y_all[idx["flips"]]) if kinds else None)
+                         flips=Examples(rows[s](idx["flips"]), y_all[idx["flips"]]) if kinds else None,
+                         flip_of=np.asarray([int(i) for i in flips.sources], dtype=int) if kinds else None)
             for s in sites}
     settings = MonitorConfig(sites[0], pooling=pooling, chat_template=chat_template, prepend_bos=bos,
                              max_tokens=max_tokens, model_name=adapter.model_name, aggregate=aggregate, alpha=alpha,

@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tpc-hooks", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="verb", required=True)
     demo = sub.add_parser("demo", help="collect, train, evaluate, monitor and attribute on the offline default model")
-    demo.add_argument("--quick", action="store_true", help="a small run for CI (about 2 minutes)")
+    demo.add_argument("--quick", action="store_true", help="a small run for CI (about 3 minutes on 2 CPU cores)")
     demo.add_argument("--toolkit", choices=("transformer_lens", "nnsight", "transformers"), default="transformer_lens")
     demo.add_argument("--model", default=None, help="hub id or local folder (default: the packaged SmolLM2-135M-Instruct)")
     demo.add_argument("--layer", type=int, default=20, help="residual-stream layer the monitor reads")
