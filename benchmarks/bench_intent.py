@@ -36,7 +36,7 @@ import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks._monitor_config import MonitorConfig
 from tpc_hooks._train import INTENT, Examples, TrainData, TrainPlan, fit_config, train
-from tpc_hooks._intent import act
+from tpc_hooks._intent import _HOMONYM_TEMPLATES, act, homonym_pairs
 from tpc_hooks._languages import LANGUAGES, translated_requests
 from tpc_hooks._phrasing import parse
 from tpc_hooks._sources import norm, sharegpt
@@ -54,15 +54,31 @@ SHIPPED = "SHIPPED: train_monitor's default (flips, orders pruned)"
 USER_HARD = ("homonym", "overrefusal")  # hard negatives a user may have among their own prompts
 N_CALIBRATION = 2000  # more benign prompts (ShareGPT first turns outside the benchmark) for `Monitor.calibrate`
 RECALIBRATED = f"SHIPPED, then calibrate() on {N_CALIBRATION} more benign prompts"
+WITH_HOMONYMS = "SHIPPED + homonyms of half the verbs"
 
 
-def calibration_prompts(sets: dict, seed: int, n: int = N_CALIBRATION, max_chars: int = 300) -> list[str]:
-    """ShareGPT first turns ``intent_benchmark(seed)`` did not draw (the same filter and shuffle, the
-    next ``n``), none equal to a benchmark text: what a deployment calibrates its threshold on."""
+def homonym_halves() -> tuple[set[str], set[str]]:
+    """The homonym verbs split in two (alternately, in the library's order): the first half's pairs
+    may be trained on, the second's are the unseen homonyms."""
+    verbs = list(dict.fromkeys(p.verb for p in homonym_pairs()))
+    return set(verbs[::2]), set(verbs[1::2])
+
+
+def homonym_verb(text: str) -> str | None:
+    """The verb of a homonym request (its pair's \"verb object\" is in the text)."""
+    hits = [p.verb for p in homonym_pairs() if f"{p.verb} {p.obj}" in text]
+    return max(hits, key=len) if hits else None
+
+
+def more_sharegpt(sets: dict, seed: int, skip: int = 0, n: int = N_CALIBRATION, max_chars: int = 300) -> list[str]:
+    """ShareGPT first turns ``intent_benchmark(seed)`` did not draw (the same filter and shuffle,
+    after its 1000), none equal to a benchmark text: ``n`` of them after the first ``skip``. The
+    first ``N_CALIBRATION`` are what a deployment calibrates its threshold on (`Monitor.calibrate`);
+    the next ``N_CALIBRATION`` a larger test of the ordinary benign flag rate."""
     rows = [r for r in sharegpt() if len(r.text) <= max_chars]
     rng(seed, "intent-sharegpt").shuffle(rows)
     seen = {norm(t) for ps in sets.values() for t in ps.texts}
-    return [r.text for r in rows[1000:] if norm(r.text) not in seen][:n]
+    return [r.text for r in rows[1000:] if norm(r.text) not in seen][skip:skip + n]
 
 
 def texts_to_collect(sets: dict, seed: int) -> dict:
@@ -76,9 +92,13 @@ def texts_to_collect(sets: dict, seed: int) -> dict:
     out["views"] = rewrites(sets["val"].texts, sets["val"].labels, every_family=True, seed=seed)
     benign = [t for t, y in zip(sets["test"].texts, sets["test"].labels) if y == 0]
     out["test-rephrased"] = rewrites(benign, [0] * len(benign), every_family=True, seed=seed)  # benign, rephrased
-    calib = calibration_prompts(sets, seed)
-    out["calibration"] = PromptSet(calib, [0] * len(calib), ["sharegpt"] * len(calib), [""] * len(calib),
-                                   [False] * len(calib))
+    pairs = [p for p in homonym_pairs() if p.verb in homonym_halves()[0]]
+    texts = [t.format(verb=p.verb, obj=p.obj) for p in pairs for t in _HOMONYM_TEMPLATES]
+    out["homonyms-trained"] = PromptSet(texts, [0] * len(texts), ["homonym"] * len(texts), ["homonym"] * len(texts),
+                                        [False] * len(texts))
+    for name, skip in (("calibration", 0), ("test-sharegpt", N_CALIBRATION)):
+        texts = more_sharegpt(sets, seed, skip)
+        out[name] = PromptSet(texts, [0] * len(texts), ["sharegpt"] * len(texts), [""] * len(texts), [False] * len(texts))
     rows = translated_requests()
     out["languages"] = PromptSet([r.text for r in rows], [r.label for r in rows], [str(r.act) for r in rows],
                                  [r.language for r in rows], [False] * len(rows))
@@ -141,7 +161,11 @@ class Rows:
         self.val_hard_kinds = sorted(set(vh.tolist()))
         self.lang = (A["languages"], y["languages"], cat["languages"]) if "languages" in A else None
         self.rephrased = A.get("test-rephrased")
-        self.calibration = A.get("calibration")
+        self.calibration, self.more_benign = A.get("calibration"), A.get("test-sharegpt")
+        self.lib_homonyms = A.get("homonyms-trained")
+        unseen = homonym_halves()[1]
+        self.unseen_homonym = np.asarray([c == "homonym" and homonym_verb(t) in unseen
+                                          for t, c in zip(sets["test/hard"].texts, sets["test/hard"].categories)])
         self.layer, self.kept = layer, []
 
 
@@ -226,29 +250,43 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     out[f"default + flips + contrast {contrast:g}"] = with_flips(1, pairs=True)
     out["flips, pooled selection"] = with_flips(1, groups=False, consistency=False)
 
-    def shipped():
+    def shipped(homonyms: bool = False):
         """train_monitor's default on these rows: the recipe itself (tpc_hooks._train.train), with
-        its rewrites, flips, worst-group selection, pruning of orders and operating point."""
+        its rewrites, flips, worst-group selection, pruning of orders and operating point; with
+        ``homonyms``, the homonyms of half the verbs (every template) among the flips."""
+        if homonyms:
+            Xh = r.lib_homonyms
+            flips = Examples(torch.as_tensor(np.concatenate([Xf, Xh])), np.concatenate([yf, np.zeros(len(Xh), int)]))
         vX, vy = np.concatenate([val_X, Xi]), np.concatenate([val_y, yi])
         vg = np.concatenate([val_g, [INTENT] * len(yi)])
         t = lambda a: torch.as_tensor(a)
         data = {site(r.layer): TrainData(train=Examples(t(Xg), yg), rewrites=Examples(t(Xa), ya), val=Examples(t(vX), vy, vg),
-                                  flips=Examples(t(Xf), yf))}
+                                  flips=flips if homonyms else Examples(t(Xf), yf))}
         plan = TrainPlan(MonitorConfig(site(r.layer)), fit_config("default", PHRASING_FAMILIES, None, {"seed": seed}),
                          families=PHRASING_FAMILIES, intent=INTENT_KINDS, prune=True)
         mon = train(data, plan, verbose=False)
+        if homonyms:
+            return tpc_scores(mon.head), Xv[yv == 0]
         r.kept.append(mon.report["orders"])
         shipped_head[:] = [mon.head]
-        return tpc_scores(mon.head), vX[vy == 0]
+        return tpc_scores(mon.head), Xv[yv == 0]  # train_monitor sets its threshold on the benign prompts as given
     shipped_head: list = []
     out[SHIPPED] = shipped
+    # the shipped head with its threshold set on other benign rows (Monitor.calibrate_activations)
+    every = np.concatenate([val_X, Xi])
+    every_y = np.concatenate([val_y, yi])
+    thresholds = {"SHIPPED, threshold on every benign val row (rewrites, flips)": every[every_y == 0],
+                  "SHIPPED, threshold on plain + rephrased benign val": np.concatenate([Xv[yv == 0], Xw[yw == 0]])}
     if r.calibration is not None:
-        # Monitor.calibrate(model, benign) on the plain benign validation prompts and the extra ones
-        def recalibrated():
+        thresholds[RECALIBRATED] = np.concatenate([Xv[yv == 0], r.calibration])
+    if r.lib_homonyms is not None:
+        out[WITH_HOMONYMS] = lambda: shipped(homonyms=True)
+    for name, calib in thresholds.items():
+        def recalibrated(calib=calib):
             if not shipped_head:
                 shipped()
-            return tpc_scores(shipped_head[0]), np.concatenate([Xv[yv == 0], r.calibration])
-        out[RECALIBRATED] = recalibrated
+            return tpc_scores(shipped_head[0]), calib
+        out[name] = recalibrated
     return out
 
 
@@ -288,6 +326,8 @@ def measure(scores: dict, calib: np.ndarray, r: Rows, ordinary_ref: np.ndarray) 
                "hard": float(flagged_h.mean())}
         if r.rephrased is not None:
             row["fpr rephrased"] = float((scores(r.rephrased)[k] > t).mean())
+        if r.more_benign is not None:
+            row["fpr sharegpt"] = float((scores(r.more_benign)[k] > t).mean())
         for kind in HARD_NEGATIVE_KINDS:
             row[kind] = float(flagged_h[kh == kind].mean()) if (kh == kind).any() else float("nan")
         if r.lang is not None:
@@ -297,6 +337,7 @@ def measure(scores: dict, calib: np.ndarray, r: Rows, ordinary_ref: np.ndarray) 
                 row[f"{lang} recall"] = float(sl[(gl == lang) & (yl == 1)].mean())
                 row[f"{lang} benign"] = float(sl[(gl == lang) & (yl == 0)].mean())
         row["flips"] = float(flagged_h[np.isin(kh, INTENT_KINDS)].mean())
+        row["homonym, unseen verbs"] = float(flagged_h[r.unseen_homonym].mean()) if r.unseen_homonym.any() else float("nan")
         t1 = threshold_at_fpr(plain[k], FPR)
         row["r@1% ordinary"] = float((test[k][yt == 1] > t1).mean())
         t5 = threshold_at_fpr(hard[k], HARD_FPR)
@@ -316,7 +357,8 @@ def ordered(res: dict) -> list:
     return sorted(res.items(), key=lambda kv: (first.index(kv[0][0]), 99 if isinstance(kv[0][1], str) else kv[0][1]))
 
 
-COLUMNS = ("recall", "fpr", "fpr rephrased", "hard", "flips", "homonym", "overrefusal", "r@1% ordinary", "r@5% hard",
+COLUMNS = ("recall", "fpr", "fpr sharegpt", "fpr rephrased", "hard", "flips", "homonym", "homonym, unseen verbs",
+           "overrefusal", "r@1% ordinary", "r@5% hard",
            "hard @ order-1 recall")
 
 
@@ -339,13 +381,14 @@ def run(args: argparse.Namespace, X: dict, sets: dict) -> int:
                 rows = measure(scores, calib, r, r.val[0][r.val[1] == 0])
                 for k, row in rows.items():
                     res[(name, k)].append(row)
-                if name in (SHIPPED, RECALIBRATED):  # the monitor as saved: each seed's highest kept order
+                if name.startswith("SHIPPED"):  # the monitor as saved: each seed's highest kept order
                     res[(name, "as saved")].append(rows[max(rows)])
                 print(f"layer {layer} seed {seed} {name} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
         print(f"\n## Layer {layer}\n\nMean over {args.seeds} training seeds (test split). `recall`, `fpr`, `hard` "
               "and the kinds at the deployed threshold (1% of the method's benign validation rows); `flips`: the "
-              "intent flips together; `fpr rephrased`: the test split's benign prompts rephrased by every phrasing "
-              "family; `r@1% ordinary`: recall at 1% FPR on ordinary benign validation; `r@5% hard`: "
+              "intent flips together; `fpr sharegpt`: 2000 more ShareGPT first turns outside the benchmark "
+              "(a larger test of the ordinary flag rate); `fpr rephrased`: the test split's benign prompts rephrased by every "
+              "phrasing family; `r@1% ordinary`: recall at 1% FPR on ordinary benign validation; `r@5% hard`: "
               "recall at 5% of the test hard negatives; `hard @ order-1 recall`: hard negatives flagged at the "
               "recall order 1 has at its deployed threshold.\n")
         print("| method | order | " + " | ".join(COLUMNS) + " |\n|---|---:|" + "---:|" * len(COLUMNS))

@@ -104,10 +104,10 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
     chosen = out.split("--site auto: ")[1].split()[0]
     loaded = tpc.Monitor.load(mon)
     assert chosen in sites and loaded.site == chosen
-    # the operating point: set on the benign validation rows, their rewrites and the intent flips (--target-fpr 0.01)
+    # the operating point: set on the benign validation prompts as given, not their rewrites or the intent
+    # flips (--target-fpr 0.01)
     op = loaded.report["operating_point"]
-    n_benign = sum(json.loads((acts / p / "labels.json").read_text()).count(0)
-                   for p in ["val", *(f"val-{f}" for f in families), "val-intent"])
+    n_benign = json.loads((acts / "val" / "labels.json").read_text()).count(0)
     assert op["n_benign"] == n_benign and op["flagged"] <= int(0.01 * n_benign) and loaded.threshold == op["threshold"]
     assert f"threshold {loaded.threshold:.6g}: flags {op['flagged']} of {n_benign}" in out
     assert loaded.cascade.center != 0.5

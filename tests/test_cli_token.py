@@ -61,8 +61,8 @@ def test_collect_train_evaluate_monitor_per_token(tmp_path, tiny_cli, capsys):
     # training rows: every token after the fixed prefix of the training prompts, their rewrites and intent flips
     n_rows = sum(len(s) - skip for p in ("train", "aug", "flips") for s in tpc.ActivationStore.open(acts / p / SITE).sequences())
     assert mon.report["n_train_tokens"] == n_rows and f"trained on {n_rows} token rows" in out
-    val_parts = ["val"] + sorted(p for p in splits if p.startswith("val-"))
-    n_benign = sum(json.loads((acts / p / "labels.json").read_text()).count(0) for p in val_parts)
+    # the operating point: the benign validation prompts as given (not their rewrites or intent flips)
+    n_benign = json.loads((acts / "val" / "labels.json").read_text()).count(0)
     op = mon.report["operating_point"]
     assert op["n_benign"] == n_benign and op["by"] == "max over tokens"
     assert f"flags {op['flagged']} of {n_benign} benign validation sequences at any token" in out

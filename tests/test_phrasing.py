@@ -208,7 +208,8 @@ def test_the_consistency_penalty_reads_exactly_the_training_rewrites(lm, monkeyp
 def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_prompts(lm, monkeypatch):
     """The default adds one flip per harmful training prompt (label 0, outside the consistency rows)
     and a validation group "intent": every harmful validation prompt, then every kind's flip of
-    them; the threshold is set on every benign validation row, flips included."""
+    them; the threshold is set on the benign validation prompts as given (not rewrites, not flips),
+    flagging at most 1% of them."""
     from sklearn.model_selection import train_test_split
 
     from tpc_hooks import _train
@@ -244,7 +245,11 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     assert len(kw["X_unlabelled"]) == len(aug)  # the consistency rows: the rewrites only
     assert mon.report["augment"]["intent"] == list(tpc.data.INTENT_KINDS)
     assert mon.report["augment"]["n_train_flips"] == len(flips)
-    assert mon.report["operating_point"]["n_benign"] == int((np.asarray(y_va) == 0).sum())
+    plain_benign = [prompts[i] for i in va if y[i] == 0]
+    assert mon.report["operating_point"]["n_benign"] == len(plain_benign)
+    want_threshold = tpc.Monitor(mon.head, config=mon.config, cascade=mon.cascade).calibrate_activations(
+        collect(plain_benign), 0.01).threshold
+    assert mon.threshold == pytest.approx(want_threshold, abs=1e-6)
     with pytest.raises(TPCHooksError, match="kinds must be True, False or names"):
         tpc.train_monitor(lm, prompts, y, SITES[1], intent=("tense",), verbose=False)
     with pytest.raises(TPCHooksError, match="cannot be combined with intent"):

@@ -145,7 +145,8 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
           verbose: bool = True) -> Monitor:
     """Trains, calibrates and reports a monitor: chooses the site (several offered), fits the
     head (:func:`tpc_hooks.fit`), wraps it in a cascade calibrated on validation, measures every
-    order on validation, and sets the threshold on the benign validation data.
+    order on validation, and sets the threshold on the benign validation prompts as given (group
+    :data:`PLAIN`) and the hosted benign chats.
 
     Args:
         data: site -> its :class:`TrainData` (every site the same prompts in the same order).
@@ -281,7 +282,9 @@ def _report(monitor: Monitor, d: TrainData, tokens: _TokenRows | None, X_va: Any
             plan: TrainPlan) -> Any:
     """Fills ``monitor.report`` with the validation metrics per order (on the prompts as given),
     the worst validation group's, and the hosted chats'; returns the benign validation data the
-    threshold is set on."""
+    threshold is set on: the benign prompts as given (not their rewrites or the intent flips, which
+    are many and easy: a threshold set among them flags more than ``target_fpr`` of ordinary
+    prompts; ``benchmarks/bench_intent.py``) and the hosted benign chats."""
     val = d.val
     plain = val.groups == PLAIN
     if tokens is None:
@@ -289,7 +292,7 @@ def _report(monitor: Monitor, d: TrainData, tokens: _TokenRows | None, X_va: Any
             "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, X_va[plain], val.y[plain])},
             "worst_validation_group": {"groups": sorted(set(g_va.tolist())),
                                        "per_order": worst_per_order(monitor, X_va, y_va, g_va)}})
-        return X_va[y_va == 0]
+        return X_va[(y_va == 0) & plain]
     seqs = list(val.X)
     monitor.report.update({
         "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, [z for z, p in zip(seqs, plain) if p],
@@ -297,7 +300,7 @@ def _report(monitor: Monitor, d: TrainData, tokens: _TokenRows | None, X_va: Any
                        "decision": DECISIONS["max"]},
         "worst_validation_group": {"groups": sorted(set(val.groups.tolist())),
                                    "per_order": worst_per_order(monitor, seqs, val.y, val.groups)}})
-    benign = [z for z, c in zip(seqs, val.y) if c == 0]
+    benign = [z for z, c, p in zip(seqs, val.y, plain) if c == 0 and p]
     if "val" in tokens.chats:
         chats, (_, _, ends) = tokens.chats["val"]
         monitor.report["contexts"] = {
@@ -361,9 +364,11 @@ def train_monitor(
     the paper's exact recipe (:class:`~tpc_hooks.FitConfig`), with the rewrites unless
     ``augment=False``. The docs' phrasing benchmark (docs/benchmarks/phrasing.md) has the measured trade-off.
 
-    The monitor's operating point is set on the benign validation prompts (and their rewrites):
-    ``threshold`` flags at most ``target_fpr`` of them (:meth:`Monitor.calibrate_activations`), and a
-    cascade (``tau``) exits around that threshold.
+    The monitor's operating point is set on the benign validation prompts as given (not their
+    rewrites or intent flips): ``threshold`` flags at most ``target_fpr`` of them
+    (:meth:`Monitor.calibrate_activations`), and a cascade (``tau``) exits around that threshold.
+    With a few hundred benign validation prompts, 1% is a handful of them: recalibrate on a larger
+    sample of your own benign traffic with :meth:`Monitor.calibrate` before deploying.
 
     Args:
         model: a TransformerLens, nnsight or plain ``transformers`` model.
@@ -403,11 +408,12 @@ def train_monitor(
             counterpart on the same topic that asks no operational question ("What laws make it a
             crime to ...?"; :func:`tpc_hooks.data.intent_flips`), and the harmful validation
             prompts with every kind's flip of them form the validation group ``"intent"``, so
-            selection by worst group sees the hard negatives and the threshold holds on them.
+            selection by worst group sees the hard negatives (and the pruning of orders counts them).
             Default: every kind with ``recipe="default"``, none otherwise.
         recipe: ``"default"`` (rewrites + worst-family selection), ``"in_distribution"`` (no
             rewrites, pooled selection) or ``"paper"`` (the paper's recipe).
-        target_fpr: the benign validation share the threshold may flag; None keeps 0.5.
+        target_fpr: the share of the benign validation prompts (as given) the threshold may flag;
+            None keeps 0.5.
         prune_orders: keep only the orders that earn their terms at the operating point: each
             order at its own threshold flagging ``target_fpr`` of the benign validation rows, an
             order above the last one kept must flag significantly more of the harmful validation
