@@ -55,6 +55,7 @@ USER_HARD = ("homonym", "overrefusal")  # hard negatives a user may have among t
 N_CALIBRATION = 2000  # more benign prompts (ShareGPT first turns outside the benchmark) for `Monitor.calibrate`
 RECALIBRATED = f"SHIPPED, then calibrate() on {N_CALIBRATION} more benign prompts"
 WITH_HOMONYMS = "SHIPPED + homonyms of half the verbs"
+WITH_HOMONYMS_ONE = "SHIPPED + homonyms of half the verbs, one wording each"
 
 
 def homonym_halves() -> tuple[set[str], set[str]]:
@@ -250,12 +251,12 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     out[f"default + flips + contrast {contrast:g}"] = with_flips(1, pairs=True)
     out["flips, pooled selection"] = with_flips(1, groups=False, consistency=False)
 
-    def shipped(homonyms: bool = False):
+    def shipped(homonyms: bool = False, every_wording: bool = True):
         """train_monitor's default on these rows: the recipe itself (tpc_hooks._train.train), with
         its rewrites, flips, worst-group selection, pruning of orders and operating point; with
-        ``homonyms``, the homonyms of half the verbs (every template) among the flips."""
+        ``homonyms``, the homonyms of half the verbs among the flips (every template, or the first)."""
         if homonyms:
-            Xh = r.lib_homonyms
+            Xh = r.lib_homonyms if every_wording else r.lib_homonyms[::len(_HOMONYM_TEMPLATES)]
             flips = Examples(torch.as_tensor(np.concatenate([Xf, Xh])), np.concatenate([yf, np.zeros(len(Xh), int)]))
         vX, vy = np.concatenate([val_X, Xi]), np.concatenate([val_y, yi])
         vg = np.concatenate([val_g, [INTENT] * len(yi)])
@@ -281,6 +282,7 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
         thresholds[RECALIBRATED] = np.concatenate([Xv[yv == 0], r.calibration])
     if r.lib_homonyms is not None:
         out[WITH_HOMONYMS] = lambda: shipped(homonyms=True)
+        out[WITH_HOMONYMS_ONE] = lambda: shipped(homonyms=True, every_wording=False)
     for name, calib in thresholds.items():
         def recalibrated(calib=calib):
             if not shipped_head:
