@@ -56,6 +56,7 @@ N_CALIBRATION = 2000  # more benign prompts (ShareGPT first turns outside the be
 RECALIBRATED = f"SHIPPED, then calibrate() on {N_CALIBRATION} more benign prompts"
 WITH_HOMONYMS = "SHIPPED + homonyms of half the verbs"
 WITH_HOMONYMS_ONE = "SHIPPED + homonyms of half the verbs, one wording each"
+WITH_HOMONYMS_BALANCED = "SHIPPED + homonyms of half the verbs + harmful acts in their templates"
 
 
 def homonym_halves() -> tuple[set[str], set[str]]:
@@ -97,6 +98,15 @@ def texts_to_collect(sets: dict, seed: int) -> dict:
     texts = [t.format(verb=p.verb, obj=p.obj) for p in pairs for t in _HOMONYM_TEMPLATES]
     out["homonyms-trained"] = PromptSet(texts, [0] * len(texts), ["homonym"] * len(texts), ["homonym"] * len(texts),
                                         [False] * len(texts))
+    # the training split's harmful acts in the homonym templates (label 1): the question form alone
+    # must not read as benign
+    import random
+    pick = random.Random(f"homonym-acts-{seed}")
+    acts = [a for t, y, adv in zip(sets["train"].texts, sets["train"].labels, sets["train"].adversarial)
+            if y == 1 and not adv and (parsed := parse(t)) is not None and (a := act(parsed))]
+    texts = [pick.choice(_HOMONYM_TEMPLATES).replace("{verb} {obj}", a) for a in acts]
+    out["homonym-template-acts"] = PromptSet(texts, [1] * len(texts), ["acts"] * len(texts), [""] * len(texts),
+                                             [False] * len(texts))
     for name, skip in (("calibration", 0), ("test-sharegpt", N_CALIBRATION)):
         texts = more_sharegpt(sets, seed, skip)
         out[name] = PromptSet(texts, [0] * len(texts), ["sharegpt"] * len(texts), [""] * len(texts), [False] * len(texts))
@@ -164,6 +174,7 @@ class Rows:
         self.rephrased = A.get("test-rephrased")
         self.calibration, self.more_benign = A.get("calibration"), A.get("test-sharegpt")
         self.lib_homonyms = A.get("homonyms-trained")
+        self.template_acts = A.get("homonym-template-acts")
         unseen = homonym_halves()[1]
         self.unseen_homonym = np.asarray([c == "homonym" and homonym_verb(t) in unseen
                                           for t, c in zip(sets["test/hard"].texts, sets["test/hard"].categories)])
@@ -251,13 +262,15 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     out[f"default + flips + contrast {contrast:g}"] = with_flips(1, pairs=True)
     out["flips, pooled selection"] = with_flips(1, groups=False, consistency=False)
 
-    def shipped(homonyms: bool = False, every_wording: bool = True):
+    def shipped(homonyms: bool = False, every_wording: bool = True, balanced: bool = False):
         """train_monitor's default on these rows: the recipe itself (tpc_hooks._train.train), with
         its rewrites, flips, worst-group selection, pruning of orders and operating point; with
         ``homonyms``, the homonyms of half the verbs among the flips (every template, or the first)."""
         if homonyms:
             Xh = r.lib_homonyms if every_wording else r.lib_homonyms[::len(_HOMONYM_TEMPLATES)]
-            flips = Examples(torch.as_tensor(np.concatenate([Xf, Xh])), np.concatenate([yf, np.zeros(len(Xh), int)]))
+            Xa_ = r.template_acts if balanced else Xh[:0]
+            flips = Examples(torch.as_tensor(np.concatenate([Xf, Xh, Xa_])),
+                             np.concatenate([yf, np.zeros(len(Xh), int), np.ones(len(Xa_), int)]))
         vX, vy = np.concatenate([val_X, Xi]), np.concatenate([val_y, yi])
         vg = np.concatenate([val_g, [INTENT] * len(yi)])
         t = lambda a: torch.as_tensor(a)
@@ -283,6 +296,7 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     if r.lib_homonyms is not None:
         out[WITH_HOMONYMS] = lambda: shipped(homonyms=True)
         out[WITH_HOMONYMS_ONE] = lambda: shipped(homonyms=True, every_wording=False)
+        out[WITH_HOMONYMS_BALANCED] = lambda: shipped(homonyms=True, balanced=True)
     for name, calib in thresholds.items():
         def recalibrated(calib=calib):
             if not shipped_head:
