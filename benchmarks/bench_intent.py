@@ -16,7 +16,11 @@ method's own: 1% of its benign validation rows) and the flag rate on ordinary be
 hard-negative kind there; recall at 1% FPR on ordinary benign (threshold from the ordinary
 benign validation rows); recall at 5% FPR on the hard negatives (threshold from the test hard
 negatives: an ROC point). Methods: a plain linear probe (scikit-learn, the paper's C sweep),
-the shipped default (``train_monitor``'s recipe on these rows), and the intent recipes.
+the shipped default (``train_monitor``'s recipe on these rows), and the intent recipes; the
+shipped head under other thresholds (every benign validation row, the rewrites too, 2,000 more
+benign prompts), and with the library's homonyms of half the verbs (``--heldout-kind homonym``:
+the column ``homonym, unseen verbs``). ``fpr sharegpt``: 2,000 ShareGPT first turns outside the
+benchmark, a tighter ordinary flag rate than the test split's.
 
 Run: ``python benchmarks/bench_intent.py [--seeds 3] [--layers 15]``.
 """
