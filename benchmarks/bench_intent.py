@@ -61,6 +61,7 @@ RECALIBRATED = f"SHIPPED, then calibrate() on {N_CALIBRATION} more benign prompt
 WITH_HOMONYMS = "SHIPPED + homonyms of half the verbs"
 WITH_HOMONYMS_ONE = "SHIPPED + homonyms of half the verbs, one wording each"
 WITH_HOMONYMS_BALANCED = "SHIPPED + homonyms of half the verbs + harmful acts in their templates"
+WITH_HOMONYMS_BALANCED_ALL = "SHIPPED + homonyms of half the verbs + harmful acts in every template"
 
 
 def homonym_halves() -> tuple[set[str], set[str]]:
@@ -111,6 +112,9 @@ def texts_to_collect(sets: dict, seed: int) -> dict:
     texts = [pick.choice(_HOMONYM_TEMPLATES).replace("{verb} {obj}", a) for a in acts]
     out["homonym-template-acts"] = PromptSet(texts, [1] * len(texts), ["acts"] * len(texts), [""] * len(texts),
                                              [False] * len(texts))
+    texts = [t.replace("{verb} {obj}", a) for a in acts for t in _HOMONYM_TEMPLATES]
+    out["homonym-every-template-acts"] = PromptSet(texts, [1] * len(texts), ["acts"] * len(texts), [""] * len(texts),
+                                                   [False] * len(texts))
     for name, skip in (("calibration", 0), ("test-sharegpt", N_CALIBRATION)):
         texts = more_sharegpt(sets, seed, skip)
         out[name] = PromptSet(texts, [0] * len(texts), ["sharegpt"] * len(texts), [""] * len(texts), [False] * len(texts))
@@ -179,6 +183,7 @@ class Rows:
         self.calibration, self.more_benign = A.get("calibration"), A.get("test-sharegpt")
         self.lib_homonyms = A.get("homonyms-trained")
         self.template_acts = A.get("homonym-template-acts")
+        self.every_template_acts = A.get("homonym-every-template-acts")
         unseen = homonym_halves()[1]
         self.unseen_homonym = np.asarray([c == "homonym" and homonym_verb(t) in unseen
                                           for t, c in zip(sets["test/hard"].texts, sets["test/hard"].categories)])
@@ -266,13 +271,13 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     out[f"default + flips + contrast {contrast:g}"] = with_flips(1, pairs=True)
     out["flips, pooled selection"] = with_flips(1, groups=False, consistency=False)
 
-    def shipped(homonyms: bool = False, every_wording: bool = True, balanced: bool = False):
+    def shipped(homonyms: bool = False, every_wording: bool = True, balanced: bool | str = False):
         """train_monitor's default on these rows: the recipe itself (tpc_hooks._train.train), with
         its rewrites, flips, worst-group selection, pruning of orders and operating point; with
         ``homonyms``, the homonyms of half the verbs among the flips (every template, or the first)."""
         if homonyms:
             Xh = r.lib_homonyms if every_wording else r.lib_homonyms[::len(_HOMONYM_TEMPLATES)]
-            Xa_ = r.template_acts if balanced else Xh[:0]
+            Xa_ = r.every_template_acts if balanced == "every" else r.template_acts if balanced else Xh[:0]
             flips = Examples(torch.as_tensor(np.concatenate([Xf, Xh, Xa_])),
                              np.concatenate([yf, np.zeros(len(Xh), int), np.ones(len(Xa_), int)]))
         vX, vy = np.concatenate([val_X, Xi]), np.concatenate([val_y, yi])
@@ -301,6 +306,7 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
         out[WITH_HOMONYMS] = lambda: shipped(homonyms=True)
         out[WITH_HOMONYMS_ONE] = lambda: shipped(homonyms=True, every_wording=False)
         out[WITH_HOMONYMS_BALANCED] = lambda: shipped(homonyms=True, balanced=True)
+        out[WITH_HOMONYMS_BALANCED_ALL] = lambda: shipped(homonyms=True, balanced="every")
     for name, calib in thresholds.items():
         def recalibrated(calib=calib):
             if not shipped_head:
