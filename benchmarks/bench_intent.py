@@ -26,6 +26,7 @@ Run: ``python benchmarks/bench_intent.py [--seeds 3] [--layers 15]``.
 """
 
 import argparse
+import random
 import sys
 import time
 from collections import Counter, defaultdict
@@ -105,7 +106,6 @@ def texts_to_collect(sets: dict, seed: int) -> dict:
                                         [False] * len(texts))
     # the training split's harmful acts in the homonym templates (label 1): the question form alone
     # must not read as benign
-    import random
     pick = random.Random(f"homonym-acts-{seed}")
     acts = [a for t, y, adv in zip(sets["train"].texts, sets["train"].labels, sets["train"].adversarial)
             if y == 1 and not adv and (parsed := parse(t)) is not None and (a := act(parsed))]
@@ -249,7 +249,7 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
         return tpc_scores(head), val_X[val_y == 0]
     out["default"] = default
 
-    def with_flips(times: int, groups: bool = True, consistency: bool = True, calibrate_on_flips: bool = True,
+    def with_flips(times: int, groups: bool = True, consistency: bool = True, threshold_on: str = "every benign",
                    pairs: bool = False):
         def build():
             Xt = np.concatenate([Xg, Xa] + [Xf] * times)
@@ -261,37 +261,32 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
                 extra |= {"pairs": np.stack([r.flip_base, len(yg) + len(ya) + np.arange(len(yf))], 1), "contrast": contrast}
             head = tpc.fit(Xt, yt, vX, vy, degree=5, rank=64, seed=seed, val_groups=vg if groups else None,
                            verbose=False, **extra)
-            calib = vX[vy == 0] if calibrate_on_flips else val_X[val_y == 0] if calibrate_on_flips is False else Xv[yv == 0]
+            calib = {"every benign": vX[vy == 0], "no flips": val_X[val_y == 0], "plain benign": Xv[yv == 0]}[threshold_on]
             return tpc_scores(head), calib
         return build
     out["default + flips"] = with_flips(1)
-    out["default + flips, threshold without flips"] = with_flips(1, calibrate_on_flips=False)
-    out["default + flips, threshold on plain benign"] = with_flips(1, calibrate_on_flips=None)
+    out["default + flips, threshold without flips"] = with_flips(1, threshold_on="no flips")
+    out["default + flips, threshold on plain benign"] = with_flips(1, threshold_on="plain benign")
     out[f"default + flips x{weight}"] = with_flips(weight)
     out[f"default + flips + contrast {contrast:g}"] = with_flips(1, pairs=True)
     out["flips, pooled selection"] = with_flips(1, groups=False, consistency=False)
 
-    def shipped(homonyms: bool = False, every_wording: bool = True, balanced: bool | str = False):
+    def shipped(extra: tuple[np.ndarray, np.ndarray] | None = None):
         """train_monitor's default on these rows: the recipe itself (tpc_hooks._train.train), with
-        its rewrites, flips, worst-group selection, pruning of orders and operating point; with
-        ``homonyms``, the homonyms of half the verbs among the flips (every template, or the first)."""
-        if homonyms:
-            Xh = r.lib_homonyms if every_wording else r.lib_homonyms[::len(_HOMONYM_TEMPLATES)]
-            Xa_ = r.every_template_acts if balanced == "every" else r.template_acts if balanced else Xh[:0]
-            flips = Examples(torch.as_tensor(np.concatenate([Xf, Xh, Xa_])),
-                             np.concatenate([yf, np.zeros(len(Xh), int), np.ones(len(Xa_), int)]))
+        its rewrites, flips, worst-group selection, pruning of orders and operating point; ``extra``
+        rows (X, y) join the flips (the homonym variants)."""
+        Xe, ye = (Xf, yf) if extra is None else (np.concatenate([Xf, extra[0]]), np.concatenate([yf, extra[1]]))
         vX, vy = np.concatenate([val_X, Xi]), np.concatenate([val_y, yi])
         vg = np.concatenate([val_g, [INTENT] * len(yi)])
         t = lambda a: torch.as_tensor(a)
         data = {site(r.layer): TrainData(train=Examples(t(Xg), yg), rewrites=Examples(t(Xa), ya), val=Examples(t(vX), vy, vg),
-                                  flips=flips if homonyms else Examples(t(Xf), yf))}
+                                  flips=Examples(t(Xe), ye))}
         plan = TrainPlan(MonitorConfig(site(r.layer)), fit_config("default", PHRASING_FAMILIES, None, {"seed": seed}),
                          families=PHRASING_FAMILIES, intent=INTENT_KINDS, prune=True)
         mon = train(data, plan, verbose=False)
-        if homonyms:
-            return tpc_scores(mon.head), Xv[yv == 0]
-        r.kept.append(mon.report["orders"])
-        shipped_head[:] = [mon.head]
+        if extra is None:
+            r.kept.append(mon.report["orders"])
+            shipped_head[:] = [mon.head]
         return tpc_scores(mon.head), Xv[yv == 0]  # train_monitor sets its threshold on the benign prompts as given
     shipped_head: list = []
     out[SHIPPED] = shipped
@@ -302,11 +297,14 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
                   "SHIPPED, threshold on plain + rephrased benign val": np.concatenate([Xv[yv == 0], Xw[yw == 0]])}
     if r.calibration is not None:
         thresholds[RECALIBRATED] = np.concatenate([Xv[yv == 0], r.calibration])
-    if r.lib_homonyms is not None:
-        out[WITH_HOMONYMS] = lambda: shipped(homonyms=True)
-        out[WITH_HOMONYMS_ONE] = lambda: shipped(homonyms=True, every_wording=False)
-        out[WITH_HOMONYMS_BALANCED] = lambda: shipped(homonyms=True, balanced=True)
-        out[WITH_HOMONYMS_BALANCED_ALL] = lambda: shipped(homonyms=True, balanced="every")
+    if r.lib_homonyms is not None:  # benign homonyms (every template, or the first), harmful acts in their templates
+        benign = lambda X: (X, np.zeros(len(X), int))
+        both = lambda X, acts: (np.concatenate([X, acts]), np.concatenate([np.zeros(len(X), int), np.ones(len(acts), int)]))
+        H = r.lib_homonyms
+        out[WITH_HOMONYMS] = lambda: shipped(benign(H))
+        out[WITH_HOMONYMS_ONE] = lambda: shipped(benign(H[::len(_HOMONYM_TEMPLATES)]))
+        out[WITH_HOMONYMS_BALANCED] = lambda: shipped(both(H, r.template_acts))
+        out[WITH_HOMONYMS_BALANCED_ALL] = lambda: shipped(both(H, r.every_template_acts))
     for name, calib in thresholds.items():
         def recalibrated(calib=calib):
             if not shipped_head:
@@ -343,6 +341,9 @@ def measure(scores: dict, calib: np.ndarray, r: Rows, ordinary_ref: np.ndarray) 
     Xh, kh = r.hard
     ref, test, hard = scores(calib), scores(Xt), scores(Xh)
     plain = scores(ordinary_ref)
+    rephrased = None if r.rephrased is None else scores(r.rephrased)
+    more_benign = None if r.more_benign is None else scores(r.more_benign)
+    by_language = None if r.lang is None else scores(r.lang[0])
     out = {}
     base_recall = None
     for k in sorted(test):
@@ -350,15 +351,15 @@ def measure(scores: dict, calib: np.ndarray, r: Rows, ordinary_ref: np.ndarray) 
         flagged_h = hard[k] > t
         row = {"recall": float((test[k][yt == 1] > t).mean()), "fpr": float((test[k][yt == 0] > t).mean()),
                "hard": float(flagged_h.mean())}
-        if r.rephrased is not None:
-            row["fpr rephrased"] = float((scores(r.rephrased)[k] > t).mean())
-        if r.more_benign is not None:
-            row["fpr sharegpt"] = float((scores(r.more_benign)[k] > t).mean())
+        if rephrased is not None:
+            row["fpr rephrased"] = float((rephrased[k] > t).mean())
+        if more_benign is not None:
+            row["fpr sharegpt"] = float((more_benign[k] > t).mean())
         for kind in HARD_NEGATIVE_KINDS:
             row[kind] = float(flagged_h[kh == kind].mean()) if (kh == kind).any() else float("nan")
-        if r.lang is not None:
-            XL, yl, gl = r.lang
-            sl = scores(XL)[k] > t
+        if by_language is not None:
+            _, yl, gl = r.lang
+            sl = by_language[k] > t
             for lang in LANGUAGES:
                 row[f"{lang} recall"] = float(sl[(gl == lang) & (yl == 1)].mean())
                 row[f"{lang} benign"] = float(sl[(gl == lang) & (yl == 0)].mean())

@@ -187,7 +187,7 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
         unlabelled = token_rows(list(d.rewrites.X), settings.skip)[0] if tokens else d.rewrites.X
     grouped = bool(plan.families or plan.intent)
     head = fit(X_tr, y_tr, X_va, y_va, cfg, verbose=verbose, val_groups=g_va if grouped else None,
-               X_unlabelled=unlabelled, pairs=_pairs(d, cfg, tokens), init=init, device=device).cpu()
+               X_unlabelled=unlabelled, pairs=_pairs(d, cfg, tokens, len(y_tr)), init=init, device=device).cpu()
     if plan.prune and d.val is not None and head.degree > 1:
         head = _earned(head, d, settings, sae, plan, report)
     cascade = None
@@ -212,16 +212,15 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     return monitor
 
 
-def _pairs(d: TrainData, cfg: FitConfig, tokens: Any) -> np.ndarray | None:
+def _pairs(d: TrainData, cfg: FitConfig, tokens: Any, n_rows: int) -> np.ndarray | None:
     """``FitConfig.contrast``'s pairs: each training flip's prompt and the flip, as positions in the
-    training rows (the prompts, then the rewrites, then the flips), or None."""
+    ``n_rows`` training rows (the prompts first, the flips last), or None."""
     if not cfg.contrast:
         return None
     if tokens or d.flips is None or d.flip_of is None:
         raise TPCHooksError("contrast ranks each harmful training prompt above its intent flip: it needs intent flips "
                             "(intent=True) and a per-prompt monitor (no aggregate)")
-    start = len(d.train) + (0 if d.rewrites is None else len(d.rewrites))
-    return np.stack([np.asarray(d.flip_of), start + np.arange(len(d.flips))], 1)
+    return np.stack([np.asarray(d.flip_of), np.arange(n_rows - len(d.flips), n_rows)], 1)
 
 
 def _earned(head: Any, d: TrainData, settings: MonitorConfig, sae: Any, plan: TrainPlan, report: dict[str, Any]) -> Any:
