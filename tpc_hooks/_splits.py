@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from . import _intent, _phrasing
+from . import _intent, _phrasing, _sources
 from ._sources import Row, norm
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,41 @@ def act_key(text: str) -> str | None:
     parsed = _phrasing.parse(text)
     vp = None if parsed is None else _intent.act(parsed)
     return norm(vp) if vp else None
+
+
+def phrasing_pools(seed: int, n_benign_sharegpt: int, max_chars: int,
+                   fractions: tuple[float, float, float, float]) -> dict[str, list[Row]]:
+    """The base requests of :func:`tpc_hooks.data.phrasing_benchmark`: train, val, test and shift pools, disjoint."""
+    by_source = {name: list(load()) for name, load in _sources.LOADERS.items()}
+    sharegpt = [r for r in _sources.sharegpt() if len(r.text) <= max_chars]
+    rng(seed, "phrasing-sharegpt").shuffle(sharegpt)
+    by_source["sharegpt"] = sharegpt[:n_benign_sharegpt]
+    by_source = dedupe(by_source)
+    return stratified_split(by_source, ("train", "val", "test", "shift"), fractions, rng(seed, "phrasing-split"))
+
+
+def phrasing_splits(pools: dict[str, list[Row]], heldout_family: str, n_adversarial: int, seed: int,
+                    fractions: tuple[float, float, float, float]) -> dict[str, list[tuple[Row, Row]]]:
+    """Every split of :func:`tpc_hooks.data.phrasing_benchmark` as (row, its base request) pairs, unshuffled."""
+    splits = {name: [(r, r) for r in pools[name]] for name in ("train", "val", "test")}
+    templates = _sources.templates()
+    rng(seed, "phrasing-templates").shuffle(templates)
+    in_dist = tuple(f / sum(fractions[:3]) for f in fractions[:3])
+    for name, tmpl, n_pairs in zip(list(splits), cut(templates, in_dist), cut_sizes(n_adversarial // 2, in_dist)):
+        splits[name] += wrapped(pools[name], tmpl, n_pairs, rng(seed, f"phrasing-wrap-{name}"))
+
+    trained = [f for f in _phrasing.FAMILIES if f != heldout_family]
+    train = pools["train"]
+    splits["aug"] = [(train[i]._replace(text=text, category=family, adversarial=False), train[i])
+                     for i, family, text in _phrasing.augmented([r.text for r in train], tuple(trained),
+                                                                rng(seed, "phrasing-aug"))]
+    for name, pool, families in (("val", pools["val"], trained), ("shift", pools["shift"], _phrasing.FAMILIES)):
+        by_family = _phrasing.views([r.text for r in pool], tuple(families),
+                                    lambda f, name=name: rng(seed, f"phrasing-{name}-{f}"))
+        for family, rows in by_family.items():
+            splits[f"{name}/{family}"] = [(pool[i]._replace(text=text, category=family, adversarial=False), pool[i])
+                                          for i, text in rows]
+    return splits
 
 
 def intent_splits(by_source: dict[str, list[Row]], templates: list[str], seed: int, heldout_kind: str,

@@ -58,7 +58,8 @@ from ._sources import MIN_CHARS as _MIN_CHARS
 from ._sources import Row as _Row
 from ._sources import norm as _norm
 from ._splits import cut as _cut, cut_sizes as _cut_sizes, dedupe as _dedupe, rng as _rng
-from ._splits import intent_splits as _intent_splits, stratified_split as _stratified_split, wrapped as _wrapped
+from ._splits import intent_splits as _intent_splits, phrasing_pools as _phrasing_pools, phrasing_splits as _phrasing_splits
+from ._splits import stratified_split as _stratified_split, wrapped as _wrapped
 from ._sources import sharegpt_conversations as sharegpt_conversations
 
 log = logging.getLogger(__name__)
@@ -280,41 +281,6 @@ def phrasing_benchmark(seed: int = 0, heldout_family: str = "tense", *, n_benign
         _rng(seed, f"phrasing-order-{name}").shuffle(rows)
         out[name] = PromptSet._from_rows(rows)
     return out
-
-
-def _phrasing_pools(seed: int, n_benign_sharegpt: int, max_chars: int,
-                    fractions: tuple[float, float, float, float]) -> dict[str, list[_Row]]:
-    """The base requests of :func:`phrasing_benchmark`: train, val, test and shift pools, disjoint."""
-    by_source = {name: list(load()) for name, load in _sources.LOADERS.items()}
-    sharegpt = [r for r in _sources.sharegpt() if len(r.text) <= max_chars]
-    _rng(seed, "phrasing-sharegpt").shuffle(sharegpt)
-    by_source["sharegpt"] = sharegpt[:n_benign_sharegpt]
-    by_source = _dedupe(by_source)
-    return _stratified_split(by_source, ("train", "val", "test", "shift"), fractions, _rng(seed, "phrasing-split"))
-
-
-def _phrasing_splits(pools: dict[str, list[_Row]], heldout_family: str, n_adversarial: int, seed: int,
-                     fractions: tuple[float, float, float, float]) -> dict[str, list[tuple[_Row, _Row]]]:
-    """Every split of :func:`phrasing_benchmark` as (row, its base request) pairs, unshuffled."""
-    splits = {name: [(r, r) for r in pools[name]] for name in ("train", "val", "test")}
-    templates = _sources.templates()
-    _rng(seed, "phrasing-templates").shuffle(templates)
-    in_dist = tuple(f / sum(fractions[:3]) for f in fractions[:3])
-    for name, tmpl, n_pairs in zip(list(splits), _cut(templates, in_dist), _cut_sizes(n_adversarial // 2, in_dist)):
-        splits[name] += _wrapped(pools[name], tmpl, n_pairs, _rng(seed, f"phrasing-wrap-{name}"))
-
-    trained = [f for f in PHRASING_FAMILIES if f != heldout_family]
-    train = pools["train"]
-    splits["aug"] = [(train[i]._replace(text=text, category=family, adversarial=False), train[i])
-                     for i, family, text in _phrasing.augmented([r.text for r in train], tuple(trained),
-                                                                _rng(seed, "phrasing-aug"))]
-    for name, pool, families in (("val", pools["val"], trained), ("shift", pools["shift"], PHRASING_FAMILIES)):
-        by_family = _phrasing.views([r.text for r in pool], tuple(families),
-                                    lambda f, name=name: _rng(seed, f"phrasing-{name}-{f}"))
-        for family, rows in by_family.items():
-            splits[f"{name}/{family}"] = [(pool[i]._replace(text=text, category=family, adversarial=False), pool[i])
-                                          for i, text in rows]
-    return splits
 
 
 def intent_benchmark(seed: int = 0, heldout_kind: str = "overrefusal", *, n_benign_sharegpt: int = 1000,
