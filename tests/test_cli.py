@@ -6,6 +6,7 @@ import pytest
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
+from tpc_hooks._intent import homonym_pairs
 from tpc_hooks.cli import main
 
 try:
@@ -93,11 +94,15 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
     assert main(["collect", "--sites", *sites, "--out", str(acts), "--no-progress"]) == 0
     families = ("fiction", "noise", "paraphrase", "tense", "third_person")
     assert {p.name for p in acts.iterdir() if p.is_dir()} == {"train", "val", "aug", *(f"val-{f}" for f in families),
-                                                               "flips", "val-intent"}
+                                                               "flips", "val-intent", "homonyms"}
     aug = json.loads((acts / "aug" / "labels.json").read_text())
     assert aug == [1] * 6 + [0] * 6  # every training prompt gains one rewrite with its label
     flips = json.loads((acts / "flips" / "labels.json").read_text())
     assert flips == [0] * 6  # every harmful training prompt gains one benign intent flip
+    # the homonym rows: the library's training verbs in four templates, then the harmful tasks asked that way
+    homonyms = json.loads((acts / "homonyms" / "labels.json").read_text())
+    assert homonyms[:4 * len(homonym_pairs("train"))] == [0] * (4 * len(homonym_pairs("train")))
+    assert set(homonyms[4 * len(homonym_pairs("train")):]) == {1}
     assert main(["train", "--acts", str(acts), "--out", str(mon), "--site", "auto", "--degree", "2", "--rank", "2",
                  "--epochs", "2", "--no-progress"]) == 0
     out = capsys.readouterr().out

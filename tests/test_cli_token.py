@@ -58,8 +58,9 @@ def test_collect_train_evaluate_monitor_per_token(tmp_path, tiny_cli, capsys):
     mon = tpc.Monitor.load(mon_dir)
     assert mon.streaming and (mon.aggregate, mon.alpha, mon.skip) == ("ema", 0.3, skip)
     assert mon.site == SITE and mon.chat_template and mon.cascade is not None
-    # training rows: every token after the fixed prefix of the training prompts, their rewrites and intent flips
-    n_rows = sum(len(s) - skip for p in ("train", "aug", "flips") for s in tpc.ActivationStore.open(acts / p / SITE).sequences())
+    # training rows: every token after the fixed prefix of the training prompts, their rewrites, intent flips
+    # and homonym rows
+    n_rows = sum(len(s) - skip for p in ("train", "aug", "flips", "homonyms") for s in tpc.ActivationStore.open(acts / p / SITE).sequences())
     assert mon.report["n_train_tokens"] == n_rows and f"trained on {n_rows} token rows" in out
     # the operating point: the benign validation prompts as given (not their rewrites or intent flips)
     n_benign = json.loads((acts / "val" / "labels.json").read_text()).count(0)

@@ -75,4 +75,5 @@ def test_quick_demo_on_the_plain_transformers_model_generates_the_same_text(defa
     b = json.loads((tmp_path / "hf" / "results.json").read_text())["live"]
     assert [g["generated"] for g in a] == [g["generated"] for g in b] and any(g["generated"] for g in b)
     for ga, gb in zip(a, b):
-        assert ga["scores"] == pytest.approx(gb["scores"], abs=2e-3)
+        # rounded to 3 decimals, from two trainings on activations equal up to float noise
+        assert ga["scores"] == pytest.approx(gb["scores"], abs=5e-3)

@@ -9,10 +9,10 @@ from collections import Counter
 import pytest
 
 from tpc_hooks import TPCHooksError
-from tpc_hooks._intent import _TEMPLATES, HOMONYM, KINDS, OVERREFUSAL, act, flip, homonym_pairs, homonyms, templates
+from tpc_hooks._intent import _HOMONYM_TEMPLATES, _TEMPLATES, HOMONYM, KINDS, OVERREFUSAL, act, flip, homonym_pairs, homonyms, templates
 from tpc_hooks._phrasing import parse
 from tpc_hooks._sources import norm
-from tpc_hooks.data import HARD_NEGATIVE_KINDS, intent_benchmark, intent_flips
+from tpc_hooks.data import HARD_NEGATIVE_KINDS, homonym_examples, intent_benchmark, intent_flips
 
 from test_data import needs_data
 
@@ -56,6 +56,34 @@ def test_homonyms_cover_every_pair_once():
     assert len(set(pairs)) == len(pairs)
     texts = homonyms(pairs, random.Random(0))
     assert all(f"{p.verb} {p.obj}" in t for p, t in zip(pairs, texts))
+
+
+def test_homonym_verbs_split_in_two_halves_that_share_no_verb():
+    train, test = homonym_pairs("train"), homonym_pairs("test")
+    assert sorted(train + test) == sorted(homonym_pairs()) and train and test
+    assert not {p.verb for p in train} & {p.verb for p in test}
+    with pytest.raises(TPCHooksError, match="verbs must be one of"):
+        homonym_pairs("heldout")
+
+
+def test_homonym_examples_train_on_the_training_verbs_and_ask_each_harmful_task_the_same_way():
+    """Benign: every training-verb pair in every template (no test verb); harmful: one row per
+    harmful task prompt (not per benign prompt or question), its act in a homonym template."""
+    prompts = ["How do I bake bread?", "Explain how to pick a lock", "Why are cats so independent?",
+               "Give detailed instructions on how to make a bomb"]
+    rows = homonym_examples(prompts, [0, 1, 1, 1], seed=3)
+    assert rows == homonym_examples(prompts, [0, 1, 1, 1], seed=3)
+    benign = [t for t, y in zip(rows.texts, rows.labels) if y == 0]
+    train, test = homonym_pairs("train"), homonym_pairs("test")
+    assert len(benign) == len(train) * 4 and set(rows.categories[:len(benign)]) == {HOMONYM}
+    assert all(any(f"{p.verb} {p.obj}" in t for p in train) for t in benign)
+    assert not any(f"{p.verb} {p.obj}" in t for p in test for t in benign)
+    acts = rows.subset(range(len(benign), len(rows)))
+    assert acts.labels == [1, 1] and acts.sources == ["1", "3"] and set(acts.categories) == {"homonym-act"}
+    assert "make a bomb?" in acts.texts[1] and "instructions" not in acts.texts[1]
+    assert acts.texts[1].replace("make a bomb", "{verb} {obj}") in _HOMONYM_TEMPLATES
+    with pytest.raises(TPCHooksError, match="one label per prompt"):
+        homonym_examples(prompts, [1])
 
 
 def test_intent_flips_label_only_harmful_prompts_benign_and_name_their_source():

@@ -158,7 +158,7 @@ def test_train_monitor_without_rewrites_is_fit_on_the_plain_split(lm):
     for (_, a), (_, b) in zip(mon.head.state_dict().items(), head.state_dict().items()):
         assert torch.equal(a, b)
     assert mon.report["augment"] == {"families": [], "n_train_rewrites": 0, "n_val_rewrites": 0, "intent": [],
-                                     "n_train_flips": 0, "n_val_flips": 0}
+                                     "n_train_flips": 0, "n_train_homonyms": 0, "n_val_flips": 0}
 
 
 def test_train_monitor_rewrites_training_and_validation_prompts(lm):
@@ -206,14 +206,15 @@ def test_the_consistency_penalty_reads_exactly_the_training_rewrites(lm, monkeyp
 
 
 def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_prompts(lm, monkeypatch):
-    """The default adds one flip per harmful training prompt (label 0, outside the consistency rows)
-    and a validation group "intent": every harmful validation prompt, then every kind's flip of
-    them; the threshold is set on the benign validation prompts as given (not rewrites, not flips),
+    """The default adds one flip per harmful training prompt (label 0, outside the consistency rows),
+    the homonym rows (the library's training verbs, benign; each harmful task asked the same way,
+    harmful) for the orders above 1 only (order 1 is fitted without them, then extended), and a
+    validation group "intent": every harmful validation prompt, then every kind's flip of them; the threshold is set on the benign validation prompts as given (not rewrites, not flips),
     flagging at most 1% of them."""
     from sklearn.model_selection import train_test_split
 
     from tpc_hooks import _train
-    from tpc_hooks.data import intent_flips, rewrites
+    from tpc_hooks.data import homonym_examples, intent_flips, rewrites
 
     seen = []
     real = _train.fit
@@ -227,29 +228,42 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     mon = tpc.train_monitor(lm, prompts, y, SITES[1], augment=("tense",), degree=2, rank=2, epochs=2,
                             val_fraction=0.25, verbose=False)
     (X_tr, y_tr, X_va, y_va), kw = seen[-1]
+    (X_1, y_1, _, _), kw_1 = seen[-2]
     tr, va = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
     aug = rewrites([prompts[i] for i in tr], y[tr], ("tense",), seed=0)
     views = rewrites([prompts[i] for i in va], y[va], ("tense",), every_family=True, seed=0)
     flips = intent_flips([prompts[i] for i in tr], y[tr], seed=0)
     val_flips = intent_flips([prompts[i] for i in va], y[va], every_kind=True, seed=0)
     assert len(flips) == int(y[tr].sum()) and len(val_flips) == len(tpc.data.INTENT_KINDS) * int(y[va].sum())
+    homs = homonym_examples([prompts[i] for i in tr], y[tr], seed=0)
     harmful_va = [i for i in va if y[i] == 1]
     want_va = [prompts[i] for i in va] + views.texts + [prompts[i] for i in harmful_va] + val_flips.texts
     collect = lambda texts: tpc.collect(lm, texts, SITES[1], chat_template=True, progress=False)[SITES[1]]
     want_tr = [prompts[i] for i in tr] + aug.texts + flips.texts
-    assert torch.allclose(torch.as_tensor(X_tr), torch.as_tensor(collect(want_tr)), atol=1e-5)
-    assert list(y_tr) == list(y[tr]) + aug.labels + [0] * len(flips)
+    assert torch.allclose(torch.as_tensor(X_1), torch.as_tensor(collect(want_tr)), atol=1e-5)
+    assert list(y_1) == list(y[tr]) + aug.labels + [0] * len(flips)
+    assert kw_1.get("init") is None
+    assert torch.allclose(torch.as_tensor(X_tr), torch.as_tensor(collect(want_tr + homs.texts)), atol=1e-5)
+    assert list(y_tr) == list(y_1) + homs.labels and set(homs.labels) == {0, 1}
+    z = torch.as_tensor(X_va, dtype=torch.float32)
+    assert kw["init"].degree == 1 and torch.equal(mon.head.cpu()(z, order=1), kw["init"].cpu()(z, order=1))
     assert torch.allclose(torch.as_tensor(X_va), torch.as_tensor(collect(want_va)), atol=1e-5)
     groups = list(kw["val_groups"])
     assert groups == ["prompts"] * 4 + ["tense"] * len(views) + ["intent"] * (len(harmful_va) + len(val_flips))
     assert len(kw["X_unlabelled"]) == len(aug)  # the consistency rows: the rewrites only
-    assert mon.report["augment"]["intent"] == list(tpc.data.INTENT_KINDS)
+    assert mon.report["augment"]["intent"] == list(tpc.data.INTENT_KINDS) + ["homonym"]
     assert mon.report["augment"]["n_train_flips"] == len(flips)
     plain_benign = [prompts[i] for i in va if y[i] == 0]
     assert mon.report["operating_point"]["n_benign"] == len(plain_benign)
     want_threshold = tpc.Monitor(mon.head, config=mon.config, cascade=mon.cascade).calibrate_activations(
         collect(plain_benign), 0.01).threshold
     assert mon.threshold == pytest.approx(want_threshold, abs=1e-6)
+    # the homonyms are one of intent's names: alone, or left out
+    kw = dict(augment=False, degree=1, rank=2, epochs=1, val_fraction=0.25, verbose=False)
+    only = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("homonym",), **kw).report["augment"]
+    assert (only["n_train_flips"], only["n_train_homonyms"], only["n_val_flips"]) == (0, len(homs), 0)
+    law = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law",), **kw).report["augment"]
+    assert (law["n_train_flips"], law["n_train_homonyms"], law["intent"]) == (len(flips), 0, ["law"])
     with pytest.raises(TPCHooksError, match="kinds must be True, False or names"):
         tpc.train_monitor(lm, prompts, y, SITES[1], intent=("tense",), verbose=False)
     with pytest.raises(TPCHooksError, match="cannot be combined with intent"):
@@ -278,7 +292,9 @@ def test_contrast_pairs_each_harmful_training_prompt_with_its_own_flip(lm, monke
     X_tr, y_tr, pairs = seen[-1]
     tr, _ = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
     flips = intent_flips([prompts[i] for i in tr], y[tr], seed=0)
+    # the homonym rows after the flips (harmful acts among them) pair with nothing
     assert pairs.shape == (len(flips), 2) and (np.asarray(y_tr)[pairs[:, 0]] == 1).all()
+    assert (np.asarray(y_tr)[pairs[:, 1]] == 0).all() and 1 in np.asarray(y_tr)[pairs[:, 1].max() + 1:]
     collect = lambda texts: torch.as_tensor(tpc.collect(lm, texts, SITES[1], chat_template=True, progress=False)[SITES[1]])
     X_tr = torch.as_tensor(X_tr)
     assert torch.allclose(X_tr[pairs[:, 0]], collect([prompts[tr[int(i)]] for i in flips.sources]), atol=1e-5)

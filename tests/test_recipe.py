@@ -45,7 +45,7 @@ def _saved(path):
 
 def _write_stores(acts, data, plan, pooling):
     """The rows train_monitor handed the recipe, written as the stores ``tpc-hooks collect`` writes:
-    ``train``, ``aug``, ``val`` and one ``val-<family>`` split per phrasing family."""
+    ``train``, ``aug``, ``flips``, ``homonyms``, ``val`` and one ``val-<group>`` split per validation group."""
     from tpc_hooks._train import PLAIN
 
     meta = {"pooling": pooling, "fixed_prefix": plan.monitor.skip, "prepend_bos": plan.monitor.prepend_bos}
@@ -54,6 +54,8 @@ def _write_stores(acts, data, plan, pooling):
         parts["aug"] = (data.rewrites.X, data.rewrites.y)
     if data.flips is not None:
         parts["flips"] = (data.flips.X, data.flips.y)
+    if data.homonyms is not None:
+        parts["homonyms"] = (data.homonyms.X, data.homonyms.y)
     for group in dict.fromkeys(data.val.groups.tolist()):
         at = np.flatnonzero(data.val.groups == group)
         X = data.val.X[at] if pooling != "token" else [data.val.X[i] for i in at]
@@ -120,3 +122,4 @@ def test_the_cli_collects_the_rows_train_monitor_collects(tmp_path, monkeypatch,
     val = torch.cat([store("val")] + [store(f"val-{f}") for f in PHRASING_FAMILIES] + [store("val-intent")])
     torch.testing.assert_close(val, d.val.X, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(store("flips"), d.flips.X, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(store("homonyms"), d.homonyms.X, rtol=1e-5, atol=1e-5)

@@ -18,7 +18,7 @@ import torch
 from ._errors import TPCHooksError
 from ._store import ActivationStore
 from ._train import INTENT, PLAIN, Chats, Examples, TrainData
-from .data import PHRASING_FAMILIES, PromptSet, intent_flips, rewrites
+from .data import PHRASING_FAMILIES, homonym_examples, intent_flips, rewrites
 
 COLLECT_KEYS = ("model", "sites", "pooling", "chat_template", "max_tokens")
 
@@ -120,20 +120,22 @@ class PooledStores:
         return torch.cat(parts)
 
     def data(self, site: str, train_split: str, rewrites: bool, families: list[str] | None, hosted: list[str],
-             intent: bool = False) -> Any:
+             intent: bool = False, homonyms: bool = False) -> Any:
         """The :class:`~tpc_hooks._train.TrainData` of ``site``: the training split, its rewrites
-        (``aug``), its intent flips (``flips``), and the validation split then each family's
+        (``aug``), its intent flips (``flips``) and homonym rows (``homonyms``), and the validation split then each family's
         (``val-<family>``) then the group ``val-intent``."""
         train = Examples(*self.part(train_split, site, "training split"))
         aug = Examples(*self.part("aug", site, "training split")) if rewrites else None
         flips = Examples(*self.part("flips", site, "training split")) if intent else None
+        homonyms = Examples(*self.part("homonyms", site, "training split")) if homonyms else None
         val = None
         if families is not None:
             parts = [("val", PLAIN)] + [(f"val-{f}", f) for f in families] + ([("val-intent", INTENT)] if intent else [])
             got = [self.part(p, site, "validation split") for p, _ in parts]
             groups = np.concatenate([np.full(len(y), g) for (X, y), (_, g) in zip(got, parts)])
             val = Examples(self.cat([X for X, _ in got]), np.concatenate([y for _, y in got]), groups)
-        return TrainData(train=train, rewrites=aug, val=val, contexts=self.contexts(site, hosted), flips=flips)
+        return TrainData(train=train, rewrites=aug, val=val, contexts=self.contexts(site, hosted), flips=flips,
+                         homonyms=homonyms)
 
     def contexts(self, site: str, hosted: list[str]) -> dict[str, Any]:
         return {}
@@ -203,7 +205,8 @@ def rewrite_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
 
 
 def flip_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
-    """``"flips"`` (one intent flip per harmful training prompt, label 0) and ``"val-intent"``
+    """``"flips"`` (one intent flip per harmful training prompt, label 0), ``"homonyms"`` (the rows
+    :func:`tpc_hooks.data.homonym_examples` builds from the training split) and ``"val-intent"``
     (every harmful validation prompt, then every kind's flip of them), as ``train_monitor`` builds
     them; none for a set without train/val splits."""
     if "train" not in sets or "val" not in sets:
@@ -211,6 +214,6 @@ def flip_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
     val = sets["val"]
     harmful = val.subset([i for i, v in enumerate(val.labels) if v == 1])
     flips = intent_flips(val.texts, val.labels, every_kind=True, seed=seed)
-    both = PromptSet(harmful.texts + flips.texts, harmful.labels + flips.labels, harmful.sources + flips.sources,
-                     harmful.categories + flips.categories, harmful.adversarial + flips.adversarial)
-    return {"flips": intent_flips(sets["train"].texts, sets["train"].labels, seed=seed), "val-intent": both}
+    train = sets["train"]
+    return {"flips": intent_flips(train.texts, train.labels, seed=seed), "val-intent": harmful + flips,
+            "homonyms": homonym_examples(train.texts, train.labels, seed=seed)}

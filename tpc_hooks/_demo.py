@@ -313,14 +313,15 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
 
 def hard_negatives(test: PromptSet, seed: int, per_kind: int | None = None) -> PromptSet:
     """Benign requests that look like harmful ones, none trained on: every intent-flip kind of the
-    test split's plain harmful requests in the wordings training never uses, and every homonym;
+    test split's plain harmful requests in the wordings training never uses, and every homonym of the
+    verbs training never uses (``train_monitor`` trains on the other verbs' homonyms);
     ``categories`` holds the kind. ``per_kind`` caps each kind (a quick run)."""
     harmful = [t for t, y, a in zip(test.texts, test.labels, test.adversarial) if y == 1 and not a]
     rows = []
     for kind, got in _intent.flipped_views(harmful, _intent.KINDS, lambda k: random.Random(f"demo-{seed}-{k}"),
                                            "test").items():
         rows += [(t, kind) for _, t in got[:per_kind]]
-    rows += [(t, _intent.HOMONYM) for t in _intent.homonyms(_intent.homonym_pairs(), random.Random(f"demo-{seed}"))]
+    rows += [(t, _intent.HOMONYM) for t in _intent.homonyms(_intent.homonym_pairs("test"), random.Random(f"demo-{seed}"))]
     return PromptSet([t for t, _ in rows], [0] * len(rows), ["hard"] * len(rows), [k for _, k in rows],
                      [False] * len(rows))
 

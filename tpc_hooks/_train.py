@@ -30,7 +30,7 @@ from ._monitor_config import MonitorConfig
 from ._rows import token_rows
 from ._select import FPR, choose_site
 from .adapters import get_adapter, resolve_bos
-from .data import PromptSet, intent_flips, rewrites
+from .data import PromptSet, homonym_examples, intent_flips, rewrites
 from .pooling import check_aggregate, check_pooling
 
 TRAIN_RECIPES = ("default", "in_distribution", "paper")
@@ -80,6 +80,9 @@ class TrainData:
             rows of the consistency penalty: the higher orders are free to model them), or None.
         flip_of: per flip, the position in ``train`` of the prompt it flips (the pairs of
             ``FitConfig.contrast``), or None.
+        homonyms: rows only the degrees above 1 train on (the homonym rows,
+            :func:`tpc_hooks.data.homonym_examples`): order 1 is fitted without them, then the
+            higher orders are fitted on every row, these too, or None.
         contexts: ``{"train": Chats, "val": Chats}`` for a per-token monitor trained on requests
             inside conversations (either may be missing).
     """
@@ -90,6 +93,7 @@ class TrainData:
     contexts: dict[str, Chats] = field(default_factory=dict)
     flips: Examples | None = None
     flip_of: np.ndarray | None = None
+    homonyms: Examples | None = None
 
 
 @dataclass(frozen=True)
@@ -186,8 +190,15 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     if cfg.consistency and plan.families and d.rewrites is not None:
         unlabelled = token_rows(list(d.rewrites.X), settings.skip)[0] if tokens else d.rewrites.X
     grouped = bool(plan.families or plan.intent)
-    head = fit(X_tr, y_tr, X_va, y_va, cfg, verbose=verbose, val_groups=g_va if grouped else None,
-               X_unlabelled=unlabelled, pairs=_pairs(d, cfg, tokens, len(y_tr)), init=init, device=device).cpu()
+    shared = dict(verbose=verbose, val_groups=g_va if grouped else None, X_unlabelled=unlabelled, device=device)
+    pairs = _pairs(d, cfg, tokens, len(y_tr))
+    if d.homonyms is not None and len(d.homonyms):  # order 1 without them, the higher orders with them
+        if init is None and cfg.degree > 1:
+            init = fit(X_tr, y_tr, X_va, y_va, replace(cfg, degree=1, rank=1), pairs=pairs, **shared)
+        late = token_rows(list(d.homonyms.X), settings.skip, d.homonyms.y) if tokens else d.homonyms
+        every = _cat(Examples(X_tr, y_tr), Examples(*late[:2]) if tokens else late)
+        X_tr, y_tr = every.X, every.y
+    head = fit(X_tr, y_tr, X_va, y_va, cfg, pairs=pairs, init=init, **shared).cpu()
     if plan.prune and d.val is not None and head.degree > 1:
         head = _earned(head, d, settings, sae, plan, report)
     cascade = None
@@ -200,6 +211,7 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
         "families": list(plan.families), "n_train_rewrites": 0 if d.rewrites is None else len(d.rewrites),
         "n_val_rewrites": 0 if d.val is None else int(((d.val.groups != PLAIN) & (d.val.groups != INTENT)).sum()),
         "intent": list(plan.intent), "n_train_flips": 0 if d.flips is None else len(d.flips),
+        "n_train_homonyms": 0 if d.homonyms is None else len(d.homonyms),
         "n_val_flips": 0 if d.val is None else int(((d.val.groups == INTENT) & (d.val.y == 0)).sum())},
         "recipe": plan.recipe})
     if tokens:
@@ -220,7 +232,9 @@ def _pairs(d: TrainData, cfg: FitConfig, tokens: Any, n_rows: int) -> np.ndarray
     if tokens or d.flips is None or d.flip_of is None:
         raise TPCHooksError("contrast ranks each harmful training prompt above its intent flip: it needs intent flips "
                             "(intent=True) and a per-prompt monitor (no aggregate)")
-    return np.stack([np.asarray(d.flip_of), np.arange(n_rows - len(d.flips), n_rows)], 1)
+    at = np.arange(n_rows - len(d.flips), n_rows)
+    of = np.asarray(d.flip_of, dtype=int)
+    return np.stack([of, at], 1)
 
 
 def _earned(head: Any, d: TrainData, settings: MonitorConfig, sae: Any, plan: TrainPlan, report: dict[str, Any]) -> Any:
@@ -403,12 +417,16 @@ def train_monitor(
         augment: ``True`` (every phrasing family), ``False``, or the families to use; default:
             every family, none for ``recipe="in_distribution"``.
         intent: ``True`` (every kind), ``False``, or intent-flip kinds
-            (``tpc_hooks.data.INTENT_KINDS``): each harmful training prompt gains a benign-labelled
-            counterpart on the same topic that asks no operational question ("What laws make it a
-            crime to ...?"; :func:`tpc_hooks.data.intent_flips`), and the harmful validation
-            prompts with every kind's flip of them form the validation group ``"intent"``, so
-            selection by worst group sees the hard negatives (and the pruning of orders counts them).
-            Default: every kind with ``recipe="default"``, none otherwise.
+            (``tpc_hooks.data.INTENT_KINDS``) and ``"homonym"``: each harmful training prompt gains a
+            benign-labelled counterpart on the same topic that asks no operational question ("What
+            laws make it a crime to ...?"; :func:`tpc_hooks.data.intent_flips`), and the harmful
+            validation prompts with every kind's flip of them form the validation group
+            ``"intent"``, so selection by worst group sees the hard negatives (and the pruning of
+            orders counts them). ``"homonym"`` trains the orders above 1 (order 1 is fitted without
+            them) on the library's homonyms of half its verbs ("How do I kill a Python process?",
+            benign) and each harmful training task asked the same way ("How do I make a bomb?",
+            harmful): :func:`tpc_hooks.data.homonym_examples`.
+            Default: every kind and the homonyms with ``recipe="default"``, none otherwise.
         recipe: ``"default"`` (rewrites + worst-family selection), ``"in_distribution"`` (no
             rewrites, pooled selection) or ``"paper"`` (the paper's recipe).
         target_fpr: the share of the benign validation prompts (as given) the threshold may flag;
@@ -455,7 +473,8 @@ def train_monitor(
     families = _phrasing.check_families(recipe != "in_distribution" if augment is None else augment)
     if recipe == "in_distribution" and intent not in (None, False):
         raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with intent")
-    kinds = _intent.check_kinds(recipe == "default" if intent is None else intent)
+    kinds = _intent.check_kinds(recipe == "default" if intent is None else intent, _intent.KINDS + (_intent.HOMONYM,))
+    flip_kinds = tuple(k for k in kinds if k != _intent.HOMONYM)
     adapter = get_adapter(model, tokenizer=tokenizer)
     for s in sites:
         adapter.site(s)
@@ -489,21 +508,23 @@ def train_monitor(
 
     # One collection pass over the prompts and their rewrites, in this order: the training prompts,
     # the validation prompts, the training rewrites, the validation rewrites (every family), the
-    # training flips, the validation flips (every kind).
+    # training flips, the validation flips (every kind), the homonym rows.
     none = PromptSet([], [], [], [], [])
     if families:
         aug = rewrites([items[i] for i in tr], y[tr], families, seed=cfg.seed)
         views = rewrites([items[i] for i in va], y[va], families, every_family=True, seed=cfg.seed)
     else:
         aug = views = none
-    flips = intent_flips([items[i] for i in tr], y[tr], kinds, seed=cfg.seed) if kinds else none
-    val_flips = intent_flips([items[i] for i in va], y[va], kinds, every_kind=True, seed=cfg.seed) if kinds else none
-    texts = list(items) + aug.texts + views.texts + flips.texts + val_flips.texts
-    n, cuts = len(items), np.cumsum([len(items), len(aug), len(views), len(flips), len(val_flips)])
+    flips = intent_flips([items[i] for i in tr], y[tr], flip_kinds, seed=cfg.seed) if flip_kinds else none
+    homs = homonym_examples([items[i] for i in tr], y[tr], seed=cfg.seed) if _intent.HOMONYM in kinds else none
+    val_flips = intent_flips([items[i] for i in va], y[va], flip_kinds, every_kind=True, seed=cfg.seed) \
+        if flip_kinds else none
+    texts = list(items) + aug.texts + views.texts + flips.texts + val_flips.texts + homs.texts
+    n, cuts = len(items), np.cumsum([len(items), len(aug), len(views), len(flips), len(val_flips), len(homs)])
     idx = {"train": list(tr), "val": list(va), "rewrites": list(range(n, cuts[1])), "views": list(range(cuts[1], cuts[2])),
-           "flips": list(range(cuts[2], cuts[3])),
+           "flips": list(range(cuts[2], cuts[3])), "homonyms": list(range(cuts[4], cuts[5])),
            # the group INTENT: every harmful validation prompt as given, then the flips
-           "intent": ([int(i) for i in va if y[i] == 1] if kinds else []) + list(range(cuts[3], cuts[4]))}
+           "intent": ([int(i) for i in va if y[i] == 1] if flip_kinds else []) + list(range(cuts[3], cuts[4]))}
     bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
     skip = adapter.fixed_prefix(chat_template=chat_template, prepend_bos=bos) if streaming else 0
     if streaming:
@@ -515,7 +536,7 @@ def train_monitor(
         acts = collect(adapter, texts, sites, pooling, batch_size=batch_size, chat_template=chat_template,
                        prepend_bos=bos, max_tokens=max_tokens, sae=sae, progress=verbose)
         rows = {s: (lambda at, a=acts[s]: a[at]) for s in sites}
-    y_all = np.concatenate([y] + [np.asarray(p.labels, dtype=int) for p in (aug, views, flips, val_flips)])
+    y_all = np.concatenate([y] + [np.asarray(p.labels, dtype=int) for p in (aug, views, flips, val_flips, homs)])
     groups = np.asarray([PLAIN] * len(va) + list(views.categories) + [INTENT] * len(idx["intent"]))
     at_val = idx["val"] + idx["views"] + idx["intent"]
     chats = {}
@@ -530,8 +551,9 @@ def train_monitor(
     data = {s: TrainData(train=Examples(rows[s](idx["train"]), y[tr]),
                          rewrites=Examples(rows[s](idx["rewrites"]), y_all[idx["rewrites"]]) if families else None,
                          val=Examples(rows[s](at_val), y_all[at_val], groups), contexts=chats,
-                         flips=Examples(rows[s](idx["flips"]), y_all[idx["flips"]]) if kinds else None,
-                         flip_of=np.asarray([int(i) for i in flips.sources], dtype=int) if kinds else None)
+                         flips=Examples(rows[s](idx["flips"]), y_all[idx["flips"]]) if flip_kinds else None,
+                         flip_of=np.asarray([int(i) for i in flips.sources], dtype=int) if flip_kinds else None,
+                         homonyms=Examples(rows[s](idx["homonyms"]), y_all[idx["homonyms"]]) if len(homs) else None)
             for s in sites}
     settings = MonitorConfig(sites[0], pooling=pooling, chat_template=chat_template, prepend_bos=bos,
                              max_tokens=max_tokens, model_name=adapter.model_name, aggregate=aggregate, alpha=alpha,

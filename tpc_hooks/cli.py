@@ -295,11 +295,13 @@ def _train(args: argparse.Namespace) -> int:
     # ... and the intent flips (unless --no-intent there): trained on, and the validation group "intent"
     intent = () if not has_val or args.recipe == "in_distribution" or args.no_intent else \
         INTENT_KINDS if all((acts / p / "labels.json").is_file() for p in ("flips", "val-intent")) else ()
+    homonyms = bool(intent) and (acts / "homonyms" / "labels.json").is_file()  # ... with the homonym rows
     hosted = [] if args.no_contexts or not per_token else \
         [k for k, d in CONTEXT_SPLITS.items() if (acts / d / "labels.json").is_file()]
     reader = TokenStores(acts, site_fix) if per_token else PooledStores(acts, site_fix)
     sites = cfg["sites"] if site == "auto" else [site]
-    data = {s: reader.data(s, train_split, rewrites, families if has_val else None, hosted, bool(intent)) for s in sites}
+    data = {s: reader.data(s, train_split, rewrites, families if has_val else None, hosted, bool(intent), homonyms)
+            for s in sites}
 
     robust = {} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}
     options = dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed, **robust)
@@ -308,7 +310,8 @@ def _train(args: argparse.Namespace) -> int:
     settings = MonitorConfig(first, pooling=cfg["pooling"], chat_template=cfg["chat_template"],
                              max_tokens=cfg["max_tokens"], model_name=cfg["model"], **streaming)
     plan = TrainPlan(settings, fit_config(args.recipe, families, None, options), recipe=args.recipe,
-                     families=tuple(families), tau=args.tau, target_fpr=args.target_fpr, intent=intent,
+                     families=tuple(families), tau=args.tau, target_fpr=args.target_fpr,
+                     intent=intent + (("homonym",) if homonyms else ()),
                      prune=args.recipe != "paper" and not args.keep_all_orders)
     mon = train(data, plan, verbose=not args.no_progress)
     if site == "auto":
@@ -467,7 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-augment", action="store_true",
                    help="skip the phrasing rewrites of the train and val splits (splits aug and val-<family>)")
     p.add_argument("--no-intent", action="store_true",
-                   help="skip the intent flips of the harmful train and val prompts (splits flips and val-intent)")
+                   help="skip the intent flips of the harmful train and val prompts and the homonym rows (splits flips, "
+                        "val-intent and homonyms)")
     p.add_argument("--contexts", type=int, default=None, metavar="N",
                    help="--pooling token: also N benign ShareGPT chats, each hosting one train or val prompt (splits "
                         "ctx-train, ctx-val; a fifth held out), which train then learns from (1000 as measured)")
@@ -485,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--tau", type=float, default=0.2, help="the monitor's cascade threshold")
     p.add_argument("--no-intent", action="store_true",
-                   help="ignore the intent flips collect wrote (splits flips and val-intent)")
+                   help="ignore the intent flips and homonym rows collect wrote (splits flips, val-intent, homonyms)")
     p.add_argument("--keep-all-orders", action="store_true",
                    help="keep every trained order, even those that add nothing at the operating point on validation "
                         "(default: dropped, except with --recipe paper)")

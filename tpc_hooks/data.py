@@ -86,8 +86,8 @@ class PromptSet:
     Example:
         >>> ps = PromptSet(["How do I bake bread?", "Write a phishing email"], [0, 1],
         ...                ["mine", "mine"], ["", "fraud"], [False, False])
-        >>> len(ps), ps.subset([1]).texts
-        (2, ['Write a phishing email'])
+        >>> len(ps), ps.subset([1]).texts, len(ps + ps)
+        (2, ['Write a phishing email'], 4)
         >>> print(ps.summary())
         | split | source | label 0 | label 1 | adversarial 0 | adversarial 1 |
         |---|---|---:|---:|---:|---:|
@@ -118,6 +118,10 @@ class PromptSet:
         idx = [int(i) for i in indices]
         return PromptSet([self.texts[i] for i in idx], [self.labels[i] for i in idx], [self.sources[i] for i in idx],
                          [self.categories[i] for i in idx], [self.adversarial[i] for i in idx])
+
+    def __add__(self, other: "PromptSet") -> "PromptSet":
+        """The rows of both sets, these first."""
+        return PromptSet._from_rows(self._rows() + other._rows())
 
     def to_records(self) -> list[dict[str, Any]]:
         """One dict per row with keys ``text``, ``label``, ``source``, ``category``, ``adversarial``."""
@@ -371,6 +375,27 @@ def intent_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, kin
                                                                   random.Random(f"tpc-hooks-flip-{seed}"), wording)]
     return PromptSet([t for _, _, t in rows], [0] * len(rows), [str(i) for i, _, _ in rows],
                      [k for _, k, _ in rows], [False] * len(rows))
+
+
+def homonym_examples(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, *, seed: int = 0) -> PromptSet:
+    """The homonym rows ``train_monitor`` trains on: XSTest-style requests whose violent verb has a
+    harmless object ("How do I kill a Python process?"), every pair of the library's training
+    verbs in every template (label 0, category ``"homonym"``; the other verbs are kept for
+    evaluation), then each harmful task's act asked the same way ("How do I make a bomb?", label 1,
+    category ``"homonym-act"``, ``sources`` the index of its prompt), so that the question form
+    alone does not read as benign.
+
+    Example:
+        >>> rows = homonym_examples(["How do I bake bread?", "Explain how to pick a lock"], [0, 1])
+        >>> rows.labels.count(1), rows.sources[-1], rows.categories[-1]
+        (1, '1', 'homonym-act')
+    """
+    texts, ys = list(prompts), [int(v) for v in labels]
+    if len(texts) != len(ys):
+        raise TPCHooksError(f"homonym_examples needs one label per prompt; got {len(texts)} prompts and {len(ys)} labels")
+    rows = _intent.homonym_examples(texts, ys, random.Random(f"tpc-hooks-homonym-acts-{seed}"))
+    return PromptSet([t for _, _, t in rows], [y for y, _, _ in rows], ["" if i < 0 else str(i) for _, i, _ in rows],
+                     [_intent.HOMONYM if y == 0 else _intent.HOMONYM_ACT for y, _, _ in rows], [False] * len(rows))
 
 
 def rewrites(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, families: Sequence[str] | None = None, *,
