@@ -18,15 +18,18 @@ benign validation rows); recall at 5% FPR on the hard negatives (threshold from 
 negatives: an ROC point). Methods: a plain linear probe (scikit-learn, the paper's C sweep),
 the shipped default (``train_monitor``'s recipe on these rows), and the intent recipes; the
 shipped head under other thresholds (every benign validation row, the rewrites too, 2,000 more
-benign prompts), and with the library's homonyms of half the verbs (``--heldout-kind homonym``:
-the column ``homonym, unseen verbs``). ``fpr sharegpt``: 2,000 ShareGPT first turns outside the
+benign prompts), without the homonyms ``train_monitor`` trains on (the library's homonyms of
+half the verbs and each harmful training task asked the same way,
+:func:`tpc_hooks.data.homonym_examples`; the orders above 1 train on them), with them in every
+order, and with other homonym rows; ``homonym, unseen verbs``:
+the test homonyms of the other verbs, which nothing trains on (``--heldout-kind homonym`` keeps
+the benchmark's own homonyms out of training too). ``fpr sharegpt``: 2,000 ShareGPT first turns outside the
 benchmark, a tighter ordinary flag rate than the test split's.
 
 Run: ``python benchmarks/bench_intent.py [--seeds 3] [--layers 15]``.
 """
 
 import argparse
-import random
 import sys
 import time
 from collections import Counter, defaultdict
@@ -46,7 +49,8 @@ from tpc_hooks._languages import LANGUAGES, translated_requests
 from tpc_hooks._phrasing import parse
 from tpc_hooks._sources import norm, sharegpt
 from tpc_hooks._splits import rng
-from tpc_hooks.data import HARD_NEGATIVE_KINDS, INTENT_KINDS, PHRASING_FAMILIES, PromptSet, intent_benchmark, rewrites
+from tpc_hooks.data import (HARD_NEGATIVE_KINDS, INTENT_KINDS, PHRASING_FAMILIES, PromptSet, homonym_examples,
+                             intent_benchmark, rewrites)
 from tpc_hooks.metrics import threshold_at_fpr
 
 from _activations import cached_activations, digest, site
@@ -55,21 +59,15 @@ from _results import add_results_argument, recording, results_path
 LAYERS = (10, 15, 20)
 FPR, HARD_FPR = 0.01, 0.05
 CONSISTENCY = 0.03  # train_monitor's
-SHIPPED = "SHIPPED: train_monitor's default (flips, orders pruned)"
+SHIPPED = "SHIPPED: train_monitor's default (flips, homonyms from order 2, orders pruned)"
+NO_HOMONYMS = "SHIPPED without homonyms (intent flips only)"
+EVERY_ORDER = "SHIPPED, its homonym rows in every order (order 1 too)"
 USER_HARD = ("homonym", "overrefusal")  # hard negatives a user may have among their own prompts
 N_CALIBRATION = 2000  # more benign prompts (ShareGPT first turns outside the benchmark) for `Monitor.calibrate`
 RECALIBRATED = f"SHIPPED, then calibrate() on {N_CALIBRATION} more benign prompts"
-WITH_HOMONYMS = "SHIPPED + homonyms of half the verbs"
-WITH_HOMONYMS_ONE = "SHIPPED + homonyms of half the verbs, one wording each"
-WITH_HOMONYMS_BALANCED = "SHIPPED + homonyms of half the verbs + harmful acts in their templates"
-WITH_HOMONYMS_BALANCED_ALL = "SHIPPED + homonyms of half the verbs + harmful acts in every template"
-
-
-def homonym_halves() -> tuple[set[str], set[str]]:
-    """The homonym verbs split in two (alternately, in the library's order): the first half's pairs
-    may be trained on, the second's are the unseen homonyms."""
-    verbs = list(dict.fromkeys(p.verb for p in homonym_pairs()))
-    return set(verbs[::2]), set(verbs[1::2])
+WITH_HOMONYMS = f"{NO_HOMONYMS} + homonyms of half the verbs (no harmful acts)"
+WITH_HOMONYMS_ONE = f"{NO_HOMONYMS} + homonyms of half the verbs, one wording each"
+WITH_HOMONYMS_BALANCED_ALL = f"{NO_HOMONYMS} + homonyms of half the verbs + harmful acts in every template"
 
 
 def homonym_verb(text: str) -> str | None:
@@ -100,18 +98,14 @@ def texts_to_collect(sets: dict, seed: int) -> dict:
     out["views"] = rewrites(sets["val"].texts, sets["val"].labels, every_family=True, seed=seed)
     benign = [t for t, y in zip(sets["test"].texts, sets["test"].labels) if y == 0]
     out["test-rephrased"] = rewrites(benign, [0] * len(benign), every_family=True, seed=seed)  # benign, rephrased
-    pairs = [p for p in homonym_pairs() if p.verb in homonym_halves()[0]]
+    out["homonym-rows"] = homonym_examples(sets["train"].texts, sets["train"].labels, seed=seed)  # the default's
+    pairs = homonym_pairs("train")
     texts = [t.format(verb=p.verb, obj=p.obj) for p in pairs for t in _HOMONYM_TEMPLATES]
     out["homonyms-trained"] = PromptSet(texts, [0] * len(texts), ["homonym"] * len(texts), ["homonym"] * len(texts),
                                         [False] * len(texts))
-    # the training split's harmful acts in the homonym templates (label 1): the question form alone
-    # must not read as benign
-    pick = random.Random(f"homonym-acts-{seed}")
+    # the training split's harmful acts in every homonym template (label 1; the default asks each in one)
     acts = [a for t, y, adv in zip(sets["train"].texts, sets["train"].labels, sets["train"].adversarial)
             if y == 1 and not adv and (parsed := parse(t)) is not None and (a := act(parsed))]
-    texts = [pick.choice(_HOMONYM_TEMPLATES).replace("{verb} {obj}", a) for a in acts]
-    out["homonym-template-acts"] = PromptSet(texts, [1] * len(texts), ["acts"] * len(texts), [""] * len(texts),
-                                             [False] * len(texts))
     texts = [t.replace("{verb} {obj}", a) for a in acts for t in _HOMONYM_TEMPLATES]
     out["homonym-every-template-acts"] = PromptSet(texts, [1] * len(texts), ["acts"] * len(texts), [""] * len(texts),
                                                    [False] * len(texts))
@@ -182,9 +176,9 @@ class Rows:
         self.rephrased = A.get("test-rephrased")
         self.calibration, self.more_benign = A.get("calibration"), A.get("test-sharegpt")
         self.lib_homonyms = A.get("homonyms-trained")
-        self.template_acts = A.get("homonym-template-acts")
         self.every_template_acts = A.get("homonym-every-template-acts")
-        unseen = homonym_halves()[1]
+        self.homonym_rows = A["homonym-rows"], y["homonym-rows"]
+        unseen = {p.verb for p in homonym_pairs("test")}
         self.unseen_homonym = np.asarray([c == "homonym" and homonym_verb(t) in unseen
                                           for t, c in zip(sets["test/hard"].texts, sets["test/hard"].categories)])
         self.layer, self.kept = layer, []
@@ -271,25 +265,31 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     out[f"default + flips + contrast {contrast:g}"] = with_flips(1, pairs=True)
     out["flips, pooled selection"] = with_flips(1, groups=False, consistency=False)
 
-    def shipped(extra: tuple[np.ndarray, np.ndarray] | None = None):
+    def shipped(extra: tuple[np.ndarray, np.ndarray] | None = None,
+                homonyms: tuple[np.ndarray, np.ndarray] | None = r.homonym_rows, main: bool = False):
         """train_monitor's default on these rows: the recipe itself (tpc_hooks._train.train), with
-        its rewrites, flips, worst-group selection, pruning of orders and operating point; ``extra``
-        rows (X, y) join the flips (the homonym variants)."""
+        its rewrites, flips, homonym rows (``homonyms``: the orders above 1 only), worst-group
+        selection, pruning of orders and operating point; ``extra`` rows (X, y) join the flips
+        (every order trains on them: the homonym variants)."""
         Xe, ye = (Xf, yf) if extra is None else (np.concatenate([Xf, extra[0]]), np.concatenate([yf, extra[1]]))
         vX, vy = np.concatenate([val_X, Xi]), np.concatenate([val_y, yi])
         vg = np.concatenate([val_g, [INTENT] * len(yi)])
         t = lambda a: torch.as_tensor(a)
         data = {site(r.layer): TrainData(train=Examples(t(Xg), yg), rewrites=Examples(t(Xa), ya), val=Examples(t(vX), vy, vg),
-                                  flips=Examples(t(Xe), ye))}
+                                  flips=Examples(t(Xe), ye),
+                                  homonyms=None if homonyms is None else Examples(t(homonyms[0]), homonyms[1]))}
         plan = TrainPlan(MonitorConfig(site(r.layer)), fit_config("default", PHRASING_FAMILIES, None, {"seed": seed}),
-                         families=PHRASING_FAMILIES, intent=INTENT_KINDS, prune=True)
+                         families=PHRASING_FAMILIES, intent=INTENT_KINDS + (("homonym",) if extra is not None or homonyms is not None else ()),
+                         prune=True)
         mon = train(data, plan, verbose=False)
-        if extra is None:
+        if main:
             r.kept.append(mon.report["orders"])
             shipped_head[:] = [mon.head]
         return tpc_scores(mon.head), Xv[yv == 0]  # train_monitor sets its threshold on the benign prompts as given
     shipped_head: list = []
-    out[SHIPPED] = shipped
+    out[SHIPPED] = lambda: shipped(main=True)
+    out[EVERY_ORDER] = lambda: shipped(r.homonym_rows, None)
+    out[NO_HOMONYMS] = lambda: shipped(homonyms=None)
     # the shipped head with its threshold set on other benign rows (Monitor.calibrate_activations)
     every = np.concatenate([val_X, Xi])
     every_y = np.concatenate([val_y, yi])
@@ -301,14 +301,13 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
         benign = lambda X: (X, np.zeros(len(X), int))
         both = lambda X, acts: (np.concatenate([X, acts]), np.concatenate([np.zeros(len(X), int), np.ones(len(acts), int)]))
         H = r.lib_homonyms
-        out[WITH_HOMONYMS] = lambda: shipped(benign(H))
-        out[WITH_HOMONYMS_ONE] = lambda: shipped(benign(H[::len(_HOMONYM_TEMPLATES)]))
-        out[WITH_HOMONYMS_BALANCED] = lambda: shipped(both(H, r.template_acts))
-        out[WITH_HOMONYMS_BALANCED_ALL] = lambda: shipped(both(H, r.every_template_acts))
+        out[WITH_HOMONYMS] = lambda: shipped(benign(H), None)
+        out[WITH_HOMONYMS_ONE] = lambda: shipped(benign(H[::len(_HOMONYM_TEMPLATES)]), None)
+        out[WITH_HOMONYMS_BALANCED_ALL] = lambda: shipped(both(H, r.every_template_acts), None)
     for name, calib in thresholds.items():
         def recalibrated(calib=calib):
             if not shipped_head:
-                shipped()
+                shipped(main=True)
             return tpc_scores(shipped_head[0]), calib
         out[name] = recalibrated
     return out
