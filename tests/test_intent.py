@@ -58,10 +58,11 @@ def test_homonyms_cover_every_pair_once():
     assert all(f"{p.verb} {p.obj}" in t for p, t in zip(pairs, texts))
 
 
-def test_homonym_verbs_split_in_two_halves_that_share_no_verb():
-    train, test = homonym_pairs("train"), homonym_pairs("test")
-    assert sorted(train + test) == sorted(homonym_pairs()) and train and test
-    assert not {p.verb for p in train} & {p.verb for p in test}
+def test_homonym_verbs_split_in_three_parts_that_share_no_verb():
+    parts = {k: homonym_pairs(k) for k in ("train", "val", "test")}
+    assert sorted(sum(parts.values(), [])) == sorted(homonym_pairs()) and all(parts.values())
+    verbs = {k: {p.verb for p in v} for k, v in parts.items()}
+    assert not verbs["train"] & verbs["val"] and not verbs["train"] & verbs["test"] and not verbs["val"] & verbs["test"]
     with pytest.raises(TPCHooksError, match="verbs must be one of"):
         homonym_pairs("heldout")
 
@@ -82,6 +83,8 @@ def test_homonym_examples_train_on_the_training_verbs_and_ask_each_harmful_task_
     assert acts.labels == [1, 1] and acts.sources == ["1", "3"] and set(acts.categories) == {"homonym-act"}
     assert "make a bomb?" in acts.texts[1] and "instructions" not in acts.texts[1]
     assert acts.texts[1].replace("make a bomb", "{verb} {obj}") in _HOMONYM_TEMPLATES
+    val = homonym_examples(verbs="val")  # what train_monitor validates on: benign, other verbs, no acts
+    assert val.labels == [0] * (4 * len(homonym_pairs("val"))) and not set(val.texts) & set(rows.texts)
     with pytest.raises(TPCHooksError, match="one label per prompt"):
         homonym_examples(prompts, [1])
 

@@ -209,7 +209,8 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     """The default adds one flip per harmful training prompt (label 0, outside the consistency rows),
     the homonym rows (the library's training verbs, benign; each harmful task asked the same way,
     harmful) for the orders above 1 only (order 1 is fitted without them, then extended), and a
-    validation group "intent": every harmful validation prompt, then every kind's flip of them; the threshold is set on the benign validation prompts as given (not rewrites, not flips),
+    validation group "intent": every harmful validation prompt, then every kind's flip of them,
+    then the validation homonyms (other verbs); the threshold is set on the benign validation prompts as given (not rewrites, not flips),
     flagging at most 1% of them."""
     from sklearn.model_selection import train_test_split
 
@@ -237,7 +238,8 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     assert len(flips) == int(y[tr].sum()) and len(val_flips) == len(tpc.data.INTENT_KINDS) * int(y[va].sum())
     homs = homonym_examples([prompts[i] for i in tr], y[tr], seed=0)
     harmful_va = [i for i in va if y[i] == 1]
-    want_va = [prompts[i] for i in va] + views.texts + [prompts[i] for i in harmful_va] + val_flips.texts
+    val_homs = homonym_examples(verbs="val")
+    want_va = [prompts[i] for i in va] + views.texts + [prompts[i] for i in harmful_va] + val_flips.texts + val_homs.texts
     collect = lambda texts: tpc.collect(lm, texts, SITES[1], chat_template=True, progress=False)[SITES[1]]
     want_tr = [prompts[i] for i in tr] + aug.texts + flips.texts
     assert torch.allclose(torch.as_tensor(X_1), torch.as_tensor(collect(want_tr)), atol=1e-5)
@@ -249,7 +251,7 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     assert kw["init"].degree == 1 and torch.equal(mon.head.cpu()(z, order=1), kw["init"].cpu()(z, order=1))
     assert torch.allclose(torch.as_tensor(X_va), torch.as_tensor(collect(want_va)), atol=1e-5)
     groups = list(kw["val_groups"])
-    assert groups == ["prompts"] * 4 + ["tense"] * len(views) + ["intent"] * (len(harmful_va) + len(val_flips))
+    assert groups == ["prompts"] * 4 + ["tense"] * len(views) + ["intent"] * (len(harmful_va) + len(val_flips) + len(val_homs))
     assert len(kw["X_unlabelled"]) == len(aug)  # the consistency rows: the rewrites only
     assert mon.report["augment"]["intent"] == list(tpc.data.INTENT_KINDS) + ["homonym"]
     assert mon.report["augment"]["n_train_flips"] == len(flips)
@@ -261,7 +263,7 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     # the homonyms are one of intent's names: alone, or left out
     kw = dict(augment=False, degree=1, rank=2, epochs=1, val_fraction=0.25, verbose=False)
     only = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("homonym",), **kw).report["augment"]
-    assert (only["n_train_flips"], only["n_train_homonyms"], only["n_val_flips"]) == (0, len(homs), 0)
+    assert (only["n_train_flips"], only["n_train_homonyms"], only["n_val_flips"]) == (0, len(homs), len(val_homs))
     law = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law",), **kw).report["augment"]
     assert (law["n_train_flips"], law["n_train_homonyms"], law["intent"]) == (len(flips), 0, ["law"])
     with pytest.raises(TPCHooksError, match="kinds must be True, False or names"):

@@ -313,8 +313,9 @@ def test_train_monitor_with_contexts_adds_the_rows_of_requests_inside_conversati
 
     seen, hosted, fit, host = {}, [], tpc_hooks._train.fit, tpc_hooks._context.host_requests
 
-    def spy_fit(X, y, X_val, y_val, *a, **kw):
-        seen.update(X=X, y=np.asarray(y), X_val=X_val, y_val=np.asarray(y_val), groups=kw.get("val_groups"))
+    def spy_fit(X, y, X_val, y_val, *a, **kw):  # the first call: order 1's rows (the homonym rows come after)
+        if not seen:
+            seen.update(X=X, y=np.asarray(y), X_val=X_val, y_val=np.asarray(y_val), groups=kw.get("val_groups"))
         return fit(X, y, X_val, y_val, *a, **kw)
 
     def spy_host(*a, **kw):
@@ -328,6 +329,7 @@ def test_train_monitor_with_contexts_adds_the_rows_of_requests_inside_conversati
               tokenizer=tok)
     plain = tpc.train_monitor(hf, HARMFUL + BENIGN, [1] * 8 + [0] * 8, SITE, **kw)
     n_plain, n_plain_val = len(seen["y"]), len(seen["y_val"])
+    seen.clear()
     mon = tpc.train_monitor(hf, HARMFUL + BENIGN, [1] * 8 + [0] * 8, SITE, contexts=chats(8), context_tokens=(24, 40),
                             **kw)
     assert (plain.aggregate, mon.aggregate) == ("rolling", "max")  # the defaults without and with contexts

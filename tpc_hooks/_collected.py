@@ -207,13 +207,14 @@ def rewrite_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
 def flip_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
     """``"flips"`` (one intent flip per harmful training prompt, label 0), ``"homonyms"`` (the rows
     :func:`tpc_hooks.data.homonym_examples` builds from the training split) and ``"val-intent"``
-    (every harmful validation prompt, then every kind's flip of them), as ``train_monitor`` builds
-    them; none for a set without train/val splits."""
+    (every harmful validation prompt, then every kind's flip of them, then the validation
+    homonyms), as ``train_monitor`` builds them; none for a set without train/val splits."""
     if "train" not in sets or "val" not in sets:
         return {}
     val = sets["val"]
     harmful = val.subset([i for i, v in enumerate(val.labels) if v == 1])
     flips = intent_flips(val.texts, val.labels, every_kind=True, seed=seed)
     train = sets["train"]
-    return {"flips": intent_flips(train.texts, train.labels, seed=seed), "val-intent": harmful + flips,
+    return {"flips": intent_flips(train.texts, train.labels, seed=seed),
+            "val-intent": harmful + flips + homonym_examples(verbs="val"),
             "homonyms": homonym_examples(train.texts, train.labels, seed=seed)}

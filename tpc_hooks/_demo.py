@@ -370,11 +370,11 @@ def render_report(res: dict[str, Any]) -> str:
         cols = [k for k in dep["rows"][0] if k != "order"]
         parts += ["## What a deployment sees: `train_monitor`'s default, per order",
                   "Trained on the training split by `tpc.train_monitor` as shipped (phrasing rewrites, intent flips, "
-                  "orders that add nothing dropped). Each order at its own threshold flagging 1% of the validation "
+                  "the library's training homonyms for the orders above 1, orders that add nothing dropped). Each order at its own threshold flagging 1% of the validation "
                   "split's benign prompts; `deployed`: the saved monitor's own threshold and policy. Percent flagged: "
                   "`recall` of the test split's harmful prompts, its `ordinary benign` prompts, its `overrefusal` "
                   "(safe-but-edgy) questions, and hard negatives no training saw: intent flips of the test split's "
-                  "harmful requests in held-back wordings, and homonyms (" + ", ".join(
+                  "harmful requests in held-back wordings, and homonyms of the other verbs (" + ", ".join(
                       f"{k} {v}" for k, v in sorted(dep["n_hard"].items())) + ").",
                   _table(["order"] + cols, [[r["order"]] + [f"{100 * r[c]:.1f}" for c in cols] for r in dep["rows"]])]
         if dep.get("orders"):

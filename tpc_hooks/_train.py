@@ -423,9 +423,10 @@ def train_monitor(
             validation prompts with every kind's flip of them form the validation group
             ``"intent"``, so selection by worst group sees the hard negatives (and the pruning of
             orders counts them). ``"homonym"`` trains the orders above 1 (order 1 is fitted without
-            them) on the library's homonyms of half its verbs ("How do I kill a Python process?",
-            benign) and each harmful training task asked the same way ("How do I make a bomb?",
-            harmful): :func:`tpc_hooks.data.homonym_examples`.
+            them) on the library's training homonyms ("How do I kill a Python process?", benign)
+            and each harmful training task asked the same way ("How do I make a bomb?", harmful),
+            and validates on the homonyms of other verbs (benign, group ``"intent"``):
+            :func:`tpc_hooks.data.homonym_examples`.
             Default: every kind and the homonyms with ``recipe="default"``, none otherwise.
         recipe: ``"default"`` (rewrites + worst-family selection), ``"in_distribution"`` (no
             rewrites, pooled selection) or ``"paper"`` (the paper's recipe).
@@ -508,7 +509,7 @@ def train_monitor(
 
     # One collection pass over the prompts and their rewrites, in this order: the training prompts,
     # the validation prompts, the training rewrites, the validation rewrites (every family), the
-    # training flips, the validation flips (every kind), the homonym rows.
+    # training flips, the validation flips (every kind) and homonyms, the training homonym rows.
     none = PromptSet([], [], [], [], [])
     if families:
         aug = rewrites([items[i] for i in tr], y[tr], families, seed=cfg.seed)
@@ -517,14 +518,16 @@ def train_monitor(
         aug = views = none
     flips = intent_flips([items[i] for i in tr], y[tr], flip_kinds, seed=cfg.seed) if flip_kinds else none
     homs = homonym_examples([items[i] for i in tr], y[tr], seed=cfg.seed) if _intent.HOMONYM in kinds else none
+    val_homs = homonym_examples(verbs="val") if _intent.HOMONYM in kinds else none  # benign, in the group INTENT
     val_flips = intent_flips([items[i] for i in va], y[va], flip_kinds, every_kind=True, seed=cfg.seed) \
         if flip_kinds else none
-    texts = list(items) + aug.texts + views.texts + flips.texts + val_flips.texts + homs.texts
-    n, cuts = len(items), np.cumsum([len(items), len(aug), len(views), len(flips), len(val_flips), len(homs)])
+    texts = list(items) + aug.texts + views.texts + flips.texts + val_flips.texts + val_homs.texts + homs.texts
+    n, cuts = len(items), np.cumsum([len(items), len(aug), len(views), len(flips), len(val_flips) + len(val_homs),
+                                     len(homs)])
     idx = {"train": list(tr), "val": list(va), "rewrites": list(range(n, cuts[1])), "views": list(range(cuts[1], cuts[2])),
            "flips": list(range(cuts[2], cuts[3])), "homonyms": list(range(cuts[4], cuts[5])),
-           # the group INTENT: every harmful validation prompt as given, then the flips
-           "intent": ([int(i) for i in va if y[i] == 1] if flip_kinds else []) + list(range(cuts[3], cuts[4]))}
+           # the group INTENT: every harmful validation prompt as given, then the flips and homonyms
+           "intent": ([int(i) for i in va if y[i] == 1] if kinds else []) + list(range(cuts[3], cuts[4]))}
     bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
     skip = adapter.fixed_prefix(chat_template=chat_template, prepend_bos=bos) if streaming else 0
     if streaming:
@@ -536,7 +539,7 @@ def train_monitor(
         acts = collect(adapter, texts, sites, pooling, batch_size=batch_size, chat_template=chat_template,
                        prepend_bos=bos, max_tokens=max_tokens, sae=sae, progress=verbose)
         rows = {s: (lambda at, a=acts[s]: a[at]) for s in sites}
-    y_all = np.concatenate([y] + [np.asarray(p.labels, dtype=int) for p in (aug, views, flips, val_flips, homs)])
+    y_all = np.concatenate([y] + [np.asarray(p.labels, dtype=int) for p in (aug, views, flips, val_flips, val_homs, homs)])
     groups = np.asarray([PLAIN] * len(va) + list(views.categories) + [INTENT] * len(idx["intent"]))
     at_val = idx["val"] + idx["views"] + idx["intent"]
     chats = {}
