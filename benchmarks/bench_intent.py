@@ -65,9 +65,9 @@ EVERY_ORDER = "SHIPPED, its homonym rows in every order (order 1 too)"
 USER_HARD = ("homonym", "overrefusal")  # hard negatives a user may have among their own prompts
 N_CALIBRATION = 2000  # more benign prompts (ShareGPT first turns outside the benchmark) for `Monitor.calibrate`
 RECALIBRATED = f"SHIPPED, then calibrate() on {N_CALIBRATION} more benign prompts"
-WITH_HOMONYMS = f"{NO_HOMONYMS} + homonyms of half the verbs (no harmful acts)"
-WITH_HOMONYMS_ONE = f"{NO_HOMONYMS} + homonyms of half the verbs, one wording each"
-WITH_HOMONYMS_BALANCED_ALL = f"{NO_HOMONYMS} + homonyms of half the verbs + harmful acts in every template"
+WITH_HOMONYMS = f"{NO_HOMONYMS} + the training homonyms in every order (no harmful acts)"
+WITH_HOMONYMS_ONE = f"{NO_HOMONYMS} + the training homonyms in every order, one wording each"
+WITH_HOMONYMS_BALANCED_ALL = f"{NO_HOMONYMS} + the training homonyms + harmful acts in every template, every order"
 
 
 def homonym_verb(text: str) -> str | None:
@@ -99,6 +99,7 @@ def texts_to_collect(sets: dict, seed: int) -> dict:
     benign = [t for t, y in zip(sets["test"].texts, sets["test"].labels) if y == 0]
     out["test-rephrased"] = rewrites(benign, [0] * len(benign), every_family=True, seed=seed)  # benign, rephrased
     out["homonym-rows"] = homonym_examples(sets["train"].texts, sets["train"].labels, seed=seed)  # the default's
+    out["homonym-val"] = homonym_examples(verbs="val")  # ... and its validation homonyms
     pairs = homonym_pairs("train")
     texts = [t.format(verb=p.verb, obj=p.obj) for p in pairs for t in _HOMONYM_TEMPLATES]
     out["homonyms-trained"] = PromptSet(texts, [0] * len(texts), ["homonym"] * len(texts), ["homonym"] * len(texts),
@@ -178,6 +179,7 @@ class Rows:
         self.lib_homonyms = A.get("homonyms-trained")
         self.every_template_acts = A.get("homonym-every-template-acts")
         self.homonym_rows = A["homonym-rows"], y["homonym-rows"]
+        self.homonym_val = A["homonym-val"]
         unseen = {p.verb for p in homonym_pairs("test")}
         self.unseen_homonym = np.asarray([c == "homonym" and homonym_verb(t) in unseen
                                           for t, c in zip(sets["test/hard"].texts, sets["test/hard"].categories)])
@@ -272,8 +274,9 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
         selection, pruning of orders and operating point; ``extra`` rows (X, y) join the flips
         (every order trains on them: the homonym variants)."""
         Xe, ye = (Xf, yf) if extra is None else (np.concatenate([Xf, extra[0]]), np.concatenate([yf, extra[1]]))
-        vX, vy = np.concatenate([val_X, Xi]), np.concatenate([val_y, yi])
-        vg = np.concatenate([val_g, [INTENT] * len(yi)])
+        Hv = r.homonym_val[:0] if homonyms is None else r.homonym_val  # validation homonyms: benign, group intent
+        vX, vy = np.concatenate([val_X, Xi, Hv]), np.concatenate([val_y, yi, np.zeros(len(Hv), int)])
+        vg = np.concatenate([val_g, [INTENT] * (len(yi) + len(Hv))])
         t = lambda a: torch.as_tensor(a)
         data = {site(r.layer): TrainData(train=Examples(t(Xg), yg), rewrites=Examples(t(Xa), ya), val=Examples(t(vX), vy, vg),
                                   flips=Examples(t(Xe), ye),
