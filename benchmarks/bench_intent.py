@@ -18,11 +18,11 @@ benign validation rows); recall at 5% FPR on the hard negatives (threshold from 
 negatives: an ROC point). Methods: a plain linear probe (scikit-learn, the paper's C sweep),
 the shipped default (``train_monitor``'s recipe on these rows), and the intent recipes; the
 shipped head under other thresholds (every benign validation row, the rewrites too, 2,000 more
-benign prompts), without the homonyms ``train_monitor`` trains on (the library's homonyms of
-half the verbs and each harmful training task asked the same way,
-:func:`tpc_hooks.data.homonym_examples`; the orders above 1 train on them), with them in every
-order, and with other homonym rows; ``homonym, unseen verbs``:
-the test homonyms of the other verbs, which nothing trains on (``--heldout-kind homonym`` keeps
+benign prompts), without the homonyms ``train_monitor`` trains on (the library's training
+verbs' homonyms and each harmful training task asked the same way, for the orders above 1, and
+the validation verbs' homonyms in the group ``intent``: :func:`tpc_hooks.data.homonym_examples`),
+with the training rows in every order, and with other homonym rows; ``homonym, unseen verbs``:
+the test homonyms of the library's test verbs, which nothing trains or validates on (``--heldout-kind homonym`` keeps
 the benchmark's own homonyms out of training too). ``fpr sharegpt``: 2,000 ShareGPT first turns outside the
 benchmark, a tighter ordinary flag rate than the test split's.
 

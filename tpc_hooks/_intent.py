@@ -111,6 +111,17 @@ def act(parsed: Parsed) -> str | None:
     return _third_person(vp[:1].lower() + vp[1:]) if vp else None
 
 
+def task_act(text: str) -> str | None:
+    """:func:`act` of ``text`` read as a task; ``None`` for a question or a text that does not parse.
+
+    Example:
+        >>> task_act("Write a tutorial on how to make a bomb"), task_act("Why is the sky blue?")
+        ('make a bomb', None)
+    """
+    parsed = parse(text)
+    return None if parsed is None else act(parsed)
+
+
 def flip(kind: str, text: str, rng: random.Random, wording: str = "all") -> str | None:
     """``text`` (a harmful request) turned by ``kind`` into a benign request on the same topic, or
     ``None`` when it is not a task this module can read. ``wording`` picks among the kind's
@@ -123,8 +134,7 @@ def flip(kind: str, text: str, rng: random.Random, wording: str = "all") -> str 
     """
     if kind not in _TEMPLATES:
         raise TPCHooksError(f"kind must be one of {KINDS}; got {kind!r}")
-    parsed = parse(text)
-    vp = None if parsed is None else act(parsed)
+    vp = task_act(text)
     if not vp:
         return None
     return rng.choice(templates(kind, wording)).format(vp=vp)
@@ -258,7 +268,6 @@ def homonym_examples(texts: list[str], labels: list[int], rng: random.Random,
     benign = [(0, -1, t.format(verb=p.verb, obj=p.obj)) for p in homonym_pairs(verbs) for t in _HOMONYM_TEMPLATES]
     acts = []
     for i, (t, y) in enumerate(zip(texts, labels)):
-        vp = act(parsed) if y == 1 and (parsed := parse(t)) is not None else None
-        if vp:
+        if y == 1 and (vp := task_act(t)):
             acts.append((1, i, rng.choice(_HOMONYM_TEMPLATES).replace("{verb} {obj}", vp)))
     return benign + acts

@@ -103,8 +103,7 @@ def act_key(text: str) -> str | None:
     """The normalised act a request asks for (``None``: not a task), so that two wordings of one
     request ("Write a tutorial on how to make a bomb", "Give instructions on how to make a bomb")
     count as one base request."""
-    parsed = _phrasing.parse(text)
-    vp = None if parsed is None else _intent.act(parsed)
+    vp = _intent.task_act(text)
     return norm(vp) if vp else None
 
 

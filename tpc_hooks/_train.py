@@ -193,10 +193,10 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     shared = dict(verbose=verbose, val_groups=g_va if grouped else None, X_unlabelled=unlabelled, device=device)
     pairs = _pairs(d, cfg, tokens, len(y_tr))
     if d.homonyms is not None and len(d.homonyms):  # order 1 without them, the higher orders with them
-        if init is None and cfg.degree > 1:
+        if init is None and cfg.degree > 1:  # (rank is the higher degrees' setting: any value does for degree 1)
             init = fit(X_tr, y_tr, X_va, y_va, replace(cfg, degree=1, rank=1), pairs=pairs, **shared)
-        late = token_rows(list(d.homonyms.X), settings.skip, d.homonyms.y) if tokens else d.homonyms
-        every = _cat(Examples(X_tr, y_tr), Examples(*late[:2]) if tokens else late)
+        late = Examples(*token_rows(list(d.homonyms.X), settings.skip, d.homonyms.y)) if tokens else d.homonyms
+        every = _cat(Examples(X_tr, y_tr), late)
         X_tr, y_tr = every.X, every.y
     head = fit(X_tr, y_tr, X_va, y_va, cfg, pairs=pairs, init=init, **shared).cpu()
     if plan.prune and d.val is not None and head.degree > 1:
@@ -232,9 +232,7 @@ def _pairs(d: TrainData, cfg: FitConfig, tokens: Any, n_rows: int) -> np.ndarray
     if tokens or d.flips is None or d.flip_of is None:
         raise TPCHooksError("contrast ranks each harmful training prompt above its intent flip: it needs intent flips "
                             "(intent=True) and a per-prompt monitor (no aggregate)")
-    at = np.arange(n_rows - len(d.flips), n_rows)
-    of = np.asarray(d.flip_of, dtype=int)
-    return np.stack([of, at], 1)
+    return np.stack([np.asarray(d.flip_of), np.arange(n_rows - len(d.flips), n_rows)], 1)
 
 
 def _earned(head: Any, d: TrainData, settings: MonitorConfig, sae: Any, plan: TrainPlan, report: dict[str, Any]) -> Any:
