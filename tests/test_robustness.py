@@ -331,14 +331,58 @@ def test_worst_group_scale_refuses_a_term_that_hurts_one_group():
     term = torch.cat([helps[:50], -helps[50:]])  # ...on the first half, the wrong way on the second
     a, b = torch.arange(50), torch.arange(50, 100)
     assert _fit_order_scale(prefix[:50], term[:50], y[:50])[0] == 1.0
-    assert _fit_order_scale(prefix, term, y, [a, b])[0] == 0.0
+    assert _fit_order_scale(prefix, term, y, [a, b], "worst")[0] == 0.0
     both = torch.cat([helps[:50], 0.5 * helps[50:]])
-    scale, pooled = _fit_order_scale(prefix, both, y, [a, b])
+    scale, pooled = _fit_order_scale(prefix, both, y, [a, b], "worst")
     # by hand: the scale on the grid with the smallest worst-group change of BCE
     bce = lambda s, g: float(torch.nn.functional.binary_cross_entropy_with_logits(s * both[g], y[g]))
     want = min(SHRINK_GRID, key=lambda s: (round(max(bce(s, g) - bce(0, g) for g in (a, b)), 12), s))
     assert scale == want > 0
     assert pooled == pytest.approx(float(torch.nn.functional.binary_cross_entropy_with_logits(scale * both, y)))
+
+
+def _balanced_scale_by_hand(prefix, term, y, groups, z=2.0):
+    """The balanced rule written out: per scale, each group's rows' change in BCE over s = 0 and its
+    standard error in numpy; the mean group BCE over the scales where no mean change exceeds z SEs."""
+    p, t, yy = (np.asarray(v, dtype=np.float64) for v in (prefix, term, y))
+    bce = lambda s: np.logaddexp(0, p + s * t) - yy * (p + s * t)
+    best = None
+    for s in SHRINK_GRID:
+        d = bce(s) - bce(0)
+        hurt = any(d[g].mean() > z * d[g].std(ddof=1) / np.sqrt(len(g)) for g in groups)
+        loss = np.mean([bce(s)[g].mean() for g in groups])
+        if not hurt and (best is None or loss < best[0] - 1e-9):
+            best = (loss, s)
+    return best[1]
+
+
+def test_balanced_scale_keeps_a_term_unless_it_significantly_hurts_a_group():
+    gen = torch.Generator().manual_seed(0)
+    y = torch.tensor([0.0, 1.0] * 200)
+    prefix = torch.randn(400, generator=gen)
+    helps = torch.where(y == 1, 1.0, -1.0)
+    a, b, c = torch.arange(200), torch.arange(200, 300), torch.arange(300, 400)
+    noise = torch.randn(400, generator=gen)
+    # helps group a a lot; on b and c a small push the wrong way, drowned in per-row noise
+    slight = torch.cat([helps[:200], -0.02 * helps[200:] + 0.5 * noise[200:]])
+    # ... and the same term with a clear push the wrong way on c
+    clear = torch.cat([helps[:300], -0.8 * helps[300:]])
+    for term in (slight, clear, -helps, helps):
+        got, _ = _fit_order_scale(prefix, term, y, [a, b, c])
+        assert got == _balanced_scale_by_hand(prefix, term, y, [a.numpy(), b.numpy(), c.numpy()])
+    assert _fit_order_scale(prefix, slight, y, [a, b, c])[0] > 0  # the worst group's rule zeroes what this keeps
+    assert _fit_order_scale(prefix, slight, y, [a, b, c], "worst")[0] == 0.0
+    assert _fit_order_scale(prefix, -helps, y, [a, b, c])[0] == 0.0
+    assert _fit_order_scale(prefix, helps, y, [a, b, c])[0] == 1.0
+
+
+def test_a_saved_config_without_group_rule_reads_as_the_worst_group_rule():
+    from tpc_hooks._history import FitConfig
+
+    d = FitConfig(degree=3).to_dict()
+    assert FitConfig.from_dict(d).group_rule == "balanced"
+    del d["group_rule"]  # a record that lacks the field: its head was selected by the worst group
+    assert FitConfig.from_dict(d).group_rule == "worst"
 
 
 def test_one_validation_group_selects_as_the_pooled_rows_do():
@@ -350,14 +394,15 @@ def test_one_validation_group_selects_as_the_pooled_rows_do():
         assert torch.equal(a, b)
 
 
-def test_worst_group_selection_follows_the_harder_group():
+@pytest.mark.parametrize("rule", ["worst", "balanced"])
+def test_grouped_selection_follows_the_harder_group(rule):
     X, y = make_problem(n=900, d_model=12, seed=0)
     Xv, yv = make_problem(n=300, d_model=12, seed=1)
     Xs, ys = make_problem(n=300, d_model=12, seed=2, shift=4.0)  # nuisance directions stretched
     Xva, yva = np.concatenate([Xv, Xs]), np.concatenate([yv, ys])
     groups = ["in"] * 300 + ["shifted"] * 300
-    head = tpc.fit(X, y, Xva, yva, degree=3, seed=0, val_groups=groups, gate=False, **FAST)
-    for k in (2, 3):  # every kept scale lowers the loss of both groups (the gate, off here, acts after selection)
+    head = tpc.fit(X, y, Xva, yva, degree=3, seed=0, val_groups=groups, gate=False, group_rule=rule, **FAST)
+    for k in (2, 3):  # a kept scale hurts no group (the gate, off here, acts after selection)
         with torch.no_grad():
             t = head.terms(torch.as_tensor(Xva)).double()
         before = t[:, :k - 1].sum(-1)
@@ -365,7 +410,14 @@ def test_worst_group_selection_follows_the_harder_group():
             yy = torch.as_tensor(yva[idx], dtype=torch.float64)
             lo = torch.nn.functional.binary_cross_entropy_with_logits(before[idx], yy)
             hi = torch.nn.functional.binary_cross_entropy_with_logits(before[idx] + t[idx, k - 1], yy)
-            assert hi <= lo + 1e-7  # float32 selection, float64 check
+            if rule == "worst":  # lowers the loss of both groups
+                assert hi <= lo + 1e-7  # float32 selection, float64 check
+            else:  # no group's rows lose significantly (mean change within 2 standard errors)
+                d = (torch.nn.functional.binary_cross_entropy_with_logits(before[idx] + t[idx, k - 1], yy, reduction="none")
+                     - torch.nn.functional.binary_cross_entropy_with_logits(before[idx], yy, reduction="none"))
+                assert d.mean() <= 2.0 * d.std() / d.numel() ** 0.5 + 1e-7
+    if rule == "balanced":
+        return
     pooled = tpc.fit(X, y, Xva, yva, degree=3, seed=0, gate=False, **FAST)
     assert [head.history.selected[k]["scale"] for k in (2, 3)] != [pooled.history.selected[k]["scale"] for k in (2, 3)]
 

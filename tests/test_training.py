@@ -154,6 +154,8 @@ def test_bad_training_options(problem):
         tpc.fit(Xtr, ytr, mode="greedy", **FAST)
     with pytest.raises(tpc.TPCHooksError, match="dropout must be in"):
         tpc.fit(Xtr, ytr, dropout=1.0, **FAST)
+    with pytest.raises(tpc.TPCHooksError, match="group_rule must be 'balanced' or 'worst'; got 'mean'"):
+        tpc.fit(Xtr, ytr, group_rule="mean", **FAST)
     small = tpc.fit(Xtr, ytr, Xva, yva, degree=2, **FAST)
     with pytest.raises(tpc.TPCHooksError, match="X_train has d_model=11 but the head expects d_model=12"):
         tpc.fit(Xtr[:, :11], ytr, degree=3, init=small, **FAST)

@@ -46,10 +46,11 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
             are trained; ``rank`` then gives the rank of the added degrees (an int, or one entry
             per added degree).
         val_groups: one group label per validation row (a phrasing family, a source, ...): degrees
-            k >= 2 are then selected for the *worst* group, not the pooled rows: early stopping
-            and the grid point by the worst group's loss and F1, and the shrinkage scale by the
-            worst group's change in loss over the truncation below (a degree that hurts any group
-            is shrunk towards zero). The linear probe's C is still chosen on the pooled rows.
+            k >= 2 are then selected over the groups, not the pooled rows (``group_rule``): by
+            default early stopping and the grid point by the mean of the groups' loss and F1, and
+            the shrinkage scale by that mean among the scales under which no group's loss rises
+            significantly over the truncation below (a paired test per group); ``"worst"``: by the
+            worst group's. The linear probe's C is still chosen on the pooled rows.
         X_unlabelled: the rows the ``consistency`` penalty reads (in memory).
         pairs: ``[m, 2]`` row indices into ``X_train`` (in memory, with ``X_val`` given): a
             harmful row and a benign counterpart on its topic (its intent flip); the ``contrast``
@@ -238,9 +239,9 @@ class _Trainer:
         return self.tr.map(self.head.scaler, self.device, fn), self.va.map(self.head.scaler, self.device, fn)
 
     def _scored(self, s: Tensor) -> tuple[float, float]:
-        """Validation (loss, F1) of logits ``s``: pooled, or the worst group's of each (one read
+        """Validation (loss, F1) of logits ``s``: pooled, or over the groups by ``group_rule`` (one read
         back to the host per call)."""
-        return loss_and_f1(s, self.y_va, self.groups)
+        return loss_and_f1(s, self.y_va, self.groups, self.cfg.group_rule)
 
     def _val_term(self, k: int) -> Tensor:
         return self.va.map(self.head.scaler, self.device, lambda x: _kernel.term(self.head, x, k)[0])
@@ -320,7 +321,7 @@ class _Trainer:
     @torch.no_grad()
     def shrink(self, k: int, prefix: tuple[Tensor, Tensor]) -> dict[str, float]:
         """Scales ``lambda_k`` by the grid scale with the lowest validation loss."""
-        scale, loss = _fit_order_scale(prefix[1], self._val_term(k), self.y_va, self.groups)
+        scale, loss = _fit_order_scale(prefix[1], self._val_term(k), self.y_va, self.groups, self.cfg.group_rule)
         self.head.lambdas[str(k)].mul_(scale)
         return {"scale": scale, "val_loss_scaled": loss}
 
@@ -362,13 +363,28 @@ class _Trainer:
 SHRINK_GRID = tuple(i / 20 for i in range(21))
 
 
-def _fit_order_scale(prefix: Tensor, term: Tensor, y: Tensor,
-                     groups: Sequence[Tensor] | None = None) -> tuple[float, float]:
+HURT_Z = 2.0  # a group is hurt when its mean change in loss is this many standard errors above 0
+
+
+def _fit_order_scale(prefix: Tensor, term: Tensor, y: Tensor, groups: Sequence[Tensor] | None = None,
+                     rule: str = "balanced") -> tuple[float, float]:
     """The per-order scale ``s`` in ``SHRINK_GRID`` (0, 0.05, ..., 1) that minimises the validation
     BCE of ``prefix + s * term`` (ties: the smaller ``s``). ``s = 0`` is the lower truncation.
 
-    With ``groups`` (index tensors), ``s`` minimises the worst group's change in BCE over ``s = 0``,
-    so a scale above 0 is kept only where it lowers every group's loss; the pooled BCE is returned."""
+    With ``groups`` (index tensors) and ``rule="balanced"``, ``s`` minimises the mean of the groups'
+    BCEs among the scales that hurt no group: a group is hurt when the mean of its rows' change in
+    BCE over ``s = 0`` is more than :data:`HURT_Z` standard errors above 0 (a paired test on the
+    same rows). With ``rule="worst"``, ``s`` minimises the worst group's change in BCE over
+    ``s = 0``, so a scale above 0 is kept only where it lowers every group's loss. The pooled BCE
+    at ``s`` is returned."""
+    if groups is not None and rule == "balanced":
+        grid = torch.tensor(SHRINK_GRID, dtype=prefix.dtype, device=prefix.device)[:, None]
+        rows = F.binary_cross_entropy_with_logits(prefix + grid * term, y.expand(len(SHRINK_GRID), -1), reduction="none")
+        change = rows - rows[:1]  # [scale, row]: each row's change in BCE over s = 0
+        hurt = torch.stack([change[:, g].mean(1) > HURT_Z * _stderr(change[:, g]) for g in groups]).any(0)
+        loss = torch.where(hurt, math.inf, torch.stack([rows[:, g].mean(1) for g in groups]).mean(0)).tolist()
+        i = min(range(len(SHRINK_GRID)), key=lambda i: (round(loss[i], 12), i))  # s = 0 is never hurt
+        return SHRINK_GRID[i], float(rows[i].mean())
     # every (scale, group) loss in one read back to the host
     parts = [slice(None)] + ([] if groups is None else list(groups))
     table = torch.stack([torch.stack([F.binary_cross_entropy_with_logits(prefix[g] + s * term[g], y[g]) for g in parts])
@@ -383,3 +399,8 @@ def _fit_order_scale(prefix: Tensor, term: Tensor, y: Tensor,
         if row[0] < best[0] - 1e-12:
             best = (row[0], s)
     return best[1], best[0]
+
+
+def _stderr(x: Tensor) -> Tensor:
+    """The standard error of the mean of each row of ``x`` [scale, n] (0 for a single column)."""
+    return x.std(1) / math.sqrt(x.shape[1]) if x.shape[1] > 1 else torch.zeros_like(x[:, 0])

@@ -13,6 +13,7 @@ PAPER_GRID = {"lr": (1e-3, 5e-4, 1e-4), "weight_decay": (0.01, 0.1, 1.0), "dropo
 MODES = ("progressive", "joint")
 RECIPES = ("default", "paper")
 LINEAR_SOLVERS = ("auto", "sklearn", "lbfgs")
+GROUP_RULES = ("balanced", "worst")
 
 
 def _positive_int(value: Any, name: str, low: int = 1) -> None:
@@ -92,6 +93,12 @@ class FitConfig:
         shrink: after each degree is trained, scale its ``lambda_k`` by ``s`` in {0, 0.05, ..., 1}
             chosen by validation loss (``s = 0`` is the lower truncation). None: on, except for
             ``recipe="paper"`` and ``mode="joint"``.
+        group_rule: how ``fit(..., val_groups=...)`` selects degrees k >= 2 over the validation
+            groups: ``"balanced"`` (early stopping and the grid point by the mean of the groups'
+            loss and F1, each group weighing the same whatever its size; the shrinkage scale by
+            that mean among the scales that hurt no group significantly) or ``"worst"`` (by the
+            worst group's; the scale only where it lowers every group's loss: one group the
+            higher orders cannot help, e.g. typo-noised prompts, then zeroes them).
         decay_growth: degree k's weight decay is ``weight_decay * decay_growth ** (k - 2)``.
         escalate_only: higher orders may raise a row's harm logit but never clear a row the
             linear probe flags, so every order's recall is at least the linear probe's.
@@ -142,6 +149,7 @@ class FitConfig:
     gate: bool | None = None
     shrink: bool | None = None
     decay_growth: float = 1.0
+    group_rule: str = "balanced"
     escalate_only: bool = False
     sweep: bool | dict[str, Sequence[float]] = False
     Cs: Sequence[float] = PAPER_CS
@@ -167,6 +175,8 @@ class FitConfig:
             raise TPCHooksError("shrink scales each degree after it is trained alone; it needs mode='progressive'")
         if self.gate and not self.resolved_trust_region:
             raise TPCHooksError("gate=True needs the trust region (trust_region=True): the gate fires when an input leaves it")
+        if self.group_rule not in GROUP_RULES:
+            raise TPCHooksError(f"group_rule must be 'balanced' or 'worst'; got {self.group_rule!r}")
         if not (_number(self.decay_growth) and self.decay_growth > 0):
             raise TPCHooksError(f"decay_growth must be a positive number; got {self.decay_growth!r}")
         if not (_number(self.consistency) and 0 <= self.consistency < math.inf):
@@ -227,7 +237,7 @@ class FitConfig:
         r = self.resolved()
         return {"recipe": r.recipe, "trust_region": r.trust_region, "margin": r.margin, "gate": r.gate,
                 "shrink": r.shrink, "escalate_only": r.escalate_only, "decay_growth": r.decay_growth,
-                "patience": r.patience}
+                "patience": r.patience, "group_rule": r.group_rule}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields (saved in ``config.json`` with the head's history)."""
@@ -241,7 +251,8 @@ class FitConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FitConfig":
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        # a record that lacks group_rule: its head was selected by the worst group
+        return cls(**{"group_rule": "worst", **{k: v for k, v in d.items() if k in names}})
 
 
 @dataclass

@@ -24,9 +24,12 @@ def f1_at_zero(logits: Tensor, y: Tensor) -> float:
     return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
 
 
-def loss_and_f1(logits: Tensor, y: Tensor, groups: Sequence[Tensor] | None = None) -> tuple[float, float]:
+def loss_and_f1(logits: Tensor, y: Tensor, groups: Sequence[Tensor] | None = None,
+                rule: str = "balanced") -> tuple[float, float]:
     """Validation BCE and F1 at logit 0 (:func:`f1_at_zero`) with one read back to the host:
-    pooled, or with ``groups`` (index tensors) the worst group's of each (highest loss, lowest F1)."""
+    pooled, or with ``groups`` (index tensors) the mean over the groups of each (``rule="balanced"``:
+    every group weighs the same, whatever its size) or the worst group's (``"worst"``: highest
+    loss, lowest F1)."""
     parts = [slice(None)] if groups is None else list(groups)
     rows = []
     for g in parts:
@@ -37,7 +40,9 @@ def loss_and_f1(logits: Tensor, y: Tensor, groups: Sequence[Tensor] | None = Non
     vals = torch.stack(rows).tolist()
     losses = [v[0] for v in vals]
     f1s = [0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn) for _, tp, fp, fn in vals]
-    return max(losses), min(f1s)
+    if rule == "worst":
+        return max(losses), min(f1s)
+    return sum(losses) / len(losses), sum(f1s) / len(f1s)
 
 
 class Draws:

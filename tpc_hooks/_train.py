@@ -100,8 +100,8 @@ class TrainData:
 class TrainPlan:
     """How to train: the monitor's settings (its ``site`` is replaced by the chosen one when
     several sites are offered; its threshold is set by calibration), the fit settings, the
-    recipe's name, phrasing families and intent-flip kinds (selection by the worst validation
-    group when there are any), the cascade's ``tau`` (None: no cascade) and the benign validation share the threshold
+    recipe's name, phrasing families and intent-flip kinds (selection over the validation
+    groups when there are any: ``FitConfig.group_rule``), the cascade's ``tau`` (None: no cascade) and the benign validation share the threshold
     may flag (None: keep the config's), and whether the head keeps only the orders that earn their
     terms at that operating point on validation (``prune``)."""
 
@@ -362,8 +362,9 @@ def train_monitor(
     training prompts (past or future tense, fictional framing, third person, paraphrase, casing
     noise: ``tpc_hooks.data.PHRASING_FAMILIES``). Each training prompt gains one rewritten copy
     (same label), each validation prompt is rewritten by every family, and every degree >= 2 is
-    selected for the *worst* validation group (the plain prompts and each family:
-    ``fit(val_groups=...)``), with a small consistency penalty on the rewritten training prompts
+    selected over the validation groups (the plain prompts and each family:
+    ``fit(val_groups=...)``; each group weighs the same and no group's loss may rise
+    significantly: ``FitConfig.group_rule``), with a small consistency penalty on the rewritten training prompts
     (``FitConfig.consistency``, 0.03: each degree >= 2 is pulled to add little there). On the repository's benchmark (``benchmarks/bench_phrasing.py``)
     this is what keeps the higher orders at least as strong as the linear probe on a phrasing
     family never trained on; ``augment=False`` trains on the prompts as given. The rewrites are
@@ -419,14 +420,14 @@ def train_monitor(
             benign-labelled counterpart on the same topic that asks no operational question ("What
             laws make it a crime to ...?"; :func:`tpc_hooks.data.intent_flips`), and the harmful
             validation prompts with every kind's flip of them form the validation group
-            ``"intent"``, so selection by worst group sees the hard negatives (and the pruning of
+            ``"intent"``, so grouped selection sees the hard negatives (and the pruning of
             orders counts them). ``"homonym"`` trains the orders above 1 (order 1 is fitted without
             them) on the library's training homonyms ("How do I kill a Python process?", benign)
             and each harmful training task asked the same way ("How do I make a bomb?", harmful),
             and validates on the homonyms of other verbs (benign, group ``"intent"``):
             :func:`tpc_hooks.data.homonym_examples`.
             Default: every kind and the homonyms with ``recipe="default"``, none otherwise.
-        recipe: ``"default"`` (rewrites + worst-family selection), ``"in_distribution"`` (no
+        recipe: ``"default"`` (rewrites + grouped selection), ``"in_distribution"`` (no
             rewrites, pooled selection) or ``"paper"`` (the paper's recipe).
         target_fpr: the share of the benign validation prompts (as given) the threshold may flag;
             None keeps 0.5.
