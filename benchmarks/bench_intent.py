@@ -62,6 +62,7 @@ CONSISTENCY = 0.03  # train_monitor's
 SHIPPED = "SHIPPED: train_monitor's default (flips, homonyms from order 2, orders pruned)"
 NO_HOMONYMS = "SHIPPED without homonyms (intent flips only)"
 EVERY_ORDER = "SHIPPED, its homonym rows in every order (order 1 too)"
+WORST_GROUP = "SHIPPED, selected by the worst group (group_rule='worst')"
 USER_HARD = ("homonym", "overrefusal")  # hard negatives a user may have among their own prompts
 N_CALIBRATION = 2000  # more benign prompts (ShareGPT first turns outside the benchmark) for `Monitor.calibrate`
 RECALIBRATED = f"SHIPPED, then calibrate() on {N_CALIBRATION} more benign prompts"
@@ -240,8 +241,9 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     out["linear probe"] = lambda: (probe(Xg, yg, Xv, yv, seed), Xv[yv == 0])
 
     def default():
+        # the phrasing recipe with no intent data, selected by the worst group: the reference "before"
         head = tpc.fit(np.concatenate([Xg, Xa]), np.concatenate([yg, ya]), val_X, val_y, degree=5, rank=64, seed=seed,
-                       val_groups=val_g, X_unlabelled=Xa, consistency=CONSISTENCY, verbose=False)
+                       val_groups=val_g, X_unlabelled=Xa, consistency=CONSISTENCY, group_rule="worst", verbose=False)
         return tpc_scores(head), val_X[val_y == 0]
     out["default"] = default
 
@@ -268,11 +270,12 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     out["flips, pooled selection"] = with_flips(1, groups=False, consistency=False)
 
     def shipped(extra: tuple[np.ndarray, np.ndarray] | None = None,
-                homonyms: tuple[np.ndarray, np.ndarray] | None = r.homonym_rows, main: bool = False):
+                homonyms: tuple[np.ndarray, np.ndarray] | None = r.homonym_rows, main: bool = False,
+                rule: str = "balanced"):
         """train_monitor's default on these rows: the recipe itself (tpc_hooks._train.train), with
-        its rewrites, flips, homonym rows (``homonyms``: the orders above 1 only), worst-group
+        its rewrites, flips, homonym rows (``homonyms``: the orders above 1 only), grouped
         selection, pruning of orders and operating point; ``extra`` rows (X, y) join the flips
-        (every order trains on them: the homonym variants)."""
+        (every order trains on them: the homonym variants); ``rule``: ``FitConfig.group_rule``."""
         Xe, ye = (Xf, yf) if extra is None else (np.concatenate([Xf, extra[0]]), np.concatenate([yf, extra[1]]))
         Hv = r.homonym_val[:0] if homonyms is None else r.homonym_val  # validation homonyms: benign, group intent
         vX, vy = np.concatenate([val_X, Xi, Hv]), np.concatenate([val_y, yi, np.zeros(len(Hv), int)])
@@ -281,7 +284,7 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
         data = {site(r.layer): TrainData(train=Examples(t(Xg), yg), rewrites=Examples(t(Xa), ya), val=Examples(t(vX), vy, vg),
                                   flips=Examples(t(Xe), ye),
                                   homonyms=None if homonyms is None else Examples(t(homonyms[0]), homonyms[1]))}
-        plan = TrainPlan(MonitorConfig(site(r.layer)), fit_config("default", PHRASING_FAMILIES, None, {"seed": seed}),
+        plan = TrainPlan(MonitorConfig(site(r.layer)), fit_config("default", PHRASING_FAMILIES, None, {"seed": seed, "group_rule": rule}),
                          families=PHRASING_FAMILIES, intent=INTENT_KINDS + (("homonym",) if extra is not None or homonyms is not None else ()),
                          prune=True)
         mon = train(data, plan, verbose=False)
@@ -292,6 +295,7 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     shipped_head: list = []
     out[SHIPPED] = lambda: shipped(main=True)
     out[EVERY_ORDER] = lambda: shipped(r.homonym_rows, None)
+    out[WORST_GROUP] = lambda: shipped(rule="worst")
     out[NO_HOMONYMS] = lambda: shipped(homonyms=None)
     # the shipped head with its threshold set on other benign rows (Monitor.calibrate_activations)
     every = np.concatenate([val_X, Xi])
