@@ -158,7 +158,7 @@ def test_train_monitor_without_rewrites_is_fit_on_the_plain_split(lm):
     for (_, a), (_, b) in zip(mon.head.state_dict().items(), head.state_dict().items()):
         assert torch.equal(a, b)
     assert mon.report["augment"] == {"families": [], "n_train_rewrites": 0, "n_val_rewrites": 0, "intent": [],
-                                     "n_train_flips": 0, "n_train_homonyms": 0, "n_val_flips": 0}
+                                     "n_train_flips": 0, "n_train_homonyms": 0, "n_val_hard_negatives": 0}
 
 
 def test_train_monitor_rewrites_training_and_validation_prompts(lm):
@@ -263,7 +263,7 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     # the homonyms are one of intent's names: alone, or left out
     kw = dict(augment=False, degree=1, rank=2, epochs=1, val_fraction=0.25, verbose=False)
     only = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("homonym",), **kw).report["augment"]
-    assert (only["n_train_flips"], only["n_train_homonyms"], only["n_val_flips"]) == (0, len(homs), len(val_homs))
+    assert (only["n_train_flips"], only["n_train_homonyms"], only["n_val_hard_negatives"]) == (0, len(homs), len(val_homs))
     law = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law",), **kw).report["augment"]
     assert (law["n_train_flips"], law["n_train_homonyms"], law["intent"]) == (len(flips), 0, ["law"])
     with pytest.raises(TPCHooksError, match="kinds must be True, False or names"):

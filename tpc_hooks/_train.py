@@ -212,7 +212,8 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
         "n_val_rewrites": 0 if d.val is None else int(((d.val.groups != PLAIN) & (d.val.groups != INTENT)).sum()),
         "intent": list(plan.intent), "n_train_flips": 0 if d.flips is None else len(d.flips),
         "n_train_homonyms": 0 if d.homonyms is None else len(d.homonyms),
-        "n_val_flips": 0 if d.val is None else int(((d.val.groups == INTENT) & (d.val.y == 0)).sum())},
+        # the benign rows of the validation group INTENT: the flips and any validation homonyms
+        "n_val_hard_negatives": 0 if d.val is None else int(((d.val.groups == INTENT) & (d.val.y == 0)).sum())},
         "recipe": plan.recipe})
     if tokens:
         report["n_train_tokens"] = int(len(y_tr))
