@@ -63,6 +63,7 @@ SHIPPED = "SHIPPED: train_monitor's default (flips, homonyms from order 2, order
 NO_HOMONYMS = "SHIPPED without homonyms (intent flips only)"
 EVERY_ORDER = "SHIPPED, its homonym rows in every order (order 1 too)"
 WORST_GROUP = "SHIPPED, selected by the worst group (group_rule='worst')"
+BENIGN_HOMONYMS = "SHIPPED, benign homonym rows only (no harmful acts) for the orders above 1"
 USER_HARD = ("homonym", "overrefusal")  # hard negatives a user may have among their own prompts
 N_CALIBRATION = 2000  # more benign prompts (ShareGPT first turns outside the benchmark) for `Monitor.calibrate`
 RECALIBRATED = f"SHIPPED, then calibrate() on {N_CALIBRATION} more benign prompts"
@@ -296,6 +297,8 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     out[SHIPPED] = lambda: shipped(main=True)
     out[EVERY_ORDER] = lambda: shipped(r.homonym_rows, None)
     out[WORST_GROUP] = lambda: shipped(rule="worst")
+    benign_rows = r.homonym_rows[1] == 0
+    out[BENIGN_HOMONYMS] = lambda: shipped(homonyms=(r.homonym_rows[0][benign_rows], r.homonym_rows[1][benign_rows]))
     out[NO_HOMONYMS] = lambda: shipped(homonyms=None)
     # the shipped head with its threshold set on other benign rows (Monitor.calibrate_activations)
     every = np.concatenate([val_X, Xi])
