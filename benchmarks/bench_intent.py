@@ -21,7 +21,9 @@ shipped head under other thresholds (every benign validation row, the rewrites t
 benign prompts), without the homonyms ``train_monitor`` trains on (the library's training
 verbs' homonyms and each harmful training task asked the same way, for the orders above 1, and
 the validation verbs' homonyms in the group ``intent``: :func:`tpc_hooks.data.homonym_examples`),
-with the training rows in every order, and with other homonym rows; ``homonym, unseen verbs``:
+with the training rows in every order, with the benign homonym rows only (no harmful acts), and
+with other homonym rows; the shipped default selected by the worst validation group
+(``group_rule="worst"``; the ``default`` reference always is); ``homonym, unseen verbs``:
 the test homonyms of the library's test verbs, which nothing trains or validates on (``--heldout-kind homonym`` keeps
 the benchmark's own homonyms out of training too). ``fpr sharegpt``: 2,000 ShareGPT first turns outside the
 benchmark, a tighter ordinary flag rate than the test split's.
