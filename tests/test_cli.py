@@ -99,10 +99,9 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
     assert aug == [1] * 6 + [0] * 6  # every training prompt gains one rewrite with its label
     flips = json.loads((acts / "flips" / "labels.json").read_text())
     assert flips == [0] * 6  # every harmful training prompt gains one benign intent flip
-    # the homonym rows: the library's training verbs in four templates, then the harmful tasks asked that way
+    # the homonym rows: the library's training verbs in four templates, benign
     homonyms = json.loads((acts / "homonyms" / "labels.json").read_text())
-    assert homonyms[:4 * len(homonym_pairs("train"))] == [0] * (4 * len(homonym_pairs("train")))
-    assert set(homonyms[4 * len(homonym_pairs("train")):]) == {1}
+    assert homonyms == [0] * (4 * len(homonym_pairs("train")))
     assert main(["train", "--acts", str(acts), "--out", str(mon), "--site", "auto", "--degree", "2", "--rank", "2",
                  "--epochs", "2", "--no-progress"]) == 0
     out = capsys.readouterr().out

@@ -207,8 +207,7 @@ def test_the_consistency_penalty_reads_exactly_the_training_rewrites(lm, monkeyp
 
 def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_prompts(lm, monkeypatch):
     """The default adds one flip per harmful training prompt (label 0, outside the consistency rows),
-    the homonym rows (the library's training verbs, benign; each harmful task asked the same way,
-    harmful) for the orders above 1 only (order 1 is fitted without them, then extended), and a
+    the homonym rows (the library's training verbs, benign) for the orders above 1 only (order 1 is fitted without them, then extended), and a
     validation group "intent": every harmful validation prompt, then every kind's flip of them,
     then the validation homonyms (other verbs); the threshold is set on the benign validation prompts as given (not rewrites, not flips),
     flagging at most 1% of them."""
@@ -246,7 +245,7 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     assert list(y_1) == list(y[tr]) + aug.labels + [0] * len(flips)
     assert kw_1.get("init") is None
     assert torch.allclose(torch.as_tensor(X_tr), torch.as_tensor(collect(want_tr + homs.texts)), atol=1e-5)
-    assert list(y_tr) == list(y_1) + homs.labels and set(homs.labels) == {0, 1}
+    assert list(y_tr) == list(y_1) + homs.labels and set(homs.labels) == {0}
     z = torch.as_tensor(X_va, dtype=torch.float32)
     assert kw["init"].degree == 1 and torch.equal(mon.head.cpu()(z, order=1), kw["init"].cpu()(z, order=1))
     assert torch.allclose(torch.as_tensor(X_va), torch.as_tensor(collect(want_va)), atol=1e-5)
@@ -294,9 +293,9 @@ def test_contrast_pairs_each_harmful_training_prompt_with_its_own_flip(lm, monke
     X_tr, y_tr, pairs = seen[-1]
     tr, _ = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
     flips = intent_flips([prompts[i] for i in tr], y[tr], seed=0)
-    # the homonym rows after the flips (harmful acts among them) pair with nothing
+    # the homonym rows after the flips pair with nothing
     assert pairs.shape == (len(flips), 2) and (np.asarray(y_tr)[pairs[:, 0]] == 1).all()
-    assert (np.asarray(y_tr)[pairs[:, 1]] == 0).all() and 1 in np.asarray(y_tr)[pairs[:, 1].max() + 1:]
+    assert (np.asarray(y_tr)[pairs[:, 1]] == 0).all() and pairs[:, 1].max() + 1 < len(y_tr)
     collect = lambda texts: torch.as_tensor(tpc.collect(lm, texts, SITES[1], chat_template=True, progress=False)[SITES[1]])
     X_tr = torch.as_tensor(X_tr)
     assert torch.allclose(X_tr[pairs[:, 0]], collect([prompts[tr[int(i)]] for i in flips.sources]), atol=1e-5)

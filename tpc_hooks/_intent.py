@@ -263,14 +263,12 @@ def homonyms(pairs: list[Homonym], rng: random.Random) -> list[str]:
 
 
 def homonym_examples(texts: list[str], labels: list[int], rng: random.Random,
-                     verbs: str = "train") -> list[tuple[int, int, str]]:
+                     verbs: str = "train", acts: bool = False) -> list[tuple[int, int, str]]:
     """The homonym rows ``train_monitor`` trains on, ``(label, index, text)``: every homonym of
-    ``verbs`` in every template (label 0, index -1), then each harmful task's act asked in one
-    homonym template drawn from ``rng`` (label 1, the index of its prompt), so that the question
-    form alone does not read as benign."""
+    ``verbs`` in every template (label 0, index -1); with ``acts``, then each harmful task's act
+    asked in one homonym template drawn from ``rng`` (label 1, the index of its prompt)."""
     benign = [(0, -1, t.format(verb=p.verb, obj=p.obj)) for p in homonym_pairs(verbs) for t in _HOMONYM_TEMPLATES]
-    acts = []
-    for i, (t, y) in enumerate(zip(texts, labels)):
-        if y == 1 and (vp := task_act(t)):
-            acts.append((1, i, rng.choice(_HOMONYM_TEMPLATES).replace("{verb} {obj}", vp)))
-    return benign + acts
+    if not acts:
+        return benign
+    return benign + [(1, i, rng.choice(_HOMONYM_TEMPLATES).replace("{verb} {obj}", vp))
+                     for i, (t, y) in enumerate(zip(texts, labels)) if y == 1 and (vp := task_act(t))]

@@ -424,7 +424,6 @@ def train_monitor(
             ``"intent"``, so grouped selection sees the hard negatives (and the pruning of
             orders counts them). ``"homonym"`` trains the orders above 1 (order 1 is fitted without
             them) on the library's training homonyms ("How do I kill a Python process?", benign)
-            and each harmful training task asked the same way ("How do I make a bomb?", harmful),
             and validates on the homonyms of other verbs (benign, group ``"intent"``):
             :func:`tpc_hooks.data.homonym_examples`.
             Default: every kind and the homonyms with ``recipe="default"``, none otherwise.

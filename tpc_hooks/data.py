@@ -378,26 +378,27 @@ def intent_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, kin
 
 
 def homonym_examples(prompts: Sequence[str] = (), labels: Sequence[int] | np.ndarray = (), *, seed: int = 0,
-                     verbs: str = "train") -> PromptSet:
+                     verbs: str = "train", acts: bool = False) -> PromptSet:
     """The homonym rows ``train_monitor`` trains on: XSTest-style requests whose violent verb has a
     harmless object ("How do I kill a Python process?"), every pair of the library's ``verbs``
     (``"train"``; ``"val"`` and ``"test"`` are kept for validation and evaluation:
-    ``tpc_hooks._intent.homonym_pairs``) in every template (label 0, category ``"homonym"``), then
-    each harmful task's act asked the same way ("How do I make a bomb?", label 1, category
-    ``"homonym-act"``, ``sources`` the index of its prompt), so that the question form alone does
-    not read as benign.
+    ``tpc_hooks._intent.homonym_pairs``) in every template (label 0, category ``"homonym"``).
+    With ``acts=True``, then each harmful task of ``prompts`` asked the same way ("How do I make a
+    bomb?", label 1, category ``"homonym-act"``, ``sources`` the index of its prompt): measured
+    and not the default (``benchmarks/bench_intent.py``: with the harmful acts, benign
+    prevention questions are flagged more at every layer, and recall is lower at layer 20).
 
     Example:
-        >>> rows = homonym_examples(["How do I bake bread?", "Explain how to pick a lock"], [0, 1])
+        >>> rows = homonym_examples(["How do I bake bread?", "Explain how to pick a lock"], [0, 1], acts=True)
         >>> rows.labels.count(1), rows.sources[-1], rows.categories[-1]
         (1, '1', 'homonym-act')
-        >>> set(homonym_examples(verbs="val").labels)  # no prompts: the homonyms alone
+        >>> set(homonym_examples(verbs="val").labels)  # the homonyms alone: benign
         {0}
     """
     texts, ys = list(prompts), [int(v) for v in labels]
     if len(texts) != len(ys):
         raise TPCHooksError(f"homonym_examples needs one label per prompt; got {len(texts)} prompts and {len(ys)} labels")
-    rows = _intent.homonym_examples(texts, ys, random.Random(f"tpc-hooks-homonym-acts-{seed}"), verbs)
+    rows = _intent.homonym_examples(texts, ys, random.Random(f"tpc-hooks-homonym-acts-{seed}"), verbs, acts)
     return PromptSet([t for _, _, t in rows], [y for y, _, _ in rows], ["" if i < 0 else str(i) for _, i, _ in rows],
                      [_intent.HOMONYM if y == 0 else _intent.HOMONYM_ACT for y, _, _ in rows], [False] * len(rows))
 
