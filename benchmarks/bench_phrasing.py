@@ -12,9 +12,11 @@ Per family and method and order: F1 at logit 0, recall, FPR, AUROC, and recall a
 the threshold set on the benign validation rows (:func:`tpc_hooks.metrics.recall_at_fpr`).
 Methods: the linear probe, parameter-matched MLPs, the early-exit MLP, the TPC paper recipe and
 the TPC's robust settings, each trained on the plain training split and again with one phrasing
-rewrite per training request (``aug``); the default (``aug`` + worst-family selection + a
-consistency penalty of 0.03 on the training rewrites, what ``train_monitor`` does) and the same
-without the penalty; disagreement escalation at a fixed FPR; the default's cascade, uncentred
+rewrite per training request (``aug``); the default (``aug`` + grouped selection with every
+validation family weighing the same, ``FitConfig.group_rule="balanced"``, + a consistency penalty
+of 0.03 on the training rewrites: what ``train_monitor`` does, without its intent flips and
+homonyms), the same selected by the worst family (``group_rule="worst"``), and that without
+the penalty; disagreement escalation at a fixed FPR; the default's cascade, uncentred
 and centred on the 1%-FPR threshold (what ``train_monitor(tau=...)`` builds). The
 default's site is chosen among layers 10, 15, 20 by :func:`tpc_hooks.choose_site`.
 Run: ``python benchmarks/bench_phrasing.py [--seeds 5] [--layers 15 20]`` (about 16 min on 2
@@ -43,8 +45,9 @@ from _results import add_results_argument, recording, results_path
 
 LAYERS = (10, 15, 20)
 FPR = 0.01
-DEFAULT = "DEFAULT (aug + worst-family + consistency)"
-WORST = "aug + worst-family"  # the default before the consistency penalty
+DEFAULT = "DEFAULT (aug + balanced groups + consistency)"
+WORST_DEFAULT = "aug + worst-family + consistency"  # the default before group_rule="balanced"
+WORST = "aug + worst-family"  # ... and before the consistency penalty
 CONSISTENCY = 0.03  # train_monitor's consistency weight on the training rewrites
 CASCADES = {"tau=0.1": {"tau": 0.1}, "lower=0.1 upper=0.99": {"lower": 0.1, "upper": 0.99},
             "tau=0.1 centred": {"tau": 0.1}}  # centred: exits around the 1%-FPR threshold, as train_monitor sets it
@@ -156,7 +159,9 @@ def run(args: argparse.Namespace, X_all: dict, y: dict) -> int:
                     name = method if regime == "plain" else f"{method} aug" + (" pooled" if method == "tpc" else "")
                     scores.setdefault(name, {})[order] = {sp: per_split[sp][(method, order)] for sp in splits}
             Xtr, ytr, Xva, yva = reg["aug"]
-            for name, extra_fit in ((WORST, {}), (DEFAULT, {"X_unlabelled": X["aug"], "consistency": CONSISTENCY})):
+            consistency = {"X_unlabelled": X["aug"], "consistency": CONSISTENCY}
+            for name, extra_fit in ((WORST, {"group_rule": "worst"}), (WORST_DEFAULT, consistency | {"group_rule": "worst"}),
+                                    (DEFAULT, consistency)):
                 head = tpc.fit(Xtr, ytr, Xva, yva, degree=5, rank=args.rank, seed=seed, val_groups=g_va, verbose=False,
                                **extra_fit)
                 with torch.no_grad():
@@ -209,8 +214,9 @@ def report(args: argparse.Namespace, res: dict, extra: dict, chosen: int, table:
           f"{args.heldout_family} (never trained on, never used to select). Thresholds for 1% FPR from the benign "
           "validation rows (val and its trained-family rewrites), the same for every method (`plain`: from the plain benign validation rows only). Figures in %, "
           "mean ± std over seeds. `aug`: trained on train + one rewrite per training request, validated on val + "
-          "its rewrites; DEFAULT: what `train_monitor` now does (aug + degrees selected for the worst validation "
-          "family + consistency 0.03 on the training rewrites).\n")
+          "its rewrites; DEFAULT: what `train_monitor` now does without its intent flips and homonyms (aug + "
+          "degrees selected over the validation families, each weighing the same + consistency 0.03 on the "
+          "training rewrites).\n")
     print("## The default's site choice (linear probe, worst validation group)\n")
     print("| layer | worst-group recall at 1% FPR | worst-group AUROC | worst-group F1 |\n|---|---|---|---|")
     for r in table:
