@@ -125,7 +125,7 @@ def texts_to_collect(sets: dict, seed: int) -> dict:
     texts = [t.format(verb=p.verb, obj=p.obj) for p in pairs for t in _HOMONYM_TEMPLATES]
     out["homonyms-trained"] = PromptSet(texts, [0] * len(texts), ["homonym"] * len(texts), ["homonym"] * len(texts),
                                         [False] * len(texts))
-    # the training split's harmful acts in every homonym template (label 1; the default asks each in one)
+    # the training split's harmful acts in every homonym template (label 1; homonym_examples(acts=True) asks each in one)
     acts = [a for t, y, adv in zip(sets["train"].texts, sets["train"].labels, sets["train"].adversarial)
             if y == 1 and not adv and (parsed := parse(t)) is not None and (a := act(parsed))]
     texts = [t.replace("{verb} {obj}", a) for a in acts for t in _HOMONYM_TEMPLATES]
@@ -318,6 +318,8 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     shipped_head: list = []
     out[SHIPPED] = lambda: shipped(main=True)
     join = lambda *parts: (np.concatenate([X for X, _ in parts]), np.concatenate([y for _, y in parts]))
+    # the shipped benign rows plus the acts (not homonym-acts whole: its benign rows are another
+    # collection, float rounding apart), so that the methods differ only by the rows they add
     with_acts = join(r.homonym_rows, r.acts)
     out[WITH_ACTS] = lambda: shipped(homonyms=with_acts)
     out[GUARDS] = lambda: shipped(homonyms=join(with_acts, (r.guards, np.zeros(len(r.guards), int))))

@@ -296,6 +296,7 @@ def test_contrast_pairs_each_harmful_training_prompt_with_its_own_flip(lm, monke
     # the homonym rows after the flips pair with nothing
     assert pairs.shape == (len(flips), 2) and (np.asarray(y_tr)[pairs[:, 0]] == 1).all()
     assert (np.asarray(y_tr)[pairs[:, 1]] == 0).all() and pairs[:, 1].max() + 1 < len(y_tr)
+    assert not np.asarray(y_tr)[pairs[:, 1].max() + 1:].any()  # benign homonyms
     collect = lambda texts: torch.as_tensor(tpc.collect(lm, texts, SITES[1], chat_template=True, progress=False)[SITES[1]])
     X_tr = torch.as_tensor(X_tr)
     assert torch.allclose(X_tr[pairs[:, 0]], collect([prompts[tr[int(i)]] for i in flips.sources]), atol=1e-5)
