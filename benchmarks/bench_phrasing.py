@@ -46,8 +46,8 @@ from _results import add_results_argument, recording, results_path
 LAYERS = (10, 15, 20)
 FPR = 0.01
 DEFAULT = "DEFAULT (aug + balanced groups + consistency)"
-WORST_DEFAULT = "aug + worst-family + consistency"  # the default before group_rule="balanced"
-WORST = "aug + worst-family"  # ... and before the consistency penalty
+WORST_DEFAULT = "aug + worst-family + consistency"  # the default selected by group_rule="worst"
+WORST = "aug + worst-family"  # ... without the consistency penalty
 CONSISTENCY = 0.03  # train_monitor's consistency weight on the training rewrites
 CASCADES = {"tau=0.1": {"tau": 0.1}, "lower=0.1 upper=0.99": {"lower": 0.1, "upper": 0.99},
             "tau=0.1 centred": {"tau": 0.1}}  # centred: exits around the 1%-FPR threshold, as train_monitor sets it

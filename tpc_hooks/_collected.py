@@ -205,8 +205,8 @@ def rewrite_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
 
 
 def flip_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
-    """``"flips"`` (one intent flip per harmful training prompt, label 0), ``"homonyms"`` (the rows
-    :func:`tpc_hooks.data.homonym_examples` builds from the training split) and ``"val-intent"``
+    """``"flips"`` (one intent flip per harmful training prompt, label 0), ``"homonyms"`` (the training
+    verbs' homonyms, :func:`tpc_hooks.data.homonym_examples`) and ``"val-intent"``
     (every harmful validation prompt, then every kind's flip of them, then the validation
     homonyms), as ``train_monitor`` builds them; none for a set without train/val splits."""
     if "train" not in sets or "val" not in sets:
@@ -217,4 +217,4 @@ def flip_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
     train = sets["train"]
     return {"flips": intent_flips(train.texts, train.labels, seed=seed),
             "val-intent": harmful + flips + homonym_examples(verbs="val"),
-            "homonyms": homonym_examples(train.texts, train.labels, seed=seed)}
+            "homonyms": homonym_examples()}

@@ -516,7 +516,7 @@ def train_monitor(
     else:
         aug = views = none
     flips = intent_flips([items[i] for i in tr], y[tr], flip_kinds, seed=cfg.seed) if flip_kinds else none
-    homs = homonym_examples([items[i] for i in tr], y[tr], seed=cfg.seed) if _intent.HOMONYM in kinds else none
+    homs = homonym_examples() if _intent.HOMONYM in kinds else none  # the training verbs' homonyms, benign
     val_homs = homonym_examples(verbs="val") if _intent.HOMONYM in kinds else none  # benign, in the group INTENT
     val_flips = intent_flips([items[i] for i in va], y[va], flip_kinds, every_kind=True, seed=cfg.seed) \
         if flip_kinds else none
