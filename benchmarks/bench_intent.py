@@ -13,7 +13,7 @@ collected once, resumably, into ``--cache`` at layers 10, 15 and 20, with the ph
 
 Per method and order, on test: recall on harmful requests at the deployed threshold (the
 method's own: 1% of its benign validation rows) and the flag rate on ordinary benign and on each
-hard-negative kind there; recall at 1% FPR on ordinary benign (threshold from the ordinary
+hard-negative kind (and each intent-flip kind's test wordings) there; recall at 1% FPR on ordinary benign (threshold from the ordinary
 benign validation rows); recall at 5% FPR on the hard negatives (threshold from the test hard
 negatives: an ROC point). Methods: a plain linear probe (scikit-learn, the paper's C sweep),
 the shipped default (``train_monitor``'s recipe on these rows), and the intent recipes; the
@@ -51,7 +51,7 @@ import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks._monitor_config import MonitorConfig
 from tpc_hooks._train import INTENT, Examples, TrainData, TrainPlan, fit_config, train
-from tpc_hooks._intent import _HOMONYM_TEMPLATES, act, homonym_pairs, task_act
+from tpc_hooks._intent import _HOMONYM_TEMPLATES, _TEMPLATES, N_TEST_TEMPLATES, act, homonym_pairs, task_act
 from tpc_hooks._languages import LANGUAGES, translated_requests
 from tpc_hooks._phrasing import parse
 from tpc_hooks._sources import norm, sharegpt
@@ -211,7 +211,20 @@ class Rows:
         unseen = {p.verb for p in homonym_pairs("test")}
         self.unseen_homonym = np.asarray([c == "homonym" and homonym_verb(t) in unseen
                                           for t, c in zip(sets["test/hard"].texts, sets["test/hard"].categories)])
+        self.wording = flip_wordings(sets["test/hard"])
         self.layer, self.kept = layer, []
+
+
+def flip_wordings(ps) -> np.ndarray:
+    """For each row of ``ps``, the index of its intent-flip kind's template among the kind's
+    test wordings (the last ``N_TEST_TEMPLATES``), or -1 (not a flip, or a trained wording)."""
+    out = np.full(len(ps), -1)
+    for i, (t, kind) in enumerate(zip(ps.texts, ps.categories)):
+        for j, tpl in enumerate(_TEMPLATES.get(kind, ())[-N_TEST_TEMPLATES:]):
+            head, tail = tpl.split("{vp}")
+            if t.startswith(head) and t.endswith(tail):
+                out[i] = j
+    return out
 
 
 def flip_bases(sets: dict, flip: np.ndarray) -> np.ndarray:
@@ -409,6 +422,10 @@ def measure(scores: dict, calib: np.ndarray, r: Rows, ordinary_ref: np.ndarray) 
                 row[f"{lang} recall"] = float(sl[(gl == lang) & (yl == 1)].mean())
                 row[f"{lang} benign"] = float(sl[(gl == lang) & (yl == 0)].mean())
         row["flips"] = float(flagged_h[np.isin(kh, INTENT_KINDS)].mean())
+        for kind in INTENT_KINDS:
+            for j in range(N_TEST_TEMPLATES):
+                at = (kh == kind) & (r.wording == j)
+                row[f"{kind} wording {j + 1}"] = float(flagged_h[at].mean()) if at.any() else float("nan")
         row["homonym, unseen verbs"] = float(flagged_h[r.unseen_homonym].mean()) if r.unseen_homonym.any() else float("nan")
         t1 = threshold_at_fpr(plain[k], FPR)
         row["r@1% ordinary"] = float((test[k][yt == 1] > t1).mean())
@@ -473,6 +490,13 @@ def run(args: argparse.Namespace, X: dict, sets: dict) -> int:
         for (name, k), rows in ordered(res):
             print(f"| {name} | {k} | " + " | ".join(f"{100 * np.nanmean([row[c] for row in rows]):.1f}"
                                                   for c in kinds) + " |")
+        print(f"\nFlag rate (%) per test wording of each intent-flip kind (its last {N_TEST_TEMPLATES} templates, "
+              "never trained on: wording 1 / wording 2; `tpc_hooks._intent`), at the deployed threshold:\n")
+        print("| method | order | " + " | ".join(kinds) + " |\n|---|---:|" + "---:|" * len(kinds))
+        for (name, k), rows in ordered(res):
+            print(f"| {name} | {k} | " + " | ".join(" / ".join(
+                f"{100 * np.nanmean([row[f'{c} wording {j + 1}'] for row in rows]):.1f}" for j in range(N_TEST_TEMPLATES))
+                for c in kinds) + " |")
         if r.kept:
             print(f"\n{SHIPPED}: the order kept per training seed, and why (validation, each order at 1% of the "
                   "benign validation rows; `gained`/`lost`: harmful rows it flags that the order kept before it "
