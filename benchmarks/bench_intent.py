@@ -13,8 +13,8 @@ collected once, resumably, into ``--cache`` at layers 10, 15 and 20, with the ph
 
 Per method and order, on test: recall on harmful requests at the deployed threshold (the
 method's own: 1% of its benign validation rows) and the flag rate on ordinary benign and on each
-hard-negative kind (and each intent-flip kind's test wordings) there; recall at 1% FPR on ordinary benign (threshold from the ordinary
-benign validation rows); recall at 5% FPR on the hard negatives (threshold from the test hard
+hard-negative kind (and each intent-flip kind's test wordings) there; recall at 1% FPR on
+ordinary benign (threshold from the ordinary benign validation rows); recall at 5% FPR on the hard negatives (threshold from the test hard
 negatives: an ROC point). Methods: a plain linear probe (scikit-learn, the paper's C sweep),
 the shipped default (``train_monitor``'s recipe on these rows), and the intent recipes; the
 shipped head under other thresholds (every benign validation row, the rewrites too, 2,000 more
