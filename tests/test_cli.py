@@ -80,7 +80,7 @@ def test_demo_on_a_local_dataset(tmp_path):
 @pytest.mark.slow
 def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, monkeypatch, capsys):
     from tpc_hooks import cli
-    from tpc_hooks.data import PromptSet
+    from tpc_hooks.data import PromptSet, stated_flips
 
     def two_splits(args):
         def ps(harmful, benign):
@@ -98,7 +98,8 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
     aug = json.loads((acts / "aug" / "labels.json").read_text())
     assert aug == [1] * 6 + [0] * 6  # every training prompt gains one rewrite with its label
     flips = json.loads((acts / "flips" / "labels.json").read_text())
-    assert flips == [0] * 6  # every harmful training prompt gains one benign intent flip
+    # every harmful training prompt gains one benign intent flip, then the stated-act rows (benign)
+    assert flips == [0] * (6 + len(stated_flips(HARMFUL[:6], [1] * 6))) and len(flips) > 6
     # the homonym rows: the library's training verbs in four templates, benign
     homonyms = json.loads((acts / "homonyms" / "labels.json").read_text())
     assert homonyms == [0] * (4 * len(homonym_pairs("train")))

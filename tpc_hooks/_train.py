@@ -30,7 +30,7 @@ from ._monitor_config import MonitorConfig
 from ._rows import token_rows
 from ._select import FPR, choose_site
 from .adapters import get_adapter, resolve_bos
-from .data import PromptSet, homonym_examples, intent_flips, rewrites
+from .data import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
 from .pooling import check_aggregate, check_pooling
 
 TRAIN_RECIPES = ("default", "in_distribution", "paper")
@@ -425,8 +425,12 @@ def train_monitor(
             orders counts them). ``"homonym"`` trains the orders above 1 (order 1 is fitted without
             them) on the library's training homonyms ("How do I kill a Python process?", benign)
             and validates on the homonyms of other verbs (benign, group ``"intent"``):
-            :func:`tpc_hooks.data.homonym_examples`.
-            Default: every kind and the homonyms with ``recipe="default"``, none otherwise.
+            :func:`tpc_hooks.data.homonym_examples`. ``"stated"`` adds, for a fifth of the harmful
+            training prompts, a benign row that states the act as someone else's plan, then asks
+            a benign question ("A student in my class said he wants to ... How should a teacher
+            respond?"; :func:`tpc_hooks.data.stated_flips`), trained in every order with the flips.
+            Default: every kind, the homonyms and the stated acts with ``recipe="default"``, none
+            otherwise.
         recipe: ``"default"`` (rewrites + grouped selection), ``"in_distribution"`` (no
             rewrites, pooled selection) or ``"paper"`` (the paper's recipe).
         target_fpr: the share of the benign validation prompts (as given) the threshold may flag;
@@ -473,8 +477,9 @@ def train_monitor(
     families = _phrasing.check_families(recipe != "in_distribution" if augment is None else augment)
     if recipe == "in_distribution" and intent not in (None, False):
         raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with intent")
-    kinds = _intent.check_kinds(recipe == "default" if intent is None else intent, _intent.KINDS + (_intent.HOMONYM,))
-    flip_kinds = tuple(k for k in kinds if k != _intent.HOMONYM)
+    kinds = _intent.check_kinds(recipe == "default" if intent is None else intent,
+                                _intent.KINDS + (_intent.HOMONYM, _intent.STATED))
+    flip_kinds = tuple(k for k in kinds if k in _intent.KINDS)
     adapter = get_adapter(model, tokenizer=tokenizer)
     for s in sites:
         adapter.site(s)
@@ -516,6 +521,8 @@ def train_monitor(
     else:
         aug = views = none
     flips = intent_flips([items[i] for i in tr], y[tr], flip_kinds, seed=cfg.seed) if flip_kinds else none
+    if _intent.STATED in kinds:  # the stated-act rows join the flips (every order trains on them)
+        flips = flips + stated_flips([items[i] for i in tr], y[tr], seed=cfg.seed)
     homs = homonym_examples() if _intent.HOMONYM in kinds else none  # the training verbs' homonyms, benign
     val_homs = homonym_examples(verbs="val") if _intent.HOMONYM in kinds else none  # benign, in the group INTENT
     val_flips = intent_flips([items[i] for i in va], y[va], flip_kinds, every_kind=True, seed=cfg.seed) \
@@ -553,8 +560,8 @@ def train_monitor(
     data = {s: TrainData(train=Examples(rows[s](idx["train"]), y[tr]),
                          rewrites=Examples(rows[s](idx["rewrites"]), y_all[idx["rewrites"]]) if families else None,
                          val=Examples(rows[s](at_val), y_all[at_val], groups), contexts=chats,
-                         flips=Examples(rows[s](idx["flips"]), y_all[idx["flips"]]) if flip_kinds else None,
-                         flip_of=np.asarray([int(i) for i in flips.sources], dtype=int) if flip_kinds else None,
+                         flips=Examples(rows[s](idx["flips"]), y_all[idx["flips"]]) if len(flips) else None,
+                         flip_of=np.asarray([int(i) for i in flips.sources], dtype=int) if len(flips) else None,
                          homonyms=Examples(rows[s](idx["homonyms"]), y_all[idx["homonyms"]]) if len(homs) else None)
             for s in sites}
     settings = MonitorConfig(sites[0], pooling=pooling, chat_template=chat_template, prepend_bos=bos,

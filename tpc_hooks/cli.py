@@ -311,7 +311,8 @@ def _train(args: argparse.Namespace) -> int:
                              max_tokens=cfg["max_tokens"], model_name=cfg["model"], **streaming)
     plan = TrainPlan(settings, fit_config(args.recipe, families, None, options), recipe=args.recipe,
                      families=tuple(families), tau=args.tau, target_fpr=args.target_fpr,
-                     intent=intent + (("homonym",) if homonyms else ()),
+                     # (the collected flips end with the stated-act rows: tpc_hooks.data.stated_flips)
+                     intent=intent + (("homonym",) if homonyms else ()) + (("stated",) if intent else ()),
                      prune=args.recipe != "paper" and not args.keep_all_orders)
     mon = train(data, plan, verbose=not args.no_progress)
     if site == "auto":

@@ -377,6 +377,29 @@ def intent_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, kin
                      [k for _, k, _ in rows], [False] * len(rows))
 
 
+def stated_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, *, seed: int = 0) -> PromptSet:
+    """Benign rows that state a harmful prompt's act as what someone else plans or did, then ask a
+    benign question about it ("A student in my class said he wants to make a bomb. How should a
+    teacher respond?"): the form the intent flips (:func:`intent_flips`, one question each) lack.
+    One row for a random fifth of the harmful prompts whose act can be read (tasks, not questions);
+    labelled 0, category ``"stated"``, ``sources`` the index of the prompt. ``train_monitor`` trains
+    every order on them beside the flips (``intent`` includes ``"stated"`` by default); measured in
+    ``benchmarks/bench_intent.py``.
+
+    Example:
+        >>> rows = stated_flips(["How do I bake bread?"] + ["Write a guide on how to pick a lock"] * 5, [0] + [1] * 5)
+        >>> len(rows), set(rows.labels), rows.categories[0], "pick a lock. " in rows.texts[0]
+        (1, {0}, 'stated', True)
+    """
+    texts, ys = list(prompts), [int(v) for v in labels]
+    if len(texts) != len(ys):
+        raise TPCHooksError(f"stated_flips needs one label per prompt; got {len(texts)} prompts and {len(ys)} labels")
+    harmful = [i for i, v in enumerate(ys) if v == 1]
+    rows = _intent.stated([texts[i] for i in harmful], random.Random(f"tpc-hooks-stated-{seed}"))
+    return PromptSet([t for _, t in rows], [0] * len(rows), [str(harmful[j]) for j, _ in rows],
+                     [_intent.STATED] * len(rows), [False] * len(rows))
+
+
 def homonym_examples(prompts: Sequence[str] = (), labels: Sequence[int] | np.ndarray = (), *, seed: int = 0,
                      verbs: str = "train", acts: bool = False) -> PromptSet:
     """The homonym rows ``train_monitor`` trains on: XSTest-style requests whose violent verb has a
