@@ -80,7 +80,7 @@ def test_demo_on_a_local_dataset(tmp_path):
 @pytest.mark.slow
 def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, monkeypatch, capsys):
     from tpc_hooks import cli
-    from tpc_hooks.data import PromptSet, stated_flips
+    from tpc_hooks.data import PromptSet
 
     def two_splits(args):
         def ps(harmful, benign):
@@ -98,8 +98,7 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
     aug = json.loads((acts / "aug" / "labels.json").read_text())
     assert aug == [1] * 6 + [0] * 6  # every training prompt gains one rewrite with its label
     flips = json.loads((acts / "flips" / "labels.json").read_text())
-    # every harmful training prompt gains one benign intent flip, then the stated-act rows (benign)
-    assert flips == [0] * (6 + len(stated_flips(HARMFUL[:6], [1] * 6))) and len(flips) > 6
+    assert flips == [0] * 6  # every harmful training prompt gains one benign intent flip
     # the homonym rows: the library's training verbs in four templates, benign
     homonyms = json.loads((acts / "homonyms" / "labels.json").read_text())
     assert homonyms == [0] * (4 * len(homonym_pairs("train")))
@@ -124,3 +123,27 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
     assert main(["collect", "--sites", sites[0], "--out", str(plain), "--no-augment", "--no-intent",
                  "--no-progress"]) == 0
     assert {p.name for p in plain.iterdir() if p.is_dir()} == {"train", "val"}
+
+
+def test_demo_hands_its_intent_kinds_to_the_deployed_monitor(monkeypatch, tmp_path, capsys):
+    from tpc_hooks import cli
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def fake(out, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(cli, "run_demo", fake)
+    with pytest.raises(Stop):
+        main(["demo", "--intent", "law", "stated", "--out", str(tmp_path / "a")])
+    assert seen["intent"] == ["law", "stated"]
+    with pytest.raises(Stop):
+        main(["demo", "--out", str(tmp_path / "b")])
+    assert seen["intent"] is None  # train_monitor's default
+    assert main(["demo", "--intent", "tense", "--out", str(tmp_path / "c")]) == 2  # before anything loads
+    assert "kinds must be True, False or names" in capsys.readouterr().err
+

@@ -232,12 +232,9 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     tr, va = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
     aug = rewrites([prompts[i] for i in tr], y[tr], ("tense",), seed=0)
     views = rewrites([prompts[i] for i in va], y[va], ("tense",), every_family=True, seed=0)
-    kinds = intent_flips([prompts[i] for i in tr], y[tr], seed=0)
+    flips = intent_flips([prompts[i] for i in tr], y[tr], seed=0)
     val_flips = intent_flips([prompts[i] for i in va], y[va], every_kind=True, seed=0)
-    assert len(kinds) == int(y[tr].sum()) and len(val_flips) == len(tpc.data.INTENT_KINDS) * int(y[va].sum())
-    stated = stated_flips([prompts[i] for i in tr], y[tr], seed=0)
-    flips = kinds + stated  # the stated-act rows after the kinds' flips
-    assert len(stated) >= 1 and set(stated.labels) == {0}
+    assert len(flips) == int(y[tr].sum()) and len(val_flips) == len(tpc.data.INTENT_KINDS) * int(y[va].sum())
     homs = homonym_examples([prompts[i] for i in tr], y[tr], seed=0)
     harmful_va = [i for i in va if y[i] == 1]
     val_homs = homonym_examples(verbs="val")
@@ -255,7 +252,7 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     groups = list(kw["val_groups"])
     assert groups == ["prompts"] * 4 + ["tense"] * len(views) + ["intent"] * (len(harmful_va) + len(val_flips) + len(val_homs))
     assert len(kw["X_unlabelled"]) == len(aug)  # the consistency rows: the rewrites only
-    assert mon.report["augment"]["intent"] == list(tpc.data.INTENT_KINDS) + ["homonym", "stated"]
+    assert mon.report["augment"]["intent"] == list(tpc.data.INTENT_KINDS) + ["homonym"]
     assert mon.report["augment"]["n_train_flips"] == len(flips)
     plain_benign = [prompts[i] for i in va if y[i] == 0]
     assert mon.report["operating_point"]["n_benign"] == len(plain_benign)
@@ -267,9 +264,11 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     only = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("homonym",), **kw).report["augment"]
     assert (only["n_train_flips"], only["n_train_homonyms"], only["n_val_hard_negatives"]) == (0, len(homs), len(val_homs))
     law = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law",), **kw).report["augment"]
-    assert (law["n_train_flips"], law["n_train_homonyms"], law["intent"]) == (len(kinds), 0, ["law"])
-    own = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("stated",), **kw).report["augment"]
-    assert (own["n_train_flips"], own["n_train_homonyms"]) == (len(stated), 0)
+    assert (law["n_train_flips"], law["n_train_homonyms"], law["intent"]) == (len(flips), 0, ["law"])
+    # the stated-act rows are opt-in: named, they join the flips (True and the default leave them out)
+    stated = stated_flips([prompts[i] for i in tr], y[tr], seed=0)
+    both = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law", "stated"), **kw).report["augment"]
+    assert len(stated) and (both["n_train_flips"], both["intent"]) == (len(flips) + len(stated), ["law", "stated"])
     with pytest.raises(TPCHooksError, match="kinds must be True, False or names"):
         tpc.train_monitor(lm, prompts, y, SITES[1], intent=("tense",), verbose=False)
     with pytest.raises(TPCHooksError, match="cannot be combined with intent"):
@@ -282,7 +281,7 @@ def test_contrast_pairs_each_harmful_training_prompt_with_its_own_flip(lm, monke
     from sklearn.model_selection import train_test_split
 
     from tpc_hooks import _train
-    from tpc_hooks.data import intent_flips, stated_flips
+    from tpc_hooks.data import intent_flips
 
     seen = []
     real = _train.fit
@@ -297,8 +296,7 @@ def test_contrast_pairs_each_harmful_training_prompt_with_its_own_flip(lm, monke
     mon = tpc.train_monitor(lm, prompts, y, SITES[1], contrast=1.0, **kw)
     X_tr, y_tr, pairs = seen[-1]
     tr, _ = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
-    train = [prompts[i] for i in tr]
-    flips = intent_flips(train, y[tr], seed=0) + stated_flips(train, y[tr], seed=0)  # each pairs with its prompt
+    flips = intent_flips([prompts[i] for i in tr], y[tr], seed=0)
     # the homonym rows after the flips pair with nothing
     assert pairs.shape == (len(flips), 2) and (np.asarray(y_tr)[pairs[:, 0]] == 1).all()
     assert (np.asarray(y_tr)[pairs[:, 1]] == 0).all() and pairs[:, 1].max() + 1 < len(y_tr)

@@ -18,7 +18,7 @@ import torch
 from ._errors import TPCHooksError
 from ._store import ActivationStore
 from ._train import INTENT, PLAIN, Chats, Examples, TrainData
-from .data import PHRASING_FAMILIES, homonym_examples, intent_flips, rewrites, stated_flips
+from .data import PHRASING_FAMILIES, homonym_examples, intent_flips, rewrites
 
 COLLECT_KEYS = ("model", "sites", "pooling", "chat_template", "max_tokens")
 
@@ -205,9 +205,8 @@ def rewrite_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
 
 
 def flip_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
-    """``"flips"`` (one intent flip per harmful training prompt, then the stated-act rows of
-    :func:`tpc_hooks.data.stated_flips`, label 0), ``"homonyms"`` (the training verbs' homonyms,
-    :func:`tpc_hooks.data.homonym_examples`) and ``"val-intent"``
+    """``"flips"`` (one intent flip per harmful training prompt, label 0), ``"homonyms"`` (the training
+    verbs' homonyms, :func:`tpc_hooks.data.homonym_examples`) and ``"val-intent"``
     (every harmful validation prompt, then every kind's flip of them, then the validation
     homonyms), as ``train_monitor`` builds them; none for a set without train/val splits."""
     if "train" not in sets or "val" not in sets:
@@ -216,6 +215,6 @@ def flip_splits(sets: dict[str, Any], seed: int) -> dict[str, Any]:
     harmful = val.subset([i for i, v in enumerate(val.labels) if v == 1])
     flips = intent_flips(val.texts, val.labels, every_kind=True, seed=seed)
     train = sets["train"]
-    return {"flips": intent_flips(train.texts, train.labels, seed=seed) + stated_flips(train.texts, train.labels, seed=seed),
+    return {"flips": intent_flips(train.texts, train.labels, seed=seed),
             "val-intent": harmful + flips + homonym_examples(verbs="val"),
             "homonyms": homonym_examples()}

@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -199,7 +200,8 @@ def prompt_splits(dataset: str = "default", *, seed: int = 0, text_column: str =
 
 def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: str | None = None, layer: int = 20,
              quick: bool = False, seed: int = 0, progress: bool = True, dataset: str = "default",
-             text_column: str = "text", label_column: str = "label") -> dict[str, Any]:
+             text_column: str = "text", label_column: str = "label",
+             intent: Sequence[str] | None = None) -> dict[str, Any]:
     """Runs the demo into ``out`` and returns the results (also written to ``results.json``).
 
     Args:
@@ -212,6 +214,8 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
         dataset: ``"default"`` (the packaged set, with a held-out source), a local CSV/JSONL
             file or a hub dataset id (e.g. ``allenai/wildguardmix``; needs the network), with
             ``text_column``/``label_column``.
+        intent: ``train_monitor``'s ``intent`` for the deployed monitor (None: its default), e.g.
+            every kind, ``"homonym"`` and the opt-in ``"stated"``.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -266,7 +270,8 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
     # What a deployment sees: train_monitor's default on the training split, at its own threshold,
     # on the test split, the held-out source and hard negatives (benign requests on harmful topics).
     deployed = train_monitor(model, sets["train"].texts, sets["train"].labels, site, tau=0.2, seed=seed,
-                             verbose=progress, **({"rank": 16, "epochs": 15} if quick else {}))
+                             verbose=progress, intent=None if intent is None else tuple(intent),
+                             **({"rank": 16, "epochs": 15} if quick else {}))
     hard = hard_negatives(sets["test"], seed, per_kind=20 if quick else None)
     X["hard"] = collect(model, hard.texts, site, "mean", chat_template=True, batch_size=8, progress=progress)[site].numpy()
     y["hard"] = np.zeros(len(hard), dtype=int)
@@ -304,6 +309,7 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
            "methods": list(methods), "f1": {"test": cmp.rows, "heldout": heldout_rows},
            "cascade": {"tpc": tpc_sweep, "early_exit": ee_sweep}, "calibration": cascade.calibration_report,
            "live": live, "attribution": attribution, "guards": guards, "pages": pages, "deployment": deployment,
+           "intent": None if intent is None else list(intent),
            "seconds": times}
     res["plots"] = _plots(out, res)
     (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
@@ -370,7 +376,9 @@ def render_report(res: dict[str, Any]) -> str:
         cols = [k for k in dep["rows"][0] if k != "order"]
         parts += ["## What a deployment sees: `train_monitor`'s default, per order",
                   "Trained on the training split by `tpc.train_monitor` as shipped (phrasing rewrites, intent flips, "
-                  "the library's training homonyms for the orders above 1, orders that add nothing dropped). Each order at its own threshold flagging 1% of the validation "
+                  "the library's training homonyms for the orders above 1, orders that add nothing dropped"
+                  + ("" if res.get("intent") is None else f"; here with `intent={tuple(res['intent'])}`")
+                  + "). Each order at its own threshold flagging 1% of the validation "
                   "split's benign prompts; `deployed`: the saved monitor's own threshold and policy. Percent flagged: "
                   "`recall` of the test split's harmful prompts, its `ordinary benign` prompts, its `overrefusal` "
                   "(safe-but-edgy) questions, and hard negatives no training saw: intent flips of the test split's "

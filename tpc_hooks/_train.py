@@ -425,12 +425,12 @@ def train_monitor(
             orders counts them). ``"homonym"`` trains the orders above 1 (order 1 is fitted without
             them) on the library's training homonyms ("How do I kill a Python process?", benign)
             and validates on the homonyms of other verbs (benign, group ``"intent"``):
-            :func:`tpc_hooks.data.homonym_examples`. ``"stated"`` adds, for a fifth of the harmful
-            training prompts, a benign row that states the act as someone else's plan, then asks
-            a benign question ("A student in my class said he wants to ... How should a teacher
-            respond?"; :func:`tpc_hooks.data.stated_flips`), trained in every order with the flips.
-            Default: every kind, the homonyms and the stated acts with ``recipe="default"``, none
-            otherwise.
+            :func:`tpc_hooks.data.homonym_examples`. ``"stated"`` (opt-in: ``True`` does not
+            include it) adds, for a fifth of the harmful training prompts, a benign row that
+            states the act as someone else's plan, then asks a benign question ("A student in my
+            class said he wants to ... How should a teacher respond?";
+            :func:`tpc_hooks.data.stated_flips`), trained in every order with the flips.
+            Default: every kind and the homonyms with ``recipe="default"``, none otherwise.
         recipe: ``"default"`` (rewrites + grouped selection), ``"in_distribution"`` (no
             rewrites, pooled selection) or ``"paper"`` (the paper's recipe).
         target_fpr: the share of the benign validation prompts (as given) the threshold may flag;
@@ -477,8 +477,9 @@ def train_monitor(
     families = _phrasing.check_families(recipe != "in_distribution" if augment is None else augment)
     if recipe == "in_distribution" and intent not in (None, False):
         raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with intent")
-    kinds = _intent.check_kinds(recipe == "default" if intent is None else intent,
-                                _intent.KINDS + (_intent.HOMONYM, _intent.STATED))
+    default = _intent.KINDS + (_intent.HOMONYM,)  # "stated" only when named
+    kinds = (default if intent is True or (intent is None and recipe == "default") else ()) \
+        if intent is None or intent is True else _intent.check_kinds(intent, default + (_intent.STATED,))
     flip_kinds = tuple(k for k in kinds if k in _intent.KINDS)
     adapter = get_adapter(model, tokenizer=tokenizer)
     for s in sites:

@@ -26,6 +26,7 @@ from ._collect import collect
 from ._collected import (CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config, flip_splits,
                          pooled_rows, rewrite_splits, token_sequences)
 from ._context import context_budget, host_splits, sharegpt_contexts
+from . import _intent
 from ._demo import run_demo
 from ._errors import TPCHooksError
 from ._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
@@ -158,12 +159,14 @@ def _demo(args: argparse.Namespace) -> int:
         _check_out_dir(args.out)
     _check_dataset(args.dataset)
     _check_model(args.model)
+    if args.intent is not None:  # before anything is loaded
+        _intent.check_kinds(args.intent, _intent.KINDS + (_intent.HOMONYM, _intent.STATED))
 
     out = Path(args.out or Path("runs") / _dt.datetime.now().strftime("demo-%Y%m%d-%H%M%S"))
     t0 = time.perf_counter()
     res = run_demo(out, toolkit=args.toolkit, model_name=args.model, layer=args.layer, quick=args.quick,
                    seed=args.seed, progress=not args.no_progress, dataset=args.dataset,
-                   text_column=args.text_column, label_column=args.label_column)
+                   text_column=args.text_column, label_column=args.label_column, intent=args.intent)
     n = res["degree"]
     for split in [k for k in ("test", "heldout") if res["f1"][k]]:
         rows = [[m] + [f"{r['f1']:.3f}" for r in res["f1"][split] if r["method"] == m] for m in res["methods"]]
@@ -311,8 +314,7 @@ def _train(args: argparse.Namespace) -> int:
                              max_tokens=cfg["max_tokens"], model_name=cfg["model"], **streaming)
     plan = TrainPlan(settings, fit_config(args.recipe, families, None, options), recipe=args.recipe,
                      families=tuple(families), tau=args.tau, target_fpr=args.target_fpr,
-                     # (the collected flips end with the stated-act rows: tpc_hooks.data.stated_flips)
-                     intent=intent + (("homonym",) if homonyms else ()) + (("stated",) if intent else ()),
+                     intent=intent + (("homonym",) if homonyms else ()),
                      prune=args.recipe != "paper" and not args.keep_all_orders)
     mon = train(data, plan, verbose=not args.no_progress)
     if site == "auto":
@@ -453,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--label-column", default="label")
     demo.add_argument("--out", help="run directory (default: runs/demo-<timestamp>)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--intent", nargs="+", metavar="KIND", default=None,
+                      help="train_monitor's intent kinds for the deployed monitor (default: its default; the opt-in "
+                           "'stated' must be named with the others)")
     demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p = sub.add_parser("collect", help="pooled (or per-token) activations of a prompt set into stores, with labels")
     _model_args(p)
