@@ -263,12 +263,23 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     kw = dict(augment=False, degree=1, rank=2, epochs=1, val_fraction=0.25, verbose=False)
     only = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("homonym",), **kw).report["augment"]
     assert (only["n_train_flips"], only["n_train_homonyms"], only["n_val_hard_negatives"]) == (0, len(homs), len(val_homs))
+    assert len(seen[-1][0][1]) == len(tr)  # degree 1 is order 1: fitted without the homonym rows
     law = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law",), **kw).report["augment"]
     assert (law["n_train_flips"], law["n_train_homonyms"], law["intent"]) == (len(flips), 0, ["law"])
-    # the stated-act rows are opt-in: named, they join the flips (True and the default leave them out)
+    # the stated-act rows are opt-in: named, they join the homonym rows (the orders above 1), so
+    # order 1 is the same without them (True and the default leave them out)
     stated = stated_flips([prompts[i] for i in tr], y[tr], seed=0)
-    both = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law", "stated"), **kw).report["augment"]
-    assert len(stated) and (both["n_train_flips"], both["intent"]) == (len(flips) + len(stated), ["law", "stated"])
+    kw2 = {**kw, "degree": 2, "prune_orders": False}
+    with_stated = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law", "homonym", "stated"), **kw2)
+    rows_with = [len(call[0][1]) for call in seen[-2:]]  # order 1's fit, then the higher orders'
+    without = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law", "homonym"), **kw2)
+    rows_without = [len(call[0][1]) for call in seen[-2:]]
+    assert rows_with == [rows_without[0], rows_without[1] + len(stated)] and rows_without[0] == len(tr) + len(flips)
+    both = with_stated.report["augment"]
+    assert len(stated) and (both["n_train_flips"], both["n_train_homonyms"], both["intent"]) == (
+        len(flips), len(homs) + len(stated), ["law", "homonym", "stated"])
+    # (the same rows; collected in one pass with the stated rows, their activations differ by float rounding)
+    assert torch.allclose(with_stated.head(z, order=1), without.head(z, order=1), atol=1e-4)
     with pytest.raises(TPCHooksError, match="kinds must be True, False or names"):
         tpc.train_monitor(lm, prompts, y, SITES[1], intent=("tense",), verbose=False)
     with pytest.raises(TPCHooksError, match="cannot be combined with intent"):

@@ -192,8 +192,8 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     grouped = bool(plan.families or plan.intent)
     shared = dict(verbose=verbose, val_groups=g_va if grouped else None, X_unlabelled=unlabelled, device=device)
     pairs = _pairs(d, cfg, tokens, len(y_tr))
-    if d.homonyms is not None and len(d.homonyms):  # order 1 without them, the higher orders with them
-        if init is None and cfg.degree > 1:  # (rank is the higher degrees' setting: any value does for degree 1)
+    if d.homonyms is not None and len(d.homonyms) and cfg.degree > 1:  # order 1 without them, the higher orders with
+        if init is None:  # (rank is the higher degrees' setting: any value does for degree 1)
             init = fit(X_tr, y_tr, X_va, y_va, replace(cfg, degree=1, rank=1), pairs=pairs, **shared)
         late = Examples(*token_rows(list(d.homonyms.X), settings.skip, d.homonyms.y)) if tokens else d.homonyms
         every = _cat(Examples(X_tr, y_tr), late)
@@ -429,7 +429,7 @@ def train_monitor(
             include it) adds, for a fifth of the harmful training prompts, a benign row that
             states the act as someone else's plan, then asks a benign question ("A student in my
             class said he wants to ... How should a teacher respond?";
-            :func:`tpc_hooks.data.stated_flips`), trained in every order with the flips.
+            :func:`tpc_hooks.data.stated_flips`), for the orders above 1 as the homonym rows.
             Default: every kind and the homonyms with ``recipe="default"``, none otherwise.
         recipe: ``"default"`` (rewrites + grouped selection), ``"in_distribution"`` (no
             rewrites, pooled selection) or ``"paper"`` (the paper's recipe).
@@ -521,9 +521,9 @@ def train_monitor(
     else:
         aug = views = none
     flips = intent_flips([items[i] for i in tr], y[tr], flip_kinds, seed=cfg.seed) if flip_kinds else none
-    if _intent.STATED in kinds:  # the stated-act rows join the flips (every order trains on them)
-        flips = flips + stated_flips([items[i] for i in tr], y[tr], seed=cfg.seed)
     homs = homonym_examples() if _intent.HOMONYM in kinds else none  # the training verbs' homonyms, benign
+    if _intent.STATED in kinds:  # the stated-act rows join them: the orders above 1 train on them, order 1 does not
+        homs = homs + stated_flips([items[i] for i in tr], y[tr], seed=cfg.seed)
     val_homs = homonym_examples(verbs="val") if _intent.HOMONYM in kinds else none  # benign, in the group INTENT
     val_flips = intent_flips([items[i] for i in va], y[va], flip_kinds, every_kind=True, seed=cfg.seed) \
         if flip_kinds else none

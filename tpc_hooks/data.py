@@ -292,9 +292,9 @@ def stated_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, *, 
     teacher respond?"): the form the intent flips (:func:`intent_flips`, one question each) lack.
     One row for a random fifth of the harmful prompts whose act can be read (tasks, not questions);
     labelled 0, category ``"stated"``, ``sources`` the index of the prompt. ``train_monitor`` trains
-    every order on them beside the flips when ``intent`` names ``"stated"`` (opt-in: measured in
-    ``benchmarks/bench_intent.py``: they cut the benchmark's prevention flags at some cost in
-    recall, and the demo's saved monitor flagged more homonyms with them; not the default).
+    the orders above 1 on them beside the homonym rows when ``intent`` names ``"stated"`` (opt-in:
+    measured in ``benchmarks/bench_intent.py``, they cut the benchmark's prevention flags at some
+    cost in recall, and the demo's order 2 caught fewer harmful prompts with them; not the default).
 
     Example:
         >>> rows = stated_flips(["How do I bake bread?"] + ["Write a guide on how to pick a lock"] * 5, [0] + [1] * 5)
