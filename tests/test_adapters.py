@@ -350,3 +350,25 @@ def test_token_scores_equal_scores_of_each_prefix(pooling):
     assert len(tokens) == len(ids[0]) == len(res.logits)
     offline = mon.score(model, tokens=[ids[0][:t + 1] for t in range(len(ids[0]))])
     torch.testing.assert_close(res.logits, offline.logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["cache", "past_key_values", "past_kv_cache"])
+def test_a_pass_is_fresh_when_its_kv_cache_is_empty_under_any_of_its_names(name):
+    """The spy reads a forward's KV cache under the name each library version passes it
+    (transformers >= 5.24: ``cache``; before: ``past_key_values``; TransformerLens: ``past_kv_cache``)."""
+    from transformers import DynamicCache
+
+    from tpc_hooks.adapters._hf import InputSpy
+
+    class Held:  # a cache holding 7 positions
+        def get_seq_length(self):
+            return 7
+
+    spy = InputSpy()
+    spy(None, (), {name: Held(), "attention_mask": torch.ones(2, 8, dtype=torch.long)})
+    mask, fresh = spy.step(1, 2)
+    assert not fresh and mask.shape == (2, 1)
+    spy(None, (), {name: DynamicCache()})
+    assert spy.step(3, 2)[1]  # an empty cache: a fresh call
+    spy(None, (), {})
+    assert spy.step(3, 2)[1]

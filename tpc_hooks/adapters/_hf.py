@@ -8,6 +8,7 @@ Residual sites map to decoder-layer inputs and outputs: the input of layer L is
 ``hook_resid_mid`` is not offered. Nothing here imports ``transformers`` or nnsight.
 """
 
+import inspect
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -124,6 +125,19 @@ class StopPass(Exception):
     the adapter that raised it; never reaches the user)."""
 
 
+CACHE_KWARGS = ("cache", "past_key_values", "past_kv_cache")  # a forward's KV-cache argument, by name
+
+
+def cache_kwarg(hf: Any) -> str:
+    """The name under which ``hf``'s forward takes its KV cache: ``"cache"`` (transformers >= 5.24),
+    else ``"past_key_values"``."""
+    try:
+        params = inspect.signature(hf.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
 class InputSpy:
     """A forward pre-hook (with kwargs) that records the attention mask of each call and how
     many positions its KV cache already held (0 for a fresh call)."""
@@ -134,7 +148,8 @@ class InputSpy:
 
     def __call__(self, module: Any, args: tuple, kwargs: dict) -> None:
         self.mask = kwargs.get("attention_mask")
-        cache = kwargs.get("past_key_values", kwargs.get("past_kv_cache"))
+        # transformers >= 5.24 passes the KV cache as ``cache`` (``past_key_values`` before; TransformerLens: ``past_kv_cache``)
+        cache = next((kwargs[k] for k in CACHE_KWARGS if kwargs.get(k) is not None), None)
         self.past = _cache_length(cache)
 
     def step(self, n_new: int, batch: int, device: torch.device | None = None) -> tuple[Tensor, bool]:

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from .._errors import TPCHooksError
 from ._batching import positions
-from ._hf import StopPass
+from ._hf import StopPass, cache_kwarg
 from ._sites import Site
 
 
@@ -33,7 +33,7 @@ def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, 
     logits: Tensor | None = None
     cached = 0  # positions already in the cache
     with watch:
-        cache = DynamicCache()
+        cache, cache_name = DynamicCache(), cache_kwarg(hf)
         for i in range(max_new_tokens + 1):
             seen["last"] = i == max_new_tokens and i > 0
             n = ids.shape[1]
@@ -44,7 +44,7 @@ def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, 
             cached += n
             if not (seen["last"] and site is None):
                 try:
-                    out = hf(input_ids=ids, **kw, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    out = hf(input_ids=ids, **kw, **{cache_name: cache}, use_cache=True, logits_to_keep=1)
                     logits = out.logits[:, -1]
                 except StopPass:
                     pass
