@@ -327,7 +327,7 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     out[f"default + flips + contrast {contrast:g}"] = with_flips(1, pairs=True)
     out["flips, pooled selection"] = with_flips(1, groups=False, consistency=False)
 
-    # with intent "stated": the flips, then the stated-act rows
+    # WITH_STATED (every order): the flips, then the stated-act rows
     fl = (np.concatenate([Xf, r.stated]), np.concatenate([yf, np.zeros(len(r.stated), int)]))
 
     def shipped(extra: tuple[np.ndarray, np.ndarray] | None = None,
