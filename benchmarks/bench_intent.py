@@ -56,13 +56,13 @@ from sklearn.metrics import f1_score
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
-from tpc_hooks._monitor_config import MonitorConfig
-from tpc_hooks._train import INTENT, Examples, TrainData, TrainPlan, fit_config, train
-from tpc_hooks._intent import _HOMONYM_TEMPLATES, N_TEST_TEMPLATES, act, homonym_pairs, task_act, templates
-from tpc_hooks._languages import LANGUAGES, translated_requests
-from tpc_hooks._phrasing import parse
-from tpc_hooks._sources import norm, sharegpt
-from tpc_hooks._splits import rng
+from tpc_hooks.monitoring._monitor_config import MonitorConfig
+from tpc_hooks.training._train import INTENT, Examples, TrainData, TrainPlan, fit_config, train
+from tpc_hooks.prompts._intent import _HOMONYM_TEMPLATES, N_TEST_TEMPLATES, act, homonym_pairs, task_act, templates
+from tpc_hooks.prompts._languages import LANGUAGES, translated_requests
+from tpc_hooks.prompts._phrasing import parse
+from tpc_hooks.prompts._sources import norm, sharegpt
+from tpc_hooks.prompts._splits import rng
 from tpc_hooks.data import (HARD_NEGATIVE_KINDS, INTENT_KINDS, PHRASING_FAMILIES, PromptSet, homonym_examples,
                              intent_benchmark, rewrites, stated_flips)
 from tpc_hooks.metrics import threshold_at_fpr
@@ -333,7 +333,7 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
     def shipped(extra: tuple[np.ndarray, np.ndarray] | None = None,
                 homonyms: tuple[np.ndarray, np.ndarray] | None = r.homonym_rows, main: bool = False,
                 rule: str = "balanced", flips: tuple[np.ndarray, np.ndarray] = (Xf, yf), first: bool = False):
-        """train_monitor's default on these rows: the recipe itself (tpc_hooks._train.train), with
+        """train_monitor's default on these rows: the recipe itself (tpc_hooks.training._train.train), with
         its rewrites, flips, homonym rows (``homonyms``: the orders above 1 only), grouped
         selection, pruning of orders and operating point; ``extra`` rows (X, y) join the flips
         (every order trains on them: the homonym variants); ``rule``: ``FitConfig.group_rule``."""
@@ -520,7 +520,7 @@ def run(args: argparse.Namespace, X: dict, sets: dict) -> int:
             print(f"| {name} | {k} | " + " | ".join(f"{100 * np.nanmean([row[c] for row in rows]):.1f}"
                                                   for c in kinds) + " |")
         print(f"\nFlag rate (%) per test wording of each intent-flip kind (its last {N_TEST_TEMPLATES} templates, "
-              "never trained on: wording 1 / wording 2; `tpc_hooks._intent`), at the deployed threshold:\n")
+              "never trained on: wording 1 / wording 2; `tpc_hooks.prompts._intent`), at the deployed threshold:\n")
         print("| method | order | " + " | ".join(kinds) + " |\n|---|---:|" + "---:|" * len(kinds))
         for (name, k), rows in ordered(res):
             print(f"| {name} | {k} | " + " | ".join(" / ".join(

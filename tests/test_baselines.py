@@ -9,7 +9,7 @@ from sklearn.metrics import roc_auc_score
 
 import tpc_hooks as tpc
 from tpc_hooks import baselines as B
-from tpc_hooks._loop import f1_at_zero
+from tpc_hooks.training._loop import f1_at_zero
 from tpc_hooks.synthetic import make_problem
 
 D = 8

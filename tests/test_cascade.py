@@ -6,7 +6,7 @@ import torch
 from scipy.optimize import minimize
 
 import tpc_hooks as tpc
-from tpc_hooks import _kernel
+from tpc_hooks.head import _kernel
 from conftest import random_head
 
 

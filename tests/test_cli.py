@@ -6,7 +6,7 @@ import pytest
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
-from tpc_hooks._intent import homonym_pairs
+from tpc_hooks.prompts._intent import homonym_pairs
 from tpc_hooks.cli import main
 
 try:

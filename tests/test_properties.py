@@ -11,7 +11,7 @@ import torch
 
 import tpc_hooks as tpc
 from tiny_models import tiny_head
-from tpc_hooks._collect import check_prompts
+from tpc_hooks.activations._collect import check_prompts
 from tpc_hooks.pooling import RunningAggregate, aggregate
 
 hypothesis = pytest.importorskip("hypothesis")

@@ -46,7 +46,7 @@ def _saved(path):
 def _write_stores(acts, data, plan, pooling):
     """The rows train_monitor handed the recipe, written as the stores ``tpc-hooks collect`` writes:
     ``train``, ``aug``, ``flips``, ``homonyms``, ``val`` and one ``val-<group>`` split per validation group."""
-    from tpc_hooks._train import PLAIN
+    from tpc_hooks.training._train import PLAIN
 
     meta = {"pooling": pooling, "fixed_prefix": plan.monitor.skip, "prepend_bos": plan.monitor.prepend_bos}
     parts = {"train": (data.train.X, data.train.y)}
@@ -75,12 +75,12 @@ def _write_stores(acts, data, plan, pooling):
 @pytest.mark.parametrize("pooling, augment", [("mean", True), ("max", False), ("token", True)])
 def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(tmp_path, monkeypatch, model, pooling,
                                                                                augment):
-    from tpc_hooks import _train
+    from tpc_hooks.training import _train, _train_monitor
 
     seen = []
     real = _train.train
     spy = lambda data, plan, **kw: seen.append((data, plan)) or real(data, plan, **kw)
-    monkeypatch.setattr(_train, "train", spy)
+    monkeypatch.setattr(_train_monitor, "train", spy)  # train_monitor's last step
     monkeypatch.setattr(cli, "train", spy)  # the CLI's own reference to the recipe
     api = tpc.train_monitor(model, PROMPTS, LABELS, SITE, pooling, augment=augment, tau=0.2, val_fraction=0.2,
                             verbose=False, **FIT)
@@ -103,11 +103,11 @@ def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(tmp
 def test_the_cli_collects_the_rows_train_monitor_collects(tmp_path, monkeypatch, model):
     """The CLI's collect writes the prompts of train_monitor's split and the same phrasing rewrites;
     their activations agree up to batching (prompts are batched per split there, all at once here)."""
-    from tpc_hooks import _train
+    from tpc_hooks.training import _train, _train_monitor
 
     seen = []
     real = _train.train
-    monkeypatch.setattr(_train, "train", lambda data, plan, **kw: seen.append(data) or real(data, plan, **kw))
+    monkeypatch.setattr(_train_monitor, "train", lambda data, plan, **kw: seen.append(data) or real(data, plan, **kw))
     tpc.train_monitor(model, PROMPTS, LABELS, SITE, tau=0.2, val_fraction=0.2, verbose=False, **FIT)
     monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
     monkeypatch.setattr(cli, "_datasets", lambda args: _sets(0.2))

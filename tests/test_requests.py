@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import tpc_hooks as tpc
-from tpc_hooks._generation import StepScores
-from tpc_hooks._requests import RequestScores
+from tpc_hooks.monitoring._generation import StepScores
+from tpc_hooks.monitoring._requests import RequestScores
 
 D = 8
 

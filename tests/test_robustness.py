@@ -7,7 +7,7 @@ import torch
 import tpc_hooks as tpc
 from tpc_hooks.metrics import classification_metrics
 from tpc_hooks.synthetic import make_problem
-from tpc_hooks._fit import SHRINK_GRID, _fit_order_scale
+from tpc_hooks.training._fit import SHRINK_GRID, _fit_order_scale
 
 from conftest import random_head, write_weights
 
@@ -108,7 +108,7 @@ def test_gate_falls_back_to_order_one_exactly_from_the_degree_an_input_leaves():
 def test_cascade_gate_logs_and_scores_gated_rows_with_the_linear_probe(caplog):
     head, _ = _bounded_head(gate=True)
     z = torch.cat([torch.randn(100, head.d_model, dtype=torch.float64), 4 * torch.randn(100, head.d_model, dtype=torch.float64)])
-    with caplog.at_level("INFO", logger="tpc_hooks._cascade"):
+    with caplog.at_level("INFO", logger="tpc_hooks.head._cascade"):
         out = tpc.Cascade(head, tau=0.0)(z)  # tau 0: every row goes as deep as it may
     with torch.no_grad():
         lin = head(z, order=1)
@@ -377,7 +377,7 @@ def test_balanced_scale_keeps_a_term_unless_it_significantly_hurts_a_group():
 
 
 def test_a_saved_config_without_group_rule_reads_as_the_worst_group_rule():
-    from tpc_hooks._history import FitConfig
+    from tpc_hooks.head._history import FitConfig
 
     d = FitConfig(degree=3).to_dict()
     assert FitConfig.from_dict(d).group_rule == "balanced"

@@ -22,7 +22,8 @@ import torch
 import tpc_hooks as tpc
 from tiny_models import hf_llama, named, tiny_head, tokenizer
 from tpc_hooks import _demo, views
-from tpc_hooks._kernel import flagged as flag_rule
+from tpc_hooks.head import _views
+from tpc_hooks.head._kernel import flagged as flag_rule
 
 
 def prob_rule(p: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -260,7 +261,7 @@ def test_attribution_html_tables_by_order_neurons_and_pairs():
     top = attr.top_neurons(3, input=0)
     big = max(abs(v) for _, v in top)
     i, v = top[0]
-    assert f"<td>{i}</td><td class=\"val\" style=\"background-color:{views._signed_color(v, big)}\">{v:+.4f}</td>" in content
+    assert f"<td>{i}</td><td class=\"val\" style=\"background-color:{_views._signed_color(v, big)}\">{v:+.4f}</td>" in content
     assert attr.to_html(inputs=[0, 2], k=3, labels=[f"<p{i}>" for i in range(7)]).content == content
     assert attr._repr_html_().count('class="row"') == 5  # the first five inputs
     with pytest.raises(tpc.TPCHooksError, match="one text per attributed input"):

@@ -99,7 +99,7 @@ def _metrics(client) -> dict[str, float]:
 def test_models_endpoint_names_the_monitor(server):
     client, where = server
     got = client.get("/v1/models").json()
-    from tpc_hooks._vllm_serve import identity
+    from tpc_hooks.serving._vllm_serve import identity
 
     want = identity(where)
     assert got["tpc_hooks"] == {**want, "action": "stop"}

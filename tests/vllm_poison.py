@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from tpc_hooks._vllm_worker import TPCHooksWorker
+from tpc_hooks.serving._vllm_worker import TPCHooksWorker
 
 
 class PoisonWorker(TPCHooksWorker):

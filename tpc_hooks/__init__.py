@@ -7,30 +7,30 @@ linear probe). Importing this package imports no interpretability toolkit.
 
 import warnings
 
-from ._errors import TPCHooksError as TPCHooksError
-from ._attribution import Attribution as Attribution
-from ._attribution import attribute as attribute
-from ._cascade import Cascade as Cascade
-from ._cascade import CascadeResult as CascadeResult
-from ._policy import FixedOrder as FixedOrder
-from ._policy import Policy as Policy
-from ._collect import collect as collect
-from ._records import GenerationRun as GenerationRun
-from ._monitor import Monitor as Monitor
-from ._monitor_config import MonitorConfig as MonitorConfig
-from ._records import TokenScores as TokenScores
-from ._records import MonitorEvent as MonitorEvent
-from ._records import WatchLog as WatchLog
-from ._train import train_monitor as train_monitor
-from ._select import choose_site as choose_site
-from ._polynomial import TPC as TPC
-from ._polynomial import Cost as Cost
-from ._store import ActivationStore as ActivationStore
-from ._fit import fit as fit
-from ._history import FitConfig as FitConfig
-from ._history import History as History
-from ._history import TrainConfig as TrainConfig
 from . import baselines as baselines  # a module: tpc.baselines.compare(...)
+from .activations._collect import collect as collect
+from .activations._store import ActivationStore as ActivationStore
+from .head._attribution import Attribution as Attribution
+from .head._attribution import attribute as attribute
+from .head._cascade import Cascade as Cascade
+from .head._cascade import CascadeResult as CascadeResult
+from .head._errors import TPCHooksError as TPCHooksError
+from .head._history import FitConfig as FitConfig
+from .head._history import History as History
+from .head._history import TrainConfig as TrainConfig
+from .head._policy import FixedOrder as FixedOrder
+from .head._policy import Policy as Policy
+from .head._polynomial import TPC as TPC
+from .head._polynomial import Cost as Cost
+from .monitoring._monitor import Monitor as Monitor
+from .monitoring._monitor_config import MonitorConfig as MonitorConfig
+from .monitoring._records import GenerationRun as GenerationRun
+from .monitoring._records import TokenScores as TokenScores
+from .monitoring._records import MonitorEvent as MonitorEvent
+from .monitoring._records import WatchLog as WatchLog
+from .training._fit import fit as fit
+from .training._select import choose_site as choose_site
+from .training._train_monitor import train_monitor as train_monitor
 
 __version__ = "0.1.0"
 

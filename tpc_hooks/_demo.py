@@ -23,19 +23,19 @@ import numpy as np
 import torch
 
 from . import baselines
-from ._attribution import attribute
+from .activations._collect import collect
 from .adapters import get_adapter
 from .baselines import early_exit_cascade
-from ._cascade import Cascade
-from ._collect import collect
-from . import _intent
-from ._train import train_monitor
-from .data import PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file
-from .metrics import threshold_at_fpr
-from .metrics import classification_metrics
-from ._monitor import Monitor
+from .head._attribution import attribute
+from .head._cascade import Cascade
+from .head._metrics import threshold_at_fpr
+from .head._metrics import classification_metrics
+from .head._views import attribution_html, generation_html
+from .monitoring._monitor import Monitor
 from .offline import DEFAULT_MODEL, load_model
-from .views import attribution_html, generation_html
+from .prompts import _intent
+from .prompts._sets import PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file
+from .training._train_monitor import train_monitor
 
 log = logging.getLogger(__name__)
 

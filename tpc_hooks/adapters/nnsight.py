@@ -16,12 +16,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._errors import TPCHooksError
+from ..head._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
 from ._hf import LAYERS as LAYERS  # the table shared with the transformers adapter
 from ._hf import HFShape, decoder_layers, first, layer_path, observe_layers
 from ._sites import Site
+
+__all__ = ["NNsightAdapter", "make_adapter", "LAYERS"]
 
 
 class NNsightAdapter(HFShape, Adapter):

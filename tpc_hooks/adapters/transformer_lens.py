@@ -18,11 +18,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._errors import TPCHooksError
+from ..head._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
 from ._hf import InputSpy, this_thread
 from ._sites import Site
+
+__all__ = ["TransformerLensAdapter", "make_adapter"]
 
 
 class _Capture:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._errors import TPCHooksError
+from ..head._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
 from ._hf import LAYERS as LAYERS  # the table shared with the nnsight adapter
@@ -36,6 +36,8 @@ from ._sites import Site
 
 # Tokenizers loaded from ``name_or_path``, one per model, so repeated calls do not reload them.
 _LOADED: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+__all__ = ["TransformersAdapter", "make_adapter", "default_tokenizer", "LAYERS"]
 
 
 class TransformersAdapter(HFShape, Adapter):

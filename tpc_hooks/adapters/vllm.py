@@ -2,7 +2,7 @@
 ``tpc.collect``, ``monitor.score``, ``monitor.calibrate`` and ``monitor.generate`` accept.
 
 The engine runs the passes and does the batching; hooks in its worker processes
-(``tpc_hooks._vllm_worker``) read the residual stream of each request. To collect, the rows
+(``tpc_hooks.serving._vllm_worker``) read the residual stream of each request. To collect, the rows
 come back to this process once per call; to generate, the monitor itself runs in the worker
 (sent as a saved directory, loaded there), scores every request each step, and ends a
 stopped request through a logits processor in the step it is flagged; the steps come back
@@ -24,11 +24,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._errors import TPCHooksError
+from ..head._errors import TPCHooksError
 from ._adapter import Adapter
 from ._hf import layer_path
 from ._sites import Site
 from ._vllm_args import STOP, WORKER
+
+__all__ = ["VLLMAdapter", "make_adapter"]
+
 
 class VLLMAdapter(Adapter):
     toolkit = "vLLM"

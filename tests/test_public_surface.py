@@ -1,0 +1,123 @@
+"""The package's public surface is declared: every public module has an ``__all__`` whose names
+exist, and the tutorials and the README use declared names only (read from their source, so the
+toolkit adapter modules are checked without importing their toolkit)."""
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+import tpc_hooks
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "tpc_hooks"
+
+
+def public_modules() -> list[str]:
+    """Every module of the package whose dotted path has no part starting with an underscore."""
+    names = []
+    for path in sorted(PKG.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if parts[-1] == "__main__" or any(p.startswith("_") for p in parts):
+            continue
+        names.append(".".join(parts))
+    return names
+
+
+def declared(module: str) -> list[str]:
+    """The module's ``__all__``, read from its source."""
+    path = PKG.joinpath(*module.split(".")[1:])
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{module} declares no __all__")
+
+
+def defined(module: str) -> set[str]:
+    """Names a module binds at its top level (definitions, assignments, imports), from its source."""
+    path = PKG.joinpath(*module.split(".")[1:])
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.ImportFrom):
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def test_the_public_modules_are_the_documented_ones():
+    # a new public module is a new promise: it gets an API page (docs/api/) and a line here
+    subpackages = {"tpc_hooks.head", "tpc_hooks.prompts", "tpc_hooks.activations", "tpc_hooks.monitoring",
+                   "tpc_hooks.training", "tpc_hooks.serving"}
+    assert set(public_modules()) - subpackages == {
+        "tpc_hooks", "tpc_hooks.adapters", "tpc_hooks.adapters.nnsight", "tpc_hooks.adapters.transformer_lens",
+        "tpc_hooks.adapters.transformers", "tpc_hooks.adapters.vllm", "tpc_hooks.baselines", "tpc_hooks.cli",
+        "tpc_hooks.data", "tpc_hooks.metrics", "tpc_hooks.offline", "tpc_hooks.pooling", "tpc_hooks.synthetic",
+        "tpc_hooks.views"}
+
+
+@pytest.mark.parametrize("module", [m for m in public_modules() if m.count(".") < 1 or m.split(".")[1] not in
+                                    ("head", "prompts", "activations", "monitoring", "training", "serving")])
+def test_every_public_module_declares_its_names(module):
+    names = declared(module)
+    assert len(names) == len(set(names)), f"{module}.__all__ repeats a name"
+    assert set(names) <= defined(module), f"{module}.__all__ names what it does not define: {set(names) - defined(module)}"
+
+
+def test_the_layer_folders_export_nothing():
+    """The layer folders are private workshops: their ``__init__`` holds a docstring and nothing else,
+    so that every public name has one path (the faces')."""
+    for folder in ("head", "prompts", "activations", "monitoring", "training", "serving"):
+        body = ast.parse((PKG / folder / "__init__.py").read_text()).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr), folder
+
+
+@pytest.mark.parametrize("module", ["tpc_hooks", "tpc_hooks.adapters", "tpc_hooks.baselines", "tpc_hooks.cli",
+                                    "tpc_hooks.data", "tpc_hooks.metrics", "tpc_hooks.offline", "tpc_hooks.pooling",
+                                    "tpc_hooks.synthetic", "tpc_hooks.views"])
+def test_declared_names_import(module):
+    mod = importlib.import_module(module)
+    missing = [n for n in mod.__all__ if not hasattr(mod, n)]
+    assert missing == []
+
+
+_FROM = re.compile(r"^\s*from (tpc_hooks(?:\.[a-z_]+)*) import ([^\n#]+)", re.MULTILINE)
+_ATTR = re.compile(r"\btpc\.([A-Za-z_]+)\b")
+
+
+def imported_names(text: str) -> list[tuple[str, str]]:
+    """(module, name) for every ``from tpc_hooks... import name`` and ``tpc.name`` in ``text``."""
+    out = []
+    for module, names in _FROM.findall(text):
+        for name in names.strip("() ").split(","):
+            if name.strip():
+                out.append((module, name.split(" as ")[0].strip()))
+    out += [("tpc_hooks", name) for name in _ATTR.findall(text)]
+    return out
+
+
+SOURCES = sorted((ROOT / "tutorials").glob("[0-9]*.py")) + [ROOT / "README.md", ROOT / "docs" / "tours.md",
+                                                           ROOT / "docs" / "getting-started.md"]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=[p.name for p in SOURCES])
+def test_examples_use_declared_names_only(path):
+    undeclared = []
+    for module, name in imported_names(path.read_text()):
+        if module == "tpc_hooks" and name in ("baselines", "data", "metrics", "offline", "pooling", "synthetic",
+                                              "views", "adapters", "cli"):
+            continue  # a public module, imported by name
+        if name not in declared(module):
+            undeclared.append(f"{module}.{name}")
+    assert undeclared == []
+
+
+def test_the_error_reads_as_its_public_path():
+    assert f"{tpc_hooks.TPCHooksError.__module__}.{tpc_hooks.TPCHooksError.__qualname__}" == "tpc_hooks.TPCHooksError"

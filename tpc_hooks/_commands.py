@@ -1,0 +1,149 @@
+"""The ``tpc-hooks`` command line's grammar: one function per verb adds that verb's options.
+
+What each verb does is in :mod:`tpc_hooks.cli`; this module holds only what it accepts, so a
+verb's options can be read in one place and its help text stays beside them."""
+
+import argparse
+
+TOOLKITS = ("transformer_lens", "nnsight", "transformers")
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """The parser of every verb but ``serve``'s options."""
+    parser = argparse.ArgumentParser(prog="tpc-hooks", description=description)
+    sub = parser.add_subparsers(dest="verb", required=True)
+    for verb in (_demo, _collect, _train, _evaluate, _monitor, _attribute, _serve):
+        verb(sub)
+    return parser
+
+
+def _demo(sub: argparse._SubParsersAction) -> None:
+    """``tpc-hooks demo``: the whole pipeline on the offline default (or a model and dataset you name)."""
+    p = sub.add_parser("demo", help="collect, train, evaluate, monitor and attribute on the offline default model")
+    p.add_argument("--quick", action="store_true", help="a small run for CI (about 3 minutes on 2 CPU cores)")
+    p.add_argument("--toolkit", choices=TOOLKITS, default="transformer_lens")
+    p.add_argument("--model", default=None, help="hub id or local folder (default: the packaged SmolLM2-135M-Instruct)")
+    p.add_argument("--layer", type=int, default=20, help="residual-stream layer the monitor reads")
+    p.add_argument("--dataset", default="default",
+                   help="'default' (packaged, with a held-out source), a local CSV/JSONL, or a hub dataset id")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--label-column", default="label")
+    p.add_argument("--out", help="run directory (default: runs/demo-<timestamp>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--intent", nargs="+", metavar="KIND", default=None,
+                   help="train_monitor's intent kinds for the deployed monitor (default: its default; the opt-in "
+                        "'stated' must be named with the others)")
+    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def _collect(sub: argparse._SubParsersAction) -> None:
+    """``tpc-hooks collect``: activations of a prompt set into resumable stores, with labels."""
+    p = sub.add_parser("collect", help="pooled (or per-token) activations of a prompt set into stores, with labels")
+    _model_args(p)
+    p.add_argument("--out", required=True, help="directory for the stores (resumable)")
+    p.add_argument("--dataset", default="default", help="'default' (packaged), a local CSV/JSONL, or a hub dataset id")
+    p.add_argument("--split", default=None, help="hub dataset split")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--label-column", default="label")
+    p.add_argument("--sites", nargs="+", default=["blocks.20.hook_resid_post"])
+    p.add_argument("--pooling", choices=("mean", "last", "max", "token"), default="mean",
+                   help="how each prompt's tokens are pooled; 'token': every token's row (for a per-token monitor)")
+    p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-augment", action="store_true",
+                   help="skip the phrasing rewrites of the train and val splits (splits aug and val-<family>)")
+    p.add_argument("--no-intent", action="store_true",
+                   help="skip the intent flips of the harmful train and val prompts and the homonym rows (splits flips, "
+                        "val-intent and homonyms)")
+    p.add_argument("--contexts", type=int, default=None, metavar="N",
+                   help="--pooling token: also N benign ShareGPT chats, each hosting one train or val prompt (splits "
+                        "ctx-train, ctx-val; a fifth held out), which train then learns from (1000 as measured)")
+    p.add_argument("--context-tokens", type=int, nargs="+", default=[512, 1024],
+                   help="--contexts: the chats' token budgets, used in turn (default 512 1024)")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _train(sub: argparse._SubParsersAction) -> None:
+    """``tpc-hooks train``: a monitor from the stores ``collect`` wrote (the recipe of ``train_monitor``)."""
+    p = sub.add_parser("train", help="train a monitor on collected activations")
+    p.add_argument("--acts", required=True)
+    p.add_argument("--out", required=True, help="directory for the saved monitor")
+    p.add_argument("--site", default=None,
+                   help="default: the first collected site; 'auto': the collected site whose linear probe has the best "
+                        "worst-group recall at 1%% FPR on validation")
+    p.add_argument("--degree", type=int, default=5)
+    p.add_argument("--rank", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=50)
+    p.add_argument("--tau", type=float, default=0.2, help="the monitor's cascade threshold")
+    p.add_argument("--no-intent", action="store_true",
+                   help="ignore the intent flips and homonym rows collect wrote (splits flips, val-intent, homonyms)")
+    p.add_argument("--keep-all-orders", action="store_true",
+                   help="keep every trained order, even those that add nothing at the operating point on validation "
+                        "(default: dropped, except with --recipe paper)")
+    p.add_argument("--recipe", choices=["default", "in_distribution", "paper"], default="default",
+                   help="'in_distribution': ignore the phrasing rewrites (higher recall on prompts phrased like "
+                        "training, weaker on rephrased ones); 'paper': the paper's exact recipe (plain polynomial, "
+                        "50 epochs per degree, last epoch kept)")
+    p.add_argument("--target-fpr", type=float, default=0.01,
+                   help="set the monitor's threshold to flag at most this share of benign validation rows "
+                        "(default 0.01; the cascade exits around it)")
+    p.add_argument("--aggregate", choices=("max", "mean", "ema", "rolling"), default=None,
+                   help="per-token stores only: how the monitor aggregates its token scores over time (default rolling, window "
+                        "16; max with collect --contexts chats)")
+    p.add_argument("--alpha", type=float, default=None, help="per-token stores, --aggregate ema: the newest token's weight "
+                                                            "(default 0.1)")
+    p.add_argument("--window", type=int, default=None, help="per-token stores, --aggregate rolling: tokens in the mean "
+                                                           "(default 16)")
+    p.add_argument("--no-contexts", action="store_true",
+                   help="per-token stores: ignore the ctx-train/ctx-val chats collect --contexts wrote")
+    p.add_argument("--no-gate", action="store_true", help="keep the trust region but let inputs that leave it use every order")
+    p.add_argument("--escalate-only", action="store_true",
+                   help="higher orders may not clear a prompt the linear probe flags (recall >= the linear probe's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _evaluate(sub: argparse._SubParsersAction) -> None:
+    """``tpc-hooks evaluate``: metrics per order and the cascade sweep on collected splits."""
+    p = sub.add_parser("evaluate", help="metrics per order and the cascade sweep of a monitor on collected splits")
+    p.add_argument("--monitor", required=True)
+    p.add_argument("--acts", required=True)
+    p.add_argument("--splits", nargs="+", default=["test"])
+    p.add_argument("--decision", choices=("max", "last"), default=None,
+                   help="per-token monitors: a prompt's score is the max of the aggregate over its tokens (default; "
+                        "what the threshold is calibrated for) or the aggregate after its last token")
+    p.add_argument("--json", default=None)
+
+
+def _monitor(sub: argparse._SubParsersAction) -> None:
+    """``tpc-hooks monitor``: generation with live per-step scores."""
+    p = sub.add_parser("monitor", help="generate with live per-step scores")
+    _model_args(p)
+    p.add_argument("--monitor", required=True)
+    p.add_argument("--prompt", nargs="+", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--action", choices=("flag", "stop"), default="flag")
+
+
+def _attribute(sub: argparse._SubParsersAction) -> None:
+    """``tpc-hooks attribute``: a prompt's decision by order, neuron and neuron pair."""
+    p = sub.add_parser("attribute", help="a prompt's decision by order, neuron and neuron pair")
+    _model_args(p)
+    p.add_argument("--monitor", required=True)
+    p.add_argument("--prompt", nargs="+", required=True)
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--json", default=None)
+
+
+def _serve(sub: argparse._SubParsersAction) -> None:
+    """``tpc-hooks serve``: listed for ``--help``; its own module parses its options (the rest are vLLM's)."""
+    sub.add_parser("serve", help="vLLM's OpenAI-compatible server with a monitor on every request (needs vllm; "
+                                 "tpc-hooks serve MODEL --monitor DIR [--action stop|flag] [vLLM's options])")
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    """The options of the verbs that load a model."""
+    p.add_argument("--model", default=None, help="hub id or local folder (default: the packaged SmolLM2-135M-Instruct)")
+    p.add_argument("--toolkit", choices=TOOLKITS, default="transformer_lens")

@@ -1,0 +1,238 @@
+"""Mask-aware pooling and the streaming aggregations (the face: :mod:`tpc_hooks.pooling`)."""
+
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ._errors import TPCHooksError
+
+POOLINGS = ("mean", "last", "max")
+
+
+def check_pooling(how: Any) -> str:
+    if how not in POOLINGS:
+        raise TPCHooksError(f"pooling must be one of {list(POOLINGS)}; got {how!r}")
+    return how
+
+
+def pool(acts: Float[Tensor, "batch pos d_model"], mask: Int[Tensor, "batch pos"] | Tensor, how: str = "mean") -> Float[Tensor, "batch d_model"]:
+    """Pools ``acts`` over the positions where ``mask`` is 1 (float32 result).
+
+    Example:
+        >>> a = torch.arange(12.).reshape(1, 4, 3)
+        >>> pool(a, torch.tensor([[0, 1, 1, 0]]), "mean")
+        tensor([[4.5000, 5.5000, 6.5000]])
+    """
+    check_pooling(how)
+    if not bool(mask.bool().any(1).all()):  # checked where the mask is (the host, when it was built there)
+        raise TPCHooksError("a sequence has no attended token to pool (empty prompt?)")
+    m = mask.to(acts.device).bool()
+    a = acts.float()
+    if how == "mean":
+        return a.masked_fill(~m[..., None], 0.0).sum(1) / m.sum(1, keepdim=True)
+    if how == "max":
+        return a.masked_fill(~m[..., None], float("-inf")).amax(1)
+    pos = torch.arange(m.shape[1], device=m.device).expand_as(m)
+    last = torch.where(m, pos, -1).amax(1)
+    return a[torch.arange(a.shape[0], device=a.device), last]
+
+
+class RunningPool:
+    """Pooled vector per sequence, updated as tokens arrive (for monitoring generation)."""
+
+    def __init__(self, how: str):
+        self.how = check_pooling(how)
+        self.total: Tensor | None = None
+        self.count: Tensor | None = None
+        self.state: Tensor | None = None
+
+    def update(self, acts: Float[Tensor, "batch pos d_model"], mask: Tensor) -> None:
+        """Adds the positions of ``acts`` where ``mask`` is 1 (rows with none are unchanged)."""
+        m = mask.to(acts.device).bool()
+        a = acts.float()
+        if self.how == "mean":
+            s, c = a.masked_fill(~m[..., None], 0.0).sum(1), m.sum(1, keepdim=True)
+            self.total = s if self.total is None else self.total + s
+            self.count = c if self.count is None else self.count + c
+            return
+        has = m.any(1)
+        if self.how == "max":
+            new = a.masked_fill(~m[..., None], float("-inf")).amax(1)
+            self.state = new if self.state is None else torch.maximum(self.state, new)
+            return
+        pos = torch.arange(m.shape[1], device=m.device).expand_as(m)
+        last = torch.where(m, pos, 0).amax(1)
+        new = a[torch.arange(a.shape[0], device=a.device), last]
+        if self.state is None:
+            self.state = new.masked_fill(~has[:, None], 0.0)
+        else:
+            self.state = torch.where(has[:, None], new, self.state)
+
+    def value(self) -> Float[Tensor, "batch d_model"]:
+        if self.how == "mean":
+            if self.total is None:
+                raise TPCHooksError("RunningPool.value() called before any update")
+            return self.total / self.count.clamp_min(1)
+        if self.state is None:
+            raise TPCHooksError("RunningPool.value() called before any update")
+        return self.state
+
+
+# ---------------------------------------------------------------------- per-token scores over time
+AGGREGATES = ("mean", "max", "ema", "rolling")
+
+
+def check_skip(skip: Any) -> int:
+    """Checks a streaming monitor's number of unscored leading tokens."""
+    if isinstance(skip, bool) or not isinstance(skip, (int, np.integer)) or skip < 0:
+        raise TPCHooksError(f"skip (leading tokens not scored) must be an integer >= 0; got {skip!r}")
+    return int(skip)
+
+
+def scored(mask: Tensor, skip: int, seen: Tensor | None = None) -> Tensor:
+    """The attended positions of ``mask [B, n]`` that are scored: all but each row's first
+    ``skip`` attended tokens, counting the ``seen [B]`` attended tokens of earlier chunks."""
+    m = mask.bool()
+    if skip == 0:
+        return m
+    rank = m.long().cumsum(1) + (0 if seen is None else seen[:, None])  # 1-based index of each attended token
+    return m & (rank > skip)
+
+
+def check_aggregate(how: Any, alpha: Any, window: Any) -> tuple[str, float, int]:
+    """Checks a streaming monitor's aggregation settings."""
+    if how not in AGGREGATES:
+        raise TPCHooksError(f"aggregate must be one of {list(AGGREGATES)}; got {how!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
+        raise TPCHooksError(f"alpha (the EMA's weight on the newest token) must be in (0, 1]; got {alpha!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise TPCHooksError(f"window (tokens in the rolling mean) must be a positive integer; got {window!r}")
+    return how, float(alpha), window
+
+
+def aggregate(logits: Float[Tensor, "batch pos"], mask: Tensor, how: str, alpha: float = 0.1,
+              window: int = 16, skip: int = 0) -> Float[Tensor, "batch pos"]:
+    """The aggregated score after every position of per-token logits (padding skipped).
+
+    The first ``skip`` attended positions of every row are not scored (a streaming monitor's
+    fixed prefix: the chat template's system prompt and header, identical in every sequence).
+    With ``s_1..s_t`` a row's scored per-token logits up to position ``t``:
+
+    * ``mean``: ``(s_1 + ... + s_t) / t``;
+    * ``max``: ``max(s_1, ..., s_t)``;
+    * ``ema``: ``e_1 = s_1``, ``e_t = alpha * s_t + (1 - alpha) * e_{t-1}``;
+    * ``rolling``: the mean of the last ``min(t, window)`` logits.
+
+    A padded position carries the row's previous value; before a row's first scored token the
+    value is ``-inf`` (nothing seen yet: probability 0, never flagged). Computed over whole
+    sequences at once in float64 (cumulative sums, a linear filter for the EMA) and returned in
+    the logits' dtype; :class:`RunningAggregate` computes the same values incrementally, token
+    by token (equal up to float32 rounding).
+
+    Example:
+        >>> aggregate(torch.tensor([[1., 3., 2.]]), torch.ones(1, 3), "rolling", window=2)
+        tensor([[1.0000, 2.0000, 2.5000]])
+        >>> aggregate(torch.tensor([[9., 3., 2.]]), torch.ones(1, 3), "max", skip=1)
+        tensor([[-inf, 3., 3.]])
+    """
+    how, alpha, window = check_aggregate(how, alpha, window)
+    skip = check_skip(skip)
+    m = scored(mask.to(logits.device).bool(), skip)
+    out = torch.full(logits.shape, float("nan"), dtype=torch.float64)
+    for b in range(logits.shape[0]):
+        at = m[b].nonzero().flatten().cpu()
+        if len(at):
+            out[b, at] = torch.from_numpy(_aggregate_1d(logits[b, at.to(logits.device)].detach().double().cpu().numpy(), how,
+                                                        alpha, window))
+    last = torch.where(m.cpu(), torch.arange(m.shape[1]), -1).cummax(1).values  # the newest attended position
+    carried = out.gather(1, last.clamp_min(0)).masked_fill(last < 0, float("-inf"))
+    return carried.to(device=logits.device, dtype=logits.dtype)
+
+
+def _aggregate_1d(s: np.ndarray, how: str, alpha: float, window: int) -> np.ndarray:
+    n = np.arange(1, len(s) + 1)
+    if how == "mean":
+        return np.cumsum(s) / n
+    if how == "max":
+        return np.maximum.accumulate(s)
+    if how == "rolling":
+        c = np.concatenate([[0.0], np.cumsum(s)])
+        lo = np.maximum(n - window, 0)
+        return (c[n] - c[lo]) / (n - lo)
+    from scipy.signal import lfilter  # e_t = alpha s_t + (1 - alpha) e_{t-1}, started at e_1 = s_1
+
+    return lfilter([alpha], [1.0, alpha - 1.0], s, zi=[(1 - alpha) * s[0]])[0]
+
+
+class RunningAggregate:
+    """:func:`aggregate` incrementally: O(1) state per row (``window`` logits for ``rolling``).
+
+    ``update(logits [B, n], mask [B, n])`` adds the attended new positions in order (each row's
+    first ``skip`` attended tokens are not scored) and returns each row's aggregated score after
+    them ``[B]`` (``-inf`` for a row with no scored token yet). Everything stays on the logits'
+    device; nothing is read back to the host.
+    """
+
+    def __init__(self, how: str, alpha: float = 0.1, window: int = 16, skip: int = 0):
+        self.how, self.alpha, self.window = check_aggregate(how, alpha, window)
+        self.skip = check_skip(skip)
+        self.seen: Tensor | None = None  # [B] attended tokens so far, scored or not
+        self.value: Tensor | None = None  # [B] the aggregate (NaN before any token)
+        self.count: Tensor | None = None  # [B] attended tokens so far
+        self.total: Tensor | None = None  # [B] mean: the running sum
+        self.ring: Tensor | None = None  # [B, window] rolling: the last logits (slot = count % window)
+
+    def _start(self, like: Tensor) -> None:
+        B = like.shape[0]
+        self.value = torch.full((B,), float("nan"), dtype=like.dtype, device=like.device)
+        self.count = torch.zeros(B, dtype=torch.long, device=like.device)
+        self.seen = torch.zeros(B, dtype=torch.long, device=like.device)
+        self.total = torch.zeros(B, dtype=like.dtype, device=like.device)
+        if self.how == "rolling":
+            self.ring = torch.zeros(B, self.window, dtype=like.dtype, device=like.device)
+
+    def update(self, logits: Tensor, mask: Tensor) -> Tensor:
+        if self.value is None:
+            self._start(logits)
+        if logits.shape[1] == 0:
+            return self._out()
+        attended = mask.to(logits.device).bool()
+        m = scored(attended, self.skip, self.seen)
+        self.seen = self.seen + attended.sum(1)
+        if self.how == "mean":  # one sum for all new positions
+            self.total = self.total + logits.masked_fill(~m, 0.0).sum(1)
+            self.count = self.count + m.sum(1)
+            self.value = torch.where(self.count > 0, self.total / self.count.clamp_min(1), self.value)
+            return self._out()
+        if self.how == "max":
+            new = logits.masked_fill(~m, float("-inf")).amax(1)
+            has = m.any(1)
+            self.value = torch.where(has, torch.where(self.count > 0, torch.maximum(self.value, new), new), self.value)
+            self.count = self.count + m.sum(1)
+            return self._out()
+        # ema and rolling: the whole chunk at once (a prompt of any length costs a few ops)
+        rank = m.long().cumsum(1)  # 1-based rank of each scored new position
+        k = rank[:, -1:]  # [B, 1] scored new positions per row
+        if self.how == "ema":  # e_K = (1-a)^K e_0 + sum_i a (1-a)^(K-i) s_i, with e_0 = s_1 on an empty row
+            first = logits.gather(1, (rank == 0).long().sum(1, keepdim=True).clamp_max(logits.shape[1] - 1))[:, 0]
+            start = torch.where(self.count > 0, self.value, first)
+            decay = torch.pow(1 - self.alpha, (k - rank).to(logits.dtype))
+            fresh = (self.alpha * decay * logits).masked_fill(~m, 0.0).sum(1)
+            nxt = torch.pow(1 - self.alpha, k[:, 0].to(logits.dtype)) * start + fresh
+        else:  # the last `window` scored positions go to their ring slots; the rest would be overwritten
+            keep = m & (rank > k - self.window)
+            slot = torch.where(keep, (self.count[:, None] + rank - 1) % self.window, self.window)
+            ring = torch.cat([self.ring, self.ring.new_zeros(len(self.ring), 1)], 1)  # column `window`: discarded writes
+            self.ring = ring.scatter(1, slot, logits)[:, :self.window]
+            n = (self.count + k[:, 0]).clamp(1, self.window)
+            filled = torch.arange(self.window, device=logits.device)[None, :] < n[:, None]
+            nxt = self.ring.masked_fill(~filled, 0.0).sum(1) / n
+        self.value = torch.where(k[:, 0] > 0, nxt, self.value)
+        self.count = self.count + k[:, 0]
+        return self._out()
+
+    def _out(self) -> Tensor:
+        return self.value.masked_fill(self.count == 0, float("-inf"))

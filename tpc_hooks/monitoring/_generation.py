@@ -1,0 +1,238 @@
+"""Monitored generation: the decode loop behind :meth:`Monitor.generate`, the hooks behind
+:meth:`Monitor.watch`, and the per-step scoring rule they and the Hugging Face ``generate``
+hooks share (:class:`StepScores`). What they record is in ``_records``.
+
+Both read the site's activations from the model's own forward passes (through the adapter),
+keep a running pool per sequence and score it with the monitor's policy every step.
+"""
+
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..activations._collect import check_prompts
+from ..adapters import pad, pad_id
+from ..head._cascade import Cascade, CascadeResult
+from ..head._errors import TPCHooksError
+from ..head._kernel import flagged, forget_packs
+from ..head._pooling import RunningAggregate, RunningPool, scored
+from ._records import GenerationRun, MonitorEvent, WatchLog, warn_nonfinite
+
+
+class StepScores:
+    """THE rule a monitor applies to each forward pass while a model generates (used by
+    :meth:`Monitor.generate`, :meth:`Monitor.watch` and the Hugging Face ``generate`` hooks).
+
+    :meth:`update` takes the new positions' activations ``[B, n, d_model]`` and their mask and
+    returns the monitor's :class:`~tpc_hooks.CascadeResult` per row for everything the row has
+    seen since :meth:`reset`. A prefix-pooled monitor pools the activations (running mean, last
+    or max) and scores the pooled vector; a per-token monitor (``pooling="token"``) scores every
+    new token and aggregates the logits over time (:class:`~tpc_hooks.pooling.RunningAggregate`):
+    ``logits`` is the aggregate, ``probs`` its sigmoid, ``exit_order`` the newest token's order
+    and ``flops`` what the row's tokens have cost so far (as :meth:`Monitor.score` counts a
+    prefix). Nothing is read back to the host.
+    """
+
+    def __init__(self, monitor: Any, order: int | None = None, cascade: float | Cascade | None = None, *,
+                 rule: Callable[[Tensor], CascadeResult] | None = None):
+        self.monitor = monitor
+        if rule is None:
+            # the weights are read afresh for every generation: edits through .data (which no version
+            # counter sees) between two generations reach the per-step path
+            forget_packs(monitor.head)
+            rule = monitor._step_policy(order, cascade)
+        self.rule = rule
+        self.state: Any = None
+        self.spent: Tensor | None = None
+
+    def reset(self) -> None:
+        self.state = self.spent = None
+
+    def update(self, acts: Tensor, mask: Tensor) -> CascadeResult:
+        feats = self.monitor._features(acts)
+        if self.monitor.pooling != "token":
+            return self.rule(self.pool(feats, mask))
+        B, n, D = feats.shape
+        return self.fold(self.rule(feats.reshape(B * n, D)), mask)
+
+    def pool(self, feats: Tensor, mask: Tensor) -> Tensor:
+        """A prefix-pooled monitor: adds ``feats [B, n, D]`` to the running pool, returns it ``[B, D]``."""
+        if self.state is None:
+            self.state = RunningPool(self.monitor.pooling)
+        self.state.update(feats, mask)
+        return self.state.value()
+
+    def fold(self, res: CascadeResult, mask: Tensor) -> CascadeResult:
+        """A per-token monitor: folds the new tokens' results (``res`` over ``B * n`` rows, ``mask
+        [B, n]``) into the running aggregate; returns the aggregate per row."""
+        mon = self.monitor
+        if self.state is None:
+            self.state, self.spent = RunningAggregate(mon.aggregate, mon.alpha, mon.window, mon.skip), 0
+        B, n = mask.shape
+        m = mask.to(res.logits.device).bool()
+        on = scored(m, mon.skip, self.state.seen)  # before update: the tokens this pass scores
+        agg = self.state.update(res.logits.reshape(B, n), m)
+        newest = torch.where(m, torch.arange(n, device=m.device), -1).amax(1).clamp_min(0)[:, None]
+        self.spent = self.spent + res.flops.reshape(B, n).masked_fill(~on, 0).sum(1)
+        return CascadeResult(logits=agg, probs=torch.sigmoid(agg), decision_logits=agg,
+                             exit_order=res.exit_order.reshape(B, n).gather(1, newest)[:, 0],
+                             flops=self.spent, degree=res.degree)
+
+
+@torch.no_grad()
+def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
+             order: int | None = None, cascade: float | Cascade | None = None, do_sample: bool = False,
+             temperature: float = 1.0, seed: int = 0, stop_at_eos: bool = True, tokenizer: Any = None) -> GenerationRun:
+    """See :meth:`tpc_hooks.Monitor.generate`.
+
+    Every step's scores, liveness and tokens stay on the model's device and reach the host once,
+    at the end. Per step the loop reads one bool back (whether any row goes on, as Hugging
+    Face ``generate`` does); a callable ``action`` also reads the flagged rows, since it decides
+    on the host.
+    """
+    adapter = monitor._adapter(model, tokenizer=tokenizer)
+    items = check_prompts(prompts)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise TPCHooksError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
+    if not (action in ("flag", "stop") or callable(action)):
+        raise TPCHooksError(f"action must be 'flag', 'stop' or a callable; got {action!r}")
+    if do_sample and not temperature > 0:
+        raise TPCHooksError(f"temperature must be positive; got {temperature!r}")
+    site = adapter.site(monitor.site)
+    scores_ = StepScores(monitor, order, cascade)
+    threshold = float(monitor.threshold)
+    tok = adapter.tokenizer
+    ids, _ = adapter.tokenize(items, chat_template=monitor.chat_template, max_tokens=monitor.max_tokens,
+                              prepend_bos=monitor.prepend_bos)
+    if adapter.engine:
+        return _engine_run(monitor, adapter, ids, max_new_tokens, action, order=order, cascade=cascade,
+                           do_sample=do_sample, temperature=temperature, seed=seed, stop_at_eos=stop_at_eos)
+    input_ids, mask = pad(ids, pad_id(tok), "left")
+    B = len(ids)
+    eos = getattr(tok, "eos_token_id", None) if stop_at_eos else None
+    log = GenerationRun._recording(threshold, "monitor.generate")  # per step: the scores and the rows scored
+    tokens: list[Tensor] = []  # per step after the first: the token fed to each row (pad on ended rows)
+    fed: list[Tensor] = []  # ... and which rows it was fed to
+    stopped: list[int | None] = [None] * B  # for a callable action: the step it asked to stop
+    state: dict[str, Any] = {"t": 0, "live": None, "gen": None}
+
+    def row_tokens(b: int) -> list[int]:
+        if not tokens:
+            return list(ids[b])
+        tk, on = torch.stack(tokens)[:, b].tolist(), torch.stack(fed)[:, b].tolist()
+        return list(ids[b]) + [x for x, f in zip(tk, on) if f]
+
+    def on_step(acts: Tensor, step_mask: Tensor, last_logits: Tensor):
+        t, device = state["t"], last_logits.device
+        live = state["live"] if t else torch.ones(B, dtype=torch.bool, device=device)
+        res = scores_.update(acts, step_mask)
+        log._append(res, live)
+        hit = live & flagged(res.decision_logits, threshold).to(device)
+        done = hit if action == "stop" else torch.zeros_like(live)
+        if callable(action):
+            rows = hit.nonzero().flatten().tolist()  # the callable decides on the host, now
+            if rows:
+                probs, exits = res.probs[rows].tolist(), res.exit_order[rows].tolist()
+                for j, b in enumerate(rows):
+                    if action(MonitorEvent(row=b, step=t, score=probs[j], exit_order=exits[j], tokens=row_tokens(b))):
+                        stopped[b] = t
+                        done[b] = True
+        if t > 0 and eos is not None:  # the token fed at this step was EOS: the row ends after it is scored
+            done = done | (tokens[-1] == eos)
+        live = live & ~done
+        state["live"] = live
+        if t == max_new_tokens or not bool(live.any()):  # the loop's own read each step, as in HF generate
+            return None
+        if do_sample:
+            if state["gen"] is None:
+                state["gen"] = torch.Generator(device=device).manual_seed(seed)
+            probs_next = torch.softmax(last_logits.float() / temperature, -1)
+            nxt = torch.multinomial(probs_next, 1, generator=state["gen"]).flatten()
+        else:
+            nxt = last_logits.argmax(-1)
+        nxt = torch.where(live, nxt, torch.full_like(nxt, pad_id(tok)))
+        tokens.append(nxt)
+        fed.append(live)
+        state["t"] = t + 1
+        return nxt, live
+
+    with adapter.exclusive():  # the loop's passes are this thread's alone
+        adapter.decode(input_ids, mask, site, max_new_tokens, on_step)
+    seqs = [list(t) for t in ids]
+    if tokens:
+        tk, on = torch.stack(tokens).cpu(), torch.stack(fed).cpu()
+        seqs = [seqs[b] + tk[on[:, b], b].tolist() for b in range(B)]
+    log.sequences, log.prompt_lengths, log.tokenizer = seqs, [len(t) for t in ids], tok
+    if action != "stop":  # "stop": each row's first flagged step
+        log._flags["stopped_at"] = stopped
+    log._copy()  # the one host copy of every step (and the NaN warning), before the run is returned
+    return log
+
+
+def _engine_run(monitor: Any, adapter: Any, ids: list[list[int]], max_new_tokens: int, action: Any, *,
+                order: int | None, cascade: float | Cascade | None, **sampling: Any) -> GenerationRun:
+    """:func:`generate` through a serving engine that runs its own loop and scores in its workers
+    (vLLM): the steps come back per request, the run is built from them."""
+    if callable(action):
+        raise TPCHooksError(f"a callable action decides on the host every step; {adapter.toolkit} scores and stops "
+                            "requests inside its workers: use action='flag' or 'stop'")
+    if isinstance(cascade, Cascade):  # a Cascade object travels as the monitor's own
+        monitor.policy(cascade=cascade)  # checks it wraps this head
+        monitor = type(monitor)(monitor.head, config=monitor.config, cascade=cascade)
+        cascade = None
+    got = adapter.generate(monitor, ids, max_new_tokens, action, order=order,
+                           cascade=None if cascade is None else float(cascade), **sampling)["rows"]
+    as_tensor = lambda k, dtype: [torch.tensor(r[k], dtype=dtype) for r in got]
+    run = GenerationRun(sequences=[list(p) + r["tokens"] for p, r in zip(ids, got)],
+                        prompt_lengths=[len(p) for p in ids], scores=as_tensor("probs", torch.float32),
+                        logits=as_tensor("logits", torch.float32),
+                        decision_logits=as_tensor("decision_logits", torch.float32),
+                        exit_orders=as_tensor("exit_order", torch.long), flops=as_tensor("flops", torch.long),
+                        threshold=float(monitor.threshold), tokenizer=adapter.tokenizer)
+    firsts = run.first_flagged
+    run._flags["stopped_at"] = firsts if action == "stop" else [None] * len(ids)
+    steps = max((len(s) for s in run.scores), default=0)
+    padded = torch.full((steps, len(ids)), 0.0)
+    for b, s in enumerate(run.scores):
+        padded[:len(s), b] = s
+    warn_nonfinite(padded, None, "monitor.generate")
+    return run
+
+
+@contextmanager
+def watch(monitor: Any, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
+          on_flag: Callable[[MonitorEvent], Any] | None = None, tokenizer: Any = None) -> Iterator[WatchLog]:
+    """See :meth:`tpc_hooks.Monitor.watch`."""
+    adapter = monitor._adapter(model, tokenizer=tokenizer)
+    site = adapter.site(monitor.site)
+    scores_ = StepScores(monitor, order, cascade)
+    threshold = float(monitor.threshold)
+    log = WatchLog(threshold=threshold)
+
+    def on_acts(acts: Tensor, mask: Tensor, fresh: bool) -> None:
+        if fresh:
+            scores_.reset()
+        with torch.no_grad():
+            res = scores_.update(acts, mask)
+        log.results.append(res)
+        log.fresh.append(fresh)
+        log.new_tokens.append(int(acts.shape[1]))
+        if on_flag is not None:
+            # the callback decides on the host: one copy per step, not one per flagged row
+            hits, probs, exits = flagged(res.decision_logits, threshold).tolist(), res.probs.tolist(), res.exit_order.tolist()
+            for b in (b for b, f in enumerate(hits) if f):
+                on_flag(MonitorEvent(row=b, step=len(log) - 1, score=probs[b], exit_order=exits[b], tokens=[]))
+
+    with adapter.observe(site, on_acts):
+        yield log
+    if log.results:  # one read at the end: did any call score NaN?
+        bad = torch.stack([r.probs.isnan().sum() for r in log.results]).cpu()
+        if bool(bad.any()):
+            warnings.warn(
+                f"monitor.watch: the monitor's site held NaN/inf activations in {int((bad > 0).sum())} of {len(bad)} "
+                f"forward passes (first: call {int(bad.nonzero()[0])}); those rows' scores are NaN and count as "
+                "flagged. An overflowing float16 forward pass is a common cause", RuntimeWarning, stacklevel=3)

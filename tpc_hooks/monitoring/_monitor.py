@@ -1,0 +1,598 @@
+"""A monitor: a TPC head bound to a hook point, a pooling and a decision policy.
+
+It scores prompts offline, watches a model generate (reading the activations the model
+computes anyway, with its KV cache) and saves to the same directory format as a head.
+"""
+
+import math
+import os
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any, no_type_check
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..activations._collect import check_prompts, pooled_batches, token_batches
+from ..adapters import Adapter, get_adapter, pad, pad_id
+from ..head import _format, _kernel
+from ..head._cards import monitor_card
+from ..head._cascade import Cascade, CascadeResult
+from ..head._checks import check_features, check_rate
+from ..head._errors import TPCHooksError
+from ..head._hub import HubMixin
+from ..head._metrics import threshold_at_fpr
+from ..head._policy import FixedOrder
+from ..head._polynomial import TPC, from_saved, to_saved
+from ..head._pooling import aggregate as aggregate_logits, scored
+from ..head._sae import check_sae, describe as describe_sae, dims as sae_dims, encode as sae_encode
+from ..head._sae import identity as sae_identity_of
+from . import _generation
+from ._monitor_config import MonitorConfig
+from ._records import GenerationRun, MonitorEvent, TokenScores, WatchLog
+
+
+class Monitor(HubMixin):
+    """A trained TPC head + the settings it reads and decides with (:class:`~tpc_hooks.MonitorConfig`:
+    site, pooling, tokenisation, aggregation, threshold) + a decision policy.
+
+    Args:
+        head: the :class:`~tpc_hooks.TPC`.
+        site: TransformerLens hook name it reads (``blocks.L.hook_resid_post``); or pass ``config``.
+        config: a :class:`~tpc_hooks.MonitorConfig` (default: built from ``site`` and ``settings``).
+        cascade: the default policy (a :class:`~tpc_hooks.Cascade` on ``head``: thresholds +
+            per-order calibration), or None to score with the full polynomial.
+        report: what training measured (validation metrics per order, the operating point, ...).
+        sae: an SAELens SAE when the head reads SAE latents (``head.d_model == d_sae``): the
+            site's activations are encoded per token before pooling. Its identity (sizes,
+            recorded release/id/hook, weights hash) is saved, and a different SAE is refused.
+        sae_identity: the identity recorded with a saved monitor (checked against ``sae``).
+        **settings: any field of :class:`~tpc_hooks.MonitorConfig` (``pooling``,
+            ``chat_template``, ``prepend_bos``, ``max_tokens``, ``model_name``, ``threshold``,
+            ``aggregate``, ``alpha``, ``window``, ``skip``); with ``config``, they override it.
+
+    Every setting reads as an attribute (``monitor.site``, ``monitor.threshold``, ...); assigning
+    one replaces :attr:`config` and is validated (``monitor.threshold = float("nan")`` is an
+    error, not a monitor that never flags).
+
+    Attributes:
+        last_generate_log: the :class:`~tpc_hooks.GenerationRun` of the latest Hugging Face
+            ``generate`` call served by one of its :meth:`stopping_criteria` or
+            :meth:`logits_processor` (None before any; not saved).
+
+    Example:
+        >>> import tpc_hooks as tpc
+        >>> mon = tpc.Monitor(tpc.TPC(8, 2, 2), "blocks.1.hook_resid_post", pooling="max")
+        >>> mon.pooling, mon.config.threshold
+        ('max', 0.5)
+    """
+
+    _hub_commit_message = "Upload tpc-hooks monitor"
+
+    def __init__(self, head: TPC, site: str | None = None, *, config: MonitorConfig | None = None,
+                 cascade: Cascade | None = None, report: dict[str, Any] | None = None, sae: Any = None,
+                 sae_identity: dict[str, Any] | None = None, **settings: Any):
+        unknown = sorted(set(settings) - {f.name for f in fields(MonitorConfig)})
+        if unknown:
+            raise TPCHooksError(f"Monitor got unknown settings {unknown}; the settings are MonitorConfig's fields: "
+                                f"{[f.name for f in fields(MonitorConfig)]}")
+        if site is not None:
+            settings["site"] = site
+        if config is None:
+            if "site" not in settings:
+                raise TPCHooksError("Monitor needs site= (the hook name it reads, e.g. 'blocks.6.hook_resid_post') "
+                                    "or config=")
+            config = MonitorConfig(**settings)
+        elif not isinstance(config, MonitorConfig):
+            raise TPCHooksError(f"config must be a tpc_hooks.MonitorConfig; got {type(config).__name__}")
+        elif settings:
+            config = replace(config, **settings)
+        self._cascade = None
+        self.head, self.cascade, self.config = head, cascade, config
+        self.report: dict[str, Any] = {} if report is None else report
+        self.sae, self.sae_identity = sae, sae_identity
+        self.last_generate_log: GenerationRun | None = None
+        if self.sae is not None:
+            ident = sae_identity_of(self.sae)
+            if self.sae_identity is not None and self.sae_identity.get("weights_sha256") != ident["weights_sha256"]:
+                raise TPCHooksError(
+                    f"this monitor was trained on SAE latents of {describe_sae(self.sae_identity)}, and the SAE given "
+                    f"differs ({describe_sae(ident)}); pass the SAE it was trained with"
+                )
+            if sae_dims(self.sae)[1] != self.head.d_model:
+                raise TPCHooksError(f"the SAE has d_sae={sae_dims(self.sae)[1]} but the head reads {self.head.d_model} features")
+            self.sae_identity = ident
+        elif self.sae_identity is not None:
+            raise TPCHooksError(f"this monitor reads SAE latents of {describe_sae(self.sae_identity)}; pass sae= "
+                                "(Monitor.load(path, sae=...))")
+
+    @property
+    def head(self) -> TPC:
+        """The :class:`~tpc_hooks.TPC`. Assigning another is checked: a cascade on the old head must
+        go first (``monitor.cascade = None``, or a :class:`~tpc_hooks.Cascade` on the new head)."""
+        return self._head
+
+    @head.setter
+    def head(self, head: Any) -> None:
+        if not isinstance(head, TPC):
+            raise TPCHooksError(f"Monitor needs a tpc_hooks.TPC head; got {type(head).__name__}")
+        if self._cascade is not None and self._cascade.head is not head:
+            raise TPCHooksError("this monitor's cascade wraps the old head and would go on scoring with it; set "
+                                "monitor.cascade = None (or a Cascade on the new head: tpc.Cascade(head, tau)) first, "
+                                "then assign the head")
+        self._head = head
+
+    @property
+    def cascade(self) -> Cascade | None:
+        """The default policy: a :class:`~tpc_hooks.Cascade` on :attr:`head`, or None (the full
+        polynomial). Assigning one on another head is refused."""
+        return self._cascade
+
+    @cascade.setter
+    def cascade(self, cascade: Any) -> None:
+        if cascade is not None and (not isinstance(cascade, Cascade) or cascade.head is not self._head):
+            raise TPCHooksError("the monitor's cascade must wrap the monitor's own head: tpc.Cascade(monitor.head, tau)"
+                                if isinstance(cascade, Cascade) else
+                                f"cascade must be a tpc_hooks.Cascade or None; got {type(cascade).__name__}")
+        self._cascade = cascade
+
+    def __repr__(self) -> str:
+        policy = "full polynomial" if self.cascade is None else f"cascade({self.cascade.lower:g}, {self.cascade.upper:g})"
+        return (f"Monitor({self.site!r}, pooling={self.pooling!r}, d_model={self.head.d_model}, degree={self.head.degree}, "
+                f"threshold={self.threshold:.6g}, policy={policy})")
+
+    @property
+    def streaming(self) -> bool:
+        """Whether this is a per-token monitor (``pooling="token"``)."""
+        return self.pooling == "token"
+
+    def _features(self, acts: Tensor) -> Tensor:
+        """What the head reads from per-token activations: SAE latents when the monitor has an SAE."""
+        return acts if self.sae is None else sae_encode(self.sae, acts)
+
+    # ------------------------------------------------------------------ checks
+    def _adapter(self, model: Any, tokenizer: Any = None) -> Adapter:
+        adapter = get_adapter(model, tokenizer=tokenizer)
+        adapter.site(self.site)
+        if self.sae is not None:
+            check_sae(self.sae, adapter.d_model, self.site)
+        elif adapter.d_model != self.head.d_model:
+            raise TPCHooksError(
+                f"monitor expects d_model={self.head.d_model} at {self.site!r} but the model produces "
+                f"{adapter.d_model}; was it trained on another model ({self.model_name or 'unknown'})?"
+            )
+        self._follow(adapter.device)
+        return adapter
+
+    # ------------------------------------------------------------------ scoring
+    def policy(self, order: int | None = None, cascade: float | Cascade | None = None) -> Callable[[Tensor], CascadeResult]:
+        """The scoring rule: a fixed truncation ``order``; a cascade (a threshold ``tau``, used
+        with this monitor's calibration, or a :class:`~tpc_hooks.Cascade` on this head); or by
+        default the monitor's own cascade, else the full polynomial."""
+        if order is not None and cascade is not None:
+            raise TPCHooksError("pass order= (a fixed truncation) or cascade= (a threshold or Cascade), not both")
+        if isinstance(cascade, Cascade):
+            if cascade.head is not self.head:
+                raise TPCHooksError("cascade= must wrap this monitor's head (Cascade(monitor.head, ...))")
+            return cascade
+        if cascade is not None:
+            base = self.cascade or Cascade(self.head).centered(self.threshold)
+            return base.with_thresholds(float(cascade), center=base.center)
+        if order is None and self.cascade is not None:
+            return self.cascade
+        return FixedOrder(self.head, order)
+
+    def _step_policy(self, order: int | None = None, cascade: float | Cascade | None = None) -> Callable[[Tensor], CascadeResult]:
+        """:meth:`policy` for the per-step path of generation: the same scores with no host
+        synchronisation (non-finite rows score NaN instead of raising; see :meth:`Cascade.step`)."""
+        return self.policy(order, cascade).step
+
+    # ------------------------------------------------------------------ device
+    def to(self, device: str | torch.device) -> "Monitor":
+        """Moves the head (and so the cascade, which shares it) to ``device``; returns ``self``.
+
+        Not usually needed: a monitor moves to its model's device when it is first used with
+        that model (``score``, ``generate``, ``watch``, the ``generate`` hooks), and scores
+        there in float32 whatever the model's dtype.
+
+        Example:
+            >>> monitor.to("cuda")  # doctest: +SKIP
+        """
+        self.head.to(device)
+        return self
+
+    def _follow(self, device: torch.device) -> None:
+        # a lazily loaded model (nnsight before its first trace) sits on the meta device: no weights to follow
+        if device.type != "meta" and self.head.bias.device != device:
+            self.head.to(device)
+
+    @torch.no_grad()
+    def score(self, model: Any, prompts: Sequence[str] | None = None, *, tokens: Sequence[Sequence[int]] | None = None,
+              order: int | None = None, cascade: float | Cascade | None = None, batch_size: int = 8,
+              tokenizer: Any = None) -> CascadeResult:
+        """Scores prompts (or already tokenised sequences) offline.
+
+        Args:
+            model: the model to read (its d_model and site must match).
+            prompts: texts, tokenised as the monitor was trained (chat template, truncation).
+            tokens: token id lists instead of texts (e.g. ``run.sequences[b][:n]``).
+            order, cascade: a fixed truncation, or a cascade threshold / :class:`~tpc_hooks.Cascade`
+                (see :meth:`policy`).
+            tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
+                ``name_or_path``); toolkit models use their own.
+
+        Returns:
+            A :class:`~tpc_hooks.CascadeResult`: ``logits``, ``probs``, ``exit_order``, ``flops``.
+        """
+        adapter = self._adapter(model, tokenizer)
+        if (prompts is None) == (tokens is None):
+            raise TPCHooksError("pass prompts or tokens (exactly one)")
+        if tokens is None:
+            ids, _ = adapter.tokenize(check_prompts(prompts), chat_template=self.chat_template, max_tokens=self.max_tokens,
+                                      prepend_bos=self.prepend_bos)
+        else:
+            ids = [list(map(int, t)) for t in tokens]
+            if not ids or any(len(t) == 0 for t in ids):
+                raise TPCHooksError("tokens must be a non-empty list of non-empty token id lists")
+        site = adapter.site(self.site)
+        if self.streaming:  # the aggregate after each prompt's last token
+            per = self._token_pass(adapter, ids, site, self.policy(order, cascade), batch_size)
+            return _stack_results([_at(res, agg, -1) for res, agg in per])
+        z = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name]
+        return self.policy(order, cascade)(z)
+
+    def _token_pass(self, adapter: Adapter, ids: list[list[int]], site: Any, rule: Callable[[Tensor], CascadeResult],
+                    batch_size: int) -> list[tuple[CascadeResult, Tensor]]:
+        """A per-token monitor offline: for each sequence, the rule's result for every token
+        ``[T]`` and the aggregated logit after every token ``[T]`` (inputs are checked, so
+        NaN/inf is an error here)."""
+        return [self._aggregated(rule, z) for z in self._token_acts(adapter, ids, site, batch_size)]
+
+    def _aggregated(self, rule: Callable[[Tensor], CascadeResult], z: Tensor) -> tuple[CascadeResult, Tensor]:
+        """One sequence's per-token results ``[T]`` (the ``skip`` leading tokens cost no FLOPs) and
+        the aggregated logit after every token ``[T]`` (``-inf`` over the skipped prefix)."""
+        res = rule(z)
+        ones = torch.ones(1, z.shape[0], device=res.logits.device)
+        on = scored(ones, self.skip)[0]
+        res = replace(res, flops=res.flops.masked_fill(~on.to(res.flops.device), 0))
+        return res, aggregate_logits(res.logits[None], ones, self.aggregate, self.alpha, self.window, self.skip)[0]
+
+    def _token_acts(self, adapter: Adapter, ids: list[list[int]], site: Any, batch_size: int) -> list[Tensor]:
+        """Each sequence's per-token features ``[T, d]`` (SAE latents with an SAE), batched by
+        length, one forward pass per batch."""
+        return token_batches(adapter, ids, [site], batch_size, sae=self.sae, to_host=False)[site.name]
+
+    # ------------------------------------------------------------------ operating point
+    @no_type_check  # fpr is checked here, with a message that names the fix; the test-time checker would preempt it
+    @torch.no_grad()
+    def calibrate(self, model: Any, benign_prompts: Sequence[str], fpr: float = 0.01, *, batch_size: int = 8,
+                  tokenizer: Any = None) -> "Monitor":
+        """Sets :attr:`threshold` so that at most ``fpr`` of ``benign_prompts`` is flagged.
+
+        The prompts are scored as :meth:`score` does (this monitor's pooling and policy); see
+        :meth:`calibrate_activations` for what is set and recorded (``tokenizer``: as in
+        :meth:`score`). Returns ``self``.
+
+        Example:
+            >>> monitor.calibrate(model, benign_validation_prompts, fpr=0.01)  # doctest: +SKIP
+            >>> monitor.threshold, monitor.report["operating_point"]["flagged"]  # doctest: +SKIP
+        """
+        check_rate(fpr, "fpr")  # before any forward pass
+        adapter = self._adapter(model, tokenizer)
+        ids, _ = adapter.tokenize(check_prompts(benign_prompts), chat_template=self.chat_template,
+                                  max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
+        site = adapter.site(self.site)
+        if self.streaming:
+            return self.calibrate_activations(self._token_acts(adapter, ids, site, batch_size), fpr)
+        z = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name]
+        return self.calibrate_activations(z, fpr)
+
+    @no_type_check  # as calibrate
+    @torch.no_grad()
+    def calibrate_activations(self, benign: Any, fpr: float = 0.01) -> "Monitor":
+        """Sets :attr:`threshold` from pooled activations ``[n, d_model]`` of benign inputs, so that
+        at most ``fpr`` of them is flagged (``prob >= threshold``). A per-token monitor takes a
+        list of per-token activations ``[T_i, d_model]``, one per benign sequence, and counts a
+        sequence as flagged when its aggregated score reaches the threshold at any token (the
+        maximum over the sequence: what a monitor streaming it would see).
+
+        With a cascade, its exits are first centred on the full order's threshold
+        (:meth:`Cascade.centered`: an order settles a row only when it is clearly on one side of
+        the threshold in use), then the threshold is set on the cascade's own probabilities, so
+        the bound holds for the policy that runs. ``report["operating_point"]`` records the
+        target, the benign count and how many were flagged. Returns ``self``.
+
+        Raises:
+            TPCHooksError: no rows, wrong ``d_model``, NaN/inf, ``fpr`` outside [0, 1), or a benign
+                tail saturated at probability 1 (no threshold below 1 can separate it).
+        """
+        fpr = check_rate(fpr, "fpr")
+        if self.streaming:
+            if isinstance(benign, (Tensor, np.ndarray)) or not isinstance(benign, Sequence) or not benign:
+                raise TPCHooksError("a per-token monitor calibrates on a non-empty list of per-token activations "
+                                    "[T_i, d_model], one per benign sequence (or use calibrate(model, prompts))")
+            seqs = [check_features(z, f"benign sequence {i}", self.head.d_model).float() for i, z in enumerate(benign)]
+            decisions_of = lambda rule: torch.stack([self._aggregated(rule, z)[1].max() for z in seqs])
+            n = len(seqs)
+        else:
+            z = check_features(benign, "benign activations", self.head.d_model).float()
+            decisions_of = lambda rule: rule(z).decision_logits
+            n = z.shape[0]
+        if 0 < fpr * n < 1:
+            warnings.warn(f"calibrating at fpr={fpr:g} on {n} benign input(s): one flag would already be a rate of "
+                          f"{1 / n:.3g}, so the threshold keeps all {n} unflagged and the rate it reaches on new benign "
+                          f"traffic is unmeasured; calibrate on at least {math.ceil(1 / fpr)} benign inputs",
+                          UserWarning, stacklevel=3)
+        if self.cascade is not None:
+            full = decisions_of(self.cascade.with_thresholds(0.0))
+            self.cascade = self.cascade.centered(_kernel.threshold_above(full, threshold_at_fpr(full.double().cpu().numpy(), fpr)))
+        decisions = decisions_of(self.policy())
+        self.threshold = _kernel.threshold_above(decisions, threshold_at_fpr(decisions.double().cpu().numpy(), fpr))
+        flagged = int(_kernel.flagged(decisions, self.threshold).sum())
+        self.report["operating_point"] = {"fpr": float(fpr), "n_benign": n, "flagged": flagged,
+                                          "threshold": self.threshold, **({"by": "max over tokens"} if self.streaming else {})}
+        return self
+
+    @torch.no_grad()
+    def token_scores(self, model: Any, prompt: str, *, order: int | None = None,
+                     cascade: float | Cascade | None = None, tokenizer: Any = None) -> "TokenScores":
+        """The monitor's score of every prefix of one prompt, from a single forward pass.
+
+        Returns ``(token strings, result)`` (a :class:`TokenScores`, which also renders with
+        ``.to_html()``); ``result.probs[t]`` scores the first ``t + 1`` tokens (a per-token
+        monitor: the aggregate after token ``t``). Hand it to :func:`tpc_hooks.views.colored_tokens` for circuitsvis. ``tokenizer``:
+        as in :meth:`score`.
+        """
+        adapter = self._adapter(model, tokenizer)
+        site = adapter.site(self.site)
+        (ids,), _ = adapter.tokenize(check_prompts([prompt]), chat_template=self.chat_template,
+                                     max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
+        tokens = [adapter.tokenizer.decode([t]) for t in ids]
+        if self.streaming:  # every token scored, the aggregate after each
+            res, agg = self._token_pass(adapter, [ids], site, self.policy(order, cascade), 1)[0]
+            return TokenScores(tokens, CascadeResult(logits=agg, probs=torch.sigmoid(agg), exit_order=res.exit_order,
+                                                     flops=res.flops.cumsum(0), degree=res.degree, decision_logits=agg),
+                               self.threshold,
+                               min(self.skip, len(tokens)))
+        x, mask = pad([ids], pad_id(adapter.tokenizer), "right")
+        with adapter.exclusive():
+            acts = adapter.forward_sites(x, mask, [site])[site.name][0].float()  # [T, D]
+        acts = self._features(acts)
+        if self.pooling == "mean":  # the monitor's pooling of every prefix, only the one it uses
+            prefixes = acts.cumsum(0) / torch.arange(1, acts.shape[0] + 1, device=acts.device, dtype=acts.dtype)[:, None]
+        elif self.pooling == "max":
+            prefixes = acts.cummax(0).values
+        else:
+            prefixes = acts
+        return TokenScores(tokens, self.policy(order, cascade)(prefixes), self.threshold)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
+                 order: int | None = None, cascade: float | Cascade | None = None, do_sample: bool = False,
+                 temperature: float = 1.0,
+                 seed: int = 0, stop_at_eos: bool = True, tokenizer: Any = None) -> GenerationRun:
+        """Generates from ``prompts`` while scoring every step from the model's own forward passes.
+
+        At each step the running pooled vector (prompt + tokens so far) is scored with the
+        policy; step 0 is the prompt alone. Sequences are left-padded and batched; the KV cache
+        is used. Scores equal :meth:`score` on the same prefix (tested). The monitor scores on
+        the model's device and keeps every step there until the end; the loop reads one bool
+        per step back to the host (whether any row goes on, as Hugging Face ``generate`` does;
+        a callable ``action`` also reads the flagged rows). A step whose activations hold
+        NaN/inf scores NaN, counts as flagged and raises a ``RuntimeWarning`` at the end.
+
+        Args:
+            action: ``"flag"`` (record only), ``"stop"`` (end a sequence at its first flagged
+                step; the others continue) or a callable ``f(MonitorEvent) -> bool`` called for
+                each flagged step; returning True stops that sequence.
+            do_sample, temperature, seed: greedy decoding by default. The sampling generator
+                lives on the model's device (seeded by ``seed``), so a GPU and a CPU draw
+                different samples from the same seed.
+            stop_at_eos: end a sequence after it emits the tokenizer's EOS token.
+            tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
+                ``name_or_path``); toolkit models use their own.
+
+        Returns:
+            A :class:`GenerationRun`.
+        """
+        return _generation.generate(self, model, prompts, max_new_tokens, action, order=order, cascade=cascade,
+                                    do_sample=do_sample, temperature=temperature, seed=seed, stop_at_eos=stop_at_eos,
+                                    tokenizer=tokenizer)
+
+    def watch(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
+              on_flag: Callable[[MonitorEvent], Any] | None = None,
+              tokenizer: Any = None) -> AbstractContextManager["WatchLog"]:
+        """Scores every forward pass ``model`` makes inside the block (your own ``generate`` too).
+
+        A call without a KV cache starts new sequences; calls that continue a cache add their
+        tokens to each row's running pool. Pass ``attention_mask`` with padded batches (Hugging
+        Face ``generate`` does) so padding is not pooled. Hooks are removed however the block ends.
+        ``tokenizer``: as in :meth:`score` (not needed to watch). To stop flagged rows inside
+        ``generate``, see :meth:`stopping_criteria`.
+
+        Example:
+            >>> with monitor.watch(lm) as log:  # doctest: +SKIP
+            ...     lm._module.generate(**batch, max_new_tokens=20)
+            >>> log.scores[-1]  # doctest: +SKIP
+        """
+        return _generation.watch(self, model, order=order, cascade=cascade, on_flag=on_flag, tokenizer=tokenizer)
+
+    def stopping_criteria(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
+                          eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
+        """A ``transformers.StoppingCriteria`` that stops the rows this monitor flags, inside the
+        model's own ``generate``.
+
+        Every forward pass ``generate`` makes (KV cache on) is read at :attr:`site` by a hook; each
+        row's running pool is scored with the policy, and the rows with ``prob >= threshold`` are
+        stopped (a per-row bool tensor: the other rows go on, token for token as without the
+        monitor). The pool, the decision and the log stay where the activations are; the
+        criterion reads one bool per step (whether any row goes on), as ``generate`` does. As
+        with any stopping criterion, ``generate`` has already appended the token of the step that
+        is stopped, and pads a finished row only when it has an EOS token (the model's
+        ``generation_config`` usually names one); :meth:`logits_processor` puts EOS in its place.
+
+        One criterion serves one ``generate`` call. Its hooks are attached when it is made and
+        removed as soon as every row has ended (flagged, or an EOS token), by ``close()``
+        (idempotent), at the end of a ``with`` block however it ends, or when the criterion is
+        garbage-collected. So the inline form below leaves no hook behind once ``generate``
+        returns, or once its exception is handled (CPython frees the criterion then). A criterion
+        you keep in a variable keeps its hooks while rows are unfinished (``max_new_tokens``
+        reached): call ``sc.close()``, use ``with``, or drop it. The log stays readable after the
+        hooks are gone: ``sc.log``, or :attr:`last_generate_log` for the inline form.
+
+        Works with whatever drives the Hugging Face model's ``generate`` (greedy or sampling,
+        ``num_beams=1``): a ``transformers`` model, nnsight's ``lm._module``, a TransformerBridge's
+        ``original_model``.
+
+        Args:
+            model: the model ``generate`` runs (or its toolkit wrapper).
+            order, cascade: the scoring policy (see :meth:`policy`).
+            eos_token_id: the EOS ids that end a row, when ``generate`` is given others than the
+                model's ``generation_config`` (the log needs to know when a row ended).
+            tokenizer: as in :meth:`score` (only its EOS id is read, when no other names one).
+
+        Returns:
+            A ``StoppingCriteria`` (also a context manager); its ``log`` (a
+            :class:`~tpc_hooks.GenerationRun`) holds the step scores per row and first flagged
+            steps of the ``generate`` call it served.
+
+        Raises:
+            TPCHooksError: a model without Hugging Face ``generate`` (``HookedTransformer``); from
+                inside ``generate``: a criterion used for a second ``generate`` call or after
+                ``close()``, or made but not passed to the ``generate`` that runs its model.
+
+        Example:
+            >>> out = hf_model.generate(**batch, max_new_tokens=32,  # doctest: +SKIP
+            ...                         stopping_criteria=[monitor.stopping_criteria(hf_model, tokenizer=tok)])
+            >>> monitor.last_generate_log.stopped_at  # doctest: +SKIP
+            >>> with monitor.stopping_criteria(hf_model, tokenizer=tok) as sc:  # doctest: +SKIP
+            ...     out = hf_model.generate(**batch, max_new_tokens=32, stopping_criteria=[sc])
+            >>> sc.log.stopped_at, sc.log.scores[0]  # doctest: +SKIP
+        """
+        from ._hf_generate import MonitorStoppingCriteria
+
+        return MonitorStoppingCriteria(self, model, tokenizer=tokenizer, order=order, cascade=cascade,
+                                       eos_token_id=eos_token_id)
+
+    def logits_processor(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
+                         eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
+        """A ``transformers.LogitsProcessor`` that forces EOS on the rows this monitor flags, for
+        code paths that take processors but no stopping criteria.
+
+        As :meth:`stopping_criteria` (same hooks, scores, log, lifetime: inline, ``close()`` or
+        ``with``), except that a row flagged at step ``t`` gets an EOS token in place of its next
+        token (and at every later step), so it ends with ``t`` generated tokens plus EOS;
+        ``generate``'s own EOS criterion then finishes it. ``eos_token_id`` (default: the model's
+        ``generation_config``, else ``tokenizer.eos_token_id``) must name an EOS token; the first
+        one is forced. The hooks are removed early when every row is forced to EOS; a row that
+        picks EOS itself is known to have ended only at the next step, so when the last rows end
+        that way the hooks go when the processor is closed or freed.
+
+        Example:
+            >>> out = hf_model.generate(**batch, max_new_tokens=32,  # doctest: +SKIP
+            ...                         logits_processor=[monitor.logits_processor(hf_model, tokenizer=tok)])
+            >>> monitor.last_generate_log.first_flagged  # doctest: +SKIP
+        """
+        from ._hf_generate import MonitorLogitsProcessor
+
+        return MonitorLogitsProcessor(self, model, tokenizer=tokenizer, order=order, cascade=cascade,
+                                      eos_token_id=eos_token_id)
+
+    # ------------------------------------------------------------------ saving
+    def _config(self) -> dict[str, Any]:
+        cfg, _ = to_saved(self.head)
+        settings = self.config.to_dict()
+        name = settings.pop("model_name")
+        cfg["monitor"] = {
+            **settings,
+            "model": {"name": name, "d_model": self.head.d_model},
+            "cascade": None if self.cascade is None else self.cascade.to_dict(),
+            "report": self.report,
+            "sae": self.sae_identity,
+        }
+        return cfg
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Saves head and policy to a directory (``config.json`` + ``model.safetensors``)."""
+        return _format.write_dir(path, self._config(), to_saved(self.head)[1])
+
+    def model_card(self, *, repo_id: str | None = None) -> str:
+        """The model card :meth:`save_pretrained` writes (``README.md``): model, site, pooling,
+        threshold, cascade, the head, and the training data and metrics ``report`` records.
+        ``save_pretrained``, ``from_pretrained`` (``sae=`` for a monitor on SAE latents) and
+        ``push_to_hub`` come from :class:`~tpc_hooks.head._hub.HubMixin`."""
+        return monitor_card(self, repo_id=repo_id)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, sae: Any = None) -> "Monitor":
+        """Loads a monitor saved by :meth:`save` (strict; never unpickles).
+
+        A monitor trained on SAE latents needs its SAE again (``sae=``); a different one is refused.
+        """
+        cfg, tensors = _format.read_dir(path)
+        where = Path(path) / _format.CONFIG_FILE
+        head = from_saved(cfg, tensors, where)
+        mon = cfg.get("monitor")
+        if not isinstance(mon, dict):
+            raise TPCHooksError(f"{where} describes a bare head, not a monitor; load it with TPC.load and wrap it: "
+                                "Monitor(head, site=...)")
+        model = mon.get("model") or {}
+        if not isinstance(model, dict):
+            raise TPCHooksError(f"{where}: monitor.model must be an object {{\"name\", \"d_model\"}}; got {model!r}")
+        if model.get("d_model", head.d_model) != head.d_model:
+            raise TPCHooksError(f"{where}: monitor.model.d_model={model.get('d_model')} disagrees with d_model={head.d_model}")
+        try:
+            config = MonitorConfig.from_dict({**mon, "model_name": model.get("name")})
+        except TPCHooksError as err:
+            raise TPCHooksError(f"{where}: monitor: {err}") from None
+        cascade = None
+        if mon.get("cascade") is not None:
+            if not isinstance(mon["cascade"], dict):
+                raise TPCHooksError(f"{where}: monitor.cascade must be an object (lower, upper, temperatures, biases) "
+                                    f"or null; got {type(mon['cascade']).__name__}")
+            try:
+                cascade = Cascade.from_dict(head, mon["cascade"])
+            except (KeyError, TypeError, ValueError, AttributeError) as err:
+                raise TPCHooksError(f"{where}: monitor.cascade is malformed ({err})") from None
+        if mon.get("sae") is not None and not isinstance(mon["sae"], dict):
+            raise TPCHooksError(f"{where}: monitor.sae must be an object (the SAE's identity) or null; got "
+                                f"{type(mon['sae']).__name__}")
+        report = mon.get("report") or {}
+        if not isinstance(report, dict):
+            raise TPCHooksError(f"{where}: monitor.report must be an object; got {type(report).__name__}")
+        try:
+            return cls(head, config=config, cascade=cascade, report=dict(report), sae=sae, sae_identity=mon.get("sae"))
+        except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError
+            raise TPCHooksError(f"{where}: {err}") from None
+
+
+def _setting(name: str) -> property:
+    def get(self: Monitor) -> Any:
+        return getattr(self.config, name)
+
+    def set_(self: Monitor, value: Any) -> None:
+        self.config = replace(self.config, **{name: value})
+
+    return property(get, set_, doc=f"``config.{name}`` (:class:`~tpc_hooks.MonitorConfig`); assigning it is validated.")
+
+
+for _field in fields(MonitorConfig):
+    setattr(Monitor, _field.name, _setting(_field.name))
+
+
+def _at(res: CascadeResult, agg: Tensor, t: int) -> CascadeResult:
+    """A per-token monitor's result for the prefix ending at token ``t``: the aggregate, the
+    token's exit order, and the FLOPs of every token up to it."""
+    t = t % agg.shape[0]
+    return CascadeResult(logits=agg[t:t + 1], probs=torch.sigmoid(agg[t:t + 1]), exit_order=res.exit_order[t:t + 1],
+                         flops=res.flops[:t + 1].sum(0, keepdim=True), degree=res.degree, decision_logits=agg[t:t + 1])
+
+
+def _stack_results(parts: Sequence[CascadeResult]) -> CascadeResult:
+    cat = lambda k: torch.cat([getattr(r, k) for r in parts])
+    return CascadeResult(logits=cat("logits"), probs=cat("probs"), exit_order=cat("exit_order"), flops=cat("flops"),
+                         degree=parts[0].degree, decision_logits=cat("decision_logits"))

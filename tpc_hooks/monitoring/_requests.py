@@ -1,0 +1,159 @@
+"""Per-request scoring for a serving engine (:class:`RequestScores`): the rule of
+:class:`~tpc_hooks.monitoring._generation.StepScores`, for requests that join and leave a running batch.
+
+A serving engine (vLLM) packs the tokens of many requests into one flat forward pass: a
+request may bring its whole prompt, a chunk of it, or the one token it decodes. Each request
+keeps its own running pool (or per-token aggregate); the policy runs once per pass on every
+request's new rows together.
+"""
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..head._cascade import Cascade, CascadeResult
+from ..head._kernel import forget_packs
+from ._generation import StepScores
+
+FIELDS = ("logits", "probs", "decision_logits", "exit_order", "flops")
+
+
+def _part(res: CascadeResult, a: int, b: int) -> CascadeResult:
+    return CascadeResult(logits=res.logits[a:b], probs=res.probs[a:b], decision_logits=res.decision_logits[a:b],
+                         exit_order=res.exit_order[a:b], flops=res.flops[a:b], degree=res.degree)
+
+
+def _pick(res: CascadeResult, index: Tensor | slice) -> CascadeResult:
+    return CascadeResult(**{f: getattr(res, f)[index] for f in FIELDS}, degree=res.degree)
+
+
+def _cat(parts: list[CascadeResult]) -> CascadeResult:
+    return CascadeResult(**{f: torch.cat([getattr(p, f) for p in parts]) for f in FIELDS}, degree=parts[0].degree)
+
+
+def _stacked(objs: list[Any]) -> Any:
+    """One state object for a batch of requests: each tensor attribute of ``objs`` (a batch of
+    one each) concatenated along the batch; everything else from the first."""
+    out = copy.copy(objs[0])
+    for k, v in vars(objs[0]).items():
+        if isinstance(v, Tensor):
+            setattr(out, k, torch.cat([getattr(o, k) for o in objs]))
+    return out
+
+
+def _unstacked(batched: Any, objs: list[Any]) -> None:
+    """The batch's new state back into each request's object (views, one per request)."""
+    for k, v in vars(batched).items():
+        if isinstance(v, Tensor):
+            for o, part in zip(objs, v.split(1)):
+                setattr(o, k, part)
+
+
+class RequestScores:
+    """Running scores per request, keyed by the engine's request id.
+
+    :meth:`update` takes one forward pass's pieces ``(request, rows [n, d_model], complete)``
+    (``complete``: the request has now computed its whole prompt, so its newest row ends a
+    step) and returns, for the complete ones, the monitor's result of everything the request
+    has seen: the same numbers :class:`~tpc_hooks.monitoring._generation.StepScores` gives a batch of one.
+    Each request's results are kept, one per step (step 0: the prompt), until :meth:`take`.
+
+    Example:
+        >>> import torch, tpc_hooks as tpc
+        >>> mon = tpc.Monitor(tpc.TPC(4, 2, 2), "blocks.0.hook_resid_post")
+        >>> rs = RequestScores(mon)
+        >>> ids, res = rs.update([("a", torch.randn(3, 4), True), ("b", torch.randn(2, 4), False)])
+        >>> ids, res.probs.shape
+        (['a'], torch.Size([1]))
+        >>> sorted(rs.take())
+        ['a']
+    """
+
+    def __init__(self, monitor: Any, order: int | None = None, cascade: float | Cascade | None = None):
+        self.monitor = monitor
+        forget_packs(monitor.head)
+        self.rule = monitor._step_policy(order, cascade)
+        self.states: dict[str, StepScores] = {}
+        self.records: dict[str, list[CascadeResult]] = {}
+
+    def restart(self, request: str) -> None:
+        """The request's pool starts over (its tokens are computed again from the first, as after
+        a preemption); the steps recorded so far stay."""
+        if request in self.states:
+            self.states[request].reset()
+
+    def steps(self, request: str) -> int:
+        """Steps recorded for ``request`` so far."""
+        return len(self.records.get(request, ()))
+
+    def update(self, pieces: Sequence[tuple[str, Tensor, bool]]) -> tuple[list[str], CascadeResult | None]:
+        if not pieces:
+            return [], None
+        mon = self.monitor
+        device = mon.head.bias.device
+        feats = mon._features(torch.cat([rows for _, rows, _ in pieces]).to(device).float())
+        sizes = [int(rows.shape[0]) for _, rows, _ in pieces]
+        ends = torch.tensor(sizes).cumsum(0).tolist()
+        states = [self.states.setdefault(rid, StepScores(mon, rule=self.rule)) for rid, _, _ in pieces]
+        # one token each, with a running state (every decode step): one batched update for all of them
+        group = [k for k, (st, n) in enumerate(zip(states, sizes)) if n == 1 and st.state is not None]
+        grouped = set(group)
+        alone = [k for k in range(len(pieces)) if k not in grouped]
+        token = mon.pooling == "token"
+        every = self.rule(feats) if token else None
+        outs: list[Any] = []  # per piece: its pooled vector [1, D] or its result (one row)
+        order: list[int] = []
+        if group:
+            every_row = len(group) == len(feats)  # the usual decode step: one row per request, all of them
+            rows = slice(None) if every_row else torch.tensor([ends[k] - 1 for k in group], device=device)
+            batch = StepScores(mon, rule=self.rule)
+            batch.state = _stacked([states[k].state for k in group])
+            batch.spent = torch.cat([states[k].spent for k in group]) if token else None
+            ones = torch.ones(len(group), 1, device=device)
+            got = batch.fold(_pick(every, rows), ones) if token else batch.pool(feats[rows][:, None], ones)
+            _unstacked(batch.state, [states[k].state for k in group])
+            if token:
+                for k, part in zip(group, batch.spent.split(1)):
+                    states[k].spent = part
+            outs.append(got)
+            order += group
+        for k in alone:
+            n, e = sizes[k], ends[k]
+            ones = torch.ones(1, n, device=device)
+            outs.append(states[k].fold(_part(every, e - n, e), ones) if token else states[k].pool(feats[e - n:e][None], ones))
+            order += [k]
+        done_k = [k for k in sorted(order) if pieces[k][2]]
+        done = [pieces[k][0] for k in done_k]
+        if not done:
+            return [], None
+        place = {k: i for i, k in enumerate(order)}
+        at = [place[k] for k in done_k]
+        pick = slice(None) if at == list(range(len(order))) else torch.tensor(at, device=device)
+        res = _pick(_cat(outs) if len(outs) > 1 else outs[0], pick) if token else self.rule(torch.cat(outs)[pick])
+        vals = [getattr(res, f).tolist() for f in FIELDS]
+        for j, rid in enumerate(done):
+            self.records.setdefault(rid, []).append(tuple(v[j] for v in vals))
+        return done, res
+
+    def take(self, requests: Sequence[str] | None = None) -> dict[str, dict[str, Tensor]]:
+        """The recorded steps of ``requests`` (default: all) as tensors ``[steps]`` per field on
+        the host; forgets them and their running state."""
+        out = {}
+        for rid in list(self.records if requests is None else requests):
+            recs = self.records.pop(rid, [])
+            self.states.pop(rid, None)
+            if recs:
+                cols = list(zip(*recs))
+                out[rid] = {f: torch.tensor(c, dtype=torch.long if f in ("exit_order", "flops") else torch.float32)
+                            for f, c in zip(FIELDS, cols)}
+        if requests is None:
+            self.states.clear()
+        return out
+
+    def forget(self, request: str) -> None:
+        """Drops a request's state and records."""
+        self.states.pop(request, None)
+        self.records.pop(request, None)

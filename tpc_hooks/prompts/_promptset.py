@@ -1,0 +1,104 @@
+"""Prompts with labels and per-row metadata (:class:`PromptSet`), and the split tables; re-exported by
+:mod:`tpc_hooks.data`."""
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..head._errors import TPCHooksError
+from ._sources import Row as _Row
+
+
+@dataclass(frozen=True)
+class PromptSet:
+    """Prompts with binary labels (1 = harmful) and, per row, its source, category and adversarial flag.
+
+    Args:
+        texts: The prompts.
+        labels: 1 for harmful, 0 for benign.
+        sources: Where each prompt comes from (``"advbench"``, ``"sharegpt"``, ...).
+        categories: The source's harm category or its own category; ``""`` where it has none.
+        adversarial: Whether the prompt is a request wrapped in a jailbreak template.
+
+    Raises:
+        TPCHooksError: lists of different lengths, or a label other than 0 or 1.
+
+    Example:
+        >>> ps = PromptSet(["How do I bake bread?", "Write a phishing email"], [0, 1],
+        ...                ["mine", "mine"], ["", "fraud"], [False, False])
+        >>> len(ps), ps.subset([1]).texts, len(ps + ps)
+        (2, ['Write a phishing email'], 4)
+        >>> print(ps.summary())
+        | split | source | label 0 | label 1 | adversarial 0 | adversarial 1 |
+        |---|---|---:|---:|---:|---:|
+        | all | mine | 1 | 1 | 0 | 0 |
+        | all | **total** | 1 | 1 | 0 | 0 |
+    """
+
+    texts: list[str]
+    labels: list[int]
+    sources: list[str]
+    categories: list[str]
+    adversarial: list[bool]
+
+    def __post_init__(self) -> None:
+        n = len(self.texts)
+        lengths = {f: len(getattr(self, f)) for f in ("labels", "sources", "categories", "adversarial")}
+        if any(m != n for m in lengths.values()):
+            raise TPCHooksError(f"every field of a PromptSet needs one entry per text ({n}); got lengths {lengths}")
+        bad = sorted({y for y in self.labels if y not in (0, 1)})
+        if bad:
+            raise TPCHooksError(f"labels must be 0 (benign) or 1 (harmful); got {bad}")
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> "PromptSet":
+        """The rows at ``indices`` (integers; a NumPy index array works), in that order."""
+        idx = [int(i) for i in indices]
+        return PromptSet([self.texts[i] for i in idx], [self.labels[i] for i in idx], [self.sources[i] for i in idx],
+                         [self.categories[i] for i in idx], [self.adversarial[i] for i in idx])
+
+    def __add__(self, other: "PromptSet") -> "PromptSet":
+        """The rows of both sets, these first."""
+        return PromptSet._from_rows(self._rows() + other._rows())
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """One dict per row with keys ``text``, ``label``, ``source``, ``category``, ``adversarial``."""
+        return [dict(zip(_Row._fields, row)) for row in self._rows()]
+
+    def summary(self) -> str:
+        """A markdown table of row counts per source and label (see :func:`splits_summary`)."""
+        return splits_summary({"all": self})
+
+    def _rows(self) -> list[_Row]:
+        return [_Row(*r) for r in zip(self.texts, self.labels, self.sources, self.categories, self.adversarial)]
+
+    @classmethod
+    def _from_rows(cls, rows: Sequence[_Row]) -> "PromptSet":
+        return cls([r.text for r in rows], [r.label for r in rows], [r.source for r in rows],
+                   [r.category for r in rows], [r.adversarial for r in rows])
+
+
+def splits_summary(splits: Mapping[str, PromptSet]) -> str:
+    """A markdown table of row counts per split, source and label; "adversarial" counts the wrapped rows among them.
+
+    Example:
+        >>> ps = PromptSet(["a b c", "d e f"], [0, 1], ["x", "y"], ["", ""], [False, True])
+        >>> print(splits_summary({"test": ps}).splitlines()[2])
+        | test | x | 1 | 0 | 0 | 0 |
+    """
+    lines = ["| split | source | label 0 | label 1 | adversarial 0 | adversarial 1 |", "|---|---|---:|---:|---:|---:|"]
+    for name, ps in splits.items():
+        every = Counter(zip(ps.sources, ps.labels))
+        adv = Counter((s, y) for s, y, a in zip(ps.sources, ps.labels, ps.adversarial) if a)
+        for source in sorted(set(ps.sources)):
+            counts = [every[source, 0], every[source, 1], adv[source, 0], adv[source, 1]]
+            lines.append(f"| {name} | {source} | " + " | ".join(map(str, counts)) + " |")
+        totals = [ps.labels.count(0), ps.labels.count(1), sum(a and y == 0 for a, y in zip(ps.adversarial, ps.labels)),
+                  sum(a and y == 1 for a, y in zip(ps.adversarial, ps.labels))]
+        lines.append(f"| {name} | **total** | " + " | ".join(map(str, totals)) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,371 @@
+"""``tpc-hooks serve``: vLLM's OpenAI-compatible server with a monitor on every request.
+
+The engine is built with tpc-hooks' worker extension and logits processor
+(:func:`~tpc_hooks.adapters.vllm_engine_args`); once it is up, the monitor is loaded in its
+workers (``keep="summary"``), which score every request at every step and, with ``--action
+stop``, end a request in the step it is flagged. An ASGI middleware (:class:`MonitorMiddleware`)
+asks the workers for a request's summary when its response finishes and writes it into the
+response (the ``tpc_hooks`` field of each choice; a stopped choice's ``finish_reason`` is
+``"content_flagged"``), counts it in ``/metrics``, and names the monitor in ``/v1/models``.
+
+Per request, through vLLM's ``vllm_xargs``: ``{"tpc_hooks_monitor": false}`` opts out,
+``{"tpc_hooks_threshold": 0.9}`` sets its own threshold. Requests that are monitored skip
+reading the prefix cache (set here for them), so every prompt token reaches the monitor.
+
+Imported by ``tpc-hooks serve`` only (it imports vLLM).
+"""
+
+import argparse
+import asyncio
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+
+from ..adapters._hf import layer_path
+from ..adapters._sites import parse_site
+from ..adapters._vllm_args import STOP, WORKER
+from ..adapters.vllm import _is_ours
+from ..head import _format
+from ..head._errors import TPCHooksError
+from ..monitoring._monitor import Monitor
+
+FIELD = "tpc_hooks"  # each choice's monitor summary
+FLAGGED = "content_flagged"  # the finish_reason of a stopped choice
+_ROUTES = ("/v1/completions", "/v1/chat/completions")
+
+SCORED = Counter("tpc_hooks_requests_scored", "Requests the monitor scored (choices, each its own request)")
+FLAGS = Counter("tpc_hooks_requests_flagged", "Requests flagged at some step")
+STOPS = Counter("tpc_hooks_requests_stopped", "Requests the monitor stopped")
+OPTED = Counter("tpc_hooks_requests_opted_out", "Requests sent with tpc_hooks_monitor=false")
+NONFINITE = Counter("tpc_hooks_requests_nonfinite", "Requests whose activations turned NaN/inf (answered with an error)")
+PEAK = Histogram("tpc_hooks_peak_score", "Each scored request's highest score",
+                 buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0))
+
+
+def identity(path: str | Path) -> dict[str, Any]:
+    """What ``/v1/models`` says of the monitor: site, threshold, pooling, cascade or not, and the
+    SHA-256 of its saved files. Loads it (a missing, corrupt or tampered directory raises)."""
+    mon = Monitor.load(path)
+    digest = hashlib.sha256()
+    for name in (_format.CONFIG_FILE, _format.WEIGHTS_FILE):
+        digest.update((Path(path) / name).read_bytes())
+    return {"site": mon.site, "threshold": float(mon.threshold), "pooling": mon.pooling,
+            "cascade": mon.cascade is not None, "degree": mon.head.degree, "d_model": mon.head.d_model,
+            "sha256": digest.hexdigest()}
+
+
+class MonitorMiddleware:
+    """Writes each finished choice's monitor summary into the response (streamed or not)."""
+
+    monitor: dict[str, Any] = {}  # identity(), set before the server starts
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if scope["path"] == "/v1/models" and scope["method"] == "GET":
+            return await self._buffered(scope, receive, send, self._models)
+        if scope["path"] not in _ROUTES or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        body = bytearray()
+
+        async def reading() -> dict:
+            message = await receive()
+            if message["type"] == "http.request":
+                body.extend(message.get("body", b""))
+            return message
+        engine = scope["app"].state.engine_client
+        n = {"n": None}
+
+        def choices_per_prompt() -> int:
+            if n["n"] is None:
+                try:
+                    n["n"] = int(json.loads(bytes(body) or b"{}").get("n") or 1)
+                except (ValueError, AttributeError):
+                    n["n"] = 1
+            return n["n"]
+
+        async def annotate(payload: dict) -> dict:
+            """Adds the summary of every finished choice (those with a finish_reason)."""
+            ended = [c for c in payload.get("choices") or [] if c.get("finish_reason") is not None]
+            if not ended or "id" not in payload:
+                return payload
+            got = await _summaries(engine, payload["id"], choices_per_prompt())
+            for c in ended:
+                s = got.get(int(c.get("index", 0)))
+                c[FIELD] = _field(s)
+                if s and s.get("stopped_at") is not None:
+                    c["finish_reason"] = FLAGGED
+                _count(s)
+                if s and s.get("nonfinite_step") is not None:
+                    payload.setdefault("error", _nonfinite_error(s))
+            return payload
+
+        streaming = {"on": False, "start": None}
+        pending = bytearray()
+        chunks = bytearray()
+
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                headers = dict((k.lower(), v) for k, v in message.get("headers", []))
+                streaming["on"] = headers.get(b"content-type", b"").startswith(b"text/event-stream")
+                if streaming["on"]:
+                    return await send(message)
+                streaming["start"] = message
+                return None
+            if message["type"] != "http.response.body":
+                return await send(message)
+            if streaming["on"]:  # server-sent events: rewrite the ones that finish a choice
+                pending.extend(message.get("body", b""))
+                out = bytearray()
+                while b"\n\n" in pending:
+                    event, _, rest = bytes(pending).partition(b"\n\n")
+                    pending[:] = rest
+                    out.extend(await _event(event, annotate) + b"\n\n")
+                if not message.get("more_body", False) and pending:
+                    out.extend(bytes(pending))
+                    pending.clear()
+                return await send({**message, "body": bytes(out)})
+            chunks.extend(message.get("body", b""))
+            if message.get("more_body", False):
+                return None
+            start = streaming["start"]
+            data = bytes(chunks)
+            if start["status"] == 200:
+                try:
+                    payload = await annotate(json.loads(data))
+                    if "error" in payload:  # NaN/inf activations: the whole response is an error
+                        start = {**start, "status": 500}
+                        payload = {"error": payload["error"]}
+                    data = json.dumps(payload).encode()
+                except json.JSONDecodeError:
+                    pass
+            headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+            await send({**start, "headers": headers + [(b"content-length", str(len(data)).encode())]})
+            await send({"type": "http.response.body", "body": data, "more_body": False})
+
+        await self.app(scope, reading, sending)
+
+    def _models(self, payload: dict) -> dict:
+        payload[FIELD] = self.monitor
+        for model in payload.get("data") or []:
+            model[FIELD] = self.monitor
+        return payload
+
+    async def _buffered(self, scope: dict, receive: Any, send: Any, edit: Any) -> None:
+        held: dict[str, Any] = {}
+        chunks = bytearray()
+
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                held["start"] = message
+                return None
+            if message["type"] != "http.response.body":
+                return await send(message)
+            chunks.extend(message.get("body", b""))
+            if message.get("more_body", False):
+                return None
+            data = bytes(chunks)
+            try:
+                data = json.dumps(edit(json.loads(data))).encode()
+            except (json.JSONDecodeError, AttributeError):
+                pass
+            headers = [(k, v) for k, v in held["start"].get("headers", []) if k.lower() != b"content-length"]
+            await send({**held["start"], "headers": headers + [(b"content-length", str(len(data)).encode())]})
+            await send({"type": "http.response.body", "body": data, "more_body": False})
+
+        await self.app(scope, receive, sending)
+
+
+async def _event(event: bytes, annotate: Any) -> bytes:
+    if not event.startswith(b"data: ") or event == b"data: [DONE]":
+        return event
+    try:
+        payload = json.loads(event[6:])
+    except json.JSONDecodeError:
+        return event
+    if not isinstance(payload, dict) or not any(c.get("finish_reason") is not None for c in payload.get("choices") or []):
+        return event
+    payload = await annotate(payload)
+    error = payload.pop("error", None)
+    out = b"data: " + json.dumps(payload).encode()
+    if error is not None:
+        out += b"\n\ndata: " + json.dumps({"error": error}).encode()
+    return out
+
+
+class _Asks:
+    """One RPC to the workers at a time, for every response that finished while the previous
+    one was out: under load the engine answers one summary call per step or so, not one per
+    response (each call waits for the engine's loop between two steps)."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, asyncio.Future] = {}
+        self.busy = False
+
+    async def ask(self, engine: Any, response_id: str) -> dict[str, Any]:
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(response_id, fut)
+        fut = self.waiting[response_id]
+        if not self.busy:
+            self.busy = True
+            try:
+                while self.waiting:
+                    batch, self.waiting = self.waiting, {}
+                    try:
+                        got = (await engine.collective_rpc("tpc_hooks_summaries", args=(list(batch),)))[0]
+                    except Exception as err:  # every waiting response learns it
+                        for f in batch.values():
+                            f.set_exception(err)
+                        continue
+                    for rid, f in batch.items():
+                        f.set_result({k: v for k, v in got.items() if rid in k})
+            finally:
+                self.busy = False
+        return await fut
+
+
+_ASKS = _Asks()
+_CHILD = re.compile(r"^(?:(\d+)_)?(.*)$")
+
+
+async def _summaries(engine: Any, response_id: str, n: int) -> dict[int, dict | None]:
+    """The workers' summaries of a response's requests, by choice index. Engine ids: a chat
+    request ``chatcmpl-X-<8 hex>``; a completion's prompt ``i`` ``cmpl-X-i-<8 hex>``; the
+    ``k``-th of ``n`` samples ``k_<that>``."""
+    got = await _ASKS.ask(engine, response_id)
+    out: dict[int, dict | None] = {}
+    for rid, summary in got.items():
+        k, rest = _CHILD.match(rid).groups()
+        tail = rest[len(response_id):].split("-") if rest.startswith(response_id) else []
+        prompt = int(tail[1]) if len(tail) == 3 and tail[1].isdigit() else 0
+        out[prompt * n + int(k or 0)] = summary
+    return out
+
+
+def _field(s: dict | None) -> dict[str, Any]:
+    """One choice's ``tpc_hooks`` field."""
+    if s is None:
+        return {"monitored": False}
+    if "error" in s:
+        return {"monitored": False, "error": s["error"]}
+    return {"monitored": True, "flagged": s["flagged"], "stopped": s["stopped_at"] is not None,
+            "flagged_at_token": s["first_flagged"], "peak_score": s["peak_score"], "threshold": s["threshold"],
+            "steps": s["steps"]}
+
+
+def _count(s: dict | None) -> None:
+    if s is None:
+        OPTED.inc()
+        return
+    if "error" in s:
+        return
+    SCORED.inc()
+    FLAGS.inc(s["flagged"])
+    STOPS.inc(s["stopped_at"] is not None)
+    if s["nonfinite_step"] is not None:
+        NONFINITE.inc()
+    elif s["peak_score"] is not None:
+        PEAK.observe(s["peak_score"])
+
+
+def _nonfinite_error(s: dict) -> dict[str, Any]:
+    return {"message": f"the monitor's site held NaN/inf activations for this request from step {s['nonfinite_step']} "
+                       "(after that many generated tokens); it was stopped there and has no score. The server goes on "
+                       "serving other requests",
+            "type": "MonitorNonFiniteActivations", "code": 500}
+
+
+def _skip_cache_reads(engine: Any) -> None:
+    """Monitored requests skip reading the prefix cache (a cached block never reaches a hook)."""
+    inner = engine.generate
+
+    def generate(prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
+        extra = getattr(sampling_params, "extra_args", None) or {}
+        if extra.get("tpc_hooks_monitor", True) not in (False, 0) and hasattr(sampling_params, "skip_reading_prefix_cache"):
+            sampling_params.skip_reading_prefix_cache = True
+        return inner(prompt, sampling_params, request_id, *args, **kwargs)
+
+    engine.generate = generate
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
+    """tpc-hooks' own options, then vLLM's server arguments (everything else is passed to it)."""
+    p = argparse.ArgumentParser(prog="tpc-hooks serve", description="vLLM's OpenAI-compatible server with a monitor "
+                                "on every request; every option not listed here is vLLM's")
+    p.add_argument("model", help="the model to serve (a hub id or local folder), as for `vllm serve`")
+    p.add_argument("--monitor", required=True, help="a monitor directory (Monitor.save / tpc-hooks train)")
+    p.add_argument("--action", choices=("flag", "stop"), default="stop",
+                   help="stop: end a request in the step it is flagged (default); flag: record only")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    ours, rest = p.parse_known_args(argv)
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    vp = make_arg_parser(FlexibleArgumentParser(prog="tpc-hooks serve"))
+    args = vp.parse_args(["--model", ours.model, "--host", ours.host, "--port", str(ours.port), *rest])
+    if args.worker_extension_cls and not _is_ours(args.worker_extension_cls):
+        raise TPCHooksError(f"--worker-extension-cls must be tpc-hooks' own ({WORKER}) or a class built on it")
+    args.worker_extension_cls, args.enforce_eager = args.worker_extension_cls or WORKER, True
+    args.logits_processors = [STOP, *(args.logits_processors or [])]
+    args.middleware = [*(args.middleware or []), f"{__name__}.MonitorMiddleware"]
+    validate_parsed_serve_args(args)
+    return ours, args
+
+
+def check_model(monitor: dict[str, Any], model: str, trust_remote_code: bool = False) -> list[str]:
+    """The monitor's site and d_model against the model's config (read, not loaded); returns the
+    attribute path of its decoder layers (the transformers adapter's table)."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    cfg = getattr(cfg, "text_config", None) or cfg
+    site = parse_site(monitor["site"])
+    if site.kind != "post" or site.layer >= cfg.num_hidden_layers:
+        raise TPCHooksError(f"the monitor reads {monitor['site']!r}; vLLM exposes blocks.L.hook_resid_post for L in "
+                            f"0..{cfg.num_hidden_layers - 1} of {model}")
+    if monitor["d_model"] != cfg.hidden_size:
+        raise TPCHooksError(f"monitor expects d_model={monitor['d_model']} but {model} produces {cfg.hidden_size}; "
+                            "was it trained on another model?")
+    return layer_path(cfg, "vLLM")
+
+
+async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
+    """Starts the engine, loads the monitor in its workers, serves until stopped."""
+    from vllm.entrypoints.launchers.api_server.entry import build_and_serve, build_async_engine_client
+    from vllm.entrypoints.launchers.launcher import setup_server
+
+    site = parse_site(MonitorMiddleware.monitor["site"])
+    listen_address, sock = setup_server(args, reuse_port=False)
+    try:
+        async with build_async_engine_client(args) as engine:
+            try:
+                await engine.collective_rpc("tpc_hooks_arm", args=(str(Path(ours.monitor).resolve()), site.layer, None,
+                                                                   None, ours.action, "summary", ours.layers_path))
+            except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
+                raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
+            _skip_cache_reads(engine)
+            MonitorMiddleware.monitor = {**MonitorMiddleware.monitor, "action": ours.action}
+            shutdown = await build_and_serve(engine, listen_address, sock, args)
+        await shutdown
+    finally:
+        sock.close()
+
+
+def main(argv: list[str]) -> int:
+    import uvloop
+
+    ours, args = parse(argv)
+    # a bad directory, or a monitor for another model, fails here, before the engine starts
+    MonitorMiddleware.monitor = identity(ours.monitor)
+    ours.layers_path = check_model(MonitorMiddleware.monitor, args.model, getattr(args, "trust_remote_code", False))
+    uvloop.run(run(ours, args))
+    return 0
+

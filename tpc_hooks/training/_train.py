@@ -1,0 +1,318 @@
+"""The training recipe: activations in, a calibrated :class:`~tpc_hooks.Monitor` with its report out.
+
+:func:`tpc_hooks.train_monitor` (activations collected from a model) and ``tpc-hooks train``
+(activations read from the stores ``tpc-hooks collect`` wrote) both build a :class:`TrainData`
+per candidate site and a :class:`TrainPlan`, and call :func:`train`, so the two cannot drift:
+the same rows give the same monitor, bit for bit.
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..head._cascade import Cascade
+from ..head._checks import check_rate
+from ..head._errors import TPCHooksError
+from ..head._history import FitConfig
+from ..monitoring._monitor import Monitor
+from ..monitoring._monitor_config import MonitorConfig
+from ..prompts._context import hosted_rows
+from ._evaluate import DECISIONS, EARN_Z, earned_order, per_order, worst_per_order
+from ._fit import fit
+from ._rows import token_rows
+from ._select import FPR, choose_site
+
+TRAIN_RECIPES = ("default", "in_distribution", "paper")
+REWRITE_CONSISTENCY = 0.03  # fit's consistency weight on the training rewrites (bench_phrasing: the best of 0.03/0.1/0.3)
+PLAIN = "prompts"  # the validation group of the prompts as given (the others are phrasing families)
+INTENT = "intent"  # the validation group of the harmful prompts with their intent flips
+
+
+@dataclass(frozen=True)
+class Examples:
+    """One part of the data: pooled rows ``X [n, d_model]`` (an array or tensor) or, for a
+    per-token monitor, a list of ``n`` sequences ``[T_i, d_model]``; labels ``y [n]``; and for
+    validation, each example's group (:data:`PLAIN` or a phrasing family)."""
+
+    X: Any
+    y: np.ndarray
+    groups: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(frozen=True)
+class Chats:
+    """Requests hosted in benign conversations (``contexts``): each chat's per-token activations
+    ``[T_i, d_model]``, its request's token span, its request's label, and how many tokens after
+    a harmful request's turn stay harmful rows (:func:`tpc_hooks.data.token_labels`)."""
+
+    seqs: list[Any]
+    spans: list[tuple[int, int]]
+    labels: np.ndarray
+    tail: int
+
+
+@dataclass(frozen=True)
+class TrainData:
+    """What one site offers the recipe.
+
+    Attributes:
+        train: the training prompts as given.
+        rewrites: their phrasing rewrites (trained on; with the default recipe also the rows
+            of the consistency penalty), or None.
+        val: the validation prompts as given (group :data:`PLAIN`), then their rewrites (group:
+            the family), then the harmful ones again with their intent flips (group
+            :data:`INTENT`), or None (no threshold, no report, an uncalibrated cascade).
+        flips: benign-labelled intent flips of the harmful training prompts (trained on; not
+            rows of the consistency penalty: the higher orders are free to model them), or None.
+        flip_of: per flip, the position in ``train`` of the prompt it flips (the pairs of
+            ``FitConfig.contrast``), or None.
+        homonyms: rows only the degrees above 1 train on (the homonym rows,
+            :func:`tpc_hooks.data.homonym_examples`): order 1 is fitted without them, then the
+            higher orders are fitted on every row, these too, or None.
+        contexts: ``{"train": Chats, "val": Chats}`` for a per-token monitor trained on requests
+            inside conversations (either may be missing).
+    """
+
+    train: Examples
+    rewrites: Examples | None = None
+    val: Examples | None = None
+    contexts: dict[str, Chats] = field(default_factory=dict)
+    flips: Examples | None = None
+    flip_of: np.ndarray | None = None
+    homonyms: Examples | None = None
+
+
+@dataclass(frozen=True)
+class TrainPlan:
+    """How to train: the monitor's settings (its ``site`` is replaced by the chosen one when
+    several sites are offered; its threshold is set by calibration), the fit settings, the
+    recipe's name, phrasing families and intent-flip kinds (selection over the validation
+    groups when there are any: ``FitConfig.group_rule``), the cascade's ``tau`` (None: no cascade) and the benign validation share the threshold
+    may flag (None: keep the config's), and whether the head keeps only the orders that earn their
+    terms at that operating point on validation (``prune``)."""
+
+    monitor: MonitorConfig
+    fit: FitConfig
+    recipe: str = "default"
+    families: tuple[str, ...] = ()
+    tau: float | None = None
+    intent: tuple[str, ...] = ()
+    target_fpr: float | None = 0.01
+    context_lengths: tuple[int, ...] = ()
+    prune: bool = False
+
+    def __post_init__(self) -> None:
+        if self.recipe not in TRAIN_RECIPES:
+            raise TPCHooksError(f"recipe must be one of {list(TRAIN_RECIPES)}; got {self.recipe!r}")
+        check_target_fpr(self.target_fpr)
+
+
+def check_target_fpr(target_fpr: Any, name: str = "target_fpr") -> None:
+    """``target_fpr`` is None or a number in [0, 1) (checked before anything is collected)."""
+    if target_fpr is not None:
+        check_rate(target_fpr, name)
+
+
+def fit_config(recipe: str, families: Sequence[str], config: FitConfig | None, options: dict[str, Any]) -> FitConfig:
+    """The fit settings of a recipe: ``config`` with ``options``; the paper's recipe; and with the
+    default recipe and rewrites, the consistency penalty on them unless one is given."""
+    if "recipe" in options:
+        raise TPCHooksError("pass recipe= once (train_monitor's recipe covers fit's)")
+    extra: dict[str, Any] = {"recipe": "paper"} if recipe == "paper" else {}
+    if recipe == "default" and families and "consistency" not in options and (config is None or not config.consistency):
+        extra["consistency"] = REWRITE_CONSISTENCY
+    return FitConfig.from_options(config, {**options, **extra})
+
+
+def default_aggregate(with_contexts: bool) -> str:
+    """A per-token monitor's aggregation when none is asked for: ``"max"`` once the head has seen
+    requests inside conversations (the best at long contexts), else ``"rolling"`` (trained on
+    short prompts only, a running max flags more long benign chats the longer they are)."""
+    return "max" if with_contexts else "rolling"
+
+
+def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, init: Any = None, device: Any = None,
+          verbose: bool = True) -> Monitor:
+    """Trains, calibrates and reports a monitor: chooses the site (several offered), fits the
+    head (:func:`tpc_hooks.fit`), wraps it in a cascade calibrated on validation, measures every
+    order on validation, and sets the threshold on the benign validation prompts as given (group
+    :data:`PLAIN`) and the hosted benign chats.
+
+    Args:
+        data: site -> its :class:`TrainData` (every site the same prompts in the same order).
+        plan: the :class:`TrainPlan`.
+        sae: the SAE whose latents the rows are (see :class:`~tpc_hooks.Monitor`).
+        init, device, verbose: passed to :func:`tpc_hooks.fit`.
+
+    Returns:
+        The :class:`~tpc_hooks.Monitor`; ``report`` holds ``validation`` (metrics per order on the
+        validation prompts as given), ``worst_validation_group``, ``n_train``, ``augment``,
+        ``recipe``, and where they apply ``site_selection``, ``n_train_tokens``, ``contexts`` and
+        ``operating_point``.
+    """
+    if not data:
+        raise TPCHooksError("no site to train on")
+    report: dict[str, Any] = {}
+    site = next(iter(data))
+    if len(data) > 1:
+        if any(d.val is None for d in data.values()):
+            raise TPCHooksError("choosing among several sites needs a validation split")
+        pooled = {s: _cat(_cat(d.train, d.rewrites), d.flips) for s, d in data.items()}
+        site, report["site_selection"] = choose_site(
+            {s: (pooled[s].X, pooled[s].y, d.val.X, d.val.y) for s, d in data.items()}, data[site].val.groups,
+            plan.fit, device)
+    d, cfg = data[site], plan.fit
+    settings = replace(plan.monitor, site=site)
+    tokens = _TokenRows(d, settings.skip) if settings.streaming else None
+    if tokens:
+        X_tr, y_tr = tokens.train
+    else:
+        rows = _cat(_cat(d.train, d.rewrites), d.flips)
+        X_tr, y_tr = rows.X, rows.y
+    X_va = y_va = g_va = None
+    if d.val is not None:
+        X_va, y_va, g_va = tokens.val if tokens else (d.val.X, d.val.y, d.val.groups)
+    unlabelled = None
+    if cfg.consistency and plan.families and d.rewrites is not None:
+        unlabelled = token_rows(list(d.rewrites.X), settings.skip)[0] if tokens else d.rewrites.X
+    grouped = bool(plan.families or plan.intent)
+    shared = dict(verbose=verbose, val_groups=g_va if grouped else None, X_unlabelled=unlabelled, device=device)
+    pairs = _pairs(d, cfg, tokens, len(y_tr))
+    if d.homonyms is not None and len(d.homonyms) and cfg.degree > 1:  # order 1 without them, the higher orders with
+        if init is None:  # (rank is the higher degrees' setting: any value does for degree 1)
+            init = fit(X_tr, y_tr, X_va, y_va, replace(cfg, degree=1, rank=1), pairs=pairs, **shared)
+        late = Examples(*token_rows(list(d.homonyms.X), settings.skip, d.homonyms.y)) if tokens else d.homonyms
+        every = _cat(Examples(X_tr, y_tr), late)
+        X_tr, y_tr = every.X, every.y
+    head = fit(X_tr, y_tr, X_va, y_va, cfg, pairs=pairs, init=init, **shared).cpu()
+    if plan.prune and d.val is not None and head.degree > 1:
+        head = _earned(head, d, settings, sae, plan, report)
+    cascade = None
+    if plan.tau is not None:
+        cascade = Cascade(head, plan.tau)
+        if d.val is not None:
+            cascade = cascade.calibrate(X_va, y_va)
+    monitor = Monitor(head, config=settings, cascade=cascade, sae=sae, report=report)
+    report.update({"n_train": len(d.train), "augment": {
+        "families": list(plan.families), "n_train_rewrites": 0 if d.rewrites is None else len(d.rewrites),
+        "n_val_rewrites": 0 if d.val is None else int(((d.val.groups != PLAIN) & (d.val.groups != INTENT)).sum()),
+        "intent": list(plan.intent), "n_train_flips": 0 if d.flips is None else len(d.flips),
+        "n_train_homonyms": 0 if d.homonyms is None else len(d.homonyms),
+        # the benign rows of the validation group INTENT: the flips and any validation homonyms
+        "n_val_hard_negatives": 0 if d.val is None else int(((d.val.groups == INTENT) & (d.val.y == 0)).sum())},
+        "recipe": plan.recipe})
+    if tokens:
+        report["n_train_tokens"] = int(len(y_tr))
+    if d.val is None:
+        return monitor
+    benign = _report(monitor, d, tokens, X_va, y_va, g_va, plan)
+    if plan.target_fpr is not None:
+        monitor.calibrate_activations(benign, plan.target_fpr)
+    return monitor
+
+
+def _pairs(d: TrainData, cfg: FitConfig, tokens: Any, n_rows: int) -> np.ndarray | None:
+    """``FitConfig.contrast``'s pairs: each training flip's prompt and the flip, as positions in the
+    ``n_rows`` training rows (the prompts first, the flips last), or None."""
+    if not cfg.contrast:
+        return None
+    if tokens or d.flips is None or d.flip_of is None:
+        raise TPCHooksError("contrast ranks each harmful training prompt above its intent flip: it needs intent flips "
+                            "(intent=True) and a per-prompt monitor (no aggregate)")
+    return np.stack([np.asarray(d.flip_of), np.arange(n_rows - len(d.flips), n_rows)], 1)
+
+
+def _earned(head: Any, d: TrainData, settings: MonitorConfig, sae: Any, plan: TrainPlan, report: dict[str, Any]) -> Any:
+    """The head truncated to the order the validation operating point earns
+    (:func:`~tpc_hooks.training._evaluate.earned_order`: each order at its own threshold flagging
+    ``target_fpr`` of the benign validation rows; the harmful rows of the intent group are the
+    prompts again, not counted twice); ``report["orders"]`` says what was kept and why."""
+    fpr = FPR if plan.target_fpr is None else plan.target_fpr
+    probe = Monitor(head, config=settings, sae=sae)
+    X = list(d.val.X) if settings.streaming else d.val.X
+    kept, table = earned_order(probe, X, d.val.y, fpr, counted=d.val.groups != INTENT)
+    best = table[kept - 1]
+    report["orders"] = {"trained": head.degree, "kept": kept, "fpr": fpr, "z": EARN_Z, "per_order": table,
+                        "note": (f"orders {kept + 1}-{head.degree} add nothing at the operating point on validation "
+                                 f"(order {kept} flags {best['flagged_harmful']} of {best['n_harmful']} harmful rows at "
+                                 f"{fpr:g} FPR; no order above flags significantly more): they were dropped, so no "
+                                 "policy runs them" if kept < head.degree else
+                                 f"order {kept} adds at the operating point on validation (flags {best['flagged_harmful']}"
+                                 f" of {best['n_harmful']} harmful rows at {fpr:g} FPR, order 1 "
+                                 f"{table[0]['flagged_harmful']})")}
+    return head.truncated(kept) if kept < head.degree else head
+
+
+def _cat(a: Examples, b: Examples | None) -> Examples:
+    """Pooled examples ``a`` then ``b``."""
+    if b is None or not len(b):
+        return a
+    X = torch.cat([torch.as_tensor(a.X), torch.as_tensor(b.X)]) if isinstance(a.X, Tensor) else np.concatenate([a.X, b.X])
+    return Examples(X, np.concatenate([a.y, b.y]))
+
+
+class _TokenRows:
+    """A per-token monitor's rows: every token after the fixed prefix, labelled with its prompt's
+    label (validation: its group too), then the rows of the hosted chats."""
+
+    def __init__(self, d: TrainData, skip: int):
+        extra = [e for e in (d.rewrites, d.flips) if e is not None]
+        seqs = list(d.train.X) + [z for e in extra for z in e.X]
+        labels = np.concatenate([d.train.y] + [e.y for e in extra])
+        X, y = token_rows(seqs, skip, labels)
+        self.chats: dict[str, tuple[Chats, Any]] = {}
+        for split, c in d.contexts.items():
+            self.chats[split] = (c, hosted_rows(c.seqs, c.spans, c.labels, skip=skip, tail=c.tail))
+        if "train" in self.chats:
+            rows = self.chats["train"][1]
+            X, y = torch.cat([X, rows[0]]), np.concatenate([y, rows[1]])
+        self.train = X, y
+        if d.val is not None:
+            X, y, g = token_rows(list(d.val.X), skip, d.val.y, d.val.groups)
+            if "val" in self.chats:
+                rows = self.chats["val"][1]
+                X, y = torch.cat([X, rows[0]]), np.concatenate([y, rows[1]])
+                g = np.concatenate([g, np.full(len(rows[1]), "contexts")])
+            self.val = X, y, g
+
+
+def _report(monitor: Monitor, d: TrainData, tokens: _TokenRows | None, X_va: Any, y_va: np.ndarray, g_va: np.ndarray,
+            plan: TrainPlan) -> Any:
+    """Fills ``monitor.report`` with the validation metrics per order (on the prompts as given),
+    the worst validation group's, and the hosted chats'; returns the benign validation data the
+    threshold is set on: the benign prompts as given (not their rewrites or the intent flips, which
+    are many and easy: a threshold set among them flags more than ``target_fpr`` of ordinary
+    prompts; ``benchmarks/bench_intent.py``) and the hosted benign chats."""
+    val = d.val
+    plain = val.groups == PLAIN
+    if tokens is None:
+        monitor.report.update({
+            "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, X_va[plain], val.y[plain])},
+            "worst_validation_group": {"groups": sorted(set(g_va.tolist())),
+                                       "per_order": worst_per_order(monitor, X_va, y_va, g_va)}})
+        return X_va[(y_va == 0) & plain]
+    seqs = list(val.X)
+    monitor.report.update({
+        "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, [z for z, p in zip(seqs, plain) if p],
+                                                                     val.y[plain]),
+                       "decision": DECISIONS["max"]},
+        "worst_validation_group": {"groups": sorted(set(val.groups.tolist())),
+                                   "per_order": worst_per_order(monitor, seqs, val.y, val.groups)}})
+    benign = [z for z, c, p in zip(seqs, val.y, plain) if c == 0 and p]
+    if "val" in tokens.chats:
+        chats, (_, _, ends) = tokens.chats["val"]
+        monitor.report["contexts"] = {
+            "n_train": len(d.contexts["train"].seqs) if "train" in d.contexts else 0, "n_val": len(chats.seqs),
+            "lengths": list(plan.context_lengths), "n_train_tokens": int(len(tokens.chats["train"][1][1]))
+            if "train" in tokens.chats else 0,
+            "per_order": per_order(monitor, [a[:end] for a, end in zip(chats.seqs, ends)], chats.labels),
+            "decision": "max over the chat of the aggregate (after a harmful request: to its turn's end)"}
+        benign += [a for a, c in zip(chats.seqs, chats.labels) if c == 0]  # whole benign chats: the threshold holds on them
+    return benign

@@ -1,0 +1,405 @@
+"""``train_monitor``: a model and labelled prompts in, a calibrated :class:`~tpc_hooks.Monitor` out.
+
+It reads as the steps it takes, each a function below: check every argument before the model
+runs (:func:`_check`), build the prompts one collection pass reads (:func:`_texts`: the prompts,
+their rewrites, intent flips and homonyms), collect their rows at every candidate site
+(:func:`_collect`) and the hosted chats (:func:`_collect_chats`), assemble each site's
+:class:`~tpc_hooks.training._train.TrainData` and the :class:`~tpc_hooks.training._train.TrainPlan`,
+then hand both to :func:`~tpc_hooks.training._train.train`, which trains, calibrates and reports:
+the recipe ``tpc-hooks train`` runs on the rows ``tpc-hooks collect`` wrote.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from sklearn.model_selection import train_test_split
+from tqdm.auto import tqdm
+
+from ..activations._collect import check_prompts, collect, token_batches
+from ..adapters import Adapter, get_adapter, resolve_bos
+from ..head._checks import check_labels
+from ..head._errors import TPCHooksError
+from ..head._history import FitConfig
+from ..head._pooling import check_aggregate, check_pooling
+from ..monitoring._monitor import Monitor
+from ..monitoring._monitor_config import MonitorConfig
+from ..prompts import _intent, _phrasing
+from ..prompts._context import check_conversation, context_budget, host_splits, sharegpt_contexts
+from ..prompts._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
+from ._train import (INTENT, PLAIN, TRAIN_RECIPES, Chats, Examples, TrainData, TrainPlan, check_target_fpr,
+                     default_aggregate, fit_config, train)
+
+
+def train_monitor(
+    model: Any,
+    prompts: Sequence[str],
+    labels: Any,
+    site: str | Sequence[str],
+    pooling: str = "mean",
+    *,
+    aggregate: str | None = None,
+    alpha: float = 0.1,
+    window: int = 16,
+    contexts: Any = None,
+    context_tokens: int | Sequence[int] = (512, 1024),
+    augment: bool | Sequence[str] | None = None,
+    intent: bool | Sequence[str] | None = None,
+    recipe: str = "default",
+    target_fpr: float | None = 0.01,
+    prune_orders: bool | None = None,
+    val_fraction: float = 0.2,
+    chat_template: bool | None = None,
+    prepend_bos: bool | None = None,
+    max_tokens: int | None = 512,
+    batch_size: int = 8,
+    tau: float | None = None,
+    sae: Any = None,
+    config: FitConfig | None = None,
+    degree: int | None = None,
+    rank: int | Sequence[int] | None = None,
+    seed: int | None = None,
+    verbose: bool = True,
+    tokenizer: Any = None,
+    **fit_kwargs: Any,
+) -> Monitor:
+    """Collects activations at ``site`` and trains a TPC monitor on them, in one call.
+
+    By default the monitor is trained to hold up on requests *phrased* differently from the
+    training prompts (past or future tense, fictional framing, third person, paraphrase, casing
+    noise: ``tpc_hooks.data.PHRASING_FAMILIES``). Each training prompt gains one rewritten copy
+    (same label), each validation prompt is rewritten by every family, and every degree >= 2 is
+    selected over the validation groups (the plain prompts and each family:
+    ``fit(val_groups=...)``; each group weighs the same and no group's loss may rise
+    significantly: ``FitConfig.group_rule``), with a small consistency penalty on the rewritten training prompts
+    (``FitConfig.consistency``, 0.03: each degree >= 2 is pulled to add little there). On the repository's benchmark (``benchmarks/bench_phrasing.py``)
+    this is what keeps the higher orders at least as strong as the linear probe on a phrasing
+    family never trained on; ``augment=False`` trains on the prompts as given. The rewrites are
+    English templates; collection reads about 2.8x as many prompts with every family.
+
+    That robustness costs in-distribution recall: ``recipe="in_distribution"`` trains on the
+    prompts as given with pooled selection (the highest recall on prompts phrased like the
+    training set, and a dial that turns the wrong way on rephrased ones); ``recipe="paper"`` is
+    the paper's exact recipe (:class:`~tpc_hooks.FitConfig`), with the rewrites unless
+    ``augment=False``. The docs' phrasing benchmark (docs/benchmarks/phrasing.md) has the measured trade-off.
+
+    The monitor's operating point is set on the benign validation prompts as given (not their
+    rewrites or intent flips): ``threshold`` flags at most ``target_fpr`` of them
+    (:meth:`Monitor.calibrate_activations`), and a cascade (``tau``) exits around that threshold.
+    With a few hundred benign validation prompts, 1% is a handful of them: recalibrate on a larger
+    sample of your own benign traffic with :meth:`Monitor.calibrate` before deploying.
+
+    Args:
+        model: a TransformerLens, nnsight or plain ``transformers`` model.
+        prompts, labels: texts and their labels (1 = harmful).
+        site: where to read, or several sites: all are collected in one pass and the one whose
+            linear probe has the best worst-group recall at 1% false-positive rate on validation
+            is kept (``monitor.report["site_selection"]`` has the table).
+        pooling: how to pool tokens (``"mean"``, ``"last"``, ``"max"``), or ``"token"`` for a
+            streaming monitor: the head is trained on every token's activation, each token
+            labelled with its prompt's label, and scores are aggregated over time. The tokens
+            every prompt starts with (BOS, the chat template's system prompt and header; see
+            ``Monitor.skip``) are neither trained on nor scored.
+        aggregate, alpha, window: a streaming monitor's aggregation (see :class:`Monitor`).
+            Its report and operating point count a prompt as flagged when the aggregate
+            reaches the threshold at any token. Default: ``"max"`` with ``contexts`` (the
+            best at long contexts once the head has seen requests inside conversations),
+            ``"rolling"`` without (trained on short prompts only, a running max flags more
+            long benign chats the longer they are; docs/benchmarks/long-contexts.md).
+        contexts: benign chat conversations (``[{"role", "content"}]`` turns, user first) to
+            train a per-token monitor on requests *inside* conversations as well, or a number
+            of ShareGPT contexts to draw (:func:`tpc_hooks.data.sharegpt_contexts`, the prompts
+            excluded). Each context hosts one training or validation prompt (as given, not a
+            rewrite; the classes balanced, in a seeded order) in place of its first, middle or
+            last user turn, its budget the ``context_tokens`` in turn
+            (:func:`tpc_hooks.data.host_requests`); its tokens before the request are benign
+            rows, the request's turn carries the prompt's label, and after a harmful request the
+            rest is dropped (:func:`tpc_hooks.data.token_labels`). 1000 contexts (as measured:
+            docs/benchmarks/long-contexts.md) keep the short-prompt recall at 2k tokens; 300 did not. A ``val_fraction`` share of the contexts (at least 2) is held out:
+            it joins model selection (group ``"contexts"``), the report
+            (``report["contexts"]``) and, for its benign sequences, the operating point, so the
+            threshold holds on long benign chats. Needs a chat template.
+        context_tokens: each context's token budget, or several used in turn (512, 1024).
+        augment: ``True`` (every phrasing family), ``False``, or the families to use; default:
+            every family, none for ``recipe="in_distribution"``.
+        intent: ``True`` (every kind), ``False``, or intent-flip kinds
+            (``tpc_hooks.data.INTENT_KINDS``) and ``"homonym"``: each harmful training prompt gains a
+            benign-labelled counterpart on the same topic that asks no operational question ("What
+            laws make it a crime to ...?"; :func:`tpc_hooks.data.intent_flips`), and the harmful
+            validation prompts with every kind's flip of them form the validation group
+            ``"intent"``, so grouped selection sees the hard negatives (and the pruning of
+            orders counts them). ``"homonym"`` trains the orders above 1 (order 1 is fitted without
+            them) on the library's training homonyms ("How do I kill a Python process?", benign)
+            and validates on the homonyms of other verbs (benign, group ``"intent"``):
+            :func:`tpc_hooks.data.homonym_examples`. ``"stated"`` (opt-in: ``True`` does not
+            include it) adds, for a fifth of the harmful training prompts, a benign row that
+            states the act as someone else's plan, then asks a benign question ("A student in my
+            class said he wants to ... How should a teacher respond?";
+            :func:`tpc_hooks.data.stated_flips`), for the orders above 1 as the homonym rows.
+            Default: every kind and the homonyms with ``recipe="default"``, none otherwise.
+        recipe: ``"default"`` (rewrites + grouped selection), ``"in_distribution"`` (no
+            rewrites, pooled selection) or ``"paper"`` (the paper's recipe).
+        target_fpr: the share of the benign validation prompts (as given) the threshold may flag;
+            None keeps 0.5.
+        prune_orders: keep only the orders that earn their terms at the operating point: each
+            order at its own threshold flagging ``target_fpr`` of the benign validation rows, an
+            order above the last one kept must flag significantly more of the harmful validation
+            rows (a paired sign test: :func:`tpc_hooks.training._evaluate.earned_order`); the head is
+            truncated to the last order that did
+            (:meth:`TPC.truncated`), so neither the full polynomial nor a cascade runs the others,
+            and ``report["orders"]`` says what was kept and why. Default: on, except with
+            ``recipe="paper"``.
+        val_fraction: stratified validation split (model selection, calibration, report).
+        chat_template: wrap prompts as chat user turns; default: when the tokenizer has a template.
+        prepend_bos: prepend BOS to raw prompts; default: when the tokenizer has a BOS token.
+        tau: if given, the monitor's policy is a cascade at ``tau``, calibrated on validation.
+        sae: an SAELens SAE for ``site``: train on its latents (pooled per prompt), so
+            attribution reads in feature ids.
+        config, degree, rank, seed, verbose, **fit_kwargs: passed to :func:`tpc_hooks.fit` (a
+            :class:`~tpc_hooks.FitConfig` and/or its fields; ``degree``, ``rank`` and ``seed``
+            override ``config`` only when given; ``seed`` also draws the validation split and
+            the rewrites).
+        tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
+            ``name_or_path``); toolkit models use their own.
+
+    Returns:
+        A :class:`Monitor`; ``monitor.report`` holds validation metrics per order (on the
+        validation prompts as given), the worst validation group's, and the site choice.
+
+    Example:
+        >>> monitor = tpc.train_monitor(model, prompts, labels,  # doctest: +SKIP
+        ...                             site=[f"blocks.{l}.hook_resid_post" for l in (10, 15, 20)])
+    """
+    request = _check(model, prompts, labels, site, pooling, aggregate=aggregate, alpha=alpha, window=window,
+                     contexts=contexts, context_tokens=context_tokens, augment=augment, intent=intent, recipe=recipe,
+                     target_fpr=target_fpr, val_fraction=val_fraction, chat_template=chat_template,
+                     prepend_bos=prepend_bos, sae=sae, config=config, degree=degree, rank=rank, seed=seed,
+                     tokenizer=tokenizer, fit_kwargs=fit_kwargs)
+    texts = _texts(request)
+    rows = _collect(request, texts, max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose)
+    chats = _collect_chats(request, batch_size=batch_size, sae=sae, verbose=verbose)
+    data = {s: _train_data(rows[s], texts, request, chats) for s in request.sites}
+    plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr, prune_orders=prune_orders)
+    return train(data, plan, sae=sae, verbose=verbose, **request.fit_args)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """``train_monitor``'s arguments once checked and resolved: all that is decided before the model
+    runs (the candidate sites, the phrasing families and intent kinds, the tokenisation, the fit
+    settings, the seeded train / validation split of the prompts)."""
+
+    items: list[str]
+    y: np.ndarray
+    sites: list[str]
+    adapter: Adapter
+    pooling: str
+    aggregate: str
+    alpha: float
+    window: int
+    recipe: str
+    families: tuple[str, ...]
+    kinds: tuple[str, ...]
+    chat_template: bool
+    bos: bool
+    contexts: list[list[dict[str, str]]] | None
+    context_tokens: tuple[int, ...]
+    val_fraction: float
+    cfg: FitConfig
+    fit_args: dict[str, Any]
+    tr: np.ndarray
+    va: np.ndarray
+
+    @property
+    def streaming(self) -> bool:
+        return self.pooling == "token"
+
+    @property
+    def flip_kinds(self) -> tuple[str, ...]:
+        return tuple(k for k in self.kinds if k in _intent.KINDS)
+
+
+def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence[str], pooling: str, *, aggregate: Any,
+           alpha: float, window: int, contexts: Any, context_tokens: Any, augment: Any, intent: Any, recipe: str,
+           target_fpr: Any, val_fraction: float, chat_template: bool | None, prepend_bos: bool | None, sae: Any,
+           config: FitConfig | None, degree: Any, rank: Any, seed: Any, tokenizer: Any,
+           fit_kwargs: dict[str, Any]) -> _Request:
+    """Every argument checked (each error says what was expected) and resolved, before any model work."""
+    items = check_prompts(prompts)
+    y = check_labels(labels, len(items), "labels").numpy().astype(int)
+    sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
+    if not sites or not all(isinstance(s, str) for s in sites):
+        raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
+    if recipe not in TRAIN_RECIPES:
+        raise TPCHooksError(f"recipe must be one of {list(TRAIN_RECIPES)}; got {recipe!r}")
+    if recipe == "in_distribution" and augment not in (None, False):
+        raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with augment")
+    check_target_fpr(target_fpr)
+    families = _phrasing.check_families(recipe != "in_distribution" if augment is None else augment)
+    if recipe == "in_distribution" and intent not in (None, False):
+        raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with intent")
+    kinds = _intent.check_kinds(recipe == "default" if intent is None else intent, _intent.NAMED_KINDS,
+                                _intent.TRAIN_KINDS)
+    adapter = get_adapter(model, tokenizer=tokenizer)
+    for s in sites:
+        adapter.site(s)
+    if sae is not None and len(sites) > 1:
+        raise TPCHooksError("an SAE belongs to one site: pass a single site with sae=")
+    if aggregate is None:
+        aggregate = default_aggregate(contexts is not None)
+    if pooling == "token":
+        check_aggregate(aggregate, alpha, window)
+        if len(sites) > 1:
+            raise TPCHooksError("a per-token monitor (pooling='token') reads one site; pass a single site")
+    else:
+        check_pooling(pooling)
+        if contexts is not None:
+            raise TPCHooksError("contexts= trains a per-token monitor on requests inside conversations; pass "
+                                "pooling='token'")
+    if chat_template is None:
+        chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
+    if contexts is not None:
+        contexts, context_tokens = _check_contexts(adapter.tokenizer, contexts, context_tokens, chat_template, items)
+    if not 0 < val_fraction < 1:
+        raise TPCHooksError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
+    if np.bincount(y, minlength=2).min() < 2:
+        raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
+    n_val = max(2, int(round(val_fraction * len(items))))
+    given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
+    own = {k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs}  # fit's, not FitConfig's
+    cfg = fit_config(recipe, families, config, {**given, **fit_kwargs})
+    tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=cfg.seed)
+    return _Request(items, y, sites, adapter, pooling, aggregate, alpha, window, recipe, tuple(families), kinds,
+                    chat_template, resolve_bos(adapter.tokenizer, prepend_bos, chat_template), contexts,
+                    tuple(context_tokens) if contexts is not None else (), val_fraction, cfg, own, tr, va)
+
+
+@dataclass(frozen=True)
+class _Texts:
+    """The prompts one collection pass reads, in order: the prompts (training and validation), the
+    training rewrites, the validation rewrites (every family), the training flips, the validation
+    flips (every kind) and homonyms, the training homonym rows; with every text's label, the
+    positions of each part (``at``) and the validation rows' groups."""
+
+    texts: list[str]
+    labels: np.ndarray
+    at: dict[str, list[Any]]  # text positions (numpy or Python integers)
+    groups: np.ndarray
+    flips: PromptSet
+
+    @property
+    def at_val(self) -> list[Any]:
+        """The validation rows: the prompts as given, their rewrites, then the group :data:`INTENT`."""
+        return self.at["val"] + self.at["views"] + self.at["intent"]
+
+
+def _texts(r: _Request) -> _Texts:
+    """The rewrites, intent flips and homonym rows of the split prompts (seeded by the fit's seed),
+    joined to the prompts into one list of texts to collect."""
+    items, y, tr, va, seed = r.items, r.y, r.tr, r.va, r.cfg.seed
+    none = PromptSet([], [], [], [], [])
+    if r.families:
+        aug = rewrites([items[i] for i in tr], y[tr], r.families, seed=seed)
+        views = rewrites([items[i] for i in va], y[va], r.families, every_family=True, seed=seed)
+    else:
+        aug = views = none
+    flips = intent_flips([items[i] for i in tr], y[tr], r.flip_kinds, seed=seed) if r.flip_kinds else none
+    homs = homonym_examples() if _intent.HOMONYM in r.kinds else none  # the training verbs' homonyms, benign
+    if _intent.STATED in r.kinds:  # the stated-act rows join them: the orders above 1 train on them, order 1 does not
+        homs = homs + stated_flips([items[i] for i in tr], y[tr], seed=seed)
+    val_homs = homonym_examples(verbs="val") if _intent.HOMONYM in r.kinds else none  # benign, in the group INTENT
+    val_flips = intent_flips([items[i] for i in va], y[va], r.flip_kinds, every_kind=True, seed=seed) \
+        if r.flip_kinds else none
+    texts = list(items) + aug.texts + views.texts + flips.texts + val_flips.texts + val_homs.texts + homs.texts
+    n, cuts = len(items), np.cumsum([len(items), len(aug), len(views), len(flips), len(val_flips) + len(val_homs),
+                                     len(homs)])
+    at = {"train": list(tr), "val": list(va), "rewrites": list(range(n, cuts[1])), "views": list(range(cuts[1], cuts[2])),
+          "flips": list(range(cuts[2], cuts[3])), "homonyms": list(range(cuts[4], cuts[5])),
+          # the group INTENT: every harmful validation prompt as given, then the flips and homonyms
+          "intent": ([int(i) for i in va if y[i] == 1] if r.kinds else []) + list(range(cuts[3], cuts[4]))}
+    labels = np.concatenate([y] + [np.asarray(p.labels, dtype=int) for p in (aug, views, flips, val_flips, val_homs, homs)])
+    groups = np.asarray([PLAIN] * len(va) + list(views.categories) + [INTENT] * len(at["intent"]))
+    return _Texts(texts, labels, at, groups, flips)
+
+
+def _collect(r: _Request, t: _Texts, *, max_tokens: int | None, batch_size: int, sae: Any,
+             verbose: bool) -> dict[str, Callable[[list[int]], Any]]:
+    """One collection pass over every text at every candidate site: per site, a function from text
+    positions to their rows (pooled ``[n, d]``, or one ``[T_i, d]`` per text for a per-token monitor)."""
+    adapter = r.adapter
+    if r.streaming:
+        ids, _ = adapter.tokenize(t.texts, chat_template=r.chat_template, max_tokens=max_tokens, prepend_bos=r.bos)
+        with tqdm(total=len(ids), desc="collect tokens", unit="prompt", disable=not verbose) as bar:
+            acts = token_batches(adapter, ids, [adapter.site(r.sites[0])], batch_size, bar, sae=sae)
+        return {s: (lambda at, a=acts[s]: [a[i] for i in at]) for s in r.sites}
+    acts = collect(adapter, t.texts, r.sites, r.pooling, batch_size=batch_size, chat_template=r.chat_template,
+                   prepend_bos=r.bos, max_tokens=max_tokens, sae=sae, progress=verbose)
+    return {s: (lambda at, a=acts[s]: a[at]) for s in r.sites}
+
+
+def _collect_chats(r: _Request, *, batch_size: int, sae: Any, verbose: bool) -> dict[str, Chats]:
+    """Requests inside benign conversations (``contexts``): the split's prompts hosted in the chats,
+    collected per token; more rows for training and validation. Empty without ``contexts``."""
+    if r.contexts is None:
+        return {}
+    items, y, adapter, site = r.items, r.y, r.adapter, r.sites[0]
+    splits = {"val": ([items[i] for i in r.va], y[r.va]), "train": ([items[i] for i in r.tr], y[r.tr])}
+    chats = {}
+    for split, h in host_splits(adapter.tokenizer, r.contexts, splits, val_fraction=r.val_fraction,
+                                lengths=r.context_tokens, seed=r.cfg.seed).items():
+        with tqdm(total=len(h.sequences), desc=f"collect {split} contexts", unit="chat", disable=not verbose) as bar:
+            seqs = token_batches(adapter, [q.ids for q in h.sequences], [adapter.site(site)], batch_size, bar,
+                                 sae=sae)[site]
+        chats[split] = Chats(seqs, [(q.start, q.stop) for q in h.sequences], h.labels, h.tail)
+    return chats
+
+
+def _train_data(rows: Callable[[list[int]], Any], t: _Texts, r: _Request, chats: dict[str, Chats]) -> TrainData:
+    """One site's :class:`~tpc_hooks.training._train.TrainData`: its rows cut into the parts the recipe reads."""
+    at, labels = t.at, t.labels
+    return TrainData(train=Examples(rows(at["train"]), r.y[r.tr]),
+                     rewrites=Examples(rows(at["rewrites"]), labels[at["rewrites"]]) if r.families else None,
+                     val=Examples(rows(t.at_val), labels[t.at_val], t.groups), contexts=chats,
+                     flips=Examples(rows(at["flips"]), labels[at["flips"]]) if len(t.flips) else None,
+                     flip_of=np.asarray([int(i) for i in t.flips.sources], dtype=int) if len(t.flips) else None,
+                     homonyms=Examples(rows(at["homonyms"]), labels[at["homonyms"]]) if at["homonyms"] else None)
+
+
+def _plan(r: _Request, t: _Texts, *, max_tokens: int | None, tau: float | None, target_fpr: float | None,
+          prune_orders: bool | None) -> TrainPlan:
+    """The monitor's settings (the first site's; :func:`train` swaps in the chosen one) and the recipe's
+    plan: fit settings, families and kinds, cascade, operating point, pruning."""
+    adapter = r.adapter
+    skip = adapter.fixed_prefix(chat_template=r.chat_template, prepend_bos=r.bos) if r.streaming else 0
+    settings = MonitorConfig(r.sites[0], pooling=r.pooling, chat_template=r.chat_template, prepend_bos=r.bos,
+                             max_tokens=max_tokens, model_name=adapter.model_name, aggregate=r.aggregate,
+                             alpha=r.alpha, window=r.window, skip=skip)
+    prune = r.recipe != "paper" if prune_orders is None else bool(prune_orders)
+    return TrainPlan(settings, r.cfg, recipe=r.recipe, families=r.families, tau=tau, target_fpr=target_fpr,
+                     intent=r.kinds, prune=prune, context_lengths=r.context_tokens)
+
+
+def _check_contexts(tokenizer: Any, contexts: Any, lengths: Any, chat_template: bool,
+                    prompts: Sequence[str]) -> tuple[list[list[dict[str, str]]], tuple[int, ...]]:
+    """``train_monitor``'s ``contexts`` (conversations, or a number of ShareGPT contexts) and
+    ``context_tokens``, checked."""
+    lengths = (lengths,) if isinstance(lengths, int) and not isinstance(lengths, bool) else tuple(lengths)
+    if not lengths or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in lengths):
+        raise TPCHooksError(f"context_tokens must be a positive integer or a list of them; got {lengths!r}")
+    if not chat_template:
+        raise TPCHooksError("contexts= places prompts in chat conversations; it needs chat_template=True "
+                            "(a tokenizer with a chat template)")
+    if isinstance(contexts, int) and not isinstance(contexts, bool):
+        if contexts < 4:
+            raise TPCHooksError(f"contexts must be at least 4 (2 held out for validation); got {contexts}")
+        return sharegpt_contexts(tokenizer, contexts, tokens=context_budget(lengths), exclude=prompts), lengths
+    if isinstance(contexts, (str, bytes)) or not isinstance(contexts, Sequence):
+        raise TPCHooksError("contexts must be a list of conversations ([{'role', 'content'}] turns) or a number of "
+                            f"ShareGPT contexts; got {type(contexts).__name__}")
+    convs = [check_conversation(c) for c in contexts]
+    if len(convs) < 4 or any(not c for c in convs):
+        raise TPCHooksError(f"contexts needs at least 4 non-empty conversations (2 are held out); got {len(convs)}"
+                            + (" (one is empty)" if any(not c for c in convs) else ""))
+    return convs, lengths
+
