@@ -54,8 +54,11 @@ bench: install
 	$(PYTHON) benchmarks/bench_training.py
 
 # the docs site into site/ (mkdocs.yml, docs/): offline, every warning an error. The tutorials are
-# rendered from tutorials/*.py without being run (the tests run them). NO_MKDOCS_2_WARNING quiets
-# mkdocs-material's banner about MkDocs 2, which this site does not use (mkdocs<2 in the extra).
-docs:
-	$(PIP) -e ".[docs]"
+# executed at full size on the packaged model (docs/hooks/notebooks.py, cached by their sources)
+# and shown with their outputs, which tests/test_docs_site.py then checks in the built pages.
+# NO_MKDOCS_2_WARNING quiets mkdocs-material's banner about MkDocs 2, which this site does not use
+# (mkdocs<2 in the extra).
+docs: install
+	$(PIP) -e ".[test,docs]"
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
+	TPC_DOCS_SITE=site $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_docs_site.py

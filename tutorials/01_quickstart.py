@@ -44,6 +44,12 @@ prompts = ["How do I pick the lock on my neighbour's door?", "How do I bake sour
 print(monitor.score(model, prompts).probs)
 print(monitor.score(model, prompts, order=1).probs)
 
+# %% [markdown]
+# Token by token: each token coloured by the score of the prefix it ends.
+
+# %%
+monitor.token_scores(model, prompts[0])
+
 # %%
 path = monitor.save("/tmp/tpc-quickstart-monitor")
 assert torch.equal(tpc.Monitor.load(path).score(model, prompts).logits, monitor.score(model, prompts).logits)

@@ -12,11 +12,6 @@
 # higher orders only for prompts the lower ones are unsure about.
 
 # %%
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 import tpc_hooks as tpc
 from _common import prompt_sets
 from tpc_hooks.views import plot_sweep
@@ -42,9 +37,10 @@ for n in range(1, 6):
 # %%
 cascade = tpc.Cascade(head).calibrate(X["val"], y["val"])
 rows = cascade.sweep(X["test"], y["test"])
+print("  tau     F1   FLOPs/probe   prompts exiting at orders 1..5")
+for r in rows:
+    print(f"{r['tau']:5.2f}  {r['f1']:.3f}  {r['relative_flops']:11.2f}   {r['exit_histogram']}")
 ax = plot_sweep(rows)
-plt.savefig("/tmp/tpc-cascade.png")
-print([(r["tau"], round(r["f1"], 3), r["exit_histogram"]) for r in rows])
 
 # %% [markdown]
 # ## Out of distribution: the trust region and the gate

@@ -36,6 +36,14 @@ print("top pairs (degree 2)", attr.top_pairs(5, order=2, mode="absolute"))
 assert torch.allclose(attr.bias + attr.by_neuron.sum(-1), attr.logit, atol=1e-3)
 
 # %% [markdown]
+# The same decision as tables coloured by sign (in a notebook the attribution renders itself), and
+# as a bar chart by order beside the degree-2 interactions of the top neurons:
+
+# %%
+fig = attr.plot(k=10)
+attr.to_html(labels=[prompt])
+
+# %% [markdown]
 # Zero the top neurons at the site with the model's own hook mechanism and rescore.
 
 # %%

@@ -31,6 +31,13 @@ for b, p in enumerate(prompts):
     print("  generated:", run.texts(lm.tokenizer)[b])
 
 # %% [markdown]
+# The run renders itself: every token coloured by the monitor's score (blue below the threshold,
+# red above), flagged steps underlined and each step's cascade exit order as a superscript.
+
+# %%
+run.to_html()
+
+# %% [markdown]
 # Step t's score equals the offline score of the prompt plus t generated tokens:
 
 # %%

@@ -1,11 +1,8 @@
 """MkDocs hook: pages whose single source lives outside docs/.
 
-* ``tutorials/NN_*.py`` (jupytext percent format) become ``tutorials/NN_*/``, rendered as
-  notebooks by mkdocs-jupyter without being executed (the test suite executes them);
-* ``benchmarks/results/*.md`` (what the benchmark scripts record) become
-  ``benchmarks/results/*/``, so the benchmark pages link to the full output.
-
-Nothing is copied into docs/: each page is read from its file in place at build time.
+``benchmarks/results/*.md`` (what the benchmark scripts record) become ``benchmarks/results/*/``,
+so the benchmark pages link to the full output. Nothing is copied into docs/: each page is read
+from its file in place at build time. (The tutorials, executed, come from ``notebooks.py``.)
 """
 
 from pathlib import Path
@@ -15,7 +12,7 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[2]
 # paths relative to the repository root, which are also their paths in the site
-SOURCES = ("tutorials/[0-9][0-9]_*.py", "benchmarks/results/*.md")
+SOURCES = ("benchmarks/results/*.md",)
 
 
 @event_priority(100)  # before mkdocs-jupyter wraps notebook files in on_files

@@ -1,0 +1,47 @@
+"""The built docs site (``make docs``) shows what it promises: every tutorial page holds the
+outputs of its executed notebook (printed results, plots, the coloured views) and the
+contributing page the picture of the layers.
+
+Runs on a site already built: ``TPC_DOCS_SITE=site python -m pytest tests/test_docs_site.py``
+(``make docs`` does); skipped otherwise, since building executes every tutorial at full size."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from test_tutorials import SHOWS, TUTORIALS
+
+SITE = os.environ.get("TPC_DOCS_SITE")
+pytestmark = pytest.mark.skipif(not SITE, reason="set TPC_DOCS_SITE to a site built by `make docs`")
+
+# a fragment of each tutorial's printed output, as its page shows it
+PRINTS = {"01": "tensor(", "02": "order 1: F1", "03": "top neurons", "04": "scores per step", "05": "logit"}
+
+
+def page(path: str) -> str:
+    return (Path(SITE) / path / "index.html").read_text()
+
+
+@pytest.mark.parametrize("tutorial", TUTORIALS, ids=[p.stem for p in TUTORIALS])
+def test_tutorial_pages_show_their_outputs(tutorial):
+    html = page(f"tutorials/{tutorial.stem}")
+    outputs = html.count("jp-OutputArea-output")
+    assert outputs >= 2, f"{tutorial.stem}: {outputs} output areas"
+    assert PRINTS[tutorial.stem[:2]] in html
+    shows = SHOWS[tutorial.stem[:2]]
+    assert ("image/png" in shows) == bool(re.search(r'<img[^>]+src="data:image/png;base64,', html))
+    assert ("text/html" in shows) == ('class="tpc-view"' in html)
+    assert "In&nbsp;[&nbsp;]" not in html and "In [ ]:" not in html  # no cell left unexecuted
+
+
+def test_contributing_page_shows_the_layers():
+    svg = (Path(SITE) / "contributing" / "layers.svg").read_text()
+    assert "head/" in svg and "runs back up" not in svg
+    assert "layers.svg" in page("contributing")
+
+
+def test_home_page_lists_vllm_and_serve():
+    html = page("")
+    assert "concepts/vllm/" in html and "tpc-hooks serve" in html
