@@ -72,32 +72,38 @@ def svg() -> str:
     """One row per layer, highest first; each box names the layers it imports, read from the code:
     every one stands in a row below it (a box that imported one above or beside it turns red)."""
     rows, counts = layers(), imports()
-    width, box_h, gap, margin = 960, 62, 14, 12
+    width, box_h, gap, margin = 760, 58, 10, 6
     rank = {c: i for i, row in enumerate(rows) for c in row}
     height = margin * 2 + len(rows) * box_h + (len(rows) - 1) * gap
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" font-family="sans-serif" '
            'role="img" aria-label="The layers of tpc_hooks, highest first, and what each imports">']
     for i, row in enumerate(rows):
-        w = (width - 2 * margin - (len(row) - 1) * 8) / len(row)
         y = margin + i * (box_h + gap)
-        for j, child in enumerate(row):
-            x = margin + j * (w + 8)
+        boxes = []
+        for child in row:
             modules, lines = _lines(child)
             folder = (PKG / child).is_dir()
-            label = f"{child}/" if folder else f"{child}.py"
-            sub = f"{modules} modules, {lines:,} lines" if folder else f"{lines:,} lines"
             targets = sorted((b for (a, b), n in counts.items() if a == child and b in rank), key=lambda b: rank[b])
             back = [b for b in targets if rank[b] <= rank[child]]
-            line = ("imports " + ", ".join(targets)) if targets else "imports no other layer"
+            line = ("imports " + ", ".join(targets)) if targets else "no imports"
             line += f" (runs back up: {', '.join(back)})" if back else ""
+            label = f"{child}/" if folder else f"{child}.py"
+            sub = f"{modules} modules, {lines:,} lines" if folder else f"{lines:,} lines"
+            need = max(6.3 * len(line), 9 * len(label), 6.3 * len(sub)) + 12  # a box as wide as its text needs
+            boxes.append((child, folder, label, sub, line, back, need))
+        spare = width - 2 * margin - (len(row) - 1) * 8 - sum(b[-1] for b in boxes)
+        x = margin
+        for child, folder, label, sub, line, back, need in boxes:
+            w = need + spare / len(boxes)
             out.append(f'<rect x="{x:.0f}" y="{y}" width="{w:.0f}" height="{box_h}" rx="6" '
                        f'fill="{"#e8eaf6" if folder else "#ffffff"}" stroke="#3949ab"/>'
-                       f'<text x="{x + w / 2:.0f}" y="{y + 19}" text-anchor="middle" font-size="14" '
+                       f'<text x="{x + w / 2:.0f}" y="{y + 18}" text-anchor="middle" font-size="14" '
                        f'font-weight="bold">{html.escape(label)}</text>'
-                       f'<text x="{x + w / 2:.0f}" y="{y + 35}" text-anchor="middle" font-size="11" fill="#555">{sub}'
+                       f'<text x="{x + w / 2:.0f}" y="{y + 34}" text-anchor="middle" font-size="11" fill="#555">{sub}'
                        '</text>'
-                       f'<text x="{x + w / 2:.0f}" y="{y + 52}" text-anchor="middle" font-size="11" '
+                       f'<text x="{x + w / 2:.0f}" y="{y + 50}" text-anchor="middle" font-size="11" '
                        f'fill="{"#c62828" if back else "#3949ab"}">{html.escape(line)}</text>')
+            x += w + 8
     out.append("</svg>")
     return "\n".join(out)
 
