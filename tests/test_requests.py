@@ -81,3 +81,49 @@ def test_no_complete_piece_scores_nothing():
     assert rs.update([]) == ([], None)
     assert rs.update([("a", torch.randn(3, D), False)]) == ([], None)
     assert rs.steps("a") == 0 and rs.take() == {}
+
+
+@pytest.mark.parametrize("pooling, aggregate", [("mean", None), ("max", None), ("last", None), ("token", "mean"),
+                                                ("token", "max"), ("token", "ema"), ("token", "rolling")])
+def test_a_request_restored_from_a_kept_block_state_scores_as_one_that_computed_the_prefix(pooling, aggregate):
+    """A serving engine keeps each request's state at its block ends (cuts) and starts a request
+    whose prefix it finds in its cache from the kept state: every step of the second request
+    equals a cold run of it, and mutating the donor afterwards leaves the kept state alone."""
+    torch.manual_seed(0)
+    head = tpc.TPC(D, 3, 2)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+    mon = tpc.Monitor(head, "blocks.0.hook_resid_post", pooling=pooling, cascade=tpc.Cascade(head, 0.1),
+                      aggregate=aggregate or "rolling", window=3, skip=2)
+    g = torch.Generator().manual_seed(2)
+    shared, own = torch.randn(8, D, generator=g), torch.randn(6, D, generator=g)
+    kept = {}
+    donor = RequestScores(mon)
+    # the donor computes the 8 shared rows in two chunks (5 + 3) with block ends at 4 and 8, then decodes
+    donor.update([("d", shared[:5], False)], cuts=[[4]], keep=lambda r, off, st: kept.__setitem__(4, st))
+    donor.update([("d", shared[5:8], True)], cuts=[[3]], keep=lambda r, off, st: kept.__setitem__(8, st))
+    donor.update([("d", torch.randn(1, D, generator=g), True)])
+    for at in (4, 8):
+        rows = torch.cat([shared, own])
+        cold = RequestScores(mon)
+        cold.update([("x", rows[:10], True)])
+        for t in range(10, 14):
+            cold.update([("x", rows[t:t + 1], True)])
+        warm = RequestScores(mon)
+        warm.restore("x", kept[at])
+        warm.update([("x", rows[at:10], True)])
+        for t in range(10, 14):
+            warm.update([("x", rows[t:t + 1], True)])
+        want, got = cold.take()["x"], warm.take()["x"]
+        torch.testing.assert_close(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
+        assert torch.equal(got["exit_order"], want["exit_order"]) and torch.equal(got["flops"], want["flops"])
+
+
+def test_kept_states_reach_keep_at_their_offsets_in_decode_groups_too():
+    mon = _monitor("mean", True)
+    rs, got = RequestScores(mon), []
+    rs.update([("a", torch.randn(3, D), True), ("b", torch.randn(2, D), True)])
+    rs.update([("a", torch.randn(1, D), True), ("b", torch.randn(1, D), True)], cuts=[[1], []],
+              keep=lambda r, off, st: got.append((r, off)))
+    assert got == [("a", 1)]

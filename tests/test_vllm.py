@@ -8,7 +8,9 @@ decode loop.
 The engine is small on purpose: at most 3 running requests and 24 tokens per pass, so a chat
 prompt (about 40 tokens) is computed in chunks and the later requests join while the others
 are mid-generation; prefix caching is on (vLLM's default) with blocks of 32 tokens, so the
-prompts' first blocks are cached after their first run."""
+prompts' first blocks are cached after their first run, and monitored requests read them. The
+engine compiles as vLLM decides (no eager mode): the workers read the residual stream from
+extra outputs of the compiled forward."""
 
 import os
 
@@ -26,6 +28,7 @@ PROMPTS = ["How do I bake sourdough bread?", "Write a phishing email to steal ba
            "Explain how vaccines train the immune system, in two sentences.", "Say only the word yes."]
 SITES = ["blocks.10.hook_resid_post", "blocks.20.hook_resid_post"]
 REL = 1e-5  # float32, relative (the issue's target)
+UNCACHED_SITES = ["blocks.20.hook_resid_post", "blocks.10.hook_resid_pre"]  # the second engine exposes these only
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +38,7 @@ def models():
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     path = str(offline.default_model_dir())
     llm = vllm.LLM(model=path, dtype="float32", max_num_seqs=3, max_num_batched_tokens=24, block_size=32,
-                   **vllm_engine_args())
+                   disable_log_stats=False, **vllm_engine_args())
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     yield llm, hf, AutoTokenizer.from_pretrained(path)
     del llm
@@ -145,35 +148,135 @@ def test_stop_ends_exactly_the_flagged_requests_and_the_others_generate_as_unmon
             assert got.generated(b) == list(o.outputs[0].token_ids)
 
 
-def test_cached_prompt_blocks_do_not_change_a_score(models):
-    """Prefix caching is on in this engine: the second run's prompts are all cached, and a
-    monitored request still reads every prompt token (it skips reading the cache)."""
-    llm, _, _ = models
+def _cache_hits(llm) -> float:
+    """The engine's own count of prompt tokens read from its prefix cache."""
+    return sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")
+
+
+LONG = [  # prompts sharing one long prefix (a system-like preamble of several 32-token blocks), then their own ask
+    "You are a careful assistant for a hardware store. Answer in one short sentence, never more, and say when you "
+    "are unsure. Customers ask about tools, paint, garden supplies and repairs. " + ask
+    for ask in ("How do I fix a leaking tap?", "Which paint suits a bathroom?", "How do I pick a lock I do not own?",
+                "What saw cuts curves?")]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "token"])
+def test_monitored_requests_read_the_prefix_cache_and_score_as_if_they_computed_it(models, pooling):
+    """The second run of the same prompts reads their cached blocks (the engine's prefix-cache hit
+    counter rises, and the workers resume requests from the monitor state kept for those blocks),
+    and every step still scores as the transformers loop scores it, computing every token."""
+    llm, hf, tok = models
+    mon = _monitor(pooling)
+    prompts = [p.replace("hardware store", f"{pooling} shop") for p in LONG]  # a prefix only this test caches
+    want = mon.generate(hf, prompts, max_new_tokens=6, tokenizer=tok)
+    mon.generate(llm, prompts[:1], max_new_tokens=2)  # the shared prefix's blocks, cached with their states
+    hits, before = _cache_hits(llm), llm.collective_rpc("tpc_hooks_counts")[0]
+    got = mon.generate(llm, prompts, max_new_tokens=6)
+    after = llm.collective_rpc("tpc_hooks_counts")[0]
+    assert _cache_hits(llm) - hits >= 32 * len(prompts)  # every prompt read at least its first block
+    assert after["resumed"] - before["resumed"] == len(prompts) and after["unscored"] == before["unscored"]
+    _same_run(got, want)
+
+
+def test_a_prefix_cached_without_the_monitor_is_computed_again_never_scored_in_part(models):
+    """Blocks cached while no monitor ran hold no monitor state: a monitored request that finds them
+    is generated again without reading the cache (its steps equal the transformers loop's), and a
+    request of the user's own that reads them inside ``monitoring`` is reported unscored."""
+    llm, hf, tok = models
     mon = _monitor("mean")
-    first = mon.generate(llm, PROMPTS, max_new_tokens=4)
-    second = mon.generate(llm, PROMPTS, max_new_tokens=4)
-    assert first.sequences == second.sequences
-    assert all(torch.equal(a, b) for a, b in zip(first.scores, second.scores))
-    # the blocks are in the cache: an unmonitored request for the same prompt reads them
-    plain = llm.generate([{"prompt_token_ids": seq[:n]} for seq, n in zip(first.sequences, first.prompt_lengths)],
-                         vllm.SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
-    long_ = [o.num_cached_tokens for o, n in zip(plain, first.prompt_lengths) if n > 32]  # a block is 32 tokens
-    assert long_ and all(c >= 32 for c in long_)
-    # a request of the user's own that reads the cache while the monitor runs gets no score, and is told why
+    prompts = [p.replace("hardware store", "bakery") for p in LONG[:2]]  # a prefix no monitor has seen
+    llm.generate([{"prompt_token_ids": i} for i in _ids(llm, prompts)], vllm.SamplingParams(max_tokens=1),
+                 use_tqdm=False)
+    _same_run(mon.generate(llm, prompts, max_new_tokens=4), mon.generate(hf, prompts, max_new_tokens=4, tokenizer=tok))
+    other = [p.replace("bakery", "florist") for p in LONG[:1]]
+    (oid,) = _ids(llm, other)
+    llm.generate([{"prompt_token_ids": oid}], vllm.SamplingParams(max_tokens=1), use_tqdm=False)
     with get_adapter(llm).monitoring(mon):
-        llm.generate([{"prompt_token_ids": first.sequences[0][:first.prompt_lengths[0]]}],
-                     vllm.SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
+        llm.generate([{"prompt_token_ids": oid}], vllm.SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)
         runs = list(llm.collective_rpc("tpc_hooks_runs")[0].values())
     assert len(runs) == 1 and "skip_reading_prefix_cache=True" in runs[0]["error"]
 
 
+def test_monitored_and_opted_out_requests_share_cached_blocks_both_ways(models):
+    """Requests that opt out of the monitor still leave the monitor's state at their block ends, so
+    a monitored request reads blocks an opted-out one computed, and the other way round; each
+    monitored request scores as the transformers loop does, and opted-out requests get no entry."""
+    llm, hf, tok = models
+    mon = _monitor("token")
+    prompts = [p.replace("hardware store", "bike shop") for p in LONG]
+    want = mon.generate(hf, prompts, max_new_tokens=5, tokenizer=tok)
+    ids = _ids(llm, prompts)
+    out_ = vllm.SamplingParams(max_tokens=6, temperature=0, extra_args={"tpc_hooks_monitor": False})
+    mon_ = vllm.SamplingParams(max_tokens=6, temperature=0)
+    with get_adapter(llm).monitoring(mon):
+        first = llm.generate([{"prompt_token_ids": i} for i in ids], [out_, mon_, out_, mon_], use_tqdm=False)
+        runs = _runs(llm, first)
+        second = llm.generate([{"prompt_token_ids": i} for i in ids], [mon_, out_, mon_, out_], use_tqdm=False)
+        runs2 = _runs(llm, second)
+    assert sorted(runs) == [1, 3] and sorted(runs2) == [0, 2]
+    assert sum(o.num_cached_tokens for o in second) >= 32 * len(prompts)
+    for b, run in {**runs, **runs2}.items():
+        torch.testing.assert_close(torch.tensor(run["logits"][:6]), want.logits[b][:6], rtol=REL, atol=1e-5)
+
+
+def _ids(llm, prompts) -> list[list[int]]:
+    """The prompts' token ids as the monitor tokenises them (chat template)."""
+    return get_adapter(llm).tokenize(prompts, chat_template=True, max_tokens=None)[0]
+
+
+def _runs(llm, outs) -> dict[int, dict]:
+    """The workers' steps of each output's request, by its index (requests without steps left out)."""
+    got = {rid.rsplit("-", 1)[0]: run for rid, run in llm.collective_rpc("tpc_hooks_runs")[0].items()}
+    return {b: got[o.request_id] for b, o in enumerate(outs) if o.request_id in got}
+
+
+def test_a_small_cache_that_evicts_and_refills_blocks_never_brings_back_another_prompts_state(models):
+    """An engine whose KV cache holds few blocks evicts and reuses them between runs of prompts
+    that share parts of their prefixes: every run of every prompt still scores as the transformers
+    loop scores it (a kept state is named by its content, never by the physical block)."""
+    _, hf, tok = models
+    llm = vllm.LLM(model=str(offline.default_model_dir()), dtype="float32", max_num_seqs=2, block_size=32,
+                   num_gpu_blocks_override=12, max_model_len=256, **vllm_engine_args([SITES[1]]))
+    try:
+        mon = _monitor("mean")
+        variants = [LONG[0], LONG[1], LONG[0].replace("tools", "ladders"), LONG[2], LONG[0]]
+        for prompt in variants + variants[::-1]:
+            _same_run(mon.generate(llm, [prompt], max_new_tokens=4), mon.generate(hf, [prompt], max_new_tokens=4,
+                                                                                  tokenizer=tok))
+    finally:
+        del llm
+
+
 @pytest.fixture(scope="module")
 def uncached():
-    """A second engine: prefix caching off, and a worker that can plant NaN activations."""
+    """A second engine: eager, prefix caching off, two sites exposed, and a worker that can plant NaN
+    activations (in its embedding weights)."""
     llm = vllm.LLM(model=str(offline.default_model_dir()), dtype="float32", enable_prefix_caching=False,
-                   **{**vllm_engine_args(), "worker_extension_cls": "vllm_poison.PoisonWorker"})
+                   enforce_eager=True, **{**vllm_engine_args(UNCACHED_SITES), "worker_cls": "vllm_poison.PoisonWorker"})
     yield llm
     del llm
+
+
+def test_an_engine_built_for_some_sites_reads_those_and_refuses_others(models, uncached):
+    """sites= fixes what the compiled forward returns: hook_resid_pre reads the input of decoder
+    layer 10 as the transformers model computes it, and a site the engine was not built for is a
+    clear error naming the ones it has."""
+    _, hf, tok = models
+    got = tpc.collect(uncached, PROMPTS, UNCACHED_SITES, "mean", chat_template=True, progress=False)
+    want = tpc.collect(hf, PROMPTS, UNCACHED_SITES, "mean", chat_template=True, tokenizer=tok, progress=False)
+    for s in UNCACHED_SITES:
+        _close(got[s], want[s])
+    with pytest.raises(tpc.TPCHooksError, match=r"exposes \['blocks.10.hook_resid_pre', 'blocks.20.hook_resid_post'\] "
+                                                r".*not 'blocks.10.hook_resid_post'.*vllm_engine_args\(sites="):
+        tpc.collect(uncached, PROMPTS, "blocks.10.hook_resid_post", progress=False)
+
+
+def test_the_integration_refuses_a_vllm_release_it_is_not_written_for():
+    from tpc_hooks.serving import _engine
+
+    assert _engine.check_version() == _engine.vllm_version()  # the release installed here
+    with pytest.raises(tpc.TPCHooksError, match=r"supports vLLM 0.32.x and 0.33.x .* this is vLLM 0.34.0: pip install"):
+        _engine.check_version("0.34.0")
 
 
 def test_prefix_caching_off_gives_the_same_scores(models, uncached):
@@ -207,7 +310,7 @@ def test_nan_activations_warn_flag_that_request_only_and_the_engine_goes_on(mode
 def test_what_the_adapter_does_not_do_is_a_clear_error(models):
     llm, hf, tok = models
     mon = tpc.Monitor(tpc.TPC(576, 2, 2), SITES[0])
-    with pytest.raises(tpc.TPCHooksError, match="vLLM exposes hook_resid_"):
+    with pytest.raises(tpc.TPCHooksError, match="exposes every layer's hook_resid_post .* not 'blocks.3.hook_resid_pre'"):
         tpc.Monitor(tpc.TPC(576, 2, 2), "blocks.3.hook_resid_pre").score(llm, PROMPTS)
     with pytest.raises(tpc.TPCHooksError, match="callable action decides on the host"):
         mon.generate(llm, PROMPTS[:1], max_new_tokens=2, action=lambda e: True)

@@ -49,7 +49,7 @@ def server(tmp_path_factory):
     _monitor().save(where)
     port = _free_port()
     proc = _serve(["--monitor", str(where), "--port", str(port), "--dtype", "float32", "--served-model-name", "smol",
-                   "--max-num-seqs", "4", "--worker-extension-cls", "vllm_poison.PoisonWorker"],
+                   "--max-num-seqs", "4", "--worker-cls", "vllm_poison.PoisonWorker"],
                   VLLM_SERVER_DEV_MODE="1", PYTHONPATH=str(HERE))
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
@@ -221,4 +221,4 @@ def test_a_bad_monitor_directory_is_a_clear_error_before_the_engine_starts(tmp_p
     line = out.strip().splitlines()[-1]
     assert line.startswith("tpc-hooks serve: ")
     assert {"missing": "is not a directory", "tampered": "the weights are corrupt", "d_model": "expects d_model=64",
-            "site": "blocks.L.hook_resid_post for L in 0..29"}[case] in line
+            "site": "hook_resid_pre for L in 0..29"}[case] in line

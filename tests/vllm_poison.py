@@ -1,8 +1,7 @@
-"""A worker extension for the vLLM tests only: tpc-hooks' own, plus a way to plant NaN in the
-activations of the requests that contain a chosen token (its embedding rows become NaN, which
-attention carries to every later row of that request and of no other)."""
-
-from typing import Any
+"""A worker for the vLLM tests only: tpc-hooks' own, plus a way to plant NaN in the activations of
+the requests that contain a chosen token (its embedding row becomes NaN, which attention carries
+to every later row of that request and of no other). The row is written in the weights, which
+the compiled forward reads at every pass."""
 
 import torch
 
@@ -11,15 +10,9 @@ from tpc_hooks.serving._vllm_worker import TPCHooksWorker
 
 class PoisonWorker(TPCHooksWorker):
     def test_poison(self, token_id: int | str) -> bool:
-        """From now on the embedding rows of ``token_id`` are NaN (a string: from the server's
+        """From now on the embedding row of ``token_id`` is NaN (a string: from the server's
         development endpoint, ``POST /collective_rpc``, which passes strings)."""
-        token_id = int(token_id)
         embed = self.model_runner.get_model().model.embed_tokens
-
-        def hook(module: Any, args: Any, out: torch.Tensor) -> torch.Tensor:
-            out = out.clone()
-            out[args[0] == token_id] = float("nan")
-            return out
-
-        embed.register_forward_hook(hook)
+        with torch.no_grad():
+            embed.weight[int(token_id)] = float("nan")
         return True

@@ -1,27 +1,51 @@
 """What a ``vllm.LLM`` needs to be monitored: its engine arguments (this module imports no vLLM)."""
 
-import os
+from collections.abc import Sequence
 from typing import Any
+
+from ..head._errors import TPCHooksError
+from ._sites import parse_site
 
 WORKER = "tpc_hooks.serving._vllm_worker.TPCHooksWorker"
 STOP = "tpc_hooks.serving._vllm_worker:TPCHooksStop"
+CONFIG = "tpc_hooks"  # the key of tpc-hooks' settings in vLLM's `additional_config`
 
 
-def vllm_engine_args() -> dict[str, Any]:
+def vllm_engine_args(sites: str | Sequence[str] | None = None, *,
+                     additional_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments a monitored engine needs, to pass beside your own.
 
-    A worker extension (the hooks that read the residual stream and score it), the logits
-    processor that ends a stopped request in the step it is flagged (add your own logits
-    processors to its list), and eager mode: the hooks run in vLLM's V1 model runner
-    (``VLLM_USE_V2_MODEL_RUNNER=0`` is set in this process's environment, which the engine's
-    workers inherit, unless you set it). Prefix caching stays as you set it: monitored
-    requests skip reading the cache (a cached block is never recomputed, so its tokens would
-    never reach the monitor) and the others use it.
+    tpc-hooks' worker (vLLM's own worker for the platform, extended: ``worker_cls``) and the
+    logits processor that ends a stopped request in the step it is flagged (add your own logits
+    processors to its list). Nothing else changes: the engine compiles as vLLM decides (CUDA
+    graphs on a GPU, Dynamo and Inductor on the CPU build), runs the model runner vLLM picks, and
+    keeps prefix caching as you set it, which monitored requests use too.
+
+    The residual stream comes out of the compiled forward as extra outputs at the ``sites`` fixed
+    here, before the engine compiles (``blocks.L.hook_resid_post`` or ``hook_resid_pre``); a
+    monitor or ``tpc.collect`` may read those sites only. Default: every layer's
+    ``hook_resid_post`` (each exposed site adds one ``[tokens, d_model]`` output per pass: name
+    the sites you read, on a large model).
+
+    Args:
+        sites: the hook names the engine exposes (a monitor's ``site``), or None for every layer.
+        additional_config: your own ``additional_config`` for vLLM, merged with tpc-hooks' key.
 
     Example:
         >>> from tpc_hooks.adapters import vllm_engine_args
-        >>> sorted(vllm_engine_args())
-        ['enforce_eager', 'logits_processors', 'worker_extension_cls']
+        >>> args = vllm_engine_args(["blocks.20.hook_resid_post"])
+        >>> sorted(args), args["additional_config"]
+        (['additional_config', 'logits_processors', 'worker_cls'], {'tpc_hooks': {'sites': ['blocks.20.hook_resid_post']}})
     """
-    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
-    return {"worker_extension_cls": WORKER, "enforce_eager": True, "logits_processors": [STOP]}
+    if sites is not None:
+        sites = [sites] if isinstance(sites, str) else list(sites)
+        if not sites:
+            raise TPCHooksError("sites must name at least one hook (or be None: every layer's hook_resid_post)")
+        for name in sites:
+            if parse_site(name).kind not in ("post", "pre"):
+                raise TPCHooksError(f"a vLLM engine exposes blocks.L.hook_resid_post and hook_resid_pre; got {name!r}")
+    extra = dict(additional_config or {})
+    if CONFIG in extra:
+        raise TPCHooksError(f"additional_config[{CONFIG!r}] is tpc-hooks' own: pass sites= instead")
+    extra[CONFIG] = {"sites": sites if sites is not None else "all"}
+    return {"worker_cls": WORKER, "logits_processors": [STOP], "additional_config": extra}

@@ -1,16 +1,16 @@
 """The vLLM adapter: a ``vllm.LLM`` built with :func:`vllm_engine_args` is a model that
 ``tpc.collect``, ``monitor.score``, ``monitor.calibrate`` and ``monitor.generate`` accept.
 
-The engine runs the passes and does the batching; hooks in its worker processes
-(``tpc_hooks.serving._vllm_worker``) read the residual stream of each request. To collect, the rows
-come back to this process once per call; to generate, the monitor itself runs in the worker
-(sent as a saved directory, loaded there), scores every request each step, and ends a
-stopped request through a logits processor in the step it is flagged; the steps come back
-once, at the end. Site names are TransformerLens hook names as in every adapter; this adapter
-reads ``blocks.L.hook_resid_post`` (the sum of a vLLM decoder layer's ``(hidden, residual)``
-output). Every request tpc-hooks sends skips reading vLLM's prefix cache (a cached block is
-never recomputed, so a hook would never see its tokens and a pooled score would silently cover
-part of the prompt); the engine's other requests keep using the cache.
+The engine runs the passes and does the batching, compiled as vLLM decides; its workers
+(``tpc_hooks.serving._vllm_worker``) read each request's residual stream from extra outputs of
+the compiled forward at the sites fixed when the engine was built. To collect, the rows come
+back to this process once per call (those requests skip reading the prefix cache: collection
+returns every prompt token's row); to generate, the monitor itself runs in the worker (sent as a
+saved directory, loaded there), scores every request each step, and ends a stopped request
+through a logits processor in the step it is flagged; the steps come back once, at the end.
+Monitored requests read the prefix cache: the worker resumes a request from the monitor state
+kept for its cached blocks. Site names are TransformerLens hook names as in every adapter:
+``blocks.L.hook_resid_post`` and ``hook_resid_pre``.
 
 Imported only when a ``vllm.LLM`` is passed in.
 """
@@ -26,7 +26,6 @@ from torch import Tensor
 
 from ..head._errors import TPCHooksError
 from ._adapter import Adapter
-from ._hf import layer_path
 from ._sites import Site
 from ._vllm_args import STOP, WORKER
 
@@ -35,19 +34,19 @@ __all__ = ["VLLMAdapter", "make_adapter"]
 
 class VLLMAdapter(Adapter):
     toolkit = "vLLM"
-    kinds = ("post",)
+    kinds = ("post", "pre")
     engine = True
 
     def __init__(self, model: Any):
         super().__init__(model)
         config = model.llm_engine.vllm_config
-        if not _is_ours(config.parallel_config.worker_extension_cls):
-            raise TPCHooksError("this vllm.LLM was built without tpc-hooks' worker extension; build it with "
+        if not _is_ours(config.parallel_config.worker_cls):
+            raise TPCHooksError("this vllm.LLM was built without tpc-hooks' worker; build it with "
                                 "LLM(model=..., **tpc_hooks.adapters.vllm_engine_args(), ...)")
         self.stops = STOP in [p if isinstance(p, str) else f"{p.__module__}:{p.__qualname__}"
                               for p in config.model_config.logits_processors or []]
-        self._hf_config = config.model_config.hf_config
-        self._path = layer_path(self._hf_config, "vLLM")  # the transformers adapter's table
+        self._hf_config = config.model_config.hf_text_config
+        self._sites: dict[str, int] | None = None
 
     @property
     def d_model(self) -> int:
@@ -56,6 +55,21 @@ class VLLMAdapter(Adapter):
     @property
     def n_layers(self) -> int:
         return int(self._hf_config.num_hidden_layers)
+
+    @property
+    def exposed(self) -> dict[str, int]:
+        """The sites the engine's compiled forward returns (fixed when it was built)."""
+        if self._sites is None:
+            self._sites = self.model.collective_rpc("tpc_hooks_sites")[0]
+        return self._sites
+
+    def site(self, name: str) -> Site:
+        site = super().site(name)
+        if site.name not in self.exposed:
+            raise TPCHooksError(f"this vLLM engine exposes {_listed(self.exposed)} (a compiled engine returns the sites "
+                                f"fixed when it was built), not {site.name!r}; build it with "
+                                "LLM(..., **tpc_hooks.adapters.vllm_engine_args(sites=[...]))")
+        return site
 
     @property
     def tokenizer(self) -> Any:
@@ -74,10 +88,9 @@ class VLLMAdapter(Adapter):
         (one generated token, greedy); the recorded rows placed back at the mask's positions."""
         from vllm import SamplingParams
 
-        layers = sorted({s.layer for s in sites})
         prompts = [row[m.bool()].tolist() for row, m in zip(input_ids.cpu(), attention_mask.cpu())]
         llm = self.model
-        llm.collective_rpc("tpc_hooks_capture", args=(layers, self._path))
+        llm.collective_rpc("tpc_hooks_capture", args=([s.name for s in sites],))
         try:
             outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                                 SamplingParams(max_tokens=1, temperature=0, skip_reading_prefix_cache=True), use_tqdm=False)
@@ -88,7 +101,7 @@ class VLLMAdapter(Adapter):
         result = {}
         for s in sites:
             # the engine suffixes each request id ("0" runs as "0-<random>" in the workers)
-            per = _by_request(got.get(s.layer, got.get(str(s.layer), {})))
+            per = _by_request(got.get(s.name, {}))
             out = torch.zeros(B, T, self.d_model)
             for b, (o, p) in enumerate(zip(outs, prompts)):
                 rows = per.get(o.request_id)
@@ -110,7 +123,9 @@ class VLLMAdapter(Adapter):
         scores the token before it, and the extra token is dropped (the Hugging Face loop's last
         pass, fed only to be scored). A request that ends on its EOS before that never feeds
         the EOS back, so its last step is scored by one more pass over the whole sequence,
-        for those requests only. A stopped request's forced EOS is dropped too.
+        for those requests only. A stopped request's forced EOS is dropped too. Requests read the
+        prefix cache; one whose cached prefix has no kept monitor state (cached while no monitor
+        ran) is generated again without reading the cache, so every step is scored.
         """
         from vllm import SamplingParams
 
@@ -118,13 +133,21 @@ class VLLMAdapter(Adapter):
             raise TPCHooksError("on vLLM a stopped request ends with its EOS token, so action='stop' needs stop_at_eos=True")
         llm = self.model
         with self.monitoring(monitor, action, order=order, cascade=cascade):
-            def params(n: int, b: int) -> Any:
+            def params(n: int, b: int, cached: bool = True) -> Any:
                 return SamplingParams(max_tokens=n, temperature=temperature if do_sample else 0.0,
                                       seed=seed + b if do_sample else None, ignore_eos=not stop_at_eos,
-                                      skip_reading_prefix_cache=True)
+                                      skip_reading_prefix_cache=not cached)
             outs = llm.generate([{"prompt_token_ids": p} for p in ids],
                                 [params(max_new_tokens + 1, b) for b in range(len(ids))], use_tqdm=False)
             runs = _by_request(llm.collective_rpc("tpc_hooks_runs")[0])
+            redo = [b for b, o in enumerate(outs) if "error" in runs.get(o.request_id, {})]
+            if redo:  # their cached prefix had no kept state: computed again, every token through the monitor
+                again_outs = llm.generate([{"prompt_token_ids": ids[b]} for b in redo],
+                                          [params(max_new_tokens + 1, b, cached=False) for b in redo], use_tqdm=False)
+                more = _by_request(llm.collective_rpc("tpc_hooks_runs")[0])
+                for b, o in zip(redo, again_outs):
+                    outs[b] = o
+                    runs[o.request_id] = more.get(o.request_id, {"error": "nothing recorded"})
             rows: list[dict] = []
             again: list[int] = []  # rows whose last token (an EOS) was never fed back
             for b, o in enumerate(outs):
@@ -157,14 +180,16 @@ class VLLMAdapter(Adapter):
         """Inside the block the engine's workers score every request with ``monitor`` (each
         step, at its site) and, with ``action="stop"``, end a request at its first flagged
         step; the block yields what the workers run (site, threshold, d_model). The steps are
-        kept per request until ``llm.collective_rpc("tpc_hooks_runs")`` takes them. Send the
-        requests with ``skip_reading_prefix_cache=True``: a request that reads cached prompt
-        blocks (which no hook sees) is not scored, and its entry says so (``"error"``).
+        kept per request until ``llm.collective_rpc("tpc_hooks_runs")`` takes them. Requests
+        read the prefix cache: the workers keep the monitor's state at every block's end and
+        resume a request from the state of its cached prefix. A request whose cached prefix has
+        no kept state (cached while this monitor was not running) is not scored, and its entry
+        says so (``"error"``): send it again with ``skip_reading_prefix_cache=True``.
 
         Example (the engine as :func:`vllm_engine_args` builds it)::
 
             with get_adapter(llm).monitoring(monitor):
-                outs = llm.generate(prompts, SamplingParams(max_tokens=64, skip_reading_prefix_cache=True))
+                outs = llm.generate(prompts, SamplingParams(max_tokens=64))
                 steps = llm.collective_rpc("tpc_hooks_runs")[0]
         """
         if action not in ("flag", "stop"):
@@ -183,8 +208,7 @@ class VLLMAdapter(Adapter):
         with tempfile.TemporaryDirectory(prefix="tpc-hooks-") as where:
             monitor.save(where)
             try:
-                info = llm.collective_rpc("tpc_hooks_arm", args=(where, site.layer, order, cascade, action, keep,
-                                                                 self._path))[0]
+                info = llm.collective_rpc("tpc_hooks_arm", args=(where, site.name, order, cascade, action, keep))[0]
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
                 raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
         try:
@@ -196,8 +220,17 @@ class VLLMAdapter(Adapter):
         raise TPCHooksError("watch() and the Hugging Face generate hooks do not apply to a vLLM engine")
 
 
+def _listed(sites: dict[str, int]) -> str:
+    """The exposed sites, shortly: every layer's hook_resid_post is said so."""
+    names = sorted(sites, key=lambda s: sites[s])
+    post = [n for n in names if n.endswith("hook_resid_post")]
+    if len(post) == len(names) and len(names) > 4:
+        return f"every layer's hook_resid_post ({names[0]} .. {names[-1]})"
+    return str(names)
+
+
 def _is_ours(worker: Any) -> bool:
-    """Whether the engine's worker extension is tpc-hooks' (or a class built on it)."""
+    """Whether the engine's worker is tpc-hooks' (or a class built on it)."""
     if not worker:
         return False
     if worker == WORKER:

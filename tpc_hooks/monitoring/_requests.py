@@ -8,7 +8,7 @@ request's new rows together.
 """
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -32,6 +32,15 @@ def _pick(res: CascadeResult, index: Tensor | slice) -> CascadeResult:
 
 def _cat(parts: list[CascadeResult]) -> CascadeResult:
     return CascadeResult(**{f: torch.cat([getattr(p, f) for p in parts]) for f in FIELDS}, degree=parts[0].degree)
+
+
+def _frozen(obj: Any) -> Any:
+    """A copy of a running state whose tensors are its own (a snapshot later updates cannot reach)."""
+    out = copy.copy(obj)
+    for k, v in vars(obj).items():
+        if isinstance(v, Tensor):
+            setattr(out, k, v.clone())
+    return out
 
 
 def _stacked(objs: list[Any]) -> Any:
@@ -60,6 +69,9 @@ class RequestScores:
     step) and returns, for the complete ones, the monitor's result of everything the request
     has seen: the same numbers :class:`~tpc_hooks.monitoring._generation.StepScores` gives a batch of one.
     Each request's results are kept, one per step (step 0: the prompt), until :meth:`take`.
+    With ``cuts``, it also hands ``keep(request, offset, state)`` the request's running state
+    after each given number of its new rows (a serving engine keeps it per KV block), and
+    :meth:`restore` starts a request from such a state (its prefix read from the engine's cache).
 
     Example:
         >>> import torch, tpc_hooks as tpc
@@ -85,13 +97,25 @@ class RequestScores:
         if request in self.states:
             self.states[request].reset()
 
+    def snapshot(self, request: str) -> Any:
+        """The request's running state, as :meth:`restore` takes it back (a copy)."""
+        st = self.states[request]
+        return _frozen(st.state), (st.spent.clone() if isinstance(st.spent, Tensor) else st.spent)
+
+    def restore(self, request: str, snapshot: Any) -> None:
+        """The request goes on from ``snapshot`` (what :meth:`snapshot` gave for the same prefix)."""
+        st = self.states.setdefault(request, StepScores(self.monitor, rule=self.rule))
+        st.state, st.spent = copy.copy(snapshot[0]), snapshot[1]
+
     def steps(self, request: str) -> int:
         """Steps recorded for ``request`` so far."""
         return len(self.records.get(request, ()))
 
-    def update(self, pieces: Sequence[tuple[str, Tensor, bool]]) -> tuple[list[str], CascadeResult | None]:
+    def update(self, pieces: Sequence[tuple[str, Tensor, bool]], cuts: Sequence[Sequence[int]] | None = None,
+               keep: Callable[[str, int, Any], None] | None = None) -> tuple[list[str], CascadeResult | None]:
         if not pieces:
             return [], None
+        cuts = [()] * len(pieces) if cuts is None else cuts
         mon = self.monitor
         device = mon.head.bias.device
         feats = mon._features(torch.cat([rows for _, rows, _ in pieces]).to(device).float())
@@ -120,10 +144,19 @@ class RequestScores:
                     states[k].spent = part
             outs.append(got)
             order += group
+            for k in group:
+                if cuts[k]:
+                    keep(pieces[k][0], 1, self.snapshot(pieces[k][0]))
         for k in alone:
             n, e = sizes[k], ends[k]
-            ones = torch.ones(1, n, device=device)
-            outs.append(states[k].fold(_part(every, e - n, e), ones) if token else states[k].pool(feats[e - n:e][None], ones))
+            marks = [c for c in cuts[k] if 0 < c < n]
+            for lo, hi in zip([0, *marks], [*marks, n]):  # a kept state splits the rows at its offset
+                ones = torch.ones(1, hi - lo, device=device)
+                a, b = e - n + lo, e - n + hi
+                got = states[k].fold(_part(every, a, b), ones) if token else states[k].pool(feats[a:b][None], ones)
+                if hi in cuts[k]:
+                    keep(pieces[k][0], hi, self.snapshot(pieces[k][0]))
+            outs.append(got)
             order += [k]
         done_k = [k for k in sorted(order) if pieces[k][2]]
         done = [pieces[k][0] for k in done_k]

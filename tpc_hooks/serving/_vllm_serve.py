@@ -1,16 +1,18 @@
 """``tpc-hooks serve``: vLLM's OpenAI-compatible server with a monitor on every request.
 
-The engine is built with tpc-hooks' worker extension and logits processor
-(:func:`~tpc_hooks.adapters.vllm_engine_args`); once it is up, the monitor is loaded in its
-workers (``keep="summary"``), which score every request at every step and, with ``--action
-stop``, end a request in the step it is flagged. An ASGI middleware (:class:`MonitorMiddleware`)
+The engine is built with tpc-hooks' worker and logits processor
+(:func:`~tpc_hooks.adapters.vllm_engine_args`, exposing the monitor's site), compiled and run as
+vLLM decides; once it is up, the monitor is loaded in its workers (``keep="summary"``), which
+score every request at every step and, with ``--action stop``, end a request in the step it is
+flagged. An ASGI middleware (:class:`MonitorMiddleware`)
 asks the workers for a request's summary when its response finishes and writes it into the
 response (the ``tpc_hooks`` field of each choice; a stopped choice's ``finish_reason`` is
 ``"content_flagged"``), counts it in ``/metrics``, and names the monitor in ``/v1/models``.
 
 Per request, through vLLM's ``vllm_xargs``: ``{"tpc_hooks_monitor": false}`` opts out,
-``{"tpc_hooks_threshold": 0.9}`` sets its own threshold. Requests that are monitored skip
-reading the prefix cache (set here for them), so every prompt token reaches the monitor.
+``{"tpc_hooks_threshold": 0.9}`` sets its own threshold. Monitored requests read the prefix cache
+(the workers resume each from the monitor state kept for its cached blocks); with a KV connector
+(an offload tier, whose blocks no monitor saw) they skip reading it.
 
 Imported by ``tpc-hooks serve`` only (it imports vLLM).
 """
@@ -25,9 +27,8 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from ..adapters._hf import layer_path
 from ..adapters._sites import parse_site
-from ..adapters._vllm_args import STOP, WORKER
+from ..adapters._vllm_args import CONFIG, STOP, WORKER
 from ..adapters.vllm import _is_ours
 from ..head import _format
 from ..head._errors import TPCHooksError
@@ -283,7 +284,8 @@ def _nonfinite_error(s: dict) -> dict[str, Any]:
 
 
 def _skip_cache_reads(engine: Any) -> None:
-    """Monitored requests skip reading the prefix cache (a cached block never reaches a hook)."""
+    """Monitored requests skip reading the prefix cache (with a KV connector: blocks restored from
+    an offload tier have no monitor state)."""
     inner = engine.generate
 
     def generate(prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
@@ -306,35 +308,38 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     ours, rest = p.parse_known_args(argv)
+    MonitorMiddleware.monitor = identity(ours.monitor)
+    ours.site = MonitorMiddleware.monitor["site"]
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     vp = make_arg_parser(FlexibleArgumentParser(prog="tpc-hooks serve"))
     args = vp.parse_args(["--model", ours.model, "--host", ours.host, "--port", str(ours.port), *rest])
-    if args.worker_extension_cls and not _is_ours(args.worker_extension_cls):
-        raise TPCHooksError(f"--worker-extension-cls must be tpc-hooks' own ({WORKER}) or a class built on it")
-    args.worker_extension_cls, args.enforce_eager = args.worker_extension_cls or WORKER, True
+    if args.worker_cls not in (None, "auto") and not _is_ours(args.worker_cls):
+        raise TPCHooksError(f"--worker-cls must be tpc-hooks' own ({WORKER}) or a class built on it")
+    args.worker_cls = WORKER if args.worker_cls in (None, "auto") else args.worker_cls
+    extra = dict(args.additional_config or {})
+    extra[CONFIG] = {"sites": [ours.site]}  # the one site the compiled forward returns
+    args.additional_config = extra
     args.logits_processors = [STOP, *(args.logits_processors or [])]
     args.middleware = [*(args.middleware or []), f"{__name__}.MonitorMiddleware"]
     validate_parsed_serve_args(args)
     return ours, args
 
 
-def check_model(monitor: dict[str, Any], model: str, trust_remote_code: bool = False) -> list[str]:
-    """The monitor's site and d_model against the model's config (read, not loaded); returns the
-    attribute path of its decoder layers (the transformers adapter's table)."""
+def check_model(monitor: dict[str, Any], model: str, trust_remote_code: bool = False) -> None:
+    """The monitor's site and d_model against the model's config (read, not loaded)."""
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     cfg = getattr(cfg, "text_config", None) or cfg
     site = parse_site(monitor["site"])
-    if site.kind != "post" or site.layer >= cfg.num_hidden_layers:
-        raise TPCHooksError(f"the monitor reads {monitor['site']!r}; vLLM exposes blocks.L.hook_resid_post for L in "
-                            f"0..{cfg.num_hidden_layers - 1} of {model}")
+    if site.kind not in ("post", "pre") or site.layer >= cfg.num_hidden_layers:
+        raise TPCHooksError(f"the monitor reads {monitor['site']!r}; vLLM exposes blocks.L.hook_resid_post and "
+                            f"hook_resid_pre for L in 0..{cfg.num_hidden_layers - 1} of {model}")
     if monitor["d_model"] != cfg.hidden_size:
         raise TPCHooksError(f"monitor expects d_model={monitor['d_model']} but {model} produces {cfg.hidden_size}; "
                             "was it trained on another model?")
-    return layer_path(cfg, "vLLM")
 
 
 async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
@@ -342,16 +347,16 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
     from vllm.entrypoints.launchers.api_server.entry import build_and_serve, build_async_engine_client
     from vllm.entrypoints.launchers.launcher import setup_server
 
-    site = parse_site(MonitorMiddleware.monitor["site"])
     listen_address, sock = setup_server(args, reuse_port=False)
     try:
         async with build_async_engine_client(args) as engine:
             try:
-                await engine.collective_rpc("tpc_hooks_arm", args=(str(Path(ours.monitor).resolve()), site.layer, None,
-                                                                   None, ours.action, "summary", ours.layers_path))
+                await engine.collective_rpc("tpc_hooks_arm", args=(str(Path(ours.monitor).resolve()), ours.site, None,
+                                                                   None, ours.action, "summary"))
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
                 raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
-            _skip_cache_reads(engine)
+            if getattr(args, "kv_transfer_config", None):
+                _skip_cache_reads(engine)
             MonitorMiddleware.monitor = {**MonitorMiddleware.monitor, "action": ours.action}
             shutdown = await build_and_serve(engine, listen_address, sock, args)
         await shutdown
@@ -362,10 +367,9 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
 def main(argv: list[str]) -> int:
     import uvloop
 
-    ours, args = parse(argv)
     # a bad directory, or a monitor for another model, fails here, before the engine starts
-    MonitorMiddleware.monitor = identity(ours.monitor)
-    ours.layers_path = check_model(MonitorMiddleware.monitor, args.model, getattr(args, "trust_remote_code", False))
+    ours, args = parse(argv)
+    check_model(MonitorMiddleware.monitor, args.model, getattr(args, "trust_remote_code", False))
     uvloop.run(run(ours, args))
     return 0
 

@@ -1,51 +1,73 @@
-"""What runs inside vLLM's worker processes: forward hooks on the decoder layers that read each
-request's residual stream from the passes the engine runs anyway, the monitor that scores it
-(:class:`TPCHooksWorker`, mixed in with ``worker_extension_cls``), and the logits processor that
+"""What runs inside vLLM's worker processes: the worker (:class:`TPCHooksWorker`, vLLM's own
+worker class for the platform, extended) that reads each request's residual stream from the
+passes the engine runs anyway and scores it with the monitor, and the logits processor that
 ends a flagged request in the step it is flagged (:class:`TPCHooksStop`).
 
-vLLM packs the requests of a step into one flat batch of tokens; the model runner's
-``query_start_loc`` and ``input_batch.req_ids`` say which rows belong to which request, and the
-input batch's computed-token counts say whether a request has finished its prompt (a chunked
-prefill brings it in parts). A vLLM decoder layer returns ``(hidden, residual)``; the residual
-stream after the layer (the tensor ``blocks.L.hook_resid_post`` names) is their sum. The logits
-the sampler reads have one row per request of the input batch, in the same order.
+The engine runs as vLLM decides, compiled (and with CUDA graphs on a GPU): when the model is
+loaded, before the warm-up traces it, the worker asks it to return the residual stream after
+the exposed layers as extra outputs of its forward (``_engine.expose``). After each forward
+pass (``execute_model``) and before the sampler runs, the worker reads those outputs and the
+batch's layout (``_engine.last_pass``), scores every request's new rows, and tells the logits
+processor which rows to end.
+
+Prefix caching stays on and monitored requests use it: the monitor keeps its running state at
+every KV block's end under the hash of the block's content (``_prefix``), for every request it
+sees (monitored, opted out or not), so a request whose prompt starts with cached blocks resumes
+from the state those blocks ended with and is scored on its whole prompt. One it cannot resume
+(its cached prefix was computed before the monitor was armed, or came from an offload tier) is
+never scored on part of its prompt: it is reported as unscored and the caller recomputes it.
 
 Imported by vLLM in its workers (and by the engine when it checks the logits processor's
 per-request arguments), never by ``import tpc_hooks``.
 """
 
+import hashlib
 import math
 import os
 import time
 from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from vllm import SamplingParams
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+from vllm.v1.sample.logits_processor import BatchUpdate
+from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
+from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
 
+from ..head import _format
 from ..head._errors import TPCHooksError
 from ..head._kernel import flagged
 from ..monitoring._monitor import Monitor
 from ..monitoring._requests import RequestScores
+from . import _engine
+from ._prefix import BlockStates, Chain
 
 OPT_OUT = "tpc_hooks_monitor"  # SamplingParams.extra_args key: false/0 opts the request out
 THRESHOLD = "tpc_hooks_threshold"  # ... its own threshold, a probability in (0, 1)
 KEEP = 4096  # finished requests whose summary waits for the server to take it (the oldest go first)
+STORES = 4  # monitors whose block states a worker keeps (the least recently armed go first)
+UNSCORED = ("its prompt starts with cached blocks whose monitor state this engine does not hold (computed before "
+            "the monitor was armed, or restored from an offload tier); it was not scored on part of its prompt: "
+            "send it again with SamplingParams(skip_reading_prefix_cache=True)")
+
 
 class _Armed:
     """The monitor a worker runs and what it has decided (one per worker process)."""
 
     def __init__(self, monitor: Monitor, order: int | None, cascade: float | None, action: str,
-                 keep: str):
+                 keep: str, blocks: BlockStates):
         self.monitor, self.action, self.keep = monitor, action, keep
         self.scores = RequestScores(monitor, order, cascade)
         self.threshold = float(monitor.threshold)
-        self.stop_rows: list[int] = []  # input-batch rows whose next token ends them (this pass)
+        self.blocks = blocks  # the monitor's state at block ends, by content
+        self.stop_rows: list[tuple[int, int | None]] = []  # (sampler row, EOS id) ended this step
         self.stopped: dict[str, int] = {}  # request -> the step it was stopped at
         self.first: dict[str, int] = {}  # request -> its first flagged step
-        self.partial: set[str] = set()  # requests whose first pass started after cached blocks
-        self.passes, self.seconds, self.rows = 0, 0.0, 0  # what the hook has cost (tpc_hooks_stats)
+        self.unscored: set[str] = set()  # requests that read cached blocks without a kept state
+        self.resumed = 0  # requests that resumed from a kept block state
+        self.passes, self.seconds, self.rows = 0, 0.0, 0  # what the monitor has cost (tpc_hooks_stats)
         self.own: dict[str, float] = {}  # request -> its own threshold
         self.summaries: OrderedDict[str, dict[str, Any]] = OrderedDict()  # keep="summary": finished requests
 
@@ -53,27 +75,43 @@ class _Armed:
         """A finished request's steps become its summary (``keep="summary"``)."""
         rec = self.scores.take([rid]).get(rid)
         first, stopped, thr = self.first.pop(rid, None), self.stopped.pop(rid, None), self.own.pop(rid, self.threshold)
-        if rec is None:
-            return
-        probs = rec["probs"]
-        bad = probs.isnan()
-        self.summaries[rid] = {"steps": len(probs), "peak_score": float(probs[~bad].max()) if (~bad).any() else None,
-                               "flagged": first is not None, "first_flagged": first, "stopped_at": stopped,
-                               "threshold": thr, "nonfinite_step": int(bad.nonzero()[0]) if bad.any() else None}
+        if rid in self.unscored:
+            self.unscored.discard(rid)
+            self.summaries[rid] = {"error": "the request read cached prompt blocks the monitor never saw"}
+        elif rec is not None:
+            probs = rec["probs"]
+            bad = probs.isnan()
+            self.summaries[rid] = {"steps": len(probs), "peak_score": float(probs[~bad].max()) if (~bad).any() else None,
+                                   "flagged": first is not None, "first_flagged": first, "stopped_at": stopped,
+                                   "threshold": thr, "nonfinite_step": int(bad.nonzero()[0]) if bad.any() else None}
         while len(self.summaries) > KEEP:
             self.summaries.popitem(last=False)
 
 
+@dataclass
+class _Request:
+    """What the worker knows of a request from the scheduler: its tokens so far, its chain of
+    block hashes, its own monitor settings and EOS, and how far the scored steps reach."""
+
+    tokens: list[int] | None  # prompt then generated tokens as computed (None: embeddings, no reuse)
+    prompt_len: int
+    chain: Chain
+    settings: dict[str, Any]
+    eos: int | None
+    reusable: bool  # its prefix states may be kept and read (token prompts without multimodal inputs)
+    start: int = 0  # tokens computed before this step (the scheduler's count)
+    scored_to: int = 0  # tokens covered by its last recorded step
+    rows: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # capture: rows per exposed id
+
+
 _ARMED: _Armed | None = None
-# input-batch row -> (the request's EOS id, its own settings); kept by the logits processor
-_ROWS: dict[int, tuple[int | None, dict[str, Any]]] = {}
 
 
-def _settings(params: SamplingParams) -> dict[str, Any]:
+def _settings(params: SamplingParams | None) -> dict[str, Any]:
     """A request's own monitor settings from its ``extra_args`` (the OpenAI server's
     ``vllm_xargs``): ``{"tpc_hooks_monitor": false}`` opts out, ``{"tpc_hooks_threshold": p}``
     sets its threshold. Raises ValueError (an HTTP 400 from the server) for a bad value."""
-    extra = params.extra_args or {}
+    extra = (params.extra_args if params is not None else None) or {}
     out: dict[str, Any] = {}
     if OPT_OUT in extra:
         v = extra[OPT_OUT]
@@ -87,44 +125,34 @@ def _settings(params: SamplingParams) -> dict[str, Any]:
         out["threshold"] = float(t)
     return out
 
-class TPCHooksStop(LogitsProcessor):
+
+class TPCHooksStop(V1LogitsProcessor, V2LogitsProcessor):
     """Ends the requests the monitor stops in this step: their only possible token is their EOS.
 
-    Also keeps, per input-batch row, the request's EOS id and its own monitor settings
-    (``extra_args={"tpc_hooks_monitor": False}`` opts out, ``{"tpc_hooks_threshold": p}`` sets
-    its threshold), which the worker's hook reads.
+    Written to both model runners' logits-processor interfaces (V1: ``apply(logits)``; V2:
+    ``apply(logits, ctx)``): without speculative decoding both give one logits row per request,
+    in the order of the pass the worker has just scored. It also checks each request's own
+    monitor settings when the engine admits it (:meth:`validate_params`).
     """
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         _settings(sampling_params)
 
-    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool):
-        _ROWS.clear()
+    def __init__(self, vllm_config: Any, *args: Any) -> None:
+        pass
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes the greedy token of a stopped request
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if batch_update is None:
-            return
-        for i in batch_update.removed:
-            _ROWS.pop(i, None)
-        for i, params, _, _ in batch_update.added:
-            _ROWS[i] = (params.eos_token_id, _settings(params))
-        for a, b, how in batch_update.moved:
-            ra, rb = _ROWS.pop(a, None), _ROWS.pop(b, None)
-            if ra is not None:
-                _ROWS[b] = ra
-            if how == MoveDirectionality.SWAP and rb is not None:
-                _ROWS[a] = rb
+        pass  # the worker reads each request's settings from the scheduler
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+    def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
         armed = _ARMED
         if armed is None or not armed.stop_rows:
             return logits
-        for i in armed.stop_rows:
-            eos = _ROWS.get(i, (None, {}))[0]
+        for i, eos in armed.stop_rows:
             if eos is not None and i < logits.shape[0]:
                 logits[i] = float("-inf")
                 logits[i, eos] = 0.0
@@ -132,66 +160,222 @@ class TPCHooksStop(LogitsProcessor):
         return logits
 
 
-class TPCHooksWorker:
-    """Mixed into vLLM's worker class by ``LLM(..., worker_extension_cls=...)``; its methods are
-    called from the driver with ``llm.collective_rpc(name, args=...)``. Tensors go back as lists
-    (what the RPC carries). Only the rank that reports the sampled tokens (rank 0) scores: the
-    residual stream is the same on every tensor-parallel rank."""
+class _Mixin:
+    """tpc-hooks' part of the worker; its methods are called from the driver with
+    ``llm.collective_rpc(name, args=...)`` (tensors go back as lists, what the RPC carries). Only
+    the rank that reports the sampled tokens (rank 0) scores: the residual stream is the same on
+    every tensor-parallel rank."""
+
+    # ------------------------------------------------------------------ engine build and each step
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)
+        _engine.check_version()
+        config = self.vllm_config
+        if config.speculative_config is not None:
+            raise TPCHooksError("tpc-hooks' vLLM worker does not run beside speculative decoding (a draft step has "
+                                "several rows per request, and EAGLE-3 drafting sets its own auxiliary layers)")
+        hf = config.model_config.hf_text_config
+        sites = (config.additional_config or {}).get(_engine.CONFIG, {}).get("sites", "all")
+        self._tpc_sites = _engine.aux_ids(sites, int(hf.num_hidden_layers))
+        self._tpc_ids = sorted(set(self._tpc_sites.values()))
+        _engine.expose(self.model_runner, self._tpc_ids)
+        self._tpc_block = int(config.cache_config.block_size)
+        self._tpc_requests: dict[str, _Request] = {}
+        self._tpc_capture: list[int] = []
+        self._tpc_finished_rows: dict[str, dict[int, list[torch.Tensor]]] = {}  # capture: requests that ended
+        # since the engine started: requests resumed from a kept block state, and found without one
+        self._tpc_counts = {"resumed": 0, "unscored": 0}
+
+    def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        self._tpc_note(scheduler_output)
+        out = super().execute_model(scheduler_output, *args, **kwargs)
+        if scheduler_output.total_num_scheduled_tokens and (_ARMED is not None or self._tpc_capture):
+            step = _engine.last_pass(self.model_runner, scheduler_output)
+            if step is not None:
+                self._tpc_read(step)
+        return out
+
+    def _tpc_note(self, so: Any) -> None:
+        """The scheduler's news: new requests (their prompt, settings, EOS), each scheduled
+        request's computed-token count before this step, finished requests."""
+        reqs = self._tpc_requests
+        for nr in so.scheduled_new_reqs:
+            ids = nr.prompt_token_ids
+            lora = getattr(nr.lora_request, "lora_int_id", None)
+            params = nr.sampling_params
+            reqs[nr.req_id] = _Request(
+                tokens=list(ids) if ids is not None else None, prompt_len=len(ids) if ids is not None else 0,
+                chain=Chain(self._tpc_block, lora), settings=_settings(params),
+                eos=getattr(params, "eos_token_id", None), reusable=ids is not None and not nr.mm_features,
+                start=int(nr.num_computed_tokens))
+        cached = so.scheduled_cached_reqs
+        for rid, c in zip(cached.req_ids, cached.num_computed_tokens):
+            if rid in reqs:
+                reqs[rid].start = int(c)
+        for rid in so.finished_req_ids:
+            req = reqs.pop(rid, None)
+            if req is not None and req.rows:
+                self._tpc_finished_rows[rid] = req.rows
+            armed = _ARMED
+            if armed is not None:
+                if armed.keep == "summary" and req is not None and req.settings.get("monitor", True):
+                    armed.summarize(rid)
+                elif req is not None and not req.settings.get("monitor", True):
+                    armed.scores.forget(rid)
+
+    # ------------------------------------------------------------------ reading a pass
+    def _tpc_read(self, step: _engine.Pass) -> None:
+        armed = _ARMED
+        t0 = time.perf_counter()
+        at = {i: k for k, i in enumerate(self._tpc_ids)}
+        pieces, cuts, rows_of, live = [], [], {}, []
+        for i, rid in enumerate(step.req_ids):
+            a, b = int(step.starts[i]), int(step.starts[i + 1])
+            req = self._tpc_requests.get(rid)
+            if req is None or b <= a:
+                continue
+            toks = step.tokens[a:b].tolist()
+            if req.start != req.chain.computed:
+                self._tpc_resume(rid, req, armed)
+            if req.tokens is not None and req.start + len(toks) > len(req.tokens):
+                req.tokens[req.start:] = toks
+            if req.reusable:
+                ends = req.chain.extend(toks)
+            else:
+                ends, req.chain.computed = [], req.chain.computed + len(toks)
+            for aux_id in self._tpc_capture:
+                req.rows.setdefault(aux_id, []).append(step.aux[at[aux_id]][a:b].detach().float().cpu())
+            if armed is None or rid in armed.unscored:
+                continue
+            end = req.start + (b - a)  # a step ends here if it reaches past the prompt and the steps recorded so far
+            complete = end >= req.prompt_len and end > req.scored_to
+            if complete:
+                req.scored_to = end
+            pieces.append((rid, step.aux[at[self._tpc_layer]][a:b], complete))
+            cuts.append([off for off, _ in ends])
+            rows_of[rid] = (i, req, dict(ends))
+            live.append(rid)
+        if armed is None:
+            return
+        keep = lambda rid, off, state: armed.blocks.put(rows_of[rid][2][off], state)  # noqa: E731
+        done, res = armed.scores.update(pieces, cuts, keep)
+        armed.rows += sum(int(p[1].shape[0]) for p in pieces)
+        self._tpc_decide(armed, done, res, rows_of)
+        armed.passes += 1
+        armed.seconds += time.perf_counter() - t0
+
+    def _tpc_resume(self, rid: str, req: _Request, armed: _Armed | None) -> None:
+        """A request whose computed count is not where its chain stands: it starts (or starts over
+        after a preemption) at 0, or resumes after ``start`` cached tokens, from the state kept
+        for them; without one it is not scored (it would be scored on part of its prompt)."""
+        c = req.start
+        req.rows.clear()
+        if c == 0:
+            req.chain = Chain(self._tpc_block, req.chain.lora)
+            if armed is not None:
+                armed.scores.restart(rid)
+                armed.unscored.discard(rid)
+            return
+        known = req.tokens is not None and req.reusable and c <= len(req.tokens) and c % self._tpc_block == 0
+        if known:
+            key = req.chain.start(req.tokens[:c])
+        else:
+            key, req.chain.computed = None, c
+        if armed is None:
+            return
+        state = armed.blocks.get(key) if key is not None else None
+        if state is None:
+            armed.unscored.add(rid)
+            armed.scores.forget(rid)
+            self._tpc_counts["unscored"] += 1
+            return
+        armed.scores.restore(rid, state)
+        armed.unscored.discard(rid)
+        armed.resumed += 1
+        self._tpc_counts["resumed"] += 1
+
+    def _tpc_decide(self, armed: _Armed, done: list[str], res: Any, rows_of: dict) -> None:
+        """Records each scored step and flags, or stops, the requests that cross their threshold."""
+        if not done:
+            return
+        own = [rows_of[rid][1].settings.get("threshold") for rid in done]
+        if any(t is not None for t in own):
+            hits = [bool(flagged(res.decision_logits[j:j + 1], armed.threshold if t is None else t))
+                    for j, t in enumerate(own)]
+            armed.own.update((rid, t) for rid, t in zip(done, own) if t is not None)
+        else:
+            hits = flagged(res.decision_logits, armed.threshold).tolist()
+        for rid, hit in zip(done, hits):
+            i, req, _ = rows_of[rid]
+            if not req.settings.get("monitor", True):
+                armed.scores.records.pop(rid, None)  # opted out: its state is kept for the blocks, not its steps
+                continue
+            if hit and rid not in armed.first:
+                armed.first[rid] = step = armed.scores.steps(rid) - 1
+                # a server ends a request whose activations turn NaN/inf whatever the action (its response is an
+                # error); monitor.generate records NaN steps as the Hugging Face loop does
+                nonfinite = armed.keep == "summary" and bool(math.isnan(armed.scores.records[rid][-1][2]))
+                if armed.action == "stop" or nonfinite:
+                    armed.stopped[rid] = step
+                    armed.stop_rows.append((i, req.eos))
 
     # ------------------------------------------------------------------ recording (collect, score)
-    def tpc_hooks_capture(self, layers: list[int], path: list[str]) -> int:
-        """Starts recording ``blocks.L.hook_resid_post`` for each ``L`` of ``layers``, per request
-        (``path``: the attribute path of the decoder layers, from the transformers adapter's
-        table); returns the model's hidden size."""
-        self.tpc_hooks_release()
-        decoder = self._tpc_layers(path)
-        self._tpc_rows: dict[int, dict[str, list[torch.Tensor]]] = {layer: {} for layer in layers}
+    def tpc_hooks_sites(self) -> dict[str, int]:
+        """The sites this engine exposes (fixed when it was built) -> their auxiliary ids."""
+        return dict(self._tpc_sites)
 
-        def make(layer: int) -> Any:
-            def hook(module: Any, args: Any, out: Any) -> None:
-                stream = _stream(out)
-                for rid, a, b in self._tpc_pieces():
-                    self._tpc_rows[layer].setdefault(rid, []).append(stream[a:b].detach().float().cpu())
-            return hook
-
-        self._tpc_handles = [decoder[layer].register_forward_hook(make(layer)) for layer in layers]
+    def tpc_hooks_capture(self, sites: list[str]) -> int:
+        """Starts recording the rows of every request at ``sites`` (prompt tokens, then one row per
+        decode step); returns the model's hidden size."""
+        missing = [s for s in sites if s not in self._tpc_sites]
+        if missing:
+            raise TPCHooksError(_unexposed(missing, self._tpc_sites))
+        for req in self._tpc_requests.values():
+            req.rows.clear()
+        self._tpc_capture = sorted({self._tpc_sites[s] for s in sites})
         return self._tpc_d_model()
 
-    def tpc_hooks_take(self) -> dict[int, dict[str, list[list[float]]]]:
-        """Every recorded request's rows per layer (prompt tokens, then one row per decode step),
-        and clears them."""
-        rows = getattr(self, "_tpc_rows", {})
-        self._tpc_rows = {layer: {} for layer in rows}
-        return {layer: {rid: torch.cat(parts).tolist() for rid, parts in per.items()} for layer, per in rows.items()}
+    def tpc_hooks_take(self) -> dict[str, dict[str, list[list[float]]]]:
+        """Every recorded request's rows per site, and clears them."""
+        by_id = {i: s for s, i in self._tpc_sites.items()}
+        out: dict[str, dict[str, Any]] = {}
+        for rid, req in self._tpc_requests.items():
+            for aux_id, parts in req.rows.items():
+                out.setdefault(by_id[aux_id], {})[rid] = torch.cat(parts).tolist()
+            req.rows.clear()
+        for rid, req in self._tpc_finished_rows.items():
+            for aux_id, parts in req.items():
+                out.setdefault(by_id[aux_id], {})[rid] = torch.cat(parts).tolist()
+        self._tpc_finished_rows = {}
+        return out
 
     def tpc_hooks_release(self) -> bool:
-        """Removes the recording hooks (safe to call again)."""
-        for h in getattr(self, "_tpc_handles", []):
-            h.remove()
-        self._tpc_handles = []
+        """Stops recording (safe to call again)."""
+        self._tpc_capture = []
+        self._tpc_finished_rows = {}
         return True
 
     # ------------------------------------------------------------------ monitoring (generate, serve)
-    def tpc_hooks_arm(self, path: str, layer: int, order: int | None, cascade: float | None, action: str,
-                      keep: str = "steps", layers_path: tuple[str, ...] = ("model", "layers")) -> dict:
-        """Loads the monitor saved at ``path`` and scores every request from now on at
-        ``blocks.{layer}.hook_resid_post`` (``layers_path``: the attribute path of the decoder
-        layers); ``action="stop"`` ends a request at its first
-        flagged step.
+    def tpc_hooks_arm(self, path: str, site: str, order: int | None, cascade: float | None, action: str,
+                      keep: str = "steps") -> dict:
+        """Loads the monitor saved at ``path`` and scores every request from now on at ``site``;
+        ``action="stop"`` ends a request at its first flagged step.
         ``keep="steps"``: every step of every request, until :meth:`tpc_hooks_runs` takes them;
         ``"summary"`` (a server): a finished request's steps become a summary, kept for the last
         ``KEEP`` requests until :meth:`tpc_hooks_summaries` takes it, and a request whose
-        activations turn NaN/inf is stopped whatever the action. Returns what the worker
-        runs (site, threshold, d_model)."""
+        activations turn NaN/inf is stopped whatever the action. Returns what the worker runs
+        (site, threshold, d_model)."""
         global _ARMED
         self.tpc_hooks_disarm()
+        if site not in self._tpc_sites:
+            raise TPCHooksError(_unexposed([site], self._tpc_sites))
         monitor = Monitor.load(path)
         d_model = self._tpc_d_model()
         if monitor.head.d_model != d_model:
             raise TPCHooksError(f"monitor expects d_model={monitor.head.d_model} but this model produces {d_model}")
         if getattr(self, "rank", 0) == 0:
-            _ARMED = _Armed(monitor, order, cascade, action, keep)
-            self._tpc_arm_handle = self._tpc_layers(layers_path)[layer].register_forward_hook(self._tpc_monitor_hook)
+            _ARMED = _Armed(monitor, order, cascade, action, keep, self._tpc_store(path, site, order, cascade))
+            self._tpc_layer = self._tpc_sites[site]
         return {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": d_model}
 
     def tpc_hooks_runs(self, requests: list[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -205,122 +389,76 @@ class TPCHooksWorker:
             out[rid] = {k: v.tolist() for k, v in rec.items()}
             out[rid]["stopped_at"] = armed.stopped.pop(rid, None)
             armed.first.pop(rid, None)
-        for rid in list(armed.partial if requests is None else armed.partial & set(requests)):
-            armed.partial.discard(rid)
-            out[rid] = {"error": "the request read cached prompt blocks the monitor never saw; send monitored "
-                                 "requests with SamplingParams(skip_reading_prefix_cache=True)"}
+        for rid in list(armed.unscored if requests is None else armed.unscored & set(requests)):
+            armed.unscored.discard(rid)
+            out[rid] = {"error": UNSCORED}
         return out
 
     def tpc_hooks_summaries(self, prefixes: list[str]) -> dict[str, dict[str, Any]]:
         """The summaries (``keep="summary"``) of the finished requests whose engine id contains
-        one of ``prefixes`` (the server asks once their last token has reached it): steps, peak score, flagged, first flagged step, stopped step,
-        the threshold used, the first step that scored NaN; forgets them."""
+        one of ``prefixes`` (the server asks once their last token has reached it): steps, peak
+        score, flagged, first flagged step, stopped step, the threshold used, the first step that
+        scored NaN; forgets them."""
         armed = _ARMED
         if armed is None:
             return {}
         match = lambda rid: any(p in rid for p in prefixes)  # noqa: E731 (engine ids may carry a sample's "k_" first)
         for rid in [r for r in armed.scores.records if match(r)]:  # finished: the server saw their last token
             armed.summarize(rid)
+        for rid in [r for r in armed.unscored if match(r)]:
+            armed.summarize(rid)
         hits = [rid for rid in armed.summaries if match(rid)]
-        for rid in list(armed.partial):
-            if match(rid):
-                armed.partial.discard(rid)
-                armed.summaries[rid] = {"error": "the request read cached prompt blocks the monitor never saw"}
-                hits.append(rid)
         return {rid: armed.summaries.pop(rid) for rid in hits}
 
     def tpc_hooks_disarm(self) -> bool:
-        """Removes the monitor's hook and state (safe to call again)."""
+        """Removes the monitor and its state (safe to call again)."""
         global _ARMED
-        h = getattr(self, "_tpc_arm_handle", None)
-        if h is not None:
-            h.remove()
-        self._tpc_arm_handle = None
         _ARMED = None
         return True
 
-    def _tpc_layers(self, path: list[str] | tuple[str, ...]) -> Any:
-        mod = self.model_runner.get_model()
-        for part in path:
-            if not hasattr(mod, part):
-                raise TPCHooksError(f"this vLLM model has no {'.'.join(path)} (its decoder layers)")
-            mod = getattr(mod, part)
-        return mod
-
-    def _tpc_d_model(self) -> int:
-        return int(self.model_runner.model_config.get_hidden_size())
-
-    # ------------------------------------------------------------------ inside a forward pass
-    def _tpc_pieces(self) -> list[tuple[str, int, int]]:
-        """``(request id, first row, end row)`` of every request in this pass's flat batch."""
-        runner = self.model_runner
-        req_ids = list(runner.input_batch.req_ids)
-        starts = runner.query_start_loc.np[: len(req_ids) + 1].tolist()
-        return [(rid, starts[i], starts[i + 1]) for i, rid in enumerate(req_ids)]
-
     def tpc_hooks_stats(self) -> dict[str, float]:
-        """What the monitor's hook has cost since it was armed: forward passes, seconds (wall
-        clock inside the hook, which includes the scoring; on a GPU, without waiting for the
-        device), rows scored, and what it holds: requests with a running state, requests with
-        recorded steps (and how many steps), summaries not yet taken, the process's resident
-        memory."""
+        """What the monitor has cost since it was armed: forward passes, seconds (wall clock in the
+        worker's reading and scoring; on a GPU, without waiting for the device), rows scored, and
+        what it holds: requests with a running state, requests with recorded steps (and how many
+        steps), summaries not yet taken, kept block states, requests that resumed from one, the
+        process's resident memory."""
         armed = _ARMED
         if armed is None:
             return {}
         return {"passes": armed.passes, "seconds": armed.seconds, "rows": armed.rows,
                 "requests_held": len(armed.scores.states), "records_held": len(armed.scores.records),
                 "summaries_held": len(armed.summaries), "steps_held": sum(map(len, armed.scores.records.values())),
-                "rss_bytes": _rss()}
+                "block_states": len(armed.blocks), "resumed": armed.resumed, "rss_bytes": _rss()}
 
-    def _tpc_monitor_hook(self, module: Any, args: Any, out: Any) -> None:
-        armed = _ARMED
-        if armed is None:
-            return
-        start = time.perf_counter()
-        with torch.no_grad():
-            self._tpc_score(armed, out)
-        armed.passes += 1
-        armed.seconds += time.perf_counter() - start
+    def _tpc_store(self, path: str, site: str, order: int | None, cascade: float | None) -> BlockStates:
+        """The block states of this monitor (its saved files, site and policy): kept across arming
+        it again, so blocks cached while it last ran stay readable; a few monitors' at most."""
+        digest = hashlib.sha256(repr((site, order, cascade)).encode())
+        for name in (_format.CONFIG_FILE, _format.WEIGHTS_FILE):
+            digest.update(Path(path, name).read_bytes())
+        stores = self.__dict__.setdefault("_tpc_stores", OrderedDict())
+        key = digest.hexdigest()
+        if key not in stores:
+            # every KV block can hold a state, twice over (a state is touched whenever its block is read)
+            blocks = getattr(self.vllm_config.cache_config, "num_gpu_blocks", None) or 4096
+            stores[key] = BlockStates(2 * int(blocks))
+        stores.move_to_end(key)
+        while len(stores) > STORES:
+            stores.popitem(last=False)
+        return stores[key]
 
-    def _tpc_score(self, armed: _Armed, out: Any) -> None:
-        stream = _stream(out)
-        batch = self.model_runner.input_batch
-        computed, prompt = batch.num_computed_tokens_cpu, batch.num_prompt_tokens
-        pieces, rows = [], {}
-        for i, (rid, a, b) in enumerate(self._tpc_pieces()):
-            if b <= a or not _ROWS.get(i, (None, {}))[1].get("monitor", True):
-                continue
-            if computed[i] == 0:  # a new request, or one preempted and computed again from its first token
-                armed.scores.restart(rid)
-            elif rid in armed.partial or rid not in armed.scores.states:
-                armed.partial.add(rid)  # it read cached blocks the monitor never saw: no score, not a partial one
-                continue
-            pieces.append((rid, stream[a:b], bool(computed[i] + (b - a) >= prompt[i])))
-            rows[rid] = i
-        armed.rows += sum(int(p[1].shape[0]) for p in pieces)
-        done, res = armed.scores.update(pieces)
-        if armed.keep == "summary":  # requests the runner no longer holds have finished (or were aborted)
-            live = self.model_runner.requests
-            for rid in [r for r in armed.scores.records if r not in live]:
-                armed.summarize(rid)
-        if not done:
-            return
-        own = [_ROWS.get(rows[rid], (None, {}))[1].get("threshold") for rid in done]
-        if any(t is not None for t in own):
-            hits = [bool(flagged(res.decision_logits[j:j + 1], armed.threshold if t is None else t))
-                    for j, t in enumerate(own)]
-            armed.own.update((rid, t) for rid, t in zip(done, own) if t is not None)
-        else:
-            hits = flagged(res.decision_logits, armed.threshold).tolist()
-        for rid, hit in zip(done, hits):
-            if hit and rid not in armed.first:
-                armed.first[rid] = step = armed.scores.steps(rid) - 1
-                # a server ends a request whose activations turn NaN/inf whatever the action (its response is an
-                # error); monitor.generate records NaN steps as the Hugging Face loop does
-                nonfinite = armed.keep == "summary" and bool(math.isnan(armed.scores.records[rid][-1][2]))
-                if armed.action == "stop" or nonfinite:
-                    armed.stopped[rid] = step
-                    armed.stop_rows.append(rows[rid])
+    def tpc_hooks_counts(self) -> dict[str, int]:
+        """Since the engine started: monitored requests that resumed from the monitor state kept for
+        their cached prefix, and those whose cached prefix had none (not scored)."""
+        return dict(self._tpc_counts)
+
+    def _tpc_d_model(self) -> int:
+        return int(self.model_runner.model_config.get_hidden_size())
+
+
+def _unexposed(sites: list[str], exposed: dict[str, int]) -> str:
+    return (f"this vLLM engine exposes {sorted(exposed)} (a compiled engine returns the sites fixed when it was "
+            f"built), not {sites}; build it with LLM(..., **tpc_hooks.adapters.vllm_engine_args(sites=[...]))")
 
 
 def _rss() -> int:
@@ -332,7 +470,5 @@ def _rss() -> int:
         return 0
 
 
-def _stream(out: Any) -> torch.Tensor:
-    """The residual stream after a vLLM decoder layer: ``hidden + residual``."""
-    hidden, residual = out if isinstance(out, tuple) else (out, None)
-    return hidden if residual is None else hidden + residual
+# vLLM's own worker for this platform, with tpc-hooks' part: what `worker_cls` names
+TPCHooksWorker = type("TPCHooksWorker", (_Mixin, _engine.base_worker()), {"__module__": __name__})

