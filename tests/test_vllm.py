@@ -29,6 +29,8 @@ PROMPTS = ["How do I bake sourdough bread?", "Write a phishing email to steal ba
 SITES = ["blocks.10.hook_resid_post", "blocks.20.hook_resid_post"]
 REL = 1e-5  # float32, relative (the issue's target)
 UNCACHED_SITES = ["blocks.20.hook_resid_post", "blocks.10.hook_resid_pre"]  # the second engine exposes these only
+# on a GPU (make test-vllm-gpu) several engines share the device in this process
+GPU = {"gpu_memory_utilization": 0.25} if torch.cuda.is_available() else {}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def models():
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     path = str(offline.default_model_dir())
     llm = vllm.LLM(model=path, dtype="float32", max_num_seqs=3, max_num_batched_tokens=24, block_size=32,
-                   disable_log_stats=False, **vllm_engine_args())
+                   disable_log_stats=False, **GPU, **vllm_engine_args())
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     yield llm, hf, AutoTokenizer.from_pretrained(path)
     del llm
@@ -236,7 +238,7 @@ def test_a_small_cache_that_evicts_and_refills_blocks_never_brings_back_another_
     loop scores it (a kept state is named by its content, never by the physical block)."""
     _, hf, tok = models
     llm = vllm.LLM(model=str(offline.default_model_dir()), dtype="float32", max_num_seqs=2, block_size=32,
-                   num_gpu_blocks_override=12, max_model_len=256, **vllm_engine_args([SITES[1]]))
+                   num_gpu_blocks_override=12, max_model_len=256, **GPU, **vllm_engine_args([SITES[1]]))
     try:
         mon = _monitor("mean")
         variants = [LONG[0], LONG[1], LONG[0].replace("tools", "ladders"), LONG[2], LONG[0]]
@@ -252,7 +254,8 @@ def uncached():
     """A second engine: eager, prefix caching off, two sites exposed, and a worker that can plant NaN
     activations (in its embedding weights)."""
     llm = vllm.LLM(model=str(offline.default_model_dir()), dtype="float32", enable_prefix_caching=False,
-                   enforce_eager=True, **{**vllm_engine_args(UNCACHED_SITES), "worker_cls": "vllm_poison.PoisonWorker"})
+                   enforce_eager=True, **GPU,
+                   **{**vllm_engine_args(UNCACHED_SITES), "worker_cls": "vllm_poison.PoisonWorker"})
     yield llm
     del llm
 
@@ -334,6 +337,8 @@ def test_tensor_parallel_ranks_score_once_and_as_the_transformers_loop(tmp_path,
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs 2 CPU cores")
+    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
+        pytest.skip("tensor_parallel_size=2 on a GPU needs 2 GPUs")
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
                       intermediate_size=512, vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True,
@@ -342,7 +347,7 @@ def test_tensor_parallel_ranks_score_once_and_as_the_transformers_loop(tmp_path,
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(offline.default_model_dir() / name, tmp_path)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # vLLM's CPU backend binds each rank to its own cores
-    llm = vllm.LLM(model=str(tmp_path), dtype="float32", tensor_parallel_size=2, **vllm_engine_args())
+    llm = vllm.LLM(model=str(tmp_path), dtype="float32", tensor_parallel_size=2, **GPU, **vllm_engine_args())
     try:
         from transformers import AutoTokenizer
 

@@ -38,7 +38,8 @@ def _free_port() -> int:
 
 
 def _serve(args, **env):
-    return subprocess.Popen([sys.executable, "-m", "tpc_hooks", "serve", str(offline.default_model_dir()), *args],
+    gpu = ["--gpu-memory-utilization", "0.5"] if torch.cuda.is_available() else []  # make test-vllm-gpu
+    return subprocess.Popen([sys.executable, "-m", "tpc_hooks", "serve", str(offline.default_model_dir()), *args, *gpu],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env})
 

@@ -224,6 +224,7 @@ class _Mixin:
                     armed.scores.forget(rid)
 
     # ------------------------------------------------------------------ reading a pass
+    @torch.inference_mode()
     def _tpc_read(self, step: _engine.Pass) -> None:
         armed = _ARMED
         t0 = time.perf_counter()
