@@ -241,6 +241,8 @@ def test_a_small_cache_that_evicts_and_refills_blocks_never_brings_back_another_
                    num_gpu_blocks_override=12, max_model_len=256, **GPU, **vllm_engine_args([SITES[1]]))
     try:
         mon = _monitor("mean")
+        with get_adapter(llm).monitoring(mon):  # the kept states follow the KV cache's own size
+            assert llm.collective_rpc("tpc_hooks_stats")[0]["block_capacity"] == 2 * 12
         variants = [LONG[0], LONG[1], LONG[0].replace("tools", "ladders"), LONG[2], LONG[0]]
         for prompt in variants + variants[::-1]:
             _same_run(mon.generate(llm, [prompt], max_new_tokens=4), mon.generate(hf, [prompt], max_new_tokens=4,

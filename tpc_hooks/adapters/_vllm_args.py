@@ -11,6 +11,22 @@ STOP = "tpc_hooks.serving._vllm_worker:TPCHooksStop"
 CONFIG = "tpc_hooks"  # the key of tpc-hooks' settings in vLLM's `additional_config`
 
 
+def unexposed(sites: Sequence[str], exposed: dict[str, int]) -> str:
+    """The error for sites a built engine does not return (``exposed``: its sites -> aux ids).
+
+    Example:
+        >>> unexposed(["blocks.3.hook_resid_pre"], {"blocks.20.hook_resid_post": 21})
+        "this vLLM engine exposes ['blocks.20.hook_resid_post'] (a compiled engine returns the sites fixed when it was built), not 'blocks.3.hook_resid_pre'; build it with LLM(..., **tpc_hooks.adapters.vllm_engine_args(sites=[...]))"
+    """
+    names = sorted(exposed, key=lambda s: exposed[s])
+    post = [n for n in names if n.endswith("hook_resid_post")]
+    listed = (f"every layer's hook_resid_post ({names[0]} .. {names[-1]})" if len(post) == len(names) > 4
+              else str(names))
+    asked = repr(sites[0]) if len(sites) == 1 else str(list(sites))
+    return (f"this vLLM engine exposes {listed} (a compiled engine returns the sites fixed when it was built), not "
+            f"{asked}; build it with LLM(..., **tpc_hooks.adapters.vllm_engine_args(sites=[...]))")
+
+
 def vllm_engine_args(sites: str | Sequence[str] | None = None, *,
                      additional_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments a monitored engine needs, to pass beside your own.

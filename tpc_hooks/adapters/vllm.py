@@ -27,7 +27,7 @@ from torch import Tensor
 from ..head._errors import TPCHooksError
 from ._adapter import Adapter
 from ._sites import Site
-from ._vllm_args import STOP, WORKER
+from ._vllm_args import STOP, WORKER, unexposed
 
 __all__ = ["VLLMAdapter", "make_adapter"]
 
@@ -66,9 +66,7 @@ class VLLMAdapter(Adapter):
     def site(self, name: str) -> Site:
         site = super().site(name)
         if site.name not in self.exposed:
-            raise TPCHooksError(f"this vLLM engine exposes {_listed(self.exposed)} (a compiled engine returns the sites "
-                                f"fixed when it was built), not {site.name!r}; build it with "
-                                "LLM(..., **tpc_hooks.adapters.vllm_engine_args(sites=[...]))")
+            raise TPCHooksError(unexposed([site.name], self.exposed))
         return site
 
     @property
@@ -218,15 +216,6 @@ class VLLMAdapter(Adapter):
 
     def observe(self, *args: Any, **kwargs: Any) -> Any:
         raise TPCHooksError("watch() and the Hugging Face generate hooks do not apply to a vLLM engine")
-
-
-def _listed(sites: dict[str, int]) -> str:
-    """The exposed sites, shortly: every layer's hook_resid_post is said so."""
-    names = sorted(sites, key=lambda s: sites[s])
-    post = [n for n in names if n.endswith("hook_resid_post")]
-    if len(post) == len(names) and len(names) > 4:
-        return f"every layer's hook_resid_post ({names[0]} .. {names[-1]})"
-    return str(names)
 
 
 def _is_ours(worker: Any) -> bool:

@@ -27,12 +27,12 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from ..adapters._sites import parse_site
 from ..adapters._vllm_args import CONFIG, STOP, WORKER
 from ..adapters.vllm import _is_ours
 from ..head import _format
 from ..head._errors import TPCHooksError
 from ..monitoring._monitor import Monitor
+from ._engine import aux_ids
 
 FIELD = "tpc_hooks"  # each choice's monitor summary
 FLAGGED = "content_flagged"  # the finish_reason of a stopped choice
@@ -333,10 +333,7 @@ def check_model(monitor: dict[str, Any], model: str, trust_remote_code: bool = F
 
     cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     cfg = getattr(cfg, "text_config", None) or cfg
-    site = parse_site(monitor["site"])
-    if site.kind not in ("post", "pre") or site.layer >= cfg.num_hidden_layers:
-        raise TPCHooksError(f"the monitor reads {monitor['site']!r}; vLLM exposes blocks.L.hook_resid_post and "
-                            f"hook_resid_pre for L in 0..{cfg.num_hidden_layers - 1} of {model}")
+    aux_ids([monitor["site"]], cfg.num_hidden_layers)  # a site vLLM's forward can return for this model
     if monitor["d_model"] != cfg.hidden_size:
         raise TPCHooksError(f"monitor expects d_model={monitor['d_model']} but {model} produces {cfg.hidden_size}; "
                             "was it trained on another model?")

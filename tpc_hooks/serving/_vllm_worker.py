@@ -36,6 +36,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
 
+from ..adapters._vllm_args import unexposed
 from ..head import _format
 from ..head._errors import TPCHooksError
 from ..head._kernel import flagged
@@ -51,6 +52,7 @@ STORES = 4  # monitors whose block states a worker keeps (the least recently arm
 UNSCORED = ("its prompt starts with cached blocks whose monitor state this engine does not hold (computed before "
             "the monitor was armed, or restored from an offload tier); it was not scored on part of its prompt: "
             "send it again with SamplingParams(skip_reading_prefix_cache=True)")
+UNSCORED_SERVED = "the request read cached prompt blocks the monitor never saw"  # a server's answer says this
 
 
 class _Armed:
@@ -66,7 +68,6 @@ class _Armed:
         self.stopped: dict[str, int] = {}  # request -> the step it was stopped at
         self.first: dict[str, int] = {}  # request -> its first flagged step
         self.unscored: set[str] = set()  # requests that read cached blocks without a kept state
-        self.resumed = 0  # requests that resumed from a kept block state
         self.passes, self.seconds, self.rows = 0, 0.0, 0  # what the monitor has cost (tpc_hooks_stats)
         self.own: dict[str, float] = {}  # request -> its own threshold
         self.summaries: OrderedDict[str, dict[str, Any]] = OrderedDict()  # keep="summary": finished requests
@@ -77,7 +78,7 @@ class _Armed:
         first, stopped, thr = self.first.pop(rid, None), self.stopped.pop(rid, None), self.own.pop(rid, self.threshold)
         if rid in self.unscored:
             self.unscored.discard(rid)
-            self.summaries[rid] = {"error": "the request read cached prompt blocks the monitor never saw"}
+            self.summaries[rid] = {"error": UNSCORED_SERVED}
         elif rec is not None:
             probs = rec["probs"]
             bad = probs.isnan()
@@ -229,7 +230,7 @@ class _Mixin:
         armed = _ARMED
         t0 = time.perf_counter()
         at = {i: k for k, i in enumerate(self._tpc_ids)}
-        pieces, cuts, rows_of, live = [], [], {}, []
+        pieces, cuts, rows_of = [], [], {}
         for i, rid in enumerate(step.req_ids):
             a, b = int(step.starts[i]), int(step.starts[i + 1])
             req = self._tpc_requests.get(rid)
@@ -255,7 +256,6 @@ class _Mixin:
             pieces.append((rid, step.aux[at[self._tpc_layer]][a:b], complete))
             cuts.append([off for off, _ in ends])
             rows_of[rid] = (i, req, dict(ends))
-            live.append(rid)
         if armed is None:
             return
         keep = lambda rid, off, state: armed.blocks.put(rows_of[rid][2][off], state)  # noqa: E731
@@ -292,7 +292,6 @@ class _Mixin:
             return
         armed.scores.restore(rid, state)
         armed.unscored.discard(rid)
-        armed.resumed += 1
         self._tpc_counts["resumed"] += 1
 
     def _tpc_decide(self, armed: _Armed, done: list[str], res: Any, rows_of: dict) -> None:
@@ -330,7 +329,7 @@ class _Mixin:
         decode step); returns the model's hidden size."""
         missing = [s for s in sites if s not in self._tpc_sites]
         if missing:
-            raise TPCHooksError(_unexposed(missing, self._tpc_sites))
+            raise TPCHooksError(unexposed(missing, self._tpc_sites))
         for req in self._tpc_requests.values():
             req.rows.clear()
         self._tpc_capture = sorted({self._tpc_sites[s] for s in sites})
@@ -340,13 +339,11 @@ class _Mixin:
         """Every recorded request's rows per site, and clears them."""
         by_id = {i: s for s, i in self._tpc_sites.items()}
         out: dict[str, dict[str, Any]] = {}
-        for rid, req in self._tpc_requests.items():
-            for aux_id, parts in req.rows.items():
+        held = {**{rid: req.rows for rid, req in self._tpc_requests.items()}, **self._tpc_finished_rows}
+        for rid, rows in held.items():
+            for aux_id, parts in rows.items():
                 out.setdefault(by_id[aux_id], {})[rid] = torch.cat(parts).tolist()
-            req.rows.clear()
-        for rid, req in self._tpc_finished_rows.items():
-            for aux_id, parts in req.items():
-                out.setdefault(by_id[aux_id], {})[rid] = torch.cat(parts).tolist()
+            rows.clear()
         self._tpc_finished_rows = {}
         return out
 
@@ -369,7 +366,7 @@ class _Mixin:
         global _ARMED
         self.tpc_hooks_disarm()
         if site not in self._tpc_sites:
-            raise TPCHooksError(_unexposed([site], self._tpc_sites))
+            raise TPCHooksError(unexposed([site], self._tpc_sites))
         monitor = Monitor.load(path)
         d_model = self._tpc_d_model()
         if monitor.head.d_model != d_model:
@@ -421,15 +418,17 @@ class _Mixin:
         """What the monitor has cost since it was armed: forward passes, seconds (wall clock in the
         worker's reading and scoring; on a GPU, without waiting for the device), rows scored, and
         what it holds: requests with a running state, requests with recorded steps (and how many
-        steps), summaries not yet taken, kept block states, requests that resumed from one, the
-        process's resident memory."""
+        steps), summaries not yet taken, kept block states (and how many the store holds at most),
+        the process's resident memory, and since the engine started: requests resumed from a kept
+        block state and requests found without one (:meth:`tpc_hooks_counts`)."""
         armed = _ARMED
         if armed is None:
             return {}
         return {"passes": armed.passes, "seconds": armed.seconds, "rows": armed.rows,
                 "requests_held": len(armed.scores.states), "records_held": len(armed.scores.records),
                 "summaries_held": len(armed.summaries), "steps_held": sum(map(len, armed.scores.records.values())),
-                "block_states": len(armed.blocks), "resumed": armed.resumed, "rss_bytes": _rss()}
+                "block_states": len(armed.blocks), "block_capacity": armed.blocks.capacity, "rss_bytes": _rss(),
+                **self._tpc_counts}
 
     def _tpc_store(self, path: str, site: str, order: int | None, cascade: float | None) -> BlockStates:
         """The block states of this monitor (its saved files, site and policy): kept across arming
@@ -441,8 +440,8 @@ class _Mixin:
         key = digest.hexdigest()
         if key not in stores:
             # every KV block can hold a state, twice over (a state is touched whenever its block is read)
-            blocks = getattr(self.vllm_config.cache_config, "num_gpu_blocks", None) or 4096
-            stores[key] = BlockStates(2 * int(blocks))
+            kv = getattr(self.model_runner, "kv_cache_config", None)
+            stores[key] = BlockStates(2 * int(getattr(kv, "num_blocks", 0) or 4096))
         stores.move_to_end(key)
         while len(stores) > STORES:
             stores.popitem(last=False)
@@ -455,11 +454,6 @@ class _Mixin:
 
     def _tpc_d_model(self) -> int:
         return int(self.model_runner.model_config.get_hidden_size())
-
-
-def _unexposed(sites: list[str], exposed: dict[str, int]) -> str:
-    return (f"this vLLM engine exposes {sorted(exposed)} (a compiled engine returns the sites fixed when it was "
-            f"built), not {sites}; build it with LLM(..., **tpc_hooks.adapters.vllm_engine_args(sites=[...]))")
 
 
 def _rss() -> int:
