@@ -127,3 +127,54 @@ def test_kept_states_reach_keep_at_their_offsets_in_decode_groups_too():
     rs.update([("a", torch.randn(1, D), True), ("b", torch.randn(1, D), True)], cuts=[[1], []],
               keep=lambda r, off, st: got.append((r, off)))
     assert got == [("a", 1)]
+
+
+@pytest.mark.parametrize("how", ["mean", "max", "last"])
+def test_one_new_row_for_many_pools_at_once_is_each_pools_own_update(how):
+    """RunningPool.add_rows (a decode step of many requests) against update() on each pool
+    alone: the same bits, and the pools go on from there alike."""
+    from tpc_hooks.pooling import RunningPool
+
+    g = torch.Generator().manual_seed(3)
+    firsts = [torch.randn(1, n, D, generator=g) for n in (3, 1, 5)]
+    steps = [torch.randn(3, D, generator=g) for _ in range(4)]
+    steps[2][1, 4] = float("nan")  # a non-finite row travels as update() carries it
+    together, alone = [RunningPool(how) for _ in firsts], [RunningPool(how) for _ in firsts]
+    for pools in (together, alone):
+        for p, f in zip(pools, firsts):
+            p.update(f, torch.ones(1, f.shape[1]))
+    for rows in steps:
+        got = RunningPool.add_rows(together, rows)
+        for j, p in enumerate(alone):
+            p.update(rows[j][None, None], torch.ones(1, 1))
+        want = torch.cat([p.value() for p in alone])
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+        assert all(torch.equal(a.value().nan_to_num(), b.value().nan_to_num()) for a, b in zip(together, alone))
+
+
+@pytest.mark.parametrize("pooling", ["mean", "token"])
+def test_frozen_packs_score_as_the_checked_ones_and_never_reuse_a_stale_calibration(pooling):
+    """A serving worker freezes its own head's packed weights (no version check per step): the
+    scores are the checked path's bit for bit, and a step cache made before the freeze (under
+    an older calibration) is not trusted."""
+    mon = _monitor(pooling, True)
+    x = torch.randn(2, 6, D, generator=torch.Generator().manual_seed(4))
+    mon.cascade.step(x[:, 0])  # a step cache under the current calibration
+    mon.cascade.temperatures = [t * 2 for t in mon.cascade.temperatures]
+    mon.cascade.biases = [b - 0.5 for b in mon.cascade.biases]
+    results = {}
+    for frozen in (True, False):  # frozen first: the stale cache is there to be (wrongly) trusted
+        rs = RequestScores(mon, frozen=frozen)
+        rs.update([("a", x[0, :4], True), ("b", x[1, :2], True)])
+        for t in range(4, 6):
+            rs.update([("a", x[0, t:t + 1], True), ("b", x[1, t - 2:t - 1], True)])
+        results[frozen] = rs.take()
+    for rid in ("a", "b"):
+        for f in ("probs", "logits", "exit_order", "flops"):
+            assert torch.equal(results[True][rid][f], results[False][rid][f])
+    from tpc_hooks.head._kernel import forget_packs
+    assert not mon.head.__dict__.get("_stream_frozen")  # an unfrozen RequestScores ends a freeze
+    RequestScores(mon, frozen=True)
+    assert mon.head.__dict__.get("_stream_frozen")
+    forget_packs(mon.head)
+    assert not mon.head.__dict__.get("_stream_frozen")

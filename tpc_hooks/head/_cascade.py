@@ -228,12 +228,17 @@ class Cascade:
 
     def _step_tensors(self, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Per-order temperatures, biases and cumulative FLOPs on ``like``'s device (made once per
-        calibration and device, not per generation step)."""
+        calibration and device, not per generation step; with the head's packs frozen,
+        :func:`~tpc_hooks.head._kernel.freeze_packs`, the calibration is not read again either)."""
+        frozen = bool(self.head.__dict__.get("_stream_frozen"))
+        hit = getattr(self, "_step_cache", None)
+        if hit is not None and frozen and hit[2] and hit[0][-2:] == (like.dtype, like.device):
+            return hit[1]  # made since the head was frozen
         key = (tuple(self.temperatures), tuple(self.biases), tuple(self.head.term_flops()), like.dtype, like.device)
-        if getattr(self, "_step_cache", (None,))[0] != key:
+        if hit is None or hit[0] != key or hit[2] != frozen:
             t = torch.tensor([self.temperatures, self.biases], dtype=like.dtype).to(like.device)
             cum = torch.tensor(list(itertools.accumulate(self.head.term_flops())), dtype=torch.int64).to(like.device)
-            self._step_cache = (key, (t[0], t[1], cum))
+            self._step_cache = (key, (t[0], t[1], cum), frozen)
         return self._step_cache[1]
 
     # ------------------------------------------------------------------ calibration

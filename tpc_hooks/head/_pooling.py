@@ -71,6 +71,23 @@ class RunningPool:
         else:
             self.state = torch.where(has[:, None], new, self.state)
 
+    @staticmethod
+    def add_rows(pools: "list[RunningPool]", rows: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_model"]:
+        """One new row for each of ``pools`` (each a batch of one that has seen a row): the
+        same numbers as ``pool.update(row[None, None], ones)`` on each, in a few tensor
+        operations for all of them (a serving engine's decode step). Returns the pooled rows."""
+        a, how = rows.float(), pools[0].how
+        if how == "mean":
+            total = torch.cat([p.total for p in pools]) + a
+            count = torch.cat([p.count for p in pools]) + 1
+            for p, t, c in zip(pools, total.split(1), count.split(1)):
+                p.total, p.count = t, c
+            return total / count.clamp_min(1)
+        new = a if how == "last" else torch.maximum(torch.cat([p.state for p in pools]), a)
+        for p, v in zip(pools, new.split(1)):
+            p.state = v
+        return new
+
     def value(self) -> Float[Tensor, "batch d_model"]:
         if self.how == "mean":
             if self.total is None:

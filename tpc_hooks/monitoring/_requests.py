@@ -8,6 +8,7 @@ request's new rows together.
 """
 
 import copy
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,7 +16,8 @@ import torch
 from torch import Tensor
 
 from ..head._cascade import Cascade, CascadeResult
-from ..head._kernel import forget_packs
+from ..head._kernel import forget_packs, freeze_packs
+from ..head._pooling import RunningPool
 from ._generation import StepScores
 
 FIELDS = ("logits", "probs", "decision_logits", "exit_order", "flops")
@@ -84,9 +86,12 @@ class RequestScores:
         ['a']
     """
 
-    def __init__(self, monitor: Any, order: int | None = None, cascade: float | Cascade | None = None):
+    def __init__(self, monitor: Any, order: int | None = None, cascade: float | Cascade | None = None, *,
+                 frozen: bool = False):
         self.monitor = monitor
         forget_packs(monitor.head)
+        if frozen:  # the caller owns the head: its parameters cannot change while it scores
+            freeze_packs(monitor.head)
         self.rule = monitor._step_policy(order, cascade)
         self.states: dict[str, StepScores] = {}
         self.records: dict[str, list[CascadeResult]] = {}
@@ -115,38 +120,48 @@ class RequestScores:
                keep: Callable[[str, int, Any], None] | None = None) -> tuple[list[str], CascadeResult | None]:
         if not pieces:
             return [], None
-        cuts = [()] * len(pieces) if cuts is None else cuts
+        return self.update_flat([rid for rid, _, _ in pieces], torch.cat([rows for _, rows, _ in pieces]),
+                                [int(rows.shape[0]) for _, rows, _ in pieces], [c for _, _, c in pieces], cuts, keep)
+
+    def update_flat(self, requests: Sequence[str], rows: Tensor, sizes: Sequence[int], complete: Sequence[bool],
+                    cuts: Sequence[Sequence[int]] | None = None,
+                    keep: Callable[[str, int, Any], None] | None = None) -> tuple[list[str], CascadeResult | None]:
+        """:meth:`update` with the pieces' rows already in one tensor ``[sum(sizes), d_model]``, in
+        the order of ``requests`` (a serving engine's flat batch: no copy of the rows)."""
+        if not requests:
+            return [], None
+        cuts = [()] * len(requests) if cuts is None else cuts
         mon = self.monitor
         device = mon.head.bias.device
-        feats = mon._features(torch.cat([rows for _, rows, _ in pieces]).to(device).float())
-        sizes = [int(rows.shape[0]) for _, rows, _ in pieces]
-        ends = torch.tensor(sizes).cumsum(0).tolist()
-        states = [self.states.setdefault(rid, StepScores(mon, rule=self.rule)) for rid, _, _ in pieces]
+        feats = mon._features(rows.to(device).float())
+        ends = list(itertools.accumulate(sizes))
+        states = [self.states.setdefault(rid, StepScores(mon, rule=self.rule)) for rid in requests]
         # one token each, with a running state (every decode step): one batched update for all of them
         group = [k for k, (st, n) in enumerate(zip(states, sizes)) if n == 1 and st.state is not None]
         grouped = set(group)
-        alone = [k for k in range(len(pieces)) if k not in grouped]
+        alone = [k for k in range(len(requests)) if k not in grouped]
         token = mon.pooling == "token"
         every = self.rule(feats) if token else None
         outs: list[Any] = []  # per piece: its pooled vector [1, D] or its result (one row)
         order: list[int] = []
         if group:
             every_row = len(group) == len(feats)  # the usual decode step: one row per request, all of them
-            rows = slice(None) if every_row else torch.tensor([ends[k] - 1 for k in group], device=device)
-            batch = StepScores(mon, rule=self.rule)
-            batch.state = _stacked([states[k].state for k in group])
-            batch.spent = torch.cat([states[k].spent for k in group]) if token else None
-            ones = torch.ones(len(group), 1, device=device)
-            got = batch.fold(_pick(every, rows), ones) if token else batch.pool(feats[rows][:, None], ones)
-            _unstacked(batch.state, [states[k].state for k in group])
+            last = slice(None) if every_row else torch.tensor([ends[k] - 1 for k in group], device=device)
             if token:
+                batch = StepScores(mon, rule=self.rule)
+                batch.state = _stacked([states[k].state for k in group])
+                batch.spent = torch.cat([states[k].spent for k in group])
+                got = batch.fold(_pick(every, last), torch.ones(len(group), 1, device=device))
+                _unstacked(batch.state, [states[k].state for k in group])
                 for k, part in zip(group, batch.spent.split(1)):
                     states[k].spent = part
+            else:
+                got = RunningPool.add_rows([states[k].state for k in group], feats if every_row else feats[last])
             outs.append(got)
             order += group
             for k in group:
                 if cuts[k]:
-                    keep(pieces[k][0], 1, self.snapshot(pieces[k][0]))
+                    keep(requests[k], 1, self.snapshot(requests[k]))
         for k in alone:
             n, e = sizes[k], ends[k]
             marks = [c for c in cuts[k] if 0 < c < n]
@@ -155,17 +170,21 @@ class RequestScores:
                 a, b = e - n + lo, e - n + hi
                 got = states[k].fold(_part(every, a, b), ones) if token else states[k].pool(feats[a:b][None], ones)
                 if hi in cuts[k]:
-                    keep(pieces[k][0], hi, self.snapshot(pieces[k][0]))
+                    keep(requests[k], hi, self.snapshot(requests[k]))
             outs.append(got)
             order += [k]
-        done_k = [k for k in sorted(order) if pieces[k][2]]
-        done = [pieces[k][0] for k in done_k]
+        done_k = [k for k in sorted(order) if complete[k]]
+        done = [requests[k] for k in done_k]
         if not done:
             return [], None
         place = {k: i for i, k in enumerate(order)}
         at = [place[k] for k in done_k]
         pick = slice(None) if at == list(range(len(order))) else torch.tensor(at, device=device)
-        res = _pick(_cat(outs) if len(outs) > 1 else outs[0], pick) if token else self.rule(torch.cat(outs)[pick])
+        if token:
+            res = _pick(_cat(outs) if len(outs) > 1 else outs[0], pick)
+        else:
+            pooled = torch.cat(outs) if len(outs) > 1 else outs[0]
+            res = self.rule(pooled if isinstance(pick, slice) else pooled[pick])
         vals = [getattr(res, f).tolist() for f in FIELDS]
         for j, rid in enumerate(done):
             self.records.setdefault(rid, []).append(tuple(v[j] for v in vals))

@@ -61,7 +61,7 @@ class _Armed:
     def __init__(self, monitor: Monitor, order: int | None, cascade: float | None, action: str,
                  keep: str, blocks: BlockStates):
         self.monitor, self.action, self.keep = monitor, action, keep
-        self.scores = RequestScores(monitor, order, cascade)
+        self.scores = RequestScores(monitor, order, cascade, frozen=True)  # loaded here, from a file: nobody else holds it
         self.threshold = float(monitor.threshold)
         self.blocks = blocks  # the monitor's state at block ends, by content
         self.stop_rows: list[tuple[int, int | None]] = []  # (sampler row, EOS id) ended this step
@@ -253,15 +253,20 @@ class _Mixin:
             complete = end >= req.prompt_len and end > req.scored_to
             if complete:
                 req.scored_to = end
-            pieces.append((rid, step.aux[at[self._tpc_layer]][a:b], complete))
+            pieces.append((rid, a, b, complete))
             cuts.append([off for off, _ in ends])
             rows_of[rid] = (i, req, dict(ends))
         if armed is None:
             return
-        keep = lambda rid, off, state: armed.blocks.put(rows_of[rid][2][off], state)  # noqa: E731
-        done, res = armed.scores.update(pieces, cuts, keep)
-        armed.rows += sum(int(p[1].shape[0]) for p in pieces)
-        self._tpc_decide(armed, done, res, rows_of)
+        if pieces:
+            keep = lambda rid, off, state: armed.blocks.put(rows_of[rid][2][off], state)  # noqa: E731
+            aux = step.aux[at[self._tpc_layer]]
+            whole = all(p[2] == q[1] for p, q in zip(pieces, pieces[1:]))  # one run of rows (the usual pass): a view
+            rows = aux[pieces[0][1]:pieces[-1][2]] if whole else torch.cat([aux[a:b] for _, a, b, _ in pieces])
+            sizes = [b - a for _, a, b, _ in pieces]
+            done, res = armed.scores.update_flat([p[0] for p in pieces], rows, sizes, [p[3] for p in pieces], cuts, keep)
+            armed.rows += sum(sizes)
+            self._tpc_decide(armed, done, res, rows_of)
         armed.passes += 1
         armed.seconds += time.perf_counter() - t0
 
