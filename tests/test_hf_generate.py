@@ -150,16 +150,12 @@ def test_a_toolkit_model_refuses_a_different_tokenizer():
         tpc.collect(hf_llama(), PROMPTS, SITE, remote=True, tokenizer=tok, progress=False)
 
 
-def test_a_model_without_the_table_or_the_layers_is_refused():
+def test_a_bare_base_model_is_refused_with_the_class_to_load():
     from transformers import LlamaModel
 
-    with pytest.raises(tpc.TPCHooksError, match=r"LlamaModel has no model.layers \(its decoder layers\); pass the "
-                                                r"causal-LM class \(AutoModelForCausalLM\)"):
+    with pytest.raises(tpc.TPCHooksError, match=r"LlamaModel has no LM head .* pass the causal-LM class "
+                                                r"\(AutoModelForCausalLM, or the checkpoint's ...ForConditionalGeneration\)"):
         get_adapter(LlamaModel(hf_llama().config))
-    hf = hf_llama()
-    hf.config.model_type = "mystery"
-    with pytest.raises(tpc.TPCHooksError, match=r"no site table for Hugging Face model_type 'mystery' \(transformers\)"):
-        get_adapter(hf)
 
 
 # ---------------------------------------------------------------------- monitoring inside generate
@@ -583,3 +579,30 @@ def test_the_monitor_follows_a_bfloat16_model_and_scores_in_float32():
     for b in range(2):
         assert sc.log.logits[b].dtype == torch.float32
         torch.testing.assert_close(sc.log.logits[b][0], got.logits[b], rtol=0, atol=1e-5)
+
+
+def test_a_model_whose_kv_cache_does_not_grow_is_refused_with_the_fix():
+    """A wrapper that drops the KV cache it is given (as TransformerBridge does under transformers
+    >= 5.24) would make every later step score the newest token alone: monitor.generate refuses
+    it at the first decode step instead of returning wrong scores."""
+    from transformers import DynamicCache
+
+    hf = hf_llama()
+
+    def fresh_cache(module, args, kwargs):
+        for name in ("cache", "past_key_values"):
+            if kwargs.get(name) is not None:
+                kwargs[name] = DynamicCache()
+        return args, kwargs
+
+    hf.register_forward_pre_hook(fresh_cache, with_kwargs=True)
+    mon = tpc.Monitor(tiny_head(), SITE, threshold=1 - 1e-7)  # flags nothing: generate goes on
+    x = tokenizer()(PROMPTS[:2], return_tensors="pt", padding=True)
+    with pytest.raises(tpc.TPCHooksError, match=r"KV cache did not grow during generation \(0 positions held before a "
+                                                r"forward pass of generate, after \d+ fed"):
+        hf.generate(**x, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                    stopping_criteria=[mon.stopping_criteria(hf, tokenizer=tokenizer())])
+    with pytest.raises(tpc.TPCHooksError, match=r"KV cache did not grow during generation \(0 positions held before the next decode step, after \d+ "
+                                                r"fed.*install 'transformers<5.24'"):
+        mon.generate(hf, PROMPTS, max_new_tokens=3, tokenizer=tokenizer())
+    assert mon.generate(hf_llama(), PROMPTS, max_new_tokens=3, tokenizer=tokenizer()).scores  # the same, cache kept

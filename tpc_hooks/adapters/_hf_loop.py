@@ -8,7 +8,7 @@ from torch import Tensor
 
 from ..head._errors import TPCHooksError
 from ._batching import positions
-from ._hf import StopPass, cache_kwarg
+from ._hf import StopPass, cache_dropped, cache_kwarg
 from ._sites import Site
 
 
@@ -33,7 +33,7 @@ def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, 
     logits: Tensor | None = None
     cached = 0  # positions already in the cache
     with watch:
-        cache, cache_name = DynamicCache(), cache_kwarg(hf)
+        cache, cache_name = _cache(DynamicCache, hf), cache_kwarg(hf)
         for i in range(max_new_tokens + 1):
             seen["last"] = i == max_new_tokens and i > 0
             n = ids.shape[1]
@@ -46,6 +46,7 @@ def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, 
                 try:
                     out = hf(input_ids=ids, **kw, **{cache_name: cache}, use_cache=True, logits_to_keep=1)
                     logits = out.logits[:, -1]
+                    _check_cache(cache, cached)
                 except StopPass:
                     pass
             acts = seen.pop("acts", None)
@@ -59,3 +60,22 @@ def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, 
             step_mask = live.long()[:, None].to(adapter.device)
             if not unpadded:
                 mask = torch.cat([mask, step_mask], dim=1)
+
+
+def _cache(cls: Any, hf: Any) -> Any:
+    """A KV cache whose layers are the model's kinds (sliding-window, linear-attention and
+    state-space layers keep their own state), from its config; transformers before the
+    per-layer caches (< 4.56) take no config and have no such layers."""
+    try:
+        return cls(config=hf.config)
+    except TypeError:
+        return cls()
+
+
+def _check_cache(cache: Any, fed: int) -> None:
+    """A full pass must leave every position fed so far in the KV cache (a shape, read on the
+    host: no device sync). A cache that does not grow means the model ran each step without the
+    earlier tokens, and every step score after the first would be wrong: refused, with the fix."""
+    held = int(cache.get_seq_length())
+    if held < fed:
+        raise TPCHooksError(cache_dropped(held, fed, "the next decode step"))

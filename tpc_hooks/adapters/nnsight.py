@@ -1,7 +1,8 @@
 """nnsight adapter: ``LanguageModel`` / ``TransformersModel`` wrapping a Hugging Face model.
 
-Residual sites map to decoder-layer inputs and outputs through the table shared with the
-plain ``transformers`` adapter (``LAYERS``, kept in ``_hf.py``): the input of layer L is
+Residual sites map to decoder-layer inputs and outputs, the decoder layers found by the rule
+shared with the plain ``transformers`` adapter (``find_layers`` in ``_hf.py``; ``LAYERS`` holds
+its exceptions): the input of layer L is
 ``blocks.L.hook_resid_pre`` and its output ``blocks.L.hook_resid_post``; Hugging Face layers
 expose no tensor between attention and MLP, so ``hook_resid_mid`` is not offered.
 Collection reads inside ``model.trace(...)`` (stopped after the deepest site; ``remote=True``
@@ -19,7 +20,7 @@ from torch import Tensor
 from ..head._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
-from ._hf import LAYERS as LAYERS  # the table shared with the transformers adapter
+from ._hf import LAYERS as LAYERS  # the discovery rule's exceptions, shared with the transformers adapter
 from ._hf import HFShape, decoder_layers, first, layer_path, observe_layers
 from ._sites import Site
 
@@ -33,7 +34,7 @@ class NNsightAdapter(HFShape, Adapter):
     def __init__(self, model: Any, remote: bool = False):
         super().__init__(model)
         self.remote = remote
-        self._path = layer_path(model.config, "nnsight")
+        self._path = layer_path(model._module, "nnsight")
         if getattr(model, "tokenizer", None) is None:
             raise TPCHooksError("this nnsight model has no tokenizer; pass tokenizer= to LanguageModel")
 

@@ -49,6 +49,33 @@ class _Capture:
         return self.seen.pop(key)
 
 
+# Families TransformerBridge loads but does not run as the model does, by Hugging Face model_type (measured
+# on tiny random checkpoints, tests/test_families.py): (the first TransformerLens major version that runs it
+# right, None if none does yet; why). The adapter refuses them rather than score wrong rows.
+BRIDGE_REFUSED: dict[str, tuple[int | None, str]] = {
+    "deepseek_v3": (4, "the bridge's residual stream differs from the model's own hidden states (MLA attention: up "
+                       "to 5e-3 apart where float32 rounding gives 1e-6; TransformerLens 4 runs it right)"),
+    "granitemoehybrid": (None, "the bridge's forward fails on this hybrid (\"Original component not set for "
+                               "model.rotary_emb\")"),
+}
+
+
+def bridge_refusal(model_type: str | None) -> str | None:
+    """Why the installed TransformerLens' bridge is refused for ``model_type`` (None: it is not)."""
+    if model_type not in BRIDGE_REFUSED:
+        return None
+    fixed_in, why = BRIDGE_REFUSED[model_type]
+    if fixed_in is not None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            if int(version("transformer-lens").split(".")[0]) >= fixed_in:
+                return None
+        except (PackageNotFoundError, ValueError):
+            pass
+    return why
+
+
 class TransformerLensAdapter(Adapter):
     toolkit = "TransformerLens"
 
@@ -57,6 +84,13 @@ class TransformerLensAdapter(Adapter):
         self.is_bridge = not any(c.__name__ == "HookedTransformer" for c in type(model).__mro__)
         if getattr(model, "tokenizer", None) is None:
             raise TPCHooksError("this TransformerLens model has no tokenizer; pass tokenizer= when loading it")
+        if self.is_bridge:
+            mtype = getattr(getattr(getattr(model, "original_model", None), "config", None), "model_type", None)
+            why = bridge_refusal(mtype)
+            if why is not None:
+                raise TPCHooksError(f"TransformerBridge on model_type {mtype!r}: {why}; monitor the "
+                                    "same checkpoint through the transformers or nnsight adapter (pass the Hugging Face "
+                                    "model, or nnsight's LanguageModel of it)")
 
     @property
     def d_model(self) -> int:

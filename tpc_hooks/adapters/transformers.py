@@ -1,7 +1,9 @@
 """Plain ``transformers`` adapter: a Hugging Face causal LM (``AutoModelForCausalLM``) as it is.
 
-Site names and the decoder-layer table are those of the nnsight adapter (:data:`LAYERS`, one
-table for both): the input of decoder layer L is ``blocks.L.hook_resid_pre``, its output
+Site names and the decoder layers are those of the nnsight adapter (one rule for both, which
+finds the layer list from the model itself, a multimodal checkpoint's language model included;
+:data:`LAYERS` holds its exceptions): the input of decoder layer L is
+``blocks.L.hook_resid_pre``, its output
 ``blocks.L.hook_resid_post``. Collection runs the model's own forward with PyTorch forward
 hooks on the decoder layers and stops it after the deepest site needed; generation, ``watch``
 and the :meth:`~tpc_hooks.Monitor.stopping_criteria` read the same hooks during the model's
@@ -30,8 +32,8 @@ from torch import Tensor
 from ..head._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
-from ._hf import LAYERS as LAYERS  # the table shared with the nnsight adapter
-from ._hf import HFShape, StopPass, decoder_layers, first, layer_input, layer_path, observe_layers, this_thread
+from ._hf import LAYERS as LAYERS  # the discovery rule's exceptions, shared with the nnsight adapter
+from ._hf import HFShape, StopPass, decoder_layers, first, layer_input, layer_path, lm_head, observe_layers, this_thread
 from ._sites import Site
 
 # Tokenizers loaded from ``name_or_path``, one per model, so repeated calls do not reload them.
@@ -46,8 +48,8 @@ class TransformersAdapter(HFShape, Adapter):
 
     def __init__(self, model: Any, tokenizer: Any = None):
         super().__init__(model)
-        self._path = layer_path(model.config, "transformers")
-        decoder_layers(model, self._path)  # fail now, not mid-forward, on a model without them
+        lm_head(model)  # fail now, not mid-generation, on a bare base model
+        self._path = layer_path(model, "transformers")
         self._tokenizer = tokenizer
 
     def _layers(self) -> Any:

@@ -1,0 +1,156 @@
+"""The model families on vLLM (the CPU build, compiled as vLLM decides): each tiny checkpoint of
+tests/families.py saved to a folder and served by a monitored engine. Where vLLM's model returns
+intermediate hidden states (SupportsEagle3), ``collect`` equals the checkpoint's own
+``output_hidden_states`` under transformers and every generated step scores as the offline
+monitor scores its prefix; where it does not, the engine is refused with the family's name and
+the fix. The outcomes join the docs' table (``TPC_FAMILIES_RECORD=1`` rewrites
+``tests/data/families.json``'s vLLM entries).
+
+Run in the vLLM venv (``make test-vllm``).
+"""
+
+import gc
+import json
+import os
+import re
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+vllm = pytest.importorskip("vllm")
+
+import tpc_hooks as tpc  # noqa: E402
+from families import FAMILIES, build  # noqa: E402
+from tiny_models import tiny_head, tokenizer  # noqa: E402
+from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
+
+SITE = "blocks.2.hook_resid_post"
+PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello world"]
+RECORD = Path(__file__).parent / "data" / "families.json"
+# multimodal checkpoints need their image processor's files to start in vLLM; the tiny ones have none
+TEXT_ONLY = [f for f in FAMILIES if f not in ("gemma3", "mistral3")]
+_OUTCOMES: dict[str, str] = {}
+
+
+@contextmanager
+def _stderr_to(path: Path):
+    """The process's stdout and stderr (and so the engine processes', which inherit them) into
+    ``path``: where vLLM's log has a worker's root cause when the parent only raises "see the root
+    cause above"."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(path, "w") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, old in zip((1, 2), saved):
+                os.dup2(old, fd)
+                os.close(old)
+
+
+def _root_cause(log: Path, err: BaseException) -> str:
+    """The worker's own error from the engine's log, else the exception's first line."""
+    text = log.read_text(errors="replace")
+    found = (re.findall(r"Worker failed with error '([^']+)'", text) or re.findall(r"Value error, (.+?)(?: \[type=|$)", str(err))
+             or re.findall(r"^\S*(?:Error|Exception): (.+)$", text, re.M))
+    return (found[-1] if found else str(err).splitlines()[0]).strip()
+
+
+def _engine(path: Path, **kw):
+    return vllm.LLM(model=str(path), dtype="float32", max_num_seqs=4, max_model_len=128, block_size=32, seed=0, **kw)
+
+
+@pytest.fixture(scope="module", params=TEXT_ONLY)
+def checkpoint(request, tmp_path_factory):
+    """``(family, its saved folder, the same checkpoint under transformers)``."""
+    family = request.param
+    model = build(family)
+    path = tmp_path_factory.mktemp(family)
+    model.save_pretrained(path)
+    tokenizer().save_pretrained(path)
+    return family, path, model
+
+
+# vLLM's CPU MLA (DeepSeek V3) computes attention through the absorbed latent: its residual stream is
+# within 2e-4 of transformers' (measured 1.7e-4), the others' within 1e-4
+ATOL = {"deepseek_v3": 5e-4}
+
+
+def _read(llm, model, atol: float = 1e-4) -> None:
+    """collect equals the checkpoint's own hidden states; every generated step scores as offline."""
+    adapter = get_adapter(llm)
+    acts = tpc.collect(llm, PROMPTS, SITE, "mean", progress=False)[SITE]
+    ids, _ = adapter.tokenize(PROMPTS, chat_template=False, max_tokens=None)
+    for i, row in enumerate(ids):
+        with torch.no_grad():
+            hs = model(input_ids=torch.tensor([row]), output_hidden_states=True).hidden_states
+        torch.testing.assert_close(acts[i], hs[3][0].mean(0), rtol=1e-4, atol=atol)
+    mon = tpc.Monitor(tiny_head(), SITE, pooling="mean")
+    run = mon.generate(llm, PROMPTS, max_new_tokens=6)
+    for b in range(len(PROMPTS)):
+        prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
+        torch.testing.assert_close(run.logits[b], mon.score(llm, tokens=prefixes).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_the_engine_reads_the_family_or_says_why_not(checkpoint, tmp_path):
+    """A monitored engine reads the family exactly; or it refuses it by name (no SupportsEagle3);
+    or vLLM's CPU build itself does not run it, which an engine without tpc-hooks shows too."""
+    family, path, model = checkpoint
+    log = tmp_path / "engine.log"
+    llm = None
+    try:
+        with _stderr_to(log):
+            llm = _engine(path, **vllm_engine_args([SITE]))
+            _read(llm, model, ATOL.get(family, 1e-4))
+        _OUTCOMES[family] = "pass" if family not in ATOL else f"pass (within {ATOL[family]:g} of transformers: vLLM's MLA)"
+        return
+    except AssertionError:
+        raise
+    except Exception as err:  # noqa: BLE001 - vLLM raises its own wrappers around the worker's error
+        why = _root_cause(log, err)
+    finally:
+        del llm
+        gc.collect()
+    ours = "does not implement SupportsEagle3" in log.read_text(errors="replace")  # the worker's refusal
+    plain = None
+    try:  # the same checkpoint on an engine without tpc-hooks: vLLM's own limit, or ours?
+        with _stderr_to(tmp_path / "plain.log"):
+            plain = _engine(path)
+            plain.generate(PROMPTS, vllm.SamplingParams(max_tokens=2))
+    except Exception as err:  # noqa: BLE001
+        _OUTCOMES[family] = f"not run: vLLM's CPU build does not run it ({_root_cause(tmp_path / 'plain.log', err)})"
+        return
+    finally:
+        del plain
+        gc.collect()
+    assert ours, f"vLLM runs {family} without tpc-hooks but not with it: {why}"
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    served_by = ModelRegistry._try_load_model_cls(type(model).__name__)
+    assert served_by is not None and not hasattr(served_by, "set_aux_hidden_state_layers"), why
+    _OUTCOMES[family] = f"refused: vLLM's {served_by.__name__} returns no intermediate hidden states (no SupportsEagle3)"
+
+
+def test_zz_record_the_table():
+    """The vLLM column of tests/data/families.json: rewritten with TPC_FAMILIES_RECORD=1, else checked."""
+    if not _OUTCOMES:
+        pytest.skip("no family ran")
+    table = json.loads(RECORD.read_text()) if RECORD.exists() else {}
+    if os.environ.get("TPC_FAMILIES_RECORD") == "1":
+        for family, outcome in _OUTCOMES.items():
+            table.setdefault(family, {})["vllm"] = outcome
+        for family in FAMILIES:
+            if family not in TEXT_ONLY:
+                table.setdefault(family, {})["vllm"] = "not tested: the tiny multimodal checkpoint has no image processor"
+        RECORD.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
+        return
+    for family, outcome in _OUTCOMES.items():
+        assert table.get(family, {}).get("vllm") == outcome, family
