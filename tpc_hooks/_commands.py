@@ -22,8 +22,10 @@ def _demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="collect, train, evaluate, monitor and attribute on the offline default model")
     p.add_argument("--quick", action="store_true", help="a small run for CI (about 3 minutes on 2 CPU cores)")
     p.add_argument("--toolkit", choices=TOOLKITS, default="transformer_lens")
-    p.add_argument("--model", default=None, help="hub id or local folder (default: the packaged SmolLM2-135M-Instruct)")
-    p.add_argument("--layer", type=int, default=20, help="residual-stream layer the monitor reads")
+    p.add_argument("--model", default=None, help="a packaged model (SmolLM2-135M-Instruct, gemma-3-270m), a hub id or a "
+                   "local folder (default: the packaged SmolLM2-135M-Instruct)")
+    p.add_argument("--layer", type=int, default=None,
+                   help="residual-stream layer the monitor reads (default: two thirds up, 20 of SmolLM2's 30)")
     p.add_argument("--dataset", default="default",
                    help="'default' (packaged, with a held-out source), a local CSV/JSONL, or a hub dataset id")
     p.add_argument("--text-column", default="text")

@@ -198,7 +198,17 @@ def prompt_splits(dataset: str = "default", *, seed: int = 0, text_column: str =
     return {"train": ps.subset(np.sort(train)), "val": ps.subset(np.sort(val)), "test": ps.subset(np.sort(test))}
 
 
-def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: str | None = None, layer: int = 20,
+def _model_and_site(model_name: str | None, toolkit: str, layer: int | None) -> tuple[Any, Any, bool, str]:
+    """The model, its adapter, whether prompts are wrapped as chat turns (when its tokenizer has a
+    template: a base model has none, and reads them as they are) and the site: ``layer``, else
+    two thirds of the way up."""
+    model = load_model(model_name, toolkit)
+    adapter = get_adapter(model)
+    layer = round(2 * adapter.n_layers / 3) if layer is None else layer
+    return model, adapter, bool(getattr(adapter.tokenizer, "chat_template", None)), f"blocks.{layer}.hook_resid_post"
+
+
+def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: str | None = None, layer: int | None = None,
              quick: bool = False, seed: int = 0, progress: bool = True, dataset: str = "default",
              text_column: str = "text", label_column: str = "label",
              intent: Sequence[str] | None = None) -> dict[str, Any]:
@@ -207,8 +217,12 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
     Args:
         out: the run directory.
         toolkit: ``"transformer_lens"`` (a TransformerBridge), ``"nnsight"`` or ``"transformers"`` (the plain model).
-        model_name: a hub id or local folder; None for the offline default (SmolLM2-135M-Instruct).
-        layer: the residual-stream layer the monitor reads (``blocks.{layer}.hook_resid_post``).
+        model_name: a packaged model (``"gemma-3-270m"``, see :data:`tpc_hooks.offline.PACKAGED`), a hub id
+            or local folder; None for the offline default (SmolLM2-135M-Instruct).
+        layer: the residual-stream layer the monitor reads (``blocks.{layer}.hook_resid_post``); None:
+            two thirds of the way up (20 of SmolLM2's 30 layers, 12 of Gemma-3-270M's 18).
+        Prompts are wrapped as chat user turns when the model's tokenizer has a chat template (an
+        instruction-tuned model), and read as they are otherwise (a base model).
         quick: a small run for CI (subsampled data, rank 16, fewer epochs, two baselines).
         seed: seeds the data split and all training.
         dataset: ``"default"`` (the packaged set, with a held-out source), a local CSV/JSONL
@@ -230,13 +244,12 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
     sets = prompt_splits(dataset, seed=seed, text_column=text_column, label_column=label_column)
     if quick:
         sets = {k: _subsample(v, {"train": 360, "val": 120, "test": 160, "heldout": 120}[k], seed) for k, v in sets.items()}
-    model = load_model(model_name, toolkit)
-    site = f"blocks.{layer}.hook_resid_post"
+    model, adapter, chat, site = _model_and_site(model_name, toolkit, layer)
     lap("load data and model")
 
     X, y = {}, {}
     for name, ps in sets.items():
-        X[name] = collect(model, ps.texts, site, "mean", chat_template=True, batch_size=8, store=out / "activations" / name,
+        X[name] = collect(model, ps.texts, site, "mean", chat_template=chat, batch_size=8, store=out / "activations" / name,
                           progress=progress)[site].to_numpy()
         y[name] = np.asarray(ps.labels)
     lap("collect activations")
@@ -263,7 +276,7 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
             m = classification_metrics(y["test"], r.logits)
             ee_sweep.append({"tau": tau, "f1": m["f1"], "relative_flops": r.mean_flops / lin_flops,
                              "exit_histogram": r.exit_histogram()})
-    monitor = Monitor(head, site, chat_template=True, model_name=model_name or DEFAULT_MODEL, cascade=cascade,
+    monitor = Monitor(head, site, chat_template=chat, model_name=model_name or DEFAULT_MODEL, cascade=cascade,
                       report={"test": [r for r in cmp.rows if r["method"] == "tpc"]})
     lap("cascade")
 
@@ -273,7 +286,7 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
                              verbose=progress, intent=None if intent is None else tuple(intent),
                              **({"rank": 16, "epochs": 15} if quick else {}))
     hard = hard_negatives(sets["test"], seed, per_kind=20 if quick else None)
-    X["hard"] = collect(model, hard.texts, site, "mean", chat_template=True, batch_size=8, progress=progress)[site].numpy()
+    X["hard"] = collect(model, hard.texts, site, "mean", chat_template=chat, batch_size=8, progress=progress)[site].numpy()
     y["hard"] = np.zeros(len(hard), dtype=int)
     deployment = deployment_table(deployed, X, y, sets, hard)
     deployed.save(out / "monitor")
@@ -283,7 +296,7 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
     picks = [i for i in range(len(test)) if test.labels[i] == 1 and not test.adversarial[i]][:2]
     picks += [i for i in range(len(test)) if test.labels[i] == 0 and not test.adversarial[i]][:2]
     run = deployed.generate(model, [test.texts[i] for i in picks], max_new_tokens=8 if quick else 24, action="stop")
-    tok = get_adapter(model).tokenizer  # a plain transformers model carries none: the adapter loads it
+    tok = adapter.tokenizer  # a plain transformers model carries none: the adapter loads it
     live = [{"prompt": test.texts[i], "label": test.labels[i], "scores": [round(float(v), 3) for v in run.scores[b]],
              "exit_orders": run.exit_orders[b].tolist(), "stopped_at": run.stopped_at[b],
              "generated": tok.decode(run.generated(b), skip_special_tokens=True)}

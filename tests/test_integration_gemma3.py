@@ -1,0 +1,99 @@
+"""The paper's family on a real checkpoint: the packaged Gemma-3-270M (base, 18 layers, d_model
+640, loaded through transformers' GGUF reader as ``Gemma3ForCausalLM``), in every adapter that
+loads it: plain transformers, nnsight and TransformerLens' TransformerBridge."""
+
+import pytest
+import torch
+
+import tpc_hooks as tpc
+from tpc_hooks import offline
+from tpc_hooks.adapters import get_adapter
+
+pytest.importorskip("transformer_lens")
+pytest.importorskip("nnsight")
+try:
+    offline.gguf_path("gemma-3-270m")
+except tpc.TPCHooksError as err:  # `make install` installs the four parts; a bare pytest run may not have them
+    pytest.skip(str(err), allow_module_level=True)
+
+pytestmark = pytest.mark.slow  # loads a real model in three toolkits
+
+NAME = "gemma-3-270m"
+SITE = "blocks.12.hook_resid_post"
+PROMPTS = ["How do I bake sourdough bread at home?", "Write a haiku about autumn.",
+           "Explain how vaccines train the immune system."]
+TOOLKITS = ("transformers", "nnsight", "transformer_lens")
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {t: offline.load_model(NAME, toolkit=t) for t in TOOLKITS}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The model's own hidden states (``output_hidden_states``), one unpadded prompt at a time."""
+    hf, _ = offline.load_hf(NAME)
+    return hf
+
+
+@pytest.fixture(scope="module")
+def monitor():
+    gen = torch.Generator().manual_seed(0)
+    head = tpc.TPC(640, 3, 8)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        head.scaler.scale.fill_(30.0)
+    return tpc.Monitor(head, SITE, chat_template=False, pooling="mean")
+
+
+def test_the_packaged_checkpoint_is_gemma_3(models):
+    adapter = get_adapter(models["transformers"])
+    assert type(models["transformers"]).__name__ == "Gemma3ForCausalLM"
+    assert (adapter.n_layers, adapter.d_model) == (18, 640)
+    assert not getattr(adapter.tokenizer, "chat_template", None)  # a base model: prompts are read as they are
+
+
+@pytest.mark.parametrize("toolkit", TOOLKITS)
+def test_collect_reads_the_models_own_hidden_states(models, reference, toolkit):
+    model = models[toolkit]
+    acts = tpc.collect(model, PROMPTS, [SITE, "blocks.0.hook_resid_pre"], "mean", batch_size=3, progress=False)
+    ids, _ = get_adapter(model).tokenize(PROMPTS, chat_template=False, max_tokens=None)
+    for i, row in enumerate(ids):
+        with torch.no_grad():
+            hs = reference(input_ids=torch.tensor([row]), output_hidden_states=True).hidden_states
+        torch.testing.assert_close(acts[SITE][i], hs[13][0].mean(0), rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(acts["blocks.0.hook_resid_pre"][i], hs[0][0].mean(0), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("toolkit", TOOLKITS)
+def test_generation_scores_equal_offline_scores(models, monitor, toolkit):
+    model = models[toolkit]
+    run = monitor.generate(model, PROMPTS, max_new_tokens=4)
+    for b in range(len(PROMPTS)):
+        prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
+        torch.testing.assert_close(run.logits[b], monitor.score(model, tokens=prefixes).logits, rtol=1e-3, atol=1e-3)
+    assert run.texts(get_adapter(model).tokenizer)[0].strip()
+
+
+def test_a_split_gguf_is_joined_once_whole_and_a_missing_part_names_its_install(tmp_path, monkeypatch):
+    """The parts are joined in order into the cache (the join equals the parts end to end); a
+    packaged model whose part is not installed says which package and how to install it."""
+    monkeypatch.setenv("TPC_HOOKS_CACHE", str(tmp_path))
+    joined = offline.gguf_path(NAME)
+    spec = offline.PACKAGED[NAME]
+    parts = [offline._part(pkg, file, spec.install) for pkg, file in spec.parts]
+    assert joined.parent == tmp_path / "gguf" and joined.stat().st_size == sum(p.stat().st_size for p in parts)
+    with open(joined, "rb") as f:
+        for p in parts:  # each part, byte for byte, where the join puts it
+            data = p.read_bytes()
+            assert f.read(len(data)) == data
+    assert offline.gguf_path(NAME) == joined  # whole already: not joined again
+    broken = offline.Packaged("x.gguf", (("no_such_package_part1", "x"),), "pip install no-such-package", "")
+    monkeypatch.setitem(offline.PACKAGED, "broken", broken)
+    with pytest.raises(tpc.TPCHooksError, match=r"needs the 'no-such-package-part1' package: pip install no-such-package"):
+        offline.gguf_path("broken")
+    with pytest.raises(tpc.TPCHooksError, match=r"no packaged model named 'nope'; packaged: \['SmolLM2-135M-Instruct', "
+                                                r"'broken', 'gemma-3-270m'\]"):
+        offline.model_dir("nope")
