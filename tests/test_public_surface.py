@@ -47,6 +47,8 @@ def defined(module: str) -> set[str]:
             names.add(node.name)
         elif isinstance(node, ast.Assign):
             names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):  # NAME: type = value
+            names.add(node.target.id)
         elif isinstance(node, ast.ImportFrom):
             names |= {a.asname or a.name for a in node.names}
     return names
