@@ -1,6 +1,6 @@
 """What the Hugging Face adapters share (plain ``transformers`` and nnsight): the rule that finds
-a model's decoder layers (:func:`find_layers`), and plain PyTorch hooks on a ``transformers`` model (:class:`InputSpy` and
-:class:`StopPass` serve the TransformerLens adapter's hooks too).
+a model's decoder layers (:func:`find_layers`), and plain PyTorch hooks on a ``transformers``
+model (:class:`InputSpy` and :class:`StopPass` serve the TransformerLens adapter's hooks too).
 
 Residual sites map to decoder-layer inputs and outputs: the input of layer L is
 ``blocks.L.hook_resid_pre`` and its output ``blocks.L.hook_resid_post`` (Hugging Face's
