@@ -75,7 +75,8 @@ class RunningPool:
     def add_rows(pools: "list[RunningPool]", rows: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_model"]:
         """One new row for each of ``pools`` (each a batch of one that has seen a row): the
         same numbers as ``pool.update(row[None, None], ones)`` on each, in a few tensor
-        operations for all of them (a serving engine's decode step). Returns the pooled rows."""
+        operations for all of them (a serving engine's decode step). Returns the pooled rows; the
+        pools never hold a view of ``rows``."""
         a, how = rows.float(), pools[0].how
         if how == "mean":
             total = torch.cat([p.total for p in pools]) + a
@@ -83,7 +84,8 @@ class RunningPool:
             for p, t, c in zip(pools, total.split(1), count.split(1)):
                 p.total, p.count = t, c
             return total / count.clamp_min(1)
-        new = a if how == "last" else torch.maximum(torch.cat([p.state for p in pools]), a)
+        # "last" keeps a copy: ``rows`` may be an engine's output buffer, which its next pass overwrites
+        new = a.clone() if how == "last" else torch.maximum(torch.cat([p.state for p in pools]), a)
         for p, v in zip(pools, new.split(1)):
             p.state = v
         return new
