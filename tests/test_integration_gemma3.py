@@ -7,6 +7,7 @@ import torch
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
+from tiny_models import random_head
 from tpc_hooks.adapters import get_adapter
 
 pytest.importorskip("transformer_lens")
@@ -39,13 +40,7 @@ def reference():
 
 @pytest.fixture(scope="module")
 def monitor():
-    gen = torch.Generator().manual_seed(0)
-    head = tpc.TPC(640, 3, 8)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
-        head.scaler.scale.fill_(30.0)
-    return tpc.Monitor(head, SITE, chat_template=False, pooling="mean")
+    return tpc.Monitor(random_head(640, 3, 8, std=0.05, scale=30.0), SITE, chat_template=False, pooling="mean")
 
 
 def test_the_packaged_checkpoint_is_gemma_3(models):

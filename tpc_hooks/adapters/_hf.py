@@ -126,11 +126,6 @@ def _decoder_prefix(model: Any) -> str | None:
     return None
 
 
-def layer_path(model: Any, toolkit: str) -> list[str]:
-    """The attribute path of ``model``'s decoder layers (:func:`find_layers`)."""
-    return find_layers(model, toolkit)
-
-
 def lm_head(model: Any) -> Any:
     """``model``'s output embeddings (its LM head): a clear error for a bare base model, which
     has decoder layers but no next-token logits to generate with."""

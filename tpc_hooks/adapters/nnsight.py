@@ -21,7 +21,7 @@ from ..head._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
 from ._hf import LAYERS as LAYERS  # the discovery rule's exceptions, shared with the transformers adapter
-from ._hf import HFShape, decoder_layers, first, layer_path, observe_layers
+from ._hf import HFShape, decoder_layers, first, find_layers, observe_layers
 from ._sites import Site
 
 __all__ = ["NNsightAdapter", "make_adapter", "LAYERS"]
@@ -34,7 +34,7 @@ class NNsightAdapter(HFShape, Adapter):
     def __init__(self, model: Any, remote: bool = False):
         super().__init__(model)
         self.remote = remote
-        self._path = layer_path(model._module, "nnsight")
+        self._path = find_layers(model._module, "nnsight")
         if getattr(model, "tokenizer", None) is None:
             raise TPCHooksError("this nnsight model has no tokenizer; pass tokenizer= to LanguageModel")
 

@@ -33,7 +33,7 @@ from ..head._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
 from ._hf import LAYERS as LAYERS  # the discovery rule's exceptions, shared with the nnsight adapter
-from ._hf import HFShape, StopPass, decoder_layers, first, layer_input, layer_path, lm_head, observe_layers, this_thread
+from ._hf import HFShape, StopPass, decoder_layers, first, layer_input, find_layers, lm_head, observe_layers, this_thread
 from ._sites import Site
 
 # Tokenizers loaded from ``name_or_path``, one per model, so repeated calls do not reload them.
@@ -49,7 +49,7 @@ class TransformersAdapter(HFShape, Adapter):
     def __init__(self, model: Any, tokenizer: Any = None):
         super().__init__(model)
         lm_head(model)  # fail now, not mid-generation, on a bare base model
-        self._path = layer_path(model, "transformers")
+        self._path = find_layers(model, "transformers")
         self._tokenizer = tokenizer
 
     def _layers(self) -> Any:
