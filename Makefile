@@ -32,20 +32,22 @@ test-tl4: install
 		-k "not hooked and not deepest and not bad_sites"
 
 # The newest releases a user gets (no constraints file; only the CPU torch pinned): the Hugging Face
-# extras first (transformers at its newest, nnsight, sae-lens) with the family, adapter and
-# generation tests, then the TransformerLens extra added (TransformerLens 4.x and the transformers its
-# bound allows) with the bridge's. An upstream change shows up here as a failing test.
+# extras first (transformers at its newest, nnsight, sae-lens, and the TransformerLens 3.x sae-lens bounds
+# to) with the family, adapter and generation tests, then, sae-lens removed, the TransformerLens extra
+# at its newest (4.x and the transformers its bound allows) with the bridge's. An upstream change shows
+# up here as a failing test.
 LATEST_VENV ?= .venv-latest
 TL4_SKIP = not hooked and not deepest and not bad_sites and not different_tokenizer
 test-latest:
 	$(PYTHON) -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
 	$(LATEST_VENV)/bin/python -m pip uninstall --quiet -y transformer-lens  # a venv kept from an earlier run
-	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade -e ".[transformers,nnsight,sae]" "pytest>=8" \
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade -e ".[transformers,nnsight,sae]" transformers nnsight sae-lens "pytest>=8" \
 		"beartype>=0.18" "hypothesis>=6.100,<7" "gguf>=0.10"
 	$(LATEST_VENV)/bin/python -m pip freeze | grep -iE "^(transformers|nnsight|sae-lens|transformer-lens)=="
 	$(LATEST_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_families.py tests/test_requests.py
-	$(LATEST_VENV)/bin/python -m pip install --quiet -e ".[transformers,nnsight,sae,transformer-lens]"
+	$(LATEST_VENV)/bin/python -m pip uninstall --quiet -y sae-lens  # it bounds TransformerLens below 4
+	$(LATEST_VENV)/bin/python -m pip install --quiet -e ".[transformers,nnsight,transformer-lens]" --upgrade transformer-lens
 	$(LATEST_VENV)/bin/python -m pip freeze | grep -iE "^(transformers|nnsight|sae-lens|transformer-lens)=="
 	$(LATEST_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_families.py tests/test_hf_generate.py \
 		tests/test_adapters.py -k "$(TL4_SKIP)"

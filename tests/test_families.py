@@ -143,11 +143,11 @@ def test_zz_record_the_table():
             assert recorded.get(family, {}).get(pair) == outcome, (family, pair)
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "granite4_hybrid"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "granite4_hybrid", "qwen3_5", "qwen3_next"])
 def test_a_bridge_refusal_still_stands(family, monkeypatch):
-    """Each family the TransformerLens adapter refuses on the installed bridge still fails there
-    without the refusal (a different residual stream, or an error): when an upstream release fixes
-    it, this fails and the refusal gets its ``fixed_in`` version."""
+    """Each family the TransformerLens adapter refuses on the installed bridge and transformers
+    still fails there without the refusal (a different residual stream, or an error): when an
+    upstream release fixes it, this fails and the refusal gets its ``fixed_in`` version."""
     pytest.importorskip("transformer_lens")
     from tpc_hooks.adapters import transformer_lens as tl
 

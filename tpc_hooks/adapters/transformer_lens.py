@@ -13,7 +13,7 @@ Hugging Face decode loop of :class:`~tpc_hooks.adapters.Adapter`.
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -49,31 +49,52 @@ class _Capture:
         return self.seen.pop(key)
 
 
+class BridgeRefusal(NamedTuple):
+    """Why the bridge is refused on a family, and which releases lift it."""
+
+    why: str
+    fixed_in: int | None = None  # the first TransformerLens major version that runs it right (None: none yet)
+    transformers_from: tuple[int, int] | None = None  # refused only from this transformers release on
+
+
 # Families TransformerBridge loads but does not run as the model does, by Hugging Face model_type (measured
-# on tiny random checkpoints, tests/test_families.py): (the first TransformerLens major version that runs it
-# right, None if none does yet; why). The adapter refuses them rather than score wrong rows.
-BRIDGE_REFUSED: dict[str, tuple[int | None, str]] = {
-    "deepseek_v3": (4, "the bridge's residual stream differs from the model's own hidden states (MLA attention: up "
-                       "to 5e-3 apart where float32 rounding gives 1e-6; TransformerLens 4 runs it right)"),
-    "granitemoehybrid": (None, "the bridge's forward fails on this hybrid (\"Original component not set for "
-                               "model.rotary_emb\")"),
+# on tiny random checkpoints, tests/test_families.py). The adapter refuses them rather than score wrong rows.
+_GDN = ("TransformerLens 3's gated delta net bridge reads causal_conv1d_fn from the layer, which transformers "
+        "5.24 no longer sets (AttributeError in the forward); TransformerLens 4, or transformers < 5.24, runs it")
+BRIDGE_REFUSED: dict[str, BridgeRefusal] = {
+    "deepseek_v3": BridgeRefusal("the bridge's residual stream differs from the model's own hidden states (MLA "
+                                 "attention: up to 5e-3 apart where float32 rounding gives 1e-6; TransformerLens 4 "
+                                 "runs it right)", fixed_in=4),
+    "granitemoehybrid": BridgeRefusal("the bridge's forward fails on this hybrid (\"Original component not set for "
+                                      "model.rotary_emb\")"),
+    "qwen3_5": BridgeRefusal(_GDN, fixed_in=4, transformers_from=(5, 24)),
+    "qwen3_5_text": BridgeRefusal(_GDN, fixed_in=4, transformers_from=(5, 24)),
+    "qwen3_next": BridgeRefusal(_GDN, fixed_in=4, transformers_from=(5, 24)),
 }
+
+
+def _major_minor(package: str) -> tuple[int, int] | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = version(package).split(".")[:2]
+        return int(major), int(minor)
+    except (PackageNotFoundError, ValueError):
+        return None
 
 
 def bridge_refusal(model_type: str | None) -> str | None:
     """Why the installed TransformerLens' bridge is refused for ``model_type`` (None: it is not)."""
     if model_type not in BRIDGE_REFUSED:
         return None
-    fixed_in, why = BRIDGE_REFUSED[model_type]
-    if fixed_in is not None:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            if int(version("transformer-lens").split(".")[0]) >= fixed_in:
-                return None
-        except (PackageNotFoundError, ValueError):
-            pass
-    return why
+    rule = BRIDGE_REFUSED[model_type]
+    tl = _major_minor("transformer-lens")
+    if rule.fixed_in is not None and tl is not None and tl[0] >= rule.fixed_in:
+        return None
+    hf = _major_minor("transformers")
+    if rule.transformers_from is not None and hf is not None and hf < rule.transformers_from:
+        return None
+    return rule.why
 
 
 class TransformerLensAdapter(Adapter):
