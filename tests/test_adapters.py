@@ -209,9 +209,12 @@ def test_monitor_round_trip_and_mismatch_errors(tmp_path):
 
 
 def test_bad_sites_and_prompts():
-    nn_model, tl_model = nnsight_lm(hf_llama()), hooked_gpt2_style()
-    with pytest.raises(tpc.TPCHooksError, match=r"nnsight exposes hook_resid_\{pre,post\}"):
-        tpc.collect(nn_model, PROMPTS, "blocks.0.hook_resid_mid", progress=False)
+    from tiny_models import hf_tiny
+
+    tl_model = hooked_gpt2_style()
+    with pytest.raises(tpc.TPCHooksError, match=r"blocks.0.hook_resid_mid is not offered .*GPTNeoXLayer \(nnsight\): .*parallel block.*"
+                                                r"offers blocks.0.hook_resid_pre, blocks.0.hook_attn_out"):
+        tpc.collect(nnsight_lm(hf_tiny("gpt_neox")), PROMPTS, "blocks.0.hook_resid_mid", progress=False)
     assert "blocks.0.hook_resid_mid" in get_adapter(tl_model).site_names()
     with pytest.raises(tpc.TPCHooksError, match="unknown site 'blocks.0.attn.hook_z'|is not valid"):
         tpc.collect(tl_model, PROMPTS, "blocks.0.attn.hook_z", progress=False)
@@ -306,6 +309,63 @@ def test_site_table_covers_architectures(arch, wrap):
         torch.testing.assert_close(acts[sites[0]][i], hs[0][0].mean(0), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(acts[sites[1]][i], hs[2][0].mean(0), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(acts[sites[2]][i], hs[2][0].mean(0), rtol=1e-4, atol=1e-5)
+
+
+BLOCK = ["blocks.1.hook_resid_pre", "blocks.1.hook_attn_out", "blocks.1.hook_resid_mid", "blocks.1.hook_mlp_out",
+         "blocks.1.hook_resid_post"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma", "gpt2"])
+@pytest.mark.parametrize("wrap", ["nnsight", "bridge", "transformers"])
+def test_branch_sites_agree_across_toolkits_and_add_up(arch, wrap):
+    """A block's five sites through each toolkit equal the plain transformers adapter's (the bridge
+    reads TransformerLens' own hook aliases, an independent mapping), and resid_pre + attn_out =
+    resid_mid, resid_mid + mlp_out = resid_post per token."""
+    from tiny_models import hf_tiny
+
+    model = {"nnsight": nnsight_lm, "bridge": bridge, "transformers": named}[wrap](hf_tiny(arch))
+    adapter, plain = get_adapter(model), get_adapter(named(hf_tiny(arch)))
+    ids, mask = tpc.adapters.pad(adapter.tokenize(PROMPTS, chat_template=False, max_tokens=None)[0], 0, "right")
+    got = adapter.forward_sites(ids, mask, [adapter.site(n) for n in BLOCK])
+    want = plain.forward_sites(ids, mask, [plain.site(n) for n in BLOCK])
+    keep = mask.bool()
+    for name in BLOCK:
+        torch.testing.assert_close(got[name][keep], want[name][keep], rtol=1e-4, atol=1e-5)
+    pre, attn, mid, mlp, post = (got[n][keep] for n in BLOCK)
+    torch.testing.assert_close(pre + attn, mid, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mid + mlp, post, rtol=1e-5, atol=1e-6)
+
+
+def test_branch_sites_are_refused_where_a_block_does_not_add_them_up():
+    """A parallel block (GPT-NeoX) has no residual stream between attention and MLP (refused in
+    every toolkit, its two branches offered: pre + attn_out + mlp_out = post); a block that scales
+    each branch before adding it (Granite's residual_multiplier) adds neither module's output as
+    it is: all three refused, naming what the block offers."""
+    import transformers as tr
+
+    from tiny_models import hf_tiny
+
+    torch.manual_seed(0)
+    granite = tr.GraniteForCausalLM(tr.GraniteConfig(vocab_size=len(tokenizer()), hidden_size=32, intermediate_size=64,
+                                                     num_hidden_layers=2, num_attention_heads=4, residual_multiplier=0.5,
+                                                     pad_token_id=0, bos_token_id=2, eos_token_id=3)).eval()
+    neox = [named(hf_tiny("gpt_neox")), nnsight_lm(hf_tiny("gpt_neox")), bridge(hf_tiny("gpt_neox"))]
+    for model in neox:  # attention and MLP each add their output; nothing lies between them
+        adapter = get_adapter(model)
+        with pytest.raises(tpc.TPCHooksError, match=r"blocks.1.hook_resid_mid is not offered .*offers blocks.1.hook_resid_pre, "
+                                                   r"blocks.1.hook_attn_out, blocks.1.hook_mlp_out, blocks.1.hook_resid_post$"):
+            adapter.site("blocks.1.hook_resid_mid")
+        ids, mask = tpc.adapters.pad(adapter.tokenize(PROMPTS, chat_template=False, max_tokens=None)[0], 0, "right")
+        got = adapter.forward_sites(ids, mask, [adapter.site(n) for n in BLOCK if "mid" not in n])
+        pre, attn, mlp, post = (got[n][mask.bool()] for n in BLOCK if "mid" not in n)
+        torch.testing.assert_close(pre + attn + mlp, post, rtol=1e-5, atol=1e-6)
+    adapter = get_adapter(granite, tokenizer=tokenizer())
+    for kind in ("hook_attn_out", "hook_resid_mid", "hook_mlp_out"):
+        with pytest.raises(tpc.TPCHooksError, match=rf"blocks.1.{kind} is not offered .*GraniteDecoderLayer.*offers "
+                                                   r"blocks.1.hook_resid_pre, blocks.1.hook_resid_post$"):
+            adapter.site(f"blocks.1.{kind}")
+    with pytest.raises(tpc.TPCHooksError, match="with remote=True the nnsight adapter reads hook_resid_pre and hook_resid_post"):
+        get_adapter(nnsight_lm(hf_llama()), remote=True).site("blocks.1.hook_resid_mid")
 
 
 def test_remote_is_passed_to_nnsight_trace(monkeypatch):

@@ -20,7 +20,8 @@ import torch
 import tpc_hooks as tpc
 from families import FAMILIES, LAYERS, build
 from tiny_models import bridge, nnsight_lm, tiny_head, tokenizer
-from tpc_hooks.adapters import get_adapter
+from tpc_hooks.adapters import Site, get_adapter
+from tpc_hooks.adapters._sites import hook_name
 
 pytest.importorskip("nnsight")
 
@@ -28,6 +29,7 @@ PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello worl
 SITES = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.2.hook_resid_pre"]
 REFERENCE = {"blocks.0.hook_resid_pre": 0, "blocks.1.hook_resid_post": 2, "blocks.2.hook_resid_pre": 2}
 TOOLKITS = ("transformers", "nnsight", "bridge")
+BRANCH = ("attn_out", "mid", "mlp_out")
 RECORD = Path(__file__).parent / "data" / "families.json"
 _OUTCOMES: dict[str, dict[str, str]] = {}
 
@@ -108,6 +110,64 @@ def test_every_generated_step_scores_as_the_offline_monitor_scores_its_prefix(fa
         offline = mon.score(model, tokens=prefixes, tokenizer=_tok(toolkit))
         torch.testing.assert_close(run.logits[b], offline.logits, rtol=1e-4, atol=1e-4)
     _OUTCOMES.setdefault(family, {})[f"{toolkit}:generate"] = "pass"
+
+
+@pytest.mark.parametrize("toolkit", TOOLKITS)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_branch_sites_add_up_to_the_models_own_hidden_states(family, toolkit):
+    """``hook_attn_out``, ``hook_resid_mid`` and ``hook_mlp_out`` in every layer that offers them:
+    the model's own hidden state entering the layer plus ``attn_out`` is ``resid_mid``, and
+    ``resid_mid`` plus ``mlp_out`` is the model's own hidden state leaving it. A site a layer
+    does not offer is refused with the sites it does."""
+    model = _wrap(build(family), toolkit, family)
+    adapter = get_adapter(model, tokenizer=_tok(toolkit))
+    offered, refused = [], {}
+    for layer in range(LAYERS):
+        for kind in BRANCH:
+            try:
+                offered.append(adapter.site(Site(layer, kind).name))
+            except tpc.TPCHooksError as err:
+                assert re.search(rf"offers blocks\.{layer}\.hook_resid_pre", str(err)), str(err)
+                refused.setdefault(kind, []).append(layer)
+    ids, _ = adapter.tokenize(PROMPTS, chat_template=False, max_tokens=None)
+    ref = build(family)
+    checked = 0
+    for row in ids:
+        last = Site(LAYERS - 1, "post")  # the model's last hidden state is after its final norm: read the layer's output
+        got = adapter.forward_sites(torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long), [*offered, last])
+        hs = list(_hidden(ref, row)[:LAYERS]) + [got[last.name]]
+        for layer in range(LAYERS):
+            attn, mid, mlp = (got.get(Site(layer, k).name) for k in BRANCH)
+            assert mid is not None or (attn is None and mlp is None)
+            if attn is not None:
+                torch.testing.assert_close(hs[layer] + attn, mid, rtol=1e-4, atol=1e-5)
+                checked += 1
+            if mlp is not None:
+                torch.testing.assert_close(mid + mlp, hs[layer + 1], rtol=1e-4, atol=1e-5)
+                checked += 1
+    assert checked or not offered
+    outcome = "pass" if not refused else "; ".join(
+        f"no {hook_name(k)} in layer{'s' * (len(v) > 1)} {', '.join(map(str, v))}" for k, v in refused.items())
+    _OUTCOMES.setdefault(family, {})[f"{toolkit}:branches"] = outcome
+
+
+@pytest.mark.parametrize("toolkit", TOOLKITS)
+@pytest.mark.parametrize("family", ["llama", "gemma3", "qwen3_next"])
+def test_a_generation_at_a_branch_site_scores_as_offline(family, toolkit):
+    """A monitor at ``hook_resid_mid`` and one at ``hook_attn_out``: every generated step scores as
+    the offline monitor scores its prefix (the branch hooks fire inside the cached decode pass)."""
+    model = _wrap(build(family), toolkit, family)
+    for site in ("blocks.1.hook_resid_mid", "blocks.3.hook_attn_out"):
+        mon = tpc.Monitor(tiny_head(), site, pooling="mean")
+        try:
+            run = mon.generate(model, PROMPTS[:2], max_new_tokens=5, tokenizer=_tok(toolkit))
+        except tpc.TPCHooksError as err:
+            assert _drops_the_cache(toolkit) or "offers" in str(err), str(err)
+            continue
+        for b in range(2):
+            prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
+            offline = mon.score(model, tokens=prefixes, tokenizer=_tok(toolkit))
+            torch.testing.assert_close(run.logits[b], offline.logits, rtol=1e-4, atol=1e-4)
 
 
 def _versions() -> dict[str, str]:

@@ -43,17 +43,31 @@ def _cell(outcomes: dict, toolkit: str) -> str:
     return "not run"
 
 
+def _branches(outcomes: dict) -> str:
+    """The branch sites (``hook_attn_out``, ``hook_resid_mid``, ``hook_mlp_out``) each toolkit offers."""
+    def one(toolkit: str) -> str | None:
+        got = outcomes.get(f"{toolkit}:branches")
+        return None if got is None else "all three" if got == "pass" else got
+
+    hf, nn, br = one("transformers"), one("nnsight"), one("bridge")
+    parts = [f"{hf}" if hf == nn else f"transformers: {hf}; nnsight: {nn}"] if hf or nn else []
+    if br is not None:
+        parts.append(f"bridge: {br}" if br != hf else "bridge: the same")
+    return "; ".join(parts) or "not run"
+
+
 def table() -> str:
     record = json.loads(RECORD.read_text())
     v = record.get("_versions", {})
     head = ("Recorded under " + ", ".join(f"{k} {x}" for k, x in v.items()) + " (vLLM: the CPU build `make test-vllm` "
             "installs).\n\n") if v else ""
-    rows = ["| family | transformers | nnsight | TransformerLens (bridge) | vLLM (CPU build) |", "|---|---|---|---|---|"]
+    rows = ["| family | transformers | nnsight | TransformerLens (bridge) | vLLM (CPU build) | sites inside the block |",
+            "|---|---|---|---|---|---|"]
     for family, name in NAMES.items():
         got = record.get(family, {})
         label = f"{name} (paper)" if family in PAPER else name
         rows.append(f"| {label} | " + " | ".join(_cell(got, t) for t in ("transformers", "nnsight", "bridge", "vllm"))
-                    + " |")
+                    + f" | {_branches(got)} |")
     return head + "\n".join(rows)
 
 

@@ -12,7 +12,7 @@ from ..head._errors import TPCHooksError
 from ._batching import resolve_bos
 from ._hf import model_lock
 from ._hf_loop import hf_decode
-from ._sites import Site, parse_site
+from ._sites import KINDS, Site, hook_name, parse_site
 
 # model class (module prefix, class name) -> adapter module; matched on the type's MRO, so
 # nothing is imported to decide.
@@ -40,7 +40,7 @@ class Adapter:
     :meth:`forward_sites` and :meth:`decode`.
     """
 
-    kinds: tuple[str, ...] = ("pre", "mid", "post")
+    kinds: tuple[str, ...] = KINDS
     toolkit: str = ""
     engine = False  # a serving engine that runs its own decode loop (``generate`` instead of ``decode``)
 
@@ -74,7 +74,7 @@ class Adapter:
 
     def site_names(self) -> list[str]:
         """Every valid site of this model, shallowest first."""
-        return [Site(layer, k).name for layer in range(self.n_layers) for k in ("pre", "mid", "post") if k in self.kinds]
+        return [Site(layer, k).name for layer in range(self.n_layers) for k in KINDS if k in self.kinds]
 
     def site(self, name: str) -> Site:
         """Parses and checks a site against this model; the error lists what is valid."""
@@ -87,7 +87,7 @@ class Adapter:
             shown = ", ".join(valid[:3] + ["...", valid[-1]]) if len(valid) > 4 else ", ".join(valid)
             why = "" if s is None else (
                 f" (the model has {self.n_layers} layers: 0..{self.n_layers - 1})" if s.layer >= self.n_layers
-                else f" ({self.toolkit} exposes hook_resid_{{{','.join(self.kinds)}}} here)")
+                else f" ({self.toolkit} exposes {', '.join(hook_name(k) for k in KINDS if k in self.kinds)} here)")
             raise TPCHooksError(f"site {name!r} is not valid for this {self.toolkit} model{why}; valid sites: {shown}")
         return s
 

@@ -4,8 +4,9 @@ model (:class:`InputSpy` and :class:`StopPass` serve the TransformerLens adapter
 
 Residual sites map to decoder-layer inputs and outputs: the input of layer L is
 ``blocks.L.hook_resid_pre`` and its output ``blocks.L.hook_resid_post`` (Hugging Face's
-``hidden_states[L + 1]``). Hugging Face layers expose no tensor between attention and MLP, so
-``hook_resid_mid`` is not offered. Nothing here imports ``transformers`` or nnsight.
+``hidden_states[L + 1]``). ``hook_attn_out``, ``hook_resid_mid`` and ``hook_mlp_out`` are read
+at the layer's children (:func:`branch_points`), checked on the model before first use
+(:func:`branch_verdicts`). Nothing here imports ``transformers`` or nnsight.
 """
 
 import inspect
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..head._errors import TPCHooksError
-from ._sites import Site
+from ._sites import KINDS, Site, hook_name
 
 
 def text_config(config: Any) -> Any:
@@ -156,8 +157,14 @@ def first(x: Any) -> Tensor:
     return x[0] if isinstance(x, tuple) else x
 
 
-def layer_input(args: tuple, kwargs: dict) -> Tensor:
-    return args[0] if args else kwargs["hidden_states"]
+def module_input(args: tuple, kwargs: dict) -> Tensor:
+    """The hidden states a decoder layer, norm or MLP is called with (first positional argument,
+    else the ``hidden_states`` keyword, else the first tensor keyword)."""
+    if args:
+        return args[0]
+    if "hidden_states" in kwargs:
+        return kwargs["hidden_states"]
+    return next(v for v in kwargs.values() if isinstance(v, Tensor))
 
 
 def this_thread(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -271,7 +278,6 @@ def _cache_length(cache: Any) -> int:
 def observe_layers(hf: Any, layers: Any, site: Site, fn: Callable[[Tensor, Tensor, bool], None]) -> Iterator[None]:
     """Plain PyTorch hooks on a ``transformers`` model: ``fn(acts, new_mask, fresh)`` after every
     forward pass of ``hf`` (whoever calls it, inside or outside ``generate``); removed on exit."""
-    layer = layers[site.layer]
     spy = InputSpy()
 
     def on_acts(tensor: Tensor) -> None:
@@ -280,14 +286,155 @@ def observe_layers(hf: Any, layers: Any, site: Site, fn: Callable[[Tensor, Tenso
 
     h1 = hf.register_forward_pre_hook(this_thread(spy), with_kwargs=True)
     try:
-        if site.kind == "pre":
-            h2 = layer.register_forward_pre_hook(this_thread(lambda mod, args, kwargs: on_acts(layer_input(args, kwargs))),
-                                                 with_kwargs=True)
-        else:
-            h2 = layer.register_forward_hook(this_thread(lambda mod, args, out: on_acts(first(out))))
+        h2 = hook_site(layers, site, on_acts)
         try:
             yield
         finally:
             h2.remove()
     finally:
         h1.remove()
+
+
+# ---------------------------------------------------------------------- the two branches of a decoder layer
+BRANCH = ("attn_out", "mid", "mlp_out")
+_ATTN = ("self_attn", "attn", "attention", "self_attention", "linear_attn", "mixer", "mamba")
+_MLP = ("mlp", "block_sparse_moe", "feed_forward", "moe", "ffn", "shared_mlp")
+_PRE_MLP_NORM = ("pre_feedforward_layernorm", "post_attention_layernorm", "ffn_norm", "pre_mlp_layernorm", "ln_2")
+
+
+def branch_points(layer: Any) -> dict[str, tuple[str, bool]]:
+    """Where a Hugging Face decoder layer computes ``hook_attn_out``, ``hook_resid_mid`` and
+    ``hook_mlp_out``, from its children's names: kind -> (child, True to read the child's input,
+    False its output). Empty when the layer has no attention-like or no MLP-like child.
+
+    The rule: attention is the first child named like one (``self_attn``, ``linear_attn``,
+    ``mamba``...), the MLP likewise (``mlp``, ``block_sparse_moe``, ``feed_forward``...). A layer
+    with ``post_feedforward_layernorm`` normalises each branch before the residual add (Gemma,
+    OLMo 2 and 3): the branches' outputs are those two norms' outputs and the middle residual
+    stream is the input of ``pre_feedforward_layernorm`` (else of the MLP). Otherwise the
+    branches' outputs are attention's and the MLP's, and the middle residual stream is the input
+    of the norm before the MLP (else of the MLP). :func:`branch_verdicts` checks it on the model.
+    """
+    kids = dict(layer.named_children())
+    attn = next((n for n in _ATTN if n in kids), None)
+    mlp = next((n for n in _MLP if n in kids), None)
+    if attn is None or mlp is None:
+        return {}
+    if "post_feedforward_layernorm" in kids and "post_attention_layernorm" in kids:
+        mid = "pre_feedforward_layernorm" if "pre_feedforward_layernorm" in kids else mlp
+        return {"attn_out": ("post_attention_layernorm", False), "mid": (mid, True),
+                "mlp_out": ("post_feedforward_layernorm", False)}
+    mid = next((n for n in _PRE_MLP_NORM if n in kids), mlp)
+    return {"attn_out": (attn, False), "mid": (mid, True), "mlp_out": (mlp, False)}
+
+
+def hook_site(layers: Any, site: Site, fn: Callable[[Tensor], None]) -> Any:
+    """A forward (pre-)hook calling ``fn(tensor)`` with ``site``'s activations; returns its handle.
+    ``hook_resid_pre``/``post`` are the decoder layer's input and output; the branch sites are
+    read where :func:`branch_points` says."""
+    layer = layers[site.layer]
+    if site.kind in ("pre", "post"):
+        module, read_input = layer, site.kind == "pre"
+    else:
+        child, read_input = branch_points(layer)[site.kind]
+        module = getattr(layer, child)
+    if read_input:
+        return module.register_forward_pre_hook(this_thread(lambda mod, args, kwargs: fn(module_input(args, kwargs))),
+                                                with_kwargs=True)
+    if site.kind == "post":
+        return module.register_forward_hook(this_thread(lambda mod, args, out: fn(first(out))))
+
+    def branch_out(mod: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        out, given = first(out), module_input(args, kwargs)
+        if out.shape != given.shape and out.numel() == given.numel():
+            out = out.view(given.shape)  # an MoE block that returns its rows flattened (Llama 4)
+        fn(out)
+
+    return module.register_forward_hook(this_thread(branch_out), with_kwargs=True)
+
+
+_VERDICTS: "weakref.WeakKeyDictionary[Any, dict[str, str | None]]" = weakref.WeakKeyDictionary()
+
+
+def branch_verdicts(hf: Any, layers: Any, layer_index: int) -> dict[str, str | None]:
+    """For each branch site of decoder layer ``layer_index``: None when :func:`branch_points` reads
+    it right on this model, else why not. Checked once per layer, on one forward pass of four
+    tokens: the residual stream entering the layer plus what attention adds must give the middle
+    residual stream, and that plus what the MLP adds the layer's output, each to within the
+    rounding of one addition. A block that scales a branch before adding it (Granite), runs
+    attention and MLP in parallel (GPT-J) or adds another branch has no such sites here."""
+    layer = layers[layer_index]
+    if layer in _VERDICTS:
+        return _VERDICTS[layer]
+    points = branch_points(layer)
+    if not points:
+        kids = ", ".join(n for n, _ in layer.named_children())
+        verdict = dict.fromkeys(BRANCH, f"no child of {type(layer).__name__} reads as attention and MLP ({kids})")
+        _VERDICTS[layer] = verdict
+        return verdict
+    seen: dict[str, list[Tensor]] = {k: [] for k in ("pre", *BRANCH, "post")}
+
+    def keeper(kind: str) -> Callable[[Tensor], None]:
+        def keep(t: Tensor) -> None:
+            seen[kind].append(t.detach())
+            if kind == "post":
+                raise StopPass
+        return keep
+
+    handles = [hook_site(layers, Site(layer_index, k), keeper(k)) for k in seen]
+    try:
+        device = next(hf.parameters()).device
+        try:
+            with torch.no_grad():
+                hf(input_ids=torch.arange(1, 5, device=device)[None], use_cache=False)
+        except StopPass:
+            pass
+    finally:
+        for h in handles:
+            h.remove()
+    twice = [k for k, v in seen.items() if len(v) != 1]
+    if twice:
+        verdict = dict.fromkeys(BRANCH, f"the modules read for {twice} ran {[len(seen[k]) for k in twice]} times in a pass")
+    else:
+        where = {k: f"{'input' if read else 'output'} of {child}" for k, (child, read) in points.items()}
+        verdict = judge_branches({k: v[0] for k, v in seen.items()}, where)
+    _VERDICTS[layer] = verdict
+    return verdict
+
+
+def judge_branches(once: dict[str, Tensor], where: dict[str, str]) -> dict[str, str | None]:
+    """The verdicts of :func:`branch_verdicts` from one pass's tensors (``once``, by kind; a kind
+    may be missing), ``where`` naming where each branch site was read. A parallel block (attention
+    and MLP both read ``hook_resid_pre``: ``pre + attn_out + mlp_out = post``) offers both
+    branches and no ``hook_resid_mid``."""
+
+    def adds_up(*parts: str, to: str) -> bool:
+        if any(k not in once for k in (*parts, to)) or any(once[k].shape != once[to].shape for k in parts):
+            return False
+        eps = torch.finfo(once[to].dtype).eps
+        xs = [once[k].double() for k in parts]
+        return bool(((sum(xs) - once[to].double()).abs() <= len(xs) * eps * sum(x.abs() for x in xs) + 1e-30).all())
+
+    attn, mlp = adds_up("pre", "attn_out", to="mid"), adds_up("mid", "mlp_out", to="post")
+    if not (attn or mlp) and adds_up("pre", "attn_out", "mlp_out", to="post"):
+        return {"attn_out": None, "mlp_out": None,
+                "mid": "attention and MLP both read hook_resid_pre here (a parallel block): no residual stream lies between them"}
+    missing = {k: f"it has no {hook_name(k)}" for k in BRANCH if k not in once}
+    return {"attn_out": missing.get("attn_out") or (None if attn else
+                                                    f"hook_resid_pre + the {where['attn_out']} is not the {where['mid']}"),
+            "mid": missing.get("mid") or (None if attn or mlp else f"neither branch adds up around the {where['mid']}"),
+            "mlp_out": missing.get("mlp_out") or (None if mlp else
+                                                  f"the {where['mid']} + the {where['mlp_out']} is not the layer's output")}
+
+
+def check_site(hf: Any, layers: Any, site: Site, toolkit: str) -> None:
+    """A clear error, naming this layer's sites, when ``site`` is a branch site
+    :func:`branch_verdicts` finds this layer does not offer."""
+    if site.kind not in BRANCH:
+        return
+    verdict = branch_verdicts(hf, layers, site.layer)
+    why = verdict[site.kind]
+    if why is not None:
+        ok = [Site(site.layer, k).name for k in KINDS if k in ("pre", "post") or verdict.get(k) is None]
+        raise TPCHooksError(f"{site.name} is not offered for this {type(layers[site.layer]).__name__} ({toolkit}): "
+                            f"{why}; this layer offers {', '.join(ok)}")

@@ -3,8 +3,9 @@
 Residual sites map to decoder-layer inputs and outputs, the decoder layers found by the rule
 shared with the plain ``transformers`` adapter (``find_layers`` in ``_hf.py``; ``LAYERS`` holds
 its exceptions): the input of layer L is
-``blocks.L.hook_resid_pre`` and its output ``blocks.L.hook_resid_post``; Hugging Face layers
-expose no tensor between attention and MLP, so ``hook_resid_mid`` is not offered.
+``blocks.L.hook_resid_pre`` and its output ``blocks.L.hook_resid_post``; ``hook_attn_out``,
+``hook_resid_mid`` and ``hook_mlp_out`` are the layer's attention, norm and MLP modules' inputs
+or outputs, as in the ``transformers`` adapter (checked on the model before first use).
 Collection reads inside ``model.trace(...)`` (stopped after the deepest site; ``remote=True``
 goes to NDIF). Generation and ``watch`` use plain PyTorch hooks on the wrapped modules, which
 see the same tensors without a trace per token.
@@ -21,7 +22,7 @@ from ..head._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
 from ._hf import LAYERS as LAYERS  # the discovery rule's exceptions, shared with the transformers adapter
-from ._hf import HFShape, decoder_layers, first, find_layers, observe_layers
+from ._hf import BRANCH, HFShape, branch_points, check_site, decoder_layers, first, find_layers, observe_layers
 from ._sites import Site
 
 __all__ = ["NNsightAdapter", "make_adapter", "LAYERS"]
@@ -29,7 +30,6 @@ __all__ = ["NNsightAdapter", "make_adapter", "LAYERS"]
 
 class NNsightAdapter(HFShape, Adapter):
     toolkit = "nnsight"
-    kinds = ("pre", "post")
 
     def __init__(self, model: Any, remote: bool = False):
         super().__init__(model)
@@ -61,19 +61,34 @@ class NNsightAdapter(HFShape, Adapter):
 
     @torch.no_grad()
     def forward_sites(self, input_ids: Tensor, attention_mask: Tensor, sites: list[Site]) -> dict[str, Tensor]:
-        ordered = sorted(sites, key=lambda s: (s.layer, s.kind != "pre"))
+        ordered = sorted(sites, key=lambda s: s.depth)  # a trace reads modules in the order they run
         layers = self._layers()
+        hf_layers = decoder_layers(self.model._module, self._path)
         ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
         saved: dict[str, Any] = {}
         with self.model.trace(ids, attention_mask=mask, position_ids=positions(mask), remote=self.remote) as tracer:
             for s in ordered:
-                layer = layers[s.layer]
-                saved[s.name] = (layer.input if s.kind == "pre" else layer.output).save()
+                module, read_input = layers[s.layer], s.kind == "pre"
+                if s.kind in BRANCH:
+                    child, read_input = branch_points(hf_layers[s.layer])[s.kind]
+                    module = getattr(module, child)
+                saved[s.name] = (module.input if read_input else module.output).save()
             tracer.stop()
         return {name: first(v).detach() for name, v in saved.items()}
 
     def hf_model(self) -> Any:
         return self.model._module
+
+    def site(self, name: str) -> Site:
+        """:meth:`Adapter.site`, and for a branch site a check that this layer offers it (one
+        short local pass the first time; with ``remote=True``, where no local pass runs, only
+        the residual stream at layer boundaries is offered)."""
+        s = super().site(name)
+        if s.kind in BRANCH and self.remote:
+            raise TPCHooksError(f"{s.name}: with remote=True the nnsight adapter reads hook_resid_pre and "
+                                "hook_resid_post (a branch site is checked on a local forward pass first)")
+        check_site(self.model._module, decoder_layers(self.model._module, self._path), s, self.toolkit)
+        return s
 
     def decode(self, *args: Any, **kwargs: Any) -> None:
         """The shared Hugging Face decode loop (see :meth:`Adapter.decode`): a trace per token

@@ -11,6 +11,7 @@ bridge's hook points live inside the rewired Hugging Face layers, so it uses the
 Hugging Face decode loop of :class:`~tpc_hooks.adapters.Adapter`.
 """
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -21,10 +22,13 @@ from torch import Tensor
 from ..head._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
-from ._hf import InputSpy, this_thread
-from ._sites import Site
+from ._hf import BRANCH, InputSpy, judge_branches, this_thread
+from ._sites import KINDS, Site, hook_name
 
 __all__ = ["TransformerLensAdapter", "make_adapter"]
+
+
+_BRIDGE_VERDICTS: "weakref.WeakKeyDictionary[Any, dict[str, str | None]]" = weakref.WeakKeyDictionary()
 
 
 class _Capture:
@@ -112,6 +116,42 @@ class TransformerLensAdapter(Adapter):
                 raise TPCHooksError(f"TransformerBridge on model_type {mtype!r}: {why}; monitor the "
                                     "same checkpoint through the transformers or nnsight adapter (pass the Hugging Face "
                                     "model, or nnsight's LanguageModel of it)")
+
+    def site(self, name: str) -> Site:
+        """:meth:`Adapter.site`, and a check that this block offers it: TransformerLens has the
+        hook (a parallel attention/MLP block has no ``hook_resid_mid``), and on a bridge, whose
+        branch hooks alias the Hugging Face modules, that they add up (:meth:`_bridge_verdicts`)."""
+        s = super().site(name)
+        why = self._why_not(s.layer, s.kind)
+        if why is not None:
+            ok = [Site(s.layer, k).name for k in KINDS if self._why_not(s.layer, k) is None]
+            raise TPCHooksError(f"{s.name} is not offered on this {type(self.model).__name__}'s block {s.layer}: {why}; "
+                                f"block {s.layer} offers {', '.join(ok) or 'none of the five block sites'}")
+        return s
+
+    def _why_not(self, layer: int, kind: str) -> str | None:
+        hooks = getattr(self.model, "hook_dict", None)
+        if hooks is not None and Site(layer, kind).name not in hooks:
+            return f"it has no {hook_name(kind)}"
+        if self.is_bridge and kind in BRANCH:
+            return self._bridge_verdicts(layer)[kind]
+        return None
+
+    def _bridge_verdicts(self, layer: int) -> dict[str, str | None]:
+        """The bridge's branch hooks of block ``layer`` checked as the Hugging Face adapters check
+        theirs (:func:`~tpc_hooks.adapters._hf.branch_verdicts`): on a pass of four tokens,
+        ``resid_pre + attn_out = resid_mid`` and ``resid_mid + mlp_out = resid_post`` (a Gemma 4
+        block, which also adds per-layer inputs, has no such ``hook_mlp_out``)."""
+        block = self.model.blocks[layer]
+        if block not in _BRIDGE_VERDICTS:
+            cap = _Capture()
+            names = {k: Site(layer, k).name for k in KINDS if Site(layer, k).name in self.model.hook_dict}
+            ids = torch.arange(1, 5, device=self.device)[None]
+            with torch.no_grad(), self.model.hooks(fwd_hooks=[(n, this_thread(cap.hook(n))) for n in names.values()]):
+                self._forward(ids, torch.ones_like(ids), stop_at_layer=layer + 1 if layer + 1 < self.n_layers else None)
+            _BRIDGE_VERDICTS[block] = judge_branches({k: cap.take(n) for k, n in names.items()},
+                                                     {k: hook_name(k) for k in BRANCH})
+        return _BRIDGE_VERDICTS[block]
 
     @property
     def d_model(self) -> int:

@@ -3,8 +3,10 @@
 Site names and the decoder layers are those of the nnsight adapter (one rule for both, which
 finds the layer list from the model itself, a multimodal checkpoint's language model included;
 :data:`LAYERS` holds its exceptions): the input of decoder layer L is
-``blocks.L.hook_resid_pre``, its output
-``blocks.L.hook_resid_post``. Collection runs the model's own forward with PyTorch forward
+``blocks.L.hook_resid_pre``, its output ``blocks.L.hook_resid_post``, and ``hook_attn_out``,
+``hook_resid_mid``, ``hook_mlp_out`` are read at the layer's attention, norm and MLP modules
+where a check on the model finds they add up (``resid_pre + attn_out = resid_mid``,
+``resid_mid + mlp_out = resid_post``). Collection runs the model's own forward with PyTorch forward
 hooks on the decoder layers and stops it after the deepest site needed; generation, ``watch``
 and the :meth:`~tpc_hooks.Monitor.stopping_criteria` read the same hooks during the model's
 own forward passes (KV cache on).
@@ -33,7 +35,7 @@ from ..head._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
 from ._hf import LAYERS as LAYERS  # the discovery rule's exceptions, shared with the nnsight adapter
-from ._hf import HFShape, StopPass, decoder_layers, first, layer_input, find_layers, lm_head, observe_layers, this_thread
+from ._hf import HFShape, StopPass, check_site, decoder_layers, find_layers, hook_site, lm_head, observe_layers
 from ._sites import Site
 
 # Tokenizers loaded from ``name_or_path``, one per model, so repeated calls do not reload them.
@@ -44,7 +46,6 @@ __all__ = ["TransformersAdapter", "make_adapter", "default_tokenizer", "LAYERS"]
 
 class TransformersAdapter(HFShape, Adapter):
     toolkit = "transformers"
-    kinds = ("pre", "post")
 
     def __init__(self, model: Any, tokenizer: Any = None):
         super().__init__(model)
@@ -54,6 +55,13 @@ class TransformersAdapter(HFShape, Adapter):
 
     def _layers(self) -> Any:
         return decoder_layers(self.model, self._path)
+
+    def site(self, name: str) -> Site:
+        """:meth:`Adapter.site`, and for a branch site a check that this layer offers it
+        (:func:`~tpc_hooks.adapters._hf.branch_verdicts`, one short pass the first time)."""
+        s = super().site(name)
+        check_site(self.model, self._layers(), s, self.toolkit)
+        return s
 
     @property
     def tokenizer(self) -> Any:
@@ -71,7 +79,7 @@ class TransformersAdapter(HFShape, Adapter):
         deepest site ends it (no later layer, no final norm, no LM head). Hooks are removed
         however the pass ends."""
         layers = self._layers()
-        deepest = max(sites, key=lambda s: (s.layer, s.kind != "pre"))
+        deepest = max(sites, key=lambda s: s.depth)
         saved: dict[str, Tensor] = {}
 
         def keep(site: Site, tensor: Tensor) -> None:
@@ -82,12 +90,7 @@ class TransformersAdapter(HFShape, Adapter):
         handles = []
         try:
             for s in sites:
-                layer = layers[s.layer]
-                if s.kind == "pre":
-                    handles.append(layer.register_forward_pre_hook(
-                        this_thread(lambda mod, args, kwargs, s=s: keep(s, layer_input(args, kwargs))), with_kwargs=True))
-                else:
-                    handles.append(layer.register_forward_hook(this_thread(lambda mod, args, out, s=s: keep(s, first(out)))))
+                handles.append(hook_site(layers, s, lambda tensor, s=s: keep(s, tensor)))
             ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
             try:
                 self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
