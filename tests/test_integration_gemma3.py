@@ -63,6 +63,23 @@ def test_collect_reads_the_models_own_hidden_states(models, reference, toolkit):
 
 
 @pytest.mark.parametrize("toolkit", TOOLKITS)
+def test_the_sites_inside_a_block_add_up_to_the_models_own_hidden_states(models, reference, toolkit):
+    """Gemma 3 normalises each branch before adding it: hook_attn_out and hook_mlp_out are those
+    norms' outputs, and hs[L] + attn_out = resid_mid, resid_mid + mlp_out = hs[L + 1]."""
+    model, layer = models[toolkit], 7
+    sites = [f"blocks.{layer}.hook_attn_out", f"blocks.{layer}.hook_resid_mid", f"blocks.{layer}.hook_mlp_out"]
+    adapter = get_adapter(model)
+    row = adapter.tokenize(PROMPTS[:1], chat_template=False, max_tokens=None)[0][0]
+    got = adapter.forward_sites(torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long), [adapter.site(s) for s in sites])
+    attn, mid, mlp = (got[s][0] for s in sites)
+    with torch.no_grad():
+        hs = reference(input_ids=torch.tensor([row]), output_hidden_states=True).hidden_states
+    scale = float(hs[layer + 1].abs().max())
+    torch.testing.assert_close(hs[layer][0] + attn, mid, rtol=1e-4, atol=1e-5 * scale)
+    torch.testing.assert_close(mid + mlp, hs[layer + 1][0], rtol=1e-4, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("toolkit", TOOLKITS)
 def test_generation_scores_equal_offline_scores(models, monitor, toolkit):
     model = models[toolkit]
     run = monitor.generate(model, PROMPTS, max_new_tokens=4)
