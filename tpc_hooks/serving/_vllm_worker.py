@@ -169,6 +169,9 @@ class _Mixin:
 
     # ------------------------------------------------------------------ engine build and each step
     def load_model(self, *args: Any, **kwargs: Any) -> None:
+        from . import _vllm_models
+
+        _vllm_models.register()  # the families whose vLLM class returns no residual stream get one that does
         super().load_model(*args, **kwargs)
         _engine.check_version()
         config = self.vllm_config

@@ -1,0 +1,86 @@
+"""vLLM model classes that return the residual stream, for families whose vLLM class does not.
+
+tpc-hooks reads the residual stream inside vLLM's compiled forward as EAGLE-3 auxiliary hidden
+states (``set_aux_hidden_state_layers``, ``_engine.expose``). vLLM's Gemma 3 text model does not
+implement that interface; :class:`Gemma3ForCausalLM` here is vLLM's own class with it added: the
+same modules, weights and forward, which also returns the residual stream entering each exposed
+layer id (id L + 1 = the output of decoder layer L, as vLLM's Llama returns it). The
+multimodal ``Gemma3ForConditionalGeneration`` builds its language model as a
+``Gemma3ForCausalLM`` through the registry, so it gets this class too.
+
+:func:`register` puts these classes in vLLM's model registry under vLLM's own architecture
+names; the tpc-hooks worker calls it in its own process before the model loads, so only
+monitored engines use them. Importing this module imports vLLM.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import islice
+from typing import Any
+
+import torch
+from vllm.distributed import get_pp_group
+from vllm.model_executor.models import gemma3 as _gemma3
+from vllm.model_executor.models.interfaces import EagleModelMixin, SupportsEagle3
+from vllm.sequence import IntermediateTensors
+
+__all__ = ["Gemma3ForCausalLM", "register"]
+
+
+class _Gemma3Model(_gemma3.Gemma3Model, EagleModelMixin):
+    """vLLM's Gemma 3 decoder, returning ``(hidden_states, [residual stream at each exposed id])``
+    when ids are exposed (the bare hidden states otherwise, as vLLM's)."""
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: IntermediateTensors | None = None, inputs_embeds: torch.Tensor | None = None,
+                **kwargs: Any) -> Any:
+        if get_pp_group().is_first_rank:
+            hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+            residual = None
+        else:
+            assert intermediate_tensors is not None
+            hidden, residual = intermediate_tensors["hidden_states"], intermediate_tensors["residual"]
+        aux: list[torch.Tensor] = []
+        if get_pp_group().is_first_rank:
+            self._maybe_add_hidden_state(aux, self.start_layer, hidden, residual)
+        for idx, layer in enumerate(islice(self.layers, self.start_layer, self.end_layer), start=self.start_layer):
+            hidden, residual = layer(positions, hidden, residual, **kwargs)
+            self._maybe_add_hidden_state(aux, idx + 1, hidden, residual)
+        if not get_pp_group().is_last_rank:
+            return IntermediateTensors({"hidden_states": hidden, "residual": residual,
+                                        **self.pack_local_aux_hidden_states(aux)})
+        hidden, _ = self.norm(hidden, residual)
+        return (hidden, aux) if aux else hidden
+
+
+@contextmanager
+def _building_with(model_cls: type) -> Iterator[None]:
+    """vLLM's ``Gemma3ForCausalLM.__init__`` builds ``gemma3.Gemma3Model``; this has it build
+    ``model_cls`` instead (the rest of the constructor is vLLM's)."""
+    saved = _gemma3.Gemma3Model
+    _gemma3.Gemma3Model = model_cls
+    try:
+        yield
+    finally:
+        _gemma3.Gemma3Model = saved
+
+
+class Gemma3ForCausalLM(_gemma3.Gemma3ForCausalLM, SupportsEagle3):
+    """vLLM's Gemma 3 causal LM with ``set_aux_hidden_state_layers`` (SupportsEagle3)."""
+
+    def __init__(self, *, vllm_config: Any, prefix: str = ""):
+        with _building_with(_Gemma3Model):
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+
+
+# vLLM architecture name -> the class here that replaces vLLM's in a monitored engine
+CLASSES = {"Gemma3ForCausalLM": Gemma3ForCausalLM}
+
+
+def register() -> None:
+    """Registers :data:`CLASSES` in this process's vLLM model registry (idempotent)."""
+    from vllm import ModelRegistry
+
+    for arch, cls in CLASSES.items():
+        if ModelRegistry.models.get(arch) is None or getattr(ModelRegistry.models[arch], "model_cls", None) is not cls:
+            ModelRegistry.register_model(arch, cls)
