@@ -5,4 +5,5 @@ workers and server) are collected, for their doctests, only where vLLM is instal
 import importlib.util
 
 collect_ignore = [] if importlib.util.find_spec("vllm") else [
-    "tests/vllm_poison.py", "tpc_hooks/serving/_vllm_worker.py", "tpc_hooks/serving/_vllm_serve.py"]
+    "tests/vllm_poison.py", "tpc_hooks/serving/_vllm_worker.py", "tpc_hooks/serving/_vllm_serve.py",
+    "tpc_hooks/serving/_vllm_models.py"]
