@@ -180,3 +180,30 @@ def test_frozen_packs_score_as_the_checked_ones_and_never_reuse_a_stale_calibrat
     assert mon.head.__dict__.get("_stream_frozen")
     forget_packs(mon.head)
     assert not mon.head.__dict__.get("_stream_frozen")
+
+
+def test_an_engine_whose_model_returns_no_residual_stream_is_refused_by_name():
+    """vLLM's model class must return intermediate hidden states (SupportsEagle3) or have tpc-hooks'
+    subclass that does: otherwise the worker refuses the engine, naming the class and the fix; a
+    model that has the interface is asked for exactly the exposed ids."""
+    from types import SimpleNamespace
+
+    from tpc_hooks.serving import _engine
+
+    class FooForCausalLM(torch.nn.Module):
+        pass
+
+    runner = SimpleNamespace(get_model=lambda: FooForCausalLM(), use_aux_hidden_state_outputs=False)
+    with pytest.raises(tpc.TPCHooksError, match=r"vLLM's FooForCausalLM does not return intermediate hidden states .*"
+                                                r"monitor FooForCausalLM through transformers or nnsight"):
+        _engine.expose(runner, [3])
+    assert runner.use_aux_hidden_state_outputs is False
+
+    class BarForCausalLM(FooForCausalLM):
+        def set_aux_hidden_state_layers(self, layers):
+            self.asked = layers
+
+    model = BarForCausalLM()
+    runner = SimpleNamespace(get_model=lambda: model, use_aux_hidden_state_outputs=False)
+    _engine.expose(runner, [7, 3, 7])
+    assert model.asked == (3, 7) and runner.use_aux_hidden_state_outputs is True

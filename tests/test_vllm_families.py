@@ -33,7 +33,7 @@ RECORD = Path(__file__).parent / "data" / "families.json"
 # multimodal checkpoints need their image processor's files to start in vLLM; the tiny ones have none
 TEXT_ONLY = [f for f in FAMILIES if f not in ("gemma3", "mistral3")]
 _OUTCOMES: dict[str, str] = {}
-REPLACED = ("Gemma3ForCausalLM",)  # architectures the monitored worker serves with its own subclass (_vllm_models)
+REPLACED = ("Gemma3ForCausalLM", "GraniteMoeHybridForCausalLM")  # architectures the monitored worker serves with its own subclass (_vllm_models)
 
 
 @contextmanager
