@@ -11,6 +11,7 @@ Run in the vLLM venv (``make test-vllm``).
 
 import gc
 import json
+import logging
 import os
 import re
 import sys
@@ -30,8 +31,9 @@ from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
 SITE = "blocks.2.hook_resid_post"
 PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello world"]
 RECORD = Path(__file__).parent / "data" / "families.json"
-# multimodal checkpoints need their image processor's files to start in vLLM; the tiny ones have none
-TEXT_ONLY = [f for f in FAMILIES if f not in ("gemma3", "mistral3")]
+# multimodal checkpoints start as their language model alone (vLLM's language_model_only: the tiny
+# ones have no image processor files)
+MULTIMODAL = ("gemma3", "mistral3")
 _OUTCOMES: dict[str, str] = {}
 REPLACED = ("Gemma3ForCausalLM", "GraniteMoeHybridForCausalLM")  # architectures the monitored worker serves with its own subclass (_vllm_models)
 
@@ -47,9 +49,13 @@ def _stderr_to(path: Path):
     with open(path, "w") as f:
         os.dup2(f.fileno(), 1)
         os.dup2(f.fileno(), 2)
+        # this process's vLLM log goes to the stream its handler was made with (pytest's capture, not fd 1)
+        handler = logging.StreamHandler(f)
+        logging.getLogger("vllm").addHandler(handler)
         try:
             yield
         finally:
+            logging.getLogger("vllm").removeHandler(handler)
             sys.stdout.flush()
             sys.stderr.flush()
             for fd, old in zip((1, 2), saved):
@@ -57,10 +63,13 @@ def _stderr_to(path: Path):
                 os.close(old)
 
 
-def _root_cause(log: Path, err: BaseException) -> str:
-    """The worker's own error from the engine's log, else the exception's first line."""
-    text = log.read_text(errors="replace")
-    found = (re.findall(r"Worker failed with error '([^']+)'", text) or re.findall(r"Value error, (.+?)(?: \[type=|$)", str(err))
+def _root_cause(log: Path, err: BaseException, *earlier: Path) -> str:
+    """The worker's own error from the engine's log (a module vLLM's model file could not import
+    first, also from ``earlier`` logs: vLLM inspects a model class once per process), else the
+    exception's first line."""
+    text = "\n".join(p.read_text(errors="replace") for p in (*earlier, log))
+    found = (re.findall(r"(No module named '[^']+')", text)
+             or re.findall(r"Worker failed with error '([^']+)'", text) or re.findall(r"Value error, (.+?)(?: \[type=|$)", str(err))
              or re.findall(r"^\S*(?:Error|Exception): (.+)$", text, re.M))
     return (found[-1] if found else str(err).splitlines()[0]).strip()
 
@@ -73,7 +82,7 @@ def _engine(path: Path, **kw):
                     gpu_memory_utilization=memory, **kw)
 
 
-@pytest.fixture(scope="module", params=TEXT_ONLY)
+@pytest.fixture(scope="module", params=list(FAMILIES))
 def checkpoint(request, tmp_path_factory):
     """``(family, its saved folder, the same checkpoint under transformers)``."""
     family = request.param
@@ -127,10 +136,11 @@ def test_the_engine_reads_the_family_or_says_why_not(checkpoint, tmp_path):
     or vLLM's CPU build itself does not run it, which an engine without tpc-hooks shows too."""
     family, path, model = checkpoint
     log = tmp_path / "engine.log"
+    extra = {"language_model_only": True} if family in MULTIMODAL else {}
     llm = None
     try:
         with _stderr_to(log):
-            llm = _engine(path, **vllm_engine_args([SITE]))
+            llm = _engine(path, **extra, **vllm_engine_args([SITE]))
             generated = _read(llm, model, ATOL.get(family, 1e-4))
         if type(model).__name__ in REPLACED:  # served by tpc-hooks' subclass of vLLM's class: the same tokens
             del llm
@@ -150,10 +160,10 @@ def test_the_engine_reads_the_family_or_says_why_not(checkpoint, tmp_path):
     plain = None
     try:  # the same checkpoint on an engine without tpc-hooks: vLLM's own limit, or ours?
         with _stderr_to(tmp_path / "plain.log"):
-            plain = _engine(path)
+            plain = _engine(path, **extra)
             plain.generate(PROMPTS, vllm.SamplingParams(max_tokens=2))
     except Exception as err:  # noqa: BLE001
-        _OUTCOMES[family] = f"not run: vLLM's CPU build does not run it ({_root_cause(tmp_path / 'plain.log', err)})"
+        _OUTCOMES[family] = f"not run: vLLM's CPU build does not run it ({_root_cause(tmp_path / 'plain.log', err, log)})"
         return
     finally:
         del plain
@@ -174,9 +184,6 @@ def test_zz_record_the_table():
     if os.environ.get("TPC_FAMILIES_RECORD") == "1":
         for family, outcome in _OUTCOMES.items():
             table.setdefault(family, {})["vllm"] = outcome
-        for family in FAMILIES:
-            if family not in TEXT_ONLY:
-                table.setdefault(family, {})["vllm"] = "not tested: the tiny multimodal checkpoint has no image processor"
         RECORD.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
         return
     for family, outcome in _OUTCOMES.items():

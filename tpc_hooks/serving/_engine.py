@@ -97,8 +97,12 @@ def expose(runner: Any, ids: list[int]) -> None:
     """The model returns the residual stream at ``ids`` beside its hidden states, and the runner
     hands them on (call before the warm-up compiles the model)."""
     model = runner.get_model()
+    arch = type(model).__name__
+    if not hasattr(model, "set_aux_hidden_state_layers"):  # a multimodal model: its language model may have it
+        get = getattr(model, "get_language_model", None)
+        inner = get() if callable(get) else None
+        model = inner if hasattr(inner, "set_aux_hidden_state_layers") else model
     if not hasattr(model, "set_aux_hidden_state_layers"):
-        arch = type(model).__name__
         raise TPCHooksError(f"vLLM's {arch} does not return intermediate hidden states (it does not implement "
                             "SupportsEagle3), which is how tpc-hooks reads the residual stream inside vLLM's compiled "
                             f"forward; monitor {arch} through transformers or nnsight instead")
