@@ -361,8 +361,9 @@ def branch_verdicts(hf: Any, layers: Any, layer_index: int) -> dict[str, str | N
     it right on this model, else why not. Checked once per layer, on one forward pass of four
     tokens: the residual stream entering the layer plus what attention adds must give the middle
     residual stream, and that plus what the MLP adds the layer's output, each to within the
-    rounding of one addition. A block that scales a branch before adding it (Granite), runs
-    attention and MLP in parallel (GPT-J) or adds another branch has no such sites here."""
+    rounding of one addition; or, in a parallel block (GPT-J, GPT-NeoX), the layer's input plus
+    both branches its output (:func:`judge_branches`). A block that scales a branch before adding
+    it (Granite) or adds a third term (Gemma 4) has no such sites here."""
     layer = layers[layer_index]
     if layer in _VERDICTS:
         return _VERDICTS[layer]

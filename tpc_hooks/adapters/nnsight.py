@@ -87,6 +87,8 @@ class NNsightAdapter(HFShape, Adapter):
         if s.kind in BRANCH and self.remote:
             raise TPCHooksError(f"{s.name}: with remote=True the nnsight adapter reads hook_resid_pre and "
                                 "hook_resid_post (a branch site is checked on a local forward pass first)")
+        if s.kind in BRANCH and getattr(self.model, "dispatched", True) is False:
+            self.model.dispatch()  # a model loaded lazily has meta weights until its first trace
         check_site(self.model._module, decoder_layers(self.model._module, self._path), s, self.toolkit)
         return s
 
