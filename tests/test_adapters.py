@@ -432,3 +432,18 @@ def test_a_pass_is_fresh_when_its_kv_cache_is_empty_under_any_of_its_names(name)
     assert spy.step(3, 2)[1]  # an empty cache: a fresh call
     spy(None, (), {})
     assert spy.step(3, 2)[1]
+
+
+def test_a_lazily_loaded_nnsight_model_checks_its_branch_sites_on_real_weights(tmp_path):
+    """LanguageModel(path) holds meta weights until its first trace: the branch-site check
+    dispatches it first, and what is collected is the saved model's own resid_mid."""
+    from nnsight import LanguageModel
+
+    hf_llama().save_pretrained(tmp_path)
+    tokenizer().save_pretrained(tmp_path)
+    lazy = LanguageModel(str(tmp_path), tokenizer=tokenizer())
+    assert lazy.dispatched is False
+    site = "blocks.1.hook_resid_mid"
+    got = tpc.collect(lazy, PROMPTS, site, "mean", progress=False)[site]
+    want = tpc.collect(named(hf_llama()), PROMPTS, site, "mean", progress=False)[site]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
