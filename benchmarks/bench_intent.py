@@ -71,7 +71,6 @@ from tpc_hooks.metrics import threshold_at_fpr
 from _activations import DEFAULT_MODEL, MODELS, cached_activations, digest, site
 from _results import add_results_argument, recording, results_path
 
-LAYERS = MODELS[DEFAULT_MODEL]["layers"]  # --model sets the model's own (MODELS)
 FPR, HARD_FPR = 0.01, 0.05
 CONSISTENCY = 0.03  # train_monitor's
 CASCADE_TAU = 0.2  # the demo's deployed monitor: train_monitor(..., tau=0.2)
@@ -184,11 +183,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the contrast recipe's weight (FitConfig.contrast: each harmful request ranked above its flip)")
     add_results_argument(ap, "bench_intent")
     args = ap.parse_args(argv)
-    global LAYERS
-    LAYERS = MODELS[args.model]["layers"]
-    args.layers = args.layers or [LAYERS[1]]
-    if not set(args.layers) <= set(LAYERS):
-        ap.error(f"--layers: {args.model} is collected at layers {list(LAYERS)}")
+    collected = MODELS[args.model]["layers"]
+    args.layers = args.layers or [collected[1]]
+    if not set(args.layers) <= set(collected):
+        ap.error(f"--layers: {args.model} is collected at layers {list(collected)}")
     if args.model != DEFAULT_MODEL:
         args.results_name += f"_{args.model}"  # results/bench_intent_gemma-3-270m.md beside SmolLM2's
     if args.cache is None:
@@ -411,11 +409,11 @@ def recipes(r: Rows, seed: int, weight: int, contrast: float):
 
 
 def site_choice(X: dict, sets: dict) -> None:
-    """The layer train_monitor's default picks among LAYERS: ``choose_site`` on its own training and
+    """The layer train_monitor's default picks among the collected layers (``X``'s): ``choose_site`` on its own training and
     validation rows (the worst validation group's order-1 recall at 1% FPR; deterministic)."""
     from tpc_hooks import choose_site
     data, groups = {}, None
-    for layer in LAYERS:
+    for layer in next(iter(X.values())):
         r = Rows(X, sets, layer)
         Xv, yv = r.val
         Xw, yw, gw = r.views

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tpc_hooks as tpc
-from tiny_models import (RESUME_PROMPTS, bridge, hf_gpt2, hf_llama, hooked_gpt2_style, interrupt_forward, named, nnsight_lm,
+from tiny_models import (RESUME_PROMPTS, assert_steps_score_as_offline, bridge, hf_gpt2, hf_llama, hooked_gpt2_style, interrupt_forward, named, nnsight_lm,
                          tokenizer, tiny_head)
 from tpc_hooks.adapters import get_adapter
 from tpc_hooks.pooling import pool
@@ -109,11 +109,8 @@ def test_generation_step_scores_equal_offline_scores(case, pooling):
     mon = tpc.Monitor(tiny_head(), SITE, pooling=pooling)
     run = mon.generate(model, PROMPTS, max_new_tokens=6)
     assert len({len(s) for s in run.sequences}) > 1 or len({run.prompt_lengths[b] for b in range(5)}) > 1
-    for b in range(len(PROMPTS)):
+    for b, offline in enumerate(assert_steps_score_as_offline(mon, model, run)):
         assert len(run.scores[b]) == len(run.generated(b)) + 1
-        prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
-        offline = mon.score(model, tokens=prefixes)
-        torch.testing.assert_close(run.logits[b], offline.logits, rtol=1e-4, atol=1e-4)
         assert torch.equal(run.exit_orders[b], offline.exit_order)
 
 

@@ -19,7 +19,7 @@ import torch
 
 import tpc_hooks as tpc
 from families import FAMILIES, LAYERS, build
-from tiny_models import bridge, nnsight_lm, tiny_head, tokenizer
+from tiny_models import assert_steps_score_as_offline, bridge, nnsight_lm, tiny_head, tokenizer
 from tpc_hooks.adapters import Site, get_adapter
 from tpc_hooks.adapters._sites import hook_name
 
@@ -104,11 +104,8 @@ def test_every_generated_step_scores_as_the_offline_monitor_scores_its_prefix(fa
         assert _drops_the_cache(toolkit) and re.search(r"KV cache did not grow .* install 'transformers<5.24'", str(err))
         _OUTCOMES.setdefault(family, {})[f"{toolkit}:generate"] = "refused: the KV cache does not grow"
         return
-    for b in range(len(PROMPTS)):
-        assert len(run.scores[b]) == len(run.generated(b)) + 1
-        prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
-        offline = mon.score(model, tokens=prefixes, tokenizer=_tok(toolkit))
-        torch.testing.assert_close(run.logits[b], offline.logits, rtol=1e-4, atol=1e-4)
+    assert all(len(run.scores[b]) == len(run.generated(b)) + 1 for b in range(len(PROMPTS)))
+    assert_steps_score_as_offline(mon, model, run, tokenizer=_tok(toolkit))
     _OUTCOMES.setdefault(family, {})[f"{toolkit}:generate"] = "pass"
 
 
@@ -164,10 +161,7 @@ def test_a_generation_at_a_branch_site_scores_as_offline(family, toolkit):
         except tpc.TPCHooksError as err:
             assert _drops_the_cache(toolkit) or "offers" in str(err), str(err)
             continue
-        for b in range(2):
-            prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
-            offline = mon.score(model, tokens=prefixes, tokenizer=_tok(toolkit))
-            torch.testing.assert_close(run.logits[b], offline.logits, rtol=1e-4, atol=1e-4)
+        assert_steps_score_as_offline(mon, model, run, tokenizer=_tok(toolkit))
 
 
 def _versions() -> dict[str, str]:

@@ -7,7 +7,7 @@ import torch
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
-from tiny_models import random_head
+from tiny_models import assert_steps_score_as_offline, random_head
 from tpc_hooks.adapters import get_adapter
 
 pytest.importorskip("transformer_lens")
@@ -83,9 +83,7 @@ def test_the_sites_inside_a_block_add_up_to_the_models_own_hidden_states(models,
 def test_generation_scores_equal_offline_scores(models, monitor, toolkit):
     model = models[toolkit]
     run = monitor.generate(model, PROMPTS, max_new_tokens=4)
-    for b in range(len(PROMPTS)):
-        prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
-        torch.testing.assert_close(run.logits[b], monitor.score(model, tokens=prefixes).logits, rtol=1e-3, atol=1e-3)
+    assert_steps_score_as_offline(monitor, model, run, tol=1e-3)
     assert run.texts(get_adapter(model).tokenizer)[0].strip()
 
 

@@ -5,6 +5,7 @@ import torch
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
+from tiny_models import assert_steps_score_as_offline
 
 pytest.importorskip("transformer_lens")
 pytest.importorskip("nnsight")
@@ -48,9 +49,7 @@ def test_both_toolkits_read_the_same_activations(models):
 def test_generation_scores_equal_offline_scores(models, monitor, toolkit):
     model = models[toolkit]
     run = monitor.generate(model, PROMPTS, max_new_tokens=4)
-    for b in range(len(PROMPTS)):
-        prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
-        torch.testing.assert_close(run.logits[b], monitor.score(model, tokens=prefixes).logits, rtol=1e-3, atol=1e-3)
+    assert_steps_score_as_offline(monitor, model, run, tol=1e-3)
     assert run.texts(model.tokenizer)[0].strip()
 
 

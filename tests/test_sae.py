@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import tpc_hooks as tpc
-from tiny_models import hf_llama, nnsight_lm
+from tiny_models import assert_steps_score_as_offline, hf_llama, nnsight_lm
 from tpc_hooks.adapters import get_adapter
 
 sae_lens = pytest.importorskip("sae_lens")
@@ -48,9 +48,7 @@ def test_monitor_on_latents_scores_generates_saves_and_refuses_another_sae(tmp_p
     model, sae = nnsight_lm(hf_llama()), make_sae()
     mon = tpc.Monitor(random_head(48), SITE, pooling="max", sae=sae)
     run = mon.generate(model, PROMPTS, max_new_tokens=4)
-    for b in range(5):
-        prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
-        torch.testing.assert_close(run.logits[b], mon.score(model, tokens=prefixes).logits, rtol=1e-4, atol=1e-4)
+    assert_steps_score_as_offline(mon, model, run)
     back = tpc.Monitor.load(mon.save(tmp_path / "m"), sae=sae)
     assert back.sae_identity == mon.sae_identity and back.sae_identity["d_sae"] == 48
     torch.testing.assert_close(back.score(model, PROMPTS).logits, mon.score(model, PROMPTS).logits)

@@ -25,7 +25,7 @@ vllm = pytest.importorskip("vllm")
 
 import tpc_hooks as tpc  # noqa: E402
 from families import FAMILIES, build  # noqa: E402
-from tiny_models import tiny_head, tokenizer  # noqa: E402
+from tiny_models import assert_steps_score_as_offline, tiny_head, tokenizer  # noqa: E402
 from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
 
 SITE = "blocks.2.hook_resid_post"
@@ -109,9 +109,7 @@ def _read(llm, model, atol: float = 1e-4) -> None:
         torch.testing.assert_close(acts[i], hs[3][0].mean(0), rtol=1e-4, atol=atol)
     mon = tpc.Monitor(tiny_head(), SITE, pooling="mean")
     run = mon.generate(llm, PROMPTS, max_new_tokens=6)
-    for b in range(len(PROMPTS)):
-        prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
-        torch.testing.assert_close(run.logits[b], mon.score(llm, tokens=prefixes).logits, rtol=1e-4, atol=1e-4)
+    assert_steps_score_as_offline(mon, llm, run)
     return [(list(run.sequences[b][:run.prompt_lengths[b]]), list(run.generated(b))) for b in range(len(PROMPTS))]
 
 

@@ -170,3 +170,15 @@ def tiny_chats(n):
     rng = np.random.default_rng(n)
     return [[{"role": ("user", "assistant")[t % 2], "content": " ".join(rng.choice(words, 4 + (t + i) % 6))}
              for t in range(5 + 2 * (i % 2))] for i in range(n)]
+
+
+def assert_steps_score_as_offline(monitor, model, run, tol: float = 1e-4, **score_kw):
+    """Every step of a monitored generation ``run`` scores (logit) as ``monitor.score`` scores the
+    same prefix offline (the prompt plus the tokens generated before the step), within ``tol``;
+    returns the offline results, one per sequence."""
+    offline = []
+    for b in range(len(run.scores)):
+        prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
+        offline.append(monitor.score(model, tokens=prefixes, **score_kw))
+        torch.testing.assert_close(run.logits[b], offline[-1].logits, rtol=tol, atol=tol)
+    return offline

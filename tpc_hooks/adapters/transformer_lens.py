@@ -71,9 +71,7 @@ BRIDGE_REFUSED: dict[str, BridgeRefusal] = {
                                  "runs it right)", fixed_in=4),
     "granitemoehybrid": BridgeRefusal("the bridge's forward fails on this hybrid (\"Original component not set for "
                                       "model.rotary_emb\")"),
-    "qwen3_5": BridgeRefusal(_GDN, fixed_in=4, transformers_from=(5, 24)),
-    "qwen3_5_text": BridgeRefusal(_GDN, fixed_in=4, transformers_from=(5, 24)),
-    "qwen3_next": BridgeRefusal(_GDN, fixed_in=4, transformers_from=(5, 24)),
+    **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_next"), BridgeRefusal(_GDN, fixed_in=4, transformers_from=(5, 24))),
 }
 
 
