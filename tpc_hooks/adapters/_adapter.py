@@ -1,8 +1,8 @@
 """What every adapter provides, and how one is chosen for a model."""
 
 import importlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
@@ -160,6 +160,30 @@ class Adapter:
         raise NotImplementedError
         yield  # pragma: no cover
 
+    @contextmanager
+    def observe_sites(self, sites: Sequence[Site], fn: Callable[[dict[str, Tensor], Tensor, bool], None]) -> Iterator[None]:
+        """:meth:`observe` for several sites at once: ``fn(acts {site name: [B, T, D]}, new_mask,
+        fresh)`` once per forward pass, when the deepest of ``sites`` has been computed (each
+        site read once, however many readers it has); hooks are removed on exit."""
+        order = sorted(set(sites), key=lambda s: s.depth)
+        if not order:
+            raise TPCHooksError("observe_sites needs at least one site")
+        got: dict[str, Tensor] = {}
+
+        def reader(site: Site, deepest: bool) -> Callable[[Tensor, Tensor, bool], None]:
+            def read(acts: Tensor, mask: Tensor, fresh: bool) -> None:
+                got[site.name] = acts
+                if deepest:  # the pass has reached every site: hand them over, start the next pass afresh
+                    seen = dict(got)
+                    got.clear()
+                    fn(seen, mask, fresh)
+            return read
+
+        with ExitStack() as stack:
+            for i, site in enumerate(order):
+                stack.enter_context(self.observe(site, reader(site, i == len(order) - 1)))
+            yield
+
     def hf_model(self) -> Any:
         """The underlying Hugging Face model, when there is one (None for HookedTransformer)."""
         return None
@@ -171,20 +195,21 @@ class Adapter:
         return model_lock(hf if hf is not None else self.model)
 
     @torch.no_grad()
-    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | None, max_new_tokens: int,
-               on_step: Any) -> None:
+    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | Sequence[Site] | None,
+               max_new_tokens: int, on_step: Any) -> None:
         """Runs the prompt, then one token per forward pass with the model's KV cache.
 
         After every forward pass ``on_step(acts [B, t, D], mask [B, t], last_logits [B, V])``
         returns ``(next_tokens [B], live [B] bool)`` to feed one more step, or None to end.
-        ``site=None`` attaches no hook and passes ``acts=None`` (the unmonitored baseline).
+        ``site=None`` attaches no hook and passes ``acts=None`` (the unmonitored baseline); a
+        list of sites passes ``acts`` as ``{site name: [B, t, D]}``, each site read once.
         Hooks are removed however the loop ends.
 
         This default drives the underlying Hugging Face model directly, as its own ``generate``
         does (Hugging Face cache, positions from the mask, only the last position through the
         LM head, no mask at all when a host ``attention_mask`` has no padding), and reads the
         site through :meth:`observe`. The last pass (the token after ``max_new_tokens``, fed
-        only to be scored) stops at the site's layer, or is not run when there is no site: its
+        only to be scored) stops at the (deepest) site's layer, or is not run when there is no site: its
         ``last_logits`` are the pass before's, and ``on_step`` must return None for it.
         """
         hf = self.hf_model()

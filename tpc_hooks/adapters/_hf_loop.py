@@ -1,5 +1,6 @@
 """The Hugging Face decode loop: a causal LM run one token per forward pass with its KV cache."""
 
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
 
@@ -12,19 +13,20 @@ from ._hf import StopPass, cache_dropped, cache_kwarg
 from ._sites import Site
 
 
-def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, site: Site | None,
+def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, site: Site | Sequence[Site] | None,
               max_new_tokens: int, on_step: Any) -> None:
     """The default :meth:`~tpc_hooks.adapters.Adapter.decode` (documented there): ``adapter``'s
-    underlying Hugging Face model ``hf`` driven directly, the site read through ``adapter.observe``."""
+    underlying Hugging Face model ``hf`` driven directly, the sites read through ``adapter.observe_sites``."""
     from transformers import DynamicCache
 
     seen: dict[str, Any] = {"last": False}
+    sites = [site] if isinstance(site, Site) else list(site or ())
 
-    def read(acts: Tensor, m: Tensor, fresh: bool) -> None:
-        seen["acts"] = acts
-        if seen["last"]:  # nothing after the site is needed: end the pass here
+    def read(acts: dict[str, Tensor], m: Tensor, fresh: bool) -> None:
+        seen["acts"] = acts[site.name] if isinstance(site, Site) else acts
+        if seen["last"]:  # nothing after the deepest site is needed: end the pass here
             raise StopPass
-    watch = adapter.observe(site, read) if site else nullcontext()
+    watch = adapter.observe_sites(sites, read) if sites else nullcontext()
     # no padding, known on the host without reading the device: like HF generate, pass no mask (the model
     # then checks none per step, a sync on a GPU); a row that ends is fed padding nobody reads
     unpadded = attention_mask.device.type == "cpu" and bool(attention_mask.all())
@@ -42,7 +44,7 @@ def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, 
             else:
                 kw = {"attention_mask": mask, "position_ids": positions(mask)[:, -n:]}
             cached += n
-            if not (seen["last"] and site is None):
+            if not (seen["last"] and not sites):
                 try:
                     out = hf(input_ids=ids, **kw, **{cache_name: cache}, use_cache=True, logits_to_keep=1)
                     logits = out.logits[:, -1]
@@ -50,8 +52,9 @@ def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, 
                 except StopPass:
                     pass
             acts = seen.pop("acts", None)
-            if site is not None and acts is None:
-                raise TPCHooksError(f"the hook at {site.name} did not fire; is the site valid for this model?")
+            if sites and acts is None:
+                raise TPCHooksError(f"the hook at {max(sites, key=lambda s: s.depth).name} did not fire; is the site "
+                                    "valid for this model?")
             nxt = on_step(acts, step_mask, logits)
             if nxt is None:
                 return

@@ -12,7 +12,7 @@ Hugging Face decode loop of :class:`~tpc_hooks.adapters.Adapter`.
 """
 
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -186,29 +186,36 @@ class TransformerLensAdapter(Adapter):
         return self.model.original_model if self.is_bridge else None
 
     @torch.no_grad()
-    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | None, max_new_tokens: int,
-               on_step: Callable[[Tensor, Tensor, Tensor], Any]) -> None:
+    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | Sequence[Site] | None,
+               max_new_tokens: int, on_step: Callable[[Any, Tensor, Tensor], Any]) -> None:
         """The bridge uses the shared Hugging Face loop (its hook points live in the rewired HF
         layers, so they fire); HookedTransformer runs its own forward with
         ``TransformerLensKeyValueCache`` and an explicit mask, its last pass stopping after the
-        site's block (see :meth:`Adapter.decode`)."""
+        (deepest) site's block (see :meth:`Adapter.decode`)."""
         if self.is_bridge:
             return super().decode(input_ids, attention_mask, site, max_new_tokens, on_step)
         from transformer_lens import TransformerLensKeyValueCache
 
         cap = _Capture()
         ids, step_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        name = site.name if site is not None else None  # None: no hook (the unmonitored baseline)
+        sites = [site] if isinstance(site, Site) else list(dict.fromkeys(site or ()))  # none: the unmonitored baseline
+        names = [s.name for s in sites]
+        deepest = max((s.layer for s in sites), default=0)
         logits = None
-        with self.model.hooks(fwd_hooks=[(name, this_thread(cap.hook(name)))] if name else []):
+
+        def acts() -> Any:
+            if not sites:
+                return None
+            return cap.take(names[0]) if isinstance(site, Site) else {n: cap.take(n) for n in names}
+        with self.model.hooks(fwd_hooks=[(n, this_thread(cap.hook(n))) for n in names]):
             cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.device, ids.shape[0])
             for i in range(max_new_tokens + 1):
                 # the cache keeps the mask of every earlier step; each call passes only its own
                 if i < max_new_tokens or i == 0:
                     logits = self.model(ids, attention_mask=step_mask, past_kv_cache=cache)[:, -1]
-                elif name:  # the last token is fed only to be scored: up to the site's block
-                    self.model(ids, attention_mask=step_mask, past_kv_cache=cache, stop_at_layer=site.layer + 1)
-                nxt = on_step(cap.take(name) if name else None, step_mask, logits)
+                elif sites:  # the last token is fed only to be scored: up to the deepest site's block
+                    self.model(ids, attention_mask=step_mask, past_kv_cache=cache, stop_at_layer=deepest + 1)
+                nxt = on_step(acts(), step_mask, logits)
                 if nxt is None:
                     return
                 tokens, live = nxt
