@@ -24,7 +24,9 @@ from .head._polynomial import TPC as TPC
 from .head._polynomial import Cost as Cost
 from .monitoring._monitor import Monitor as Monitor
 from .monitoring._monitor_config import MonitorConfig as MonitorConfig
+from .monitoring._set import MonitorSet as MonitorSet
 from .monitoring._records import GenerationRun as GenerationRun
+from .monitoring._records import MonitorSetRun as MonitorSetRun
 from .monitoring._records import TokenScores as TokenScores
 from .monitoring._records import MonitorEvent as MonitorEvent
 from .monitoring._records import WatchLog as WatchLog
@@ -51,6 +53,8 @@ __all__ = [
     "choose_site",
     "Monitor",
     "MonitorConfig",
+    "MonitorSet",
+    "MonitorSetRun",
     "MonitorEvent",
     "TokenScores",
     "GenerationRun",

@@ -7,7 +7,7 @@ keep a running pool per sequence and score it with the monitor's policy every st
 """
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -83,11 +83,54 @@ class StepScores:
                              flops=self.spent, degree=res.degree)
 
 
+class Lane:
+    """One monitor's part in a monitored pass: the site it reads, its running scores, its
+    threshold, whether its flags end a row (``action="stop"``) and the run it records. A
+    :class:`Monitor` runs as one lane; a :class:`~tpc_hooks.MonitorSet` as one per member, all
+    fed by the same forward passes (each site read once)."""
+
+    def __init__(self, name: str | None, monitor: Any, scores: StepScores, action: str, what: str):
+        self.name, self.monitor, self.scores = name, monitor, scores
+        self.site = monitor.site
+        self.threshold = float(monitor.threshold)
+        self.stops = action == "stop"
+        self.what = what
+        self.log = GenerationRun._recording(self.threshold, what)
+
+    def update(self, acts: dict[str, Tensor], mask: Tensor) -> CascadeResult:
+        return self.scores.update(acts[self.site], mask)
+
+
+def lanes_of(monitor: Any, what: str, *, order: int | None = None, cascade: float | Cascade | None = None,
+             action: Any = "flag") -> list[Lane]:
+    """The lanes a monitor or a set runs: a :class:`Monitor` with ``order``/``cascade``/``action``
+    (a callable action: decided by the loop, recorded as ``"flag"``), a set with its members'
+    own policies and actions (``action``: one for all, or a dict by name; None: the set's)."""
+    members = getattr(monitor, "_lanes", None)
+    if members is None:
+        return [Lane(None, monitor, StepScores(monitor, order, cascade), action if isinstance(action, str) else "flag",
+                     what)]
+    if order is not None or cascade is not None:
+        raise TPCHooksError("a MonitorSet scores each member with its own policy: set order/cascade on the member "
+                            "(monitor.cascade = ...), not on the set's call")
+    return [Lane(name, m, StepScores(m), act, f"{what} ({name})") for name, m, act in members(action)]
+
+
+def check_action(action: Any, *, allow_callable: bool = True) -> None:
+    if not (action in ("flag", "stop") or (allow_callable and callable(action))):
+        if allow_callable:
+            raise TPCHooksError(f"action must be 'flag', 'stop' or a callable; got {action!r}")
+        raise TPCHooksError(f"a MonitorSet's action must be 'flag' or 'stop' (for all, or by name); got {action!r}. "
+                            "A callable action decides for one monitor alone: monitor.generate(..., action=f)")
+
+
 @torch.no_grad()
-def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
+def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: int = 32,
+             action: str | Callable | Mapping[str, str] | None = "flag", *,
              order: int | None = None, cascade: float | Cascade | None = None, do_sample: bool = False,
-             temperature: float = 1.0, seed: int = 0, stop_at_eos: bool = True, tokenizer: Any = None) -> GenerationRun:
-    """See :meth:`tpc_hooks.Monitor.generate`.
+             temperature: float = 1.0, seed: int = 0, stop_at_eos: bool = True, tokenizer: Any = None) -> Any:
+    """See :meth:`tpc_hooks.Monitor.generate` (and :meth:`tpc_hooks.MonitorSet.generate`: ``monitor``
+    a set, whose lanes share every pass; returns a :class:`~tpc_hooks.MonitorSetRun`).
 
     Every step's scores, liveness and tokens stay on the model's device and reach the host once,
     at the end. Per step the loop reads one bool back (whether any row goes on, as Hugging
@@ -98,13 +141,14 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     items = check_prompts(prompts)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise TPCHooksError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
-    if not (action in ("flag", "stop") or callable(action)):
-        raise TPCHooksError(f"action must be 'flag', 'stop' or a callable; got {action!r}")
+    is_set = hasattr(monitor, "_lanes")
+    if not is_set or action is not None:
+        for a in (action.values() if is_set and isinstance(action, dict) else [action]):
+            check_action(a, allow_callable=not is_set)
     if do_sample and not temperature > 0:
         raise TPCHooksError(f"temperature must be positive; got {temperature!r}")
-    site = adapter.site(monitor.site)
-    scores_ = StepScores(monitor, order, cascade)
-    threshold = float(monitor.threshold)
+    lanes = lanes_of(monitor, "monitor.generate", order=order, cascade=cascade, action=action)
+    sites = [adapter.site(lane.site) for lane in lanes]
     tok = adapter.tokenizer
     ids, _ = adapter.tokenize(items, chat_template=monitor.chat_template, max_tokens=monitor.max_tokens,
                               prepend_bos=monitor.prepend_bos)
@@ -114,7 +158,6 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     input_ids, mask = pad(ids, pad_id(tok), "left")
     B = len(ids)
     eos = getattr(tok, "eos_token_id", None) if stop_at_eos else None
-    log = GenerationRun._recording(threshold, "monitor.generate")  # per step: the scores and the rows scored
     tokens: list[Tensor] = []  # per step after the first: the token fed to each row (pad on ended rows)
     fed: list[Tensor] = []  # ... and which rows it was fed to
     stopped: list[int | None] = [None] * B  # for a callable action: the step it asked to stop
@@ -126,21 +169,24 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         tk, on = torch.stack(tokens)[:, b].tolist(), torch.stack(fed)[:, b].tolist()
         return list(ids[b]) + [x for x, f in zip(tk, on) if f]
 
-    def on_step(acts: Tensor, step_mask: Tensor, last_logits: Tensor):
+    def on_step(acts: dict[str, Tensor], step_mask: Tensor, last_logits: Tensor):
         t, device = state["t"], last_logits.device
         live = state["live"] if t else torch.ones(B, dtype=torch.bool, device=device)
-        res = scores_.update(acts, step_mask)
-        log._append(res, live)
-        hit = live & flagged(res.decision_logits, threshold).to(device)
-        done = hit if action == "stop" else torch.zeros_like(live)
-        if callable(action):
-            rows = hit.nonzero().flatten().tolist()  # the callable decides on the host, now
-            if rows:
-                probs, exits = res.probs[rows].tolist(), res.exit_order[rows].tolist()
-                for j, b in enumerate(rows):
-                    if action(MonitorEvent(row=b, step=t, score=probs[j], exit_order=exits[j], tokens=row_tokens(b))):
-                        stopped[b] = t
-                        done[b] = True
+        done = torch.zeros_like(live)
+        for lane in lanes:
+            res = lane.update(acts, step_mask)
+            lane.log._append(res, live)
+            hit = live & flagged(res.decision_logits, lane.threshold).to(device)
+            if lane.stops:
+                done = done | hit
+            if callable(action):
+                rows = hit.nonzero().flatten().tolist()  # the callable decides on the host, now
+                if rows:
+                    probs, exits = res.probs[rows].tolist(), res.exit_order[rows].tolist()
+                    for j, b in enumerate(rows):
+                        if action(MonitorEvent(row=b, step=t, score=probs[j], exit_order=exits[j], tokens=row_tokens(b))):
+                            stopped[b] = t
+                            done[b] = True
         if t > 0 and eos is not None:  # the token fed at this step was EOS: the row ends after it is scored
             done = done | (tokens[-1] == eos)
         live = live & ~done
@@ -161,22 +207,24 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         return nxt, live
 
     with adapter.exclusive():  # the loop's passes are this thread's alone
-        adapter.decode(input_ids, mask, site, max_new_tokens, on_step)
+        adapter.decode(input_ids, mask, sites, max_new_tokens, on_step)
     seqs = [list(t) for t in ids]
     if tokens:
         tk, on = torch.stack(tokens).cpu(), torch.stack(fed).cpu()
         seqs = [seqs[b] + tk[on[:, b], b].tolist() for b in range(B)]
-    log.sequences, log.prompt_lengths, log.tokenizer = seqs, [len(t) for t in ids], tok
-    if action != "stop":  # "stop": each row's first flagged step
-        log._flags["stopped_at"] = stopped
-    log._copy()  # the one host copy of every step (and the NaN warning), before the run is returned
-    return log
+    for lane in lanes:
+        log = lane.log
+        log.sequences, log.prompt_lengths, log.tokenizer = seqs, [len(t) for t in ids], tok
+        if not lane.stops:  # "stop": each row's first flagged step
+            log._flags["stopped_at"] = stopped if callable(action) else [None] * B
+        log._copy()  # the one host copy of every step (and the NaN warning), before the run is returned
+    return monitor._result({lane.name: lane.log for lane in lanes}) if is_set else lanes[0].log
 
 
 def _engine_run(monitor: Any, adapter: Any, ids: list[list[int]], max_new_tokens: int, action: Any, *,
-                order: int | None, cascade: float | Cascade | None, **sampling: Any) -> GenerationRun:
+                order: int | None, cascade: float | Cascade | None, **sampling: Any) -> Any:
     """:func:`generate` through a serving engine that runs its own loop and scores in its workers
-    (vLLM): the steps come back per request, the run is built from them."""
+    (vLLM): the steps come back per request (and per member of a set), the runs are built from them."""
     if callable(action):
         raise TPCHooksError(f"a callable action decides on the host every step; {adapter.toolkit} scores and stops "
                             "requests inside its workers: use action='flag' or 'stop'")
@@ -185,16 +233,24 @@ def _engine_run(monitor: Any, adapter: Any, ids: list[list[int]], max_new_tokens
         monitor = type(monitor)(monitor.head, config=monitor.config, cascade=cascade)
         cascade = None
     got = adapter.generate(monitor, ids, max_new_tokens, action, order=order,
-                           cascade=None if cascade is None else float(cascade), **sampling)["rows"]
+                           cascade=None if cascade is None else float(cascade), **sampling)
+    is_set = hasattr(monitor, "_lanes")
+    runs = {name: _engine_rows(m, adapter, ids, got["tokens"], got["runs"][name])
+            for name, m, _ in (monitor._lanes(action) if is_set else [("", monitor, action)])}
+    return monitor._result(runs) if is_set else runs[""]
+
+
+def _engine_rows(monitor: Any, adapter: Any, ids: list[list[int]], tokens: list[list[int]],
+                 got: list[dict[str, Any]]) -> GenerationRun:
+    """One monitor's :class:`GenerationRun` from the steps an engine's workers recorded."""
     as_tensor = lambda k, dtype: [torch.tensor(r[k], dtype=dtype) for r in got]
-    run = GenerationRun(sequences=[list(p) + r["tokens"] for p, r in zip(ids, got)],
+    run = GenerationRun(sequences=[list(p) + t for p, t in zip(ids, tokens)],
                         prompt_lengths=[len(p) for p in ids], scores=as_tensor("probs", torch.float32),
                         logits=as_tensor("logits", torch.float32),
                         decision_logits=as_tensor("decision_logits", torch.float32),
                         exit_orders=as_tensor("exit_order", torch.long), flops=as_tensor("flops", torch.long),
                         threshold=float(monitor.threshold), tokenizer=adapter.tokenizer)
-    firsts = run.first_flagged
-    run._flags["stopped_at"] = firsts if action == "stop" else [None] * len(ids)
+    run._flags["stopped_at"] = [r["stopped_at"] for r in got]
     steps = max((len(s) for s in run.scores), default=0)
     padded = torch.full((steps, len(ids)), 0.0)
     for b, s in enumerate(run.scores):
@@ -205,34 +261,38 @@ def _engine_run(monitor: Any, adapter: Any, ids: list[list[int]], max_new_tokens
 
 @contextmanager
 def watch(monitor: Any, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
-          on_flag: Callable[[MonitorEvent], Any] | None = None, tokenizer: Any = None) -> Iterator[WatchLog]:
-    """See :meth:`tpc_hooks.Monitor.watch`."""
+          on_flag: Callable[[MonitorEvent], Any] | None = None, tokenizer: Any = None) -> Iterator[Any]:
+    """See :meth:`tpc_hooks.Monitor.watch` (a set: one :class:`WatchLog` per member, by name)."""
     adapter = monitor._adapter(model, tokenizer=tokenizer)
-    site = adapter.site(monitor.site)
-    scores_ = StepScores(monitor, order, cascade)
-    threshold = float(monitor.threshold)
-    log = WatchLog(threshold=threshold)
+    lanes = lanes_of(monitor, "monitor.watch", order=order, cascade=cascade)
+    sites = [adapter.site(lane.site) for lane in lanes]
+    logs = [WatchLog(threshold=lane.threshold) for lane in lanes]
 
-    def on_acts(acts: Tensor, mask: Tensor, fresh: bool) -> None:
-        if fresh:
-            scores_.reset()
-        with torch.no_grad():
-            res = scores_.update(acts, mask)
-        log.results.append(res)
-        log.fresh.append(fresh)
-        log.new_tokens.append(int(acts.shape[1]))
-        if on_flag is not None:
-            # the callback decides on the host: one copy per step, not one per flagged row
-            hits, probs, exits = flagged(res.decision_logits, threshold).tolist(), res.probs.tolist(), res.exit_order.tolist()
-            for b in (b for b, f in enumerate(hits) if f):
-                on_flag(MonitorEvent(row=b, step=len(log) - 1, score=probs[b], exit_order=exits[b], tokens=[]))
+    def on_acts(acts: dict[str, Tensor], mask: Tensor, fresh: bool) -> None:
+        for lane, log in zip(lanes, logs):
+            if fresh:
+                lane.scores.reset()
+            with torch.no_grad():
+                res = lane.update(acts, mask)
+            log.results.append(res)
+            log.fresh.append(fresh)
+            log.new_tokens.append(int(mask.shape[1]))
+            if on_flag is not None:
+                # the callback decides on the host: one copy per step, not one per flagged row
+                hits = flagged(res.decision_logits, lane.threshold).tolist()
+                probs, exits = res.probs.tolist(), res.exit_order.tolist()
+                for b in (b for b, f in enumerate(hits) if f):
+                    on_flag(MonitorEvent(row=b, step=len(log) - 1, score=probs[b], exit_order=exits[b], tokens=[],
+                                         monitor=lane.name))
 
-    with adapter.observe(site, on_acts):
-        yield log
-    if log.results:  # one read at the end: did any call score NaN?
-        bad = torch.stack([r.probs.isnan().sum() for r in log.results]).cpu()
-        if bool(bad.any()):
-            warnings.warn(
-                f"monitor.watch: the monitor's site held NaN/inf activations in {int((bad > 0).sum())} of {len(bad)} "
-                f"forward passes (first: call {int(bad.nonzero()[0])}); those rows' scores are NaN and count as "
-                "flagged. An overflowing float16 forward pass is a common cause", RuntimeWarning, stacklevel=3)
+    with adapter.observe_sites(sites, on_acts):
+        yield dict(zip([lane.name for lane in lanes], logs)) if hasattr(monitor, "_lanes") else logs[0]
+    for lane, log in zip(lanes, logs):
+        if log.results:  # one read at the end: did any call score NaN?
+            bad = torch.stack([r.probs.isnan().sum() for r in log.results]).cpu()
+            if bool(bad.any()):
+                who = "monitor.watch" if lane.name is None else f"monitor.watch ({lane.name})"
+                warnings.warn(
+                    f"{who}: the monitor's site held NaN/inf activations in {int((bad > 0).sum())} of {len(bad)} "
+                    f"forward passes (first: call {int(bad.nonzero()[0])}); those rows' scores are NaN and count as "
+                    "flagged. An overflowing float16 forward pass is a common cause", RuntimeWarning, stacklevel=3)

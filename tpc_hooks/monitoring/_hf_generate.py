@@ -24,7 +24,7 @@ from transformers import LogitsProcessor, StoppingCriteria
 from ..adapters import Adapter, Site
 from ..head._errors import TPCHooksError
 from ..head._kernel import flagged
-from ._generation import StepScores
+from ._generation import Lane, lanes_of
 from ._records import GenerationRun
 
 
@@ -33,13 +33,11 @@ class _Run:
     the hooks themselves. It never refers to the criterion or processor that owns it, so the
     model's hooks do not keep that one alive, and its ``weakref.finalize`` can remove them."""
 
-    def __init__(self, monitor: Any, adapter: Adapter, site: Site, *, what: str, usage: str, scores: StepScores,
+    def __init__(self, monitor: Any, adapter: Adapter, sites: list[Site], *, what: str, usage: str, lanes: list[Lane],
                  eos: Tensor | None):
         self.monitor, self.what, self.usage = monitor, what, usage
-        self.scores = scores
-        self.threshold = float(monitor.threshold)
+        self.lanes = lanes  # a lone monitor: one lane, which stops; a MonitorSet: one per member, each its own action
         self.eos = eos
-        self.log = GenerationRun._recording(self.threshold, "the monitor inside generate")
         self.started = False  # a pass of this generation has been scored
         self.hit: Tensor | None = None
         self.decided = False
@@ -50,8 +48,15 @@ class _Run:
         self.forced: Tensor | None = None
         self.stack: ExitStack | None = None
         stack = ExitStack()
-        stack.enter_context(adapter.observe(site, self.on_acts))
+        stack.enter_context(adapter.observe_sites(sites, self.on_acts))
         self.stack = stack
+
+    @property
+    def log(self) -> Any:
+        """A lone monitor's run; a set's runs by name (:class:`~tpc_hooks.MonitorSetRun`)."""
+        if len(self.lanes) == 1 and self.lanes[0].name is None:
+            return self.lanes[0].log
+        return self.monitor._result({lane.name: lane.log for lane in self.lanes})
 
     def close(self) -> None:
         stack, self.stack = self.stack, None
@@ -59,23 +64,26 @@ class _Run:
             stack.close()
 
     # ------------------------------------------------------------------ per forward pass
-    def on_acts(self, acts: Tensor, mask: Tensor, fresh: bool) -> None:
+    def on_acts(self, acts: dict[str, Tensor], mask: Tensor, fresh: bool) -> None:
         try:
             self._on_acts(acts, mask, fresh)
         except BaseException:
             self.close()
             raise
 
-    def _on_acts(self, acts: Tensor, mask: Tensor, fresh: bool) -> None:
-        B, device = acts.shape[0], acts.device
-        continuing_prefill = not fresh and self.started and not self.decided and acts.shape[1] > 1
+    def _on_acts(self, acts: dict[str, Tensor], mask: Tensor, fresh: bool) -> None:
+        B, device = mask.shape[0], next(iter(acts.values())).device
+        continuing_prefill = not fresh and self.started and not self.decided and mask.shape[1] > 1
         if fresh or not self.started:
             if self.served:  # a pass after this object's generation is not its to score; a second generate
                 self.close()  # that passes it is refused at its first call
                 return
-            self.scores.reset()
+            for lane in self.lanes:
+                lane.scores.reset()
+                lane.log = GenerationRun._recording(lane.threshold, lane.what)
+                if not lane.stops:  # a member that only flags stops no row
+                    lane.log._flags["stopped_at"] = [None] * B
             self.started = True
-            self.log = GenerationRun._recording(self.threshold, "the monitor inside generate")
             self.monitor.last_generate_log = self.log
             self.t = 0
             self.live = torch.ones(B, dtype=torch.bool, device=device)
@@ -89,14 +97,18 @@ class _Run:
                 )
             self.live = self.live & ~self.done
             self.t += 1
-        res = self.scores.update(acts, mask)
-        if fresh or continuing_prefill or self.t == 0:  # the prompt's pass(es): the prompt's tokens are cut by it
-            self.log._prompt_mask(mask, first=not continuing_prefill)
-        if continuing_prefill:  # a chunked prefill: the prompt's step is not over
-            self.log._replace_last(res, self.live)
-        else:
-            self.log._append(res, self.live)
-        self.hit = flagged(res.decision_logits, self.threshold)
+        hit = torch.zeros(B, dtype=torch.bool, device=device)
+        for lane in self.lanes:
+            res = lane.update(acts, mask)
+            if fresh or continuing_prefill or self.t == 0:  # the prompt's pass(es): the prompt's tokens are cut by it
+                lane.log._prompt_mask(mask, first=not continuing_prefill)
+            if continuing_prefill:  # a chunked prefill: the prompt's step is not over
+                lane.log._replace_last(res, self.live)
+            else:
+                lane.log._append(res, self.live)
+            if lane.stops:
+                hit = hit | flagged(res.decision_logits, lane.threshold).to(device)
+        self.hit = hit
         self.decided = False
 
     # ------------------------------------------------------------------ per call from generate
@@ -106,7 +118,8 @@ class _Run:
         stop = self.live & self.hit
         # generate has appended this step's token: an EOS there ends the row, as generate's own criterion does
         self.done = stop | self._ended(input_ids)
-        self.log._set_inputs(input_ids, complete=True)  # every appended token: the run's sequences are cut from it
+        for lane in self.lanes:  # every appended token: the run's sequences are cut from it
+            lane.log._set_inputs(input_ids, complete=True)
         self._called(input_ids, self.live & ~self.done)
         return stop.to(input_ids.device)
 
@@ -115,7 +128,8 @@ class _Run:
         self._check_call(input_ids)
         if self.t > 0:  # a row whose last token is EOS ended before this step's forward pass
             self.live = self.live & ~self._ended(input_ids)
-            self.log._replace_last(live=self.live)
+            for lane in self.lanes:
+                lane.log._replace_last(live=self.live)
         stop = self.live & self.hit
         self.stopped = self.stopped | stop
         self.done = stop
@@ -174,7 +188,7 @@ class _Monitoring:
     _usage = ""
 
     def __init__(self, monitor: Any, model: Any, *, tokenizer: Any, order: int | None, cascade: Any,
-                 eos_token_id: int | list[int] | None):
+                 eos_token_id: int | list[int] | None, action: Any = None):
         adapter = monitor._adapter(model, tokenizer=tokenizer)
         hf = adapter.hf_model()
         if hf is None:
@@ -185,8 +199,10 @@ class _Monitoring:
             )
         eos = _eos_ids(eos_token_id, hf, tokenizer)
         self._check_eos(eos)
-        run = _Run(monitor, adapter, adapter.site(monitor.site), what=self._what, usage=self._usage,
-                   scores=StepScores(monitor, order, cascade), eos=eos)
+        lanes = lanes_of(monitor, "the monitor inside generate", order=order, cascade=cascade,
+                         action=action if hasattr(monitor, "_lanes") else "stop")
+        run = _Run(monitor, adapter, [adapter.site(lane.site) for lane in lanes], what=self._what, usage=self._usage,
+                   lanes=lanes, eos=eos)
         self._run = run
         # run.close, not a method of self: the finalizer must not keep self alive
         self._finalizer = weakref.finalize(self, run.close)
@@ -195,9 +211,10 @@ class _Monitoring:
         pass
 
     @property
-    def log(self) -> GenerationRun:
-        """The :class:`~tpc_hooks.GenerationRun` of the ``generate`` call this object served; it stays
-        readable after the hooks are removed."""
+    def log(self) -> Any:
+        """The :class:`~tpc_hooks.GenerationRun` of the ``generate`` call this object served (a
+        :class:`~tpc_hooks.MonitorSet`'s: a :class:`~tpc_hooks.MonitorSetRun`); it stays readable
+        after the hooks are removed."""
         return self._run.log
 
     @property

@@ -6,7 +6,7 @@ the model (:meth:`Monitor.generate`'s own loop, the Hugging Face ``generate`` ho
 
 import html
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,7 @@ class MonitorEvent:
     score: float
     exit_order: int
     tokens: list[int]
+    monitor: str | None = None  # the member of a MonitorSet that flagged it (None: a lone monitor)
 
 
 _PER_ROW = ("scores", "logits", "exit_orders", "flops", "decision_logits")
@@ -255,6 +256,91 @@ class GenerationRun:
         if self.tokenizer is not None and self.sequences is not None:
             return str(self.to_html())
         return f"<pre>{html.escape(repr(self))}</pre>"
+
+
+class MonitorSetRun(Mapping[str, GenerationRun]):
+    """A :class:`~tpc_hooks.MonitorSet`'s monitored generation: each member's
+    :class:`GenerationRun` under its name (``run["harm"].scores[b]``), all over the same
+    sequences, plus per row the step it was stopped at and the member that stopped it.
+
+    Example:
+        >>> import torch, tpc_hooks as tpc
+        >>> one = lambda s: tpc.GenerationRun(sequences=[[5, 6, 7]], prompt_lengths=[2], scores=[torch.tensor(s)],
+        ...                                   logits=[torch.tensor(s)], exit_orders=[torch.tensor([1, 1])],
+        ...                                   flops=[torch.tensor([1, 1])])
+        >>> run = tpc.MonitorSetRun({"harm": one([0.1, 0.9]), "pii": one([0.7, 0.2])})
+        >>> run.flagged_by, run["harm"].first_flagged
+        ([['harm', 'pii']], [1])
+    """
+
+    def __init__(self, runs: Mapping[str, GenerationRun]):
+        if not runs:
+            raise TPCHooksError("a MonitorSetRun needs at least one member's run")
+        self._runs = dict(runs)
+
+    def __getitem__(self, name: str) -> GenerationRun:
+        if name not in self._runs:
+            raise KeyError(f"{name!r} is not a member of this run ({list(self._runs)})")
+        return self._runs[name]
+
+    def __iter__(self) -> Any:
+        return iter(self._runs)
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def __repr__(self) -> str:
+        first = self._first
+        n = len(first.scores)
+        return (f"MonitorSetRun(members={list(self._runs)}, rows={n}, steps={first.steps}, "
+                f"stopped={sum(s is not None for s in self.stopped_at)}/{n})")
+
+    @property
+    def _first(self) -> GenerationRun:
+        return next(iter(self._runs.values()))
+
+    # ------------------------------------------------------------------ shared by the members
+    sequences = property(lambda self: self._first.sequences, doc="Per row: prompt + generated tokens (shared).")
+    prompt_lengths = property(lambda self: self._first.prompt_lengths, doc="Per row: prompt tokens in ``sequences``.")
+    tokenizer = property(lambda self: self._first.tokenizer)
+
+    def generated(self, b: int) -> list[int]:
+        """The generated tokens of sequence ``b``."""
+        return self._first.generated(b)
+
+    def texts(self, tokenizer: Any) -> list[str]:
+        """The generated text of every sequence."""
+        return self._first.texts(tokenizer)
+
+    # ------------------------------------------------------------------ per row, across the members
+    @property
+    def stopped_at(self) -> list[int | None]:
+        """Per row: the step at which a stopping member ended it, or None."""
+        per = [run.stopped_at for run in self._runs.values()]
+        return [min((s for s in col if s is not None), default=None) for col in zip(*per)]
+
+    @property
+    def stopped_by(self) -> list[str | None]:
+        """Per row: the member that stopped it (the first in the set's order when several
+        flagged the same step), or None."""
+        names, per = list(self._runs), [run.stopped_at for run in self._runs.values()]
+        return [None if at is None else names[[s == at for s in col].index(True)]
+                for at, col in zip(self.stopped_at, zip(*per))]
+
+    @property
+    def flagged_by(self) -> list[list[str]]:
+        """Per row: the members that flagged it at some step, in the set's order."""
+        per = {name: run.flagged for name, run in self._runs.items()}
+        return [[name for name in per if per[name][b]] for b in range(len(self._first.scores))]
+
+    # ------------------------------------------------------------------ views
+    def to_html(self, monitor: str | None = None, rows: int | Sequence[int] | None = None, *,
+                tokenizer: Any = None) -> Any:
+        """One member's run as a page (:meth:`GenerationRun.to_html`; default: the first member)."""
+        return self[monitor if monitor is not None else next(iter(self._runs))].to_html(rows, tokenizer=tokenizer)
+
+    def _repr_html_(self) -> str:
+        return "".join(f"<h4>{html.escape(name)}</h4>{run._repr_html_()}" for name, run in self._runs.items())
 
 
 class TokenScores(tuple):

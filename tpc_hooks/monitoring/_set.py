@@ -1,0 +1,184 @@
+"""Several monitors on one model at once: :class:`MonitorSet`. Its members share every forward
+pass (each site is read once, however many members read it) and each keeps its own pooling,
+policy, threshold and action; the run records every member's steps under its name."""
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from ..adapters import Adapter
+from ..head._errors import TPCHooksError
+from . import _generation
+from ._monitor import Monitor
+from ._records import MonitorEvent, MonitorSetRun
+
+ACTIONS = ("flag", "stop")
+_SHARED = ("chat_template", "max_tokens", "prepend_bos")  # what the one tokenisation of a pass needs to agree on
+
+
+class MonitorSet(Mapping[str, Monitor]):
+    """Monitors that run together on one model, each under a name.
+
+    Wherever a :class:`~tpc_hooks.Monitor` runs while a model generates (:meth:`generate` on
+    every adapter, :meth:`watch`, the Hugging Face :meth:`stopping_criteria` and
+    :meth:`logits_processor`), a set runs all its members on the same forward passes: each site
+    is hooked and read once, however many members read it, and each member scores it with its
+    own pooling, policy (its saved cascade, else the full polynomial) and threshold. Each member
+    scores exactly as it would alone (tested step for step). A member's action is ``"stop"``
+    (a row ends at the first step this member flags) or ``"flag"`` (recorded only); a row ends
+    when any stopping member flags it.
+
+    The members share one tokenisation of each prompt, so their ``chat_template``,
+    ``max_tokens`` and ``prepend_bos`` must agree.
+
+    Args:
+        monitors: name -> :class:`~tpc_hooks.Monitor` (names: non-empty, without ``=`` or ``:``).
+        actions: ``"flag"`` or ``"stop"`` for every member, or a dict name -> action (members
+            not named: ``"flag"``).
+
+    Attributes:
+        last_generate_log: the :class:`~tpc_hooks.MonitorSetRun` of the latest Hugging Face
+            ``generate`` call served by the set's :meth:`stopping_criteria` or
+            :meth:`logits_processor` (None before any).
+
+    Example:
+        >>> import tpc_hooks as tpc
+        >>> harm = tpc.Monitor(tpc.TPC(8, 2, 2), "blocks.1.hook_resid_post")
+        >>> pii = tpc.Monitor(tpc.TPC(8, 2, 2), "blocks.0.hook_resid_post", pooling="max")
+        >>> monitors = tpc.MonitorSet({"harm": harm, "pii": pii}, actions={"harm": "stop"})
+        >>> monitors.actions, monitors.sites
+        ({'harm': 'stop', 'pii': 'flag'}, ['blocks.0.hook_resid_post', 'blocks.1.hook_resid_post'])
+        >>> run = monitors.generate(model, prompts, max_new_tokens=32)  # doctest: +SKIP
+        >>> run["harm"].scores[0], run.stopped_by  # doctest: +SKIP
+    """
+
+    def __init__(self, monitors: Mapping[str, Any], *, actions: str | Mapping[str, str] = "flag"):
+        if not isinstance(monitors, Mapping) or not monitors:
+            raise TPCHooksError("MonitorSet needs a non-empty dict name -> Monitor, e.g. MonitorSet({'harm': monitor})")
+        for name, m in monitors.items():
+            if not isinstance(name, str) or not name or any(c in name for c in "=:") or name != name.strip():
+                raise TPCHooksError(f"a member's name must be a non-empty string without '=', ':' or surrounding "
+                                    f"spaces; got {name!r}")
+            if not isinstance(m, Monitor):
+                raise TPCHooksError(f"member {name!r} is a {type(m).__name__}, not a tpc_hooks.Monitor")
+        for key in _SHARED:
+            values = {name: getattr(m, key) for name, m in monitors.items()}
+            if len(set(values.values())) > 1:
+                raise TPCHooksError(
+                    f"the members read differently tokenised prompts ({key}: {values}); a set runs them on the same "
+                    f"forward passes: give them the same {key} (monitor.{key} = ...), or run them apart")
+        self._monitors = dict(monitors)
+        self.actions = self._actions(actions)
+        self.last_generate_log: MonitorSetRun | None = None
+
+    def _actions(self, actions: str | Mapping[str, str] | None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``actions`` (one for all, or by name over ``base``, default every member flags) checked."""
+        base = dict(base) if base is not None else {name: "flag" for name in self._monitors}
+        if actions is None:
+            return base
+        if isinstance(actions, str):
+            actions = dict.fromkeys(self._monitors, actions)
+        if not isinstance(actions, Mapping):
+            raise TPCHooksError(f"actions must be 'flag', 'stop' or a dict name -> action; got {actions!r}")
+        unknown = sorted(set(actions) - set(self._monitors))
+        if unknown:
+            raise TPCHooksError(f"actions name {unknown}, which are not members of this set ({list(self._monitors)})")
+        for name, act in actions.items():
+            if act not in ACTIONS:
+                raise TPCHooksError(f"the action of {name!r} must be 'flag' or 'stop'; got {act!r}")
+        return {**base, **actions}
+
+    # ------------------------------------------------------------------ a mapping of its members
+    def __getitem__(self, name: str) -> Monitor:
+        if name not in self._monitors:
+            raise KeyError(f"{name!r} is not a member of this set ({list(self._monitors)})")
+        return self._monitors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._monitors)
+
+    def __len__(self) -> int:
+        return len(self._monitors)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{n}: {m.site} ({self.actions[n]})" for n, m in self._monitors.items())
+        return f"MonitorSet({parts})"
+
+    @property
+    def sites(self) -> list[str]:
+        """The distinct sites the members read, each read once per forward pass."""
+        return sorted({m.site for m in self._monitors.values()})
+
+    chat_template = property(lambda self: next(iter(self._monitors.values())).chat_template)
+    max_tokens = property(lambda self: next(iter(self._monitors.values())).max_tokens)
+    prepend_bos = property(lambda self: next(iter(self._monitors.values())).prepend_bos)
+
+    # ------------------------------------------------------------------ what the loops read
+    def _adapter(self, model: Any, tokenizer: Any = None) -> Adapter:
+        """The model's adapter, with every member checked against it (site, width, SAE) and moved
+        to its device."""
+        adapters = [m._adapter(model, tokenizer=tokenizer) for m in self._monitors.values()]
+        return adapters[0]
+
+    def _lanes(self, actions: str | Mapping[str, str] | None) -> list[tuple[str, Monitor, str]]:
+        acts = self._actions(actions, self.actions)
+        return [(name, m, acts[name]) for name, m in self._monitors.items()]
+
+    def _result(self, runs: dict[str, Any]) -> MonitorSetRun:
+        return MonitorSetRun(runs)
+
+    # ------------------------------------------------------------------ running
+    def generate(self, model: Any, prompts: Sequence[str], max_new_tokens: int = 32,
+                 action: str | Mapping[str, str] | None = None, *, do_sample: bool = False, temperature: float = 1.0,
+                 seed: int = 0, stop_at_eos: bool = True, tokenizer: Any = None) -> MonitorSetRun:
+        """:meth:`Monitor.generate` for every member at once: one decode loop, each site read
+        once per forward pass, each member scored as alone.
+
+        Args:
+            action: None (the set's :attr:`actions`), ``"flag"``/``"stop"`` for every member, or
+                a dict name -> action for some (the others keep the set's).
+            do_sample, temperature, seed, stop_at_eos, tokenizer: as in :meth:`Monitor.generate`.
+
+        Returns:
+            A :class:`~tpc_hooks.MonitorSetRun`: each member's :class:`~tpc_hooks.GenerationRun` by
+            name, the shared sequences, and per row the step it was stopped at and by whom.
+        """
+        return _generation.generate(self, model, prompts, max_new_tokens, action, do_sample=do_sample,
+                                    temperature=temperature, seed=seed, stop_at_eos=stop_at_eos, tokenizer=tokenizer)
+
+    def watch(self, model: Any, *, on_flag: Callable[[MonitorEvent], Any] | None = None,
+              tokenizer: Any = None) -> AbstractContextManager[dict[str, Any]]:
+        """:meth:`Monitor.watch` for every member: the block yields ``{name: WatchLog}``, and
+        ``on_flag`` sees each flagged row with ``event.monitor`` naming the member.
+
+        Example:
+            >>> with monitors.watch(hf_model) as logs:  # doctest: +SKIP
+            ...     hf_model.generate(**batch, max_new_tokens=20)
+            >>> logs["harm"].first_flagged  # doctest: +SKIP
+        """
+        return _generation.watch(self, model, on_flag=on_flag, tokenizer=tokenizer)
+
+    def stopping_criteria(self, model: Any, *, action: str | Mapping[str, str] | None = None,
+                          eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
+        """:meth:`Monitor.stopping_criteria` for the set: one criterion whose hooks read each site
+        once and which stops the rows any stopping member flags (the flagging ones only record).
+        Its ``log`` (and :attr:`last_generate_log`) is a :class:`~tpc_hooks.MonitorSetRun`.
+
+        Example:
+            >>> sc = monitors.stopping_criteria(hf_model, tokenizer=tok)  # doctest: +SKIP
+            >>> out = hf_model.generate(**batch, max_new_tokens=32, stopping_criteria=[sc])  # doctest: +SKIP
+            >>> sc.log.stopped_by  # doctest: +SKIP
+        """
+        from ._hf_generate import MonitorStoppingCriteria
+
+        return MonitorStoppingCriteria(self, model, tokenizer=tokenizer, order=None, cascade=None,
+                                       eos_token_id=eos_token_id, action=action)
+
+    def logits_processor(self, model: Any, *, action: str | Mapping[str, str] | None = None,
+                         eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
+        """:meth:`Monitor.logits_processor` for the set: EOS is forced on the rows any stopping
+        member flags; every member's steps are recorded."""
+        from ._hf_generate import MonitorLogitsProcessor
+
+        return MonitorLogitsProcessor(self, model, tokenizer=tokenizer, order=None, cascade=None,
+                                      eos_token_id=eos_token_id, action=action)
