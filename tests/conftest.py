@@ -53,3 +53,15 @@ def write_weights(directory, tensors):
     cfg = json.loads((d / "config.json").read_text())
     cfg["weights_sha256"] = hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
     (d / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.fixture(scope="module")
+def smollm2_hf():
+    """The packaged SmolLM2-135M-Instruct as a plain transformers model (float32) and its tokenizer:
+    the reference the vLLM server tests hold their answers to."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tpc_hooks import offline
+
+    path = str(offline.default_model_dir())
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)

@@ -150,6 +150,25 @@ def test_stop_ends_exactly_the_flagged_requests_and_the_others_generate_as_unmon
             assert got.generated(b) == list(o.outputs[0].token_ids)
 
 
+def test_a_monitor_set_runs_in_the_workers_as_on_transformers(models):
+    """Three monitors, two on one site and one on another, one stopping and two flagging: each
+    member's steps on vLLM equal its steps in the transformers loop (where a set equals each
+    member alone, tests/test_monitor_set.py), and the stopped rows are the same."""
+    llm, hf, tok = models
+    harm, tok_mon = _monitor("mean"), _monitor("token")
+    early = tpc.Monitor(_head(), SITES[0], pooling="last", chat_template=True)
+    harm.threshold = _between_rows(harm.generate(hf, PROMPTS, max_new_tokens=10, tokenizer=tok))
+    early.threshold = _between_rows(early.generate(hf, PROMPTS, max_new_tokens=10, tokenizer=tok))
+    monitors = tpc.MonitorSet({"harm": harm, "tok": tok_mon, "early": early}, actions={"harm": "stop"})
+    got = monitors.generate(llm, PROMPTS, max_new_tokens=10)
+    want = monitors.generate(hf, PROMPTS, max_new_tokens=10, tokenizer=tok)
+    for name in monitors:
+        _same_run(got[name], want[name])
+    assert got.stopped_by == want.stopped_by and "harm" in got.stopped_by and None in got.stopped_by
+    assert got["early"].stopped_at == [None] * len(PROMPTS) and any(got["early"].flagged)
+    assert llm.collective_rpc("tpc_hooks_stats")[0] == {}  # disarmed after the call
+
+
 def _cache_hits(llm) -> float:
     """The engine's own count of prompt tokens read from its prefix cache."""
     return sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")

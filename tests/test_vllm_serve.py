@@ -4,6 +4,7 @@ loop on the same weights (run by ``make test-vllm``; skipped where vLLM is not i
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -48,10 +49,16 @@ def _serve(args, **env):
 def server(tmp_path_factory):
     where = tmp_path_factory.mktemp("monitor")
     _monitor().save(where)
+    for client in running(["--monitor", str(where), "--worker-cls", "vllm_poison.PoisonWorker"]):
+        yield client, where
+
+
+def running(args):
+    """Starts ``tpc-hooks serve`` on the packaged model with ``args`` and yields a client once it
+    is up (a generator for a fixture); stops the server after."""
     port = _free_port()
-    proc = _serve(["--monitor", str(where), "--port", str(port), "--dtype", "float32", "--served-model-name", "smol",
-                   "--max-num-seqs", "4", "--worker-cls", "vllm_poison.PoisonWorker"],
-                  VLLM_SERVER_DEV_MODE="1", PYTHONPATH=str(HERE))
+    proc = _serve([*args, "--port", str(port), "--dtype", "float32", "--served-model-name", "smol", "--max-num-seqs",
+                   "4"], VLLM_SERVER_DEV_MODE="1", PYTHONPATH=str(HERE))
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
     while time.time() < deadline:
@@ -66,20 +73,12 @@ def server(tmp_path_factory):
         proc.kill()
         pytest.fail("the server did not come up in 240 s")
     with httpx.Client(base_url=url, timeout=120) as client:
-        yield client, where
+        yield client
     proc.terminate()
     try:
         proc.wait(60)
     except subprocess.TimeoutExpired:
         proc.kill()
-
-
-@pytest.fixture(scope="module")
-def hf():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = str(offline.default_model_dir())
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
 
 
 def _chat(client, prompt, max_tokens=12, **extra):
@@ -88,12 +87,15 @@ def _chat(client, prompt, max_tokens=12, **extra):
     return r
 
 
-def _metrics(client) -> dict[str, float]:
+def _metrics(client, monitor: str = "default") -> dict[str, float]:
+    """The server's tpc_hooks_* metrics of one monitor (their ``monitor`` label; a lone monitor's is "default")."""
     out = {}
     for line in client.get("/metrics").text.splitlines():
         if line.startswith("tpc_hooks_") and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
+            key, value = line.rsplit(" ", 1)
+            name, _, labels = key.partition("{")
+            if dict(re.findall(r'(\w+)="([^"]*)"', labels)) == {"monitor": monitor}:
+                out[name] = float(value)
     return out
 
 
@@ -108,13 +110,13 @@ def test_models_endpoint_names_the_monitor(server):
     assert want["site"] == "blocks.20.hook_resid_post" and want["threshold"] == 0.5
 
 
-def test_every_answer_says_what_the_monitor_decided_as_the_transformers_loop_decides_it(server, hf):
+def test_every_answer_says_what_the_monitor_decided_as_the_transformers_loop_decides_it(server, smollm2_hf):
     """Greedy chat requests: each choice's flag, stop step and peak score equal monitor.generate
     with action='stop' on the transformers model (the server scores every step but the last
     token, which it never feeds back); a stopped choice ends with finish_reason content_flagged
     and its text where the transformers loop stopped."""
     client, _ = server
-    model, tok = hf
+    model, tok = smollm2_hf
     want = _monitor().generate(model, PROMPTS, max_new_tokens=12, action="stop", tokenizer=tok)
     assert 0 < sum(s is not None for s in want.stopped_at) < len(PROMPTS)
     before = _metrics(client)
@@ -191,9 +193,9 @@ def test_completions_with_several_prompts_and_samples_map_each_choice(server):
     assert again[1]["tpc_hooks"] == single["tpc_hooks"]  # choice 1 is the second prompt's
 
 
-def test_nan_activations_answer_that_request_with_an_error_and_the_server_goes_on(server, hf):
+def test_nan_activations_answer_that_request_with_an_error_and_the_server_goes_on(server, smollm2_hf):
     client, _ = server
-    _, tok = hf
+    _, tok = smollm2_hf
     marker = tok.encode(" zebra", add_special_tokens=False)[0]
     assert client.post("/collective_rpc", json={"method": "test_poison", "args": [str(marker)]}).status_code == 200
     before = _metrics(client)

@@ -9,6 +9,7 @@ from ._sites import parse_site
 WORKER = "tpc_hooks.serving._vllm_worker.TPCHooksWorker"
 STOP = "tpc_hooks.serving._vllm_worker:TPCHooksStop"
 CONFIG = "tpc_hooks"  # the key of tpc-hooks' settings in vLLM's `additional_config`
+NAMES_ENV = "TPC_HOOKS_MONITOR_NAMES"  # a server's monitor names (JSON), set before its engine starts: requests are checked against them
 
 
 def unexposed(sites: Sequence[str], exposed: dict[str, int]) -> str:

@@ -112,9 +112,11 @@ class VLLMAdapter(Adapter):
     def decode(self, *args: Any, **kwargs: Any) -> None:
         raise TPCHooksError("a vLLM engine drives its own decode loop (monitor.generate runs through it)")
 
-    def generate(self, monitor: Any, ids: list[list[int]], max_new_tokens: int, action: str, *, order: int | None,
+    def generate(self, monitor: Any, ids: list[list[int]], max_new_tokens: int, action: Any, *, order: int | None,
                  cascade: float | None, do_sample: bool, temperature: float, seed: int, stop_at_eos: bool) -> dict:
-        """:meth:`Monitor.generate` through the engine (see the module docstring); returns the
+        """:meth:`Monitor.generate` through the engine (see the module docstring), also for a
+        :class:`~tpc_hooks.MonitorSet` (``action``: as its ``generate`` takes it); returns each
+        row's generated ``tokens`` and, per monitor name (a lone monitor: ``""``), each row's
         :class:`~tpc_hooks.GenerationRun` fields.
 
         Each request asks for ``max_new_tokens + 1`` tokens: the pass that samples the last one
@@ -127,53 +129,66 @@ class VLLMAdapter(Adapter):
         """
         from vllm import SamplingParams
 
-        if action == "stop" and not stop_at_eos:
-            raise TPCHooksError("on vLLM a stopped request ends with its EOS token, so action='stop' needs stop_at_eos=True")
         llm = self.model
+        members = monitor._lanes(action) if hasattr(monitor, "_lanes") else [("", monitor, action)]
+        names = [name for name, _, _ in members]
+        if not stop_at_eos and any(act == "stop" for _, _, act in members):
+            raise TPCHooksError("on vLLM a stopped request ends with its EOS token, so action='stop' needs stop_at_eos=True")
         with self.monitoring(monitor, action, order=order, cascade=cascade):
             def params(n: int, b: int, cached: bool = True) -> Any:
                 return SamplingParams(max_tokens=n, temperature=temperature if do_sample else 0.0,
                                       seed=seed + b if do_sample else None, ignore_eos=not stop_at_eos,
                                       skip_reading_prefix_cache=not cached)
+
+            def take() -> dict[str, dict[str, Any]]:
+                return {n: _by_request(llm.collective_rpc("tpc_hooks_runs", args=(None, n))[0]) for n in names}
+
             outs = llm.generate([{"prompt_token_ids": p} for p in ids],
                                 [params(max_new_tokens + 1, b) for b in range(len(ids))], use_tqdm=False)
-            runs = _by_request(llm.collective_rpc("tpc_hooks_runs")[0])
-            redo = [b for b, o in enumerate(outs) if "error" in runs.get(o.request_id, {})]
+            runs = take()
+            redo = [b for b, o in enumerate(outs) if any("error" in runs[n].get(o.request_id, {}) for n in names)]
             if redo:  # their cached prefix had no kept state: computed again, every token through the monitor
                 again_outs = llm.generate([{"prompt_token_ids": ids[b]} for b in redo],
                                           [params(max_new_tokens + 1, b, cached=False) for b in redo], use_tqdm=False)
-                more = _by_request(llm.collective_rpc("tpc_hooks_runs")[0])
+                more = take()
                 for b, o in zip(redo, again_outs):
                     outs[b] = o
-                    runs[o.request_id] = more.get(o.request_id, {"error": "nothing recorded"})
-            rows: list[dict] = []
+                    for n in names:
+                        runs[n][o.request_id] = more[n].get(o.request_id, {"error": "nothing recorded"})
+            tokens: list[list[int]] = []
+            rows: dict[str, list[dict]] = {n: [] for n in names}
             again: list[int] = []  # rows whose last token (an EOS) was never fed back
             for b, o in enumerate(outs):
-                run = runs.get(o.request_id)
-                if run is None or "error" in run:
-                    why = "nothing" if run is None else run["error"]
-                    raise TPCHooksError(f"the vLLM workers did not score request {o.request_id}: {why}")
+                got = [runs[n].get(o.request_id) for n in names]
+                for run in got:
+                    if run is None or "error" in run:
+                        why = "nothing" if run is None else run["error"]
+                        raise TPCHooksError(f"the vLLM workers did not score request {o.request_id}: {why}")
                 made = list(o.outputs[0].token_ids)
-                steps = len(run["probs"])
-                if run["stopped_at"] is not None:
-                    made = made[:run["stopped_at"]]  # the forced EOS goes
+                steps = len(got[0]["probs"])
+                stops = [r["stopped_at"] for r in got if r["stopped_at"] is not None]
+                if stops:
+                    made = made[:min(stops)]  # the forced EOS goes
                 elif len(made) > max_new_tokens:
                     made = made[:max_new_tokens]  # the extra token goes
                 elif steps == len(made):
                     again.append(b)
-                rows.append({"tokens": made, **run})
+                tokens.append(made)
+                for n, run in zip(names, got):
+                    rows[n].append(run)
             if again:  # the last step of rows that ended on EOS: one pass over each whole sequence
-                outs2 = llm.generate([{"prompt_token_ids": ids[b] + rows[b]["tokens"]} for b in again],
+                outs2 = llm.generate([{"prompt_token_ids": ids[b] + tokens[b]} for b in again],
                                      [params(1, 0)] * len(again), use_tqdm=False)
-                more = _by_request(llm.collective_rpc("tpc_hooks_runs")[0])
+                more = take()
                 for b, o in zip(again, outs2):
-                    last = more[o.request_id]
-                    for k in ("logits", "probs", "decision_logits", "exit_order", "flops"):
-                        rows[b][k] = rows[b][k] + last[k][:1]
-        return {"rows": rows}
+                    for n in names:
+                        last = more[n][o.request_id]
+                        for k in ("logits", "probs", "decision_logits", "exit_order", "flops"):
+                            rows[n][b][k] = rows[n][b][k] + last[k][:1]
+        return {"tokens": tokens, "runs": rows}
 
     @contextmanager
-    def monitoring(self, monitor: Any, action: str = "flag", *, order: int | None = None,
+    def monitoring(self, monitor: Any, action: Any = "flag", *, order: int | None = None,
                    cascade: float | None = None, keep: str = "steps") -> Iterator[dict]:
         """Inside the block the engine's workers score every request with ``monitor`` (each
         step, at its site) and, with ``action="stop"``, end a request at its first flagged
@@ -184,35 +199,59 @@ class VLLMAdapter(Adapter):
         no kept state (cached while this monitor was not running) is not scored, and its entry
         says so (``"error"``): send it again with ``skip_reading_prefix_cache=True``.
 
+        A :class:`~tpc_hooks.MonitorSet` runs every member on each pass, each with its own
+        policy and action (``action``: None for the set's, one for all, or a dict by name); the
+        block yields what each runs by name (with its ``action``), and
+        ``llm.collective_rpc("tpc_hooks_runs", args=(None, name))`` takes a member's steps.
+
         Example (the engine as :func:`vllm_engine_args` builds it)::
 
             with get_adapter(llm).monitoring(monitor):
                 outs = llm.generate(prompts, SamplingParams(max_tokens=64))
                 steps = llm.collective_rpc("tpc_hooks_runs")[0]
         """
-        if action not in ("flag", "stop"):
-            raise TPCHooksError(f"action must be 'flag' or 'stop'; got {action!r}")
+        is_set = hasattr(monitor, "_lanes")
+        if is_set:
+            if order is not None or cascade is not None:
+                raise TPCHooksError("a MonitorSet scores each member with its own policy: set order/cascade on the member")
+            members = monitor._lanes(action)
+        else:
+            if action not in ("flag", "stop"):
+                raise TPCHooksError(f"action must be 'flag' or 'stop'; got {action!r}")
+            members = [("", monitor, action)]
+        for name, mon, act in members:
+            self._check_member(name, mon, act)
+        llm = self.model
+        with tempfile.TemporaryDirectory(prefix="tpc-hooks-") as where:
+            specs = []
+            for k, (name, mon, act) in enumerate(members):
+                path = f"{where}/{k}"
+                mon.save(path)
+                specs.append({"name": name, "path": path, "site": mon.site, "order": order, "cascade": cascade,
+                              "action": act})
+            try:
+                info = llm.collective_rpc("tpc_hooks_arm_set", args=(specs, keep))[0]
+            except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
+                raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
+        for name, _, act in members:
+            info[name]["action"] = act
+        try:
+            yield info if is_set else info[""]
+        finally:
+            llm.collective_rpc("tpc_hooks_disarm")
+
+    def _check_member(self, name: str, monitor: Any, action: str) -> None:
+        who = f"monitor {name!r}" if name else "monitor"
         if action == "stop" and not self.stops:
             raise TPCHooksError("action='stop' needs tpc-hooks' logits processor in this vllm.LLM; build it with "
                                 "LLM(model=..., **tpc_hooks.adapters.vllm_engine_args(), ...)")
         if monitor.sae is not None:
-            raise TPCHooksError("a monitor on SAE latents does not run in vLLM's workers yet (they would need the SAE); "
-                                "score its prompts with monitor.score(llm, prompts)")
+            raise TPCHooksError(f"{who} reads SAE latents, which do not run in vLLM's workers yet (they would need the "
+                                "SAE); score its prompts with monitor.score(llm, prompts)")
         if monitor.head.d_model != self.d_model:
-            raise TPCHooksError(f"monitor expects d_model={monitor.head.d_model} at {monitor.site!r} but the model "
+            raise TPCHooksError(f"{who} expects d_model={monitor.head.d_model} at {monitor.site!r} but the model "
                                 f"produces {self.d_model}; was it trained on another model ({monitor.model_name or 'unknown'})?")
-        site = self.site(monitor.site)
-        llm = self.model
-        with tempfile.TemporaryDirectory(prefix="tpc-hooks-") as where:
-            monitor.save(where)
-            try:
-                info = llm.collective_rpc("tpc_hooks_arm", args=(where, site.name, order, cascade, action, keep))[0]
-            except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
-                raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
-        try:
-            yield info
-        finally:
-            llm.collective_rpc("tpc_hooks_disarm")
+        self.site(monitor.site)
 
     def observe(self, *args: Any, **kwargs: Any) -> Any:
         raise TPCHooksError("watch() and the Hugging Face generate hooks do not apply to a vLLM engine")

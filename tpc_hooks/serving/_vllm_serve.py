@@ -1,16 +1,22 @@
-"""``tpc-hooks serve``: vLLM's OpenAI-compatible server with a monitor on every request.
+"""``tpc-hooks serve``: vLLM's OpenAI-compatible server with a monitor, or several, on every request.
 
 The engine is built with tpc-hooks' worker and logits processor
-(:func:`~tpc_hooks.adapters.vllm_engine_args`, exposing the monitor's site), compiled and run as
-vLLM decides; once it is up, the monitor is loaded in its workers (``keep="summary"``), which
-score every request at every step and, with ``--action stop``, end a request in the step it is
-flagged. An ASGI middleware (:class:`MonitorMiddleware`)
-asks the workers for a request's summary when its response finishes and writes it into the
-response (the ``tpc_hooks`` field of each choice; a stopped choice's ``finish_reason`` is
-``"content_flagged"``), counts it in ``/metrics``, and names the monitor in ``/v1/models``.
+(:func:`~tpc_hooks.adapters.vllm_engine_args`, exposing the monitors' sites), compiled and run as
+vLLM decides; once it is up, the monitors are loaded in its workers (``keep="summary"``), which
+score every request at every step and end a request in the step a stopping monitor flags it.
+An ASGI middleware (:class:`MonitorMiddleware`) asks the workers for a request's summaries when
+its response finishes and writes them into the response (the ``tpc_hooks`` field of each
+choice: one monitor's decision, or each named monitor's by name; a stopped choice's
+``finish_reason`` is ``"content_flagged"``, or ``"content_flagged:NAME"`` naming the monitor
+that stopped it), counts them in ``/metrics`` (labelled by monitor), and names the monitors in
+``/v1/models``.
+
+``--monitor DIR`` runs one monitor (its action: ``--action``); ``--monitor NAME=DIR[:ACTION]``,
+repeated, runs several at once, each read once per pass.
 
 Per request, through vLLM's ``vllm_xargs``: ``{"tpc_hooks_monitor": false}`` opts out,
-``{"tpc_hooks_threshold": 0.9}`` sets its own threshold. Monitored requests read the prefix cache
+``{"tpc_hooks_threshold": 0.9}`` sets its own threshold; ``tpc_hooks_monitor.NAME`` and
+``tpc_hooks_threshold.NAME`` do the same for one named monitor. Monitored requests read the prefix cache
 (the workers resume each from the monitor state kept for its cached blocks); with a KV connector
 (an offload tier, whose blocks no monitor saw) they skip reading it.
 
@@ -21,30 +27,42 @@ import argparse
 import asyncio
 import hashlib
 import json
+import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
-from ..adapters._vllm_args import CONFIG, STOP, WORKER
+from ..adapters._vllm_args import CONFIG, NAMES_ENV, STOP, WORKER
 from ..adapters.vllm import _is_ours
 from ..head import _format
 from ..head._errors import TPCHooksError
 from ..monitoring._monitor import Monitor
+from ._drift import FlagRate
 from ._engine import aux_ids
 
 FIELD = "tpc_hooks"  # each choice's monitor summary
 FLAGGED = "content_flagged"  # the finish_reason of a stopped choice
 _ROUTES = ("/v1/completions", "/v1/chat/completions")
 
-SCORED = Counter("tpc_hooks_requests_scored", "Requests the monitor scored (choices, each its own request)")
-FLAGS = Counter("tpc_hooks_requests_flagged", "Requests flagged at some step")
-STOPS = Counter("tpc_hooks_requests_stopped", "Requests the monitor stopped")
-OPTED = Counter("tpc_hooks_requests_opted_out", "Requests sent with tpc_hooks_monitor=false")
-NONFINITE = Counter("tpc_hooks_requests_nonfinite", "Requests whose activations turned NaN/inf (answered with an error)")
-PEAK = Histogram("tpc_hooks_peak_score", "Each scored request's highest score",
+LONE = "default"  # the metrics' monitor label of a lone, unnamed --monitor DIR
+_BY = ["monitor"]
+SCORED = Counter("tpc_hooks_requests_scored", "Requests the monitor scored (choices, each its own request)", _BY)
+FLAGS = Counter("tpc_hooks_requests_flagged", "Requests flagged at some step", _BY)
+STOPS = Counter("tpc_hooks_requests_stopped", "Requests the monitor stopped", _BY)
+OPTED = Counter("tpc_hooks_requests_opted_out", "Requests sent with tpc_hooks_monitor=false (or .NAME=false)", _BY)
+NONFINITE = Counter("tpc_hooks_requests_nonfinite", "Requests whose activations turned NaN/inf (answered with an error)",
+                    _BY)
+PEAK = Histogram("tpc_hooks_peak_score", "Each scored request's highest score", _BY,
                  buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0))
+RATE = Gauge("tpc_hooks_flag_rate", "Share of scored requests flagged: over the last --drift-window requests "
+              "(window=recent), since the server started (window=lifetime), and the rate the monitor was calibrated "
+              "to (window=target)", ["monitor", "window"])
+DRIFT: dict[str, FlagRate] = {}  # metrics label -> its monitor's flag rates
+log = logging.getLogger("tpc_hooks.serve")
+_NAME = re.compile(r"^([A-Za-z0-9_-]+)=(.+)$")
 
 
 def identity(path: str | Path) -> dict[str, Any]:
@@ -54,15 +72,49 @@ def identity(path: str | Path) -> dict[str, Any]:
     digest = hashlib.sha256()
     for name in (_format.CONFIG_FILE, _format.WEIGHTS_FILE):
         digest.update((Path(path) / name).read_bytes())
+    target = (mon.report or {}).get("operating_point", {}).get("fpr")
     return {"site": mon.site, "threshold": float(mon.threshold), "pooling": mon.pooling,
             "cascade": mon.cascade is not None, "degree": mon.head.degree, "d_model": mon.head.d_model,
-            "sha256": digest.hexdigest()}
+            "target_fpr": None if target is None else float(target), "sha256": digest.hexdigest()}
+
+
+def members(specs: list[str], action: str) -> list[tuple[str, str, str]]:
+    """``--monitor`` values -> ``(name, directory, action)``: ``DIR`` alone (name ``""``, the
+    action ``action``), or each ``NAME=DIR[:ACTION]``.
+
+    Example:
+        >>> members(["harm=/m/harm:stop", "pii=/m/pii"], "flag")
+        [('harm', '/m/harm', 'stop'), ('pii', '/m/pii', 'flag')]
+    """
+    out = []
+    for spec in specs:
+        m = _NAME.match(spec)
+        name, rest = (m.group(1), m.group(2)) if m else ("", spec)
+        where, colon, act = rest.rpartition(":")
+        if colon and act in ("flag", "stop"):
+            rest = where
+        else:
+            act = action
+        out.append((name, rest, act))
+    names = [n for n, _, _ in out]
+    if len(out) > 1 and "" in names:
+        raise TPCHooksError("several monitors need a name each: --monitor NAME=DIR[:stop|flag] (e.g. "
+                            "--monitor harm=./harm:stop --monitor pii=./pii:flag)")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise TPCHooksError(f"--monitor names must differ; {dup} given twice")
+    return out
 
 
 class MonitorMiddleware:
-    """Writes each finished choice's monitor summary into the response (streamed or not)."""
+    """Writes each finished choice's monitor summaries into the response (streamed or not)."""
 
-    monitor: dict[str, Any] = {}  # identity(), set before the server starts
+    monitors: dict[str, dict[str, Any]] = {}  # name ("" alone) -> identity() and action, set before the server starts
+
+    @classmethod
+    def _view(cls, per: dict[str, Any]) -> Any:
+        """A lone monitor's value as is; named monitors' by name."""
+        return per.get("") if list(cls.monitors) == [""] else per
 
     def __init__(self, app: Any):
         self.app = app
@@ -99,13 +151,18 @@ class MonitorMiddleware:
                 return payload
             got = await _summaries(engine, payload["id"], choices_per_prompt())
             for c in ended:
-                s = got.get(int(c.get("index", 0)))
-                c[FIELD] = _field(s)
-                if s and s.get("stopped_at") is not None:
-                    c["finish_reason"] = FLAGGED
-                _count(s)
-                if s and s.get("nonfinite_step") is not None:
-                    payload.setdefault("error", _nonfinite_error(s))
+                per = got.get(int(c.get("index", 0)), {})
+                c[FIELD] = self._view({name: _field(per.get(name)) for name in self.monitors})
+                stops = [(s["stopped_at"], k, name) for k, (name, s) in enumerate(per.items())
+                         if s and s.get("stopped_at") is not None]
+                if stops:
+                    by = min(stops)[2]
+                    c["finish_reason"] = f"{FLAGGED}:{by}" if by else FLAGGED
+                for name in self.monitors:
+                    s = per.get(name)
+                    _count(s, name or LONE)
+                    if s and s.get("nonfinite_step") is not None:
+                        payload.setdefault("error", _nonfinite_error(s))
             return payload
 
         streaming = {"on": False, "start": None}
@@ -154,9 +211,9 @@ class MonitorMiddleware:
         await self.app(scope, reading, sending)
 
     def _models(self, payload: dict) -> dict:
-        payload[FIELD] = self.monitor
+        payload[FIELD] = self._view(self.monitors)
         for model in payload.get("data") or []:
-            model[FIELD] = self.monitor
+            model[FIELD] = self._view(self.monitors)
         return payload
 
     async def _buffered(self, scope: dict, receive: Any, send: Any, edit: Any) -> None:
@@ -220,13 +277,18 @@ class _Asks:
                 while self.waiting:
                     batch, self.waiting = self.waiting, {}
                     try:
-                        got = (await engine.collective_rpc("tpc_hooks_summaries", args=(list(batch),)))[0]
+                        got = (await engine.collective_rpc("tpc_hooks_set_summaries", args=(list(batch),)))[0]
                     except Exception as err:  # every waiting response learns it
                         for f in batch.values():
                             f.set_exception(err)
                         continue
-                    for rid, f in batch.items():
-                        f.set_result({k: v for k, v in got.items() if rid in k})
+                    for rid, f in batch.items():  # engine id -> monitor name -> summary
+                        mine: dict[str, dict] = {}
+                        for name, summaries in got.items():
+                            for k, v in summaries.items():
+                                if rid in k:
+                                    mine.setdefault(k, {})[name] = v
+                        f.set_result(mine)
             finally:
                 self.busy = False
         return await fut
@@ -236,12 +298,12 @@ _ASKS = _Asks()
 _CHILD = re.compile(r"^(?:(\d+)_)?(.*)$")
 
 
-async def _summaries(engine: Any, response_id: str, n: int) -> dict[int, dict | None]:
-    """The workers' summaries of a response's requests, by choice index. Engine ids: a chat
+async def _summaries(engine: Any, response_id: str, n: int) -> dict[int, dict[str, dict]]:
+    """The workers' summaries of a response's requests, by choice index and monitor. Engine ids: a chat
     request ``chatcmpl-X-<8 hex>``; a completion's prompt ``i`` ``cmpl-X-i-<8 hex>``; the
     ``k``-th of ``n`` samples ``k_<that>``."""
     got = await _ASKS.ask(engine, response_id)
-    out: dict[int, dict | None] = {}
+    out: dict[int, dict[str, dict]] = {}
     for rid, summary in got.items():
         k, rest = _CHILD.match(rid).groups()
         tail = rest[len(response_id):].split("-") if rest.startswith(response_id) else []
@@ -261,19 +323,39 @@ def _field(s: dict | None) -> dict[str, Any]:
             "steps": s["steps"]}
 
 
-def _count(s: dict | None) -> None:
+def _count(s: dict | None, label: str) -> None:
     if s is None:
-        OPTED.inc()
+        OPTED.labels(label).inc()
         return
     if "error" in s:
         return
-    SCORED.inc()
-    FLAGS.inc(s["flagged"])
-    STOPS.inc(s["stopped_at"] is not None)
+    SCORED.labels(label).inc()
+    FLAGS.labels(label).inc(s["flagged"])
+    _drift(label, s["flagged"])
+    STOPS.labels(label).inc(s["stopped_at"] is not None)
     if s["nonfinite_step"] is not None:
-        NONFINITE.inc()
+        NONFINITE.labels(label).inc()
     elif s["peak_score"] is not None:
-        PEAK.observe(s["peak_score"])
+        PEAK.labels(label).observe(s["peak_score"])
+
+
+def _drift(label: str, flagged: bool) -> None:
+    """One scored request into its monitor's flag rates; the gauges follow, and a crossing of the
+    band is logged."""
+    rate = DRIFT.get(label)
+    if rate is None:
+        return
+    event = rate.add(flagged)
+    RATE.labels(label, "recent").set(rate.recent)
+    RATE.labels(label, "lifetime").set(rate.lifetime)
+    if event == "left":
+        low, high = rate.bounds
+        log.warning("monitor %s flagged %.2f%% of the last %d scored requests, outside [%.2f%%, %.2f%%] around the rate "
+                    "it was calibrated to (%.2f%%): its threshold may no longer mean what it meant; recalibrate it on "
+                    "benign traffic", label, 100 * rate.recent, rate.window, 100 * low, 100 * high, 100 * rate.target)
+    elif event == "back":
+        log.warning("monitor %s is back inside its band: %.2f%% of the last %d scored requests flagged (target %.2f%%)",
+                    label, 100 * rate.recent, rate.window, 100 * rate.target)
 
 
 def _nonfinite_error(s: dict) -> dict[str, Any]:
@@ -302,14 +384,32 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     p = argparse.ArgumentParser(prog="tpc-hooks serve", description="vLLM's OpenAI-compatible server with a monitor "
                                 "on every request; every option not listed here is vLLM's")
     p.add_argument("model", help="the model to serve (a hub id or local folder), as for `vllm serve`")
-    p.add_argument("--monitor", required=True, help="a monitor directory (Monitor.save / tpc-hooks train)")
+    p.add_argument("--monitor", required=True, action="append", metavar="[NAME=]DIR[:stop|flag]",
+                   help="a monitor directory (Monitor.save / tpc-hooks train); repeat it as NAME=DIR[:stop|flag] to "
+                        "run several monitors at once, each with its own action")
     p.add_argument("--action", choices=("flag", "stop"), default="stop",
-                   help="stop: end a request in the step it is flagged (default); flag: record only")
+                   help="the action of monitors given without one. stop: end a request in the step it is flagged "
+                        "(default); flag: record only")
+    p.add_argument("--drift-window", type=int, default=1000, metavar="N",
+                   help="the rolling flag rate (gauge tpc_hooks_flag_rate{window=recent}) covers the last N scored "
+                        "requests (default 1000)")
+    p.add_argument("--drift-band", type=float, default=2.0, metavar="F",
+                   help="log a warning when the rolling flag rate leaves [target / F, target * F], the target being "
+                        "the rate the monitor was calibrated to (default 2)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     ours, rest = p.parse_known_args(argv)
-    MonitorMiddleware.monitor = identity(ours.monitor)
-    ours.site = MonitorMiddleware.monitor["site"]
+    ours.members = members(ours.monitor, ours.action)
+    MonitorMiddleware.monitors = {name: {**identity(where), "action": act} for name, where, act in ours.members}
+    ours.sites = sorted({m["site"] for m in MonitorMiddleware.monitors.values()})
+    os.environ[NAMES_ENV] = json.dumps(list(MonitorMiddleware.monitors))  # the engine checks vllm_xargs' names
+    for name, monitor in MonitorMiddleware.monitors.items():  # every monitor's series from the start, at zero
+        label = name or LONE
+        for metric in (SCORED, FLAGS, STOPS, OPTED, NONFINITE, PEAK):
+            metric.labels(label)
+        DRIFT[label] = FlagRate(monitor["target_fpr"], ours.drift_window, ours.drift_band)
+        if monitor["target_fpr"] is not None:
+            RATE.labels(label, "target").set(monitor["target_fpr"])
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -319,7 +419,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
         raise TPCHooksError(f"--worker-cls must be tpc-hooks' own ({WORKER}) or a class built on it")
     args.worker_cls = WORKER if args.worker_cls in (None, "auto") else args.worker_cls
     extra = dict(args.additional_config or {})
-    extra[CONFIG] = {"sites": [ours.site]}  # the one site the compiled forward returns
+    extra[CONFIG] = {"sites": ours.sites}  # the sites the compiled forward returns
     args.additional_config = extra
     args.logits_processors = [STOP, *(args.logits_processors or [])]
     args.middleware = [*(args.middleware or []), f"{__name__}.MonitorMiddleware"]
@@ -327,16 +427,18 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     return ours, args
 
 
-def check_model(monitor: dict[str, Any], model: str, trust_remote_code: bool = False) -> None:
-    """The monitor's site and d_model against the model's config (read, not loaded)."""
+def check_model(monitors: dict[str, dict[str, Any]], model: str, trust_remote_code: bool = False) -> None:
+    """Each monitor's site and d_model against the model's config (read, not loaded)."""
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     cfg = getattr(cfg, "text_config", None) or cfg
-    aux_ids([monitor["site"]], cfg.num_hidden_layers)  # a site vLLM's forward can return for this model
-    if monitor["d_model"] != cfg.hidden_size:
-        raise TPCHooksError(f"monitor expects d_model={monitor['d_model']} but {model} produces {cfg.hidden_size}; "
-                            "was it trained on another model?")
+    for name, monitor in monitors.items():
+        aux_ids([monitor["site"]], cfg.num_hidden_layers)  # a site vLLM's forward can return for this model
+        if monitor["d_model"] != cfg.hidden_size:
+            who = f"monitor {name!r}" if name else "monitor"
+            raise TPCHooksError(f"{who} expects d_model={monitor['d_model']} but {model} produces {cfg.hidden_size}; "
+                                "was it trained on another model?")
 
 
 async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
@@ -347,14 +449,14 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
     listen_address, sock = setup_server(args, reuse_port=False)
     try:
         async with build_async_engine_client(args) as engine:
+            specs = [{"name": name, "path": str(Path(where).resolve()), "site": MonitorMiddleware.monitors[name]["site"],
+                      "order": None, "cascade": None, "action": act} for name, where, act in ours.members]
             try:
-                await engine.collective_rpc("tpc_hooks_arm", args=(str(Path(ours.monitor).resolve()), ours.site, None,
-                                                                   None, ours.action, "summary"))
+                await engine.collective_rpc("tpc_hooks_arm_set", args=(specs, "summary"))
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
                 raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
             if getattr(args, "kv_transfer_config", None):
                 _skip_cache_reads(engine)
-            MonitorMiddleware.monitor = {**MonitorMiddleware.monitor, "action": ours.action}
             shutdown = await build_and_serve(engine, listen_address, sock, args)
         await shutdown
     finally:
@@ -366,7 +468,7 @@ def main(argv: list[str]) -> int:
 
     # a bad directory, or a monitor for another model, fails here, before the engine starts
     ours, args = parse(argv)
-    check_model(MonitorMiddleware.monitor, args.model, getattr(args, "trust_remote_code", False))
+    check_model(MonitorMiddleware.monitors, args.model, getattr(args, "trust_remote_code", False))
     uvloop.run(run(ours, args))
     return 0
 

@@ -22,6 +22,7 @@ per-request arguments), never by ``import tpc_hooks``.
 """
 
 import hashlib
+import json
 import math
 import os
 import time
@@ -36,7 +37,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
 
-from ..adapters._vllm_args import unexposed
+from ..adapters._vllm_args import NAMES_ENV, unexposed
 from ..head import _format
 from ..head._errors import TPCHooksError
 from ..head._kernel import flagged
@@ -56,15 +57,16 @@ UNSCORED_SERVED = "the request read cached prompt blocks the monitor never saw" 
 
 
 class _Armed:
-    """The monitor a worker runs and what it has decided (one per worker process)."""
+    """A monitor a worker runs, under its name ("" for a lone monitor), the auxiliary output it
+    reads, and what it has decided."""
 
-    def __init__(self, monitor: Monitor, order: int | None, cascade: float | None, action: str,
+    def __init__(self, name: str, monitor: Monitor, layer: int, order: int | None, cascade: float | None, action: str,
                  keep: str, blocks: BlockStates):
+        self.name, self.layer = name, layer
         self.monitor, self.action, self.keep = monitor, action, keep
         self.scores = RequestScores(monitor, order, cascade, frozen=True)  # loaded here, from a file: nobody else holds it
         self.threshold = float(monitor.threshold)
         self.blocks = blocks  # the monitor's state at block ends, by content
-        self.stop_rows: list[tuple[int, int | None]] = []  # (sampler row, EOS id) ended this step
         self.stopped: dict[str, int] = {}  # request -> the step it was stopped at
         self.first: dict[str, int] = {}  # request -> its first flagged step
         self.unscored: set[str] = set()  # requests that read cached blocks without a kept state
@@ -105,26 +107,42 @@ class _Request:
     rows: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # capture: rows per exposed id
 
 
-_ARMED: _Armed | None = None
+_ARMED: dict[str, _Armed] = {}  # the monitors this worker runs, by name (a lone monitor: "")
+_STOPS: list[tuple[int, int | None]] = []  # (sampler row, EOS id) a monitor ended in this step
 
 
 def _settings(params: SamplingParams | None) -> dict[str, Any]:
     """A request's own monitor settings from its ``extra_args`` (the OpenAI server's
     ``vllm_xargs``): ``{"tpc_hooks_monitor": false}`` opts out, ``{"tpc_hooks_threshold": p}``
-    sets its threshold. Raises ValueError (an HTTP 400 from the server) for a bad value."""
+    sets its threshold; with several monitors, ``tpc_hooks_monitor.NAME`` and
+    ``tpc_hooks_threshold.NAME`` do the same for the monitor ``NAME`` alone (``"by"``). Raises
+    ValueError (an HTTP 400 from the server) for a bad value."""
     extra = (params.extra_args if params is not None else None) or {}
     out: dict[str, Any] = {}
-    if OPT_OUT in extra:
-        v = extra[OPT_OUT]
-        if v not in (True, False, 0, 1) or isinstance(v, float):
-            raise ValueError(f"{OPT_OUT} must be true/false (or 1/0); got {v!r}")
-        out["monitor"] = bool(v)
-    if THRESHOLD in extra:
-        t = extra[THRESHOLD]
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < 1:
-            raise ValueError(f"{THRESHOLD} must be a probability in (0, 1); got {t!r}")
-        out["threshold"] = float(t)
+    known = json.loads(os.environ.get(NAMES_ENV, "null"))  # a server's monitors (None: not checked)
+    for key, v in extra.items():
+        base, dot, name = str(key).partition(".")
+        if base not in (OPT_OUT, THRESHOLD) or (dot and not name):
+            continue
+        if dot and known is not None and name not in known:
+            runs = f"the monitors {', '.join(n for n in known)}" if any(known) else "one unnamed monitor"
+            raise ValueError(f"{key} names no monitor of this server (it runs {runs})")
+        if base == OPT_OUT:
+            if v not in (True, False, 0, 1) or isinstance(v, float):
+                raise ValueError(f"{key} must be true/false (or 1/0); got {v!r}")
+            value, what = bool(v), "monitor"
+        else:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+                raise ValueError(f"{key} must be a probability in (0, 1); got {v!r}")
+            value, what = float(v), "threshold"
+        (out.setdefault("by", {}).setdefault(name, {}) if dot else out)[what] = value
     return out
+
+
+def _own(settings: dict[str, Any], name: str, what: str, default: Any) -> Any:
+    """A request's setting ``what`` for the monitor ``name``: its own by name, else its own for
+    every monitor, else ``default``."""
+    return settings.get("by", {}).get(name, {}).get(what, settings.get(what, default))
 
 
 class TPCHooksStop(V1LogitsProcessor, V2LogitsProcessor):
@@ -150,14 +168,13 @@ class TPCHooksStop(V1LogitsProcessor, V2LogitsProcessor):
         pass  # the worker reads each request's settings from the scheduler
 
     def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
-        armed = _ARMED
-        if armed is None or not armed.stop_rows:
+        if not _STOPS:
             return logits
-        for i, eos in armed.stop_rows:
+        for i, eos in _STOPS:
             if eos is not None and i < logits.shape[0]:
                 logits[i] = float("-inf")
                 logits[i, eos] = 0.0
-        armed.stop_rows = []
+        _STOPS.clear()
         return logits
 
 
@@ -193,7 +210,7 @@ class _Mixin:
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         self._tpc_note(scheduler_output)
         out = super().execute_model(scheduler_output, *args, **kwargs)
-        if scheduler_output.total_num_scheduled_tokens and (_ARMED is not None or self._tpc_capture):
+        if scheduler_output.total_num_scheduled_tokens and (_ARMED or self._tpc_capture):
             step = _engine.last_pass(self.model_runner, scheduler_output)
             if step is not None:
                 self._tpc_read(step)
@@ -220,17 +237,17 @@ class _Mixin:
             req = reqs.pop(rid, None)
             if req is not None and req.rows:
                 self._tpc_finished_rows[rid] = req.rows
-            armed = _ARMED
-            if armed is not None:
-                if armed.keep == "summary" and req is not None and req.settings.get("monitor", True):
+            for armed in _ARMED.values():
+                on = req is not None and _own(req.settings, armed.name, "monitor", True)
+                if armed.keep == "summary" and on:
                     armed.summarize(rid)
-                elif req is not None and not req.settings.get("monitor", True):
+                elif req is not None and not on:
                     armed.scores.forget(rid)
 
     # ------------------------------------------------------------------ reading a pass
     @torch.inference_mode()
     def _tpc_read(self, step: _engine.Pass) -> None:
-        armed = _ARMED
+        members = list(_ARMED.values())
         t0 = time.perf_counter()
         at = {i: k for k, i in enumerate(self._tpc_ids)}
         pieces, cuts, rows_of = [], [], {}
@@ -241,7 +258,7 @@ class _Mixin:
                 continue
             toks = step.tokens[a:b].tolist()
             if req.start != req.chain.computed:
-                self._tpc_resume(rid, req, armed)
+                self._tpc_resume(rid, req, members)
             if req.tokens is not None and req.start + len(toks) > len(req.tokens):
                 req.tokens[req.start:] = toks
             if req.reusable:
@@ -250,7 +267,7 @@ class _Mixin:
                 ends, req.chain.computed = [], req.chain.computed + len(toks)
             for aux_id in self._tpc_capture:
                 req.rows.setdefault(aux_id, []).append(step.aux[at[aux_id]][a:b].detach().float().cpu())
-            if armed is None or rid in armed.unscored:
+            if not members or all(rid in m.unscored for m in members):
                 continue
             end = req.start + (b - a)  # a step ends here if it reaches past the prompt and the steps recorded so far
             complete = end >= req.prompt_len and end > req.scored_to
@@ -259,21 +276,28 @@ class _Mixin:
             pieces.append((rid, a, b, complete))
             cuts.append([off for off, _ in ends])
             rows_of[rid] = (i, req, dict(ends))
-        if armed is None:
-            return
-        if pieces:
-            keep = lambda rid, off, state: armed.blocks.put(rows_of[rid][2][off], state)  # noqa: E731
-            aux = step.aux[at[self._tpc_layer]]
-            whole = all(p[2] == q[1] for p, q in zip(pieces, pieces[1:]))  # one run of rows (the usual pass): a view
-            rows = aux[pieces[0][1]:pieces[-1][2]] if whole else torch.cat([aux[a:b] for _, a, b, _ in pieces])
-            sizes = [b - a for _, a, b, _ in pieces]
-            done, res = armed.scores.update_flat([p[0] for p in pieces], rows, sizes, [p[3] for p in pieces], cuts, keep)
-            armed.rows += sum(sizes)
-            self._tpc_decide(armed, done, res, rows_of)
-        armed.passes += 1
-        armed.seconds += time.perf_counter() - t0
+        shared = (time.perf_counter() - t0) / max(len(members), 1)  # the pass's bookkeeping, shared by the members
+        for armed in members:
+            t1 = time.perf_counter()
+            mine = [k for k, p in enumerate(pieces) if p[0] not in armed.unscored]
+            if mine:
+                self._tpc_score(armed, step.aux[at[armed.layer]], [pieces[k] for k in mine], [cuts[k] for k in mine],
+                                rows_of)
+            armed.passes += 1
+            armed.seconds += shared + time.perf_counter() - t1
 
-    def _tpc_resume(self, rid: str, req: _Request, armed: _Armed | None) -> None:
+    def _tpc_score(self, armed: _Armed, aux: torch.Tensor, pieces: list, cuts: list, rows_of: dict) -> None:
+        """One member scores the pass's pieces ``(request, first row, end row, complete)`` from
+        its auxiliary output ``aux``, keeps its state at the block ends in ``cuts`` and decides."""
+        keep = lambda rid, off, state: armed.blocks.put(rows_of[rid][2][off], state)  # noqa: E731
+        whole = all(p[2] == q[1] for p, q in zip(pieces, pieces[1:]))  # one run of rows (the usual pass): a view
+        rows = aux[pieces[0][1]:pieces[-1][2]] if whole else torch.cat([aux[a:b] for _, a, b, _ in pieces])
+        sizes = [b - a for _, a, b, _ in pieces]
+        done, res = armed.scores.update_flat([p[0] for p in pieces], rows, sizes, [p[3] for p in pieces], cuts, keep)
+        armed.rows += sum(sizes)
+        self._tpc_decide(armed, done, res, rows_of)
+
+    def _tpc_resume(self, rid: str, req: _Request, members: list[_Armed]) -> None:
         """A request whose computed count is not where its chain stands: it starts (or starts over
         after a preemption) at 0, or resumes after ``start`` cached tokens, from the state kept
         for them; without one it is not scored (it would be scored on part of its prompt)."""
@@ -281,7 +305,7 @@ class _Mixin:
         req.rows.clear()
         if c == 0:
             req.chain = Chain(self._tpc_block, req.chain.lora)
-            if armed is not None:
+            for armed in members:
                 armed.scores.restart(rid)
                 armed.unscored.discard(rid)
             return
@@ -290,23 +314,22 @@ class _Mixin:
             key = req.chain.start(req.tokens[:c])
         else:
             key, req.chain.computed = None, c
-        if armed is None:
-            return
-        state = armed.blocks.get(key) if key is not None else None
-        if state is None:
-            armed.unscored.add(rid)
-            armed.scores.forget(rid)
-            self._tpc_counts["unscored"] += 1
-            return
-        armed.scores.restore(rid, state)
-        armed.unscored.discard(rid)
-        self._tpc_counts["resumed"] += 1
+        for armed in members:  # each member from its own state for the prefix, or not at all
+            state = armed.blocks.get(key) if key is not None else None
+            if state is None:
+                armed.unscored.add(rid)
+                armed.scores.forget(rid)
+                self._tpc_counts["unscored"] += 1
+                continue
+            armed.scores.restore(rid, state)
+            armed.unscored.discard(rid)
+            self._tpc_counts["resumed"] += 1
 
     def _tpc_decide(self, armed: _Armed, done: list[str], res: Any, rows_of: dict) -> None:
         """Records each scored step and flags, or stops, the requests that cross their threshold."""
         if not done:
             return
-        own = [rows_of[rid][1].settings.get("threshold") for rid in done]
+        own = [_own(rows_of[rid][1].settings, armed.name, "threshold", None) for rid in done]
         if any(t is not None for t in own):
             hits = [bool(flagged(res.decision_logits[j:j + 1], armed.threshold if t is None else t))
                     for j, t in enumerate(own)]
@@ -315,7 +338,7 @@ class _Mixin:
             hits = flagged(res.decision_logits, armed.threshold).tolist()
         for rid, hit in zip(done, hits):
             i, req, _ = rows_of[rid]
-            if not req.settings.get("monitor", True):
+            if not _own(req.settings, armed.name, "monitor", True):
                 armed.scores.records.pop(rid, None)  # opted out: its state is kept for the blocks, not its steps
                 continue
             if hit and rid not in armed.first:
@@ -325,7 +348,7 @@ class _Mixin:
                 nonfinite = armed.keep == "summary" and bool(math.isnan(armed.scores.records[rid][-1][2]))
                 if armed.action == "stop" or nonfinite:
                     armed.stopped[rid] = step
-                    armed.stop_rows.append((i, req.eos))
+                    _STOPS.append((i, req.eos))
 
     # ------------------------------------------------------------------ recording (collect, score)
     def tpc_hooks_sites(self) -> dict[str, int]:
@@ -364,30 +387,45 @@ class _Mixin:
     # ------------------------------------------------------------------ monitoring (generate, serve)
     def tpc_hooks_arm(self, path: str, site: str, order: int | None, cascade: float | None, action: str,
                       keep: str = "steps") -> dict:
-        """Loads the monitor saved at ``path`` and scores every request from now on at ``site``;
-        ``action="stop"`` ends a request at its first flagged step.
-        ``keep="steps"``: every step of every request, until :meth:`tpc_hooks_runs` takes them;
-        ``"summary"`` (a server): a finished request's steps become a summary, kept for the last
-        ``KEEP`` requests until :meth:`tpc_hooks_summaries` takes it, and a request whose
+        """Loads the monitor saved at ``path`` and scores every request from now on at ``site``
+        (in place of whatever ran before); ``action="stop"`` ends a request at its first flagged
+        step. ``keep="steps"``: every step of every request, until :meth:`tpc_hooks_runs` takes
+        them; ``"summary"`` (a server): a finished request's steps become a summary, kept for the
+        last ``KEEP`` requests until :meth:`tpc_hooks_summaries` takes it, and a request whose
         activations turn NaN/inf is stopped whatever the action. Returns what the worker runs
         (site, threshold, d_model)."""
-        global _ARMED
-        self.tpc_hooks_disarm()
-        if site not in self._tpc_sites:
-            raise TPCHooksError(unexposed([site], self._tpc_sites))
-        monitor = Monitor.load(path)
-        d_model = self._tpc_d_model()
-        if monitor.head.d_model != d_model:
-            raise TPCHooksError(f"monitor expects d_model={monitor.head.d_model} but this model produces {d_model}")
-        if getattr(self, "rank", 0) == 0:
-            _ARMED = _Armed(monitor, order, cascade, action, keep, self._tpc_store(path, site, order, cascade))
-            self._tpc_layer = self._tpc_sites[site]
-        return {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": d_model}
+        spec = {"name": "", "path": path, "site": site, "order": order, "cascade": cascade, "action": action}
+        return self.tpc_hooks_arm_set([spec], keep)[""]
 
-    def tpc_hooks_runs(self, requests: list[str] | None = None) -> dict[str, dict[str, Any]]:
-        """The recorded steps of ``requests`` (default: all), as lists, with the step each was
-        stopped at; forgets them."""
-        armed = _ARMED
+    def tpc_hooks_arm_set(self, specs: list[dict[str, Any]], keep: str = "steps") -> dict[str, dict]:
+        """:meth:`tpc_hooks_arm` for several monitors at once, each ``{"name", "path", "site",
+        "order", "cascade", "action"}``: every pass is read once and scored by each, under its
+        name (a request ends when any stopping monitor flags it). All are loaded and checked
+        before any replaces what ran. Returns what each runs, by name."""
+        global _ARMED
+        d_model = self._tpc_d_model()
+        loaded = []
+        for spec in specs:
+            if spec["site"] not in self._tpc_sites:
+                raise TPCHooksError(unexposed([spec["site"]], self._tpc_sites))
+            monitor = Monitor.load(spec["path"])
+            if monitor.head.d_model != d_model:
+                who = f"monitor {spec['name']!r}" if spec["name"] else "monitor"
+                raise TPCHooksError(f"{who} expects d_model={monitor.head.d_model} but this model produces {d_model}")
+            loaded.append((spec, monitor))
+        self.tpc_hooks_disarm()
+        if getattr(self, "rank", 0) == 0:
+            _ARMED = {spec["name"]: _Armed(spec["name"], monitor, self._tpc_sites[spec["site"]], spec["order"],
+                                           spec["cascade"], spec["action"], keep,
+                                           self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]))
+                      for spec, monitor in loaded}
+        return {spec["name"]: {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": d_model}
+                for spec, monitor in loaded}
+
+    def tpc_hooks_runs(self, requests: list[str] | None = None, member: str = "") -> dict[str, dict[str, Any]]:
+        """The recorded steps of ``requests`` (default: all) by the monitor ``member`` (a lone
+        monitor: ""), as lists, with the step each was stopped at; forgets them."""
+        armed = _ARMED.get(member)
         if armed is None:
             return {}
         out: dict[str, dict[str, Any]] = {}
@@ -400,12 +438,12 @@ class _Mixin:
             out[rid] = {"error": UNSCORED}
         return out
 
-    def tpc_hooks_summaries(self, prefixes: list[str]) -> dict[str, dict[str, Any]]:
-        """The summaries (``keep="summary"``) of the finished requests whose engine id contains
-        one of ``prefixes`` (the server asks once their last token has reached it): steps, peak
-        score, flagged, first flagged step, stopped step, the threshold used, the first step that
-        scored NaN; forgets them."""
-        armed = _ARMED
+    def tpc_hooks_summaries(self, prefixes: list[str], member: str = "") -> dict[str, dict[str, Any]]:
+        """The summaries (``keep="summary"``) by the monitor ``member`` of the finished requests
+        whose engine id contains one of ``prefixes`` (the server asks once their last token has
+        reached it): steps, peak score, flagged, first flagged step, stopped step, the threshold
+        used, the first step that scored NaN; forgets them."""
+        armed = _ARMED.get(member)
         if armed is None:
             return {}
         match = lambda rid: any(p in rid for p in prefixes)  # noqa: E731 (engine ids may carry a sample's "k_" first)
@@ -416,20 +454,27 @@ class _Mixin:
         hits = [rid for rid in armed.summaries if match(rid)]
         return {rid: armed.summaries.pop(rid) for rid in hits}
 
+    def tpc_hooks_set_summaries(self, prefixes: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+        """:meth:`tpc_hooks_summaries` of every monitor this worker runs, by name (one call per
+        batch of finished responses, however many monitors)."""
+        return {name: self.tpc_hooks_summaries(prefixes, name) for name in list(_ARMED)}
+
     def tpc_hooks_disarm(self) -> bool:
-        """Removes the monitor and its state (safe to call again)."""
+        """Removes every monitor and its state (safe to call again)."""
         global _ARMED
-        _ARMED = None
+        _ARMED = {}
+        _STOPS.clear()
         return True
 
-    def tpc_hooks_stats(self) -> dict[str, float]:
-        """What the monitor has cost since it was armed: forward passes, seconds (wall clock in the
-        worker's reading and scoring; on a GPU, without waiting for the device), rows scored, and
-        what it holds: requests with a running state, requests with recorded steps (and how many
-        steps), summaries not yet taken, kept block states (and how many the store holds at most),
-        the process's resident memory, and since the engine started: requests resumed from a kept
+    def tpc_hooks_stats(self, member: str = "") -> dict[str, float]:
+        """What the monitor ``member`` has cost since it was armed: forward passes, seconds (wall
+        clock in the worker's reading and scoring, the pass's shared bookkeeping split between
+        the monitors; on a GPU, without waiting for the device), rows scored, and what it holds:
+        requests with a running state, requests with recorded steps (and how many steps),
+        summaries not yet taken, kept block states (and how many the store holds at most), the
+        process's resident memory, and since the engine started: requests resumed from a kept
         block state and requests found without one (:meth:`tpc_hooks_counts`)."""
-        armed = _ARMED
+        armed = _ARMED.get(member)
         if armed is None:
             return {}
         return {"passes": armed.passes, "seconds": armed.seconds, "rows": armed.rows,
