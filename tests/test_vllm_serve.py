@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,10 +39,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(args, **env):
+def _serve(args, out=subprocess.PIPE, **env):
+    """The server as a subprocess; its output to ``out`` (a pipe to read at its end, or a file for a
+    long-running server: one nobody reads would fill a pipe and block the server on its next log line)."""
     gpu = ["--gpu-memory-utilization", "0.5"] if torch.cuda.is_available() else []  # make test-vllm-gpu
     return subprocess.Popen([sys.executable, "-m", "tpc_hooks", "serve", str(offline.default_model_dir()), *args, *gpu],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdout=out, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env})
 
 
@@ -57,13 +60,16 @@ def running(args):
     """Starts ``tpc-hooks serve`` on the packaged model with ``args`` and yields a client once it
     is up (a generator for a fixture); stops the server after."""
     port = _free_port()
+    keep = os.environ.get("TPC_TEST_SERVER_LOG")  # a path: the server's output is kept there, to read after a failure
+    log = open(keep, "w+") if keep else tempfile.TemporaryFile("w+")
     proc = _serve([*args, "--port", str(port), "--dtype", "float32", "--served-model-name", "smol", "--max-num-seqs",
-                   "4"], VLLM_SERVER_DEV_MODE="1", PYTHONPATH=str(HERE))
+                   "4"], out=log, VLLM_SERVER_DEV_MODE="1", PYTHONPATH=str(HERE))
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
     while time.time() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"the server exited: {proc.stdout.read()[-3000:]}")
+            log.seek(0)
+            pytest.fail(f"the server exited: {log.read()[-3000:]}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 break
@@ -79,6 +85,7 @@ def running(args):
         proc.wait(60)
     except subprocess.TimeoutExpired:
         proc.kill()
+    log.close()
 
 
 def _chat(client, prompt, max_tokens=12, **extra):
@@ -108,6 +115,8 @@ def test_models_endpoint_names_the_monitor(server):
     assert got["tpc_hooks"] == {**want, "action": "stop"}
     assert got["data"][0]["tpc_hooks"]["sha256"] == want["sha256"]
     assert want["site"] == "blocks.20.hook_resid_post" and want["threshold"] == 0.5
+    # without --admin-api-key there is no route that replaces a monitor
+    assert client.put("/tpc_hooks/monitors/default", json={"path": str(where)}).status_code in (404, 405)
 
 
 def test_every_answer_says_what_the_monitor_decided_as_the_transformers_loop_decides_it(server, smollm2_hf):

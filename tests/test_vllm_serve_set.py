@@ -6,6 +6,8 @@ test-vllm``; skipped where vLLM is not installed)."""
 
 import re
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -17,6 +19,8 @@ from test_vllm_serve import PROMPTS, REL, _chat, _free_port, _metrics, _monitor,
 from tiny_models import random_head  # noqa: E402
 
 EARLY = "blocks.10.hook_resid_post"
+KEY = "s3cret"
+ADMIN = {"Authorization": f"Bearer {KEY}"}
 
 
 def _early(threshold=0.5):
@@ -46,7 +50,7 @@ def set_server(tmp_path_factory, expected):
         dirs[name] = tmp_path_factory.mktemp(name)
         mon.save(dirs[name])
     for client in running(["--monitor", f"harm={dirs['harm']}:stop", "--monitor", f"early={dirs['early']}:flag",
-                           "--drift-window", "3"]):
+                           "--drift-window", "3", "--admin-api-key", KEY]):
         yield client, dirs
 
 
@@ -144,3 +148,97 @@ def test_several_monitors_each_need_a_name(tmp_path):
         proc.kill()
         raise
     assert proc.returncode == 2 and "several monitors need a name each" in out.strip().splitlines()[-1]
+
+
+# ---------------------------------------------------------------------- replacing a monitor without a restart
+def test_the_admin_route_needs_its_key(set_server):
+    client, dirs = set_server
+    body = {"path": str(dirs["harm"])}
+    assert client.put("/tpc_hooks/monitors/harm", json=body).status_code == 401
+    assert client.put("/tpc_hooks/monitors/harm", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert client.get("/tpc_hooks/monitors/harm", headers=ADMIN).status_code == 405
+
+
+def test_a_bad_directory_is_refused_and_the_old_monitor_keeps_serving(set_server, tmp_path):
+    client, dirs = set_server
+    before = client.get("/v1/models").json()["tpc_hooks"]
+    for body, why in [({"path": str(tmp_path / "missing")}, "is not a directory"),
+                      ({"path": str(dirs["harm"]), "action": "halt"}, "action must be"),
+                      ({"where": "x"}, "the body must be")]:
+        r = client.put("/tpc_hooks/monitors/harm", json=body, headers=ADMIN)
+        assert r.status_code == 400 and why in r.json()["error"], r.text
+    other = tmp_path / "other-site"
+    tpc.Monitor(random_head(576, std=0.05, scale=30.0), "blocks.5.hook_resid_post", chat_template=True).save(other)
+    r = client.put("/tpc_hooks/monitors/harm", json={"path": str(other)}, headers=ADMIN)
+    assert r.status_code == 400 and "--sites" in r.json()["error"]
+    assert client.delete("/tpc_hooks/monitors/pii", headers=ADMIN).status_code == 400
+    assert client.get("/v1/models").json()["tpc_hooks"] == before
+    assert _chat(client, "hi").json()["choices"][0]["finish_reason"] == "content_flagged:harm"
+
+
+def test_a_monitor_is_replaced_under_32_clients_and_in_flight_requests_finish_on_the_old_one(set_server, tmp_path,
+                                                                                              smollm2_hf):
+    """32 clients send requests while "harm" (threshold 0.5, stops "hi") is replaced by the same head at
+    threshold 0.99: every answer is whole and carries one of the two monitors; every request sent after
+    the swap returned gets the new one, and scores as the transformers loop scores it (the prefix cache
+    was emptied and the prefix recomputed under the new monitor); then one is removed and another added."""
+    client, dirs = set_server
+    first = _chat(client, "hi").json()["choices"][0]
+    assert first["tpc_hooks"]["harm"]["threshold"] == 0.5 and first["finish_reason"] == "content_flagged:harm"
+    new = tmp_path / "harm-099"
+    mon = tpc.Monitor.load(dirs["harm"])
+    mon.threshold = 0.99
+    mon.save(new)
+    results, swapped, stop = [], {}, threading.Event()
+
+    def client_loop(k):
+        import httpx
+
+        with httpx.Client(base_url=str(client.base_url), timeout=300) as c:
+            while not stop.is_set():
+                sent = time.monotonic()
+                r = _chat(c, ["hi", "Say only the word yes.", "How do I bake sourdough bread?"][k % 3], max_tokens=8)
+                results.append((sent, time.monotonic(), r.status_code, r.json() if r.status_code == 200 else r.text))
+
+    threads = [threading.Thread(target=client_loop, args=(k,)) for k in range(32)]
+    for t in threads:
+        t.start()
+    time.sleep(8)
+    swapped["from"] = time.monotonic()
+    r = client.put("/tpc_hooks/monitors/harm", json={"path": str(new)}, headers=ADMIN)
+    swapped["at"] = time.monotonic()
+    time.sleep(8)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert r.status_code == 200 and r.json()["threshold"] == 0.99, r.text
+    assert all(code == 200 for _, _, code, _ in results), [x for x in results if x[2] != 200][:2]
+    thresholds = [(sent, done, body["choices"][0]["tpc_hooks"]["harm"]["threshold"]) for sent, done, _, body in results]
+    assert {t for _, _, t in thresholds} == {0.5, 0.99}
+    assert all(t == 0.99 for sent, _, t in thresholds if sent > swapped["at"])
+    # requests running when the swap came finished after it, on the monitor they started with
+    assert any(t == 0.5 for sent, done, t in thresholds if sent < swapped["from"] and done > swapped["at"])
+    assert client.get("/v1/models").json()["tpc_hooks"]["harm"]["sha256"] != first_sha(dirs)
+    after = _chat(client, "hi").json()["choices"][0]
+    assert after["finish_reason"] in ("stop", "length") and not after["tpc_hooks"]["harm"]["flagged"]
+    model, tok = smollm2_hf  # the new monitor scores "hi" as the transformers loop does (its prefix recomputed)
+    want = tpc.Monitor.load(new).generate(model, ["hi"], max_new_tokens=12, tokenizer=tok)
+    field = after["tpc_hooks"]["harm"]
+    assert field["peak_score"] == pytest.approx(float(want.scores[0][:field["steps"]].max()), rel=REL)
+    # removing a monitor, then adding one under a new name
+    assert client.delete("/tpc_hooks/monitors/early", headers=ADMIN).json() == {"removed": "early"}
+    assert set(_chat(client, "hi").json()["choices"][0]["tpc_hooks"]) == {"harm"}
+    r = client.put("/tpc_hooks/monitors/late", json={"path": str(dirs["early"]), "action": "flag"}, headers=ADMIN)
+    assert r.status_code == 200
+    assert set(client.get("/v1/models").json()["tpc_hooks"]) == {"harm", "late"}
+    r = _chat(client, "hi", vllm_xargs={"tpc_hooks_monitor.late": False})
+    assert r.status_code == 200, r.text
+    got = r.json()["choices"][0]["tpc_hooks"]
+    assert got["late"] == {"monitored": False} and got["harm"]["monitored"]
+    assert "tpc_hooks_requests_scored_total" in _metrics(client, "late")
+
+
+def first_sha(dirs):
+    from tpc_hooks.serving._vllm_serve import identity
+
+    return identity(dirs["harm"])["sha256"]

@@ -26,6 +26,7 @@ Imported by ``tpc-hooks serve`` only (it imports vLLM).
 import argparse
 import asyncio
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -48,6 +49,9 @@ FLAGGED = "content_flagged"  # the finish_reason of a stopped choice
 _ROUTES = ("/v1/completions", "/v1/chat/completions")
 
 LONE = "default"  # the metrics' monitor label of a lone, unnamed --monitor DIR
+ADMIN = "/tpc_hooks/monitors/"  # PUT/DELETE ADMIN + name: replace, add or remove a monitor (--admin-api-key)
+ADMIN_KEY: dict[str, Any] = {"key": None, "sites": [], "d_model": None, "action": "stop"}  # set before serving
+_SWAP = asyncio.Lock()  # one replacement at a time
 _BY = ["monitor"]
 SCORED = Counter("tpc_hooks_requests_scored", "Requests the monitor scored (choices, each its own request)", _BY)
 FLAGS = Counter("tpc_hooks_requests_flagged", "Requests flagged at some step", _BY)
@@ -124,6 +128,8 @@ class MonitorMiddleware:
             return await self.app(scope, receive, send)
         if scope["path"] == "/v1/models" and scope["method"] == "GET":
             return await self._buffered(scope, receive, send, self._models)
+        if scope["path"].startswith(ADMIN) and ADMIN_KEY["key"]:
+            return await _admin(scope, receive, send)
         if scope["path"] not in _ROUTES or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         body = bytearray()
@@ -339,6 +345,95 @@ def _count(s: dict | None, label: str) -> None:
         PEAK.labels(label).observe(s["peak_score"])
 
 
+def _labels(name: str, target: float | None) -> None:
+    """A monitor's metric series from the start, at zero, and its flag rates."""
+    label = name or LONE
+    for metric in (SCORED, FLAGS, STOPS, OPTED, NONFINITE, PEAK):
+        metric.labels(label)
+    DRIFT[label] = FlagRate(target, ADMIN_KEY.get("window", 1000), ADMIN_KEY.get("band", 2.0))
+    if target is not None:
+        RATE.labels(label, "target").set(target)
+
+
+async def _admin(scope: dict, receive: Any, send: Any) -> None:
+    """``PUT /tpc_hooks/monitors/NAME`` with ``{"path": DIR, "action": "stop"|"flag"}`` loads the
+    monitor saved in ``DIR`` (on the server's disk) and puts it in place of ``NAME`` (or adds it)
+    between two engine steps; ``DELETE`` removes ``NAME``. Requests in flight finish on the monitor
+    they started with; the prefix cache is emptied (its blocks hold no state of the new monitor),
+    so running requests recompute once. Needs ``Authorization: Bearer KEY`` (``--admin-api-key``).
+    A bad directory is refused with the reason (HTTP 400) and the old monitor keeps serving."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        body.extend(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            break
+
+    async def answer(status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+    headers = dict((k.lower(), v) for k, v in scope.get("headers", []))
+    given = headers.get(b"authorization", b"").removeprefix(b"Bearer ")
+    if not hmac.compare_digest(given, ADMIN_KEY["key"].encode()):
+        return await answer(401, {"error": "the admin routes need Authorization: Bearer <--admin-api-key>"})
+    name, method = scope["path"][len(ADMIN):], scope["method"]
+    if method not in ("PUT", "DELETE"):
+        return await answer(405, {"error": f"{ADMIN}NAME takes PUT (load a monitor) or DELETE (remove it)"})
+    monitors = MonitorMiddleware.monitors
+    try:
+        if list(monitors) == [""]:  # a lone unnamed monitor is addressed as "default", and stays alone
+            if name != LONE:
+                raise TPCHooksError(f"this server runs one unnamed monitor: replace it at {ADMIN}{LONE}; to run several, "
+                                    "start it with --monitor NAME=DIR for each")
+            name = ""
+        elif not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+            raise TPCHooksError(f"{name!r} is not a monitor name (letters, digits, '_' and '-')")
+        spec = None
+        if method == "PUT":
+            req = json.loads(bytes(body) or b"{}")
+            if not isinstance(req, dict) or not isinstance(req.get("path"), str):
+                raise TPCHooksError('the body must be {"path": "<monitor directory on the server>", '
+                                    '"action": "stop" | "flag"}')
+            action = req.get("action", monitors.get(name, {}).get("action", ADMIN_KEY["action"]))
+            if action not in ("stop", "flag"):
+                raise TPCHooksError(f"action must be 'stop' or 'flag'; got {action!r}")
+            ident = identity(req["path"])
+            if ident["site"] not in ADMIN_KEY["sites"]:
+                raise TPCHooksError(f"this engine exposes {ADMIN_KEY['sites']}, not {ident['site']!r}; start the "
+                                    "server with --sites to be able to swap in monitors at other sites")
+            if ident["d_model"] != ADMIN_KEY["d_model"]:
+                raise TPCHooksError(f"the monitor expects d_model={ident['d_model']} but the model produces "
+                                    f"{ADMIN_KEY['d_model']}; was it trained on another model?")
+            spec = {"name": name, "path": str(Path(req["path"]).resolve()), "site": ident["site"], "order": None,
+                    "cascade": None, "action": action}
+        elif name not in monitors:
+            raise TPCHooksError(f"no monitor named {name!r} runs here (it runs {sorted(monitors)})")
+        engine = scope["app"].state.engine_client
+        async with _SWAP:
+            await engine.pause_generation(mode="keep", clear_cache=False)  # no step runs until the swap is whole
+            try:
+                await engine.collective_rpc("tpc_hooks_swap", args=(name, spec))
+                await engine.reset_prefix_cache(reset_running_requests=True)
+            except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
+                raise TPCHooksError(str(err).removeprefix("Error in RPC: ")) from None
+            finally:
+                await engine.resume_generation()
+    except (TPCHooksError, ValueError) as err:
+        return await answer(400, {"error": str(err)})
+    if spec is None:
+        monitors.pop(name)
+        os.environ[NAMES_ENV] = json.dumps(list(monitors))
+        return await answer(200, {"removed": name})  # (never the lone monitor: the workers refuse to remove the last)
+    monitors[name] = {**ident, "action": spec["action"]}
+    os.environ[NAMES_ENV] = json.dumps(list(monitors))  # the names requests may address
+    _labels(name, ident["target_fpr"])
+    log.warning("monitor %s now %s (sha256 %s)", name, req["path"], ident["sha256"][:12])
+    return await answer(200, {"monitor": name or LONE, **monitors[name]})
+
+
 def _drift(label: str, flagged: bool) -> None:
     """One scored request into its monitor's flag rates; the gauges follow, and a crossing of the
     band is logged."""
@@ -396,20 +491,23 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     p.add_argument("--drift-band", type=float, default=2.0, metavar="F",
                    help="log a warning when the rolling flag rate leaves [target / F, target * F], the target being "
                         "the rate the monitor was calibrated to (default 2)")
+    p.add_argument("--admin-api-key", default=None, metavar="KEY",
+                   help=f"turns on {ADMIN}NAME: PUT loads a monitor directory on the server's disk in place of NAME "
+                        "(or adds it), DELETE removes it, without a restart; requests carry Authorization: Bearer KEY")
+    p.add_argument("--sites", nargs="+", default=[], metavar="SITE",
+                   help="more sites for the engine to expose, for monitors swapped in later (it compiles with the "
+                        "sites it will ever read)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     ours, rest = p.parse_known_args(argv)
     ours.members = members(ours.monitor, ours.action)
     MonitorMiddleware.monitors = {name: {**identity(where), "action": act} for name, where, act in ours.members}
-    ours.sites = sorted({m["site"] for m in MonitorMiddleware.monitors.values()})
+    ours.sites = sorted({m["site"] for m in MonitorMiddleware.monitors.values()} | set(ours.sites))
+    ADMIN_KEY.update(key=ours.admin_api_key, sites=ours.sites, action=ours.action, window=ours.drift_window,
+                     band=ours.drift_band, d_model=next(iter(MonitorMiddleware.monitors.values()))["d_model"])
     os.environ[NAMES_ENV] = json.dumps(list(MonitorMiddleware.monitors))  # the engine checks vllm_xargs' names
-    for name, monitor in MonitorMiddleware.monitors.items():  # every monitor's series from the start, at zero
-        label = name or LONE
-        for metric in (SCORED, FLAGS, STOPS, OPTED, NONFINITE, PEAK):
-            metric.labels(label)
-        DRIFT[label] = FlagRate(monitor["target_fpr"], ours.drift_window, ours.drift_band)
-        if monitor["target_fpr"] is not None:
-            RATE.labels(label, "target").set(monitor["target_fpr"])
+    for name, monitor in MonitorMiddleware.monitors.items():
+        _labels(name, monitor["target_fpr"])
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -427,12 +525,15 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     return ours, args
 
 
-def check_model(monitors: dict[str, dict[str, Any]], model: str, trust_remote_code: bool = False) -> None:
-    """Each monitor's site and d_model against the model's config (read, not loaded)."""
+def check_model(monitors: dict[str, dict[str, Any]], model: str, trust_remote_code: bool = False,
+                sites: list[str] = ()) -> None:
+    """Each monitor's site and d_model, and the other ``sites`` to expose, against the model's
+    config (read, not loaded)."""
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     cfg = getattr(cfg, "text_config", None) or cfg
+    aux_ids(list(sites) or [m["site"] for m in monitors.values()], cfg.num_hidden_layers)  # sites vLLM's forward can return
     for name, monitor in monitors.items():
         aux_ids([monitor["site"]], cfg.num_hidden_layers)  # a site vLLM's forward can return for this model
         if monitor["d_model"] != cfg.hidden_size:
@@ -468,7 +569,7 @@ def main(argv: list[str]) -> int:
 
     # a bad directory, or a monitor for another model, fails here, before the engine starts
     ours, args = parse(argv)
-    check_model(MonitorMiddleware.monitors, args.model, getattr(args, "trust_remote_code", False))
+    check_model(MonitorMiddleware.monitors, args.model, getattr(args, "trust_remote_code", False), ours.sites)
     uvloop.run(run(ours, args))
     return 0
 

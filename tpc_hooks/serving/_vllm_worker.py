@@ -63,6 +63,7 @@ class _Armed:
     def __init__(self, name: str, monitor: Monitor, layer: int, order: int | None, cascade: float | None, action: str,
                  keep: str, blocks: BlockStates):
         self.name, self.layer = name, layer
+        self.owns: set[str] | None = None  # once replaced or removed: the requests it still serves to their end
         self.monitor, self.action, self.keep = monitor, action, keep
         self.scores = RequestScores(monitor, order, cascade, frozen=True)  # loaded here, from a file: nobody else holds it
         self.threshold = float(monitor.threshold)
@@ -108,18 +109,21 @@ class _Request:
 
 
 _ARMED: dict[str, _Armed] = {}  # the monitors this worker runs, by name (a lone monitor: "")
+_RETIRING: list[_Armed] = []  # monitors replaced or removed, still serving the requests they started with
 _STOPS: list[tuple[int, int | None]] = []  # (sampler row, EOS id) a monitor ended in this step
 
 
-def _settings(params: SamplingParams | None) -> dict[str, Any]:
+def _settings(params: SamplingParams | None, names: bool = False) -> dict[str, Any]:
     """A request's own monitor settings from its ``extra_args`` (the OpenAI server's
     ``vllm_xargs``): ``{"tpc_hooks_monitor": false}`` opts out, ``{"tpc_hooks_threshold": p}``
     sets its threshold; with several monitors, ``tpc_hooks_monitor.NAME`` and
     ``tpc_hooks_threshold.NAME`` do the same for the monitor ``NAME`` alone (``"by"``). Raises
-    ValueError (an HTTP 400 from the server) for a bad value."""
+    ValueError (an HTTP 400 from the server) for a bad value, and with ``names``, for a name the
+    server does not run (checked where the engine admits a request: the server's process, whose
+    list follows monitors added or removed; a worker reads the settings of admitted requests)."""
     extra = (params.extra_args if params is not None else None) or {}
     out: dict[str, Any] = {}
-    known = json.loads(os.environ.get(NAMES_ENV, "null"))  # a server's monitors (None: not checked)
+    known = json.loads(os.environ.get(NAMES_ENV, "null")) if names else None  # a server's monitors (None: not checked)
     for key, v in extra.items():
         base, dot, name = str(key).partition(".")
         if base not in (OPT_OUT, THRESHOLD) or (dot and not name):
@@ -156,7 +160,7 @@ class TPCHooksStop(V1LogitsProcessor, V2LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        _settings(sampling_params)
+        _settings(sampling_params, names=True)
 
     def __init__(self, vllm_config: Any, *args: Any) -> None:
         pass
@@ -237,17 +241,20 @@ class _Mixin:
             req = reqs.pop(rid, None)
             if req is not None and req.rows:
                 self._tpc_finished_rows[rid] = req.rows
-            for armed in _ARMED.values():
+            for armed in _serving(rid):
                 on = req is not None and _own(req.settings, armed.name, "monitor", True)
                 if armed.keep == "summary" and on:
                     armed.summarize(rid)
                 elif req is not None and not on:
                     armed.scores.forget(rid)
+                if armed.owns is not None:
+                    armed.owns.discard(rid)
+        _retire_done()
 
     # ------------------------------------------------------------------ reading a pass
     @torch.inference_mode()
     def _tpc_read(self, step: _engine.Pass) -> None:
-        members = list(_ARMED.values())
+        members = [*_ARMED.values(), *_RETIRING]
         t0 = time.perf_counter()
         at = {i: k for k, i in enumerate(self._tpc_ids)}
         pieces, cuts, rows_of = [], [], {}
@@ -258,7 +265,7 @@ class _Mixin:
                 continue
             toks = step.tokens[a:b].tolist()
             if req.start != req.chain.computed:
-                self._tpc_resume(rid, req, members)
+                self._tpc_resume(rid, req, _serving(rid))
             if req.tokens is not None and req.start + len(toks) > len(req.tokens):
                 req.tokens[req.start:] = toks
             if req.reusable:
@@ -277,9 +284,14 @@ class _Mixin:
             cuts.append([off for off, _ in ends])
             rows_of[rid] = (i, req, dict(ends))
         shared = (time.perf_counter() - t0) / max(len(members), 1)  # the pass's bookkeeping, shared by the members
+        taken = _taken()
         for armed in members:
             t1 = time.perf_counter()
-            mine = [k for k, p in enumerate(pieces) if p[0] not in armed.unscored]
+            if armed.owns is not None:  # replaced or removed: only the requests it started with
+                mine = [k for k, p in enumerate(pieces) if p[0] in armed.owns and p[0] not in armed.unscored]
+            else:
+                gone = taken.get(armed.name, ())
+                mine = [k for k, p in enumerate(pieces) if p[0] not in armed.unscored and p[0] not in gone]
             if mine:
                 self._tpc_score(armed, step.aux[at[armed.layer]], [pieces[k] for k in mine], [cuts[k] for k in mine],
                                 rows_of)
@@ -404,15 +416,7 @@ class _Mixin:
         before any replaces what ran. Returns what each runs, by name."""
         global _ARMED
         d_model = self._tpc_d_model()
-        loaded = []
-        for spec in specs:
-            if spec["site"] not in self._tpc_sites:
-                raise TPCHooksError(unexposed([spec["site"]], self._tpc_sites))
-            monitor = Monitor.load(spec["path"])
-            if monitor.head.d_model != d_model:
-                who = f"monitor {spec['name']!r}" if spec["name"] else "monitor"
-                raise TPCHooksError(f"{who} expects d_model={monitor.head.d_model} but this model produces {d_model}")
-            loaded.append((spec, monitor))
+        loaded = [(spec, self._tpc_load(spec)) for spec in specs]
         self.tpc_hooks_disarm()
         if getattr(self, "rank", 0) == 0:
             _ARMED = {spec["name"]: _Armed(spec["name"], monitor, self._tpc_sites[spec["site"]], spec["order"],
@@ -444,27 +448,67 @@ class _Mixin:
         reached it): steps, peak score, flagged, first flagged step, stopped step, the threshold
         used, the first step that scored NaN; forgets them."""
         armed = _ARMED.get(member)
-        if armed is None:
-            return {}
-        match = lambda rid: any(p in rid for p in prefixes)  # noqa: E731 (engine ids may carry a sample's "k_" first)
-        for rid in [r for r in armed.scores.records if match(r)]:  # finished: the server saw their last token
-            armed.summarize(rid)
-        for rid in [r for r in armed.unscored if match(r)]:
-            armed.summarize(rid)
-        hits = [rid for rid in armed.summaries if match(rid)]
-        return {rid: armed.summaries.pop(rid) for rid in hits}
+        return {} if armed is None else _summaries_of(armed, prefixes)  # finished: the server saw their last token
 
     def tpc_hooks_set_summaries(self, prefixes: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
         """:meth:`tpc_hooks_summaries` of every monitor this worker runs, by name (one call per
-        batch of finished responses, however many monitors)."""
-        return {name: self.tpc_hooks_summaries(prefixes, name) for name in list(_ARMED)}
+        batch of finished responses, however many monitors), with those of monitors replaced or
+        removed while the requests ran."""
+        out: dict[str, dict[str, dict[str, Any]]] = {name: self.tpc_hooks_summaries(prefixes, name) for name in _ARMED}
+        for armed in _RETIRING:
+            out.setdefault(armed.name, {}).update(_summaries_of(armed, prefixes))
+        _retire_done()
+        return out
+
+    def tpc_hooks_swap(self, name: str, spec: dict[str, Any] | None) -> dict[str, Any]:
+        """Puts the monitor ``spec`` (as :meth:`tpc_hooks_arm_set` takes one) in place of the monitor
+        ``name`` (new or existing), or removes ``name`` (``spec`` None), between two engine steps.
+        The requests the worker holds now finish on the monitor they started with; requests that
+        start later get the new one (or none). A monitor that does not load or check is refused
+        and nothing changes. Returns what the new monitor runs ({} when removed)."""
+        old = _ARMED.get(name)
+        if spec is None and old is None:
+            raise TPCHooksError(f"no monitor named {name!r} runs here (it runs {sorted(_ARMED)})")
+        if spec is None and len(_ARMED) == 1:
+            raise TPCHooksError(f"{name!r} is the only monitor this engine runs; put another in its place instead")
+        keep = next(iter(_ARMED.values())).keep if _ARMED else "summary"
+        new, info = None, {}
+        if spec is not None:
+            spec = {**spec, "name": name}
+            monitor = self._tpc_load(spec)
+            new = _Armed(name, monitor, self._tpc_sites[spec["site"]], spec["order"], spec["cascade"], spec["action"],
+                         keep, self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]))
+            info = {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": self._tpc_d_model()}
+        if getattr(self, "rank", 0) != 0:
+            return info
+        if old is not None:
+            old.owns = set(self._tpc_requests)  # in flight: they finish on it
+            _RETIRING.append(old)
+        if new is not None:
+            _ARMED[name] = new
+        else:
+            del _ARMED[name]
+        _retire_done()
+        return info
 
     def tpc_hooks_disarm(self) -> bool:
         """Removes every monitor and its state (safe to call again)."""
         global _ARMED
         _ARMED = {}
+        _RETIRING.clear()
         _STOPS.clear()
         return True
+
+    def _tpc_load(self, spec: dict[str, Any]) -> Monitor:
+        """The monitor of ``spec``, loaded and checked against this engine (site exposed, width)."""
+        if spec["site"] not in self._tpc_sites:
+            raise TPCHooksError(unexposed([spec["site"]], self._tpc_sites))
+        monitor = Monitor.load(spec["path"])
+        d_model = self._tpc_d_model()
+        if monitor.head.d_model != d_model:
+            who = f"monitor {spec['name']!r}" if spec["name"] else "monitor"
+            raise TPCHooksError(f"{who} expects d_model={monitor.head.d_model} but this model produces {d_model}")
+        return monitor
 
     def tpc_hooks_stats(self, member: str = "") -> dict[str, float]:
         """What the monitor ``member`` has cost since it was armed: forward passes, seconds (wall
@@ -507,6 +551,36 @@ class _Mixin:
 
     def _tpc_d_model(self) -> int:
         return int(self.model_runner.model_config.get_hidden_size())
+
+
+def _serving(rid: str) -> list[_Armed]:
+    """The monitors that score request ``rid``: for each name, the one it started with."""
+    owned = {armed.name: armed for armed in _RETIRING if rid in armed.owns}
+    return [owned.get(name, armed) for name, armed in _ARMED.items()] + \
+        [armed for name, armed in owned.items() if name not in _ARMED]
+
+
+def _taken() -> dict[str, set[str]]:
+    """Per name: the requests a replaced monitor of that name still serves (its successor skips them)."""
+    out: dict[str, set[str]] = {}
+    for armed in _RETIRING:
+        out.setdefault(armed.name, set()).update(armed.owns)
+    return out
+
+
+def _summaries_of(armed: _Armed, prefixes: list[str]) -> dict[str, dict[str, Any]]:
+    """A monitor's summaries of the finished requests matching ``prefixes``; forgets them."""
+    match = lambda rid: any(p in rid for p in prefixes)  # noqa: E731 (engine ids may carry a sample's "k_" first)
+    for rid in [r for r in armed.scores.records if match(r) and (armed.owns is None or r not in armed.owns)]:
+        armed.summarize(rid)
+    for rid in [r for r in armed.unscored if match(r)]:
+        armed.summarize(rid)
+    return {rid: armed.summaries.pop(rid) for rid in [r for r in armed.summaries if match(r)]}
+
+
+def _retire_done() -> None:
+    """Drops the replaced monitors whose requests have all finished and been reported."""
+    _RETIRING[:] = [a for a in _RETIRING if a.owns or a.summaries or a.scores.records]
 
 
 def _rss() -> int:
