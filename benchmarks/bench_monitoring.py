@@ -296,6 +296,21 @@ class BenchError(RuntimeError):
     """A check before timing failed (the variants would not generate the same tokens)."""
 
 
+def bare_loop(adapter: Any, x: torch.Tensor, mask: torch.Tensor, live: torch.Tensor, n: int) -> int:
+    """tpc-hooks' decode loop with no hook and no scoring, ``n`` greedy tokens per row: what the loop
+    costs without the monitor. Returns the tokens made per row."""
+    made = [0]
+
+    def on_step(acts, m, logits):
+        if made[0] == n:
+            return None
+        made[0] += 1
+        return logits.argmax(-1), live
+
+    adapter.decode(x, mask, None, n, on_step)
+    return made[0]
+
+
 def bench_variants(model: Any, toolkit: str, tok: Any, texts: list[str], args: argparse.Namespace,
                    device: str) -> dict[str, Any]:
     """Times every variant on one model, toolkit and batch (see the module docstring)."""
@@ -335,16 +350,7 @@ def bench_variants(model: Any, toolkit: str, tok: Any, texts: list[str], args: a
             return mon.generate(model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok)
 
         def loop():
-            made = [0]
-
-            def on_step(acts, m, logits):
-                if made[0] == n:
-                    return None
-                made[0] += 1
-                return logits.argmax(-1), live
-
-            adapter.decode(x, mask, None, n, on_step)
-            return made[0]
+            return bare_loop(adapter, x, mask, live, n)
 
         return {"hf": hf_generate, "stopping": hf_stopping, "watch": watched, "hf_again": hf_generate,
                 "monitored": monitored, "loop": loop}
@@ -705,14 +711,7 @@ def bench_sets(model: Any, toolkit: str, tok: Any, texts: list[str], args: argpa
         return mons[0].generate(model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok)
 
     def loop():
-        made = [0]
-
-        def on_step(acts, m, logits):
-            if made[0] == n:
-                return None
-            made[0] += 1
-            return logits.argmax(-1), live
-        adapter.decode(x, mask, None, n, on_step)
+        return bare_loop(adapter, x, mask, live, n)
 
     fns = {"one monitor": one, "one monitor again": one, **{
         k: (lambda m=m: m.generate(model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok))
