@@ -138,21 +138,25 @@ def offline_rounds(base, llm, mon, prompts: list[list[int]], new_tokens: int, ro
         outs = base.generate(reqs, sp, use_tqdm=False)
         return time.perf_counter() - t, outs
 
-    def monitored() -> tuple[float, list, dict, dict]:
+    names = list(mon) if isinstance(mon, tpc.MonitorSet) else [""]  # a set's members, or a lone monitor
+
+    def monitored() -> tuple[float, list, list, dict]:
         with adapter.monitoring(mon):
             t = time.perf_counter()
             outs = llm.generate(reqs, sp, use_tqdm=False)
-            runs = llm.collective_rpc("tpc_hooks_runs")[0]
+            runs = [llm.collective_rpc("tpc_hooks_runs", args=(None, n))[0] for n in names]
             dt = time.perf_counter() - t
-            stats = llm.collective_rpc("tpc_hooks_stats")[0]
+            every = [llm.collective_rpc("tpc_hooks_stats", args=(n,))[0] for n in names]
+        stats = {"passes": every[0]["passes"], "seconds": sum(st["seconds"] for st in every)}  # all members' work
         return dt, outs, runs, stats
 
-    # before timing: same tokens, every request scored at every step, nothing flagged
+    # before timing: same tokens, every request scored at every step by every monitor, nothing flagged
     _, want = plain()
-    _, got, runs, _ = monitored()
+    _, got, every_runs, _ = monitored()
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-    assert len(runs) == len(prompts) and all(len(r.get("probs", ())) == new_tokens for r in runs.values())
-    assert not any(p >= NEVER for r in runs.values() for p in r["probs"])
+    for runs in every_runs:
+        assert len(runs) == len(prompts) and all(len(r.get("probs", ())) == new_tokens for r in runs.values())
+        assert not any(p >= NEVER for r in runs.values() for p in r["probs"])
     tokens = len(prompts) * new_tokens
     ratios: dict[str, list[float]] = {"monitored": [], "again": []}
     base_tps: list[float] = []
@@ -390,6 +394,35 @@ def server_rounds(args, texts: list[str], model: str, extra: dict, d_model: int,
               f"{st['block_states']} | {st['rss_bytes'] / 2**20:.0f} | {st['passes']} | {ms:.2f} |")
 
 
+def set_rounds(args, texts, tok, path, extra, d_model, layers, what) -> None:
+    """``--sets``: the offline rounds of one monitor and of MonitorSets of each size, each against
+    vLLM's defaults in the same rounds, and every monitor's work per pass in the worker."""
+    import vllm
+
+    deep, half = (f"blocks.{round(SITE_DEPTH * layers)}.hook_resid_post",
+                  f"blocks.{round(SITE_DEPTH * layers / 2)}.hook_resid_post")
+    size = dict(max_num_seqs=max(args.concurrency), **extra)
+    base = vllm.LLM(model=path, dtype=args.dtype, **size)
+    llm = vllm.LLM(model=path, dtype=args.dtype, **size, **vllm_engine_args([deep, half]))
+    print("## A MonitorSet in vLLM's worker: tokens/s over vLLM's defaults, and the monitors' work per pass\n")
+    print(f"{what} {args.dtype}, vllm {vllm.__version__} (compiled, prefix caching on), {args.prompt_tokens}-token "
+          f"prompts, {args.new_tokens} greedy tokens each, {args.rounds} rotated rounds; median [min, max]. Each "
+          f"monitor: degree 5, rank 64, cascade tau 0.1; a set of K has ceil(K/2) at {deep} and the rest at {half}; "
+          "monitor ms / pass: every member's reading and scoring in the worker.\n")
+    print("| monitors | concurrent requests | vLLM defaults, tokens/s | monitored | noise control | monitor ms / pass | "
+          "pass ms | monitor / pass |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for c in args.concurrency:
+        prompts = token_prompts(tok, texts, c, args.prompt_tokens)
+        for k in [0, *args.sets]:  # 0: one monitor, alone (not a set)
+            mon = quiet_monitor(d_model, deep) if k == 0 else tpc.MonitorSet(
+                {f"m{i}": quiet_monitor(d_model, deep if i < (k + 1) // 2 else half) for i in range(k)})
+            res = offline_rounds(base, llm, mon, prompts, args.new_tokens, args.rounds)
+            print(f"| {'one monitor' if k == 0 else f'set of {k}'} | {c} | {res['tokens_per_s']:.1f} | "
+                  f"{fmt(res['ratios']['monitored'])} | {fmt(res['ratios']['again'])} | {res['hook_ms']:.2f} | "
+                  f"{res['pass_ms']:.1f} | {res['hook_ms'] / res['pass_ms']:.2%} |", flush=True)
+
+
 def fmt(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}]"
 
@@ -413,8 +446,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-server", action="store_true", help="skip the server load test")
     ap.add_argument("--no-offline", action="store_true", help="skip the offline engine rounds")
     ap.add_argument("--quick", action="store_true", help="1 and 8, 16 tokens, 2 rounds, 100 requests (a smoke test)")
+    ap.add_argument("--sets", type=int, nargs="+", default=None, metavar="K",
+                    help="only: the offline rounds with a MonitorSet of K monitors in place of one, for each K "
+                         "(half at the monitor's site, half at half its depth), at --concurrency")
     add_results_argument(ap, "bench_serving")
     args = ap.parse_args(argv)
+    if args.sets:
+        args.results_name = "bench_serving_set"
     if args.quick:
         args.concurrency, args.new_tokens, args.rounds, args.requests, args.server_rounds = [1, 8], 16, 2, 100, 1
     import vllm
@@ -426,6 +464,8 @@ def main(argv: list[str] | None = None) -> None:
         site = f"blocks.{round(SITE_DEPTH * layers)}.hook_resid_post"
         tok = AutoTokenizer.from_pretrained(path)
         what = "SmolLM2-135M-Instruct" if not extra else f"random-initialised {args.shape}"
+        if args.sets:
+            return set_rounds(args, texts, tok, path, extra, d_model, layers, what)
         if not args.no_offline:
             size = dict(max_num_seqs=max(args.concurrency + [args.conversations]), **extra)
             base = vllm.LLM(model=path, dtype=args.dtype, **size)
