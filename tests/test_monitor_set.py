@@ -105,22 +105,29 @@ def test_one_member_stops_rows_another_only_flags(case):
 
 
 def test_each_site_is_hooked_once(case, monkeypatch):
+    """Four members on two sites: two hooks per pass. HookedTransformer's own loop hooks its sites
+    through ``model.hooks``; every other adapter through ``observe``."""
     name, model = case
-    cls = type(get_adapter(model))
     seen = []
-    original = cls.observe
+    if name == "hooked-gpt2":
+        original = type(model).hooks
 
-    def counting(self, site, fn):
-        seen.append(site.name)
-        return original(self, site, fn)
-    monkeypatch.setattr(cls, "observe", counting)
+        def counting(self, fwd_hooks=(), *args, **kwargs):
+            seen.extend(n for n, _ in fwd_hooks)
+            return original(self, fwd_hooks, *args, **kwargs)
+        monkeypatch.setattr(type(model), "hooks", counting)
+    else:
+        cls = type(get_adapter(model))
+        original = cls.observe
+
+        def counting(self, site, fn):
+            seen.append(site.name)
+            return original(self, site, fn)
+        monkeypatch.setattr(cls, "observe", counting)
     mons = members()
     mons["again"] = tpc.Monitor(tiny_head(seed=3), SHALLOW, pooling="mean")
     tpc.MonitorSet(mons).generate(model, PROMPTS[:2], max_new_tokens=2)
-    if name == "hooked-gpt2":  # HookedTransformer's own loop hooks its sites directly
-        assert seen == []
-    else:
-        assert sorted(seen) == [SHALLOW, SITE]
+    assert sorted(seen) == [SHALLOW, SITE]
 
 
 # ---------------------------------------------------------------------- inside Hugging Face generate, and watch

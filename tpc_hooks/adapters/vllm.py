@@ -130,7 +130,7 @@ class VLLMAdapter(Adapter):
         from vllm import SamplingParams
 
         llm = self.model
-        members = monitor._lanes(action) if hasattr(monitor, "_lanes") else [("", monitor, action)]
+        members = monitor._members(action)  # a lone monitor: one, named ""
         names = [name for name, _, _ in members]
         if not stop_at_eos and any(act == "stop" for _, _, act in members):
             raise TPCHooksError("on vLLM a stopped request ends with its EOS token, so action='stop' needs stop_at_eos=True")
@@ -210,15 +210,12 @@ class VLLMAdapter(Adapter):
                 outs = llm.generate(prompts, SamplingParams(max_tokens=64))
                 steps = llm.collective_rpc("tpc_hooks_runs")[0]
         """
-        is_set = hasattr(monitor, "_lanes")
-        if is_set:
-            if order is not None or cascade is not None:
-                raise TPCHooksError("a MonitorSet scores each member with its own policy: set order/cascade on the member")
-            members = monitor._lanes(action)
-        else:
-            if action not in ("flag", "stop"):
-                raise TPCHooksError(f"action must be 'flag' or 'stop'; got {action!r}")
-            members = [("", monitor, action)]
+        members = monitor._members(action)  # a lone monitor: one, named ""
+        lone = members[0][0] == ""
+        if not lone and (order is not None or cascade is not None):
+            raise TPCHooksError("a MonitorSet scores each member with its own policy: set order/cascade on the member")
+        if lone and action not in ("flag", "stop"):
+            raise TPCHooksError(f"action must be 'flag' or 'stop'; got {action!r}")
         for name, mon, act in members:
             self._check_member(name, mon, act)
         llm = self.model
@@ -236,7 +233,7 @@ class VLLMAdapter(Adapter):
         for name, _, act in members:
             info[name]["action"] = act
         try:
-            yield info if is_set else info[""]
+            yield info[""] if lone else info
         finally:
             llm.collective_rpc("tpc_hooks_disarm")
 

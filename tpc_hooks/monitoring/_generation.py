@@ -86,16 +86,16 @@ class StepScores:
 class Lane:
     """One monitor's part in a monitored pass: the site it reads, its running scores, its
     threshold, whether its flags end a row (``action="stop"``) and the run it records. A
-    :class:`Monitor` runs as one lane; a :class:`~tpc_hooks.MonitorSet` as one per member, all
-    fed by the same forward passes (each site read once)."""
+    :class:`Monitor` runs as one lane (named ``""``); a :class:`~tpc_hooks.MonitorSet` as one
+    per member, all fed by the same forward passes (each site read once)."""
 
-    def __init__(self, name: str | None, monitor: Any, scores: StepScores, action: str, what: str):
+    def __init__(self, name: str, monitor: Any, scores: StepScores, action: Any, what: str):
         self.name, self.monitor, self.scores = name, monitor, scores
         self.site = monitor.site
         self.threshold = float(monitor.threshold)
-        self.stops = action == "stop"
-        self.what = what
-        self.log = GenerationRun._recording(self.threshold, what)
+        self.stops = action == "stop"  # a callable action is decided by the loop itself
+        self.what = f"{what} ({name})" if name else what
+        self.log = GenerationRun._recording(self.threshold, self.what)
 
     def update(self, acts: dict[str, Tensor], mask: Tensor) -> CascadeResult:
         return self.scores.update(acts[self.site], mask)
@@ -103,25 +103,13 @@ class Lane:
 
 def lanes_of(monitor: Any, what: str, *, order: int | None = None, cascade: float | Cascade | None = None,
              action: Any = "flag") -> list[Lane]:
-    """The lanes a monitor or a set runs: a :class:`Monitor` with ``order``/``cascade``/``action``
-    (a callable action: decided by the loop, recorded as ``"flag"``), a set with its members'
-    own policies and actions (``action``: one for all, or a dict by name; None: the set's)."""
-    members = getattr(monitor, "_lanes", None)
-    if members is None:
-        return [Lane(None, monitor, StepScores(monitor, order, cascade), action if isinstance(action, str) else "flag",
-                     what)]
-    if order is not None or cascade is not None:
+    """The lanes a monitor (with ``order``/``cascade``) or a set (each member with its own
+    policy; ``action``: one for all, a dict by name, or None for the set's) runs."""
+    members = monitor._members(action)
+    if (order is not None or cascade is not None) and members[0][0]:
         raise TPCHooksError("a MonitorSet scores each member with its own policy: set order/cascade on the member "
                             "(monitor.cascade = ...), not on the set's call")
-    return [Lane(name, m, StepScores(m), act, f"{what} ({name})") for name, m, act in members(action)]
-
-
-def check_action(action: Any, *, allow_callable: bool = True) -> None:
-    if not (action in ("flag", "stop") or (allow_callable and callable(action))):
-        if allow_callable:
-            raise TPCHooksError(f"action must be 'flag', 'stop' or a callable; got {action!r}")
-        raise TPCHooksError(f"a MonitorSet's action must be 'flag' or 'stop' (for all, or by name); got {action!r}. "
-                            "A callable action decides for one monitor alone: monitor.generate(..., action=f)")
+    return [Lane(name, m, StepScores(m, order, cascade), act, what) for name, m, act in members]
 
 
 @torch.no_grad()
@@ -141,13 +129,9 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     items = check_prompts(prompts)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise TPCHooksError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
-    is_set = hasattr(monitor, "_lanes")
-    if not is_set or action is not None:
-        for a in (action.values() if is_set and isinstance(action, dict) else [action]):
-            check_action(a, allow_callable=not is_set)
+    lanes = lanes_of(monitor, "monitor.generate", order=order, cascade=cascade, action=action)
     if do_sample and not temperature > 0:
         raise TPCHooksError(f"temperature must be positive; got {temperature!r}")
-    lanes = lanes_of(monitor, "monitor.generate", order=order, cascade=cascade, action=action)
     sites = [adapter.site(lane.site) for lane in lanes]
     tok = adapter.tokenizer
     ids, _ = adapter.tokenize(items, chat_template=monitor.chat_template, max_tokens=monitor.max_tokens,
@@ -218,7 +202,7 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         if not lane.stops:  # "stop": each row's first flagged step
             log._flags["stopped_at"] = stopped if callable(action) else [None] * B
         log._copy()  # the one host copy of every step (and the NaN warning), before the run is returned
-    return monitor._result({lane.name: lane.log for lane in lanes}) if is_set else lanes[0].log
+    return monitor._result({lane.name: lane.log for lane in lanes})
 
 
 def _engine_run(monitor: Any, adapter: Any, ids: list[list[int]], max_new_tokens: int, action: Any, *,
@@ -234,10 +218,8 @@ def _engine_run(monitor: Any, adapter: Any, ids: list[list[int]], max_new_tokens
         cascade = None
     got = adapter.generate(monitor, ids, max_new_tokens, action, order=order,
                            cascade=None if cascade is None else float(cascade), **sampling)
-    is_set = hasattr(monitor, "_lanes")
-    runs = {name: _engine_rows(m, adapter, ids, got["tokens"], got["runs"][name])
-            for name, m, _ in (monitor._lanes(action) if is_set else [("", monitor, action)])}
-    return monitor._result(runs) if is_set else runs[""]
+    return monitor._result({name: _engine_rows(m, adapter, ids, got["tokens"], got["runs"][name])
+                            for name, m, _ in monitor._members(action)})
 
 
 def _engine_rows(monitor: Any, adapter: Any, ids: list[list[int]], tokens: list[list[int]],
@@ -283,16 +265,15 @@ def watch(monitor: Any, model: Any, *, order: int | None = None, cascade: float 
                 probs, exits = res.probs.tolist(), res.exit_order.tolist()
                 for b in (b for b, f in enumerate(hits) if f):
                     on_flag(MonitorEvent(row=b, step=len(log) - 1, score=probs[b], exit_order=exits[b], tokens=[],
-                                         monitor=lane.name))
+                                         monitor=lane.name or None))
 
     with adapter.observe_sites(sites, on_acts):
-        yield dict(zip([lane.name for lane in lanes], logs)) if hasattr(monitor, "_lanes") else logs[0]
+        yield logs[0] if not lanes[0].name else {lane.name: log for lane, log in zip(lanes, logs)}
     for lane, log in zip(lanes, logs):
         if log.results:  # one read at the end: did any call score NaN?
             bad = torch.stack([r.probs.isnan().sum() for r in log.results]).cpu()
             if bool(bad.any()):
-                who = "monitor.watch" if lane.name is None else f"monitor.watch ({lane.name})"
                 warnings.warn(
-                    f"{who}: the monitor's site held NaN/inf activations in {int((bad > 0).sum())} of {len(bad)} "
+                    f"{lane.what}: the monitor's site held NaN/inf activations in {int((bad > 0).sum())} of {len(bad)} "
                     f"forward passes (first: call {int(bad.nonzero()[0])}); those rows' scores are NaN and count as "
                     "flagged. An overflowing float16 forward pass is a common cause", RuntimeWarning, stacklevel=3)

@@ -54,8 +54,6 @@ class _Run:
     @property
     def log(self) -> Any:
         """A lone monitor's run; a set's runs by name (:class:`~tpc_hooks.MonitorSetRun`)."""
-        if len(self.lanes) == 1 and self.lanes[0].name is None:
-            return self.lanes[0].log
         return self.monitor._result({lane.name: lane.log for lane in self.lanes})
 
     def close(self) -> None:
@@ -188,7 +186,7 @@ class _Monitoring:
     _usage = ""
 
     def __init__(self, monitor: Any, model: Any, *, tokenizer: Any, order: int | None, cascade: Any,
-                 eos_token_id: int | list[int] | None, action: Any = None):
+                 eos_token_id: int | list[int] | None, action: Any):
         adapter = monitor._adapter(model, tokenizer=tokenizer)
         hf = adapter.hf_model()
         if hf is None:
@@ -199,8 +197,7 @@ class _Monitoring:
             )
         eos = _eos_ids(eos_token_id, hf, tokenizer)
         self._check_eos(eos)
-        lanes = lanes_of(monitor, "the monitor inside generate", order=order, cascade=cascade,
-                         action=action if hasattr(monitor, "_lanes") else "stop")
+        lanes = lanes_of(monitor, "the monitor inside generate", order=order, cascade=cascade, action=action)
         run = _Run(monitor, adapter, [adapter.site(lane.site) for lane in lanes], what=self._what, usage=self._usage,
                    lanes=lanes, eos=eos)
         self._run = run

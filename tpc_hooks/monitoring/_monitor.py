@@ -186,6 +186,17 @@ class Monitor(HubMixin):
             return self.cascade
         return FixedOrder(self.head, order)
 
+    def _members(self, action: Any) -> list[tuple[str, "Monitor", Any]]:
+        """What a monitored loop runs: this monitor alone, under the name ``""`` (a
+        :class:`~tpc_hooks.MonitorSet` gives one entry per member)."""
+        if not (action in ("flag", "stop") or callable(action)):
+            raise TPCHooksError(f"action must be 'flag', 'stop' or a callable; got {action!r}")
+        return [("", self, action)]
+
+    def _result(self, runs: dict[str, Any]) -> Any:
+        """What a monitored loop returns from its runs by name: this monitor's own."""
+        return runs[""]
+
     def _step_policy(self, order: int | None = None, cascade: float | Cascade | None = None) -> Callable[[Tensor], CascadeResult]:
         """:meth:`policy` for the per-step path of generation: the same scores with no host
         synchronisation (non-finite rows score NaN instead of raising; see :meth:`Cascade.step`)."""
@@ -476,7 +487,7 @@ class Monitor(HubMixin):
         from ._hf_generate import MonitorStoppingCriteria
 
         return MonitorStoppingCriteria(self, model, tokenizer=tokenizer, order=order, cascade=cascade,
-                                       eos_token_id=eos_token_id)
+                                       eos_token_id=eos_token_id, action="stop")
 
     def logits_processor(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
                          eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
@@ -500,7 +511,7 @@ class Monitor(HubMixin):
         from ._hf_generate import MonitorLogitsProcessor
 
         return MonitorLogitsProcessor(self, model, tokenizer=tokenizer, order=order, cascade=cascade,
-                                      eos_token_id=eos_token_id)
+                                      eos_token_id=eos_token_id, action="stop")
 
     # ------------------------------------------------------------------ saving
     def _config(self) -> dict[str, Any]:

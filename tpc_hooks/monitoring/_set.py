@@ -71,7 +71,7 @@ class MonitorSet(Mapping[str, Monitor]):
         self.actions = self._actions(actions)
         self.last_generate_log: MonitorSetRun | None = None
 
-    def _actions(self, actions: str | Mapping[str, str] | None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    def _actions(self, actions: Any, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """``actions`` (one for all, or by name over ``base``, default every member flags) checked."""
         base = dict(base) if base is not None else {name: "flag" for name in self._monitors}
         if actions is None:
@@ -79,7 +79,8 @@ class MonitorSet(Mapping[str, Monitor]):
         if isinstance(actions, str):
             actions = dict.fromkeys(self._monitors, actions)
         if not isinstance(actions, Mapping):
-            raise TPCHooksError(f"actions must be 'flag', 'stop' or a dict name -> action; got {actions!r}")
+            raise TPCHooksError(f"a MonitorSet's action must be 'flag' or 'stop' (for all, or by name); got {actions!r}. "
+                                "A callable action decides for one monitor alone: monitor.generate(..., action=f)")
         unknown = sorted(set(actions) - set(self._monitors))
         if unknown:
             raise TPCHooksError(f"actions name {unknown}, which are not members of this set ({list(self._monitors)})")
@@ -109,9 +110,9 @@ class MonitorSet(Mapping[str, Monitor]):
         """The distinct sites the members read, each read once per forward pass."""
         return sorted({m.site for m in self._monitors.values()})
 
-    chat_template = property(lambda self: next(iter(self._monitors.values())).chat_template)
-    max_tokens = property(lambda self: next(iter(self._monitors.values())).max_tokens)
-    prepend_bos = property(lambda self: next(iter(self._monitors.values())).prepend_bos)
+    # the tokenisation every member shares (checked equal when the set is made)
+    chat_template, max_tokens, prepend_bos = (property(lambda self, k=k: getattr(next(iter(self._monitors.values())), k))
+                                              for k in _SHARED)
 
     # ------------------------------------------------------------------ what the loops read
     def _adapter(self, model: Any, tokenizer: Any = None) -> Adapter:
@@ -120,11 +121,13 @@ class MonitorSet(Mapping[str, Monitor]):
         adapters = [m._adapter(model, tokenizer=tokenizer) for m in self._monitors.values()]
         return adapters[0]
 
-    def _lanes(self, actions: str | Mapping[str, str] | None) -> list[tuple[str, Monitor, str]]:
+    def _members(self, actions: Any) -> list[tuple[str, Monitor, str]]:
+        """What a monitored loop runs: each member by name with its action (``actions`` over the set's)."""
         acts = self._actions(actions, self.actions)
         return [(name, m, acts[name]) for name, m in self._monitors.items()]
 
     def _result(self, runs: dict[str, Any]) -> MonitorSetRun:
+        """What a monitored loop returns from its runs by name."""
         return MonitorSetRun(runs)
 
     # ------------------------------------------------------------------ running

@@ -287,14 +287,15 @@ class _Mixin:
         taken = _taken()
         for armed in members:
             t1 = time.perf_counter()
-            if armed.owns is not None:  # replaced or removed: only the requests it started with
-                mine = [k for k, p in enumerate(pieces) if p[0] in armed.owns and p[0] not in armed.unscored]
-            else:
-                gone = taken.get(armed.name, ())
-                mine = [k for k, p in enumerate(pieces) if p[0] not in armed.unscored and p[0] not in gone]
-            if mine:
-                self._tpc_score(armed, step.aux[at[armed.layer]], [pieces[k] for k in mine], [cuts[k] for k in mine],
-                                rows_of)
+            gone = taken.get(armed.name, ())
+            if armed.owns is None and not armed.unscored and not gone:  # the usual pass: every piece is its own
+                mine_pieces, mine_cuts = pieces, cuts
+            else:  # replaced or removed: only the requests it started with; else all but its successor's
+                keep = [k for k, p in enumerate(pieces) if p[0] not in armed.unscored
+                        and (p[0] in armed.owns if armed.owns is not None else p[0] not in gone)]
+                mine_pieces, mine_cuts = [pieces[k] for k in keep], [cuts[k] for k in keep]
+            if mine_pieces:
+                self._tpc_score(armed, step.aux[at[armed.layer]], mine_pieces, mine_cuts, rows_of)
             armed.passes += 1
             armed.seconds += shared + time.perf_counter() - t1
 
