@@ -71,6 +71,21 @@ class CascadeResult:
         return torch.bincount(self.exit_order.flatten(), minlength=self.degree + 1)[1:].tolist()
 
 
+def prefix_result(res: CascadeResult, agg: Tensor, t: int) -> CascadeResult:
+    """A per-token monitor's result for the prefix ending at token ``t``: the aggregate, the
+    token's exit order, and the FLOPs of every token up to it."""
+    t = t % agg.shape[0]
+    return CascadeResult(logits=agg[t:t + 1], probs=torch.sigmoid(agg[t:t + 1]), exit_order=res.exit_order[t:t + 1],
+                         flops=res.flops[:t + 1].sum(0, keepdim=True), degree=res.degree, decision_logits=agg[t:t + 1])
+
+
+def stack_results(parts: Sequence[CascadeResult]) -> CascadeResult:
+    """One result of the rows of ``parts``, in order."""
+    cat = lambda k: torch.cat([getattr(r, k) for r in parts])
+    return CascadeResult(logits=cat("logits"), probs=cat("probs"), exit_order=cat("exit_order"), flops=cat("flops"),
+                         degree=parts[0].degree, decision_logits=cat("decision_logits"))
+
+
 def thresholds(tau: float, lower: float | None, upper: float | None, center: float = 0.5) -> tuple[float, float]:
     """``(lower, upper)`` exit probabilities from a symmetric ``tau`` or explicit bounds.
 

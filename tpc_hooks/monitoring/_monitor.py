@@ -21,7 +21,7 @@ from ..activations._collect import check_prompts, pooled_batches, token_batches
 from ..adapters import Adapter, get_adapter, pad, pad_id
 from ..head import _format, _kernel
 from ..head._cards import monitor_card
-from ..head._cascade import Cascade, CascadeResult
+from ..head._cascade import Cascade, CascadeResult, prefix_result, stack_results
 from ..head._checks import check_features, check_rate
 from ..head._errors import TPCHooksError
 from ..head._hub import HubMixin
@@ -252,7 +252,7 @@ class Monitor(HubMixin):
         site = adapter.site(self.site)
         if self.streaming:  # the aggregate after each prompt's last token
             per = self._token_pass(adapter, ids, site, self.policy(order, cascade), batch_size)
-            return _stack_results([_at(res, agg, -1) for res, agg in per])
+            return stack_results([prefix_result(res, agg, -1) for res, agg in per])
         z = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name]
         return self.policy(order, cascade)(z)
 
@@ -594,16 +594,3 @@ def _setting(name: str) -> property:
 for _field in fields(MonitorConfig):
     setattr(Monitor, _field.name, _setting(_field.name))
 
-
-def _at(res: CascadeResult, agg: Tensor, t: int) -> CascadeResult:
-    """A per-token monitor's result for the prefix ending at token ``t``: the aggregate, the
-    token's exit order, and the FLOPs of every token up to it."""
-    t = t % agg.shape[0]
-    return CascadeResult(logits=agg[t:t + 1], probs=torch.sigmoid(agg[t:t + 1]), exit_order=res.exit_order[t:t + 1],
-                         flops=res.flops[:t + 1].sum(0, keepdim=True), degree=res.degree, decision_logits=agg[t:t + 1])
-
-
-def _stack_results(parts: Sequence[CascadeResult]) -> CascadeResult:
-    cat = lambda k: torch.cat([getattr(r, k) for r in parts])
-    return CascadeResult(logits=cat("logits"), probs=cat("probs"), exit_order=cat("exit_order"), flops=cat("flops"),
-                         degree=parts[0].degree, decision_logits=cat("decision_logits"))
