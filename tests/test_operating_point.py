@@ -7,6 +7,7 @@ import torch
 
 import tpc_hooks as tpc
 from conftest import random_head
+from tpc_hooks.metrics import threshold_at_fpr
 
 SITE = "blocks.1.hook_resid_post"
 
@@ -59,7 +60,7 @@ def test_with_a_cascade_the_bound_holds_for_the_cascade_and_its_exits_are_centre
     mon = tpc.Monitor(head, SITE, cascade=tpc.Cascade(head, 0.1).calibrate(z, y))
     mon.calibrate_activations(z[y == 0], 0.02)
     full = mon.cascade.with_thresholds(0.0)(z[y == 0]).probs
-    t_full = tpc.metrics.threshold_at_fpr(full.double().numpy(), 0.02)
+    t_full = threshold_at_fpr(full.double().numpy(), 0.02)
     assert mon.cascade.center == pytest.approx(t_full, rel=1e-6) and mon.cascade.tau == 0.1
     out = mon.policy()(z[y == 0])
     assert int((out.probs >= mon.threshold).sum()) <= math.floor(0.02 * int((y == 0).sum()))

@@ -4,6 +4,7 @@ the finish reason names the monitor that stopped a request; the metrics are labe
 monitor; a request can opt out of, or re-threshold, one monitor by name (run by ``make
 test-vllm``; skipped where vLLM is not installed)."""
 
+import math
 import re
 import subprocess
 import threading
@@ -49,8 +50,10 @@ def set_server(tmp_path_factory, expected):
     for name, mon in monitors.items():
         dirs[name] = tmp_path_factory.mktemp(name)
         mon.save(dirs[name])
+    dirs["log"] = tmp_path_factory.mktemp("review")
     for client in running(["--monitor", f"harm={dirs['harm']}:stop", "--monitor", f"early={dirs['early']}:flag",
-                           "--drift-window", "3", "--admin-api-key", KEY]):
+                           "--drift-window", "3", "--admin-api-key", KEY, "--review-log", str(dirs["log"]),
+                           "--review-log-sample", "0.5", "--review-log-text"]):
         yield client, dirs
 
 
@@ -119,6 +122,72 @@ def _rates(client, monitor: str) -> dict[str, float]:
             if labels.get("monitor") == monitor:
                 out[labels["window"]] = float(value)
     return out
+
+
+def _logged(log_dir, response_ids, timeout=30.0):
+    """The review-log entries of ``response_ids`` (the log's thread writes them soon after the answers)."""
+    from tpc_hooks import read_review_log
+
+    end = time.monotonic() + timeout
+    while True:
+        got = {e["response_id"]: e for e in read_review_log(log_dir) if e["response_id"] in response_ids}
+        if len(got) == len(response_ids) or time.monotonic() > end:
+            return got
+        time.sleep(0.2)
+
+
+def test_the_review_log_explains_each_flagged_request_as_attribute_does_offline(set_server, expected, smollm2_hf):
+    """Every flagged answer is logged (and about half the others, the sample); each monitor's steps
+    equal its transformers run; the attribution of the step that flagged equals tpc.attribute of the
+    same prefix's activations on the transformers model, and its orders up to the step's exit order
+    sum to the step's logit; the text is the answer's; the answers carry no review."""
+    from tpc_hooks.adapters import get_adapter
+    from tpc_hooks.serving._review import sampled
+
+    client, dirs = set_server
+    monitors, want = expected
+    model, tok = smollm2_hf
+    answers = [_chat(client, p) for p in PROMPTS]
+    assert all(r.status_code == 200 for r in answers)
+    assert all("review" not in r.json()["choices"][0]["tpc_hooks"][n] for r in answers for n in monitors)
+    flagged = {r.json()["id"] for b, r in enumerate(answers) if any(want[n].flagged[b] for n in monitors)}
+    assert flagged
+    logged = _logged(dirs["log"], {r.json()["id"] for r in answers})
+    assert flagged <= set(logged)
+    first = next(iter(monitors.values()))
+    ids, _ = get_adapter(model, tokenizer=tok).tokenize(PROMPTS, chat_template=True, max_tokens=first.max_tokens,
+                                                        prepend_bos=first.prepend_bos)
+    for b, r in enumerate(answers):
+        e = logged.get(r.json()["id"])
+        if e is None:  # neither flagged nor in the sample
+            continue
+        assert e["flagged"] == (r.json()["id"] in flagged) and e["choice"] == 0
+        steps = len(next(iter(e["monitors"].values()))["scores"])
+        assert e["text"]["prompt"] == tok.decode(ids[b])
+        assert e["text"]["completion"] == [tok.decode([t]) for t in want.generated(b)[:steps - 1]]
+        for name, m in e["monitors"].items():
+            run, mon = want[name], monitors[name]
+            steps = len(m["scores"])
+            assert m["scores"] == pytest.approx(run.scores[b][:steps].tolist(), rel=1e-4, abs=1e-6)
+            assert m["flagged"] == run.flagged[b]
+            assert m["step"] == (run.first_flagged[b] if run.flagged[b] else int(run.scores[b][:steps].argmax()))
+            assert m["sampled"] == sampled(e["request_id"], 0.5)
+            prefix = ids[b] + want.generated(b)[:m["step"]]
+            with __import__("torch").no_grad():
+                acts = model(__import__("torch").tensor([prefix]), output_hidden_states=True).hidden_states
+            layer = int(mon.site.split(".")[1]) + 1
+            offline = tpc.attribute(mon, acts[layer].float())
+            a = m["attribution"]
+            assert a["by_order"] == pytest.approx(offline.by_order[0].tolist(), rel=1e-3, abs=1e-4)
+            assert a["logit"] == pytest.approx(float(offline.logit[0]), rel=1e-3, abs=1e-4)
+            assert sum(a["by_order"][:a["exit_order"]]) == pytest.approx(a["step_logit"])
+            assert a["top_neurons"][0][0] == offline.top_neurons(1)[0][0]
+            # the step's score is the sigmoid of its logit (no cascade: one order, uncalibrated)
+            assert 1 / (1 + math.exp(-a["step_logit"])) == pytest.approx(m["scores"][m["step"]], rel=1e-3)
+    # the review log's metrics count what it wrote
+    written = sum(float(line.rsplit(" ", 1)[1]) for line in client.get("/metrics").text.splitlines()
+                  if line.startswith('tpc_hooks_review_log_entries_total{outcome="written"}'))
+    assert written >= len(logged)
 
 
 def test_a_request_opts_out_of_or_rethresholds_one_monitor_by_name(set_server):

@@ -30,6 +30,8 @@ from .monitoring._records import MonitorSetRun as MonitorSetRun
 from .monitoring._records import TokenScores as TokenScores
 from .monitoring._records import MonitorEvent as MonitorEvent
 from .monitoring._records import WatchLog as WatchLog
+from .serving._review import logged_peaks as logged_peaks
+from .serving._review import read_review_log as read_review_log
 from .training._fit import fit as fit
 from .training._select import choose_site as choose_site
 from .training._train_monitor import train_monitor as train_monitor
@@ -54,6 +56,8 @@ __all__ = [
     "Monitor",
     "MonitorConfig",
     "MonitorSet",
+    "read_review_log",
+    "logged_peaks",
     "MonitorSetRun",
     "MonitorEvent",
     "TokenScores",

@@ -12,7 +12,7 @@ def parser(description: str) -> argparse.ArgumentParser:
     """The parser of every verb but ``serve``'s options."""
     parser = argparse.ArgumentParser(prog="tpc-hooks", description=description)
     sub = parser.add_subparsers(dest="verb", required=True)
-    for verb in (_demo, _collect, _train, _evaluate, _monitor, _attribute, _serve):
+    for verb in (_demo, _collect, _train, _evaluate, _monitor, _attribute, _serve, _review):
         verb(sub)
     return parser
 
@@ -143,6 +143,15 @@ def _serve(sub: argparse._SubParsersAction) -> None:
     """``tpc-hooks serve``: listed for ``--help``; its own module parses its options (the rest are vLLM's)."""
     sub.add_parser("serve", help="vLLM's OpenAI-compatible server with a monitor on every request (needs vllm; "
                                  "tpc-hooks serve MODEL --monitor DIR [--action stop|flag] [vLLM's options])")
+
+
+def _review(sub: argparse._SubParsersAction) -> None:
+    """``tpc-hooks review``: a server's review log as HTML pages."""
+    p = sub.add_parser("review", help="a server's review log (--review-log DIR) as HTML: an index and one page per "
+                                      "logged request, its steps coloured by score and the flagged step's attribution")
+    p.add_argument("log", help="the --review-log directory (or one of its review.jsonl files)")
+    p.add_argument("--out", default=None, help="where the pages go (default: LOG/html)")
+    p.add_argument("--flagged-only", action="store_true", help="pages for flagged requests only (not the sample)")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:

@@ -429,6 +429,16 @@ def _attribute(args: argparse.Namespace) -> int:
     return 0
 
 
+def _review(args: argparse.Namespace) -> int:
+    from .serving._review import render_review_log
+
+    log = Path(args.log)
+    out = Path(args.out) if args.out else (log if log.is_dir() else log.parent) / "html"
+    index = render_review_log(log, out, flagged_only=args.flagged_only)
+    print(f"wrote {index} ({len(list(out.glob('entry-*.html')))} pages)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tpc-hooks`` console script."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -442,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     """Runs the verb; bad input, or a bad file or path, ends as one line on stderr (exit status 2)."""
     verbs = {"demo": _demo, "collect": _collect, "train": _train, "evaluate": _evaluate, "monitor": _monitor,
-             "attribute": _attribute}
+             "attribute": _attribute, "review": _review}
     try:
         return verbs[args.verb](args)
     except TPCHooksError as err:

@@ -10,7 +10,10 @@
   standalone page;
 * :func:`score_color`: the colour scale they share;
 * :func:`plot_sweep`: a cascade's F1 against its compute (matplotlib);
-* :func:`colored_tokens`: per-token values coloured with circuitsvis (interactive, notebooks).
+* :func:`colored_tokens`: per-token values coloured with circuitsvis (interactive, notebooks);
+* :func:`review_html`, :func:`render_review_log`: a server's review log (``tpc-hooks serve
+  --review-log``) as pages: each logged request's steps coloured by score and the attribution of
+  the step that flagged it, and an index (what ``tpc-hooks review LOG`` writes).
 
 :meth:`tpc_hooks.Attribution.plot` draws an attribution (by order and the top pairs).
 
@@ -31,6 +34,8 @@ from .head._views import score_color as score_color
 from .head._views import NAN_COLOR as NAN_COLOR
 from .head._views import plot_sweep as plot_sweep
 from .head._views import colored_tokens as colored_tokens
+from .serving._review import review_html as review_html
+from .serving._review import render_review_log as render_review_log
 
 __all__ = [
     "generation_html",
@@ -41,4 +46,6 @@ __all__ = [
     "NAN_COLOR",
     "plot_sweep",
     "colored_tokens",
+    "review_html",
+    "render_review_log",
 ]

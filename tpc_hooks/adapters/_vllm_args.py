@@ -1,5 +1,7 @@
 """What a ``vllm.LLM`` needs to be monitored: its engine arguments (this module imports no vLLM)."""
 
+import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -9,6 +11,8 @@ from ._sites import parse_site
 WORKER = "tpc_hooks.serving._vllm_worker.TPCHooksWorker"
 STOP = "tpc_hooks.serving._vllm_worker:TPCHooksStop"
 CONFIG = "tpc_hooks"  # the key of tpc-hooks' settings in vLLM's `additional_config`
+OPT_OUT = "tpc_hooks_monitor"  # SamplingParams.extra_args key: false/0 opts the request out
+THRESHOLD = "tpc_hooks_threshold"  # ... its own threshold, a probability in (0, 1)
 NAMES_ENV = "TPC_HOOKS_MONITOR_NAMES"  # a server's monitor names (JSON), set before its engine starts: requests are checked against them
 
 
@@ -66,3 +70,39 @@ def vllm_engine_args(sites: str | Sequence[str] | None = None, *,
         raise TPCHooksError(f"additional_config[{CONFIG!r}] is tpc-hooks' own: pass sites= instead")
     extra[CONFIG] = {"sites": sites if sites is not None else "all"}
     return {"worker_cls": WORKER, "logits_processors": [STOP], "additional_config": extra}
+
+
+def request_settings(params: Any, names: bool = False) -> dict[str, Any]:
+    """A request's own monitor settings from its ``extra_args`` (the OpenAI server's
+    ``vllm_xargs``): ``{"tpc_hooks_monitor": false}`` opts out, ``{"tpc_hooks_threshold": p}``
+    sets its threshold; with several monitors, ``tpc_hooks_monitor.NAME`` and
+    ``tpc_hooks_threshold.NAME`` do the same for the monitor ``NAME`` alone (``"by"``). Raises
+    ValueError (an HTTP 400 from the server) for a bad value, and with ``names``, for a name the
+    server does not run (checked where the engine admits a request: the server's process, whose
+    list follows monitors added or removed; a worker reads the settings of admitted requests)."""
+    extra = (params.extra_args if params is not None else None) or {}
+    out: dict[str, Any] = {}
+    known = json.loads(os.environ.get(NAMES_ENV, "null")) if names else None  # a server's monitors (None: not checked)
+    for key, v in extra.items():
+        base, dot, name = str(key).partition(".")
+        if base not in (OPT_OUT, THRESHOLD) or (dot and not name):
+            continue
+        if dot and known is not None and name not in known:
+            runs = f"the monitors {', '.join(n for n in known)}" if any(known) else "one unnamed monitor"
+            raise ValueError(f"{key} names no monitor of this server (it runs {runs})")
+        if base == OPT_OUT:
+            if v not in (True, False, 0, 1) or isinstance(v, float):
+                raise ValueError(f"{key} must be true/false (or 1/0); got {v!r}")
+            value, what = bool(v), "monitor"
+        else:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+                raise ValueError(f"{key} must be a probability in (0, 1); got {v!r}")
+            value, what = float(v), "threshold"
+        (out.setdefault("by", {}).setdefault(name, {}) if dot else out)[what] = value
+    return out
+
+
+def own_setting(settings: dict[str, Any], name: str, what: str, default: Any) -> Any:
+    """A request's setting ``what`` for the monitor ``name``: its own by name, else its own for
+    every monitor, else ``default``."""
+    return settings.get("by", {}).get(name, {}).get(what, settings.get(what, default))

@@ -4,34 +4,30 @@ It scores prompts offline, watches a model generate (reading the activations the
 computes anyway, with its KV cache) and saves to the same directory format as a head.
 """
 
-import math
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, no_type_check
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ..activations._collect import check_prompts, pooled_batches, token_batches
 from ..adapters import Adapter, get_adapter, pad, pad_id
-from ..head import _format, _kernel
+from ..head import _format
 from ..head._cards import monitor_card
 from ..head._cascade import Cascade, CascadeResult, prefix_result, stack_results
-from ..head._checks import check_features, check_rate
+from ..head._checks import check_rate
 from ..head._errors import TPCHooksError
 from ..head._hub import HubMixin
-from ..head._metrics import threshold_at_fpr
 from ..head._policy import FixedOrder
 from ..head._polynomial import TPC, from_saved, to_saved
 from ..head._pooling import aggregate as aggregate_logits, scored
 from ..head._sae import check_sae, describe as describe_sae, dims as sae_dims, encode as sae_encode
 from ..head._sae import identity as sae_identity_of
-from . import _generation
+from . import _calibrate, _generation
 from ._monitor_config import MonitorConfig
 from ._records import GenerationRun, MonitorEvent, TokenScores, WatchLog
 
@@ -280,18 +276,30 @@ class Monitor(HubMixin):
     # ------------------------------------------------------------------ operating point
     @no_type_check  # fpr is checked here, with a message that names the fix; the test-time checker would preempt it
     @torch.no_grad()
-    def calibrate(self, model: Any, benign_prompts: Sequence[str], fpr: float = 0.01, *, batch_size: int = 8,
-                  tokenizer: Any = None) -> "Monitor":
-        """Sets :attr:`threshold` so that at most ``fpr`` of ``benign_prompts`` is flagged.
+    def calibrate(self, model: Any = None, benign_prompts: Sequence[str] | None = None, fpr: float = 0.01, *,
+                  peaks: Sequence[float] | None = None, batch_size: int = 8, tokenizer: Any = None) -> "Monitor":
+        """Sets :attr:`threshold` so that at most ``fpr`` of ``benign_prompts`` is flagged, or of the
+        requests whose ``peaks`` (their highest score over a generation) a server logged.
 
         The prompts are scored as :meth:`score` does (this monitor's pooling and policy); see
         :meth:`calibrate_activations` for what is set and recorded (``tokenizer``: as in
-        :meth:`score`). Returns ``self``.
+        :meth:`score`). ``peaks``, in place of a model and prompts: the peak scores of real traffic
+        you mark benign, as :func:`tpc_hooks.logged_peaks` reads them from a server's
+        review log (its sampled requests); a request counts as flagged when its peak reaches the
+        threshold, as the server decides. A cascade's exits are left as they are (peaks are the
+        policy's own scores). Returns ``self``.
 
         Example:
             >>> monitor.calibrate(model, benign_validation_prompts, fpr=0.01)  # doctest: +SKIP
             >>> monitor.threshold, monitor.report["operating_point"]["flagged"]  # doctest: +SKIP
+            >>> monitor.calibrate(peaks=tpc.logged_peaks(tpc.read_review_log("logs/"), "harm", benign=ids))  # doctest: +SKIP
         """
+        if peaks is not None:
+            if model is not None or benign_prompts is not None:
+                raise TPCHooksError("calibrate takes a model and benign prompts, or peaks, not both")
+            return _calibrate.peaks(self, peaks, fpr)
+        if model is None or benign_prompts is None:
+            raise TPCHooksError("calibrate needs a model and benign prompts (or peaks=, a server's logged peak scores)")
         check_rate(fpr, "fpr")  # before any forward pass
         adapter = self._adapter(model, tokenizer)
         ids, _ = adapter.tokenize(check_prompts(benign_prompts), chat_template=self.chat_template,
@@ -321,32 +329,7 @@ class Monitor(HubMixin):
             TPCHooksError: no rows, wrong ``d_model``, NaN/inf, ``fpr`` outside [0, 1), or a benign
                 tail saturated at probability 1 (no threshold below 1 can separate it).
         """
-        fpr = check_rate(fpr, "fpr")
-        if self.streaming:
-            if isinstance(benign, (Tensor, np.ndarray)) or not isinstance(benign, Sequence) or not benign:
-                raise TPCHooksError("a per-token monitor calibrates on a non-empty list of per-token activations "
-                                    "[T_i, d_model], one per benign sequence (or use calibrate(model, prompts))")
-            seqs = [check_features(z, f"benign sequence {i}", self.head.d_model).float() for i, z in enumerate(benign)]
-            decisions_of = lambda rule: torch.stack([self._aggregated(rule, z)[1].max() for z in seqs])
-            n = len(seqs)
-        else:
-            z = check_features(benign, "benign activations", self.head.d_model).float()
-            decisions_of = lambda rule: rule(z).decision_logits
-            n = z.shape[0]
-        if 0 < fpr * n < 1:
-            warnings.warn(f"calibrating at fpr={fpr:g} on {n} benign input(s): one flag would already be a rate of "
-                          f"{1 / n:.3g}, so the threshold keeps all {n} unflagged and the rate it reaches on new benign "
-                          f"traffic is unmeasured; calibrate on at least {math.ceil(1 / fpr)} benign inputs",
-                          UserWarning, stacklevel=3)
-        if self.cascade is not None:
-            full = decisions_of(self.cascade.with_thresholds(0.0))
-            self.cascade = self.cascade.centered(_kernel.threshold_above(full, threshold_at_fpr(full.double().cpu().numpy(), fpr)))
-        decisions = decisions_of(self.policy())
-        self.threshold = _kernel.threshold_above(decisions, threshold_at_fpr(decisions.double().cpu().numpy(), fpr))
-        flagged = int(_kernel.flagged(decisions, self.threshold).sum())
-        self.report["operating_point"] = {"fpr": float(fpr), "n_benign": n, "flagged": flagged,
-                                          "threshold": self.threshold, **({"by": "max over tokens"} if self.streaming else {})}
-        return self
+        return _calibrate.activations(self, benign, fpr)
 
     @torch.no_grad()
     def token_scores(self, model: Any, prompt: str, *, order: int | None = None,

@@ -95,6 +95,8 @@ class RequestScores:
         self.rule = monitor._step_policy(order, cascade)
         self.states: dict[str, StepScores] = {}
         self.records: dict[str, list[CascadeResult]] = {}
+        self.keep_inputs = False  # True: `inputs` holds what the last update's results scored (a review log reads it)
+        self.inputs: Tensor | None = None
 
     def restart(self, request: str) -> None:
         """The request's pool starts over (its tokens are computed again from the first, as after
@@ -182,9 +184,13 @@ class RequestScores:
         pick = slice(None) if at == list(range(len(order))) else torch.tensor(at, device=device)
         if token:
             res = _pick(_cat(outs) if len(outs) > 1 else outs[0], pick)
+            if self.keep_inputs:  # each done request's newest token row
+                self.inputs = feats[torch.tensor([ends[k] - 1 for k in done_k], device=device)]
         else:
             pooled = torch.cat(outs) if len(outs) > 1 else outs[0]
             res = self.rule(pooled if isinstance(pick, slice) else pooled[pick])
+            if self.keep_inputs:  # each done request's pool
+                self.inputs = pooled if isinstance(pick, slice) else pooled[pick]
         vals = [getattr(res, f).tolist() for f in FIELDS]
         for j, rid in enumerate(done):
             self.records.setdefault(rid, []).append(tuple(v[j] for v in vals))

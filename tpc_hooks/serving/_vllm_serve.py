@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from ..adapters.vllm import _is_ours
 from ..head import _format
 from ..head._errors import TPCHooksError
 from ..monitoring._monitor import Monitor
+from . import _review
 from ._drift import FlagRate
 from ._engine import aux_ids
 
@@ -61,6 +63,8 @@ NONFINITE = Counter("tpc_hooks_requests_nonfinite", "Requests whose activations 
                     _BY)
 PEAK = Histogram("tpc_hooks_peak_score", "Each scored request's highest score", _BY,
                  buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0))
+REVIEWED = Counter("tpc_hooks_review_log_entries", "Review-log entries: written, dropped (the queue was full) or "
+                   "failed (the disk refused them)", ["outcome"])
 RATE = Gauge("tpc_hooks_flag_rate", "Share of scored requests flagged: over the last --drift-window requests "
               "(window=recent), since the server started (window=lifetime), and the rate the monitor was calibrated "
               "to (window=target)", ["monitor", "window"])
@@ -77,6 +81,7 @@ def identity(path: str | Path) -> dict[str, Any]:
     for name in (_format.CONFIG_FILE, _format.WEIGHTS_FILE):
         digest.update((Path(path) / name).read_bytes())
     target = (mon.report or {}).get("operating_point", {}).get("fpr")
+    _review.SERVER["monitors"][digest.hexdigest()] = mon  # the review log explains its steps with it
     return {"site": mon.site, "threshold": float(mon.threshold), "pooling": mon.pooling,
             "cascade": mon.cascade is not None, "degree": mon.head.degree, "d_model": mon.head.d_model,
             "target_fpr": None if target is None else float(target), "sha256": digest.hexdigest()}
@@ -158,6 +163,7 @@ class MonitorMiddleware:
             got = await _summaries(engine, payload["id"], choices_per_prompt())
             for c in ended:
                 per = got.get(int(c.get("index", 0)), {})
+                _review.record(payload["id"], int(c.get("index", 0)), time.time(), per)
                 c[FIELD] = self._view({name: _field(per.get(name)) for name in self.monitors})
                 stops = [(s["stopped_at"], k, name) for k, (name, s) in enumerate(per.items())
                          if s and s.get("stopped_at") is not None]
@@ -408,7 +414,7 @@ async def _admin(scope: dict, receive: Any, send: Any) -> None:
                 raise TPCHooksError(f"the monitor expects d_model={ident['d_model']} but the model produces "
                                     f"{ADMIN_KEY['d_model']}; was it trained on another model?")
             spec = {"name": name, "path": str(Path(req["path"]).resolve()), "site": ident["site"], "order": None,
-                    "cascade": None, "action": action}
+                    "cascade": None, "action": action, "sha256": ident["sha256"]}
         elif name not in monitors:
             raise TPCHooksError(f"no monitor named {name!r} runs here (it runs {sorted(monitors)})")
         engine = scope["app"].state.engine_client
@@ -497,10 +503,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     p.add_argument("--sites", nargs="+", default=[], metavar="SITE",
                    help="more sites for the engine to expose, for monitors swapped in later (it compiles with the "
                         "sites it will ever read)")
+    _review.arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     ours, rest = p.parse_known_args(argv)
     ours.members = members(ours.monitor, ours.action)
+    if not 0 <= ours.review_log_sample <= 1 or ours.review_log_max_mb <= 0:
+        raise TPCHooksError("--review-log-sample must be in [0, 1] and --review-log-max-mb positive")
     MonitorMiddleware.monitors = {name: {**identity(where), "action": act} for name, where, act in ours.members}
     ours.sites = sorted({m["site"] for m in MonitorMiddleware.monitors.values()} | set(ours.sites))
     ADMIN_KEY.update(key=ours.admin_api_key, sites=ours.sites, action=ours.action, window=ours.drift_window,
@@ -551,17 +560,26 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
     try:
         async with build_async_engine_client(args) as engine:
             specs = [{"name": name, "path": str(Path(where).resolve()), "site": MonitorMiddleware.monitors[name]["site"],
-                      "order": None, "cascade": None, "action": act} for name, where, act in ours.members]
+                      "order": None, "cascade": None, "action": act, "sha256": MonitorMiddleware.monitors[name]["sha256"]}
+                     for name, where, act in ours.members]
             try:
                 await engine.collective_rpc("tpc_hooks_arm_set", args=(specs, "summary"))
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
                 raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
             if getattr(args, "kv_transfer_config", None):
                 _skip_cache_reads(engine)
+            if ours.review_log:
+                await engine.collective_rpc("tpc_hooks_review", args=(ours.review_log_sample, ours.review_log_text))
+                _review.SERVER.update(decode=engine.get_tokenizer().decode if ours.review_log_text else None, log=(
+                    _review.ReviewLog(ours.review_log, max_bytes=int(ours.review_log_max_mb * 2 ** 20),
+                                      on_count=lambda outcome: REVIEWED.labels(outcome).inc(),
+                                      prepare=lambda e: _review.explain_entry(e, _review.SERVER["monitors"]))))
             shutdown = await build_and_serve(engine, listen_address, sock, args)
         await shutdown
     finally:
         sock.close()
+        if _review.SERVER["log"] is not None:
+            _review.SERVER["log"].close()  # writes what is queued
 
 
 def main(argv: list[str]) -> int:

@@ -22,7 +22,6 @@ per-request arguments), never by ``import tpc_hooks``.
 """
 
 import hashlib
-import json
 import math
 import os
 import time
@@ -37,17 +36,15 @@ from vllm.v1.sample.logits_processor import BatchUpdate
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
 
-from ..adapters._vllm_args import NAMES_ENV, unexposed
+from ..adapters._vllm_args import own_setting as _own, request_settings as _settings, unexposed
 from ..head import _format
 from ..head._errors import TPCHooksError
 from ..head._kernel import flagged
 from ..monitoring._monitor import Monitor
 from ..monitoring._requests import RequestScores
-from . import _engine
+from . import _engine, _review
 from ._prefix import BlockStates, Chain
 
-OPT_OUT = "tpc_hooks_monitor"  # SamplingParams.extra_args key: false/0 opts the request out
-THRESHOLD = "tpc_hooks_threshold"  # ... its own threshold, a probability in (0, 1)
 KEEP = 4096  # finished requests whose summary waits for the server to take it (the oldest go first)
 STORES = 4  # monitors whose block states a worker keeps (the least recently armed go first)
 UNSCORED = ("its prompt starts with cached blocks whose monitor state this engine does not hold (computed before "
@@ -61,8 +58,8 @@ class _Armed:
     reads, and what it has decided."""
 
     def __init__(self, name: str, monitor: Monitor, layer: int, order: int | None, cascade: float | None, action: str,
-                 keep: str, blocks: BlockStates):
-        self.name, self.layer = name, layer
+                 keep: str, blocks: BlockStates, sha: str | None = None):
+        self.name, self.layer, self.sha = name, layer, sha  # sha: of its files, as the server knows it
         self.owns: set[str] | None = None  # once replaced or removed: the requests it still serves to their end
         self.monitor, self.action, self.keep = monitor, action, keep
         self.scores = RequestScores(monitor, order, cascade, frozen=True)  # loaded here, from a file: nobody else holds it
@@ -72,11 +69,18 @@ class _Armed:
         self.first: dict[str, int] = {}  # request -> its first flagged step
         self.unscored: set[str] = set()  # requests that read cached blocks without a kept state
         self.passes, self.seconds, self.rows = 0, 0.0, 0  # what the monitor has cost (tpc_hooks_stats)
+        self.reviews, self.review_seconds = 0, 0.0  # ... and its review-log entries (explained requests)
         self.own: dict[str, float] = {}  # request -> its own threshold
         self.summaries: OrderedDict[str, dict[str, Any]] = OrderedDict()  # keep="summary": finished requests
+        self.notes: _review.Notes | None = None  # a server's review log: the inputs of the steps it explains
+        self.review(bool(_review.SETTINGS))
 
-    def summarize(self, rid: str) -> None:
-        """A finished request's steps become its summary (``keep="summary"``)."""
+    def review(self, on: bool) -> None:
+        self.notes, self.scores.keep_inputs = (_review.Notes() if on else None), on
+
+    def summarize(self, rid: str, req: "_Request | None" = None) -> None:
+        """A finished request's steps become its summary (``keep="summary"``), with its review when
+        the server keeps a review log and the request is flagged or sampled."""
         rec = self.scores.take([rid]).get(rid)
         first, stopped, thr = self.first.pop(rid, None), self.stopped.pop(rid, None), self.own.pop(rid, self.threshold)
         if rid in self.unscored:
@@ -88,6 +92,14 @@ class _Armed:
             self.summaries[rid] = {"steps": len(probs), "peak_score": float(probs[~bad].max()) if (~bad).any() else None,
                                    "flagged": first is not None, "first_flagged": first, "stopped_at": stopped,
                                    "threshold": thr, "nonfinite_step": int(bad.nonzero()[0]) if bad.any() else None}
+            t0 = time.perf_counter()
+            review = self.notes and self.notes.take(rid, self.monitor, self.sha, rec, req and req.tokens,
+                                                   req.prompt_len if req else 0)
+            if review:
+                self.summaries[rid]["review"] = review
+                self.reviews, self.review_seconds = self.reviews + 1, self.review_seconds + time.perf_counter() - t0
+        if self.notes is not None:
+            self.notes.forget(rid)
         while len(self.summaries) > KEEP:
             self.summaries.popitem(last=False)
 
@@ -106,47 +118,12 @@ class _Request:
     start: int = 0  # tokens computed before this step (the scheduler's count)
     scored_to: int = 0  # tokens covered by its last recorded step
     rows: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # capture: rows per exposed id
+    sampled: bool = False  # in the review log's sample of requests (a server's --review-log-sample)
 
 
 _ARMED: dict[str, _Armed] = {}  # the monitors this worker runs, by name (a lone monitor: "")
 _RETIRING: list[_Armed] = []  # monitors replaced or removed, still serving the requests they started with
 _STOPS: list[tuple[int, int | None]] = []  # (sampler row, EOS id) a monitor ended in this step
-
-
-def _settings(params: SamplingParams | None, names: bool = False) -> dict[str, Any]:
-    """A request's own monitor settings from its ``extra_args`` (the OpenAI server's
-    ``vllm_xargs``): ``{"tpc_hooks_monitor": false}`` opts out, ``{"tpc_hooks_threshold": p}``
-    sets its threshold; with several monitors, ``tpc_hooks_monitor.NAME`` and
-    ``tpc_hooks_threshold.NAME`` do the same for the monitor ``NAME`` alone (``"by"``). Raises
-    ValueError (an HTTP 400 from the server) for a bad value, and with ``names``, for a name the
-    server does not run (checked where the engine admits a request: the server's process, whose
-    list follows monitors added or removed; a worker reads the settings of admitted requests)."""
-    extra = (params.extra_args if params is not None else None) or {}
-    out: dict[str, Any] = {}
-    known = json.loads(os.environ.get(NAMES_ENV, "null")) if names else None  # a server's monitors (None: not checked)
-    for key, v in extra.items():
-        base, dot, name = str(key).partition(".")
-        if base not in (OPT_OUT, THRESHOLD) or (dot and not name):
-            continue
-        if dot and known is not None and name not in known:
-            runs = f"the monitors {', '.join(n for n in known)}" if any(known) else "one unnamed monitor"
-            raise ValueError(f"{key} names no monitor of this server (it runs {runs})")
-        if base == OPT_OUT:
-            if v not in (True, False, 0, 1) or isinstance(v, float):
-                raise ValueError(f"{key} must be true/false (or 1/0); got {v!r}")
-            value, what = bool(v), "monitor"
-        else:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
-                raise ValueError(f"{key} must be a probability in (0, 1); got {v!r}")
-            value, what = float(v), "threshold"
-        (out.setdefault("by", {}).setdefault(name, {}) if dot else out)[what] = value
-    return out
-
-
-def _own(settings: dict[str, Any], name: str, what: str, default: Any) -> Any:
-    """A request's setting ``what`` for the monitor ``name``: its own by name, else its own for
-    every monitor, else ``default``."""
-    return settings.get("by", {}).get(name, {}).get(what, settings.get(what, default))
 
 
 class TPCHooksStop(V1LogitsProcessor, V2LogitsProcessor):
@@ -232,7 +209,7 @@ class _Mixin:
                 tokens=list(ids) if ids is not None else None, prompt_len=len(ids) if ids is not None else 0,
                 chain=Chain(self._tpc_block, lora), settings=_settings(params),
                 eos=getattr(params, "eos_token_id", None), reusable=ids is not None and not nr.mm_features,
-                start=int(nr.num_computed_tokens))
+                start=int(nr.num_computed_tokens), sampled=_review.sampled(nr.req_id, _review.SETTINGS.get("sample", 0)))
         cached = so.scheduled_cached_reqs
         for rid, c in zip(cached.req_ids, cached.num_computed_tokens):
             if rid in reqs:
@@ -244,7 +221,7 @@ class _Mixin:
             for armed in _serving(rid):
                 on = req is not None and _own(req.settings, armed.name, "monitor", True)
                 if armed.keep == "summary" and on:
-                    armed.summarize(rid)
+                    armed.summarize(rid, req)
                 elif req is not None and not on:
                     armed.scores.forget(rid)
                 if armed.owns is not None:
@@ -349,13 +326,19 @@ class _Mixin:
             armed.own.update((rid, t) for rid, t in zip(done, own) if t is not None)
         else:
             hits = flagged(res.decision_logits, armed.threshold).tolist()
-        for rid, hit in zip(done, hits):
+        probs = None
+        for j, (rid, hit) in enumerate(zip(done, hits)):
             i, req, _ = rows_of[rid]
             if not _own(req.settings, armed.name, "monitor", True):
                 armed.scores.records.pop(rid, None)  # opted out: its state is kept for the blocks, not its steps
                 continue
+            if armed.notes is not None and req.sampled and not hit and rid not in armed.first:
+                probs = res.probs.tolist() if probs is None else probs
+                armed.notes.seen(rid, armed.scores.steps(rid) - 1, probs[j], armed.scores.inputs[j])
             if hit and rid not in armed.first:
                 armed.first[rid] = step = armed.scores.steps(rid) - 1
+                if armed.notes is not None:
+                    armed.notes.flagged(rid, step, armed.scores.inputs[j])
                 # a server ends a request whose activations turn NaN/inf whatever the action (its response is an
                 # error); monitor.generate records NaN steps as the Hugging Face loop does
                 nonfinite = armed.keep == "summary" and bool(math.isnan(armed.scores.records[rid][-1][2]))
@@ -422,7 +405,8 @@ class _Mixin:
         if getattr(self, "rank", 0) == 0:
             _ARMED = {spec["name"]: _Armed(spec["name"], monitor, self._tpc_sites[spec["site"]], spec["order"],
                                            spec["cascade"], spec["action"], keep,
-                                           self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]))
+                                           self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]),
+                                           spec.get("sha256"))
                       for spec, monitor in loaded}
         return {spec["name"]: {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": d_model}
                 for spec, monitor in loaded}
@@ -449,7 +433,7 @@ class _Mixin:
         reached it): steps, peak score, flagged, first flagged step, stopped step, the threshold
         used, the first step that scored NaN; forgets them."""
         armed = _ARMED.get(member)
-        return {} if armed is None else _summaries_of(armed, prefixes)  # finished: the server saw their last token
+        return {} if armed is None else _summaries_of(armed, prefixes, self._tpc_requests)  # finished: the server saw their last token
 
     def tpc_hooks_set_summaries(self, prefixes: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
         """:meth:`tpc_hooks_summaries` of every monitor this worker runs, by name (one call per
@@ -457,7 +441,7 @@ class _Mixin:
         removed while the requests ran."""
         out: dict[str, dict[str, dict[str, Any]]] = {name: self.tpc_hooks_summaries(prefixes, name) for name in _ARMED}
         for armed in _RETIRING:
-            out.setdefault(armed.name, {}).update(_summaries_of(armed, prefixes))
+            out.setdefault(armed.name, {}).update(_summaries_of(armed, prefixes, self._tpc_requests))
         _retire_done()
         return out
 
@@ -478,7 +462,7 @@ class _Mixin:
             spec = {**spec, "name": name}
             monitor = self._tpc_load(spec)
             new = _Armed(name, monitor, self._tpc_sites[spec["site"]], spec["order"], spec["cascade"], spec["action"],
-                         keep, self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]))
+                         keep, self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]), spec.get("sha256"))
             info = {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": self._tpc_d_model()}
         if getattr(self, "rank", 0) != 0:
             return info
@@ -500,6 +484,16 @@ class _Mixin:
         _STOPS.clear()
         return True
 
+    def tpc_hooks_review(self, sample: float, text: bool = False) -> bool:
+        """Turns on the review of flagged requests and of a ``sample`` of the others (by a hash of
+        their id): their summaries carry each monitor's per-step scores and exit orders and its
+        input (pooled activations) at the step that flagged them (or the highest one), for the
+        server to explain, with their token ids when ``text``, else a hash of them."""
+        _review.SETTINGS.update(sample=float(sample), text=bool(text))
+        for armed in [*_ARMED.values(), *_RETIRING]:
+            armed.review(True)
+        return True
+
     def _tpc_load(self, spec: dict[str, Any]) -> Monitor:
         """The monitor of ``spec``, loaded and checked against this engine (site exposed, width)."""
         if spec["site"] not in self._tpc_sites:
@@ -517,7 +511,7 @@ class _Mixin:
         the monitors; on a GPU, without waiting for the device), rows scored, and what it holds:
         requests with a running state, requests with recorded steps (and how many steps),
         summaries not yet taken, kept block states (and how many the store holds at most), the
-        process's resident memory, and since the engine started: requests resumed from a kept
+        process's resident memory, requests explained for a review log and the seconds it took, and since the engine started: requests resumed from a kept
         block state and requests found without one (:meth:`tpc_hooks_counts`)."""
         armed = _ARMED.get(member)
         if armed is None:
@@ -526,6 +520,7 @@ class _Mixin:
                 "requests_held": len(armed.scores.states), "records_held": len(armed.scores.records),
                 "summaries_held": len(armed.summaries), "steps_held": sum(map(len, armed.scores.records.values())),
                 "block_states": len(armed.blocks), "block_capacity": armed.blocks.capacity, "rss_bytes": _rss(),
+                "reviews": armed.reviews, "review_seconds": armed.review_seconds,
                 **self._tpc_counts}
 
     def _tpc_store(self, path: str, site: str, order: int | None, cascade: float | None) -> BlockStates:
@@ -569,11 +564,11 @@ def _taken() -> dict[str, set[str]]:
     return out
 
 
-def _summaries_of(armed: _Armed, prefixes: list[str]) -> dict[str, dict[str, Any]]:
+def _summaries_of(armed: _Armed, prefixes: list[str], reqs: dict[str, _Request]) -> dict[str, dict[str, Any]]:
     """A monitor's summaries of the finished requests matching ``prefixes``; forgets them."""
     match = lambda rid: any(p in rid for p in prefixes)  # noqa: E731 (engine ids may carry a sample's "k_" first)
     for rid in [r for r in armed.scores.records if match(r) and (armed.owns is None or r not in armed.owns)]:
-        armed.summarize(rid)
+        armed.summarize(rid, reqs.get(rid))
     for rid in [r for r in armed.unscored if match(r)]:
         armed.summarize(rid)
     return {rid: armed.summaries.pop(rid) for rid in [r for r in armed.summaries if match(r)]}

@@ -1,0 +1,66 @@
+"""How a monitor's threshold is set: from benign activations, or from the peak scores a server
+logged for traffic marked benign (the body of :meth:`~tpc_hooks.Monitor.calibrate`)."""
+
+import math
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..head import _kernel
+from ..head._checks import check_features, check_rate
+from ..head._errors import TPCHooksError
+from ..head._metrics import threshold_at_fpr
+
+
+def activations(monitor: Any, benign: Any, fpr: float) -> Any:
+    """:meth:`~tpc_hooks.Monitor.calibrate_activations`."""
+    fpr = check_rate(fpr, "fpr")
+    if monitor.streaming:
+        if isinstance(benign, (Tensor, np.ndarray)) or not isinstance(benign, Sequence) or not benign:
+            raise TPCHooksError("a per-token monitor calibrates on a non-empty list of per-token activations "
+                                "[T_i, d_model], one per benign sequence (or use calibrate(model, prompts))")
+        seqs = [check_features(z, f"benign sequence {i}", monitor.head.d_model).float() for i, z in enumerate(benign)]
+        decisions_of = lambda rule: torch.stack([monitor._aggregated(rule, z)[1].max() for z in seqs])
+        n = len(seqs)
+    else:
+        z = check_features(benign, "benign activations", monitor.head.d_model).float()
+        decisions_of = lambda rule: rule(z).decision_logits
+        n = z.shape[0]
+    _warn_few(fpr, n, 5)  # the caller of Monitor.calibrate_activations (under its no_grad wrapper)
+    if monitor.cascade is not None:
+        full = decisions_of(monitor.cascade.with_thresholds(0.0))
+        monitor.cascade = monitor.cascade.centered(_kernel.threshold_above(full, threshold_at_fpr(full.double().cpu().numpy(), fpr)))
+    return _set(monitor, decisions_of(monitor.policy()), fpr, {"by": "max over tokens"} if monitor.streaming else {})
+
+
+def peaks(monitor: Any, peaks: Any, fpr: float) -> Any:
+    """The threshold from the peak scores (probabilities) of requests marked benign: at most
+    ``fpr`` of them reach it."""
+    fpr = check_rate(fpr, "fpr")
+    p = torch.as_tensor(np.asarray(peaks, dtype=np.float64)).ravel()
+    if p.numel() == 0 or not bool(((p >= 0) & (p <= 1)).all()):
+        raise TPCHooksError(f"peaks must be a non-empty list of scores in [0, 1]; got {p.numel()} values"
+                            + (f", e.g. {float(p[~((p >= 0) & (p <= 1))][0])}" if p.numel() else ""))
+    _warn_few(fpr, p.numel(), 4)  # the caller of Monitor.calibrate
+    return _set(monitor, torch.logit(p), fpr, {"by": "peak scores a server logged"})
+
+
+def _warn_few(fpr: float, n: int, stacklevel: int) -> None:
+    if 0 < fpr * n < 1:
+        warnings.warn(f"calibrating at fpr={fpr:g} on {n} benign input(s): one flag would already be a rate of "
+                      f"{1 / n:.3g}, so the threshold keeps all {n} unflagged and the rate it reaches on new benign "
+                      f"traffic is unmeasured; calibrate on at least {math.ceil(1 / fpr)} benign inputs",
+                      UserWarning, stacklevel=stacklevel)
+
+
+def _set(monitor: Any, decisions: Tensor, fpr: float, how: dict[str, str]) -> Any:
+    """The threshold that leaves all but ``fpr`` of the benign ``decisions`` (logits) unflagged, recorded."""
+    monitor.threshold = _kernel.threshold_above(decisions, threshold_at_fpr(decisions.double().cpu().numpy(), fpr))
+    flagged = int(_kernel.flagged(decisions, monitor.threshold).sum())
+    monitor.report["operating_point"] = {"fpr": float(fpr), "n_benign": int(decisions.numel()), "flagged": flagged,
+                                         "threshold": monitor.threshold, **how}
+    return monitor

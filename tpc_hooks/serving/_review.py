@@ -1,0 +1,408 @@
+"""The review log of ``tpc-hooks serve --review-log DIR``: one JSON line per flagged request (and
+per request of a sample you set), with each monitor's per-step scores and exit orders and the
+exact attribution of the step that flagged it; ``tpc-hooks review LOG`` renders it as HTML.
+
+Three parts, none of which imports vLLM:
+
+* in the worker, :class:`Notes` keeps, per monitor, the pooled activations (a per-token
+  monitor: the token's row) of a request's first flagged step, or for a sampled request of its
+  highest-scoring step so far, from the pass that computed them (no second pass);
+  :meth:`Notes.take` hands them over with the request's steps when it finishes;
+* in the server, :class:`ReviewLog` takes entries into a bounded queue; a thread of its own
+  explains each (:func:`explain`: :func:`tpc_hooks.attribute` of the kept activations, by the
+  very monitor that scored them, known by the SHA-256 of its files) and appends it (``logging``'s
+  queue listener and size-rotated file handler). Neither the engine nor the responses wait for
+  the attribution or the disk (explaining in the engine's own thread cost 6.5 ms per explained
+  request on the CPU engine); an entry the full queue refuses is counted as dropped, never lost
+  silently;
+* offline, :func:`read_review_log`, :func:`logged_peaks` (peak scores for
+  :meth:`tpc_hooks.Monitor.calibrate`) and :func:`render_review_log` (an index and one page per
+  entry, in the views' colours).
+"""
+
+import hashlib
+import json
+import logging
+import logging.handlers
+import math
+import queue
+import threading
+import warnings
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..head._attribution import attribute
+from ..head._errors import TPCHooksError
+from ..head._views import _STYLE, HTML, _esc, _table, _token, score_color
+
+FILE = "review.jsonl"  # the log's current file; rotated ones are FILE.1 (newest) .. FILE.N
+SETTINGS: dict[str, Any] = {}  # in a worker: {"sample", "text"} once a server turned the log on
+
+
+def sampled(request_id: str, rate: float) -> bool:
+    """Whether ``request_id`` is in the sample of unflagged requests logged at ``rate``: decided by
+    a hash of the id alone (not by its scores), so the sample is a fair one of all traffic.
+
+    Example:
+        >>> sampled("cmpl-1", 0.0), sampled("cmpl-1", 1.0)
+        (False, True)
+    """
+    if rate <= 0:
+        return False
+    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "big") < rate * 2.0 ** 64
+
+
+def explain(monitor: Any, z: Any, exit_order: int, k: int = 10) -> dict[str, Any]:
+    """The exact attribution of one step: ``tpc_hooks.attribute(monitor, z)`` as JSON-able data
+    (the logit by order, the top ``k`` neurons or SAE features, the top ``k`` pairs of each order),
+    with the step's exit order and the logit it decided on: the sum of the orders up to it.
+
+    Example:
+        >>> import torch, tpc_hooks as tpc
+        >>> mon = tpc.Monitor(tpc.TPC(6, 2, 2), "blocks.0.hook_resid_post")
+        >>> part = explain(mon, torch.randn(6), exit_order=2, k=3)
+        >>> abs(sum(part["by_order"]) - part["step_logit"]) < 1e-5, len(part["top_neurons"])
+        (True, 3)
+    """
+    attr = attribute(monitor, z.detach().float().cpu()[None])
+    out = attr.to_dict(0, k)
+    out["exit_order"] = int(exit_order)
+    out["step_logit"] = float(sum(out["by_order"][:int(exit_order)]))
+    out["top_neurons"] = [[i, v] for i, v in out["top_neurons"]]
+    out["top_pairs"] = {o: [[i, j, v] for i, j, v in pairs] for o, pairs in out["top_pairs"].items()}
+    return out
+
+
+def explain_entry(e: dict[str, Any], monitors: dict[str, Any], k: int = 10) -> dict[str, Any]:
+    """Replaces each monitor's kept ``input`` in the entry ``e`` by its ``attribution``
+    (:func:`explain`), by the monitor of ``monitors`` (SHA-256 of its files -> Monitor) that scored
+    it; an input that cannot be explained (non-finite, an unknown monitor) gets ``{"error": ...}``."""
+    for m in e.get("monitors", {}).values():
+        z, mon = m.pop("input", None), monitors.get(m.get("monitor"))
+        exit_order = m["exit_orders"][m["step"]]
+        if z is None or any(v is None for v in z):
+            m["attribution"] = {"error": "non-finite activations at this step"}
+        elif mon is None:
+            m["attribution"] = {"error": f"no monitor with sha256 {m.get('monitor')} is loaded"}
+        else:
+            try:
+                m["attribution"] = explain(mon, torch.tensor(z), exit_order, k)
+            except Exception as err:  # the log goes on
+                m["attribution"] = {"error": f"{type(err).__name__}: {err}"}
+    return e
+
+
+def _finite(values: Iterable[float]) -> list[float | None]:
+    return [None if math.isnan(v) or math.isinf(v) else float(v) for v in values]
+
+
+class Notes:
+    """What a worker keeps for the review log of one monitor: per request, ``(step, input)`` of its
+    first flagged step, or for a sampled request not yet flagged, of its highest step so far."""
+
+    def __init__(self) -> None:
+        self.at: dict[str, tuple[int, Any]] = {}
+        self.peak: dict[str, float] = {}
+
+    def flagged(self, rid: str, step: int, z: Any) -> None:
+        self.at[rid] = (step, z.detach().clone())
+        self.peak.pop(rid, None)
+
+    def seen(self, rid: str, step: int, prob: float, z: Any) -> None:
+        """A sampled request's step: kept when it is its highest so far."""
+        if not prob <= self.peak.get(rid, -1.0):  # NaN is kept: non-finite activations are worth a look
+            self.at[rid], self.peak[rid] = (step, z.detach().clone()), prob
+
+    def forget(self, rid: str) -> None:
+        self.at.pop(rid, None)
+        self.peak.pop(rid, None)
+
+    def take(self, rid: str, monitor: Any, sha: str | None, rec: dict[str, Any], tokens: Sequence[int] | None,
+             prompt_len: int) -> dict[str, Any] | None:
+        """The review of a finished request from its recorded steps ``rec`` (None: nothing kept,
+        it is neither flagged nor sampled): the kept input, to be explained by the monitor whose
+        files hash to ``sha`` (:func:`explain_entry`)."""
+        kept = self.at.pop(rid, None)
+        self.peak.pop(rid, None)
+        if kept is None:
+            return None
+        step, z = kept
+        out = {"request_id": rid, "sampled": sampled(rid, SETTINGS.get("sample", 0.0)), "step": step,
+               "of": "token" if monitor.pooling == "token" else "pool", "monitor": sha,
+               "scores": _finite(rec["probs"].tolist()), "exit_orders": rec["exit_order"].tolist(),
+               "input": _finite(z.float().cpu().tolist())}
+        if tokens is not None:
+            ids = [int(t) for t in tokens[:prompt_len + len(out["exit_orders"]) - 1]]  # the scored prefix: step t ends token t
+            out["tokens_sha256"] = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
+            if SETTINGS.get("text"):
+                out["ids"], out["prompt_len"] = ids, prompt_len
+        return out
+
+
+# ---------------------------------------------------------------------- the server's writer
+class _Counting(logging.handlers.RotatingFileHandler):
+    def __init__(self, log: "ReviewLog", *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            entry = record.msg if self.log.prepare is None else self.log.prepare(record.msg)
+            record.msg, record.args = json.dumps(entry, allow_nan=False), None
+            if self.shouldRollover(record):
+                self.doRollover()
+            self.stream.write(record.msg + "\n")
+            self.stream.flush()
+        except Exception:  # a full disk, say: the entry is lost, and counted
+            self.log._count("failed")
+        else:
+            self.log._count("written")
+
+
+class _Listener(logging.handlers.QueueListener):
+    def enqueue_sentinel(self) -> None:
+        self.queue.put(self._sentinel)  # after what is queued, waiting for room (the queue is bounded)
+
+
+class ReviewLog:
+    """Appends review entries as JSON lines to ``directory/review.jsonl``, rotated at ``max_bytes``
+    (``backups`` older files kept), from a queue of at most ``queue_size`` entries emptied by a
+    thread of its own. :meth:`put` never waits: an entry the full queue refuses is counted in
+    ``counts["dropped"]``; every entry put is either written, dropped or (a failing disk) failed.
+    ``prepare(entry)``, run on that thread before writing, finishes an entry (a server's:
+    :func:`explain_entry`).
+
+    Example:
+        >>> import tempfile
+        >>> log = ReviewLog(tempfile.mkdtemp(), queue_size=10)
+        >>> log.put({"request_id": "a"}), log.close()["written"]
+        (True, 1)
+    """
+
+    def __init__(self, directory: str | Path, *, max_bytes: int = 64 << 20, backups: int = 5, queue_size: int = 10_000,
+                 on_count: Any = None, prepare: Any = None) -> None:
+        self.path = Path(directory) / FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.counts = {"written": 0, "dropped": 0, "failed": 0}
+        self._lock = threading.Lock()
+        self._on_count = on_count
+        self.prepare = prepare
+        self._queue: queue.Queue = queue.Queue(queue_size)
+        self._handler = _Counting(self, self.path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+        self._listener = _Listener(self._queue, self._handler)
+        self._listener.start()
+
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self.counts[outcome] += 1
+        if self._on_count is not None:
+            self._on_count(outcome)
+
+    def put(self, entry: dict[str, Any]) -> bool:
+        """Queues ``entry`` for writing; False (and counted as dropped) when the queue is full."""
+        record = logging.makeLogRecord({"msg": entry})
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self._count("dropped")
+            return False
+        return True
+
+    def close(self) -> dict[str, int]:
+        """Writes what is queued, closes the file; returns the counts."""
+        self._listener.stop()
+        self._handler.close()
+        return dict(self.counts)
+
+
+def entry(response_id: str, choice: int, when: float, per: dict[str, dict[str, Any]],
+          decode: Any = None) -> dict[str, Any] | None:
+    """A choice's log entry from its summaries by monitor (each with the ``review`` its worker
+    attached, taken out of the summary); None when no monitor kept one. ``decode(ids)`` turns
+    token ids into text (given when the server logs text)."""
+    monitors, tokens, request_id = {}, None, None
+    for name, s in per.items():
+        review = s.pop("review", None) if s else None
+        if review is None:
+            continue
+        request_id = review.pop("request_id", request_id)
+        ids, prompt_len = review.pop("ids", None), review.pop("prompt_len", None)
+        if ids is not None and decode is not None and tokens is None:
+            tokens = {"prompt": decode(ids[:prompt_len]), "completion": [decode([t]) for t in ids[prompt_len:]]}
+        monitors[name] = {"flagged": s["flagged"], "first_flagged": s["first_flagged"], "stopped_at": s["stopped_at"],
+                          "peak_score": s["peak_score"], "threshold": s["threshold"], **review}
+    if not monitors:
+        return None
+    out = {"request_id": request_id, "response_id": response_id, "choice": choice, "time": when,
+           "flagged": any(m["flagged"] for m in monitors.values()), "monitors": monitors}
+    if tokens is not None:
+        out["text"] = tokens
+    return out
+
+
+# in a server: its ReviewLog, with text the tokenizer's decode, and every monitor it loaded by the SHA-256 of its files
+SERVER: dict[str, Any] = {"log": None, "decode": None, "monitors": {}}
+
+
+def arguments(p: Any) -> None:
+    """``tpc-hooks serve``'s review-log options."""
+    p.add_argument("--review-log", default=None, metavar="DIR",
+                   help=f"append each flagged request (and --review-log-sample of the others) to DIR/{FILE}: each "
+                        "monitor's per-step scores and exit orders and the exact attribution of the step that flagged "
+                        "it; `tpc-hooks review DIR` renders it")
+    p.add_argument("--review-log-sample", type=float, default=0.0, metavar="P",
+                   help="the share of requests logged whether flagged or not (chosen by a hash of the request id; "
+                        "their peak scores calibrate a monitor on real traffic), default 0")
+    p.add_argument("--review-log-text", action="store_true",
+                   help="log the prompt and completion text (default: a hash of their token ids)")
+    p.add_argument("--review-log-max-mb", type=float, default=64.0, metavar="MB",
+                   help=f"rotate {FILE} at this size, keeping 5 older files (default 64)")
+
+
+def record(response_id: str, choice: int, when: float, per: dict[str, dict[str, Any]]) -> None:
+    """A server's choice: its summaries lose their reviews, which go to the log (if it keeps one)."""
+    got = entry(response_id, choice, when, per, SERVER["decode"])
+    if got is not None and SERVER["log"] is not None:
+        SERVER["log"].put(got)
+
+
+# ---------------------------------------------------------------------- reading and rendering
+def _files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise TPCHooksError(f"no review log at {path} (a --review-log directory or one of its {FILE} files)")
+    rotated = sorted(path.glob(f"{FILE}.*"), key=lambda p: -int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0)
+    files = [p for p in rotated if p.suffix[1:].isdigit()] + ([path / FILE] if (path / FILE).exists() else [])
+    if not files:
+        raise TPCHooksError(f"{path} holds no {FILE}: was the server started with --review-log {path}?")
+    return files
+
+
+def read_review_log(path: str | Path) -> list[dict[str, Any]]:
+    """The entries of a review log, oldest first (its rotated files, then the current one).
+
+    A last line cut short (a server stopped while writing it) is skipped with a warning; any
+    other line that is not an entry is an error naming its file and line.
+    """
+    out: list[dict[str, Any]] = []
+    for f in _files(Path(path)):
+        lines = f.read_text(encoding="utf-8").split("\n")
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                got = json.loads(line)
+                if not isinstance(got, dict) or not isinstance(got.get("monitors"), dict):
+                    raise ValueError("not a review entry")
+            except ValueError as err:
+                if n == len(lines) and not line.endswith("}"):
+                    warnings.warn(f"{f}:{n}: a last line cut short (skipped)", UserWarning, stacklevel=2)
+                    continue
+                raise TPCHooksError(f"{f}:{n} is not a review-log entry ({err})") from None
+            out.append(got)
+    return out
+
+
+def logged_peaks(entries: Sequence[dict[str, Any]], monitor: str = "", *, benign: Iterable[str] | None = None,
+                 sampled_only: bool = True) -> list[float]:
+    """The peak scores of the monitor ``monitor`` ("" for a lone one) in review-log entries, for
+    :meth:`tpc_hooks.Monitor.calibrate` (``peaks=``): by default only the sampled entries (a fair
+    sample of traffic; flagged ones are all logged, so counting them would bias the rate), and
+    with ``benign``, only the requests (``request_id`` or ``response_id``) you marked benign.
+
+    Raises:
+        TPCHooksError: no entry of that monitor left.
+    """
+    keep = None if benign is None else set(benign)
+    out = []
+    for e in entries:
+        m = e.get("monitors", {}).get(monitor)
+        if m is None or (sampled_only and not m.get("sampled")) or m.get("peak_score") is None:
+            continue
+        if keep is not None and e.get("request_id") not in keep and e.get("response_id") not in keep:
+            continue
+        out.append(float(m["peak_score"]))
+    if not out:
+        names = sorted({n for e in entries for n in e.get("monitors", {})})
+        raise TPCHooksError(f"no {'sampled ' if sampled_only else ''}entry of monitor {monitor!r} in the log "
+                            f"(its monitors: {names}); was it started with --review-log-sample above 0?")
+    return out
+
+
+def _attribution_tables(a: dict[str, Any]) -> str:
+    orders = ["bias + linear"] + [f"degree {o}" for o in range(2, len(a["by_order"]) + 1)]
+    unit = "feature" if a.get("basis") != "residual" else "neuron"
+    parts = [_table("logit by order", ["order"], [[o] for o in orders], a["by_order"]),
+             _table(f"top {unit}s (all orders)", [unit], [[i] for i, _ in a["top_neurons"]],
+                    [v for _, v in a["top_neurons"]])]
+    for o, pairs in sorted(a.get("top_pairs", {}).items()):
+        parts.append(_table(f"top pairs, degree {o} (2·M_ij)", ["i", "j"], [[i, j] for i, j, _ in pairs],
+                            [v for _, _, v in pairs]))
+    return "".join(parts)
+
+
+def _when(e: dict[str, Any]) -> str:
+    return datetime.fromtimestamp(float(e.get("time") or 0), timezone.utc).isoformat(timespec="seconds")
+
+
+def review_html(e: dict[str, Any]) -> HTML:
+    """One entry as a page: each monitor's steps coloured by score (the completion's tokens when
+    the log holds text), the step that flagged marked, and the attribution of that step."""
+    blocks = []
+    text = e.get("text") or {}
+    for name, m in e["monitors"].items():
+        t = float(m["threshold"])
+        scores, exits, step = m["scores"], m["exit_orders"], m["step"]
+        words = ["[prompt]", *text.get("completion", [])[:len(scores) - 1]] if text else []
+        words += [f"[{i}]" for i in range(len(words), len(scores))]
+        spans = [_token(w, ["first"] if i == step and m["flagged"] else [],
+                        score=float("nan") if s is None else s, threshold=t, step=i, order=exits[i])
+                 for i, (w, s) in enumerate(zip(words, scores))]
+        a = m["attribution"]
+        why = "first flagged" if m["flagged"] else "highest score (sampled)"
+        if "error" in a:
+            a = {"error": a["error"], "site": None, "exit_order": exits[step], "step_logit": math.nan, "logit": math.nan}
+        head = [f"monitor {name or 'default'}", f"threshold {t:g}", f"peak {m['peak_score']}",
+                "flagged" if m["flagged"] else "not flagged",
+                *([f"stopped at step {m['stopped_at']}"] if m["stopped_at"] is not None else [])]
+        att = [f"step {step} ({why})", f"{'token' if m['of'] == 'token' else 'pooled'} input",
+               f"site {a.get('site')}", f"exit order {a['exit_order']}", f"step logit {a['step_logit']:+.4f}",
+               f"full logit {a['logit']:+.4f}"]
+        blocks.append(f'<div class="row"><div class="head"><strong>{_esc(" · ".join(head))}</strong></div>'
+                      f'<div class="text">{"".join(spans)}</div><div class="head">{_esc(" · ".join(att))}</div>'
+                      f"{_esc(a['error']) if 'error' in a else _attribution_tables(a)}</div>")
+    prompt = f'<div class="label">{_esc(text["prompt"])}</div>' if text.get("prompt") else ""
+    title = f"request {e['request_id']}"
+    meta = [title, f"response {e.get('response_id')}", f"choice {e.get('choice')}", _when(e)]
+    if "tokens_sha256" in next(iter(e["monitors"].values()), {}):
+        meta.append(f"tokens sha256 {next(iter(e['monitors'].values()))['tokens_sha256'][:16]}")
+    return HTML(f'<div class="tpc-view">{_STYLE}<div class="head">{_esc(" · ".join(meta))}</div>{prompt}'
+                f'{"".join(blocks)}</div>', f"tpc-hooks review: {title}")
+
+
+def render_review_log(path: str | Path, out: str | Path, *, flagged_only: bool = False) -> Path:
+    """Writes ``out/index.html`` (one row per entry: time, request, each monitor's peak score
+    and flagged step) and one page per entry (``flagged_only``: per flagged entry); returns the
+    index's path."""
+    entries = [e for e in read_review_log(path) if e.get("flagged") or not flagged_only]
+    out = Path(out)
+    for old in out.glob("entry-*.html") if out.is_dir() else ():  # pages of an earlier rendering
+        old.unlink()
+    rows = []
+    for n, e in enumerate(entries):
+        page = f"entry-{n:06d}.html"
+        review_html(e).save(out / page)
+        cells = "".join(f'<td style="background-color:{score_color(m["peak_score"] or 0.0, m["threshold"])}">'
+                        f'{_esc(name or "default")}: {m["peak_score"]:.3f}'
+                        f'{" at step " + str(m["first_flagged"]) if m["flagged"] else ""}</td>'
+                        for name, m in e["monitors"].items() if m["peak_score"] is not None)
+        rows.append(f'<tr><td>{_when(e)}</td><td><a href="{page}">{_esc(e["request_id"])}</a></td>'
+                    f'<td>{"flagged" if e.get("flagged") else "sampled"}</td>{cells}</tr>')
+    table = (f"<table><caption>{len(entries)} logged requests</caption><tr><th>time</th><th>request</th><th>why</th>"
+             f"<th>monitors (peak score)</th></tr>{''.join(rows)}</table>")
+    return HTML(f'<div class="tpc-view">{_STYLE}{table}</div>', "tpc-hooks review log").save(out / "index.html")
