@@ -341,10 +341,15 @@ def server_rounds(args, texts: list[str], model: str, extra: dict, d_model: int,
           f"rotated, {args.server_rounds} rounds per number of clients. Every 50th request to tpc-hooks serve is a "
           "planted bad one (a 400 by design; not sent to vLLM's server). Baseline: vLLM's own OpenAI server with its "
           "defaults (compiled, prefix caching on), no tpc-hooks.\n")
+    if args.review_log_sample:
+        print(f"tpc-hooks serve keeps a review log of {args.review_log_sample:.0%} of its requests (each one explained "
+              "in the worker and written by the log's thread).\n")
     with tempfile.TemporaryDirectory() as where:
         quiet_monitor(d_model, site).save(where)
         cmds = {"base": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model],
-                "mon": [sys.executable, "-m", "tpc_hooks", "serve", model, "--monitor", where]}
+                "mon": [sys.executable, "-m", "tpc_hooks", "serve", model, "--monitor", where,
+                        *(["--review-log", f"{where}/log", "--review-log-sample", str(args.review_log_sample)]
+                          if args.review_log_sample else [])]}
         ports = {name: free_port() for name in cmds}
         procs = {}
         try:
@@ -386,12 +391,14 @@ def server_rounds(args, texts: list[str], model: str, extra: dict, d_model: int,
         print(f"| {clients} | {fmt(got['mon'])} | {fmt(got['again'])} |")
     print("\nThe monitor in the server's worker after each number of clients (tpc_hooks_stats):\n")
     print("| after | requests held | steps held | summaries held | block states | worker RSS MiB | passes | "
-          "monitor ms / pass |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "monitor ms / pass | requests explained | ms / explained request |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for clients, st in states:
         ms = 1e3 * st["seconds"] / st["passes"] if st["passes"] else 0.0
+        per = 1e3 * st["review_seconds"] / st["reviews"] if st["reviews"] else 0.0
         print(f"| {clients} clients | {st['requests_held']} | {st['steps_held']} | {st['summaries_held']} | "
-              f"{st['block_states']} | {st['rss_bytes'] / 2**20:.0f} | {st['passes']} | {ms:.2f} |")
+              f"{st['block_states']} | {st['rss_bytes'] / 2**20:.0f} | {st['passes']} | {ms:.2f} | {st['reviews']} | "
+              f"{per:.2f} |")
 
 
 def set_rounds(args, texts, tok, path, extra, d_model, layers, what) -> None:
@@ -444,6 +451,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--server-tokens", type=int, default=16, help="server load test: greedy tokens per request")
     ap.add_argument("--clients", type=int, nargs="+", default=[8, 32], help="server load test: concurrent clients")
     ap.add_argument("--no-server", action="store_true", help="skip the server load test")
+    ap.add_argument("--review-log-sample", type=float, default=0.0, metavar="P",
+                    help="server load test: tpc-hooks serve logs (and explains) this share of its requests")
     ap.add_argument("--no-offline", action="store_true", help="skip the offline engine rounds")
     ap.add_argument("--quick", action="store_true", help="1 and 8, 16 tokens, 2 rounds, 100 requests (a smoke test)")
     ap.add_argument("--sets", type=int, nargs="+", default=None, metavar="K",
@@ -453,6 +462,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.sets:
         args.results_name = "bench_serving_set"
+    elif args.review_log_sample:
+        args.results_name = "bench_serving_review"
     if args.quick:
         args.concurrency, args.new_tokens, args.rounds, args.requests, args.server_rounds = [1, 8], 16, 2, 100, 1
     import vllm
