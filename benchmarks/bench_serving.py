@@ -391,7 +391,7 @@ def server_rounds(args, texts: list[str], model: str, extra: dict, d_model: int,
         print(f"| {clients} | {fmt(got['mon'])} | {fmt(got['again'])} |")
     print("\nThe monitor in the server's worker after each number of clients (tpc_hooks_stats):\n")
     print("| after | requests held | steps held | summaries held | block states | worker RSS MiB | passes | "
-          "monitor ms / pass | requests explained | ms / explained request |")
+          "monitor ms / pass | requests logged | worker ms / logged request |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for clients, st in states:
         ms = 1e3 * st["seconds"] / st["passes"] if st["passes"] else 0.0
