@@ -45,6 +45,11 @@ def test_quick_demo_writes_a_complete_run(default_run):
     assert len(res["live"]) == 4 and all(len(g["scores"]) >= 1 for g in res["live"])
     assert sum(res["attribution"]["by_order"]) == pytest.approx(res["attribution"]["logit"], abs=1e-3)
     report = (out / "report.md").read_text()
+    feats = res["attribution"]["sae"]  # the same decision in the features of the packaged prompts' SAE
+    assert feats["reconstruction"]["l0"] <= 32 and feats["top_features"] and feats["labels"]
+    assert set(feats["labels"]) <= {str(u) for u, _ in feats["top_features"]} | {
+        str(u) for ps in feats["top_pairs"].values() for i, j, _ in ps for u in (i, j)}
+    assert "features of an SAE" in report and (out / "attribution.html").read_text().count("<table>") == 6
     for part in ("F1 by order, test", "TPC cascade", "Live monitored generations", "Attribution", "Time per stage"):
         assert part in report
     for plot in ("f1_by_order.png", "cascade.png", "exit_orders.png", "calibration.png", "attribution.png"):

@@ -28,7 +28,7 @@ _spec.loader.exec_module(notebooks)
 
 # what each page shows: stdout (printed results), image/png (a plot), text/html (a coloured view)
 SHOWS = {"01": {"stdout", "text/html"}, "02": {"stdout", "image/png"}, "03": {"stdout", "image/png", "text/html"},
-         "04": {"stdout", "text/html"}, "05": {"stdout"}}
+         "04": {"stdout", "text/html"}, "05": {"stdout", "text/html"}}
 
 
 def shown(nb) -> set[str]:

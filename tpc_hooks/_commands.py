@@ -35,6 +35,9 @@ def _demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--intent", nargs="+", metavar="KIND", default=None,
                    help="train_monitor's intent kinds for the deployed monitor (default: its default; the opt-in "
                         "'stated' must be named with the others)")
+    p.add_argument("--no-sae", action="store_true",
+                   help="skip the attribution in the features of a small SAE trained on the packaged prompts (trained "
+                        "once, a few minutes, then cached)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 

@@ -7,6 +7,7 @@ screenshot of one, where a Chromium is installed), the attribution's page and th
 into a run directory.
 """
 
+import importlib.util
 import json
 import logging
 import random
@@ -30,9 +31,9 @@ from .head._attribution import attribute
 from .head._cascade import Cascade
 from .head._metrics import threshold_at_fpr
 from .head._metrics import classification_metrics
-from .head._views import attribution_html, generation_html
+from .head._views import HTML, attribution_html, generation_html
 from .monitoring._monitor import Monitor
-from .offline import DEFAULT_MODEL, load_model
+from .offline import DEFAULT_MODEL, PACKAGED, load_model, load_sae
 from .prompts import _intent
 from .prompts._sets import PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file
 from .training._train_monitor import train_monitor
@@ -166,18 +167,36 @@ def screenshot(page: Path, png: Path, *, size: tuple[int, int] = (1100, 640), ti
     return True
 
 
-def _pages(out: Path, run: Any, tok: Any, threshold: float, attr: Any, attr_prompt: str) -> dict[str, Any]:
-    """One HTML page per live generation, the attribution's page, and a screenshot of the first
-    flagged generation's page (the first page where none was flagged)."""
+def _pages(out: Path, run: Any, tok: Any, threshold: float, attr: Any, attr_prompt: str,
+           attr_sae: Any = None) -> dict[str, Any]:
+    """One HTML page per live generation, the attribution's page (in neurons, then in the SAE's
+    labelled features when there is one), and a screenshot of the first flagged generation's page
+    (the first page where none was flagged)."""
     live = []
     for b in range(len(run.sequences)):
         generation_html(run, tokenizer=tok, threshold=threshold, rows=b).save(out / f"live_{b}.html")
         live.append(f"live_{b}.html")
-    attribution_html(attr, labels=[attr_prompt]).save(out / "attribution.html")
+    page = str(attribution_html(attr, labels=[attr_prompt]))
+    if attr_sae is not None:
+        page += str(attribution_html(attr_sae, labels=[attr_prompt]))
+    HTML(page, "tpc-hooks: attribution").save(out / "attribution.html")
     shot = next((b for b, f in enumerate(run.flagged) if f), 0)
     png = out / f"live_{shot}.png"
     return {"live": live, "attribution": "attribution.html",
             "screenshot": png.name if screenshot(out / live[shot], png) else None}
+
+
+def _in_features(monitor: Monitor, z: Any, site: str, model_name: str | None, progress: bool) -> tuple[Any, Any]:
+    """The attribution of ``z`` in the features of the packaged prompts' SAE at ``site``, and its
+    summary for the results (the SAE's reconstruction report, the top features and pairs, their
+    labels); ``(None, None)`` without SAELens or for a model not packaged."""
+    if (model_name or DEFAULT_MODEL) not in PACKAGED or importlib.util.find_spec("sae_lens") is None:
+        return None, None
+    feature_sae = load_sae(site, model_name, progress=progress)
+    attr = attribute(monitor, z, sae=feature_sae)
+    got = attr.to_dict(0, k=8)
+    return attr, {"reconstruction": feature_sae.reconstruction, "top_features": got["top_neurons"],
+                  "top_pairs": got["top_pairs"], "labels": got.get("labels", {})}
 
 
 def prompt_splits(dataset: str = "default", *, seed: int = 0, text_column: str = "text", label_column: str = "label",
@@ -211,7 +230,7 @@ def _model_and_site(model_name: str | None, toolkit: str, layer: int | None) -> 
 def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: str | None = None, layer: int | None = None,
              quick: bool = False, seed: int = 0, progress: bool = True, dataset: str = "default",
              text_column: str = "text", label_column: str = "label",
-             intent: Sequence[str] | None = None) -> dict[str, Any]:
+             intent: Sequence[str] | None = None, sae: bool = True) -> dict[str, Any]:
     """Runs the demo into ``out`` and returns the results (also written to ``results.json``).
 
     Args:
@@ -230,6 +249,9 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
             ``text_column``/``label_column``.
         intent: ``train_monitor``'s ``intent`` for the deployed monitor (None: its default), e.g.
             every kind, ``"homonym"`` and the opt-in ``"stated"``.
+        sae: also explain the attributed prompt in the features of a small SAE at the site, trained
+            on the packaged prompts and labelled (:func:`tpc_hooks.offline.load_sae`; a packaged
+            model with SAELens installed; a few minutes the first time, then cached).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -307,13 +329,15 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
     flagged = [i for i in torch.argsort(probs, descending=True).tolist() if test.labels[i] == 1][:1]
     attr = attribute(monitor, X["test"][flagged])
     attribution = {"prompt": test.texts[flagged[0]], **attr.to_dict(0, k=8)}
+    attr_sae, attribution["sae"] = _in_features(monitor, X["test"][flagged], site, model_name, progress) if sae \
+        else (None, None)
     try:
         attr.plot(0, k=10).savefig(out / "attribution.png", dpi=120)
     except ImportError:
         pass
     lap("attribution")
 
-    pages = _pages(out, run, tok, deployed.threshold, attr, attribution["prompt"])
+    pages = _pages(out, run, tok, deployed.threshold, attr, attribution["prompt"], attr_sae)
     lap("pages")
 
     res = {"model": model_name or DEFAULT_MODEL, "toolkit": toolkit, "site": site, "quick": quick, "seed": seed,
@@ -431,6 +455,16 @@ def render_report(res: dict[str, Any]) -> str:
     parts += [f"## Attribution of the most confidently flagged harmful test prompt\n{a['prompt'][:160]!r}: logit "
               f"{a['logit']:.3f} = bias {a['bias']:.3f} + orders {[round(v, 3) for v in a['by_order']]}",
               _table(["i", "j", "pair contribution (degree 2)"], [list(p) for p in a["top_pairs"]["2"]])]
+    if a.get("sae"):
+        f, rec = a["sae"], a["sae"]["reconstruction"]
+        name = lambda u: f"{u}: {f['labels'][str(u)]}" if str(u) in f["labels"] else str(u)  # noqa: E731
+        parts += [f"The same decision in the features of an SAE trained on the packaged prompts at the site "
+                  f"(variance explained {rec['variance_explained']:.3f}, L0 {rec['l0']:.0f}, "
+                  f"{rec['dead_features']} of {rec['d_sae']} features never active); each feature named by its "
+                  "top-activating tokens:",
+                  _table(["feature", "contribution (all orders)"], [[name(u), round(v, 4)] for u, v in f["top_features"]]),
+                  _table(["i", "j", "feature pair (degree 2)"],
+                         [[name(i), name(j), round(v, 4)] for i, j, v in f["top_pairs"].get("2", [])])]
     if res.get("pages"):
         p = res["pages"]
         shot = (f"![screenshot of {p['screenshot'][:-4]}.html]({p['screenshot']})" if p["screenshot"] else

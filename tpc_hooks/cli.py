@@ -163,7 +163,8 @@ def _demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     res = run_demo(out, toolkit=args.toolkit, model_name=args.model, layer=args.layer, quick=args.quick,
                    seed=args.seed, progress=not args.no_progress, dataset=args.dataset,
-                   text_column=args.text_column, label_column=args.label_column, intent=args.intent)
+                   text_column=args.text_column, label_column=args.label_column, intent=args.intent,
+                   sae=not args.no_sae)
     n = res["degree"]
     for split in [k for k in ("test", "heldout") if res["f1"][k]]:
         rows = [[m] + [f"{r['f1']:.3f}" for r in res["f1"][split] if r["method"] == m] for m in res["methods"]]

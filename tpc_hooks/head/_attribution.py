@@ -55,6 +55,8 @@ class Attribution:
         z: ``[batch, d_model]`` the standardised inputs.
         site: the hook name the head reads (when known), basis: ``"residual"`` or ``"sae"``.
         feature_ids: names of the basis directions (``None``: neuron indices).
+        feature_labels: a readable label per SAE feature id, when the SAE carries them (its
+            ``feature_labels``, as :func:`tpc_hooks.offline.load_sae` gives them); None otherwise.
     """
 
     head: TPC
@@ -67,6 +69,7 @@ class Attribution:
     site: str | None = None
     basis: str = "residual"
     feature_ids: list[Any] | None = None
+    feature_labels: dict[Any, str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # SAE projection: zs = f @ dec + rows (per input), see attribute(..., sae=)
     _proj: dict[str, Tensor] | None = None
@@ -260,12 +263,16 @@ class Attribution:
         r = self._row(input)
         n = self.n_units
         pairs = {str(o): self.top_pairs(min(k, n * (n - 1) // 2), o, input=r) for o in self.head.degrees}
-        return {
+        out = {
             "site": self.site, "basis": self.basis, "logit": float(self.logit[r]), "bias": float(self.bias[r]),
             "by_order": [float(v) for v in self.by_order[r]],
             "top_neurons": self.top_neurons(min(k, n), input=r),
             "top_pairs": pairs,
         }
+        if self.feature_labels:  # the labels of the features named above
+            named = [i for i, _ in out["top_neurons"]] + [u for ps in pairs.values() for i, j, _ in ps for u in (i, j)]
+            out["labels"] = {str(u): self.feature_labels[u] for u in dict.fromkeys(named) if u in self.feature_labels}
+        return out
 
     def to_json(self, input: int = 0, k: int = 20) -> str:
         return json.dumps(self.to_dict(input, k))
@@ -409,13 +416,16 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         by_neuron = neuron_by_order.sum(1)
         logit = bias + by_neuron.sum(-1)
     if sae is not None:
-        return _project(head, site, sae, X, zs, qs, bias, by_order, logit, f_mean)
+        out = _project(head, site, sae, X, zs, qs, bias, by_order, logit, f_mean)
+        out.feature_labels = getattr(sae, "feature_labels", None)
+        return out
     extra: dict[str, Any] = {}
     if mon_sae is not None:
         extra["W_dec"], extra["b_dec"] = (t.to(dtype) for t in decoder(mon_sae))
     return Attribution(head=head, logit=logit, bias=bias, by_order=by_order, by_neuron=by_neuron,
                        neuron_by_order=neuron_by_order, z=zs, site=site,
-                       basis="sae" if mon_sae is not None else "residual", extra=extra)
+                       basis="sae" if mon_sae is not None else "residual", extra=extra,
+                       feature_labels=getattr(mon_sae, "feature_labels", None))
 
 
 @torch.no_grad()

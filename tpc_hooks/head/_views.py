@@ -392,6 +392,13 @@ def _table(caption: str, header: list[str], rows: list[list[Any]], values: list[
     return f"<table><caption>{_esc(caption)}</caption><tr>{th}</tr>{''.join(trs)}</table>"
 
 
+def _named(labels: Any) -> Any:
+    """A unit's cell: its id, with its label when the SAE names its features."""
+    if not labels:
+        return lambda u: u
+    return lambda u: f"{u}: {labels[u]}" if u in labels else u
+
+
 def attribution_html(attribution: Any, *, inputs: int | Sequence[int] | None = None, k: int = 8,
                      labels: Sequence[str] | None = None) -> HTML:
     """An attribution as small tables in the views' colours: the logit by order, the top
@@ -447,10 +454,11 @@ def attribution_html(attribution: Any, *, inputs: int | Sequence[int] | None = N
         parts.append(_table("logit by order", ["order"], [[m] for m in names], by_order))
         top = attribution.top_neurons(min(k, units), input=r)
         unit = "feature" if attribution.basis != "residual" else "neuron"
-        parts.append(_table(f"top {unit}s (all orders)", [unit], [[i] for i, _ in top], [v for _, v in top]))
+        names = _named(getattr(attribution, "feature_labels", None))
+        parts.append(_table(f"top {unit}s (all orders)", [unit], [[names(i)] for i, _ in top], [v for _, v in top]))
         if degree >= 2 and units >= 2:
             pairs = attribution.top_pairs(min(k, units * (units - 1) // 2), 2, input=r, mode="absolute")
-            parts.append(_table("top pairs, degree 2 (2·M_ij)", ["i", "j"], [[i, j] for i, j, _ in pairs],
+            parts.append(_table("top pairs, degree 2 (2·M_ij)", ["i", "j"], [[names(i), names(j)] for i, j, _ in pairs],
                                 [v for _, _, v in pairs]))
         blocks.append(f'<div class="row" data-input="{r}">{"".join(parts)}</div>')
     legend = ('<div class="legend"><span class="key" style="background-color:#d6604d">+</span> raises the logit '

@@ -4,7 +4,7 @@ logged for traffic marked benign (the body of :meth:`~tpc_hooks.Monitor.calibrat
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, no_type_check
 
 import numpy as np
 import torch
@@ -16,6 +16,7 @@ from ..head._errors import TPCHooksError
 from ..head._metrics import threshold_at_fpr
 
 
+@no_type_check  # no runtime type-checking wrapper: the warning names the caller
 def activations(monitor: Any, benign: Any, fpr: float) -> Any:
     """:meth:`~tpc_hooks.Monitor.calibrate_activations`."""
     fpr = check_rate(fpr, "fpr")
@@ -37,6 +38,7 @@ def activations(monitor: Any, benign: Any, fpr: float) -> Any:
     return _set(monitor, decisions_of(monitor.policy()), fpr, {"by": "max over tokens"} if monitor.streaming else {})
 
 
+@no_type_check  # no runtime type-checking wrapper: the warning names the caller
 def peaks(monitor: Any, peaks: Any, fpr: float) -> Any:
     """The threshold from the peak scores (probabilities) of requests marked benign: at most
     ``fpr`` of them reach it."""
@@ -49,6 +51,7 @@ def peaks(monitor: Any, peaks: Any, fpr: float) -> Any:
     return _set(monitor, torch.logit(p), fpr, {"by": "peak scores a server logged"})
 
 
+@no_type_check  # no runtime type-checking wrapper: the warning names the caller
 def _warn_few(fpr: float, n: int, stacklevel: int) -> None:
     if 0 < fpr * n < 1:
         warnings.warn(f"calibrating at fpr={fpr:g} on {n} benign input(s): one flag would already be a rate of "
@@ -57,6 +60,7 @@ def _warn_few(fpr: float, n: int, stacklevel: int) -> None:
                       UserWarning, stacklevel=stacklevel)
 
 
+@no_type_check  # no runtime type-checking wrapper: the warning names the caller
 def _set(monitor: Any, decisions: Tensor, fpr: float, how: dict[str, str]) -> Any:
     """The threshold that leaves all but ``fpr`` of the benign ``decisions`` (logits) unflagged, recorded."""
     monitor.threshold = _kernel.threshold_above(decisions, threshold_at_fpr(decisions.double().cpu().numpy(), fpr))

@@ -56,10 +56,12 @@ def sampled(request_id: str, rate: float) -> bool:
     return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "big") < rate * 2.0 ** 64
 
 
-def explain(monitor: Any, z: Any, exit_order: int, k: int = 10) -> dict[str, Any]:
+def explain(monitor: Any, z: Any, exit_order: int, k: int = 10, sae: Any = None) -> dict[str, Any]:
     """The exact attribution of one step: ``tpc_hooks.attribute(monitor, z)`` as JSON-able data
     (the logit by order, the top ``k`` neurons or SAE features, the top ``k`` pairs of each order),
-    with the step's exit order and the logit it decided on: the sum of the orders up to it.
+    with the step's exit order and the logit it decided on: the sum of the orders up to it. With
+    ``sae`` (an SAE for the monitor's site), also ``features``: the same decision in the SAE's
+    feature basis (top features and feature pairs, with their labels when the SAE has them).
 
     Example:
         >>> import torch, tpc_hooks as tpc
@@ -74,13 +76,20 @@ def explain(monitor: Any, z: Any, exit_order: int, k: int = 10) -> dict[str, Any
     out["step_logit"] = float(sum(out["by_order"][:int(exit_order)]))
     out["top_neurons"] = [[i, v] for i, v in out["top_neurons"]]
     out["top_pairs"] = {o: [[i, j, v] for i, j, v in pairs] for o, pairs in out["top_pairs"].items()}
+    if sae is not None:
+        feats = attribute(monitor, z.detach().float().cpu()[None], sae=sae).to_dict(0, k)
+        out["features"] = {"top_features": [[i, v] for i, v in feats["top_neurons"]],
+                           "top_pairs": {o: [[i, j, v] for i, j, v in ps] for o, ps in feats["top_pairs"].items()},
+                           "labels": feats.get("labels", {})}
     return out
 
 
-def explain_entry(e: dict[str, Any], monitors: dict[str, Any], k: int = 10) -> dict[str, Any]:
+def explain_entry(e: dict[str, Any], monitors: dict[str, Any], k: int = 10,
+                  saes: dict[str, Any] | None = None) -> dict[str, Any]:
     """Replaces each monitor's kept ``input`` in the entry ``e`` by its ``attribution``
     (:func:`explain`), by the monitor of ``monitors`` (SHA-256 of its files -> Monitor) that scored
-    it; an input that cannot be explained (non-finite, an unknown monitor) gets ``{"error": ...}``."""
+    it, in SAE features too where ``saes`` (site -> SAE) has one for its site; an input that cannot
+    be explained (non-finite, an unknown monitor) gets ``{"error": ...}``."""
     for m in e.get("monitors", {}).values():
         z, mon = m.pop("input", None), monitors.get(m.get("monitor"))
         exit_order = m["exit_orders"][m["step"]]
@@ -90,7 +99,8 @@ def explain_entry(e: dict[str, Any], monitors: dict[str, Any], k: int = 10) -> d
             m["attribution"] = {"error": f"no monitor with sha256 {m.get('monitor')} is loaded"}
         else:
             try:
-                m["attribution"] = explain(mon, torch.tensor(z), exit_order, k)
+                sae = (saes or {}).get(mon.site) if mon.sae is None else None
+                m["attribution"] = explain(mon, torch.tensor(z), exit_order, k, sae)
             except Exception as err:  # the log goes on
                 m["attribution"] = {"error": f"{type(err).__name__}: {err}"}
     return e
@@ -245,7 +255,7 @@ def entry(response_id: str, choice: int, when: float, per: dict[str, dict[str, A
 
 
 # in a server: its ReviewLog, with text the tokenizer's decode, and every monitor it loaded by the SHA-256 of its files
-SERVER: dict[str, Any] = {"log": None, "decode": None, "monitors": {}}
+SERVER: dict[str, Any] = {"log": None, "decode": None, "monitors": {}, "saes": {}}
 
 
 def arguments(p: Any) -> None:
@@ -259,6 +269,9 @@ def arguments(p: Any) -> None:
                         "their peak scores calibrate a monitor on real traffic), default 0")
     p.add_argument("--review-log-text", action="store_true",
                    help="log the prompt and completion text (default: a hash of their token ids)")
+    p.add_argument("--review-log-sae", action="append", default=[], metavar="DIR",
+                   help="an SAELens SAE folder (e.g. one tpc_hooks.offline.load_sae cached): the review log also "
+                        "explains the monitors at its site in its features, with their labels when it has them")
     p.add_argument("--review-log-max-mb", type=float, default=64.0, metavar="MB",
                    help=f"rotate {FILE} at this size, keeping 5 older files (default 64)")
 
@@ -337,12 +350,23 @@ def logged_peaks(entries: Sequence[dict[str, Any]], monitor: str = "", *, benign
 def _attribution_tables(a: dict[str, Any]) -> str:
     orders = ["bias + linear"] + [f"degree {o}" for o in range(2, len(a["by_order"]) + 1)]
     unit = "feature" if a.get("basis") != "residual" else "neuron"
+    labels = a.get("labels") or {}
+    name = lambda u: f"{u}: {labels[str(u)]}" if str(u) in labels else u  # noqa: E731
     parts = [_table("logit by order", ["order"], [[o] for o in orders], a["by_order"]),
-             _table(f"top {unit}s (all orders)", [unit], [[i] for i, _ in a["top_neurons"]],
+             _table(f"top {unit}s (all orders)", [unit], [[name(i)] for i, _ in a["top_neurons"]],
                     [v for _, v in a["top_neurons"]])]
     for o, pairs in sorted(a.get("top_pairs", {}).items()):
-        parts.append(_table(f"top pairs, degree {o} (2·M_ij)", ["i", "j"], [[i, j] for i, j, _ in pairs],
+        parts.append(_table(f"top pairs, degree {o} (2·M_ij)", ["i", "j"], [[name(i), name(j)] for i, j, _ in pairs],
                             [v for _, _, v in pairs]))
+    f = a.get("features")
+    if f:
+        flab = f.get("labels") or {}
+        fname = lambda u: f"{u}: {flab[str(u)]}" if str(u) in flab else u  # noqa: E731
+        parts.append(_table("in SAE features (all orders)", ["feature"], [[fname(i)] for i, _ in f["top_features"]],
+                            [v for _, v in f["top_features"]]))
+        for o, pairs in sorted(f.get("top_pairs", {}).items()):
+            parts.append(_table(f"SAE feature pairs, degree {o}", ["i", "j"],
+                                [[fname(i), fname(j)] for i, j, _ in pairs], [v for _, _, v in pairs]))
     return "".join(parts)
 
 

@@ -44,6 +44,7 @@ from ..head._errors import TPCHooksError
 from ..monitoring._monitor import Monitor
 from . import _review
 from ._drift import FlagRate
+from ._saes import read_sae
 from ._engine import aux_ids
 
 FIELD = "tpc_hooks"  # each choice's monitor summary
@@ -510,6 +511,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     ours.members = members(ours.monitor, ours.action)
     if not 0 <= ours.review_log_sample <= 1 or ours.review_log_max_mb <= 0:
         raise TPCHooksError("--review-log-sample must be in [0, 1] and --review-log-max-mb positive")
+    _review.SERVER["saes"] = {(s := read_sae(d)).cfg.metadata.hook_name: s for d in ours.review_log_sae}
     MonitorMiddleware.monitors = {name: {**identity(where), "action": act} for name, where, act in ours.members}
     ours.sites = sorted({m["site"] for m in MonitorMiddleware.monitors.values()} | set(ours.sites))
     ADMIN_KEY.update(key=ours.admin_api_key, sites=ours.sites, action=ours.action, window=ours.drift_window,
@@ -573,7 +575,8 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
                 _review.SERVER.update(decode=engine.get_tokenizer().decode if ours.review_log_text else None, log=(
                     _review.ReviewLog(ours.review_log, max_bytes=int(ours.review_log_max_mb * 2 ** 20),
                                       on_count=lambda outcome: REVIEWED.labels(outcome).inc(),
-                                      prepare=lambda e: _review.explain_entry(e, _review.SERVER["monitors"]))))
+                                      prepare=lambda e: _review.explain_entry(e, _review.SERVER["monitors"],
+                                                                              saes=_review.SERVER["saes"]))))
             shutdown = await build_and_serve(engine, listen_address, sock, args)
         await shutdown
     finally:
