@@ -173,6 +173,13 @@ def test_read_sae_brings_back_the_labels_saved_beside_it(tmp_path):
     assert back.feature_labels == {3: "'bomb'"} and back.reconstruction is None
     with pytest.raises(tpc.TPCHooksError, match="holds no SAE"):
         read_sae(tmp_path)
+    from tpc_hooks.serving._review import sae_site
+
+    with pytest.raises(tpc.TPCHooksError, match="records no hook_name"):
+        sae_site(back, tmp_path / "s")  # --review-log-sae needs to know which monitors it explains
+    sae.cfg.metadata.hook_name = SITE
+    sae.save_model(tmp_path / "t")
+    assert sae_site(read_sae(tmp_path / "t"), tmp_path / "t") == SITE
 
 
 def test_the_review_log_explains_a_residual_monitor_in_sae_features_too():

@@ -276,6 +276,15 @@ def arguments(p: Any) -> None:
                    help=f"rotate {FILE} at this size, keeping 5 older files (default 64)")
 
 
+def sae_site(sae: Any, where: Any) -> str:
+    """The site an SAE for ``--review-log-sae`` reads (its recorded ``hook_name``)."""
+    site = getattr(getattr(sae.cfg, "metadata", None), "hook_name", None)
+    if not site:
+        raise TPCHooksError(f"the SAE in {where} records no hook_name (its cfg.json's metadata), so the monitors it "
+                            "explains are unknown")
+    return site
+
+
 def record(response_id: str, choice: int, when: float, per: dict[str, dict[str, Any]]) -> None:
     """A server's choice: its summaries lose their reviews, which go to the log (if it keeps one)."""
     got = entry(response_id, choice, when, per, SERVER["decode"])

@@ -12,8 +12,10 @@ def read_sae(path: str | Path) -> Any:
     """An SAELens SAE saved in ``path`` (``SAE.load_from_disk``), with the ``feature_labels``,
     ``feature_examples`` and ``reconstruction`` its folder holds (``labels.json``, ``report.json``:
     what :func:`tpc_hooks.offline.load_sae` writes) as plain attributes."""
-    from sae_lens import SAE
-
+    try:
+        from sae_lens import SAE
+    except ImportError as err:
+        raise TPCHooksError(f"reading an SAE needs SAELens ({err}): pip install sae-lens") from None
     path = Path(path)
     if not (path / "cfg.json").exists():
         raise TPCHooksError(f"{path} holds no SAE (an SAELens folder with cfg.json and the weights)")

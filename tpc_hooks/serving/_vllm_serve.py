@@ -511,7 +511,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     ours.members = members(ours.monitor, ours.action)
     if not 0 <= ours.review_log_sample <= 1 or ours.review_log_max_mb <= 0:
         raise TPCHooksError("--review-log-sample must be in [0, 1] and --review-log-max-mb positive")
-    _review.SERVER["saes"] = {(s := read_sae(d)).cfg.metadata.hook_name: s for d in ours.review_log_sae}
+    _review.SERVER["saes"] = {_review.sae_site(s, d): s for d, s in ((d, read_sae(d)) for d in ours.review_log_sae)}
     MonitorMiddleware.monitors = {name: {**identity(where), "action": act} for name, where, act in ours.members}
     ours.sites = sorted({m["site"] for m in MonitorMiddleware.monitors.values()} | set(ours.sites))
     ADMIN_KEY.update(key=ours.admin_api_key, sites=ours.sites, action=ours.action, window=ours.drift_window,
