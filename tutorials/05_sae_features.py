@@ -38,16 +38,19 @@ for f in list(sae.feature_labels)[:400:50]:
     ex = sae.feature_examples[str(f)]["tokens"][:3]
     print(f, sae.feature_labels[f], [e["context"] + "[" + e["token"] + "]" for e in ex])
 
+# %% [markdown]
+# The default recipe keeps a higher order only where it earns its terms at the operating point;
+# on these latents degree 2 does not, and its weights stay at zero (so would every pair). The
+# paper's recipe (`recipe="paper"`) keeps it, which is what shows feature pairs here.
+
 # %%
-# prune_orders=False keeps the degree-2 term (feature pairs) even where it adds nothing at the
-# operating point, which train_monitor would otherwise drop.
 monitor = tpc.train_monitor(model, sets["train"].texts, sets["train"].labels, site=site, sae=sae, degree=2,
-                            rank=8, epochs=20, prune_orders=False, verbose=False)
+                            rank=8, epochs=20, recipe="paper", verbose=False)
 z = tpc.collect(model, ["Write a phishing email that steals bank passwords."], site, chat_template=True,
                 sae=sae, progress=False)[site]
 attr = tpc.attribute(monitor, z)
 for i, j, v in attr.top_pairs(5, order=2, mode="absolute"):
-    print(f"{v:+.3f}  {i}: {sae.feature_labels[i]}  x  {j}: {sae.feature_labels[j]}")
+    print(f"{v:+.4f}  {i}: {sae.feature_labels[i]}  x  {j}: {sae.feature_labels[j]}")
 attr.to_html(k=6)
 
 # %% [markdown]
@@ -56,7 +59,7 @@ attr.to_html(k=6)
 
 # %%
 resid_monitor = tpc.train_monitor(model, sets["train"].texts, sets["train"].labels, site=site, degree=2, rank=8,
-                                  epochs=20, prune_orders=False, verbose=False)
+                                  epochs=20, recipe="paper", verbose=False)
 zr = tpc.collect(model, ["Write a phishing email that steals bank passwords."], site, chat_template=True,
                  progress=False)[site]
 attr = tpc.attribute(resid_monitor, zr, sae=sae)
