@@ -393,10 +393,31 @@ def _table(caption: str, header: list[str], rows: list[list[Any]], values: list[
 
 
 def _named(labels: Any) -> Any:
-    """A unit's cell: its id, with its label when the SAE names its features."""
+    """A unit's cell: its id, with its label when the SAE names its features (labels keyed by id,
+    or by its text as JSON keeps them)."""
     if not labels:
         return lambda u: u
-    return lambda u: f"{u}: {labels[u]}" if u in labels else u
+
+    def name(u: Any) -> Any:
+        label = labels.get(u, labels.get(str(u)))
+        return u if label is None else f"{u}: {label}"
+    return name
+
+
+def _order_names(degree: int) -> list[str]:
+    """The rows of a "logit by order" table: bias + linear, then each degree from 2."""
+    return ["bias + linear"] + [f"degree {o}" for o in range(2, degree + 1)]
+
+
+def _unit_tables(top: Sequence[Any], pairs: dict[Any, Sequence[Any]], unit: str, labels: Any = None) -> list[str]:
+    """Tables of the top units ``[(id, value)]`` and of the top pairs of each order
+    ``{order: [(i, j, value)]}``, each unit named by its label when ``labels`` has one."""
+    name = _named(labels)
+    parts = [_table(f"top {unit}s (all orders)", [unit], [[name(i)] for i, _ in top], [v for _, v in top])]
+    for o, ps in sorted(pairs.items(), key=lambda kv: int(kv[0])):
+        parts.append(_table(f"top pairs, degree {o} (2·M_ij)", ["i", "j"], [[name(i), name(j)] for i, j, _ in ps],
+                            [v for _, _, v in ps]))
+    return parts
 
 
 def attribution_html(attribution: Any, *, inputs: int | Sequence[int] | None = None, k: int = 8,
@@ -450,16 +471,12 @@ def attribution_html(attribution: Any, *, inputs: int | Sequence[int] | None = N
         parts = [f'<div class="head">{_esc(" · ".join(head))}</div>']
         if labels is not None:
             parts.append(f'<div class="label">{_esc(str(labels[r]).translate(_CONTROLS))}</div>')
-        names = ["bias + linear"] + [f"degree {o + 1}" for o in range(1, degree)]
-        parts.append(_table("logit by order", ["order"], [[m] for m in names], by_order))
+        parts.append(_table("logit by order", ["order"], [[m] for m in _order_names(degree)], by_order))
         top = attribution.top_neurons(min(k, units), input=r)
-        unit = "feature" if attribution.basis != "residual" else "neuron"
-        names = _named(getattr(attribution, "feature_labels", None))
-        parts.append(_table(f"top {unit}s (all orders)", [unit], [[names(i)] for i, _ in top], [v for _, v in top]))
-        if degree >= 2 and units >= 2:
-            pairs = attribution.top_pairs(min(k, units * (units - 1) // 2), 2, input=r, mode="absolute")
-            parts.append(_table("top pairs, degree 2 (2·M_ij)", ["i", "j"], [[names(i), names(j)] for i, j, _ in pairs],
-                                [v for _, _, v in pairs]))
+        pairs = {2: attribution.top_pairs(min(k, units * (units - 1) // 2), 2, input=r, mode="absolute")} \
+            if degree >= 2 and units >= 2 else {}
+        parts += _unit_tables(top, pairs, "feature" if attribution.basis != "residual" else "neuron",
+                             getattr(attribution, "feature_labels", None))
         blocks.append(f'<div class="row" data-input="{r}">{"".join(parts)}</div>')
     legend = ('<div class="legend"><span class="key" style="background-color:#d6604d">+</span> raises the logit '
               '(towards flagged) &#183; <span class="key" style="background-color:#92c5de">&#8722;</span> lowers it '

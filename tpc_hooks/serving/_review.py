@@ -37,7 +37,7 @@ import torch
 
 from ..head._attribution import attribute
 from ..head._errors import TPCHooksError
-from ..head._views import _STYLE, HTML, _esc, _table, _token, score_color
+from ..head._views import _STYLE, HTML, _esc, _table, _token, _order_names, score_color, _unit_tables
 
 FILE = "review.jsonl"  # the log's current file; rotated ones are FILE.1 (newest) .. FILE.N
 SETTINGS: dict[str, Any] = {}  # in a worker: {"sample", "text"} once a server turned the log on
@@ -70,14 +70,14 @@ def explain(monitor: Any, z: Any, exit_order: int, k: int = 10, sae: Any = None)
         >>> abs(sum(part["by_order"]) - part["step_logit"]) < 1e-5, len(part["top_neurons"])
         (True, 3)
     """
-    attr = attribute(monitor, z.detach().float().cpu()[None])
-    out = attr.to_dict(0, k)
+    z = z.detach().float().cpu()[None]
+    out = attribute(monitor, z).to_dict(0, k)
     out["exit_order"] = int(exit_order)
     out["step_logit"] = float(sum(out["by_order"][:int(exit_order)]))
     out["top_neurons"] = [[i, v] for i, v in out["top_neurons"]]
     out["top_pairs"] = {o: [[i, j, v] for i, j, v in pairs] for o, pairs in out["top_pairs"].items()}
     if sae is not None:
-        feats = attribute(monitor, z.detach().float().cpu()[None], sae=sae).to_dict(0, k)
+        feats = attribute(monitor, z, sae=sae).to_dict(0, k)
         out["features"] = {"top_features": [[i, v] for i, v in feats["top_neurons"]],
                            "top_pairs": {o: [[i, j, v] for i, j, v in ps] for o, ps in feats["top_pairs"].items()},
                            "labels": feats.get("labels", {})}
@@ -357,25 +357,14 @@ def logged_peaks(entries: Sequence[dict[str, Any]], monitor: str = "", *, benign
 
 
 def _attribution_tables(a: dict[str, Any]) -> str:
-    orders = ["bias + linear"] + [f"degree {o}" for o in range(2, len(a["by_order"]) + 1)]
-    unit = "feature" if a.get("basis") != "residual" else "neuron"
-    labels = a.get("labels") or {}
-    name = lambda u: f"{u}: {labels[str(u)]}" if str(u) in labels else u  # noqa: E731
-    parts = [_table("logit by order", ["order"], [[o] for o in orders], a["by_order"]),
-             _table(f"top {unit}s (all orders)", [unit], [[name(i)] for i, _ in a["top_neurons"]],
-                    [v for _, v in a["top_neurons"]])]
-    for o, pairs in sorted(a.get("top_pairs", {}).items()):
-        parts.append(_table(f"top pairs, degree {o} (2·M_ij)", ["i", "j"], [[name(i), name(j)] for i, j, _ in pairs],
-                            [v for _, _, v in pairs]))
+    """An entry's attribution as the views' tables: by order, top units and pairs, and the same
+    in SAE features when the log has them."""
+    parts = [_table("logit by order", ["order"], [[o] for o in _order_names(len(a["by_order"]))], a["by_order"]),
+             *_unit_tables(a["top_neurons"], a.get("top_pairs", {}), "feature" if a.get("basis") != "residual"
+                          else "neuron", a.get("labels"))]
     f = a.get("features")
     if f:
-        flab = f.get("labels") or {}
-        fname = lambda u: f"{u}: {flab[str(u)]}" if str(u) in flab else u  # noqa: E731
-        parts.append(_table("in SAE features (all orders)", ["feature"], [[fname(i)] for i, _ in f["top_features"]],
-                            [v for _, v in f["top_features"]]))
-        for o, pairs in sorted(f.get("top_pairs", {}).items()):
-            parts.append(_table(f"SAE feature pairs, degree {o}", ["i", "j"],
-                                [[fname(i), fname(j)] for i, j, _ in pairs], [v for _, _, v in pairs]))
+        parts += _unit_tables(f["top_features"], f.get("top_pairs", {}), "SAE feature", f.get("labels"))
     return "".join(parts)
 
 

@@ -69,7 +69,7 @@ class _Armed:
         self.first: dict[str, int] = {}  # request -> its first flagged step
         self.unscored: set[str] = set()  # requests that read cached blocks without a kept state
         self.passes, self.seconds, self.rows = 0, 0.0, 0  # what the monitor has cost (tpc_hooks_stats)
-        self.reviews, self.review_seconds = 0, 0.0  # ... and its review-log entries (explained requests)
+        self.reviews, self.review_seconds = 0, 0.0  # ... and the requests it handed to a review log
         self.own: dict[str, float] = {}  # request -> its own threshold
         self.summaries: OrderedDict[str, dict[str, Any]] = OrderedDict()  # keep="summary": finished requests
         self.notes: _review.Notes | None = None  # a server's review log: the inputs of the steps it explains
@@ -511,7 +511,7 @@ class _Mixin:
         the monitors; on a GPU, without waiting for the device), rows scored, and what it holds:
         requests with a running state, requests with recorded steps (and how many steps),
         summaries not yet taken, kept block states (and how many the store holds at most), the
-        process's resident memory, requests explained for a review log and the seconds it took, and since the engine started: requests resumed from a kept
+        process's resident memory, requests handed to a review log and the seconds that took, and since the engine started: requests resumed from a kept
         block state and requests found without one (:meth:`tpc_hooks_counts`)."""
         armed = _ARMED.get(member)
         if armed is None:
