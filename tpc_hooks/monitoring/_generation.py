@@ -20,6 +20,7 @@ from ..head._cascade import Cascade, CascadeResult
 from ..head._errors import TPCHooksError
 from ..head._kernel import flagged, forget_packs
 from ..head._pooling import RunningAggregate, RunningPool, scored
+from ..head._together import Together
 from ._records import GenerationRun, MonitorEvent, WatchLog, warn_nonfinite
 
 
@@ -53,11 +54,20 @@ class StepScores:
         self.state = self.spent = None
 
     def update(self, acts: Tensor, mask: Tensor) -> CascadeResult:
+        return self.finish(self.rule(self.inputs(acts, mask)), mask)
+
+    def inputs(self, acts: Tensor, mask: Tensor) -> Tensor:
+        """The first half of :meth:`update`: the rows the policy scores for this pass, ``[B, D]``
+        (the running pool) or ``[B * n, D]`` (a per-token monitor's new tokens)."""
         feats = self.monitor._features(acts)
         if self.monitor.pooling != "token":
-            return self.rule(self.pool(feats, mask))
+            return self.pool(feats, mask)
         B, n, D = feats.shape
-        return self.fold(self.rule(feats.reshape(B * n, D)), mask)
+        return feats.reshape(B * n, D)
+
+    def finish(self, res: CascadeResult, mask: Tensor) -> CascadeResult:
+        """The second half of :meth:`update`: the policy's result on :meth:`inputs` -> the step's."""
+        return res if self.monitor.pooling != "token" else self.fold(res, mask)
 
     def pool(self, feats: Tensor, mask: Tensor) -> Tensor:
         """A prefix-pooled monitor: adds ``feats [B, n, D]`` to the running pool, returns it ``[B, D]``."""
@@ -101,6 +111,17 @@ class Lane:
         return self.scores.update(acts[self.site], mask)
 
 
+def score_lanes(lanes: Sequence[Lane], acts: dict[str, Tensor], mask: Tensor, together: Together) -> list[CascadeResult]:
+    """Every lane's result for one pass, the lanes whose policies share a shape scored together
+    (:class:`~tpc_hooks.head._together.Together`: one stacked evaluation; each lane's result
+    is the one it gets alone)."""
+    if len(lanes) == 1:
+        return [lanes[0].update(acts, mask)]
+    zs = [lane.scores.inputs(acts[lane.site], mask) for lane in lanes]
+    got = together.step([(lane.scores.rule, z) for lane, z in zip(lanes, zs)])
+    return [lane.scores.finish(res, mask) for lane, res in zip(lanes, got)]
+
+
 def lanes_of(monitor: Any, what: str, *, order: int | None = None, cascade: float | Cascade | None = None,
              action: Any = "flag") -> list[Lane]:
     """The lanes a monitor (with ``order``/``cascade``) or a set (each member with its own
@@ -130,6 +151,7 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise TPCHooksError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
     lanes = lanes_of(monitor, "monitor.generate", order=order, cascade=cascade, action=action)
+    together = Together()
     if do_sample and not temperature > 0:
         raise TPCHooksError(f"temperature must be positive; got {temperature!r}")
     sites = [adapter.site(lane.site) for lane in lanes]
@@ -157,8 +179,7 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         t, device = state["t"], last_logits.device
         live = state["live"] if t else torch.ones(B, dtype=torch.bool, device=device)
         done = torch.zeros_like(live)
-        for lane in lanes:
-            res = lane.update(acts, step_mask)
+        for lane, res in zip(lanes, score_lanes(lanes, acts, step_mask, together)):
             lane.log._append(res, live)
             hit = live & flagged(res.decision_logits, lane.threshold).to(device)
             if lane.stops:
@@ -250,12 +271,15 @@ def watch(monitor: Any, model: Any, *, order: int | None = None, cascade: float 
     sites = [adapter.site(lane.site) for lane in lanes]
     logs = [WatchLog(threshold=lane.threshold) for lane in lanes]
 
+    together = Together()
+
     def on_acts(acts: dict[str, Tensor], mask: Tensor, fresh: bool) -> None:
-        for lane, log in zip(lanes, logs):
-            if fresh:
+        if fresh:
+            for lane in lanes:
                 lane.scores.reset()
-            with torch.no_grad():
-                res = lane.update(acts, mask)
+        with torch.no_grad():
+            results = score_lanes(lanes, acts, mask, together)
+        for lane, log, res in zip(lanes, logs, results):
             log.results.append(res)
             log.fresh.append(fresh)
             log.new_tokens.append(int(mask.shape[1]))

@@ -23,8 +23,9 @@ from transformers import LogitsProcessor, StoppingCriteria
 
 from ..adapters import Adapter, Site
 from ..head._errors import TPCHooksError
+from ..head._together import Together
 from ..head._kernel import flagged
-from ._generation import Lane, lanes_of
+from ._generation import Lane, lanes_of, score_lanes
 from ._records import GenerationRun
 
 
@@ -37,6 +38,7 @@ class _Run:
                  eos: Tensor | None):
         self.monitor, self.what, self.usage = monitor, what, usage
         self.lanes = lanes  # a lone monitor: one lane, which stops; a MonitorSet: one per member, each its own action
+        self.together = Together()  # the members whose policies share a shape are scored in one stacked evaluation
         self.eos = eos
         self.started = False  # a pass of this generation has been scored
         self.hit: Tensor | None = None
@@ -96,8 +98,7 @@ class _Run:
             self.live = self.live & ~self.done
             self.t += 1
         hit = torch.zeros(B, dtype=torch.bool, device=device)
-        for lane in self.lanes:
-            res = lane.update(acts, mask)
+        for lane, res in zip(self.lanes, score_lanes(self.lanes, acts, mask, self.together)):
             if fresh or continuing_prefill or self.t == 0:  # the prompt's pass(es): the prompt's tokens are cut by it
                 lane.log._prompt_mask(mask, first=not continuing_prefill)
             if continuing_prefill:  # a chunked prefill: the prompt's step is not over

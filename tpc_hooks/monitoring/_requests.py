@@ -130,12 +130,55 @@ class RequestScores:
                     keep: Callable[[str, int, Any], None] | None = None) -> tuple[list[str], CascadeResult | None]:
         """:meth:`update` with the pieces' rows already in one tensor ``[sum(sizes), d_model]``, in
         the order of ``requests`` (a serving engine's flat batch: no copy of the rows)."""
+        z = self.begin(requests, rows, sizes, complete, cuts, keep)
+        return self.end(None if z is None else self.rule(z))
+
+    def begin(self, requests: Sequence[str], rows: Tensor, sizes: Sequence[int], complete: Sequence[bool],
+              cuts: Sequence[Sequence[int]] | None = None, keep: Callable[[str, int, Any], None] | None = None
+              ) -> Tensor | None:
+        """The first half of :meth:`update_flat`: the rows its policy scores for this pass (the
+        pools of the requests that complete a step, or a per-token monitor's every new row), or
+        None when nothing is scored. :meth:`end` takes the policy's result on them (several
+        monitors' policies can score their halves together in between)."""
+        self._pending = None
         if not requests:
-            return [], None
+            return None
         cuts = [()] * len(requests) if cuts is None else cuts
         mon = self.monitor
+        feats = mon._features(rows.to(mon.head.bias.device).float())
+        if mon.pooling == "token":  # every new row is scored; the pieces are folded in afterwards (end)
+            self._pending = (requests, feats, sizes, complete, cuts, keep)
+            return feats
+        z, self._pending = self._pieces(None, requests, feats, sizes, complete, cuts, keep)
+        return z
+
+    def end(self, res: CascadeResult | None) -> tuple[list[str], CascadeResult | None]:
+        """The second half of :meth:`update_flat`: the policy's result on what :meth:`begin`
+        returned -> the requests that completed a step and their results (recorded)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return [], None
+        if self.monitor.pooling == "token":
+            _, (done, res) = self._pieces(res, *pending)
+        else:
+            done, pooled = pending
+            if self.keep_inputs:  # each done request's pool
+                self.inputs = pooled
+        if not done:
+            return [], None
+        vals = [getattr(res, f).tolist() for f in FIELDS]
+        for j, rid in enumerate(done):
+            self.records.setdefault(rid, []).append(tuple(v[j] for v in vals))
+        return done, res
+
+    def _pieces(self, every: CascadeResult | None, requests: Sequence[str], feats: Tensor, sizes: Sequence[int],
+                complete: Sequence[bool], cuts: Sequence[Sequence[int]],
+                keep: Callable[[str, int, Any], None] | None) -> tuple[Tensor | None, tuple]:
+        """Pools (or folds ``every``, a per-token monitor's result on every new row) each piece
+        into its request's state; returns ``(rows to score, (done requests, pools))`` for a pooled
+        monitor, ``(None, (done requests, result))`` for a per-token one."""
+        mon = self.monitor
         device = mon.head.bias.device
-        feats = mon._features(rows.to(device).float())
         ends = list(itertools.accumulate(sizes))
         states = [self.states.setdefault(rid, StepScores(mon, rule=self.rule)) for rid in requests]
         # one token each, with a running state (every decode step): one batched update for all of them
@@ -143,7 +186,6 @@ class RequestScores:
         grouped = set(group)
         alone = [k for k in range(len(requests)) if k not in grouped]
         token = mon.pooling == "token"
-        every = self.rule(feats) if token else None
         outs: list[Any] = []  # per piece: its pooled vector [1, D] or its result (one row)
         order: list[int] = []
         if group:
@@ -178,23 +220,17 @@ class RequestScores:
         done_k = [k for k in sorted(order) if complete[k]]
         done = [requests[k] for k in done_k]
         if not done:
-            return [], None
+            return None, ([], None)
         place = {k: i for i, k in enumerate(order)}
         at = [place[k] for k in done_k]
         pick = slice(None) if at == list(range(len(order))) else torch.tensor(at, device=device)
         if token:
-            res = _pick(_cat(outs) if len(outs) > 1 else outs[0], pick)
             if self.keep_inputs:  # each done request's newest token row
                 self.inputs = feats[torch.tensor([ends[k] - 1 for k in done_k], device=device)]
-        else:
-            pooled = torch.cat(outs) if len(outs) > 1 else outs[0]
-            res = self.rule(pooled if isinstance(pick, slice) else pooled[pick])
-            if self.keep_inputs:  # each done request's pool
-                self.inputs = pooled if isinstance(pick, slice) else pooled[pick]
-        vals = [getattr(res, f).tolist() for f in FIELDS]
-        for j, rid in enumerate(done):
-            self.records.setdefault(rid, []).append(tuple(v[j] for v in vals))
-        return done, res
+            return None, (done, _pick(_cat(outs) if len(outs) > 1 else outs[0], pick))
+        pooled = torch.cat(outs) if len(outs) > 1 else outs[0]
+        pooled = pooled if isinstance(pick, slice) else pooled[pick]
+        return pooled, (done, pooled)
 
     def take(self, requests: Sequence[str] | None = None) -> dict[str, dict[str, Tensor]]:
         """The recorded steps of ``requests`` (default: all) as tensors ``[steps]`` per field on

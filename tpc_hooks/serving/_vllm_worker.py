@@ -40,6 +40,7 @@ from ..adapters._vllm_args import own_setting as _own, request_settings as _sett
 from ..head import _format
 from ..head._errors import TPCHooksError
 from ..head._kernel import flagged
+from ..head._together import Together
 from ..monitoring._monitor import Monitor
 from ..monitoring._requests import RequestScores
 from . import _engine, _review
@@ -187,6 +188,7 @@ class _Mixin:
         self._tpc_finished_rows: dict[str, dict[int, list[torch.Tensor]]] = {}  # capture: requests that ended
         # since the engine started: requests resumed from a kept block state, and found without one
         self._tpc_counts = {"resumed": 0, "unscored": 0}
+        self._tpc_together = Together()  # members of one shape at one site: one stacked evaluation per pass
 
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         self._tpc_note(scheduler_output)
@@ -261,8 +263,8 @@ class _Mixin:
             cuts.append([off for off, _ in ends])
             rows_of[rid] = (i, req, dict(ends))
         shared = (time.perf_counter() - t0) / max(len(members), 1)  # the pass's bookkeeping, shared by the members
-        taken = _taken()
-        for armed in members:
+        taken, work = _taken(), []
+        for armed in members:  # each member pools its pieces; then the policies score, those of one shape together
             t1 = time.perf_counter()
             gone = taken.get(armed.name, ())
             if armed.owns is None and not armed.unscored and not gone:  # the usual pass: every piece is its own
@@ -271,21 +273,26 @@ class _Mixin:
                 keep = [k for k, p in enumerate(pieces) if p[0] not in armed.unscored
                         and (p[0] in armed.owns if armed.owns is not None else p[0] not in gone)]
                 mine_pieces, mine_cuts = [pieces[k] for k in keep], [cuts[k] for k in keep]
-            if mine_pieces:
-                self._tpc_score(armed, step.aux[at[armed.layer]], mine_pieces, mine_cuts, rows_of)
+            z = None
+            if mine_pieces:  # its pieces (request, first row, end row, complete): pooled, its state kept at block ends
+                aux, ps = step.aux[at[armed.layer]], mine_pieces
+                whole = all(p[2] == q[1] for p, q in zip(ps, ps[1:]))  # one run of rows (the usual pass): a view
+                rows = aux[ps[0][1]:ps[-1][2]] if whole else torch.cat([aux[a:b] for _, a, b, _ in ps])
+                sizes = [b - a for _, a, b, _ in ps]
+                armed.rows += sum(sizes)
+                z = armed.scores.begin([p[0] for p in ps], rows, sizes, [p[3] for p in ps], mine_cuts,
+                                       lambda rid, off, state, a=armed: a.blocks.put(rows_of[rid][2][off], state))
+            work.append((armed, bool(mine_pieces), z, time.perf_counter() - t1))
+        t2 = time.perf_counter()
+        scored = [k for k, w in enumerate(work) if w[2] is not None]
+        got = dict(zip(scored, self._tpc_together.step([(work[k][0].scores.rule, work[k][2]) for k in scored])))
+        each = (time.perf_counter() - t2) / max(len(scored), 1)
+        for k, (armed, mine, _, spent) in enumerate(work):
+            t1 = time.perf_counter()
+            if mine:
+                self._tpc_decide(armed, *armed.scores.end(got.get(k)), rows_of)
             armed.passes += 1
-            armed.seconds += shared + time.perf_counter() - t1
-
-    def _tpc_score(self, armed: _Armed, aux: torch.Tensor, pieces: list, cuts: list, rows_of: dict) -> None:
-        """One member scores the pass's pieces ``(request, first row, end row, complete)`` from
-        its auxiliary output ``aux``, keeps its state at the block ends in ``cuts`` and decides."""
-        keep = lambda rid, off, state: armed.blocks.put(rows_of[rid][2][off], state)  # noqa: E731
-        whole = all(p[2] == q[1] for p, q in zip(pieces, pieces[1:]))  # one run of rows (the usual pass): a view
-        rows = aux[pieces[0][1]:pieces[-1][2]] if whole else torch.cat([aux[a:b] for _, a, b, _ in pieces])
-        sizes = [b - a for _, a, b, _ in pieces]
-        done, res = armed.scores.update_flat([p[0] for p in pieces], rows, sizes, [p[3] for p in pieces], cuts, keep)
-        armed.rows += sum(sizes)
-        self._tpc_decide(armed, done, res, rows_of)
+            armed.seconds += shared + spent + (each if k in got else 0.0) + time.perf_counter() - t1
 
     def _tpc_resume(self, rid: str, req: _Request, members: list[_Armed]) -> None:
         """A request whose computed count is not where its chain stands: it starts (or starts over
