@@ -83,8 +83,8 @@ class _Stack:
                     calib = (torch.stack([s[0] for s in steps])[:, None], torch.stack([s[1] for s in steps])[:, None],
                              torch.stack([s[2] for s in steps]),
                              torch.tensor(bounds, dtype=like.dtype).to(like.device)[:, None, :])
-            self.tensors = (w, lo[:, None], hi[:, None], exps[:, None], lam[:, None], bias[:, None],
-                                             packs[0][6], order, mean, scale, calib)
+            self.tensors = (w, lo[:, None], hi[:, None], exps[:, None], lam[:, None], bias[:, None], packs[0][6], order,
+                            mean, scale, calib)
         return self.tensors
 
     @torch.no_grad()

@@ -97,6 +97,7 @@ class RequestScores:
         self.records: dict[str, list[CascadeResult]] = {}
         self.keep_inputs = False  # True: `inputs` holds what the last update's results scored (a review log reads it)
         self.inputs: Tensor | None = None
+        self._pending: Any = None  # between begin and end: what end needs to finish the pass
 
     def restart(self, request: str) -> None:
         """The request's pool starts over (its tokens are computed again from the first, as after
