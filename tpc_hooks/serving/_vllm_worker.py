@@ -188,7 +188,7 @@ class _Mixin:
         self._tpc_finished_rows: dict[str, dict[int, list[torch.Tensor]]] = {}  # capture: requests that ended
         # since the engine started: requests resumed from a kept block state, and found without one
         self._tpc_counts = {"resumed": 0, "unscored": 0}
-        self._tpc_together = Together()  # members of one shape at one site: one stacked evaluation per pass
+        self._tpc_together = Together()  # the members of one shape, at any site: one stacked evaluation per pass
 
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         self._tpc_note(scheduler_output)
