@@ -28,6 +28,7 @@ from ..monitoring._monitor_config import MonitorConfig
 from ..prompts import _intent, _phrasing
 from ..prompts._context import check_conversation, context_budget, host_splits, sharegpt_contexts
 from ..prompts._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
+from ._split import SPLITS, validation_split
 from ._train import (INTENT, PLAIN, TRAIN_RECIPES, Chats, Examples, TrainData, TrainPlan, check_target_fpr,
                      default_aggregate, fit_config, train)
 
@@ -50,6 +51,7 @@ def train_monitor(
     target_fpr: float | None = 0.01,
     prune_orders: bool | None = None,
     val_fraction: float = 0.2,
+    split: str = "stratified",
     chat_template: bool | None = None,
     prepend_bos: bool | None = None,
     max_tokens: int | None = 512,
@@ -151,6 +153,11 @@ def train_monitor(
             and ``report["orders"]`` says what was kept and why. Default: on, except with
             ``recipe="paper"``.
         val_fraction: stratified validation split (model selection, calibration, report).
+        split: ``"stratified"`` (scikit-learn's stratified split) or ``"grouped"``: prompts that
+            share an 8-word run (one jailbreak template around two requests, near-duplicates) stay
+            on one side, so validation, and the selection and threshold set on it, sees no text the
+            fit trained on (:func:`tpc_hooks.training._split.validation_split`). What it changes on
+            sets built by another hand: docs/benchmarks/constructions.md ("The recipe's levers").
         chat_template: wrap prompts as chat user turns; default: when the tokenizer has a template.
         prepend_bos: prepend BOS to raw prompts; default: when the tokenizer has a BOS token.
         tau: if given, the monitor's policy is a cascade at ``tau``, calibrated on validation.
@@ -173,7 +180,7 @@ def train_monitor(
     """
     request = _check(model, prompts, labels, site, pooling, aggregate=aggregate, alpha=alpha, window=window,
                      contexts=contexts, context_tokens=context_tokens, augment=augment, intent=intent, recipe=recipe,
-                     target_fpr=target_fpr, val_fraction=val_fraction, chat_template=chat_template,
+                     target_fpr=target_fpr, val_fraction=val_fraction, split=split, chat_template=chat_template,
                      prepend_bos=prepend_bos, sae=sae, config=config, degree=degree, rank=rank, seed=seed,
                      tokenizer=tokenizer, fit_kwargs=fit_kwargs)
     texts = _texts(request)
@@ -222,8 +229,8 @@ class _Request:
 
 def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence[str], pooling: str, *, aggregate: Any,
            alpha: float, window: int, contexts: Any, context_tokens: Any, augment: Any, intent: Any, recipe: str,
-           target_fpr: Any, val_fraction: float, chat_template: bool | None, prepend_bos: bool | None, sae: Any,
-           config: FitConfig | None, degree: Any, rank: Any, seed: Any, tokenizer: Any,
+           target_fpr: Any, val_fraction: float, split: str, chat_template: bool | None, prepend_bos: bool | None,
+           sae: Any, config: FitConfig | None, degree: Any, rank: Any, seed: Any, tokenizer: Any,
            fit_kwargs: dict[str, Any]) -> _Request:
     """Every argument checked (each error says what was expected) and resolved, before any model work."""
     items = check_prompts(prompts)
@@ -263,13 +270,16 @@ def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence
         contexts, context_tokens = _check_contexts(adapter.tokenizer, contexts, context_tokens, chat_template, items)
     if not 0 < val_fraction < 1:
         raise TPCHooksError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
+    if split not in SPLITS:
+        raise TPCHooksError(f"split must be one of {list(SPLITS)}; got {split!r}")
     if np.bincount(y, minlength=2).min() < 2:
         raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
     n_val = max(2, int(round(val_fraction * len(items))))
     given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
     own = {k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs}  # fit's, not FitConfig's
     cfg = fit_config(recipe, families, config, {**given, **fit_kwargs})
-    tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=cfg.seed)
+    tr, va = validation_split(items, y, n_val, cfg.seed) if split == "grouped" else \
+        train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=cfg.seed)
     return _Request(items, y, sites, adapter, pooling, aggregate, alpha, window, recipe, tuple(families), kinds,
                     chat_template, resolve_bos(adapter.tokenizer, prepend_bos, chat_template), contexts,
                     tuple(context_tokens) if contexts is not None else (), val_fraction, cfg, own, tr, va)
