@@ -21,16 +21,27 @@ the set, which neither trained on):
   trained on: ``refusal_benign`` (held out) and ShareGPT first turns outside the set.
 
 Then the operating point across benign sources: a threshold at 1% of each benign source's
-validation prompts, and what it flags on every other source (the deployed polynomial).
+validation prompts (its requests wrapped in jailbreak templates apart), and what it flags on every
+other source (the deployed polynomial); and the benign prompts of the training split the deployed
+policy scores highest, beside its threshold: the rows the threshold sits on.
 
 ``--intent KIND ...`` trains with those intent kinds instead of ``train_monitor``'s default.
 
-Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m] [--intent ...]`` (about 15 min on
-2 CPU cores the first time: the monitor's own collection and training, then the evaluation sets'
-activations, cached under ``--cache``).
+``--variants`` then trains the recipe's levers one by one at the layer the default chose (intent
+flips off, rewrites off, both off, the homonyms alone, the grouped validation split) and prints,
+per variant, the same figures and each kept order's recall minus the plain probe's on every
+shift. The variants share the default's collection: ``train_monitor``'s ``collect`` is wrapped so
+that each text's pooled rows are read from the model once (a prompt's pooled row does not depend
+on its batch) and reused; the recipe runs unchanged.
+
+Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m] [--intent ...]
+[--variants]`` (about 15 min on 2 CPU cores the first time: the monitor's own collection and
+training, then the evaluation sets' activations, cached under ``--cache``; 5 more with
+``--variants``).
 """
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -48,6 +59,7 @@ from tpc_hooks.head._kernel import flagged
 from tpc_hooks.metrics import threshold_at_fpr
 from tpc_hooks.prompts._sources import norm, overrefusal, refusal_harmful, sharegpt, tense_rewrites
 from tpc_hooks.prompts._splits import rng
+from tpc_hooks.training import _train_monitor
 
 from _activations import DEFAULT_MODEL, MODELS, cached_activations, site
 from _results import add_results_argument, recording, results_path
@@ -67,6 +79,40 @@ def other_sharegpt(sets: dict, seed: int, n: int = N_SHAREGPT, max_chars: int = 
     rows = [r.text for r in sharegpt() if len(r.text) <= max_chars and norm(r.text) not in seen]
     rng(seed, "constructions-sharegpt").shuffle(rows)
     return rows[:n]
+
+
+# the recipe's levers, one at a time (train_monitor's keyword arguments)
+VARIANTS = {
+    "default": {},
+    "intent=False": {"intent": False},
+    "augment=False": {"augment": False},
+    "augment=False, intent=False": {"augment": False, "intent": False},
+    "intent=('homonym',)": {"intent": ("homonym",)},
+    "split='grouped'": {"split": "grouped"},
+    "split='grouped', intent=False": {"split": "grouped", "intent": False},
+}
+SHIFTS = ("counterparts", "past", "future", "harmbench")
+
+
+@contextlib.contextmanager
+def shared_collection():
+    """``train_monitor`` with each text's pooled rows collected once per site and reused across calls
+    (the recipe otherwise unchanged): a variant reads only the texts no earlier call read."""
+    rows: dict[tuple[str, str], torch.Tensor] = {}
+    collect = _train_monitor.collect
+
+    def reuse(adapter, texts, sites, pooling, **kw):
+        missing = list(dict.fromkeys(t for t in texts for s in sites if (s, t) not in rows))
+        if missing:
+            got = collect(adapter, missing, sites, pooling, **kw)
+            rows.update({(s, t): got[s][i] for s in sites for i, t in enumerate(missing)})
+        return {s: torch.stack([rows[s, t] for t in texts]) for s in sites}
+
+    _train_monitor.collect = reuse
+    try:
+        yield
+    finally:
+        _train_monitor.collect = collect
 
 
 def probe(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, seed: int):
@@ -89,13 +135,49 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tpc-hooks" / "bench-constructions")
     ap.add_argument("--intent", nargs="+", default=None, metavar="KIND",
                     help="train_monitor's intent kinds instead of its default (e.g. every kind but history, and homonym)")
+    ap.add_argument("--variants", action="store_true",
+                    help="then train the recipe's levers one by one at the chosen layer (VARIANTS) and compare them")
     add_results_argument(ap, "bench_constructions")
     args = ap.parse_args(argv)
-    if args.model != DEFAULT_MODEL or args.intent:
+    if args.model != DEFAULT_MODEL or args.intent or args.variants or args.seed:
         args.results_name = "_".join(["bench_constructions", *([args.model] if args.model != DEFAULT_MODEL else []),
-                                      *(["intent-" + "-".join(args.intent)] if args.intent else [])])
-    with recording(results_path(args), argv):
+                                      *(["intent-" + "-".join(args.intent)] if args.intent else []),
+                                      *(["variants"] if args.variants else []),
+                                      *([f"seed{args.seed}"] if args.seed else [])])
+    with recording(results_path(args), argv), shared_collection():
         return run(args)
+
+
+def evaluate(mon: tpc.Monitor, X: dict[str, np.ndarray]) -> tuple[dict, dict]:
+    """The deployed policy's flags at the monitor's threshold, and each kept order's logits, per set."""
+    with torch.no_grad():
+        deployed = {k: flagged(mon.policy()(torch.as_tensor(v)).decision_logits, mon.threshold).numpy()
+                    for k, v in X.items()}
+        orders = {k: mon.head.truncations(torch.as_tensor(v)).numpy() for k, v in X.items()}
+    return deployed, {f"order {n}": {k: v[:, n - 1] for k, v in orders.items()} for n in range(1, mon.head.degree + 1)}
+
+
+def at_fpr(s: dict[str, np.ndarray], y: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Flags per set at the threshold flagging ``FPR`` of the set's benign validation prompts."""
+    t = threshold_at_fpr(s["val"][y["val"] == 0], FPR)
+    return {k: v > t for k, v in s.items()}
+
+
+def shares(hit: dict[str, np.ndarray], y: dict[str, np.ndarray]) -> list[float]:
+    """Share flagged, %, in the tables' column order."""
+    return [100 * v for v in (hit["test"][y["test"] == 1].mean(), hit["test"][y["test"] == 0].mean(),
+                              *(hit[k].mean() for k in (*SHIFTS, *BENIGN_SETS)))]
+
+
+BENIGN_SETS = ("edgy", "refusal_benign", "sharegpt, outside the set")
+COLUMNS = ["test harmful", "test benign", *SHIFTS, *BENIGN_SETS]
+
+
+def table(rows: dict[str, list[float]]) -> None:
+    print("| method | " + " | ".join(COLUMNS) + " |")
+    print("|---|" + "---:|" * len(COLUMNS))
+    for name, vals in rows.items():
+        print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in vals) + " |")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,8 +188,8 @@ def run(args: argparse.Namespace) -> int:
     train, val, test = (without(sets[k], HELD_OUT) for k in ("train", "val", "test"))
     held = sets["heldout"]
     model_box = [offline.load_model(args.model, toolkit="nnsight")]
-    mon = tpc.train_monitor(model_box[0], train.texts, train.labels, [site(layer) for layer in layers],
-                            chat_template=chat, seed=args.seed, verbose=False,
+    train_args = dict(chat_template=chat, seed=args.seed, verbose=False)
+    mon = tpc.train_monitor(model_box[0], train.texts, train.labels, [site(layer) for layer in layers], **train_args,
                             **({"intent": tuple(args.intent)} if args.intent else {}))
     layer = int(mon.site.split(".")[1])
     kept = mon.head.degree
@@ -132,61 +214,97 @@ def run(args: argparse.Namespace) -> int:
     X = {k: cached_activations(cache / k.split(",")[0], texts, (layer,), model_box, k, model=args.model)[layer]
          for k, (texts, _) in rows.items()}
     y = {k: v[1] for k, v in rows.items()}
-    harmful_kinds, benign_kinds = ("counterparts", "past", "future", "harmbench"), (
-        "edgy", "refusal_benign", "sharegpt, outside the set")
 
     # scores: the probe; each order of the monitor (logits); the deployed policy (flags at its threshold)
     lin = probe(X["train"], y["train"], X["val"], y["val"], args.seed)
-    with torch.no_grad():
-        orders = {k: mon.head.truncations(torch.as_tensor(v)).numpy() for k, v in X.items()}
-        deployed = {k: flagged(mon.policy()(torch.as_tensor(v)).decision_logits, mon.threshold).numpy()
-                    for k, v in X.items()}
-    scores = {"plain probe": {k: lin(v) for k, v in X.items()},
-              **{f"order {n}": {k: v[:, n - 1] for k, v in orders.items()} for n in range(1, kept + 1)}}
-    benign_val = y["val"] == 0
+    deployed, orders = evaluate(mon, X)
+    scores = {"plain probe": {k: lin(v) for k, v in X.items()}, **orders}
+    probe_hits = at_fpr(scores["plain probe"], y)
 
     print(f"## At the deployed threshold\n\nShare flagged, %. The monitor: its policy at its own threshold; the probe: "
           f"at {FPR:.0%} of the set's benign validation prompts. Goals: edgy <= 10 with counterparts >= 85; unseen "
           "benign sources <= 3.\n")
-    cols = ["test harmful", "test benign", *harmful_kinds, *benign_kinds]
-    print("| method | " + " | ".join(cols) + " |")
-    print("|---|" + "---:|" * len(cols))
-    t_lin = threshold_at_fpr(scores["plain probe"]["val"][benign_val], FPR)
-    for name, hit in (("plain probe", {k: v > t_lin for k, v in scores["plain probe"].items()}),
-                      (f"SHIPPED default (orders 1-{kept}, as saved)", deployed)):
-        vals = [hit["test"][y["test"] == 1].mean(), hit["test"][y["test"] == 0].mean(),
-                *(hit[k].mean() for k in harmful_kinds), *(hit[k].mean() for k in benign_kinds)]
-        print(f"| {name} | " + " | ".join(f"{100 * v:.1f}" for v in vals) + " |")
+    table({"plain probe": shares(probe_hits, y), f"SHIPPED default (orders 1-{kept}, as saved)": shares(deployed, y)})
 
     print(f"\n## Recall at {FPR:.0%} FPR\n\nEach method's and order's threshold flags {FPR:.0%} of the set's benign "
           "validation prompts; recall on each harmful set, and the share of each benign set flagged. Goal: every "
           "kept order >= the plain probe on every shift.\n")
-    print("| method | " + " | ".join(cols) + " |")
-    print("|---|" + "---:|" * len(cols))
-    for name, s in scores.items():
-        t = threshold_at_fpr(s["val"][benign_val], FPR)
-        vals = [(s["test"][y["test"] == 1] > t).mean(), (s["test"][y["test"] == 0] > t).mean(),
-                *((s[k] > t).mean() for k in harmful_kinds), *((s[k] > t).mean() for k in benign_kinds)]
-        print(f"| {name} | " + " | ".join(f"{100 * v:.1f}" for v in vals) + " |")
+    table({name: shares(at_fpr(s, y), y) for name, s in scores.items()})
 
-    # the operating point across benign sources: calibrate on one source's validation prompts, flag on the others
-    full = scores[f"order {kept}"]
-    by_source = {s: full["val"][[i for i, (src, lab) in enumerate(zip(val.sources, val.labels)) if src == s and lab == 0]]
-                 for s in sorted(set(val.sources)) if sum(1 for src, lab in zip(val.sources, val.labels)
-                                                          if src == s and lab == 0) >= 20}
-    test_benign = {s: full["test"][[i for i, (src, lab) in enumerate(zip(test.sources, test.labels))
-                                    if src == s and lab == 0]] for s in by_source}
-    targets = {**{f"{s} (test)": v for s, v in test_benign.items()}, **{k: full[k] for k in benign_kinds}}
-    print(f"\n## The threshold across benign sources\n\nOrder {kept} (the deployed polynomial): a threshold at "
-          f"{FPR:.0%} of one benign source's validation prompts (rows), or of all of them (`all`), and the share it "
-          "flags, %, of each benign set (columns). Target: 1.\n")
-    print("| calibrated on | val rows | " + " | ".join(targets) + " |")
-    print("|---|---:|" + "---:|" * len(targets))
-    for s, v in [*by_source.items(), ("all", full["val"][benign_val])]:
-        t = threshold_at_fpr(v, FPR)
-        print(f"| {s} | {len(v)} | " + " | ".join(f"{100 * (x > t).mean():.1f}" for x in targets.values()) + " |")
+    across_sources(scores[f"order {kept}"], val, test, y)
+    threshold_rows(mon, train, X["train"], y["train"])
+    if args.variants:
+        variants(model_box[0], mon.site, train, X, y, probe_hits, train_args)
     print(f"\nDone in {time.time() - t0:.0f} s.")
     return 0
+
+
+def benign_kind(ps: PromptSet, i: int) -> str:
+    """A benign row's source, and whether it is a request wrapped in a jailbreak template."""
+    return f"{ps.sources[i]}{', wrapped' if ps.adversarial[i] else ''}"
+
+
+def across_sources(full: dict[str, np.ndarray], val: PromptSet, test: PromptSet, y: dict, min_rows: int = 10) -> None:
+    """The operating point across benign sources: a threshold at ``FPR`` of one kind of benign
+    validation prompt (a source, its template-wrapped requests apart), and what it flags elsewhere."""
+    def kinds(ps: PromptSet) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for i, label in enumerate(ps.labels):
+            if label == 0:
+                out.setdefault(benign_kind(ps, i), []).append(i)
+        return out
+
+    in_val, in_test = kinds(val), kinds(test)
+    by_kind = {k: full["val"][at] for k, at in sorted(in_val.items()) if len(at) >= min_rows}
+    targets = {**{f"{k} (test)": full["test"][in_test[k]] for k in by_kind if k in in_test},
+               **{k: full[k] for k in BENIGN_SETS}}
+    print(f"\n## The threshold across benign sources\n\nThe deployed polynomial's logit: a threshold at {FPR:.0%} "
+          f"of one kind of benign validation prompt (rows; `wrapped`: requests inside jailbreak templates), or of all "
+          "of them (`all`, what the monitor does on its own validation prompts), and the share it flags, %, of each "
+          "benign set (columns). Target: 1.\n")
+    print("| calibrated on | val rows | " + " | ".join(targets) + " |")
+    print("|---|---:|" + "---:|" * len(targets))
+    for k, v in [*by_kind.items(), ("all", full["val"][y["val"] == 0])]:
+        t = threshold_at_fpr(v, FPR)
+        print(f"| {k} | {len(v)} | " + " | ".join(f"{100 * (x > t).mean():.1f}" for x in targets.values()) + " |")
+
+
+def threshold_rows(mon: tpc.Monitor, train: PromptSet, X: np.ndarray, y: np.ndarray, show: int = 5) -> None:
+    """The benign training-split prompts (the monitor's own validation prompts among them) that its
+    deployed policy scores highest: where its threshold sits."""
+    benign = np.flatnonzero(y == 0)
+    with torch.no_grad():
+        p = mon.policy()(torch.as_tensor(X[benign])).probs.numpy()
+    print(f"\n## What the deployed threshold sits on\n\nThe {show} benign prompts of the training split (the "
+          f"monitor's own validation prompts among them) that its policy scores highest, of {len(benign)}, beside its "
+          f"threshold ({mon.threshold:.4f}); `wrapped`: a benign request inside an in-the-wild jailbreak template "
+          "(the set wraps one harmful and one benign request in each template). First 90 characters:\n")
+    for j in np.argsort(-p)[:show]:
+        i = benign[j]
+        text = " ".join(train.texts[i].split())[:90].replace("|", "/")
+        print(f"* {p[j]:.4f} ({benign_kind(train, i)}): {text}")
+
+
+def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits: dict, train_args: dict) -> None:
+    """The recipe's levers one at a time, at the chosen site: per variant, the deployed policy and each
+    kept order at 1% FPR, and each order's recall minus the probe's on every shift."""
+    print(f"\n## The recipe's levers\n\nEach variant is `train_monitor(..., {chosen!r}, seed, **variant)` on the same "
+          "prompts (the default again at that one site). Rows: the deployed policy at its own threshold, each kept "
+          f"order at {FPR:.0%} FPR; the last column is the order's lowest recall minus the plain probe's over the "
+          f"shifts ({', '.join(SHIFTS)}), in points (goal: >= 0).\n")
+    base = shares(probe_hits, y)
+    print("| variant | threshold | row | " + " | ".join(COLUMNS) + " | worst shift vs probe |")
+    print("|---|---:|---|" + "---:|" * (len(COLUMNS) + 1))
+    print("| plain probe | | 1% FPR | " + " | ".join(f"{v:.1f}" for v in base) + " | 0.0 |")
+    for name, kw in VARIANTS.items():
+        t0 = time.time()
+        mon = tpc.train_monitor(model, train.texts, train.labels, chosen, **train_args, **kw)
+        deployed, orders = evaluate(mon, X)
+        found = {"deployed": shares(deployed, y), **{k: shares(at_fpr(s, y), y) for k, s in orders.items()}}
+        for row, vals in found.items():
+            gap = "" if row == "deployed" else f"{min(vals[2 + i] - base[2 + i] for i in range(len(SHIFTS))):+.1f}"
+            print(f"| {name} | {mon.threshold:.4f} | {row} | " + " | ".join(f"{v:.1f}" for v in vals) + f" | {gap} |")
+        print(f"{name}: trained in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
