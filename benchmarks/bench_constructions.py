@@ -35,9 +35,9 @@ that each text's pooled rows are read from the model once (a prompt's pooled row
 on its batch) and reused; the recipe runs unchanged.
 
 Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m] [--intent ...]
-[--variants]`` (about 15 min on 2 CPU cores the first time: the monitor's own collection and
-training, then the evaluation sets' activations, cached under ``--cache``; 5 more with
-``--variants``).
+[--variants]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
+monitor's own collection and training, the evaluation sets' activations, cached under ``--cache``,
+then the variants; 10 min once the evaluation sets are cached).
 """
 
 import argparse

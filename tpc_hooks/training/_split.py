@@ -13,6 +13,8 @@ import random
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 from sklearn.model_selection import train_test_split
 
 from ..prompts._sources import shingles
@@ -22,27 +24,20 @@ SPLITS = ("stratified", "grouped")  # train_monitor's split=
 
 def shared_text_groups(texts: Sequence[str], k: int = 8) -> np.ndarray:
     """A group id per text (the lowest position in its group): texts linked, directly or through
-    others, by a common ``k``-word run share one id.
+    others, by a common ``k``-word run share one id (the connected components of that relation, by SciPy).
 
     Example:
         >>> shared_text_groups(["a b c d e f g h about cats", "a b c d e f g h about dogs", "hello"]).tolist()
         [0, 0, 2]
     """
-    parent = list(range(len(texts)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
     first: dict[str, int] = {}
-    for i, text in enumerate(texts):
-        for run in shingles(text, k):
-            a, b = root(first.setdefault(run, i)), root(i)
-            if a != b:
-                parent[max(a, b)] = min(a, b)
-    return np.asarray([root(i) for i in range(len(texts))], dtype=int)
+    edges = [(i, first.setdefault(run, i)) for i, text in enumerate(texts) for run in shingles(text, k)]
+    rows, cols = (np.asarray(v, dtype=int) for v in zip(*edges)) if edges else (np.zeros(0, int), np.zeros(0, int))
+    graph = coo_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(texts), len(texts)))
+    n, labels = connected_components(graph, directed=False)
+    lowest = np.full(n, len(texts))
+    np.minimum.at(lowest, labels, np.arange(len(texts)))
+    return lowest[labels]
 
 
 def validation_split(texts: Sequence[str], y: np.ndarray, n_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -57,12 +52,16 @@ def validation_split(texts: Sequence[str], y: np.ndarray, n_val: int, seed: int)
     """
     y = np.asarray(y, dtype=int)
     at = np.arange(len(texts))
-    plain = tuple(np.asarray(part) for part in train_test_split(at, test_size=n_val, stratify=y, random_state=seed))
+
+    def stratified() -> tuple[np.ndarray, np.ndarray]:
+        tr, va = train_test_split(at, test_size=n_val, stratify=y, random_state=seed)
+        return np.asarray(tr), np.asarray(va)
+
     groups = shared_text_groups(texts)
     ids, counts = np.unique(groups, return_counts=True)
     shared = ids[counts > 1]
     if not len(shared):
-        return plain
+        return stratified()
     in_shared = np.isin(groups, shared)
     order = shared.tolist()
     random.Random(seed).shuffle(order)
@@ -79,5 +78,5 @@ def validation_split(texts: Sequence[str], y: np.ndarray, n_val: int, seed: int)
     va = np.sort(np.asarray(held, dtype=int))
     tr = np.setdiff1d(at, va)
     if any(np.bincount(y[part], minlength=2).min() == 0 for part in (tr, va)):
-        return plain
+        return stratified()
     return tr, va
