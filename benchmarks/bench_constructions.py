@@ -25,23 +25,25 @@ validation prompts (its requests wrapped in jailbreak templates apart), and what
 other source (the deployed polynomial); and the benign prompts of the training split the deployed
 policy scores highest, beside its threshold: the rows the threshold sits on.
 
-``--intent KIND ...`` trains with those intent kinds instead of ``train_monitor``'s default.
+``--intent KIND ...`` trains with those intent kinds instead of ``train_monitor``'s default;
+``--split grouped`` with the grouped validation split (every training below too).
 
 ``--variants`` then trains the recipe's levers one by one at the layer the default chose (intent
-flips off, rewrites off, both off, the homonyms alone, the grouped validation split) and prints,
+flips off, rewrites off, both off, the homonyms alone, the other validation split) and prints,
 per variant, the same figures and each kept order's recall minus the plain probe's on every
 shift. The variants share the default's collection: ``train_monitor``'s ``collect`` is wrapped so
 that each text's pooled rows are read from the model once (a prompt's pooled row does not depend
 on its batch) and reused; the recipe runs unchanged.
 
 Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m] [--intent ...]
-[--variants]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
+[--split grouped] [--variants]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
 monitor's own collection and training, the evaluation sets' activations, cached under ``--cache``,
 then the variants; 10 min once the evaluation sets are cached).
 """
 
 import argparse
 import contextlib
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -60,6 +62,7 @@ from tpc_hooks.metrics import threshold_at_fpr
 from tpc_hooks.prompts._sources import norm, overrefusal, refusal_harmful, sharegpt, tense_rewrites
 from tpc_hooks.prompts._splits import rng
 from tpc_hooks.training import _train_monitor
+from tpc_hooks.training._split import SPLITS
 
 from _activations import DEFAULT_MODEL, MODELS, cached_activations, site
 from _results import add_results_argument, recording, results_path
@@ -88,10 +91,9 @@ VARIANTS = {
     "augment=False": {"augment": False},
     "augment=False, intent=False": {"augment": False, "intent": False},
     "intent=('homonym',)": {"intent": ("homonym",)},
-    "split='grouped'": {"split": "grouped"},
-    "split='grouped', intent=False": {"split": "grouped", "intent": False},
 }
 SHIFTS = ("counterparts", "past", "future", "harmbench")
+DEFAULT_SPLIT = inspect.signature(tpc.train_monitor).parameters["split"].default
 
 
 @contextlib.contextmanager
@@ -135,13 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tpc-hooks" / "bench-constructions")
     ap.add_argument("--intent", nargs="+", default=None, metavar="KIND",
                     help="train_monitor's intent kinds instead of its default (e.g. every kind but history, and homonym)")
+    ap.add_argument("--split", choices=SPLITS, default=None,
+                    help="train_monitor's validation split (default: its own); --variants then also trains the other one")
     ap.add_argument("--variants", action="store_true",
                     help="then train the recipe's levers one by one at the chosen layer (VARIANTS) and compare them")
     add_results_argument(ap, "bench_constructions")
     args = ap.parse_args(argv)
-    if args.model != DEFAULT_MODEL or args.intent or args.variants or args.seed:
+    if args.model != DEFAULT_MODEL or args.intent or args.split or args.variants or args.seed:
         args.results_name = "_".join(["bench_constructions", *([args.model] if args.model != DEFAULT_MODEL else []),
                                       *(["intent-" + "-".join(args.intent)] if args.intent else []),
+                                      *([f"split-{args.split}"] if args.split else []),
                                       *(["variants"] if args.variants else []),
                                       *([f"seed{args.seed}"] if args.seed else [])])
     with recording(results_path(args), argv), shared_collection():
@@ -188,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     train, val, test = (without(sets[k], HELD_OUT) for k in ("train", "val", "test"))
     held = sets["heldout"]
     model_box = [offline.load_model(args.model, toolkit="nnsight")]
-    train_args = dict(chat_template=chat, seed=args.seed, verbose=False)
+    train_args = dict(chat_template=chat, seed=args.seed, verbose=False, **({"split": args.split} if args.split else {}))
     mon = tpc.train_monitor(model_box[0], train.texts, train.labels, [site(layer) for layer in layers], **train_args,
                             **({"intent": tuple(args.intent)} if args.intent else {}))
     layer = int(mon.site.split(".")[1])
@@ -296,9 +301,13 @@ def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits:
     print("| variant | threshold | row | " + " | ".join(COLUMNS) + " | worst shift vs probe |")
     print("|---|---:|---|" + "---:|" * (len(COLUMNS) + 1))
     print("| plain probe | | 1% FPR | " + " | ".join(f"{v:.1f}" for v in base) + " | 0.0 |")
-    for name, kw in VARIANTS.items():
+    other = next(s for s in SPLITS if s != train_args.get("split", DEFAULT_SPLIT))
+    levers = {**VARIANTS, f"split={other!r}": {"split": other}}
+    if other == "grouped":  # the grouped split without the flips: the orders nearest the probe on the shifts
+        levers["split='grouped', intent=False"] = {"split": "grouped", "intent": False}
+    for name, kw in levers.items():
         t0 = time.time()
-        mon = tpc.train_monitor(model, train.texts, train.labels, chosen, **train_args, **kw)
+        mon = tpc.train_monitor(model, train.texts, train.labels, chosen, **{**train_args, **kw})
         deployed, orders = evaluate(mon, X)
         found = {"deployed": shares(deployed, y), **{k: shares(at_fpr(s, y), y) for k, s in orders.items()}}
         for row, vals in found.items():

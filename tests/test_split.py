@@ -90,7 +90,9 @@ def test_a_group_holding_a_whole_class_falls_back_to_the_stratified_split():
     assert np.array_equal(tr, want[0]) and np.array_equal(va, want[1])
 
 
-def test_train_monitor_grouped_keeps_template_twins_together(monkeypatch):
+@pytest.mark.parametrize("split", [None, "grouped", "stratified"])
+def test_train_monitor_splits(monkeypatch, split):
+    """``"grouped"`` keeps a template's twins on one side; ``"stratified"``, the default, is scikit-learn's split."""
     from tpc_hooks.training import _train_monitor
 
     template = "please tell me about the weather and the dog sat on the mat"
@@ -100,10 +102,20 @@ def test_train_monitor_grouped_keeps_template_twins_together(monkeypatch):
     real = _train_monitor._train_data
     monkeypatch.setattr(_train_monitor, "_train_data",
                         lambda rows, t, r, chats: seen.append(r) or real(rows, t, r, chats))
-    tpc.train_monitor(hooked_gpt2_style(), prompts, labels, "blocks.1.hook_resid_post", split="grouped",
+    tpc.train_monitor(hooked_gpt2_style(), prompts, labels, "blocks.1.hook_resid_post",
+                      **({} if split is None else {"split": split}),
                       augment=False, intent=False, val_fraction=0.3, verbose=False, degree=2, rank=2, epochs=2, seed=0)
     r = seen[0]
+    tr, va = train_test_split(np.arange(len(prompts)), test_size=len(r.va), stratify=labels, random_state=0)
     wrapped = set(range(20, 28))
-    assert wrapped <= set(r.tr.tolist()) or wrapped <= set(r.va.tolist())
+    if split != "grouped":
+        assert np.array_equal(r.tr, tr) and np.array_equal(r.va, va)
+    else:
+        assert wrapped <= set(r.tr.tolist()) or wrapped <= set(r.va.tolist())
+        assert not (wrapped <= set(tr.tolist()) or wrapped <= set(va.tolist()))  # the stratified split parts them
+
+
+def test_train_monitor_refuses_an_unknown_split():
+    prompts, labels = TINY_HARMFUL + TINY_BENIGN, [1] * 10 + [0] * 10
     with pytest.raises(tpc.TPCHooksError, match="split must be one of"):
         tpc.train_monitor(hooked_gpt2_style(), prompts, labels, "blocks.1.hook_resid_post", split="by-source")

@@ -1,5 +1,5 @@
 """``train_monitor``'s validation split: stratified, with the prompts that share text kept together
-(``split="grouped"``).
+(``split="grouped"``; the default, ``"stratified"``, is scikit-learn's split alone).
 
 Two prompts share text when they have an 8-word run in common (:func:`tpc_hooks.prompts._sources.shingles`):
 one jailbreak template wrapped around two requests, near-duplicate requests ("Provide step-by-step

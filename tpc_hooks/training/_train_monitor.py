@@ -153,11 +153,13 @@ def train_monitor(
             and ``report["orders"]`` says what was kept and why. Default: on, except with
             ``recipe="paper"``.
         val_fraction: stratified validation split (model selection, calibration, report).
-        split: ``"stratified"`` (scikit-learn's stratified split) or ``"grouped"``: prompts that
-            share an 8-word run (one jailbreak template around two requests, near-duplicates) stay
-            on one side, so validation, and the selection and threshold set on it, sees no text the
-            fit trained on (:func:`tpc_hooks.training._split.validation_split`). What it changes on
-            sets built by another hand: docs/benchmarks/constructions.md ("The recipe's levers").
+        split: ``"stratified"`` (default: scikit-learn's stratified split) or ``"grouped"``:
+            prompts that share an 8-word run (one jailbreak template around two requests,
+            near-duplicates) stay on one side, so validation, and the selection and threshold set
+            on it, sees no text the fit trained on
+            (:func:`tpc_hooks.training._split.validation_split`; without shared text it is the
+            stratified split). What it changes on sets built by another hand, and why it is not the
+            default: docs/benchmarks/constructions.md ("The grouped split as the default").
         chat_template: wrap prompts as chat user turns; default: when the tokenizer has a template.
         prepend_bos: prepend BOS to raw prompts; default: when the tokenizer has a BOS token.
         tau: if given, the monitor's policy is a cascade at ``tau``, calibrated on validation.
