@@ -8,6 +8,7 @@ import torch
 import tpc_hooks as tpc
 from conftest import random_head
 from tpc_hooks.metrics import threshold_at_fpr
+from tpc_hooks.monitoring._calibrate import fpr_interval
 
 SITE = "blocks.1.hook_resid_post"
 
@@ -35,7 +36,34 @@ def test_threshold_flags_at_most_the_target_share_of_its_benign_rows(fpr):
     # exactly floor(fpr * n) rows lie above the threshold (no ties among continuous scores)
     assert flagged == math.floor(fpr * 1000 + 1e-9) == mon.report["operating_point"]["flagged"]
     assert mon.report["operating_point"] == {"fpr": fpr, "n_benign": 1000, "flagged": flagged,
-                                             "threshold": mon.threshold}
+                                             "threshold": mon.threshold,
+                                             "fpr_interval_95": list(fpr_interval(1000, flagged))}
+
+
+def test_the_interval_holds_the_rate_on_new_benign_rows_95_times_in_100():
+    """Calibrated on 100 benign rows, again and again: the rate each threshold flags on 20,000 new
+    rows of the same law falls inside its recorded interval in about 95% of the draws."""
+    mon = tpc.Monitor(small_head(), SITE)
+    fresh = torch.sigmoid(mon.head(benign(20000, 99)))
+    inside = []
+    for draw in range(300):
+        mon.calibrate_activations(benign(100, 1000 + draw), 0.02)
+        lo, hi = mon.report["operating_point"]["fpr_interval_95"]
+        rate = float((fresh > mon.threshold).double().mean())
+        inside.append(lo <= rate <= hi)
+    assert 0.91 <= sum(inside) / len(inside) <= 0.99
+
+
+def test_the_interval_is_the_order_statistics_law():
+    """Against a hand computation: the rate above the k-th largest of n uniform scores, simulated."""
+    g = torch.Generator().manual_seed(0)
+    rates = torch.sort(torch.rand(20000, 40, generator=g), dim=1, descending=True).values[:, 2]  # k = 3
+    lo, hi = fpr_interval(40, 2)
+    rate = 1 - rates
+    assert abs(float((rate < lo).double().mean()) - 0.025) < 0.006
+    assert abs(float((rate > hi).double().mean()) - 0.025) < 0.006
+    with pytest.raises(tpc.TPCHooksError, match="flagged < n_benign"):
+        fpr_interval(3, 3)
 
 
 def test_held_out_benign_rows_are_flagged_at_the_target_rate_within_sampling_error():

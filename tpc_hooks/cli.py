@@ -322,8 +322,10 @@ def _train(args: argparse.Namespace) -> int:
     op = mon.report.get("operating_point")
     if op is not None:
         unit = "sequences at any token" if per_token else "rows"
+        lo, hi = op["fpr_interval_95"]
         print(f"threshold {mon.threshold:.6g}: flags {op['flagged']} of {op['n_benign']} benign validation {unit} "
-              f"(target FPR {args.target_fpr:g})")
+              f"(target FPR {args.target_fpr:g}; on new benign traffic like them, {100 * lo:.2g}-{100 * hi:.2g}% "
+              "with 95% probability)")
     elif args.target_fpr is not None:
         print("no validation split: the threshold stays 0.5 (collect with a val split to set it by --target-fpr)")
     path = mon.save(args.out)

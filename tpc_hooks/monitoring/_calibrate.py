@@ -60,11 +60,37 @@ def _warn_few(fpr: float, n: int, stacklevel: int) -> None:
                       UserWarning, stacklevel=stacklevel)
 
 
+def fpr_interval(n_benign: int, flagged: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Where the false-positive rate on new benign inputs lies, with probability ``confidence``, for
+    a threshold set among ``n_benign`` benign scores with ``flagged`` of them above it.
+
+    Such a threshold is the ``(flagged + 1)``-th largest of the scores, and the share of new
+    benign scores (drawn like them, continuous) above the ``k``-th largest of ``n`` is distributed
+    as Beta(k, n + 1 - k): the central interval of that law (SciPy). With few benign inputs it is
+    wide: 1% of 170 prompts is one of them, and the rate on new traffic lies between 0.14% and
+    3.2%.
+
+    Example:
+        >>> [round(v, 4) for v in fpr_interval(170, 1)]
+        [0.0014, 0.0323]
+    """
+    from scipy.stats import beta
+
+    k = flagged + 1
+    if not 0 <= flagged < n_benign:
+        raise TPCHooksError(f"fpr_interval needs 0 <= flagged < n_benign; got {flagged} of {n_benign}")
+    lo, hi = beta.ppf([(1 - confidence) / 2, (1 + confidence) / 2], k, n_benign + 1 - k)
+    return float(lo), float(hi)
+
+
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
 def _set(monitor: Any, decisions: Tensor, fpr: float, how: dict[str, str]) -> Any:
-    """The threshold that leaves all but ``fpr`` of the benign ``decisions`` (logits) unflagged, recorded."""
+    """The threshold that leaves all but ``fpr`` of the benign ``decisions`` (logits) unflagged, recorded
+    with the interval of the rate it flags on new benign traffic (:func:`fpr_interval`)."""
     monitor.threshold = _kernel.threshold_above(decisions, threshold_at_fpr(decisions.double().cpu().numpy(), fpr))
     flagged = int(_kernel.flagged(decisions, monitor.threshold).sum())
-    monitor.report["operating_point"] = {"fpr": float(fpr), "n_benign": int(decisions.numel()), "flagged": flagged,
-                                         "threshold": monitor.threshold, **how}
+    n = int(decisions.numel())
+    monitor.report["operating_point"] = {"fpr": float(fpr), "n_benign": n, "flagged": flagged,
+                                         "threshold": monitor.threshold,
+                                         "fpr_interval_95": list(fpr_interval(n, flagged)), **how}
     return monitor

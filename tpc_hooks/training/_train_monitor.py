@@ -89,8 +89,10 @@ def train_monitor(
     The monitor's operating point is set on the benign validation prompts as given (not their
     rewrites or intent flips): ``threshold`` flags at most ``target_fpr`` of them
     (:meth:`Monitor.calibrate_activations`), and a cascade (``tau``) exits around that threshold.
-    With a few hundred benign validation prompts, 1% is a handful of them: recalibrate on a larger
-    sample of your own benign traffic with :meth:`Monitor.calibrate` before deploying.
+    With a few hundred benign validation prompts, 1% is a handful of them
+    (``report["operating_point"]["fpr_interval_95"]`` says where the rate on new traffic may lie):
+    recalibrate on a larger sample of your own benign traffic with :meth:`Monitor.calibrate`
+    before deploying.
 
     Args:
         model: a TransformerLens, nnsight or plain ``transformers`` model.
