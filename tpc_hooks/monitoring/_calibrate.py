@@ -76,9 +76,9 @@ def fpr_interval(n_benign: int, flagged: int, confidence: float = 0.95) -> tuple
     """
     from scipy.stats import beta
 
-    k = flagged + 1
     if not 0 <= flagged < n_benign:
         raise TPCHooksError(f"fpr_interval needs 0 <= flagged < n_benign; got {flagged} of {n_benign}")
+    k = flagged + 1
     lo, hi = beta.ppf([(1 - confidence) / 2, (1 + confidence) / 2], k, n_benign + 1 - k)
     return float(lo), float(hi)
 
