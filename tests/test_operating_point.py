@@ -60,8 +60,9 @@ def test_the_interval_is_the_order_statistics_law():
     rates = torch.sort(torch.rand(20000, 40, generator=g), dim=1, descending=True).values[:, 2]  # k = 3
     lo, hi = fpr_interval(40, 2)
     rate = 1 - rates
-    assert abs(float((rate < lo).double().mean()) - 0.025) < 0.006
-    assert abs(float((rate > hi).double().mean()) - 0.025) < 0.006
+    # 20,000 draws: a 2.5% tail share has a standard error of 0.0011; Beta(3, 37) (one off in n) misses by 0.0034
+    assert abs(float((rate < lo).double().mean()) - 0.025) < 0.003
+    assert abs(float((rate > hi).double().mean()) - 0.025) < 0.003
     with pytest.raises(tpc.TPCHooksError, match="flagged < n_benign"):
         fpr_interval(3, 3)
 
