@@ -35,8 +35,12 @@ shift. The variants share the default's collection: ``train_monitor``'s ``collec
 that each text's pooled rows are read from the model once (a prompt's pooled row does not depend
 on its batch) and reused; the recipe runs unchanged.
 
+``--flips`` trains the intent flips' levers the same way: a share of the training flips (0.1, 0.25,
+0.5: a lower weight on them; the validation flips stay whole) and each flip kind alone beside the
+homonyms.
+
 Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m] [--intent ...]
-[--split grouped] [--variants]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
+[--split grouped] [--variants] [--flips]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
 monitor's own collection and training, the evaluation sets' activations, cached under ``--cache``,
 then the variants; 10 min once the evaluation sets are cached).
 """
@@ -46,6 +50,7 @@ import contextlib
 import inspect
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +61,7 @@ from sklearn.preprocessing import StandardScaler
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
-from tpc_hooks.data import PromptSet, default_prompt_set
+from tpc_hooks.data import INTENT_KINDS, PromptSet, default_prompt_set
 from tpc_hooks.head._kernel import flagged
 from tpc_hooks.metrics import threshold_at_fpr
 from tpc_hooks.prompts._sources import norm, overrefusal, refusal_harmful, sharegpt, tense_rewrites
@@ -92,6 +97,11 @@ VARIANTS = {
     "augment=False, intent=False": {"augment": False, "intent": False},
     "intent=('homonym',)": {"intent": ("homonym",)},
 }
+# the intent flips' weight and kind (--flips): a share of the training flips (each drawn by a hash of its text),
+# and each flip kind alone beside the homonyms
+FLIP_SHARES = (0.1, 0.25, 0.5)
+FLIP_LEVERS = {**{f"flip share {v}": {"flip_share": v} for v in FLIP_SHARES},
+               **{f"intent=({k!r}, 'homonym')": {"intent": (k, "homonym")} for k in INTENT_KINDS}}
 SHIFTS = ("counterparts", "past", "future", "harmbench")
 DEFAULT_SPLIT = inspect.signature(tpc.train_monitor).parameters["split"].default
 
@@ -115,6 +125,25 @@ def shared_collection():
         yield
     finally:
         _train_monitor.collect = collect
+
+
+@contextlib.contextmanager
+def flip_share(share: float):
+    """``train_monitor`` with only ``share`` of its training intent flips (the validation flips whole): a
+    lower weight on the flips. A flip is kept when a hash of its text and seed falls under ``share``."""
+    draw = _train_monitor.intent_flips
+
+    def fewer(prompts, labels, kinds=None, *, every_kind=False, seed=0, **kw):
+        ps = draw(prompts, labels, kinds, every_kind=every_kind, seed=seed, **kw)
+        if every_kind:
+            return ps
+        return ps.subset([i for i, t in enumerate(ps.texts) if zlib.crc32(f"{seed}|{t}".encode()) % 10_000 < share * 10_000])
+
+    _train_monitor.intent_flips = fewer
+    try:
+        yield
+    finally:
+        _train_monitor.intent_flips = draw
 
 
 def probe(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, seed: int):
@@ -141,13 +170,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="train_monitor's validation split (default: its own); --variants then also trains the other one")
     ap.add_argument("--variants", action="store_true",
                     help="then train the recipe's levers one by one at the chosen layer (VARIANTS) and compare them")
+    ap.add_argument("--flips", action="store_true",
+                    help="then train the flips' levers at the chosen layer: a share of them, each kind alone (FLIP_LEVERS)")
     add_results_argument(ap, "bench_constructions")
     args = ap.parse_args(argv)
-    if args.model != DEFAULT_MODEL or args.intent or args.split or args.variants or args.seed:
+    if args.model != DEFAULT_MODEL or args.intent or args.split or args.variants or args.flips or args.seed:
         args.results_name = "_".join(["bench_constructions", *([args.model] if args.model != DEFAULT_MODEL else []),
                                       *(["intent-" + "-".join(args.intent)] if args.intent else []),
                                       *([f"split-{args.split}"] if args.split else []),
-                                      *(["variants"] if args.variants else []),
+                                      *(["variants"] if args.variants else []), *(["flips"] if args.flips else []),
                                       *([f"seed{args.seed}"] if args.seed else [])])
     with recording(results_path(args), argv), shared_collection():
         return run(args)
@@ -238,8 +269,12 @@ def run(args: argparse.Namespace) -> int:
 
     across_sources(scores[f"order {kept}"], val, test, y)
     threshold_rows(mon, train, X["train"], y["train"])
-    if args.variants:
-        variants(model_box[0], mon.site, train, X, y, probe_hits, train_args)
+    if args.variants or args.flips:
+        other = next(s for s in SPLITS if s != train_args.get("split", DEFAULT_SPLIT))
+        levers = {**VARIANTS, f"split={other!r}": {"split": other}} if args.variants else {"default": {}}
+        if args.variants and other == "grouped":  # the grouped split without the flips: the orders nearest the probe
+            levers["split='grouped', intent=False"] = {"split": "grouped", "intent": False}
+        variants(model_box[0], mon.site, train, X, y, probe_hits, train_args, {**levers, **(FLIP_LEVERS if args.flips else {})})
     print(f"\nDone in {time.time() - t0:.0f} s.")
     return 0
 
@@ -290,7 +325,8 @@ def threshold_rows(mon: tpc.Monitor, train: PromptSet, X: np.ndarray, y: np.ndar
         print(f"* {p[j]:.4f} ({benign_kind(train, i)}): {text}")
 
 
-def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits: dict, train_args: dict) -> None:
+def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits: dict, train_args: dict,
+             levers: dict[str, dict]) -> None:
     """The recipe's levers one at a time, at the chosen site: per variant, the deployed policy and each
     kept order at 1% FPR, and each order's recall minus the probe's on every shift."""
     print(f"\n## The recipe's levers\n\nEach variant is `train_monitor(..., {chosen!r}, seed, **variant)` on the same "
@@ -301,13 +337,11 @@ def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits:
     print("| variant | threshold | row | " + " | ".join(COLUMNS) + " | worst shift vs probe |")
     print("|---|---:|---|" + "---:|" * (len(COLUMNS) + 1))
     print("| plain probe | | 1% FPR | " + " | ".join(f"{v:.1f}" for v in base) + " | 0.0 |")
-    other = next(s for s in SPLITS if s != train_args.get("split", DEFAULT_SPLIT))
-    levers = {**VARIANTS, f"split={other!r}": {"split": other}}
-    if other == "grouped":  # the grouped split without the flips: the orders nearest the probe on the shifts
-        levers["split='grouped', intent=False"] = {"split": "grouped", "intent": False}
     for name, kw in levers.items():
         t0 = time.time()
-        mon = tpc.train_monitor(model, train.texts, train.labels, chosen, **{**train_args, **kw})
+        kw = dict(kw)
+        with flip_share(kw.pop("flip_share", 1.0)):
+            mon = tpc.train_monitor(model, train.texts, train.labels, chosen, **{**train_args, **kw})
         deployed, orders = evaluate(mon, X)
         found = {"deployed": shares(deployed, y), **{k: shares(at_fpr(s, y), y) for k, s in orders.items()}}
         for row, vals in found.items():
