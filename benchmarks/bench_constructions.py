@@ -37,10 +37,11 @@ on its batch) and reused; the recipe runs unchanged.
 
 ``--flips`` trains the intent flips' levers the same way: a share of the training flips (0.1, 0.25,
 0.5: a lower weight on them; the validation flips stay whole) and each flip kind alone beside the
-homonyms.
+homonyms. ``--consistency W ...`` trains the default with those consistency weights on the
+training rewrites (``train_monitor``'s is 0.03), with and without the flips.
 
 Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m] [--intent ...]
-[--split grouped] [--variants] [--flips]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
+[--split grouped] [--variants] [--flips] [--consistency W ...]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
 monitor's own collection and training, the evaluation sets' activations, cached under ``--cache``,
 then the variants; 10 min once the evaluation sets are cached).
 """
@@ -170,15 +171,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="train_monitor's validation split (default: its own); --variants then also trains the other one")
     ap.add_argument("--variants", action="store_true",
                     help="then train the recipe's levers one by one at the chosen layer (VARIANTS) and compare them")
+    ap.add_argument("--consistency", type=float, nargs="+", default=[], metavar="W",
+                    help="then train the default at the chosen layer with these consistency weights (default 0.03)")
     ap.add_argument("--flips", action="store_true",
                     help="then train the flips' levers at the chosen layer: a share of them, each kind alone (FLIP_LEVERS)")
     add_results_argument(ap, "bench_constructions")
     args = ap.parse_args(argv)
-    if args.model != DEFAULT_MODEL or args.intent or args.split or args.variants or args.flips or args.seed:
+    if args.model != DEFAULT_MODEL or args.intent or args.split or args.variants or args.flips or args.consistency \
+            or args.seed:
         args.results_name = "_".join(["bench_constructions", *([args.model] if args.model != DEFAULT_MODEL else []),
                                       *(["intent-" + "-".join(args.intent)] if args.intent else []),
                                       *([f"split-{args.split}"] if args.split else []),
                                       *(["variants"] if args.variants else []), *(["flips"] if args.flips else []),
+                                      *(["consistency-" + "-".join(map(str, args.consistency))] if args.consistency else []),
                                       *([f"seed{args.seed}"] if args.seed else [])])
     with recording(results_path(args), argv), shared_collection():
         return run(args)
@@ -269,14 +274,23 @@ def run(args: argparse.Namespace) -> int:
 
     across_sources(scores[f"order {kept}"], val, test, y)
     threshold_rows(mon, train, X["train"], y["train"])
-    if args.variants or args.flips:
-        other = next(s for s in SPLITS if s != train_args.get("split", DEFAULT_SPLIT))
-        levers = {**VARIANTS, f"split={other!r}": {"split": other}} if args.variants else {"default": {}}
-        if args.variants and other == "grouped":  # the grouped split without the flips: the orders nearest the probe
-            levers["split='grouped', intent=False"] = {"split": "grouped", "intent": False}
-        variants(model_box[0], mon.site, train, X, y, probe_hits, train_args, {**levers, **(FLIP_LEVERS if args.flips else {})})
+    if args.variants or args.flips or args.consistency:
+        variants(model_box[0], mon.site, train, X, y, probe_hits, train_args, levers(args, train_args))
     print(f"\nDone in {time.time() - t0:.0f} s.")
     return 0
+
+
+def levers(args: argparse.Namespace, train_args: dict) -> dict[str, dict]:
+    """The variants the flags ask for, by name: ``train_monitor``'s keyword arguments (and ``flip_share``)."""
+    other = next(s for s in SPLITS if s != train_args.get("split", DEFAULT_SPLIT))
+    out = {**VARIANTS, f"split={other!r}": {"split": other}} if args.variants else {"default": {}}
+    if args.variants and other == "grouped":  # the grouped split without the flips: the orders nearest the probe
+        out["split='grouped', intent=False"] = {"split": "grouped", "intent": False}
+    if args.flips:
+        out.update(FLIP_LEVERS)
+    for w in args.consistency:
+        out.update({f"consistency={w}": {"consistency": w}, f"consistency={w}, intent=False": {"consistency": w, "intent": False}})
+    return out
 
 
 def benign_kind(ps: PromptSet, i: int) -> str:
