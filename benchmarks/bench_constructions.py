@@ -340,7 +340,7 @@ def threshold_rows(mon: tpc.Monitor, train: PromptSet, X: np.ndarray, y: np.ndar
 
 
 def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits: dict, train_args: dict,
-             levers: dict[str, dict]) -> None:
+             named: dict[str, dict]) -> None:
     """The recipe's levers one at a time, at the chosen site: per variant, the deployed policy and each
     kept order at 1% FPR, and each order's recall minus the probe's on every shift."""
     print(f"\n## The recipe's levers\n\nEach variant is `train_monitor(..., {chosen!r}, seed, **variant)` on the same "
@@ -351,7 +351,7 @@ def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits:
     print("| variant | threshold | row | " + " | ".join(COLUMNS) + " | worst shift vs probe |")
     print("|---|---:|---|" + "---:|" * (len(COLUMNS) + 1))
     print("| plain probe | | 1% FPR | " + " | ".join(f"{v:.1f}" for v in base) + " | 0.0 |")
-    for name, kw in levers.items():
+    for name, kw in named.items():
         t0 = time.time()
         kw = dict(kw)
         with flip_share(kw.pop("flip_share", 1.0)):

@@ -175,7 +175,7 @@ def run(args: argparse.Namespace, X_all: dict, y: dict) -> int:
             Xtr, ytr, Xva, yva = reg["aug"]
             consistency = {"X_unlabelled": X["aug"], "consistency": CONSISTENCY}
             weights = [(f"DEFAULT with consistency {w}", {"X_unlabelled": X["aug"], "consistency": w})
-                       for w in args.consistency]
+                       for w in args.consistency]  # before DEFAULT: `head` below stays DEFAULT's
             for name, extra_fit in ((WORST, {"group_rule": "worst"}), (WORST_DEFAULT, consistency | {"group_rule": "worst"}),
                                     *weights, (DEFAULT, consistency)):
                 head = tpc.fit(Xtr, ytr, Xva, yva, degree=5, rank=args.rank, seed=seed, val_groups=g_va, verbose=False,
