@@ -53,6 +53,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -128,7 +129,6 @@ def shared_collection():
         _train_monitor.collect = collect
 
 
-@contextlib.contextmanager
 def flip_share(share: float):
     """``train_monitor`` with only ``share`` of its training intent flips (the validation flips whole): a
     lower weight on the flips. A flip is kept when a hash of its text and seed falls under ``share``."""
@@ -140,11 +140,7 @@ def flip_share(share: float):
             return ps
         return ps.subset([i for i, t in enumerate(ps.texts) if zlib.crc32(f"{seed}|{t}".encode()) % 10_000 < share * 10_000])
 
-    _train_monitor.intent_flips = fewer
-    try:
-        yield
-    finally:
-        _train_monitor.intent_flips = draw
+    return mock.patch.object(_train_monitor, "intent_flips", fewer)
 
 
 def probe(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, seed: int):
@@ -354,7 +350,7 @@ def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits:
     for name, kw in named.items():
         t0 = time.time()
         kw = dict(kw)
-        with flip_share(kw.pop("flip_share", 1.0)):
+        with flip_share(kw.pop("flip_share")) if "flip_share" in kw else contextlib.nullcontext():
             mon = tpc.train_monitor(model, train.texts, train.labels, chosen, **{**train_args, **kw})
         deployed, orders = evaluate(mon, X)
         found = {"deployed": shares(deployed, y), **{k: shares(at_fpr(s, y), y) for k, s in orders.items()}}

@@ -174,7 +174,7 @@ def run(args: argparse.Namespace, X_all: dict, y: dict) -> int:
                     scores.setdefault(name, {})[order] = {sp: per_split[sp][(method, order)] for sp in splits}
             Xtr, ytr, Xva, yva = reg["aug"]
             consistency = {"X_unlabelled": X["aug"], "consistency": CONSISTENCY}
-            weights = [(f"DEFAULT with consistency {w}", {"X_unlabelled": X["aug"], "consistency": w})
+            weights = [(f"DEFAULT with consistency {w}", consistency | {"consistency": w})
                        for w in args.consistency]  # before DEFAULT: `head` below stays DEFAULT's
             for name, extra_fit in ((WORST, {"group_rule": "worst"}), (WORST_DEFAULT, consistency | {"group_rule": "worst"}),
                                     *weights, (DEFAULT, consistency)):
