@@ -67,6 +67,20 @@ def test_the_interval_is_the_order_statistics_law():
         fpr_interval(3, 3)
 
 
+@pytest.mark.parametrize("n, flagged", [(40, 2), (170, 1), (12, 0), (500, 9)])
+def test_the_interval_ends_are_the_binomial_tails(n, flagged):
+    """Exactly, by a hand-written binomial sum: the share of new uniform scores above the k-th
+    largest of n is at most x when at least k of the n scores exceed 1 - x, so P(rate <= x) is
+    P(Binomial(n, x) >= k), which is 2.5% at the interval's low end and 97.5% at its high end.
+    A law one off in n or k misses by far more than the tolerance."""
+    def at_least(k, x):
+        return sum(math.comb(n, j) * x**j * (1 - x) ** (n - j) for j in range(k, n + 1))
+
+    lo, hi = fpr_interval(n, flagged)
+    assert at_least(flagged + 1, lo) == pytest.approx(0.025, abs=1e-9)
+    assert at_least(flagged + 1, hi) == pytest.approx(0.975, abs=1e-9)
+
+
 def test_held_out_benign_rows_are_flagged_at_the_target_rate_within_sampling_error():
     mon = tpc.Monitor(small_head(), SITE).calibrate_activations(benign(4000, 2), 0.05)
     held_out = torch.sigmoid(mon.head(benign(40000, 3)))
