@@ -83,10 +83,11 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
     from tpc_hooks.data import PromptSet
 
     def two_splits(args):
-        def ps(harmful, benign):
+        def ps(harmful, benign, names=("mine",)):
             n = len(harmful) + len(benign)
-            return PromptSet(harmful + benign, [1] * len(harmful) + [0] * len(benign), ["mine"] * n, [""] * n, [False] * n)
-        return {"train": ps(HARMFUL[:6], BENIGN[:6]), "val": ps(HARMFUL[6:], BENIGN[6:])}
+            return PromptSet(harmful + benign, [1] * len(harmful) + [0] * len(benign),
+                             [names[i % len(names)] for i in range(n)], [""] * n, [False] * n)
+        return {"train": ps(HARMFUL[:6], BENIGN[:6]), "val": ps(HARMFUL[6:], BENIGN[6:], ("mine", "theirs"))}
 
     monkeypatch.setattr(cli, "_datasets", two_splits)
     acts, mon = tmp_path / "acts", tmp_path / "monitor"
@@ -115,6 +116,19 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
     assert op["n_benign"] == n_benign and op["flagged"] <= int(0.01 * n_benign) and loaded.threshold == op["threshold"]
     assert f"threshold {loaded.threshold:.6g}: flags {op['flagged']} of {n_benign}" in out
     assert loaded.cascade.center != 0.5
+    # ... and its rate on each source of them (collect's sources.json), printed as a table
+    val_sources = json.loads((acts / "val" / "sources.json").read_text())
+    labels = json.loads((acts / "val" / "labels.json").read_text())
+    benign_sources = [s for s, y in zip(val_sources, labels) if y == 0]
+    assert {k: v["n"] for k, v in op["by_source"].items()} == {s: benign_sources.count(s) for s in ("mine", "theirs")}
+    assert sum(v["flagged"] for v in op["by_source"].values()) == op["flagged"] and "| benign source |" in out
+    (acts / "val" / "sources.json").write_text(json.dumps(val_sources[:-1]))
+    capsys.readouterr()
+    assert main(["train", "--acts", str(acts), "--out", str(tmp_path / "bad"), "--site", sites[0], "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{acts / 'val' / 'sources.json'} is not a list of {len(labels)} source names" in err
+    assert not (tmp_path / "bad").exists()
+    (acts / "val" / "sources.json").write_text(json.dumps(val_sources))
     # --recipe in_distribution ignores the rewrites: its operating point reads the plain validation rows only
     assert main(["train", "--acts", str(acts), "--out", str(tmp_path / "ind"), "--site", sites[0], "--degree", "2",
                  "--rank", "2", "--epochs", "2", "--no-progress", "--recipe", "in_distribution"]) == 0

@@ -1,6 +1,8 @@
 """Operating points: a monitor's threshold set at a false-positive rate, and cascades centred on it."""
 
 import math
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -168,3 +170,71 @@ def test_threshold_and_centred_cascade_survive_save_and_load(tmp_path):
                                                                               mon.cascade.center)
     z = benign(50, 10)
     assert torch.equal(back.policy()(z).probs, mon.policy()(z).probs)
+
+
+def _by_hand(mon, z, names):
+    """Per source: (inputs, flagged) at the monitor's threshold, counted from the policy's decision logits."""
+    from tpc_hooks.head._kernel import flagged as rule
+
+    hit = rule(mon.policy()(z).decision_logits, mon.threshold).numpy()
+    return {s: (sum(1 for n in names if n == s), int(sum(h for h, n in zip(hit, names) if n == s))) for s in set(names)}
+
+
+@pytest.mark.parametrize("cascade", [False, True])
+def test_sources_report_each_sources_rate_at_the_threshold_set_on_all_of_them(cascade):
+    """The threshold is the one set without sources; each source's count, rate and exact interval
+    (Clopper-Pearson, from the Beta quantiles by hand) are those of the rows it names."""
+    from scipy.stats import beta
+
+    z = torch.cat([benign(300, 11), benign(100, 12) * 1.6])  # a second source, more spread: flagged more
+    names = ["forum"] * 300 + ["support"] * 100
+    def make():
+        head = small_head()
+        return tpc.Monitor(head, SITE, cascade=tpc.Cascade(head, 0.1) if cascade else None)
+
+    plain = make().calibrate_activations(z, 0.02)
+    mon = make().calibrate_activations(z, 0.02, sources=names)
+    op = mon.report["operating_point"]
+    assert mon.threshold == plain.threshold and op["flagged"] == plain.report["operating_point"]["flagged"]
+    assert list(op["by_source"]) == ["forum", "support"]
+    for s, (n, k) in _by_hand(mon, z, names).items():
+        got = op["by_source"][s]
+        assert (got["n"], got["flagged"], got["rate"]) == (n, k, k / n)
+        lo = beta.ppf(0.025, k, n - k + 1) if k else 0.0
+        hi = beta.ppf(0.975, k + 1, n - k) if k < n else 1.0
+        assert got["rate_interval_95"] == pytest.approx([lo, hi], abs=1e-9)
+    rates = {s: v["rate"] for s, v in op["by_source"].items()}
+    assert op["spread"] == [min(rates.values()), max(rates.values())] and op["worst_source"] == "support"
+    assert rates["support"] > rates["forum"]
+    back = tpc.Monitor.load(mon.save(Path(tempfile.mkdtemp()) / "m"))
+    assert back.report["operating_point"] == op
+
+
+def test_sources_of_logged_peaks_and_of_benign_sequences():
+    """The same report from a server's peak scores and from a per-token monitor's sequences."""
+    mon = tpc.Monitor(small_head(), SITE)
+    peaks = torch.sigmoid(mon.head(benign(200, 13))).tolist()
+    names = ["a" if i % 4 else "b" for i in range(200)]
+    op = mon.calibrate(peaks=peaks, fpr=0.05, sources=names).report["operating_point"]
+    hit = [p >= mon.threshold for p in peaks]
+    for s in ("a", "b"):
+        assert op["by_source"][s]["flagged"] == sum(h for h, n in zip(hit, names) if n == s)
+    assert sum(v["flagged"] for v in op["by_source"].values()) == op["flagged"]
+    stream = tpc.Monitor(small_head(), SITE, pooling="token", aggregate="max")
+    seqs = [benign(5 + i % 7, 100 + i) for i in range(60)]
+    names = ["x" if i < 40 else "y" for i in range(60)]
+    op = stream.calibrate_activations(seqs, 0.05, sources=names).report["operating_point"]
+    peak = [float(stream._aggregated(stream.policy(), z)[1].max()) for z in seqs]
+    cut = math.log(stream.threshold) - math.log1p(-stream.threshold)
+    assert [op["by_source"][s]["flagged"] for s in ("x", "y")] == \
+        [sum(p >= cut for p, n in zip(peak, names) if n == s) for s in ("x", "y")]
+    assert (op["by_source"]["x"]["n"], op["by_source"]["y"]["n"]) == (40, 20)
+
+
+@pytest.mark.parametrize("bad, match", [(["a"] * 99, "one name per benign input"), ("forum", "list of source names"),
+                                        (["a"] * 99 + [" "], "empty name"), (7, "list of source names")])
+def test_bad_sources_are_refused_and_change_nothing(bad, match):
+    mon = tpc.Monitor(small_head(), SITE)
+    with pytest.raises(tpc.TPCHooksError, match=match):
+        mon.calibrate_activations(benign(100, 14), 0.01, sources=bad)
+    assert mon.threshold == 0.5 and "operating_point" not in mon.report

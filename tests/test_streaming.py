@@ -331,7 +331,7 @@ def test_train_monitor_with_contexts_adds_the_rows_of_requests_inside_conversati
     n_plain, n_plain_val = len(seen["y"]), len(seen["y_val"])
     seen.clear()
     mon = tpc.train_monitor(hf, HARMFUL + BENIGN, [1] * 8 + [0] * 8, SITE, contexts=chats(8), context_tokens=(24, 40),
-                            **kw)
+                            sources=["mine", "theirs"] * 8, **kw)
     assert (plain.aggregate, mon.aggregate) == ("rolling", "max")  # the defaults without and with contexts
     val, train = hosted  # validation contexts are hosted first: 2 of 8 at val_fraction 0.25
     assert (len(val.sequences), len(train.sequences)) == (2, 6)
@@ -357,6 +357,9 @@ def test_train_monitor_with_contexts_adds_the_rows_of_requests_inside_conversati
     assert len(report["per_order"]) == mon.head.degree
     n_benign_val_prompts = plain.report["operating_point"]["n_benign"]
     assert mon.report["operating_point"]["n_benign"] == n_benign_val_prompts + 1  # + the benign validation chat
+    by_source = mon.report["operating_point"]["by_source"]  # the chat under its own name, the prompts under theirs
+    assert by_source["contexts"]["n"] == 1 and set(by_source) <= {"mine", "theirs", "contexts"}
+    assert sum(v["n"] for k, v in by_source.items() if k != "contexts") == n_benign_val_prompts
 
 
 def test_train_monitor_contexts_errors():

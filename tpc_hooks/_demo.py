@@ -35,6 +35,7 @@ from .head._views import HTML, attribution_html, generation_html
 from .monitoring._monitor import Monitor
 from .offline import DEFAULT_MODEL, PACKAGED, load_model, load_sae
 from .prompts import _intent
+from .prompts._promptset import source_names
 from .prompts._sets import PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file
 from .training._train_monitor import train_monitor
 
@@ -306,7 +307,7 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
     # on the test split, the held-out source and hard negatives (benign requests on harmful topics).
     deployed = train_monitor(model, sets["train"].texts, sets["train"].labels, site, tau=0.2, seed=seed,
                              verbose=progress, intent=None if intent is None else tuple(intent),
-                             **({"rank": 16, "epochs": 15} if quick else {}))
+                             sources=source_names(sets["train"]), **({"rank": 16, "epochs": 15} if quick else {}))
     hard = hard_negatives(sets["test"], seed, per_kind=20 if quick else None)
     X["hard"] = collect(model, hard.texts, site, "mean", chat_template=chat, batch_size=8, progress=progress)[site].numpy()
     y["hard"] = np.zeros(len(hard), dtype=int)
@@ -398,7 +399,8 @@ def deployment_table(monitor: Monitor, X: dict[str, Any], y: dict[str, Any], set
     deployed = lambda Z: monitor.policy()(torch.as_tensor(Z)).logits.detach().double().numpy()
     p = monitor.threshold
     rows.append({"order": "deployed", **rates(deployed, float(np.nextafter(np.log(p / (1 - p)), -np.inf)))})
-    return {"rows": rows, "orders": monitor.report.get("orders", {}), "n_hard": dict(Counter(hard.categories))}
+    return {"rows": rows, "orders": monitor.report.get("orders", {}), "n_hard": dict(Counter(hard.categories)),
+            "by_source": monitor.report.get("operating_point", {}).get("by_source", {})}
 
 
 def render_report(res: dict[str, Any]) -> str:
@@ -425,6 +427,11 @@ def render_report(res: dict[str, Any]) -> str:
         if dep.get("orders"):
             parts.append(f"Orders kept: {dep['orders']['kept']} of {dep['orders']['trained']}: "
                          f"{dep['orders']['note']}.")
+        if dep.get("by_source"):
+            parts.append("The deployed threshold, set on the benign validation prompts of every source together, "
+                         "flags of each source's (`report[\"operating_point\"][\"by_source\"]`): " + ", ".join(
+                             f"{k} {100 * v['rate']:.1f}% ({v['flagged']} of {v['n']})"
+                             for k, v in sorted(dep["by_source"].items())) + ".")
         parts.append("The tables below train the paper's methods on the same split and score them at logit 0.")
     for split in [k for k in ("test", "heldout") if res["f1"][k]]:
         rows = []

@@ -34,6 +34,7 @@ from .monitoring._monitor_config import MonitorConfig
 from .offline import DEFAULT_MODEL, load_model
 from .prompts import _intent
 from .prompts._context import context_budget, host_splits, sharegpt_contexts
+from .prompts._promptset import source_names
 from .prompts._sets import INTENT_KINDS, PHRASING_FAMILIES, default_prompt_set, load_hf_dataset, load_prompt_file
 from .training._collected import (CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config, flip_splits,
                                   pooled_rows, rewrite_splits, token_sequences)
@@ -215,6 +216,7 @@ def _collect(args: argparse.Namespace) -> int:
         collect(model, ps.texts, args.sites, args.pooling, batch_size=args.batch_size, chat_template=not args.no_chat_template,
                 max_tokens=args.max_tokens, store=out / split, progress=not args.no_progress)
         (out / split / "labels.json").write_text(json.dumps(list(map(int, ps.labels))))
+        (out / split / "sources.json").write_text(json.dumps(source_names(ps)))  # train reports the threshold per source
     sizes = {k: len(v) for k, v in sets.items()}
     if args.contexts is not None:
         sizes.update(_collect_contexts(args, model, out, plain, [t for ps in sets.values() for t in ps.texts]))
@@ -326,6 +328,11 @@ def _train(args: argparse.Namespace) -> int:
         print(f"threshold {mon.threshold:.6g}: flags {op['flagged']} of {op['n_benign']} benign validation {unit} "
               f"(target FPR {args.target_fpr:g}; on new benign traffic like them, {100 * lo:.2g}-{100 * hi:.2g}% "
               "with 95% probability)")
+        if "by_source" in op:
+            print(_table(["benign source", unit, "flagged", "rate", "95% interval"],
+                         [[k, str(v["n"]), str(v["flagged"]), f"{100 * v['rate']:.1f}%",
+                           f"{100 * v['rate_interval_95'][0]:.2g}-{100 * v['rate_interval_95'][1]:.2g}%"]
+                          for k, v in op["by_source"].items()]))
     elif args.target_fpr is not None:
         print("no validation split: the threshold stays 0.5 (collect with a val split to set it by --target-fpr)")
     path = mon.save(args.out)

@@ -17,7 +17,7 @@ from ..head._metrics import threshold_at_fpr
 
 
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
-def activations(monitor: Any, benign: Any, fpr: float) -> Any:
+def activations(monitor: Any, benign: Any, fpr: float, sources: Any = None) -> Any:
     """:meth:`~tpc_hooks.Monitor.calibrate_activations`."""
     fpr = check_rate(fpr, "fpr")
     if monitor.streaming:
@@ -31,15 +31,17 @@ def activations(monitor: Any, benign: Any, fpr: float) -> Any:
         z = check_features(benign, "benign activations", monitor.head.d_model).float()
         decisions_of = lambda rule: rule(z).decision_logits
         n = z.shape[0]
+    sources = check_sources(sources, n)
     _warn_few(fpr, n, 5)  # the caller of Monitor.calibrate_activations (under its no_grad wrapper)
     if monitor.cascade is not None:
         full = decisions_of(monitor.cascade.with_thresholds(0.0))
         monitor.cascade = monitor.cascade.centered(_kernel.threshold_above(full, threshold_at_fpr(full.double().cpu().numpy(), fpr)))
-    return _set(monitor, decisions_of(monitor.policy()), fpr, {"by": "max over tokens"} if monitor.streaming else {})
+    return _set(monitor, decisions_of(monitor.policy()), fpr, {"by": "max over tokens"} if monitor.streaming else {},
+                sources)
 
 
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
-def peaks(monitor: Any, peaks: Any, fpr: float) -> Any:
+def peaks(monitor: Any, peaks: Any, fpr: float, sources: Any = None) -> Any:
     """The threshold from the peak scores (probabilities) of requests marked benign: at most
     ``fpr`` of them reach it."""
     fpr = check_rate(fpr, "fpr")
@@ -47,8 +49,9 @@ def peaks(monitor: Any, peaks: Any, fpr: float) -> Any:
     if p.numel() == 0 or not bool(((p >= 0) & (p <= 1)).all()):
         raise TPCHooksError(f"peaks must be a non-empty list of scores in [0, 1]; got {p.numel()} values"
                             + (f", e.g. {float(p[~((p >= 0) & (p <= 1))][0])}" if p.numel() else ""))
+    sources = check_sources(sources, p.numel())
     _warn_few(fpr, p.numel(), 4)  # the caller of Monitor.calibrate
-    return _set(monitor, torch.logit(p), fpr, {"by": "peak scores a server logged"})
+    return _set(monitor, torch.logit(p), fpr, {"by": "peak scores a server logged"}, sources)
 
 
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
@@ -84,13 +87,58 @@ def fpr_interval(n_benign: int, flagged: int, confidence: float = 0.95) -> tuple
 
 
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
-def _set(monitor: Any, decisions: Tensor, fpr: float, how: dict[str, str]) -> Any:
+def _set(monitor: Any, decisions: Tensor, fpr: float, how: dict[str, str], sources: np.ndarray | None = None) -> Any:
     """The threshold that leaves all but ``fpr`` of the benign ``decisions`` (logits) unflagged, recorded
-    with the interval of the rate it flags on new benign traffic (:func:`fpr_interval`)."""
+    with the interval of the rate it flags on new benign traffic (:func:`fpr_interval`) and, with
+    ``sources``, the rate it flags on each source's inputs (:func:`rates_by_source`)."""
     monitor.threshold = _kernel.threshold_above(decisions, threshold_at_fpr(decisions.double().cpu().numpy(), fpr))
-    flagged = int(_kernel.flagged(decisions, monitor.threshold).sum())
+    hit = _kernel.flagged(decisions, monitor.threshold).cpu().numpy()
+    flagged = int(hit.sum())
     n = int(decisions.numel())
     monitor.report["operating_point"] = {"fpr": float(fpr), "n_benign": n, "flagged": flagged,
                                          "threshold": monitor.threshold,
                                          "fpr_interval_95": list(fpr_interval(n, flagged)), **how}
+    if sources is not None:
+        monitor.report["operating_point"].update(rates_by_source(hit, sources))
     return monitor
+
+
+def check_sources(sources: Any, n: int) -> np.ndarray | None:
+    """One source name per benign input (``calibrate``'s and ``train_monitor``'s ``sources``), as an
+    array of strings, or None."""
+    if sources is None:
+        return None
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, (Sequence, np.ndarray)):
+        raise TPCHooksError(f"sources must be a list of source names, one per benign input; got {type(sources).__name__}")
+    names = [str(v) for v in sources]
+    if len(names) != n:
+        raise TPCHooksError(f"sources needs one name per benign input ({n}); got {len(names)}")
+    if any(not v.strip() for v in names):
+        raise TPCHooksError("sources has an empty name; give every benign input the name of where it comes from")
+    return np.asarray(names, dtype=object)
+
+
+def rates_by_source(hit: np.ndarray, sources: np.ndarray) -> dict[str, Any]:
+    """How a threshold set on a mixture of benign sources treats each of them: per source, the
+    inputs, how many the threshold flags, the rate, and the exact (Clopper-Pearson) 95% interval of
+    the rate on new inputs of that source (SciPy's ``binomtest``); the lowest and highest rate
+    (``spread``) and the source flagged most (``worst_source``). A threshold at 1% of the mixture
+    can flag far more of one source than of another (docs/benchmarks/constructions.md).
+
+    Example:
+        >>> import numpy as np
+        >>> out = rates_by_source(np.array([True, False, False, False]), np.array(["a", "a", "b", "b"]))
+        >>> out["spread"], out["worst_source"], out["by_source"]["a"]["flagged"]
+        ([0.0, 0.5], 'a', 1)
+    """
+    from scipy.stats import binomtest
+
+    by_source = {}
+    for name in dict.fromkeys(sources.tolist()):
+        at = sources == name
+        k, m = int(hit[at].sum()), int(at.sum())
+        ci = binomtest(k, m).proportion_ci(0.95)
+        by_source[name] = {"n": m, "flagged": k, "rate": k / m, "rate_interval_95": [float(ci.low), float(ci.high)]}
+    rates = [v["rate"] for v in by_source.values()]
+    return {"by_source": by_source, "spread": [min(rates), max(rates)],
+            "worst_source": max(by_source, key=lambda s: by_source[s]["rate"])}

@@ -277,7 +277,8 @@ class Monitor(HubMixin):
     @no_type_check  # fpr is checked here, with a message that names the fix; the test-time checker would preempt it
     @torch.no_grad()
     def calibrate(self, model: Any = None, benign_prompts: Sequence[str] | None = None, fpr: float = 0.01, *,
-                  peaks: Sequence[float] | None = None, batch_size: int = 8, tokenizer: Any = None) -> "Monitor":
+                  peaks: Sequence[float] | None = None, sources: Sequence[str] | None = None, batch_size: int = 8,
+                  tokenizer: Any = None) -> "Monitor":
         """Sets :attr:`threshold` so that at most ``fpr`` of ``benign_prompts`` is flagged, or of the
         requests whose ``peaks`` (their highest score over a generation) a server logged.
 
@@ -287,7 +288,9 @@ class Monitor(HubMixin):
         you mark benign, as :func:`tpc_hooks.logged_peaks` reads them from a server's
         review log (its sampled requests); a request counts as flagged when its peak reaches the
         threshold, as the server decides. A cascade's exits are left as they are (peaks are the
-        policy's own scores). Returns ``self``.
+        policy's own scores). ``sources``: where each prompt (or peak) comes from; the threshold
+        is set on all of them together and the report gives the rate it flags on each source
+        (:meth:`calibrate_activations`). Returns ``self``.
 
         Example:
             >>> monitor.calibrate(model, benign_validation_prompts, fpr=0.01)  # doctest: +SKIP
@@ -297,22 +300,24 @@ class Monitor(HubMixin):
         if peaks is not None:
             if model is not None or benign_prompts is not None:
                 raise TPCHooksError("calibrate takes a model and benign prompts, or peaks, not both")
-            return _calibrate.peaks(self, peaks, fpr)
+            return _calibrate.peaks(self, peaks, fpr, sources)
         if model is None or benign_prompts is None:
             raise TPCHooksError("calibrate needs a model and benign prompts (or peaks=, a server's logged peak scores)")
         check_rate(fpr, "fpr")  # before any forward pass
+        prompts = check_prompts(benign_prompts)
+        _calibrate.check_sources(sources, len(prompts))
         adapter = self._adapter(model, tokenizer)
-        ids, _ = adapter.tokenize(check_prompts(benign_prompts), chat_template=self.chat_template,
-                                  max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
+        ids, _ = adapter.tokenize(prompts, chat_template=self.chat_template, max_tokens=self.max_tokens,
+                                  prepend_bos=self.prepend_bos)
         site = adapter.site(self.site)
         if self.streaming:
-            return self.calibrate_activations(self._token_acts(adapter, ids, site, batch_size), fpr)
+            return self.calibrate_activations(self._token_acts(adapter, ids, site, batch_size), fpr, sources=sources)
         z = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name]
-        return self.calibrate_activations(z, fpr)
+        return self.calibrate_activations(z, fpr, sources=sources)
 
     @no_type_check  # as calibrate
     @torch.no_grad()
-    def calibrate_activations(self, benign: Any, fpr: float = 0.01) -> "Monitor":
+    def calibrate_activations(self, benign: Any, fpr: float = 0.01, *, sources: Sequence[str] | None = None) -> "Monitor":
         """Sets :attr:`threshold` from pooled activations ``[n, d_model]`` of benign inputs, so that
         at most ``fpr`` of them is flagged (``prob >= threshold``). A per-token monitor takes a
         list of per-token activations ``[T_i, d_model]``, one per benign sequence, and counts a
@@ -327,11 +332,24 @@ class Monitor(HubMixin):
         new benign inputs drawn like them lies with 95% probability (wide on a few hundred
         inputs: 0.14-3.2% at 1% of 170). Returns ``self``.
 
+        ``sources`` (one name per benign input: a dataset, a product surface, a customer) keeps the
+        threshold on all the inputs together and adds how it treats each source:
+        ``report["operating_point"]["by_source"]`` (per source: inputs, flagged, rate and the exact
+        95% interval of the rate on new inputs of that source), ``"spread"`` (the lowest and
+        highest rate) and ``"worst_source"``. One percent of a mixture can be far more than one
+        percent of one of its sources: a source the threshold flags well above ``fpr`` is one
+        the mixture under-represents.
+
         Raises:
-            TPCHooksError: no rows, wrong ``d_model``, NaN/inf, ``fpr`` outside [0, 1), or a benign
-                tail saturated at probability 1 (no threshold below 1 can separate it).
+            TPCHooksError: no rows, wrong ``d_model``, NaN/inf, ``fpr`` outside [0, 1), a benign
+                tail saturated at probability 1 (no threshold below 1 can separate it), or
+                ``sources`` not one name per input.
+
+        Example:
+            >>> op = monitor.calibrate_activations(benign, 0.01, sources=names).report["operating_point"]  # doctest: +SKIP
+            >>> op["by_source"]["forum"]["rate"], op["worst_source"]  # doctest: +SKIP
         """
-        return _calibrate.activations(self, benign, fpr)
+        return _calibrate.activations(self, benign, fpr, sources)
 
     @torch.no_grad()
     def token_scores(self, model: Any, prompt: str, *, order: int | None = None,

@@ -102,3 +102,16 @@ def splits_summary(splits: Mapping[str, PromptSet]) -> str:
                   sum(a and y == 1 for a, y in zip(ps.adversarial, ps.labels))]
         lines.append(f"| {name} | **total** | " + " | ".join(map(str, totals)) + " |")
     return "\n".join(lines)
+
+
+def source_names(ps: PromptSet) -> list[str]:
+    """Each prompt's source, its requests inside jailbreak templates apart: the names a threshold's
+    rate is reported by (``train_monitor(sources=...)``, ``tpc-hooks collect``'s ``sources.json``).
+
+    Example:
+        >>> source_names(PromptSet(["a", "b", "c"], [0, 0, 1], ["sharegpt", "sharegpt", " "], ["", "", ""],
+        ...                        [False, True, False]))
+        ['sharegpt', 'sharegpt, wrapped', 'unnamed']
+    """
+    names = [s.strip() or "unnamed" for s in ps.sources]
+    return [f"{s}, wrapped" if a else s for s, a in zip(names, ps.adversarial)]

@@ -133,12 +133,27 @@ class PooledStores:
             parts = [("val", PLAIN)] + [(f"val-{f}", f) for f in families] + ([("val-intent", INTENT)] if intent else [])
             got = [self.part(p, site, "validation split") for p, _ in parts]
             groups = np.concatenate([np.full(len(y), g) for (X, y), (_, g) in zip(got, parts)])
-            val = Examples(self.cat([X for X, _ in got]), np.concatenate([y for _, y in got]), groups)
+            sources = self.sources("val", len(got[0][1]))
+            if sources is not None:  # the group's name for the rewrites and the intent group
+                sources = np.concatenate([sources, groups[len(sources):].astype(object)])
+            val = Examples(self.cat([X for X, _ in got]), np.concatenate([y for _, y in got]), groups, sources)
         return TrainData(train=train, rewrites=aug, val=val, contexts=self.contexts(site, hosted), flips=flips,
                          homonyms=homonyms)
 
     def contexts(self, site: str, hosted: list[str]) -> dict[str, Any]:
         return {}
+
+    def sources(self, split: str, n: int) -> np.ndarray | None:
+        """The split's ``sources.json`` (one source name per prompt, written by collect), or None for a
+        split collected without it."""
+        f = self.acts / split / "sources.json"
+        if not f.is_file():
+            return None
+        names = read_json(f, f"it is written by tpc-hooks collect; re-run tpc-hooks collect --out {self.acts}")
+        if not isinstance(names, list) or len(names) != n or not all(isinstance(v, str) and v.strip() for v in names):
+            raise TPCHooksError(f"{f} is not a list of {n} source names (one per prompt of {self.acts / split}); it is "
+                                f"written by tpc-hooks collect; re-run tpc-hooks collect --out {self.acts}")
+        return np.asarray(names, dtype=object)
 
 
 class TokenStores(PooledStores):

@@ -36,11 +36,13 @@ INTENT = "intent"  # the validation group of the harmful prompts with their inte
 class Examples:
     """One part of the data: pooled rows ``X [n, d_model]`` (an array or tensor) or, for a
     per-token monitor, a list of ``n`` sequences ``[T_i, d_model]``; labels ``y [n]``; and for
-    validation, each example's group (:data:`PLAIN` or a phrasing family)."""
+    validation, each example's group (:data:`PLAIN` or a phrasing family) and, when the prompts'
+    sources are known, each example's source (the threshold's rate per source is reported)."""
 
     X: Any
     y: np.ndarray
     groups: np.ndarray | None = None
+    sources: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.y)
@@ -212,9 +214,9 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
         report["n_train_tokens"] = int(len(y_tr))
     if d.val is None:
         return monitor
-    benign = _report(monitor, d, tokens, X_va, y_va, g_va, plan)
+    benign, sources = _report(monitor, d, tokens, X_va, y_va, g_va, plan)
     if plan.target_fpr is not None:
-        monitor.calibrate_activations(benign, plan.target_fpr)
+        monitor.calibrate_activations(benign, plan.target_fpr, sources=sources)
     return monitor
 
 
@@ -284,20 +286,23 @@ class _TokenRows:
 
 
 def _report(monitor: Monitor, d: TrainData, tokens: _TokenRows | None, X_va: Any, y_va: np.ndarray, g_va: np.ndarray,
-            plan: TrainPlan) -> Any:
+            plan: TrainPlan) -> tuple[Any, np.ndarray | None]:
     """Fills ``monitor.report`` with the validation metrics per order (on the prompts as given),
     the worst validation group's, and the hosted chats'; returns the benign validation data the
     threshold is set on: the benign prompts as given (not their rewrites or the intent flips, which
     are many and easy: a threshold set among them flags more than ``target_fpr`` of ordinary
-    prompts; ``benchmarks/bench_intent.py``) and the hosted benign chats."""
+    prompts; ``benchmarks/bench_intent.py``) and the hosted benign chats, with their sources when
+    the prompts' are known (the chats': ``"contexts"``), else None."""
     val = d.val
     plain = val.groups == PLAIN
+    benign_plain = (val.y == 0) & plain
+    sources = None if val.sources is None else val.sources[benign_plain]
     if tokens is None:
         monitor.report.update({
             "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, X_va[plain], val.y[plain])},
             "worst_validation_group": {"groups": sorted(set(g_va.tolist())),
                                        "per_order": worst_per_order(monitor, X_va, y_va, g_va)}})
-        return X_va[(y_va == 0) & plain]
+        return X_va[benign_plain], sources
     seqs = list(val.X)
     monitor.report.update({
         "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, [z for z, p in zip(seqs, plain) if p],
@@ -305,7 +310,7 @@ def _report(monitor: Monitor, d: TrainData, tokens: _TokenRows | None, X_va: Any
                        "decision": DECISIONS["max"]},
         "worst_validation_group": {"groups": sorted(set(val.groups.tolist())),
                                    "per_order": worst_per_order(monitor, seqs, val.y, val.groups)}})
-    benign = [z for z, c, p in zip(seqs, val.y, plain) if c == 0 and p]
+    benign = [z for z, p in zip(seqs, benign_plain) if p]
     if "val" in tokens.chats:
         chats, (_, _, ends) = tokens.chats["val"]
         monitor.report["contexts"] = {
@@ -315,4 +320,6 @@ def _report(monitor: Monitor, d: TrainData, tokens: _TokenRows | None, X_va: Any
             "per_order": per_order(monitor, [a[:end] for a, end in zip(chats.seqs, ends)], chats.labels),
             "decision": "max over the chat of the aggregate (after a harmful request: to its turn's end)"}
         benign += [a for a, c in zip(chats.seqs, chats.labels) if c == 0]  # whole benign chats: the threshold holds on them
-    return benign
+        if sources is not None:
+            sources = np.concatenate([sources, np.full(int((np.asarray(chats.labels) == 0).sum()), "contexts", dtype=object)])
+    return benign, sources

@@ -23,6 +23,7 @@ from ..head._checks import check_labels
 from ..head._errors import TPCHooksError
 from ..head._history import FitConfig
 from ..head._pooling import check_aggregate, check_pooling
+from ..monitoring._calibrate import check_sources
 from ..monitoring._monitor import Monitor
 from ..monitoring._monitor_config import MonitorConfig
 from ..prompts import _intent, _phrasing
@@ -64,6 +65,7 @@ def train_monitor(
     seed: int | None = None,
     verbose: bool = True,
     tokenizer: Any = None,
+    sources: Sequence[str] | None = None,
     **fit_kwargs: Any,
 ) -> Monitor:
     """Collects activations at ``site`` and trains a TPC monitor on them, in one call.
@@ -173,6 +175,12 @@ def train_monitor(
             the rewrites).
         tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
             ``name_or_path``); toolkit models use their own.
+        sources: where each prompt comes from (a dataset, a product surface), one name per
+            prompt: the threshold is still set on every benign validation prompt together, and
+            ``report["operating_point"]`` adds the rate it flags on each source's
+            (``by_source``, ``spread``, ``worst_source``; the hosted chats are ``"contexts"``):
+            :meth:`Monitor.calibrate_activations`. A threshold at 1% of a mixture can flag several
+            times that of one source (docs/benchmarks/constructions.md).
 
     Returns:
         A :class:`Monitor`; ``monitor.report`` holds validation metrics per order (on the
@@ -186,7 +194,7 @@ def train_monitor(
                      contexts=contexts, context_tokens=context_tokens, augment=augment, intent=intent, recipe=recipe,
                      target_fpr=target_fpr, val_fraction=val_fraction, split=split, chat_template=chat_template,
                      prepend_bos=prepend_bos, sae=sae, config=config, degree=degree, rank=rank, seed=seed,
-                     tokenizer=tokenizer, fit_kwargs=fit_kwargs)
+                     tokenizer=tokenizer, sources=sources, fit_kwargs=fit_kwargs)
     texts = _texts(request)
     rows = _collect(request, texts, max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose)
     chats = _collect_chats(request, batch_size=batch_size, sae=sae, verbose=verbose)
@@ -221,6 +229,7 @@ class _Request:
     fit_args: dict[str, Any]
     tr: np.ndarray
     va: np.ndarray
+    sources: np.ndarray | None = None
 
     @property
     def streaming(self) -> bool:
@@ -234,11 +243,12 @@ class _Request:
 def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence[str], pooling: str, *, aggregate: Any,
            alpha: float, window: int, contexts: Any, context_tokens: Any, augment: Any, intent: Any, recipe: str,
            target_fpr: Any, val_fraction: float, split: str, chat_template: bool | None, prepend_bos: bool | None,
-           sae: Any, config: FitConfig | None, degree: Any, rank: Any, seed: Any, tokenizer: Any,
+           sae: Any, config: FitConfig | None, degree: Any, rank: Any, seed: Any, tokenizer: Any, sources: Any,
            fit_kwargs: dict[str, Any]) -> _Request:
     """Every argument checked (each error says what was expected) and resolved, before any model work."""
     items = check_prompts(prompts)
     y = check_labels(labels, len(items), "labels").numpy().astype(int)
+    sources = check_sources(sources, len(items))
     sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
     if not sites or not all(isinstance(s, str) for s in sites):
         raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
@@ -286,7 +296,7 @@ def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence
         train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=cfg.seed)
     return _Request(items, y, sites, adapter, pooling, aggregate, alpha, window, recipe, tuple(families), kinds,
                     chat_template, resolve_bos(adapter.tokenizer, prepend_bos, chat_template), contexts,
-                    tuple(context_tokens) if contexts is not None else (), val_fraction, cfg, own, tr, va)
+                    tuple(context_tokens) if contexts is not None else (), val_fraction, cfg, own, tr, va, sources)
 
 
 @dataclass(frozen=True)
@@ -374,10 +384,18 @@ def _train_data(rows: Callable[[list[int]], Any], t: _Texts, r: _Request, chats:
     at, labels = t.at, t.labels
     return TrainData(train=Examples(rows(at["train"]), r.y[r.tr]),
                      rewrites=Examples(rows(at["rewrites"]), labels[at["rewrites"]]) if r.families else None,
-                     val=Examples(rows(t.at_val), labels[t.at_val], t.groups), contexts=chats,
+                     val=Examples(rows(t.at_val), labels[t.at_val], t.groups, _val_sources(r, t)), contexts=chats,
                      flips=Examples(rows(at["flips"]), labels[at["flips"]]) if len(t.flips) else None,
                      flip_of=np.asarray([int(i) for i in t.flips.sources], dtype=int) if len(t.flips) else None,
                      homonyms=Examples(rows(at["homonyms"]), labels[at["homonyms"]]) if at["homonyms"] else None)
+
+
+def _val_sources(r: _Request, t: _Texts) -> np.ndarray | None:
+    """Each validation row's source: the prompt's own for the prompts as given, the group's name
+    (a phrasing family, the intent group) for the rest; None without ``sources``."""
+    if r.sources is None:
+        return None
+    return np.concatenate([r.sources[r.va], t.groups[len(r.va):].astype(object)])
 
 
 def _plan(r: _Request, t: _Texts, *, max_tokens: int | None, tau: float | None, target_fpr: float | None,
