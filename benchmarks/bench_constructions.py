@@ -38,10 +38,12 @@ on its batch) and reused; the recipe runs unchanged.
 ``--flips`` trains the intent flips' levers the same way: a share of the training flips (0.1, 0.25,
 0.5: a lower weight on them; the validation flips stay whole) and each flip kind alone beside the
 homonyms. ``--consistency W ...`` trains the default with those consistency weights on the
-training rewrites (``train_monitor``'s is 0.03), with and without the flips.
+training rewrites (``train_monitor``'s is 0.03), with and without the flips. ``--homonyms`` trains
+the homonyms alone (no template flips), then with a consistency weight of 0.1, with the grouped
+split, with both, and beside the two flip kinds that cost the shifts least (fiction, research).
 
 Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m] [--intent ...]
-[--split grouped] [--variants] [--flips] [--consistency W ...]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
+[--split grouped] [--variants] [--flips] [--homonyms] [--consistency W ...]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
 monitor's own collection and training, the evaluation sets' activations, cached under ``--cache``,
 then the variants; 10 min once the evaluation sets are cached).
 """
@@ -104,6 +106,15 @@ VARIANTS = {
 FLIP_SHARES = (0.1, 0.25, 0.5)
 FLIP_LEVERS = {**{f"flip share {v}": {"flip_share": v} for v in FLIP_SHARES},
                **{f"intent=({k!r}, 'homonym')": {"intent": (k, "homonym")} for k in INTENT_KINDS}}
+# the homonyms alone (the nearest to the shifts among the recipes that keep the edgy questions under 10% at the
+# deployed threshold) with the levers that helped elsewhere (--homonyms): a stronger consistency weight, the grouped
+# split, and the two flip kinds that cost the shifts least
+HOMONYM_LEVERS = {
+    "intent=('homonym',), consistency=0.1": {"intent": ("homonym",), "consistency": 0.1},
+    "intent=('homonym',), split='grouped'": {"intent": ("homonym",), "split": "grouped"},
+    "intent=('homonym',), consistency=0.1, split='grouped'": {"intent": ("homonym",), "consistency": 0.1, "split": "grouped"},
+    "intent=('fiction', 'research', 'homonym')": {"intent": ("fiction", "research", "homonym")},
+}
 SHIFTS = ("counterparts", "past", "future", "harmbench")
 DEFAULT_SPLIT = inspect.signature(tpc.train_monitor).parameters["split"].default
 
@@ -122,11 +133,8 @@ def shared_collection():
             rows.update({(s, t): got[s][i] for s in sites for i, t in enumerate(missing)})
         return {s: torch.stack([rows[s, t] for t in texts]) for s in sites}
 
-    _train_monitor.collect = reuse
-    try:
+    with mock.patch.object(_train_monitor, "collect", reuse):
         yield
-    finally:
-        _train_monitor.collect = collect
 
 
 def flip_share(share: float):
@@ -169,16 +177,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="then train the recipe's levers one by one at the chosen layer (VARIANTS) and compare them")
     ap.add_argument("--consistency", type=float, nargs="+", default=[], metavar="W",
                     help="then train the default at the chosen layer with these consistency weights (default 0.03)")
+    ap.add_argument("--homonyms", action="store_true",
+                    help="then train the homonyms alone, and with the levers that helped elsewhere (HOMONYM_LEVERS)")
     ap.add_argument("--flips", action="store_true",
                     help="then train the flips' levers at the chosen layer: a share of them, each kind alone (FLIP_LEVERS)")
     add_results_argument(ap, "bench_constructions")
     args = ap.parse_args(argv)
     if args.model != DEFAULT_MODEL or args.intent or args.split or args.variants or args.flips or args.consistency \
-            or args.seed:
+            or args.homonyms or args.seed:
         args.results_name = "_".join(["bench_constructions", *([args.model] if args.model != DEFAULT_MODEL else []),
                                       *(["intent-" + "-".join(args.intent)] if args.intent else []),
                                       *([f"split-{args.split}"] if args.split else []),
                                       *(["variants"] if args.variants else []), *(["flips"] if args.flips else []),
+                                      *(["homonyms"] if args.homonyms else []),
                                       *(["consistency-" + "-".join(map(str, args.consistency))] if args.consistency else []),
                                       *([f"seed{args.seed}"] if args.seed else [])])
     with recording(results_path(args), argv), shared_collection():
@@ -270,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
 
     across_sources(scores[f"order {kept}"], val, test, y)
     threshold_rows(mon, train, X["train"], y["train"])
-    if args.variants or args.flips or args.consistency:
+    if args.variants or args.flips or args.consistency or args.homonyms:
         variants(model_box[0], mon.site, train, X, y, probe_hits, train_args, levers(args, train_args))
     print(f"\nDone in {time.time() - t0:.0f} s.")
     return 0
@@ -284,6 +295,8 @@ def levers(args: argparse.Namespace, train_args: dict) -> dict[str, dict]:
         out["split='grouped', intent=False"] = {"split": "grouped", "intent": False}
     if args.flips:
         out.update(FLIP_LEVERS)
+    if args.homonyms:
+        out.update({"intent=('homonym',)": VARIANTS["intent=('homonym',)"], **HOMONYM_LEVERS})
     for w in args.consistency:
         out.update({f"consistency={w}": {"consistency": w}, f"consistency={w}, intent=False": {"consistency": w, "intent": False}})
     return out
