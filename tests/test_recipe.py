@@ -142,5 +142,5 @@ def test_train_monitor_reports_the_thresholds_rate_on_each_source_of_its_benign_
     assert sum(v["flagged"] for v in op["by_source"].values()) == op["flagged"]
     assert op["spread"] == [min(v["rate"] for v in op["by_source"].values()),
                             max(v["rate"] for v in op["by_source"].values())]
-    with pytest.raises(tpc.TPCHooksError, match="one name per benign input"):
+    with pytest.raises(tpc.TPCHooksError, match=r"one name per prompt \(20\); got 19"):
         tpc.train_monitor(model, PROMPTS, LABELS, SITE, pooling, sources=names[:-1], **kw)

@@ -103,18 +103,18 @@ def _set(monitor: Any, decisions: Tensor, fpr: float, how: dict[str, str], sourc
     return monitor
 
 
-def check_sources(sources: Any, n: int) -> np.ndarray | None:
-    """One source name per benign input (``calibrate``'s and ``train_monitor``'s ``sources``), as an
-    array of strings, or None."""
+def check_sources(sources: Any, n: int, per: str = "benign input") -> np.ndarray | None:
+    """One source name per benign input (``calibrate``'s ``sources``; ``train_monitor``'s: one ``per``
+    prompt), as an array of strings, or None."""
     if sources is None:
         return None
     if isinstance(sources, (str, bytes)) or not isinstance(sources, (Sequence, np.ndarray)):
-        raise TPCHooksError(f"sources must be a list of source names, one per benign input; got {type(sources).__name__}")
+        raise TPCHooksError(f"sources must be a list of source names, one per {per}; got {type(sources).__name__}")
     names = [str(v) for v in sources]
     if len(names) != n:
-        raise TPCHooksError(f"sources needs one name per benign input ({n}); got {len(names)}")
+        raise TPCHooksError(f"sources needs one name per {per} ({n}); got {len(names)}")
     if any(not v.strip() for v in names):
-        raise TPCHooksError("sources has an empty name; give every benign input the name of where it comes from")
+        raise TPCHooksError(f"sources has an empty name; give every {per} the name of where it comes from")
     return np.asarray(names, dtype=object)
 
 

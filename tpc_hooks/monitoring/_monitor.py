@@ -336,9 +336,8 @@ class Monitor(HubMixin):
         threshold on all the inputs together and adds how it treats each source:
         ``report["operating_point"]["by_source"]`` (per source: inputs, flagged, rate and the exact
         95% interval of the rate on new inputs of that source), ``"spread"`` (the lowest and
-        highest rate) and ``"worst_source"``. One percent of a mixture can be far more than one
-        percent of one of its sources: a source the threshold flags well above ``fpr`` is one
-        the mixture under-represents.
+        highest rate) and ``"worst_source"``: a threshold at one percent of a mixture can flag
+        several times that of one of its sources.
 
         Raises:
             TPCHooksError: no rows, wrong ``d_model``, NaN/inf, ``fpr`` outside [0, 1), a benign

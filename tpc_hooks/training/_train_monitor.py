@@ -248,7 +248,7 @@ def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence
     """Every argument checked (each error says what was expected) and resolved, before any model work."""
     items = check_prompts(prompts)
     y = check_labels(labels, len(items), "labels").numpy().astype(int)
-    sources = check_sources(sources, len(items))
+    sources = check_sources(sources, len(items), "prompt")
     sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
     if not sites or not all(isinstance(s, str) for s in sites):
         raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
