@@ -68,6 +68,7 @@ from tpc_hooks import offline
 from tpc_hooks.data import INTENT_KINDS, PromptSet, default_prompt_set
 from tpc_hooks.head._kernel import flagged
 from tpc_hooks.metrics import threshold_at_fpr
+from tpc_hooks.prompts._promptset import source_names
 from tpc_hooks.prompts._sources import norm, overrefusal, refusal_harmful, sharegpt, tense_rewrites
 from tpc_hooks.prompts._splits import rng
 from tpc_hooks.training import _train_monitor
@@ -109,12 +110,15 @@ FLIP_LEVERS = {**{f"flip share {v}": {"flip_share": v} for v in FLIP_SHARES},
 # the homonyms alone (the nearest to the shifts among the recipes that keep the edgy questions under 10% at the
 # deployed threshold) with the levers that helped elsewhere (--homonyms): a stronger consistency weight, the grouped
 # split, and the two flip kinds that cost the shifts least
-HOMONYM_LEVERS = {
-    "intent=('homonym',), consistency=0.1": {"intent": ("homonym",), "consistency": 0.1},
-    "intent=('homonym',), split='grouped'": {"intent": ("homonym",), "split": "grouped"},
-    "intent=('homonym',), consistency=0.1, split='grouped'": {"intent": ("homonym",), "consistency": 0.1, "split": "grouped"},
-    "intent=('fiction', 'research', 'homonym')": {"intent": ("fiction", "research", "homonym")},
-}
+def named(*variants: dict) -> dict[str, dict]:
+    """Variants by name: their keyword arguments as written (``intent=('homonym',), consistency=0.1``)."""
+    return {", ".join(f"{k}={v!r}" for k, v in kw.items()): kw for kw in variants}
+
+
+HOMONYM_LEVERS = named({"intent": ("homonym",)}, {"intent": ("homonym",), "consistency": 0.1},
+                       {"intent": ("homonym",), "split": "grouped"},
+                       {"intent": ("homonym",), "consistency": 0.1, "split": "grouped"},
+                       {"intent": ("fiction", "research", "homonym")})
 SHIFTS = ("counterparts", "past", "future", "harmbench")
 DEFAULT_SPLIT = inspect.signature(tpc.train_monitor).parameters["split"].default
 
@@ -296,15 +300,10 @@ def levers(args: argparse.Namespace, train_args: dict) -> dict[str, dict]:
     if args.flips:
         out.update(FLIP_LEVERS)
     if args.homonyms:
-        out.update({"intent=('homonym',)": VARIANTS["intent=('homonym',)"], **HOMONYM_LEVERS})
+        out.update(HOMONYM_LEVERS)
     for w in args.consistency:
-        out.update({f"consistency={w}": {"consistency": w}, f"consistency={w}, intent=False": {"consistency": w, "intent": False}})
+        out.update(named({"consistency": w}, {"consistency": w, "intent": False}))
     return out
-
-
-def benign_kind(ps: PromptSet, i: int) -> str:
-    """A benign row's source, and whether it is a request wrapped in a jailbreak template."""
-    return f"{ps.sources[i]}{', wrapped' if ps.adversarial[i] else ''}"
 
 
 def across_sources(full: dict[str, np.ndarray], val: PromptSet, test: PromptSet, y: dict, min_rows: int = 10) -> None:
@@ -312,9 +311,9 @@ def across_sources(full: dict[str, np.ndarray], val: PromptSet, test: PromptSet,
     validation prompt (a source, its template-wrapped requests apart), and what it flags elsewhere."""
     def kinds(ps: PromptSet) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
-        for i, label in enumerate(ps.labels):
+        for i, (label, kind) in enumerate(zip(ps.labels, source_names(ps))):
             if label == 0:
-                out.setdefault(benign_kind(ps, i), []).append(i)
+                out.setdefault(kind, []).append(i)
         return out
 
     in_val, in_test = kinds(val), kinds(test)
@@ -342,10 +341,11 @@ def threshold_rows(mon: tpc.Monitor, train: PromptSet, X: np.ndarray, y: np.ndar
           f"monitor's own validation prompts among them) that its policy scores highest, of {len(benign)}, beside its "
           f"threshold ({mon.threshold:.4f}); `wrapped`: a benign request inside an in-the-wild jailbreak template "
           "(the set wraps one harmful and one benign request in each template). First 90 characters:\n")
+    kinds = source_names(train)
     for j in np.argsort(-p)[:show]:
         i = benign[j]
         text = " ".join(train.texts[i].split())[:90].replace("|", "/")
-        print(f"* {p[j]:.4f} ({benign_kind(train, i)}): {text}")
+        print(f"* {p[j]:.4f} ({kinds[i]}): {text}")
 
 
 def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits: dict, train_args: dict,
