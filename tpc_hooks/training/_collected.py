@@ -18,7 +18,7 @@ import torch
 from ..activations._store import ActivationStore
 from ..head._errors import TPCHooksError
 from ..prompts._sets import PHRASING_FAMILIES, homonym_examples, intent_flips, rewrites
-from ._train import INTENT, PLAIN, Chats, Examples, TrainData
+from ._train import INTENT, PLAIN, Chats, Examples, TrainData, val_sources
 
 COLLECT_KEYS = ("model", "sites", "pooling", "chat_template", "max_tokens")
 
@@ -133,10 +133,8 @@ class PooledStores:
             parts = [("val", PLAIN)] + [(f"val-{f}", f) for f in families] + ([("val-intent", INTENT)] if intent else [])
             got = [self.part(p, site, "validation split") for p, _ in parts]
             groups = np.concatenate([np.full(len(y), g) for (X, y), (_, g) in zip(got, parts)])
-            sources = self.sources("val", len(got[0][1]))
-            if sources is not None:  # the group's name for the rewrites and the intent group
-                sources = np.concatenate([sources, groups[len(sources):].astype(object)])
-            val = Examples(self.cat([X for X, _ in got]), np.concatenate([y for _, y in got]), groups, sources)
+            val = Examples(self.cat([X for X, _ in got]), np.concatenate([y for _, y in got]), groups,
+                           val_sources(self.sources("val", len(got[0][1])), groups))
         return TrainData(train=train, rewrites=aug, val=val, contexts=self.contexts(site, hosted), flips=flips,
                          homonyms=homonyms)
 

@@ -116,6 +116,21 @@ class TrainPlan:
         check_target_fpr(self.target_fpr)
 
 
+def val_sources(prompt_sources: Any, groups: np.ndarray) -> np.ndarray | None:
+    """Each validation row's source: the prompts' own for the first rows (the prompts as given),
+    then each other row's group name (a phrasing family, :data:`INTENT`); None when the prompts'
+    sources are unknown.
+
+    Example:
+        >>> val_sources(["alpaca", "harmbench"], np.array(["prompts", "prompts", "past", "intent"])).tolist()
+        ['alpaca', 'harmbench', 'past', 'intent']
+    """
+    if prompt_sources is None:
+        return None
+    given = np.asarray(prompt_sources, dtype=object)
+    return np.concatenate([given, np.asarray(groups)[len(given):].astype(object)])
+
+
 def check_target_fpr(target_fpr: Any, name: str = "target_fpr") -> None:
     """``target_fpr`` is None or a number in [0, 1) (checked before anything is collected)."""
     if target_fpr is not None:

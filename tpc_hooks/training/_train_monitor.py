@@ -31,7 +31,7 @@ from ..prompts._context import check_conversation, context_budget, host_splits, 
 from ..prompts._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
 from ._split import SPLITS, validation_split
 from ._train import (INTENT, PLAIN, TRAIN_RECIPES, Chats, Examples, TrainData, TrainPlan, check_target_fpr,
-                     default_aggregate, fit_config, train)
+                     default_aggregate, fit_config, train, val_sources)
 
 
 def train_monitor(
@@ -384,18 +384,11 @@ def _train_data(rows: Callable[[list[int]], Any], t: _Texts, r: _Request, chats:
     at, labels = t.at, t.labels
     return TrainData(train=Examples(rows(at["train"]), r.y[r.tr]),
                      rewrites=Examples(rows(at["rewrites"]), labels[at["rewrites"]]) if r.families else None,
-                     val=Examples(rows(t.at_val), labels[t.at_val], t.groups, _val_sources(r, t)), contexts=chats,
+                     val=Examples(rows(t.at_val), labels[t.at_val], t.groups,
+                                 val_sources(None if r.sources is None else r.sources[r.va], t.groups)), contexts=chats,
                      flips=Examples(rows(at["flips"]), labels[at["flips"]]) if len(t.flips) else None,
                      flip_of=np.asarray([int(i) for i in t.flips.sources], dtype=int) if len(t.flips) else None,
                      homonyms=Examples(rows(at["homonyms"]), labels[at["homonyms"]]) if at["homonyms"] else None)
-
-
-def _val_sources(r: _Request, t: _Texts) -> np.ndarray | None:
-    """Each validation row's source: the prompt's own for the prompts as given, the group's name
-    (a phrasing family, the intent group) for the rest; None without ``sources``."""
-    if r.sources is None:
-        return None
-    return np.concatenate([r.sources[r.va], t.groups[len(r.va):].astype(object)])
 
 
 def _plan(r: _Request, t: _Texts, *, max_tokens: int | None, tau: float | None, target_fpr: float | None,
