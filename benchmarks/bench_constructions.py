@@ -41,9 +41,15 @@ homonyms. ``--consistency W ...`` trains the default with those consistency weig
 training rewrites (``train_monitor``'s is 0.03), with and without the flips. ``--homonyms`` trains
 the homonyms alone (no template flips), then with a consistency weight of 0.1, with the grouped
 split, with both, and beside the two flip kinds that cost the shifts least (fiction, research).
+``--unseen`` trains with selection on a construction the fit never saw: training flips of four kinds
+(history, law, prevention, defence) and a validation group ``"intent"`` of the three others' flips
+(news, research, fiction), and the other way round, each beside the same kinds trained and
+selected on; then with only the training flips least like the templates (half, a quarter: those a
+logistic regression on the chosen site's rows, out of fold, scores most like the benign training
+prompts as given) beside as many drawn at random.
 
 Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m] [--intent ...]
-[--split grouped] [--variants] [--flips] [--homonyms] [--consistency W ...]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
+[--split grouped] [--variants] [--flips] [--homonyms] [--unseen] [--consistency W ...]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
 monitor's own collection and training, the evaluation sets' activations, cached under ``--cache``,
 then the variants; 10 min once the evaluation sets are cached).
 """
@@ -61,6 +67,8 @@ import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
+from sklearn.model_selection import StratifiedKFold, cross_val_predict
+from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 import tpc_hooks as tpc
@@ -119,6 +127,19 @@ HOMONYM_LEVERS = named({"intent": ("homonym",)}, {"intent": ("homonym",), "consi
                        {"intent": ("homonym",), "split": "grouped"},
                        {"intent": ("homonym",), "consistency": 0.1, "split": "grouped"},
                        {"intent": ("fiction", "research", "homonym")})
+# the flips' construction (--unseen): selection on flip kinds the fit never trained on (train_monitor's validation
+# group "intent" holds the other kinds' flips; beside each, the same kinds trained and selected on), and the training
+# flips least like the templates (those the benign prompts as given are least told apart from) against as many
+# drawn at random
+SEEN, UNSEEN = ("history", "law", "prevention", "defence"), ("news", "research", "fiction")
+UNSEEN_LEVERS = {
+    f"flips {', '.join(SEEN)}; selection on {', '.join(UNSEEN)}": {"flip_kinds": (SEEN, UNSEEN)},
+    f"flips and selection {', '.join(SEEN)}": {"intent": (*SEEN, "homonym")},
+    f"flips {', '.join(UNSEEN)}; selection on {', '.join(SEEN)}": {"flip_kinds": (UNSEEN, SEEN)},
+    f"flips and selection {', '.join(UNSEEN)}": {"intent": (*UNSEEN, "homonym")},
+    **{f"flips least like the templates {v}": {"unlike_share": v} for v in (0.5, 0.25)},
+    **{f"flip share {v}": {"flip_share": v} for v in (0.5, 0.25)},
+}
 SHIFTS = ("counterparts", "past", "future", "harmbench")
 DEFAULT_SPLIT = inspect.signature(tpc.train_monitor).parameters["split"].default
 
@@ -126,7 +147,8 @@ DEFAULT_SPLIT = inspect.signature(tpc.train_monitor).parameters["split"].default
 @contextlib.contextmanager
 def shared_collection():
     """``train_monitor`` with each text's pooled rows collected once per site and reused across calls
-    (the recipe otherwise unchanged): a variant reads only the texts no earlier call read."""
+    (the recipe otherwise unchanged): a variant reads only the texts no earlier call read. Yields the
+    rows read so far, by (site, text)."""
     rows: dict[tuple[str, str], torch.Tensor] = {}
     collect = _train_monitor.collect
 
@@ -138,7 +160,7 @@ def shared_collection():
         return {s: torch.stack([rows[s, t] for t in texts]) for s in sites}
 
     with mock.patch.object(_train_monitor, "collect", reuse):
-        yield
+        yield rows
 
 
 def flip_share(share: float):
@@ -153,6 +175,60 @@ def flip_share(share: float):
         return ps.subset([i for i, t in enumerate(ps.texts) if zlib.crc32(f"{seed}|{t}".encode()) % 10_000 < share * 10_000])
 
     return mock.patch.object(_train_monitor, "intent_flips", fewer)
+
+
+def flip_kinds(trained: tuple[str, ...], selected: tuple[str, ...]):
+    """``train_monitor`` with training flips of the ``trained`` kinds only and a validation group
+    ``"intent"`` of the ``selected`` kinds' flips only: selection and pruning on a construction the
+    fit never saw (the homonyms as in the default)."""
+    draw = _train_monitor.intent_flips
+
+    def split(prompts, labels, kinds=None, *, every_kind=False, **kw):
+        return draw(prompts, labels, selected if every_kind else trained, every_kind=every_kind, **kw)
+
+    return mock.patch.object(_train_monitor, "intent_flips", split)
+
+
+def unlike_templates(share: float, rows: dict, site: str, seed: int, found: list[str]):
+    """``train_monitor`` with only the ``share`` of its training flips least like the templates: a
+    logistic regression tells the flips (at ``site``) from the benign training prompts as given, out of
+    fold (5 folds), and the flips it scores most like those prompts are kept (the validation flips
+    whole). The flips' rows are the ones the default's collection read (``rows``); the out-of-fold
+    AUROC of the split goes to ``found``."""
+    draw = _train_monitor.intent_flips
+
+    def fewer(prompts, labels, kinds=None, *, every_kind=False, **kw):
+        ps = draw(prompts, labels, kinds, every_kind=every_kind, **kw)
+        if every_kind:
+            return ps
+        natural = [t for t, v in zip(prompts, labels) if int(v) == 0]
+        missing = sum((site, t) not in rows for t in (*natural, *ps.texts))
+        if missing:
+            raise RuntimeError(f"{missing} texts were not collected at {site} by the default: run it first")
+        X = torch.stack([rows[site, t] for t in (*natural, *ps.texts)]).float().numpy()
+        y = np.r_[np.ones(len(natural)), np.zeros(len(ps))]
+        clf = make_pipeline(StandardScaler(), LogisticRegression(C=0.01, max_iter=2000))
+        p = cross_val_predict(clf, X, y, cv=StratifiedKFold(5, shuffle=True, random_state=seed),
+                              method="predict_proba")[:, 1]
+        found.append(f"{share}: flips told from the benign training prompts as given, out-of-fold AUROC "
+                     f"{roc_auc_score(y, p):.3f}; kept {round(share * len(ps))} of {len(ps)}")
+        keep = np.argsort(-p[len(natural):], kind="stable")[:round(share * len(ps))]
+        return ps.subset(sorted(int(i) for i in keep))
+
+    return mock.patch.object(_train_monitor, "intent_flips", fewer)
+
+
+def patched(kw: dict, rows: dict, site: str, seed: int, found: list[str]) -> tuple[contextlib.AbstractContextManager, dict]:
+    """A variant's patch of ``train_monitor``'s flips (``flip_share``, ``flip_kinds``, ``unlike_share``)
+    and its remaining keyword arguments."""
+    kw = dict(kw)
+    if "flip_share" in kw:
+        return flip_share(kw.pop("flip_share")), kw
+    if "flip_kinds" in kw:
+        return flip_kinds(*kw.pop("flip_kinds")), kw
+    if "unlike_share" in kw:
+        return unlike_templates(kw.pop("unlike_share"), rows, site, seed, found), kw
+    return contextlib.nullcontext(), kw
 
 
 def probe(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, seed: int):
@@ -185,19 +261,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="then train the homonyms alone, and with the levers that helped elsewhere (HOMONYM_LEVERS)")
     ap.add_argument("--flips", action="store_true",
                     help="then train the flips' levers at the chosen layer: a share of them, each kind alone (FLIP_LEVERS)")
+    ap.add_argument("--unseen", action="store_true",
+                    help="then train with selection on flip kinds the fit never saw, and with the flips least like "
+                         "the templates (UNSEEN_LEVERS)")
     add_results_argument(ap, "bench_constructions")
     args = ap.parse_args(argv)
     if args.model != DEFAULT_MODEL or args.intent or args.split or args.variants or args.flips or args.consistency \
-            or args.homonyms or args.seed:
+            or args.homonyms or args.unseen or args.seed:
         args.results_name = "_".join(["bench_constructions", *([args.model] if args.model != DEFAULT_MODEL else []),
                                       *(["intent-" + "-".join(args.intent)] if args.intent else []),
                                       *([f"split-{args.split}"] if args.split else []),
                                       *(["variants"] if args.variants else []), *(["flips"] if args.flips else []),
-                                      *(["homonyms"] if args.homonyms else []),
+                                      *(["homonyms"] if args.homonyms else []), *(["unseen"] if args.unseen else []),
                                       *(["consistency-" + "-".join(map(str, args.consistency))] if args.consistency else []),
                                       *([f"seed{args.seed}"] if args.seed else [])])
-    with recording(results_path(args), argv), shared_collection():
-        return run(args)
+    with recording(results_path(args), argv), shared_collection() as rows:
+        return run(args, rows)
 
 
 def evaluate(mon: tpc.Monitor, X: dict[str, np.ndarray]) -> tuple[dict, dict]:
@@ -232,7 +311,7 @@ def table(rows: dict[str, list[float]]) -> None:
         print(f"| {name} | " + " | ".join(f"{v:.1f}" for v in vals) + " |")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, collected: dict) -> int:
     t0 = time.time()
     layers, chat = MODELS[args.model]["layers"], MODELS[args.model]["chat_template"]
     cache = args.cache / args.model / f"seed-{args.seed}"
@@ -285,8 +364,8 @@ def run(args: argparse.Namespace) -> int:
 
     across_sources(scores[f"order {kept}"], val, test, y)
     threshold_rows(mon, train, X["train"], y["train"])
-    if args.variants or args.flips or args.consistency or args.homonyms:
-        variants(model_box[0], mon.site, train, X, y, probe_hits, train_args, levers(args, train_args))
+    if args.variants or args.flips or args.consistency or args.homonyms or args.unseen:
+        variants(model_box[0], mon.site, train, X, y, probe_hits, train_args, levers(args, train_args), collected)
     print(f"\nDone in {time.time() - t0:.0f} s.")
     return 0
 
@@ -301,6 +380,8 @@ def levers(args: argparse.Namespace, train_args: dict) -> dict[str, dict]:
         out.update(FLIP_LEVERS)
     if args.homonyms:
         out.update(HOMONYM_LEVERS)
+    if args.unseen:
+        out.update(UNSEEN_LEVERS)
     for w in args.consistency:
         out.update(named({"consistency": w}, {"consistency": w, "intent": False}))
     return out
@@ -349,7 +430,7 @@ def threshold_rows(mon: tpc.Monitor, train: PromptSet, X: np.ndarray, y: np.ndar
 
 
 def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits: dict, train_args: dict,
-             named: dict[str, dict]) -> None:
+             named: dict[str, dict], collected: dict) -> None:
     """The recipe's levers one at a time, at the chosen site: per variant, the deployed policy and each
     kept order at 1% FPR, and each order's recall minus the probe's on every shift."""
     print(f"\n## The recipe's levers\n\nEach variant is `train_monitor(..., {chosen!r}, seed, **variant)` on the same "
@@ -360,10 +441,11 @@ def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits:
     print("| variant | threshold | row | " + " | ".join(COLUMNS) + " | worst shift vs probe |")
     print("|---|---:|---|" + "---:|" * (len(COLUMNS) + 1))
     print("| plain probe | | 1% FPR | " + " | ".join(f"{v:.1f}" for v in base) + " | 0.0 |")
+    notes: list[str] = []
     for name, kw in named.items():
         t0 = time.time()
-        kw = dict(kw)
-        with flip_share(kw.pop("flip_share")) if "flip_share" in kw else contextlib.nullcontext():
+        patch, kw = patched(kw, collected, chosen, train_args["seed"], notes)
+        with patch:
             mon = tpc.train_monitor(model, train.texts, train.labels, chosen, **{**train_args, **kw})
         deployed, orders = evaluate(mon, X)
         found = {"deployed": shares(deployed, y), **{k: shares(at_fpr(s, y), y) for k, s in orders.items()}}
@@ -371,6 +453,8 @@ def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits:
             gap = "" if row == "deployed" else f"{min(vals[2 + i] - base[2 + i] for i in range(len(SHIFTS))):+.1f}"
             print(f"| {name} | {mon.threshold:.4f} | {row} | " + " | ".join(f"{v:.1f}" for v in vals) + f" | {gap} |")
         print(f"{name}: trained in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    if notes:
+        print("\nThe flips least like the templates, kept share: " + "; ".join(notes) + ".")
 
 
 if __name__ == "__main__":
