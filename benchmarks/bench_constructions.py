@@ -138,7 +138,7 @@ UNSEEN_LEVERS = {
     f"flips {', '.join(UNSEEN)}; selection on {', '.join(SEEN)}": {"flip_kinds": (UNSEEN, SEEN)},
     f"flips and selection {', '.join(UNSEEN)}": {"intent": (*UNSEEN, "homonym")},
     **{f"flips least like the templates {v}": {"unlike_share": v} for v in (0.5, 0.25)},
-    **{f"flip share {v}": {"flip_share": v} for v in (0.5, 0.25)},
+    **{k: FLIP_LEVERS[k] for k in ("flip share 0.5", "flip share 0.25")},
 }
 SHIFTS = ("counterparts", "past", "future", "harmbench")
 DEFAULT_SPLIT = inspect.signature(tpc.train_monitor).parameters["split"].default
@@ -163,18 +163,23 @@ def shared_collection():
         yield rows
 
 
-def flip_share(share: float):
-    """``train_monitor`` with only ``share`` of its training intent flips (the validation flips whole): a
-    lower weight on the flips. A flip is kept when a hash of its text and seed falls under ``share``."""
+def thinned(keep):
+    """``train_monitor`` with only the training intent flips ``keep(flips, prompts, labels, seed)`` returns
+    the positions of (the validation flips whole)."""
     draw = _train_monitor.intent_flips
 
     def fewer(prompts, labels, kinds=None, *, every_kind=False, seed=0, **kw):
         ps = draw(prompts, labels, kinds, every_kind=every_kind, seed=seed, **kw)
-        if every_kind:
-            return ps
-        return ps.subset([i for i, t in enumerate(ps.texts) if zlib.crc32(f"{seed}|{t}".encode()) % 10_000 < share * 10_000])
+        return ps if every_kind else ps.subset(keep(ps, prompts, labels, seed))
 
     return mock.patch.object(_train_monitor, "intent_flips", fewer)
+
+
+def flip_share(share: float):
+    """``train_monitor`` with only ``share`` of its training intent flips (the validation flips whole): a
+    lower weight on the flips. A flip is kept when a hash of its text and seed falls under ``share``."""
+    return thinned(lambda ps, prompts, labels, seed: [
+        i for i, t in enumerate(ps.texts) if zlib.crc32(f"{seed}|{t}".encode()) % 10_000 < share * 10_000])
 
 
 def flip_kinds(trained: tuple[str, ...], selected: tuple[str, ...]):
@@ -189,18 +194,13 @@ def flip_kinds(trained: tuple[str, ...], selected: tuple[str, ...]):
     return mock.patch.object(_train_monitor, "intent_flips", split)
 
 
-def unlike_templates(share: float, rows: dict, site: str, seed: int, found: list[str]):
+def unlike_templates(share: float, rows: dict, site: str, seed: int, notes: list[str]):
     """``train_monitor`` with only the ``share`` of its training flips least like the templates: a
     logistic regression tells the flips (at ``site``) from the benign training prompts as given, out of
     fold (5 folds), and the flips it scores most like those prompts are kept (the validation flips
     whole). The flips' rows are the ones the default's collection read (``rows``); the out-of-fold
-    AUROC of the split goes to ``found``."""
-    draw = _train_monitor.intent_flips
-
-    def fewer(prompts, labels, kinds=None, *, every_kind=False, **kw):
-        ps = draw(prompts, labels, kinds, every_kind=every_kind, **kw)
-        if every_kind:
-            return ps
+    AUROC of the split goes to ``notes``."""
+    def least_like(ps, prompts, labels, _):
         natural = [t for t, v in zip(prompts, labels) if int(v) == 0]
         missing = sum((site, t) not in rows for t in (*natural, *ps.texts))
         if missing:
@@ -210,15 +210,14 @@ def unlike_templates(share: float, rows: dict, site: str, seed: int, found: list
         clf = make_pipeline(StandardScaler(), LogisticRegression(C=0.01, max_iter=2000))
         p = cross_val_predict(clf, X, y, cv=StratifiedKFold(5, shuffle=True, random_state=seed),
                               method="predict_proba")[:, 1]
-        found.append(f"{share}: flips told from the benign training prompts as given, out-of-fold AUROC "
+        notes.append(f"{share}: flips told from the benign training prompts as given, out-of-fold AUROC "
                      f"{roc_auc_score(y, p):.3f}; kept {round(share * len(ps))} of {len(ps)}")
-        keep = np.argsort(-p[len(natural):], kind="stable")[:round(share * len(ps))]
-        return ps.subset(sorted(int(i) for i in keep))
+        return sorted(int(i) for i in np.argsort(-p[len(natural):], kind="stable")[:round(share * len(ps))])
 
-    return mock.patch.object(_train_monitor, "intent_flips", fewer)
+    return thinned(least_like)
 
 
-def patched(kw: dict, rows: dict, site: str, seed: int, found: list[str]) -> tuple[contextlib.AbstractContextManager, dict]:
+def patched(kw: dict, rows: dict, site: str, seed: int, notes: list[str]) -> tuple[contextlib.AbstractContextManager, dict]:
     """A variant's patch of ``train_monitor``'s flips (``flip_share``, ``flip_kinds``, ``unlike_share``)
     and its remaining keyword arguments."""
     kw = dict(kw)
@@ -227,7 +226,7 @@ def patched(kw: dict, rows: dict, site: str, seed: int, found: list[str]) -> tup
     if "flip_kinds" in kw:
         return flip_kinds(*kw.pop("flip_kinds")), kw
     if "unlike_share" in kw:
-        return unlike_templates(kw.pop("unlike_share"), rows, site, seed, found), kw
+        return unlike_templates(kw.pop("unlike_share"), rows, site, seed, notes), kw
     return contextlib.nullcontext(), kw
 
 
