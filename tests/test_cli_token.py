@@ -53,7 +53,7 @@ def test_collect_train_evaluate_monitor_per_token(tmp_path, tiny_cli, capsys):
     assert {"train", "val", "test", "aug"} <= splits and any(s.startswith("val-") for s in splits)
 
     assert main(["train", "--acts", str(acts), "--out", str(mon_dir), "--degree", "2", "--rank", "2", "--epochs", "2",
-                 "--aggregate", "ema", "--alpha", "0.3", "--keep-all-orders", "--no-progress"]) == 0
+                 "--aggregate", "ema", "--alpha", "0.3", "--keep-all-orders", "--recipe", "intent", "--no-progress"]) == 0
     out = capsys.readouterr().out
     mon = tpc.Monitor.load(mon_dir)
     assert mon.streaming and (mon.aggregate, mon.alpha, mon.skip) == ("ema", 0.3, skip)

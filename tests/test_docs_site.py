@@ -36,6 +36,14 @@ def test_tutorial_pages_show_their_outputs(tutorial):
     assert "In&nbsp;[&nbsp;]" not in html and "In [ ]:" not in html  # no cell left unexecuted
 
 
+def test_the_quickstart_page_shows_the_lock_picking_request_flagged():
+    """The first example a user reads: the default monitor, at its own threshold, flags the
+    lock-picking request and not the bread recipe."""
+    html = page("tutorials/01_quickstart")
+    assert re.search(r"FLAGGED\s+\d\.\d{3}\s+How do I pick the lock", html)
+    assert re.search(r"\bok\s+\d\.\d{3}\s+How do I bake sourdough bread", html)
+
+
 def test_contributing_page_shows_the_layers():
     svg = (Path(SITE) / "contributing" / "layers.svg").read_text()
     assert "head/" in svg and "runs back up" not in svg

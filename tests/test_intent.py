@@ -249,7 +249,7 @@ def test_orders_that_add_nothing_at_the_operating_point_are_dropped_and_the_repo
     mon = train(_data(X, y, Xv, yv), _plan(tau=0.2), verbose=False)
     orders = mon.report["orders"]
     assert (orders["trained"], orders["kept"], mon.head.degree, mon.cascade.head.degree) == (3, 1, 1, 1)
-    assert "orders 2-3 add nothing at the operating point" in orders["note"]
+    assert orders["note"].startswith("kept order 1: order 1 flags ") and "; dropped: order 2 " in orders["note"]
     full = train(_data(X, y, Xv, yv), _plan(prune=False), verbose=False)
     assert "orders" not in full.report and full.head.degree == 3
     for row in orders["per_order"]:  # by hand, on the unpruned head trained from the same rows and seed
@@ -263,7 +263,7 @@ def test_orders_that_add_nothing_at_the_operating_point_are_dropped_and_the_repo
     Xv, yv, _ = topic_intent(1000, 32, seed=1)
     mon = train(_data(X, y, Xv, yv), _plan(degree=2), verbose=False)
     assert mon.report["orders"]["kept"] == mon.head.degree == 2
-    assert mon.report["orders"]["note"].startswith("order 2 adds at the operating point")
+    assert mon.report["orders"]["note"].startswith("kept orders 1-2: order 2 flags ")
     kept, table = earned_order(Monitor(mon.head, "blocks.0.hook_resid_post"), Xv, yv, 0.01)
     b, c = table[1]["gained"], table[1]["lost"]
     assert kept == 2 and b - c == table[1]["flagged_harmful"] - table[0]["flagged_harmful"] >= 2 * np.sqrt(b + c)

@@ -151,7 +151,7 @@ def test_train_monitor_without_rewrites_is_fit_on_the_plain_split(lm):
     from sklearn.model_selection import train_test_split
 
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
-    mon = tpc.train_monitor(lm, prompts, y, SITES[1], augment=False, intent=False, degree=2, rank=2, epochs=3,
+    mon = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="in_distribution", degree=2, rank=2, epochs=3,
                             val_fraction=0.25, prune_orders=False, verbose=False)
     X = tpc.collect(lm, prompts, SITES[1], chat_template=True, progress=False)[SITES[1]]
     tr, va = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
@@ -164,8 +164,8 @@ def test_train_monitor_without_rewrites_is_fit_on_the_plain_split(lm):
 
 def test_train_monitor_rewrites_training_and_validation_prompts(lm):
     prompts, y = HARMFUL + BENIGN, [1] * 8 + [0] * 8
-    mon = tpc.train_monitor(lm, prompts, y, SITES[1], augment=("tense", "noise"), degree=2, rank=2, epochs=2,
-                            val_fraction=0.25, prune_orders=False, verbose=False)
+    mon = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="intent", augment=("tense", "noise"), degree=2, rank=2,
+                            epochs=2, val_fraction=0.25, prune_orders=False, verbose=False)
     rep = mon.report
     assert rep["augment"]["families"] == ["tense", "noise"]
     assert rep["augment"]["n_train_rewrites"] == 12  # every training prompt parses, so every one gains a rewrite
@@ -207,7 +207,7 @@ def test_the_consistency_penalty_reads_exactly_the_training_rewrites(lm, monkeyp
 
 
 def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_prompts(lm, monkeypatch):
-    """The default adds one flip per harmful training prompt (label 0, outside the consistency rows),
+    """The intent recipe adds one flip per harmful training prompt (label 0, outside the consistency rows),
     the homonym rows (the library's training verbs, benign) for the orders above 1 only (order 1 is fitted without them, then extended), and a
     validation group "intent": every harmful validation prompt, then every kind's flip of them,
     then the validation homonyms (other verbs); the threshold is set on the benign validation prompts as given (not rewrites, not flips),
@@ -226,8 +226,8 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
 
     monkeypatch.setattr(_train, "fit", spy)
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
-    mon = tpc.train_monitor(lm, prompts, y, SITES[1], augment=("tense",), degree=2, rank=2, epochs=2,
-                            val_fraction=0.25, verbose=False)
+    mon = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="intent", augment=("tense",), degree=2, rank=2,
+                            epochs=2, val_fraction=0.25, verbose=False)
     (X_tr, y_tr, X_va, y_va), kw = seen[-1]
     (X_1, y_1, _, _), kw_1 = seen[-2]
     tr, va = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
@@ -304,7 +304,7 @@ def test_contrast_pairs_each_harmful_training_prompt_with_its_own_flip(lm, monke
 
     monkeypatch.setattr(_train, "fit", spy)
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
-    kw = dict(augment=("tense",), degree=2, rank=2, epochs=2, val_fraction=0.25, verbose=False)
+    kw = dict(recipe="intent", augment=("tense",), degree=2, rank=2, epochs=2, val_fraction=0.25, verbose=False)
     mon = tpc.train_monitor(lm, prompts, y, SITES[1], contrast=1.0, **kw)
     X_tr, y_tr, pairs = seen[-1]
     tr, _ = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
@@ -383,7 +383,8 @@ def test_worst_group_skips_groups_without_the_class_a_metric_needs():
 def test_in_distribution_recipe_is_the_plain_split_and_the_threshold_is_set_on_benign_validation(lm):
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
     kw = dict(degree=2, rank=2, epochs=3, val_fraction=0.25, verbose=False)
-    plain = tpc.train_monitor(lm, prompts, y, SITES[1], augment=False, intent=False, target_fpr=None, **kw)
+    plain = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="intent", augment=False, intent=False,
+                              target_fpr=None, **kw)
     ind = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="in_distribution", **kw)  # both prune on the same rows
     for (_, a), (_, b) in zip(plain.head.state_dict().items(), ind.head.state_dict().items()):
         assert torch.equal(a, b)

@@ -72,9 +72,10 @@ def _write_stores(acts, data, plan, pooling):
                                                    "max_tokens": plan.monitor.max_tokens}))
 
 
-@pytest.mark.parametrize("pooling, augment", [("mean", True), ("max", False), ("token", True)])
+@pytest.mark.parametrize("pooling, recipe", [("mean", "intent"), ("max", "default"), ("token", "phrasing"),
+                                             ("mean", "in_distribution")])
 def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(tmp_path, monkeypatch, model, pooling,
-                                                                               augment):
+                                                                               recipe):
     from tpc_hooks.training import _train, _train_monitor
 
     seen = []
@@ -82,14 +83,14 @@ def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(tmp
     spy = lambda data, plan, **kw: seen.append((data, plan)) or real(data, plan, **kw)
     monkeypatch.setattr(_train_monitor, "train", spy)  # train_monitor's last step
     monkeypatch.setattr(cli, "train", spy)  # the CLI's own reference to the recipe
-    api = tpc.train_monitor(model, PROMPTS, LABELS, SITE, pooling, augment=augment, tau=0.2, val_fraction=0.2,
+    api = tpc.train_monitor(model, PROMPTS, LABELS, SITE, pooling, recipe=recipe, tau=0.2, val_fraction=0.2,
                             verbose=False, **FIT)
     api.save(tmp_path / "api")
     (data, plan), = seen
     acts = tmp_path / "acts"
     _write_stores(acts, data[SITE], plan, pooling)
     assert cli.main(["train", "--acts", str(acts), "--out", str(tmp_path / "cli"), "--degree", "2", "--rank", "2",
-                     "--epochs", "2", "--tau", "0.2", "--no-progress"]) == 0
+                     "--epochs", "2", "--tau", "0.2", "--recipe", recipe, "--no-progress"]) == 0
     assert len(seen) == 2  # the CLI went through the same recipe
     cfg_cli, mon_cli, w_cli = _saved(tmp_path / "cli")
     cfg_api, mon_api, w_api = _saved(tmp_path / "api")
@@ -108,7 +109,7 @@ def test_the_cli_collects_the_rows_train_monitor_collects(tmp_path, monkeypatch,
     seen = []
     real = _train.train
     monkeypatch.setattr(_train_monitor, "train", lambda data, plan, **kw: seen.append(data) or real(data, plan, **kw))
-    tpc.train_monitor(model, PROMPTS, LABELS, SITE, tau=0.2, val_fraction=0.2, verbose=False, **FIT)
+    tpc.train_monitor(model, PROMPTS, LABELS, SITE, recipe="intent", tau=0.2, val_fraction=0.2, verbose=False, **FIT)
     monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
     monkeypatch.setattr(cli, "_datasets", lambda args: _sets(0.2))
     acts = tmp_path / "acts"

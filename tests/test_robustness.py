@@ -256,7 +256,8 @@ def test_planted_shift_breaks_the_paper_recipe_but_not_the_default():
     Xsh, ysh = make_problem(2000, 16, seed=3, shift=4.0, **kw)
     f1 = {}
     for recipe in ("paper", "default"):
-        head = tpc.fit(Xtr, ytr, Xva, yva, degree=5, rank=8, epochs=30, recipe=recipe, seed=0, verbose=False)
+        head = tpc.fit(Xtr, ytr, Xva, yva, degree=5, rank=8, epochs=30, recipe=recipe, seed=0, verbose=False,
+                       probe_metric="f1")  # one linear probe for both: the comparison is of the higher orders
         with torch.no_grad():
             f1[recipe] = {name: [classification_metrics(y, head(torch.as_tensor(X), order=n))["f1"] for n in range(1, 6)]
                           for name, X, y in (("test", Xte, yte), ("shift", Xsh, ysh))}
@@ -401,7 +402,8 @@ def test_grouped_selection_follows_the_harder_group(rule):
     Xs, ys = make_problem(n=300, d_model=12, seed=2, shift=4.0)  # nuisance directions stretched
     Xva, yva = np.concatenate([Xv, Xs]), np.concatenate([yv, ys])
     groups = ["in"] * 300 + ["shifted"] * 300
-    head = tpc.fit(X, y, Xva, yva, degree=3, seed=0, val_groups=groups, gate=False, group_rule=rule, **FAST)
+    head = tpc.fit(X, y, Xva, yva, degree=3, seed=0, val_groups=groups, gate=False, group_rule=rule,
+                   probe_metric="f1", **FAST)  # the probe this case was built around
     for k in (2, 3):  # a kept scale hurts no group (the gate, off here, acts after selection)
         with torch.no_grad():
             t = head.terms(torch.as_tensor(Xva)).double()
@@ -417,7 +419,7 @@ def test_grouped_selection_follows_the_harder_group(rule):
                      - torch.nn.functional.binary_cross_entropy_with_logits(before[idx], yy, reduction="none"))
                 assert d.mean() <= 2.0 * d.std() / d.numel() ** 0.5 + 1e-7
     if rule == "worst":  # and it selects other scales than the pooled rows would
-        pooled = tpc.fit(X, y, Xva, yva, degree=3, seed=0, gate=False, **FAST)
+        pooled = tpc.fit(X, y, Xva, yva, degree=3, seed=0, gate=False, probe_metric="f1", **FAST)
         assert [head.history.selected[k]["scale"] for k in (2, 3)] != [pooled.history.selected[k]["scale"] for k in (2, 3)]
 
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import f1_score
+from sklearn.metrics import f1_score, roc_auc_score
 from sklearn.preprocessing import StandardScaler
 
 import tpc_hooks as tpc
@@ -23,15 +23,20 @@ def test_scaler_and_degree_one_equal_sklearn(problem):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_C_is_chosen_by_validation_f1(problem):
+@pytest.mark.parametrize("settings, metric", [({"recipe": "paper"}, "f1"), ({"probe_metric": "f1"}, "f1"),
+                                              ({}, "auroc")])
+def test_C_is_chosen_by_the_validation_metric(problem, settings, metric):
     Xtr, ytr, Xva, yva, _, _ = problem
     Cs = (10.0, 0.01, 0.0001)
-    head = tpc.fit(Xtr, ytr, Xva, yva, degree=1, Cs=Cs, **FAST)
+    head = tpc.fit(Xtr, ytr, Xva, yva, degree=1, Cs=Cs, **FAST, **settings)
     sc = StandardScaler().fit(Xtr)
-    f1s = [f1_score(yva, LogisticRegression(C=C, max_iter=500).fit(sc.transform(Xtr), ytr).predict(sc.transform(Xva)))
-           for C in Cs]
-    assert head.history.selected[1]["C"] == Cs[int(np.argmax(f1s))]
-    assert head.history.selected[1]["val_f1"] == pytest.approx(max(f1s))
+    fits = [LogisticRegression(C=C, max_iter=500).fit(sc.transform(Xtr), ytr) for C in Cs]
+    f1s = [f1_score(yva, lr.predict(sc.transform(Xva))) for lr in fits]
+    aucs = [roc_auc_score(yva, lr.decision_function(sc.transform(Xva))) for lr in fits]
+    want = f1s if metric == "f1" else aucs
+    assert head.history.selected[1]["C"] == Cs[int(np.argmax(want))]
+    assert head.history.selected[1][f"val_{metric}"] == pytest.approx(max(want))
+    assert head.history.config.probe_metric == metric
 
 
 def test_higher_degrees_leave_lower_truncations_bit_identical(problem):

@@ -87,10 +87,15 @@ def _train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-all-orders", action="store_true",
                    help="keep every trained order, even those that add nothing at the operating point on validation "
                         "(default: dropped, except with --recipe paper)")
-    p.add_argument("--recipe", choices=["default", "in_distribution", "paper"], default="default",
-                   help="'in_distribution': ignore the phrasing rewrites (higher recall on prompts phrased like "
-                        "training, weaker on rephrased ones); 'paper': the paper's exact recipe (plain polynomial, "
-                        "50 epochs per degree, last epoch kept)")
+    p.add_argument("--recipe", choices=["default", "phrasing", "intent", "in_distribution", "paper"], default="default",
+                   help="train_monitor's recipes. 'default': the prompts as given, the phrasing rewrites of the "
+                        "validation prompts only judge the higher orders (never below order 1, the probe); 'phrasing': "
+                        "train on the rewrites too; 'intent': the rewrites, intent flips and homonym rows collect wrote "
+                        "(fewer flags on edgy questions, lower recall elsewhere); 'in_distribution': the prompts as given "
+                        "only; 'paper': the paper's exact recipe (plain polynomial, 50 epochs per degree, last epoch kept)")
+    p.add_argument("--everyday", nargs="+", metavar="SOURCE", default=None,
+                   help="the benign sources (names in the stores' sources.json) the threshold is set on; the others are "
+                        "reported beside it (default: every benign validation row)")
     p.add_argument("--target-fpr", type=float, default=0.01,
                    help="set the monitor's threshold to flag at most this share of benign validation rows "
                         "(default 0.01; the cascade exits around it)")

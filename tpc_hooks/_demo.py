@@ -36,7 +36,7 @@ from .monitoring._monitor import Monitor
 from .offline import DEFAULT_MODEL, PACKAGED, load_model, load_sae
 from .prompts import _intent
 from .prompts._promptset import source_names
-from .prompts._sets import PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file
+from .prompts._sets import EVERYDAY_SOURCES, PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file
 from .training._train_monitor import train_monitor
 
 log = logging.getLogger(__name__)
@@ -306,8 +306,8 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
     # What a deployment sees: train_monitor's default on the training split, at its own threshold,
     # on the test split, the held-out source and hard negatives (benign requests on harmful topics).
     deployed = train_monitor(model, sets["train"].texts, sets["train"].labels, site, tau=0.2, seed=seed,
-                             verbose=progress, intent=None if intent is None else tuple(intent),
-                             sources=source_names(sets["train"]), **({"rank": 16, "epochs": 15} if quick else {}))
+                             verbose=progress, intent=None if intent is None else tuple(intent), **_sources(sets["train"]),
+                             **({"rank": 16, "epochs": 15} if quick else {}))
     hard = hard_negatives(sets["test"], seed, per_kind=20 if quick else None)
     X["hard"] = collect(model, hard.texts, site, "mean", chat_template=chat, batch_size=8, progress=progress)[site].numpy()
     y["hard"] = np.zeros(len(hard), dtype=int)
@@ -370,11 +370,19 @@ def hard_negatives(test: PromptSet, seed: int, per_kind: int | None = None) -> P
                      [False] * len(rows))
 
 
+def _sources(train: PromptSet) -> dict[str, Any]:
+    """``train_monitor``'s ``sources`` and ``everyday`` for a set: its sources, and the packaged set's
+    everyday ones among them (none for a set without them: every benign prompt sets the threshold)."""
+    names = source_names(train)
+    return {"sources": names, "everyday": [s for s in EVERYDAY_SOURCES if s in names] or None}
+
+
 def deployment_table(monitor: Monitor, X: dict[str, Any], y: dict[str, Any], sets: dict[str, PromptSet],
                      hard: PromptSet) -> dict[str, Any]:
     """Per order of the deployed monitor: recall and the flag rates of benign prompts, each order at
-    its own threshold flagging 1% of the validation split's benign prompts (which training never
-    saw), and the monitor's own operating point (its threshold, its policy)."""
+    its own threshold flagging 1% of the validation split's everyday benign prompts (which training
+    never saw; every benign prompt for a set without everyday sources), and the monitor's own
+    operating point (its threshold, its policy)."""
     test = sets["test"]
     src = np.asarray(test.sources)
     ordinary = (y["test"] == 0) & (src != "overrefusal")
@@ -391,10 +399,12 @@ def deployment_table(monitor: Monitor, X: dict[str, Any], y: dict[str, Any], set
         s = {split: score(X[split]) for split in used}  # each split scored once
         return {k: float((s[split][m] > t).mean()) if m.any() else float("nan") for k, (split, m) in parts.items()}
 
+    ref = (y["val"] == 0) & np.isin(source_names(sets["val"]), EVERYDAY_SOURCES)
+    ref = ref if ref.any() else y["val"] == 0
     rows = []
     for n in range(1, monitor.head.degree + 1):
         score = lambda Z, n=n: monitor.head(torch.as_tensor(Z), order=n).detach().double().numpy()
-        t = threshold_at_fpr(score(X["val"])[y["val"] == 0], 0.01)
+        t = threshold_at_fpr(score(X["val"])[ref], 0.01)
         rows.append({"order": str(n), **rates(score, t)})
     deployed = lambda Z: monitor.policy()(torch.as_tensor(Z)).logits.detach().double().numpy()
     p = monitor.threshold
@@ -414,11 +424,13 @@ def render_report(res: dict[str, Any]) -> str:
         dep = res["deployment"]
         cols = [k for k in dep["rows"][0] if k != "order"]
         parts += ["## What a deployment sees: `train_monitor`'s default, per order",
-                  "Trained on the training split by `tpc.train_monitor` as shipped (phrasing rewrites, intent flips, "
-                  "the library's training homonyms for the orders above 1, orders that add nothing dropped"
+                  "Trained on the training split by `tpc.train_monitor` as shipped (the prompts as given; an order "
+                  "above 1 kept only where it adds at the operating point and catches no fewer than order 1, the "
+                  "linear probe, on the phrasing rewrites of the validation prompts, which the fit never saw"
                   + ("" if res.get("intent") is None else f"; here with `intent={tuple(res['intent'])}`")
                   + "). Each order at its own threshold flagging 1% of the validation "
-                  "split's benign prompts; `deployed`: the saved monitor's own threshold and policy. Percent flagged: "
+                  "split's everyday benign prompts; `deployed`: the saved monitor's own threshold and policy. Percent "
+                  "flagged: "
                   "`recall` of the test split's harmful prompts, its `ordinary benign` prompts, its `overrefusal` "
                   "(safe-but-edgy) questions, and hard negatives no training saw: intent flips of the test split's "
                   "harmful requests in held-back wordings, and homonyms of the other verbs (" + ", ".join(
@@ -428,8 +440,8 @@ def render_report(res: dict[str, Any]) -> str:
             parts.append(f"Orders kept: {dep['orders']['kept']} of {dep['orders']['trained']}: "
                          f"{dep['orders']['note']}.")
         if dep.get("by_source"):
-            parts.append("The deployed threshold, set on the benign validation prompts of every source together, "
-                         "flags of each source's (`report[\"operating_point\"][\"by_source\"]`): " + ", ".join(
+            parts.append("The deployed threshold, set on the everyday sources' benign validation prompts, flags of "
+                         "each source's (`report[\"operating_point\"][\"by_source\"]`): " + ", ".join(
                              f"{k} {100 * v['rate']:.1f}% ({v['flagged']} of {v['n']})"
                              for k, v in sorted(dep["by_source"].items())) + ".")
         parts.append("The tables below train the paper's methods on the same split and score them at logit 0.")

@@ -29,6 +29,7 @@ from .head._attribution import attribute
 from .head._errors import TPCHooksError
 from .head._hub import is_repo_id
 from .head._pooling import check_aggregate
+from .monitoring._calibrate import everyday_rows
 from .monitoring._monitor import Monitor
 from .monitoring._monitor_config import MonitorConfig
 from .offline import DEFAULT_MODEL, load_model
@@ -39,7 +40,7 @@ from .prompts._sets import INTENT_KINDS, PHRASING_FAMILIES, default_prompt_set, 
 from .training._collected import (CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config, flip_splits,
                                   pooled_rows, rewrite_splits, token_sequences)
 from .training._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
-from .training._train import TrainPlan, check_target_fpr, default_aggregate, fit_config, train
+from .training._train import PLAIN, TrainPlan, check_target_fpr, default_aggregate, fit_config, train
 
 _DATA_SUFFIXES = (".csv", ".jsonl", ".json")
 
@@ -291,20 +292,29 @@ def _train(args: argparse.Namespace) -> int:
     if site == "auto" and not has_val:
         raise TPCHooksError(f"--site auto chooses on the validation split, and {acts} has none; pass --site")
 
-    # The phrasing rewrites `collect` wrote (unless --no-augment there), in train_monitor's order.
-    families = [] if not has_val or args.recipe == "in_distribution" else \
+    # The phrasing rewrites `collect` wrote (unless --no-augment there), in train_monitor's order: trained on by
+    # the phrasing, intent and paper recipes; with the default recipe the validation families only (the floor's test)
+    written = [] if not has_val or args.recipe == "in_distribution" else \
         [f for f in PHRASING_FAMILIES if (acts / f"val-{f}" / "labels.json").is_file()]
+    families = [] if args.recipe == "default" else written
+    shifts = tuple(written) if args.recipe == "default" else ()
     rewrites = bool(families) and (acts / "aug" / "labels.json").is_file()
     # ... and the intent flips (unless --no-intent there): trained on, and the validation group "intent"
-    intent = () if not has_val or args.recipe == "in_distribution" or args.no_intent else \
+    intent = () if not has_val or args.recipe != "intent" or args.no_intent else \
         INTENT_KINDS if all((acts / p / "labels.json").is_file() for p in ("flips", "val-intent")) else ()
     homonyms = bool(intent) and (acts / "homonyms" / "labels.json").is_file()  # ... with the homonym rows
     hosted = [] if args.no_contexts or not per_token else \
         [k for k, d in CONTEXT_SPLITS.items() if (acts / d / "labels.json").is_file()]
     reader = TokenStores(acts, site_fix) if per_token else PooledStores(acts, site_fix)
     sites = cfg["sites"] if site == "auto" else [site]
-    data = {s: reader.data(s, train_split, rewrites, families if has_val else None, hosted, bool(intent), homonyms)
+    data = {s: reader.data(s, train_split, rewrites, written if has_val else None, hosted, bool(intent), homonyms)
             for s in sites}
+    if args.everyday is not None:  # before training: the names must be sources of the validation split
+        val = data[sites[0]].val
+        if val is None or val.sources is None:
+            raise TPCHooksError(f"--everyday names sources in the validation split's sources.json, and {acts} has "
+                                f"{'no validation split' if val is None else 'none'}; {site_fix}")
+        everyday_rows(val.sources[val.groups == PLAIN], args.everyday)
 
     robust = {} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}
     options = dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed, **robust)
@@ -315,7 +325,8 @@ def _train(args: argparse.Namespace) -> int:
     plan = TrainPlan(settings, fit_config(args.recipe, families, None, options), recipe=args.recipe,
                      families=tuple(families), tau=args.tau, target_fpr=args.target_fpr,
                      intent=intent + (("homonym",) if homonyms else ()),
-                     prune=args.recipe != "paper" and not args.keep_all_orders)
+                     prune=args.recipe != "paper" and not args.keep_all_orders, shifts=shifts,
+                     everyday=None if args.everyday is None else tuple(sorted(set(args.everyday))))
     mon = train(data, plan, verbose=not args.no_progress)
     if site == "auto":
         print(_table(["site", "worst-group recall at 1% FPR", "worst-group AUROC"],

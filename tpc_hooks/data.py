@@ -40,7 +40,9 @@ from .prompts._context import HostedRequests as HostedRequests
 from .prompts._context import token_labels as token_labels
 from .prompts._promptset import PromptSet as PromptSet
 from .prompts._promptset import splits_summary as splits_summary
+from .prompts._promptset import source_names as source_names
 from .prompts._sets import default_prompt_set as default_prompt_set
+from .prompts._sets import outside_sets as outside_sets
 from .prompts._sets import phrasing_benchmark as phrasing_benchmark
 from .prompts._sets import intent_benchmark as intent_benchmark
 from .prompts._sets import rewrites as rewrites
@@ -51,6 +53,8 @@ from .prompts._sets import load_prompt_file as load_prompt_file
 from .prompts._sets import load_hf_dataset as load_hf_dataset
 from .prompts._sets import HARMFUL_SOURCES as HARMFUL_SOURCES
 from .prompts._sets import BENIGN_SOURCES as BENIGN_SOURCES
+from .prompts._sets import EVERYDAY_SOURCES as EVERYDAY_SOURCES
+from .prompts._sets import OUTSIDE_SETS as OUTSIDE_SETS
 from .prompts._sets import PHRASING_FAMILIES as PHRASING_FAMILIES
 from .prompts._sets import INTENT_KINDS as INTENT_KINDS
 from .prompts._sets import HARD_NEGATIVE_KINDS as HARD_NEGATIVE_KINDS
@@ -59,10 +63,12 @@ from .prompts._sources import INSTALL as INSTALL
 
 __all__ = [
     "default_prompt_set",
+    "outside_sets",
     "phrasing_benchmark",
     "intent_benchmark",
     "PromptSet",
     "splits_summary",
+    "source_names",
     "rewrites",
     "intent_flips",
     "stated_flips",
@@ -78,6 +84,8 @@ __all__ = [
     "token_labels",
     "HARMFUL_SOURCES",
     "BENIGN_SOURCES",
+    "EVERYDAY_SOURCES",
+    "OUTSIDE_SETS",
     "PHRASING_FAMILIES",
     "INTENT_KINDS",
     "HARD_NEGATIVE_KINDS",

@@ -16,32 +16,39 @@ import torch
 
 import tpc_hooks as tpc
 from _common import prompt_sets
+from tpc_hooks.data import EVERYDAY_SOURCES, source_names
 from tpc_hooks.offline import load_model
 
 model = load_model(toolkit="transformer_lens")  # a TransformerBridge; any HookedTransformer works too
 sets = prompt_sets()
 
 # %% [markdown]
-# One call collects mean-pooled activations at the site (the forward stops after layer 20),
-# holds out a validation split and trains degree by degree. By default it also trains on
-# rewrites of the prompts (past/future tense, fictional framing, third person, paraphrase,
-# casing noise) and selects each degree for the worst rewrite family, so the higher orders stay
-# at least as strong as the linear probe on requests phrased differently (`augment=False` trains
-# on the prompts as given). Given a list of sites, it keeps the most robust one.
+# One call collects mean-pooled activations at the site (the forward stops after layer 15),
+# holds out a validation split and trains degree by degree on the prompts as given. Order 1 is
+# the familiar linear probe; an order above it is kept only where it catches more harmful
+# validation prompts and, on every phrasing rewrite of them (past tense, fiction, third person,
+# paraphrase, noise: constructions the fit never saw), no fewer than the probe. The threshold
+# flags 1% of the *everyday* benign validation prompts (ShareGPT, GSM8K); benign requests
+# wrapped in jailbreak templates are a source of their own, reported beside it.
 
 # %%
-monitor = tpc.train_monitor(model, sets["train"].texts, sets["train"].labels, site="blocks.20.hook_resid_post",
+train = sets["train"]
+monitor = tpc.train_monitor(model, train.texts, train.labels, site="blocks.15.hook_resid_post",
+                            sources=source_names(train), everyday=EVERYDAY_SOURCES,
                             degree=3, rank=16, epochs=20, tau=0.2, verbose=False)
-print(monitor.report["validation"]["per_order"][-1]["f1"])
-print(monitor.report["worst_validation_group"]["per_order"][-1])  # the worst rewrite family, at 1% FPR and logit 0
+print(monitor.report["orders"]["note"])
+op = monitor.report["operating_point"]
+print(f"threshold {op['threshold']:.3f}:", {k: f"{v['flagged']} of {v['n']}" for k, v in op["by_source"].items()})
 
 # %% [markdown]
-# Score new prompts: the monitor's cascade by default, or a fixed truncation (order 1 is the
-# linear probe).
+# Score new prompts: `flagged` applies the monitor's own threshold; `order=1` reads the linear
+# probe alone.
 
 # %%
 prompts = ["How do I pick the lock on my neighbour's door?", "How do I bake sourdough bread?"]
-print(monitor.score(model, prompts).probs)
+scores = monitor.score(model, prompts)
+for text, flagged, prob in zip(prompts, scores.flagged.tolist(), scores.probs.tolist()):
+    print(f"{'FLAGGED' if flagged else 'ok':>7}  {prob:.3f}  {text}")
 print(monitor.score(model, prompts, order=1).probs)
 
 # %% [markdown]

@@ -43,6 +43,8 @@ class CascadeResult:
             aggregate (a per-token monitor). A monitor flags ``decision_logits >=
             logit(threshold)``, which does not saturate where float32 probabilities reach 1.
             None (a result built by hand) means ``logit(probs)``.
+        threshold: the probability threshold :attr:`flagged` applies (a monitor's own, in the
+            results :meth:`~tpc_hooks.Monitor.score` returns); None: 0.5.
     """
 
     logits: Float[Tensor, " batch"]
@@ -52,6 +54,7 @@ class CascadeResult:
     degree: int
     gated: Any = None
     decision_logits: Any = None
+    threshold: float | None = None
 
     def __post_init__(self):
         if self.decision_logits is None:
@@ -59,8 +62,9 @@ class CascadeResult:
 
     @property
     def flagged(self) -> Tensor:
-        """Bool per row: flagged as harmful (calibrated probability >= 0.5)."""
-        return self.probs >= 0.5
+        """Bool per row: flagged as harmful, by the monitors' rule at :attr:`threshold`
+        (:func:`~tpc_hooks.head._kernel.flagged`), or calibrated probability >= 0.5 without one."""
+        return self.probs >= 0.5 if self.threshold is None else _kernel.flagged(self.decision_logits, self.threshold)
 
     @property
     def mean_flops(self) -> float:

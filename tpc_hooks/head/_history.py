@@ -13,6 +13,7 @@ PAPER_GRID = {"lr": (1e-3, 5e-4, 1e-4), "weight_decay": (0.01, 0.1, 1.0), "dropo
 MODES = ("progressive", "joint")
 RECIPES = ("default", "paper")
 LINEAR_SOLVERS = ("auto", "sklearn", "lbfgs")
+PROBE_METRICS = ("auto", "auroc", "f1")
 GROUP_RULES = ("balanced", "worst")
 
 
@@ -113,6 +114,9 @@ class FitConfig:
         sweep: ``True`` for the paper's grid (lr x weight decay x dropout, chosen per degree by
             validation F1), or a dict with some of those keys.
         Cs, max_iter: the degree-1 probe's C sweep and iteration cap.
+        probe_metric: how the degree-1 probe's C is chosen on validation: ``"auroc"`` (ranking:
+            what a threshold set at a fixed false-positive rate reads), ``"f1"`` (at logit 0: the
+            paper's), or ``"auto"``: F1 with ``recipe="paper"``, else AUROC. Ties: lower loss.
         val_fraction: the stratified share of training rows held out when no validation set
             is given.
         linear_solver: ``"auto"`` (scikit-learn in memory, streamed L-BFGS on the same objective
@@ -154,6 +158,7 @@ class FitConfig:
     sweep: bool | dict[str, Sequence[float]] = False
     Cs: Sequence[float] = PAPER_CS
     max_iter: int = 500
+    probe_metric: str = "auto"
     val_fraction: float = 0.2
     linear_solver: str = "auto"
     chunk_rows: int = 65536
@@ -188,6 +193,8 @@ class FitConfig:
         self.train_config().grid(self.sweep)  # checks the optimiser settings and the grid
         if not self.Cs:
             raise TPCHooksError("Cs must list at least one inverse regularisation strength")
+        if self.probe_metric not in PROBE_METRICS:
+            raise TPCHooksError(f"probe_metric must be one of {list(PROBE_METRICS)}; got {self.probe_metric!r}")
         if self.linear_solver not in LINEAR_SOLVERS:
             raise TPCHooksError(f"linear_solver must be 'auto', 'sklearn' or 'lbfgs'; got {self.linear_solver!r}")
         if isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1:
@@ -225,6 +232,7 @@ class FitConfig:
             gate=trust if self.gate is None else bool(self.gate),
             shrink=(not paper and self.mode == "progressive") if self.shrink is None else bool(self.shrink),
             patience=self._patience,
+            probe_metric=("f1" if paper else "auroc") if self.probe_metric == "auto" else self.probe_metric,
         )
 
     def train_config(self) -> TrainConfig:
@@ -251,8 +259,8 @@ class FitConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FitConfig":
         names = {f.name for f in fields(cls)}
-        # a record that lacks group_rule: its head was selected by the worst group
-        return cls(**{"group_rule": "worst", **{k: v for k, v in d.items() if k in names}})
+        # a record that lacks group_rule: its head was selected by the worst group; probe_metric: its C by F1
+        return cls(**{"group_rule": "worst", "probe_metric": "f1", **{k: v for k, v in d.items() if k in names}})
 
 
 @dataclass

@@ -125,8 +125,9 @@ def recall_at_fpr(y_true: Any, scores: Any, benign_reference: Any, fpr: float = 
             "fpr": float(flagged[yt == 0].mean()) if (yt == 0).any() else float("nan"), "threshold": t}
 
 
-def worst_group(y_true: Any, scores: Any, groups: Any, fpr: float = 0.01) -> dict[str, float]:
-    """The worst group's recall at ``fpr`` (threshold from the benign rows of every group together),
+def worst_group(y_true: Any, scores: Any, groups: Any, fpr: float = 0.01, benign: Any = None) -> dict[str, float]:
+    """The worst group's recall at ``fpr`` (threshold from the benign rows of every group together, or
+    from the rows ``benign`` marks: those a monitor's threshold is set on),
     AUROC and F1 at logit 0, each taken over the groups separately; a group without harmful rows
     (or without both classes, for AUROC) has no value and is skipped, and none at all is NaN.
     Model selection by worst group and :func:`tpc_hooks.choose_site` use it.
@@ -138,7 +139,7 @@ def worst_group(y_true: Any, scores: Any, groups: Any, fpr: float = 0.01) -> dic
     s = _np(scores).astype(np.float64)
     y = check_labels(y_true, len(s), "y_true", need_both=False).numpy()
     g = np.asarray(groups)
-    ref = s[y == 0]
+    ref = s[y == 0] if benign is None else s[np.asarray(benign, bool)]
     per_group: dict[str, list[float]] = {"recall_at_fpr": [], "auroc": [], "f1": []}
     for name in dict.fromkeys(g.tolist()):
         m = g == name

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..activations._collect import check_prompts, pooled_batches
 from ..head import _kernel
 from ..head._checks import check_features, check_rate
 from ..head._errors import TPCHooksError
@@ -17,7 +18,7 @@ from ..head._metrics import threshold_at_fpr
 
 
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
-def activations(monitor: Any, benign: Any, fpr: float, sources: Any = None) -> Any:
+def activations(monitor: Any, benign: Any, fpr: float, sources: Any = None, everyday: Any = None) -> Any:
     """:meth:`~tpc_hooks.Monitor.calibrate_activations`."""
     fpr = check_rate(fpr, "fpr")
     if monitor.streaming:
@@ -32,16 +33,36 @@ def activations(monitor: Any, benign: Any, fpr: float, sources: Any = None) -> A
         decisions_of = lambda rule: rule(z).decision_logits
         n = z.shape[0]
     sources = check_sources(sources, n)
-    _warn_few(fpr, n, 5)  # the caller of Monitor.calibrate_activations (under its no_grad wrapper)
+    on = everyday_rows(sources, everyday)
+    _warn_few(fpr, n if on is None else int(on.sum()), 5)  # the caller of Monitor.calibrate_activations
     if monitor.cascade is not None:
         full = decisions_of(monitor.cascade.with_thresholds(0.0))
-        monitor.cascade = monitor.cascade.centered(_kernel.threshold_above(full, threshold_at_fpr(full.double().cpu().numpy(), fpr)))
+        s = full.double().cpu().numpy()
+        monitor.cascade = monitor.cascade.centered(_kernel.threshold_above(full, threshold_at_fpr(s if on is None
+                                                                                                 else s[on], fpr)))
     return _set(monitor, decisions_of(monitor.policy()), fpr, {"by": "max over tokens"} if monitor.streaming else {},
-                sources)
+                sources, on)
+
+
+def prompts(monitor: Any, model: Any, benign_prompts: Any, fpr: Any, sources: Any, everyday: Any, batch_size: Any,
+            tokenizer: Any) -> Any:
+    """:meth:`~tpc_hooks.Monitor.calibrate` on benign prompts: every argument checked before the
+    forward pass, the prompts read as :meth:`~tpc_hooks.Monitor.score` reads them, then
+    :func:`activations`."""
+    check_rate(fpr, "fpr")
+    texts = check_prompts(benign_prompts)
+    everyday_rows(check_sources(sources, len(texts)), everyday)
+    adapter = monitor._adapter(model, tokenizer)
+    ids, _ = adapter.tokenize(texts, chat_template=monitor.chat_template, max_tokens=monitor.max_tokens,
+                              prepend_bos=monitor.prepend_bos)
+    site = adapter.site(monitor.site)
+    z = monitor._token_acts(adapter, ids, site, batch_size) if monitor.streaming else \
+        pooled_batches(adapter, ids, [site], monitor.pooling, batch_size, sae=monitor.sae)[site.name]
+    return monitor.calibrate_activations(z, fpr, sources=sources, everyday=everyday)
 
 
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
-def peaks(monitor: Any, peaks: Any, fpr: float, sources: Any = None) -> Any:
+def peaks(monitor: Any, peaks: Any, fpr: float, sources: Any = None, everyday: Any = None) -> Any:
     """The threshold from the peak scores (probabilities) of requests marked benign: at most
     ``fpr`` of them reach it."""
     fpr = check_rate(fpr, "fpr")
@@ -50,8 +71,9 @@ def peaks(monitor: Any, peaks: Any, fpr: float, sources: Any = None) -> Any:
         raise TPCHooksError(f"peaks must be a non-empty list of scores in [0, 1]; got {p.numel()} values"
                             + (f", e.g. {float(p[~((p >= 0) & (p <= 1))][0])}" if p.numel() else ""))
     sources = check_sources(sources, p.numel())
-    _warn_few(fpr, p.numel(), 4)  # the caller of Monitor.calibrate
-    return _set(monitor, torch.logit(p), fpr, {"by": "peak scores a server logged"}, sources)
+    on = everyday_rows(sources, everyday)
+    _warn_few(fpr, p.numel() if on is None else int(on.sum()), 4)  # the caller of Monitor.calibrate
+    return _set(monitor, torch.logit(p), fpr, {"by": "peak scores a server logged"}, sources, on)
 
 
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
@@ -87,19 +109,24 @@ def fpr_interval(n_benign: int, flagged: int, confidence: float = 0.95) -> tuple
 
 
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
-def _set(monitor: Any, decisions: Tensor, fpr: float, how: dict[str, str], sources: np.ndarray | None = None) -> Any:
-    """The threshold that leaves all but ``fpr`` of the benign ``decisions`` (logits) unflagged, recorded
-    with the interval of the rate it flags on new benign traffic (:func:`fpr_interval`) and, with
-    ``sources``, the rate it flags on each source's inputs (:func:`rates_by_source`)."""
-    monitor.threshold = _kernel.threshold_above(decisions, threshold_at_fpr(decisions.double().cpu().numpy(), fpr))
+def _set(monitor: Any, decisions: Tensor, fpr: float, how: dict[str, str], sources: np.ndarray | None = None,
+         on: np.ndarray | None = None) -> Any:
+    """The threshold that leaves all but ``fpr`` of the benign ``decisions`` (logits) unflagged (only
+    the rows ``on``, the everyday sources', when given), recorded with the interval of the rate it
+    flags on new benign traffic like them (:func:`fpr_interval`) and, with ``sources``, the rate it
+    flags on each source's inputs (:func:`rates_by_source`)."""
+    scores = decisions.double().cpu().numpy()
+    monitor.threshold = _kernel.threshold_above(decisions, threshold_at_fpr(scores if on is None else scores[on], fpr))
     hit = _kernel.flagged(decisions, monitor.threshold).cpu().numpy()
-    flagged = int(hit.sum())
-    n = int(decisions.numel())
+    counted = hit if on is None else hit[on]
+    flagged, n = int(counted.sum()), int(counted.size)
     monitor.report["operating_point"] = {"fpr": float(fpr), "n_benign": n, "flagged": flagged,
                                          "threshold": monitor.threshold,
                                          "fpr_interval_95": list(fpr_interval(n, flagged)), **how}
     if sources is not None:
         monitor.report["operating_point"].update(rates_by_source(hit, sources))
+    if on is not None:
+        monitor.report["operating_point"]["everyday"] = sorted(set(sources[on].tolist()))
     return monitor
 
 
@@ -116,6 +143,29 @@ def check_sources(sources: Any, n: int, per: str = "benign input") -> np.ndarray
     if any(not v.strip() for v in names):
         raise TPCHooksError(f"sources has an empty name; give every {per} the name of where it comes from")
     return np.asarray(names, dtype=object)
+
+
+def everyday_rows(sources: np.ndarray | None, everyday: Any) -> np.ndarray | None:
+    """The rows of the everyday sources (``everyday``: names among ``sources``), the rows a threshold
+    is set on; None (every row) without ``everyday``. The other sources are reported, not calibrated on.
+
+    Example:
+        >>> everyday_rows(np.array(["chat", "chat, wrapped", "math"], dtype=object), ["chat", "math"]).tolist()
+        [True, False, True]
+    """
+    if everyday is None:
+        return None
+    if sources is None:
+        raise TPCHooksError("everyday names sources of everyday benign traffic: it needs sources= (one name per "
+                            "input)")
+    if isinstance(everyday, (str, bytes)) or not isinstance(everyday, (Sequence, np.ndarray, set, frozenset)):
+        raise TPCHooksError(f"everyday must be a list of source names; got {type(everyday).__name__}")
+    names = {str(v) for v in everyday}
+    unknown = sorted(names - set(sources.tolist()))
+    if unknown or not names:
+        raise TPCHooksError(f"everyday names sources the inputs do not have: {unknown or 'none given'}; the sources "
+                            f"are {sorted(set(sources.tolist()))}")
+    return np.isin(sources, sorted(names))
 
 
 def rates_by_source(hit: np.ndarray, sources: np.ndarray) -> dict[str, Any]:

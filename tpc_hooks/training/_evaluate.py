@@ -93,36 +93,57 @@ EARN_Z = 2.0  # a higher order is kept when it flags significantly more harmful 
 
 
 def earned_order(monitor: Any, X: Any, y: Any, fpr: float, decision: str = "max", counted: Any = None,
-                 z: float = EARN_Z) -> tuple[int, list[dict[str, Any]]]:
-    """The lowest truncation order that nothing above adds to at the operating point, and the table.
+                 z: float = EARN_Z, benign: Any = None, groups: Any = None) -> tuple[int, list[dict[str, Any]]]:
+    """The highest truncation order that earns its terms at the operating point and holds the floor
+    of order 1 (the linear probe) on every group, and the table.
 
-    Each order ``n`` gets its own threshold, flagging ``fpr`` of the benign rows of ``(X, y)``
-    (:func:`tpc_hooks.metrics.threshold_at_fpr`), and flags some of the harmful rows (those
-    ``counted``, default all). Order ``n`` earns its terms over the order kept so far when, of the
-    harmful rows exactly one of the two flags, ``n`` flags ``b`` and the kept order ``c`` with
-    ``b - c >= max(1, z * sqrt(b + c))`` (a paired sign test, ``z = 2``: about 2% one-sided); the
-    order kept is the last that earned them.
+    Each order ``n`` gets its own threshold, flagging ``fpr`` of the ``benign`` rows of ``(X, y)``
+    (default: every benign row; :func:`tpc_hooks.metrics.threshold_at_fpr`), and flags some of the
+    harmful rows (those ``counted``, default all). Order ``n`` earns its terms over the order kept
+    so far when, of the harmful rows exactly one of the two flags, ``n`` flags ``b`` and the kept
+    order ``c`` with ``b - c >= max(1, z * sqrt(b + c))`` (a paired sign test, ``z = 2``: about 2%
+    one-sided). With ``groups`` (one label per row: the prompts, a phrasing family held out of
+    training, ...), it must also flag at least as many of each group's harmful rows as order 1
+    does at order 1's threshold: the floor. The order kept is the last that did both.
 
     Returns:
         ``(order, table)``: one row per order with ``order``, ``flagged_harmful``, ``n_harmful``,
-        ``recall`` (at its threshold), ``flagged_benign``, ``n_benign``, and ``gained`` / ``lost``:
-        the harmful rows it flags that the order kept before it does not, and the reverse.
+        ``recall`` (at its threshold), ``flagged_benign``, ``n_benign``, ``gained`` / ``lost``:
+        the harmful rows it flags that the order kept before it does not, and the reverse; with
+        ``groups``, ``by_group`` (each group's harmful rows flagged) and ``below_floor`` (the
+        groups where it flags fewer than order 1).
+
+    Example:
+        >>> import numpy as np, tpc_hooks as tpc
+        >>> head = tpc.TPC(d_model=2, degree=2, rank=1)
+        >>> mon = tpc.Monitor(head, "blocks.0.hook_resid_post")
+        >>> X, y = np.eye(2, dtype=np.float32).repeat(3, 0), np.array([0, 0, 0, 1, 1, 1])
+        >>> earned_order(mon, X, y, 0.0, groups=["prompts"] * 6)[0]  # an untrained order 2 adds nothing
+        1
     """
     y = np.asarray(y)
     harmful = (y == 1) & (np.ones(len(y), bool) if counted is None else np.asarray(counted, bool))
-    n_h, n_b = int(harmful.sum()), int((y == 0).sum())
-    table, hits = [], []
+    ref = (y == 0) if benign is None else np.asarray(benign, bool)
+    g = None if groups is None else np.asarray(groups)
+    n_h, n_b = int(harmful.sum()), int(ref.sum())
+    table, hits, every = [], [], []
     kept = 1
     for n in range(1, monitor.head.degree + 1):
         s = order_logits(monitor, X if monitor.streaming else torch.as_tensor(X), n, decision)
         s = np.asarray(s if isinstance(s, np.ndarray) else s.double().cpu().numpy(), dtype=np.float64)
-        t = threshold_at_fpr(s[y == 0], fpr)
-        hits.append(s[harmful] > t)
+        t = threshold_at_fpr(s[ref], fpr)
+        every.append(s > t)
+        hits.append(every[-1][harmful])
         gained = int((hits[-1] & ~hits[kept - 1]).sum())
         lost = int((hits[kept - 1] & ~hits[-1]).sum())
-        table.append({"order": n, "flagged_harmful": int(hits[-1].sum()), "n_harmful": n_h,
-                      "recall": float(hits[-1].mean()) if n_h else float("nan"),
-                      "flagged_benign": int((s[y == 0] > t).sum()), "n_benign": n_b, "gained": gained, "lost": lost})
-        if n > 1 and gained - lost >= max(1.0, z * np.sqrt(gained + lost)):
+        row = {"order": n, "flagged_harmful": int(hits[-1].sum()), "n_harmful": n_h,
+               "recall": float(hits[-1].mean()) if n_h else float("nan"),
+               "flagged_benign": int(every[-1][ref].sum()), "n_benign": n_b, "gained": gained, "lost": lost}
+        if g is not None:
+            at = {name: (g == name) & (y == 1) for name in dict.fromkeys(g[y == 1].tolist())}
+            row["by_group"] = {name: [int(every[-1][m].sum()), int(m.sum())] for name, m in at.items()}
+            row["below_floor"] = [name for name, m in at.items() if every[-1][m].sum() < every[0][m].sum()]
+        table.append(row)
+        if n > 1 and gained - lost >= max(1.0, z * np.sqrt(gained + lost)) and not row.get("below_floor"):
             kept = n
     return kept, table

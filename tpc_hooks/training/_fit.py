@@ -29,7 +29,8 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
     """Trains a TPC on activations ``X`` [n, d_model] and binary labels ``y`` (1 = harmful).
 
     ``mode="progressive"`` (the paper's method): degree 1 is scikit-learn's
-    ``LogisticRegression`` (``C`` from ``Cs`` by validation F1, ties by validation loss) on
+    ``LogisticRegression`` (``C`` from ``Cs`` by validation AUROC, or F1 with the paper's recipe:
+    ``probe_metric``; ties by validation loss) on
     the standardised features; then each degree k = 2..N is trained alone with everything
     before it frozen, so every truncation is a classifier and truncations < k never change.
     ``mode="joint"`` trains all terms together on the full polynomial's loss (the paper's
@@ -99,7 +100,7 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
     else:
         if init is None:
             history.selected[1] = fit_probe(head, tr, y_tr, va, y_va, cfg.Cs, cfg.max_iter, cfg.linear_solver, dev,
-                                            history.records)
+                                            history.records, cfg.probe_metric)
             log.info("degree 1: C=%s, val F1 %.4f", history.selected[1]["C"], history.selected[1]["val_f1"])
         for k in range(2 if init is None else init.degree + 1, head.degree + 1):
             prefix = train.prefix(k)          # the frozen truncation below, computed once

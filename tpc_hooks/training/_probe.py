@@ -58,8 +58,11 @@ def _streamed_logreg(data: Rows, scaler: nn.Module, y: Tensor, C: float, max_ite
 
 
 def fit_probe(head: TPC, tr: Rows, y_tr: Tensor, va: Rows, y_va: Tensor, Cs: Sequence[float], max_iter: int,
-                solver: str, device: torch.device, records: list[dict[str, Any]]) -> dict[str, Any]:
-    """The degree-1 probe: one fit per C, the best validation F1 kept (ties: lower validation loss)."""
+                solver: str, device: torch.device, records: list[dict[str, Any]], metric: str = "f1") -> dict[str, Any]:
+    """The degree-1 probe: one fit per C, the best by validation ``metric`` kept (``"f1"`` at logit 0 or
+    ``"auroc"``, scikit-learn's; ties: lower validation loss)."""
+    from sklearn.metrics import roc_auc_score
+
     small = tr.in_memory or tr.n * tr.d * 4 <= _SKLEARN_MAX_BYTES
     if solver == "auto":
         solver = "sklearn" if small else "lbfgs"
@@ -77,11 +80,16 @@ def fit_probe(head: TPC, tr: Rows, y_tr: Tensor, va: Rows, y_va: Tensor, Cs: Seq
         w = torch.as_tensor(coef, dtype=torch.float64, device=device)
         s = va.map(head.scaler, device, lambda x: x.double() @ w + intercept).cpu()
         val_loss, val_f1 = float(F.binary_cross_entropy_with_logits(s, yv)), f1_at_zero(s, yv)
+        both = bool(0 < float(yv.sum()) < len(yv))
+        val_auroc = float(roc_auc_score(yv.numpy(), s.numpy())) if both else float("nan")
         records.append({"degree": 1, "trial": len(records), "epoch": 0, "C": C, "train_loss": None,
-                        "val_loss": val_loss, "val_f1": val_f1, "lr": None, "converged": converged})
-        if best is None or (-val_f1, val_loss) < best[0]:
-            best = ((-val_f1, val_loss), coef, intercept,
-                    {"C": C, "trial": len(records) - 1, "val_f1": val_f1, "val_loss": val_loss, "solver": solver})
+                        "val_loss": val_loss, "val_f1": val_f1, "val_auroc": val_auroc, "lr": None,
+                        "converged": converged})
+        score = val_auroc if metric == "auroc" and both else val_f1
+        if best is None or (-score, val_loss) < best[0]:
+            best = ((-score, val_loss), coef, intercept,
+                    {"C": C, "trial": len(records) - 1, "val_f1": val_f1, "val_auroc": val_auroc, "val_loss": val_loss,
+                     "solver": solver, "metric": metric})
     _, coef, intercept, chosen = best
     with torch.no_grad():
         head.linear.copy_(torch.as_tensor(coef, dtype=torch.float32))

@@ -16,7 +16,7 @@ FPR = 0.01
 
 
 def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, config: FitConfig | None = None,
-                device: Any = None, fpr: float = FPR) -> tuple[str, list[dict[str, Any]]]:
+                device: Any = None, fpr: float = FPR, benign: Any = None) -> tuple[str, list[dict[str, Any]]]:
     """The site whose linear probe does best on its *worst* validation group: recall at ``fpr``,
     ties by AUROC. The probe is the TPC's own order 1 (same data, same C selection), so the
     choice costs one logistic regression per site, and it is deterministic. ``train_monitor``
@@ -26,8 +26,10 @@ def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, conf
         data: site -> ``(X_train, y_train, X_val, y_val)``; the validation rows of every site are
             the same prompts in the same order.
         groups: one group label per validation row.
-        config: the :class:`FitConfig` the monitor trains with (its ``Cs``, solver and seed;
-            default: ``FitConfig()``).
+        config: the :class:`FitConfig` the monitor trains with (its ``Cs``, ``probe_metric``, solver
+            and seed; default: ``FitConfig()``).
+        benign: the validation rows the threshold is set on (default: every benign row), e.g. the
+            everyday sources' benign prompts.
 
     Returns:
         ``(site, table)``: the chosen site and one row per candidate (``site``, ``recall_at_fpr``,
@@ -51,7 +53,7 @@ def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, conf
                     verbose=False)
         with torch.no_grad():
             s = probe(torch.as_tensor(np.asarray(Xv))).double().cpu().numpy()
-        table.append({"site": site, **worst_group(np.asarray(yv), s, g, fpr)})
+        table.append({"site": site, **worst_group(np.asarray(yv), s, g, fpr, benign)})
     rank = lambda v: -np.inf if np.isnan(v) else v
     best = max(table, key=lambda r: (rank(r["recall_at_fpr"]), rank(r["auroc"])))
     return best["site"], table

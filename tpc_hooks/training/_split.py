@@ -80,3 +80,22 @@ def validation_split(texts: Sequence[str], y: np.ndarray, n_val: int, seed: int)
     if any(np.bincount(y[part], minlength=2).min() == 0 for part in (tr, va)):
         return stratified()
     return tr, va
+
+
+def split_positions(texts: Sequence[str], y: np.ndarray, val_fraction: float, split: str,
+                    seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``train_monitor``'s ``(train, val)`` positions of its prompts: ``round(val_fraction * n)`` held
+    out (at least 2), by scikit-learn's stratified split or, with ``split="grouped"``,
+    :func:`validation_split`. A probe trained on the same rows reads the same split.
+
+    Example:
+        >>> tr, va = split_positions(["a", "b", "c", "d", "e", "f"], np.array([0, 0, 0, 1, 1, 1]), 0.34, "stratified", 0)
+        >>> len(tr), len(va)
+        (4, 2)
+    """
+    n_val = max(2, int(round(val_fraction * len(texts))))
+    y = np.asarray(y, dtype=int)
+    if split == "grouped":
+        return validation_split(texts, y, n_val, seed)
+    tr, va = train_test_split(np.arange(len(texts)), test_size=n_val, stratify=y, random_state=seed)
+    return np.asarray(tr), np.asarray(va)

@@ -26,7 +26,7 @@ from ._fit import fit
 from ._rows import token_rows
 from ._select import FPR, choose_site
 
-TRAIN_RECIPES = ("default", "in_distribution", "paper")
+TRAIN_RECIPES = ("default", "phrasing", "intent", "in_distribution", "paper")
 REWRITE_CONSISTENCY = 0.03  # fit's consistency weight on the training rewrites (bench_phrasing: the best of 0.03/0.1/0.3)
 PLAIN = "prompts"  # the validation group of the prompts as given (the others are phrasing families)
 INTENT = "intent"  # the validation group of the harmful prompts with their intent flips
@@ -98,7 +98,11 @@ class TrainPlan:
     recipe's name, phrasing families and intent-flip kinds (selection over the validation
     groups when there are any: ``FitConfig.group_rule``), the cascade's ``tau`` (None: no cascade) and the benign validation share the threshold
     may flag (None: keep the config's), and whether the head keeps only the orders that earn their
-    terms at that operating point on validation (``prune``)."""
+    terms at that operating point on validation and hold order 1's recall on every validation group
+    (``prune``). ``shifts``: phrasing families the validation prompts are rewritten in but the fit
+    neither trains nor selects on (constructions it never saw: the floor's test of the higher
+    orders). ``everyday``: the sources (of the prompts' ``sources``) whose benign validation prompts
+    set the threshold (None: every benign validation prompt)."""
 
     monitor: MonitorConfig
     fit: FitConfig
@@ -109,6 +113,8 @@ class TrainPlan:
     target_fpr: float | None = 0.01
     context_lengths: tuple[int, ...] = ()
     prune: bool = False
+    shifts: tuple[str, ...] = ()
+    everyday: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.recipe not in TRAIN_RECIPES:
@@ -139,11 +145,11 @@ def check_target_fpr(target_fpr: Any, name: str = "target_fpr") -> None:
 
 def fit_config(recipe: str, families: Sequence[str], config: FitConfig | None, options: dict[str, Any]) -> FitConfig:
     """The fit settings of a recipe: ``config`` with ``options``; the paper's recipe; and with the
-    default recipe and rewrites, the consistency penalty on them unless one is given."""
+    training rewrites (any recipe but the paper's), the consistency penalty on them unless one is given."""
     if "recipe" in options:
         raise TPCHooksError("pass recipe= once (train_monitor's recipe covers fit's)")
     extra: dict[str, Any] = {"recipe": "paper"} if recipe == "paper" else {}
-    if recipe == "default" and families and "consistency" not in options and (config is None or not config.consistency):
+    if recipe != "paper" and families and "consistency" not in options and (config is None or not config.consistency):
         extra["consistency"] = REWRITE_CONSISTENCY
     return FitConfig.from_options(config, {**options, **extra})
 
@@ -182,10 +188,15 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
         if any(d.val is None for d in data.values()):
             raise TPCHooksError("choosing among several sites needs a validation split")
         pooled = {s: _cat(_cat(d.train, d.rewrites), d.flips) for s, d in data.items()}
+        val = data[site].val
+        # the default recipe chooses as the floor's probe does: on the prompts as given (its shifts judge the orders)
+        seen = ~np.isin(val.groups, list(plan.shifts))
         site, report["site_selection"] = choose_site(
-            {s: (pooled[s].X, pooled[s].y, d.val.X, d.val.y) for s, d in data.items()}, data[site].val.groups,
-            plan.fit, device)
+            {s: (pooled[s].X, pooled[s].y, _take(d.val.X, seen), d.val.y[seen]) for s, d in data.items()}, val.groups[seen],
+            plan.fit, device, benign=_calibrated(val, plan)[seen])
     d, cfg = data[site], plan.fit
+    if d.val is not None and plan.everyday is not None:
+        _calibrated(d.val, plan)  # no everyday benign validation prompt: refused before anything is trained
     settings = replace(plan.monitor, site=site)
     tokens = _TokenRows(d, settings.skip) if settings.streaming else None
     if tokens:
@@ -199,16 +210,21 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     unlabelled = None
     if cfg.consistency and plan.families and d.rewrites is not None:
         unlabelled = token_rows(list(d.rewrites.X), settings.skip)[0] if tokens else d.rewrites.X
-    grouped = bool(plan.families or plan.intent)
-    shared = dict(verbose=verbose, val_groups=g_va if grouped else None, X_unlabelled=unlabelled, device=device)
+    X_fit, y_fit, g_fit = X_va, y_va, g_va
+    if plan.shifts and X_va is not None:  # the fit neither trains nor selects on the held-out constructions
+        seen = ~np.isin(g_va, list(plan.shifts))
+        X_fit, y_fit, g_fit = _take(X_va, seen), y_va[seen], g_va[seen]
+    # selection over groups: the trained families, the intent group, the hosted chats (a group of their own)
+    grouped = bool(plan.families or plan.intent or (tokens and "val" in tokens.chats))
+    shared = dict(verbose=verbose, val_groups=g_fit if grouped else None, X_unlabelled=unlabelled, device=device)
     pairs = _pairs(d, cfg, tokens, len(y_tr))
     if d.homonyms is not None and len(d.homonyms) and cfg.degree > 1:  # order 1 without them, the higher orders with
         if init is None:  # (rank is the higher degrees' setting: any value does for degree 1)
-            init = fit(X_tr, y_tr, X_va, y_va, replace(cfg, degree=1, rank=1), pairs=pairs, **shared)
+            init = fit(X_tr, y_tr, X_fit, y_fit, replace(cfg, degree=1, rank=1), pairs=pairs, **shared)
         late = Examples(*token_rows(list(d.homonyms.X), settings.skip, d.homonyms.y)) if tokens else d.homonyms
         every = _cat(Examples(X_tr, y_tr), late)
         X_tr, y_tr = every.X, every.y
-    head = fit(X_tr, y_tr, X_va, y_va, cfg, pairs=pairs, init=init, **shared).cpu()
+    head = fit(X_tr, y_tr, X_fit, y_fit, cfg, pairs=pairs, init=init, **shared).cpu()
     if plan.prune and d.val is not None and head.degree > 1:
         head = _earned(head, d, settings, sae, plan, report)
     cascade = None
@@ -231,7 +247,7 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
         return monitor
     benign, sources = _report(monitor, d, tokens, X_va, y_va, g_va, plan)
     if plan.target_fpr is not None:
-        monitor.calibrate_activations(benign, plan.target_fpr, sources=sources)
+        monitor.calibrate_activations(benign, plan.target_fpr, sources=sources, everyday=plan.everyday)
     return monitor
 
 
@@ -248,23 +264,57 @@ def _pairs(d: TrainData, cfg: FitConfig, tokens: Any, n_rows: int) -> np.ndarray
 
 def _earned(head: Any, d: TrainData, settings: MonitorConfig, sae: Any, plan: TrainPlan, report: dict[str, Any]) -> Any:
     """The head truncated to the order the validation operating point earns
-    (:func:`~tpc_hooks.training._evaluate.earned_order`: each order at its own threshold flagging
-    ``target_fpr`` of the benign validation rows; the harmful rows of the intent group are the
-    prompts again, not counted twice); ``report["orders"]`` says what was kept and why."""
+    (:func:`~tpc_hooks.training._evaluate.earned_order`): each order at its own threshold flagging
+    ``target_fpr`` of the benign validation prompts the monitor is calibrated on (the everyday
+    sources' when named); an order is kept when it flags significantly more of the harmful prompts
+    (as given, and in the trained phrasing families) than the order kept below it, and on every
+    validation group (each held-out family, the intent group) no fewer than order 1, the linear
+    probe: the floor. ``report["orders"]`` says what was kept and, in one line, why."""
     fpr = FPR if plan.target_fpr is None else plan.target_fpr
     probe = Monitor(head, config=settings, sae=sae)
-    X = list(d.val.X) if settings.streaming else d.val.X
-    kept, table = earned_order(probe, X, d.val.y, fpr, counted=d.val.groups != INTENT)
-    best = table[kept - 1]
+    val = d.val
+    X = list(val.X) if settings.streaming else val.X
+    counted = (val.groups != INTENT) & ~np.isin(val.groups, list(plan.shifts))
+    kept, table = earned_order(probe, X, val.y, fpr, counted=counted, benign=_calibrated(val, plan), groups=val.groups)
     report["orders"] = {"trained": head.degree, "kept": kept, "fpr": fpr, "z": EARN_Z, "per_order": table,
-                        "note": (f"orders {kept + 1}-{head.degree} add nothing at the operating point on validation "
-                                 f"(order {kept} flags {best['flagged_harmful']} of {best['n_harmful']} harmful rows at "
-                                 f"{fpr:g} FPR; no order above flags significantly more): they were dropped, so no "
-                                 "policy runs them" if kept < head.degree else
-                                 f"order {kept} adds at the operating point on validation (flags {best['flagged_harmful']}"
-                                 f" of {best['n_harmful']} harmful rows at {fpr:g} FPR, order 1 "
-                                 f"{table[0]['flagged_harmful']})")}
+                        "note": _orders_note(table, kept, fpr)}
     return head.truncated(kept) if kept < head.degree else head
+
+
+def _calibrated(val: Examples, plan: TrainPlan) -> np.ndarray:
+    """The validation rows the threshold is set on: the benign prompts as given, of the everyday
+    sources when the plan names them."""
+    rows = (val.groups == PLAIN) & (val.y == 0)
+    if plan.everyday is not None and val.sources is not None:
+        rows &= np.isin(val.sources, list(plan.everyday))
+        if not rows.any():
+            raise TPCHooksError(f"no benign validation prompt comes from the everyday sources {list(plan.everyday)}: "
+                                "the threshold would have nothing to be set on; raise val_fraction or give more "
+                                "prompts of those sources")
+    return rows
+
+
+def _orders_note(table: list[dict[str, Any]], kept: int, fpr: float) -> str:
+    """One line: the orders kept, and why each order above them was dropped."""
+    first, best = table[0], table[kept - 1]
+    note = (f"kept {'order 1' if kept == 1 else f'orders 1-{kept}'}: order {kept} flags {best['flagged_harmful']} of "
+            f"{best['n_harmful']} harmful validation prompts at {fpr:g} FPR"
+            + (f" (order 1: {first['flagged_harmful']})" if kept > 1 else ""))
+    why = []
+    for row in table[kept:]:
+        below = row.get("below_floor") or []
+        if below:
+            g = below[0]
+            why.append(f"order {row['order']} is below order 1 on {g!r} ({row['by_group'][g][0]} against "
+                       f"{first['by_group'][g][0]} of {first['by_group'][g][1]})")
+        else:
+            why.append(f"order {row['order']} flags {row['flagged_harmful']}, not significantly more")
+    return note + ("; dropped: " + "; ".join(why) if why else "")
+
+
+def _take(X: Any, rows: np.ndarray) -> Any:
+    """The ``rows`` (a mask) of pooled rows ``X`` (a tensor or an array)."""
+    return X[torch.as_tensor(rows)] if isinstance(X, Tensor) else X[rows]
 
 
 def _cat(a: Examples, b: Examples | None) -> Examples:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 from tqdm.auto import tqdm
 
 from ..activations._collect import check_prompts, collect, token_batches
@@ -23,13 +22,13 @@ from ..head._checks import check_labels
 from ..head._errors import TPCHooksError
 from ..head._history import FitConfig
 from ..head._pooling import check_aggregate, check_pooling
-from ..monitoring._calibrate import check_sources
+from ..monitoring._calibrate import check_sources, everyday_rows
 from ..monitoring._monitor import Monitor
 from ..monitoring._monitor_config import MonitorConfig
 from ..prompts import _intent, _phrasing
 from ..prompts._context import check_conversation, context_budget, host_splits, sharegpt_contexts
 from ..prompts._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
-from ._split import SPLITS, validation_split
+from ._split import SPLITS, split_positions
 from ._train import (INTENT, PLAIN, TRAIN_RECIPES, Chats, Examples, TrainData, TrainPlan, check_target_fpr,
                      default_aggregate, fit_config, train, val_sources)
 
@@ -66,32 +65,34 @@ def train_monitor(
     verbose: bool = True,
     tokenizer: Any = None,
     sources: Sequence[str] | None = None,
+    everyday: Sequence[str] | None = None,
     **fit_kwargs: Any,
 ) -> Monitor:
     """Collects activations at ``site`` and trains a TPC monitor on them, in one call.
 
-    By default the monitor is trained to hold up on requests *phrased* differently from the
-    training prompts (past or future tense, fictional framing, third person, paraphrase, casing
-    noise: ``tpc_hooks.data.PHRASING_FAMILIES``). Each training prompt gains one rewritten copy
-    (same label), each validation prompt is rewritten by every family, and every degree >= 2 is
-    selected over the validation groups (the plain prompts and each family:
-    ``fit(val_groups=...)``; each group weighs the same and no group's loss may rise
-    significantly: ``FitConfig.group_rule``), with a small consistency penalty on the rewritten training prompts
-    (``FitConfig.consistency``, 0.03: each degree >= 2 is pulled to add little there). On the repository's benchmark (``benchmarks/bench_phrasing.py``)
-    this is what keeps the higher orders at least as strong as the linear probe on a phrasing
-    family never trained on; ``augment=False`` trains on the prompts as given. The rewrites are
-    English templates; collection reads about 2.8x as many prompts with every family.
+    The default recipe promises one thing first: at its deployed threshold the monitor catches at
+    least what a plain linear probe trained on the same prompts catches at the same rate on
+    everyday traffic. It trains on the prompts as given; order 1 is that probe (scikit-learn's
+    logistic regression, ``C`` by validation AUROC). Each validation prompt is also rewritten by
+    every phrasing family (past or future tense, fictional framing, third person, paraphrase,
+    casing noise: ``tpc_hooks.data.PHRASING_FAMILIES``), which the fit neither trains nor selects
+    on; an order above 1 is kept only when it flags significantly more harmful validation prompts
+    than the order below it and, on every family, no fewer than order 1 (``prune_orders``;
+    ``report["orders"]`` says which and why). Most often that keeps order 1 alone: the floor, not
+    the goal (docs/benchmarks/constructions.md has the measurements).
 
-    That robustness costs in-distribution recall: ``recipe="in_distribution"`` trains on the
-    prompts as given with pooled selection (the highest recall on prompts phrased like the
-    training set, and a dial that turns the wrong way on rephrased ones); ``recipe="paper"`` is
-    the paper's exact recipe (:class:`~tpc_hooks.FitConfig`), with the rewrites unless
-    ``augment=False``. The docs' phrasing benchmark (docs/benchmarks/phrasing.md) has the measured trade-off.
+    Opt-in recipes trade recall for other goals, each with its price measured on that page:
+    ``recipe="phrasing"`` trains on one rewrite of every training prompt with selection over the
+    families (the higher orders hold on the package's own rewrites); ``recipe="intent"`` adds
+    benign-labelled intent flips and homonyms (far fewer flags on edgy-but-benign questions, and
+    far lower recall on harmful requests built by another hand); ``recipe="in_distribution"`` trains
+    and selects on the prompts as given only; ``recipe="paper"`` is the paper's exact recipe
+    (:class:`~tpc_hooks.FitConfig`), with the rewrites unless ``augment=False``.
 
     The monitor's operating point is set on the benign validation prompts as given (not their
-    rewrites or intent flips): ``threshold`` flags at most ``target_fpr`` of them
-    (:meth:`Monitor.calibrate_activations`), and a cascade (``tau``) exits around that threshold.
-    With a few hundred benign validation prompts, 1% is a handful of them
+    rewrites or intent flips), of the ``everyday`` sources when named: ``threshold`` flags at most
+    ``target_fpr`` of them (:meth:`Monitor.calibrate_activations`), and a cascade (``tau``) exits
+    around that threshold. With a few hundred benign validation prompts, 1% is a handful of them
     (``report["operating_point"]["fpr_interval_95"]`` says where the rate on new traffic may lie):
     recalibrate on a larger sample of your own benign traffic with :meth:`Monitor.calibrate`
     before deploying.
@@ -127,8 +128,9 @@ def train_monitor(
             (``report["contexts"]``) and, for its benign sequences, the operating point, so the
             threshold holds on long benign chats. Needs a chat template.
         context_tokens: each context's token budget, or several used in turn (512, 1024).
-        augment: ``True`` (every phrasing family), ``False``, or the families to use; default:
-            every family, none for ``recipe="in_distribution"``.
+        augment: ``True`` (every phrasing family), ``False``, or the families to train on; default:
+            every family with the ``"phrasing"``, ``"intent"`` and ``"paper"`` recipes, none
+            otherwise (the default recipe validates on the families it does not train on).
         intent: ``True`` (every kind), ``False``, or intent-flip kinds
             (``tpc_hooks.data.INTENT_KINDS``) and ``"homonym"``: each harmful training prompt gains a
             benign-labelled counterpart on the same topic that asks no operational question ("What
@@ -143,15 +145,17 @@ def train_monitor(
             states the act as someone else's plan, then asks a benign question ("A student in my
             class said he wants to ... How should a teacher respond?";
             :func:`tpc_hooks.data.stated_flips`), for the orders above 1 as the homonym rows.
-            Default: every kind and the homonyms with ``recipe="default"``, none otherwise.
-        recipe: ``"default"`` (rewrites + grouped selection), ``"in_distribution"`` (no
-            rewrites, pooled selection) or ``"paper"`` (the paper's recipe).
+            Default: every kind and the homonyms with ``recipe="intent"``, none otherwise.
+        recipe: ``"default"`` (the prompts as given; the floor above), ``"phrasing"`` (rewrites
+            + grouped selection), ``"intent"`` (rewrites, intent flips and homonyms + grouped
+            selection), ``"in_distribution"`` (no rewrites, pooled selection) or ``"paper"``.
         target_fpr: the share of the benign validation prompts (as given) the threshold may flag;
             None keeps 0.5.
         prune_orders: keep only the orders that earn their terms at the operating point: each
-            order at its own threshold flagging ``target_fpr`` of the benign validation rows, an
-            order above the last one kept must flag significantly more of the harmful validation
-            rows (a paired sign test: :func:`tpc_hooks.training._evaluate.earned_order`); the head is
+            order at its own threshold flagging ``target_fpr`` of the benign validation prompts the
+            threshold is set on, an order above the last one kept must flag significantly more of
+            the harmful validation rows (a paired sign test) and, on every validation group, no
+            fewer than order 1 (:func:`tpc_hooks.training._evaluate.earned_order`); the head is
             truncated to the last order that did
             (:meth:`TPC.truncated`), so neither the full polynomial nor a cascade runs the others,
             and ``report["orders"]`` says what was kept and why. Default: on, except with
@@ -181,6 +185,11 @@ def train_monitor(
             (``by_source``, ``spread``, ``worst_source``; the hosted chats are ``"contexts"``):
             :meth:`Monitor.calibrate_activations`. A threshold at 1% of a mixture can flag several
             times that of one source (docs/benchmarks/constructions.md).
+        everyday: the sources (names in ``sources``) of everyday benign traffic: the threshold,
+            and each order's when orders are pruned, is set on their benign validation prompts
+            only; the other sources (e.g. benign requests inside jailbreak templates) are
+            reported beside it. Default: every benign prompt. For the packaged set:
+            ``sources=tpc.data.source_names(train), everyday=tpc.data.EVERYDAY_SOURCES``.
 
     Returns:
         A :class:`Monitor`; ``monitor.report`` holds validation metrics per order (on the
@@ -194,7 +203,7 @@ def train_monitor(
                      contexts=contexts, context_tokens=context_tokens, augment=augment, intent=intent, recipe=recipe,
                      target_fpr=target_fpr, val_fraction=val_fraction, split=split, chat_template=chat_template,
                      prepend_bos=prepend_bos, sae=sae, config=config, degree=degree, rank=rank, seed=seed,
-                     tokenizer=tokenizer, sources=sources, fit_kwargs=fit_kwargs)
+                     tokenizer=tokenizer, sources=sources, everyday=everyday, fit_kwargs=fit_kwargs)
     texts = _texts(request)
     rows = _collect(request, texts, max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose)
     chats = _collect_chats(request, batch_size=batch_size, sae=sae, verbose=verbose)
@@ -230,6 +239,8 @@ class _Request:
     tr: np.ndarray
     va: np.ndarray
     sources: np.ndarray | None = None
+    shifts: tuple[str, ...] = ()
+    everyday: tuple[str, ...] | None = None
 
     @property
     def streaming(self) -> bool:
@@ -244,11 +255,17 @@ def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence
            alpha: float, window: int, contexts: Any, context_tokens: Any, augment: Any, intent: Any, recipe: str,
            target_fpr: Any, val_fraction: float, split: str, chat_template: bool | None, prepend_bos: bool | None,
            sae: Any, config: FitConfig | None, degree: Any, rank: Any, seed: Any, tokenizer: Any, sources: Any,
-           fit_kwargs: dict[str, Any]) -> _Request:
+           everyday: Any, fit_kwargs: dict[str, Any]) -> _Request:
     """Every argument checked (each error says what was expected) and resolved, before any model work."""
     items = check_prompts(prompts)
     y = check_labels(labels, len(items), "labels").numpy().astype(int)
     sources = check_sources(sources, len(items), "prompt")
+    if everyday is not None:
+        on = everyday_rows(sources, everyday)
+        if not (on & (y == 0)).any():
+            raise TPCHooksError(f"everyday names {sorted(set(sources[on].tolist()))}, which have no benign prompt: the "
+                                "threshold is set on the benign prompts of the everyday sources")
+        everyday = tuple(sorted({str(v) for v in everyday}))
     sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
     if not sites or not all(isinstance(s, str) for s in sites):
         raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
@@ -257,10 +274,12 @@ def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence
     if recipe == "in_distribution" and augment not in (None, False):
         raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with augment")
     check_target_fpr(target_fpr)
-    families = _phrasing.check_families(recipe != "in_distribution" if augment is None else augment)
+    families = _phrasing.check_families(recipe in ("phrasing", "intent", "paper") if augment is None else augment)
+    # the default recipe rewrites its validation prompts in the families it does not train on: the floor's test
+    shifts = tuple(f for f in _phrasing.FAMILIES if f not in families) if recipe == "default" else ()
     if recipe == "in_distribution" and intent not in (None, False):
         raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with intent")
-    kinds = _intent.check_kinds(recipe == "default" if intent is None else intent, _intent.NAMED_KINDS,
+    kinds = _intent.check_kinds(recipe == "intent" if intent is None else intent, _intent.NAMED_KINDS,
                                 _intent.TRAIN_KINDS)
     adapter = get_adapter(model, tokenizer=tokenizer)
     for s in sites:
@@ -288,15 +307,14 @@ def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence
         raise TPCHooksError(f"split must be one of {list(SPLITS)}; got {split!r}")
     if np.bincount(y, minlength=2).min() < 2:
         raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
-    n_val = max(2, int(round(val_fraction * len(items))))
     given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
     own = {k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs}  # fit's, not FitConfig's
     cfg = fit_config(recipe, families, config, {**given, **fit_kwargs})
-    tr, va = validation_split(items, y, n_val, cfg.seed) if split == "grouped" else \
-        train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=cfg.seed)
+    tr, va = split_positions(items, y, val_fraction, split, cfg.seed)
     return _Request(items, y, sites, adapter, pooling, aggregate, alpha, window, recipe, tuple(families), kinds,
                     chat_template, resolve_bos(adapter.tokenizer, prepend_bos, chat_template), contexts,
-                    tuple(context_tokens) if contexts is not None else (), val_fraction, cfg, own, tr, va, sources)
+                    tuple(context_tokens) if contexts is not None else (), val_fraction, cfg, own, tr, va, sources,
+                    shifts, everyday)
 
 
 @dataclass(frozen=True)
@@ -323,11 +341,9 @@ def _texts(r: _Request) -> _Texts:
     joined to the prompts into one list of texts to collect."""
     items, y, tr, va, seed = r.items, r.y, r.tr, r.va, r.cfg.seed
     none = PromptSet([], [], [], [], [])
-    if r.families:
-        aug = rewrites([items[i] for i in tr], y[tr], r.families, seed=seed)
-        views = rewrites([items[i] for i in va], y[va], r.families, every_family=True, seed=seed)
-    else:
-        aug = views = none
+    aug = rewrites([items[i] for i in tr], y[tr], r.families, seed=seed) if r.families else none
+    viewed = r.families + r.shifts  # validation: the trained families, then those held out of training
+    views = rewrites([items[i] for i in va], y[va], viewed, every_family=True, seed=seed) if viewed else none
     flips = intent_flips([items[i] for i in tr], y[tr], r.flip_kinds, seed=seed) if r.flip_kinds else none
     homs = homonym_examples() if _intent.HOMONYM in r.kinds else none  # the training verbs' homonyms, benign
     if _intent.STATED in r.kinds:  # the stated-act rows join them: the orders above 1 train on them, order 1 does not
@@ -402,7 +418,8 @@ def _plan(r: _Request, t: _Texts, *, max_tokens: int | None, tau: float | None, 
                              alpha=r.alpha, window=r.window, skip=skip)
     prune = r.recipe != "paper" if prune_orders is None else bool(prune_orders)
     return TrainPlan(settings, r.cfg, recipe=r.recipe, families=r.families, tau=tau, target_fpr=target_fpr,
-                     intent=r.kinds, prune=prune, context_lengths=r.context_tokens)
+                     intent=r.kinds, prune=prune, context_lengths=r.context_tokens, shifts=r.shifts,
+                     everyday=r.everyday)
 
 
 def _check_contexts(tokenizer: Any, contexts: Any, lengths: Any, chat_template: bool,
