@@ -64,7 +64,7 @@ from tpc_hooks.synthetic import make_problem
 
 from _results import add_results_argument, recording, results_path
 
-PAPER_CS = tpc.FitConfig().Cs  # the paper's degree-1 C sweep, fit's default
+PAPER_CS = tpc.FitConfig(recipe="paper").resolved().Cs  # the paper's degree-1 C sweep
 
 LR = 1e-3
 WEIGHT_DECAY = 0.01

@@ -149,9 +149,9 @@ def test_the_default_trains_on_the_prompts_as_given_and_its_order_1_is_the_probe
     # order 1, against scikit-learn on the same rows
     Xt, Xv = np.asarray(X_tr, dtype=np.float64), np.asarray(X_va, dtype=np.float64)
     sc = StandardScaler().fit(Xt)
-    fits = [LogisticRegression(C=C, max_iter=500).fit(sc.transform(Xt), y[tr]) for C in tpc.FitConfig().Cs]
+    fits = [LogisticRegression(C=C, max_iter=500).fit(sc.transform(Xt), y[tr]) for C in tpc.FitConfig().resolved().Cs]
     aucs = [roc_auc_score(y[va], f.decision_function(sc.transform(Xv))) for f in fits]
-    at = tpc.FitConfig().Cs.index(mon.head.history.selected[1]["C"])
+    at = tpc.FitConfig().resolved().Cs.index(mon.head.history.selected[1]["C"])
     assert aucs[at] == pytest.approx(max(aucs))  # ties go to the lower validation loss
     chosen = fits[at]
     got = mon.head(torch.as_tensor(X_va), order=1).detach().double().numpy()
