@@ -58,12 +58,15 @@ def test_quick_demo_writes_a_complete_run(default_run):
     assert mon.site == res["site"] and mon.chat_template and mon.cascade is not None
     # what a deployment sees: the saved monitor is train_monitor's, and its row is its own threshold on the test split
     dep = res["deployment"]
-    assert "What a deployment sees" in report and mon.report["recipe"] == "default" and mon.report["augment"]["intent"]
+    assert "What a deployment sees" in report and mon.report["recipe"] == "default"
+    assert mon.report["augment"]["intent"] == [] and mon.report["augment"]["n_train_rewrites"] == 0  # the prompts as given
     assert [r["order"] for r in dep["rows"]] == [str(n) for n in range(1, mon.head.degree + 1)] + ["deployed"]
     assert dep["orders"]["kept"] == mon.head.degree and set(dep["n_hard"]) >= {"homonym", "law", "fiction"}
     op = mon.report["operating_point"]  # the threshold's rate on each source of the benign validation prompts
-    assert dep["by_source"] == op["by_source"] and sum(v["n"] for v in op["by_source"].values()) == op["n_benign"]
-    assert sum(v["flagged"] for v in op["by_source"].values()) == op["flagged"] and "sharegpt, wrapped" in op["by_source"]
+    everyday = {k: v for k, v in op["by_source"].items() if k in op["everyday"]}  # the threshold is set on these
+    assert op["everyday"] == ["gsm8k", "sharegpt"] and dep["by_source"] == op["by_source"]
+    assert sum(v["n"] for v in everyday.values()) == op["n_benign"] < sum(v["n"] for v in op["by_source"].values())
+    assert sum(v["flagged"] for v in everyday.values()) == op["flagged"] and "sharegpt, wrapped" in op["by_source"]
     assert "flags of each source's" in report
     from tpc_hooks._demo import _subsample
     from tpc_hooks.data import default_prompt_set
