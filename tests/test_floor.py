@@ -172,6 +172,19 @@ def test_train_monitor_sets_its_threshold_on_the_everyday_sources(lm):
     assert set(op["by_source"]) == {names[i] for i in va if y[i] == 0}
 
 
+def test_an_everyday_source_with_no_benign_validation_prompt_is_left_out_of_the_threshold(lm):
+    """A small set can put all of one everyday source's benign prompts in the training split: the
+    threshold is set on the everyday sources the validation split has."""
+    prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
+    tr, va = split_positions(prompts, y, 0.5, "stratified", 0)
+    names = ["forum"] * 16
+    names[next(i for i in tr if y[i] == 0)] = "math"  # math's one benign prompt is a training prompt
+    kw = dict(degree=1, rank=2, epochs=1, val_fraction=0.5, target_fpr=0.25, verbose=False)
+    mon = tpc.train_monitor(lm, prompts, y, SITE, sources=names, everyday=["forum", "math"], **kw)
+    op = mon.report["operating_point"]
+    assert op["everyday"] == ["forum"] and op["n_benign"] == sum(1 for i in va if y[i] == 0)
+
+
 @pytest.mark.parametrize("kw, message", [
     ({"everyday": ["forum"]}, "it needs sources="),
     ({"sources": ["forum"] * 8 + ["chat"] * 8, "everyday": ["forum"]}, "which have no benign prompt"),

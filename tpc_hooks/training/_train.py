@@ -247,7 +247,10 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
         return monitor
     benign, sources = _report(monitor, d, tokens, X_va, y_va, g_va, plan)
     if plan.target_fpr is not None:
-        monitor.calibrate_activations(benign, plan.target_fpr, sources=sources, everyday=plan.everyday)
+        everyday = plan.everyday
+        if everyday is not None and sources is not None:  # an everyday source may have no benign validation prompt
+            everyday = tuple(n for n in everyday if n in set(sources.tolist()))
+        monitor.calibrate_activations(benign, plan.target_fpr, sources=sources, everyday=everyday)
     return monitor
 
 
