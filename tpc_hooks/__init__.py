@@ -33,6 +33,9 @@ from .monitoring._records import WatchLog as WatchLog
 from .serving._review import logged_peaks as logged_peaks
 from .serving._review import read_review_log as read_review_log
 from .training._fit import fit as fit
+from .training._outside import Evaluation as Evaluation
+from .training._outside import evaluate as evaluate
+from .training._outside import evaluate_activations as evaluate_activations
 from .training._select import choose_site as choose_site
 from .training._train_monitor import train_monitor as train_monitor
 
@@ -53,6 +56,9 @@ __all__ = [
     "collect",
     "train_monitor",
     "choose_site",
+    "evaluate",
+    "evaluate_activations",
+    "Evaluation",
     "Monitor",
     "MonitorConfig",
     "MonitorSet",

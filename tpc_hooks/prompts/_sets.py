@@ -495,7 +495,8 @@ def _as_label(value: Any) -> int | None:
     return int(f) if f in (0.0, 1.0) else None
 
 
-def outside_sets() -> dict[str, PromptSet]:
+def outside_sets(*, n_sharegpt: int = 0, exclude: Sequence[str] = (), seed: int = 0,
+                 max_chars: int = 600) -> dict[str, PromptSet]:
     """The packaged prompt sets no template of this package built: ``harmbench`` and
     ``refusal_benign`` are the default set's held-out sources, ``counterparts``, ``past`` and
     ``future`` are not in it, and ``edgy`` is its ``overrefusal`` source (take it out of the
@@ -510,22 +511,38 @@ def outside_sets() -> dict[str, PromptSet]:
     ``future``          1      the same into the future tense (690)
     ``harmbench``       1      HarmBench's 200 standard behaviours
     ``refusal_benign``  0      the benign question of each refusal pair (150)
+    ``sharegpt``        0      with ``n_sharegpt``: that many ShareGPT first turns none of ``exclude``
+                               equals (everyday traffic a monitor never saw)
     ==================  =====  =============================================================================
 
+    Args:
+        n_sharegpt: how many unseen ShareGPT first turns to add as ``sharegpt`` (0: none), drawn
+            by ``seed`` among those of at most ``max_chars`` characters.
+        exclude: texts the ``sharegpt`` set must not hold (a monitor's training prompts, a whole
+            prompt set's texts); compared casefolded with whitespace collapsed.
+
     Returns:
-        ``{name: PromptSet}`` in the order of :data:`OUTSIDE_SETS`.
+        ``{name: PromptSet}`` in the order of :data:`OUTSIDE_SETS` (then ``sharegpt``).
 
     Raises:
-        TPCHooksError: a data package is missing (the message has the install command).
+        TPCHooksError: a data package is missing (the message has the install command), or
+            ``n_sharegpt`` is negative.
 
     Example:
         >>> sets = outside_sets()  # doctest: +SKIP
         >>> {k: len(v) for k, v in sets.items()}  # doctest: +SKIP
         {'edgy': 150, 'counterparts': 150, 'past': 730, 'future': 690, 'harmbench': 200, 'refusal_benign': 150}
     """
+    if isinstance(n_sharegpt, bool) or not isinstance(n_sharegpt, int) or n_sharegpt < 0:
+        raise TPCHooksError(f"n_sharegpt must be a whole number >= 0; got {n_sharegpt!r}")
     tense = _sources.tense_rewrites()
     rows = {"edgy": _sources.overrefusal(), "counterparts": _sources.refusal_harmful(),
             "past": [r for r in tense if r.category == "past"], "future": [r for r in tense if r.category == "future"],
             "harmbench": _sources.harmbench(), "refusal_benign": _sources.refusal_benign()}
+    if n_sharegpt:
+        seen = {_norm(t) for t in exclude}
+        unseen = [r for r in _sources.sharegpt() if len(r.text) <= max_chars and _norm(r.text) not in seen]
+        _rng(seed, "constructions-sharegpt").shuffle(unseen)
+        rows["sharegpt"] = unseen[:n_sharegpt]
     return {name: PromptSet([r.text for r in got], [r.label for r in got], [r.source for r in got],
                             [r.category for r in got], [r.adversarial for r in got]) for name, got in rows.items()}

@@ -209,7 +209,10 @@ def train_monitor(
     chats = _collect_chats(request, batch_size=batch_size, sae=sae, verbose=verbose)
     data = {s: _train_data(rows[s], texts, request, chats) for s in request.sites}
     plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr, prune_orders=prune_orders)
-    return train(data, plan, sae=sae, verbose=verbose, **request.fit_args)
+    monitor = train(data, plan, sae=sae, verbose=verbose, **request.fit_args)
+    # how the prompts were split: what tpc.evaluate needs to train its probe on the same rows
+    monitor.report["split"] = {"val_fraction": request.val_fraction, "split": split, "seed": request.cfg.seed}
+    return monitor
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,331 @@
+"""A monitor on prompt sets another hand built, beside a linear probe trained on the same rows.
+
+:func:`evaluate` reads the model once over the monitor's training prompts and the packaged
+outside-built sets (:func:`tpc_hooks.data.outside_sets`), trains the probe the floor is defined by
+(scikit-learn's logistic regression on standardised activations of the prompts as given, ``C``
+by validation AUROC, on the monitor's own training rows, at the best candidate site by its own
+validation AUROC) and reports, per set, the share each method flags: the monitor at its deployed
+threshold, and the probe and each order of the monitor at one rate (``fpr``) of the same everyday
+benign validation prompts. :func:`evaluate_activations` does the same on activations already read
+(the benchmarks' cached ones).
+"""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score, roc_curve
+from sklearn.preprocessing import StandardScaler
+
+from ..activations._collect import check_prompts, collect
+from ..head._checks import check_labels
+from ..head._errors import TPCHooksError
+from ..head._history import PROBE_CS
+from ..head._kernel import flagged
+from ..head._metrics import threshold_at_fpr
+from ..monitoring._calibrate import check_sources, everyday_rows
+from ..monitoring._monitor import Monitor
+from ..prompts._promptset import PromptSet
+from ..prompts._sets import outside_sets
+from ..prompts._sources import norm
+from ..prompts._splits import rng
+from ._split import split_positions
+
+PROBE = "probe"  # the method names of an Evaluation's tables
+DEPLOYED = "monitor, deployed"
+N_SHAREGPT = 1000
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What :func:`evaluate` measured. Shares are fractions in [0, 1].
+
+    Attributes:
+        site: the monitor's site; ``probe_site``, ``probe_C``, ``probe_val_auroc``: the probe's
+            (the best candidate site and ``C`` by its validation AUROC).
+        fpr: the rate: the probe's and each order's threshold flags this share of the everyday
+            benign validation prompts (``n_everyday`` of them).
+        threshold: the monitor's deployed threshold (a probability); ``deployed_rate``: the share
+            of the everyday benign validation prompts it flags.
+        sets: per set, its ``label`` (1 harmful: the share flagged is recall; 0 benign: the share
+            is over-refusal), ``n`` prompts scored and ``n_seen`` left out because they are
+            training or validation prompts of the monitor.
+        shares: per method (``"probe"``, ``"monitor, deployed"``, ``"order 1"``, ...), per set,
+            the share flagged.
+        curves: per method but the deployed one, per set, ``(rate, share)``: the share of the set
+            flagged against the share of the everyday benign validation prompts flagged, as the
+            threshold sweeps (scikit-learn's ``roc_curve``).
+        kept: the monitor's orders (its head's degree).
+    """
+
+    site: str
+    probe_site: str
+    probe_C: float
+    probe_val_auroc: float
+    fpr: float
+    threshold: float
+    deployed_rate: float
+    n_everyday: int
+    kept: int
+    sets: dict[str, dict[str, int]]
+    shares: dict[str, dict[str, float]]
+    curves: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = field(repr=False)
+
+    @property
+    def methods(self) -> list[str]:
+        return list(self.shares)
+
+    def floor_gaps(self) -> dict[str, float]:
+        """Per harmful set, the deployed monitor's share minus the probe's, in points (the floor:
+        not far below 0)."""
+        return {k: 100 * (self.shares[DEPLOYED][k] - self.shares[PROBE][k]) for k, v in self.sets.items()
+                if v["label"] == 1}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything but the curves, JSON-ready."""
+        return {"site": self.site, "probe": {"site": self.probe_site, "C": self.probe_C,
+                                             "val_auroc": self.probe_val_auroc},
+                "fpr": self.fpr, "threshold": self.threshold, "deployed_rate": self.deployed_rate,
+                "n_everyday": self.n_everyday, "kept": self.kept, "sets": self.sets, "shares": self.shares,
+                "floor_gaps": self.floor_gaps()}
+
+    def rows(self) -> list[list[str]]:
+        """The summary table as text cells: a header, then one row per method (share flagged, %)."""
+        head = ["method", "threshold", *(f"{k} ({'recall' if v['label'] else 'flagged'})" for k, v in self.sets.items())]
+        out = [head]
+        for m, by_set in self.shares.items():
+            where = f"its own ({self.threshold:.4f})" if m == DEPLOYED else f"{self.fpr:.0%} everyday"
+            out.append([m, where, *(f"{100 * by_set[k]:.1f}" for k in self.sets)])
+        return out
+
+    def to_markdown(self) -> str:
+        """The summary table, the floor's gaps and what was measured on, as Markdown."""
+        rows = self.rows()
+        lines = ["| " + " | ".join(rows[0]) + " |", "|---|---|" + "---:|" * (len(rows[0]) - 2)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+        return "\n".join([*lines, "", self._caption()])
+
+    def to_html(self) -> str:
+        """The same table as a standalone HTML fragment."""
+        import html
+
+        rows = self.rows()
+        cells = lambda r, tag: "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in r)  # noqa: E731
+        body = "".join(f"<tr>{cells(r, 'td')}</tr>" for r in rows[1:])
+        return (f"<table><thead><tr>{cells(rows[0], 'th')}</tr></thead><tbody>{body}</tbody></table>"
+                f"<p>{html.escape(self._caption())}</p>")
+
+    def _caption(self) -> str:
+        gaps = ", ".join(f"{k} {v:+.1f}" for k, v in self.floor_gaps().items())
+        seen = {k: v["n_seen"] for k, v in self.sets.items() if v["n_seen"]}
+        return (f"Share flagged, %: the monitor ({self.site}, orders 1-{self.kept}) at its deployed threshold, which "
+                f"flags {100 * self.deployed_rate:.1f}% of the {self.n_everyday} everyday benign validation prompts; "
+                f"the probe ({self.probe_site}, C={self.probe_C:g}, validation AUROC {self.probe_val_auroc:.3f}) and "
+                f"each order at {self.fpr:.0%} of the same prompts. The deployed monitor minus the probe, points: "
+                f"{gaps}." + (f" Left out as training or validation prompts: {seen}." if seen else ""))
+
+    def plot(self, sets: Sequence[str] | None = None, *, ncols: int = 4) -> Any:
+        """Per set, the share flagged against the everyday benign rate (log scale), one line per
+        order and the probe; the deployed monitor is a point, the rate a dashed line. Needs
+        matplotlib; returns the figure.
+
+        Example:
+            >>> ev.plot().savefig("outside.png")  # doctest: +SKIP
+        """
+        import matplotlib.pyplot as plt
+
+        names = list(self.sets) if sets is None else list(sets)
+        nrows = -(-len(names) // ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.8 * nrows), squeeze=False)
+        floor = 0.5 / max(self.n_everyday, 1)
+        for ax, name in zip(axes.ravel(), names):
+            for m, curve in self.curves.items():
+                rate, share = curve[name]
+                ax.step(np.maximum(rate, floor), share, where="post", label=m, lw=1.2,
+                        color="black" if m == PROBE else None, ls="--" if m == PROBE else "-")
+            ax.plot([max(self.deployed_rate, floor)], [self.shares[DEPLOYED][name]], "o", color="crimson",
+                    label=DEPLOYED)
+            ax.axvline(self.fpr, color="grey", ls=":", lw=1)
+            ax.set(xscale="log", xlim=(floor, 1), ylim=(0, 1.02), title=name,
+                   xlabel="everyday benign flagged", ylabel="recall" if self.sets[name]["label"] else "flagged")
+        for ax in axes.ravel()[len(names):]:
+            ax.axis("off")
+        axes.ravel()[0].legend(fontsize=7, loc="lower right")
+        fig.tight_layout()
+        return fig
+
+
+def evaluate(model: Any, monitor: Monitor, prompts: Sequence[str], labels: Any, *,
+             sources: Sequence[str] | None = None, everyday: Sequence[str] | None = None,
+             sets: Mapping[str, PromptSet] | None = None, test: PromptSet | None = None, fpr: float = 0.01,
+             sites: Sequence[str] | None = None, n_sharegpt: int = N_SHAREGPT, limit: int | None = None,
+             val_fraction: float | None = None, split: str | None = None, seed: int | None = None,
+             batch_size: int = 8, verbose: bool = True) -> Evaluation:
+    """A monitor on the packaged outside-built sets, beside a linear probe trained on its own rows.
+
+    ``prompts``, ``labels`` (and ``sources``) are what the monitor was trained on
+    (``train_monitor``'s arguments); they are split again as it split them (its report records
+    ``val_fraction``, ``split`` and ``seed``). The probe trains on the training rows, chooses ``C``
+    and its site on the validation rows; its threshold and each order's flag ``fpr`` of the
+    everyday benign validation prompts, the rows the monitor's threshold was set on.
+
+    Args:
+        model: the model the monitor reads.
+        monitor: a per-prompt monitor (pooled); its report says how it was split and calibrated.
+        sources, everyday: as for ``train_monitor`` (default ``everyday``: the monitor's own).
+        sets: ``{name: PromptSet}`` to measure on (default: :func:`tpc_hooks.data.outside_sets`
+            with ``n_sharegpt`` ShareGPT first turns none of the prompts holds). A set's prompts
+            that are among ``prompts`` are left out (``Evaluation.sets[name]["n_seen"]``).
+        test: a labelled split of the monitor's own distribution, measured as ``test harmful``
+            and ``test benign``.
+        fpr: the rate of the probe's and the orders' thresholds.
+        sites: the probe's candidate sites (default: the monitor's).
+        limit: at most this many prompts of each set (a seeded draw), for a quick look.
+
+    Returns:
+        An :class:`Evaluation`: ``to_markdown()``, ``to_html()``, ``plot()``, ``floor_gaps()``.
+
+    Example:
+        >>> ev = tpc.evaluate(model, monitor, train.texts, train.labels,  # doctest: +SKIP
+        ...                   sources=tpc.data.source_names(train), everyday=tpc.data.EVERYDAY_SOURCES)
+        >>> print(ev.to_markdown())  # doctest: +SKIP
+    """
+    items = check_prompts(prompts)
+    y = check_labels(labels, len(items), "labels").numpy().astype(int)
+    names = check_sources(sources, len(items), "prompt")
+    if monitor.streaming:
+        raise TPCHooksError("evaluate compares a per-prompt monitor with a probe on the same pooled rows; this monitor "
+                            "scores every token (pooling='token'): score its prompts with monitor.score instead")
+    tr, va = _split(monitor, items, y, val_fraction, split, seed)
+    if everyday is None:
+        everyday = monitor.report.get("operating_point", {}).get("everyday") if names is not None else None
+    if everyday is not None and names is not None:  # an everyday source may have no validation prompt
+        everyday = [n for n in everyday if n in set(names[va].tolist())] or list(everyday)
+    on = va[(y[va] == 0) & (np.ones(len(va), bool) if everyday is None else everyday_rows(names[va], everyday))]
+    if not len(on):
+        raise TPCHooksError("no everyday benign validation prompt to set the rate on")
+    measured = _measured_sets(items, sets, test, n_sharegpt, limit, monitor.report.get("split", {}).get("seed", 0))
+    sites = [monitor.site] if sites is None else list(dict.fromkeys([*sites]))
+    every = [*items, *(t for ps, _ in measured.values() for t in ps.texts)]
+    acts = collect(model, every, sites if monitor.site in sites else [*sites, monitor.site], monitor.pooling,
+                   batch_size=batch_size, chat_template=monitor.chat_template, prepend_bos=monitor.prepend_bos,
+                   max_tokens=monitor.max_tokens, sae=monitor.sae, progress=verbose)
+    cut = np.cumsum([len(items), *(len(ps) for ps, _ in measured.values())])
+    rows = {s: np.split(acts[s].float().numpy(), cut[:-1]) for s in acts}
+    train = {s: rows[s][0] for s in sites}
+    found = {name: ({s: rows[s][i + 1] for s in rows}, ps.labels) for i, (name, (ps, _)) in enumerate(measured.items())}
+    ev = evaluate_activations(monitor, train, y, tr, va, on, found, fpr=fpr, seed=int(seed or 0))
+    return _with_seen(ev, {k: n for k, (_, n) in measured.items()})
+
+
+def evaluate_activations(monitor: Monitor, train: Mapping[str, np.ndarray], labels: np.ndarray, tr: np.ndarray,
+                         va: np.ndarray, everyday: np.ndarray, sets: Mapping[str, tuple[Any, Sequence[int]]], *,
+                         fpr: float = 0.01, seed: int = 0) -> Evaluation:
+    """:func:`evaluate` on activations already read: ``train[site]`` the pooled rows of the
+    monitor's prompts at each candidate site of the probe (the monitor's site among them),
+    ``labels`` theirs, ``tr`` / ``va`` the positions it trained and validated on, ``everyday`` the
+    positions (in ``va``) of the everyday benign validation prompts; ``sets[name] = (rows, labels)``
+    with ``rows`` a ``{site: array}`` or the monitor's site's array (then the probe's site must be
+    the monitor's)."""
+    y = np.asarray(labels).astype(int)
+    if monitor.site not in train:
+        raise TPCHooksError(f"train has no rows at the monitor's site {monitor.site!r}; it has {sorted(train)}")
+    fits = {s: _probe(Z[tr], y[tr], Z[va], y[va], seed) for s, Z in train.items()}
+    site = max(fits, key=lambda s: fits[s][2])  # the first best: the candidates' order breaks ties
+    score, C, auc = fits[site]
+    at = lambda v, s: v[s] if isinstance(v, Mapping) else (v if s == monitor.site else None)  # noqa: E731
+    if any(at(v, site) is None for v, _ in sets.values()):
+        raise TPCHooksError(f"the probe chose {site!r}, but the sets' rows are only at the monitor's site")
+    base = {"everyday": train[monitor.site][everyday], **{k: at(v, monitor.site) for k, (v, _) in sets.items()}}
+    scores = {PROBE: {"everyday": score(train[site][everyday]), **{k: score(at(v, site)) for k, (v, _) in sets.items()}}}
+    with torch.no_grad():
+        trunc = {k: monitor.head.truncations(torch.as_tensor(v, dtype=torch.float32)).double().numpy()
+                 for k, v in base.items()}
+        hit = {k: flagged(monitor.policy()(torch.as_tensor(v, dtype=torch.float32)).decision_logits,
+                          monitor.threshold).numpy() for k, v in base.items()}
+    scores.update({f"order {n}": {k: v[:, n - 1] for k, v in trunc.items()} for n in range(1, monitor.head.degree + 1)})
+    shares = {PROBE: {}, DEPLOYED: {k: float(v.mean()) for k, v in hit.items() if k != "everyday"}}
+    curves: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+    for m, s in scores.items():
+        t = threshold_at_fpr(s["everyday"], fpr)
+        shares[m] = {k: float((v > t).mean()) for k, v in s.items() if k != "everyday"}
+        curves[m] = {k: _curve(s["everyday"], v) for k, v in s.items() if k != "everyday"}
+    return Evaluation(site=monitor.site, probe_site=site, probe_C=C, probe_val_auroc=auc, fpr=fpr,
+                      threshold=float(monitor.threshold), deployed_rate=float(hit["everyday"].mean()),
+                      n_everyday=int(len(everyday)), kept=monitor.head.degree,
+                      sets={k: {"label": int(np.asarray(lab)[0]) if len(lab) else 0, "n": int(len(lab)), "n_seen": 0}
+                            for k, (_, lab) in sets.items()},
+                      shares=shares, curves=curves)
+
+
+def _probe(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, seed: int) -> tuple[Any, float, float]:
+    """The plain probe: standardised rows, logistic regression, ``C`` (of ``PROBE_CS``, smallest
+    first; ties go to the smaller) by validation AUROC. Returns its scoring function, ``C`` and
+    the AUROC."""
+    scaler = StandardScaler().fit(Xtr)
+    best = None
+    for C in sorted(PROBE_CS):
+        lr = LogisticRegression(C=C, max_iter=2000, random_state=seed).fit(scaler.transform(Xtr), ytr)
+        auc = float(roc_auc_score(yva, lr.decision_function(scaler.transform(Xva))))
+        if best is None or auc > best[2]:
+            best = (lr, C, auc)
+    lr, C, auc = best
+    return (lambda X: lr.decision_function(scaler.transform(X))), float(C), auc
+
+
+def _curve(benign: np.ndarray, other: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The share of ``other`` flagged against the share of ``benign`` flagged, as the threshold sweeps."""
+    rate, share, _ = roc_curve(np.r_[np.zeros(len(benign)), np.ones(len(other))], np.r_[benign, other])
+    return rate, share
+
+
+def _split(monitor: Monitor, items: list[str], y: np.ndarray, val_fraction: Any, split: Any,
+           seed: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The monitor's own train / validation positions: its report's split settings unless given."""
+    recorded = monitor.report.get("split", {})
+    val_fraction = recorded.get("val_fraction", 0.2) if val_fraction is None else val_fraction
+    how = recorded.get("split", "stratified") if split is None else split
+    seed = recorded.get("seed", 0) if seed is None else seed
+    tr, va = split_positions(items, y, val_fraction, how, seed)
+    n = monitor.report.get("n_train")
+    if n is not None and n != len(tr):
+        raise TPCHooksError(f"the monitor trained on {n} prompts, but these prompts split into {len(tr)} training "
+                            "prompts: pass the prompts and labels the monitor was trained on (and val_fraction, split "
+                            "and seed when its report does not record them)")
+    return tr, va
+
+
+def _measured_sets(items: list[str], sets: Any, test: PromptSet | None, n_sharegpt: int, limit: int | None,
+                   seed: int) -> dict[str, tuple[PromptSet, int]]:
+    """The sets to measure on, each without the prompts ``items`` holds, drawn down to ``limit``:
+    ``{name: (set, how many were left out as seen)}``."""
+    if sets is None:
+        sets = outside_sets(n_sharegpt=n_sharegpt, exclude=[*items, *(test.texts if test else ())], seed=seed)
+    out: dict[str, PromptSet] = {}
+    if test is not None:
+        y = np.asarray(test.labels)
+        out = {"test harmful": test.subset(np.flatnonzero(y == 1).tolist()),
+               "test benign": test.subset(np.flatnonzero(y == 0).tolist())}
+    out.update(sets)
+    seen = {norm(t) for t in items}
+    measured = {}
+    for name, ps in out.items():
+        if len(set(ps.labels)) > 1:
+            raise TPCHooksError(f"set {name!r} mixes labels; give each set one label (harmful or benign)")
+        keep = [i for i, t in enumerate(ps.texts) if norm(t) not in seen]
+        if limit is not None and len(keep) > limit:
+            keep = sorted(rng(seed, f"evaluate-{name}").sample(keep, limit))
+        if not keep:
+            raise TPCHooksError(f"set {name!r} has no prompt left to measure (empty, or every prompt is a training "
+                                "or validation prompt)")
+        measured[name] = (ps.subset(keep), sum(norm(t) in seen for t in ps.texts))
+    return measured
+
+
+def _with_seen(ev: Evaluation, seen: dict[str, int]) -> Evaluation:
+    for k, v in ev.sets.items():
+        v["n_seen"] = seen.get(k, 0)
+    return ev
