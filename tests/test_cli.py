@@ -161,3 +161,28 @@ def test_demo_hands_its_intent_kinds_to_the_deployed_monitor(monkeypatch, tmp_pa
     assert main(["demo", "--intent", "tense", "--out", str(tmp_path / "c")]) == 2  # before anything loads
     assert "kinds must be True, False or names" in capsys.readouterr().err
 
+
+
+@pytest.mark.slow
+def test_evaluate_puts_a_monitor_beside_a_probe_on_the_sets_another_hand_built(tmp_path, capsys):
+    """``tpc-hooks evaluate --monitor DIR --prompts FILE``: the table on stdout and in ``--out``,
+    the curves in ``--plot``, the figures in ``--json``; the form with ``--acts`` is unchanged."""
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps({"text": t, "label": int(i < 8)}) for i, t in enumerate(HARMFUL + BENIGN)))
+    model = offline.load_model(toolkit="transformer_lens")
+    ps = tpc.data.load_prompt_file(data)
+    mon = tpc.train_monitor(model, ps.texts, ps.labels, "blocks.6.hook_resid_post", degree=2, rank=2, epochs=2,
+                            val_fraction=0.5, target_fpr=0.25, prune_orders=False, verbose=False)
+    mon.save(tmp_path / "monitor")
+    md, png, js = tmp_path / "out.md", tmp_path / "curves.png", tmp_path / "e.json"
+    assert main(["evaluate", "--monitor", str(tmp_path / "monitor"), "--prompts", str(data), "--limit", "6",
+                 "--out", str(md), "--plot", str(png), "--json", str(js)]) == 0
+    printed = capsys.readouterr().out
+    got = json.loads(js.read_text())
+    assert list(got["sets"]) == ["edgy", "counterparts", "past", "future", "harmbench", "refusal_benign", "sharegpt"]
+    assert all(v["n"] == 6 for v in got["sets"].values())
+    assert set(got["shares"]) == {"probe", "monitor, deployed", "order 1", "order 2"}
+    assert md.read_text().strip() in printed and "| monitor, deployed |" in md.read_text()
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert main(["evaluate", "--monitor", str(tmp_path / "monitor"), "--acts", str(tmp_path), "--out", str(md)]) == 2
+    assert "go with the outside-built sets" in capsys.readouterr().err

@@ -68,6 +68,14 @@ def test_quick_demo_writes_a_complete_run(default_run):
     assert sum(v["n"] for v in everyday.values()) == op["n_benign"] < sum(v["n"] for v in op["by_source"].values())
     assert sum(v["flagged"] for v in everyday.values()) == op["flagged"] and "sharegpt, wrapped" in op["by_source"]
     assert "flags of each source's" in report
+    # beside a probe trained on its own rows, on the sets another hand built (40 prompts of each in a quick run)
+    outside = res["outside"]
+    assert list(outside["sets"]) == ["test harmful", "test benign", "edgy", "counterparts", "past", "future",
+                                     "harmbench", "refusal_benign", "sharegpt"]
+    assert all(0 < v["n"] <= 40 for v in outside["sets"].values()) and outside["sets"]["edgy"]["n_seen"] > 0
+    assert set(outside["shares"]) == {"probe", "monitor, deployed", *(f"order {n}" for n in range(1, mon.head.degree + 1))}
+    assert outside["markdown"] in report and (out / "outside.md").read_text().strip() == outside["markdown"].strip()
+    assert (out / "outside.png").stat().st_size > 1000
     from tpc_hooks._demo import _subsample
     from tpc_hooks.data import default_prompt_set
 

@@ -44,6 +44,14 @@ def test_the_quickstart_page_shows_the_lock_picking_request_flagged():
     assert re.search(r"\bok\s+\d\.\d{3}\s+How do I bake sourdough bread", html)
 
 
+def test_the_quickstart_page_shows_the_monitor_beside_the_probe_on_sets_another_hand_built():
+    html = page("tutorials/01_quickstart")
+    for row in ("probe", "monitor, deployed", "order 1"):
+        assert re.search(rf"<td[^>]*>{row}</td>", html), row
+    for column in ("counterparts (recall)", "past (recall)", "edgy (flagged)", "sharegpt (flagged)"):
+        assert re.search(rf"<th[^>]*>{re.escape(column)}</th>", html), column
+
+
 def test_contributing_page_shows_the_layers():
     svg = (Path(SITE) / "contributing" / "layers.svg").read_text()
     assert "head/" in svg and "runs back up" not in svg

@@ -8,6 +8,7 @@ linear probe). Importing this package imports no interpretability toolkit.
 import warnings
 
 from . import baselines as baselines  # a module: tpc.baselines.compare(...)
+from . import data as data  # a module: tpc.data.default_prompt_set(...), tpc.data.EVERYDAY_SOURCES
 from .activations._collect import collect as collect
 from .activations._store import ActivationStore as ActivationStore
 from .head._attribution import Attribution as Attribution

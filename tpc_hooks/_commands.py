@@ -117,9 +117,20 @@ def _train(sub: argparse._SubParsersAction) -> None:
 
 def _evaluate(sub: argparse._SubParsersAction) -> None:
     """``tpc-hooks evaluate``: metrics per order and the cascade sweep on collected splits."""
-    p = sub.add_parser("evaluate", help="metrics per order and the cascade sweep of a monitor on collected splits")
+    p = sub.add_parser("evaluate", help="a monitor beside a probe trained on its rows, on sets another hand built "
+                                        "(--model); or metrics per order and the cascade sweep on collected splits "
+                                        "(--acts)")
     p.add_argument("--monitor", required=True)
-    p.add_argument("--acts", required=True)
+    p.add_argument("--acts", default=None, help="collected splits to measure on (the splits' form)")
+    _model_args(p)
+    p.add_argument("--prompts", default=None,
+                   help="with --model: the CSV/JSONL the monitor was trained on (text, label, optional source columns; "
+                        "default: the packaged default set's training split, as tpc-hooks demo trains on)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the packaged set's seed (without --prompts; default: the one the monitor's split records)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many prompts of each set (a quick look)")
+    p.add_argument("--out", default=None, help="write the table here: .md or .html (with --model)")
+    p.add_argument("--plot", default=None, help="save the recall-vs-rate curves here, e.g. outside.png (with --model)")
     p.add_argument("--splits", nargs="+", default=["test"])
     p.add_argument("--decision", choices=("max", "last"), default=None,
                    help="per-token monitors: a prompt's score is the max of the aggregate over its tokens (default; "

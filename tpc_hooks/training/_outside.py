@@ -59,6 +59,11 @@ class Evaluation:
             flagged against the share of the everyday benign validation prompts flagged, as the
             threshold sweeps (scikit-learn's ``roc_curve``).
         kept: the monitor's orders (its head's degree).
+
+    Example:
+        >>> ev = tpc.evaluate(model, monitor, train.texts, train.labels)  # doctest: +SKIP
+        >>> ev.shares["monitor, deployed"]["past"] - ev.shares["probe"]["past"]  # doctest: +SKIP
+        >>> ev.floor_gaps()  # doctest: +SKIP
     """
 
     site: str
@@ -229,7 +234,12 @@ def evaluate_activations(monitor: Monitor, train: Mapping[str, np.ndarray], labe
     ``labels`` theirs, ``tr`` / ``va`` the positions it trained and validated on, ``everyday`` the
     positions (in ``va``) of the everyday benign validation prompts; ``sets[name] = (rows, labels)``
     with ``rows`` a ``{site: array}`` or the monitor's site's array (then the probe's site must be
-    the monitor's)."""
+    the monitor's).
+
+    Example:
+        >>> X = {monitor.site: train_rows}  # doctest: +SKIP
+        >>> ev = tpc.evaluate_activations(monitor, X, labels, tr, va, everyday, {"past": (past_rows, [1] * 730)})  # doctest: +SKIP
+    """
     y = np.asarray(labels).astype(int)
     if monitor.site not in train:
         raise TPCHooksError(f"train has no rows at the monitor's site {monitor.site!r}; it has {sorted(train)}")
