@@ -23,8 +23,15 @@ MODELS = {"SmolLM2-135M-Instruct": {"layers": (10, 15, 20), "chat_template": Tru
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
-def site(layer: int) -> str:
-    return f"blocks.{layer}.hook_resid_post"
+def site(layer: int | str, kind: str = "resid_post") -> str:
+    """The hook name of ``layer``'s ``kind`` (a full hook name is returned as it is)."""
+    return layer if isinstance(layer, str) else f"blocks.{layer}.hook_{kind}"
+
+
+def short(name: str) -> str:
+    """``"15"`` for ``blocks.15.hook_resid_post``, ``"15 mlp_out"`` for another site of layer 15."""
+    _, layer, hook = name.split(".")
+    return layer if hook == "hook_resid_post" else f"{layer} {hook.removeprefix('hook_')}"
 
 
 def digest(texts: list[str]) -> str:
@@ -35,7 +42,8 @@ def digest(texts: list[str]) -> str:
 def cached_activations(path: Path, texts: list[str], layers, model_box: list, name: str,
                        model: str = DEFAULT_MODEL) -> dict[int, np.ndarray]:
     """``{layer: X [len(texts), d_model]}`` (the packaged ``model`` via nnsight, mean pooling, the chat
-    template where :data:`MODELS` says), read from the stores under ``path`` or collected into them;
+    template where :data:`MODELS` says), read from the stores under ``path`` or collected into them
+    (a layer is a number, its residual stream, or a hook name);
     ``model_box`` holds the model once loaded (shared between calls); ``name`` labels the progress line."""
     want = digest(texts)
     stores = {}
