@@ -220,3 +220,14 @@ def test_evaluate_activations_on_random_rows_matches_scikit_learn():
         assert ev.shares["monitor, deployed"][name] == pytest.approx(float((p >= 0.7).mean()), abs=1e-9)
     assert ev.deployed_rate == pytest.approx(
         float((torch.sigmoid(mon.head(torch.as_tensor(train[SITE][everyday]))).detach().numpy() >= 0.7).mean()))
+
+
+def test_more_candidate_sites_give_the_probe_its_best_validation_auroc(lm, trained):
+    """``sites=`` adds candidates to the monitor's own: the probe's validation AUROC is the best of both."""
+    mon, prompts, y, names = trained
+    kw = dict(sources=names, sets=SETS, fpr=0.2, n_sharegpt=0, verbose=False)
+    own = tpc.evaluate(lm, mon, prompts, y, **kw)
+    other = "blocks.0.hook_resid_post"
+    both = tpc.evaluate(lm, mon, prompts, y, sites=[other], **kw)
+    assert both.probe_site in (SITE, other) and both.probe_val_auroc >= own.probe_val_auroc
+    assert both.shares["monitor, deployed"] == own.shares["monitor, deployed"]  # the monitor itself is unchanged

@@ -187,7 +187,7 @@ def evaluate(model: Any, monitor: Monitor, prompts: Sequence[str], labels: Any, 
         test: a labelled split of the monitor's own distribution, measured as ``test harmful``
             and ``test benign``.
         fpr: the rate of the probe's and the orders' thresholds.
-        sites: the probe's candidate sites (default: the monitor's).
+        sites: further candidate sites of the probe (the monitor's site is always one).
         limit: at most this many prompts of each set (a seeded draw), for a quick look.
 
     Returns:
@@ -213,9 +213,9 @@ def evaluate(model: Any, monitor: Monitor, prompts: Sequence[str], labels: Any, 
     if not len(on):
         raise TPCHooksError("no everyday benign validation prompt to set the rate on")
     measured = _measured_sets(items, sets, test, n_sharegpt, limit, monitor.report.get("split", {}).get("seed", 0))
-    sites = [monitor.site] if sites is None else list(dict.fromkeys([*sites]))
+    sites = list(dict.fromkeys([monitor.site, *(sites or ())]))
     every = [*items, *(t for ps, _ in measured.values() for t in ps.texts)]
-    acts = collect(model, every, sites if monitor.site in sites else [*sites, monitor.site], monitor.pooling,
+    acts = collect(model, every, sites, monitor.pooling,
                    batch_size=batch_size, chat_template=monitor.chat_template, prepend_bos=monitor.prepend_bos,
                    max_tokens=monitor.max_tokens, sae=monitor.sae, progress=verbose)
     cut = np.cumsum([len(items), *(len(ps) for ps, _ in measured.values())])
