@@ -41,9 +41,9 @@ floor's probe alike.
 ``--split grouped`` with the grouped validation split (every training below too).
 
 ``--variants`` then trains the opt-in recipes at the layer the default chose (``"phrasing"``,
-``"intent"``, the homonyms with a consistency weight of 0.1, ``escalate_only``, the other
-validation split) and prints,
-per variant, the same figures and each kept order's recall minus the plain probe's on every
+``"intent"``, the homonyms with a consistency weight of 0.1, ``escalate_only``, every trained
+order kept (``prune_orders=False``), the other validation split) and prints, per variant, the same
+figures and each kept order's recall minus the plain probe's on every
 shift. The variants share the default's collection: ``train_monitor``'s ``collect`` is wrapped so
 that each text's pooled rows are read from the model once (a prompt's pooled row does not depend
 on its batch) and reused; the recipe runs unchanged.
@@ -113,6 +113,8 @@ VARIANTS = {
     "recipe='intent', intent=('homonym',), consistency=0.1": {"recipe": "intent", "intent": ("homonym",),
                                                                "consistency": 0.1},
     "escalate_only=True": {"escalate_only": True},
+    # every trained order kept: what the higher orders would add in distribution and lose on the shifts
+    "prune_orders=False": {"prune_orders": False},
 }
 # the intent flips' weight and kind (--flips): a share of the training flips (each drawn by a hash of its text),
 # and each flip kind alone beside the homonyms
