@@ -409,6 +409,9 @@ def outside_evaluation(model: Any, monitor: Monitor, train: PromptSet, *, test: 
         else:
             plot.parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(plot, dpi=120)
+            import matplotlib.pyplot as plt
+
+            plt.close(fig)
     return ev
 
 

@@ -168,6 +168,20 @@ def everyday_rows(sources: np.ndarray | None, everyday: Any) -> np.ndarray | Non
     return np.isin(sources, sorted(names))
 
 
+def everyday_present(everyday: Any, sources: np.ndarray | None) -> Any:
+    """``everyday`` without the names ``sources`` lacks (a small split may hold no prompt of one),
+    all of it when none is present (:func:`everyday_rows` then says what is missing); None stays None.
+
+    Example:
+        >>> everyday_present(["chat", "math"], np.array(["chat", "chat, wrapped"], dtype=object))
+        ['chat']
+    """
+    if everyday is None or sources is None:
+        return everyday
+    have = set(sources.tolist())
+    return [n for n in everyday if n in have] or list(everyday)
+
+
 def rates_by_source(hit: np.ndarray, sources: np.ndarray) -> dict[str, Any]:
     """How a threshold set on a mixture of benign sources treats each of them: per source, the
     inputs, how many the threshold flags, the rate, and the exact (Clopper-Pearson) 95% interval of

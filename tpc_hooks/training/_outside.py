@@ -26,7 +26,7 @@ from ..head._errors import TPCHooksError
 from ..head._history import PROBE_CS
 from ..head._kernel import flagged
 from ..head._metrics import threshold_at_fpr
-from ..monitoring._calibrate import check_sources, everyday_rows
+from ..monitoring._calibrate import check_sources, everyday_present, everyday_rows
 from ..monitoring._monitor import Monitor
 from ..prompts._promptset import PromptSet
 from ..prompts._sets import outside_sets
@@ -207,8 +207,7 @@ def evaluate(model: Any, monitor: Monitor, prompts: Sequence[str], labels: Any, 
     tr, va = _split(monitor, items, y, val_fraction, split, seed)
     if everyday is None:
         everyday = monitor.report.get("operating_point", {}).get("everyday") if names is not None else None
-    if everyday is not None and names is not None:  # an everyday source may have no validation prompt
-        everyday = [n for n in everyday if n in set(names[va].tolist())] or list(everyday)
+    everyday = everyday_present(everyday, None if names is None else names[va])
     on = va[(y[va] == 0) & (np.ones(len(va), bool) if everyday is None else everyday_rows(names[va], everyday))]
     if not len(on):
         raise TPCHooksError("no everyday benign validation prompt to set the rate on")

@@ -18,6 +18,7 @@ from ..head._cascade import Cascade
 from ..head._checks import check_rate
 from ..head._errors import TPCHooksError
 from ..head._history import FitConfig
+from ..monitoring._calibrate import everyday_present
 from ..monitoring._monitor import Monitor
 from ..monitoring._monitor_config import MonitorConfig
 from ..prompts._context import hosted_rows
@@ -247,10 +248,8 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
         return monitor
     benign, sources = _report(monitor, d, tokens, X_va, y_va, g_va, plan)
     if plan.target_fpr is not None:
-        everyday = plan.everyday
-        if everyday is not None and sources is not None:  # an everyday source may have no benign validation prompt
-            everyday = tuple(n for n in everyday if n in set(sources.tolist()))
-        monitor.calibrate_activations(benign, plan.target_fpr, sources=sources, everyday=everyday)
+        monitor.calibrate_activations(benign, plan.target_fpr, sources=sources,
+                                      everyday=everyday_present(plan.everyday, sources))
     return monitor
 
 
