@@ -37,6 +37,11 @@ threshold sits on.
 ``attn_out``: what the MLP and attention add to the residual stream), for the monitor and the
 floor's probe alike.
 
+``--calibration N`` gives the default ``calibration=`` N ShareGPT first turns outside the set and
+outside the unseen ShareGPT set it is measured on (everyday traffic, unlabelled: its threshold, the
+kept orders' and the site choice's rates are set on them too, with the everyday benign validation
+prompts); the floor's probe is calibrated on the same rows.
+
 ``--intent KIND ...`` trains with those intent kinds instead of ``train_monitor``'s default;
 ``--split grouped`` with the grouped validation split (every training below too).
 
@@ -63,7 +68,7 @@ logistic regression on the chosen site's rows, out of fold, scores most like the
 prompts as given) beside as many drawn at random.
 
 Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m] [--sites ...] [--intent ...]
-[--split grouped] [--variants] [--flips] [--homonyms] [--unseen] [--consistency W ...]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
+[--split grouped] [--calibration N] [--variants] [--flips] [--homonyms] [--unseen] [--consistency W ...]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
 monitor's own collection and training, the evaluation sets' activations, cached under ``--cache``,
 then the variants; 10 min once the evaluation sets are cached).
 """
@@ -287,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sites", nargs="+", default=["resid_post"], metavar="KIND",
                     help="the candidate sites of each layer (resid_post, mlp_out, attn_out, resid_mid, resid_pre): "
                          "the monitor and the floor's probe choose among every layer's")
+    ap.add_argument("--calibration", type=int, default=0, metavar="N",
+                    help="train_monitor's calibration=: N ShareGPT first turns outside the set and the measured sets")
     ap.add_argument("--split", choices=SPLITS, default=None,
                     help="train_monitor's validation split (default: its own); --variants then also trains the other one")
     ap.add_argument("--variants", action="store_true",
@@ -302,12 +309,13 @@ def main(argv: list[str] | None = None) -> int:
                          "the templates (UNSEEN_LEVERS)")
     add_results_argument(ap, "bench_constructions")
     args = ap.parse_args(argv)
-    if args.model != DEFAULT_MODEL or args.sites != ["resid_post"] or args.intent or args.split or args.variants or args.flips or args.consistency \
+    if args.model != DEFAULT_MODEL or args.sites != ["resid_post"] or args.intent or args.split or args.calibration or args.variants or args.flips or args.consistency \
             or args.homonyms or args.unseen or args.seed:
         args.results_name = "_".join(["bench_constructions", *([args.model] if args.model != DEFAULT_MODEL else []),
                                       *(["sites-" + "-".join(args.sites)] if args.sites != ["resid_post"] else []),
                                       *(["intent-" + "-".join(args.intent)] if args.intent else []),
                                       *([f"split-{args.split}"] if args.split else []),
+                                      *([f"calibration-{args.calibration}"] if args.calibration else []),
                                       *(["variants"] if args.variants else []), *(["flips"] if args.flips else []),
                                       *(["homonyms"] if args.homonyms else []), *(["unseen"] if args.unseen else []),
                                       *(["consistency-" + "-".join(map(str, args.consistency))] if args.consistency else []),
@@ -363,8 +371,14 @@ def run(args: argparse.Namespace, collected: dict) -> int:
     train, val, test = (without(sets[k], HELD_OUT) for k in ("train", "val", "test"))
     held = sets["heldout"]
     model_box = [offline.load_model(args.model, toolkit="nnsight")]
+    outside = outside_sets(n_sharegpt=N_SHAREGPT + args.calibration, exclude=[t for ps in sets.values() for t in ps.texts],
+                           seed=args.seed)
+    traffic = outside["sharegpt"].texts[N_SHAREGPT:]  # drawn after the unseen set: the same unseen set as without
+    outside["sharegpt"] = outside["sharegpt"].subset(list(range(N_SHAREGPT)))
+    assert len(traffic) == args.calibration
     train_args = dict(chat_template=chat, seed=args.seed, verbose=False, sources=source_names(train),
-                      everyday=EVERYDAY_SOURCES, **({"split": args.split} if args.split else {}))
+                      everyday=EVERYDAY_SOURCES, **({"split": args.split} if args.split else {}),
+                      **({"calibration": traffic} if traffic else {}))
     mon = tpc.train_monitor(model_box[0], train.texts, train.labels, layers, **train_args,
                             **({"intent": tuple(args.intent)} if args.intent else {}))
     layer = short(mon.site)
@@ -375,11 +389,11 @@ def run(args: argparse.Namespace, collected: dict) -> int:
           f"{'' if not args.intent else ', intent=' + repr(tuple(args.intent))}, with `sources=source_names(train), "
           f"everyday={EVERYDAY_SOURCES}`; it chose layer {layer} and kept orders 1-{kept} (deployed threshold "
           f"{mon.threshold:.4f} on the probability of its policy, set at {FPR:.0%} of its {op['n_benign']} everyday "
-          f"benign validation prompts). Trained and collected in {time.time() - t0:.0f} s.\n")
+          f"benign validation prompts{f', {len(traffic)} of them calibration prompts' if traffic else ''}). "
+          f"Trained and collected in {time.time() - t0:.0f} s.\n")
     if "orders" in mon.report:
         print(f"Orders: {mon.report['orders']['note']}.\n")
 
-    outside = outside_sets(n_sharegpt=N_SHAREGPT, exclude=[t for ps in sets.values() for t in ps.texts], seed=args.seed)
     rows = {
         "train": (train.texts, np.array(train.labels)), "val": (val.texts, np.array(val.labels)),
         "test": (test.texts, np.array(test.labels)),
@@ -387,6 +401,7 @@ def run(args: argparse.Namespace, collected: dict) -> int:
         "harmbench": ([t for t, s in zip(held.texts, held.sources) if s == "harmbench"], None),
         "refusal_benign": ([t for t, s in zip(held.texts, held.sources) if s == "refusal_benign"], None),
         "sharegpt, outside the set": (outside["sharegpt"].texts, None),
+        **({f"calibration-{len(traffic)}": (traffic, None)} if traffic else {}),
     }
     every = {k: cached_activations(cache / ("shared" if k in SHARED_SETS else f"seed-{args.seed}") / k.split(",")[0],
                                    texts, layers, model_box, k, model=args.model)
@@ -401,7 +416,8 @@ def run(args: argparse.Namespace, collected: dict) -> int:
     ytr = y["train"]
     tr, va = split_positions(train.texts, ytr, 0.2, args.split or DEFAULT_SPLIT, args.seed)
     floor = tpc.evaluate_activations(mon, {site(L): every["train"][L] for L in layers}, ytr, tr, va,
-                                     va[everyday(train)[va]], measured_sets(every, y, layers), fpr=FPR, seed=args.seed)
+                                     va[everyday(train)[va]], measured_sets(every, y, layers), fpr=FPR, seed=args.seed,
+                                     calibration={site(L): every[f"calibration-{len(traffic)}"][L] for L in layers} if traffic else None)
     same_layer = short(floor.probe_site)
     both = {L: np.concatenate([every["train"][L], every["val"][L]]) for L in layers}
     n_tr = len(ytr)

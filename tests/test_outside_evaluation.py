@@ -61,7 +61,7 @@ def _by_hand(scores: np.ndarray, fpr: float) -> float:
 def test_evaluate_matches_an_independent_computation(lm, trained):
     mon, prompts, y, names = trained
     ev = tpc.evaluate(lm, mon, prompts, y, sources=names, sets=SETS, fpr=0.2, n_sharegpt=0, verbose=False)
-    assert mon.report["split"] == {"val_fraction": 0.5, "split": "stratified", "seed": 0}
+    assert mon.report["split"] == {"val_fraction": 0.5, "split": "stratified", "seed": 0, "n_calibration": 0}
     tr, va = split_positions(prompts, y, 0.5, "stratified", 0)
     every = prompts + [t for ps in SETS.values() for t in ps.texts]
     X = tpc.collect(lm, every, [SITE], "mean", chat_template=mon.chat_template, prepend_bos=mon.prepend_bos,

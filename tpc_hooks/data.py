@@ -29,7 +29,8 @@ same filters), as benign context for long-context tests of streaming monitors;
 :func:`sharegpt_contexts` joins them into contexts of a given token length, and
 :func:`in_conversation` places a request in one and says where its tokens are;
 :func:`host_requests` and :func:`token_labels` build and label the sequences
-``train_monitor(pooling="token", contexts=...)`` trains on.
+``train_monitor(pooling="token", contexts=...)`` trains on. :func:`everyday_prompts` draws
+unlabelled ShareGPT first turns to set a threshold on (``train_monitor(calibration=...)``).
 """
 
 from .prompts._context import sharegpt_contexts as sharegpt_contexts
@@ -43,6 +44,7 @@ from .prompts._promptset import splits_summary as splits_summary
 from .prompts._promptset import source_names as source_names
 from .prompts._sets import default_prompt_set as default_prompt_set
 from .prompts._sets import outside_sets as outside_sets
+from .prompts._sets import everyday_prompts as everyday_prompts
 from .prompts._sets import phrasing_benchmark as phrasing_benchmark
 from .prompts._sets import intent_benchmark as intent_benchmark
 from .prompts._sets import rewrites as rewrites
@@ -64,6 +66,7 @@ from .prompts._sources import INSTALL as INSTALL
 __all__ = [
     "default_prompt_set",
     "outside_sets",
+    "everyday_prompts",
     "phrasing_benchmark",
     "intent_benchmark",
     "PromptSet",

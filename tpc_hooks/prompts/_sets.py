@@ -495,6 +495,34 @@ def _as_label(value: Any) -> int | None:
     return int(f) if f in (0.0, 1.0) else None
 
 
+def everyday_prompts(n: int, *, exclude: Sequence[str] = (), seed: int = 0, max_chars: int = 600) -> list[str]:
+    """``n`` ShareGPT first user turns (at most ``max_chars`` characters) none of ``exclude``
+    equals, in a seeded draw: unlabelled everyday traffic for ``train_monitor(calibration=...)``.
+
+    Pass the prompts the monitor trains on, and any set you will measure on, as ``exclude``
+    (compared casefolded with whitespace collapsed). The packaged prompt sets draw their ShareGPT
+    turns from the same pool, so exclude a whole set's texts, not just its training split.
+
+    Raises:
+        TPCHooksError: the sharegpt data package is missing (the message has the install command),
+            ``n`` is not a whole number >= 1, or fewer than ``n`` turns are left.
+
+    Example:
+        >>> splits = default_prompt_set(seed=0)  # doctest: +SKIP
+        >>> traffic = everyday_prompts(1000, exclude=[t for ps in splits.values() for t in ps.texts])  # doctest: +SKIP
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise TPCHooksError(f"n must be a whole number >= 1; got {n!r}")
+    seen = {_norm(t) for t in exclude}
+    pool = sorted({_norm(r.text): r.text for r in _sources.sharegpt()
+                   if len(r.text) <= max_chars and _norm(r.text) not in seen}.values())
+    if len(pool) < n:
+        raise TPCHooksError(f"only {len(pool)} ShareGPT turns of at most {max_chars} characters are left outside "
+                            f"exclude; asked for {n}")
+    _rng(seed, "everyday-prompts").shuffle(pool)
+    return pool[:n]
+
+
 def outside_sets(*, n_sharegpt: int = 0, exclude: Sequence[str] = (), seed: int = 0,
                  max_chars: int = 600) -> dict[str, PromptSet]:
     """The packaged prompt sets no template of this package built: ``harmbench`` and

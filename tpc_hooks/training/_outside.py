@@ -52,7 +52,7 @@ class Evaluation:
             of the everyday benign validation prompts it flags.
         sets: per set, its ``label`` (1 harmful: the share flagged is recall; 0 benign: the share
             is over-refusal), ``n`` prompts scored and ``n_seen`` left out because they are
-            training or validation prompts of the monitor.
+            training, validation or calibration prompts of the monitor.
         shares: per method (``"probe"``, ``"monitor, deployed"``, ``"order 1"``, ...), per set,
             the share flagged.
         curves: per method but the deployed one, per set, ``(rate, share)``: the share of the set
@@ -168,14 +168,15 @@ def evaluate(model: Any, monitor: Monitor, prompts: Sequence[str], labels: Any, 
              sets: Mapping[str, PromptSet] | None = None, test: PromptSet | None = None, fpr: float = 0.01,
              sites: Sequence[str] | None = None, n_sharegpt: int = N_SHAREGPT, limit: int | None = None,
              val_fraction: float | None = None, split: str | None = None, seed: int | None = None,
-             batch_size: int = 8, verbose: bool = True) -> Evaluation:
+             calibration: Sequence[str] | None = None, batch_size: int = 8, verbose: bool = True) -> Evaluation:
     """A monitor on the packaged outside-built sets, beside a linear probe trained on its own rows.
 
     ``prompts``, ``labels`` (and ``sources``) are what the monitor was trained on
     (``train_monitor``'s arguments); they are split again as it split them (its report records
     ``val_fraction``, ``split`` and ``seed``). The probe trains on the training rows, chooses ``C``
     and its site on the validation rows; its threshold and each order's flag ``fpr`` of the
-    everyday benign validation prompts, the rows the monitor's threshold was set on.
+    everyday benign validation prompts and the calibration prompts, the rows the monitor's
+    threshold was set on.
 
     Args:
         model: the model the monitor reads.
@@ -189,6 +190,8 @@ def evaluate(model: Any, monitor: Monitor, prompts: Sequence[str], labels: Any, 
         fpr: the rate of the probe's and the orders' thresholds.
         sites: further candidate sites of the probe (the monitor's site is always one).
         limit: at most this many prompts of each set (a seeded draw), for a quick look.
+        calibration: the monitor's calibration prompts (``train_monitor(calibration=...)``);
+            needed when it had some (its report counts them). Left out of the sets measured.
 
     Returns:
         An :class:`Evaluation`: ``to_markdown()``, ``to_html()``, ``plot()``, ``floor_gaps()``.
@@ -205,35 +208,39 @@ def evaluate(model: Any, monitor: Monitor, prompts: Sequence[str], labels: Any, 
         raise TPCHooksError("evaluate compares a per-prompt monitor with a probe on the same pooled rows; this monitor "
                             "scores every token (pooling='token'): score its prompts with monitor.score instead")
     tr, va = _split(monitor, items, y, val_fraction, split, seed)
+    extra = _calibration(monitor, calibration)
     if everyday is None:
         everyday = monitor.report.get("operating_point", {}).get("everyday") if names is not None else None
     everyday = everyday_present(everyday, None if names is None else names[va])
     on = va[(y[va] == 0) & (np.ones(len(va), bool) if everyday is None else everyday_rows(names[va], everyday))]
     if not len(on):
         raise TPCHooksError("no everyday benign validation prompt to set the rate on")
-    measured = _measured_sets(items, sets, test, n_sharegpt, limit, monitor.report.get("split", {}).get("seed", 0))
+    measured = _measured_sets(items, sets, test, n_sharegpt, limit, monitor.report.get("split", {}).get("seed", 0),
+                              extra)
     sites = list(dict.fromkeys([monitor.site, *(sites or ())]))
-    every = [*items, *(t for ps, _ in measured.values() for t in ps.texts)]
+    every = [*items, *extra, *(t for ps, _ in measured.values() for t in ps.texts)]
     acts = collect(model, every, sites, monitor.pooling,
                    batch_size=batch_size, chat_template=monitor.chat_template, prepend_bos=monitor.prepend_bos,
                    max_tokens=monitor.max_tokens, sae=monitor.sae, progress=verbose)
-    cut = np.cumsum([len(items), *(len(ps) for ps, _ in measured.values())])
+    cut = np.cumsum([len(items), len(extra), *(len(ps) for ps, _ in measured.values())])
     rows = {s: np.split(acts[s].float().numpy(), cut[:-1]) for s in acts}
     train = {s: rows[s][0] for s in sites}
-    found = {name: ({s: rows[s][i + 1] for s in rows}, ps.labels) for i, (name, (ps, _)) in enumerate(measured.items())}
-    ev = evaluate_activations(monitor, train, y, tr, va, on, found, fpr=fpr, seed=int(seed or 0))
+    found = {name: ({s: rows[s][i + 2] for s in rows}, ps.labels) for i, (name, (ps, _)) in enumerate(measured.items())}
+    ev = evaluate_activations(monitor, train, y, tr, va, on, found, fpr=fpr, seed=int(seed or 0),
+                              calibration={s: rows[s][1] for s in sites} if extra else None)
     return _with_seen(ev, {k: n for k, (_, n) in measured.items()})
 
 
 def evaluate_activations(monitor: Monitor, train: Mapping[str, np.ndarray], labels: np.ndarray, tr: np.ndarray,
                          va: np.ndarray, everyday: np.ndarray, sets: Mapping[str, tuple[Any, Sequence[int]]], *,
-                         fpr: float = 0.01, seed: int = 0) -> Evaluation:
+                         fpr: float = 0.01, seed: int = 0, calibration: Any = None) -> Evaluation:
     """:func:`evaluate` on activations already read: ``train[site]`` the pooled rows of the
     monitor's prompts at each candidate site of the probe (the monitor's site among them),
     ``labels`` theirs, ``tr`` / ``va`` the positions it trained and validated on, ``everyday`` the
     positions (in ``va``) of the everyday benign validation prompts; ``sets[name] = (rows, labels)``
     with ``rows`` a ``{site: array}`` or the monitor's site's array (then the probe's site must be
-    the monitor's).
+    the monitor's); ``calibration`` the rows of the monitor's calibration prompts (the same forms),
+    which join the everyday ones.
 
     Example:
         >>> X = {monitor.site: train_rows}  # doctest: +SKIP
@@ -248,8 +255,11 @@ def evaluate_activations(monitor: Monitor, train: Mapping[str, np.ndarray], labe
     at = lambda v, s: v[s] if isinstance(v, Mapping) else (v if s == monitor.site else None)  # noqa: E731
     if any(at(v, site) is None for v, _ in sets.values()):
         raise TPCHooksError(f"the probe chose {site!r}, but the sets' rows are only at the monitor's site")
-    base = {"everyday": train[monitor.site][everyday], **{k: at(v, monitor.site) for k, (v, _) in sets.items()}}
-    scores = {PROBE: {"everyday": score(train[site][everyday]), **{k: score(at(v, site)) for k, (v, _) in sets.items()}}}
+    if calibration is not None and at(calibration, site) is None:
+        raise TPCHooksError(f"the probe chose {site!r}, but the calibration rows are only at the monitor's site")
+    ref = lambda s: train[s][everyday] if calibration is None else np.concatenate([train[s][everyday], at(calibration, s)])  # noqa: E731
+    base = {"everyday": ref(monitor.site), **{k: at(v, monitor.site) for k, (v, _) in sets.items()}}
+    scores = {PROBE: {"everyday": score(ref(site)), **{k: score(at(v, site)) for k, (v, _) in sets.items()}}}
     with torch.no_grad():
         trunc = {k: monitor.head.truncations(torch.as_tensor(v, dtype=torch.float32)).double().numpy()
                  for k, v in base.items()}
@@ -264,7 +274,7 @@ def evaluate_activations(monitor: Monitor, train: Mapping[str, np.ndarray], labe
         curves[m] = {k: _curve(s["everyday"], v) for k, v in s.items() if k != "everyday"}
     return Evaluation(site=monitor.site, probe_site=site, probe_C=C, probe_val_auroc=auc, fpr=fpr,
                       threshold=float(monitor.threshold), deployed_rate=float(hit["everyday"].mean()),
-                      n_everyday=int(len(everyday)), kept=monitor.head.degree,
+                      n_everyday=int(len(base["everyday"])), kept=monitor.head.degree,
                       sets={k: {"label": int(np.asarray(lab)[0]) if len(lab) else 0, "n": int(len(lab)), "n_seen": 0}
                             for k, (_, lab) in sets.items()},
                       shares=shares, curves=curves)
@@ -308,9 +318,10 @@ def _split(monitor: Monitor, items: list[str], y: np.ndarray, val_fraction: Any,
 
 
 def _measured_sets(items: list[str], sets: Any, test: PromptSet | None, n_sharegpt: int, limit: int | None,
-                   seed: int) -> dict[str, tuple[PromptSet, int]]:
-    """The sets to measure on, each without the prompts ``items`` holds, drawn down to ``limit``:
-    ``{name: (set, how many were left out as seen)}``."""
+                   seed: int, calibration: Sequence[str] = ()) -> dict[str, tuple[PromptSet, int]]:
+    """The sets to measure on, each without the prompts ``items`` and ``calibration`` hold, drawn
+    down to ``limit``: ``{name: (set, how many were left out as seen)}``."""
+    items = [*items, *calibration]
     if sets is None:
         sets = outside_sets(n_sharegpt=n_sharegpt, exclude=[*items, *(test.texts if test else ())], seed=seed)
     out: dict[str, PromptSet] = {}
@@ -332,6 +343,17 @@ def _measured_sets(items: list[str], sets: Any, test: PromptSet | None, n_shareg
                                 "or validation prompt)")
         measured[name] = (ps.subset(keep), sum(norm(t) in seen for t in ps.texts))
     return measured
+
+
+def _calibration(monitor: Monitor, calibration: Any) -> list[str]:
+    """The monitor's calibration prompts, checked against the count its report records."""
+    n = monitor.report.get("split", {}).get("n_calibration", 0)
+    texts = [] if calibration is None else check_prompts(calibration)
+    if len(texts) != n:
+        raise TPCHooksError(f"the monitor's threshold was set with {n} calibration prompts; got {len(texts)}: pass "
+                            "the calibration= list it was trained with" if n else
+                            "this monitor was trained without calibration prompts; leave calibration out")
+    return texts
 
 
 def _with_seen(ev: Evaluation, seen: dict[str, int]) -> Evaluation:

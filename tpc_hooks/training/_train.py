@@ -31,6 +31,7 @@ TRAIN_RECIPES = ("default", "phrasing", "intent", "in_distribution", "paper")
 REWRITE_CONSISTENCY = 0.03  # fit's consistency weight on the training rewrites (bench_phrasing: the best of 0.03/0.1/0.3)
 PLAIN = "prompts"  # the validation group of the prompts as given (the others are phrasing families)
 INTENT = "intent"  # the validation group of the harmful prompts with their intent flips
+CALIBRATION = "calibration"  # the validation group (and source) of train_monitor's calibration prompts: benign, rates only
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,9 @@ class TrainPlan:
     (``prune``). ``shifts``: phrasing families the validation prompts are rewritten in but the fit
     neither trains nor selects on (constructions it never saw: the floor's test of the higher
     orders). ``everyday``: the sources (of the prompts' ``sources``) whose benign validation prompts
-    set the threshold (None: every benign validation prompt)."""
+    set the threshold (None: every benign validation prompt). Validation rows of the group
+    :data:`CALIBRATION` (everyday benign traffic, unlabelled) only set rates: the threshold, each
+    order's in the pruning, the site choice's; the fit neither trains nor selects on them."""
 
     monitor: MonitorConfig
     fit: FitConfig
@@ -212,8 +215,9 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     if cfg.consistency and plan.families and d.rewrites is not None:
         unlabelled = token_rows(list(d.rewrites.X), settings.skip)[0] if tokens else d.rewrites.X
     X_fit, y_fit, g_fit = X_va, y_va, g_va
-    if plan.shifts and X_va is not None:  # the fit neither trains nor selects on the held-out constructions
-        seen = ~np.isin(g_va, list(plan.shifts))
+    unfit = [*plan.shifts, CALIBRATION]  # the fit neither trains nor selects on the held-out constructions (or traffic)
+    if X_va is not None and np.isin(g_va, unfit).any():
+        seen = ~np.isin(g_va, unfit)
         X_fit, y_fit, g_fit = _take(X_va, seen), y_va[seen], g_va[seen]
     # selection over groups: the trained families, the intent group, the hosted chats (a group of their own)
     grouped = bool(plan.families or plan.intent or (tokens and "val" in tokens.chats))
@@ -285,8 +289,8 @@ def _earned(head: Any, d: TrainData, settings: MonitorConfig, sae: Any, plan: Tr
 
 def _calibrated(val: Examples, plan: TrainPlan) -> np.ndarray:
     """The validation rows the threshold is set on: the benign prompts as given, of the everyday
-    sources when the plan names them."""
-    rows = (val.groups == PLAIN) & (val.y == 0)
+    sources when the plan names them, and the calibration prompts."""
+    rows = _benign_given(val)
     if plan.everyday is not None and val.sources is not None:
         rows &= np.isin(val.sources, list(plan.everyday))
         if not rows.any():
@@ -294,6 +298,11 @@ def _calibrated(val: Examples, plan: TrainPlan) -> np.ndarray:
                                 "the threshold would have nothing to be set on; raise val_fraction or give more "
                                 "prompts of those sources")
     return rows
+
+
+def _benign_given(val: Examples) -> np.ndarray:
+    """The benign validation prompts as given (not their rewrites or flips) and the calibration prompts."""
+    return np.isin(val.groups, [PLAIN, CALIBRATION]) & (val.y == 0)
 
 
 def _orders_note(table: list[dict[str, Any]], kept: int, fpr: float) -> str:
@@ -358,18 +367,18 @@ def _report(monitor: Monitor, d: TrainData, tokens: _TokenRows | None, X_va: Any
     the worst validation group's, and the hosted chats'; returns the benign validation data the
     threshold is set on: the benign prompts as given (not their rewrites or the intent flips, which
     are many and easy: a threshold set among them flags more than ``target_fpr`` of ordinary
-    prompts; ``benchmarks/bench_intent.py``) and the hosted benign chats, with their sources when
+    prompts; ``benchmarks/bench_intent.py``), the calibration prompts and the hosted benign chats, with their sources when
     the prompts' are known (the chats': ``"contexts"``), else None."""
     val = d.val
     plain = val.groups == PLAIN
-    benign_plain = (val.y == 0) & plain
-    sources = None if val.sources is None else val.sources[benign_plain]
+    on = _benign_given(val)
+    sources = None if val.sources is None else val.sources[on]
     if tokens is None:
         monitor.report.update({
             "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, X_va[plain], val.y[plain])},
             "worst_validation_group": {"groups": sorted(set(g_va.tolist())),
                                        "per_order": worst_per_order(monitor, X_va, y_va, g_va)}})
-        return X_va[benign_plain], sources
+        return X_va[on], sources
     seqs = list(val.X)
     monitor.report.update({
         "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, [z for z, p in zip(seqs, plain) if p],
@@ -377,7 +386,7 @@ def _report(monitor: Monitor, d: TrainData, tokens: _TokenRows | None, X_va: Any
                        "decision": DECISIONS["max"]},
         "worst_validation_group": {"groups": sorted(set(val.groups.tolist())),
                                    "per_order": worst_per_order(monitor, seqs, val.y, val.groups)}})
-    benign = [z for z, p in zip(seqs, benign_plain) if p]
+    benign = [z for z, p in zip(seqs, on) if p]
     if "val" in tokens.chats:
         chats, (_, _, ends) = tokens.chats["val"]
         monitor.report["contexts"] = {

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from ..activations._collect import check_prompts, collect, token_batches
@@ -28,8 +29,9 @@ from ..monitoring._monitor_config import MonitorConfig
 from ..prompts import _intent, _phrasing
 from ..prompts._context import check_conversation, context_budget, host_splits, sharegpt_contexts
 from ..prompts._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
+from ..prompts._sources import norm
 from ._split import SPLITS, split_positions
-from ._train import (INTENT, PLAIN, TRAIN_RECIPES, Chats, Examples, TrainData, TrainPlan, check_target_fpr,
+from ._train import (CALIBRATION, INTENT, PLAIN, TRAIN_RECIPES, Chats, Examples, TrainData, TrainPlan, check_target_fpr,
                      default_aggregate, fit_config, train, val_sources)
 
 
@@ -66,6 +68,7 @@ def train_monitor(
     tokenizer: Any = None,
     sources: Sequence[str] | None = None,
     everyday: Sequence[str] | None = None,
+    calibration: Sequence[str] | None = None,
     **fit_kwargs: Any,
 ) -> Monitor:
     """Collects activations at ``site`` and trains a TPC monitor on them, in one call.
@@ -94,8 +97,8 @@ def train_monitor(
     ``target_fpr`` of them (:meth:`Monitor.calibrate_activations`), and a cascade (``tau``) exits
     around that threshold. With a few hundred benign validation prompts, 1% is a handful of them
     (``report["operating_point"]["fpr_interval_95"]`` says where the rate on new traffic may lie):
-    recalibrate on a larger sample of your own benign traffic with :meth:`Monitor.calibrate`
-    before deploying.
+    give a larger sample of your own benign traffic as ``calibration`` (or recalibrate with
+    :meth:`Monitor.calibrate` before deploying).
 
     Args:
         model: a TransformerLens, nnsight or plain ``transformers`` model.
@@ -190,6 +193,13 @@ def train_monitor(
             only; the other sources (e.g. benign requests inside jailbreak templates) are
             reported beside it. Default: every benign prompt. For the packaged set:
             ``sources=tpc.data.source_names(train), everyday=tpc.data.EVERYDAY_SOURCES``.
+        calibration: everyday benign traffic, unlabelled (taken as benign), none of it among
+            ``prompts``: collected with the validation prompts, it joins the rows the threshold is
+            set on (and each order's, when orders are pruned, and the site choice's), as source
+            ``"calibration"``; the fit neither trains nor selects on it. A 1% threshold set on 150
+            prompts sits on one or two of them; on 1000 more it sits on ten.
+            ``tpc.data.everyday_prompts(1000, exclude=prompts)`` draws ShareGPT first turns.
+            ``tpc.evaluate`` needs the same list to calibrate its probe the same way.
 
     Returns:
         A :class:`Monitor`; ``monitor.report`` holds validation metrics per order (on the
@@ -203,7 +213,8 @@ def train_monitor(
                      contexts=contexts, context_tokens=context_tokens, augment=augment, intent=intent, recipe=recipe,
                      target_fpr=target_fpr, val_fraction=val_fraction, split=split, chat_template=chat_template,
                      prepend_bos=prepend_bos, sae=sae, config=config, degree=degree, rank=rank, seed=seed,
-                     tokenizer=tokenizer, sources=sources, everyday=everyday, fit_kwargs=fit_kwargs)
+                     tokenizer=tokenizer, sources=sources, everyday=everyday, calibration=calibration,
+                     fit_kwargs=fit_kwargs)
     texts = _texts(request)
     rows = _collect(request, texts, max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose)
     chats = _collect_chats(request, batch_size=batch_size, sae=sae, verbose=verbose)
@@ -211,7 +222,8 @@ def train_monitor(
     plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr, prune_orders=prune_orders)
     monitor = train(data, plan, sae=sae, verbose=verbose, **request.fit_args)
     # how the prompts were split: what tpc.evaluate needs to train its probe on the same rows
-    monitor.report["split"] = {"val_fraction": request.val_fraction, "split": split, "seed": request.cfg.seed}
+    monitor.report["split"] = {"val_fraction": request.val_fraction, "split": split, "seed": request.cfg.seed,
+                               "n_calibration": len(request.calibration)}
     return monitor
 
 
@@ -244,6 +256,7 @@ class _Request:
     sources: np.ndarray | None = None
     shifts: tuple[str, ...] = ()
     everyday: tuple[str, ...] | None = None
+    calibration: tuple[str, ...] = ()
 
     @property
     def streaming(self) -> bool:
@@ -258,7 +271,7 @@ def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence
            alpha: float, window: int, contexts: Any, context_tokens: Any, augment: Any, intent: Any, recipe: str,
            target_fpr: Any, val_fraction: float, split: str, chat_template: bool | None, prepend_bos: bool | None,
            sae: Any, config: FitConfig | None, degree: Any, rank: Any, seed: Any, tokenizer: Any, sources: Any,
-           everyday: Any, fit_kwargs: dict[str, Any]) -> _Request:
+           everyday: Any, calibration: Any, fit_kwargs: dict[str, Any]) -> _Request:
     """Every argument checked (each error says what was expected) and resolved, before any model work."""
     items = check_prompts(prompts)
     y = check_labels(labels, len(items), "labels").numpy().astype(int)
@@ -269,6 +282,7 @@ def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence
             raise TPCHooksError(f"everyday names {sorted(set(sources[on].tolist()))}, which have no benign prompt: the "
                                 "threshold is set on the benign prompts of the everyday sources")
         everyday = tuple(sorted({str(v) for v in everyday}))
+    calibration = _check_calibration(calibration, items, sources)
     sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
     if not sites or not all(isinstance(s, str) for s in sites):
         raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
@@ -317,14 +331,14 @@ def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence
     return _Request(items, y, sites, adapter, pooling, aggregate, alpha, window, recipe, tuple(families), kinds,
                     chat_template, resolve_bos(adapter.tokenizer, prepend_bos, chat_template), contexts,
                     tuple(context_tokens) if contexts is not None else (), val_fraction, cfg, own, tr, va, sources,
-                    shifts, everyday)
+                    shifts, everyday, calibration)
 
 
 @dataclass(frozen=True)
 class _Texts:
     """The prompts one collection pass reads, in order: the prompts (training and validation), the
     training rewrites, the validation rewrites (every family), the training flips, the validation
-    flips (every kind) and homonyms, the training homonym rows; with every text's label, the
+    flips (every kind) and homonyms, the training homonym rows, the calibration prompts; with every text's label, the
     positions of each part (``at``) and the validation rows' groups."""
 
     texts: list[str]
@@ -335,8 +349,9 @@ class _Texts:
 
     @property
     def at_val(self) -> list[Any]:
-        """The validation rows: the prompts as given, their rewrites, then the group :data:`INTENT`."""
-        return self.at["val"] + self.at["views"] + self.at["intent"]
+        """The validation rows: the prompts as given, their rewrites, the group :data:`INTENT`, then
+        the calibration prompts (group :data:`CALIBRATION`)."""
+        return self.at["val"] + self.at["views"] + self.at["intent"] + self.at["calibration"]
 
 
 def _texts(r: _Request) -> _Texts:
@@ -354,30 +369,41 @@ def _texts(r: _Request) -> _Texts:
     val_homs = homonym_examples(verbs="val") if _intent.HOMONYM in r.kinds else none  # benign, in the group INTENT
     val_flips = intent_flips([items[i] for i in va], y[va], r.flip_kinds, every_kind=True, seed=seed) \
         if r.flip_kinds else none
-    texts = list(items) + aug.texts + views.texts + flips.texts + val_flips.texts + val_homs.texts + homs.texts
+    texts = list(items) + aug.texts + views.texts + flips.texts + val_flips.texts + val_homs.texts + homs.texts \
+        + list(r.calibration)
     n, cuts = len(items), np.cumsum([len(items), len(aug), len(views), len(flips), len(val_flips) + len(val_homs),
-                                     len(homs)])
+                                     len(homs), len(r.calibration)])
     at = {"train": list(tr), "val": list(va), "rewrites": list(range(n, cuts[1])), "views": list(range(cuts[1], cuts[2])),
           "flips": list(range(cuts[2], cuts[3])), "homonyms": list(range(cuts[4], cuts[5])),
           # the group INTENT: every harmful validation prompt as given, then the flips and homonyms
-          "intent": ([int(i) for i in va if y[i] == 1] if r.kinds else []) + list(range(cuts[3], cuts[4]))}
-    labels = np.concatenate([y] + [np.asarray(p.labels, dtype=int) for p in (aug, views, flips, val_flips, val_homs, homs)])
-    groups = np.asarray([PLAIN] * len(va) + list(views.categories) + [INTENT] * len(at["intent"]))
+          "intent": ([int(i) for i in va if y[i] == 1] if r.kinds else []) + list(range(cuts[3], cuts[4])),
+          "calibration": list(range(cuts[5], cuts[6]))}  # benign traffic: validation rows that only set rates
+    labels = np.concatenate([y] + [np.asarray(p.labels, dtype=int) for p in (aug, views, flips, val_flips, val_homs, homs)]
+                            + [np.zeros(len(r.calibration), dtype=int)])
+    groups = np.asarray([PLAIN] * len(va) + list(views.categories) + [INTENT] * len(at["intent"])
+                        + [CALIBRATION] * len(r.calibration))
     return _Texts(texts, labels, at, groups, flips)
 
 
 def _collect(r: _Request, t: _Texts, *, max_tokens: int | None, batch_size: int, sae: Any,
              verbose: bool) -> dict[str, Callable[[list[int]], Any]]:
-    """One collection pass over every text at every candidate site: per site, a function from text
-    positions to their rows (pooled ``[n, d]``, or one ``[T_i, d]`` per text for a per-token monitor)."""
+    """One collection pass over every text at every candidate site, then one over the calibration
+    prompts (batched apart, so that they change no other row by a rounding error): per site, a
+    function from text positions to their rows (pooled ``[n, d]``, or one ``[T_i, d]`` per text for
+    a per-token monitor)."""
     adapter = r.adapter
+    n = len(t.texts) - len(r.calibration)
+    parts = [p for p in (t.texts[:n], t.texts[n:]) if p]
     if r.streaming:
-        ids, _ = adapter.tokenize(t.texts, chat_template=r.chat_template, max_tokens=max_tokens, prepend_bos=r.bos)
-        with tqdm(total=len(ids), desc="collect tokens", unit="prompt", disable=not verbose) as bar:
-            acts = token_batches(adapter, ids, [adapter.site(r.sites[0])], batch_size, bar, sae=sae)
-        return {s: (lambda at, a=acts[s]: [a[i] for i in at]) for s in r.sites}
-    acts = collect(adapter, t.texts, r.sites, r.pooling, batch_size=batch_size, chat_template=r.chat_template,
-                   prepend_bos=r.bos, max_tokens=max_tokens, sae=sae, progress=verbose)
+        seqs: list[Any] = []
+        for part in parts:
+            ids, _ = adapter.tokenize(part, chat_template=r.chat_template, max_tokens=max_tokens, prepend_bos=r.bos)
+            with tqdm(total=len(ids), desc="collect tokens", unit="prompt", disable=not verbose) as bar:
+                seqs += token_batches(adapter, ids, [adapter.site(r.sites[0])], batch_size, bar, sae=sae)[r.sites[0]]
+        return {s: (lambda at, a=seqs: [a[i] for i in at]) for s in r.sites}
+    read = [collect(adapter, part, r.sites, r.pooling, batch_size=batch_size, chat_template=r.chat_template,
+                    prepend_bos=r.bos, max_tokens=max_tokens, sae=sae, progress=verbose) for part in parts]
+    acts = {s: torch.cat([a[s] for a in read]) for s in r.sites}
     return {s: (lambda at, a=acts[s]: a[at]) for s in r.sites}
 
 
@@ -410,6 +436,22 @@ def _train_data(rows: Callable[[list[int]], Any], t: _Texts, r: _Request, chats:
                      homonyms=Examples(rows(at["homonyms"]), labels[at["homonyms"]]) if at["homonyms"] else None)
 
 
+def _check_calibration(calibration: Any, items: list[str], sources: np.ndarray | None) -> tuple[str, ...]:
+    """``calibration``: None (none) or a non-empty list of prompts, none of them among ``items``
+    (a prompt the fit trained on would be scored low), and no prompt source named ``"calibration"``."""
+    if calibration is None:
+        return ()
+    texts = check_prompts(calibration)
+    seen = {norm(t) for t in items}
+    both = [t for t in texts if norm(t) in seen]
+    if both:
+        raise TPCHooksError(f"calibration holds {len(both)} of the prompts (first: {both[0][:60]!r}); the threshold "
+                            "is set on traffic the fit never saw: leave them out")
+    if sources is not None and CALIBRATION in set(sources.tolist()):
+        raise TPCHooksError(f"the source name {CALIBRATION!r} is the calibration prompts'; rename that source")
+    return tuple(texts)
+
+
 def _plan(r: _Request, t: _Texts, *, max_tokens: int | None, tau: float | None, target_fpr: float | None,
           prune_orders: bool | None) -> TrainPlan:
     """The monitor's settings (the first site's; :func:`train` swaps in the chosen one) and the recipe's
@@ -422,7 +464,7 @@ def _plan(r: _Request, t: _Texts, *, max_tokens: int | None, tau: float | None, 
     prune = r.recipe != "paper" if prune_orders is None else bool(prune_orders)
     return TrainPlan(settings, r.cfg, recipe=r.recipe, families=r.families, tau=tau, target_fpr=target_fpr,
                      intent=r.kinds, prune=prune, context_lengths=r.context_tokens, shifts=r.shifts,
-                     everyday=r.everyday)
+                     everyday=(*r.everyday, CALIBRATION) if r.everyday is not None and r.calibration else r.everyday)
 
 
 def _check_contexts(tokenizer: Any, contexts: Any, lengths: Any, chat_template: bool,

