@@ -38,9 +38,9 @@ threshold sits on.
 floor's probe alike.
 
 ``--calibration N`` gives the default ``calibration=`` N ShareGPT first turns outside the set and
-outside the unseen ShareGPT set it is measured on (everyday traffic, unlabelled: its threshold, the
-kept orders' and the site choice's rates are set on them too, with the everyday benign validation
-prompts); the floor's probe is calibrated on the same rows.
+outside the unseen ShareGPT set it is measured on (everyday traffic, unlabelled: its threshold and
+the kept orders' rates are set on them too, with the everyday benign validation prompts; the site
+choice is not); the floor's probe is calibrated on the same rows.
 
 ``--intent KIND ...`` trains with those intent kinds instead of ``train_monitor``'s default;
 ``--split grouped`` with the grouped validation split (every training below too).

@@ -40,6 +40,13 @@ def _rows(lm, mon, texts):
                        max_tokens=mon.max_tokens, progress=False)[SITE].float()
 
 
+def test_calibration_prompts_choose_no_site(lm):
+    sites = [SITE, "blocks.0.hook_resid_post"]
+    plain = tpc.train_monitor(lm, PROMPTS, Y, sites, **ARGS)
+    calibrated = tpc.train_monitor(lm, PROMPTS, Y, sites, calibration=TRAFFIC, **ARGS)
+    assert calibrated.report["site_selection"] == plain.report["site_selection"] and calibrated.site == plain.site
+
+
 def test_calibration_prompts_are_never_trained_on(pair):
     plain, calibrated = pair
     a, b = plain.head.state_dict(), calibrated.head.state_dict()
@@ -78,6 +85,9 @@ def test_evaluate_sets_the_probe_on_the_same_rows(lm, pair):
     assert ev.shares["probe"]["shifted"] == pytest.approx(float((lr.decision_function(sc.transform(shifted)) > t).mean()))
     with pytest.raises(TPCHooksError, match="10 calibration prompts; got 0"):
         tpc.evaluate(lm, mon, PROMPTS, Y, sources=NAMES, sets=SETS, n_sharegpt=0, verbose=False)
+    with pytest.raises(TPCHooksError, match="not the ones the monitor's threshold was set on"):
+        tpc.evaluate(lm, mon, PROMPTS, Y, sources=NAMES, sets=SETS, n_sharegpt=0, calibration=TRAFFIC[::-1],
+                     verbose=False)
 
 
 def test_bad_calibration_prompts_are_refused_before_the_model_runs(lm):
@@ -99,3 +109,17 @@ def test_everyday_prompts_are_seeded_and_leave_out_what_they_are_told():
     assert a[0] not in b
     with pytest.raises(TPCHooksError, match="whole number"):
         tpc.data.everyday_prompts(0)
+
+
+def test_read_texts_reads_a_traffic_file_and_refuses_a_bad_one(tmp_path):
+    from tpc_hooks.prompts._promptset import read_texts
+
+    (tmp_path / "t.jsonl").write_text('{"text": "How do I bake bread?", "id": 1}\n{"text": "What is 2 + 2?"}\n')
+    assert read_texts(tmp_path / "t.jsonl") == ["How do I bake bread?", "What is 2 + 2?"]
+    (tmp_path / "t.csv").write_text("prompt\nHello there\n")
+    assert read_texts(tmp_path / "t.csv", text_column="prompt") == ["Hello there"]
+    for name, body, match in (("e.txt", "\n\n", "holds no prompts"), ("c.csv", "prompt\nHi\n", "no column 'text'"),
+                              ("x.md", "Hi", "expected a .txt"), ("b.jsonl", '{"text": ""}', "non-empty text")):
+        (tmp_path / name).write_text(body)
+        with pytest.raises(TPCHooksError, match=match):
+            read_texts(tmp_path / name)

@@ -171,12 +171,17 @@ def test_evaluate_puts_a_monitor_beside_a_probe_on_the_sets_another_hand_built(t
     data.write_text("\n".join(json.dumps({"text": t, "label": int(i < 8)}) for i, t in enumerate(HARMFUL + BENIGN)))
     model = offline.load_model(toolkit="transformer_lens")
     ps = tpc.data.load_prompt_file(data)
+    traffic = tmp_path / "traffic.txt"
+    traffic.write_text("What is the weather like on Mars?\nSuggest a name for my bakery\nHow do I sort a list in Python?\n")
     mon = tpc.train_monitor(model, ps.texts, ps.labels, "blocks.6.hook_resid_post", degree=2, rank=2, epochs=2,
-                            val_fraction=0.5, target_fpr=0.25, prune_orders=False, verbose=False)
+                            val_fraction=0.5, target_fpr=0.25, prune_orders=False, verbose=False,
+                            calibration=traffic.read_text().splitlines())
     mon.save(tmp_path / "monitor")
     md, png, js = tmp_path / "out.md", tmp_path / "curves.png", tmp_path / "e.json"
+    assert main(["evaluate", "--monitor", str(tmp_path / "monitor"), "--prompts", str(data), "--limit", "6"]) == 2
+    assert "set with 3 calibration prompts; got 0" in capsys.readouterr().err
     assert main(["evaluate", "--monitor", str(tmp_path / "monitor"), "--prompts", str(data), "--limit", "6",
-                 "--out", str(md), "--plot", str(png), "--json", str(js)]) == 0
+                 "--calibration", str(traffic), "--out", str(md), "--plot", str(png), "--json", str(js)]) == 0
     printed = capsys.readouterr().out
     got = json.loads(js.read_text())
     assert list(got["sets"]) == ["edgy", "counterparts", "past", "future", "harmbench", "refusal_benign", "sharegpt"]

@@ -64,7 +64,8 @@ def test_quick_demo_writes_a_complete_run(default_run):
     assert dep["orders"]["kept"] == mon.head.degree and set(dep["n_hard"]) >= {"homonym", "law", "fiction"}
     op = mon.report["operating_point"]  # the threshold's rate on each source of the benign validation prompts
     everyday = {k: v for k, v in op["by_source"].items() if k in op["everyday"]}  # the threshold is set on these
-    assert op["everyday"] == ["gsm8k", "sharegpt"] and dep["by_source"] == op["by_source"]
+    assert op["everyday"] == ["calibration", "gsm8k", "sharegpt"] and dep["by_source"] == op["by_source"]
+    assert op["by_source"]["calibration"]["n"] == 200 == mon.report["split"]["n_calibration"]  # ShareGPT outside the set
     assert sum(v["n"] for v in everyday.values()) == op["n_benign"] < sum(v["n"] for v in op["by_source"].values())
     assert sum(v["flagged"] for v in everyday.values()) == op["flagged"] and "sharegpt, wrapped" in op["by_source"]
     assert "flags of each source's" in report

@@ -128,6 +128,10 @@ def _evaluate(sub: argparse._SubParsersAction) -> None:
                         "default: the packaged default set's training split, as tpc-hooks demo trains on)")
     p.add_argument("--seed", type=int, default=None,
                    help="the packaged set's seed (without --prompts; default: the one the monitor's split records)")
+    p.add_argument("--calibration", default=None,
+                   help="the calibration prompts the monitor was trained with (train_monitor(calibration=...)): a .txt "
+                        "file, one prompt a line, or a CSV/JSONL with a text column (without --prompts: drawn as "
+                        "tpc-hooks demo draws them)")
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts of each set (a quick look)")
     p.add_argument("--out", default=None, help="write the table here: .md or .html (with --model)")
     p.add_argument("--plot", default=None, help="save the recall-vs-rate curves here, e.g. outside.png (with --model)")

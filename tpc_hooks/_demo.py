@@ -36,13 +36,15 @@ from .monitoring._monitor import Monitor
 from .offline import DEFAULT_MODEL, PACKAGED, load_model, load_sae
 from .prompts import _intent
 from .prompts._promptset import source_names
-from .prompts._sets import EVERYDAY_SOURCES, PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file
+from .prompts._sets import (EVERYDAY_SOURCES, PromptSet, default_prompt_set, everyday_prompts, load_hf_dataset,
+                            load_prompt_file)
 from .training._outside import evaluate
 from .training._train_monitor import train_monitor
 
 log = logging.getLogger(__name__)
 
 TAUS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
+N_TRAFFIC = 1000  # everyday traffic the deployed monitor is also calibrated on (train_monitor(calibration=...))
 
 
 def _subsample(ps: PromptSet, n: int, seed: int) -> PromptSet:
@@ -354,17 +356,19 @@ def _deployed(model: Any, sets: dict[str, PromptSet], X: dict[str, Any], y: dict
     ``out/monitor``, at its own threshold on the test split, the held-out source and hard negatives
     (benign requests on harmful topics; their rows added to ``X`` and ``y``), and beside a probe
     trained on its own rows on the packaged sets another hand built (``out/outside.md``,
-    ``out/outside.png``; 40 prompts of each set in a quick run)."""
+    ``out/outside.png``; 40 prompts of each set in a quick run). On the packaged set the threshold
+    is also set on everyday traffic (:func:`traffic`: 1000 ShareGPT first turns, 200 in a quick run)."""
+    calibration = traffic(sets, 200 if quick else N_TRAFFIC, seed)
     deployed = train_monitor(model, sets["train"].texts, sets["train"].labels, site, tau=0.2, seed=seed,
                              verbose=progress, intent=None if intent is None else tuple(intent), **_sources(sets["train"]),
-                             **({"rank": 16, "epochs": 15} if quick else {}))
+                             calibration=calibration, **({"rank": 16, "epochs": 15} if quick else {}))
     hard = hard_negatives(sets["test"], seed, per_kind=20 if quick else None)
     X["hard"] = collect(model, hard.texts, site, "mean", chat_template=chat, batch_size=8, progress=progress)[site].numpy()
     y["hard"] = np.zeros(len(hard), dtype=int)
     deployment = deployment_table(deployed, X, y, sets, hard)
     deployed.save(out / "monitor")
     ev = outside_evaluation(model, deployed, sets["train"], test=sets["test"], limit=40 if quick else None,
-                            out=out / "outside.md", plot=out / "outside.png", progress=progress)
+                            out=out / "outside.md", plot=out / "outside.png", progress=progress, calibration=calibration)
     return deployed, deployment, {**ev.to_dict(), "markdown": ev.to_markdown()}
 
 
@@ -383,6 +387,15 @@ def hard_negatives(test: PromptSet, seed: int, per_kind: int | None = None) -> P
                      [False] * len(rows))
 
 
+def traffic(sets: dict[str, PromptSet], n: int, seed: int) -> list[str] | None:
+    """The everyday traffic the demo's monitor is also calibrated on: ``n`` ShareGPT first turns
+    none of the set's splits holds (:func:`tpc_hooks.data.everyday_prompts`), for a set with the
+    packaged everyday sources; None for another set (``tpc-hooks evaluate`` draws them again)."""
+    if _sources(sets["train"])["everyday"] is None:
+        return None
+    return everyday_prompts(n, exclude=[t for ps in sets.values() for t in ps.texts], seed=seed)
+
+
 def _sources(train: PromptSet) -> dict[str, Any]:
     """``train_monitor``'s ``sources`` and ``everyday`` for a set: its sources, and the packaged set's
     everyday ones among them (none for a set without them: every benign prompt sets the threshold)."""
@@ -392,12 +405,12 @@ def _sources(train: PromptSet) -> dict[str, Any]:
 
 def outside_evaluation(model: Any, monitor: Monitor, train: PromptSet, *, test: PromptSet | None = None,
                        limit: int | None = None, out: Path | None = None, plot: Path | None = None,
-                       progress: bool = True) -> Any:
+                       progress: bool = True, calibration: Sequence[str] | None = None) -> Any:
     """:func:`tpc_hooks.evaluate` of a monitor trained on ``train`` (its sources and everyday ones as
     the demo trains with), on the packaged outside-built sets: the table written to ``out`` (.md or
     .html), the curves to ``plot`` (needs matplotlib; skipped with a warning without it)."""
     ev = evaluate(model, monitor, train.texts, train.labels, test=test, limit=limit, verbose=progress,
-                  **_sources(train))
+                  calibration=calibration, **_sources(train))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(ev.to_html() if out.suffix.lower() in (".html", ".htm") else ev.to_markdown() + "\n")
@@ -478,7 +491,9 @@ def render_report(res: dict[str, Any]) -> str:
             parts.append(f"Orders kept: {dep['orders']['kept']} of {dep['orders']['trained']}: "
                          f"{dep['orders']['note']}.")
         if dep.get("by_source"):
-            parts.append("The deployed threshold, set on the everyday sources' benign validation prompts, flags of "
+            extra = " and the calibration prompts (ShareGPT first turns outside the set)" \
+                if "calibration" in dep["by_source"] else ""
+            parts.append(f"The deployed threshold, set on the everyday sources' benign validation prompts{extra}, flags of "
                          "each source's (`report[\"operating_point\"][\"by_source\"]`): " + ", ".join(
                              f"{k} {100 * v['rate']:.1f}% ({v['flagged']} of {v['n']})"
                              for k, v in sorted(dep["by_source"].items())) + ".")

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ._commands import parser
-from ._demo import outside_evaluation, run_demo
+from ._demo import outside_evaluation, run_demo, traffic
 from .activations._collect import collect
 from .adapters import get_adapter
 from .head._attribution import attribute
@@ -36,7 +36,8 @@ from .offline import DEFAULT_MODEL, load_model
 from .prompts import _intent
 from .prompts._context import context_budget, host_splits, sharegpt_contexts
 from .prompts._promptset import source_names
-from .prompts._sets import INTENT_KINDS, PHRASING_FAMILIES, default_prompt_set, load_hf_dataset, load_prompt_file
+from .prompts._sets import (INTENT_KINDS, PHRASING_FAMILIES, default_prompt_set, load_hf_dataset, load_prompt_file,
+                            read_texts)
 from .training._collected import (CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config, flip_splits,
                                   pooled_rows, rewrite_splits, token_sequences)
 from .training._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
@@ -418,19 +419,26 @@ def _evaluate_outside(args: argparse.Namespace) -> int:
         path = getattr(args, name)
         if path is not None and Path(path).is_dir():
             raise TPCHooksError(f"--{name} {path} is a folder; give a file name")
-    if args.prompts is not None and not Path(args.prompts).is_file():
-        raise TPCHooksError(f"--prompts {args.prompts}: no such file; give the CSV/JSONL the monitor was trained on")
+    for name in ("prompts", "calibration"):
+        path = getattr(args, name)
+        if path is not None and not Path(path).is_file():
+            raise TPCHooksError(f"--{name} {path}: no such file; give the file the monitor was trained with")
     _check_json_out(args.json)
     _check_model(args.model)
     mon = Monitor.load(args.monitor)
+    n_traffic = mon.report.get("split", {}).get("n_calibration", 0)
+    calibration = None if args.calibration is None else read_texts(args.calibration)
     if args.prompts is None:  # the seed the monitor's split records: tpc-hooks demo --seed S trains on that set
-        sets = default_prompt_set(seed=mon.report.get("split", {}).get("seed", 0) if args.seed is None else args.seed)
+        seed = mon.report.get("split", {}).get("seed", 0) if args.seed is None else args.seed
+        sets = default_prompt_set(seed=seed)
         train, test = sets["train"], sets["test"]
+        if calibration is None and n_traffic:  # the everyday traffic tpc-hooks demo calibrates on, drawn again
+            calibration = traffic(sets, n_traffic, seed)
     else:
         train, test = load_prompt_file(args.prompts), None
     model = _load_model(args.model, args.toolkit)
     ev = outside_evaluation(model, mon, train, test=test, limit=args.limit, out=None if args.out is None else Path(args.out),
-                            plot=None if args.plot is None else Path(args.plot), progress=True)
+                            plot=None if args.plot is None else Path(args.plot), progress=True, calibration=calibration)
     print(ev.to_markdown())
     if args.json:
         Path(args.json).write_text(json.dumps(ev.to_dict(), indent=1))

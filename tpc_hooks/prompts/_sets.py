@@ -1,7 +1,6 @@
 """The labelled prompt sets: the offline default, the benchmarks, rewrites and flips, files and hub datasets (the face: :mod:`tpc_hooks.data`)."""
 
 import csv
-import json
 import logging
 import os
 import random
@@ -15,6 +14,7 @@ import numpy as np
 from ..head._errors import TPCHooksError
 from . import _intent, _phrasing, _sources
 from ._promptset import PromptSet
+from ._promptset import _read_json_records, read_texts as read_texts
 from ._sources import MIN_CHARS as _MIN_CHARS
 from ._sources import Row as _Row
 from ._sources import norm as _norm
@@ -465,21 +465,6 @@ def _check_args(n_benign_sharegpt: int, n_adversarial: int, max_chars: int, held
     if min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-9:
         raise TPCHooksError(
             f"fractions must be three positive numbers summing to 1 (train, val, test); got {fractions}")
-
-
-def _read_json_records(path: Path, suffix: str) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
-    try:
-        if suffix == ".json":
-            records = json.loads(text) if text.strip() else []
-            records = records if isinstance(records, list) else [records]
-        else:
-            records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as err:
-        raise TPCHooksError(f"{path} is not valid {suffix[1:].upper()}: {err}") from None
-    if not all(isinstance(r, dict) for r in records):
-        raise TPCHooksError(f"{path}: every record must be a JSON object with named columns")
-    return records
 
 
 def _as_label(value: Any) -> int | None:

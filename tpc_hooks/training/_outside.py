@@ -20,7 +20,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score, roc_curve
 from sklearn.preprocessing import StandardScaler
 
-from ..activations._collect import check_prompts, collect
+from ..activations._collect import check_prompts, collect, prompts_digest
 from ..head._checks import check_labels
 from ..head._errors import TPCHooksError
 from ..head._history import PROBE_CS
@@ -347,12 +347,16 @@ def _measured_sets(items: list[str], sets: Any, test: PromptSet | None, n_shareg
 
 def _calibration(monitor: Monitor, calibration: Any) -> list[str]:
     """The monitor's calibration prompts, checked against the count its report records."""
-    n = monitor.report.get("split", {}).get("n_calibration", 0)
+    split = monitor.report.get("split", {})
+    n = split.get("n_calibration", 0)
     texts = [] if calibration is None else check_prompts(calibration)
     if len(texts) != n:
         raise TPCHooksError(f"the monitor's threshold was set with {n} calibration prompts; got {len(texts)}: pass "
                             "the calibration= list it was trained with" if n else
                             "this monitor was trained without calibration prompts; leave calibration out")
+    if texts and split.get("calibration_sha256", prompts_digest(texts)) != prompts_digest(texts):
+        raise TPCHooksError(f"these {n} calibration prompts are not the ones the monitor's threshold was set on (their "
+                            "digest differs from its report's): pass the calibration= list it was trained with, in order")
     return texts
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..activations._collect import check_prompts, collect, token_batches
+from ..activations._collect import check_prompts, collect, prompts_digest, token_batches
 from ..adapters import Adapter, get_adapter, resolve_bos
 from ..head._checks import check_labels
 from ..head._errors import TPCHooksError
@@ -194,9 +194,9 @@ def train_monitor(
             reported beside it. Default: every benign prompt. For the packaged set:
             ``sources=tpc.data.source_names(train), everyday=tpc.data.EVERYDAY_SOURCES``.
         calibration: everyday benign traffic, unlabelled (taken as benign), none of it among
-            ``prompts``: collected with the validation prompts, it joins the rows the threshold is
-            set on (and each order's, when orders are pruned, and the site choice's), as source
-            ``"calibration"``; the fit neither trains nor selects on it. A 1% threshold set on 150
+            ``prompts``: collected after the validation prompts, it joins the rows the threshold is
+            set on (and each order's, when orders are pruned), as source ``"calibration"``; neither
+            the fit nor the site choice reads it. A 1% threshold set on 150
             prompts sits on one or two of them; on 1000 more it sits on ten.
             ``tpc.data.everyday_prompts(1000, exclude=prompts)`` draws ShareGPT first turns.
             ``tpc.evaluate`` needs the same list to calibrate its probe the same way.
@@ -224,6 +224,8 @@ def train_monitor(
     # how the prompts were split: what tpc.evaluate needs to train its probe on the same rows
     monitor.report["split"] = {"val_fraction": request.val_fraction, "split": split, "seed": request.cfg.seed,
                                "n_calibration": len(request.calibration)}
+    if request.calibration:  # what tpc.evaluate checks the calibration prompts it is given against
+        monitor.report["split"]["calibration_sha256"] = prompts_digest(request.calibration)
     return monitor
 
 
