@@ -68,6 +68,23 @@ def test_the_threshold_is_set_on_the_everyday_prompts_and_the_calibration_prompt
     assert plain.report["operating_point"]["n_benign"] == len(everyday)
 
 
+def test_a_per_token_monitor_sets_its_threshold_on_the_calibration_prompts_too(lm):
+    """Per token, the calibration prompts are sequences the threshold is set on (their highest
+    aggregated score), checked against ``Monitor.calibrate``, which collects and scores them itself."""
+    kw = {**ARGS, "pooling": "token", "aggregate": "max", "degree": 1}
+    plain = tpc.train_monitor(lm, PROMPTS, Y, SITE, **kw)
+    calibrated = tpc.train_monitor(lm, PROMPTS, Y, SITE, calibration=TRAFFIC, **kw)
+    a, b = plain.head.state_dict(), calibrated.head.state_dict()
+    assert calibrated.streaming and all(torch.equal(a[k], b[k]) for k in a)
+    _, va = split_positions(PROMPTS, np.array(Y), 0.5, "stratified", 0)
+    everyday = [PROMPTS[i] for i in va if Y[i] == 0 and NAMES[i] == "chat"]
+    again = tpc.Monitor(calibrated.head, config=calibrated.config).calibrate(lm, everyday + TRAFFIC, 0.2)
+    assert calibrated.threshold == pytest.approx(again.threshold, abs=1e-5)
+    op = calibrated.report["operating_point"]
+    assert op["n_benign"] == len(everyday) + len(TRAFFIC) and op["by_source"]["calibration"]["n"] == len(TRAFFIC)
+    assert plain.report["operating_point"]["n_benign"] == len(everyday)
+
+
 def test_evaluate_sets_the_probe_on_the_same_rows(lm, pair):
     _, mon = pair
     ev = tpc.evaluate(lm, mon, PROMPTS, Y, sources=NAMES, sets=SETS, fpr=0.2, n_sharegpt=0, calibration=TRAFFIC,

@@ -273,14 +273,19 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     kw2 = {**kw, "degree": 2, "prune_orders": False}
     with_stated = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law", "homonym", "stated"), **kw2)
     rows_with = [len(call[0][1]) for call in seen[-2:]]  # order 1's fit, then the higher orders'
+    order_1_with = seen[-2][0]
     without = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law", "homonym"), **kw2)
     rows_without = [len(call[0][1]) for call in seen[-2:]]
     assert rows_with == [rows_without[0], rows_without[1] + len(stated)] and rows_without[0] == len(tr) + len(flips)
     both = with_stated.report["augment"]
     assert len(stated) and (both["n_train_flips"], both["n_train_homonyms"], both["intent"]) == (
         len(flips), len(homs) + len(stated), ["law", "homonym", "stated"])
-    # (the same rows; collected in one pass with the stated rows, their activations differ by float rounding)
-    assert torch.allclose(with_stated.head(z, order=1), without.head(z, order=1), atol=1e-4)
+    # order 1 is fitted on the same rows and labels; collected in one pass with the stated rows, their
+    # activations differ by float rounding, which training carries into the logits a little enlarged
+    order_1_without = seen[-2][0]
+    assert torch.allclose(torch.as_tensor(order_1_with[0]), torch.as_tensor(order_1_without[0]), atol=1e-5)
+    assert list(order_1_with[1]) == list(order_1_without[1])
+    assert torch.allclose(with_stated.head(z, order=1), without.head(z, order=1), atol=1e-3)
     with pytest.raises(TPCHooksError, match="kinds must be True, False or names"):
         tpc.train_monitor(lm, prompts, y, SITES[1], intent=("tense",), verbose=False)
     with pytest.raises(TPCHooksError, match="cannot be combined with intent"):

@@ -98,7 +98,8 @@ def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(tmp
     assert cfg_cli == cfg_api  # shape, trust region, training history and settings
     # train_monitor records how it split its prompts (what tpc.evaluate re-splits by); the CLI trains on
     # splits tpc-hooks collect already made, so its report has no such record
-    assert mon_api["report"].pop("split") == {"val_fraction": 0.2, "split": "stratified", "seed": FIT.get("seed", 0)}
+    assert mon_api["report"].pop("split") == {"val_fraction": 0.2, "split": "stratified", "seed": FIT.get("seed", 0),
+                                                "n_calibration": 0}
     assert "split" not in mon_cli["report"]
     assert mon_cli == mon_api  # site, pooling, threshold, cascade calibration, the whole report
     z = torch.randn(5, 32)
