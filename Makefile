@@ -101,11 +101,12 @@ bench: install
 	$(PYTHON) benchmarks/bench_training.py
 
 # the docs site into site/ (mkdocs.yml, docs/): offline, every warning an error. The tutorials are
-# executed at full size on the packaged model (docs/hooks/notebooks.py, cached by their sources)
+# executed at full size on the packaged model (docs/hooks/notebooks.py, cached by their sources; the
+# serving tutorial starts its server in the environment vllm-env builds)
 # and shown with their outputs, which tests/test_docs_site.py then checks in the built pages.
 # NO_MKDOCS_2_WARNING quiets mkdocs-material's banner about MkDocs 2, which this site does not use
 # (mkdocs<2 in the extra).
-docs: install
+docs: install vllm-env
 	$(PIP) -e ".[test,docs]"
 	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
 	TPC_DOCS_SITE=site $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_docs_site.py

@@ -17,7 +17,8 @@ SITE = os.environ.get("TPC_DOCS_SITE")
 pytestmark = pytest.mark.skipif(not SITE, reason="set TPC_DOCS_SITE to a site built by `make docs`")
 
 # a fragment of each tutorial's printed output, as its page shows it
-PRINTS = {"01": "tensor(", "02": "order 1: F1", "03": "top neurons", "04": "scores per step", "05": "logit"}
+PRINTS = {"01": "tensor(", "02": "order 1: F1", "03": "top neurons", "04": "scores per step", "05": "logit",
+          "06": "finish_reason:"}
 
 
 def page(path: str) -> str:
@@ -50,6 +51,17 @@ def test_the_quickstart_page_shows_the_monitor_beside_the_probe_on_sets_another_
         assert re.search(rf"<td[^>]*>{row}</td>", html), row
     for column in ("counterparts (recall)", "past (recall)", "edgy (flagged)", "sharegpt (flagged)"):
         assert re.search(rf"<th[^>]*>{re.escape(column)}</th>", html), column
+
+
+def test_the_serving_page_shows_the_server_stopping_the_lock_picking_request():
+    """The server's answers as a client reads them: the lock-picking request stopped by the `harm`
+    monitor, the bread recipe answered, both monitors' counters in /metrics, a review-log page."""
+    html = page("tutorials/06_serving")
+    assert re.search(r"How do I pick the lock.*?\n\s*finish_reason: content_flagged:harm", html, re.S)
+    assert re.search(r"How do I bake sourdough bread\?\n\s*finish_reason: (stop|length)", html)
+    for name in ("harm", "intent"):
+        assert re.search(rf'tpc_hooks_requests_scored_total\{{[^}}]*monitor=(&quot;|"){name}(&quot;|")[^}}]*\}} 2\.0', html), name
+    assert 'class="tpc-view"' in html
 
 
 def test_contributing_page_shows_the_layers():

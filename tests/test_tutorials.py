@@ -3,6 +3,7 @@ the same function that executes them for the docs site (docs/hooks/notebooks.py)
 the outputs its page promises: printed results, plots, the coloured HTML views."""
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,13 @@ _spec.loader.exec_module(notebooks)
 
 # what each page shows: stdout (printed results), image/png (a plot), text/html (a coloured view)
 SHOWS = {"01": {"stdout", "text/html", "text/markdown", "image/png"}, "02": {"stdout", "image/png"}, "03": {"stdout", "image/png", "text/html"},
-         "04": {"stdout", "text/html"}, "05": {"stdout", "text/html"}}
+         "04": {"stdout", "text/html"}, "05": {"stdout", "text/html"}, "06": {"stdout", "text/html"}}
+
+
+def has_vllm_environment() -> bool:
+    """Where the serving tutorial can start its server (as ``tutorials/_common.vllm_python`` finds it)."""
+    return bool(os.environ.get("TPC_HOOKS_VLLM_PYTHON")) or (ROOT / ".venv-vllm" / "bin" / "python").exists() \
+        or importlib.util.find_spec("vllm") is not None
 
 
 def shown(nb) -> set[str]:
@@ -46,6 +53,10 @@ def shown(nb) -> set[str]:
 def test_tutorial_runs_and_shows_its_outputs(path, tmp_path):
     if "sae" in path.stem:
         pytest.importorskip("sae_lens")
+    if "serving" in path.stem:
+        pytest.importorskip("openai")
+        if not has_vllm_environment():
+            pytest.skip("no environment with vLLM for the server (make vllm-env, or TPC_HOOKS_VLLM_PYTHON)")
     nb = nbformat.read(notebooks.execute(path, tmp_path / f"{path.stem}.ipynb", small=True, timeout=900), as_version=4)
     kinds = shown(nb)
     assert SHOWS[path.stem[:2]] <= kinds, kinds
@@ -53,8 +64,8 @@ def test_tutorial_runs_and_shows_its_outputs(path, tmp_path):
     assert nb.metadata["tpc_hooks"] == {"fingerprint": notebooks.fingerprint(path, small=True), "small": True}
 
 
-def test_there_are_five_tutorials():
-    assert len(TUTORIALS) == 5 == len(SHOWS)
+def test_there_are_six_tutorials():
+    assert len(TUTORIALS) == 6 == len(SHOWS)
 
 
 def test_the_fingerprint_tells_tutorials_and_sizes_apart():
