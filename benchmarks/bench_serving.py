@@ -345,7 +345,7 @@ def server_rounds(args, texts: list[str], model: str, extra: dict, d_model: int,
         print(f"tpc-hooks serve keeps a review log of {args.review_log_sample:.0%} of its requests (each one explained "
               "in the worker and written by the log's thread).\n")
     with tempfile.TemporaryDirectory() as where:
-        quiet_monitor(d_model, site).save(where)
+        quiet_monitor(d_model, site).save_pretrained(where)
         cmds = {"base": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model],
                 "mon": [sys.executable, "-m", "tpc_hooks", "serve", model, "--monitor", where,
                         *(["--review-log", f"{where}/log", "--review-log-sample", str(args.review_log_sample)]

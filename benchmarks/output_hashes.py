@@ -58,7 +58,7 @@ def head_outputs(name: str, head, z) -> None:
         record(f"{name}/attr/pair_matrix", attr.pair_matrix(0, None))
     record(f"{name}/cost", [(c.params, c.flops) for c in (head.cost(n) for n in range(1, head.degree + 1))])
     with tempfile.TemporaryDirectory() as d:
-        head.save(Path(d) / "h")
+        head.save_pretrained(Path(d) / "h")
         record(f"{name}/saved_weights", (Path(d) / "h" / "model.safetensors").read_bytes().hex())
         cfg = json.loads((Path(d) / "h" / "config.json").read_text())
         cfg.get("history", {}).pop("config", None)  # added by the FitConfig refactor; settings are hashed below
@@ -161,7 +161,7 @@ def monitor_record(name: str, mon) -> None:
     """A trained monitor's head, policy, operating point and report, each hashed on its own (so a
     diff says which one moved)."""
     with tempfile.TemporaryDirectory() as d:
-        mon.save(Path(d) / "m")
+        mon.save_pretrained(Path(d) / "m")
         record(f"{name}/weights", (Path(d) / "m" / "model.safetensors").read_bytes().hex())
         cfg = json.loads((Path(d) / "m" / "config.json").read_text())
     m = cfg.pop("monitor")
@@ -225,7 +225,7 @@ def cli_outputs() -> None:
             record(f"cli/{name}/train_exit", code)
             if code != 0:  # a refusal is an output too: the same inputs must be refused the same way
                 continue
-            monitor_record(f"cli/{name}", tpc.Monitor.load(out))
+            monitor_record(f"cli/{name}", tpc.Monitor.from_pretrained(out))
             assert cli.main(["evaluate", "--monitor", str(out), "--acts", str(acts), "--splits", "test",
                              "--json", str(d / "e.json")]) == 0
             record(f"cli/{name}/evaluate", json.loads((d / "e.json").read_text()))

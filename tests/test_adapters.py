@@ -191,13 +191,13 @@ def test_monitor_round_trip_and_mismatch_errors(tmp_path):
     model = nnsight_lm(hf_llama())
     head = tiny_head()
     mon = tpc.Monitor(head, SITE, pooling="max", cascade=tpc.Cascade(head, tau=0.2), model_name="tiny")
-    back = tpc.Monitor.load(mon.save(tmp_path / "m"))
+    back = tpc.Monitor.from_pretrained(mon.save_pretrained(tmp_path / "m"))
     assert (back.site, back.pooling, back.model_name) == (SITE, "max", "tiny")
     assert back.cascade.to_dict() == mon.cascade.to_dict()
     torch.testing.assert_close(back.score(model, PROMPTS).logits, mon.score(model, PROMPTS).logits)
-    assert tpc.TPC.load(tmp_path / "m").degree == 3
+    assert tpc.TPC.from_pretrained(tmp_path / "m").degree == 3
     with pytest.raises(tpc.TPCHooksError, match="describes a bare head, not a monitor"):
-        tpc.Monitor.load(head.save(tmp_path / "h"))
+        tpc.Monitor.from_pretrained(head.save_pretrained(tmp_path / "h"))
     wide = tpc.Monitor(tiny_head(d_model=64), SITE)
     with pytest.raises(tpc.TPCHooksError, match=r"monitor expects d_model=64 at 'blocks.1.hook_resid_post' but the model produces 32"):
         wide.score(model, PROMPTS)

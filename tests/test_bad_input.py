@@ -67,7 +67,7 @@ def test_from_pretrained_names_what_it_expected(arg):
 
 def _tampered(tmp_path, **changes):
     head = tiny_head()
-    tpc.Monitor(head, SITE, cascade=tpc.Cascade(head, 0.1)).save(tmp_path / "m")
+    tpc.Monitor(head, SITE, cascade=tpc.Cascade(head, 0.1)).save_pretrained(tmp_path / "m")
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     for key, value in changes.items():
         where, _, name = key.partition("__")
@@ -91,7 +91,7 @@ def _tampered(tmp_path, **changes):
 def test_a_saved_config_of_the_wrong_type_is_refused_on_load(tmp_path, changes, message):
     path = _tampered(tmp_path, **changes)
     with pytest.raises(tpc.TPCHooksError, match=message) as err:
-        tpc.Monitor.load(path)
+        tpc.Monitor.from_pretrained(path)
     assert str(path / "config.json") in str(err.value)
 
 
@@ -103,7 +103,7 @@ def test_a_deeply_nested_config_is_refused_on_load(tmp_path, depth):
     nested = "[" * depth + "]" * depth
     (path / "config.json").write_text(text[:-1] + ', "deep": ' + nested + "}")
     with pytest.raises(tpc.TPCHooksError, match="nests its JSON"):
-        tpc.Monitor.load(path)
+        tpc.Monitor.from_pretrained(path)
 
 
 def test_the_cli_names_a_truncated_shard_in_one_line(tmp_path, capsys):

@@ -35,13 +35,13 @@ def test_collect_train_evaluate_monitor_attribute(tmp_path, capsys):
     assert len(tpc.ActivationStore.open(acts / "all" / site)) == 16
     assert main(["train", "--acts", str(acts), "--out", str(mon), "--degree", "2", "--rank", "2", "--epochs", "3",
                  "--no-progress"]) == 0
-    loaded = tpc.Monitor.load(mon)
+    loaded = tpc.Monitor.from_pretrained(mon)
     assert loaded.site == site and loaded.chat_template and loaded.cascade is not None
     assert loaded.head.has_bounds and loaded.head.gate and not loaded.head.escalate_only  # the robust default
     paper = tmp_path / "paper"
     assert main(["train", "--acts", str(acts), "--out", str(paper), "--degree", "2", "--rank", "2", "--epochs", "3",
                  "--recipe", "paper", "--no-progress"]) == 0
-    assert not tpc.Monitor.load(paper).head.has_bounds
+    assert not tpc.Monitor.from_pretrained(paper).head.has_bounds
     assert main(["train", "--acts", str(acts), "--out", str(paper), "--recipe", "paper", "--escalate-only"]) == 2
     assert main(["evaluate", "--monitor", str(mon), "--acts", str(acts), "--splits", "all",
                  "--json", str(tmp_path / "e.json")]) == 0
@@ -107,7 +107,7 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
                  "--epochs", "2", "--no-progress"]) == 0
     out = capsys.readouterr().out
     chosen = out.split("--site auto: ")[1].split()[0]
-    loaded = tpc.Monitor.load(mon)
+    loaded = tpc.Monitor.from_pretrained(mon)
     assert chosen in sites and loaded.site == chosen
     # the operating point: set on the benign validation prompts as given, not their rewrites or the intent
     # flips (--target-fpr 0.01)
@@ -132,7 +132,7 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
     # --recipe in_distribution ignores the rewrites: its operating point reads the plain validation rows only
     assert main(["train", "--acts", str(acts), "--out", str(tmp_path / "ind"), "--site", sites[0], "--degree", "2",
                  "--rank", "2", "--epochs", "2", "--no-progress", "--recipe", "in_distribution"]) == 0
-    assert tpc.Monitor.load(tmp_path / "ind").report["operating_point"]["n_benign"] == 2
+    assert tpc.Monitor.from_pretrained(tmp_path / "ind").report["operating_point"]["n_benign"] == 2
     plain = tmp_path / "plain"
     assert main(["collect", "--sites", sites[0], "--out", str(plain), "--no-augment", "--no-intent",
                  "--no-progress"]) == 0
@@ -176,7 +176,7 @@ def test_evaluate_puts_a_monitor_beside_a_probe_on_the_sets_another_hand_built(t
     mon = tpc.train_monitor(model, ps.texts, ps.labels, "blocks.6.hook_resid_post", degree=2, rank=2, epochs=2,
                             val_fraction=0.5, target_fpr=0.25, prune_orders=False, verbose=False,
                             calibration=traffic.read_text().splitlines())
-    mon.save(tmp_path / "monitor")
+    mon.save_pretrained(tmp_path / "monitor")
     md, png, js = tmp_path / "out.md", tmp_path / "curves.png", tmp_path / "e.json"
     assert main(["evaluate", "--monitor", str(tmp_path / "monitor"), "--prompts", str(data), "--limit", "6"]) == 2
     assert "set with 3 calibration prompts; got 0" in capsys.readouterr().err

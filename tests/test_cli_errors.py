@@ -51,7 +51,7 @@ def _acts(root, *, cfg=True, splits=("all",), labels="[0, 1]", sites=(SITE,)):
 
 
 def _monitor(root):
-    tpc.Monitor(tpc.TPC(4, 2, 2), SITE).save(root)
+    tpc.Monitor(tpc.TPC(4, 2, 2), SITE).save_pretrained(root)
     return root
 
 

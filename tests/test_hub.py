@@ -63,13 +63,13 @@ def test_tpc_round_trip_with_trust_region(tmp_path):
     assert sorted(p.name for p in d.iterdir()) == FILES
     _assert_same_head(head, tpc.TPC.from_pretrained(d))
     _assert_same_head(head, tpc.TPC.from_pretrained(str(d)))
-    _assert_same_head(head, tpc.TPC.load(d))  # the saved format is the plain one
+    _assert_same_head(head, tpc.TPC.from_pretrained(d))  # the saved format is the plain one
 
 
 def test_tpc_save_pretrained_writes_same_files_as_save(tmp_path):
     head = _head()
     head.save_pretrained(tmp_path / "a")
-    head.save(tmp_path / "b")
+    head.save_pretrained(tmp_path / "b")
     for name in ("config.json", "model.safetensors"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     head.save_pretrained(tmp_path / "c", card=False)
@@ -181,7 +181,7 @@ def test_push_to_hub_uploads_the_saved_files(tmp_path, monkeypatch):
     up = calls["upload"]
     assert (up["repo_id"], up["commit_message"], up["revision"], up["repo_type"]) == ("someone/tiny-head", "hello", "dev", "model")
     assert sorted(calls["files"]) == FILES
-    ref = head.save(tmp_path / "ref")
+    ref = head.save_pretrained(tmp_path / "ref")
     for name in ("config.json", "model.safetensors"):
         assert calls["files"][name] == (ref / name).read_bytes()
     assert b'tpc.TPC.from_pretrained("someone/tiny-head")' in calls["files"]["README.md"]
@@ -239,7 +239,7 @@ def test_from_pretrained_missing_local_path(tmp_path, monkeypatch):
     for arg in (str(missing), missing, "./missing/dir/x"):
         with pytest.raises(tpc.TPCHooksError, match="does not exist"):
             tpc.TPC.from_pretrained(arg)
-    _head().save(tmp_path / "d")
+    _head().save_pretrained(tmp_path / "d")
     with pytest.raises(tpc.TPCHooksError, match="is a file"):
         tpc.TPC.from_pretrained(tmp_path / "d" / "config.json")
 
@@ -252,3 +252,31 @@ def test_from_pretrained_corrupt_directory(tmp_path):
     shutil.rmtree(d)
     with pytest.raises(tpc.TPCHooksError, match="does not exist"):
         tpc.TPC.from_pretrained(d)
+
+
+def test_save_and_load_are_deprecated_aliases_that_warn_once(tmp_path, monkeypatch):
+    """``save`` writes what ``save_pretrained(card=False)`` writes, ``load`` reads what
+    ``from_pretrained`` reads; each warns once per process (a FutureWarning naming the new name)."""
+    from tpc_hooks.head import _errors
+
+    monkeypatch.setattr(_errors, "_WARNED", set())
+    head = _head()
+    mon = tpc.Monitor(head, SITE, threshold=0.3)
+    with pytest.warns(FutureWarning, match=r"TPC\.save is deprecated; use TPC\.save_pretrained"):
+        old = head.save(tmp_path / "old")
+    new = head.save_pretrained(tmp_path / "new", card=False)
+    assert sorted(p.name for p in old.iterdir()) == sorted(p.name for p in new.iterdir())
+    assert all((old / f).read_bytes() == (new / f).read_bytes() for f in ("config.json", "model.safetensors"))
+    with pytest.warns(FutureWarning, match=r"Monitor\.save is deprecated"):
+        mon.save(tmp_path / "mon")
+    with pytest.warns(FutureWarning, match=r"Monitor\.load is deprecated; use Monitor\.from_pretrained"):
+        back = tpc.Monitor.load(tmp_path / "mon")
+    assert back.threshold == 0.3 and back.site == SITE
+    with pytest.warns(FutureWarning, match=r"TPC\.load is deprecated"):
+        _assert_same_head(head, tpc.TPC.load(old))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the second use is silent
+        head.save(tmp_path / "again")
+        tpc.TPC.load(old)

@@ -164,7 +164,7 @@ def test_threshold_and_centred_cascade_survive_save_and_load(tmp_path):
     head = small_head()
     mon = tpc.Monitor(head, SITE, cascade=tpc.Cascade(head, 0.1))
     mon.calibrate_activations(benign(300, 9), 0.05)
-    back = tpc.Monitor.load(mon.save(tmp_path / "m"))
+    back = tpc.Monitor.from_pretrained(mon.save_pretrained(tmp_path / "m"))
     assert back.threshold == mon.threshold and back.report["operating_point"] == mon.report["operating_point"]
     assert (back.cascade.lower, back.cascade.upper, back.cascade.center) == (mon.cascade.lower, mon.cascade.upper,
                                                                               mon.cascade.center)
@@ -206,7 +206,7 @@ def test_sources_report_each_sources_rate_at_the_threshold_set_on_all_of_them(ca
     rates = {s: v["rate"] for s, v in op["by_source"].items()}
     assert op["spread"] == [min(rates.values()), max(rates.values())] and op["worst_source"] == "support"
     assert rates["support"] > rates["forum"]
-    back = tpc.Monitor.load(mon.save(Path(tempfile.mkdtemp()) / "m"))
+    back = tpc.Monitor.from_pretrained(mon.save_pretrained(Path(tempfile.mkdtemp()) / "m"))
     assert back.report["operating_point"] == op
 
 

@@ -119,7 +119,7 @@ def test_a_truncated_head_scores_as_the_truncation_and_saves_as_a_smaller_head(t
         assert torch.equal(small(z), head(z, order=n))
         assert all(torch.equal(small(z, order=k), head(z, order=k)) for k in range(1, n + 1))
         assert small.cost().params == head.cost(n).params
-        again = tpc.TPC.load(small.save(tmp_path / f"n{n}"))
+        again = tpc.TPC.from_pretrained(small.save_pretrained(tmp_path / f"n{n}"))
         assert torch.equal(again(z), head(z, order=n))
     with pytest.raises(tpc.TPCHooksError, match="order must be an integer in 1..4"):
         head.truncated(5)

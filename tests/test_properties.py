@@ -34,7 +34,7 @@ def saved(tmp_path_factory):
     head = tiny_head()
     z = torch.randn(40, 32)
     d = tpc.Monitor(head, SITE, pooling="token", aggregate="ema", cascade=tpc.Cascade(head, 0.1).calibrate(
-        z, (z[:, 0] > 0).long())).calibrate_activations([z[:7], z[7:20]], 0.1).save(tmp_path_factory.mktemp("m") / "m")
+        z, (z[:, 0] > 0).long())).calibrate_activations([z[:7], z[7:20]], 0.1).save_pretrained(tmp_path_factory.mktemp("m") / "m")
     return json.loads((d / "config.json").read_text()), (d / "model.safetensors").read_bytes()
 
 
@@ -60,7 +60,7 @@ def test_a_config_with_any_value_changed_loads_valid_or_is_refused(saved, tmp_pa
     (d / "config.json").write_text(json.dumps(cfg))
     (d / "model.safetensors").write_bytes(weights)
     try:
-        mon = tpc.Monitor.load(d)
+        mon = tpc.Monitor.from_pretrained(d)
     except tpc.TPCHooksError:
         return
     # what loads is usable: settings valid, every policy scores
@@ -85,7 +85,7 @@ def test_truncated_or_mutated_weights_are_refused(saved, tmp_path, cut, flips):
     (d / "config.json").write_text(json.dumps(cfg))
     (d / "model.safetensors").write_bytes(bytes(data))
     with pytest.raises(tpc.TPCHooksError):
-        tpc.Monitor.load(d)
+        tpc.Monitor.from_pretrained(d)
 
 
 texts = st.text(alphabet=st.characters(exclude_categories=()) | st.sampled_from(["\ud800", "\udfff", " ", "a"]),

@@ -85,7 +85,7 @@ def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(tmp
     monkeypatch.setattr(cli, "train", spy)  # the CLI's own reference to the recipe
     api = tpc.train_monitor(model, PROMPTS, LABELS, SITE, pooling, recipe=recipe, tau=0.2, val_fraction=0.2,
                             verbose=False, **FIT)
-    api.save(tmp_path / "api")
+    api.save_pretrained(tmp_path / "api")
     (data, plan), = seen
     acts = tmp_path / "acts"
     _write_stores(acts, data[SITE], plan, pooling)
@@ -103,7 +103,7 @@ def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(tmp
     assert "split" not in mon_cli["report"]
     assert mon_cli == mon_api  # site, pooling, threshold, cascade calibration, the whole report
     z = torch.randn(5, 32)
-    assert torch.equal(tpc.Monitor.load(tmp_path / "cli").policy()(z).logits, api.policy()(z).logits)
+    assert torch.equal(tpc.Monitor.from_pretrained(tmp_path / "cli").policy()(z).logits, api.policy()(z).logits)
 
 
 def test_the_cli_collects_the_rows_train_monitor_collects(tmp_path, monkeypatch, model):

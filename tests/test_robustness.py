@@ -224,8 +224,8 @@ def test_saved_trust_region_round_trips_and_corrupt_bounds_are_refused(tmp_path)
 
     head, z_in = _bounded_head(gate=True)
     head = head.float()
-    d = head.save(tmp_path / "h")
-    back = tpc.TPC.load(d)
+    d = head.save_pretrained(tmp_path / "h")
+    back = tpc.TPC.from_pretrained(d)
     z = 3 * torch.randn(40, head.d_model)
     assert back.gate and back.has_bounds
     with torch.no_grad():
@@ -235,16 +235,16 @@ def test_saved_trust_region_round_trips_and_corrupt_bounds_are_refused(tmp_path)
     t["bounds.3"] = torch.stack([b[1] + 1, b[0]])  # lower above upper
     write_weights(d, t)
     with pytest.raises(tpc.TPCHooksError, match="lower bound exceeds"):
-        tpc.TPC.load(d)
+        tpc.TPC.from_pretrained(d)
     del t["bounds.3"]
     write_weights(d, t)
     with pytest.raises(tpc.TPCHooksError, match="lacks tensor"):
-        tpc.TPC.load(d)
+        tpc.TPC.from_pretrained(d)
     cfg = json.loads((d / "config.json").read_text())
     cfg["trust_region"] = {"gate": "yes"}
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(tpc.TPCHooksError, match="trust_region"):
-        tpc.TPC.load(d)
+        tpc.TPC.from_pretrained(d)
 
 
 def test_planted_shift_breaks_the_paper_recipe_but_not_the_default():
@@ -301,7 +301,7 @@ def test_escalate_only_is_saved_and_set_by_fit(tmp_path, problem):
     Xtr, ytr, Xva, yva, Xte, _ = problem
     head = tpc.fit(Xtr, ytr, Xva, yva, degree=2, escalate_only=True, **FAST)
     assert head.escalate_only and head.history.settings["escalate_only"]
-    back = tpc.TPC.load(head.save(tmp_path / "h"))
+    back = tpc.TPC.from_pretrained(head.save_pretrained(tmp_path / "h"))
     assert back.escalate_only
     with torch.no_grad():
         assert torch.equal(back(torch.as_tensor(Xte)), head(torch.as_tensor(Xte)))

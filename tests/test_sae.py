@@ -49,13 +49,13 @@ def test_monitor_on_latents_scores_generates_saves_and_refuses_another_sae(tmp_p
     mon = tpc.Monitor(random_head(48), SITE, pooling="max", sae=sae)
     run = mon.generate(model, PROMPTS, max_new_tokens=4)
     assert_steps_score_as_offline(mon, model, run)
-    back = tpc.Monitor.load(mon.save(tmp_path / "m"), sae=sae)
+    back = tpc.Monitor.from_pretrained(mon.save_pretrained(tmp_path / "m"), sae=sae)
     assert back.sae_identity == mon.sae_identity and back.sae_identity["d_sae"] == 48
     torch.testing.assert_close(back.score(model, PROMPTS).logits, mon.score(model, PROMPTS).logits)
     with pytest.raises(tpc.TPCHooksError, match="reads SAE latents of StandardSAE .*; pass sae="):
-        tpc.Monitor.load(tmp_path / "m")
+        tpc.Monitor.from_pretrained(tmp_path / "m")
     with pytest.raises(tpc.TPCHooksError, match="was trained on SAE latents of .* and the SAE given differs"):
-        tpc.Monitor.load(tmp_path / "m", sae=make_sae(seed=1))
+        tpc.Monitor.from_pretrained(tmp_path / "m", sae=make_sae(seed=1))
     z = tpc.collect(model, PROMPTS, SITE, "max", sae=sae, progress=False)[SITE]
     attr = tpc.attribute(back, z)
     assert attr.basis == "sae" and attr.n_units == 48

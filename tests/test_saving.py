@@ -60,7 +60,7 @@ def test_a_crash_between_any_two_writes_leaves_the_old_or_the_new_monitor(tmp_pa
                 crashed = False
             except Crash:
                 crashed = True
-        loaded = tpc.Monitor.load(d)
+        loaded = tpc.Monitor.from_pretrained(d)
         outcomes.append("new" if _same(loaded, new) else "old" if _same(loaded, old) else "mix")
         if not crashed:
             break
@@ -70,12 +70,12 @@ def test_a_crash_between_any_two_writes_leaves_the_old_or_the_new_monitor(tmp_pa
 
 
 def test_corrupted_but_finite_weights_are_refused_by_their_checksum(tmp_path):
-    d = _monitor(0, 0.3).save(tmp_path / "m")
+    d = _monitor(0, 0.3).save_pretrained(tmp_path / "m")
     data = bytearray((d / "model.safetensors").read_bytes())
     data[-4:] = torch.tensor([1.5]).numpy().tobytes()  # the last float32 of the last tensor: still finite
     (d / "model.safetensors").write_bytes(bytes(data))
     with pytest.raises(tpc.TPCHooksError, match="does not match the SHA-256 recorded in"):
-        tpc.Monitor.load(d)
+        tpc.Monitor.from_pretrained(d)
 
 
 def test_the_users_readme_is_left_alone_unless_asked(tmp_path):
@@ -99,12 +99,12 @@ def test_the_users_readme_is_left_alone_unless_asked(tmp_path):
 def test_a_file_where_the_directory_goes_is_a_clear_error(tmp_path):
     (tmp_path / "m").write_text("x")
     with pytest.raises(tpc.TPCHooksError, match="is a file, not a directory"):
-        _monitor(0, 0.3).save(tmp_path / "m")
+        _monitor(0, 0.3).save_pretrained(tmp_path / "m")
 
 
 def test_the_config_records_the_weights_checksum(tmp_path):
     import hashlib
 
-    d = _monitor(0, 0.3).save(tmp_path / "m")
+    d = _monitor(0, 0.3).save_pretrained(tmp_path / "m")
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["weights_sha256"] == hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()

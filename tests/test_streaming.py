@@ -238,7 +238,7 @@ def test_calibration_bounds_the_share_of_benign_sequences_flagged_at_any_token()
 def test_streaming_monitor_is_saved_and_loaded(tmp_path):
     hf = named(hf_llama())
     mon = streaming_monitor("rolling", window=5, skip=3)
-    back = tpc.Monitor.load(mon.save(tmp_path / "m"))
+    back = tpc.Monitor.from_pretrained(mon.save_pretrained(tmp_path / "m"))
     assert (back.pooling, back.aggregate, back.alpha, back.window, back.skip) == ("token", "rolling", 0.3, 5, 3)
     torch.testing.assert_close(back.score(hf, PROMPTS).logits, mon.score(hf, PROMPTS).logits)
 

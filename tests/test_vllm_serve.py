@@ -51,7 +51,7 @@ def _serve(args, out=subprocess.PIPE, **env):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     where = tmp_path_factory.mktemp("monitor")
-    _monitor().save(where)
+    _monitor().save_pretrained(where)
     for client in running(["--monitor", str(where), "--worker-cls", "vllm_poison.PoisonWorker"]):
         yield client, where
 
@@ -219,11 +219,11 @@ def test_nan_activations_answer_that_request_with_an_error_and_the_server_goes_o
 def test_a_bad_monitor_directory_is_a_clear_error_before_the_engine_starts(tmp_path, case):
     where = tmp_path / "mon"
     if case == "d_model":
-        tpc.Monitor(tpc.TPC(64, 2, 2), "blocks.3.hook_resid_post").save(where)
+        tpc.Monitor(tpc.TPC(64, 2, 2), "blocks.3.hook_resid_post").save_pretrained(where)
     elif case == "site":
-        tpc.Monitor(tpc.TPC(576, 2, 2), "blocks.40.hook_resid_post").save(where)
+        tpc.Monitor(tpc.TPC(576, 2, 2), "blocks.40.hook_resid_post").save_pretrained(where)
     elif case == "tampered":
-        _monitor().save(where)
+        _monitor().save_pretrained(where)
         data = bytearray((where / "model.safetensors").read_bytes())
         data[-5] ^= 0xFF
         (where / "model.safetensors").write_bytes(bytes(data))

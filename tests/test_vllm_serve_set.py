@@ -51,7 +51,7 @@ def set_server(tmp_path_factory, expected):
     dirs = {}
     for name, mon in monitors.items():
         dirs[name] = tmp_path_factory.mktemp(name)
-        mon.save(dirs[name])
+        mon.save_pretrained(dirs[name])
     dirs["log"] = tmp_path_factory.mktemp("review")
     dirs["sae"] = tmp_path_factory.mktemp("sae") / "early"
     early_sae().save_model(dirs["sae"])  # explains the monitor at its site in its features, by label
@@ -239,7 +239,7 @@ def test_a_request_opts_out_of_or_rethresholds_one_monitor_by_name(set_server):
 
 
 def test_several_monitors_each_need_a_name(tmp_path):
-    _monitor().save(tmp_path / "a")
+    _monitor().save_pretrained(tmp_path / "a")
     proc = _serve(["--monitor", str(tmp_path / "a"), "--monitor", str(tmp_path / "a"), "--port", str(_free_port())])
     try:
         out, _ = proc.communicate(timeout=120)
@@ -267,7 +267,7 @@ def test_a_bad_directory_is_refused_and_the_old_monitor_keeps_serving(set_server
         r = client.put("/tpc_hooks/monitors/harm", json=body, headers=ADMIN)
         assert r.status_code == 400 and why in r.json()["error"], r.text
     other = tmp_path / "other-site"
-    tpc.Monitor(random_head(576, std=0.05, scale=30.0), "blocks.5.hook_resid_post", chat_template=True).save(other)
+    tpc.Monitor(random_head(576, std=0.05, scale=30.0), "blocks.5.hook_resid_post", chat_template=True).save_pretrained(other)
     r = client.put("/tpc_hooks/monitors/harm", json={"path": str(other)}, headers=ADMIN)
     assert r.status_code == 400 and "--sites" in r.json()["error"]
     assert client.delete("/tpc_hooks/monitors/pii", headers=ADMIN).status_code == 400
@@ -285,9 +285,9 @@ def test_a_monitor_is_replaced_under_32_clients_and_in_flight_requests_finish_on
     first = _chat(client, "hi").json()["choices"][0]
     assert first["tpc_hooks"]["harm"]["threshold"] == 0.5 and first["finish_reason"] == "content_flagged:harm"
     new = tmp_path / "harm-099"
-    mon = tpc.Monitor.load(dirs["harm"])
+    mon = tpc.Monitor.from_pretrained(dirs["harm"])
     mon.threshold = 0.99
-    mon.save(new)
+    mon.save_pretrained(new)
     results, swapped, stop = [], {}, threading.Event()
 
     def client_loop(k):
@@ -321,7 +321,7 @@ def test_a_monitor_is_replaced_under_32_clients_and_in_flight_requests_finish_on
     after = _chat(client, "hi").json()["choices"][0]
     assert after["finish_reason"] in ("stop", "length") and not after["tpc_hooks"]["harm"]["flagged"]
     model, tok = smollm2_hf  # the new monitor scores "hi" as the transformers loop does (its prefix recomputed)
-    want = tpc.Monitor.load(new).generate(model, ["hi"], max_new_tokens=12, tokenizer=tok)
+    want = tpc.Monitor.from_pretrained(new).generate(model, ["hi"], max_new_tokens=12, tokenizer=tok)
     field = after["tpc_hooks"]["harm"]
     assert field["peak_score"] == pytest.approx(float(want.scores[0][:field["steps"]].max()), rel=REL)
     # removing a monitor, then adding one under a new name

@@ -366,7 +366,7 @@ def _deployed(model: Any, sets: dict[str, PromptSet], X: dict[str, Any], y: dict
     X["hard"] = collect(model, hard.texts, site, "mean", chat_template=chat, batch_size=8, progress=progress)[site].numpy()
     y["hard"] = np.zeros(len(hard), dtype=int)
     deployment = deployment_table(deployed, X, y, sets, hard)
-    deployed.save(out / "monitor")
+    deployed.save_pretrained(out / "monitor")
     ev = outside_evaluation(model, deployed, sets["train"], test=sets["test"], limit=40 if quick else None,
                             out=out / "outside.md", plot=out / "outside.png", progress=progress, calibration=calibration)
     return deployed, deployment, {**ev.to_dict(), "markdown": ev.to_markdown()}

@@ -347,7 +347,7 @@ def _train(args: argparse.Namespace) -> int:
                           for k, v in op["by_source"].items()]))
     elif args.target_fpr is not None:
         print("no validation split: the threshold stays 0.5 (collect with a val split to set it by --target-fpr)")
-    path = mon.save(args.out)
+    path = mon.save_pretrained(args.out)
     sel = mon.head.history.selected
     print(_table(["degree", "val F1 (tokens)" if per_token else "val F1", "chosen"],
                  [[str(k), f"{v['val_f1']:.3f}", str(v.get("C", v.get("best_epoch")))] for k, v in sorted(sel.items())]))
@@ -376,7 +376,7 @@ def _evaluate(args: argparse.Namespace) -> int:
                             "[--model M]), not with --acts")
     acts = _check_acts(args.acts)
     _check_json_out(args.json)
-    mon = Monitor.load(args.monitor)
+    mon = Monitor.from_pretrained(args.monitor)
     if args.decision is not None and not mon.streaming:
         raise TPCHooksError(f"--decision chooses how a per-token monitor scores a prompt, but {args.monitor} pools "
                             f"({mon.pooling!r}): one score per prompt already; drop --decision")
@@ -425,7 +425,7 @@ def _evaluate_outside(args: argparse.Namespace) -> int:
             raise TPCHooksError(f"--{name} {path}: no such file; give the file the monitor was trained with")
     _check_json_out(args.json)
     _check_model(args.model)
-    mon = Monitor.load(args.monitor)
+    mon = Monitor.from_pretrained(args.monitor)
     n_traffic = mon.report.get("split", {}).get("n_calibration", 0)
     calibration = None if args.calibration is None else read_texts(args.calibration)
     if args.prompts is None:  # the seed the monitor's split records: tpc-hooks demo --seed S trains on that set
@@ -449,7 +449,7 @@ def _monitor(args: argparse.Namespace) -> int:
 
     _check_monitor_dir(args.monitor)
     _check_model(args.model)
-    mon = Monitor.load(args.monitor)
+    mon = Monitor.from_pretrained(args.monitor)
     model = _load_model(args.model, args.toolkit)
     run = mon.generate(model, args.prompt, max_new_tokens=args.max_new_tokens, action=args.action)
     tok = model.tokenizer
@@ -471,7 +471,7 @@ def _attribute(args: argparse.Namespace) -> int:
     _check_model(args.model)
     _check_json_out(args.json)
 
-    mon = Monitor.load(args.monitor)
+    mon = Monitor.from_pretrained(args.monitor)
     if mon.streaming:
         raise TPCHooksError(f"{args.monitor} is a per-token monitor: its decision aggregates many tokens' logits, and "
                             "tpc-hooks attribute splits one pooled decision; attribute its tokens in Python: "

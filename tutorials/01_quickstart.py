@@ -85,5 +85,5 @@ ev.plot();
 monitor.token_scores(model, prompts[0])
 
 # %%
-path = monitor.save("/tmp/tpc-quickstart-monitor")
-assert torch.equal(tpc.Monitor.load(path).score(model, prompts).logits, monitor.score(model, prompts).logits)
+path = monitor.save_pretrained("/tmp/tpc-quickstart-monitor")
+assert torch.equal(tpc.Monitor.from_pretrained(path).score(model, prompts).logits, monitor.score(model, prompts).logits)

@@ -223,7 +223,7 @@ class VLLMAdapter(Adapter):
             specs = []
             for k, (name, mon, act) in enumerate(members):
                 path = f"{where}/{k}"
-                mon.save(path)
+                mon.save_pretrained(path, card=False)
                 specs.append({"name": name, "path": path, "site": mon.site, "order": order, "cascade": cascade,
                               "action": act})
             try:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, no_type_check
 
 from . import _format
-from ._errors import TPCHooksError
+from ._errors import TPCHooksError, deprecated
 
 CARD_FILE = "README.md"
 HUB_FILES = [_format.CONFIG_FILE, _format.WEIGHTS_FILE, CARD_FILE]
@@ -31,12 +31,12 @@ def is_repo_id(name: str, *, need_org: bool = False) -> bool:
 # ---------------------------------------------------------------------- saving
 def save_pretrained(obj: Any, directory: str | os.PathLike, *, card: bool | str = True,
                     repo_id: str | None = None) -> Path:
-    """Saves a head or monitor with ``obj.save`` and, when ``card``, a model card ``README.md``.
+    """Saves a head or monitor (``config.json`` + ``model.safetensors``) and, when ``card``, a model card ``README.md``.
 
     Args:
         obj: a :class:`~tpc_hooks.TPC` or :class:`~tpc_hooks.Monitor`.
-        directory: created if needed; ``config.json`` and ``model.safetensors`` are written
-            exactly as :meth:`~tpc_hooks.TPC.save` writes them.
+        directory: created if needed; ``config.json`` and ``model.safetensors`` in the saved
+            format (DESIGN.md), never a pickle.
         card: also write the generated model card (``obj.model_card()``) as ``README.md``, when that file is
             absent or a card this package wrote (``"overwrite"``: replace whatever is there; ``False``: none).
         repo_id: the hub id the card's loading snippet names (default: a placeholder path).
@@ -58,7 +58,7 @@ def save_pretrained(obj: Any, directory: str | os.PathLike, *, card: bool | str 
     if card is True and readme.is_file() and not _ours(readme):  # checked before anything is written
         raise TPCHooksError(f"{readme} exists and is not a tpc-hooks model card; it is left alone: pass card=False to "
                             "save without a card, or card='overwrite' to replace it with the generated one")
-    obj.save(out)
+    obj._save_dir(out)
     if card:
         text = obj.model_card(repo_id=repo_id)
         _format._atomic_write(readme, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
@@ -96,7 +96,7 @@ def from_pretrained(cls: type, name_or_path: str | os.PathLike, *, revision: str
                     token: str | bool | None = None, cache_dir: str | os.PathLike | None = None, **load_kw: Any) -> Any:
     """Loads ``cls`` (TPC or Monitor) from a local directory or a Hugging Face hub model id.
 
-    A path to an existing directory is loaded with ``cls.load(path, **load_kw)``. A string that
+    A path to an existing directory is loaded strictly (names, shapes, dtype and version must match). A string that
     is not a local path and looks like a hub id (``"name"`` or ``"org/name"``) is downloaded with
     ``huggingface_hub.snapshot_download`` (only ``config.json``, ``model.safetensors`` and
     ``README.md``; needs the network or the local cache) and then loaded. Never unpickles.
@@ -115,7 +115,7 @@ def from_pretrained(cls: type, name_or_path: str | os.PathLike, *, revision: str
                             f"{type(name_or_path).__name__}")
     path = Path(name_or_path)
     if path.is_dir():
-        return cls.load(path, **load_kw)
+        return cls._load_dir(path, **load_kw)
     if path.exists():
         raise TPCHooksError(f"expected a directory saved with save_pretrained (holding {_format.CONFIG_FILE} and "
                             f"{_format.WEIGHTS_FILE}); {str(path)!r} is a file. Pass the directory that contains it")
@@ -140,7 +140,7 @@ def from_pretrained(cls: type, name_or_path: str | os.PathLike, *, revision: str
         raise TPCHooksError(f"{name!r} is not a local directory, and downloading it as a hub model repository failed: "
                             f"{why} ({type(err).__name__}: {detail}). Pass a local directory saved with "
                             "save_pretrained, or retry with network access") from None
-    return cls.load(Path(local), **load_kw)
+    return cls._load_dir(Path(local), **load_kw)
 
 
 def push_to_hub(obj: Any, repo_id: str, *, private: bool | None = None, token: str | bool | None = None,
@@ -173,16 +173,35 @@ def push_to_hub(obj: Any, repo_id: str, *, private: bool | None = None, token: s
 class HubMixin:
     """Adds :meth:`save_pretrained`, :meth:`from_pretrained` and :meth:`push_to_hub` to a class.
 
-    Subclasses implement ``save(path)`` (writes ``config.json`` + ``model.safetensors``), the
-    classmethod ``load(path, **kwargs)`` (strict, never unpickles) and ``model_card(*,
+    Subclasses implement ``_save_dir(path)`` (writes ``config.json`` + ``model.safetensors``),
+    the classmethod ``_load_dir(path, **kwargs)`` (strict, never unpickles) and ``model_card(*,
     repo_id=None) -> str`` (the ``README.md`` written beside them), and may set
-    ``_hub_commit_message``.
+    ``_hub_commit_message``. ``save`` and ``load`` are deprecated aliases (they warn once).
     """
 
     _hub_commit_message = "Upload tpc-hooks model"
 
+    def _save_dir(self, path: str | os.PathLike) -> Path:
+        raise NotImplementedError
+
+    @classmethod
+    def _load_dir(cls, path: str | os.PathLike, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Deprecated: ``save_pretrained(path, card=False)`` writes the same files."""
+        deprecated(f"{type(self).__name__}.save", f"{type(self).__name__}.save_pretrained(path) (card=False for no "
+                   "model card)")
+        return self._save_dir(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, **kwargs: Any) -> Any:
+        """Deprecated: ``from_pretrained(path)`` loads the same directory (or a hub id)."""
+        deprecated(f"{cls.__name__}.load", f"{cls.__name__}.from_pretrained(path)")
+        return cls._load_dir(path, **kwargs)
+
     def save_pretrained(self, directory: str | os.PathLike, *, card: bool | str = True) -> Path:
-        """:meth:`save` plus a generated model card (``README.md``), as ``transformers`` and
+        """``config.json`` + ``model.safetensors`` and a generated model card (``README.md``), as ``transformers`` and
         SAELens users expect. Returns the directory.
 
         Example:
@@ -199,8 +218,8 @@ class HubMixin:
                         token: str | bool | None = None, cache_dir: str | os.PathLike | None = None,
                         **load_kwargs: Any) -> Any:
         """Loads from a local directory or a Hugging Face hub repository id (``"user/repo"``,
-        downloaded with ``huggingface_hub``; needs the network). Never unpickles; ``load_kwargs``
-        go to ``load`` (a monitor trained on SAE latents takes ``sae=``).
+        downloaded with ``huggingface_hub``; needs the network). Never unpickles; a monitor
+        trained on SAE latents takes its SAE as ``sae=``.
 
         Example:
             >>> monitor = tpc.Monitor.from_pretrained("user/smollm2-harm-monitor")  # doctest: +SKIP

@@ -324,21 +324,23 @@ class TPC(nn.Module, HubMixin):
         return [self.d_model] + [self.rank_of(k) * self.d_model + k * self.rank_of(k) for k in self.degrees]
 
     # ------------------------------------------------------------------ saving and sharing
-    def save(self, path: str | os.PathLike) -> Path:
-        """Saves to a directory: ``config.json`` + ``model.safetensors`` (float32, no pickle).
+    def _save_dir(self, path: str | os.PathLike) -> Path:
+        """Writes ``config.json`` + ``model.safetensors`` (float32, no pickle) to a directory;
+        :meth:`save_pretrained` adds the model card.
 
         Example:
             >>> import tempfile, tpc_hooks as tpc
             >>> head = tpc.TPC(d_model=8, degree=2, rank=2)
-            >>> d = head.save(tempfile.mkdtemp() + "/head")
-            >>> tpc.TPC.load(d).ranks
+            >>> d = head.save_pretrained(tempfile.mkdtemp() + "/head")
+            >>> tpc.TPC.from_pretrained(d).ranks
             (2,)
         """
         return _format.write_dir(path, *to_saved(self))
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "TPC":
-        """Loads a head saved by :meth:`save`. Strict: names, shapes, dtype and version must match.
+    def _load_dir(cls, path: str | os.PathLike) -> "TPC":
+        """Loads a head saved by :meth:`save_pretrained`. Strict: names, shapes, dtype and
+        version must match.
 
         Raises:
             TPCHooksError: naming the file and the problem (missing/extra tensor, wrong shape,
@@ -373,7 +375,7 @@ def to_saved(head: TPC) -> tuple[dict[str, Any], dict[str, Tensor]]:
 
 
 def from_saved(cfg: dict[str, Any], tensors: dict[str, Tensor], where: Path | str) -> TPC:
-    """The head a saved ``(config, tensors)`` describes; strict (see :meth:`TPC.load`)."""
+    """The head a saved ``(config, tensors)`` describes; strict (see :meth:`TPC.from_pretrained`)."""
     d_model = _format.require(cfg, "d_model", int, where)
     degree = _format.require(cfg, "degree", int, where)
     ranks = _format.require(cfg, "ranks", list, where)

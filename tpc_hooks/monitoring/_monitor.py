@@ -103,7 +103,7 @@ class Monitor(HubMixin):
             self.sae_identity = ident
         elif self.sae_identity is not None:
             raise TPCHooksError(f"this monitor reads SAE latents of {describe_sae(self.sae_identity)}; pass sae= "
-                                "(Monitor.load(path, sae=...))")
+                                "(Monitor.from_pretrained(path, sae=...))")
 
     @property
     def head(self) -> TPC:
@@ -523,8 +523,9 @@ class Monitor(HubMixin):
         }
         return cfg
 
-    def save(self, path: str | os.PathLike) -> Path:
-        """Saves head and policy to a directory (``config.json`` + ``model.safetensors``)."""
+    def _save_dir(self, path: str | os.PathLike) -> Path:
+        """Writes head and policy to a directory (``config.json`` + ``model.safetensors``);
+        :meth:`save_pretrained` adds the model card."""
         return _format.write_dir(path, self._config(), to_saved(self.head)[1])
 
     def model_card(self, *, repo_id: str | None = None) -> str:
@@ -535,8 +536,8 @@ class Monitor(HubMixin):
         return monitor_card(self, repo_id=repo_id)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, sae: Any = None) -> "Monitor":
-        """Loads a monitor saved by :meth:`save` (strict; never unpickles).
+    def _load_dir(cls, path: str | os.PathLike, *, sae: Any = None) -> "Monitor":
+        """Loads a monitor saved by :meth:`save_pretrained` (strict; never unpickles).
 
         A monitor trained on SAE latents needs its SAE again (``sae=``); a different one is refused.
         """
@@ -545,7 +546,7 @@ class Monitor(HubMixin):
         head = from_saved(cfg, tensors, where)
         mon = cfg.get("monitor")
         if not isinstance(mon, dict):
-            raise TPCHooksError(f"{where} describes a bare head, not a monitor; load it with TPC.load and wrap it: "
+            raise TPCHooksError(f"{where} describes a bare head, not a monitor; load it with TPC.from_pretrained and wrap it: "
                                 "Monitor(head, site=...)")
         model = mon.get("model") or {}
         if not isinstance(model, dict):

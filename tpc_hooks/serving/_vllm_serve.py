@@ -78,7 +78,7 @@ def identity(path: str | Path) -> dict[str, Any]:
     """What ``/v1/models`` says of the monitor: site, threshold, pooling, cascade or not, and the
     SHA-256 of its saved files. Loads it (a missing, corrupt or tampered directory raises) and keeps
     it by that hash, for the review log to explain the steps of whichever version scored them."""
-    mon = Monitor.load(path)
+    mon = Monitor.from_pretrained(path)
     digest = hashlib.sha256()
     for name in (_format.CONFIG_FILE, _format.WEIGHTS_FILE):
         digest.update((Path(path) / name).read_bytes())

@@ -505,7 +505,7 @@ class _Mixin:
         """The monitor of ``spec``, loaded and checked against this engine (site exposed, width)."""
         if spec["site"] not in self._tpc_sites:
             raise TPCHooksError(unexposed([spec["site"]], self._tpc_sites))
-        monitor = Monitor.load(spec["path"])
+        monitor = Monitor.from_pretrained(spec["path"])
         d_model = self._tpc_d_model()
         if monitor.head.d_model != d_model:
             who = f"monitor {spec['name']!r}" if spec["name"] else "monitor"
