@@ -392,7 +392,7 @@ def bench_variants(model: Any, toolkit: str, tok: Any, texts: list[str], args: a
             else:
                 made = [out] * B
             if k == "stopping":
-                glog = mon.last_generate_log
+                glog = mon.last_run
                 if any(glog.flagged) or [len(s) for s in glog.scores] != [n] * B:
                     raise BenchError(f"stopping_criteria scored {[len(s) for s in glog.scores]} steps per row "
                                      f"(expected {n}) or flagged a row")

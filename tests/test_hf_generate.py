@@ -254,11 +254,11 @@ def monitored(mon, kind, form, model, hf, x, mask, name, **kw):
     make, others = getattr(mon, kind), kw.pop(kind, [])
     if form == "inline":
         out = unmonitored(hf, x, mask, **{kind: [make(model, **tok_kw(name)), *others]}, **kw)
-        return out, mon.last_generate_log
+        return out, mon.last_run
     with make(model, **tok_kw(name)) as obj:
         assert obj.active and obj.log.steps == 0
         out = unmonitored(hf, x, mask, **{kind: [obj, *others]}, **kw)  # a plain list, as generate takes it
-    assert not obj.active and mon.last_generate_log is obj.log
+    assert not obj.active and mon.last_run is obj.log
     return out, obj.log
 
 
@@ -269,7 +269,7 @@ def test_generate_stops_exactly_the_flagged_rows(gen_case, split, kind, form):
     mon, ids, x, mask, gen, offline, first = split
     assert EOS in gen.flatten().tolist()  # one row ends on its own EOS token: that bookkeeping is exercised too
     before = hooks_on(hf)
-    mon.last_generate_log = None
+    mon.last_run = None
     with refcounting_only():
         out, log = monitored(mon, kind, form, model, hf, x, mask, name)
         assert hooks_on(hf) == before
@@ -321,7 +321,7 @@ def test_a_held_criterion_keeps_its_hooks_until_closed_or_dropped(gen_case, spli
         log = lp.log
         del lp  # dropped: weakref.finalize gives the hooks back
         assert hooks_on(hf) == before
-        assert mon.last_generate_log is log and log.stopped_at == first
+        assert mon.last_run is log and log.stopped_at == first
 
 
 @pytest.mark.parametrize("kind", ["stopping_criteria", "logits_processor"])
@@ -384,7 +384,7 @@ def test_sampled_rows_go_on_as_without_the_monitor(gen_case, split):
 
     free = sample()
     ours = sample(stopping_criteria=[mon.stopping_criteria(model, **tok_kw(name))])
-    log = mon.last_generate_log
+    log = mon.last_run
     assert any(log.flagged) and not all(log.flagged)
     for b in range(len(ids)):
         n = len(log.scores[b])
@@ -437,7 +437,7 @@ def test_hooks_are_given_back_when_generate_raises(gen_case, split, where, form)
         # on layer 0, before the monitor's site: the third pass is never scored
         boom = hf.model.layers[0].register_forward_hook(explode_in_pass(3)) if where == "forward" else None
         kw = {"stopping_criteria": [Explode()]} if where == "callback" else {}
-        mon.last_generate_log = None
+        mon.last_run = None
         with refcounting_only():
             if form == "held":
                 obj = getattr(mon, kind)(model, **tok_kw(name))
@@ -451,7 +451,7 @@ def test_hooks_are_given_back_when_generate_raises(gen_case, split, where, form)
             if boom is not None:
                 boom.remove()
             assert hooks_on(hf) == before
-        assert mon.last_generate_log.steps == 2  # it ran until the exception
+        assert mon.last_run.steps == 2  # it ran until the exception
 
 
 def test_misuse_is_refused_clearly(gen_case, split):

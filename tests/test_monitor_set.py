@@ -167,7 +167,7 @@ def test_the_generate_hooks_run_a_set(gen_case, hook):
         got = hf_generate(hf, x, mask, **{hook: [both]})
     assert torch.equal(got, want)  # the same rows stopped at the same tokens
     log = both.log
-    assert isinstance(log, tpc.MonitorSetRun) and monitors.last_generate_log is not None
+    assert isinstance(log, tpc.MonitorSetRun) and monitors.last_run is not None
     assert_same_steps(log["harm"], alone.log)
     assert log.stopped_at == alone.log.stopped_at
     assert log.stopped_by == ["harm" if s is not None else None for s in alone.log.stopped_at]

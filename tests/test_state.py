@@ -32,7 +32,7 @@ def _prompt_scores(mon, hf, tok, driver):
         return log.results[0].probs
     hook = getattr(mon, driver)(hf, tokenizer=tok)
     hf.generate(**kw, **{driver: [hook]})
-    return torch.stack([s[0] for s in mon.last_generate_log.scores])
+    return torch.stack([s[0] for s in mon.last_run.scores])
 
 
 @pytest.mark.parametrize("driver", ["generate", "watch", "stopping_criteria", "logits_processor"])

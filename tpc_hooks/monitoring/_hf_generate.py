@@ -84,7 +84,7 @@ class _Run:
                 if not lane.stops:  # a member that only flags stops no row
                     lane.log._flags["stopped_at"] = [None] * B
             self.started = True
-            self.monitor.last_generate_log = self.log
+            self.monitor.last_run = self.log
             self.t = 0
             self.live = torch.ones(B, dtype=torch.bool, device=device)
             self.stopped = torch.zeros(B, dtype=torch.bool, device=device)  # the processor forces EOS on these

@@ -28,10 +28,10 @@ from ..head._sae import check_sae, describe as describe_sae, dims as sae_dims, e
 from ..head._sae import identity as sae_identity_of
 from . import _calibrate, _generation
 from ._monitor_config import MonitorConfig
-from ._records import GenerationRun, MonitorEvent, TokenScores, WatchLog
+from ._records import GenerationRun, LastRun, MonitorEvent, TokenScores, WatchLog
 
 
-class Monitor(HubMixin):
+class Monitor(HubMixin, LastRun):
     """A trained TPC head + the settings it reads and decides with (:class:`~tpc_hooks.MonitorConfig`:
     site, pooling, tokenisation, aggregation, threshold) + a decision policy.
 
@@ -55,9 +55,9 @@ class Monitor(HubMixin):
     error, not a monitor that never flags).
 
     Attributes:
-        last_generate_log: the :class:`~tpc_hooks.GenerationRun` of the latest Hugging Face
-            ``generate`` call served by one of its :meth:`stopping_criteria` or
-            :meth:`logits_processor` (None before any; not saved).
+        last_run: the :class:`~tpc_hooks.GenerationRun` of the latest Hugging Face ``generate``
+            call served by one of its :meth:`stopping_criteria` or :meth:`logits_processor` (None
+            before any; not saved). ``last_generate_log``: its deprecated name.
 
     Example:
         >>> import tpc_hooks as tpc
@@ -90,7 +90,7 @@ class Monitor(HubMixin):
         self.head, self.cascade, self.config = head, cascade, config
         self.report: dict[str, Any] = {} if report is None else report
         self.sae, self.sae_identity = sae, sae_identity
-        self.last_generate_log: GenerationRun | None = None
+        self.last_run: GenerationRun | None = None
         if self.sae is not None:
             ident = sae_identity_of(self.sae)
             if self.sae_identity is not None and self.sae_identity.get("weights_sha256") != ident["weights_sha256"]:
@@ -449,7 +449,7 @@ class Monitor(HubMixin):
         returns, or once its exception is handled (CPython frees the criterion then). A criterion
         you keep in a variable keeps its hooks while rows are unfinished (``max_new_tokens``
         reached): call ``sc.close()``, use ``with``, or drop it. The log stays readable after the
-        hooks are gone: ``sc.log``, or :attr:`last_generate_log` for the inline form.
+        hooks are gone: ``sc.log``, or :attr:`last_run` for the inline form.
 
         Works with whatever drives the Hugging Face model's ``generate`` (greedy or sampling,
         ``num_beams=1``): a ``transformers`` model, nnsight's ``lm._module``, a TransformerBridge's
@@ -475,7 +475,7 @@ class Monitor(HubMixin):
         Example:
             >>> out = hf_model.generate(**batch, max_new_tokens=32,  # doctest: +SKIP
             ...                         stopping_criteria=[monitor.stopping_criteria(hf_model, tokenizer=tok)])
-            >>> monitor.last_generate_log.stopped_at  # doctest: +SKIP
+            >>> monitor.last_run.stopped_at  # doctest: +SKIP
             >>> with monitor.stopping_criteria(hf_model, tokenizer=tok) as sc:  # doctest: +SKIP
             ...     out = hf_model.generate(**batch, max_new_tokens=32, stopping_criteria=[sc])
             >>> sc.log.stopped_at, sc.log.scores[0]  # doctest: +SKIP
@@ -502,7 +502,7 @@ class Monitor(HubMixin):
         Example:
             >>> out = hf_model.generate(**batch, max_new_tokens=32,  # doctest: +SKIP
             ...                         logits_processor=[monitor.logits_processor(hf_model, tokenizer=tok)])
-            >>> monitor.last_generate_log.first_flagged  # doctest: +SKIP
+            >>> monitor.last_run.first_flagged  # doctest: +SKIP
         """
         from ._hf_generate import MonitorLogitsProcessor
 

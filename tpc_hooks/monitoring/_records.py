@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ..head._cascade import CascadeResult
-from ..head._errors import TPCHooksError
+from ..head._errors import TPCHooksError, deprecated
 from ..head._kernel import flagged
 from ..head._views import generation_html, token_scores_html
 
@@ -50,7 +50,7 @@ class GenerationRun:
 
     Who fills it: :meth:`Monitor.generate` (everything); ``stopping_criteria`` and
     ``logits_processor`` inside Hugging Face ``generate`` (``.log`` and
-    ``monitor.last_generate_log``; a flagged row is stopped at its first flagged step; a logits
+    ``monitor.last_run``; a flagged row is stopped at its first flagged step; a logits
     processor never sees the last token ``generate`` appends, so its run has no ``sequences``);
     ``watch`` (``log.run``: the latest sequences, no tokens). While a model generates, the steps
     stay on its device; the first read copies them to the host once. ``GenerateLog`` is an old
@@ -437,3 +437,21 @@ def warn_nonfinite(probs: Tensor, live: Tensor | None, what: str) -> None:
             f"{what}: the monitor's site held NaN/inf activations at {int(bad.sum())} scored step(s) (first: row {row}, "
             f"step {step}); those scores are NaN and count as flagged. An overflowing float16 forward pass is a "
             "common cause", RuntimeWarning, stacklevel=3)
+
+
+class LastRun:
+    """``last_run``: the record of the latest Hugging Face ``generate`` call that a monitor's (or a
+    set's) ``stopping_criteria`` or ``logits_processor`` served (None before any; not saved).
+    ``last_generate_log`` is its deprecated name (it warns once)."""
+
+    last_run: Any = None
+
+    @property
+    def last_generate_log(self) -> Any:
+        deprecated(f"{type(self).__name__}.last_generate_log", f"{type(self).__name__}.last_run")
+        return self.last_run
+
+    @last_generate_log.setter
+    def last_generate_log(self, value: Any) -> None:
+        deprecated(f"{type(self).__name__}.last_generate_log", f"{type(self).__name__}.last_run")
+        self.last_run = value

@@ -10,13 +10,13 @@ from ..adapters import Adapter
 from ..head._errors import TPCHooksError
 from . import _generation
 from ._monitor import Monitor
-from ._records import MonitorEvent, MonitorSetRun
+from ._records import LastRun, MonitorEvent, MonitorSetRun
 
 ACTIONS = ("flag", "stop")
 _SHARED = ("chat_template", "max_tokens", "prepend_bos")  # what the one tokenisation of a pass needs to agree on
 
 
-class MonitorSet(Mapping[str, Monitor]):
+class MonitorSet(Mapping[str, Monitor], LastRun):
     """Monitors that run together on one model, each under a name.
 
     Wherever a :class:`~tpc_hooks.Monitor` runs while a model generates (:meth:`generate` on
@@ -38,9 +38,9 @@ class MonitorSet(Mapping[str, Monitor]):
             not named: ``"flag"``).
 
     Attributes:
-        last_generate_log: the :class:`~tpc_hooks.MonitorSetRun` of the latest Hugging Face
-            ``generate`` call served by the set's :meth:`stopping_criteria` or
-            :meth:`logits_processor` (None before any).
+        last_run: the :class:`~tpc_hooks.MonitorSetRun` of the latest Hugging Face ``generate``
+            call served by the set's :meth:`stopping_criteria` or :meth:`logits_processor` (None
+            before any). ``last_generate_log``: its deprecated name.
 
     Example:
         >>> import tpc_hooks as tpc
@@ -70,7 +70,7 @@ class MonitorSet(Mapping[str, Monitor]):
                     f"forward passes: give them the same {key} (monitor.{key} = ...), or run them apart")
         self._monitors = dict(monitors)
         self.actions = self._actions(actions)
-        self.last_generate_log: MonitorSetRun | None = None
+        self.last_run: MonitorSetRun | None = None
 
     def _actions(self, actions: Any, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """``actions`` (one for all, or by name over ``base``, default every member flags) checked."""
@@ -166,7 +166,7 @@ class MonitorSet(Mapping[str, Monitor]):
                           eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
         """:meth:`Monitor.stopping_criteria` for the set: one criterion whose hooks read each site
         once and which stops the rows any stopping member flags (the flagging ones only record).
-        Its ``log`` (and :attr:`last_generate_log`) is a :class:`~tpc_hooks.MonitorSetRun`.
+        Its ``log`` (and :attr:`last_run`) is a :class:`~tpc_hooks.MonitorSetRun`.
 
         Example:
             >>> sc = monitors.stopping_criteria(hf_model, tokenizer=tok)  # doctest: +SKIP
