@@ -36,3 +36,11 @@ def test_last_generate_log_is_last_run(fresh_warnings):
     monitors = tpc.MonitorSet({"a": mon})
     with pytest.warns(FutureWarning, match=r"MonitorSet\.last_generate_log is deprecated"):
         assert monitors.last_generate_log is None
+
+
+def test_train_config_moved_to_the_baselines(fresh_warnings):
+    from tpc_hooks import baselines
+
+    assert "TrainConfig" not in tpc.__all__ and "TrainConfig" in baselines.__all__
+    with pytest.warns(FutureWarning, match=r"tpc_hooks\.TrainConfig is deprecated; use tpc_hooks\.baselines\.TrainConfig"):
+        assert tpc.TrainConfig is baselines.TrainConfig

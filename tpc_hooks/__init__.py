@@ -18,7 +18,6 @@ from .head._cascade import CascadeResult as CascadeResult
 from .head._errors import TPCHooksError as TPCHooksError
 from .head._history import FitConfig as FitConfig
 from .head._history import History as History
-from .head._history import TrainConfig as TrainConfig
 from .head._policy import FixedOrder as FixedOrder
 from .head._policy import Policy as Policy
 from .head._polynomial import TPC as TPC
@@ -47,7 +46,6 @@ __all__ = [
     "Cost",
     "fit",
     "FitConfig",
-    "TrainConfig",
     "History",
     "Cascade",
     "CascadeResult",
@@ -79,6 +77,12 @@ __all__ = [
 def __getattr__(name: str):
     # GenerateLog (what the Hugging Face generate hooks recorded) is now GenerationRun, the one record of a
     # monitored generation whatever drove it; the old name keeps working, with a warning.
+    if name == "TrainConfig":  # the baselines' training settings: tpc_hooks.baselines.TrainConfig
+        from .head._errors import deprecated
+        from .head._history import TrainConfig
+
+        deprecated("tpc_hooks.TrainConfig", "tpc_hooks.baselines.TrainConfig (the baselines' training settings)")
+        return TrainConfig
     if name == "GenerateLog":
         warnings.warn("tpc_hooks.GenerateLog is now tpc_hooks.GenerationRun (one record for every monitored "
                       "generation); use that name", DeprecationWarning, stacklevel=2)

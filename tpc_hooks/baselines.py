@@ -6,7 +6,8 @@
   :func:`matched_early_exit_widths`, cascaded with :func:`early_exit_cascade`);
 * :func:`fit_baseline` trains any of them (``fit_bilinear``, ``fit_mlp``, ``fit_early_exit``
   are the same call with the kind filled in);
-* :func:`compare` trains the TPC and the baselines on one split and scores every order.
+* :func:`compare` trains the TPC and the baselines on one split and scores every order;
+* :class:`TrainConfig`: the optimiser settings the baselines train with (``config=``).
 
 Example:
     >>> from tpc_hooks import baselines
@@ -19,6 +20,7 @@ Example:
     [('tpc', 1), ('tpc', 2), ('early_exit', 1), ('early_exit', 2)]
 """
 
+from .head._history import TrainConfig as TrainConfig
 from .training._baselines import BASELINES as BASELINES
 from .training._baselines import BilinearProbe as BilinearProbe
 from .training._baselines import EarlyExitMLP as EarlyExitMLP
@@ -37,4 +39,4 @@ from .training._compare import fit_linear as fit_linear
 
 __all__ = ["BASELINES", "BilinearProbe", "MLPProbe", "EarlyExitMLP", "early_exit_cascade", "fit_baseline", "fit_bilinear",
            "fit_mlp", "fit_early_exit", "matched_mlp_width", "matched_early_exit_widths", "METHODS", "Comparison",
-           "compare", "fit_linear"]
+           "compare", "fit_linear", "TrainConfig"]

@@ -392,11 +392,11 @@ def fit_baseline(kind: "str | type[_Baseline]", X_train: Any, y_train: Any, X_va
             epochs kept by the summed validation loss, grid points by the exits' mean F1); or
             the class itself.
         X_train, y_train, X_val, y_val: as in :func:`tpc_hooks.fit`.
-        config: a :class:`~tpc_hooks.TrainConfig` (AdamW, ``ReduceLROnPlateau``, clipping,
+        config: a :class:`~tpc_hooks.baselines.TrainConfig` (AdamW, ``ReduceLROnPlateau``, clipping,
             early stopping; ``dropout`` drops the hidden units or rank-one terms).
         sweep, val_fraction, seed, device, verbose: as in :func:`tpc_hooks.fit`.
         **kwargs: the model's own arguments (``rank=`` for the bilinear probe, ``hidden=`` for
-            the MLP, ``widths=`` for the early-exit MLP) and any :class:`~tpc_hooks.TrainConfig`
+            the MLP, ``widths=`` for the early-exit MLP) and any :class:`~tpc_hooks.baselines.TrainConfig`
             field overriding ``config`` (``epochs``, ``lr``, ``weight_decay``, ``patience``, ...).
 
     Returns:
