@@ -124,3 +124,28 @@ def test_examples_use_declared_names_only(path):
 
 def test_the_error_reads_as_its_public_path():
     assert f"{tpc_hooks.TPCHooksError.__module__}.{tpc_hooks.TPCHooksError.__qualname__}" == "tpc_hooks.TPCHooksError"
+
+
+def test_monitor_settings_are_declared_properties_that_validate():
+    """Every MonitorConfig field is a property written out in the Settings class (so IDEs and type
+    checkers see it, not one added by setattr at import), reading config and validating on assignment."""
+    from dataclasses import fields
+
+    from tpc_hooks.monitoring import _settings
+
+    tree = ast.parse((ROOT / "tpc_hooks" / "monitoring" / "_settings.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
+    declared = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)
+                and any(getattr(d, "id", None) == "property" for d in f.decorator_list)}
+    names = {f.name for f in fields(tpc_hooks.MonitorConfig)}
+    assert declared == names
+    assert issubclass(tpc_hooks.Monitor, _settings.Settings)
+    assert not any(isinstance(vars(tpc_hooks.Monitor).get(n), property) for n in names)  # none added on Monitor itself
+    mon = tpc_hooks.Monitor(tpc_hooks.TPC(4, 2, 2), "blocks.0.hook_resid_post", threshold=0.3)
+    for name in names:
+        assert getattr(mon, name) == getattr(mon.config, name)
+    mon.threshold = 0.7
+    assert mon.config.threshold == 0.7
+    with pytest.raises(tpc_hooks.TPCHooksError, match="threshold must be a number"):
+        mon.threshold = float("nan")
+    assert mon.threshold == 0.7  # the monitor is left as it was

@@ -29,9 +29,10 @@ from ..head._sae import identity as sae_identity_of
 from . import _calibrate, _generation
 from ._monitor_config import MonitorConfig
 from ._records import GenerationRun, LastRun, MonitorEvent, TokenScores, WatchLog
+from ._settings import Settings
 
 
-class Monitor(HubMixin, LastRun):
+class Monitor(Settings, HubMixin, LastRun):
     """A trained TPC head + the settings it reads and decides with (:class:`~tpc_hooks.MonitorConfig`:
     site, pooling, tokenisation, aggregation, threshold) + a decision policy.
 
@@ -576,18 +577,4 @@ class Monitor(HubMixin, LastRun):
             return cls(head, config=config, cascade=cascade, report=dict(report), sae=sae, sae_identity=mon.get("sae"))
         except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError
             raise TPCHooksError(f"{where}: {err}") from None
-
-
-def _setting(name: str) -> property:
-    def get(self: Monitor) -> Any:
-        return getattr(self.config, name)
-
-    def set_(self: Monitor, value: Any) -> None:
-        self.config = replace(self.config, **{name: value})
-
-    return property(get, set_, doc=f"``config.{name}`` (:class:`~tpc_hooks.MonitorConfig`); assigning it is validated.")
-
-
-for _field in fields(MonitorConfig):
-    setattr(Monitor, _field.name, _setting(_field.name))
 
