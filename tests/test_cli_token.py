@@ -12,7 +12,7 @@ import torch
 
 import tpc_hooks as tpc
 from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style, tiny_chats, tiny_splits
-from tpc_hooks import cli
+from tpc_hooks import cli, metrics
 from tpc_hooks.adapters import get_adapter
 from tpc_hooks.cli import main
 
@@ -55,7 +55,7 @@ def test_collect_train_evaluate_monitor_per_token(tmp_path, tiny_cli, capsys):
     assert main(["train", "--acts", str(acts), "--out", str(mon_dir), "--degree", "2", "--rank", "2", "--epochs", "2",
                  "--aggregate", "ema", "--alpha", "0.3", "--keep-all-orders", "--recipe", "intent", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    mon = tpc.Monitor.load(mon_dir)
+    mon = tpc.Monitor.from_pretrained(mon_dir)
     assert mon.streaming and (mon.aggregate, mon.alpha, mon.skip) == ("ema", 0.3, skip)
     assert mon.site == SITE and mon.chat_template and mon.cascade is not None
     # training rows: every token after the fixed prefix of the training prompts, their rewrites, intent flips
@@ -81,7 +81,7 @@ def test_collect_train_evaluate_monitor_per_token(tmp_path, tiny_cli, capsys):
             want = torch.stack([mon.token_scores(model, t, order=2).result.logits.max() for t in test.texts])
         np.testing.assert_allclose(ev["logits"], want.double().numpy(), rtol=1e-4, atol=1e-4)
         assert ev["per_order"][-1]["auroc"] == pytest.approx(
-            tpc.metrics.classification_metrics(test.labels, want)["auroc"])
+            metrics.classification_metrics(test.labels, want)["auroc"])
     out = capsys.readouterr().out
     assert "one score per prompt: the max over tokens of the aggregate (ema; the first 1 tokens not scored)" in out
     assert "the aggregate after the last token" in out and "mean FLOPs per token / linear" in out
@@ -121,7 +121,7 @@ def test_mixing_token_and_pooled_stores_is_a_clear_error(tmp_path, tiny_cli, cap
 
     assert main(["train", "--acts", str(pooled), "--out", str(tmp_path / "mean"), *common]) == 0
     assert main(["train", "--acts", str(tok), "--out", str(tmp_path / "token"), *common]) == 0
-    assert tpc.Monitor.load(tmp_path / "token").aggregate == "rolling"  # the default
+    assert tpc.Monitor.from_pretrained(tmp_path / "token").aggregate == "rolling"  # the default
     fails(["evaluate", "--monitor", str(tmp_path / "mean"), "--acts", str(tok), "--splits", "test"],
           f"{tok / 'test' / SITE} holds per-token rows (tpc-hooks collect --pooling token), but the monitor",
           "(pooling 'mean') reads pooled rows")
@@ -163,7 +163,7 @@ def test_collect_contexts_then_train_learns_from_the_hosted_chats(tmp_path, tiny
     out = capsys.readouterr().out
     assert main(["train", "--acts", str(acts), "--out", str(tmp_path / "without"), "--no-contexts", *common]) == 0
     capsys.readouterr()
-    with_, without = tpc.Monitor.load(tmp_path / "with"), tpc.Monitor.load(tmp_path / "without")
+    with_, without = tpc.Monitor.from_pretrained(tmp_path / "with"), tpc.Monitor.from_pretrained(tmp_path / "without")
     assert (with_.aggregate, without.aggregate) == ("max", "rolling")
     assert with_.report["n_train_tokens"] == without.report["n_train_tokens"] + n_rows["ctx-train"]
     assert (with_.report["contexts"]["n_train"], with_.report["contexts"]["n_val"]) == (8, 2)

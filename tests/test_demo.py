@@ -54,7 +54,7 @@ def test_quick_demo_writes_a_complete_run(default_run):
         assert part in report
     for plot in ("f1_by_order.png", "cascade.png", "exit_orders.png", "calibration.png", "attribution.png"):
         assert (out / plot).stat().st_size > 1000
-    mon = tpc.Monitor.load(out / "monitor")
+    mon = tpc.Monitor.from_pretrained(out / "monitor")
     assert mon.site == res["site"] and mon.chat_template and mon.cascade is not None
     # what a deployment sees: the saved monitor is train_monitor's, and its row is its own threshold on the test split
     dep = res["deployment"]

@@ -73,3 +73,22 @@ def test_contributing_page_shows_the_layers():
 def test_home_page_lists_vllm_and_serve():
     html = page("")
     assert "concepts/vllm/" in html and "tpc-hooks serve" in html
+
+
+API_PAGES = {"tpc_hooks": "api/tpc_hooks", "tpc_hooks.adapters": "api/adapters", "tpc_hooks.baselines": "api/baselines",
+             "tpc_hooks.data": "api/data", "tpc_hooks.metrics": "api/metrics", "tpc_hooks.offline": "api/offline",
+             "tpc_hooks.pooling": "api/pooling", "tpc_hooks.synthetic": "api/synthetic", "tpc_hooks.views": "api/views"}
+
+
+@pytest.mark.parametrize("module", sorted(API_PAGES))
+def test_the_api_pages_render_every_documented_public_name(module):
+    """Each public module's page has an entry (an anchor) for every class and function of its
+    ``__all__`` (constants are described on the concept pages)."""
+    import importlib
+    import inspect
+
+    mod = importlib.import_module(module)
+    html = page(API_PAGES[module])
+    documented = [n for n in mod.__all__ if inspect.isclass(getattr(mod, n)) or inspect.isfunction(getattr(mod, n))]
+    missing = [n for n in documented if f'id="{module}.{n}"' not in html]
+    assert documented and missing == [], missing

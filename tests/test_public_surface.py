@@ -149,3 +149,14 @@ def test_monitor_settings_are_declared_properties_that_validate():
     with pytest.raises(tpc_hooks.TPCHooksError, match="threshold must be a number"):
         mon.threshold = float("nan")
     assert mon.threshold == 0.7  # the monitor is left as it was
+
+
+@pytest.mark.parametrize("module", ["tpc_hooks", "tpc_hooks.adapters", "tpc_hooks.baselines", "tpc_hooks.cli",
+                                    "tpc_hooks.data", "tpc_hooks.metrics", "tpc_hooks.offline", "tpc_hooks.pooling",
+                                    "tpc_hooks.synthetic", "tpc_hooks.views"])
+def test_the_api_reference_lists_every_public_name(module):
+    """docs/api/index.md names every name of each public module's ``__all__`` (its pages render
+    them from ``__all__``; tests/test_docs_site.py checks the built pages)."""
+    index = (ROOT / "docs" / "api" / "index.md").read_text()
+    missing = [n for n in importlib.import_module(module).__all__ if f"`{n}`" not in index]
+    assert missing == [], f"{module}: {missing}"
