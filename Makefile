@@ -108,5 +108,5 @@ bench: install
 # (mkdocs<2 in the extra).
 docs: install vllm-env
 	$(PIP) -e ".[test,docs]"
-	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
+	TPC_HOOKS_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
 	TPC_DOCS_SITE=site $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_docs_site.py
