@@ -3,7 +3,6 @@ the same function that executes them for the docs site (docs/hooks/notebooks.py)
 the outputs its page promises: printed results, plots, the coloured HTML views."""
 
 import importlib.util
-import os
 from pathlib import Path
 
 import pytest
@@ -33,9 +32,15 @@ SHOWS = {"01": {"stdout", "text/html", "text/markdown", "image/png"}, "02": {"st
 
 
 def has_vllm_environment() -> bool:
-    """Where the serving tutorial can start its server (as ``tutorials/_common.vllm_python`` finds it)."""
-    return bool(os.environ.get("TPC_HOOKS_VLLM_PYTHON")) or (ROOT / ".venv-vllm" / "bin" / "python").exists() \
-        or importlib.util.find_spec("vllm") is not None
+    """Whether the serving tutorial can start its server: ``tutorials/_common.vllm_python`` finds one."""
+    spec = importlib.util.spec_from_file_location("tutorials_common", ROOT / "tutorials" / "_common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    try:
+        common.vllm_python()
+    except RuntimeError:
+        return False
+    return True
 
 
 def shown(nb) -> set[str]:
