@@ -3,10 +3,21 @@ type checkers see them): each is ``config.<name>`` (:class:`~tpc_hooks.MonitorCo
 one replaces ``config`` with a copy that is validated (``monitor.threshold = float("nan")`` is an
 error, not a monitor that never flags)."""
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ._monitor_config import MonitorConfig
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _checked_by_config(setter: _F) -> _F:
+    """Leave the value's check to :class:`~tpc_hooks.MonitorConfig`: a runtime type checker
+    (beartype, jaxtyping's import hook) would otherwise answer ``monitor.threshold = "0.5"`` with
+    its own error before the library's. Static checkers still read the annotation."""
+    setter.__no_type_check__ = True  # type: ignore[attr-defined]
+    return setter
 
 
 class Settings:
@@ -23,6 +34,7 @@ class Settings:
         return self.config.site
 
     @site.setter
+    @_checked_by_config
     def site(self, value: str) -> None:
         self._replace(site=value)
 
@@ -32,6 +44,7 @@ class Settings:
         return self.config.pooling
 
     @pooling.setter
+    @_checked_by_config
     def pooling(self, value: str) -> None:
         self._replace(pooling=value)
 
@@ -41,6 +54,7 @@ class Settings:
         return self.config.chat_template
 
     @chat_template.setter
+    @_checked_by_config
     def chat_template(self, value: bool) -> None:
         self._replace(chat_template=value)
 
@@ -50,6 +64,7 @@ class Settings:
         return self.config.prepend_bos
 
     @prepend_bos.setter
+    @_checked_by_config
     def prepend_bos(self, value: bool | None) -> None:
         self._replace(prepend_bos=value)
 
@@ -59,6 +74,7 @@ class Settings:
         return self.config.max_tokens
 
     @max_tokens.setter
+    @_checked_by_config
     def max_tokens(self, value: int | None) -> None:
         self._replace(max_tokens=value)
 
@@ -68,6 +84,7 @@ class Settings:
         return self.config.model_name
 
     @model_name.setter
+    @_checked_by_config
     def model_name(self, value: str | None) -> None:
         self._replace(model_name=value)
 
@@ -77,6 +94,7 @@ class Settings:
         return self.config.threshold
 
     @threshold.setter
+    @_checked_by_config
     def threshold(self, value: float) -> None:
         self._replace(threshold=value)
 
@@ -86,6 +104,7 @@ class Settings:
         return self.config.aggregate
 
     @aggregate.setter
+    @_checked_by_config
     def aggregate(self, value: str) -> None:
         self._replace(aggregate=value)
 
@@ -95,6 +114,7 @@ class Settings:
         return self.config.alpha
 
     @alpha.setter
+    @_checked_by_config
     def alpha(self, value: float) -> None:
         self._replace(alpha=value)
 
@@ -104,6 +124,7 @@ class Settings:
         return self.config.window
 
     @window.setter
+    @_checked_by_config
     def window(self, value: int) -> None:
         self._replace(window=value)
 
@@ -113,5 +134,6 @@ class Settings:
         return self.config.skip
 
     @skip.setter
+    @_checked_by_config
     def skip(self, value: int) -> None:
         self._replace(skip=value)
