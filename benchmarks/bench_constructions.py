@@ -75,6 +75,7 @@ then the variants; 10 min once the evaluation sets are cached).
 
 import argparse
 import contextlib
+import dataclasses
 import inspect
 import sys
 import time
@@ -380,7 +381,7 @@ def run(args: argparse.Namespace, collected: dict) -> int:
                       everyday=EVERYDAY_SOURCES, **({"split": args.split} if args.split else {}),
                       **({"calibration": traffic} if traffic else {}))
     mon = tpc.train_monitor(model_box[0], train.texts, train.labels, layers, **train_args,
-                            **({"intent": tuple(args.intent)} if args.intent else {}))
+                            **with_recipe({"intent": tuple(args.intent)} if args.intent else {}))
     layer = short(mon.site)
     kept = mon.head.degree
     op = mon.report["operating_point"]
@@ -464,6 +465,18 @@ def run(args: argparse.Namespace, collected: dict) -> int:
     return 0
 
 
+def with_recipe(kw: dict) -> dict:
+    """A variant's keyword arguments with its recipe as a preset: ``{"recipe": "intent", "intent":
+    ("homonym",)}`` (the names the variants were recorded under) is ``recipe=`` the intent preset
+    with those kinds."""
+    kw = dict(kw)
+    preset = getattr(tpc.recipes, kw.pop("recipe", "default"))()
+    change = {k: kw.pop(k) for k in ("augment", "intent", "prune_orders") if k in kw}
+    if change.get("intent") is False:
+        change["intent"] = ()
+    return {**kw, "recipe": dataclasses.replace(preset, **change)}
+
+
 def levers(args: argparse.Namespace, train_args: dict) -> dict[str, dict]:
     """The variants the flags ask for, by name: ``train_monitor``'s keyword arguments (and ``flip_share``)."""
     other = next(s for s in SPLITS if s != train_args.get("split", DEFAULT_SPLIT))
@@ -544,7 +557,7 @@ def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits:
         t0 = time.time()
         patch, kw = patched(kw, collected, chosen, train_args["seed"], notes)
         with patch:
-            mon = tpc.train_monitor(model, train.texts, train.labels, chosen, **{**train_args, **kw})
+            mon = tpc.train_monitor(model, train.texts, train.labels, chosen, **with_recipe({**train_args, **kw}))
         deployed, orders = evaluate(mon, X)
         found = {"deployed": shares(deployed, y), **{k: shares(at_fpr(s, y), y) for k, s in orders.items()}}
         for row, vals in found.items():

@@ -3,9 +3,9 @@
 Every monitor is trained once, on short prompts (:func:`tpc_hooks.data.default_prompt_set`, seed
 ``--seed``: its train split to fit, its val split to select and calibrate), at one site
 (``blocks.{--layer}.hook_resid_post``, default 20) of SmolLM2-135M-Instruct (the plain
-``transformers`` model, chat template, CPU), with ``augment=False`` (the phrasing rewrites are
+``transformers`` model, chat template, CPU), with no phrasing rewrites (they are
 ``bench_phrasing``'s concern). The heads are fitted with :func:`tpc_hooks.fit` on activations
-collected once per prompt and cached, with the settings ``train_monitor(..., augment=False)``
+collected once per prompt and cached, with the settings ``train_monitor``'s default recipe
 passes (degree ``--degree``, rank ``--rank``, seed; no consistency term), so one forward pass
 serves every head and the label study:
 

@@ -74,7 +74,7 @@ def main() -> None:
     quick = dict(epochs=6, rank=3, verbose=False, device="cpu")
     heads = {
         "default": tpc.fit(X, y, Xv, yv, degree=4, **quick),
-        "paper": tpc.fit(X, y, Xv, yv, degree=4, recipe="paper", **quick),
+        "paper": tpc.fit(X, y, Xv, yv, degree=4, recipe=tpc.recipes.paper(), **quick),
         "joint": tpc.fit(X, y, Xv, yv, degree=3, mode="joint", **quick),
         "escalate": tpc.fit(X, y, Xv, yv, degree=3, escalate_only=True, **quick),
         "nogate": tpc.fit(X, y, Xv, yv, degree=3, gate=False, **quick),
@@ -188,16 +188,17 @@ def training_outputs(lm, prompts, labels) -> None:
                                                     site=["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"],
                                                     pooling="last", **quick))
     monitor_record("train/in_distribution", tpc.train_monitor(lm, prompts, labels, site="blocks.1.hook_resid_post",
-                                                              recipe="in_distribution", pooling="max", **quick))
+                                                              recipe=tpc.recipes.in_distribution(), pooling="max",
+                                                              **quick))
     monitor_record("train/paper", tpc.train_monitor(lm, prompts, labels, site="blocks.1.hook_resid_post",
-                                                    recipe="paper", augment=False, **quick))
+                                                    recipe=tpc.recipes.paper(augment=False), **quick))
     tok = tpc.train_monitor(lm, prompts, labels, site="blocks.1.hook_resid_post", pooling="token", tau=0.2, **quick)
     monitor_record("train/token", tok)
     run = tok.generate(lm, prompts[:3], max_new_tokens=4)
     record("train/token/generate", [run.sequences, [s.tolist() for s in run.scores]])
     monitor_record("train/token_contexts", tpc.train_monitor(
         lm, prompts, labels, site="blocks.1.hook_resid_post", pooling="token", contexts=tm.tiny_chats(8),
-        context_tokens=(20, 30), augment=False, **quick))
+        context_tokens=(20, 30), **quick))
 
 
 def cli_outputs() -> None:

@@ -232,7 +232,8 @@ def test_train_monitor_in_place():
     benign = ["tell me about the weather", "bread recipe", "write poem about cat", "hello world friend",
               "cake recipe please", "nice weather", "python code please", "hello friend"]
     mon = tpc.train_monitor(model, harmful + benign, [1] * 8 + [0] * 8, SITE, degree=2, rank=2, epochs=3,
-                            val_fraction=0.25, tau=0.2, prune_orders=False, verbose=False)
+                            val_fraction=0.25, tau=0.2, recipe=tpc.recipes.default(prune_orders=False),
+                            verbose=False)
     assert mon.chat_template is True and mon.prepend_bos is False and mon.cascade is not None
     assert len(mon.report["validation"]["per_order"]) == 2
     assert mon.score(model, ["steal car"]).probs.shape == (1,)
@@ -241,11 +242,11 @@ def test_train_monitor_in_place():
     # a FitConfig is honoured; degree=/rank=/seed= override it only when given
     cfg = tpc.FitConfig(degree=3, rank=2, epochs=2, seed=1)
     from_cfg = tpc.train_monitor(model, harmful + benign, [1] * 8 + [0] * 8, SITE, config=cfg, val_fraction=0.25,
-                                 prune_orders=False, verbose=False)
+                                 recipe=tpc.recipes.default(prune_orders=False), verbose=False)
     assert from_cfg.head.degree == 3 and from_cfg.head.history.config.seed == 1
     assert from_cfg.head.history.config.epochs == 2
     overridden = tpc.train_monitor(model, harmful + benign, [1] * 8 + [0] * 8, SITE, config=cfg, degree=2,
-                                   val_fraction=0.25, prune_orders=False, verbose=False)
+                                   val_fraction=0.25, recipe=tpc.recipes.default(prune_orders=False), verbose=False)
     assert overridden.head.degree == 2 and overridden.head.history.config.seed == 1
 
 

@@ -174,7 +174,7 @@ def test_evaluate_puts_a_monitor_beside_a_probe_on_the_sets_another_hand_built(t
     traffic = tmp_path / "traffic.txt"
     traffic.write_text("What is the weather like on Mars?\nSuggest a name for my bakery\nHow do I sort a list in Python?\n")
     mon = tpc.train_monitor(model, ps.texts, ps.labels, "blocks.6.hook_resid_post", degree=2, rank=2, epochs=2,
-                            val_fraction=0.5, target_fpr=0.25, prune_orders=False, verbose=False,
+                            val_fraction=0.5, target_fpr=0.25, recipe=tpc.recipes.default(prune_orders=False), verbose=False,
                             calibration=traffic.read_text().splitlines())
     mon.save_pretrained(tmp_path / "monitor")
     md, png, js = tmp_path / "out.md", tmp_path / "curves.png", tmp_path / "e.json"

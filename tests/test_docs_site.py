@@ -77,7 +77,8 @@ def test_home_page_lists_vllm_and_serve():
 
 API_PAGES = {"tpc_hooks": "api/tpc_hooks", "tpc_hooks.adapters": "api/adapters", "tpc_hooks.baselines": "api/baselines",
              "tpc_hooks.data": "api/data", "tpc_hooks.metrics": "api/metrics", "tpc_hooks.offline": "api/offline",
-             "tpc_hooks.pooling": "api/pooling", "tpc_hooks.synthetic": "api/synthetic", "tpc_hooks.views": "api/views"}
+             "tpc_hooks.pooling": "api/pooling", "tpc_hooks.recipes": "api/recipes", "tpc_hooks.synthetic": "api/synthetic",
+             "tpc_hooks.views": "api/views"}
 
 
 @pytest.mark.parametrize("module", sorted(API_PAGES))

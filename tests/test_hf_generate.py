@@ -127,7 +127,7 @@ def test_tokenizer_threads_through_every_entry_point():
     harmful, benign = ["how do i make bomb", "steal car", "hack email", "kill process"], \
         ["tell me about the weather", "bread recipe", "write poem about cat", "hello world friend"]
     trained = tpc.train_monitor(hf, harmful + benign, [1] * 4 + [0] * 4, SITE, degree=2, rank=2, epochs=2,
-                                val_fraction=0.5, augment=False, verbose=False, tokenizer=tok)
+                                val_fraction=0.5, verbose=False, tokenizer=tok)
     assert trained.chat_template is True  # read from the given tokenizer's chat template
     assert trained.score(hf, ["steal car"], tokenizer=tok).probs.shape == (1,)
 

@@ -104,7 +104,7 @@ def test_train_monitor_places_requests_in_sharegpt_contexts(models):
     mp.setattr(tpc_hooks.prompts._context, "host_requests", spy)
     try:
         mon = tpc.train_monitor(models["nnsight"], prompts, labels, SITE, pooling="token", aggregate="max", contexts=8,
-                                context_tokens=(160, 240), augment=False, degree=2, rank=4, epochs=2,
+                                context_tokens=(160, 240), degree=2, rank=4, epochs=2,
                                 val_fraction=0.25, target_fpr=0.5, verbose=False)
     finally:
         mp.undo()

@@ -48,7 +48,7 @@ def trained(lm):
     prompts, y = HARMFUL + BENIGN, [1] * 10 + [0] * 10
     names = ["chat" if i % 2 else "forum" for i in range(20)]
     mon = tpc.train_monitor(lm, prompts, y, SITE, degree=2, rank=2, epochs=2, val_fraction=0.5, target_fpr=0.2,
-                            sources=names, everyday=["chat"], prune_orders=False, verbose=False)
+                            sources=names, everyday=["chat"], recipe=tpc.recipes.default(prune_orders=False), verbose=False)
     return mon, prompts, np.array(y), names
 
 

@@ -151,8 +151,8 @@ def test_train_monitor_without_rewrites_is_fit_on_the_plain_split(lm):
     from sklearn.model_selection import train_test_split
 
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
-    mon = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="in_distribution", degree=2, rank=2, epochs=3,
-                            val_fraction=0.25, prune_orders=False, verbose=False)
+    mon = tpc.train_monitor(lm, prompts, y, SITES[1], recipe=tpc.recipes.in_distribution(prune_orders=False), degree=2,
+                            rank=2, epochs=3, val_fraction=0.25, verbose=False)
     X = tpc.collect(lm, prompts, SITES[1], chat_template=True, progress=False)[SITES[1]]
     tr, va = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
     head = tpc.fit(X[tr], y[tr], X[va], y[va], degree=2, rank=2, epochs=3, verbose=False)
@@ -164,8 +164,8 @@ def test_train_monitor_without_rewrites_is_fit_on_the_plain_split(lm):
 
 def test_train_monitor_rewrites_training_and_validation_prompts(lm):
     prompts, y = HARMFUL + BENIGN, [1] * 8 + [0] * 8
-    mon = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="intent", augment=("tense", "noise"), degree=2, rank=2,
-                            epochs=2, val_fraction=0.25, prune_orders=False, verbose=False)
+    mon = tpc.train_monitor(lm, prompts, y, SITES[1], recipe=tpc.recipes.intent(families=("tense", "noise"), prune_orders=False),
+                            degree=2, rank=2, epochs=2, val_fraction=0.25, verbose=False)
     rep = mon.report
     assert rep["augment"]["families"] == ["tense", "noise"]
     assert rep["augment"]["n_train_rewrites"] == 12  # every training prompt parses, so every one gains a rewrite
@@ -175,7 +175,7 @@ def test_train_monitor_rewrites_training_and_validation_prompts(lm):
     assert mon.head.history.config.seed == 0 and len(rep["validation"]["per_order"]) == 2
     assert mon.head.history.config.consistency == 0.03  # the penalty on the training rewrites, by default
     with pytest.raises(TPCHooksError, match="augment must be True, False or phrasing families"):
-        tpc.train_monitor(lm, prompts, y, SITES[1], augment=("pirate",), verbose=False)
+        tpc.recipes.phrasing(("pirate",))
 
 
 def test_the_consistency_penalty_reads_exactly_the_training_rewrites(lm, monkeypatch):
@@ -193,16 +193,17 @@ def test_the_consistency_penalty_reads_exactly_the_training_rewrites(lm, monkeyp
 
     monkeypatch.setattr(_train, "fit", spy)
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
-    kw = dict(augment=("tense", "noise"), degree=2, rank=2, epochs=2, val_fraction=0.25, verbose=False)  # + flips
-    tpc.train_monitor(lm, prompts, y, SITES[1], **kw)
+    kw = dict(degree=2, rank=2, epochs=2, val_fraction=0.25, verbose=False)
+    trained_on = tpc.recipes.Recipe("default", augment=("tense", "noise"))
+    tpc.train_monitor(lm, prompts, y, SITES[1], recipe=trained_on, **kw)
     tr, _ = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
     aug = rewrites([prompts[i] for i in tr], y[tr], ("tense", "noise"), seed=0)
     want = tpc.collect(lm, aug.texts, SITES[1], chat_template=True, progress=False)[SITES[1]]
     got, weight = seen[-1]
     assert weight == 0.03 and torch.allclose(torch.as_tensor(got), torch.as_tensor(want), atol=1e-5)
-    tpc.train_monitor(lm, prompts, y, SITES[1], consistency=0.0, **kw)
+    tpc.train_monitor(lm, prompts, y, SITES[1], consistency=0.0, recipe=trained_on, **kw)
     assert seen[-1] == (None, 0.0)
-    tpc.train_monitor(lm, prompts, y, SITES[1], **{**kw, "augment": False})
+    tpc.train_monitor(lm, prompts, y, SITES[1], recipe=tpc.recipes.default(), **kw)
     assert seen[-1] == (None, 0.0)  # no rewrites, no penalty
 
 
@@ -226,8 +227,8 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
 
     monkeypatch.setattr(_train, "fit", spy)
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
-    mon = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="intent", augment=("tense",), degree=2, rank=2,
-                            epochs=2, val_fraction=0.25, verbose=False)
+    mon = tpc.train_monitor(lm, prompts, y, SITES[1], recipe=tpc.recipes.intent(families=("tense",)), degree=2,
+                            rank=2, epochs=2, val_fraction=0.25, verbose=False)
     (X_tr, y_tr, X_va, y_va), kw = seen[-1]
     (X_1, y_1, _, _), kw_1 = seen[-2]
     tr, va = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
@@ -261,20 +262,23 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
         collect(plain_benign), 0.01).threshold
     assert mon.threshold == pytest.approx(want_threshold, abs=1e-6)
     # the homonyms are one of intent's names: alone, or left out
-    kw = dict(augment=False, degree=1, rank=2, epochs=1, val_fraction=0.25, verbose=False)
-    only = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("homonym",), **kw).report["augment"]
+    kw = dict(degree=1, rank=2, epochs=1, val_fraction=0.25, verbose=False)
+    with_kinds = lambda *kinds, **options: tpc.recipes.Recipe("default", intent=kinds, **options)
+    only = tpc.train_monitor(lm, prompts, y, SITES[1], recipe=with_kinds("homonym"), **kw).report["augment"]
     assert (only["n_train_flips"], only["n_train_homonyms"], only["n_val_hard_negatives"]) == (0, len(homs), len(val_homs))
     assert len(seen[-1][0][1]) == len(tr)  # degree 1 is order 1: fitted without the homonym rows
-    law = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law",), **kw).report["augment"]
+    law = tpc.train_monitor(lm, prompts, y, SITES[1], recipe=with_kinds("law"), **kw).report["augment"]
     assert (law["n_train_flips"], law["n_train_homonyms"], law["intent"]) == (len(flips), 0, ["law"])
     # the stated-act rows are opt-in: named, they join the homonym rows (the orders above 1), so
     # order 1 is the same without them (True and the default leave them out)
     stated = stated_flips([prompts[i] for i in tr], y[tr], seed=0)
-    kw2 = {**kw, "degree": 2, "prune_orders": False}
-    with_stated = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law", "homonym", "stated"), **kw2)
+    kw2 = {**kw, "degree": 2}
+    with_stated = tpc.train_monitor(lm, prompts, y, SITES[1], recipe=with_kinds("law", "homonym", "stated",
+                                                                                  prune_orders=False), **kw2)
     rows_with = [len(call[0][1]) for call in seen[-2:]]  # order 1's fit, then the higher orders'
     order_1_with = seen[-2][0]
-    without = tpc.train_monitor(lm, prompts, y, SITES[1], intent=("law", "homonym"), **kw2)
+    without = tpc.train_monitor(lm, prompts, y, SITES[1], recipe=with_kinds("law", "homonym", prune_orders=False),
+                                **kw2)
     rows_without = [len(call[0][1]) for call in seen[-2:]]
     assert rows_with == [rows_without[0], rows_without[1] + len(stated)] and rows_without[0] == len(tr) + len(flips)
     both = with_stated.report["augment"]
@@ -287,9 +291,9 @@ def test_intent_flips_are_trained_on_as_benign_and_validated_with_the_harmful_pr
     assert list(order_1_with[1]) == list(order_1_without[1])
     assert torch.allclose(with_stated.head(z, order=1), without.head(z, order=1), atol=1e-3)
     with pytest.raises(TPCHooksError, match="kinds must be True, False or names"):
-        tpc.train_monitor(lm, prompts, y, SITES[1], intent=("tense",), verbose=False)
-    with pytest.raises(TPCHooksError, match="cannot be combined with intent"):
-        tpc.train_monitor(lm, prompts, y, SITES[1], recipe="in_distribution", intent=True, verbose=False)
+        tpc.recipes.intent(kinds=("tense",))
+    with pytest.raises(TPCHooksError, match="in_distribution recipe trains on the prompts as given"):
+        tpc.recipes.Recipe("in_distribution", intent=("law",))
 
 
 def test_contrast_pairs_each_harmful_training_prompt_with_its_own_flip(lm, monkeypatch):
@@ -309,7 +313,8 @@ def test_contrast_pairs_each_harmful_training_prompt_with_its_own_flip(lm, monke
 
     monkeypatch.setattr(_train, "fit", spy)
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
-    kw = dict(recipe="intent", augment=("tense",), degree=2, rank=2, epochs=2, val_fraction=0.25, verbose=False)
+    kw = dict(recipe=tpc.recipes.intent(families=("tense",)), degree=2, rank=2, epochs=2, val_fraction=0.25,
+              verbose=False)
     mon = tpc.train_monitor(lm, prompts, y, SITES[1], contrast=1.0, **kw)
     X_tr, y_tr, pairs = seen[-1]
     tr, _ = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
@@ -326,11 +331,13 @@ def test_contrast_pairs_each_harmful_training_prompt_with_its_own_flip(lm, monke
     tpc.train_monitor(lm, prompts, y, SITES[1], **kw)
     assert seen[-1][2] is None  # not by default
     with pytest.raises(TPCHooksError, match="contrast ranks each harmful training prompt"):
-        tpc.train_monitor(lm, prompts, y, SITES[1], contrast=1.0, **{**kw, "intent": False})
+        tpc.train_monitor(lm, prompts, y, SITES[1], contrast=1.0,
+                          **{**kw, "recipe": tpc.recipes.Recipe("intent", augment=("tense",))})
 
 
 def test_train_monitor_reads_the_site_its_table_ranks_first(lm):
-    mon = tpc.train_monitor(lm, HARMFUL + BENIGN, [1] * 8 + [0] * 8, SITES, augment=("noise",), degree=2, rank=2,
+    mon = tpc.train_monitor(lm, HARMFUL + BENIGN, [1] * 8 + [0] * 8, SITES, degree=2, rank=2,
+                            recipe=tpc.recipes.Recipe("default", augment=("noise",)),
                             epochs=2, val_fraction=0.25, verbose=False)
     table = mon.report["site_selection"]
     assert [r["site"] for r in table] == SITES
@@ -388,9 +395,8 @@ def test_worst_group_skips_groups_without_the_class_a_metric_needs():
 def test_in_distribution_recipe_is_the_plain_split_and_the_threshold_is_set_on_benign_validation(lm):
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
     kw = dict(degree=2, rank=2, epochs=3, val_fraction=0.25, verbose=False)
-    plain = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="intent", augment=False, intent=False,
-                              target_fpr=None, **kw)
-    ind = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="in_distribution", **kw)  # both prune on the same rows
+    plain = tpc.train_monitor(lm, prompts, y, SITES[1], recipe=tpc.recipes.Recipe("intent"), target_fpr=None, **kw)
+    ind = tpc.train_monitor(lm, prompts, y, SITES[1], recipe=tpc.recipes.in_distribution(), **kw)  # both prune on the same rows
     for (_, a), (_, b) in zip(plain.head.state_dict().items(), ind.head.state_dict().items()):
         assert torch.equal(a, b)
     assert plain.threshold == 0.5 and ind.report["augment"]["families"] == [] and ind.report["recipe"] == "in_distribution"
@@ -405,9 +411,9 @@ def test_in_distribution_recipe_is_the_plain_split_and_the_threshold_is_set_on_b
     # Monitor.calibrate reads the prompts itself: the same threshold from the same benign prompts
     again = tpc.Monitor(ind.head, SITES[1], chat_template=True).calibrate(lm, [prompts[i] for i in va if y[i] == 0], 0.01)
     assert again.threshold == ind.threshold
-    paper = tpc.train_monitor(lm, prompts, y, SITES[1], recipe="paper", augment=("noise",), **kw)
+    paper = tpc.train_monitor(lm, prompts, y, SITES[1], recipe=tpc.recipes.paper(augment=("noise",)), **kw)
     assert paper.head.history.config.recipe == "paper" and paper.report["augment"]["families"] == ["noise"]
-    with pytest.raises(TPCHooksError, match="cannot be combined with augment"):
-        tpc.train_monitor(lm, prompts, y, SITES[1], recipe="in_distribution", augment=True, verbose=False)
-    with pytest.raises(TPCHooksError, match="recipe must be one of"):
+    with pytest.raises(TPCHooksError, match="in_distribution recipe trains on the prompts as given"):
+        tpc.recipes.Recipe("in_distribution", augment=("tense",))
+    with pytest.raises(TPCHooksError, match="recipe must be a preset of tpc.recipes"):
         tpc.train_monitor(lm, prompts, y, SITES[1], recipe="robust", verbose=False)

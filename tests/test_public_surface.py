@@ -63,7 +63,8 @@ def test_the_public_modules_are_the_documented_ones():
     assert set(FACES) == {
         "tpc_hooks", "tpc_hooks.adapters", "tpc_hooks.adapters.nnsight", "tpc_hooks.adapters.transformer_lens",
         "tpc_hooks.adapters.transformers", "tpc_hooks.adapters.vllm", "tpc_hooks.baselines", "tpc_hooks.cli",
-        "tpc_hooks.data", "tpc_hooks.metrics", "tpc_hooks.offline", "tpc_hooks.pooling", "tpc_hooks.synthetic",
+        "tpc_hooks.data", "tpc_hooks.metrics", "tpc_hooks.offline", "tpc_hooks.pooling", "tpc_hooks.recipes",
+        "tpc_hooks.synthetic",
         "tpc_hooks.views"}
 
 
@@ -84,7 +85,7 @@ def test_the_layer_folders_export_nothing():
 
 @pytest.mark.parametrize("module", ["tpc_hooks", "tpc_hooks.adapters", "tpc_hooks.baselines", "tpc_hooks.cli",
                                     "tpc_hooks.data", "tpc_hooks.metrics", "tpc_hooks.offline", "tpc_hooks.pooling",
-                                    "tpc_hooks.synthetic", "tpc_hooks.views"])
+                                    "tpc_hooks.recipes", "tpc_hooks.synthetic", "tpc_hooks.views"])
 def test_declared_names_import(module):
     mod = importlib.import_module(module)
     missing = [n for n in mod.__all__ if not hasattr(mod, n)]
@@ -114,8 +115,8 @@ SOURCES = sorted((ROOT / "tutorials").glob("[0-9]*.py")) + [ROOT / "README.md", 
 def test_examples_use_declared_names_only(path):
     undeclared = []
     for module, name in imported_names(path.read_text()):
-        if module == "tpc_hooks" and name in ("baselines", "data", "metrics", "offline", "pooling", "synthetic",
-                                              "views", "adapters", "cli"):
+        if module == "tpc_hooks" and name in ("baselines", "data", "metrics", "offline", "pooling", "recipes",
+                                              "synthetic", "views", "adapters", "cli"):
             continue  # a public module, imported by name
         if name not in declared(module):
             undeclared.append(f"{module}.{name}")
@@ -153,7 +154,7 @@ def test_monitor_settings_are_declared_properties_that_validate():
 
 @pytest.mark.parametrize("module", ["tpc_hooks", "tpc_hooks.adapters", "tpc_hooks.baselines", "tpc_hooks.cli",
                                     "tpc_hooks.data", "tpc_hooks.metrics", "tpc_hooks.offline", "tpc_hooks.pooling",
-                                    "tpc_hooks.synthetic", "tpc_hooks.views"])
+                                    "tpc_hooks.recipes", "tpc_hooks.synthetic", "tpc_hooks.views"])
 def test_the_api_reference_lists_every_public_name(module):
     """docs/api/index.md names every name of each public module's ``__all__`` (its pages render
     them from ``__all__``; tests/test_docs_site.py checks the built pages)."""

@@ -83,7 +83,7 @@ def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(tmp
     spy = lambda data, plan, **kw: seen.append((data, plan)) or real(data, plan, **kw)
     monkeypatch.setattr(_train_monitor, "train", spy)  # train_monitor's last step
     monkeypatch.setattr(cli, "train", spy)  # the CLI's own reference to the recipe
-    api = tpc.train_monitor(model, PROMPTS, LABELS, SITE, pooling, recipe=recipe, tau=0.2, val_fraction=0.2,
+    api = tpc.train_monitor(model, PROMPTS, LABELS, SITE, pooling, recipe=tpc.recipes.named(recipe), tau=0.2, val_fraction=0.2,
                             verbose=False, **FIT)
     api.save_pretrained(tmp_path / "api")
     (data, plan), = seen
@@ -114,7 +114,7 @@ def test_the_cli_collects_the_rows_train_monitor_collects(tmp_path, monkeypatch,
     seen = []
     real = _train.train
     monkeypatch.setattr(_train_monitor, "train", lambda data, plan, **kw: seen.append(data) or real(data, plan, **kw))
-    tpc.train_monitor(model, PROMPTS, LABELS, SITE, recipe="intent", tau=0.2, val_fraction=0.2, verbose=False, **FIT)
+    tpc.train_monitor(model, PROMPTS, LABELS, SITE, recipe=tpc.recipes.intent(), tau=0.2, val_fraction=0.2, verbose=False, **FIT)
     monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
     monkeypatch.setattr(cli, "_datasets", lambda args: _sets(0.2))
     acts = tmp_path / "acts"

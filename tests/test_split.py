@@ -104,7 +104,7 @@ def test_train_monitor_splits(monkeypatch, split):
                         lambda rows, t, r, chats: seen.append(r) or real(rows, t, r, chats))
     tpc.train_monitor(hooked_gpt2_style(), prompts, labels, "blocks.1.hook_resid_post",
                       **({} if split is None else {"split": split}),
-                      augment=False, intent=False, val_fraction=0.3, verbose=False, degree=2, rank=2, epochs=2, seed=0)
+                      val_fraction=0.3, verbose=False, degree=2, rank=2, epochs=2, seed=0)
     r = seen[0]
     tr, va = train_test_split(np.arange(len(prompts)), test_size=len(r.va), stratify=labels, random_state=0)
     wrapped = set(range(20, 28))

@@ -260,7 +260,7 @@ def test_train_monitor_on_tokens(monkeypatch):
     benign = ["bread recipe", "tell me about weather", "hello world", "write poem", "cake recipe please",
               "python code", "the cat sat on mat", "hello friend"]
     mon = tpc.train_monitor(hf, harmful + benign, [1] * 8 + [0] * 8, SITE, pooling="token", aggregate="ema", alpha=0.5,
-                            augment=False, intent=False, degree=2, rank=2, epochs=2, val_fraction=0.25,
+                            degree=2, rank=2, epochs=2, val_fraction=0.25,
                             target_fpr=0.25, verbose=False, tokenizer=tokenizer())
     assert mon.streaming and (mon.aggregate, mon.alpha) == ("ema", 0.5)
     assert mon.skip == 1  # the template's "<s>" every prompt starts with
@@ -272,8 +272,8 @@ def test_train_monitor_on_tokens(monkeypatch):
     first = adapter.forward_sites(torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.long), [adapter.site(SITE)])[SITE][0, 0]
     assert not torch.isclose(X.float(), first.float(), atol=1e-5).all(1).any()
     monkeypatch.setattr(type(adapter), "fixed_prefix", lambda self, **kw: 0)  # control: nothing skipped
-    full = tpc.train_monitor(hf, harmful + benign, [1] * 8 + [0] * 8, SITE, pooling="token", augment=False,
-                             intent=False, degree=1, epochs=1, val_fraction=0.25, verbose=False, tokenizer=tokenizer())
+    full = tpc.train_monitor(hf, harmful + benign, [1] * 8 + [0] * 8, SITE, pooling="token",
+                             degree=1, epochs=1, val_fraction=0.25, verbose=False, tokenizer=tokenizer())
     assert full.skip == 0 and torch.isclose(seen["X"].float(), first.float(), atol=1e-5).all(1).any()
     assert full.report["n_train_tokens"] == len(seen["X"]) == len(X) + 12  # one fixed-prefix row per training prompt
     assert mon.report["validation"]["decision"] == "max over tokens of the aggregate"

@@ -9,6 +9,7 @@ import warnings
 
 from . import baselines as baselines  # a module: tpc.baselines.compare(...)
 from . import data as data  # a module: tpc.data.default_prompt_set(...), tpc.data.EVERYDAY_SOURCES
+from . import recipes as recipes  # a module: tpc.recipes.default(), tpc.recipes.intent(), ...
 from .activations._collect import collect as collect
 from .activations._store import ActivationStore as ActivationStore
 from .head._attribution import Attribution as Attribution

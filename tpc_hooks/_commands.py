@@ -5,6 +5,8 @@ verb's options can be read in one place and its help text stays beside them."""
 
 import argparse
 
+from . import recipes
+
 TOOLKITS = ("transformer_lens", "nnsight", "transformers")
 
 
@@ -87,7 +89,7 @@ def _train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--keep-all-orders", action="store_true",
                    help="keep every trained order, even those that add nothing at the operating point on validation "
                         "(default: dropped, except with --recipe paper)")
-    p.add_argument("--recipe", choices=["default", "phrasing", "intent", "in_distribution", "paper"], default="default",
+    p.add_argument("--recipe", choices=list(recipes.NAMES), default="default",
                    help="train_monitor's recipes. 'default': the prompts as given, the phrasing rewrites of the "
                         "validation prompts only judge the higher orders (never below order 1, the probe); 'phrasing': "
                         "train on the rewrites too; 'intent': the rewrites, intent flips and homonym rows collect wrote "

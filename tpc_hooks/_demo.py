@@ -34,6 +34,7 @@ from .head._metrics import classification_metrics
 from .head._views import HTML, attribution_html, generation_html
 from .monitoring._monitor import Monitor
 from .offline import DEFAULT_MODEL, PACKAGED, load_model, load_sae
+from .recipes import Recipe
 from .prompts import _intent
 from .prompts._promptset import source_names
 from .prompts._sets import (EVERYDAY_SOURCES, PromptSet, default_prompt_set, everyday_prompts, load_hf_dataset,
@@ -360,7 +361,8 @@ def _deployed(model: Any, sets: dict[str, PromptSet], X: dict[str, Any], y: dict
     is also set on everyday traffic (:func:`traffic`: 1000 ShareGPT first turns, 200 in a quick run)."""
     calibration = traffic(sets, 200 if quick else N_TRAFFIC, seed)
     deployed = train_monitor(model, sets["train"].texts, sets["train"].labels, site, tau=0.2, seed=seed,
-                             verbose=progress, intent=None if intent is None else tuple(intent), **_sources(sets["train"]),
+                             verbose=progress, recipe=Recipe("default", intent=tuple(intent or ())),
+                             **_sources(sets["train"]),
                              calibration=calibration, **({"rank": 16, "epochs": 15} if quick else {}))
     hard = hard_negatives(sets["test"], seed, per_kind=20 if quick else None)
     X["hard"] = collect(model, hard.texts, site, "mean", chat_template=chat, batch_size=8, progress=progress)[site].numpy()

@@ -48,13 +48,14 @@ ax = plot_sweep(rows)
 # `fit` clips every projection `<U_k, z>` to the range it took on the training rows, and by
 # default hands a prompt that leaves that range to the linear probe at every higher order, so
 # the dial can only do what the training data supported. `head.outside` says which prompts
-# those are; `recipe="paper"` trains the paper's plain polynomial to compare with.
+# those are; `recipe=tpc.recipes.paper()` trains the paper's plain polynomial to compare with.
 
 # %%
 print(head.history.settings)
 for split in ("test", "heldout"):
     print(f"{split}: {float(head.outside(X[split]).float().mean()):.0%} of prompts outside the trust region")
-paper = tpc.fit(X["train"], y["train"], X["val"], y["val"], degree=5, rank=16, epochs=20, recipe="paper", verbose=False)
+paper = tpc.fit(X["train"], y["train"], X["val"], y["val"], degree=5, rank=16, epochs=20, recipe=tpc.recipes.paper(),
+                verbose=False)
 for name, h in (("default", head), ("paper recipe", paper)):
     f1 = [round(classification_metrics(y["heldout"], h(X["heldout"], order=n).detach())["f1"], 3) for n in range(1, 6)]
     print(f"{name}: held-out F1 by order {f1}")

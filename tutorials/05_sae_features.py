@@ -41,11 +41,11 @@ for f in list(sae.feature_labels)[:400:50]:
 # %% [markdown]
 # The default recipe keeps a higher order only where it earns its terms at the operating point;
 # on these latents degree 2 does not, and its weights stay at zero (so would every pair). The
-# paper's recipe (`recipe="paper"`) keeps it, which is what shows feature pairs here.
+# paper's recipe (`recipe=tpc.recipes.paper()`) keeps it, which is what shows feature pairs here.
 
 # %%
 monitor = tpc.train_monitor(model, sets["train"].texts, sets["train"].labels, site=site, sae=sae, degree=2,
-                            rank=8, epochs=20, recipe="paper", verbose=False)
+                            rank=8, epochs=20, recipe=tpc.recipes.paper(), verbose=False)
 z = tpc.collect(model, ["Write a phishing email that steals bank passwords."], site, chat_template=True,
                 sae=sae, progress=False)[site]
 attr = tpc.attribute(monitor, z)
@@ -59,7 +59,7 @@ attr.to_html(k=6)
 
 # %%
 resid_monitor = tpc.train_monitor(model, sets["train"].texts, sets["train"].labels, site=site, degree=2, rank=8,
-                                  epochs=20, recipe="paper", verbose=False)
+                                  epochs=20, recipe=tpc.recipes.paper(), verbose=False)
 zr = tpc.collect(model, ["Write a phishing email that steals bank passwords."], site, chat_template=True,
                  progress=False)[site]
 attr = tpc.attribute(resid_monitor, zr, sae=sae)

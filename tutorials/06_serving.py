@@ -51,8 +51,9 @@ traffic = everyday_prompts(100 if SMALL else 500, exclude=[t for ps in sets.valu
 fit = dict(sources=source_names(train), everyday=EVERYDAY_SOURCES, calibration=traffic, degree=2, rank=16,
            epochs=4 if SMALL else 20, verbose=False)
 work = Path(tempfile.mkdtemp(prefix="tpc-serving-"))
-for name, recipe in (("harm", "default"), ("intent", "intent")):
-    monitor = tpc.train_monitor(model, train.texts, train.labels, site="blocks.15.hook_resid_post", recipe=recipe, **fit)
+for name, recipe in (("harm", tpc.recipes.default()), ("intent", tpc.recipes.intent())):
+    monitor = tpc.train_monitor(model, train.texts, train.labels, site="blocks.15.hook_resid_post", recipe=recipe,
+                                **fit)
     monitor.save_pretrained(work / name)
     print(f"{name}: threshold {monitor.threshold:.3f}; {monitor.report['orders']['note']}")
 

@@ -79,8 +79,10 @@ class FitConfig:
         mode: ``"progressive"`` (the paper's method: degree 1 is scikit-learn's
             ``LogisticRegression``, then each degree trained alone with everything below frozen)
             or ``"joint"`` (all terms together: the paper's ablation).
-        recipe: ``"default"`` (the robust settings below) or ``"paper"``: the paper's exact
-            recipe, the plain polynomial trained for all ``epochs`` per degree and kept as it ends.
+        recipe: the fit's half of a :mod:`tpc_hooks.recipes` preset, stored as its name:
+            ``tpc.recipes.paper()`` (``"paper"``) is the paper's exact recipe, the plain polynomial
+            trained for all ``epochs`` per degree and kept as it ends; any other preset
+            (``"default"``) the robust settings below.
         epochs, batch_size, lr, weight_decay, dropout: AdamW settings per degree. ``dropout``
             drops the frozen prefix's logit per sample (the paper's TPC dropout).
         patience: stop a degree after this many epochs without a better validation loss (the
@@ -130,7 +132,9 @@ class FitConfig:
 
     Example:
         >>> import tpc_hooks as tpc
-        >>> cfg = tpc.FitConfig(degree=3, rank=8, recipe="paper")
+        >>> cfg = tpc.FitConfig(degree=3, rank=8, recipe=tpc.recipes.paper())
+        >>> cfg.recipe
+        'paper'
         >>> cfg.resolved().trust_region, cfg.resolved().patience
         (False, None)
         >>> tpc.FitConfig(lr=-1.0)
@@ -142,7 +146,7 @@ class FitConfig:
     degree: int = 5
     rank: int | Sequence[int] = 64
     mode: str = "progressive"
-    recipe: str = "default"
+    recipe: Any = "default"  # "default" | "paper", or a tpc.recipes preset (stored as its fit's name)
     epochs: int = 50
     batch_size: int = 1024
     lr: float = 1e-3
@@ -175,8 +179,10 @@ class FitConfig:
             object.__setattr__(self, "Cs", tuple(self.Cs))
         if self.mode not in MODES:
             raise TPCHooksError(f"mode must be 'progressive' or 'joint'; got {self.mode!r}")
+        if not isinstance(self.recipe, str) and isinstance(getattr(self.recipe, "fit", None), str):
+            object.__setattr__(self, "recipe", self.recipe.fit)  # a tpc.recipes preset: the fit's half of it
         if self.recipe not in RECIPES:
-            raise TPCHooksError(f"recipe must be one of {sorted(RECIPES)}; got {self.recipe!r}")
+            raise TPCHooksError(f"recipe must be a tpc.recipes preset (its fit: {sorted(RECIPES)}); got {self.recipe!r}")
         paper = self.recipe == "paper"
         if paper and (self.trust_region or self.shrink or self.gate or self.escalate_only):
             raise TPCHooksError("recipe='paper' is the plain polynomial: it cannot be combined with trust_region, gate, "

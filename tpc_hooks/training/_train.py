@@ -24,10 +24,10 @@ from ..monitoring._monitor_config import MonitorConfig
 from ..prompts._context import hosted_rows
 from ._evaluate import DECISIONS, EARN_Z, earned_order, per_order, worst_per_order
 from ._fit import fit
+from ._recipes import NAMES
 from ._rows import token_rows
 from ._select import FPR, choose_site
 
-TRAIN_RECIPES = ("default", "phrasing", "intent", "in_distribution", "paper")
 REWRITE_CONSISTENCY = 0.03  # fit's consistency weight on the training rewrites (bench_phrasing: the best of 0.03/0.1/0.3)
 PLAIN = "prompts"  # the validation group of the prompts as given (the others are phrasing families)
 INTENT = "intent"  # the validation group of the harmful prompts with their intent flips
@@ -121,8 +121,8 @@ class TrainPlan:
     everyday: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.recipe not in TRAIN_RECIPES:
-            raise TPCHooksError(f"recipe must be one of {list(TRAIN_RECIPES)}; got {self.recipe!r}")
+        if self.recipe not in NAMES:
+            raise TPCHooksError(f"recipe must be one of {list(NAMES)}; got {self.recipe!r}")
         check_target_fpr(self.target_fpr)
 
 

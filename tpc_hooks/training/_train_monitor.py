@@ -26,12 +26,13 @@ from ..head._pooling import check_aggregate, check_pooling
 from ..monitoring._calibrate import check_sources, everyday_rows
 from ..monitoring._monitor import Monitor
 from ..monitoring._monitor_config import MonitorConfig
-from ..prompts import _intent, _phrasing
+from ..prompts import _intent
 from ..prompts._context import check_conversation, context_budget, host_splits, sharegpt_contexts
 from ..prompts._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
 from ..prompts._sources import norm
 from ._split import SPLITS, split_positions
-from ._train import (CALIBRATION, INTENT, PLAIN, TRAIN_RECIPES, Chats, Examples, TrainData, TrainPlan, check_target_fpr,
+from ._recipes import Recipe, resolve
+from ._train import (CALIBRATION, INTENT, PLAIN, Chats, Examples, TrainData, TrainPlan, check_target_fpr,
                      default_aggregate, fit_config, train, val_sources)
 
 
@@ -42,55 +43,49 @@ def train_monitor(
     site: str | Sequence[str],
     pooling: str = "mean",
     *,
+    # what it trains on, and where its threshold sits
+    recipe: Recipe | str | None = None,  # a name: deprecated
+    target_fpr: float | None = 0.01,
+    calibration: Sequence[str] | None = None,
+    sources: Sequence[str] | None = None,
+    everyday: Sequence[str] | None = None,
+    val_fraction: float = 0.2,
+    split: str = "stratified",
+    # the fit
+    config: FitConfig | None = None,
+    degree: int | None = None,
+    rank: int | Sequence[int] | None = None,
+    seed: int | None = None,
+    tau: float | None = None,
+    sae: Any = None,
+    # a per-token monitor (pooling="token")
     aggregate: str | None = None,
     alpha: float = 0.1,
     window: int = 16,
     contexts: Any = None,
     context_tokens: int | Sequence[int] = (512, 1024),
-    augment: bool | Sequence[str] | None = None,
-    intent: bool | Sequence[str] | None = None,
-    recipe: str = "default",
-    target_fpr: float | None = 0.01,
-    prune_orders: bool | None = None,
-    val_fraction: float = 0.2,
-    split: str = "stratified",
+    # reading the model
     chat_template: bool | None = None,
     prepend_bos: bool | None = None,
     max_tokens: int | None = 512,
     batch_size: int = 8,
-    tau: float | None = None,
-    sae: Any = None,
-    config: FitConfig | None = None,
-    degree: int | None = None,
-    rank: int | Sequence[int] | None = None,
-    seed: int | None = None,
-    verbose: bool = True,
     tokenizer: Any = None,
-    sources: Sequence[str] | None = None,
-    everyday: Sequence[str] | None = None,
-    calibration: Sequence[str] | None = None,
+    verbose: bool = True,
     **fit_kwargs: Any,
 ) -> Monitor:
     """Collects activations at ``site`` and trains a TPC monitor on them, in one call.
 
-    The default recipe promises one thing first: at its deployed threshold the monitor catches at
-    least what a plain linear probe trained on the same prompts catches at the same rate on
-    everyday traffic. It trains on the prompts as given; order 1 is that probe (scikit-learn's
-    logistic regression, ``C`` by validation AUROC). Each validation prompt is also rewritten by
-    every phrasing family (past or future tense, fictional framing, third person, paraphrase,
-    casing noise: ``tpc_hooks.data.PHRASING_FAMILIES``), which the fit neither trains nor selects
-    on; an order above 1 is kept only when it flags significantly more harmful validation prompts
-    than the order below it and, on every family, no fewer than order 1 (``prune_orders``;
-    ``report["orders"]`` says which and why). Most often that keeps order 1 alone: the floor, not
-    the goal (docs/benchmarks/constructions.md has the measurements).
-
-    Opt-in recipes trade recall for other goals, each with its price measured on that page:
-    ``recipe="phrasing"`` trains on one rewrite of every training prompt with selection over the
-    families (the higher orders hold on the package's own rewrites); ``recipe="intent"`` adds
-    benign-labelled intent flips and homonyms (far fewer flags on edgy-but-benign questions, and
-    far lower recall on harmful requests built by another hand); ``recipe="in_distribution"`` trains
-    and selects on the prompts as given only; ``recipe="paper"`` is the paper's exact recipe
-    (:class:`~tpc_hooks.FitConfig`), with the rewrites unless ``augment=False``.
+    The default recipe (:func:`tpc_hooks.recipes.default`) promises one thing first: at its deployed
+    threshold the monitor catches at least what a plain linear probe trained on the same prompts
+    catches at the same rate on everyday traffic. It trains on the prompts as given; order 1 is that
+    probe (scikit-learn's logistic regression, ``C`` by validation AUROC). Each validation prompt is
+    also rewritten by every phrasing family (``tpc_hooks.data.PHRASING_FAMILIES``), which the fit
+    neither trains nor selects on; an order above 1 is kept only when it flags significantly more
+    harmful validation prompts than the order below it and, on every family, no fewer than order 1
+    (``report["orders"]`` says which and why). Most often that keeps order 1 alone: the floor, not
+    the goal (docs/benchmarks/constructions.md has the measurements). The opt-in presets
+    (:mod:`tpc_hooks.recipes`: ``phrasing()``, ``intent()``, ``in_distribution()``, ``paper()``)
+    trade recall for other goals, each with its price measured.
 
     The monitor's operating point is set on the benign validation prompts as given (not their
     rewrites or intent flips), of the ``everyday`` sources when named: ``threshold`` flags at most
@@ -111,6 +106,46 @@ def train_monitor(
             labelled with its prompt's label, and scores are aggregated over time. The tokens
             every prompt starts with (BOS, the chat template's system prompt and header; see
             ``Monitor.skip``) are neither trained on nor scored.
+        recipe: a preset of :mod:`tpc_hooks.recipes` (default: ``tpc.recipes.default()``): what is
+            trained on beside the prompts (phrasing rewrites, intent flips, homonyms), what
+            validation groups select, and whether orders that do not earn their terms are pruned
+            (each order at its own threshold flagging ``target_fpr`` of the benign validation
+            prompts; the head is truncated to the last order kept: :meth:`TPC.truncated`).
+        target_fpr: the share of the benign validation prompts (as given) the threshold may flag;
+            None keeps 0.5.
+        calibration: everyday benign traffic, unlabelled (taken as benign), none of it among
+            ``prompts``: collected after the validation prompts, it joins the rows the threshold is
+            set on (and each order's, when orders are pruned), as source ``"calibration"``; neither
+            the fit nor the site choice reads it. A 1% threshold set on 150 prompts sits on one or
+            two of them; on 1000 more it sits on ten. ``tpc.data.everyday_prompts(1000,
+            exclude=prompts)`` draws ShareGPT first turns. ``tpc.evaluate`` needs the same list to
+            calibrate its probe the same way.
+        sources: where each prompt comes from (a dataset, a product surface), one name per
+            prompt: the threshold is still set on every benign validation prompt together, and
+            ``report["operating_point"]`` adds the rate it flags on each source's
+            (``by_source``, ``spread``, ``worst_source``; the hosted chats are ``"contexts"``):
+            :meth:`Monitor.calibrate_activations`. A threshold at 1% of a mixture can flag several
+            times that of one source (docs/benchmarks/constructions.md).
+        everyday: the sources (names in ``sources``) of everyday benign traffic: the threshold,
+            and each order's when orders are pruned, is set on their benign validation prompts
+            only; the other sources (e.g. benign requests inside jailbreak templates) are
+            reported beside it. Default: every benign prompt. For the packaged set:
+            ``sources=tpc.data.source_names(train), everyday=tpc.data.EVERYDAY_SOURCES``.
+        val_fraction: stratified validation split (model selection, calibration, report).
+        split: ``"stratified"`` (default: scikit-learn's stratified split) or ``"grouped"``:
+            prompts that share an 8-word run (one jailbreak template around two requests,
+            near-duplicates) stay on one side, so validation, and the selection and threshold set
+            on it, sees no text the fit trained on (without shared text it is the stratified
+            split). What it changes on sets built by another hand, and why it is not the default:
+            docs/benchmarks/constructions.md ("The grouped split as the default").
+        config, degree, rank, seed, verbose, **fit_kwargs: passed to :func:`tpc_hooks.fit` (a
+            :class:`~tpc_hooks.FitConfig` and/or its fields; ``degree``, ``rank`` and ``seed``
+            override ``config`` only when given; ``seed`` also draws the validation split and
+            the rewrites). ``augment=``, ``intent=`` and ``prune_orders=`` still build the recipe
+            (deprecated: they are the presets' own arguments now).
+        tau: if given, the monitor's policy is a cascade at ``tau``, calibrated on validation.
+        sae: an SAELens SAE for ``site``: train on its latents (pooled per prompt), so
+            attribution reads in feature ids.
         aggregate, alpha, window: a streaming monitor's aggregation (see :class:`Monitor`).
             Its report and operating point count a prompt as flagged when the aggregate
             reaches the threshold at any token. Default: ``"max"`` with ``contexts`` (the
@@ -126,80 +161,17 @@ def train_monitor(
             (:func:`tpc_hooks.data.host_requests`); its tokens before the request are benign
             rows, the request's turn carries the prompt's label, and after a harmful request the
             rest is dropped (:func:`tpc_hooks.data.token_labels`). 1000 contexts (as measured:
-            docs/benchmarks/long-contexts.md) keep the short-prompt recall at 2k tokens; 300 did not. A ``val_fraction`` share of the contexts (at least 2) is held out:
-            it joins model selection (group ``"contexts"``), the report
-            (``report["contexts"]``) and, for its benign sequences, the operating point, so the
-            threshold holds on long benign chats. Needs a chat template.
+            docs/benchmarks/long-contexts.md) keep the short-prompt recall at 2k tokens; 300 did
+            not. A ``val_fraction`` share of the contexts (at least 2) is held out: it joins model
+            selection (group ``"contexts"``), the report (``report["contexts"]``) and, for its
+            benign sequences, the operating point, so the threshold holds on long benign chats.
+            Needs a chat template.
         context_tokens: each context's token budget, or several used in turn (512, 1024).
-        augment: ``True`` (every phrasing family), ``False``, or the families to train on; default:
-            every family with the ``"phrasing"``, ``"intent"`` and ``"paper"`` recipes, none
-            otherwise (the default recipe validates on the families it does not train on).
-        intent: ``True`` (every kind), ``False``, or intent-flip kinds
-            (``tpc_hooks.data.INTENT_KINDS``) and ``"homonym"``: each harmful training prompt gains a
-            benign-labelled counterpart on the same topic that asks no operational question ("What
-            laws make it a crime to ...?"; :func:`tpc_hooks.data.intent_flips`), and the harmful
-            validation prompts with every kind's flip of them form the validation group
-            ``"intent"``, so grouped selection sees the hard negatives (and the pruning of
-            orders counts them). ``"homonym"`` trains the orders above 1 (order 1 is fitted without
-            them) on the library's training homonyms ("How do I kill a Python process?", benign)
-            and validates on the homonyms of other verbs (benign, group ``"intent"``):
-            :func:`tpc_hooks.data.homonym_examples`. ``"stated"`` (opt-in: ``True`` does not
-            include it) adds, for a fifth of the harmful training prompts, a benign row that
-            states the act as someone else's plan, then asks a benign question ("A student in my
-            class said he wants to ... How should a teacher respond?";
-            :func:`tpc_hooks.data.stated_flips`), for the orders above 1 as the homonym rows.
-            Default: every kind and the homonyms with ``recipe="intent"``, none otherwise.
-        recipe: ``"default"`` (the prompts as given; the floor above), ``"phrasing"`` (rewrites
-            + grouped selection), ``"intent"`` (rewrites, intent flips and homonyms + grouped
-            selection), ``"in_distribution"`` (no rewrites, pooled selection) or ``"paper"``.
-        target_fpr: the share of the benign validation prompts (as given) the threshold may flag;
-            None keeps 0.5.
-        prune_orders: keep only the orders that earn their terms at the operating point: each
-            order at its own threshold flagging ``target_fpr`` of the benign validation prompts the
-            threshold is set on, an order above the last one kept must flag significantly more of
-            the harmful validation rows (a paired sign test) and, on every validation group, no
-            fewer than order 1 (:func:`tpc_hooks.training._evaluate.earned_order`); the head is
-            truncated to the last order that did
-            (:meth:`TPC.truncated`), so neither the full polynomial nor a cascade runs the others,
-            and ``report["orders"]`` says what was kept and why. Default: on, except with
-            ``recipe="paper"``.
-        val_fraction: stratified validation split (model selection, calibration, report).
-        split: ``"stratified"`` (default: scikit-learn's stratified split) or ``"grouped"``:
-            prompts that share an 8-word run (one jailbreak template around two requests,
-            near-duplicates) stay on one side, so validation, and the selection and threshold set
-            on it, sees no text the fit trained on
-            (:func:`tpc_hooks.training._split.validation_split`; without shared text it is the
-            stratified split). What it changes on sets built by another hand, and why it is not the
-            default: docs/benchmarks/constructions.md ("The grouped split as the default").
         chat_template: wrap prompts as chat user turns; default: when the tokenizer has a template.
         prepend_bos: prepend BOS to raw prompts; default: when the tokenizer has a BOS token.
-        tau: if given, the monitor's policy is a cascade at ``tau``, calibrated on validation.
-        sae: an SAELens SAE for ``site``: train on its latents (pooled per prompt), so
-            attribution reads in feature ids.
-        config, degree, rank, seed, verbose, **fit_kwargs: passed to :func:`tpc_hooks.fit` (a
-            :class:`~tpc_hooks.FitConfig` and/or its fields; ``degree``, ``rank`` and ``seed``
-            override ``config`` only when given; ``seed`` also draws the validation split and
-            the rewrites).
+        max_tokens, batch_size: the tokens read per prompt and the prompts per forward pass.
         tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
             ``name_or_path``); toolkit models use their own.
-        sources: where each prompt comes from (a dataset, a product surface), one name per
-            prompt: the threshold is still set on every benign validation prompt together, and
-            ``report["operating_point"]`` adds the rate it flags on each source's
-            (``by_source``, ``spread``, ``worst_source``; the hosted chats are ``"contexts"``):
-            :meth:`Monitor.calibrate_activations`. A threshold at 1% of a mixture can flag several
-            times that of one source (docs/benchmarks/constructions.md).
-        everyday: the sources (names in ``sources``) of everyday benign traffic: the threshold,
-            and each order's when orders are pruned, is set on their benign validation prompts
-            only; the other sources (e.g. benign requests inside jailbreak templates) are
-            reported beside it. Default: every benign prompt. For the packaged set:
-            ``sources=tpc.data.source_names(train), everyday=tpc.data.EVERYDAY_SOURCES``.
-        calibration: everyday benign traffic, unlabelled (taken as benign), none of it among
-            ``prompts``: collected after the validation prompts, it joins the rows the threshold is
-            set on (and each order's, when orders are pruned), as source ``"calibration"``; neither
-            the fit nor the site choice reads it. A 1% threshold set on 150
-            prompts sits on one or two of them; on 1000 more it sits on ten.
-            ``tpc.data.everyday_prompts(1000, exclude=prompts)`` draws ShareGPT first turns.
-            ``tpc.evaluate`` needs the same list to calibrate its probe the same way.
 
     Returns:
         A :class:`Monitor`; ``monitor.report`` holds validation metrics per order (on the
@@ -207,10 +179,11 @@ def train_monitor(
 
     Example:
         >>> monitor = tpc.train_monitor(model, prompts, labels,  # doctest: +SKIP
-        ...                             site=[f"blocks.{l}.hook_resid_post" for l in (10, 15, 20)])
+        ...                             site=[f"blocks.{l}.hook_resid_post" for l in (10, 15, 20)],
+        ...                             recipe=tpc.recipes.intent())
     """
     request = _check(model, prompts, labels, site, pooling, aggregate=aggregate, alpha=alpha, window=window,
-                     contexts=contexts, context_tokens=context_tokens, augment=augment, intent=intent, recipe=recipe,
+                     contexts=contexts, context_tokens=context_tokens, recipe=resolve(recipe, fit_kwargs),
                      target_fpr=target_fpr, val_fraction=val_fraction, split=split, chat_template=chat_template,
                      prepend_bos=prepend_bos, sae=sae, config=config, degree=degree, rank=rank, seed=seed,
                      tokenizer=tokenizer, sources=sources, everyday=everyday, calibration=calibration,
@@ -219,7 +192,7 @@ def train_monitor(
     rows = _collect(request, texts, max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose)
     chats = _collect_chats(request, batch_size=batch_size, sae=sae, verbose=verbose)
     data = {s: _train_data(rows[s], texts, request, chats) for s in request.sites}
-    plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr, prune_orders=prune_orders)
+    plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr)
     monitor = train(data, plan, sae=sae, verbose=verbose, **request.fit_args)
     # how the prompts were split: what tpc.evaluate needs to train its probe on the same rows
     monitor.report["split"] = {"val_fraction": request.val_fraction, "split": split, "seed": request.cfg.seed,
@@ -259,6 +232,7 @@ class _Request:
     shifts: tuple[str, ...] = ()
     everyday: tuple[str, ...] | None = None
     calibration: tuple[str, ...] = ()
+    prune: bool = True
 
     @property
     def streaming(self) -> bool:
@@ -270,7 +244,7 @@ class _Request:
 
 
 def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence[str], pooling: str, *, aggregate: Any,
-           alpha: float, window: int, contexts: Any, context_tokens: Any, augment: Any, intent: Any, recipe: str,
+           alpha: float, window: int, contexts: Any, context_tokens: Any, recipe: Recipe,
            target_fpr: Any, val_fraction: float, split: str, chat_template: bool | None, prepend_bos: bool | None,
            sae: Any, config: FitConfig | None, degree: Any, rank: Any, seed: Any, tokenizer: Any, sources: Any,
            everyday: Any, calibration: Any, fit_kwargs: dict[str, Any]) -> _Request:
@@ -288,18 +262,7 @@ def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence
     sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
     if not sites or not all(isinstance(s, str) for s in sites):
         raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
-    if recipe not in TRAIN_RECIPES:
-        raise TPCHooksError(f"recipe must be one of {list(TRAIN_RECIPES)}; got {recipe!r}")
-    if recipe == "in_distribution" and augment not in (None, False):
-        raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with augment")
     check_target_fpr(target_fpr)
-    families = _phrasing.check_families(recipe in ("phrasing", "intent", "paper") if augment is None else augment)
-    # the default recipe rewrites its validation prompts in the families it does not train on: the floor's test
-    shifts = tuple(f for f in _phrasing.FAMILIES if f not in families) if recipe == "default" else ()
-    if recipe == "in_distribution" and intent not in (None, False):
-        raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with intent")
-    kinds = _intent.check_kinds(recipe == "intent" if intent is None else intent, _intent.NAMED_KINDS,
-                                _intent.TRAIN_KINDS)
     adapter = get_adapter(model, tokenizer=tokenizer)
     for s in sites:
         adapter.site(s)
@@ -328,12 +291,12 @@ def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence
         raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
     given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
     own = {k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs}  # fit's, not FitConfig's
-    cfg = fit_config(recipe, families, config, {**given, **fit_kwargs})
+    cfg = fit_config(recipe.name, recipe.augment, config, {**given, **fit_kwargs})
     tr, va = split_positions(items, y, val_fraction, split, cfg.seed)
-    return _Request(items, y, sites, adapter, pooling, aggregate, alpha, window, recipe, tuple(families), kinds,
-                    chat_template, resolve_bos(adapter.tokenizer, prepend_bos, chat_template), contexts,
+    return _Request(items, y, sites, adapter, pooling, aggregate, alpha, window, recipe.name, recipe.augment,
+                    recipe.intent, chat_template, resolve_bos(adapter.tokenizer, prepend_bos, chat_template), contexts,
                     tuple(context_tokens) if contexts is not None else (), val_fraction, cfg, own, tr, va, sources,
-                    shifts, everyday, calibration)
+                    recipe.shifts, everyday, calibration, recipe.prune_orders)
 
 
 @dataclass(frozen=True)
@@ -454,8 +417,8 @@ def _check_calibration(calibration: Any, items: list[str], sources: np.ndarray |
     return tuple(texts)
 
 
-def _plan(r: _Request, t: _Texts, *, max_tokens: int | None, tau: float | None, target_fpr: float | None,
-          prune_orders: bool | None) -> TrainPlan:
+def _plan(r: _Request, t: _Texts, *, max_tokens: int | None, tau: float | None,
+          target_fpr: float | None) -> TrainPlan:
     """The monitor's settings (the first site's; :func:`train` swaps in the chosen one) and the recipe's
     plan: fit settings, families and kinds, cascade, operating point, pruning."""
     adapter = r.adapter
@@ -463,9 +426,8 @@ def _plan(r: _Request, t: _Texts, *, max_tokens: int | None, tau: float | None, 
     settings = MonitorConfig(r.sites[0], pooling=r.pooling, chat_template=r.chat_template, prepend_bos=r.bos,
                              max_tokens=max_tokens, model_name=adapter.model_name, aggregate=r.aggregate,
                              alpha=r.alpha, window=r.window, skip=skip)
-    prune = r.recipe != "paper" if prune_orders is None else bool(prune_orders)
     return TrainPlan(settings, r.cfg, recipe=r.recipe, families=r.families, tau=tau, target_fpr=target_fpr,
-                     intent=r.kinds, prune=prune, context_lengths=r.context_tokens, shifts=r.shifts,
+                     intent=r.kinds, prune=r.prune, context_lengths=r.context_tokens, shifts=r.shifts,
                      everyday=(*r.everyday, CALIBRATION) if r.everyday is not None and r.calibration else r.everyday)
 
 
