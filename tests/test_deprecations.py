@@ -8,7 +8,7 @@ import torch
 
 import tpc_hooks as tpc
 from tiny_models import hf_llama, named, tiny_head, tokenizer
-from tpc_hooks.head import _errors
+from tpc_hooks import _errors
 
 SITE = "blocks.1.hook_resid_post"
 

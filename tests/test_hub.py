@@ -257,7 +257,7 @@ def test_from_pretrained_corrupt_directory(tmp_path):
 def test_save_and_load_are_deprecated_aliases_that_warn_once(tmp_path, monkeypatch):
     """``save`` writes what ``save_pretrained(card=False)`` writes, ``load`` reads what
     ``from_pretrained`` reads; each warns once per process (a FutureWarning naming the new name)."""
-    from tpc_hooks.head import _errors
+    from tpc_hooks import _errors
 
     monkeypatch.setattr(_errors, "_WARNED", set())
     head = _head()

@@ -42,6 +42,45 @@ def test_every_folder_is_a_package():
     assert {f.relative_to(pkg).as_posix() for f in folders if not (f / "__init__.py").exists()} == set()
 
 
+def _crossings(pkg: Path) -> list[str]:
+    """Every ``from <module> import _name`` inside the package whose module lies in another folder
+    (or at the top level) than the importing file: ``file:line: module._name``. Importing a module
+    named ``_x`` is fine; reaching into another folder for its private names is not."""
+    import ast
+
+    out = []
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg)
+        folder = rel.parts[0] if len(rel.parts) > 1 else ""
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level):
+                continue
+            base = list(rel.parent.parts)
+            base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+            target = base + (node.module.split(".") if node.module else [])
+            into = target[0] if target and (pkg / target[0]).is_dir() else ""
+            if into == folder:
+                continue
+            for alias in node.names:
+                as_module = pkg.joinpath(*target, alias.name)
+                if alias.name.startswith("_") and not (as_module.is_dir() or as_module.with_suffix(".py").exists()):
+                    out.append(f"{rel.as_posix()}:{node.lineno}: {'.'.join(target)}.{alias.name}")
+    return out
+
+
+def test_no_private_name_crosses_a_folder(tmp_path):
+    """A folder's ``_``-prefixed names are its own: another folder imports its modules' public
+    names (a module may be ``_x.py``), so a folder can be reworked without reading the others."""
+    assert _crossings(ROOT / "tpc_hooks") == []
+    # the check itself: a crossing planted in a copy of two folders is found, a module import is not
+    pkg = tmp_path / "pkg"
+    for folder, text in (("a", "from ..b._m import _hidden, shown\nfrom ..b import _m\n"), ("b", "_hidden = shown = 1\n")):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+        (pkg / folder / "_m.py").write_text(text)
+    assert _crossings(pkg) == ["a/_m.py:1: b._m._hidden"]
+
+
 def test_no_module_grows_past_600_lines():
     """A module past 600 lines holds more than one idea: split it before it lands."""
     sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in (ROOT / "tpc_hooks").rglob("*.py")}

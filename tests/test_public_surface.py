@@ -54,7 +54,7 @@ def defined(module: str) -> set[str]:
     return names
 
 
-FOLDERS = ("head", "prompts", "activations", "monitoring", "training", "serving")  # the layers: private workshops
+FOLDERS = ("head", "rendering", "saving", "prompts", "activations", "monitoring", "training", "serving")  # private workshops
 FACES = [m for m in public_modules() if m.removeprefix("tpc_hooks.") not in FOLDERS]
 
 

@@ -21,9 +21,10 @@ import torch
 
 import tpc_hooks as tpc
 from tiny_models import hf_llama, named, tiny_head, tokenizer
-from tpc_hooks import _demo, views
-from tpc_hooks.head import _views
-from tpc_hooks.head._kernel import flagged as flag_rule
+from tpc_hooks import views
+from tpc_hooks.rendering import _screenshot
+from tpc_hooks.rendering import _html
+from tpc_hooks._rule import flagged as flag_rule
 
 
 def prob_rule(p: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -261,7 +262,7 @@ def test_attribution_html_tables_by_order_neurons_and_pairs():
     top = attr.top_neurons(3, input=0)
     big = max(abs(v) for _, v in top)
     i, v = top[0]
-    assert f"<td>{i}</td><td class=\"val\" style=\"background-color:{_views._signed_color(v, big)}\">{v:+.4f}</td>" in content
+    assert f"<td>{i}</td><td class=\"val\" style=\"background-color:{_html._signed_color(v, big)}\">{v:+.4f}</td>" in content
     assert attr.to_html(inputs=[0, 2], k=3, labels=[f"<p{i}>" for i in range(7)]).content == content
     assert attr._repr_html_().count('class="row"') == 5  # the first five inputs
     with pytest.raises(tpc.TPCHooksError, match="one text per attributed input"):
@@ -306,19 +307,19 @@ def test_tiny_model_token_scores_render_every_token(tiny_generation):
 
 # ---------------------------------------------------------------------- the demo's screenshot
 def test_screenshot_without_chromium_logs_and_returns_false(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(_demo.shutil, "which", lambda name: None)
+    monkeypatch.setattr(_screenshot.shutil, "which", lambda name: None)
     page = token_scores_html(["a"], [0.1], threshold=0.5).save(tmp_path / "p.html")
     with caplog.at_level(logging.WARNING, logger="tpc_hooks._demo"):
-        assert _demo.screenshot(page, tmp_path / "p.png") is False
+        assert _screenshot.screenshot(page, tmp_path / "p.png") is False
     assert "no Chromium on PATH" in caplog.text and not (tmp_path / "p.png").exists()
 
 
 # ---------------------------------------------------------------------- in a real browser
 @pytest.fixture(scope="module")
 def browser():
-    exe, driver_exe = _demo.chromium(), shutil.which("chromedriver")
+    exe, driver_exe = _screenshot.chromium(), shutil.which("chromedriver")
     if exe is None or driver_exe is None:
-        missing = f"no Chromium on PATH ({', '.join(_demo.CHROMIUMS)})" if exe is None else "no chromedriver on PATH"
+        missing = f"no Chromium on PATH ({', '.join(_screenshot.CHROMIUMS)})" if exe is None else "no chromedriver on PATH"
         pytest.skip(f"{missing}: install `apt-get install chromium chromium-driver` (.ci/run does, as root)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -390,7 +391,7 @@ def test_browser_keeps_hostile_tokens_as_text_without_the_pages_policy(browser, 
 def test_demo_screenshot_of_a_page(browser, tmp_path):
     run, tok = hostile_run()
     page = generation_html(run, tokenizer=tok, threshold=0.6).save(tmp_path / "live_0.html")
-    assert _demo.screenshot(page, tmp_path / "live_0.png")
+    assert _screenshot.screenshot(page, tmp_path / "live_0.png")
     assert (tmp_path / "live_0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -109,7 +109,7 @@ def _metrics(client, monitor: str = "default") -> dict[str, float]:
 def test_models_endpoint_names_the_monitor(server):
     client, where = server
     got = client.get("/v1/models").json()
-    from tpc_hooks.serving._vllm_serve import identity
+    from tpc_hooks.serving._serve_monitors import identity
 
     want = identity(where)
     assert got["tpc_hooks"] == {**want, "action": "stop"}

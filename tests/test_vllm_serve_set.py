@@ -78,7 +78,7 @@ def early_sae():
 
 def test_models_endpoint_names_each_monitor(set_server):
     client, dirs = set_server
-    from tpc_hooks.serving._vllm_serve import identity
+    from tpc_hooks.serving._serve_monitors import identity
 
     got = client.get("/v1/models").json()["tpc_hooks"]
     assert got["harm"]["target_fpr"] == 0.05 and got["early"]["target_fpr"] is None
@@ -338,6 +338,6 @@ def test_a_monitor_is_replaced_under_32_clients_and_in_flight_requests_finish_on
 
 
 def first_sha(dirs):
-    from tpc_hooks.serving._vllm_serve import identity
+    from tpc_hooks.serving._serve_monitors import identity
 
     return identity(dirs["harm"])["sha256"]

@@ -16,7 +16,7 @@ from .head._attribution import Attribution as Attribution
 from .head._attribution import attribute as attribute
 from .head._cascade import Cascade as Cascade
 from .head._cascade import CascadeResult as CascadeResult
-from .head._errors import TPCHooksError as TPCHooksError
+from ._errors import TPCHooksError as TPCHooksError
 from .head._history import FitConfig as FitConfig
 from .head._history import History as History
 from .head._policy import FixedOrder as FixedOrder
@@ -79,7 +79,7 @@ def __getattr__(name: str):
     # GenerateLog (what the Hugging Face generate hooks recorded) is now GenerationRun, the one record of a
     # monitored generation whatever drove it; the old name keeps working, with a warning.
     if name == "TrainConfig":  # the baselines' training settings: tpc_hooks.baselines.TrainConfig
-        from .head._errors import deprecated
+        from ._errors import deprecated
         from .head._history import TrainConfig
 
         deprecated("tpc_hooks.TrainConfig", "tpc_hooks.baselines.TrainConfig (the baselines' training settings)")

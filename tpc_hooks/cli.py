@@ -26,22 +26,20 @@ from ._demo import outside_evaluation, run_demo, traffic
 from .activations._collect import collect
 from .adapters import get_adapter
 from .head._attribution import attribute
-from .head._errors import TPCHooksError
-from .head._hub import is_repo_id
-from .head._pooling import check_aggregate
-from .monitoring._calibrate import everyday_rows
+from ._errors import TPCHooksError
+from .saving._hub import is_repo_id
 from .monitoring._monitor import Monitor
-from .monitoring._monitor_config import MonitorConfig
 from .offline import DEFAULT_MODEL, load_model
 from .prompts import _intent
 from .prompts._context import context_budget, host_splits, sharegpt_contexts
 from .prompts._promptset import source_names
-from .prompts._sets import (INTENT_KINDS, PHRASING_FAMILIES, default_prompt_set, load_hf_dataset, load_prompt_file,
-                            read_texts)
-from .training._collected import (CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config, flip_splits,
+from .prompts._files import load_hf_dataset, load_prompt_file
+from .prompts._sets import default_prompt_set, read_texts
+from .training._collected import (CONTEXT_SPLITS, check_split, flip_splits,
                                   pooled_rows, rewrite_splits, token_sequences)
 from .training._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
-from .training._train import PLAIN, TrainPlan, check_target_fpr, default_aggregate, fit_config, train
+from .training._from_stores import plan_from_stores
+from .training._train import check_target_fpr, train
 
 _DATA_SUFFIXES = (".csv", ".jsonl", ".json")
 
@@ -266,68 +264,15 @@ def _train(args: argparse.Namespace) -> int:
     _check_out_dir(args.out)
 
     check_target_fpr(args.target_fpr, "--target-fpr")
-    cfg = collect_config(acts)
-    site = args.site or cfg["sites"][0]
-    if site != "auto" and site not in cfg["sites"]:
-        raise TPCHooksError(f"--site {site!r} was not collected in {acts}; collected sites: {', '.join(cfg['sites'])}; "
-                            f"pass one of those, or collect it: tpc-hooks collect --sites {site} --out {acts}")
-    site_fix = f"re-run tpc-hooks collect --out {acts}"
-    per_token = cfg["pooling"] == "token"
-    stream = {k: getattr(args, k) for k in ("aggregate", "alpha", "window") if getattr(args, k) is not None}
-    if stream and not per_token:
-        raise TPCHooksError(f"--{'/--'.join(stream)} set how a per-token monitor aggregates its token scores, but {acts} "
-                            f"holds pooled rows (pooling {cfg['pooling']!r}); drop the option, or collect per-token rows: "
-                            f"tpc-hooks collect --pooling token")
-    if per_token:
-
-        check_aggregate(stream.get("aggregate", "rolling"), stream.get("alpha", 0.1), stream.get("window", 16))
-    if per_token and site == "auto":
-        raise TPCHooksError("--site auto chooses among sites by pooled linear probes; a per-token monitor reads one site: "
-                            f"pass --site (collected: {', '.join(cfg['sites'])})")
-    train_split = "train" if (acts / "train").exists() else "all"
-    first = cfg["sites"][0] if site == "auto" else site
-    check_split(acts, train_split, first, "training split", site_fix)
-    has_val = (acts / "val").exists()
-    if has_val:
-        check_split(acts, "val", first, "validation split", site_fix)
-    if site == "auto" and not has_val:
-        raise TPCHooksError(f"--site auto chooses on the validation split, and {acts} has none; pass --site")
-
-    # The phrasing rewrites `collect` wrote (unless --no-augment there), in train_monitor's order: trained on by
-    # the phrasing, intent and paper recipes; with the default recipe the validation families only (the floor's test)
-    written = [] if not has_val or args.recipe == "in_distribution" else \
-        [f for f in PHRASING_FAMILIES if (acts / f"val-{f}" / "labels.json").is_file()]
-    families = [] if args.recipe == "default" else written
-    shifts = tuple(written) if args.recipe == "default" else ()
-    rewrites = bool(families) and (acts / "aug" / "labels.json").is_file()
-    # ... and the intent flips (unless --no-intent there): trained on, and the validation group "intent"
-    intent = () if not has_val or args.recipe != "intent" or args.no_intent else \
-        INTENT_KINDS if all((acts / p / "labels.json").is_file() for p in ("flips", "val-intent")) else ()
-    homonyms = bool(intent) and (acts / "homonyms" / "labels.json").is_file()  # ... with the homonym rows
-    hosted = [] if args.no_contexts or not per_token else \
-        [k for k, d in CONTEXT_SPLITS.items() if (acts / d / "labels.json").is_file()]
-    reader = TokenStores(acts, site_fix) if per_token else PooledStores(acts, site_fix)
-    sites = cfg["sites"] if site == "auto" else [site]
-    data = {s: reader.data(s, train_split, rewrites, written if has_val else None, hosted, bool(intent), homonyms)
-            for s in sites}
-    if args.everyday is not None:  # before training: the names must be sources of the validation split
-        val = data[sites[0]].val
-        if val is None or val.sources is None:
-            raise TPCHooksError(f"--everyday names sources in the validation split's sources.json, and {acts} has "
-                                f"{'no validation split' if val is None else 'none'}; {site_fix}")
-        everyday_rows(val.sources[val.groups == PLAIN], args.everyday)
-
-    robust = {} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}
-    options = dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed, **robust)
-    streaming = {"skip": reader.skip, "prepend_bos": reader.prepend_bos,
-                 "aggregate": stream.pop("aggregate", default_aggregate(bool(hosted))), **stream} if per_token else {}
-    settings = MonitorConfig(first, pooling=cfg["pooling"], chat_template=cfg["chat_template"],
-                             max_tokens=cfg["max_tokens"], model_name=cfg["model"], **streaming)
-    plan = TrainPlan(settings, fit_config(args.recipe, families, None, options), recipe=args.recipe,
-                     families=tuple(families), tau=args.tau, target_fpr=args.target_fpr,
-                     intent=intent + (("homonym",) if homonyms else ()),
-                     prune=args.recipe != "paper" and not args.keep_all_orders, shifts=shifts,
-                     everyday=None if args.everyday is None else tuple(sorted(set(args.everyday))))
+    run = plan_from_stores(acts, site=args.site, recipe=args.recipe, tau=args.tau, target_fpr=args.target_fpr,
+                           everyday=args.everyday, intent_stores=not args.no_intent, contexts=not args.no_contexts,
+                           keep_all_orders=args.keep_all_orders,
+                           fit=dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed,
+                                    **({} if args.recipe == "paper" else
+                                       {"gate": not args.no_gate, "escalate_only": args.escalate_only})),
+                           stream={k: getattr(args, k) for k in ("aggregate", "alpha", "window")
+                                   if getattr(args, k) is not None})
+    data, plan, site, per_token, hosted = run.data, run.plan, run.site, run.per_token, run.hosted
     mon = train(data, plan, verbose=not args.no_progress)
     if site == "auto":
         print(_table(["site", "worst-group recall at 1% FPR", "worst-group AUROC"],

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .head._errors import TPCHooksError
+from ._errors import TPCHooksError
 
 log = logging.getLogger(__name__)
 

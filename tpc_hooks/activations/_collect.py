@@ -14,7 +14,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..adapters import Adapter, Site, get_adapter, pad, pad_id, resolve_bos
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._pooling import POOLINGS, pool
 from ..head._sae import check_sae, encode as sae_encode, dims as sae_dims, identity as sae_identity
 from ._store import ActivationStore

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ._batching import resolve_bos
 from ._hf import model_lock
 from ._hf_loop import hf_decode

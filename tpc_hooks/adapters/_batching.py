@@ -5,7 +5,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 
 def resolve_bos(tok: Any, prepend_bos: bool | None, chat_template: bool = False) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ._sites import KINDS, Site, hook_name
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ._batching import positions
 from ._hf import StopPass, cache_dropped, cache_kwarg
 from ._sites import Site

@@ -10,7 +10,7 @@ mlp_out).
 import re
 from dataclasses import dataclass
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 KINDS = ("pre", "attn_out", "mid", "mlp_out", "post")  # within a block, in the order it computes them
 RESIDUAL = ("pre", "mid", "post")

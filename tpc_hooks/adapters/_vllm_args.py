@@ -5,7 +5,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ._sites import parse_site
 
 WORKER = "tpc_hooks.serving._vllm_worker.TPCHooksWorker"

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
 from ._hf import BRANCH, InputSpy, judge_branches, this_thread

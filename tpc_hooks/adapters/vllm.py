@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ._adapter import Adapter
 from ._sites import Site
 from ._vllm_args import STOP, WORKER, unexposed
@@ -40,7 +40,7 @@ class VLLMAdapter(Adapter):
     def __init__(self, model: Any):
         super().__init__(model)
         config = model.llm_engine.vllm_config
-        if not _is_ours(config.parallel_config.worker_cls):
+        if not is_ours(config.parallel_config.worker_cls):
             raise TPCHooksError("this vllm.LLM was built without tpc-hooks' worker; build it with "
                                 "LLM(model=..., **tpc_hooks.adapters.vllm_engine_args(), ...)")
         self.stops = STOP in [p if isinstance(p, str) else f"{p.__module__}:{p.__qualname__}"
@@ -254,7 +254,7 @@ class VLLMAdapter(Adapter):
         raise TPCHooksError("watch() and the Hugging Face generate hooks do not apply to a vLLM engine")
 
 
-def _is_ours(worker: Any) -> bool:
+def is_ours(worker: Any) -> bool:
     """Whether the engine's worker is tpc-hooks' (or a class built on it)."""
     if not worker:
         return False

@@ -22,11 +22,11 @@ from torch import Tensor
 
 from . import _kernel
 from ._checks import check_features
-from ._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ._polynomial import TPC
 from ._pooling import pool
 from ._sae import check_sae, decoder, encode
-from ._views import attribution_html
+from ..rendering._views import attribution_html
 
 PAIR_MODES = ("positive", "negative", "absolute")
 

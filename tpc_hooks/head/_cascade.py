@@ -20,7 +20,7 @@ from torch import Tensor
 
 from . import _kernel
 from ._checks import check_features, check_labels
-from ._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ._metrics import classification_metrics, expected_calibration_error
 from ._polynomial import TPC
 

@@ -5,7 +5,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 _HALF = (torch.float16, torch.bfloat16)
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from ._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 PAPER_CS = (100.0, 10.0, 1.0, 0.1, 0.01, 0.001)
 PROBE_CS = (1.0, 0.1, 0.01, 0.001)  # a probe's usual sweep: C >= 10 on a few thousand rows fits in-distribution detail

@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 
 from ._checks import prepare_activations
-from ._errors import TPCHooksError
+from .._errors import TPCHooksError
+from .._rule import flagged
 
 BOUNDS_SLACK = 1e-6  # relative widening of the trust region against rounding (see widen_bounds)
 
@@ -329,19 +330,6 @@ def exit_loop(first: Tensor, first_decision: Tensor,
             keep &= ~stop
         active = active[keep]
     return s, dec, exit_order, flops, forced
-
-
-def threshold_logit(threshold: float) -> float:
-    """``logit(threshold)`` in float64 (``flagged`` compares decision logits with it)."""
-    return math.log(threshold) - math.log1p(-threshold)
-
-
-def flagged(decision_logits: Tensor, threshold: float) -> Tensor:
-    """THE flag rule of a monitoring run: ``decision_logit >= logit(threshold)`` (the same as
-    ``prob >= threshold``, compared in logit space, in the logits' own dtype, so it does not
-    saturate where a float32 probability reaches 1), and a NaN (a step whose activations held
-    NaN/inf) counts as flagged: the monitor fails closed."""
-    return (decision_logits >= threshold_logit(threshold)) | decision_logits.isnan()
 
 
 def threshold_above(like: Tensor, z: float) -> float:

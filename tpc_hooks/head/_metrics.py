@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ._checks import check_labels
-from ._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 
 def _np(x: Any) -> np.ndarray:

@@ -27,11 +27,13 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from . import _format, _kernel
-from ._cards import head_card
-from ._errors import TPCHooksError
+from . import _kernel
+
+from ..saving import _format
+from ..saving._cards import head_card
+from .._errors import TPCHooksError
 from ._history import History
-from ._hub import HubMixin
+from ..saving._hub import HubMixin
 
 
 
@@ -50,7 +52,7 @@ class Cost:
     flops: int
 
 
-class _Scaler(nn.Module):
+class Scaler(nn.Module):
     """Per-feature standardisation stored with the head (``scaler.mean``, ``scaler.scale``)."""
 
     def __init__(self, d_model: int):
@@ -62,7 +64,7 @@ class _Scaler(nn.Module):
         return (z - self.mean.to(z.dtype)) / self.scale.to(z.dtype)
 
 
-def _check_int(value: Any, name: str, low: int) -> int:
+def check_int(value: Any, name: str, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise TPCHooksError(f"{name} must be an integer >= {low}; got {value!r}")
     return value
@@ -93,8 +95,8 @@ class TPC(nn.Module, HubMixin):
 
     def __init__(self, d_model: int, degree: int = 5, rank: int | Sequence[int] = 64):
         super().__init__()
-        _check_int(d_model, "d_model", 1)
-        _check_int(degree, "degree", 1)
+        check_int(d_model, "d_model", 1)
+        check_int(degree, "degree", 1)
         if isinstance(rank, int) and not isinstance(rank, bool):
             ranks = [rank] * (degree - 1)
         elif isinstance(rank, Sequence) and not isinstance(rank, str):
@@ -106,12 +108,12 @@ class TPC(nn.Module, HubMixin):
         else:
             raise TPCHooksError(f"rank must be an integer or a list of integers; got {rank!r}")
         for r in ranks:
-            _check_int(r, "rank", 1)
+            check_int(r, "rank", 1)
         self.d_model = d_model
         self.degree = degree
         self.ranks: tuple[int, ...] = tuple(ranks)
         self.history: Any = None
-        self.scaler = _Scaler(d_model)
+        self.scaler = Scaler(d_model)
         self.bias = nn.Parameter(torch.zeros(1))
         self.linear = nn.Parameter(torch.zeros(d_model))
         self.factors = nn.ParameterDict(

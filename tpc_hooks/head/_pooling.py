@@ -7,7 +7,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 POOLINGS = ("mean", "last", "max")
 

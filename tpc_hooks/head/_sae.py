@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 
 def _cfg(sae: Any, key: str, default: Any = None) -> Any:

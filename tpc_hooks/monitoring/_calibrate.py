@@ -13,7 +13,7 @@ from torch import Tensor
 from ..activations._collect import check_prompts, pooled_batches
 from ..head import _kernel
 from ..head._checks import check_features, check_rate
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._metrics import threshold_at_fpr
 
 

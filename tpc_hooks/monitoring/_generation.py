@@ -17,8 +17,9 @@ from torch import Tensor
 from ..activations._collect import check_prompts
 from ..adapters import pad, pad_id
 from ..head._cascade import Cascade, CascadeResult
-from ..head._errors import TPCHooksError
-from ..head._kernel import flagged, forget_packs
+from .._errors import TPCHooksError
+from .._rule import flagged
+from ..head._kernel import forget_packs
 from ..head._pooling import RunningAggregate, RunningPool, scored
 from ..head._together import Together
 from ._records import GenerationRun, MonitorEvent, WatchLog, warn_nonfinite

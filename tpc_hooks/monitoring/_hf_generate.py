@@ -22,9 +22,9 @@ from torch import Tensor
 from transformers import LogitsProcessor, StoppingCriteria
 
 from ..adapters import Adapter, Site
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._together import Together
-from ..head._kernel import flagged
+from .._rule import flagged
 from ._generation import Lane, lanes_of, score_lanes
 from ._records import GenerationRun
 

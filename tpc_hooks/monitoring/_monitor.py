@@ -1,14 +1,12 @@
 """A monitor: a TPC head bound to a hook point, a pooling and a decision policy.
 
-It scores prompts offline, watches a model generate (reading the activations the model
-computes anyway, with its KV cache) and saves to the same directory format as a head.
+Here it scores prompts offline and is calibrated; during generation it scores from the model's
+own forward passes (``_during``); it saves to the same directory format as a head
+(``_monitor_files``).
 """
 
-import os
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import fields, replace
-from pathlib import Path
 from typing import Any, no_type_check
 
 import torch
@@ -16,23 +14,22 @@ from torch import Tensor
 
 from ..activations._collect import check_prompts, pooled_batches, token_batches
 from ..adapters import Adapter, get_adapter, pad, pad_id
-from ..head import _format
-from ..head._cards import monitor_card
 from ..head._cascade import Cascade, CascadeResult, prefix_result, stack_results
-from ..head._errors import TPCHooksError
-from ..head._hub import HubMixin
+from .._errors import TPCHooksError
 from ..head._policy import FixedOrder
-from ..head._polynomial import TPC, from_saved, to_saved
+from ..head._polynomial import TPC
 from ..head._pooling import aggregate as aggregate_logits, scored
 from ..head._sae import check_sae, describe as describe_sae, dims as sae_dims, encode as sae_encode
 from ..head._sae import identity as sae_identity_of
-from . import _calibrate, _generation
+from . import _calibrate
 from ._monitor_config import MonitorConfig
-from ._records import GenerationRun, LastRun, MonitorEvent, TokenScores, WatchLog
+from ._records import GenerationRun, LastRun, TokenScores
+from ._during import DuringGeneration
+from ._monitor_files import MonitorFiles
 from ._settings import Settings
 
 
-class Monitor(Settings, HubMixin, LastRun):
+class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
     """A trained TPC head + the settings it reads and decides with (:class:`~tpc_hooks.MonitorConfig`:
     site, pooling, tokenisation, aggregation, threshold) + a decision policy.
 
@@ -66,8 +63,6 @@ class Monitor(Settings, HubMixin, LastRun):
         >>> mon.pooling, mon.config.threshold
         ('max', 0.5)
     """
-
-    _hub_commit_message = "Upload tpc-hooks monitor"
 
     def __init__(self, head: TPC, site: str | None = None, *, config: MonitorConfig | None = None,
                  cascade: Cascade | None = None, report: dict[str, Any] | None = None, sae: Any = None,
@@ -377,204 +372,3 @@ class Monitor(Settings, HubMixin, LastRun):
         else:
             prefixes = acts
         return TokenScores(tokens, self.policy(order, cascade)(prefixes), self.threshold)
-
-    # ------------------------------------------------------------------ generation
-    def generate(self, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
-                 order: int | None = None, cascade: float | Cascade | None = None, do_sample: bool = False,
-                 temperature: float = 1.0,
-                 seed: int = 0, stop_at_eos: bool = True, tokenizer: Any = None) -> GenerationRun:
-        """Generates from ``prompts`` while scoring every step from the model's own forward passes.
-
-        At each step the running pooled vector (prompt + tokens so far) is scored with the
-        policy; step 0 is the prompt alone. Sequences are left-padded and batched; the KV cache
-        is used. Scores equal :meth:`score` on the same prefix (tested). The monitor scores on
-        the model's device and keeps every step there until the end; the loop reads one bool
-        per step back to the host (whether any row goes on, as Hugging Face ``generate`` does;
-        a callable ``action`` also reads the flagged rows). A step whose activations hold
-        NaN/inf scores NaN, counts as flagged and raises a ``RuntimeWarning`` at the end.
-
-        Args:
-            action: ``"flag"`` (record only), ``"stop"`` (end a sequence at its first flagged
-                step; the others continue) or a callable ``f(MonitorEvent) -> bool`` called for
-                each flagged step; returning True stops that sequence.
-            do_sample, temperature, seed: greedy decoding by default. The sampling generator
-                lives on the model's device (seeded by ``seed``), so a GPU and a CPU draw
-                different samples from the same seed.
-            stop_at_eos: end a sequence after it emits the tokenizer's EOS token.
-            tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
-                ``name_or_path``); toolkit models use their own.
-
-        Returns:
-            A :class:`GenerationRun`.
-        """
-        return _generation.generate(self, model, prompts, max_new_tokens, action, order=order, cascade=cascade,
-                                    do_sample=do_sample, temperature=temperature, seed=seed, stop_at_eos=stop_at_eos,
-                                    tokenizer=tokenizer)
-
-    def watch(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
-              on_flag: Callable[[MonitorEvent], Any] | None = None,
-              tokenizer: Any = None) -> AbstractContextManager["WatchLog"]:
-        """Scores every forward pass ``model`` makes inside the block (your own ``generate`` too).
-
-        A call without a KV cache starts new sequences; calls that continue a cache add their
-        tokens to each row's running pool. Pass ``attention_mask`` with padded batches (Hugging
-        Face ``generate`` does) so padding is not pooled. Hooks are removed however the block ends.
-        ``tokenizer``: as in :meth:`score` (not needed to watch). To stop flagged rows inside
-        ``generate``, see :meth:`stopping_criteria`.
-
-        Example:
-            >>> with monitor.watch(lm) as log:  # doctest: +SKIP
-            ...     lm._module.generate(**batch, max_new_tokens=20)
-            >>> log.scores[-1]  # doctest: +SKIP
-        """
-        return _generation.watch(self, model, order=order, cascade=cascade, on_flag=on_flag, tokenizer=tokenizer)
-
-    def stopping_criteria(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
-                          eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
-        """A ``transformers.StoppingCriteria`` that stops the rows this monitor flags, inside the
-        model's own ``generate``.
-
-        Every forward pass ``generate`` makes (KV cache on) is read at :attr:`site` by a hook; each
-        row's running pool is scored with the policy, and the rows with ``prob >= threshold`` are
-        stopped (a per-row bool tensor: the other rows go on, token for token as without the
-        monitor). The pool, the decision and the log stay where the activations are; the
-        criterion reads one bool per step (whether any row goes on), as ``generate`` does. As
-        with any stopping criterion, ``generate`` has already appended the token of the step that
-        is stopped, and pads a finished row only when it has an EOS token (the model's
-        ``generation_config`` usually names one); :meth:`logits_processor` puts EOS in its place.
-
-        One criterion serves one ``generate`` call. Its hooks are attached when it is made and
-        removed as soon as every row has ended (flagged, or an EOS token), by ``close()``
-        (idempotent), at the end of a ``with`` block however it ends, or when the criterion is
-        garbage-collected. So the inline form below leaves no hook behind once ``generate``
-        returns, or once its exception is handled (CPython frees the criterion then). A criterion
-        you keep in a variable keeps its hooks while rows are unfinished (``max_new_tokens``
-        reached): call ``sc.close()``, use ``with``, or drop it. The log stays readable after the
-        hooks are gone: ``sc.log``, or :attr:`last_run` for the inline form.
-
-        Works with whatever drives the Hugging Face model's ``generate`` (greedy or sampling,
-        ``num_beams=1``): a ``transformers`` model, nnsight's ``lm._module``, a TransformerBridge's
-        ``original_model``.
-
-        Args:
-            model: the model ``generate`` runs (or its toolkit wrapper).
-            order, cascade: the scoring policy (see :meth:`policy`).
-            eos_token_id: the EOS ids that end a row, when ``generate`` is given others than the
-                model's ``generation_config`` (the log needs to know when a row ended).
-            tokenizer: as in :meth:`score` (only its EOS id is read, when no other names one).
-
-        Returns:
-            A ``StoppingCriteria`` (also a context manager); its ``log`` (a
-            :class:`~tpc_hooks.GenerationRun`) holds the step scores per row and first flagged
-            steps of the ``generate`` call it served.
-
-        Raises:
-            TPCHooksError: a model without Hugging Face ``generate`` (``HookedTransformer``); from
-                inside ``generate``: a criterion used for a second ``generate`` call or after
-                ``close()``, or made but not passed to the ``generate`` that runs its model.
-
-        Example:
-            >>> out = hf_model.generate(**batch, max_new_tokens=32,  # doctest: +SKIP
-            ...                         stopping_criteria=[monitor.stopping_criteria(hf_model, tokenizer=tok)])
-            >>> monitor.last_run.stopped_at  # doctest: +SKIP
-            >>> with monitor.stopping_criteria(hf_model, tokenizer=tok) as sc:  # doctest: +SKIP
-            ...     out = hf_model.generate(**batch, max_new_tokens=32, stopping_criteria=[sc])
-            >>> sc.log.stopped_at, sc.log.scores[0]  # doctest: +SKIP
-        """
-        from ._hf_generate import MonitorStoppingCriteria
-
-        return MonitorStoppingCriteria(self, model, tokenizer=tokenizer, order=order, cascade=cascade,
-                                       eos_token_id=eos_token_id, action="stop")
-
-    def logits_processor(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
-                         eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
-        """A ``transformers.LogitsProcessor`` that forces EOS on the rows this monitor flags, for
-        code paths that take processors but no stopping criteria.
-
-        As :meth:`stopping_criteria` (same hooks, scores, log, lifetime: inline, ``close()`` or
-        ``with``), except that a row flagged at step ``t`` gets an EOS token in place of its next
-        token (and at every later step), so it ends with ``t`` generated tokens plus EOS;
-        ``generate``'s own EOS criterion then finishes it. ``eos_token_id`` (default: the model's
-        ``generation_config``, else ``tokenizer.eos_token_id``) must name an EOS token; the first
-        one is forced. The hooks are removed early when every row is forced to EOS; a row that
-        picks EOS itself is known to have ended only at the next step, so when the last rows end
-        that way the hooks go when the processor is closed or freed.
-
-        Example:
-            >>> out = hf_model.generate(**batch, max_new_tokens=32,  # doctest: +SKIP
-            ...                         logits_processor=[monitor.logits_processor(hf_model, tokenizer=tok)])
-            >>> monitor.last_run.first_flagged  # doctest: +SKIP
-        """
-        from ._hf_generate import MonitorLogitsProcessor
-
-        return MonitorLogitsProcessor(self, model, tokenizer=tokenizer, order=order, cascade=cascade,
-                                      eos_token_id=eos_token_id, action="stop")
-
-    # ------------------------------------------------------------------ saving
-    def _config(self) -> dict[str, Any]:
-        cfg, _ = to_saved(self.head)
-        settings = self.config.to_dict()
-        name = settings.pop("model_name")
-        cfg["monitor"] = {
-            **settings,
-            "model": {"name": name, "d_model": self.head.d_model},
-            "cascade": None if self.cascade is None else self.cascade.to_dict(),
-            "report": self.report,
-            "sae": self.sae_identity,
-        }
-        return cfg
-
-    def _save_dir(self, path: str | os.PathLike) -> Path:
-        """Writes head and policy to a directory (``config.json`` + ``model.safetensors``);
-        :meth:`save_pretrained` adds the model card."""
-        return _format.write_dir(path, self._config(), to_saved(self.head)[1])
-
-    def model_card(self, *, repo_id: str | None = None) -> str:
-        """The model card :meth:`save_pretrained` writes (``README.md``): model, site, pooling,
-        threshold, cascade, the head, and the training data and metrics ``report`` records.
-        ``save_pretrained``, ``from_pretrained`` (``sae=`` for a monitor on SAE latents) and
-        ``push_to_hub`` come from :class:`~tpc_hooks.head._hub.HubMixin`."""
-        return monitor_card(self, repo_id=repo_id)
-
-    @classmethod
-    def _load_dir(cls, path: str | os.PathLike, *, sae: Any = None) -> "Monitor":
-        """Loads a monitor saved by :meth:`save_pretrained` (strict; never unpickles).
-
-        A monitor trained on SAE latents needs its SAE again (``sae=``); a different one is refused.
-        """
-        cfg, tensors = _format.read_dir(path)
-        where = Path(path) / _format.CONFIG_FILE
-        head = from_saved(cfg, tensors, where)
-        mon = cfg.get("monitor")
-        if not isinstance(mon, dict):
-            raise TPCHooksError(f"{where} describes a bare head, not a monitor; load it with TPC.from_pretrained and wrap it: "
-                                "Monitor(head, site=...)")
-        model = mon.get("model") or {}
-        if not isinstance(model, dict):
-            raise TPCHooksError(f"{where}: monitor.model must be an object {{\"name\", \"d_model\"}}; got {model!r}")
-        if model.get("d_model", head.d_model) != head.d_model:
-            raise TPCHooksError(f"{where}: monitor.model.d_model={model.get('d_model')} disagrees with d_model={head.d_model}")
-        try:
-            config = MonitorConfig.from_dict({**mon, "model_name": model.get("name")})
-        except TPCHooksError as err:
-            raise TPCHooksError(f"{where}: monitor: {err}") from None
-        cascade = None
-        if mon.get("cascade") is not None:
-            if not isinstance(mon["cascade"], dict):
-                raise TPCHooksError(f"{where}: monitor.cascade must be an object (lower, upper, temperatures, biases) "
-                                    f"or null; got {type(mon['cascade']).__name__}")
-            try:
-                cascade = Cascade.from_dict(head, mon["cascade"])
-            except (KeyError, TypeError, ValueError, AttributeError) as err:
-                raise TPCHooksError(f"{where}: monitor.cascade is malformed ({err})") from None
-        if mon.get("sae") is not None and not isinstance(mon["sae"], dict):
-            raise TPCHooksError(f"{where}: monitor.sae must be an object (the SAE's identity) or null; got "
-                                f"{type(mon['sae']).__name__}")
-        report = mon.get("report") or {}
-        if not isinstance(report, dict):
-            raise TPCHooksError(f"{where}: monitor.report must be an object; got {type(report).__name__}")
-        try:
-            return cls(head, config=config, cascade=cascade, report=dict(report), sae=sae, sae_identity=mon.get("sae"))
-        except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError
-            raise TPCHooksError(f"{where}: {err}") from None
-

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, no_type_check
 
 from ..adapters import parse_site
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._pooling import check_aggregate, check_pooling, check_skip
 
 STREAMING_KEYS = ("aggregate", "alpha", "window", "skip")  # saved only by per-token monitors

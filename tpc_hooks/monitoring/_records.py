@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from ..head._cascade import CascadeResult
-from ..head._errors import TPCHooksError, deprecated
-from ..head._kernel import flagged
-from ..head._views import generation_html, token_scores_html
+from .._errors import TPCHooksError, deprecated
+from .._rule import flagged
+from ..rendering._views import generation_html, token_scores_html
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from ..adapters import Adapter
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from . import _generation
 from ._monitor import Monitor
 from ._records import LastRun, MonitorEvent, MonitorSetRun

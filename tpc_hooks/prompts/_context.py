@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ._sources import sharegpt_conversations
 
 POSITIONS = ("start", "middle", "end")

@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ._phrasing import Parsed, _third_person, parse
 
 # Intent-flip kinds, each a list of templates over the task's verb phrase ({vp}, third person).

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 FAMILIES = ("tense", "fiction", "third_person", "paraphrase", "noise")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ._sources import Row as _Row
 
 

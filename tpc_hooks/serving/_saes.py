@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 
 def read_sae(path: str | Path) -> Any:

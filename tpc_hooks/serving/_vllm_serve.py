@@ -20,112 +20,40 @@ Per request, through vLLM's ``vllm_xargs``: ``{"tpc_hooks_monitor": false}`` opt
 (the workers resume each from the monitor state kept for its cached blocks); with a KV connector
 (an offload tier, whose blocks no monitor saw) they skip reading it.
 
-Imported by ``tpc-hooks serve`` only (it imports vLLM).
+Which monitors run and the admin route that swaps them: ``_serve_monitors``; what ``/metrics``
+counts: ``_serve_metrics``. Imported by ``tpc-hooks serve`` only (it imports vLLM).
 """
 
 import argparse
 import asyncio
-import hashlib
-import hmac
 import json
-import logging
 import os
 import re
 import time
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
-
 from ..adapters._vllm_args import CONFIG, NAMES_ENV, STOP, WORKER
-from ..adapters.vllm import _is_ours
-from ..head import _format
-from ..head._errors import TPCHooksError
-from ..monitoring._monitor import Monitor
+from ..adapters.vllm import is_ours
+from .._errors import TPCHooksError
 from . import _review
-from ._drift import FlagRate
 from ._saes import read_sae
 from ._engine import aux_ids
+from ._serve_metrics import LONE, REVIEWED, SETTINGS, count, labels
+from ._serve_monitors import ADMIN, ADMIN_KEY, MONITORS, admin, identity, members
 
 FIELD = "tpc_hooks"  # each choice's monitor summary
 FLAGGED = "content_flagged"  # the finish_reason of a stopped choice
 _ROUTES = ("/v1/completions", "/v1/chat/completions")
 
-LONE = "default"  # the metrics' monitor label of a lone, unnamed --monitor DIR
-ADMIN = "/tpc_hooks/monitors/"  # PUT/DELETE ADMIN + name: replace, add or remove a monitor (--admin-api-key)
-ADMIN_KEY: dict[str, Any] = {"key": None, "sites": [], "d_model": None, "action": "stop"}  # set before serving
-_SWAP = asyncio.Lock()  # one replacement at a time
-_BY = ["monitor"]
-SCORED = Counter("tpc_hooks_requests_scored", "Requests the monitor scored (choices, each its own request)", _BY)
-FLAGS = Counter("tpc_hooks_requests_flagged", "Requests flagged at some step", _BY)
-STOPS = Counter("tpc_hooks_requests_stopped", "Requests the monitor stopped", _BY)
-OPTED = Counter("tpc_hooks_requests_opted_out", "Requests sent with tpc_hooks_monitor=false (or .NAME=false)", _BY)
-NONFINITE = Counter("tpc_hooks_requests_nonfinite", "Requests whose activations turned NaN/inf (answered with an error)",
-                    _BY)
-PEAK = Histogram("tpc_hooks_peak_score", "Each scored request's highest score", _BY,
-                 buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0))
-REVIEWED = Counter("tpc_hooks_review_log_entries", "Review-log entries: written, dropped (the queue was full) or "
-                   "failed (the disk refused them)", ["outcome"])
-RATE = Gauge("tpc_hooks_flag_rate", "Share of scored requests flagged: over the last --drift-window requests "
-              "(window=recent), since the server started (window=lifetime), and the rate the monitor was calibrated "
-              "to (window=target)", ["monitor", "window"])
-DRIFT: dict[str, FlagRate] = {}  # metrics label -> its monitor's flag rates
-log = logging.getLogger("tpc_hooks.serve")
-_NAME = re.compile(r"^([A-Za-z0-9_-]+)=(.+)$")
-
-
-def identity(path: str | Path) -> dict[str, Any]:
-    """What ``/v1/models`` says of the monitor: site, threshold, pooling, cascade or not, and the
-    SHA-256 of its saved files. Loads it (a missing, corrupt or tampered directory raises) and keeps
-    it by that hash, for the review log to explain the steps of whichever version scored them."""
-    mon = Monitor.from_pretrained(path)
-    digest = hashlib.sha256()
-    for name in (_format.CONFIG_FILE, _format.WEIGHTS_FILE):
-        digest.update((Path(path) / name).read_bytes())
-    target = (mon.report or {}).get("operating_point", {}).get("fpr")
-    _review.SERVER["monitors"][digest.hexdigest()] = mon  # the review log explains its steps with it
-    return {"site": mon.site, "threshold": float(mon.threshold), "pooling": mon.pooling,
-            "cascade": mon.cascade is not None, "degree": mon.head.degree, "d_model": mon.head.d_model,
-            "target_fpr": None if target is None else float(target), "sha256": digest.hexdigest()}
-
-
-def members(specs: list[str], action: str) -> list[tuple[str, str, str]]:
-    """``--monitor`` values -> ``(name, directory, action)``: ``DIR`` alone (name ``""``, the
-    action ``action``), or each ``NAME=DIR[:ACTION]``.
-
-    Example:
-        >>> members(["harm=/m/harm:stop", "pii=/m/pii"], "flag")
-        [('harm', '/m/harm', 'stop'), ('pii', '/m/pii', 'flag')]
-    """
-    out = []
-    for spec in specs:
-        m = _NAME.match(spec)
-        name, rest = (m.group(1), m.group(2)) if m else ("", spec)
-        where, colon, act = rest.rpartition(":")
-        if colon and act in ("flag", "stop"):
-            rest = where
-        else:
-            act = action
-        out.append((name, rest, act))
-    names = [n for n, _, _ in out]
-    if len(out) > 1 and "" in names:
-        raise TPCHooksError("several monitors need a name each: --monitor NAME=DIR[:stop|flag] (e.g. "
-                            "--monitor harm=./harm:stop --monitor pii=./pii:flag)")
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise TPCHooksError(f"--monitor names must differ; {dup} given twice")
-    return out
-
 
 class MonitorMiddleware:
     """Writes each finished choice's monitor summaries into the response (streamed or not)."""
 
-    monitors: dict[str, dict[str, Any]] = {}  # name ("" alone) -> identity() and action, set before the server starts
-
     @classmethod
     def _view(cls, per: dict[str, Any]) -> Any:
         """A lone monitor's value as is; named monitors' by name."""
-        return per.get("") if list(cls.monitors) == [""] else per
+        return per.get("") if list(MONITORS) == [""] else per
 
     def __init__(self, app: Any):
         self.app = app
@@ -136,7 +64,7 @@ class MonitorMiddleware:
         if scope["path"] == "/v1/models" and scope["method"] == "GET":
             return await self._buffered(scope, receive, send, self._models)
         if scope["path"].startswith(ADMIN) and ADMIN_KEY["key"]:
-            return await _admin(scope, receive, send)
+            return await admin(scope, receive, send)
         if scope["path"] not in _ROUTES or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         body = bytearray()
@@ -166,15 +94,15 @@ class MonitorMiddleware:
             for c in ended:
                 per = got.get(int(c.get("index", 0)), {})
                 _review.record(payload["id"], int(c.get("index", 0)), time.time(), per)
-                c[FIELD] = self._view({name: _field(per.get(name)) for name in self.monitors})
+                c[FIELD] = self._view({name: _field(per.get(name)) for name in MONITORS})
                 stops = [(s["stopped_at"], k, name) for k, (name, s) in enumerate(per.items())
                          if s and s.get("stopped_at") is not None]
                 if stops:
                     by = min(stops)[2]
                     c["finish_reason"] = f"{FLAGGED}:{by}" if by else FLAGGED
-                for name in self.monitors:
+                for name in MONITORS:
                     s = per.get(name)
-                    _count(s, name or LONE)
+                    count(s, name or LONE)
                     if s and s.get("nonfinite_step") is not None:
                         payload.setdefault("error", _nonfinite_error(s))
             return payload
@@ -225,9 +153,9 @@ class MonitorMiddleware:
         await self.app(scope, reading, sending)
 
     def _models(self, payload: dict) -> dict:
-        payload[FIELD] = self._view(self.monitors)
+        payload[FIELD] = self._view(MONITORS)
         for model in payload.get("data") or []:
-            model[FIELD] = self._view(self.monitors)
+            model[FIELD] = self._view(MONITORS)
         return payload
 
     async def _buffered(self, scope: dict, receive: Any, send: Any, edit: Any) -> None:
@@ -337,130 +265,6 @@ def _field(s: dict | None) -> dict[str, Any]:
             "steps": s["steps"]}
 
 
-def _count(s: dict | None, label: str) -> None:
-    if s is None:
-        OPTED.labels(label).inc()
-        return
-    if "error" in s:
-        return
-    SCORED.labels(label).inc()
-    FLAGS.labels(label).inc(s["flagged"])
-    _drift(label, s["flagged"])
-    STOPS.labels(label).inc(s["stopped_at"] is not None)
-    if s["nonfinite_step"] is not None:
-        NONFINITE.labels(label).inc()
-    elif s["peak_score"] is not None:
-        PEAK.labels(label).observe(s["peak_score"])
-
-
-def _labels(name: str, target: float | None) -> None:
-    """A monitor's metric series from the start, at zero, and its flag rates."""
-    label = name or LONE
-    for metric in (SCORED, FLAGS, STOPS, OPTED, NONFINITE, PEAK):
-        metric.labels(label)
-    DRIFT[label] = FlagRate(target, ADMIN_KEY.get("window", 1000), ADMIN_KEY.get("band", 2.0))
-    if target is not None:
-        RATE.labels(label, "target").set(target)
-
-
-async def _admin(scope: dict, receive: Any, send: Any) -> None:
-    """``PUT /tpc_hooks/monitors/NAME`` with ``{"path": DIR, "action": "stop"|"flag"}`` loads the
-    monitor saved in ``DIR`` (on the server's disk) and puts it in place of ``NAME`` (or adds it)
-    between two engine steps; ``DELETE`` removes ``NAME``. Requests in flight finish on the monitor
-    they started with; the prefix cache is emptied (its blocks hold no state of the new monitor),
-    so running requests recompute once. Needs ``Authorization: Bearer KEY`` (``--admin-api-key``).
-    A bad directory is refused with the reason (HTTP 400) and the old monitor keeps serving."""
-    body = bytearray()
-    while True:
-        message = await receive()
-        body.extend(message.get("body", b""))
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            break
-
-    async def answer(status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-        await send({"type": "http.response.body", "body": data})
-
-    headers = dict((k.lower(), v) for k, v in scope.get("headers", []))
-    given = headers.get(b"authorization", b"").removeprefix(b"Bearer ")
-    if not hmac.compare_digest(given, ADMIN_KEY["key"].encode()):
-        return await answer(401, {"error": "the admin routes need Authorization: Bearer <--admin-api-key>"})
-    name, method = scope["path"][len(ADMIN):], scope["method"]
-    if method not in ("PUT", "DELETE"):
-        return await answer(405, {"error": f"{ADMIN}NAME takes PUT (load a monitor) or DELETE (remove it)"})
-    monitors = MonitorMiddleware.monitors
-    try:
-        if list(monitors) == [""]:  # a lone unnamed monitor is addressed as "default", and stays alone
-            if name != LONE:
-                raise TPCHooksError(f"this server runs one unnamed monitor: replace it at {ADMIN}{LONE}; to run several, "
-                                    "start it with --monitor NAME=DIR for each")
-            name = ""
-        elif not re.fullmatch(r"[A-Za-z0-9_-]+", name):
-            raise TPCHooksError(f"{name!r} is not a monitor name (letters, digits, '_' and '-')")
-        spec = None
-        if method == "PUT":
-            req = json.loads(bytes(body) or b"{}")
-            if not isinstance(req, dict) or not isinstance(req.get("path"), str):
-                raise TPCHooksError('the body must be {"path": "<monitor directory on the server>", '
-                                    '"action": "stop" | "flag"}')
-            action = req.get("action", monitors.get(name, {}).get("action", ADMIN_KEY["action"]))
-            if action not in ("stop", "flag"):
-                raise TPCHooksError(f"action must be 'stop' or 'flag'; got {action!r}")
-            ident = identity(req["path"])
-            if ident["site"] not in ADMIN_KEY["sites"]:
-                raise TPCHooksError(f"this engine exposes {ADMIN_KEY['sites']}, not {ident['site']!r}; start the "
-                                    "server with --sites to be able to swap in monitors at other sites")
-            if ident["d_model"] != ADMIN_KEY["d_model"]:
-                raise TPCHooksError(f"the monitor expects d_model={ident['d_model']} but the model produces "
-                                    f"{ADMIN_KEY['d_model']}; was it trained on another model?")
-            spec = {"name": name, "path": str(Path(req["path"]).resolve()), "site": ident["site"], "order": None,
-                    "cascade": None, "action": action, "sha256": ident["sha256"]}
-        elif name not in monitors:
-            raise TPCHooksError(f"no monitor named {name!r} runs here (it runs {sorted(monitors)})")
-        engine = scope["app"].state.engine_client
-        async with _SWAP:
-            await engine.pause_generation(mode="keep", clear_cache=False)  # no step runs until the swap is whole
-            try:
-                await engine.collective_rpc("tpc_hooks_swap", args=(name, spec))
-                await engine.reset_prefix_cache(reset_running_requests=True)
-            except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
-                raise TPCHooksError(str(err).removeprefix("Error in RPC: ")) from None
-            finally:
-                await engine.resume_generation()
-    except (TPCHooksError, ValueError) as err:
-        return await answer(400, {"error": str(err)})
-    if spec is None:
-        monitors.pop(name)
-        os.environ[NAMES_ENV] = json.dumps(list(monitors))
-        return await answer(200, {"removed": name})  # (never the lone monitor: the workers refuse to remove the last)
-    monitors[name] = {**ident, "action": spec["action"]}
-    os.environ[NAMES_ENV] = json.dumps(list(monitors))  # the names requests may address
-    _labels(name, ident["target_fpr"])
-    log.warning("monitor %s now %s (sha256 %s)", name, req["path"], ident["sha256"][:12])
-    return await answer(200, {"monitor": name or LONE, **monitors[name]})
-
-
-def _drift(label: str, flagged: bool) -> None:
-    """One scored request into its monitor's flag rates; the gauges follow, and a crossing of the
-    band is logged."""
-    rate = DRIFT.get(label)
-    if rate is None:
-        return
-    event = rate.add(flagged)
-    RATE.labels(label, "recent").set(rate.recent)
-    RATE.labels(label, "lifetime").set(rate.lifetime)
-    if event == "left":
-        low, high = rate.bounds
-        log.warning("monitor %s flagged %.2f%% of the last %d scored requests, outside [%.2f%%, %.2f%%] around the rate "
-                    "it was calibrated to (%.2f%%): its threshold may no longer mean what it meant; recalibrate it on "
-                    "benign traffic", label, 100 * rate.recent, rate.window, 100 * low, 100 * high, 100 * rate.target)
-    elif event == "back":
-        log.warning("monitor %s is back inside its band: %.2f%% of the last %d scored requests flagged (target %.2f%%)",
-                    label, 100 * rate.recent, rate.window, 100 * rate.target)
-
-
 def _nonfinite_error(s: dict) -> dict[str, Any]:
     return {"message": f"the monitor's site held NaN/inf activations for this request from step {s['nonfinite_step']} "
                        "(after that many generated tokens); it was stopped there and has no score. The server goes on "
@@ -513,19 +317,21 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     if not 0 <= ours.review_log_sample <= 1 or ours.review_log_max_mb <= 0:
         raise TPCHooksError("--review-log-sample must be in [0, 1] and --review-log-max-mb positive")
     _review.SERVER["saes"] = {_review.sae_site(s, d): s for d, s in ((d, read_sae(d)) for d in ours.review_log_sae)}
-    MonitorMiddleware.monitors = {name: {**identity(where), "action": act} for name, where, act in ours.members}
-    ours.sites = sorted({m["site"] for m in MonitorMiddleware.monitors.values()} | set(ours.sites))
-    ADMIN_KEY.update(key=ours.admin_api_key, sites=ours.sites, action=ours.action, window=ours.drift_window,
-                     band=ours.drift_band, d_model=next(iter(MonitorMiddleware.monitors.values()))["d_model"])
-    os.environ[NAMES_ENV] = json.dumps(list(MonitorMiddleware.monitors))  # the engine checks vllm_xargs' names
-    for name, monitor in MonitorMiddleware.monitors.items():
-        _labels(name, monitor["target_fpr"])
+    MONITORS.clear()
+    MONITORS.update({name: {**identity(where), "action": act} for name, where, act in ours.members})
+    ours.sites = sorted({m["site"] for m in MONITORS.values()} | set(ours.sites))
+    ADMIN_KEY.update(key=ours.admin_api_key, sites=ours.sites, action=ours.action,
+                     d_model=next(iter(MONITORS.values()))["d_model"])
+    SETTINGS.update(window=ours.drift_window, band=ours.drift_band)
+    os.environ[NAMES_ENV] = json.dumps(list(MONITORS))  # the engine checks vllm_xargs' names
+    for name, monitor in MONITORS.items():
+        labels(name, monitor["target_fpr"])
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     vp = make_arg_parser(FlexibleArgumentParser(prog="tpc-hooks serve"))
     args = vp.parse_args(["--model", ours.model, "--host", ours.host, "--port", str(ours.port), *rest])
-    if args.worker_cls not in (None, "auto") and not _is_ours(args.worker_cls):
+    if args.worker_cls not in (None, "auto") and not is_ours(args.worker_cls):
         raise TPCHooksError(f"--worker-cls must be tpc-hooks' own ({WORKER}) or a class built on it")
     args.worker_cls = WORKER if args.worker_cls in (None, "auto") else args.worker_cls
     extra = dict(args.additional_config or {})
@@ -562,8 +368,8 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
     listen_address, sock = setup_server(args, reuse_port=False)
     try:
         async with build_async_engine_client(args) as engine:
-            specs = [{"name": name, "path": str(Path(where).resolve()), "site": MonitorMiddleware.monitors[name]["site"],
-                      "order": None, "cascade": None, "action": act, "sha256": MonitorMiddleware.monitors[name]["sha256"]}
+            specs = [{"name": name, "path": str(Path(where).resolve()), "site": MONITORS[name]["site"],
+                      "order": None, "cascade": None, "action": act, "sha256": MONITORS[name]["sha256"]}
                      for name, where, act in ours.members]
             try:
                 await engine.collective_rpc("tpc_hooks_arm_set", args=(specs, "summary"))
@@ -591,7 +397,7 @@ def main(argv: list[str]) -> int:
 
     # a bad directory, or a monitor for another model, fails here, before the engine starts
     ours, args = parse(argv)
-    check_model(MonitorMiddleware.monitors, args.model, getattr(args, "trust_remote_code", False), ours.sites)
+    check_model(MONITORS, args.model, getattr(args, "trust_remote_code", False), ours.sites)
     uvloop.run(run(ours, args))
     return 0
 

@@ -25,9 +25,9 @@ from torch import Tensor, nn
 from ..head import _kernel
 from ..head._cascade import CascadeResult, thresholds
 from ..head._checks import prepare_activations
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._history import History, TrainConfig
-from ..head._polynomial import TPC, Cost, _check_int, _Scaler
+from ..head._polynomial import TPC, Cost, check_int, Scaler
 from ._loop import default_device, f1_at_zero, train_loop
 from ._rows import split_data
 
@@ -48,10 +48,10 @@ class _Baseline(nn.Module):
 
     def __init__(self, d_model: int):
         super().__init__()
-        _check_int(d_model, "d_model", 1)
+        check_int(d_model, "d_model", 1)
         self.d_model = d_model
         self.history: Any = None
-        self.scaler = _Scaler(d_model)
+        self.scaler = Scaler(d_model)
 
     def _prepare(self, z: Tensor) -> tuple[Tensor, torch.Size]:
         return prepare_activations(z, self.d_model, self.scaler.mean, promote=False)
@@ -99,7 +99,7 @@ class BilinearProbe(_Baseline):
 
     def __init__(self, d_model: int, rank: int = 64):
         super().__init__(d_model)
-        self.rank = _check_int(rank, "rank", 1)
+        self.rank = check_int(rank, "rank", 1)
         self.bias = nn.Parameter(torch.zeros(1))
         self.linear = nn.Parameter(torch.zeros(d_model))
         # E||A z||^2 = 1 for standardised z at initialisation
@@ -142,7 +142,7 @@ class MLPProbe(_Baseline):
 
     def __init__(self, d_model: int, hidden: int = 64):
         super().__init__(d_model)
-        self.hidden = _check_int(hidden, "hidden", 0)
+        self.hidden = check_int(hidden, "hidden", 0)
         self.inp = nn.Linear(d_model, hidden) if hidden else None
         self.out = nn.Linear(hidden or d_model, 1)
 
@@ -169,7 +169,7 @@ class MLPProbe(_Baseline):
 def _check_widths(widths: Any) -> tuple[int, ...]:
     if isinstance(widths, (str, bytes)) or not isinstance(widths, Sequence):
         raise TPCHooksError(f"widths must be a list of hidden widths [K_2, ..., K_N]; got {widths!r}")
-    return tuple(_check_int(k, "each width", 1) for k in widths)
+    return tuple(check_int(k, "each width", 1) for k in widths)
 
 
 class EarlyExitMLP(_Baseline):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..activations._store import ActivationStore
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..prompts._sets import PHRASING_FAMILIES, homonym_examples, intent_flips, rewrites
 from ._train import INTENT, PLAIN, Chats, Examples, TrainData, val_sources
 

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..head import _kernel
 from ..head._checks import check_labels
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._metrics import classification_metrics
 from ..head._polynomial import TPC, Cost
 from ._baselines import fit_baseline, matched_early_exit_widths, matched_mlp_width

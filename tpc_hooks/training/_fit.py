@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..head import _kernel
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._history import FitConfig, History, TrainConfig
 from ..head._polynomial import TPC
 from ._loop import Draws, default_device, loss_and_f1, train_loop

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._history import TrainConfig
 from ._rows import Rows
 

@@ -22,14 +22,14 @@ from sklearn.preprocessing import StandardScaler
 
 from ..activations._collect import check_prompts, collect, prompts_digest
 from ..head._checks import check_labels
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._history import PROBE_CS
-from ..head._kernel import flagged
+from .._rule import flagged
 from ..head._metrics import threshold_at_fpr
 from ..monitoring._calibrate import check_sources, everyday_present, everyday_rows
 from ..monitoring._monitor import Monitor
 from ..prompts._promptset import PromptSet
-from ..prompts._sets import outside_sets
+from ..prompts._outside import outside_sets
 from ..prompts._sources import norm
 from ..prompts._splits import rng
 from ._split import split_positions

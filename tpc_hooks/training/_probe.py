@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._polynomial import TPC
 from ._loop import f1_at_zero
 from ._rows import Rows

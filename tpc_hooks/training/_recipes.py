@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..head._errors import TPCHooksError, deprecated
+from .._errors import TPCHooksError, deprecated
 from ..prompts import _intent, _phrasing
 
 NAMES = ("default", "phrasing", "intent", "in_distribution", "paper")

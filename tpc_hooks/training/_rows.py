@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..activations._store import ActivationStore
 from ..head._checks import check_features, check_labels
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 
 class Rows:

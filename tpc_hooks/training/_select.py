@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._history import FitConfig
 from ..head._metrics import worst_group
 from ._fit import fit

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..head._cascade import Cascade
 from ..head._checks import check_rate
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._history import FitConfig
 from ..monitoring._calibrate import everyday_present
 from ..monitoring._monitor import Monitor

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from ..activations._collect import check_prompts, collect, prompts_digest, token_batches
 from ..adapters import Adapter, get_adapter, resolve_bos
 from ..head._checks import check_labels
-from ..head._errors import TPCHooksError
+from .._errors import TPCHooksError
 from ..head._history import FitConfig
 from ..head._pooling import check_aggregate, check_pooling
 from ..monitoring._calibrate import check_sources, everyday_rows

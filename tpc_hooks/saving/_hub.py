@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, no_type_check
 
 from . import _format
-from ._errors import TPCHooksError, deprecated
+from .._errors import TPCHooksError, deprecated
 
 CARD_FILE = "README.md"
 HUB_FILES = [_format.CONFIG_FILE, _format.WEIGHTS_FILE, CARD_FILE]

@@ -16,7 +16,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
-from ._errors import TPCHooksError
+from .._errors import TPCHooksError
 
 FORMAT_NAME = "tpc-hooks"
 FORMAT_VERSION = 1

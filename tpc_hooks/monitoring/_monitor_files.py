@@ -1,0 +1,89 @@
+"""How a monitor is kept: its ``config.json`` (the head's, plus the settings, cascade, report and
+SAE identity) and weights, read back strictly (never unpickled), and its model card; sharing on the
+Hub comes from :class:`~tpc_hooks.saving._hub.HubMixin`."""
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .._errors import TPCHooksError
+from ..head._cascade import Cascade
+from ..head._polynomial import from_saved, to_saved
+from ..saving import _format
+from ..saving._cards import monitor_card
+from ..saving._hub import HubMixin
+from ._monitor_config import MonitorConfig
+
+
+class MonitorFiles(HubMixin):
+    """:class:`~tpc_hooks.Monitor`'s saved form: ``save_pretrained`` / ``from_pretrained`` /
+    ``push_to_hub`` (from :class:`~tpc_hooks.saving._hub.HubMixin`) write and read it."""
+
+    _hub_commit_message = "Upload tpc-hooks monitor"
+
+    def _config(self) -> dict[str, Any]:
+        cfg, _ = to_saved(self.head)
+        settings = self.config.to_dict()
+        name = settings.pop("model_name")
+        cfg["monitor"] = {
+            **settings,
+            "model": {"name": name, "d_model": self.head.d_model},
+            "cascade": None if self.cascade is None else self.cascade.to_dict(),
+            "report": self.report,
+            "sae": self.sae_identity,
+        }
+        return cfg
+
+    def _save_dir(self, path: str | os.PathLike) -> Path:
+        """Writes head and policy to a directory (``config.json`` + ``model.safetensors``);
+        :meth:`save_pretrained` adds the model card."""
+        return _format.write_dir(path, self._config(), to_saved(self.head)[1])
+
+    def model_card(self, *, repo_id: str | None = None) -> str:
+        """The model card :meth:`save_pretrained` writes (``README.md``): model, site, pooling,
+        threshold, cascade, the head, and the training data and metrics ``report`` records.
+        ``save_pretrained``, ``from_pretrained`` (``sae=`` for a monitor on SAE latents) and
+        ``push_to_hub`` come from :class:`~tpc_hooks.saving._hub.HubMixin`."""
+        return monitor_card(self, repo_id=repo_id)
+
+    @classmethod
+    def _load_dir(cls, path: str | os.PathLike, *, sae: Any = None) -> Any:
+        """Loads a monitor saved by :meth:`save_pretrained` (strict; never unpickles).
+
+        A monitor trained on SAE latents needs its SAE again (``sae=``); a different one is refused.
+        """
+        cfg, tensors = _format.read_dir(path)
+        where = Path(path) / _format.CONFIG_FILE
+        head = from_saved(cfg, tensors, where)
+        mon = cfg.get("monitor")
+        if not isinstance(mon, dict):
+            raise TPCHooksError(f"{where} describes a bare head, not a monitor; load it with TPC.from_pretrained and wrap it: "
+                                "Monitor(head, site=...)")
+        model = mon.get("model") or {}
+        if not isinstance(model, dict):
+            raise TPCHooksError(f"{where}: monitor.model must be an object {{\"name\", \"d_model\"}}; got {model!r}")
+        if model.get("d_model", head.d_model) != head.d_model:
+            raise TPCHooksError(f"{where}: monitor.model.d_model={model.get('d_model')} disagrees with d_model={head.d_model}")
+        try:
+            config = MonitorConfig.from_dict({**mon, "model_name": model.get("name")})
+        except TPCHooksError as err:
+            raise TPCHooksError(f"{where}: monitor: {err}") from None
+        cascade = None
+        if mon.get("cascade") is not None:
+            if not isinstance(mon["cascade"], dict):
+                raise TPCHooksError(f"{where}: monitor.cascade must be an object (lower, upper, temperatures, biases) "
+                                    f"or null; got {type(mon['cascade']).__name__}")
+            try:
+                cascade = Cascade.from_dict(head, mon["cascade"])
+            except (KeyError, TypeError, ValueError, AttributeError) as err:
+                raise TPCHooksError(f"{where}: monitor.cascade is malformed ({err})") from None
+        if mon.get("sae") is not None and not isinstance(mon["sae"], dict):
+            raise TPCHooksError(f"{where}: monitor.sae must be an object (the SAE's identity) or null; got "
+                                f"{type(mon['sae']).__name__}")
+        report = mon.get("report") or {}
+        if not isinstance(report, dict):
+            raise TPCHooksError(f"{where}: monitor.report must be an object; got {type(report).__name__}")
+        try:
+            return cls(head, config=config, cascade=cascade, report=dict(report), sae=sae, sae_identity=mon.get("sae"))
+        except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError
+            raise TPCHooksError(f"{where}: {err}") from None

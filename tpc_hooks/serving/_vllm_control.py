@@ -1,0 +1,224 @@
+"""The worker's remote calls (``llm.collective_rpc("tpc_hooks_...")``): record rows at sites,
+arm, swap and disarm monitors, hand over their steps, summaries and stats, and turn on the review
+log. Imported in vLLM's workers only."""
+
+import hashlib
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._errors import TPCHooksError
+from ..adapters._vllm_args import unexposed
+from ..monitoring._monitor import Monitor
+from ..saving import _format
+from . import _review
+from ._prefix import BlockStates
+from ._vllm_armed import ARMED, RETIRING, STOPS, UNSCORED, Armed, retire_done, rss, summaries_of
+
+STORES = 4  # monitors whose block states a worker keeps (the least recently armed go first)
+
+
+class Control:
+    """tpc-hooks' remote calls on the worker (rank 0 holds the monitors; every rank answers)."""
+
+    # ------------------------------------------------------------------ recording (collect, score)
+    def tpc_hooks_sites(self) -> dict[str, int]:
+        """The sites this engine exposes (fixed when it was built) -> their auxiliary ids."""
+        return dict(self._tpc_sites)
+
+    def tpc_hooks_capture(self, sites: list[str]) -> int:
+        """Starts recording the rows of every request at ``sites`` (prompt tokens, then one row per
+        decode step); returns the model's hidden size."""
+        missing = [s for s in sites if s not in self._tpc_sites]
+        if missing:
+            raise TPCHooksError(unexposed(missing, self._tpc_sites))
+        for req in self._tpc_requests.values():
+            req.rows.clear()
+        self._tpc_capture = sorted({self._tpc_sites[s] for s in sites})
+        return self._tpc_d_model()
+
+    def tpc_hooks_take(self) -> dict[str, dict[str, list[list[float]]]]:
+        """Every recorded request's rows per site, and clears them."""
+        by_id = {i: s for s, i in self._tpc_sites.items()}
+        out: dict[str, dict[str, Any]] = {}
+        held = {**{rid: req.rows for rid, req in self._tpc_requests.items()}, **self._tpc_finished_rows}
+        for rid, rows in held.items():
+            for aux_id, parts in rows.items():
+                out.setdefault(by_id[aux_id], {})[rid] = torch.cat(parts).tolist()
+            rows.clear()
+        self._tpc_finished_rows = {}
+        return out
+
+    def tpc_hooks_release(self) -> bool:
+        """Stops recording (safe to call again)."""
+        self._tpc_capture = []
+        self._tpc_finished_rows = {}
+        return True
+
+    # ------------------------------------------------------------------ monitoring (generate, serve)
+    def tpc_hooks_arm(self, path: str, site: str, order: int | None, cascade: float | None, action: str,
+                      keep: str = "steps") -> dict:
+        """Loads the monitor saved at ``path`` and scores every request from now on at ``site``
+        (in place of whatever ran before); ``action="stop"`` ends a request at its first flagged
+        step. ``keep="steps"``: every step of every request, until :meth:`tpc_hooks_runs` takes
+        them; ``"summary"`` (a server): a finished request's steps become a summary, kept for the
+        last ``KEEP`` requests until :meth:`tpc_hooks_summaries` takes it, and a request whose
+        activations turn NaN/inf is stopped whatever the action. Returns what the worker runs
+        (site, threshold, d_model)."""
+        spec = {"name": "", "path": path, "site": site, "order": order, "cascade": cascade, "action": action}
+        return self.tpc_hooks_arm_set([spec], keep)[""]
+
+    def tpc_hooks_arm_set(self, specs: list[dict[str, Any]], keep: str = "steps") -> dict[str, dict]:
+        """:meth:`tpc_hooks_arm` for several monitors at once, each ``{"name", "path", "site",
+        "order", "cascade", "action"}``: every pass is read once and scored by each, under its
+        name (a request ends when any stopping monitor flags it). All are loaded and checked
+        before any replaces what ran. Returns what each runs, by name."""
+        d_model = self._tpc_d_model()
+        loaded = [(spec, self._tpc_load(spec)) for spec in specs]
+        self.tpc_hooks_disarm()
+        if getattr(self, "rank", 0) == 0:
+            ARMED.update({spec["name"]: Armed(spec["name"], monitor, self._tpc_sites[spec["site"]], spec["order"],
+                                              spec["cascade"], spec["action"], keep,
+                                              self._tpc_store(spec["path"], spec["site"], spec["order"],
+                                                              spec["cascade"]), spec.get("sha256"))
+                          for spec, monitor in loaded})
+        return {spec["name"]: {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": d_model}
+                for spec, monitor in loaded}
+
+    def tpc_hooks_runs(self, requests: list[str] | None = None, member: str = "") -> dict[str, dict[str, Any]]:
+        """The recorded steps of ``requests`` (default: all) by the monitor ``member`` (a lone
+        monitor: ""), as lists, with the step each was stopped at; forgets them."""
+        armed = ARMED.get(member)
+        if armed is None:
+            return {}
+        out: dict[str, dict[str, Any]] = {}
+        for rid, rec in armed.scores.take(requests).items():
+            out[rid] = {k: v.tolist() for k, v in rec.items()}
+            out[rid]["stopped_at"] = armed.stopped.pop(rid, None)
+            armed.first.pop(rid, None)
+        for rid in list(armed.unscored if requests is None else armed.unscored & set(requests)):
+            armed.unscored.discard(rid)
+            out[rid] = {"error": UNSCORED}
+        return out
+
+    def tpc_hooks_summaries(self, prefixes: list[str], member: str = "") -> dict[str, dict[str, Any]]:
+        """The summaries (``keep="summary"``) by the monitor ``member`` of the finished requests
+        whose engine id contains one of ``prefixes`` (the server asks once their last token has
+        reached it): steps, peak score, flagged, first flagged step, stopped step, the threshold
+        used, the first step that scored NaN; forgets them."""
+        armed = ARMED.get(member)
+        return {} if armed is None else summaries_of(armed, prefixes, self._tpc_requests)  # finished: the server saw their last token
+
+    def tpc_hooks_set_summaries(self, prefixes: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+        """:meth:`tpc_hooks_summaries` of every monitor this worker runs, by name (one call per
+        batch of finished responses, however many monitors), with those of monitors replaced or
+        removed while the requests ran."""
+        out: dict[str, dict[str, dict[str, Any]]] = {name: self.tpc_hooks_summaries(prefixes, name) for name in ARMED}
+        for armed in RETIRING:
+            out.setdefault(armed.name, {}).update(summaries_of(armed, prefixes, self._tpc_requests))
+        retire_done()
+        return out
+
+    def tpc_hooks_swap(self, name: str, spec: dict[str, Any] | None) -> dict[str, Any]:
+        """Puts the monitor ``spec`` (as :meth:`tpc_hooks_arm_set` takes one) in place of the monitor
+        ``name`` (new or existing), or removes ``name`` (``spec`` None), between two engine steps.
+        The requests the worker holds now finish on the monitor they started with; requests that
+        start later get the new one (or none). A monitor that does not load or check is refused
+        and nothing changes. Returns what the new monitor runs ({} when removed)."""
+        old = ARMED.get(name)
+        if spec is None and old is None:
+            raise TPCHooksError(f"no monitor named {name!r} runs here (it runs {sorted(ARMED)})")
+        if spec is None and len(ARMED) == 1:
+            raise TPCHooksError(f"{name!r} is the only monitor this engine runs; put another in its place instead")
+        keep = next(iter(ARMED.values())).keep if ARMED else "summary"
+        new, info = None, {}
+        if spec is not None:
+            spec = {**spec, "name": name}
+            monitor = self._tpc_load(spec)
+            new = Armed(name, monitor, self._tpc_sites[spec["site"]], spec["order"], spec["cascade"], spec["action"],
+                         keep, self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]), spec.get("sha256"))
+            info = {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": self._tpc_d_model()}
+        if getattr(self, "rank", 0) != 0:
+            return info
+        if old is not None:
+            old.owns = set(self._tpc_requests)  # in flight: they finish on it
+            RETIRING.append(old)
+        if new is not None:
+            ARMED[name] = new
+        else:
+            del ARMED[name]
+        retire_done()
+        return info
+
+    def tpc_hooks_disarm(self) -> bool:
+        """Removes every monitor and its state (safe to call again)."""
+        ARMED.clear()
+        RETIRING.clear()
+        STOPS.clear()
+        return True
+
+    def tpc_hooks_review(self, sample: float, text: bool = False) -> bool:
+        """Turns on the review of flagged requests and of a ``sample`` of the others (by a hash of
+        their id): their summaries carry each monitor's per-step scores and exit orders and its
+        input (pooled activations) at the step that flagged them (or the highest one), for the
+        server to explain, with their token ids when ``text``, else a hash of them."""
+        _review.SETTINGS.update(sample=float(sample), text=bool(text))
+        for armed in [*ARMED.values(), *RETIRING]:
+            armed.review(True)
+        return True
+
+    def _tpc_load(self, spec: dict[str, Any]) -> Monitor:
+        """The monitor of ``spec``, loaded and checked against this engine (site exposed, width)."""
+        if spec["site"] not in self._tpc_sites:
+            raise TPCHooksError(unexposed([spec["site"]], self._tpc_sites))
+        monitor = Monitor.from_pretrained(spec["path"])
+        d_model = self._tpc_d_model()
+        if monitor.head.d_model != d_model:
+            who = f"monitor {spec['name']!r}" if spec["name"] else "monitor"
+            raise TPCHooksError(f"{who} expects d_model={monitor.head.d_model} but this model produces {d_model}")
+        return monitor
+
+    def tpc_hooks_stats(self, member: str = "") -> dict[str, float]:
+        """What the monitor ``member`` has cost since it was armed: forward passes, seconds (wall
+        clock in the worker's reading and scoring, the pass's shared bookkeeping split between
+        the monitors; on a GPU, without waiting for the device), rows scored, and what it holds:
+        requests with a running state, requests with recorded steps (and how many steps),
+        summaries not yet taken, kept block states (and how many the store holds at most), the
+        process's resident memory, requests handed to a review log and the seconds that took, and since the engine started: requests resumed from a kept
+        block state and requests found without one (:meth:`tpc_hooks_counts`)."""
+        armed = ARMED.get(member)
+        if armed is None:
+            return {}
+        return {"passes": armed.passes, "seconds": armed.seconds, "rows": armed.rows,
+                "requests_held": len(armed.scores.states), "records_held": len(armed.scores.records),
+                "summaries_held": len(armed.summaries), "steps_held": sum(map(len, armed.scores.records.values())),
+                "block_states": len(armed.blocks), "block_capacity": armed.blocks.capacity, "rss_bytes": rss(),
+                "reviews": armed.reviews, "review_seconds": armed.review_seconds,
+                **self._tpc_counts}
+
+    def _tpc_store(self, path: str, site: str, order: int | None, cascade: float | None) -> BlockStates:
+        """The block states of this monitor (its saved files, site and policy): kept across arming
+        it again, so blocks cached while it last ran stay readable; a few monitors' at most."""
+        digest = hashlib.sha256(repr((site, order, cascade)).encode())
+        for name in (_format.CONFIG_FILE, _format.WEIGHTS_FILE):
+            digest.update(Path(path, name).read_bytes())
+        stores = self.__dict__.setdefault("_tpc_stores", OrderedDict())
+        key = digest.hexdigest()
+        if key not in stores:
+            # every KV block can hold a state, twice over (a state is touched whenever its block is read)
+            kv = getattr(self.model_runner, "kv_cache_config", None)
+            stores[key] = BlockStates(2 * int(getattr(kv, "num_blocks", 0) or 4096))
+        stores.move_to_end(key)
+        while len(stores) > STORES:
+            stores.popitem(last=False)
+        return stores[key]
+
+    def tpc_hooks_counts(self) -> dict[str, int]:
+        """Since the engine started: monitored requests that resumed from the monitor state kept for
+        their cached prefix, and those whose cached prefix had none (not scored)."""
+        return dict(self._tpc_counts)
+
+    def _tpc_d_model(self) -> int:
+        return int(self.model_runner.model_config.get_hidden_size())

@@ -1,0 +1,97 @@
+"""``tpc-hooks train``'s recipe on the stores ``tpc-hooks collect`` wrote: the rows
+:func:`tpc_hooks.train_monitor` would collect (the prompts, the phrasing rewrites, the validation
+families, the intent flips and homonyms, hosted chats), read back from the stores that exist, and
+the plan ``train`` runs on them."""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._errors import TPCHooksError
+from ..head._pooling import check_aggregate
+from ..monitoring._calibrate import everyday_rows
+from ..monitoring._monitor_config import MonitorConfig
+from ..prompts._sets import INTENT_KINDS, PHRASING_FAMILIES
+from ._collected import CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config
+from ._train import PLAIN, TrainData, TrainPlan, default_aggregate, fit_config
+
+
+@dataclass(frozen=True)
+class StoresRun:
+    """What :func:`plan_from_stores` read and decided: each site's rows, the plan, the site chosen
+    (or ``"auto"``), whether the rows are per token, and the hosted-chat splits read."""
+
+    data: dict[str, TrainData]
+    plan: TrainPlan
+    site: str
+    per_token: bool
+    hosted: list[str]
+
+
+def plan_from_stores(acts: Path, *, site: str | None, recipe: str, tau: float | None, target_fpr: float | None,
+                     everyday: list[str] | None, intent_stores: bool, contexts: bool, keep_all_orders: bool,
+                     fit: dict[str, Any], stream: dict[str, Any]) -> StoresRun:
+    """Checks the stores against the options (each error names the fix) and reads the rows the
+    recipe trains on. ``intent_stores`` / ``contexts``: whether to read the intent flips / hosted
+    chats the stores hold; ``fit``: ``FitConfig`` fields; ``stream``: a per-token monitor's
+    ``aggregate``, ``alpha``, ``window`` as given."""
+    cfg = collect_config(acts)
+    site = site or cfg["sites"][0]
+    if site != "auto" and site not in cfg["sites"]:
+        raise TPCHooksError(f"--site {site!r} was not collected in {acts}; collected sites: {', '.join(cfg['sites'])}; "
+                            f"pass one of those, or collect it: tpc-hooks collect --sites {site} --out {acts}")
+    site_fix = f"re-run tpc-hooks collect --out {acts}"
+    per_token = cfg["pooling"] == "token"
+    stream = dict(stream)
+    if stream and not per_token:
+        raise TPCHooksError(f"--{'/--'.join(stream)} set how a per-token monitor aggregates its token scores, but {acts} "
+                            f"holds pooled rows (pooling {cfg['pooling']!r}); drop the option, or collect per-token rows: "
+                            f"tpc-hooks collect --pooling token")
+    if per_token:
+        check_aggregate(stream.get("aggregate", "rolling"), stream.get("alpha", 0.1), stream.get("window", 16))
+    if per_token and site == "auto":
+        raise TPCHooksError("--site auto chooses among sites by pooled linear probes; a per-token monitor reads one site: "
+                            f"pass --site (collected: {', '.join(cfg['sites'])})")
+    train_split = "train" if (acts / "train").exists() else "all"
+    first = cfg["sites"][0] if site == "auto" else site
+    check_split(acts, train_split, first, "training split", site_fix)
+    has_val = (acts / "val").exists()
+    if has_val:
+        check_split(acts, "val", first, "validation split", site_fix)
+    if site == "auto" and not has_val:
+        raise TPCHooksError(f"--site auto chooses on the validation split, and {acts} has none; pass --site")
+
+    # The phrasing rewrites `collect` wrote (unless --no-augment there), in train_monitor's order: trained on by
+    # the phrasing, intent and paper recipes; with the default recipe the validation families only (the floor's test)
+    written = [] if not has_val or recipe == "in_distribution" else \
+        [f for f in PHRASING_FAMILIES if (acts / f"val-{f}" / "labels.json").is_file()]
+    families = [] if recipe == "default" else written
+    shifts = tuple(written) if recipe == "default" else ()
+    rewrites = bool(families) and (acts / "aug" / "labels.json").is_file()
+    # ... and the intent flips (unless --no-intent there): trained on, and the validation group "intent"
+    intent = () if not has_val or recipe != "intent" or not intent_stores else \
+        INTENT_KINDS if all((acts / p / "labels.json").is_file() for p in ("flips", "val-intent")) else ()
+    homonyms = bool(intent) and (acts / "homonyms" / "labels.json").is_file()  # ... with the homonym rows
+    hosted = [] if not contexts or not per_token else \
+        [k for k, d in CONTEXT_SPLITS.items() if (acts / d / "labels.json").is_file()]
+    reader = TokenStores(acts, site_fix) if per_token else PooledStores(acts, site_fix)
+    sites = cfg["sites"] if site == "auto" else [site]
+    data = {s: reader.data(s, train_split, rewrites, written if has_val else None, hosted, bool(intent), homonyms)
+            for s in sites}
+    if everyday is not None:  # before training: the names must be sources of the validation split
+        val = data[sites[0]].val
+        if val is None or val.sources is None:
+            raise TPCHooksError(f"--everyday names sources in the validation split's sources.json, and {acts} has "
+                                f"{'no validation split' if val is None else 'none'}; {site_fix}")
+        everyday_rows(val.sources[val.groups == PLAIN], everyday)
+
+    streaming = {"skip": reader.skip, "prepend_bos": reader.prepend_bos,
+                 "aggregate": stream.pop("aggregate", default_aggregate(bool(hosted))), **stream} if per_token else {}
+    settings = MonitorConfig(first, pooling=cfg["pooling"], chat_template=cfg["chat_template"],
+                             max_tokens=cfg["max_tokens"], model_name=cfg["model"], **streaming)
+    plan = TrainPlan(settings, fit_config(recipe, families, None, fit), recipe=recipe,
+                     families=tuple(families), tau=tau, target_fpr=target_fpr,
+                     intent=intent + (("homonym",) if homonyms else ()),
+                     prune=recipe != "paper" and not keep_all_orders, shifts=shifts,
+                     everyday=None if everyday is None else tuple(sorted(set(everyday))))
+    return StoresRun(data, plan, site, per_token, hosted)
