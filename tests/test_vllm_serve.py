@@ -232,5 +232,5 @@ def test_a_bad_monitor_directory_is_a_clear_error_before_the_engine_starts(tmp_p
     assert proc.returncode == 2
     line = out.strip().splitlines()[-1]
     assert line.startswith("tpc-hooks serve: ")
-    assert {"missing": "is not a directory", "tampered": "the weights are corrupt", "d_model": "expects d_model=64",
+    assert {"missing": "does not exist", "tampered": "the weights are corrupt", "d_model": "expects d_model=64",
             "site": "hook_resid_pre for L in 0..29"}[case] in line

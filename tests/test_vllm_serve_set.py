@@ -261,7 +261,7 @@ def test_the_admin_route_needs_its_key(set_server):
 def test_a_bad_directory_is_refused_and_the_old_monitor_keeps_serving(set_server, tmp_path):
     client, dirs = set_server
     before = client.get("/v1/models").json()["tpc_hooks"]
-    for body, why in [({"path": str(tmp_path / "missing")}, "is not a directory"),
+    for body, why in [({"path": str(tmp_path / "missing")}, "does not exist"),
                       ({"path": str(dirs["harm"]), "action": "halt"}, "action must be"),
                       ({"where": "x"}, "the body must be")]:
         r = client.put("/tpc_hooks/monitors/harm", json=body, headers=ADMIN)
