@@ -10,13 +10,13 @@ import warnings
 from . import baselines as baselines  # a module: tpc.baselines.compare(...)
 from . import data as data  # a module: tpc.data.default_prompt_set(...), tpc.data.EVERYDAY_SOURCES
 from . import recipes as recipes  # a module: tpc.recipes.default(), tpc.recipes.intent(), ...
+from ._errors import TPCHooksError as TPCHooksError
 from .activations._collect import collect as collect
 from .activations._store import ActivationStore as ActivationStore
 from .head._attribution import Attribution as Attribution
 from .head._attribution import attribute as attribute
 from .head._cascade import Cascade as Cascade
 from .head._cascade import CascadeResult as CascadeResult
-from ._errors import TPCHooksError as TPCHooksError
 from .head._history import FitConfig as FitConfig
 from .head._history import History as History
 from .head._policy import FixedOrder as FixedOrder
@@ -25,12 +25,12 @@ from .head._polynomial import TPC as TPC
 from .head._polynomial import Cost as Cost
 from .monitoring._monitor import Monitor as Monitor
 from .monitoring._monitor_config import MonitorConfig as MonitorConfig
-from .monitoring._set import MonitorSet as MonitorSet
 from .monitoring._records import GenerationRun as GenerationRun
+from .monitoring._records import MonitorEvent as MonitorEvent
 from .monitoring._records import MonitorSetRun as MonitorSetRun
 from .monitoring._records import TokenScores as TokenScores
-from .monitoring._records import MonitorEvent as MonitorEvent
 from .monitoring._records import WatchLog as WatchLog
+from .monitoring._set import MonitorSet as MonitorSet
 from .serving._review import logged_peaks as logged_peaks
 from .serving._review import read_review_log as read_review_log
 from .training._fit import fit as fit
@@ -85,7 +85,11 @@ def __getattr__(name: str):
         deprecated("tpc_hooks.TrainConfig", "tpc_hooks.baselines.TrainConfig (the baselines' training settings)")
         return TrainConfig
     if name == "GenerateLog":
-        warnings.warn("tpc_hooks.GenerateLog is now tpc_hooks.GenerationRun (one record for every monitored "
-                      "generation); use that name", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "tpc_hooks.GenerateLog is now tpc_hooks.GenerationRun (one record for every monitored "
+            "generation); use that name",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return GenerationRun
     raise AttributeError(f"module 'tpc_hooks' has no attribute {name!r}")

@@ -24,22 +24,41 @@ def _demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="collect, train, evaluate, monitor and attribute on the offline default model")
     p.add_argument("--quick", action="store_true", help="a small run for CI (about 3 minutes on 2 CPU cores)")
     p.add_argument("--toolkit", choices=TOOLKITS, default="transformer_lens")
-    p.add_argument("--model", default=None, help="a packaged model (SmolLM2-135M-Instruct, gemma-3-270m), a hub id or a "
-                   "local folder (default: the packaged SmolLM2-135M-Instruct)")
-    p.add_argument("--layer", type=int, default=None,
-                   help="residual-stream layer the monitor reads (default: two thirds up, 20 of SmolLM2's 30)")
-    p.add_argument("--dataset", default="default",
-                   help="'default' (packaged, with a held-out source), a local CSV/JSONL, or a hub dataset id")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a packaged model (SmolLM2-135M-Instruct, gemma-3-270m), a hub id or a "
+        "local folder (default: the packaged SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--layer",
+        type=int,
+        default=None,
+        help="residual-stream layer the monitor reads (default: two thirds up, 20 of SmolLM2's 30)",
+    )
+    p.add_argument(
+        "--dataset",
+        default="default",
+        help="'default' (packaged, with a held-out source), a local CSV/JSONL, or a hub dataset id",
+    )
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
     p.add_argument("--out", help="run directory (default: runs/demo-<timestamp>)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--intent", nargs="+", metavar="KIND", default=None,
-                   help="train_monitor's intent kinds for the deployed monitor (default: its default; the opt-in "
-                        "'stated' must be named with the others)")
-    p.add_argument("--no-sae", action="store_true",
-                   help="skip the attribution in the features of a small SAE trained on the packaged prompts (trained "
-                        "once, a few minutes, then cached)")
+    p.add_argument(
+        "--intent",
+        nargs="+",
+        metavar="KIND",
+        default=None,
+        help="train_monitor's intent kinds for the deployed monitor (default: its default; the opt-in "
+        "'stated' must be named with the others)",
+    )
+    p.add_argument(
+        "--no-sae",
+        action="store_true",
+        help="skip the attribution in the features of a small SAE trained on the packaged prompts (trained "
+        "once, a few minutes, then cached)",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -53,22 +72,42 @@ def _collect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text-column", default="text")
     p.add_argument("--label-column", default="label")
     p.add_argument("--sites", nargs="+", default=["blocks.20.hook_resid_post"])
-    p.add_argument("--pooling", choices=("mean", "last", "max", "token"), default="mean",
-                   help="how each prompt's tokens are pooled; 'token': every token's row (for a per-token monitor)")
+    p.add_argument(
+        "--pooling",
+        choices=("mean", "last", "max", "token"),
+        default="mean",
+        help="how each prompt's tokens are pooled; 'token': every token's row (for a per-token monitor)",
+    )
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-augment", action="store_true",
-                   help="skip the phrasing rewrites of the train and val splits (splits aug and val-<family>)")
-    p.add_argument("--no-intent", action="store_true",
-                   help="skip the intent flips of the harmful train and val prompts and the homonym rows (splits flips, "
-                        "val-intent and homonyms)")
-    p.add_argument("--contexts", type=int, default=None, metavar="N",
-                   help="--pooling token: also N benign ShareGPT chats, each hosting one train or val prompt (splits "
-                        "ctx-train, ctx-val; a fifth held out), which train then learns from (1000 as measured)")
-    p.add_argument("--context-tokens", type=int, nargs="+", default=[512, 1024],
-                   help="--contexts: the chats' token budgets, used in turn (default 512 1024)")
+    p.add_argument(
+        "--no-augment",
+        action="store_true",
+        help="skip the phrasing rewrites of the train and val splits (splits aug and val-<family>)",
+    )
+    p.add_argument(
+        "--no-intent",
+        action="store_true",
+        help="skip the intent flips of the harmful train and val prompts and the homonym rows (splits flips, "
+        "val-intent and homonyms)",
+    )
+    p.add_argument(
+        "--contexts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="--pooling token: also N benign ShareGPT chats, each hosting one train or val prompt (splits "
+        "ctx-train, ctx-val; a fifth held out), which train then learns from (1000 as measured)",
+    )
+    p.add_argument(
+        "--context-tokens",
+        type=int,
+        nargs="+",
+        default=[512, 1024],
+        help="--contexts: the chats' token budgets, used in turn (default 512 1024)",
+    )
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -77,70 +116,129 @@ def _train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a monitor on collected activations")
     p.add_argument("--acts", required=True)
     p.add_argument("--out", required=True, help="directory for the saved monitor")
-    p.add_argument("--site", default=None,
-                   help="default: the first collected site; 'auto': the collected site whose linear probe has the best "
-                        "worst-group recall at 1%% FPR on validation")
+    p.add_argument(
+        "--site",
+        default=None,
+        help="default: the first collected site; 'auto': the collected site whose linear probe has the best "
+        "worst-group recall at 1%% FPR on validation",
+    )
     p.add_argument("--degree", type=int, default=5)
     p.add_argument("--rank", type=int, default=64)
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--tau", type=float, default=0.2, help="the monitor's cascade threshold")
-    p.add_argument("--no-intent", action="store_true",
-                   help="ignore the intent flips and homonym rows collect wrote (splits flips, val-intent, homonyms)")
-    p.add_argument("--keep-all-orders", action="store_true",
-                   help="keep every trained order, even those that add nothing at the operating point on validation "
-                        "(default: dropped, except with --recipe paper)")
-    p.add_argument("--recipe", choices=list(recipes.NAMES), default="default",
-                   help="train_monitor's recipes. 'default': the prompts as given, the phrasing rewrites of the "
-                        "validation prompts only judge the higher orders (never below order 1, the probe); 'phrasing': "
-                        "train on the rewrites too; 'intent': the rewrites, intent flips and homonym rows collect wrote "
-                        "(fewer flags on edgy questions, lower recall elsewhere); 'in_distribution': the prompts as given "
-                        "only; 'paper': the paper's exact recipe (plain polynomial, 50 epochs per degree, last epoch kept)")
-    p.add_argument("--everyday", nargs="+", metavar="SOURCE", default=None,
-                   help="the benign sources (names in the stores' sources.json) the threshold is set on; the others are "
-                        "reported beside it (default: every benign validation row)")
-    p.add_argument("--target-fpr", type=float, default=0.01,
-                   help="set the monitor's threshold to flag at most this share of benign validation rows "
-                        "(default 0.01; the cascade exits around it)")
-    p.add_argument("--aggregate", choices=("max", "mean", "ema", "rolling"), default=None,
-                   help="per-token stores only: how the monitor aggregates its token scores over time (default rolling, window "
-                        "16; max with collect --contexts chats)")
-    p.add_argument("--alpha", type=float, default=None, help="per-token stores, --aggregate ema: the newest token's weight "
-                                                            "(default 0.1)")
-    p.add_argument("--window", type=int, default=None, help="per-token stores, --aggregate rolling: tokens in the mean "
-                                                           "(default 16)")
-    p.add_argument("--no-contexts", action="store_true",
-                   help="per-token stores: ignore the ctx-train/ctx-val chats collect --contexts wrote")
-    p.add_argument("--no-gate", action="store_true", help="keep the trust region but let inputs that leave it use every order")
-    p.add_argument("--escalate-only", action="store_true",
-                   help="higher orders may not clear a prompt the linear probe flags (recall >= the linear probe's)")
+    p.add_argument(
+        "--no-intent",
+        action="store_true",
+        help="ignore the intent flips and homonym rows collect wrote (splits flips, val-intent, homonyms)",
+    )
+    p.add_argument(
+        "--keep-all-orders",
+        action="store_true",
+        help="keep every trained order, even those that add nothing at the operating point on validation "
+        "(default: dropped, except with --recipe paper)",
+    )
+    p.add_argument(
+        "--recipe",
+        choices=list(recipes.NAMES),
+        default="default",
+        help="train_monitor's recipes. 'default': the prompts as given, the phrasing rewrites of the "
+        "validation prompts only judge the higher orders (never below order 1, the probe); 'phrasing': "
+        "train on the rewrites too; 'intent': the rewrites, intent flips and homonym rows collect wrote "
+        "(fewer flags on edgy questions, lower recall elsewhere); 'in_distribution': the prompts as given "
+        "only; 'paper': the paper's exact recipe (plain polynomial, 50 epochs per degree, last epoch kept)",
+    )
+    p.add_argument(
+        "--everyday",
+        nargs="+",
+        metavar="SOURCE",
+        default=None,
+        help="the benign sources (names in the stores' sources.json) the threshold is set on; the others are "
+        "reported beside it (default: every benign validation row)",
+    )
+    p.add_argument(
+        "--target-fpr",
+        type=float,
+        default=0.01,
+        help="set the monitor's threshold to flag at most this share of benign validation rows "
+        "(default 0.01; the cascade exits around it)",
+    )
+    p.add_argument(
+        "--aggregate",
+        choices=("max", "mean", "ema", "rolling"),
+        default=None,
+        help="per-token stores only: how the monitor aggregates its token scores over time (default rolling, window "
+        "16; max with collect --contexts chats)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        help="per-token stores, --aggregate ema: the newest token's weight (default 0.1)",
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="per-token stores, --aggregate rolling: tokens in the mean (default 16)",
+    )
+    p.add_argument(
+        "--no-contexts",
+        action="store_true",
+        help="per-token stores: ignore the ctx-train/ctx-val chats collect --contexts wrote",
+    )
+    p.add_argument(
+        "--no-gate", action="store_true", help="keep the trust region but let inputs that leave it use every order"
+    )
+    p.add_argument(
+        "--escalate-only",
+        action="store_true",
+        help="higher orders may not clear a prompt the linear probe flags (recall >= the linear probe's)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
 
 
 def _evaluate(sub: argparse._SubParsersAction) -> None:
     """``tpc-hooks evaluate``: metrics per order and the cascade sweep on collected splits."""
-    p = sub.add_parser("evaluate", help="a monitor beside a probe trained on its rows, on sets another hand built "
-                                        "(--model); or metrics per order and the cascade sweep on collected splits "
-                                        "(--acts)")
+    p = sub.add_parser(
+        "evaluate",
+        help="a monitor beside a probe trained on its rows, on sets another hand built "
+        "(--model); or metrics per order and the cascade sweep on collected splits "
+        "(--acts)",
+    )
     p.add_argument("--monitor", required=True)
     p.add_argument("--acts", default=None, help="collected splits to measure on (the splits' form)")
     _model_args(p)
-    p.add_argument("--prompts", default=None,
-                   help="with --model: the CSV/JSONL the monitor was trained on (text, label, optional source columns; "
-                        "default: the packaged default set's training split, as tpc-hooks demo trains on)")
-    p.add_argument("--seed", type=int, default=None,
-                   help="the packaged set's seed (without --prompts; default: the one the monitor's split records)")
-    p.add_argument("--calibration", default=None,
-                   help="the calibration prompts the monitor was trained with (train_monitor(calibration=...)): a .txt "
-                        "file, one prompt a line, or a CSV/JSONL with a text column (without --prompts: drawn as "
-                        "tpc-hooks demo draws them)")
+    p.add_argument(
+        "--prompts",
+        default=None,
+        help="with --model: the CSV/JSONL the monitor was trained on (text, label, optional source columns; "
+        "default: the packaged default set's training split, as tpc-hooks demo trains on)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the packaged set's seed (without --prompts; default: the one the monitor's split records)",
+    )
+    p.add_argument(
+        "--calibration",
+        default=None,
+        help="the calibration prompts the monitor was trained with (train_monitor(calibration=...)): a .txt "
+        "file, one prompt a line, or a CSV/JSONL with a text column (without --prompts: drawn as "
+        "tpc-hooks demo draws them)",
+    )
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts of each set (a quick look)")
     p.add_argument("--out", default=None, help="write the table here: .md or .html (with --model)")
     p.add_argument("--plot", default=None, help="save the recall-vs-rate curves here, e.g. outside.png (with --model)")
     p.add_argument("--splits", nargs="+", default=["test"])
-    p.add_argument("--decision", choices=("max", "last"), default=None,
-                   help="per-token monitors: a prompt's score is the max of the aggregate over its tokens (default; "
-                        "what the threshold is calibrated for) or the aggregate after its last token")
+    p.add_argument(
+        "--decision",
+        choices=("max", "last"),
+        default=None,
+        help="per-token monitors: a prompt's score is the max of the aggregate over its tokens (default; "
+        "what the threshold is calibrated for) or the aggregate after its last token",
+    )
     p.add_argument("--json", default=None)
 
 
@@ -166,14 +264,20 @@ def _attribute(sub: argparse._SubParsersAction) -> None:
 
 def _serve(sub: argparse._SubParsersAction) -> None:
     """``tpc-hooks serve``: listed for ``--help``; its own module parses its options (the rest are vLLM's)."""
-    sub.add_parser("serve", help="vLLM's OpenAI-compatible server with a monitor on every request (needs vllm; "
-                                 "tpc-hooks serve MODEL --monitor DIR [--action stop|flag] [vLLM's options])")
+    sub.add_parser(
+        "serve",
+        help="vLLM's OpenAI-compatible server with a monitor on every request (needs vllm; "
+        "tpc-hooks serve MODEL --monitor DIR [--action stop|flag] [vLLM's options])",
+    )
 
 
 def _review(sub: argparse._SubParsersAction) -> None:
     """``tpc-hooks review``: a server's review log as HTML pages."""
-    p = sub.add_parser("review", help="a server's review log (--review-log DIR) as HTML: an index and one page per "
-                                      "logged request, its steps coloured by score and the flagged step's attribution")
+    p = sub.add_parser(
+        "review",
+        help="a server's review log (--review-log DIR) as HTML: an index and one page per "
+        "logged request, its steps coloured by score and the flagged step's attribution",
+    )
     p.add_argument("log", help="the --review-log directory (or one of its review.jsonl files)")
     p.add_argument("--out", default=None, help="where the pages go (default: LOG/html)")
     p.add_argument("--flagged-only", action="store_true", help="pages for flagged requests only (not the sample)")

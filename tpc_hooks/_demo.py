@@ -21,24 +21,24 @@ import numpy as np
 import torch
 
 from . import baselines
+from ._demo_report import pages as write_pages
+from ._demo_report import plots, render_report
 from .activations._collect import collect
 from .adapters import get_adapter
 from .baselines import early_exit_cascade
 from .head._attribution import attribute
 from .head._cascade import Cascade
-from .head._metrics import threshold_at_fpr
-from .head._metrics import classification_metrics
+from .head._metrics import classification_metrics, threshold_at_fpr
 from .monitoring._monitor import Monitor
 from .offline import DEFAULT_MODEL, PACKAGED, load_model, load_sae
-from .recipes import Recipe
 from .prompts import _intent
-from .prompts._promptset import source_names
 from .prompts._files import load_hf_dataset, load_prompt_file
 from .prompts._outside import everyday_prompts
+from .prompts._promptset import source_names
 from .prompts._sets import EVERYDAY_SOURCES, PromptSet, default_prompt_set
+from .recipes import Recipe
 from .training._outside import evaluate
 from .training._train_monitor import train_monitor
-from ._demo_report import pages as write_pages, plots, render_report
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +68,22 @@ def _in_features(monitor: Monitor, z: Any, site: str, model_name: str | None, pr
     feature_sae = load_sae(site, model_name, progress=progress)
     attr = attribute(monitor, z, sae=feature_sae)
     got = attr.to_dict(0, k=8)
-    return attr, {"reconstruction": feature_sae.reconstruction, "top_features": got["top_neurons"],
-                  "top_pairs": got["top_pairs"], "labels": got.get("labels", {})}
+    return attr, {
+        "reconstruction": feature_sae.reconstruction,
+        "top_features": got["top_neurons"],
+        "top_pairs": got["top_pairs"],
+        "labels": got.get("labels", {}),
+    }
 
 
-def prompt_splits(dataset: str = "default", *, seed: int = 0, text_column: str = "text", label_column: str = "label",
-                  split: str | None = None) -> dict[str, PromptSet]:
+def prompt_splits(
+    dataset: str = "default",
+    *,
+    seed: int = 0,
+    text_column: str = "text",
+    label_column: str = "label",
+    split: str | None = None,
+) -> dict[str, PromptSet]:
     """train / val / test (/ heldout) prompt sets: the packaged default, or a local CSV/JSONL or hub
     dataset split 70/10/20, stratified by label (such data has no held-out source)."""
     if dataset == "default":
@@ -100,10 +110,21 @@ def _model_and_site(model_name: str | None, toolkit: str, layer: int | None) -> 
     return model, adapter, bool(getattr(adapter.tokenizer, "chat_template", None)), f"blocks.{layer}.hook_resid_post"
 
 
-def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: str | None = None, layer: int | None = None,
-             quick: bool = False, seed: int = 0, progress: bool = True, dataset: str = "default",
-             text_column: str = "text", label_column: str = "label",
-             intent: Sequence[str] | None = None, sae: bool = True) -> dict[str, Any]:
+def run_demo(
+    out: str | Path,
+    *,
+    toolkit: str = "transformer_lens",
+    model_name: str | None = None,
+    layer: int | None = None,
+    quick: bool = False,
+    seed: int = 0,
+    progress: bool = True,
+    dataset: str = "default",
+    text_column: str = "text",
+    label_column: str = "label",
+    intent: Sequence[str] | None = None,
+    sae: bool = True,
+) -> dict[str, Any]:
     """Runs the demo into ``out`` and returns the results (also written to ``results.json``).
 
     Args:
@@ -138,89 +159,226 @@ def run_demo(out: str | Path, *, toolkit: str = "transformer_lens", model_name: 
 
     sets = prompt_splits(dataset, seed=seed, text_column=text_column, label_column=label_column)
     if quick:
-        sets = {k: _subsample(v, {"train": 360, "val": 120, "test": 160, "heldout": 120}[k], seed) for k, v in sets.items()}
+        sets = {
+            k: _subsample(v, {"train": 360, "val": 120, "test": 160, "heldout": 120}[k], seed) for k, v in sets.items()
+        }
     model, adapter, chat, site = _model_and_site(model_name, toolkit, layer)
     lap("load data and model")
 
-    X, y = {}, {}
-    for name, ps in sets.items():
-        X[name] = collect(model, ps.texts, site, "mean", chat_template=chat, batch_size=8, store=out / "activations" / name,
-                          progress=progress)[site].to_numpy()
-        y[name] = np.asarray(ps.labels)
+    X, y = _activations(model, sets, site, chat, out, progress)
     lap("collect activations")
 
     degree, rank, epochs = (5, 16, 15) if quick else (5, 64, 50)
     methods = ("linear", "mlp", "early_exit", "tpc_paper", "tpc") if not quick else ("mlp", "early_exit", "tpc")
-    cmp = baselines.compare(X["train"], y["train"], X["val"], y["val"], X["test"], y["test"], degree=degree, rank=rank,
-                            methods=methods, seed=seed, verbose=progress, epochs=epochs)
-    heldout_rows = cmp.evaluate(X["heldout"], y["heldout"]) if "heldout" in X else []
+    cmp, heldout_rows = _compare(X, y, methods, degree=degree, rank=rank, epochs=epochs, seed=seed, progress=progress)
     head = cmp.models["tpc"].cpu()
-    with torch.no_grad():
-        guards = {"settings": head.history.settings,
-                  "outside": {k: float(head.outside(torch.as_tensor(v)).float().mean()) for k, v in X.items()}}
+    guards = _guards(head, X)
     lap("train TPC and baselines")
 
     cascade = Cascade(head, tau=0.2).calibrate(X["val"], y["val"])
     tpc_sweep = cascade.sweep(X["test"], y["test"], taus=TAUS)
-    ee = cmp.models["early_exit"].cpu()
-    ee_sweep = []
-    lin_flops = head.cost(1).flops
-    with torch.no_grad():
-        for tau in TAUS:
-            r = early_exit_cascade(ee, torch.as_tensor(X["test"]), tau=tau)
-            m = classification_metrics(y["test"], r.logits)
-            ee_sweep.append({"tau": tau, "f1": m["f1"], "relative_flops": r.mean_flops / lin_flops,
-                             "exit_histogram": r.exit_histogram()})
-    monitor = Monitor(head, site, chat_template=chat, model_name=model_name or DEFAULT_MODEL, cascade=cascade,
-                      report={"test": [r for r in cmp.rows if r["method"] == "tpc"]})
+    ee_sweep = _early_exit_sweep(cmp.models["early_exit"].cpu(), X["test"], y["test"], head.cost(1).flops)
+    monitor = Monitor(
+        head,
+        site,
+        chat_template=chat,
+        model_name=model_name or DEFAULT_MODEL,
+        cascade=cascade,
+        report={"test": [r for r in cmp.rows if r["method"] == "tpc"]},
+    )
     lap("cascade")
 
-    deployed, deployment, outside = _deployed(model, sets, X, y, site, chat, seed=seed, quick=quick, progress=progress,
-                                              intent=intent, out=out)
+    deployed, deployment, outside = _deployed(
+        model, sets, X, y, site, chat, seed=seed, quick=quick, progress=progress, intent=intent, out=out
+    )
     lap("train_monitor (default), hard negatives and the outside-built sets")
 
-    test = sets["test"]
-    picks = [i for i in range(len(test)) if test.labels[i] == 1 and not test.adversarial[i]][:2]
-    picks += [i for i in range(len(test)) if test.labels[i] == 0 and not test.adversarial[i]][:2]
-    run = deployed.generate(model, [test.texts[i] for i in picks], max_new_tokens=8 if quick else 24, action="stop")
     tok = adapter.tokenizer  # a plain transformers model carries none: the adapter loads it
-    live = [{"prompt": test.texts[i], "label": test.labels[i], "scores": [round(float(v), 3) for v in run.scores[b]],
-             "exit_orders": run.exit_orders[b].tolist(), "stopped_at": run.stopped_at[b],
-             "generated": tok.decode(run.generated(b), skip_special_tokens=True)}
-            for b, i in enumerate(picks)]
+    run, live = _live(deployed, model, sets["test"], tok, quick)
     lap("monitored generation")
 
-    probs = cascade(torch.as_tensor(X["test"])).probs
-    flagged = [i for i in torch.argsort(probs, descending=True).tolist() if test.labels[i] == 1][:1]
-    attr = attribute(monitor, X["test"][flagged])
-    attribution = {"prompt": test.texts[flagged[0]], **attr.to_dict(0, k=8)}
-    attr_sae, attribution["sae"] = _in_features(monitor, X["test"][flagged], site, model_name, progress) if sae \
-        else (None, None)
-    try:
-        attr.plot(0, k=10).savefig(out / "attribution.png", dpi=120)
-    except ImportError:
-        pass
+    attr, attribution, attr_sae = _attribution(
+        monitor, cascade, X["test"], sets["test"], out, site=site, model_name=model_name, progress=progress, sae=sae
+    )
     lap("attribution")
 
     pages = write_pages(out, run, tok, deployed.threshold, attr, attribution["prompt"], attr_sae)
     lap("pages")
 
-    res = {"model": model_name or DEFAULT_MODEL, "toolkit": toolkit, "site": site, "quick": quick, "seed": seed,
-           "dataset": dataset,
-           "sizes": {k: len(v) for k, v in sets.items()}, "degree": degree, "rank": rank, "epochs": epochs,
-           "methods": list(methods), "f1": {"test": cmp.rows, "heldout": heldout_rows},
-           "cascade": {"tpc": tpc_sweep, "early_exit": ee_sweep}, "calibration": cascade.calibration_report,
-           "live": live, "attribution": attribution, "guards": guards, "pages": pages, "deployment": deployment,
-           "intent": None if intent is None else list(intent), "outside": outside,
-           "seconds": times}
+    res = {
+        "model": model_name or DEFAULT_MODEL,
+        "toolkit": toolkit,
+        "site": site,
+        "quick": quick,
+        "seed": seed,
+        "dataset": dataset,
+        "sizes": {k: len(v) for k, v in sets.items()},
+        "degree": degree,
+        "rank": rank,
+        "epochs": epochs,
+        "methods": list(methods),
+        "f1": {"test": cmp.rows, "heldout": heldout_rows},
+        "cascade": {"tpc": tpc_sweep, "early_exit": ee_sweep},
+        "calibration": cascade.calibration_report,
+        "live": live,
+        "attribution": attribution,
+        "guards": guards,
+        "pages": pages,
+        "deployment": deployment,
+        "intent": None if intent is None else list(intent),
+        "outside": outside,
+        "seconds": times,
+    }
     res["plots"] = plots(out, res)
     (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
     (out / "report.md").write_text(render_report(res))
     return res
 
 
-def _deployed(model: Any, sets: dict[str, PromptSet], X: dict[str, Any], y: dict[str, Any], site: str, chat: bool, *,
-              seed: int, quick: bool, progress: bool, intent: Any, out: Path) -> tuple[Monitor, dict[str, Any], dict]:
+def _activations(
+    model: Any, sets: dict[str, PromptSet], site: str, chat: bool, out: Path, progress: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each split's rows at ``site`` (mean-pooled, kept in ``out/activations/<split>``) and its labels."""
+    X, y = {}, {}
+    for name, ps in sets.items():
+        X[name] = collect(
+            model,
+            ps.texts,
+            site,
+            "mean",
+            chat_template=chat,
+            batch_size=8,
+            store=out / "activations" / name,
+            progress=progress,
+        )[site].to_numpy()
+        y[name] = np.asarray(ps.labels)
+    return X, y
+
+
+def _compare(
+    X: dict[str, Any],
+    y: dict[str, Any],
+    methods: Sequence[str],
+    *,
+    degree: int,
+    rank: int,
+    epochs: int,
+    seed: int,
+    progress: bool,
+) -> tuple[Any, list[dict[str, Any]]]:
+    """The ``methods`` (the TPC and the baselines) trained on the training split, selected on the
+    validation split and scored per order on the test split (:func:`tpc_hooks.baselines.compare`),
+    and their rows on the held-out source (none for a set without one)."""
+    cmp = baselines.compare(
+        X["train"],
+        y["train"],
+        X["val"],
+        y["val"],
+        X["test"],
+        y["test"],
+        degree=degree,
+        rank=rank,
+        methods=methods,
+        seed=seed,
+        verbose=progress,
+        epochs=epochs,
+    )
+    return cmp, (cmp.evaluate(X["heldout"], y["heldout"]) if "heldout" in X else [])
+
+
+@torch.no_grad()
+def _guards(head: Any, X: dict[str, Any]) -> dict[str, Any]:
+    """The TPC's out-of-distribution guards: its fit settings, and the share of each split's rows
+    outside its trust region."""
+    return {
+        "settings": head.history.settings,
+        "outside": {k: float(head.outside(torch.as_tensor(v)).float().mean()) for k, v in X.items()},
+    }
+
+
+@torch.no_grad()
+def _early_exit_sweep(ee: Any, X: Any, y: Any, lin_flops: float) -> list[dict[str, Any]]:
+    """The early-exit MLP's cascade at each of :data:`TAUS` on the rows ``X``: F1, mean FLOPs over
+    the linear probe's (``lin_flops``) and the exits per order."""
+    sweep = []
+    for tau in TAUS:
+        r = early_exit_cascade(ee, torch.as_tensor(X), tau=tau)
+        m = classification_metrics(y, r.logits)
+        sweep.append(
+            {
+                "tau": tau,
+                "f1": m["f1"],
+                "relative_flops": r.mean_flops / lin_flops,
+                "exit_histogram": r.exit_histogram(),
+            }
+        )
+    return sweep
+
+
+def _live(deployed: Monitor, model: Any, test: PromptSet, tok: Any, quick: bool) -> tuple[Any, list[dict[str, Any]]]:
+    """The deployed monitor on live generations (``action="stop"``) of the test split's first two
+    plain harmful and two plain benign prompts: the run, and per prompt its label, the score and exit
+    order at each step, where it stopped and the text generated."""
+    picks = [i for i in range(len(test)) if test.labels[i] == 1 and not test.adversarial[i]][:2]
+    picks += [i for i in range(len(test)) if test.labels[i] == 0 and not test.adversarial[i]][:2]
+    run = deployed.generate(model, [test.texts[i] for i in picks], max_new_tokens=8 if quick else 24, action="stop")
+    live = [
+        {
+            "prompt": test.texts[i],
+            "label": test.labels[i],
+            "scores": [round(float(v), 3) for v in run.scores[b]],
+            "exit_orders": run.exit_orders[b].tolist(),
+            "stopped_at": run.stopped_at[b],
+            "generated": tok.decode(run.generated(b), skip_special_tokens=True),
+        }
+        for b, i in enumerate(picks)
+    ]
+    return run, live
+
+
+def _attribution(
+    monitor: Monitor,
+    cascade: Cascade,
+    X_test: Any,
+    test: PromptSet,
+    out: Path,
+    *,
+    site: str,
+    model_name: str | None,
+    progress: bool,
+    sae: bool,
+) -> tuple[Any, dict[str, Any], Any]:
+    """The attribution of the harmful test prompt the cascade flags most confidently: the attribution,
+    its summary for the results (with its SAE features' when ``sae``: :func:`_in_features`) and the
+    SAE attribution (or None); its plot saved as ``out/attribution.png`` where matplotlib is installed."""
+    probs = cascade(torch.as_tensor(X_test)).probs
+    flagged = [i for i in torch.argsort(probs, descending=True).tolist() if test.labels[i] == 1][:1]
+    attr = attribute(monitor, X_test[flagged])
+    attribution = {"prompt": test.texts[flagged[0]], **attr.to_dict(0, k=8)}
+    attr_sae, attribution["sae"] = (
+        _in_features(monitor, X_test[flagged], site, model_name, progress) if sae else (None, None)
+    )
+    try:
+        attr.plot(0, k=10).savefig(out / "attribution.png", dpi=120)
+    except ImportError:
+        pass
+    return attr, attribution, attr_sae
+
+
+def _deployed(
+    model: Any,
+    sets: dict[str, PromptSet],
+    X: dict[str, Any],
+    y: dict[str, Any],
+    site: str,
+    chat: bool,
+    *,
+    seed: int,
+    quick: bool,
+    progress: bool,
+    intent: Any,
+    out: Path,
+) -> tuple[Monitor, dict[str, Any], dict]:
     """What a deployment sees: ``train_monitor``'s default on the training split, saved to
     ``out/monitor``, at its own threshold on the test split, the held-out source and hard negatives
     (benign requests on harmful topics; their rows added to ``X`` and ``y``), and beside a probe
@@ -228,17 +386,38 @@ def _deployed(model: Any, sets: dict[str, PromptSet], X: dict[str, Any], y: dict
     ``out/outside.png``; 40 prompts of each set in a quick run). On the packaged set the threshold
     is also set on everyday traffic (:func:`traffic`: 1000 ShareGPT first turns, 200 in a quick run)."""
     calibration = traffic(sets, 200 if quick else N_TRAFFIC, seed)
-    deployed = train_monitor(model, sets["train"].texts, sets["train"].labels, site, tau=0.2, seed=seed,
-                             verbose=progress, recipe=Recipe("default", intent=tuple(intent or ())),
-                             **_sources(sets["train"]),
-                             calibration=calibration, **({"rank": 16, "epochs": 15} if quick else {}))
+    short: dict[str, Any] = {"rank": 16, "epochs": 15} if quick else {}
+    deployed = train_monitor(
+        model,
+        sets["train"].texts,
+        sets["train"].labels,
+        site,
+        tau=0.2,
+        seed=seed,
+        verbose=progress,
+        recipe=Recipe("default", intent=tuple(intent or ())),
+        **_sources(sets["train"]),
+        calibration=calibration,
+        **short,
+    )
     hard = hard_negatives(sets["test"], seed, per_kind=20 if quick else None)
-    X["hard"] = collect(model, hard.texts, site, "mean", chat_template=chat, batch_size=8, progress=progress)[site].numpy()
+    X["hard"] = collect(model, hard.texts, site, "mean", chat_template=chat, batch_size=8, progress=progress)[
+        site
+    ].numpy()
     y["hard"] = np.zeros(len(hard), dtype=int)
     deployment = deployment_table(deployed, X, y, sets, hard)
     deployed.save_pretrained(out / "monitor")
-    ev = outside_evaluation(model, deployed, sets["train"], test=sets["test"], limit=40 if quick else None,
-                            out=out / "outside.md", plot=out / "outside.png", progress=progress, calibration=calibration)
+    ev = outside_evaluation(
+        model,
+        deployed,
+        sets["train"],
+        test=sets["test"],
+        limit=40 if quick else None,
+        out=out / "outside.md",
+        plot=out / "outside.png",
+        progress=progress,
+        calibration=calibration,
+    )
     return deployed, deployment, {**ev.to_dict(), "markdown": ev.to_markdown()}
 
 
@@ -247,14 +426,18 @@ def hard_negatives(test: PromptSet, seed: int, per_kind: int | None = None) -> P
     test split's plain harmful requests in the wordings training never uses, and every homonym of the
     verbs training never uses (``train_monitor`` trains on the other verbs' homonyms);
     ``categories`` holds the kind. ``per_kind`` caps each kind (a quick run)."""
-    harmful = [t for t, y, a in zip(test.texts, test.labels, test.adversarial) if y == 1 and not a]
+    harmful = [t for t, y, a in zip(test.texts, test.labels, test.adversarial, strict=True) if y == 1 and not a]
     rows = []
-    for kind, got in _intent.flipped_views(harmful, _intent.KINDS, lambda k: random.Random(f"demo-{seed}-{k}"),
-                                           "test").items():
+    for kind, got in _intent.flipped_views(
+        harmful, _intent.KINDS, lambda k: random.Random(f"demo-{seed}-{k}"), "test"
+    ).items():
         rows += [(t, kind) for _, t in got[:per_kind]]
-    rows += [(t, _intent.HOMONYM) for t in _intent.homonyms(_intent.homonym_pairs("test"), random.Random(f"demo-{seed}"))]
-    return PromptSet([t for t, _ in rows], [0] * len(rows), ["hard"] * len(rows), [k for _, k in rows],
-                     [False] * len(rows))
+    rows += [
+        (t, _intent.HOMONYM) for t in _intent.homonyms(_intent.homonym_pairs("test"), random.Random(f"demo-{seed}"))
+    ]
+    return PromptSet(
+        [t for t, _ in rows], [0] * len(rows), ["hard"] * len(rows), [k for _, k in rows], [False] * len(rows)
+    )
 
 
 def traffic(sets: dict[str, PromptSet], n: int, seed: int) -> list[str] | None:
@@ -273,14 +456,32 @@ def _sources(train: PromptSet) -> dict[str, Any]:
     return {"sources": names, "everyday": [s for s in EVERYDAY_SOURCES if s in names] or None}
 
 
-def outside_evaluation(model: Any, monitor: Monitor, train: PromptSet, *, test: PromptSet | None = None,
-                       limit: int | None = None, out: Path | None = None, plot: Path | None = None,
-                       progress: bool = True, calibration: Sequence[str] | None = None) -> Any:
+def outside_evaluation(
+    model: Any,
+    monitor: Monitor,
+    train: PromptSet,
+    *,
+    test: PromptSet | None = None,
+    limit: int | None = None,
+    out: Path | None = None,
+    plot: Path | None = None,
+    progress: bool = True,
+    calibration: Sequence[str] | None = None,
+) -> Any:
     """:func:`tpc_hooks.evaluate` of a monitor trained on ``train`` (its sources and everyday ones as
     the demo trains with), on the packaged outside-built sets: the table written to ``out`` (.md or
     .html), the curves to ``plot`` (needs matplotlib; skipped with a warning without it)."""
-    ev = evaluate(model, monitor, train.texts, train.labels, test=test, limit=limit, verbose=progress,
-                  calibration=calibration, **_sources(train))
+    ev = evaluate(
+        model,
+        monitor,
+        train.texts,
+        train.labels,
+        test=test,
+        limit=limit,
+        verbose=progress,
+        calibration=calibration,
+        **_sources(train),
+    )
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(ev.to_html() if out.suffix.lower() in (".html", ".htm") else ev.to_markdown() + "\n")
@@ -298,8 +499,9 @@ def outside_evaluation(model: Any, monitor: Monitor, train: PromptSet, *, test: 
     return ev
 
 
-def deployment_table(monitor: Monitor, X: dict[str, Any], y: dict[str, Any], sets: dict[str, PromptSet],
-                     hard: PromptSet) -> dict[str, Any]:
+def deployment_table(
+    monitor: Monitor, X: dict[str, Any], y: dict[str, Any], sets: dict[str, PromptSet], hard: PromptSet
+) -> dict[str, Any]:
     """Per order of the deployed monitor: recall and the flag rates of benign prompts, each order at
     its own threshold flagging 1% of the validation split's everyday benign prompts (which training
     never saw; every benign prompt for a set without everyday sources), and the monitor's own
@@ -308,9 +510,13 @@ def deployment_table(monitor: Monitor, X: dict[str, Any], y: dict[str, Any], set
     src = np.asarray(test.sources)
     ordinary = (y["test"] == 0) & (src != "overrefusal")
     kinds = np.asarray(hard.categories)
-    parts = {"recall": ("test", y["test"] == 1), "ordinary benign": ("test", ordinary),
-             "overrefusal": ("test", src == "overrefusal"),
-             "intent flips": ("hard", np.isin(kinds, _intent.KINDS)), "homonyms": ("hard", kinds == "homonym")}
+    parts = {
+        "recall": ("test", y["test"] == 1),
+        "ordinary benign": ("test", ordinary),
+        "overrefusal": ("test", src == "overrefusal"),
+        "intent flips": ("hard", np.isin(kinds, _intent.KINDS)),
+        "homonyms": ("hard", kinds == "homonym"),
+    }
     if "heldout" in X:
         parts["heldout recall"] = ("heldout", y["heldout"] == 1)
         parts["heldout benign"] = ("heldout", y["heldout"] == 0)
@@ -324,13 +530,21 @@ def deployment_table(monitor: Monitor, X: dict[str, Any], y: dict[str, Any], set
     ref = ref if ref.any() else y["val"] == 0
     rows = []
     for n in range(1, monitor.head.degree + 1):
-        score = lambda Z, n=n: monitor.head(torch.as_tensor(Z), order=n).detach().double().numpy()
+
+        def score(Z, n=n):
+            return monitor.head(torch.as_tensor(Z), order=n).detach().double().numpy()
+
         t = threshold_at_fpr(score(X["val"])[ref], 0.01)
         rows.append({"order": str(n), **rates(score, t)})
-    deployed = lambda Z: monitor.policy()(torch.as_tensor(Z)).logits.detach().double().numpy()
+
+    def deployed(Z):
+        return monitor.policy()(torch.as_tensor(Z)).logits.detach().double().numpy()
+
     p = monitor.threshold
     rows.append({"order": "deployed", **rates(deployed, float(np.nextafter(np.log(p / (1 - p)), -np.inf)))})
-    return {"rows": rows, "orders": monitor.report.get("orders", {}), "n_hard": dict(Counter(hard.categories)),
-            "by_source": monitor.report.get("operating_point", {}).get("by_source", {})}
-
-
+    return {
+        "rows": rows,
+        "orders": monitor.report.get("orders", {}),
+        "n_hard": dict(Counter(hard.categories)),
+        "by_source": monitor.report.get("operating_point", {}).get("by_source", {}),
+    }

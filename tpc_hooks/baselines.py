@@ -37,6 +37,21 @@ from .training._compare import Comparison as Comparison
 from .training._compare import compare as compare
 from .training._compare import fit_linear as fit_linear
 
-__all__ = ["BASELINES", "BilinearProbe", "MLPProbe", "EarlyExitMLP", "early_exit_cascade", "fit_baseline", "fit_bilinear",
-           "fit_mlp", "fit_early_exit", "matched_mlp_width", "matched_early_exit_widths", "METHODS", "Comparison",
-           "compare", "fit_linear", "TrainConfig"]
+__all__ = [
+    "BASELINES",
+    "BilinearProbe",
+    "MLPProbe",
+    "EarlyExitMLP",
+    "early_exit_cascade",
+    "fit_baseline",
+    "fit_bilinear",
+    "fit_mlp",
+    "fit_early_exit",
+    "matched_mlp_width",
+    "matched_early_exit_widths",
+    "METHODS",
+    "Comparison",
+    "compare",
+    "fit_linear",
+    "TrainConfig",
+]

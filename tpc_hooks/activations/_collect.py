@@ -13,10 +13,13 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ..adapters import Adapter, Site, get_adapter, pad, pad_id, resolve_bos
 from .._errors import TPCHooksError
+from ..adapters import Adapter, Site, get_adapter, pad, pad_id, resolve_bos
 from ..head._pooling import POOLINGS, pool
-from ..head._sae import check_sae, encode as sae_encode, dims as sae_dims, identity as sae_identity
+from ..head._sae import check_sae
+from ..head._sae import dims as sae_dims
+from ..head._sae import encode as sae_encode
+from ..head._sae import identity as sae_identity
 from ._store import ActivationStore
 
 log = logging.getLogger(__name__)
@@ -42,12 +45,21 @@ def check_prompts(prompts: Any, name: str = "prompts") -> list[str]:
         except UnicodeEncodeError as err:  # a lone surrogate: no tokenizer can encode it
             raise TPCHooksError(
                 f"{name}[{i}] is not valid Unicode text: it holds a lone surrogate {p[err.start]!r} at position "
-                f"{err.start}; clean it first, e.g. text.encode('utf-8', 'replace').decode('utf-8')") from None
+                f"{err.start}; clean it first, e.g. text.encode('utf-8', 'replace').decode('utf-8')"
+            ) from None
     return items
 
 
-def pooled_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Site], pooling: str, batch_size: int,
-                   padding_side: str = "right", bar: Any = None, sae: Any = None) -> dict[str, Tensor]:
+def pooled_batches(
+    adapter: Adapter,
+    token_ids: list[list[int]],
+    sites: list[Site],
+    pooling: str,
+    batch_size: int,
+    padding_side: str = "right",
+    bar: Any = None,
+    sae: Any = None,
+) -> dict[str, Tensor]:
     """Pooled activations ``[n, d_model]`` per site for tokenised prompts, in their order
     (``[n, d_sae]`` SAE latents, encoded per token before pooling, when ``sae`` is given).
 
@@ -60,15 +72,17 @@ def pooled_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Sit
     parts: dict[str, list[Tensor]] = {s.name: [] for s in sites}
     pid = pad_id(adapter.tokenizer)
     for a in range(0, len(order), batch_size):
-        idx = order[a:a + batch_size]
+        idx = order[a : a + batch_size]
         ids, mask = pad([token_ids[i] for i in idx], pid, padding_side)
         with adapter.exclusive():  # one pass at a time per model (threads may share it)
             acts = adapter.forward_sites(ids, mask, sites)
         for s in sites:
             if acts[s.name].shape[-1] != adapter.d_model:
-                raise TPCHooksError(f"{s.name} produced width {acts[s.name].shape[-1]}, expected d_model={adapter.d_model}")
-            a = acts[s.name] if sae is None else sae_encode(sae, acts[s.name])
-            parts[s.name].append(pool(a, mask, pooling))
+                raise TPCHooksError(
+                    f"{s.name} produced width {acts[s.name].shape[-1]}, expected d_model={adapter.d_model}"
+                )
+            z = acts[s.name] if sae is None else sae_encode(sae, acts[s.name])
+            parts[s.name].append(pool(z, mask, pooling))
         if bar is not None:
             bar.update(len(idx))
     out = {}
@@ -80,8 +94,16 @@ def pooled_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Sit
     return out
 
 
-def token_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Site], batch_size: int, bar: Any = None,
-                  sae: Any = None, to_host: bool = True, padding_side: str = "right") -> dict[str, list[Tensor]]:
+def token_batches(
+    adapter: Adapter,
+    token_ids: list[list[int]],
+    sites: list[Site],
+    batch_size: int,
+    bar: Any = None,
+    sae: Any = None,
+    to_host: bool = True,
+    padding_side: str = "right",
+) -> dict[str, list[Tensor]]:
     """Per-token activations ``[T_i, d_model]`` (float32; SAE latents with ``sae``) of each
     tokenised prompt at ``sites``, in the prompts' order: what a per-token monitor reads.
     Batched by length, one forward pass per batch; ``to_host=False`` leaves them on the
@@ -90,19 +112,21 @@ def token_batches(adapter: Adapter, token_ids: list[list[int]], sites: list[Site
     out: dict[str, list[Any]] = {s.name: [None] * len(token_ids) for s in sites}
     pid = pad_id(adapter.tokenizer)
     for a in range(0, len(order), batch_size):
-        idx = order[a:a + batch_size]
+        idx = order[a : a + batch_size]
         ids, mask = pad([token_ids[i] for i in idx], pid, padding_side)
         with adapter.exclusive():  # one pass at a time per model (threads may share it)
             acts = adapter.forward_sites(ids, mask, sites)
         width = ids.shape[1]
         for s in sites:
             if acts[s.name].shape[-1] != adapter.d_model:
-                raise TPCHooksError(f"{s.name} produced width {acts[s.name].shape[-1]}, expected d_model={adapter.d_model}")
+                raise TPCHooksError(
+                    f"{s.name} produced width {acts[s.name].shape[-1]}, expected d_model={adapter.d_model}"
+                )
             a_s = acts[s.name] if sae is None else sae_encode(sae, acts[s.name])
             a_s = a_s.float().cpu() if to_host else a_s.float()
             for j, i in enumerate(idx):
                 n = len(token_ids[i])
-                out[s.name][i] = a_s[j, width - n:] if padding_side == "left" else a_s[j, :n]
+                out[s.name][i] = a_s[j, width - n :] if padding_side == "left" else a_s[j, :n]
         if bar is not None:
             bar.update(len(idx))
     return out
@@ -119,20 +143,39 @@ def prompts_digest(prompts: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(list(prompts)).encode()).hexdigest()
 
 
-def _fingerprint(adapter: Adapter, site: str, pooling: str, chat_template: bool | None, prepend_bos: bool | None,
-                 max_tokens: int | None, prompts: list[str] | None, tokens: list[list[int]], sae: Any) -> dict[str, Any]:
+def _fingerprint(
+    adapter: Adapter,
+    site: str,
+    pooling: str,
+    chat_template: bool | None,
+    prepend_bos: bool | None,
+    max_tokens: int | None,
+    prompts: list[str] | None,
+    tokens: list[list[int]],
+    sae: Any,
+) -> dict[str, Any]:
     """What a store's collection is: a rerun resumes it only when all of this agrees."""
-    fp = {"model": adapter.model_name, "d_model": adapter.d_model, "site": site, "pooling": pooling,
-          "chat_template": chat_template, "prepend_bos": prepend_bos, "max_tokens": max_tokens,
-          "n_prompts": len(tokens)}
+    fp = {
+        "model": adapter.model_name,
+        "d_model": adapter.d_model,
+        "site": site,
+        "pooling": pooling,
+        "chat_template": chat_template,
+        "prepend_bos": prepend_bos,
+        "max_tokens": max_tokens,
+        "n_prompts": len(tokens),
+    }
     if prompts is not None:
         fp["prompts_sha256"] = prompts_digest(prompts)
     else:  # pre-tokenised input: the ids are the collection
         fp["tokens_sha256"] = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
     fp["sae"] = None if sae is None else sae_identity(sae)["weights_sha256"]
     if pooling == TOKEN:  # how many leading rows of every sequence are the shared prefix (None: unknown)
-        fp["fixed_prefix"] = None if prompts is None else adapter.fixed_prefix(chat_template=chat_template,
-                                                                               prepend_bos=prepend_bos)
+        fp["fixed_prefix"] = (
+            None  # pre-tokenised input (which has no chat_template setting)
+            if prompts is None or chat_template is None
+            else adapter.fixed_prefix(chat_template=chat_template, prepend_bos=prepend_bos)
+        )
     return fp
 
 
@@ -237,9 +280,13 @@ def collect(
         raise TPCHooksError(f"padding_side must be 'left' or 'right'; got {padding_side!r}")
     if items is not None:
         bos = resolve_bos(adapter.tokenizer, prepend_bos, chat_template)
-        token_ids, n_trunc = adapter.tokenize(items, chat_template=chat_template, max_tokens=max_tokens, prepend_bos=bos)
+        token_ids, n_trunc = adapter.tokenize(
+            items, chat_template=chat_template, max_tokens=max_tokens, prepend_bos=bos
+        )
         if n_trunc:
-            log.warning("%d of %d prompts were longer than max_tokens=%s and were truncated", n_trunc, len(items), max_tokens)
+            log.warning(
+                "%d of %d prompts were longer than max_tokens=%s and were truncated", n_trunc, len(items), max_tokens
+            )
         settings: tuple[Any, Any, Any] = (chat_template, bos, max_tokens)
     else:
         token_ids = check_tokens(tokens)
@@ -263,11 +310,15 @@ def collect(
         old = {k: v for k, v in st.meta.items() if k != "done"}
         if old != fp:
             diff = sorted(k for k in {*fp, *old} if old.get(k) != fp.get(k))
-            raise TPCHooksError(f"{root / s.name} holds a different collection (differs in {diff}); use another store directory")
+            raise TPCHooksError(
+                f"{root / s.name} holds a different collection (differs in {diff}); use another store directory"
+            )
         held = st.n_sequences if per_token else len(st)
         if held != st.meta["done"]:
-            raise TPCHooksError(f"{root / s.name}: manifest says {st.meta['done']} prompts done but holds {held} "
-                                f"{'sequences' if per_token else 'rows'}")
+            raise TPCHooksError(
+                f"{root / s.name}: manifest says {st.meta['done']} prompts done but holds {held} "
+                f"{'sequences' if per_token else 'rows'}"
+            )
         stores[s.name] = st
     start = min(st.meta["done"] for st in stores.values())
     if start:

@@ -57,26 +57,43 @@ class ActivationStore:
 
     # ------------------------------------------------------------------ creation
     @classmethod
-    def create(cls, path: str | os.PathLike, d_model: int, *, meta: dict[str, Any] | None = None,
-               exist_ok: bool = False, sequences: bool = False) -> "ActivationStore":
+    def create(
+        cls,
+        path: str | os.PathLike,
+        d_model: int,
+        *,
+        meta: dict[str, Any] | None = None,
+        exist_ok: bool = False,
+        sequences: bool = False,
+    ) -> "ActivationStore":
         """Creates an empty store (or opens an existing one with the same ``d_model`` and kind if
         ``exist_ok``); ``sequences=True``: a store of sequences (every append gives ``lengths``)."""
         root = Path(path)
         if (root / MANIFEST_FILE).exists():
             if not exist_ok:
-                raise TPCHooksError(f"{root} already holds an activation store; open it with ActivationStore.open or pass exist_ok=True")
+                raise TPCHooksError(
+                    f"{root} already holds an activation store; open it with ActivationStore.open or pass exist_ok=True"
+                )
             store = cls.open(root)
             if store.d_model != d_model:
                 raise TPCHooksError(f"{root} holds activations with d_model={store.d_model}, not {d_model}")
             if store.holds_sequences != bool(sequences):
                 kinds = ("pooled rows (one per prompt)", "per-token sequences")
-                raise TPCHooksError(f"{root} holds {kinds[store.holds_sequences]}, not {kinds[bool(sequences)]}; "
-                                    "use another store directory")
+                raise TPCHooksError(
+                    f"{root} holds {kinds[store.holds_sequences]}, not {kinds[bool(sequences)]}; "
+                    "use another store directory"
+                )
             store._clean_orphans()
             return store
         root.mkdir(parents=True, exist_ok=True)
-        manifest = {"format": STORE_FORMAT, "format_version": STORE_VERSION, "d_model": int(d_model),
-                    "dtype": "float32", "shards": [], "meta": dict(meta or {})}
+        manifest = {
+            "format": STORE_FORMAT,
+            "format_version": STORE_VERSION,
+            "d_model": int(d_model),
+            "dtype": "float32",
+            "shards": [],
+            "meta": dict(meta or {}),
+        }
         if sequences:
             manifest["sequences"] = True
         store = cls(root, manifest)
@@ -159,18 +176,24 @@ class ActivationStore:
     def _check_lengths(self, lengths: Any, n_rows: int) -> np.ndarray | None:
         if not self.holds_sequences:
             if lengths is not None:
-                raise TPCHooksError(f"{self.path} holds plain rows, not sequences; append rows without lengths= "
-                                    "(create the store with sequences=True to keep sequence lengths)")
+                raise TPCHooksError(
+                    f"{self.path} holds plain rows, not sequences; append rows without lengths= "
+                    "(create the store with sequences=True to keep sequence lengths)"
+                )
             return None
         if lengths is None:
-            raise TPCHooksError(f"{self.path} holds sequences: append(rows, lengths=[...]) needs each sequence's row count")
+            raise TPCHooksError(
+                f"{self.path} holds sequences: append(rows, lengths=[...]) needs each sequence's row count"
+            )
         lens = np.asarray(lengths)
         if lens.ndim != 1 or (lens.size and not np.issubdtype(lens.dtype, np.integer)):
             raise TPCHooksError(f"lengths must be a 1-D list of integers; got shape {lens.shape}, dtype {lens.dtype}")
         lens = lens.astype(np.int64)
         if (lens < 1).any() or int(lens.sum()) != n_rows:
-            raise TPCHooksError(f"lengths must be positive and sum to the {n_rows} rows appended; "
-                                f"got {len(lens)} lengths summing to {int(lens.sum())}")
+            raise TPCHooksError(
+                f"lengths must be positive and sum to the {n_rows} rows appended; "
+                f"got {len(lens)} lengths summing to {int(lens.sum())}"
+            )
         return lens
 
     # ------------------------------------------------------------------ reading
@@ -202,13 +225,17 @@ class ActivationStore:
 
     def __repr__(self) -> str:
         seqs = f", sequences={self.n_sequences}" if self.holds_sequences else ""
-        return (f"ActivationStore({str(self.path)!r}, rows={len(self)}{seqs}, d_model={self.d_model}, "
-                f"shards={len(self._manifest['shards'])})")
+        return (
+            f"ActivationStore({str(self.path)!r}, rows={len(self)}{seqs}, d_model={self.d_model}, "
+            f"shards={len(self._manifest['shards'])})"
+        )
 
     def _need_sequences(self, what: str) -> None:
         if not self.holds_sequences:
-            raise TPCHooksError(f"{self.path} holds plain rows (one per prompt), not sequences: it has no {what}; "
-                                "read it with read() or to_numpy()")
+            raise TPCHooksError(
+                f"{self.path} holds plain rows (one per prompt), not sequences: it has no {what}; "
+                "read it with read() or to_numpy()"
+            )
 
     def _shard(self, i: int) -> np.ndarray:
         entry = self._manifest["shards"][i]
@@ -216,11 +243,15 @@ class ActivationStore:
         try:
             a = np.load(f, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError, EOFError) as err:  # truncated, corrupt or missing
-            raise TPCHooksError(f"{f} could not be read ({err}): the shard is truncated or corrupt; delete the store "
-                                f"{self.path} and collect it again") from None
+            raise TPCHooksError(
+                f"{f} could not be read ({err}): the shard is truncated or corrupt; delete the store "
+                f"{self.path} and collect it again"
+            ) from None
         if a.ndim != 2 or a.shape[1] != self.d_model or a.shape[0] != entry.get("rows", a.shape[0]):
-            raise TPCHooksError(f"{f} holds an array of shape {a.shape} but the store's manifest expects "
-                                f"[{entry.get('rows')}, {self.d_model}]; delete the store {self.path} and collect it again")
+            raise TPCHooksError(
+                f"{f} holds an array of shape {a.shape} but the store's manifest expects "
+                f"[{entry.get('rows')}, {self.d_model}]; delete the store {self.path} and collect it again"
+            )
         return a
 
     def read(self, start: int, stop: int) -> np.ndarray:
@@ -254,10 +285,12 @@ class ActivationStore:
         self._need_sequences("lengths")
         if self._lengths is None:
             parts = [np.load(self.path / s["lengths"], allow_pickle=False) for s in self._manifest["shards"]]
-            for s, p in zip(self._manifest["shards"], parts):
+            for s, p in zip(self._manifest["shards"], parts, strict=True):
                 if p.ndim != 1 or len(p) != s["sequences"] or int(p.sum()) != s["rows"]:
-                    raise TPCHooksError(f"{self.path / s['lengths']} does not describe the {s['rows']} rows of "
-                                        f"{s['file']} as {s['sequences']} sequences; the store is corrupt")
+                    raise TPCHooksError(
+                        f"{self.path / s['lengths']} does not describe the {s['rows']} rows of "
+                        f"{s['file']} as {s['sequences']} sequences; the store is corrupt"
+                    )
             self._lengths = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         return self._lengths.copy()
 
@@ -271,4 +304,4 @@ class ActivationStore:
             raise TPCHooksError(f"sequences [{start}, {stop}) are outside this store's {len(lens)} sequences")
         ends = np.concatenate([[0], np.cumsum(lens)])
         rows = self.read(int(ends[start]), int(ends[stop]))
-        return np.split(rows, (ends[start + 1:stop] - ends[start]).astype(np.int64)) if stop > start else []
+        return np.split(rows, (ends[start + 1 : stop] - ends[start]).astype(np.int64)) if stop > start else []

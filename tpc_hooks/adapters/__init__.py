@@ -28,5 +28,14 @@ from ._sites import Site as Site
 from ._sites import parse_site as parse_site
 from ._vllm_args import vllm_engine_args as vllm_engine_args
 
-__all__ = ["Adapter", "Site", "get_adapter", "pad", "pad_id", "parse_site", "positions", "resolve_bos",
-           "vllm_engine_args"]
+__all__ = [
+    "Adapter",
+    "Site",
+    "get_adapter",
+    "pad",
+    "pad_id",
+    "parse_site",
+    "positions",
+    "resolve_bos",
+    "vllm_engine_args",
+]

@@ -29,7 +29,7 @@ _ADAPTERS = (
 _TOKENIZER_FIX = {
     "nnsight": "LanguageModel(hf_model, tokenizer=tok)",
     "TransformerLens": "HookedTransformer.from_pretrained(..., tokenizer=tok) or "
-                       "TransformerBridge.boot_transformers(..., tokenizer=tok)",
+    "TransformerBridge.boot_transformers(..., tokenizer=tok)",
 }
 
 
@@ -85,15 +85,22 @@ class Adapter:
         if s is None or s.layer >= self.n_layers or s.kind not in self.kinds:
             valid = self.site_names()
             shown = ", ".join(valid[:3] + ["...", valid[-1]]) if len(valid) > 4 else ", ".join(valid)
-            why = "" if s is None else (
-                f" (the model has {self.n_layers} layers: 0..{self.n_layers - 1})" if s.layer >= self.n_layers
-                else f" ({self.toolkit} exposes {', '.join(hook_name(k) for k in KINDS if k in self.kinds)} here)")
+            why = (
+                ""
+                if s is None
+                else (
+                    f" (the model has {self.n_layers} layers: 0..{self.n_layers - 1})"
+                    if s.layer >= self.n_layers
+                    else f" ({self.toolkit} exposes {', '.join(hook_name(k) for k in KINDS if k in self.kinds)} here)"
+                )
+            )
             raise TPCHooksError(f"site {name!r} is not valid for this {self.toolkit} model{why}; valid sites: {shown}")
         return s
 
     # ------------------------------------------------------------------ tokens
-    def tokenize(self, prompts: list[str], *, chat_template: bool, max_tokens: int | None,
-                 prepend_bos: bool | None = None) -> tuple[list[list[int]], int]:
+    def tokenize(
+        self, prompts: list[str], *, chat_template: bool, max_tokens: int | None, prepend_bos: bool | None = None
+    ) -> tuple[list[list[int]], int]:
         """Tokenises with the model's Hugging Face tokenizer, the same way in every adapter.
 
         Toolkits change tokenizer defaults (TransformerLens turns on ``add_bos_token``), so
@@ -120,9 +127,13 @@ class Adapter:
         tok = self.tokenizer
         if chat_template:
             if not getattr(tok, "chat_template", None):
-                raise TPCHooksError("chat_template=True but this tokenizer has no chat template; pass chat_template=False")
-            return [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-                    for p in prompts], None
+                raise TPCHooksError(
+                    "chat_template=True but this tokenizer has no chat template; pass chat_template=False"
+                )
+            return [
+                tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+                for p in prompts
+            ], None
         return list(prompts), tok.bos_token_id if resolve_bos(tok, prepend_bos, chat_template) else None
 
     def _encode(self, text: str, bos: int | None) -> list[int]:
@@ -143,9 +154,9 @@ class Adapter:
             24
         """
         (ta, tb), bos = self._texts(["A", "7"], chat_template, prepend_bos)
-        shared = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+        shared = next((i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), min(len(ta), len(tb)))
         seqs = [self._encode(ta[:shared], bos), self._encode(ta, bos), self._encode(tb, bos)]
-        return next((i for i, col in enumerate(zip(*seqs)) if len(set(col)) > 1), min(map(len, seqs)))
+        return next((i for i, col in enumerate(zip(*seqs, strict=False)) if len(set(col)) > 1), min(map(len, seqs)))
 
     # ------------------------------------------------------------------ model
     def forward_sites(self, input_ids: Tensor, attention_mask: Tensor, sites: list[Site]) -> dict[str, Tensor]:
@@ -161,7 +172,9 @@ class Adapter:
         yield  # pragma: no cover
 
     @contextmanager
-    def observe_sites(self, sites: Sequence[Site], fn: Callable[[dict[str, Tensor], Tensor, bool], None]) -> Iterator[None]:
+    def observe_sites(
+        self, sites: Sequence[Site], fn: Callable[[dict[str, Tensor], Tensor, bool], None]
+    ) -> Iterator[None]:
         """:meth:`observe` for several sites at once: ``fn(acts {site name: [B, T, D]}, new_mask,
         fresh)`` once per forward pass, when the deepest of ``sites`` has been computed (each
         site read once, however many readers it has); hooks are removed on exit."""
@@ -177,6 +190,7 @@ class Adapter:
                     seen = dict(got)
                     got.clear()
                     fn(seen, mask, fresh)
+
             return read
 
         with ExitStack() as stack:
@@ -195,8 +209,14 @@ class Adapter:
         return model_lock(hf if hf is not None else self.model)
 
     @torch.no_grad()
-    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | Sequence[Site] | None,
-               max_new_tokens: int, on_step: Any) -> None:
+    def decode(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        site: Site | Sequence[Site] | None,
+        max_new_tokens: int,
+        on_step: Any,
+    ) -> None:
         """Runs the prompt, then one token per forward pass with the model's KV cache.
 
         After every forward pass ``on_step(acts [B, t, D], mask [B, t], last_logits [B, V])``
@@ -237,32 +257,37 @@ def get_adapter(model: Any, *, remote: bool = False, tokenizer: Any = None) -> A
             a ``tokenizer`` that disagrees with the toolkit model's own.
 
     Example:
-        >>> get_adapter(object())
+        >>> get_adapter(object())  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        tpc_hooks.TPCHooksError: no adapter for builtins.object; pass a TransformerLens HookedTransformer or TransformerBridge, an nnsight LanguageModel, or a transformers PreTrainedModel (AutoModelForCausalLM)
+        tpc_hooks.TPCHooksError: no adapter for builtins.object; pass a TransformerLens HookedTransformer or
+        TransformerBridge, an nnsight LanguageModel, or a transformers PreTrainedModel (AutoModelForCausalLM)
     """
     if isinstance(model, Adapter):
         adapter = model
     else:
-        adapter = None
         for cls in type(model).__mro__:
-            match = next((m for prefix, name, m in _ADAPTERS
-                          if cls.__name__ == name and cls.__module__.split(".")[0] == prefix), None)
+            match = next(
+                (m for prefix, name, m in _ADAPTERS if cls.__name__ == name and cls.__module__.split(".")[0] == prefix),
+                None,
+            )
             if match is not None:
                 break
         else:
             raise TPCHooksError(
-                f"no adapter for {type(model).__module__}.{type(model).__name__}; pass a TransformerLens HookedTransformer "
-                "or TransformerBridge, an nnsight LanguageModel, or a transformers PreTrainedModel (AutoModelForCausalLM)"
+                f"no adapter for {type(model).__module__}.{type(model).__name__}; pass a TransformerLens "
+                "HookedTransformer or TransformerBridge, an nnsight LanguageModel, or a transformers PreTrainedModel "
+                "(AutoModelForCausalLM)"
             )
         mod = importlib.import_module(f"{__package__}.{match}")
         if match == "nnsight":
             adapter = mod.make_adapter(model, remote=remote)
         elif remote:
             kind = "a transformers" if match == "transformers" else "a TransformerLens"
-            raise TPCHooksError(f"remote=True runs on NDIF through nnsight; this is {kind} model "
-                                "(wrap it: nnsight.LanguageModel(model, tokenizer=tok))")
+            raise TPCHooksError(
+                f"remote=True runs on NDIF through nnsight; this is {kind} model "
+                "(wrap it: nnsight.LanguageModel(model, tokenizer=tok))"
+            )
         elif match == "transformers":
             return mod.make_adapter(model, tokenizer=tokenizer)
         else:
@@ -284,8 +309,10 @@ def same_tokenizer(a: Any, b: Any) -> bool:
     if a is b:
         return True
     try:
-        if any(getattr(a, k, None) != getattr(b, k, None)
-               for k in ("bos_token_id", "eos_token_id", "pad_token_id", "chat_template")):
+        if any(
+            getattr(a, k, None) != getattr(b, k, None)
+            for k in ("bos_token_id", "eos_token_id", "pad_token_id", "chat_template")
+        ):
             return False
         return a.get_vocab() == b.get_vocab()
     except (AttributeError, TypeError, NotImplementedError):

@@ -21,6 +21,16 @@ def resolve_bos(tok: Any, prepend_bos: bool | None, chat_template: bool = False)
 
 
 def pad_id(tok: Any) -> int:
+    """The token id a tokenizer pads with: its ``pad_token_id``, else its ``eos_token_id``, else 0.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from tpc_hooks.adapters import pad_id
+        >>> pad_id(SimpleNamespace(pad_token_id=None, eos_token_id=2))
+        2
+        >>> pad_id(SimpleNamespace())
+        0
+    """
     for attr in ("pad_token_id", "eos_token_id"):
         v = getattr(tok, attr, None)
         if v is not None:

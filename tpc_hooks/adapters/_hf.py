@@ -43,8 +43,9 @@ def config_int(config: Any, names: tuple[str, ...], what: str) -> int:
         value = getattr(c, name, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-    raise TPCHooksError(f"{type(config).__name__} gives no {what} (looked for {', '.join(names)} in its text config "
-                        f"{type(c).__name__})")
+    raise TPCHooksError(
+        f"{type(config).__name__} gives no {what} (looked for {', '.join(names)} in its text config {type(c).__name__})"
+    )
 
 
 N_LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -97,15 +98,19 @@ def find_layers(model: Any, toolkit: str) -> list[str]:
     inside = _decoder_prefix(model)
     if inside is not None:
         fits = [(name, mod) for name, mod in fits if inside == "" or name.startswith(inside + ".")]
-    fits = [(name, mod) for name, mod in fits
-            if not any(word in part.lower() for part in name.split(".") for word in _NOT_TEXT)]
+    fits = [
+        (name, mod)
+        for name, mod in fits
+        if not any(word in part.lower() for part in name.split(".") for word in _NOT_TEXT)
+    ]
     if not fits:
         found = ", ".join(f"{name} ({len(mod)})" for name, mod in lists[:12]) or "none"
         raise TPCHooksError(
             f"could not find the decoder layers of this {type(model).__name__} (model_type {mtype!r}, {toolkit}): its "
             f"text config has {n} layers and no module list of that length sits in its text decoder; module lists "
             f"found: {found}. Add its path to tpc_hooks.adapters.transformers.LAYERS[{mtype!r}] (the nnsight "
-            "adapter reads the same table)")
+            "adapter reads the same table)"
+        )
     return min(fits, key=lambda f: (f[0].count("."), f[0]))[0].split(".")
 
 
@@ -133,9 +138,11 @@ def lm_head(model: Any) -> Any:
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else None
     if head is None:
-        raise TPCHooksError(f"{type(model).__name__} has no LM head (get_output_embeddings() is None); pass the "
-                            "causal-LM class (AutoModelForCausalLM, or the checkpoint's ...ForConditionalGeneration), "
-                            "not the bare base model or another head")
+        raise TPCHooksError(
+            f"{type(model).__name__} has no LM head (get_output_embeddings() is None); pass the "
+            "causal-LM class (AutoModelForCausalLM, or the checkpoint's ...ForConditionalGeneration), "
+            "not the bare base model or another head"
+        )
     return head
 
 
@@ -226,7 +233,8 @@ class InputSpy:
 
     def __call__(self, module: Any, args: tuple, kwargs: dict) -> None:
         self.mask = kwargs.get("attention_mask")
-        # transformers >= 5.24 passes the KV cache as ``cache`` (``past_key_values`` before; TransformerLens: ``past_kv_cache``)
+        # transformers >= 5.24 passes the KV cache as ``cache``
+        # (``past_key_values`` before; TransformerLens: ``past_kv_cache``)
         cache = next((kwargs[k] for k in CACHE_KWARGS if kwargs.get(k) is not None), None)
         self.past = _cache_length(cache)
 
@@ -254,12 +262,14 @@ def cache_dropped(held: int, fed: int, where: str) -> str:
         except PackageNotFoundError:
             return f"no {name}"
 
-    return (f"the model's KV cache did not grow during generation ({held} positions held before {where}, after {fed} "
-            "fed): every step after the first would run without the earlier tokens and score wrong. Known cause: "
-            "transformers >= 5.24 passes the cache as `cache`, which TransformerLens' TransformerBridge (3.9 and 4.3) "
-            f"does not hand on (installed: {installed('transformers')}, {installed('transformer-lens')}); install "
-            "'transformers<5.24' (pip install 'tpc-hooks[transformer-lens]' pins it) or monitor the Hugging Face "
-            "model directly")
+    return (
+        f"the model's KV cache did not grow during generation ({held} positions held before {where}, after {fed} "
+        "fed): every step after the first would run without the earlier tokens and score wrong. Known cause: "
+        "transformers >= 5.24 passes the cache as `cache`, which TransformerLens' TransformerBridge (3.9 and 4.3) "
+        f"does not hand on (installed: {installed('transformers')}, {installed('transformer-lens')}); install "
+        "'transformers<5.24' (pip install 'tpc-hooks[transformer-lens]' pins it) or monitor the Hugging Face "
+        "model directly"
+    )
 
 
 def _cache_length(cache: Any) -> int:
@@ -322,8 +332,11 @@ def branch_points(layer: Any) -> dict[str, tuple[str, bool]]:
         return {}
     if "post_feedforward_layernorm" in kids and "post_attention_layernorm" in kids:
         mid = "pre_feedforward_layernorm" if "pre_feedforward_layernorm" in kids else mlp
-        return {"attn_out": ("post_attention_layernorm", False), "mid": (mid, True),
-                "mlp_out": ("post_feedforward_layernorm", False)}
+        return {
+            "attn_out": ("post_attention_layernorm", False),
+            "mid": (mid, True),
+            "mlp_out": ("post_feedforward_layernorm", False),
+        }
     mid = next((n for n in _PRE_MLP_NORM if n in kids), mlp)
     return {"attn_out": (attn, False), "mid": (mid, True), "mlp_out": (mlp, False)}
 
@@ -339,8 +352,9 @@ def hook_site(layers: Any, site: Site, fn: Callable[[Tensor], None]) -> Any:
         child, read_input = branch_points(layer)[site.kind]
         module = getattr(layer, child)
     if read_input:
-        return module.register_forward_pre_hook(this_thread(lambda mod, args, kwargs: fn(module_input(args, kwargs))),
-                                                with_kwargs=True)
+        return module.register_forward_pre_hook(
+            this_thread(lambda mod, args, kwargs: fn(module_input(args, kwargs))), with_kwargs=True
+        )
     if site.kind == "post":
         return module.register_forward_hook(this_thread(lambda mod, args, out: fn(first(out))))
 
@@ -370,7 +384,9 @@ def branch_verdicts(hf: Any, layers: Any, layer_index: int) -> dict[str, str | N
     points = branch_points(layer)
     if not points:
         kids = ", ".join(n for n, _ in layer.named_children())
-        verdict = dict.fromkeys(BRANCH, f"no child of {type(layer).__name__} reads as attention and MLP ({kids})")
+        verdict: dict[str, str | None] = dict.fromkeys(
+            BRANCH, f"no child of {type(layer).__name__} reads as attention and MLP ({kids})"
+        )
         _VERDICTS[layer] = verdict
         return verdict
     seen: dict[str, list[Tensor]] = {k: [] for k in ("pre", *BRANCH, "post")}
@@ -380,6 +396,7 @@ def branch_verdicts(hf: Any, layers: Any, layer_index: int) -> dict[str, str | N
             seen[kind].append(t.detach())
             if kind == "post":
                 raise StopPass
+
         return keep
 
     handles = [hook_site(layers, Site(layer_index, k), keeper(k)) for k in seen]
@@ -395,7 +412,9 @@ def branch_verdicts(hf: Any, layers: Any, layer_index: int) -> dict[str, str | N
             h.remove()
     twice = [k for k, v in seen.items() if len(v) != 1]
     if twice:
-        verdict = dict.fromkeys(BRANCH, f"the modules read for {twice} ran {[len(seen[k]) for k in twice]} times in a pass")
+        verdict = dict.fromkeys(
+            BRANCH, f"the modules read for {twice} ran {[len(seen[k]) for k in twice]} times in a pass"
+        )
     else:
         where = {k: f"{'input' if read else 'output'} of {child}" for k, (child, read) in points.items()}
         verdict = judge_branches({k: v[0] for k, v in seen.items()}, where)
@@ -418,14 +437,22 @@ def judge_branches(once: dict[str, Tensor], where: dict[str, str]) -> dict[str, 
 
     attn, mlp = adds_up("pre", "attn_out", to="mid"), adds_up("mid", "mlp_out", to="post")
     if not (attn or mlp) and adds_up("pre", "attn_out", "mlp_out", to="post"):
-        return {"attn_out": None, "mlp_out": None,
-                "mid": "attention and MLP both read hook_resid_pre here (a parallel block): no residual stream lies between them"}
+        return {
+            "attn_out": None,
+            "mlp_out": None,
+            "mid": (
+                "attention and MLP both read hook_resid_pre here (a parallel block): no residual stream lies "
+                "between them"
+            ),
+        }
     missing = {k: f"it has no {hook_name(k)}" for k in BRANCH if k not in once}
-    return {"attn_out": missing.get("attn_out") or (None if attn else
-                                                    f"hook_resid_pre + the {where['attn_out']} is not the {where['mid']}"),
-            "mid": missing.get("mid") or (None if attn or mlp else f"neither branch adds up around the {where['mid']}"),
-            "mlp_out": missing.get("mlp_out") or (None if mlp else
-                                                  f"the {where['mid']} + the {where['mlp_out']} is not the layer's output")}
+    return {
+        "attn_out": missing.get("attn_out")
+        or (None if attn else f"hook_resid_pre + the {where['attn_out']} is not the {where['mid']}"),
+        "mid": missing.get("mid") or (None if attn or mlp else f"neither branch adds up around the {where['mid']}"),
+        "mlp_out": missing.get("mlp_out")
+        or (None if mlp else f"the {where['mid']} + the {where['mlp_out']} is not the layer's output"),
+    }
 
 
 def check_site(hf: Any, layers: Any, site: Site, toolkit: str) -> None:
@@ -437,5 +464,7 @@ def check_site(hf: Any, layers: Any, site: Site, toolkit: str) -> None:
     why = verdict[site.kind]
     if why is not None:
         ok = [Site(site.layer, k).name for k in KINDS if k in ("pre", "post") or verdict.get(k) is None]
-        raise TPCHooksError(f"{site.name} is not offered for this {type(layers[site.layer]).__name__} ({toolkit}): "
-                            f"{why}; this layer offers {', '.join(ok)}")
+        raise TPCHooksError(
+            f"{site.name} is not offered for this {type(layers[site.layer]).__name__} ({toolkit}): "
+            f"{why}; this layer offers {', '.join(ok)}"
+        )

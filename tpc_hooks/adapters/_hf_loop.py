@@ -13,8 +13,15 @@ from ._hf import StopPass, cache_dropped, cache_kwarg
 from ._sites import Site
 
 
-def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, site: Site | Sequence[Site] | None,
-              max_new_tokens: int, on_step: Any) -> None:
+def hf_decode(
+    adapter: Any,
+    hf: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    site: Site | Sequence[Site] | None,
+    max_new_tokens: int,
+    on_step: Any,
+) -> None:
     """The default :meth:`~tpc_hooks.adapters.Adapter.decode` (documented there): ``adapter``'s
     underlying Hugging Face model ``hf`` driven directly, the sites read through ``adapter.observe_sites``."""
     from transformers import DynamicCache
@@ -26,6 +33,7 @@ def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, 
         seen["acts"] = acts[site.name] if isinstance(site, Site) else acts
         if seen["last"]:  # nothing after the deepest site is needed: end the pass here
             raise StopPass
+
     watch = adapter.observe_sites(sites, read) if sites else nullcontext()
     # no padding, known on the host without reading the device: like HF generate, pass no mask (the model
     # then checks none per step, a sync on a GPU); a row that ends is fed padding nobody reads
@@ -53,8 +61,10 @@ def hf_decode(adapter: Any, hf: Any, input_ids: Tensor, attention_mask: Tensor, 
                     pass
             acts = seen.pop("acts", None)
             if sites and acts is None:
-                raise TPCHooksError(f"the hook at {max(sites, key=lambda s: s.depth).name} did not fire; is the site "
-                                    "valid for this model?")
+                raise TPCHooksError(
+                    f"the hook at {max(sites, key=lambda s: s.depth).name} did not fire; is the site "
+                    "valid for this model?"
+                )
             nxt = on_step(acts, step_mask, logits)
             if nxt is None:
                 return

@@ -13,27 +13,32 @@ STOP = "tpc_hooks.serving._vllm_worker:TPCHooksStop"
 CONFIG = "tpc_hooks"  # the key of tpc-hooks' settings in vLLM's `additional_config`
 OPT_OUT = "tpc_hooks_monitor"  # SamplingParams.extra_args key: false/0 opts the request out
 THRESHOLD = "tpc_hooks_threshold"  # ... its own threshold, a probability in (0, 1)
-NAMES_ENV = "TPC_HOOKS_MONITOR_NAMES"  # a server's monitor names (JSON), set before its engine starts: requests are checked against them
+# a server's monitor names (JSON), set before its engine starts: requests are checked against them
+NAMES_ENV = "TPC_HOOKS_MONITOR_NAMES"
 
 
 def unexposed(sites: Sequence[str], exposed: dict[str, int]) -> str:
     """The error for sites a built engine does not return (``exposed``: its sites -> aux ids).
 
     Example:
-        >>> unexposed(["blocks.3.hook_resid_pre"], {"blocks.20.hook_resid_post": 21})
-        "this vLLM engine exposes ['blocks.20.hook_resid_post'] (a compiled engine returns the sites fixed when it was built), not 'blocks.3.hook_resid_pre'; build it with LLM(..., **tpc_hooks.adapters.vllm_engine_args(sites=[...]))"
+        >>> unexposed(["blocks.3.hook_resid_pre"], {"blocks.20.hook_resid_post": 21})  # doctest: +NORMALIZE_WHITESPACE
+        "this vLLM engine exposes ['blocks.20.hook_resid_post'] (a compiled engine returns the sites fixed when
+        it was built), not 'blocks.3.hook_resid_pre'; build it with
+        LLM(..., **tpc_hooks.adapters.vllm_engine_args(sites=[...]))"
     """
     names = sorted(exposed, key=lambda s: exposed[s])
     post = [n for n in names if n.endswith("hook_resid_post")]
-    listed = (f"every layer's hook_resid_post ({names[0]} .. {names[-1]})" if len(post) == len(names) > 4
-              else str(names))
+    listed = f"every layer's hook_resid_post ({names[0]} .. {names[-1]})" if len(post) == len(names) > 4 else str(names)
     asked = repr(sites[0]) if len(sites) == 1 else str(list(sites))
-    return (f"this vLLM engine exposes {listed} (a compiled engine returns the sites fixed when it was built), not "
-            f"{asked}; build it with LLM(..., **tpc_hooks.adapters.vllm_engine_args(sites=[...]))")
+    return (
+        f"this vLLM engine exposes {listed} (a compiled engine returns the sites fixed when it was built), not "
+        f"{asked}; build it with LLM(..., **tpc_hooks.adapters.vllm_engine_args(sites=[...]))"
+    )
 
 
-def vllm_engine_args(sites: str | Sequence[str] | None = None, *,
-                     additional_config: dict[str, Any] | None = None) -> dict[str, Any]:
+def vllm_engine_args(
+    sites: str | Sequence[str] | None = None, *, additional_config: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The ``vllm.LLM`` arguments a monitored engine needs, to pass beside your own.
 
     tpc-hooks' worker (vLLM's own worker for the platform, extended: ``worker_cls``) and the
@@ -55,8 +60,10 @@ def vllm_engine_args(sites: str | Sequence[str] | None = None, *,
     Example:
         >>> from tpc_hooks.adapters import vllm_engine_args
         >>> args = vllm_engine_args(["blocks.20.hook_resid_post"])
-        >>> sorted(args), args["additional_config"]
-        (['additional_config', 'logits_processors', 'worker_cls'], {'tpc_hooks': {'sites': ['blocks.20.hook_resid_post']}})
+        >>> sorted(args)
+        ['additional_config', 'logits_processors', 'worker_cls']
+        >>> args["additional_config"]
+        {'tpc_hooks': {'sites': ['blocks.20.hook_resid_post']}}
     """
     if sites is not None:
         sites = [sites] if isinstance(sites, str) else list(sites)
@@ -90,6 +97,7 @@ def request_settings(params: Any, names: bool = False) -> dict[str, Any]:
         if dot and known is not None and name not in known:
             runs = f"the monitors {', '.join(n for n in known)}" if any(known) else "one unnamed monitor"
             raise ValueError(f"{key} names no monitor of this server (it runs {runs})")
+        value: bool | float
         if base == OPT_OUT:
             if v not in (True, False, 0, 1) or isinstance(v, float):
                 raise ValueError(f"{key} must be true/false (or 1/0); got {v!r}")

@@ -21,8 +21,8 @@ from torch import Tensor
 from .._errors import TPCHooksError
 from ._adapter import Adapter
 from ._batching import positions
+from ._hf import BRANCH, HFShape, branch_points, check_site, decoder_layers, find_layers, first, observe_layers
 from ._hf import LAYERS as LAYERS  # the discovery rule's exceptions, shared with the transformers adapter
-from ._hf import BRANCH, HFShape, branch_points, check_site, decoder_layers, first, find_layers, observe_layers
 from ._sites import Site
 
 __all__ = ["NNsightAdapter", "make_adapter", "LAYERS"]
@@ -50,7 +50,9 @@ class NNsightAdapter(HFShape, Adapter):
 
     @property
     def model_name(self) -> str:
-        return str(getattr(self.model.config, "_name_or_path", "") or getattr(self.model.config, "model_type", "nnsight"))
+        return str(
+            getattr(self.model.config, "_name_or_path", "") or getattr(self.model.config, "model_type", "nnsight")
+        )
 
     @property
     def device(self) -> torch.device:
@@ -85,8 +87,10 @@ class NNsightAdapter(HFShape, Adapter):
         the residual stream at layer boundaries is offered)."""
         s = super().site(name)
         if s.kind in BRANCH and self.remote:
-            raise TPCHooksError(f"{s.name}: with remote=True the nnsight adapter reads hook_resid_pre and "
-                                "hook_resid_post (a branch site is checked on a local forward pass first)")
+            raise TPCHooksError(
+                f"{s.name}: with remote=True the nnsight adapter reads hook_resid_pre and "
+                "hook_resid_post (a branch site is checked on a local forward pass first)"
+            )
         if s.kind in BRANCH and getattr(self.model, "dispatched", True) is False:
             self.model.dispatch()  # a model loaded lazily has meta weights until its first trace
         check_site(self.model._module, decoder_layers(self.model._module, self._path), s, self.toolkit)

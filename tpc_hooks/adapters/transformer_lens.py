@@ -63,15 +63,23 @@ class BridgeRefusal(NamedTuple):
 
 # Families TransformerBridge loads but does not run as the model does, by Hugging Face model_type (measured
 # on tiny random checkpoints, tests/test_families.py). The adapter refuses them rather than score wrong rows.
-_GDN = ("TransformerLens 3's gated delta net bridge reads causal_conv1d_fn from the layer, which transformers "
-        "5.24 no longer sets (AttributeError in the forward); TransformerLens 4, or transformers < 5.24, runs it")
+_GDN = (
+    "TransformerLens 3's gated delta net bridge reads causal_conv1d_fn from the layer, which transformers "
+    "5.24 no longer sets (AttributeError in the forward); TransformerLens 4, or transformers < 5.24, runs it"
+)
 BRIDGE_REFUSED: dict[str, BridgeRefusal] = {
-    "deepseek_v3": BridgeRefusal("the bridge's residual stream differs from the model's own hidden states (MLA "
-                                 "attention: up to 5e-3 apart where float32 rounding gives 1e-6; TransformerLens 4 "
-                                 "runs it right)", fixed_in=4),
-    "granitemoehybrid": BridgeRefusal("the bridge's forward fails on this hybrid (\"Original component not set for "
-                                      "model.rotary_emb\")"),
-    **dict.fromkeys(("qwen3_5", "qwen3_5_text", "qwen3_next"), BridgeRefusal(_GDN, fixed_in=4, transformers_from=(5, 24))),
+    "deepseek_v3": BridgeRefusal(
+        "the bridge's residual stream differs from the model's own hidden states (MLA "
+        "attention: up to 5e-3 apart where float32 rounding gives 1e-6; TransformerLens 4 "
+        "runs it right)",
+        fixed_in=4,
+    ),
+    "granitemoehybrid": BridgeRefusal(
+        'the bridge\'s forward fails on this hybrid ("Original component not set for model.rotary_emb")'
+    ),
+    **dict.fromkeys(
+        ("qwen3_5", "qwen3_5_text", "qwen3_next"), BridgeRefusal(_GDN, fixed_in=4, transformers_from=(5, 24))
+    ),
 }
 
 
@@ -111,9 +119,11 @@ class TransformerLensAdapter(Adapter):
             mtype = getattr(getattr(getattr(model, "original_model", None), "config", None), "model_type", None)
             why = bridge_refusal(mtype)
             if why is not None:
-                raise TPCHooksError(f"TransformerBridge on model_type {mtype!r}: {why}; monitor the "
-                                    "same checkpoint through the transformers or nnsight adapter (pass the Hugging Face "
-                                    "model, or nnsight's LanguageModel of it)")
+                raise TPCHooksError(
+                    f"TransformerBridge on model_type {mtype!r}: {why}; monitor the "
+                    "same checkpoint through the transformers or nnsight adapter (pass the Hugging Face "
+                    "model, or nnsight's LanguageModel of it)"
+                )
 
     def site(self, name: str) -> Site:
         """:meth:`Adapter.site`, and a check that this block offers it: TransformerLens has the
@@ -123,8 +133,10 @@ class TransformerLensAdapter(Adapter):
         why = self._why_not(s.layer, s.kind)
         if why is not None:
             ok = [Site(s.layer, k).name for k in KINDS if self._why_not(s.layer, k) is None]
-            raise TPCHooksError(f"{s.name} is not offered on this {type(self.model).__name__}'s block {s.layer}: {why}; "
-                                f"block {s.layer} offers {', '.join(ok) or 'none of the five block sites'}")
+            raise TPCHooksError(
+                f"{s.name} is not offered on this {type(self.model).__name__}'s block {s.layer}: {why}; "
+                f"block {s.layer} offers {', '.join(ok) or 'none of the five block sites'}"
+            )
         return s
 
     def _why_not(self, layer: int, kind: str) -> str | None:
@@ -147,8 +159,9 @@ class TransformerLensAdapter(Adapter):
             ids = torch.arange(1, 5, device=self.device)[None]
             with torch.no_grad(), self.model.hooks(fwd_hooks=[(n, this_thread(cap.hook(n))) for n in names.values()]):
                 self._forward(ids, torch.ones_like(ids), stop_at_layer=layer + 1 if layer + 1 < self.n_layers else None)
-            _BRIDGE_VERDICTS[block] = judge_branches({k: cap.take(n) for k, n in names.items()},
-                                                     {k: hook_name(k) for k in BRANCH})
+            _BRIDGE_VERDICTS[block] = judge_branches(
+                {k: cap.take(n) for k, n in names.items()}, {k: hook_name(k) for k in BRANCH}
+            )
         return _BRIDGE_VERDICTS[block]
 
     @property
@@ -170,7 +183,7 @@ class TransformerLensAdapter(Adapter):
     def _forward(self, ids: Tensor, mask: Tensor, **kw: Any) -> Tensor:
         if self.is_bridge:
             # the bridge runs the Hugging Face model, which needs positions counted from the mask
-            kw.setdefault("position_ids", positions(mask)[:, -ids.shape[1]:])
+            kw.setdefault("position_ids", positions(mask)[:, -ids.shape[1] :])
         return self.model(ids, attention_mask=mask, **kw)
 
     @torch.no_grad()
@@ -186,8 +199,14 @@ class TransformerLensAdapter(Adapter):
         return self.model.original_model if self.is_bridge else None
 
     @torch.no_grad()
-    def decode(self, input_ids: Tensor, attention_mask: Tensor, site: Site | Sequence[Site] | None,
-               max_new_tokens: int, on_step: Callable[[Any, Tensor, Tensor], Any]) -> None:
+    def decode(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        site: Site | Sequence[Site] | None,
+        max_new_tokens: int,
+        on_step: Callable[[Any, Tensor, Tensor], Any],
+    ) -> None:
         """The bridge uses the shared Hugging Face loop (its hook points live in the rewired HF
         layers, so they fire); HookedTransformer runs its own forward with
         ``TransformerLensKeyValueCache`` and an explicit mask, its last pass stopping after the
@@ -207,6 +226,7 @@ class TransformerLensAdapter(Adapter):
             if not sites:
                 return None
             return cap.take(names[0]) if isinstance(site, Site) else {n: cap.take(n) for n in names}
+
         with self.model.hooks(fwd_hooks=[(n, this_thread(cap.hook(n))) for n in names]):
             cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.device, ids.shape[0])
             for i in range(max_new_tokens + 1):
@@ -215,6 +235,7 @@ class TransformerLensAdapter(Adapter):
                     logits = self.model(ids, attention_mask=step_mask, past_kv_cache=cache)[:, -1]
                 elif sites:  # the last token is fed only to be scored: up to the deepest site's block
                     self.model(ids, attention_mask=step_mask, past_kv_cache=cache, stop_at_layer=deepest + 1)
+                assert logits is not None  # the first pass sets it
                 nxt = on_step(acts(), step_mask, logits)
                 if nxt is None:
                     return
@@ -226,6 +247,7 @@ class TransformerLensAdapter(Adapter):
     def observe(self, site: Site, fn: Callable[[Tensor, Tensor, bool], None]) -> Iterator[None]:
         spy = InputSpy()
         top = getattr(self.model, "original_model", None) if self.is_bridge else self.model
+        assert top is not None  # a bridge wraps its Hugging Face model
         handle = top.register_forward_pre_hook(this_thread(spy), with_kwargs=True)
 
         def on_acts(tensor: Tensor, hook: Any) -> None:

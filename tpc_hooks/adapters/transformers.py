@@ -90,7 +90,11 @@ class TransformersAdapter(HFShape, Adapter):
         handles = []
         try:
             for s in sites:
-                handles.append(hook_site(layers, s, lambda tensor, s=s: keep(s, tensor)))
+
+                def keep_site(tensor: Tensor, s: Site = s) -> None:
+                    keep(s, tensor)
+
+                handles.append(hook_site(layers, s, keep_site))
             ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
             try:
                 self.model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)

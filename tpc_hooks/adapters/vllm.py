@@ -41,10 +41,14 @@ class VLLMAdapter(Adapter):
         super().__init__(model)
         config = model.llm_engine.vllm_config
         if not is_ours(config.parallel_config.worker_cls):
-            raise TPCHooksError("this vllm.LLM was built without tpc-hooks' worker; build it with "
-                                "LLM(model=..., **tpc_hooks.adapters.vllm_engine_args(), ...)")
-        self.stops = STOP in [p if isinstance(p, str) else f"{p.__module__}:{p.__qualname__}"
-                              for p in config.model_config.logits_processors or []]
+            raise TPCHooksError(
+                "this vllm.LLM was built without tpc-hooks' worker; build it with "
+                "LLM(model=..., **tpc_hooks.adapters.vllm_engine_args(), ...)"
+            )
+        self.stops = STOP in [
+            p if isinstance(p, str) else f"{p.__module__}:{p.__qualname__}"
+            for p in config.model_config.logits_processors or []
+        ]
         self._hf_config = config.model_config.hf_text_config
         self._sites: dict[str, int] | None = None
 
@@ -86,12 +90,15 @@ class VLLMAdapter(Adapter):
         (one generated token, greedy); the recorded rows placed back at the mask's positions."""
         from vllm import SamplingParams
 
-        prompts = [row[m.bool()].tolist() for row, m in zip(input_ids.cpu(), attention_mask.cpu())]
+        prompts = [row[m.bool()].tolist() for row, m in zip(input_ids.cpu(), attention_mask.cpu(), strict=True)]
         llm = self.model
         llm.collective_rpc("tpc_hooks_capture", args=([s.name for s in sites],))
         try:
-            outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                                SamplingParams(max_tokens=1, temperature=0, skip_reading_prefix_cache=True), use_tqdm=False)
+            outs = llm.generate(
+                [{"prompt_token_ids": p} for p in prompts],
+                SamplingParams(max_tokens=1, temperature=0, skip_reading_prefix_cache=True),
+                use_tqdm=False,
+            )
             got = llm.collective_rpc("tpc_hooks_take")[0]  # every tensor-parallel rank holds the same stream
         finally:
             llm.collective_rpc("tpc_hooks_release")
@@ -101,19 +108,31 @@ class VLLMAdapter(Adapter):
             # the engine suffixes each request id ("0" runs as "0-<random>" in the workers)
             per = _by_request(got.get(s.name, {}))
             out = torch.zeros(B, T, self.d_model)
-            for b, (o, p) in enumerate(zip(outs, prompts)):
+            for b, (o, p) in enumerate(zip(outs, prompts, strict=True)):
                 rows = per.get(o.request_id)
                 if rows is None:
                     raise TPCHooksError(f"the vLLM workers recorded nothing at {s.name} for request {o.request_id}")
-                out[b, attention_mask[b].bool().cpu()] = torch.tensor(rows[:len(p)])
+                out[b, attention_mask[b].bool().cpu()] = torch.tensor(rows[: len(p)])
             result[s.name] = out
         return result
 
     def decode(self, *args: Any, **kwargs: Any) -> None:
         raise TPCHooksError("a vLLM engine drives its own decode loop (monitor.generate runs through it)")
 
-    def generate(self, monitor: Any, ids: list[list[int]], max_new_tokens: int, action: Any, *, order: int | None,
-                 cascade: float | None, do_sample: bool, temperature: float, seed: int, stop_at_eos: bool) -> dict:
+    def generate(
+        self,
+        monitor: Any,
+        ids: list[list[int]],
+        max_new_tokens: int,
+        action: Any,
+        *,
+        order: int | None,
+        cascade: float | None,
+        do_sample: bool,
+        temperature: float,
+        seed: int,
+        stop_at_eos: bool,
+    ) -> dict:
         """:meth:`Monitor.generate` through the engine (see the module docstring), also for a
         :class:`~tpc_hooks.MonitorSet` (``action``: as its ``generate`` takes it); returns each
         row's generated ``tokens`` and, per monitor name (a lone monitor: ``""``), each row's
@@ -133,25 +152,38 @@ class VLLMAdapter(Adapter):
         members = monitor._members(action)  # a lone monitor: one, named ""
         names = [name for name, _, _ in members]
         if not stop_at_eos and any(act == "stop" for _, _, act in members):
-            raise TPCHooksError("on vLLM a stopped request ends with its EOS token, so action='stop' needs stop_at_eos=True")
+            raise TPCHooksError(
+                "on vLLM a stopped request ends with its EOS token, so action='stop' needs stop_at_eos=True"
+            )
         with self.monitoring(monitor, action, order=order, cascade=cascade):
+
             def params(n: int, b: int, cached: bool = True) -> Any:
-                return SamplingParams(max_tokens=n, temperature=temperature if do_sample else 0.0,
-                                      seed=seed + b if do_sample else None, ignore_eos=not stop_at_eos,
-                                      skip_reading_prefix_cache=not cached)
+                return SamplingParams(
+                    max_tokens=n,
+                    temperature=temperature if do_sample else 0.0,
+                    seed=seed + b if do_sample else None,
+                    ignore_eos=not stop_at_eos,
+                    skip_reading_prefix_cache=not cached,
+                )
 
             def take() -> dict[str, dict[str, Any]]:
                 return {n: _by_request(llm.collective_rpc("tpc_hooks_runs", args=(None, n))[0]) for n in names}
 
-            outs = llm.generate([{"prompt_token_ids": p} for p in ids],
-                                [params(max_new_tokens + 1, b) for b in range(len(ids))], use_tqdm=False)
+            outs = llm.generate(
+                [{"prompt_token_ids": p} for p in ids],
+                [params(max_new_tokens + 1, b) for b in range(len(ids))],
+                use_tqdm=False,
+            )
             runs = take()
             redo = [b for b, o in enumerate(outs) if any("error" in runs[n].get(o.request_id, {}) for n in names)]
             if redo:  # their cached prefix had no kept state: computed again, every token through the monitor
-                again_outs = llm.generate([{"prompt_token_ids": ids[b]} for b in redo],
-                                          [params(max_new_tokens + 1, b, cached=False) for b in redo], use_tqdm=False)
+                again_outs = llm.generate(
+                    [{"prompt_token_ids": ids[b]} for b in redo],
+                    [params(max_new_tokens + 1, b, cached=False) for b in redo],
+                    use_tqdm=False,
+                )
                 more = take()
-                for b, o in zip(redo, again_outs):
+                for b, o in zip(redo, again_outs, strict=True):
                     outs[b] = o
                     for n in names:
                         runs[n][o.request_id] = more[n].get(o.request_id, {"error": "nothing recorded"})
@@ -159,28 +191,33 @@ class VLLMAdapter(Adapter):
             rows: dict[str, list[dict]] = {n: [] for n in names}
             again: list[int] = []  # rows whose last token (an EOS) was never fed back
             for b, o in enumerate(outs):
-                got = [runs[n].get(o.request_id) for n in names]
-                for run in got:
+                got: list[dict] = []
+                for n in names:
+                    run = runs[n].get(o.request_id)
                     if run is None or "error" in run:
                         why = "nothing" if run is None else run["error"]
                         raise TPCHooksError(f"the vLLM workers did not score request {o.request_id}: {why}")
+                    got.append(run)
                 made = list(o.outputs[0].token_ids)
                 steps = len(got[0]["probs"])
                 stops = [r["stopped_at"] for r in got if r["stopped_at"] is not None]
                 if stops:
-                    made = made[:min(stops)]  # the forced EOS goes
+                    made = made[: min(stops)]  # the forced EOS goes
                 elif len(made) > max_new_tokens:
                     made = made[:max_new_tokens]  # the extra token goes
                 elif steps == len(made):
                     again.append(b)
                 tokens.append(made)
-                for n, run in zip(names, got):
+                for n, run in zip(names, got, strict=True):
                     rows[n].append(run)
             if again:  # the last step of rows that ended on EOS: one pass over each whole sequence
-                outs2 = llm.generate([{"prompt_token_ids": ids[b] + tokens[b]} for b in again],
-                                     [params(1, 0)] * len(again), use_tqdm=False)
+                outs2 = llm.generate(
+                    [{"prompt_token_ids": ids[b] + tokens[b]} for b in again],
+                    [params(1, 0)] * len(again),
+                    use_tqdm=False,
+                )
                 more = take()
-                for b, o in zip(again, outs2):
+                for b, o in zip(again, outs2, strict=True):
                     for n in names:
                         last = more[n][o.request_id]
                         for k in ("logits", "probs", "decision_logits", "exit_order", "flops"):
@@ -188,8 +225,15 @@ class VLLMAdapter(Adapter):
         return {"tokens": tokens, "runs": rows}
 
     @contextmanager
-    def monitoring(self, monitor: Any, action: Any = "flag", *, order: int | None = None,
-                   cascade: float | None = None, keep: str = "steps") -> Iterator[dict]:
+    def monitoring(
+        self,
+        monitor: Any,
+        action: Any = "flag",
+        *,
+        order: int | None = None,
+        cascade: float | None = None,
+        keep: str = "steps",
+    ) -> Iterator[dict]:
         """Inside the block the engine's workers score every request with ``monitor`` (each
         step, at its site) and, with ``action="stop"``, end a request at its first flagged
         step; the block yields what the workers run (site, threshold, d_model). The steps are
@@ -224,8 +268,9 @@ class VLLMAdapter(Adapter):
             for k, (name, mon, act) in enumerate(members):
                 path = f"{where}/{k}"
                 mon.save_pretrained(path, card=False)
-                specs.append({"name": name, "path": path, "site": mon.site, "order": order, "cascade": cascade,
-                              "action": act})
+                specs.append(
+                    {"name": name, "path": path, "site": mon.site, "order": order, "cascade": cascade, "action": act}
+                )
             try:
                 info = llm.collective_rpc("tpc_hooks_arm_set", args=(specs, keep))[0]
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
@@ -240,14 +285,20 @@ class VLLMAdapter(Adapter):
     def _check_member(self, name: str, monitor: Any, action: str) -> None:
         who = f"monitor {name!r}" if name else "monitor"
         if action == "stop" and not self.stops:
-            raise TPCHooksError("action='stop' needs tpc-hooks' logits processor in this vllm.LLM; build it with "
-                                "LLM(model=..., **tpc_hooks.adapters.vllm_engine_args(), ...)")
+            raise TPCHooksError(
+                "action='stop' needs tpc-hooks' logits processor in this vllm.LLM; build it with "
+                "LLM(model=..., **tpc_hooks.adapters.vllm_engine_args(), ...)"
+            )
         if monitor.sae is not None:
-            raise TPCHooksError(f"{who} reads SAE latents, which do not run in vLLM's workers yet (they would need the "
-                                "SAE); score its prompts with monitor.score(llm, prompts)")
+            raise TPCHooksError(
+                f"{who} reads SAE latents, which do not run in vLLM's workers yet (they would need the "
+                "SAE); score its prompts with monitor.score(llm, prompts)"
+            )
         if monitor.head.d_model != self.d_model:
-            raise TPCHooksError(f"{who} expects d_model={monitor.head.d_model} at {monitor.site!r} but the model "
-                                f"produces {self.d_model}; was it trained on another model ({monitor.model_name or 'unknown'})?")
+            raise TPCHooksError(
+                f"{who} expects d_model={monitor.head.d_model} at {monitor.site!r} but the model "
+                f"produces {self.d_model}; was it trained on another model ({monitor.model_name or 'unknown'})?"
+            )
         self.site(monitor.site)
 
     def observe(self, *args: Any, **kwargs: Any) -> Any:

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._errors import TPCHooksError
+from ..rendering._views import attribution_html
 from . import _kernel
 from ._checks import check_features
-from .._errors import TPCHooksError
 from ._polynomial import TPC
 from ._pooling import pool
 from ._sae import check_sae, decoder, encode
-from ..rendering._views import attribution_html
 
 PAIR_MODES = ("positive", "negative", "absolute")
 
@@ -125,12 +125,22 @@ class Attribution:
         Only for small ``d_model`` (``max_d``); use :meth:`top_pairs` otherwise.
         """
         if self.n_units > max_d:
-            raise TPCHooksError(f"pair_matrix materialises {self.n_units}^2 values; use top_pairs() (or raise max_d={max_d})")
+            raise TPCHooksError(
+                f"pair_matrix materialises {self.n_units}^2 values; use top_pairs() (or raise max_d={max_d})"
+            )
         A, w = self._factors(self._row(input), order)
         return (A * w) @ A.T
 
-    def top_pairs(self, k: int = 10, order: int | None = 2, *, input: int | None = 0, mode: str = "positive",
-                  block: int = 512, candidates: int | None = 512) -> list[tuple[Any, Any, float]]:
+    def top_pairs(
+        self,
+        k: int = 10,
+        order: int | None = 2,
+        *,
+        input: int | None = 0,
+        mode: str = "positive",
+        block: int = 512,
+        candidates: int | None = 512,
+    ) -> list[tuple[Any, Any, float]]:
         """The ``k`` neuron pairs ``i < j`` contributing most to the logit.
 
         Args:
@@ -163,7 +173,9 @@ class Attribution:
         d = self.n_units
         n_pairs = d * (d - 1) // 2
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= n_pairs:
-            raise TPCHooksError(f"k must be in 1..{n_pairs} (the number of pairs among {d} {self.basis} units); got {k!r}")
+            raise TPCHooksError(
+                f"k must be in 1..{n_pairs} (the number of pairs among {d} {self.basis} units); got {k!r}"
+            )
         if input is None:
             keep = torch.arange(d)
             if candidates is not None and candidates < d:
@@ -187,7 +199,9 @@ class Attribution:
 
         m = len(ids)
         if k > m * (m - 1) // 2:
-            raise TPCHooksError(f"k={k} exceeds the {m * (m - 1) // 2} pairs among {m} candidate neurons; raise candidates")
+            raise TPCHooksError(
+                f"k={k} exceeds the {m * (m - 1) // 2} pairs among {m} candidate neurons; raise candidates"
+            )
         best_v = torch.empty(0, dtype=self.z.dtype)
         best_i = torch.empty(0, dtype=torch.long)
         cols = torch.arange(m)
@@ -205,7 +219,7 @@ class Attribution:
             best_v, best_i = best_v[keep_top], best_i[keep_top]
         names = self.feature_ids
         out = []
-        for v, idx in zip(best_v.tolist(), best_i.tolist()):
+        for v, idx in zip(best_v.tolist(), best_i.tolist(), strict=True):
             i, j = (int(ids[t]) for t in divmod(idx, m))
             out.append((names[i] if names else i, names[j] if names else j, v))
         return out
@@ -229,6 +243,7 @@ class Attribution:
         if W_dec is None:
             raise TPCHooksError("this attribution carries no SAE decoder")
         if unit == "b_dec":
+            assert b_dec is not None  # attribute() stores W_dec and b_dec together
             return b_dec
         if isinstance(unit, bool) or not isinstance(unit, int) or not 0 <= unit < W_dec.shape[0]:
             raise TPCHooksError(f"unit must be an SAE feature id in 0..{W_dec.shape[0] - 1} or 'b_dec'; got {unit!r}")
@@ -255,16 +270,24 @@ class Attribution:
     # ------------------------------------------------------------------ aggregates and export
     def mean(self) -> dict[str, Tensor]:
         """Mean and mean-absolute attributions over the attributed inputs."""
-        return {"logit": self.logit.mean(0), "by_order": self.by_order.mean(0), "by_order_abs": self.by_order.abs().mean(0),
-                "by_neuron": self.by_neuron.mean(0), "by_neuron_abs": self.by_neuron.abs().mean(0)}
+        return {
+            "logit": self.logit.mean(0),
+            "by_order": self.by_order.mean(0),
+            "by_order_abs": self.by_order.abs().mean(0),
+            "by_neuron": self.by_neuron.mean(0),
+            "by_neuron_abs": self.by_neuron.abs().mean(0),
+        }
 
     def to_dict(self, input: int = 0, k: int = 20) -> dict[str, Any]:
         """One input's attribution as plain JSON-able data (top neurons and pairs, per order)."""
         r = self._row(input)
         n = self.n_units
         pairs = {str(o): self.top_pairs(min(k, n * (n - 1) // 2), o, input=r) for o in self.head.degrees}
-        out = {
-            "site": self.site, "basis": self.basis, "logit": float(self.logit[r]), "bias": float(self.bias[r]),
+        out: dict[str, Any] = {
+            "site": self.site,
+            "basis": self.basis,
+            "logit": float(self.logit[r]),
+            "bias": float(self.bias[r]),
             "by_order": [float(v) for v in self.by_order[r]],
             "top_neurons": self.top_neurons(min(k, n), input=r),
             "top_pairs": pairs,
@@ -282,8 +305,10 @@ class Attribution:
         import pandas as pd
 
         r = self._row(input)
-        rows = [{"kind": "order", "order": o + 1, "i": None, "j": None, "value": float(self.by_order[r, o])}
-                for o in range(self.head.degree)]
+        rows = [
+            {"kind": "order", "order": o + 1, "i": None, "j": None, "value": float(self.by_order[r, o])}
+            for o in range(self.head.degree)
+        ]
         n = self.n_units
         for i, v in self.top_neurons(min(k, n), input=r):
             rows.append({"kind": "neuron", "order": None, "i": i, "j": None, "value": v})
@@ -304,8 +329,11 @@ class Attribution:
         r = self._row(input)
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [1, 1.3]})
         vals = self.by_order[r].tolist()
-        ax1.bar([("bias+linear" if o == 0 else f"degree {o + 1}") for o in range(len(vals))], vals,
-                color=["#4477aa" if v >= 0 else "#cc6677" for v in vals])
+        ax1.bar(
+            [("bias+linear" if o == 0 else f"degree {o + 1}") for o in range(len(vals))],
+            vals,
+            color=["#4477aa" if v >= 0 else "#cc6677" for v in vals],
+        )
         ax1.axhline(0, color="black", lw=0.6)
         ax1.set_title(f"logit {float(self.logit[r]):.3f} by order")
         ax1.tick_params(axis="x", rotation=30)
@@ -367,7 +395,9 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         >>> import torch, tpc_hooks as tpc
         >>> head = tpc.TPC(d_model=8, degree=3, rank=2)
         >>> attr = tpc.attribute(head, torch.randn(4, 8))
-        >>> torch.allclose(attr.by_order.sum(-1), attr.logit), torch.allclose(attr.bias + attr.by_neuron.sum(-1), attr.logit)
+        >>> torch.allclose(attr.by_order.sum(-1), attr.logit), torch.allclose(
+        ...     attr.bias + attr.by_neuron.sum(-1), attr.logit
+        ... )
         (True, True)
     """
     head, site = _head_of(head_or_monitor)
@@ -384,8 +414,10 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         if site is None:
             raise TPCHooksError("per-token activations [batch, pos, d_model] need a Monitor (for its pooling)")
         if getattr(head_or_monitor, "pooling", None) == "token":
-            raise TPCHooksError("a per-token monitor aggregates its tokens' logits over time; attribute the tokens "
-                                "themselves: attribute(monitor, acts[b, :T]) gives one row per token")
+            raise TPCHooksError(
+                "a per-token monitor aggregates its tokens' logits over time; attribute the tokens "
+                "themselves: attribute(monitor, acts[b, :T]) gives one row per token"
+            )
         m = torch.ones(t.shape[:2], dtype=torch.long) if mask is None else torch.as_tensor(mask)
         if tuple(m.shape) != tuple(t.shape[:2]):
             raise TPCHooksError(f"mask has shape {tuple(m.shape)}; expected {tuple(t.shape[:2])}")
@@ -422,15 +454,34 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
     extra: dict[str, Any] = {}
     if mon_sae is not None:
         extra["W_dec"], extra["b_dec"] = (t.to(dtype) for t in decoder(mon_sae))
-    return Attribution(head=head, logit=logit, bias=bias, by_order=by_order, by_neuron=by_neuron,
-                       neuron_by_order=neuron_by_order, z=zs, site=site,
-                       basis="sae" if mon_sae is not None else "residual", extra=extra,
-                       feature_labels=getattr(mon_sae, "feature_labels", None))
+    return Attribution(
+        head=head,
+        logit=logit,
+        bias=bias,
+        by_order=by_order,
+        by_neuron=by_neuron,
+        neuron_by_order=neuron_by_order,
+        z=zs,
+        site=site,
+        basis="sae" if mon_sae is not None else "residual",
+        extra=extra,
+        feature_labels=getattr(mon_sae, "feature_labels", None),
+    )
 
 
 @torch.no_grad()
-def _project(head: TPC, site: str | None, sae: Any, X: Tensor, zs: Tensor, qs: list[Tensor], bias: Tensor,
-             by_order: Tensor, logit: Tensor, f: Tensor | None) -> Attribution:
+def _project(
+    head: TPC,
+    site: str | None,
+    sae: Any,
+    X: Tensor,
+    zs: Tensor,
+    qs: list[Tensor],
+    bias: Tensor,
+    by_order: Tensor,
+    logit: Tensor,
+    f: Tensor | None,
+) -> Attribution:
     """Attribution of a residual-space head in an SAE's feature basis (see :func:`attribute`);
     ``qs`` are :func:`attribute`'s per-order gradients ``q_k`` in standardised units."""
     check_sae(sae, head.d_model, site)
@@ -446,6 +497,17 @@ def _project(head: TPC, site: str | None, sae: Any, X: Tensor, zs: Tensor, qs: l
     unit_by_order = torch.stack([torch.cat([f * (q @ dec.T), torch.einsum("bvd,bd->bv", rows, q)], 1) for q in qs], 1)
     by_unit = unit_by_order.sum(1)
     ids: list[Any] = list(range(dec.shape[0])) + ["b_dec", "error"]
-    return Attribution(head=head, logit=logit, bias=bias, by_order=by_order, by_neuron=by_unit,
-                       neuron_by_order=unit_by_order, z=zs, site=site, basis="sae-projection", feature_ids=ids,
-                       extra={"W_dec": W_dec, "b_dec": b_dec}, _proj={"f": f, "dec": dec, "rows": rows})
+    return Attribution(
+        head=head,
+        logit=logit,
+        bias=bias,
+        by_order=by_order,
+        by_neuron=by_unit,
+        neuron_by_order=unit_by_order,
+        z=zs,
+        site=site,
+        basis="sae-projection",
+        feature_ids=ids,
+        extra={"W_dec": W_dec, "b_dec": b_dec},
+        _proj={"f": f, "dec": dec, "rows": rows},
+    )

@@ -18,9 +18,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from .._errors import TPCHooksError
 from . import _kernel
 from ._checks import check_features, check_labels
-from .._errors import TPCHooksError
 from ._metrics import classification_metrics, expected_calibration_error
 from ._polynomial import TPC
 
@@ -79,19 +79,35 @@ def prefix_result(res: CascadeResult, agg: Tensor, t: int) -> CascadeResult:
     """A per-token monitor's result for the prefix ending at token ``t``: the aggregate, the
     token's exit order, and the FLOPs of every token up to it."""
     t = t % agg.shape[0]
-    return CascadeResult(logits=agg[t:t + 1], probs=torch.sigmoid(agg[t:t + 1]), exit_order=res.exit_order[t:t + 1],
-                         flops=res.flops[:t + 1].sum(0, keepdim=True), degree=res.degree, decision_logits=agg[t:t + 1])
+    return CascadeResult(
+        logits=agg[t : t + 1],
+        probs=torch.sigmoid(agg[t : t + 1]),
+        exit_order=res.exit_order[t : t + 1],
+        flops=res.flops[: t + 1].sum(0, keepdim=True),
+        degree=res.degree,
+        decision_logits=agg[t : t + 1],
+    )
 
 
 def stack_results(parts: Sequence[CascadeResult]) -> CascadeResult:
     """One result of the rows of ``parts``, in order."""
-    cat = lambda k: torch.cat([getattr(r, k) for r in parts])
-    return CascadeResult(logits=cat("logits"), probs=cat("probs"), exit_order=cat("exit_order"), flops=cat("flops"),
-                         degree=parts[0].degree, decision_logits=cat("decision_logits"))
+
+    def cat(k):
+        return torch.cat([getattr(r, k) for r in parts])
+
+    return CascadeResult(
+        logits=cat("logits"),
+        probs=cat("probs"),
+        exit_order=cat("exit_order"),
+        flops=cat("flops"),
+        degree=parts[0].degree,
+        decision_logits=cat("decision_logits"),
+    )
 
 
-def step_exits(head: TPC, s: Tensor, left: Tensor, ok: Tensor, temps: Any, biases: Any, cum: Tensor, lo: Any,
-               hi: Any) -> dict[str, Tensor]:
+def step_exits(
+    head: TPC, s: Tensor, left: Tensor, ok: Tensor, temps: Any, biases: Any, cum: Tensor, lo: Any, hi: Any
+) -> dict[str, Tensor]:
     """:meth:`Cascade.step`'s exits, on the device: from every order's logit ``s [..., n, N]``, the
     rows out of the trust region per order ``left``, the finite rows ``ok [..., n]``, each order's
     temperature and bias and cumulative FLOPs ``cum [..., N]``, and the exit thresholds ``lo, hi``
@@ -107,9 +123,14 @@ def step_exits(head: TPC, s: Tensor, left: Tensor, ok: Tensor, temps: Any, biase
     # a row exits at the first order that settles it: the number of leading orders that leave it open
     at = go_on[..., :-1].cumprod(-1, dtype=torch.int64).sum(-1, keepdim=True)
     d = _kernel.nan_rows(c.gather(-1, at)[..., 0], ok)
-    return {"logits": _kernel.nan_rows(s.gather(-1, at)[..., 0], ok), "probs": torch.sigmoid(d),
-            "exit_order": at[..., 0] + 1, "flops": cum.gather(-1, at[..., 0]),
-            "gated": left.gather(-1, at)[..., 0] if gate else torch.zeros_like(ok), "decision_logits": d}
+    return {
+        "logits": _kernel.nan_rows(s.gather(-1, at)[..., 0], ok),
+        "probs": torch.sigmoid(d),
+        "exit_order": at[..., 0] + 1,
+        "flops": cum.gather(-1, at[..., 0]),
+        "gated": left.gather(-1, at)[..., 0] if gate else torch.zeros_like(ok),
+        "decision_logits": d,
+    }
 
 
 def thresholds(tau: float, lower: float | None, upper: float | None, center: float = 0.5) -> tuple[float, float]:
@@ -168,14 +189,24 @@ class Cascade:
         (torch.Size([5]), torch.Size([5]))
     """
 
-    def __init__(self, head: TPC, tau: float = 0.1, *, lower: float | None = None, upper: float | None = None,
-                 center: float = 0.5, temperatures: Sequence[float] | None = None, biases: Sequence[float] | None = None):
+    def __init__(
+        self,
+        head: TPC,
+        tau: float = 0.1,
+        *,
+        lower: float | None = None,
+        upper: float | None = None,
+        center: float = 0.5,
+        temperatures: Sequence[float] | None = None,
+        biases: Sequence[float] | None = None,
+    ):
         if not isinstance(head, TPC):
             raise TPCHooksError(f"Cascade needs a tpc_hooks.TPC head; got {type(head).__name__}")
         self.head = head
         self.lower, self.upper = thresholds(tau, lower, upper, center)
         symmetric = lower is None and upper is None
-        self._tau, self.center = (float(tau), float(center)) if symmetric else (None, 0.5)
+        self._tau: float | None = float(tau) if symmetric else None
+        self.center = float(center) if symmetric else 0.5
         n = head.degree
         self.temperatures = [1.0] * n if temperatures is None else [float(t) for t in temperatures]
         self.biases = [0.0] * n if biases is None else [float(b) for b in biases]
@@ -197,11 +228,19 @@ class Cascade:
         exits placed around the operating threshold ``center`` (see :class:`Cascade`)."""
         return self.with_thresholds(0.1 if self.tau is None else self.tau, center=center)
 
-    def with_thresholds(self, tau: float | None = None, *, lower: float | None = None, upper: float | None = None,
-                        center: float = 0.5) -> "Cascade":
+    def with_thresholds(
+        self, tau: float | None = None, *, lower: float | None = None, upper: float | None = None, center: float = 0.5
+    ) -> "Cascade":
         """The same head and calibration with other thresholds (``center``: see :class:`Cascade`)."""
-        c = Cascade(self.head, 0.1 if tau is None else tau, lower=lower, upper=upper, center=center,
-                    temperatures=self.temperatures, biases=self.biases)
+        c = Cascade(
+            self.head,
+            0.1 if tau is None else tau,
+            lower=lower,
+            upper=upper,
+            center=center,
+            temperatures=self.temperatures,
+            biases=self.biases,
+        )
         c.calibration_report = self.calibration_report
         return c
 
@@ -229,12 +268,29 @@ class Cascade:
 
         first = walk.logit.clone()
         s, d, exit_order, flops, gated = _kernel.exit_loop(
-            first, self._calibrate(first, 1), advance, head.degree, list(itertools.accumulate(head.term_flops())),
-            self.lower, self.upper)
+            first,
+            self._calibrate(first, 1),
+            advance,
+            head.degree,
+            list(itertools.accumulate(head.term_flops())),
+            self.lower,
+            self.upper,
+        )
         if bool(gated.any()):
-            log.info("cascade: %d of %d rows left the trust region; scored by the linear probe", int(gated.sum()), zs.shape[0])
-        return CascadeResult(logits=s, probs=torch.sigmoid(d), exit_order=exit_order, flops=flops, degree=head.degree,
-                             gated=gated, decision_logits=d)
+            log.info(
+                "cascade: %d of %d rows left the trust region; scored by the linear probe",
+                int(gated.sum()),
+                zs.shape[0],
+            )
+        return CascadeResult(
+            logits=s,
+            probs=torch.sigmoid(d),
+            exit_order=exit_order,
+            flops=flops,
+            degree=head.degree,
+            gated=gated,
+            decision_logits=d,
+        )
 
     @torch.no_grad()
     def step(self, z: Float[Tensor, "batch d_model"]) -> CascadeResult:
@@ -253,8 +309,12 @@ class Cascade:
         zs, ok = _kernel.stream_rows(head, z)
         s, left = _kernel.stream_logits(head, zs, head.degree)
         temps, biases, cum = self._step_tensors(s)
-        return CascadeResult(**step_exits(head, s, left, ok, temps, biases, cum, _kernel.logit_of(self.lower),
-                                          _kernel.logit_of(self.upper)), degree=head.degree)
+        return CascadeResult(
+            **step_exits(  # type: ignore[arg-type]  # all Tensor fields; mypy cannot match them by name
+                head, s, left, ok, temps, biases, cum, _kernel.logit_of(self.lower), _kernel.logit_of(self.upper)
+            ),
+            degree=head.degree,
+        )
 
     def _step_tensors(self, like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Per-order temperatures, biases and cumulative FLOPs on ``like``'s device (made once per
@@ -297,11 +357,17 @@ class Cascade:
             self.biases.append(b)
             p0 = 1 / (1 + np.exp(-s))
             p1 = 1 / (1 + np.exp(-(a * s + b)))
-            self.calibration_report.append({
-                "order": order, "temperature": 1 / a, "bias": b,
-                "ece_before": expected_calibration_error(y, p0), "ece_after": expected_calibration_error(y, p1),
-                "nll_before": _nll(y, s), "nll_after": _nll(y, a * s + b),
-            })
+            self.calibration_report.append(
+                {
+                    "order": order,
+                    "temperature": 1 / a,
+                    "bias": b,
+                    "ece_before": expected_calibration_error(y, p0),
+                    "ece_after": expected_calibration_error(y, p1),
+                    "nll_before": _nll(y, s),
+                    "nll_after": _nll(y, a * s + b),
+                }
+            )
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -315,14 +381,19 @@ class Cascade:
     def from_dict(cls, head: TPC, d: dict[str, Any]) -> "Cascade":
         if d.get("center") is not None:
             c = cls(head, d["tau"], center=d["center"], temperatures=d["temperatures"], biases=d["biases"])
-            if not (math.isclose(c.lower, d["lower"], rel_tol=1e-9) and math.isclose(c.upper, d["upper"], rel_tol=1e-9)):
-                raise TPCHooksError(f"lower/upper {d['lower']}/{d['upper']} do not follow from tau={d['tau']} and "
-                                    f"center={d['center']}")
+            if not (
+                math.isclose(c.lower, d["lower"], rel_tol=1e-9) and math.isclose(c.upper, d["upper"], rel_tol=1e-9)
+            ):
+                raise TPCHooksError(
+                    f"lower/upper {d['lower']}/{d['upper']} do not follow from tau={d['tau']} and center={d['center']}"
+                )
             return c
         return cls(head, lower=d["lower"], upper=d["upper"], temperatures=d["temperatures"], biases=d["biases"])
 
     # ------------------------------------------------------------------ sweeps
-    def sweep(self, X: Any, y: Any, taus: Sequence[float] = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)) -> list[dict[str, Any]]:
+    def sweep(
+        self, X: Any, y: Any, taus: Sequence[float] = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
+    ) -> list[dict[str, Any]]:
         """Compute-F1 curve: for each ``tau``, F1 and mean FLOPs per input and the exit histogram.
 
         ``relative_flops`` is the mean FLOPs over the linear probe's (order 1) FLOPs.
@@ -334,9 +405,18 @@ class Cascade:
         for tau in taus:
             out = self.with_thresholds(tau)(X_t)
             m = classification_metrics(y_t, out.probs, from_logits=False)
-            rows.append({"tau": float(tau), "f1": m["f1"], "accuracy": m["accuracy"], "recall": m["recall"],
-                         "frr": m["frr"], "mean_flops": out.mean_flops, "relative_flops": out.mean_flops / base,
-                         "exit_histogram": out.exit_histogram()})
+            rows.append(
+                {
+                    "tau": float(tau),
+                    "f1": m["f1"],
+                    "accuracy": m["accuracy"],
+                    "recall": m["recall"],
+                    "frr": m["frr"],
+                    "mean_flops": out.mean_flops,
+                    "relative_flops": out.mean_flops / base,
+                    "exit_histogram": out.exit_histogram(),
+                }
+            )
         return rows
 
 

@@ -18,14 +18,19 @@ def as_tensor(x: Any, name: str) -> torch.Tensor:
         try:
             t = torch.as_tensor(np.asarray(x))
         except (TypeError, ValueError) as err:
-            raise TPCHooksError(f"{name} must be an array or tensor of numbers; got {type(x).__name__} ({err})") from None
-    if not (t.is_floating_point() or t.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)):
+            raise TPCHooksError(
+                f"{name} must be an array or tensor of numbers; got {type(x).__name__} ({err})"
+            ) from None
+    if not (
+        t.is_floating_point() or t.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool)
+    ):
         raise TPCHooksError(f"{name} must hold real numbers; got dtype {t.dtype}")
     return t
 
 
-def check_features(x: Any, name: str = "X", d_model: int | None = None, *, min_rows: int = 1,
-                   device: torch.device | str | None = None) -> torch.Tensor:
+def check_features(
+    x: Any, name: str = "X", d_model: int | None = None, *, min_rows: int = 1, device: torch.device | str | None = None
+) -> torch.Tensor:
     """Checks a feature matrix ``[n, d_model]`` and returns it as float32 (float64 kept).
 
     With ``device`` the rows are moved there first (one copy, in their own dtype) and checked
@@ -71,7 +76,9 @@ def check_labels(y: Any, n: int, name: str = "y", *, need_both: bool = True) -> 
     if t.dim() != 1:
         raise TPCHooksError(f"{name} must be 1-D [n_samples]; got shape {tuple(t.shape)}")
     if t.shape[0] != n:
-        raise TPCHooksError(f"{name} has {t.shape[0]} labels but the features have {n} rows; they must match one to one")
+        raise TPCHooksError(
+            f"{name} has {t.shape[0]} labels but the features have {n} rows; they must match one to one"
+        )
     if n == 0:
         raise TPCHooksError(f"{name} is empty")
     t = t.double()

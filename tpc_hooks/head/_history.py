@@ -53,8 +53,9 @@ class TrainConfig:
             raise TPCHooksError(f"dropout must be in [0, 1); got {self.dropout!r}")
         if not self.l1 >= 0:
             raise TPCHooksError(f"l1 must be >= 0; got {self.l1!r}")
-        if self.patience is not None and (isinstance(self.patience, bool) or not isinstance(self.patience, int)
-                                          or self.patience < 0):
+        if self.patience is not None and (
+            isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 0
+        ):
             raise TPCHooksError(f"patience must be None or an integer >= 0; got {self.patience!r}")
 
     def grid(self, sweep: bool | dict[str, Sequence[float]] | None) -> list["TrainConfig"]:
@@ -66,7 +67,10 @@ class TrainConfig:
         if unknown:
             raise TPCHooksError(f"sweep keys must be among {sorted(PAPER_GRID)}; got {sorted(unknown)}")
         keys = sorted(grid)
-        return [replace(self, **dict(zip(keys, vals))) for vals in itertools.product(*(grid[k] for k in keys))]
+        return [
+            replace(self, **dict(zip(keys, vals, strict=True)))  # type: ignore[arg-type]  # float fields only
+            for vals in itertools.product(*(grid[k] for k in keys))
+        ]
 
 
 @dataclass(frozen=True)
@@ -182,15 +186,21 @@ class FitConfig:
         if not isinstance(self.recipe, str) and isinstance(getattr(self.recipe, "fit", None), str):
             object.__setattr__(self, "recipe", self.recipe.fit)  # a tpc.recipes preset: the fit's half of it
         if self.recipe not in RECIPES:
-            raise TPCHooksError(f"recipe must be a tpc.recipes preset (its fit: {sorted(RECIPES)}); got {self.recipe!r}")
+            raise TPCHooksError(
+                f"recipe must be a tpc.recipes preset (its fit: {sorted(RECIPES)}); got {self.recipe!r}"
+            )
         paper = self.recipe == "paper"
         if paper and (self.trust_region or self.shrink or self.gate or self.escalate_only):
-            raise TPCHooksError("recipe='paper' is the plain polynomial: it cannot be combined with trust_region, gate, "
-                                "shrink or escalate_only")
+            raise TPCHooksError(
+                "recipe='paper' is the plain polynomial: it cannot be combined with trust_region, gate, "
+                "shrink or escalate_only"
+            )
         if self.shrink and self.mode == "joint":
             raise TPCHooksError("shrink scales each degree after it is trained alone; it needs mode='progressive'")
         if self.gate and not self.resolved_trust_region:
-            raise TPCHooksError("gate=True needs the trust region (trust_region=True): the gate fires when an input leaves it")
+            raise TPCHooksError(
+                "gate=True needs the trust region (trust_region=True): the gate fires when an input leaves it"
+            )
         if self.group_rule not in GROUP_RULES:
             raise TPCHooksError(f"group_rule must be 'balanced' or 'worst'; got {self.group_rule!r}")
         if not (_number(self.decay_growth) and self.decay_growth > 0):
@@ -219,14 +229,16 @@ class FitConfig:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - names)
         if unknown:
-            raise TPCHooksError(f"fit() got unknown setting(s) {unknown}; the settings are FitConfig's fields: {sorted(names)}")
+            raise TPCHooksError(
+                f"fit() got unknown setting(s) {unknown}; the settings are FitConfig's fields: {sorted(names)}"
+            )
         return replace(config or cls(), **options)
 
     @property
     def _patience(self) -> int | None:
         if self.patience == "auto":
             return None if self.recipe == "paper" else 10
-        return self.patience
+        return self.patience  # type: ignore[return-value]  # any other string: TrainConfig rejects it
 
     @property
     def resolved_trust_region(self) -> bool:
@@ -239,7 +251,8 @@ class FitConfig:
         paper = self.recipe == "paper"
         trust = self.resolved_trust_region
         return replace(
-            self, trust_region=trust,
+            self,
+            trust_region=trust,
             gate=trust if self.gate is None else bool(self.gate),
             shrink=(not paper and self.mode == "progressive") if self.shrink is None else bool(self.shrink),
             patience=self._patience,
@@ -249,15 +262,31 @@ class FitConfig:
 
     def train_config(self) -> TrainConfig:
         """The optimiser settings of one degree (before any ``decay_growth``)."""
-        return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, weight_decay=self.weight_decay,
-                           dropout=self.dropout, patience=self._patience, l1=self.l1, keep_best=self.recipe != "paper")
+        return TrainConfig(
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            dropout=self.dropout,
+            patience=self._patience,
+            l1=self.l1,
+            keep_best=self.recipe != "paper",
+        )
 
     def settings(self) -> dict[str, Any]:
         """The recipe and robustness options, resolved, as ``History.settings`` reports them."""
         r = self.resolved()
-        return {"recipe": r.recipe, "trust_region": r.trust_region, "margin": r.margin, "gate": r.gate,
-                "shrink": r.shrink, "escalate_only": r.escalate_only, "decay_growth": r.decay_growth,
-                "patience": r.patience, "group_rule": r.group_rule}
+        return {
+            "recipe": r.recipe,
+            "trust_region": r.trust_region,
+            "margin": r.margin,
+            "gate": r.gate,
+            "shrink": r.shrink,
+            "escalate_only": r.escalate_only,
+            "decay_growth": r.decay_growth,
+            "patience": r.patience,
+            "group_rule": r.group_rule,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields (saved in ``config.json`` with the head's history)."""
@@ -304,8 +333,12 @@ class History:
         return [r for r in self.records if r["degree"] == k and r["trial"] == trial]
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"mode": self.mode, "records": self.records, "selected": {str(k): v for k, v in self.selected.items()},
-             "settings": self.settings}
+        d = {
+            "mode": self.mode,
+            "records": self.records,
+            "selected": {str(k): v for k, v in self.selected.items()},
+            "settings": self.settings,
+        }
         if self.config is not None:
             d["config"] = self.config.to_dict()
         return d
@@ -315,20 +348,26 @@ class History:
         """The record of :meth:`to_dict`, checked (a wrong type is a :class:`TPCHooksError`)."""
         for key, kind in (("records", list), ("selected", dict), ("settings", dict)):
             if key in d and not isinstance(d[key], kind):
-                raise TPCHooksError(f"history.{key} must be a JSON {'array' if kind is list else 'object'}; "
-                                    f"got {type(d[key]).__name__}")
+                raise TPCHooksError(
+                    f"history.{key} must be a JSON {'array' if kind is list else 'object'}; got {type(d[key]).__name__}"
+                )
         if not all(isinstance(k, str) and k.isdigit() for k in d.get("selected", {})):
-            raise TPCHooksError(f"history.selected must be keyed by degree (\"1\", \"2\", ...); got "
-                                f"{list(d.get('selected', {}))[:5]}")
+            raise TPCHooksError(
+                f'history.selected must be keyed by degree ("1", "2", ...); got {list(d.get("selected", {}))[:5]}'
+            )
         config = None
         if isinstance(d.get("config"), dict):
             try:
                 config = FitConfig.from_dict(d["config"])
             except (TPCHooksError, TypeError):
                 config = None  # a record written by another version: the records still load
-        return cls(mode=d.get("mode", "progressive"), records=list(d.get("records", [])),
-                   selected={int(k): v for k, v in d.get("selected", {}).items()}, config=config,
-                   recorded_settings=dict(d.get("settings", {})))
+        return cls(
+            mode=d.get("mode", "progressive"),
+            records=list(d.get("records", [])),
+            selected={int(k): v for k, v in d.get("selected", {}).items()},
+            config=config,
+            recorded_settings=dict(d.get("settings", {})),
+        )
 
     def to_dataframe(self):
         """The records as a pandas DataFrame (needs pandas)."""

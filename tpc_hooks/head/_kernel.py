@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ._checks import prepare_activations
 from .._errors import TPCHooksError
 from .._rule import flagged
+from ._checks import prepare_activations
 
 BOUNDS_SLACK = 1e-6  # relative widening of the trust region against rounding (see widen_bounds)
 
@@ -83,7 +83,12 @@ def _packed(head: Any, order: int, like: Tensor) -> tuple:
     ks = range(2, order + 1)
     parts = [head.linear, head.bias]
     parts += [t for k in ks for t in (head.factors[str(k)], head.lambdas[str(k)], head.bounds(k))]
-    key = (order, like.dtype, like.device, tuple(None if t is None else (id(t), t.data_ptr(), t._version) for t in parts))
+    key = (
+        order,
+        like.dtype,
+        like.device,
+        tuple(None if t is None else (id(t), t.data_ptr(), t._version) for t in parts),
+    )
     hit = cache.get(order)
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -97,12 +102,12 @@ def _packed(head: Any, order: int, like: Tensor) -> tuple:
         w[:, 0], lam[0], bias[0] = head.linear.detach().to(dev, dt), 1, head.bias.detach().to(dev, dt)
         for k in ks:
             rk, at = head.rank_of(k), (k - 1) * r
-            w[:, at:at + rk] = head.factors[str(k)].detach().to(dev, dt)
-            lam[at:at + rk] = head.lambdas[str(k)].detach().to(dev, dt)
-            exps[at:at + r] = k
+            w[:, at : at + rk] = head.factors[str(k)].detach().to(dev, dt)
+            lam[at : at + rk] = head.lambdas[str(k)].detach().to(dev, dt)
+            exps[at : at + r] = k
             b = head.bounds(k)
             if b is not None:
-                lo[at:at + rk], hi[at:at + rk] = b.to(dev, dt)
+                lo[at : at + rk], hi[at : at + rk] = b.to(dev, dt)
         packs = (w, lo, hi, exps, lam, bias, r)
     cache[order] = (key, packs)
     return packs
@@ -138,8 +143,9 @@ def stream_logits(head: Any, zs: Tensor, order: int) -> tuple[Tensor, Tensor]:
     return packed_logits(head, zs @ w, lo, hi, exps, lam, bias, order, r)
 
 
-def packed_logits(head: Any, p: Tensor, lo: Tensor, hi: Tensor, exps: Tensor, lam: Tensor, bias: Tensor, order: int,
-                  r: int) -> tuple[Tensor, Tensor]:
+def packed_logits(
+    head: Any, p: Tensor, lo: Tensor, hi: Tensor, exps: Tensor, lam: Tensor, bias: Tensor, order: int, r: int
+) -> tuple[Tensor, Tensor]:
     """:func:`stream_logits` from the projections ``p [..., n, order * r]`` onto the packed columns
     (:func:`_packed`'s other tensors, broadcast against ``p``): any leading dimensions, so several
     heads of one shape stacked on a first one (``head._together``) run the same operations. ``head``
@@ -228,6 +234,7 @@ class Walk:
     def step(self, k: int) -> tuple[Tensor, Tensor]:
         """Adds degree ``k``: returns its logit and the rows that left the trust region at ``k``."""
         t, left = term(self.head, self.zs, k)
+        assert left is not None  # term clips by default, and then reports the rows that left
         self.raw = self.raw + t
         if gating(self.head):
             self.gated = self.gated | left
@@ -294,9 +301,15 @@ def logit_of(p: float) -> float:
     return math.log(p / (1 - p))
 
 
-def exit_loop(first: Tensor, first_decision: Tensor,
-              advance: Callable[[int, Tensor], tuple[Tensor, Tensor, Tensor | None, Tensor | None]],
-              orders: int, cumulative_flops: Sequence[int], lower: float, upper: float) -> tuple[Tensor, ...]:
+def exit_loop(
+    first: Tensor,
+    first_decision: Tensor,
+    advance: Callable[[int, Tensor], tuple[Tensor, Tensor, Tensor | None, Tensor | None]],
+    orders: int,
+    cumulative_flops: Sequence[int],
+    lower: float,
+    upper: float,
+) -> tuple[Tensor, ...]:
     """Paper Alg. 1: exit each row at the first order whose decision probability is outside
     ``(lower, upper)`` (decided in logit space, so it never saturates).
 
@@ -346,6 +359,8 @@ def threshold_above(like: Tensor, z: float) -> float:
     if p_up < 1:
         t = max(t, p_up)
     if t >= 1:
-        raise TPCHooksError(f"the benign scores' tail is at logit {z:.4g}: no probability threshold below 1 keeps it "
-                            "unflagged (the benign rows look harmful to this monitor; check the prompts and labels)")
+        raise TPCHooksError(
+            f"the benign scores' tail is at logit {z:.4g}: no probability threshold below 1 keeps it "
+            "unflagged (the benign rows look harmful to this monitor; check the prompts and labels)"
+        )
     return max(t, math.ulp(0.0))

@@ -5,8 +5,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._checks import check_labels
 from .._errors import TPCHooksError
+from ._checks import check_labels
 
 
 def _np(x: Any) -> np.ndarray:
@@ -44,7 +44,9 @@ def expected_calibration_error(y_true: Any, probs: Any, n_bins: int = 15) -> flo
     return float(ece)
 
 
-def classification_metrics(y_true: Any, scores: Any, *, from_logits: bool = True, threshold: float = 0.5) -> dict[str, float | int]:
+def classification_metrics(
+    y_true: Any, scores: Any, *, from_logits: bool = True, threshold: float = 0.5
+) -> dict[str, float | int]:
     """F1, precision, recall, accuracy, false-rejection rate, AUROC and ECE of a binary scorer.
 
     Args:
@@ -121,8 +123,11 @@ def recall_at_fpr(y_true: Any, scores: Any, benign_reference: Any, fpr: float = 
     yt = check_labels(y_true, len(s), "y_true", need_both=False).numpy()
     t = threshold_at_fpr(benign_reference, fpr)
     flagged = s > t
-    return {"recall": float(flagged[yt == 1].mean()) if (yt == 1).any() else float("nan"),
-            "fpr": float(flagged[yt == 0].mean()) if (yt == 0).any() else float("nan"), "threshold": t}
+    return {
+        "recall": float(flagged[yt == 1].mean()) if (yt == 1).any() else float("nan"),
+        "fpr": float(flagged[yt == 0].mean()) if (yt == 0).any() else float("nan"),
+        "threshold": t,
+    }
 
 
 def worst_group(y_true: Any, scores: Any, groups: Any, fpr: float = 0.01, benign: Any = None) -> dict[str, float]:

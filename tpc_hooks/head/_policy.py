@@ -57,9 +57,14 @@ class FixedOrder:
         return f"FixedOrder(order={self.order}, degree={self.head.degree})"
 
     def _result(self, s: Tensor) -> CascadeResult:
-        return CascadeResult(logits=s, probs=torch.sigmoid(s), exit_order=torch.full_like(s, self.order, dtype=torch.long),
-                             flops=torch.full_like(s, self.cost, dtype=torch.long), degree=self.head.degree,
-                             decision_logits=s)
+        return CascadeResult(
+            logits=s,
+            probs=torch.sigmoid(s),
+            exit_order=torch.full_like(s, self.order, dtype=torch.long),
+            flops=torch.full_like(s, self.cost, dtype=torch.long),
+            degree=self.head.degree,
+            decision_logits=s,
+        )
 
     @torch.no_grad()
     def __call__(self, z: Tensor) -> CascadeResult:

@@ -27,15 +27,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from . import _kernel
-
+from .._errors import TPCHooksError
 from ..saving import _format
 from ..saving._cards import head_card
-from .._errors import TPCHooksError
-from ._history import History
 from ..saving._hub import HubMixin
-
-
+from . import _kernel
+from ._history import History
 
 
 @dataclass(frozen=True)
@@ -54,6 +51,9 @@ class Cost:
 
 class Scaler(nn.Module):
     """Per-feature standardisation stored with the head (``scaler.mean``, ``scaler.scale``)."""
+
+    mean: Tensor
+    scale: Tensor
 
     def __init__(self, d_model: int):
         super().__init__()
@@ -117,9 +117,14 @@ class TPC(nn.Module, HubMixin):
         self.bias = nn.Parameter(torch.zeros(1))
         self.linear = nn.Parameter(torch.zeros(d_model))
         self.factors = nn.ParameterDict(
-            {str(k): nn.Parameter(torch.randn(d_model, r) / d_model**0.5) for k, r in zip(self.degrees, self.ranks)}
+            {
+                str(k): nn.Parameter(torch.randn(d_model, r) / d_model**0.5)
+                for k, r in zip(self.degrees, self.ranks, strict=True)
+            }
         )
-        self.lambdas = nn.ParameterDict({str(k): nn.Parameter(torch.zeros(r)) for k, r in zip(self.degrees, self.ranks)})
+        self.lambdas = nn.ParameterDict(
+            {str(k): nn.Parameter(torch.zeros(r)) for k, r in zip(self.degrees, self.ranks, strict=True)}
+        )
         for k in self.degrees:
             self.register_buffer(f"bounds_{k}", None)
         self.gate = False
@@ -150,17 +155,23 @@ class TPC(nn.Module, HubMixin):
         return getattr(self, f"bounds_{k}")
 
     @torch.no_grad()
-    def set_bounds(self, z: Float[Tensor, "n d_model"], margin: float = 0.0, *, gate: bool | None = None,
-                   degrees: Sequence[int] | None = None) -> "TPC":
+    def set_bounds(
+        self,
+        z: Float[Tensor, "n d_model"],
+        margin: float = 0.0,
+        *,
+        gate: bool | None = None,
+        degrees: Sequence[int] | None = None,
+    ) -> "TPC":
         """Sets the trust region from activations ``z`` (raw, in model units; normally the training rows).
 
         Each projection ``<U_k[:, r], z_std>`` is clipped to its range on ``z``, widened by
         ``margin`` times the range on each side (plus 1e-6 of it, against
-        rounding). Rows of ``z`` are therefore scored exactly as without clipping, while a degree-k term can never exceed the largest value it reached on
-        them. ``gate=True`` also scores rows that leave the region with the linear probe (every
-        order from the first degree they leave it at equals order 1). ``degrees`` limits which
-        degrees get new bounds (default: all). Re-run it after changing ``factors`` (``fit``
-        does). Returns ``self``.
+        rounding). Rows of ``z`` are therefore scored exactly as without clipping, while a degree-k
+        term can never exceed the largest value it reached on them. ``gate=True`` also scores rows
+        that leave the region with the linear probe (every order from the first degree they leave
+        it at equals order 1). ``degrees`` limits which degrees get new bounds (default: all).
+        Re-run it after changing ``factors`` (``fit`` does). Returns ``self``.
 
         Example:
             >>> import torch, tpc_hooks as tpc
@@ -209,7 +220,9 @@ class TPC(nn.Module, HubMixin):
         if order is None:
             return self.degree
         if isinstance(order, bool) or not isinstance(order, int) or not 1 <= order <= self.degree:
-            raise TPCHooksError(f"order must be an integer in 1..{self.degree} for this degree-{self.degree} head; got {order!r}")
+            raise TPCHooksError(
+                f"order must be an integer in 1..{self.degree} for this degree-{self.degree} head; got {order!r}"
+            )
         return order
 
     def standardize(self, z: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
@@ -259,7 +272,7 @@ class TPC(nn.Module, HubMixin):
             cols = [_kernel.linear(self, zs)] + [_kernel.term(self, zs, k)[0] for k in self.degrees]
         else:  # gated / escalated rows: the differences of consecutive truncations
             tr = _kernel.truncations(self, zs, self.degree)
-            cols = tr[:1] + [b - a for a, b in zip(tr, tr[1:])]
+            cols = tr[:1] + [b - a for a, b in zip(tr, tr[1:], strict=False)]
         return torch.stack(cols, dim=-1).reshape(*batch, self.degree)
 
     def probs(self, z: Float[Tensor, "*batch d_model"], order: int | None = None) -> Float[Tensor, "*batch"]:
@@ -300,7 +313,7 @@ class TPC(nn.Module, HubMixin):
             (2, True)
         """
         n = self.check_order(order)
-        out = TPC(self.d_model, n, list(self.ranks[:n - 1]))
+        out = TPC(self.d_model, n, list(self.ranks[: n - 1]))
         mine = self.state_dict()
         out.load_state_dict({k: mine[k].detach().clone() for k in out.state_dict()})  # bounds: None there, set below
         for k in out.degrees:
@@ -372,7 +385,9 @@ def to_saved(head: TPC) -> tuple[dict[str, Any], dict[str, Tensor]]:
         out[f"factors.{k}"] = head.factors[str(k)]
         out[f"lambdas.{k}"] = head.lambdas[str(k)]
         if head.has_bounds:
-            out[f"bounds.{k}"] = head.bounds(k)
+            bounds = head.bounds(k)
+            assert bounds is not None  # has_bounds: every degree has its bounds
+            out[f"bounds.{k}"] = bounds
     return cfg, out
 
 
@@ -382,24 +397,31 @@ def from_saved(cfg: dict[str, Any], tensors: dict[str, Tensor], where: Path | st
     degree = _format.require(cfg, "degree", int, where)
     ranks = _format.require(cfg, "ranks", list, where)
     if len(ranks) != degree - 1 or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
-        raise TPCHooksError(f"{where}: config.json ranks={ranks!r} must list {degree - 1} positive integers (R_2..R_{degree})")
+        raise TPCHooksError(
+            f"{where}: config.json ranks={ranks!r} must list {degree - 1} positive integers (R_2..R_{degree})"
+        )
     if d_model < 1 or degree < 1:
         raise TPCHooksError(f"{where}: config.json has d_model={d_model}, degree={degree}; both must be >= 1")
     expected: dict[str, tuple[int, ...]] = {
-        "bias": (1,), "linear": (d_model,), "scaler.mean": (d_model,), "scaler.scale": (d_model,),
+        "bias": (1,),
+        "linear": (d_model,),
+        "scaler.mean": (d_model,),
+        "scaler.scale": (d_model,),
     }
     trust = cfg.get("trust_region")
     if trust is not None and (not isinstance(trust, dict) or not isinstance(trust.get("gate"), bool) or degree < 2):
-        raise TPCHooksError(f"{where}: config.json trust_region must be {{\"gate\": true|false}} on a head of degree >= 2; "
-                            f"got {trust!r}")
-    for k, r in zip(range(2, degree + 1), ranks):
+        raise TPCHooksError(
+            f'{where}: config.json trust_region must be {{"gate": true|false}} on a head of degree >= 2; got {trust!r}'
+        )
+    for k, r in zip(range(2, degree + 1), ranks, strict=False):
         expected[f"factors.{k}"] = (d_model, r)
         expected[f"lambdas.{k}"] = (r,)
         if trust is not None:
             expected[f"bounds.{k}"] = (2, r)
     _format.check_tensors(tensors, expected, where)
-    if trust is not None and not all(bool((tensors[f"bounds.{k}"][0] <= tensors[f"bounds.{k}"][1]).all())
-                                     for k in range(2, degree + 1)):
+    if trust is not None and not all(
+        bool((tensors[f"bounds.{k}"][0] <= tensors[f"bounds.{k}"][1]).all()) for k in range(2, degree + 1)
+    ):
         raise TPCHooksError(f"{where}: a trust-region lower bound exceeds its upper bound; the file is corrupt")
     if not bool((tensors["scaler.scale"] > 0).all()):
         raise TPCHooksError(f"{where}: scaler.scale must be positive everywhere; the file is corrupt")
@@ -421,8 +443,9 @@ def from_saved(cfg: dict[str, Any], tensors: dict[str, Tensor], where: Path | st
     head.escalate_only = esc
     history = cfg.get("history")
     if history is not None and not isinstance(history, dict):
-        raise TPCHooksError(f"{where}: config.json history must be an object (the training record); got "
-                            f"{type(history).__name__}")
+        raise TPCHooksError(
+            f"{where}: config.json history must be an object (the training record); got {type(history).__name__}"
+        )
     if history is not None:
         try:
             head.history = History.from_dict(history)

@@ -18,7 +18,9 @@ def check_pooling(how: Any) -> str:
     return how
 
 
-def pool(acts: Float[Tensor, "batch pos d_model"], mask: Int[Tensor, "batch pos"] | Tensor, how: str = "mean") -> Float[Tensor, "batch d_model"]:
+def pool(
+    acts: Float[Tensor, "batch pos d_model"], mask: Int[Tensor, "batch pos"] | Tensor, how: str = "mean"
+) -> Float[Tensor, "batch d_model"]:
     """Pools ``acts`` over the positions where ``mask`` is 1 (float32 result).
 
     Example:
@@ -79,14 +81,14 @@ class RunningPool:
         pools never hold a view of ``rows``."""
         a, how = rows.float(), pools[0].how
         if how == "mean":
-            total = torch.cat([p.total for p in pools]) + a
-            count = torch.cat([p.count for p in pools]) + 1
-            for p, t, c in zip(pools, total.split(1), count.split(1)):
+            total = torch.cat([_seen(p.total) for p in pools]) + a
+            count = torch.cat([_seen(p.count) for p in pools]) + 1
+            for p, t, c in zip(pools, total.split(1), count.split(1), strict=True):
                 p.total, p.count = t, c
             return total / count.clamp_min(1)
         # "last" keeps a copy: ``rows`` may be an engine's output buffer, which its next pass overwrites
-        new = a.clone() if how == "last" else torch.maximum(torch.cat([p.state for p in pools]), a)
-        for p, v in zip(pools, new.split(1)):
+        new = a.clone() if how == "last" else torch.maximum(torch.cat([_seen(p.state) for p in pools]), a)
+        for p, v in zip(pools, new.split(1), strict=True):
             p.state = v
         return new
 
@@ -94,10 +96,16 @@ class RunningPool:
         if self.how == "mean":
             if self.total is None:
                 raise TPCHooksError("RunningPool.value() called before any update")
+            assert self.count is not None  # set together with total
             return self.total / self.count.clamp_min(1)
         if self.state is None:
             raise TPCHooksError("RunningPool.value() called before any update")
         return self.state
+
+
+def _seen(t: Tensor | None) -> Tensor:
+    assert t is not None, "RunningPool.add_rows needs pools that have seen a row"
+    return t
 
 
 # ---------------------------------------------------------------------- per-token scores over time
@@ -132,8 +140,9 @@ def check_aggregate(how: Any, alpha: Any, window: Any) -> tuple[str, float, int]
     return how, float(alpha), window
 
 
-def aggregate(logits: Float[Tensor, "batch pos"], mask: Tensor, how: str, alpha: float = 0.1,
-              window: int = 16, skip: int = 0) -> Float[Tensor, "batch pos"]:
+def aggregate(
+    logits: Float[Tensor, "batch pos"], mask: Tensor, how: str, alpha: float = 0.1, window: int = 16, skip: int = 0
+) -> Float[Tensor, "batch pos"]:
     """The aggregated score after every position of per-token logits (padding skipped).
 
     The first ``skip`` attended positions of every row are not scored (a streaming monitor's
@@ -164,8 +173,9 @@ def aggregate(logits: Float[Tensor, "batch pos"], mask: Tensor, how: str, alpha:
     for b in range(logits.shape[0]):
         at = m[b].nonzero().flatten().cpu()
         if len(at):
-            out[b, at] = torch.from_numpy(_aggregate_1d(logits[b, at.to(logits.device)].detach().double().cpu().numpy(), how,
-                                                        alpha, window))
+            out[b, at] = torch.from_numpy(
+                _aggregate_1d(logits[b, at.to(logits.device)].detach().double().cpu().numpy(), how, alpha, window)
+            )
     last = torch.where(m.cpu(), torch.arange(m.shape[1]), -1).cummax(1).values  # the newest attended position
     carried = out.gather(1, last.clamp_min(0)).masked_fill(last < 0, float("-inf"))
     return carried.to(device=logits.device, dtype=logits.dtype)
@@ -216,6 +226,7 @@ class RunningAggregate:
     def update(self, logits: Tensor, mask: Tensor) -> Tensor:
         if self.value is None:
             self._start(logits)
+        assert self.value is not None and self.count is not None and self.seen is not None and self.total is not None
         if logits.shape[1] == 0:
             return self._out()
         attended = mask.to(logits.device).bool()
@@ -242,10 +253,13 @@ class RunningAggregate:
             fresh = (self.alpha * decay * logits).masked_fill(~m, 0.0).sum(1)
             nxt = torch.pow(1 - self.alpha, k[:, 0].to(logits.dtype)) * start + fresh
         else:  # the last `window` scored positions go to their ring slots; the rest would be overwritten
+            assert self.ring is not None  # _start makes it for "rolling"
             keep = m & (rank > k - self.window)
             slot = torch.where(keep, (self.count[:, None] + rank - 1) % self.window, self.window)
-            ring = torch.cat([self.ring, self.ring.new_zeros(len(self.ring), 1)], 1)  # column `window`: discarded writes
-            self.ring = ring.scatter(1, slot, logits)[:, :self.window]
+            ring = torch.cat(
+                [self.ring, self.ring.new_zeros(len(self.ring), 1)], 1
+            )  # column `window`: discarded writes
+            self.ring = ring.scatter(1, slot, logits)[:, : self.window]
             n = (self.count + k[:, 0]).clamp(1, self.window)
             filled = torch.arange(self.window, device=logits.device)[None, :] < n[:, None]
             nxt = self.ring.masked_fill(~filled, 0.0).sum(1) / n
@@ -254,4 +268,5 @@ class RunningAggregate:
         return self._out()
 
     def _out(self) -> Tensor:
+        assert self.value is not None and self.count is not None  # called from update, after _start
         return self.value.masked_fill(self.count == 0, float("-inf"))

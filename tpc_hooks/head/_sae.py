@@ -40,7 +40,9 @@ def check_sae(sae: Any, d_in: int, site: str | None) -> None:
     """Checks an SAE against the activations it will read (width, and hook name if recorded)."""
     sae_in, _ = dims(sae)
     if sae_in != d_in:
-        raise TPCHooksError(f"the SAE reads d_in={sae_in} but the site has d_model={d_in}; is it an SAE for another model?")
+        raise TPCHooksError(
+            f"the SAE reads d_in={sae_in} but the site has d_model={d_in}; is it an SAE for another model?"
+        )
     hook = _cfg(sae, "hook_name")
     if site is not None and hook and hook != site:
         raise TPCHooksError(f"the SAE was trained on {hook!r}, not {site!r}; pass the SAE for that site")
@@ -71,8 +73,15 @@ def identity(sae: Any) -> dict[str, Any]:
     for name, t in sorted(sae.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().cpu().float().contiguous().numpy().tobytes())
-    return {"class": type(sae).__name__, "d_in": d_in, "d_sae": d_sae, "release": _cfg(sae, "release"),
-            "sae_id": _cfg(sae, "sae_id"), "hook_name": _cfg(sae, "hook_name"), "weights_sha256": h.hexdigest()}
+    return {
+        "class": type(sae).__name__,
+        "d_in": d_in,
+        "d_sae": d_sae,
+        "release": _cfg(sae, "release"),
+        "sae_id": _cfg(sae, "sae_id"),
+        "hook_name": _cfg(sae, "hook_name"),
+        "weights_sha256": h.hexdigest(),
+    }
 
 
 def describe(ident: dict[str, Any]) -> str:

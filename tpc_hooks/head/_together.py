@@ -42,8 +42,16 @@ def _key(policy: Any, z: Tensor) -> tuple | None:
     head = policy.head
     order = head.degree if isinstance(policy, Cascade) else policy.order
     # the packed rank and the trust region are checked when the stack is made (_Stack.same)
-    return (type(policy), order, head.d_model, head.gate, head.escalate_only, head.bias.dtype, head.bias.device,
-            tuple(z.shape))
+    return (
+        type(policy),
+        order,
+        head.d_model,
+        head.gate,
+        head.escalate_only,
+        head.bias.dtype,
+        head.bias.device,
+        tuple(z.shape),
+    )
 
 
 class _Stack:
@@ -66,9 +74,17 @@ class _Stack:
         # and what the packs do not cover: the scalers (their version counters) and the exit thresholds
         made = (*packs, *(s[0] for s in steps))
         seen = tuple((h.scaler.mean._version, h.scaler.scale._version) for h in heads) + tuple(
-            (p.lower, p.upper) for p in self.policies if cascade)
-        if len(made) != len(self.made[0]) or any(a is not b for a, b in zip(made, self.made[0])) or seen != self.made[1]:
-            self.made, self.same = (made, seen), len({(pk[6], _kernel.gating(h)) for pk, h in zip(packs, heads)}) == 1
+            (p.lower, p.upper) for p in self.policies if cascade
+        )
+        if (
+            len(made) != len(self.made[0])
+            or any(a is not b for a, b in zip(made, self.made[0], strict=True))
+            or seen != self.made[1]
+        ):
+            self.made, self.same = (
+                (made, seen),
+                len({(pk[6], _kernel.gating(h)) for pk, h in zip(packs, heads, strict=True)}) == 1,
+            )
             if not self.same:
                 self.tensors = ()
                 return self.tensors
@@ -79,12 +95,28 @@ class _Stack:
                 scale = torch.stack([h.scaler.scale.to(like.dtype) for h in heads])[:, None]
                 calib = None
                 if cascade:
-                    bounds = [(_kernel.logit_of(p.lower), _kernel.logit_of(p.upper)) for p in self.policies]
-                    bounds = torch.tensor(bounds, dtype=like.dtype).to(like.device)[:, None, :]
-                    calib = (torch.stack([s[0] for s in steps])[:, None], torch.stack([s[1] for s in steps])[:, None],
-                             torch.stack([s[2] for s in steps]), bounds[..., :1], bounds[..., 1:])
-            self.tensors = (w, lo[:, None], hi[:, None], exps[:, None], lam[:, None], bias[:, None], packs[0][6], order,
-                            mean, scale, calib)
+                    exits = [(_kernel.logit_of(p.lower), _kernel.logit_of(p.upper)) for p in self.policies]
+                    bounds = torch.tensor(exits, dtype=like.dtype).to(like.device)[:, None, :]
+                    calib = (
+                        torch.stack([s[0] for s in steps])[:, None],
+                        torch.stack([s[1] for s in steps])[:, None],
+                        torch.stack([s[2] for s in steps]),
+                        bounds[..., :1],
+                        bounds[..., 1:],
+                    )
+            self.tensors = (
+                w,
+                lo[:, None],
+                hi[:, None],
+                exps[:, None],
+                lam[:, None],
+                bias[:, None],
+                packs[0][6],
+                order,
+                mean,
+                scale,
+                calib,
+            )
         return self.tensors
 
     @torch.no_grad()
@@ -96,7 +128,7 @@ class _Stack:
         z = z.to(device=head.bias.device, dtype=torch.promote_types(z.dtype, head.bias.dtype))
         got = self._tensors(z)
         if not self.same:
-            return [p.step(x) for p, x in zip(self.policies, zs)]
+            return [p.step(x) for p, x in zip(self.policies, zs, strict=True)]
         w, lo, hi, exps, lam, bias, r, order, mean, scale, calib = got
         K, n = z.shape[0], z.shape[1]
         ok = z.abs().amax(-1) < math.inf  # as _kernel.stream_rows, per member
@@ -111,7 +143,11 @@ class _Stack:
             s = _kernel.nan_rows(s[..., -1], ok)
             return [self.policies[k]._result(s[k]) for k in range(K)]
         fields = step_exits(head, s, left, ok, *calib)
-        return [CascadeResult(**{f: v[k] for f, v in fields.items()}, degree=head.degree) for k in range(K)]
+        # the exits are all Tensor fields, which mypy cannot match to their names
+        return [
+            CascadeResult(**{f: v[k] for f, v in fields.items()}, degree=head.degree)  # type: ignore[arg-type]
+            for k in range(K)
+        ]
 
 
 class Together:
@@ -156,6 +192,6 @@ class Together:
                 while len(self.stacks) > _KEEP:
                     self.stacks.popitem(last=False)
             self.stacks.move_to_end(ids)
-            for i, res in zip(at, stack.step([pairs[i][1] for i in at])):
+            for i, res in zip(at, stack.step([pairs[i][1] for i in at]), strict=True):
                 out[i] = res
         return out

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._errors import TPCHooksError
 from ..activations._collect import check_prompts, pooled_batches
 from ..head import _kernel
 from ..head._checks import check_features, check_rate
-from .._errors import TPCHooksError
 from ..head._metrics import threshold_at_fpr
 
 
@@ -23,14 +23,22 @@ def activations(monitor: Any, benign: Any, fpr: float, sources: Any = None, ever
     fpr = check_rate(fpr, "fpr")
     if monitor.streaming:
         if isinstance(benign, (Tensor, np.ndarray)) or not isinstance(benign, Sequence) or not benign:
-            raise TPCHooksError("a per-token monitor calibrates on a non-empty list of per-token activations "
-                                "[T_i, d_model], one per benign sequence (or use calibrate(model, prompts))")
+            raise TPCHooksError(
+                "a per-token monitor calibrates on a non-empty list of per-token activations "
+                "[T_i, d_model], one per benign sequence (or use calibrate(model, prompts))"
+            )
         seqs = [check_features(z, f"benign sequence {i}", monitor.head.d_model).float() for i, z in enumerate(benign)]
-        decisions_of = lambda rule: torch.stack([monitor._aggregated(rule, z)[1].max() for z in seqs])
+
+        def decisions_of(rule):
+            return torch.stack([monitor._aggregated(rule, z)[1].max() for z in seqs])
+
         n = len(seqs)
     else:
         z = check_features(benign, "benign activations", monitor.head.d_model).float()
-        decisions_of = lambda rule: rule(z).decision_logits
+
+        def decisions_of(rule):
+            return rule(z).decision_logits
+
         n = z.shape[0]
     sources = check_sources(sources, n)
     on = everyday_rows(sources, everyday)
@@ -38,14 +46,29 @@ def activations(monitor: Any, benign: Any, fpr: float, sources: Any = None, ever
     if monitor.cascade is not None:
         full = decisions_of(monitor.cascade.with_thresholds(0.0))
         s = full.double().cpu().numpy()
-        monitor.cascade = monitor.cascade.centered(_kernel.threshold_above(full, threshold_at_fpr(s if on is None
-                                                                                                 else s[on], fpr)))
-    return _set(monitor, decisions_of(monitor.policy()), fpr, {"by": "max over tokens"} if monitor.streaming else {},
-                sources, on)
+        monitor.cascade = monitor.cascade.centered(
+            _kernel.threshold_above(full, threshold_at_fpr(s if on is None else s[on], fpr))
+        )
+    return _set(
+        monitor,
+        decisions_of(monitor.policy()),
+        fpr,
+        {"by": "max over tokens"} if monitor.streaming else {},
+        sources,
+        on,
+    )
 
 
-def prompts(monitor: Any, model: Any, benign_prompts: Any, fpr: Any, sources: Any, everyday: Any, batch_size: Any,
-            tokenizer: Any) -> Any:
+def prompts(
+    monitor: Any,
+    model: Any,
+    benign_prompts: Any,
+    fpr: Any,
+    sources: Any,
+    everyday: Any,
+    batch_size: Any,
+    tokenizer: Any,
+) -> Any:
     """:meth:`~tpc_hooks.Monitor.calibrate` on benign prompts: every argument checked before the
     forward pass, the prompts read as :meth:`~tpc_hooks.Monitor.score` reads them, then
     :func:`activations`."""
@@ -53,11 +76,15 @@ def prompts(monitor: Any, model: Any, benign_prompts: Any, fpr: Any, sources: An
     texts = check_prompts(benign_prompts)
     everyday_rows(check_sources(sources, len(texts)), everyday)
     adapter = monitor._adapter(model, tokenizer)
-    ids, _ = adapter.tokenize(texts, chat_template=monitor.chat_template, max_tokens=monitor.max_tokens,
-                              prepend_bos=monitor.prepend_bos)
+    ids, _ = adapter.tokenize(
+        texts, chat_template=monitor.chat_template, max_tokens=monitor.max_tokens, prepend_bos=monitor.prepend_bos
+    )
     site = adapter.site(monitor.site)
-    z = monitor._token_acts(adapter, ids, site, batch_size) if monitor.streaming else \
-        pooled_batches(adapter, ids, [site], monitor.pooling, batch_size, sae=monitor.sae)[site.name]
+    z = (
+        monitor._token_acts(adapter, ids, site, batch_size)
+        if monitor.streaming
+        else pooled_batches(adapter, ids, [site], monitor.pooling, batch_size, sae=monitor.sae)[site.name]
+    )
     return monitor.calibrate_activations(z, fpr, sources=sources, everyday=everyday)
 
 
@@ -68,8 +95,10 @@ def peaks(monitor: Any, peaks: Any, fpr: float, sources: Any = None, everyday: A
     fpr = check_rate(fpr, "fpr")
     p = torch.as_tensor(np.asarray(peaks, dtype=np.float64)).ravel()
     if p.numel() == 0 or not bool(((p >= 0) & (p <= 1)).all()):
-        raise TPCHooksError(f"peaks must be a non-empty list of scores in [0, 1]; got {p.numel()} values"
-                            + (f", e.g. {float(p[~((p >= 0) & (p <= 1))][0])}" if p.numel() else ""))
+        raise TPCHooksError(
+            f"peaks must be a non-empty list of scores in [0, 1]; got {p.numel()} values"
+            + (f", e.g. {float(p[~((p >= 0) & (p <= 1))][0])}" if p.numel() else "")
+        )
     sources = check_sources(sources, p.numel())
     on = everyday_rows(sources, everyday)
     _warn_few(fpr, p.numel() if on is None else int(on.sum()), 4)  # the caller of Monitor.calibrate
@@ -79,10 +108,13 @@ def peaks(monitor: Any, peaks: Any, fpr: float, sources: Any = None, everyday: A
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
 def _warn_few(fpr: float, n: int, stacklevel: int) -> None:
     if 0 < fpr * n < 1:
-        warnings.warn(f"calibrating at fpr={fpr:g} on {n} benign input(s): one flag would already be a rate of "
-                      f"{1 / n:.3g}, so the threshold keeps all {n} unflagged and the rate it reaches on new benign "
-                      f"traffic is unmeasured; calibrate on at least {math.ceil(1 / fpr)} benign inputs",
-                      UserWarning, stacklevel=stacklevel)
+        warnings.warn(
+            f"calibrating at fpr={fpr:g} on {n} benign input(s): one flag would already be a rate of "
+            f"{1 / n:.3g}, so the threshold keeps all {n} unflagged and the rate it reaches on new benign "
+            f"traffic is unmeasured; calibrate on at least {math.ceil(1 / fpr)} benign inputs",
+            UserWarning,
+            stacklevel=stacklevel,
+        )
 
 
 def fpr_interval(n_benign: int, flagged: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -109,8 +141,14 @@ def fpr_interval(n_benign: int, flagged: int, confidence: float = 0.95) -> tuple
 
 
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
-def _set(monitor: Any, decisions: Tensor, fpr: float, how: dict[str, str], sources: np.ndarray | None = None,
-         on: np.ndarray | None = None) -> Any:
+def _set(
+    monitor: Any,
+    decisions: Tensor,
+    fpr: float,
+    how: dict[str, str],
+    sources: np.ndarray | None = None,
+    on: np.ndarray | None = None,
+) -> Any:
     """The threshold that leaves all but ``fpr`` of the benign ``decisions`` (logits) unflagged (only
     the rows ``on``, the everyday sources', when given), recorded with the interval of the rate it
     flags on new benign traffic like them (:func:`fpr_interval`) and, with ``sources``, the rate it
@@ -120,9 +158,14 @@ def _set(monitor: Any, decisions: Tensor, fpr: float, how: dict[str, str], sourc
     hit = _kernel.flagged(decisions, monitor.threshold).cpu().numpy()
     counted = hit if on is None else hit[on]
     flagged, n = int(counted.sum()), int(counted.size)
-    monitor.report["operating_point"] = {"fpr": float(fpr), "n_benign": n, "flagged": flagged,
-                                         "threshold": monitor.threshold,
-                                         "fpr_interval_95": list(fpr_interval(n, flagged)), **how}
+    monitor.report["operating_point"] = {
+        "fpr": float(fpr),
+        "n_benign": n,
+        "flagged": flagged,
+        "threshold": monitor.threshold,
+        "fpr_interval_95": list(fpr_interval(n, flagged)),
+        **how,
+    }
     if sources is not None:
         monitor.report["operating_point"].update(rates_by_source(hit, sources))
     if on is not None:
@@ -156,15 +199,16 @@ def everyday_rows(sources: np.ndarray | None, everyday: Any) -> np.ndarray | Non
     if everyday is None:
         return None
     if sources is None:
-        raise TPCHooksError("everyday names sources of everyday benign traffic: it needs sources= (one name per "
-                            "input)")
+        raise TPCHooksError("everyday names sources of everyday benign traffic: it needs sources= (one name per input)")
     if isinstance(everyday, (str, bytes)) or not isinstance(everyday, (Sequence, np.ndarray, set, frozenset)):
         raise TPCHooksError(f"everyday must be a list of source names; got {type(everyday).__name__}")
     names = {str(v) for v in everyday}
     unknown = sorted(names - set(sources.tolist()))
     if unknown or not names:
-        raise TPCHooksError(f"everyday names sources the inputs do not have: {unknown or 'none given'}; the sources "
-                            f"are {sorted(set(sources.tolist()))}")
+        raise TPCHooksError(
+            f"everyday names sources the inputs do not have: {unknown or 'none given'}; the sources "
+            f"are {sorted(set(sources.tolist()))}"
+        )
     return np.isin(sources, sorted(names))
 
 
@@ -197,12 +241,15 @@ def rates_by_source(hit: np.ndarray, sources: np.ndarray) -> dict[str, Any]:
     """
     from scipy.stats import binomtest
 
-    by_source = {}
+    by_source: dict[Any, dict[str, Any]] = {}
     for name in dict.fromkeys(sources.tolist()):
         at = sources == name
         k, m = int(hit[at].sum()), int(at.sum())
         ci = binomtest(k, m).proportion_ci(0.95)
         by_source[name] = {"n": m, "flagged": k, "rate": k / m, "rate_interval_95": [float(ci.low), float(ci.high)]}
     rates = [v["rate"] for v in by_source.values()]
-    return {"by_source": by_source, "spread": [min(rates), max(rates)],
-            "worst_source": max(by_source, key=lambda s: by_source[s]["rate"])}
+    return {
+        "by_source": by_source,
+        "spread": [min(rates), max(rates)],
+        "worst_source": max(by_source, key=lambda s: by_source[s]["rate"]),
+    }

@@ -14,10 +14,21 @@ from ._records import GenerationRun, MonitorEvent, WatchLog
 class DuringGeneration:
     """:class:`~tpc_hooks.Monitor`'s methods that score while a model generates."""
 
-    def generate(self, model: Any, prompts: Sequence[str], max_new_tokens: int = 32, action: str | Callable = "flag", *,
-                 order: int | None = None, cascade: float | Cascade | None = None, do_sample: bool = False,
-                 temperature: float = 1.0,
-                 seed: int = 0, stop_at_eos: bool = True, tokenizer: Any = None) -> GenerationRun:
+    def generate(
+        self,
+        model: Any,
+        prompts: Sequence[str],
+        max_new_tokens: int = 32,
+        action: str | Callable = "flag",
+        *,
+        order: int | None = None,
+        cascade: float | Cascade | None = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        seed: int = 0,
+        stop_at_eos: bool = True,
+        tokenizer: Any = None,
+    ) -> GenerationRun:
         """Generates from ``prompts`` while scoring every step from the model's own forward passes.
 
         At each step the running pooled vector (prompt + tokens so far) is scored with the
@@ -42,13 +53,30 @@ class DuringGeneration:
         Returns:
             A :class:`GenerationRun`.
         """
-        return _generation.generate(self, model, prompts, max_new_tokens, action, order=order, cascade=cascade,
-                                    do_sample=do_sample, temperature=temperature, seed=seed, stop_at_eos=stop_at_eos,
-                                    tokenizer=tokenizer)
+        return _generation.generate(
+            self,
+            model,
+            prompts,
+            max_new_tokens,
+            action,
+            order=order,
+            cascade=cascade,
+            do_sample=do_sample,
+            temperature=temperature,
+            seed=seed,
+            stop_at_eos=stop_at_eos,
+            tokenizer=tokenizer,
+        )
 
-    def watch(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
-              on_flag: Callable[[MonitorEvent], Any] | None = None,
-              tokenizer: Any = None) -> AbstractContextManager["WatchLog"]:
+    def watch(
+        self,
+        model: Any,
+        *,
+        order: int | None = None,
+        cascade: float | Cascade | None = None,
+        on_flag: Callable[[MonitorEvent], Any] | None = None,
+        tokenizer: Any = None,
+    ) -> AbstractContextManager["WatchLog"]:
         """Scores every forward pass ``model`` makes inside the block (your own ``generate`` too).
 
         A call without a KV cache starts new sequences; calls that continue a cache add their
@@ -64,8 +92,15 @@ class DuringGeneration:
         """
         return _generation.watch(self, model, order=order, cascade=cascade, on_flag=on_flag, tokenizer=tokenizer)
 
-    def stopping_criteria(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
-                          eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
+    def stopping_criteria(
+        self,
+        model: Any,
+        *,
+        order: int | None = None,
+        cascade: float | Cascade | None = None,
+        eos_token_id: int | list[int] | None = None,
+        tokenizer: Any = None,
+    ) -> Any:
         """A ``transformers.StoppingCriteria`` that stops the rows this monitor flags, inside the
         model's own ``generate``.
 
@@ -118,11 +153,19 @@ class DuringGeneration:
         """
         from ._hf_generate import MonitorStoppingCriteria
 
-        return MonitorStoppingCriteria(self, model, tokenizer=tokenizer, order=order, cascade=cascade,
-                                       eos_token_id=eos_token_id, action="stop")
+        return MonitorStoppingCriteria(
+            self, model, tokenizer=tokenizer, order=order, cascade=cascade, eos_token_id=eos_token_id, action="stop"
+        )
 
-    def logits_processor(self, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
-                         eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
+    def logits_processor(
+        self,
+        model: Any,
+        *,
+        order: int | None = None,
+        cascade: float | Cascade | None = None,
+        eos_token_id: int | list[int] | None = None,
+        tokenizer: Any = None,
+    ) -> Any:
         """A ``transformers.LogitsProcessor`` that forces EOS on the rows this monitor flags, for
         code paths that take processors but no stopping criteria.
 
@@ -142,5 +185,6 @@ class DuringGeneration:
         """
         from ._hf_generate import MonitorLogitsProcessor
 
-        return MonitorLogitsProcessor(self, model, tokenizer=tokenizer, order=order, cascade=cascade,
-                                      eos_token_id=eos_token_id, action="stop")
+        return MonitorLogitsProcessor(
+            self, model, tokenizer=tokenizer, order=order, cascade=cascade, eos_token_id=eos_token_id, action="stop"
+        )

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._errors import TPCHooksError
+from .._rule import flagged
 from ..activations._collect import check_prompts
 from ..adapters import pad, pad_id
 from ..head._cascade import Cascade, CascadeResult
-from .._errors import TPCHooksError
-from .._rule import flagged
 from ..head._kernel import forget_packs
 from ..head._pooling import RunningAggregate, RunningPool, scored
 from ..head._together import Together
@@ -39,8 +39,14 @@ class StepScores:
     prefix). Nothing is read back to the host.
     """
 
-    def __init__(self, monitor: Any, order: int | None = None, cascade: float | Cascade | None = None, *,
-                 rule: Callable[[Tensor], CascadeResult] | None = None):
+    def __init__(
+        self,
+        monitor: Any,
+        order: int | None = None,
+        cascade: float | Cascade | None = None,
+        *,
+        rule: Callable[[Tensor], CascadeResult] | None = None,
+    ):
         self.monitor = monitor
         if rule is None:
             # the weights are read afresh for every generation: edits through .data (which no version
@@ -49,7 +55,7 @@ class StepScores:
             rule = monitor._step_policy(order, cascade)
         self.rule = rule
         self.state: Any = None
-        self.spent: Tensor | None = None
+        self.spent: Tensor | int | None = None  # 0 before a per-token monitor's first pass
 
     def reset(self) -> None:
         self.state = self.spent = None
@@ -83,15 +89,21 @@ class StepScores:
         mon = self.monitor
         if self.state is None:
             self.state, self.spent = RunningAggregate(mon.aggregate, mon.alpha, mon.window, mon.skip), 0
+        assert self.spent is not None  # set with the state
         B, n = mask.shape
         m = mask.to(res.logits.device).bool()
         on = scored(m, mon.skip, self.state.seen)  # before update: the tokens this pass scores
         agg = self.state.update(res.logits.reshape(B, n), m)
         newest = torch.where(m, torch.arange(n, device=m.device), -1).amax(1).clamp_min(0)[:, None]
         self.spent = self.spent + res.flops.reshape(B, n).masked_fill(~on, 0).sum(1)
-        return CascadeResult(logits=agg, probs=torch.sigmoid(agg), decision_logits=agg,
-                             exit_order=res.exit_order.reshape(B, n).gather(1, newest)[:, 0],
-                             flops=self.spent, degree=res.degree)
+        return CascadeResult(
+            logits=agg,
+            probs=torch.sigmoid(agg),
+            decision_logits=agg,
+            exit_order=res.exit_order.reshape(B, n).gather(1, newest)[:, 0],
+            flops=self.spent,
+            degree=res.degree,
+        )
 
 
 class Lane:
@@ -112,33 +124,49 @@ class Lane:
         return self.scores.update(acts[self.site], mask)
 
 
-def score_lanes(lanes: Sequence[Lane], acts: dict[str, Tensor], mask: Tensor, together: Together) -> list[CascadeResult]:
+def score_lanes(
+    lanes: Sequence[Lane], acts: dict[str, Tensor], mask: Tensor, together: Together
+) -> list[CascadeResult]:
     """Every lane's result for one pass, the lanes whose policies share a shape scored together
     (:class:`~tpc_hooks.head._together.Together`: one stacked evaluation; each lane's result
     is the one it gets alone)."""
     if len(lanes) == 1:
         return [lanes[0].update(acts, mask)]
     zs = [lane.scores.inputs(acts[lane.site], mask) for lane in lanes]
-    got = together.step([(lane.scores.rule, z) for lane, z in zip(lanes, zs)])
-    return [lane.scores.finish(res, mask) for lane, res in zip(lanes, got)]
+    got = together.step([(lane.scores.rule, z) for lane, z in zip(lanes, zs, strict=True)])
+    return [lane.scores.finish(res, mask) for lane, res in zip(lanes, got, strict=True)]
 
 
-def lanes_of(monitor: Any, what: str, *, order: int | None = None, cascade: float | Cascade | None = None,
-             action: Any = "flag") -> list[Lane]:
+def lanes_of(
+    monitor: Any, what: str, *, order: int | None = None, cascade: float | Cascade | None = None, action: Any = "flag"
+) -> list[Lane]:
     """The lanes a monitor (with ``order``/``cascade``) or a set (each member with its own
     policy; ``action``: one for all, a dict by name, or None for the set's) runs."""
     members = monitor._members(action)
     if (order is not None or cascade is not None) and members[0][0]:
-        raise TPCHooksError("a MonitorSet scores each member with its own policy: set order/cascade on the member "
-                            "(monitor.cascade = ...), not on the set's call")
+        raise TPCHooksError(
+            "a MonitorSet scores each member with its own policy: set order/cascade on the member "
+            "(monitor.cascade = ...), not on the set's call"
+        )
     return [Lane(name, m, StepScores(m, order, cascade), act, what) for name, m, act in members]
 
 
 @torch.no_grad()
-def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: int = 32,
-             action: str | Callable | Mapping[str, str] | None = "flag", *,
-             order: int | None = None, cascade: float | Cascade | None = None, do_sample: bool = False,
-             temperature: float = 1.0, seed: int = 0, stop_at_eos: bool = True, tokenizer: Any = None) -> Any:
+def generate(
+    monitor: Any,
+    model: Any,
+    prompts: Sequence[str],
+    max_new_tokens: int = 32,
+    action: str | Callable | Mapping[str, str] | None = "flag",
+    *,
+    order: int | None = None,
+    cascade: float | Cascade | None = None,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    seed: int = 0,
+    stop_at_eos: bool = True,
+    tokenizer: Any = None,
+) -> Any:
     """See :meth:`tpc_hooks.Monitor.generate` (and :meth:`tpc_hooks.MonitorSet.generate`: ``monitor``
     a set, whose lanes share every pass; returns a :class:`~tpc_hooks.MonitorSetRun`).
 
@@ -157,11 +185,23 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         raise TPCHooksError(f"temperature must be positive; got {temperature!r}")
     sites = [adapter.site(lane.site) for lane in lanes]
     tok = adapter.tokenizer
-    ids, _ = adapter.tokenize(items, chat_template=monitor.chat_template, max_tokens=monitor.max_tokens,
-                              prepend_bos=monitor.prepend_bos)
+    ids, _ = adapter.tokenize(
+        items, chat_template=monitor.chat_template, max_tokens=monitor.max_tokens, prepend_bos=monitor.prepend_bos
+    )
     if adapter.engine:
-        return _engine_run(monitor, adapter, ids, max_new_tokens, action, order=order, cascade=cascade,
-                           do_sample=do_sample, temperature=temperature, seed=seed, stop_at_eos=stop_at_eos)
+        return _engine_run(
+            monitor,
+            adapter,
+            ids,
+            max_new_tokens,
+            action,
+            order=order,
+            cascade=cascade,
+            do_sample=do_sample,
+            temperature=temperature,
+            seed=seed,
+            stop_at_eos=stop_at_eos,
+        )
     input_ids, mask = pad(ids, pad_id(tok), "left")
     B = len(ids)
     eos = getattr(tok, "eos_token_id", None) if stop_at_eos else None
@@ -174,13 +214,13 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
         if not tokens:
             return list(ids[b])
         tk, on = torch.stack(tokens)[:, b].tolist(), torch.stack(fed)[:, b].tolist()
-        return list(ids[b]) + [x for x, f in zip(tk, on) if f]
+        return list(ids[b]) + [x for x, f in zip(tk, on, strict=True) if f]
 
     def on_step(acts: dict[str, Tensor], step_mask: Tensor, last_logits: Tensor):
         t, device = state["t"], last_logits.device
         live = state["live"] if t else torch.ones(B, dtype=torch.bool, device=device)
         done = torch.zeros_like(live)
-        for lane, res in zip(lanes, score_lanes(lanes, acts, step_mask, together)):
+        for lane, res in zip(lanes, score_lanes(lanes, acts, step_mask, together), strict=True):
             lane.log._append(res, live)
             hit = live & flagged(res.decision_logits, lane.threshold).to(device)
             if lane.stops:
@@ -190,7 +230,9 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
                 if rows:
                     probs, exits = res.probs[rows].tolist(), res.exit_order[rows].tolist()
                     for j, b in enumerate(rows):
-                        if action(MonitorEvent(row=b, step=t, score=probs[j], exit_order=exits[j], tokens=row_tokens(b))):
+                        if action(
+                            MonitorEvent(row=b, step=t, score=probs[j], exit_order=exits[j], tokens=row_tokens(b))
+                        ):
                             stopped[b] = t
                             done[b] = True
         if t > 0 and eos is not None:  # the token fed at this step was EOS: the row ends after it is scored
@@ -227,45 +269,83 @@ def generate(monitor: Any, model: Any, prompts: Sequence[str], max_new_tokens: i
     return monitor._result({lane.name: lane.log for lane in lanes})
 
 
-def _engine_run(monitor: Any, adapter: Any, ids: list[list[int]], max_new_tokens: int, action: Any, *,
-                order: int | None, cascade: float | Cascade | None, **sampling: Any) -> Any:
+def _engine_run(
+    monitor: Any,
+    adapter: Any,
+    ids: list[list[int]],
+    max_new_tokens: int,
+    action: Any,
+    *,
+    order: int | None,
+    cascade: float | Cascade | None,
+    **sampling: Any,
+) -> Any:
     """:func:`generate` through a serving engine that runs its own loop and scores in its workers
     (vLLM): the steps come back per request (and per member of a set), the runs are built from them."""
     if callable(action):
-        raise TPCHooksError(f"a callable action decides on the host every step; {adapter.toolkit} scores and stops "
-                            "requests inside its workers: use action='flag' or 'stop'")
+        raise TPCHooksError(
+            f"a callable action decides on the host every step; {adapter.toolkit} scores and stops "
+            "requests inside its workers: use action='flag' or 'stop'"
+        )
     if isinstance(cascade, Cascade):  # a Cascade object travels as the monitor's own
         monitor.policy(cascade=cascade)  # checks it wraps this head
         monitor = type(monitor)(monitor.head, config=monitor.config, cascade=cascade)
         cascade = None
-    got = adapter.generate(monitor, ids, max_new_tokens, action, order=order,
-                           cascade=None if cascade is None else float(cascade), **sampling)
-    return monitor._result({name: _engine_rows(m, adapter, ids, got["tokens"], got["runs"][name])
-                            for name, m, _ in monitor._members(action)})
+    got = adapter.generate(
+        monitor,
+        ids,
+        max_new_tokens,
+        action,
+        order=order,
+        cascade=None if cascade is None else float(cascade),
+        **sampling,
+    )
+    return monitor._result(
+        {
+            name: _engine_rows(m, adapter, ids, got["tokens"], got["runs"][name])
+            for name, m, _ in monitor._members(action)
+        }
+    )
 
 
-def _engine_rows(monitor: Any, adapter: Any, ids: list[list[int]], tokens: list[list[int]],
-                 got: list[dict[str, Any]]) -> GenerationRun:
+def _engine_rows(
+    monitor: Any, adapter: Any, ids: list[list[int]], tokens: list[list[int]], got: list[dict[str, Any]]
+) -> GenerationRun:
     """One monitor's :class:`GenerationRun` from the steps an engine's workers recorded."""
-    as_tensor = lambda k, dtype: [torch.tensor(r[k], dtype=dtype) for r in got]
-    run = GenerationRun(sequences=[list(p) + t for p, t in zip(ids, tokens)],
-                        prompt_lengths=[len(p) for p in ids], scores=as_tensor("probs", torch.float32),
-                        logits=as_tensor("logits", torch.float32),
-                        decision_logits=as_tensor("decision_logits", torch.float32),
-                        exit_orders=as_tensor("exit_order", torch.long), flops=as_tensor("flops", torch.long),
-                        threshold=float(monitor.threshold), tokenizer=adapter.tokenizer)
+
+    def as_tensor(k, dtype):
+        return [torch.tensor(r[k], dtype=dtype) for r in got]
+
+    run = GenerationRun(
+        sequences=[list(p) + t for p, t in zip(ids, tokens, strict=True)],
+        prompt_lengths=[len(p) for p in ids],
+        scores=as_tensor("probs", torch.float32),
+        logits=as_tensor("logits", torch.float32),
+        decision_logits=as_tensor("decision_logits", torch.float32),
+        exit_orders=as_tensor("exit_order", torch.long),
+        flops=as_tensor("flops", torch.long),
+        threshold=float(monitor.threshold),
+        tokenizer=adapter.tokenizer,
+    )
     run._flags["stopped_at"] = [r["stopped_at"] for r in got]
     steps = max((len(s) for s in run.scores), default=0)
     padded = torch.full((steps, len(ids)), 0.0)
     for b, s in enumerate(run.scores):
-        padded[:len(s), b] = s
+        padded[: len(s), b] = s
     warn_nonfinite(padded, None, "monitor.generate")
     return run
 
 
 @contextmanager
-def watch(monitor: Any, model: Any, *, order: int | None = None, cascade: float | Cascade | None = None,
-          on_flag: Callable[[MonitorEvent], Any] | None = None, tokenizer: Any = None) -> Iterator[Any]:
+def watch(
+    monitor: Any,
+    model: Any,
+    *,
+    order: int | None = None,
+    cascade: float | Cascade | None = None,
+    on_flag: Callable[[MonitorEvent], Any] | None = None,
+    tokenizer: Any = None,
+) -> Iterator[Any]:
     """See :meth:`tpc_hooks.Monitor.watch` (a set: one :class:`WatchLog` per member, by name)."""
     adapter = monitor._adapter(model, tokenizer=tokenizer)
     lanes = lanes_of(monitor, "monitor.watch", order=order, cascade=cascade)
@@ -280,7 +360,7 @@ def watch(monitor: Any, model: Any, *, order: int | None = None, cascade: float 
                 lane.scores.reset()
         with torch.no_grad():
             results = score_lanes(lanes, acts, mask, together)
-        for lane, log, res in zip(lanes, logs, results):
+        for lane, log, res in zip(lanes, logs, results, strict=True):
             log.results.append(res)
             log.fresh.append(fresh)
             log.new_tokens.append(int(mask.shape[1]))
@@ -289,16 +369,27 @@ def watch(monitor: Any, model: Any, *, order: int | None = None, cascade: float 
                 hits = flagged(res.decision_logits, lane.threshold).tolist()
                 probs, exits = res.probs.tolist(), res.exit_order.tolist()
                 for b in (b for b, f in enumerate(hits) if f):
-                    on_flag(MonitorEvent(row=b, step=len(log) - 1, score=probs[b], exit_order=exits[b], tokens=[],
-                                         monitor=lane.name or None))
+                    on_flag(
+                        MonitorEvent(
+                            row=b,
+                            step=len(log) - 1,
+                            score=probs[b],
+                            exit_order=exits[b],
+                            tokens=[],
+                            monitor=lane.name or None,
+                        )
+                    )
 
     with adapter.observe_sites(sites, on_acts):
-        yield logs[0] if not lanes[0].name else {lane.name: log for lane, log in zip(lanes, logs)}
-    for lane, log in zip(lanes, logs):
+        yield logs[0] if not lanes[0].name else {lane.name: log for lane, log in zip(lanes, logs, strict=True)}
+    for lane, log in zip(lanes, logs, strict=True):
         if log.results:  # one read at the end: did any call score NaN?
             bad = torch.stack([r.probs.isnan().sum() for r in log.results]).cpu()
             if bool(bad.any()):
                 warnings.warn(
                     f"{lane.what}: the monitor's site held NaN/inf activations in {int((bad > 0).sum())} of {len(bad)} "
                     f"forward passes (first: call {int(bad.nonzero()[0])}); those rows' scores are NaN and count as "
-                    "flagged. An overflowing float16 forward pass is a common cause", RuntimeWarning, stacklevel=3)
+                    "flagged. An overflowing float16 forward pass is a common cause",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )

@@ -21,10 +21,10 @@ import torch
 from torch import Tensor
 from transformers import LogitsProcessor, StoppingCriteria
 
-from ..adapters import Adapter, Site
 from .._errors import TPCHooksError
-from ..head._together import Together
 from .._rule import flagged
+from ..adapters import Adapter, Site
+from ..head._together import Together
 from ._generation import Lane, lanes_of, score_lanes
 from ._records import GenerationRun
 
@@ -34,8 +34,17 @@ class _Run:
     the hooks themselves. It never refers to the criterion or processor that owns it, so the
     model's hooks do not keep that one alive, and its ``weakref.finalize`` can remove them."""
 
-    def __init__(self, monitor: Any, adapter: Adapter, sites: list[Site], *, what: str, usage: str, lanes: list[Lane],
-                 eos: Tensor | None):
+    def __init__(
+        self,
+        monitor: Any,
+        adapter: Adapter,
+        sites: list[Site],
+        *,
+        what: str,
+        usage: str,
+        lanes: list[Lane],
+        eos: Tensor | None,
+    ):
         self.monitor, self.what, self.usage = monitor, what, usage
         self.lanes = lanes  # a lone monitor: one lane, which stops; a MonitorSet: one per member, each its own action
         self.together = Together()  # the members whose policies share a shape are scored in one stacked evaluation
@@ -98,7 +107,7 @@ class _Run:
             self.live = self.live & ~self.done
             self.t += 1
         hit = torch.zeros(B, dtype=torch.bool, device=device)
-        for lane, res in zip(self.lanes, score_lanes(self.lanes, acts, mask, self.together)):
+        for lane, res in zip(self.lanes, score_lanes(self.lanes, acts, mask, self.together), strict=True):
             if fresh or continuing_prefill or self.t == 0:  # the prompt's pass(es): the prompt's tokens are cut by it
                 lane.log._prompt_mask(mask, first=not continuing_prefill)
             if continuing_prefill:  # a chunked prefill: the prompt's step is not over
@@ -114,6 +123,7 @@ class _Run:
     def stop(self, input_ids: Tensor) -> Tensor:
         """The criterion's step: the rows to stop."""
         self._check_call(input_ids)
+        assert self.hit is not None  # _check_call refuses a call before the first pass
         stop = self.live & self.hit
         # generate has appended this step's token: an EOS there ends the row, as generate's own criterion does
         self.done = stop | self._ended(input_ids)
@@ -125,6 +135,7 @@ class _Run:
     def force_eos(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         """The processor's step: ``scores`` with EOS forced on the stopped rows."""
         self._check_call(input_ids)
+        assert self.hit is not None  # _check_call refuses a call before the first pass
         if self.t > 0:  # a row whose last token is EOS ended before this step's forward pass
             self.live = self.live & ~self._ended(input_ids)
             for lane in self.lanes:
@@ -134,16 +145,22 @@ class _Run:
         self.done = stop
         self._called(input_ids, self.live & ~stop)
         forced = self.forced
-        if forced is None or forced.shape[-1] != scores.shape[-1] or forced.device != scores.device \
-                or forced.dtype != scores.dtype:
-            forced = self.forced = torch.full((1, scores.shape[-1]), float("-inf"), dtype=scores.dtype,
-                                              device=scores.device)
+        if (
+            forced is None
+            or forced.shape[-1] != scores.shape[-1]
+            or forced.device != scores.device
+            or forced.dtype != scores.dtype
+        ):
+            forced = self.forced = torch.full(
+                (1, scores.shape[-1]), float("-inf"), dtype=scores.dtype, device=scores.device
+            )
+            assert self.eos is not None  # the logits processor is not made without one
             forced[0, int(self.eos[0])] = 0.0
         return torch.where(self.stopped.to(scores.device)[:, None], forced, scores)
 
     def _check_call(self, input_ids: Tensor) -> None:
         if self.stack is None:
-            if self.finished and input_ids.shape == (self.hit.shape[0], self.length + 1):
+            if self.finished and self.hit is not None and input_ids.shape == (self.hit.shape[0], self.length + 1):
                 ended = "flagged" if self.eos is None else f"flagged, or an EOS token among {self.eos.tolist()}"
                 raise TPCHooksError(
                     f"generate went on after every row had ended by this {self.what}'s account ({ended}); if "
@@ -154,14 +171,20 @@ class _Run:
                     f"this {self.what} already served a generate call (its log is .log); make a new one for each "
                     f"call, {self.usage}"
                 )
-            raise TPCHooksError(f"this {self.what} is closed and its hooks are removed; make a new one for each "
-                                f"generate call, {self.usage}")
+            raise TPCHooksError(
+                f"this {self.what} is closed and its hooks are removed; make a new one for each "
+                f"generate call, {self.usage}"
+            )
         if self.hit is None:
-            raise TPCHooksError(f"this {self.what} saw no forward pass of its model; is the model passed to "
-                                f"{self.what} the one generating?")
+            raise TPCHooksError(
+                f"this {self.what} saw no forward pass of its model; is the model passed to "
+                f"{self.what} the one generating?"
+            )
         if input_ids.shape[0] != self.hit.shape[0]:
-            raise TPCHooksError(f"generate passed {input_ids.shape[0]} rows but the model's last forward pass had "
-                                f"{self.hit.shape[0]}; beam search is not supported (use num_beams=1)")
+            raise TPCHooksError(
+                f"generate passed {input_ids.shape[0]} rows but the model's last forward pass had "
+                f"{self.hit.shape[0]}; beam search is not supported (use num_beams=1)"
+            )
 
     def _called(self, input_ids: Tensor, going_on: Tensor) -> None:
         self.decided = self.served = True
@@ -186,8 +209,17 @@ class _Monitoring:
     _what = ""
     _usage = ""
 
-    def __init__(self, monitor: Any, model: Any, *, tokenizer: Any, order: int | None, cascade: Any,
-                 eos_token_id: int | list[int] | None, action: Any):
+    def __init__(
+        self,
+        monitor: Any,
+        model: Any,
+        *,
+        tokenizer: Any,
+        order: int | None,
+        cascade: Any,
+        eos_token_id: int | list[int] | None,
+        action: Any,
+    ):
         adapter = monitor._adapter(model, tokenizer=tokenizer)
         hf = adapter.hf_model()
         if hf is None:
@@ -199,8 +231,15 @@ class _Monitoring:
         eos = _eos_ids(eos_token_id, hf, tokenizer)
         self._check_eos(eos)
         lanes = lanes_of(monitor, "the monitor inside generate", order=order, cascade=cascade, action=action)
-        run = _Run(monitor, adapter, [adapter.site(lane.site) for lane in lanes], what=self._what, usage=self._usage,
-                   lanes=lanes, eos=eos)
+        run = _Run(
+            monitor,
+            adapter,
+            [adapter.site(lane.site) for lane in lanes],
+            what=self._what,
+            usage=self._usage,
+            lanes=lanes,
+            eos=eos,
+        )
         self._run = run
         # run.close, not a method of self: the finalizer must not keep self alive
         self._finalizer = weakref.finalize(self, run.close)
@@ -226,8 +265,10 @@ class _Monitoring:
 
     def __enter__(self) -> Any:
         if not self.active:
-            raise TPCHooksError(f"this {self._what} is closed and its hooks are removed; make a new one for the "
-                                f"with block, as in: with monitor.{self._what}(model) as obj: ...")
+            raise TPCHooksError(
+                f"this {self._what} is closed and its hooks are removed; make a new one for the "
+                f"with block, as in: with monitor.{self._what}(model) as obj: ..."
+            )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -264,8 +305,10 @@ class MonitorLogitsProcessor(_Monitoring, LogitsProcessor):
 
     def _check_eos(self, eos: Tensor | None) -> None:
         if eos is None:
-            raise TPCHooksError("logits_processor forces an EOS token on flagged rows, but neither eos_token_id= nor the "
-                                "model's generation_config (nor tokenizer=) names one; pass eos_token_id=")
+            raise TPCHooksError(
+                "logits_processor forces an EOS token on flagged rows, but neither eos_token_id= nor the "
+                "model's generation_config (nor tokenizer=) names one; pass eos_token_id="
+            )
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         try:
@@ -290,6 +333,8 @@ def _eos_ids(explicit: Any, hf: Any, tokenizer: Any) -> Tensor | None:
         raise TPCHooksError(f"eos_token_id must be a token id or a list of them; got {ids!r}")
     vocab = getattr(getattr(hf, "config", None), "vocab_size", None)
     if isinstance(vocab, int) and any(i >= vocab for i in items):
-        raise TPCHooksError(f"eos_token_id {[i for i in items if i >= vocab]} names no token of this model "
-                            f"(vocabulary of {vocab}); pass the EOS id its tokenizer uses (tokenizer.eos_token_id)")
+        raise TPCHooksError(
+            f"eos_token_id {[i for i in items if i >= vocab]} names no token of this model "
+            f"(vocabulary of {vocab}); pass the EOS id its tokenizer uses (tokenizer.eos_token_id)"
+        )
     return torch.tensor(items, dtype=torch.long)

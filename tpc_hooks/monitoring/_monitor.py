@@ -12,20 +12,24 @@ from typing import Any, no_type_check
 import torch
 from torch import Tensor
 
+from .._errors import TPCHooksError
 from ..activations._collect import check_prompts, pooled_batches, token_batches
 from ..adapters import Adapter, get_adapter, pad, pad_id
 from ..head._cascade import Cascade, CascadeResult, prefix_result, stack_results
-from .._errors import TPCHooksError
-from ..head._policy import FixedOrder
+from ..head._policy import FixedOrder, Policy
 from ..head._polynomial import TPC
-from ..head._pooling import aggregate as aggregate_logits, scored
-from ..head._sae import check_sae, describe as describe_sae, dims as sae_dims, encode as sae_encode
+from ..head._pooling import aggregate as aggregate_logits
+from ..head._pooling import scored
+from ..head._sae import check_sae
+from ..head._sae import describe as describe_sae
+from ..head._sae import dims as sae_dims
+from ..head._sae import encode as sae_encode
 from ..head._sae import identity as sae_identity_of
 from . import _calibrate
-from ._monitor_config import MonitorConfig
-from ._records import GenerationRun, LastRun, TokenScores
 from ._during import DuringGeneration
+from ._monitor_config import MonitorConfig
 from ._monitor_files import MonitorFiles
+from ._records import GenerationRun, LastRun, TokenScores
 from ._settings import Settings
 
 
@@ -64,25 +68,37 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
         ('max', 0.5)
     """
 
-    def __init__(self, head: TPC, site: str | None = None, *, config: MonitorConfig | None = None,
-                 cascade: Cascade | None = None, report: dict[str, Any] | None = None, sae: Any = None,
-                 sae_identity: dict[str, Any] | None = None, **settings: Any):
+    def __init__(
+        self,
+        head: TPC,
+        site: str | None = None,
+        *,
+        config: MonitorConfig | None = None,
+        cascade: Cascade | None = None,
+        report: dict[str, Any] | None = None,
+        sae: Any = None,
+        sae_identity: dict[str, Any] | None = None,
+        **settings: Any,
+    ):
         unknown = sorted(set(settings) - {f.name for f in fields(MonitorConfig)})
         if unknown:
-            raise TPCHooksError(f"Monitor got unknown settings {unknown}; the settings are MonitorConfig's fields: "
-                                f"{[f.name for f in fields(MonitorConfig)]}")
+            raise TPCHooksError(
+                f"Monitor got unknown settings {unknown}; the settings are MonitorConfig's fields: "
+                f"{[f.name for f in fields(MonitorConfig)]}"
+            )
         if site is not None:
             settings["site"] = site
         if config is None:
             if "site" not in settings:
-                raise TPCHooksError("Monitor needs site= (the hook name it reads, e.g. 'blocks.6.hook_resid_post') "
-                                    "or config=")
+                raise TPCHooksError(
+                    "Monitor needs site= (the hook name it reads, e.g. 'blocks.6.hook_resid_post') or config="
+                )
             config = MonitorConfig(**settings)
         elif not isinstance(config, MonitorConfig):
             raise TPCHooksError(f"config must be a tpc_hooks.MonitorConfig; got {type(config).__name__}")
         elif settings:
             config = replace(config, **settings)
-        self._cascade = None
+        self._cascade: Cascade | None = None
         self.head, self.cascade, self.config = head, cascade, config
         self.report: dict[str, Any] = {} if report is None else report
         self.sae, self.sae_identity = sae, sae_identity
@@ -95,11 +111,15 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
                     f"differs ({describe_sae(ident)}); pass the SAE it was trained with"
                 )
             if sae_dims(self.sae)[1] != self.head.d_model:
-                raise TPCHooksError(f"the SAE has d_sae={sae_dims(self.sae)[1]} but the head reads {self.head.d_model} features")
+                raise TPCHooksError(
+                    f"the SAE has d_sae={sae_dims(self.sae)[1]} but the head reads {self.head.d_model} features"
+                )
             self.sae_identity = ident
         elif self.sae_identity is not None:
-            raise TPCHooksError(f"this monitor reads SAE latents of {describe_sae(self.sae_identity)}; pass sae= "
-                                "(Monitor.from_pretrained(path, sae=...))")
+            raise TPCHooksError(
+                f"this monitor reads SAE latents of {describe_sae(self.sae_identity)}; pass sae= "
+                "(Monitor.from_pretrained(path, sae=...))"
+            )
 
     @property
     def head(self) -> TPC:
@@ -112,9 +132,11 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
         if not isinstance(head, TPC):
             raise TPCHooksError(f"Monitor needs a tpc_hooks.TPC head; got {type(head).__name__}")
         if self._cascade is not None and self._cascade.head is not head:
-            raise TPCHooksError("this monitor's cascade wraps the old head and would go on scoring with it; set "
-                                "monitor.cascade = None (or a Cascade on the new head: tpc.Cascade(head, tau)) first, "
-                                "then assign the head")
+            raise TPCHooksError(
+                "this monitor's cascade wraps the old head and would go on scoring with it; set "
+                "monitor.cascade = None (or a Cascade on the new head: tpc.Cascade(head, tau)) first, "
+                "then assign the head"
+            )
         self._head = head
 
     @property
@@ -126,15 +148,21 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
     @cascade.setter
     def cascade(self, cascade: Any) -> None:
         if cascade is not None and (not isinstance(cascade, Cascade) or cascade.head is not self._head):
-            raise TPCHooksError("the monitor's cascade must wrap the monitor's own head: tpc.Cascade(monitor.head, tau)"
-                                if isinstance(cascade, Cascade) else
-                                f"cascade must be a tpc_hooks.Cascade or None; got {type(cascade).__name__}")
+            raise TPCHooksError(
+                "the monitor's cascade must wrap the monitor's own head: tpc.Cascade(monitor.head, tau)"
+                if isinstance(cascade, Cascade)
+                else f"cascade must be a tpc_hooks.Cascade or None; got {type(cascade).__name__}"
+            )
         self._cascade = cascade
 
     def __repr__(self) -> str:
-        policy = "full polynomial" if self.cascade is None else f"cascade({self.cascade.lower:g}, {self.cascade.upper:g})"
-        return (f"Monitor({self.site!r}, pooling={self.pooling!r}, d_model={self.head.d_model}, degree={self.head.degree}, "
-                f"threshold={self.threshold:.6g}, policy={policy})")
+        policy = (
+            "full polynomial" if self.cascade is None else f"cascade({self.cascade.lower:g}, {self.cascade.upper:g})"
+        )
+        return (
+            f"Monitor({self.site!r}, pooling={self.pooling!r}, d_model={self.head.d_model}, degree={self.head.degree}, "
+            f"threshold={self.threshold:.6g}, policy={policy})"
+        )
 
     @property
     def streaming(self) -> bool:
@@ -160,7 +188,7 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
         return adapter
 
     # ------------------------------------------------------------------ scoring
-    def policy(self, order: int | None = None, cascade: float | Cascade | None = None) -> Callable[[Tensor], CascadeResult]:
+    def policy(self, order: int | None = None, cascade: float | Cascade | None = None) -> Policy:
         """The scoring rule: a fixed truncation ``order``; a cascade (a threshold ``tau``, used
         with this monitor's calibration, or a :class:`~tpc_hooks.Cascade` on this head); or by
         default the monitor's own cascade, else the full polynomial."""
@@ -188,7 +216,9 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
         """What a monitored loop returns from its runs by name: this monitor's own."""
         return runs[""]
 
-    def _step_policy(self, order: int | None = None, cascade: float | Cascade | None = None) -> Callable[[Tensor], CascadeResult]:
+    def _step_policy(
+        self, order: int | None = None, cascade: float | Cascade | None = None
+    ) -> Callable[[Tensor], CascadeResult]:
         """:meth:`policy` for the per-step path of generation: the same scores with no host
         synchronisation (non-finite rows score NaN instead of raising; see :meth:`Cascade.step`)."""
         return self.policy(order, cascade).step
@@ -213,9 +243,17 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
             self.head.to(device)
 
     @torch.no_grad()
-    def score(self, model: Any, prompts: Sequence[str] | None = None, *, tokens: Sequence[Sequence[int]] | None = None,
-              order: int | None = None, cascade: float | Cascade | None = None, batch_size: int = 8,
-              tokenizer: Any = None) -> CascadeResult:
+    def score(
+        self,
+        model: Any,
+        prompts: Sequence[str] | None = None,
+        *,
+        tokens: Sequence[Sequence[int]] | None = None,
+        order: int | None = None,
+        cascade: float | Cascade | None = None,
+        batch_size: int = 8,
+        tokenizer: Any = None,
+    ) -> CascadeResult:
         """Scores prompts (or already tokenised sequences) offline.
 
         Args:
@@ -235,22 +273,33 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
         if (prompts is None) == (tokens is None):
             raise TPCHooksError("pass prompts or tokens (exactly one)")
         if tokens is None:
-            ids, _ = adapter.tokenize(check_prompts(prompts), chat_template=self.chat_template, max_tokens=self.max_tokens,
-                                      prepend_bos=self.prepend_bos)
+            ids, _ = adapter.tokenize(
+                check_prompts(prompts),
+                chat_template=self.chat_template,
+                max_tokens=self.max_tokens,
+                prepend_bos=self.prepend_bos,
+            )
         else:
             ids = [list(map(int, t)) for t in tokens]
             if not ids or any(len(t) == 0 for t in ids):
                 raise TPCHooksError("tokens must be a non-empty list of non-empty token id lists")
         site, rule = adapter.site(self.site), self.policy(order, cascade)
         if self.streaming:  # the aggregate after each prompt's last token
-            res = stack_results([prefix_result(r, agg, -1) for r, agg in self._token_pass(adapter, ids, site, rule,
-                                                                                           batch_size)])
+            res = stack_results(
+                [prefix_result(r, agg, -1) for r, agg in self._token_pass(adapter, ids, site, rule, batch_size)]
+            )
         else:
             res = rule(pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name])
         return replace(res, threshold=self.threshold)
 
-    def _token_pass(self, adapter: Adapter, ids: list[list[int]], site: Any, rule: Callable[[Tensor], CascadeResult],
-                    batch_size: int) -> list[tuple[CascadeResult, Tensor]]:
+    def _token_pass(
+        self,
+        adapter: Adapter,
+        ids: list[list[int]],
+        site: Any,
+        rule: Callable[[Tensor], CascadeResult],
+        batch_size: int,
+    ) -> list[tuple[CascadeResult, Tensor]]:
         """A per-token monitor offline: for each sequence, the rule's result for every token
         ``[T]`` and the aggregated logit after every token ``[T]`` (inputs are checked, so
         NaN/inf is an error here)."""
@@ -273,9 +322,18 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
     # ------------------------------------------------------------------ operating point
     @no_type_check  # fpr is checked here, with a message that names the fix; the test-time checker would preempt it
     @torch.no_grad()
-    def calibrate(self, model: Any = None, benign_prompts: Sequence[str] | None = None, fpr: float = 0.01, *,
-                  peaks: Sequence[float] | None = None, sources: Sequence[str] | None = None,
-                  everyday: Sequence[str] | None = None, batch_size: int = 8, tokenizer: Any = None) -> "Monitor":
+    def calibrate(
+        self,
+        model: Any = None,
+        benign_prompts: Sequence[str] | None = None,
+        fpr: float = 0.01,
+        *,
+        peaks: Sequence[float] | None = None,
+        sources: Sequence[str] | None = None,
+        everyday: Sequence[str] | None = None,
+        batch_size: int = 8,
+        tokenizer: Any = None,
+    ) -> "Monitor":
         """Sets :attr:`threshold` so that at most ``fpr`` of ``benign_prompts`` is flagged, or of the
         requests whose ``peaks`` (their highest score over a generation) a server logged.
 
@@ -291,7 +349,9 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
         Example:
             >>> monitor.calibrate(model, benign_validation_prompts, fpr=0.01)  # doctest: +SKIP
             >>> monitor.threshold, monitor.report["operating_point"]["flagged"]  # doctest: +SKIP
-            >>> monitor.calibrate(peaks=tpc.logged_peaks(tpc.read_review_log("logs/"), "harm", benign=ids))  # doctest: +SKIP
+            >>> monitor.calibrate(  # doctest: +SKIP
+            ...     peaks=tpc.logged_peaks(tpc.read_review_log("logs/"), "harm", benign=ids)
+            ... )
         """
         if peaks is not None:
             if model is not None or benign_prompts is not None:
@@ -303,8 +363,14 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
 
     @no_type_check  # as calibrate
     @torch.no_grad()
-    def calibrate_activations(self, benign: Any, fpr: float = 0.01, *, sources: Sequence[str] | None = None,
-                              everyday: Sequence[str] | None = None) -> "Monitor":
+    def calibrate_activations(
+        self,
+        benign: Any,
+        fpr: float = 0.01,
+        *,
+        sources: Sequence[str] | None = None,
+        everyday: Sequence[str] | None = None,
+    ) -> "Monitor":
         """Sets :attr:`threshold` from pooled activations ``[n, d_model]`` of benign inputs, so that
         at most ``fpr`` of them is flagged (``prob >= threshold``). A per-token monitor takes a
         list of per-token activations ``[T_i, d_model]``, one per benign sequence, and counts a
@@ -335,38 +401,62 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
                 ``sources`` not one name per input, or ``everyday`` naming a source they lack.
 
         Example:
-            >>> op = monitor.calibrate_activations(benign, 0.01, sources=names).report["operating_point"]  # doctest: +SKIP
+            >>> op = monitor.calibrate_activations(  # doctest: +SKIP
+            ...     benign, 0.01, sources=names
+            ... ).report["operating_point"]
             >>> op["by_source"]["forum"]["rate"], op["worst_source"]  # doctest: +SKIP
         """
         return _calibrate.activations(self, benign, fpr, sources, everyday)
 
     @torch.no_grad()
-    def token_scores(self, model: Any, prompt: str, *, order: int | None = None,
-                     cascade: float | Cascade | None = None, tokenizer: Any = None) -> "TokenScores":
+    def token_scores(
+        self,
+        model: Any,
+        prompt: str,
+        *,
+        order: int | None = None,
+        cascade: float | Cascade | None = None,
+        tokenizer: Any = None,
+    ) -> "TokenScores":
         """The monitor's score of every prefix of one prompt, from a single forward pass.
 
         Returns ``(token strings, result)`` (a :class:`TokenScores`, which also renders with
         ``.to_html()``); ``result.probs[t]`` scores the first ``t + 1`` tokens (a per-token
-        monitor: the aggregate after token ``t``). Hand it to :func:`tpc_hooks.views.colored_tokens` for circuitsvis. ``tokenizer``:
-        as in :meth:`score`.
+        monitor: the aggregate after token ``t``). Hand it to :func:`tpc_hooks.views.colored_tokens`
+        for circuitsvis. ``tokenizer``: as in :meth:`score`.
         """
         adapter = self._adapter(model, tokenizer)
         site = adapter.site(self.site)
-        (ids,), _ = adapter.tokenize(check_prompts([prompt]), chat_template=self.chat_template,
-                                     max_tokens=self.max_tokens, prepend_bos=self.prepend_bos)
+        (ids,), _ = adapter.tokenize(
+            check_prompts([prompt]),
+            chat_template=self.chat_template,
+            max_tokens=self.max_tokens,
+            prepend_bos=self.prepend_bos,
+        )
         tokens = [adapter.tokenizer.decode([t]) for t in ids]
         if self.streaming:  # every token scored, the aggregate after each
             res, agg = self._token_pass(adapter, [ids], site, self.policy(order, cascade), 1)[0]
-            return TokenScores(tokens, CascadeResult(logits=agg, probs=torch.sigmoid(agg), exit_order=res.exit_order,
-                                                     flops=res.flops.cumsum(0), degree=res.degree, decision_logits=agg),
-                               self.threshold,
-                               min(self.skip, len(tokens)))
+            return TokenScores(
+                tokens,
+                CascadeResult(
+                    logits=agg,
+                    probs=torch.sigmoid(agg),
+                    exit_order=res.exit_order,
+                    flops=res.flops.cumsum(0),
+                    degree=res.degree,
+                    decision_logits=agg,
+                ),
+                self.threshold,
+                min(self.skip, len(tokens)),
+            )
         x, mask = pad([ids], pad_id(adapter.tokenizer), "right")
         with adapter.exclusive():
             acts = adapter.forward_sites(x, mask, [site])[site.name][0].float()  # [T, D]
         acts = self._features(acts)
         if self.pooling == "mean":  # the monitor's pooling of every prefix, only the one it uses
-            prefixes = acts.cumsum(0) / torch.arange(1, acts.shape[0] + 1, device=acts.device, dtype=acts.dtype)[:, None]
+            prefixes = (
+                acts.cumsum(0) / torch.arange(1, acts.shape[0] + 1, device=acts.device, dtype=acts.dtype)[:, None]
+            )
         elif self.pooling == "max":
             prefixes = acts.cummax(0).values
         else:

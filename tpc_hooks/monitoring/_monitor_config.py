@@ -4,8 +4,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, no_type_check
 
-from ..adapters import parse_site
 from .._errors import TPCHooksError
+from ..adapters import parse_site
 from ..head._pooling import check_aggregate, check_pooling, check_skip
 
 STREAMING_KEYS = ("aggregate", "alpha", "window", "skip")  # saved only by per-token monitors
@@ -76,19 +76,28 @@ class MonitorConfig:
         if not isinstance(self.chat_template, bool):
             raise TPCHooksError(f"chat_template must be true or false; got {self.chat_template!r}")
         if self.prepend_bos is not None and not isinstance(self.prepend_bos, bool):
-            raise TPCHooksError(f"prepend_bos must be true, false or None (when the tokenizer has a BOS token); "
-                                f"got {self.prepend_bos!r}")
-        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
-                                            or self.max_tokens < 1):
-            raise TPCHooksError(f"max_tokens must be a positive integer or None (no truncation); got {self.max_tokens!r}")
+            raise TPCHooksError(
+                f"prepend_bos must be true, false or None (when the tokenizer has a BOS token); "
+                f"got {self.prepend_bos!r}"
+            )
+        if self.max_tokens is not None and (
+            isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1
+        ):
+            raise TPCHooksError(
+                f"max_tokens must be a positive integer or None (no truncation); got {self.max_tokens!r}"
+            )
         if self.model_name is not None and not isinstance(self.model_name, str):
             raise TPCHooksError(f"model_name must be a string or None; got {self.model_name!r}")
         t = self.threshold
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 < t < 1:
             raise TPCHooksError(f"threshold must be a number in (0, 1); got {t!r}")
         how, alpha, window = check_aggregate(self.aggregate, self.alpha, self.window)
-        for name, value in (("threshold", float(t)), ("alpha", alpha), ("window", window),
-                            ("skip", check_skip(self.skip))):
+        for name, value in (
+            ("threshold", float(t)),
+            ("alpha", alpha),
+            ("window", window),
+            ("skip", check_skip(self.skip)),
+        ):
             object.__setattr__(self, name, value)
 
     @property
@@ -115,5 +124,5 @@ class MonitorConfig:
         if not isinstance(d, dict):
             raise TPCHooksError(f"a monitor config must be a JSON object; got {type(d).__name__}")
         if "site" not in d:
-            raise TPCHooksError("a monitor config needs \"site\" (the hook name it reads)")
+            raise TPCHooksError('a monitor config needs "site" (the hook name it reads)')
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})

@@ -4,11 +4,11 @@ Hub comes from :class:`~tpc_hooks.saving._hub.HubMixin`."""
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._errors import TPCHooksError
 from ..head._cascade import Cascade
-from ..head._polynomial import from_saved, to_saved
+from ..head._polynomial import TPC, from_saved, to_saved
 from ..saving import _format
 from ..saving._cards import monitor_card
 from ..saving._hub import HubMixin
@@ -17,7 +17,29 @@ from ._monitor_config import MonitorConfig
 
 class MonitorFiles(HubMixin):
     """:class:`~tpc_hooks.Monitor`'s saved form: ``save_pretrained`` / ``from_pretrained`` /
-    ``push_to_hub`` (from :class:`~tpc_hooks.saving._hub.HubMixin`) write and read it."""
+    ``push_to_hub`` (from :class:`~tpc_hooks.saving._hub.HubMixin`) write and read it.
+
+    The class it is mixed into sets ``head``, ``config``, ``cascade``, ``report`` and
+    ``sae_identity``, and is built as ``cls(head, config=, cascade=, report=, sae=, sae_identity=)``."""
+
+    head: TPC
+    config: MonitorConfig
+    cascade: Cascade | None
+    report: dict[str, Any]
+    sae_identity: dict[str, Any] | None
+
+    if TYPE_CHECKING:
+
+        def __init__(
+            self,
+            head: TPC,
+            *,
+            config: MonitorConfig,
+            cascade: Cascade | None,
+            report: dict[str, Any],
+            sae: Any,
+            sae_identity: dict[str, Any] | None,
+        ) -> None: ...
 
     _hub_commit_message = "Upload tpc-hooks monitor"
 
@@ -57,13 +79,17 @@ class MonitorFiles(HubMixin):
         head = from_saved(cfg, tensors, where)
         mon = cfg.get("monitor")
         if not isinstance(mon, dict):
-            raise TPCHooksError(f"{where} describes a bare head, not a monitor; load it with TPC.from_pretrained and wrap it: "
-                                "Monitor(head, site=...)")
+            raise TPCHooksError(
+                f"{where} describes a bare head, not a monitor; load it with TPC.from_pretrained and wrap it: "
+                "Monitor(head, site=...)"
+            )
         model = mon.get("model") or {}
         if not isinstance(model, dict):
-            raise TPCHooksError(f"{where}: monitor.model must be an object {{\"name\", \"d_model\"}}; got {model!r}")
+            raise TPCHooksError(f'{where}: monitor.model must be an object {{"name", "d_model"}}; got {model!r}')
         if model.get("d_model", head.d_model) != head.d_model:
-            raise TPCHooksError(f"{where}: monitor.model.d_model={model.get('d_model')} disagrees with d_model={head.d_model}")
+            raise TPCHooksError(
+                f"{where}: monitor.model.d_model={model.get('d_model')} disagrees with d_model={head.d_model}"
+            )
         try:
             config = MonitorConfig.from_dict({**mon, "model_name": model.get("name")})
         except TPCHooksError as err:
@@ -71,15 +97,18 @@ class MonitorFiles(HubMixin):
         cascade = None
         if mon.get("cascade") is not None:
             if not isinstance(mon["cascade"], dict):
-                raise TPCHooksError(f"{where}: monitor.cascade must be an object (lower, upper, temperatures, biases) "
-                                    f"or null; got {type(mon['cascade']).__name__}")
+                raise TPCHooksError(
+                    f"{where}: monitor.cascade must be an object (lower, upper, temperatures, biases) "
+                    f"or null; got {type(mon['cascade']).__name__}"
+                )
             try:
                 cascade = Cascade.from_dict(head, mon["cascade"])
             except (KeyError, TypeError, ValueError, AttributeError) as err:
                 raise TPCHooksError(f"{where}: monitor.cascade is malformed ({err})") from None
         if mon.get("sae") is not None and not isinstance(mon["sae"], dict):
-            raise TPCHooksError(f"{where}: monitor.sae must be an object (the SAE's identity) or null; got "
-                                f"{type(mon['sae']).__name__}")
+            raise TPCHooksError(
+                f"{where}: monitor.sae must be an object (the SAE's identity) or null; got {type(mon['sae']).__name__}"
+            )
         report = mon.get("report") or {}
         if not isinstance(report, dict):
             raise TPCHooksError(f"{where}: monitor.report must be an object; got {type(report).__name__}")

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..head._cascade import CascadeResult
 from .._errors import TPCHooksError, deprecated
 from .._rule import flagged
+from ..head._cascade import CascadeResult
 from ..rendering._views import generation_html, token_scores_html
 
 
@@ -67,19 +67,33 @@ class GenerationRun:
         ([7], 2)
     """
 
-    def __init__(self, sequences: list[list[int]] | None = None, prompt_lengths: list[int] | None = None,
-                 scores: list[Tensor] | None = None, logits: list[Tensor] | None = None,
-                 exit_orders: list[Tensor] | None = None, flops: list[Tensor] | None = None,
-                 flagged: list[bool] | None = None, first_flagged: list[int | None] | None = None,
-                 stopped_at: list[int | None] | None = None, threshold: float = 0.5, tokenizer: Any = None,
-                 decision_logits: list[Tensor] | None = None):
+    def __init__(
+        self,
+        sequences: list[list[int]] | None = None,
+        prompt_lengths: list[int] | None = None,
+        scores: list[Tensor] | None = None,
+        logits: list[Tensor] | None = None,
+        exit_orders: list[Tensor] | None = None,
+        flops: list[Tensor] | None = None,
+        flagged: list[bool] | None = None,
+        first_flagged: list[int | None] | None = None,
+        stopped_at: list[int | None] | None = None,
+        threshold: float = 0.5,
+        tokenizer: Any = None,
+        decision_logits: list[Tensor] | None = None,
+    ):
         self._inputs: dict[str, Any] = {}
         self._sequences, self._prompt_lengths = sequences, prompt_lengths
         self.threshold, self.tokenizer = float(threshold), tokenizer
-        given = {"scores": scores, "logits": logits, "exit_orders": exit_orders, "flops": flops,
-                 "decision_logits": [] if decision_logits is None else decision_logits}
+        given = {
+            "scores": scores,
+            "logits": logits,
+            "exit_orders": exit_orders,
+            "flops": flops,
+            "decision_logits": [] if decision_logits is None else decision_logits,
+        }
         self._given: dict[str, Any] | None = given
-        self._flags = {"flagged": flagged, "first_flagged": first_flagged, "stopped_at": stopped_at}
+        self._flags: dict[str, Any] = {"flagged": flagged, "first_flagged": first_flagged, "stopped_at": stopped_at}
         self._results: list[CascadeResult] = []
         self._live: list[Tensor] = []
         self._host: dict[str, Any] | None = None
@@ -94,8 +108,10 @@ class GenerationRun:
 
     def __repr__(self) -> str:
         n = len(self.scores)
-        return (f"GenerationRun(rows={n}, steps={self.steps}, threshold={self.threshold:.6g}, "
-                f"flagged={sum(self.flagged)}/{n}, stopped={sum(s is not None for s in self.stopped_at)}/{n})")
+        return (
+            f"GenerationRun(rows={n}, steps={self.steps}, threshold={self.threshold:.6g}, "
+            f"flagged={sum(self.flagged)}/{n}, stopped={sum(s is not None for s in self.stopped_at)}/{n})"
+        )
 
     # ------------------------------------------------------------------ recording
     def _append(self, result: CascadeResult, live: Tensor) -> None:
@@ -116,12 +132,18 @@ class GenerationRun:
             if not self._results:
                 self._host = {"live": torch.zeros(0, 0, dtype=torch.bool)}
             else:
-                stack = lambda xs: torch.stack(xs).cpu()
-                self._host = {"live": stack(self._live), "scores": stack([r.probs.float() for r in self._results]),
-                              "logits": stack([r.logits.float() for r in self._results]),
-                              "decision_logits": stack([r.decision_logits.float() for r in self._results]),
-                              "exit_orders": stack([r.exit_order for r in self._results]),
-                              "flops": stack([r.flops for r in self._results])}
+
+                def stack(xs):
+                    return torch.stack(xs).cpu()
+
+                self._host = {
+                    "live": stack(self._live),
+                    "scores": stack([r.probs.float() for r in self._results]),
+                    "logits": stack([r.logits.float() for r in self._results]),
+                    "decision_logits": stack([r.decision_logits.float() for r in self._results]),
+                    "exit_orders": stack([r.exit_order for r in self._results]),
+                    "flops": stack([r.flops for r in self._results]),
+                }
                 warn_nonfinite(self._host["scores"], self._host["live"], self._what)
         return self._host
 
@@ -138,8 +160,9 @@ class GenerationRun:
     logits = property(lambda self: self._rows("logits"), doc="Raw logits per row (a cascade: uncalibrated).")
     exit_orders = property(lambda self: self._rows("exit_orders"), doc="Cascade exit order per row and step.")
     flops = property(lambda self: self._rows("flops"), doc="FLOPs per row and step.")
-    decision_logits = property(lambda self: self._rows("decision_logits"),
-                               doc="The logits the flags compare with ``logit(threshold)``.")
+    decision_logits = property(
+        lambda self: self._rows("decision_logits"), doc="The logits the flags compare with ``logit(threshold)``."
+    )
 
     @property
     def first_flagged(self) -> list[int | None]:
@@ -184,9 +207,13 @@ class GenerationRun:
     def generated(self, b: int) -> list[int]:
         """The generated tokens of sequence ``b``."""
         if self.sequences is None:
-            raise TPCHooksError("this run has no token sequences (a logits_processor never sees the last token "
-                                "generate appends; watch sees no tokens); take them from generate's output")
-        return self.sequences[b][self.prompt_lengths[b]:]
+            raise TPCHooksError(
+                "this run has no token sequences (a logits_processor never sees the last token "
+                "generate appends; watch sees no tokens); take them from generate's output"
+            )
+        lengths = self.prompt_lengths
+        assert lengths is not None  # recorded with the sequences
+        return self.sequences[b][lengths[b] :]
 
     def texts(self, tokenizer: Any) -> list[str]:
         """The generated text of every sequence."""
@@ -231,7 +258,7 @@ class GenerationRun:
         ids, P = self._inputs["ids"].cpu(), mask.shape[1]
         n = [len(s) for s in self.scores]
         prompts = [ids[b, :P][mask[b]].tolist() for b in range(len(n))]
-        self.sequences = [p + ids[b, P:P + n[b]].tolist() for b, p in enumerate(prompts)]
+        self.sequences = [p + ids[b, P : P + n[b]].tolist() for b, p in enumerate(prompts)]
         self.prompt_lengths = [len(p) for p in prompts]
 
     # ------------------------------------------------------------------ views
@@ -248,8 +275,10 @@ class GenerationRun:
         if tok is None:
             raise TPCHooksError("this run carries no tokenizer to show its tokens; pass tokenizer=")
         if self.sequences is None:
-            raise TPCHooksError("this run has no token sequences to show (a logits_processor never sees the last token "
-                                "generate appends; watch sees no tokens)")
+            raise TPCHooksError(
+                "this run has no token sequences to show (a logits_processor never sees the last token "
+                "generate appends; watch sees no tokens)"
+            )
         return generation_html(self, tokenizer=tok, threshold=self.threshold, rows=rows)
 
     def _repr_html_(self) -> str:
@@ -292,8 +321,10 @@ class MonitorSetRun(Mapping[str, GenerationRun]):
     def __repr__(self) -> str:
         first = self._first
         n = len(first.scores)
-        return (f"MonitorSetRun(members={list(self._runs)}, rows={n}, steps={first.steps}, "
-                f"stopped={sum(s is not None for s in self.stopped_at)}/{n})")
+        return (
+            f"MonitorSetRun(members={list(self._runs)}, rows={n}, steps={first.steps}, "
+            f"stopped={sum(s is not None for s in self.stopped_at)}/{n})"
+        )
 
     @property
     def _first(self) -> GenerationRun:
@@ -317,15 +348,17 @@ class MonitorSetRun(Mapping[str, GenerationRun]):
     def stopped_at(self) -> list[int | None]:
         """Per row: the step at which a stopping member ended it, or None."""
         per = [run.stopped_at for run in self._runs.values()]
-        return [min((s for s in col if s is not None), default=None) for col in zip(*per)]
+        return [min((s for s in col if s is not None), default=None) for col in zip(*per, strict=True)]
 
     @property
     def stopped_by(self) -> list[str | None]:
         """Per row: the member that stopped it (the first in the set's order when several
         flagged the same step), or None."""
         names, per = list(self._runs), [run.stopped_at for run in self._runs.values()]
-        return [None if at is None else names[[s == at for s in col].index(True)]
-                for at, col in zip(self.stopped_at, zip(*per))]
+        return [
+            None if at is None else names[[s == at for s in col].index(True)]
+            for at, col in zip(self.stopped_at, zip(*per, strict=True), strict=True)
+        ]
 
     @property
     def flagged_by(self) -> list[list[str]]:
@@ -334,8 +367,9 @@ class MonitorSetRun(Mapping[str, GenerationRun]):
         return [[name for name in per if per[name][b]] for b in range(len(self._first.scores))]
 
     # ------------------------------------------------------------------ views
-    def to_html(self, monitor: str | None = None, rows: int | Sequence[int] | None = None, *,
-                tokenizer: Any = None) -> Any:
+    def to_html(
+        self, monitor: str | None = None, rows: int | Sequence[int] | None = None, *, tokenizer: Any = None
+    ) -> Any:
         """One member's run as a page (:meth:`GenerationRun.to_html`; default: the first member)."""
         return self[monitor if monitor is not None else next(iter(self._runs))].to_html(rows, tokenizer=tokenizer)
 
@@ -346,6 +380,9 @@ class MonitorSetRun(Mapping[str, GenerationRun]):
 class TokenScores(tuple):
     """What :meth:`Monitor.token_scores` returns: a ``(tokens, result)`` pair (it unpacks as one)
     that also renders: :meth:`to_html`, and in Jupyter the prompt coloured token by token."""
+
+    threshold: float
+    skip: int
 
     def __new__(cls, tokens: list[str], result: CascadeResult, threshold: float, skip: int = 0):
         obj = super().__new__(cls, (tokens, result))
@@ -434,9 +471,12 @@ def warn_nonfinite(probs: Tensor, live: Tensor | None, what: str) -> None:
     if bool(bad.any()):
         step, row = (int(i) for i in bad.nonzero()[0])
         warnings.warn(
-            f"{what}: the monitor's site held NaN/inf activations at {int(bad.sum())} scored step(s) (first: row {row}, "
-            f"step {step}); those scores are NaN and count as flagged. An overflowing float16 forward pass is a "
-            "common cause", RuntimeWarning, stacklevel=3)
+            f"{what}: the monitor's site held NaN/inf activations at {int(bad.sum())} scored step(s) "
+            f"(first: row {row}, step {step}); those scores are NaN and count as flagged. An overflowing float16 "
+            "forward pass is a common cause",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 class LastRun:

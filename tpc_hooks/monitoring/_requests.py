@@ -24,8 +24,14 @@ FIELDS = ("logits", "probs", "decision_logits", "exit_order", "flops")
 
 
 def _part(res: CascadeResult, a: int, b: int) -> CascadeResult:
-    return CascadeResult(logits=res.logits[a:b], probs=res.probs[a:b], decision_logits=res.decision_logits[a:b],
-                         exit_order=res.exit_order[a:b], flops=res.flops[a:b], degree=res.degree)
+    return CascadeResult(
+        logits=res.logits[a:b],
+        probs=res.probs[a:b],
+        decision_logits=res.decision_logits[a:b],
+        exit_order=res.exit_order[a:b],
+        flops=res.flops[a:b],
+        degree=res.degree,
+    )
 
 
 def _pick(res: CascadeResult, index: Tensor | slice) -> CascadeResult:
@@ -33,7 +39,10 @@ def _pick(res: CascadeResult, index: Tensor | slice) -> CascadeResult:
 
 
 def _cat(parts: list[CascadeResult]) -> CascadeResult:
-    return CascadeResult(**{f: torch.cat([getattr(p, f) for p in parts]) for f in FIELDS}, degree=parts[0].degree)
+    return CascadeResult(
+        **{f: torch.cat([getattr(p, f) for p in parts]) for f in FIELDS},  # type: ignore[arg-type]  # Tensor fields
+        degree=parts[0].degree,
+    )
 
 
 def _frozen(obj: Any) -> Any:
@@ -59,7 +68,7 @@ def _unstacked(batched: Any, objs: list[Any]) -> None:
     """The batch's new state back into each request's object (views, one per request)."""
     for k, v in vars(batched).items():
         if isinstance(v, Tensor):
-            for o, part in zip(objs, v.split(1)):
+            for o, part in zip(objs, v.split(1), strict=True):
                 setattr(o, k, part)
 
 
@@ -86,15 +95,16 @@ class RequestScores:
         ['a']
     """
 
-    def __init__(self, monitor: Any, order: int | None = None, cascade: float | Cascade | None = None, *,
-                 frozen: bool = False):
+    def __init__(
+        self, monitor: Any, order: int | None = None, cascade: float | Cascade | None = None, *, frozen: bool = False
+    ):
         self.monitor = monitor
         forget_packs(monitor.head)
         if frozen:  # the caller owns the head: its parameters cannot change while it scores
             freeze_packs(monitor.head)
         self.rule = monitor._step_policy(order, cascade)
         self.states: dict[str, StepScores] = {}
-        self.records: dict[str, list[CascadeResult]] = {}
+        self.records: dict[str, list[tuple[Any, ...]]] = {}  # per step: the FIELDS' values
         self.keep_inputs = False  # True: `inputs` holds what the last update's results scored (a review log reads it)
         self.inputs: Tensor | None = None
         self._pending: Any = None  # between begin and end: what end needs to finish the pass
@@ -119,24 +129,46 @@ class RequestScores:
         """Steps recorded for ``request`` so far."""
         return len(self.records.get(request, ()))
 
-    def update(self, pieces: Sequence[tuple[str, Tensor, bool]], cuts: Sequence[Sequence[int]] | None = None,
-               keep: Callable[[str, int, Any], None] | None = None) -> tuple[list[str], CascadeResult | None]:
+    def update(
+        self,
+        pieces: Sequence[tuple[str, Tensor, bool]],
+        cuts: Sequence[Sequence[int]] | None = None,
+        keep: Callable[[str, int, Any], None] | None = None,
+    ) -> tuple[list[str], CascadeResult | None]:
         if not pieces:
             return [], None
-        return self.update_flat([rid for rid, _, _ in pieces], torch.cat([rows for _, rows, _ in pieces]),
-                                [int(rows.shape[0]) for _, rows, _ in pieces], [c for _, _, c in pieces], cuts, keep)
+        return self.update_flat(
+            [rid for rid, _, _ in pieces],
+            torch.cat([rows for _, rows, _ in pieces]),
+            [int(rows.shape[0]) for _, rows, _ in pieces],
+            [c for _, _, c in pieces],
+            cuts,
+            keep,
+        )
 
-    def update_flat(self, requests: Sequence[str], rows: Tensor, sizes: Sequence[int], complete: Sequence[bool],
-                    cuts: Sequence[Sequence[int]] | None = None,
-                    keep: Callable[[str, int, Any], None] | None = None) -> tuple[list[str], CascadeResult | None]:
+    def update_flat(
+        self,
+        requests: Sequence[str],
+        rows: Tensor,
+        sizes: Sequence[int],
+        complete: Sequence[bool],
+        cuts: Sequence[Sequence[int]] | None = None,
+        keep: Callable[[str, int, Any], None] | None = None,
+    ) -> tuple[list[str], CascadeResult | None]:
         """:meth:`update` with the pieces' rows already in one tensor ``[sum(sizes), d_model]``, in
         the order of ``requests`` (a serving engine's flat batch: no copy of the rows)."""
         z = self.begin(requests, rows, sizes, complete, cuts, keep)
         return self.end(None if z is None else self.rule(z))
 
-    def begin(self, requests: Sequence[str], rows: Tensor, sizes: Sequence[int], complete: Sequence[bool],
-              cuts: Sequence[Sequence[int]] | None = None, keep: Callable[[str, int, Any], None] | None = None
-              ) -> Tensor | None:
+    def begin(
+        self,
+        requests: Sequence[str],
+        rows: Tensor,
+        sizes: Sequence[int],
+        complete: Sequence[bool],
+        cuts: Sequence[Sequence[int]] | None = None,
+        keep: Callable[[str, int, Any], None] | None = None,
+    ) -> Tensor | None:
         """The first half of :meth:`update_flat`: the rows its policy scores for this pass (the
         pools of the requests that complete a step, or a per-token monitor's every new row), or
         None when nothing is scored. :meth:`end` takes the policy's result on them (several
@@ -172,9 +204,16 @@ class RequestScores:
             self.records.setdefault(rid, []).append(tuple(v[j] for v in vals))
         return done, res
 
-    def _pieces(self, every: CascadeResult | None, requests: Sequence[str], feats: Tensor, sizes: Sequence[int],
-                complete: Sequence[bool], cuts: Sequence[Sequence[int]],
-                keep: Callable[[str, int, Any], None] | None) -> tuple[Tensor | None, tuple]:
+    def _pieces(
+        self,
+        every: CascadeResult | None,
+        requests: Sequence[str],
+        feats: Tensor,
+        sizes: Sequence[int],
+        complete: Sequence[bool],
+        cuts: Sequence[Sequence[int]],
+        keep: Callable[[str, int, Any], None] | None,
+    ) -> tuple[Tensor | None, tuple]:
         """Pools (or folds ``every``, a per-token monitor's result on every new row) each piece
         into its request's state; returns ``(rows to score, (done requests, pools))`` for a pooled
         monitor, ``(None, (done requests, result))`` for a per-token one."""
@@ -183,11 +222,12 @@ class RequestScores:
         ends = list(itertools.accumulate(sizes))
         states = [self.states.setdefault(rid, StepScores(mon, rule=self.rule)) for rid in requests]
         # one token each, with a running state (every decode step): one batched update for all of them
-        group = [k for k, (st, n) in enumerate(zip(states, sizes)) if n == 1 and st.state is not None]
+        group = [k for k, (st, n) in enumerate(zip(states, sizes, strict=True)) if n == 1 and st.state is not None]
         grouped = set(group)
         alone = [k for k in range(len(requests)) if k not in grouped]
         token = mon.pooling == "token"
         outs: list[Any] = []  # per piece: its pooled vector [1, D] or its result (one row)
+        got: CascadeResult | Tensor
         order: list[int] = []
         if group:
             every_row = len(group) == len(feats)  # the usual decode step: one row per request, all of them
@@ -195,10 +235,12 @@ class RequestScores:
             if token:
                 batch = StepScores(mon, rule=self.rule)
                 batch.state = _stacked([states[k].state for k in group])
-                batch.spent = torch.cat([states[k].spent for k in group])
+                assert every is not None  # end() passes a per-token monitor's result
+                # a request with a running state has spent a Tensor of FLOPs (mypy sees int | None too)
+                batch.spent = torch.cat([states[k].spent for k in group])  # type: ignore[misc]
                 got = batch.fold(_pick(every, last), torch.ones(len(group), 1, device=device))
                 _unstacked(batch.state, [states[k].state for k in group])
-                for k, part in zip(group, batch.spent.split(1)):
+                for k, part in zip(group, batch.spent.split(1), strict=True):
                     states[k].spent = part
             else:
                 got = RunningPool.add_rows([states[k].state for k in group], feats if every_row else feats[last])
@@ -206,15 +248,21 @@ class RequestScores:
             order += group
             for k in group:
                 if cuts[k]:
+                    assert keep is not None  # cuts come with keep
                     keep(requests[k], 1, self.snapshot(requests[k]))
         for k in alone:
             n, e = sizes[k], ends[k]
             marks = [c for c in cuts[k] if 0 < c < n]
-            for lo, hi in zip([0, *marks], [*marks, n]):  # a kept state splits the rows at its offset
+            for lo, hi in zip([0, *marks], [*marks, n], strict=True):  # a kept state splits the rows at its offset
                 ones = torch.ones(1, hi - lo, device=device)
                 a, b = e - n + lo, e - n + hi
-                got = states[k].fold(_part(every, a, b), ones) if token else states[k].pool(feats[a:b][None], ones)
+                if token:
+                    assert every is not None  # end() passes a per-token monitor's result
+                    got = states[k].fold(_part(every, a, b), ones)
+                else:
+                    got = states[k].pool(feats[a:b][None], ones)
                 if hi in cuts[k]:
+                    assert keep is not None  # cuts come with keep
                     keep(requests[k], hi, self.snapshot(requests[k]))
             outs.append(got)
             order += [k]
@@ -241,9 +289,11 @@ class RequestScores:
             recs = self.records.pop(rid, [])
             self.states.pop(rid, None)
             if recs:
-                cols = list(zip(*recs))
-                out[rid] = {f: torch.tensor(c, dtype=torch.long if f in ("exit_order", "flops") else torch.float32)
-                            for f, c in zip(FIELDS, cols)}
+                cols = list(zip(*recs, strict=True))
+                out[rid] = {
+                    f: torch.tensor(c, dtype=torch.long if f in ("exit_order", "flops") else torch.float32)
+                    for f, c in zip(FIELDS, cols, strict=True)
+                }
         if requests is None:
             self.states.clear()
         return out

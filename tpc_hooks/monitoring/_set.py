@@ -6,14 +6,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..adapters import Adapter
 from .._errors import TPCHooksError
+from ..adapters import Adapter
 from . import _generation
 from ._monitor import Monitor
 from ._records import LastRun, MonitorEvent, MonitorSetRun
 
 ACTIONS = ("flag", "stop")
 _SHARED = ("chat_template", "max_tokens", "prepend_bos")  # what the one tokenisation of a pass needs to agree on
+
+
+def _shared(key: str) -> property:
+    """A setting every member of a :class:`MonitorSet` shares, read from its first member."""
+    return property(lambda self: getattr(next(iter(self._monitors.values())), key))
 
 
 class MonitorSet(Mapping[str, Monitor], LastRun):
@@ -58,8 +63,9 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
             raise TPCHooksError("MonitorSet needs a non-empty dict name -> Monitor, e.g. MonitorSet({'harm': monitor})")
         for name, m in monitors.items():
             if not isinstance(name, str) or not name or any(c in name for c in "=:") or name != name.strip():
-                raise TPCHooksError(f"a member's name must be a non-empty string without '=', ':' or surrounding "
-                                    f"spaces; got {name!r}")
+                raise TPCHooksError(
+                    f"a member's name must be a non-empty string without '=', ':' or surrounding spaces; got {name!r}"
+                )
             if not isinstance(m, Monitor):
                 raise TPCHooksError(f"member {name!r} is a {type(m).__name__}, not a tpc_hooks.Monitor")
         for key in _SHARED:
@@ -67,7 +73,8 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
             if len(set(values.values())) > 1:
                 raise TPCHooksError(
                     f"the members read differently tokenised prompts ({key}: {values}); a set runs them on the same "
-                    f"forward passes: give them the same {key} (monitor.{key} = ...), or run them apart")
+                    f"forward passes: give them the same {key} (monitor.{key} = ...), or run them apart"
+                )
         self._monitors = dict(monitors)
         self.actions = self._actions(actions)
         self.last_run: MonitorSetRun | None = None
@@ -80,8 +87,10 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
         if isinstance(actions, str):
             actions = dict.fromkeys(self._monitors, actions)
         if not isinstance(actions, Mapping):
-            raise TPCHooksError(f"a MonitorSet's action must be 'flag' or 'stop' (for all, or by name); got {actions!r}. "
-                                "A callable action decides for one monitor alone: monitor.generate(..., action=f)")
+            raise TPCHooksError(
+                f"a MonitorSet's action must be 'flag' or 'stop' (for all, or by name); got {actions!r}. "
+                "A callable action decides for one monitor alone: monitor.generate(..., action=f)"
+            )
         unknown = sorted(set(actions) - set(self._monitors))
         if unknown:
             raise TPCHooksError(f"actions name {unknown}, which are not members of this set ({list(self._monitors)})")
@@ -112,8 +121,7 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
         return sorted({m.site for m in self._monitors.values()})
 
     # the tokenisation every member shares (checked equal when the set is made)
-    chat_template, max_tokens, prepend_bos = (property(lambda self, k=k: getattr(next(iter(self._monitors.values())), k))
-                                              for k in _SHARED)
+    chat_template, max_tokens, prepend_bos = (_shared(k) for k in _SHARED)
 
     # ------------------------------------------------------------------ what the loops read
     def _adapter(self, model: Any, tokenizer: Any = None) -> Adapter:
@@ -132,9 +140,19 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
         return MonitorSetRun(runs)
 
     # ------------------------------------------------------------------ running
-    def generate(self, model: Any, prompts: Sequence[str], max_new_tokens: int = 32,
-                 action: str | Mapping[str, str] | None = None, *, do_sample: bool = False, temperature: float = 1.0,
-                 seed: int = 0, stop_at_eos: bool = True, tokenizer: Any = None) -> MonitorSetRun:
+    def generate(
+        self,
+        model: Any,
+        prompts: Sequence[str],
+        max_new_tokens: int = 32,
+        action: str | Mapping[str, str] | None = None,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        seed: int = 0,
+        stop_at_eos: bool = True,
+        tokenizer: Any = None,
+    ) -> MonitorSetRun:
         """:meth:`Monitor.generate` for every member at once: one decode loop, each site read
         once per forward pass, each member scored as alone.
 
@@ -147,11 +165,22 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
             A :class:`~tpc_hooks.MonitorSetRun`: each member's :class:`~tpc_hooks.GenerationRun` by
             name, the shared sequences, and per row the step it was stopped at and by whom.
         """
-        return _generation.generate(self, model, prompts, max_new_tokens, action, do_sample=do_sample,
-                                    temperature=temperature, seed=seed, stop_at_eos=stop_at_eos, tokenizer=tokenizer)
+        return _generation.generate(
+            self,
+            model,
+            prompts,
+            max_new_tokens,
+            action,
+            do_sample=do_sample,
+            temperature=temperature,
+            seed=seed,
+            stop_at_eos=stop_at_eos,
+            tokenizer=tokenizer,
+        )
 
-    def watch(self, model: Any, *, on_flag: Callable[[MonitorEvent], Any] | None = None,
-              tokenizer: Any = None) -> AbstractContextManager[dict[str, Any]]:
+    def watch(
+        self, model: Any, *, on_flag: Callable[[MonitorEvent], Any] | None = None, tokenizer: Any = None
+    ) -> AbstractContextManager[dict[str, Any]]:
         """:meth:`Monitor.watch` for every member: the block yields ``{name: WatchLog}``, and
         ``on_flag`` sees each flagged row with ``event.monitor`` naming the member.
 
@@ -162,8 +191,14 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
         """
         return _generation.watch(self, model, on_flag=on_flag, tokenizer=tokenizer)
 
-    def stopping_criteria(self, model: Any, *, action: str | Mapping[str, str] | None = None,
-                          eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
+    def stopping_criteria(
+        self,
+        model: Any,
+        *,
+        action: str | Mapping[str, str] | None = None,
+        eos_token_id: int | list[int] | None = None,
+        tokenizer: Any = None,
+    ) -> Any:
         """:meth:`Monitor.stopping_criteria` for the set: one criterion whose hooks read each site
         once and which stops the rows any stopping member flags (the flagging ones only record).
         Its ``log`` (and :attr:`last_run`) is a :class:`~tpc_hooks.MonitorSetRun`.
@@ -175,14 +210,22 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
         """
         from ._hf_generate import MonitorStoppingCriteria
 
-        return MonitorStoppingCriteria(self, model, tokenizer=tokenizer, order=None, cascade=None,
-                                       eos_token_id=eos_token_id, action=action)
+        return MonitorStoppingCriteria(
+            self, model, tokenizer=tokenizer, order=None, cascade=None, eos_token_id=eos_token_id, action=action
+        )
 
-    def logits_processor(self, model: Any, *, action: str | Mapping[str, str] | None = None,
-                         eos_token_id: int | list[int] | None = None, tokenizer: Any = None) -> Any:
+    def logits_processor(
+        self,
+        model: Any,
+        *,
+        action: str | Mapping[str, str] | None = None,
+        eos_token_id: int | list[int] | None = None,
+        tokenizer: Any = None,
+    ) -> Any:
         """:meth:`Monitor.logits_processor` for the set: EOS is forced on the rows any stopping
         member flags; every member's steps are recorded."""
         from ._hf_generate import MonitorLogitsProcessor
 
-        return MonitorLogitsProcessor(self, model, tokenizer=tokenizer, order=None, cascade=None,
-                                      eos_token_id=eos_token_id, action=action)
+        return MonitorLogitsProcessor(
+            self, model, tokenizer=tokenizer, order=None, cascade=None, eos_token_id=eos_token_id, action=action
+        )

@@ -40,7 +40,8 @@ class Settings:
 
     @property
     def pooling(self) -> str:
-        """``config.pooling``: how a prompt's tokens become one row: ``mean``, ``last``, ``max`` or ``token`` (per-token)."""
+        """``config.pooling``: how a prompt's tokens become one row: ``mean``, ``last``, ``max`` or
+        ``token`` (per-token)."""
         return self.config.pooling
 
     @pooling.setter

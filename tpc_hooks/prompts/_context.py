@@ -24,6 +24,8 @@ def context_budget(lengths: Sequence[int], turn_cap: int = TURN_CAP) -> int:
     """The least length to draw contexts at (:func:`sharegpt_contexts`) so that each fills the
     largest of ``lengths`` even when its last exchange is cut away."""
     return max(lengths) + 2 * turn_cap
+
+
 _PLACEHOLDER = "\u2063REQUEST\u2063"  # invisible separators: no real turn contains this
 _X = "x"  # a one-character turn, to measure what the template adds around a turn
 
@@ -73,7 +75,9 @@ class _Template:
         self.assistant_frame = self.turn("assistant", "")  # an assistant turn's tokens beyond its text
 
     def turn(self, role: str, text: str) -> int:
-        return len(_encode(self.tok, _render(self.tok, self.before[role] + [_msg(role, text)], False))) - self.base[role]
+        return (
+            len(_encode(self.tok, _render(self.tok, self.before[role] + [_msg(role, text)], False))) - self.base[role]
+        )
 
 
 def _msg(role: str, text: str) -> dict[str, str]:
@@ -83,14 +87,18 @@ def _msg(role: str, text: str) -> dict[str, str]:
 def check_conversation(conversation: Any) -> list[dict[str, str]]:
     """The conversation as ``[{"role", "content"}]`` turns, alternating from ``"user"``; else a clear error."""
     if isinstance(conversation, (str, bytes)) or not isinstance(conversation, Sequence):
-        raise TPCHooksError("a conversation is a list of {'role': 'user'|'assistant', 'content': str} turns; got "
-                            f"{type(conversation).__name__}")
+        raise TPCHooksError(
+            "a conversation is a list of {'role': 'user'|'assistant', 'content': str} turns; got "
+            f"{type(conversation).__name__}"
+        )
     out = []
     for k, m in enumerate(conversation):
         want = ("user", "assistant")[k % 2]
         if not isinstance(m, dict) or m.get("role") != want or not isinstance(m.get("content"), str):
-            raise TPCHooksError(f"turn {k} of a conversation must be {{'role': {want!r}, 'content': str}} (turns "
-                                f"alternate, user first); got {m!r:.80}")
+            raise TPCHooksError(
+                f"turn {k} of a conversation must be {{'role': {want!r}, 'content': str}} (turns "
+                f"alternate, user first); got {m!r:.80}"
+            )
         out.append(_msg(want, m["content"]))
     return out
 
@@ -114,9 +122,15 @@ def _fit_turns(tpl: _Template, turns: list[tuple[str, str, int]], budget: int) -
     return out
 
 
-def in_conversation(tokenizer: Any, request: str, conversation: Any, *,
-                    position: str = "middle", max_tokens: int | None = 1024,
-                    turn_cap: int | None = TURN_CAP) -> InConversation:
+def in_conversation(
+    tokenizer: Any,
+    request: str,
+    conversation: Any,
+    *,
+    position: str = "middle",
+    max_tokens: int | None = 1024,
+    turn_cap: int | None = TURN_CAP,
+) -> InConversation:
     """Puts ``request`` in place of one user turn of ``conversation`` and tokenises the chat.
 
     The conversation's leading turns are kept up to about ``max_tokens`` tokens of chat
@@ -181,15 +195,17 @@ def _place(tpl: _Template, turns: list[tuple[str, str, int]], position: str, req
     messages = [_msg(r, _PLACEHOLDER if k == j else t) for k, (r, t, _) in enumerate(turns)]
     marked = _render(tpl.tok, messages, True)
     c0 = marked.index(_PLACEHOLDER)
-    after = marked[c0 + len(_PLACEHOLDER):]
+    after = marked[c0 + len(_PLACEHOLDER) :]
     messages[j] = _msg("user", request)
     # The template's own rendering: it may transform a turn's text (Llama 3 trims it), so the
     # request's rendered text is whatever lies between the placeholder's surroundings.
     rendered = _render(tpl.tok, messages, True)
     c1 = len(rendered) - len(after)
     if rendered[:c0] != marked[:c0] or rendered[c1:] != after or c1 <= c0:
-        raise TPCHooksError("cannot locate the request in the chat template's rendering: the template renders the "
-                            "turns around it differently depending on its text")
+        raise TPCHooksError(
+            "cannot locate the request in the chat template's rendering: the template renders the "
+            "turns around it differently depending on its text"
+        )
     ids = tpl.tok(rendered, add_special_tokens=False, return_offsets_mapping=True) if tpl.tok.is_fast else None
     if ids is not None:
         offsets = ids["offset_mapping"]
@@ -203,8 +219,9 @@ def _place(tpl: _Template, turns: list[tuple[str, str, int]], position: str, req
     return InConversation(full, min(start, stop - 1), stop, messages)
 
 
-def sharegpt_contexts(tokenizer: Any, n: int, *, tokens: int = 1024, turn_cap: int | None = TURN_CAP,
-                      exclude: Iterable[str] = ()) -> list[list[dict[str, str]]]:
+def sharegpt_contexts(
+    tokenizer: Any, n: int, *, tokens: int = 1024, turn_cap: int | None = TURN_CAP, exclude: Iterable[str] = ()
+) -> list[list[dict[str, str]]]:
     """``n`` benign chat contexts of more than ``tokens`` tokens each, from ShareGPT.
 
     Most ShareGPT conversations are a few short exchanges, so each context is consecutive
@@ -239,7 +256,7 @@ def sharegpt_contexts(tokenizer: Any, n: int, *, tokens: int = 1024, turn_cap: i
     total = 0
     for conv in sharegpt_conversations(exclude=exclude):
         for k in range(0, len(conv), 2):
-            for m in conv[k:k + 2]:
+            for m in conv[k : k + 2]:
                 text = m["content"] if turn_cap is None else cut(tokenizer, m["content"], turn_cap)
                 cur.append(_msg(m["role"], text))
                 total += tpl.turn(m["role"], text)
@@ -261,9 +278,15 @@ class HostedRequests(NamedTuple):
     tail: int  # tokens the chat template puts after a request (its turn's end, the next header)
 
 
-def host_requests(tokenizer: Any, contexts: Sequence[Sequence[dict[str, str]]], requests: Sequence[str],
-                  labels: Sequence[int] | np.ndarray, *, lengths: Sequence[int] = (512, 1024),
-                  turn_cap: int | None = TURN_CAP) -> HostedRequests:
+def host_requests(
+    tokenizer: Any,
+    contexts: Sequence[Sequence[dict[str, str]]],
+    requests: Sequence[str],
+    labels: Sequence[int] | np.ndarray,
+    *,
+    lengths: Sequence[int] = (512, 1024),
+    turn_cap: int | None = TURN_CAP,
+) -> HostedRequests:
     """Request ``j`` placed in context ``j``, within ``lengths[j % len(lengths)]`` tokens, at
     position start, middle, end for ``j % 3`` = 0, 1, 2: sequences for training a per-token
     monitor on requests inside conversations. Order the requests so that lengths and positions
@@ -271,11 +294,21 @@ def host_requests(tokenizer: Any, contexts: Sequence[Sequence[dict[str, str]]], 
     if not lengths or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in lengths):
         raise TPCHooksError(f"lengths must be a non-empty list of positive token budgets; got {lengths!r}")
     if len(requests) != len(contexts) or len(labels) != len(contexts):
-        raise TPCHooksError(f"one request and label per context; got {len(requests)} requests, {len(labels)} labels, "
-                            f"{len(contexts)} contexts")
-    seqs = [in_conversation(tokenizer, r, conv, position=POSITIONS[j % len(POSITIONS)],
-                            max_tokens=lengths[j % len(lengths)], turn_cap=turn_cap)
-            for j, (r, conv) in enumerate(zip(requests, contexts))]
+        raise TPCHooksError(
+            f"one request and label per context; got {len(requests)} requests, {len(labels)} labels, "
+            f"{len(contexts)} contexts"
+        )
+    seqs = [
+        in_conversation(
+            tokenizer,
+            r,
+            conv,
+            position=POSITIONS[j % len(POSITIONS)],
+            max_tokens=lengths[j % len(lengths)],
+            turn_cap=turn_cap,
+        )
+        for j, (r, conv) in enumerate(zip(requests, contexts, strict=True))
+    ]
     alone = in_conversation(tokenizer, "x", [])
     return HostedRequests(seqs, np.asarray(labels, dtype=int), len(alone.ids) - alone.stop)
 
@@ -298,8 +331,9 @@ def token_labels(n_tokens: int, start: int, stop: int, label: int, *, skip: int,
     return slice(skip, end), np.where(pos >= start, label, 0).astype(int)
 
 
-def hosted_rows(seqs: Sequence[Any], spans: Sequence[Sequence[int]], labels: Sequence[int] | np.ndarray, *,
-                skip: int, tail: int) -> tuple[Any, np.ndarray, list[int]]:
+def hosted_rows(
+    seqs: Sequence[Any], spans: Sequence[Sequence[int]], labels: Sequence[int] | np.ndarray, *, skip: int, tail: int
+) -> tuple[Any, np.ndarray, list[int]]:
     """The training rows of hosted chats: each chat's activations ``[T_i, d]`` (tensors or
     arrays) cut and labelled by :func:`token_labels` from its request's ``(start, stop)``.
 
@@ -308,7 +342,7 @@ def hosted_rows(seqs: Sequence[Any], spans: Sequence[Sequence[int]], labels: Seq
     import torch
 
     X, y, ends = [], [], []
-    for z, (start, stop), c in zip(seqs, spans, labels):
+    for z, (start, stop), c in zip(seqs, spans, labels, strict=True):
         rows, lab = token_labels(len(z), int(start), int(stop), int(c), skip=skip, tail=tail)
         X.append(torch.as_tensor(z[rows]).float())
         y.append(lab)
@@ -328,9 +362,15 @@ def _balanced(y: np.ndarray, n: int, rng: np.random.Generator) -> list[int]:
     return [out[i] for i in rng.permutation(n)]
 
 
-def host_splits(tokenizer: Any, contexts: Sequence[Sequence[dict[str, str]]],
-                prompts: dict[str, tuple[Sequence[str], Any]], *, val_fraction: float,
-                lengths: Sequence[int], seed: int) -> dict[str, HostedRequests]:
+def host_splits(
+    tokenizer: Any,
+    contexts: Sequence[Sequence[dict[str, str]]],
+    prompts: dict[str, tuple[Sequence[str], Any]],
+    *,
+    val_fraction: float,
+    lengths: Sequence[int],
+    seed: int,
+) -> dict[str, HostedRequests]:
     """The contexts split as ``train_monitor(contexts=...)`` splits them: the first
     ``max(2, round(val_fraction * n))`` host validation prompts, the rest training ones; each
     context one prompt of its split (``prompts["val"]``, ``prompts["train"]``: texts and labels),

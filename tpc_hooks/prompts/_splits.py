@@ -50,32 +50,33 @@ def dedupe(by_source: dict[str, list[Row]]) -> dict[str, list[Row]]:
     return out
 
 
-def cut_sizes(n: int, fractions: tuple[float, float, float]) -> list[int]:
+def cut_sizes(n: int, fractions: Sequence[float]) -> list[int]:
     a, b = round(n * fractions[0]), round(n * (fractions[0] + fractions[1]))
     return [a, b - a, n - b]
 
 
-def cut(rows: list[Any], fractions: tuple[float, float, float]) -> list[list[Any]]:
+def cut(rows: list[Any], fractions: Sequence[float]) -> list[list[Any]]:
     a, b, _ = cut_sizes(len(rows), fractions)
-    return [rows[:a], rows[a:a + b], rows[a + b:]]
+    return [rows[:a], rows[a : a + b], rows[a + b :]]
 
 
-def stratified_split(by_source: dict[str, list[Row]], names: Sequence[str], fractions: Sequence[float],
-                      rng: random.Random) -> dict[str, list[Row]]:
+def stratified_split(
+    by_source: dict[str, list[Row]], names: Sequence[str], fractions: Sequence[float], rng: random.Random
+) -> dict[str, list[Row]]:
     """Each (source, label) group shuffled and cut by ``fractions`` into the splits ``names``."""
     splits: dict[str, list[Row]] = {name: [] for name in names}
     for source in sorted(by_source):
         for label in (0, 1):
             group = [r for r in by_source[source] if r.label == label]
             rng.shuffle(group)
-            for name, part in zip(names, cut_by(group, fractions)):
+            for name, part in zip(names, cut_by(group, fractions), strict=True):
                 splits[name] += part
     return splits
 
 
 def cut_by(rows: list[Any], fractions: Sequence[float]) -> list[list[Any]]:
     edges = [round(len(rows) * sum(fractions[:i])) for i in range(len(fractions) + 1)]
-    return [rows[a:b] for a, b in zip(edges, edges[1:])]
+    return [rows[a:b] for a, b in zip(edges, edges[1:], strict=False)]
 
 
 def wrap(template: str, request: str) -> str:
@@ -93,7 +94,7 @@ def wrapped(rows: list[Row], templates: list[str], n_pairs: int, rng: random.Ran
     if n < n_pairs:
         log.warning("only %d of %d adversarial pairs could be built in a split", n, n_pairs)
     out = []
-    for i, (h, b) in enumerate(zip(rng.sample(harmful, n), rng.sample(benign, n))):
+    for i, (h, b) in enumerate(zip(rng.sample(harmful, n), rng.sample(benign, n), strict=True)):
         template = templates[i % len(templates)]
         out += [(r._replace(text=wrap(template, r.text), adversarial=True), r) for r in (h, b)]
     return out
@@ -107,8 +108,9 @@ def act_key(text: str) -> str | None:
     return norm(vp) if vp else None
 
 
-def phrasing_pools(seed: int, n_benign_sharegpt: int, max_chars: int,
-                   fractions: tuple[float, float, float, float]) -> dict[str, list[Row]]:
+def phrasing_pools(
+    seed: int, n_benign_sharegpt: int, max_chars: int, fractions: tuple[float, float, float, float]
+) -> dict[str, list[Row]]:
     """The base requests of :func:`tpc_hooks.data.phrasing_benchmark`: train, val, test and shift pools, disjoint."""
     by_source = {name: list(load()) for name, load in _sources.LOADERS.items()}
     sharegpt = [r for r in _sources.sharegpt() if len(r.text) <= max_chars]
@@ -118,32 +120,50 @@ def phrasing_pools(seed: int, n_benign_sharegpt: int, max_chars: int,
     return stratified_split(by_source, ("train", "val", "test", "shift"), fractions, rng(seed, "phrasing-split"))
 
 
-def phrasing_splits(pools: dict[str, list[Row]], heldout_family: str, n_adversarial: int, seed: int,
-                    fractions: tuple[float, float, float, float]) -> dict[str, list[tuple[Row, Row]]]:
+def phrasing_splits(
+    pools: dict[str, list[Row]],
+    heldout_family: str,
+    n_adversarial: int,
+    seed: int,
+    fractions: tuple[float, float, float, float],
+) -> dict[str, list[tuple[Row, Row]]]:
     """Every split of :func:`tpc_hooks.data.phrasing_benchmark` as (row, its base request) pairs, unshuffled."""
     splits = {name: [(r, r) for r in pools[name]] for name in ("train", "val", "test")}
     templates = _sources.templates()
     rng(seed, "phrasing-templates").shuffle(templates)
     in_dist = tuple(f / sum(fractions[:3]) for f in fractions[:3])
-    for name, tmpl, n_pairs in zip(list(splits), cut(templates, in_dist), cut_sizes(n_adversarial // 2, in_dist)):
+    for name, tmpl, n_pairs in zip(
+        list(splits), cut(templates, in_dist), cut_sizes(n_adversarial // 2, in_dist), strict=True
+    ):
         splits[name] += wrapped(pools[name], tmpl, n_pairs, rng(seed, f"phrasing-wrap-{name}"))
 
     trained = [f for f in _phrasing.FAMILIES if f != heldout_family]
     train = pools["train"]
-    splits["aug"] = [(train[i]._replace(text=text, category=family, adversarial=False), train[i])
-                     for i, family, text in _phrasing.augmented([r.text for r in train], tuple(trained),
-                                                                rng(seed, "phrasing-aug"))]
+    splits["aug"] = [
+        (train[i]._replace(text=text, category=family, adversarial=False), train[i])
+        for i, family, text in _phrasing.augmented([r.text for r in train], tuple(trained), rng(seed, "phrasing-aug"))
+    ]
     for name, pool, families in (("val", pools["val"], trained), ("shift", pools["shift"], _phrasing.FAMILIES)):
-        by_family = _phrasing.views([r.text for r in pool], tuple(families),
-                                    lambda f, name=name: rng(seed, f"phrasing-{name}-{f}"))
+
+        def rng_for(f: str, name: str = name) -> random.Random:
+            return rng(seed, f"phrasing-{name}-{f}")
+
+        by_family = _phrasing.views([r.text for r in pool], tuple(families), rng_for)
         for family, rows in by_family.items():
-            splits[f"{name}/{family}"] = [(pool[i]._replace(text=text, category=family, adversarial=False), pool[i])
-                                          for i, text in rows]
+            splits[f"{name}/{family}"] = [
+                (pool[i]._replace(text=text, category=family, adversarial=False), pool[i]) for i, text in rows
+            ]
     return splits
 
 
-def intent_splits(by_source: dict[str, list[Row]], templates: list[str], seed: int, heldout_kind: str,
-                  n_adversarial: int, fractions: tuple[float, float, float]) -> dict[str, list[Row]]:
+def intent_splits(
+    by_source: dict[str, list[Row]],
+    templates: list[str],
+    seed: int,
+    heldout_kind: str,
+    n_adversarial: int,
+    fractions: tuple[float, float, float],
+) -> dict[str, list[Row]]:
     """The splits of :func:`tpc_hooks.data.intent_benchmark`, unshuffled: ``train``/``val``/``test``
     (plain requests and jailbreak-wrapped pairs) and ``<split>/hard`` (hard negatives, label 0, the
     kind as category). ``by_source`` is deduplicated and holds the ``overrefusal`` rows apart from
@@ -152,7 +172,9 @@ def intent_splits(by_source: dict[str, list[Row]], templates: list[str], seed: i
     names = ("train", "val", "test")
     splits = stratified_split(by_source, names, fractions, rng(seed, "intent-split"))
     rng(seed, "intent-templates").shuffle(templates)
-    for name, tmpl, n_pairs in zip(names, cut(templates, fractions), cut_sizes(n_adversarial // 2, fractions)):
+    for name, tmpl, n_pairs in zip(
+        names, cut(templates, fractions), cut_sizes(n_adversarial // 2, fractions), strict=True
+    ):
         splits[name] += [w for w, _ in wrapped(splits[name], tmpl, n_pairs, rng(seed, f"intent-wrap-{name}"))]
 
     trained = tuple(k for k in _intent.KINDS if k != heldout_kind)
@@ -161,15 +183,19 @@ def intent_splits(by_source: dict[str, list[Row]], templates: list[str], seed: i
     for name in names:
         harmful = [r for r in splits[name] if r.label == 1 and not r.adversarial]
         keys = [act_key(r.text) for r in harmful]
-        harmful = [r for r, k in zip(harmful, keys) if k is None or k not in acts]
+        harmful = [r for r, k in zip(harmful, keys, strict=True) if k is None or k not in acts]
         acts |= {k for k in keys if k is not None}
         if name == "train":
             got = _intent.flipped([r.text for r in harmful], trained, rng(seed, "intent-flip-train"), "train")
         else:
             kinds = trained if name == "val" else _intent.KINDS
-            views = _intent.flipped_views([r.text for r in harmful], kinds,
-                                          lambda k, name=name: rng(seed, f"intent-flip-{name}-{k}"),
-                                          "train" if name == "val" else "test")
+
+            def rng_for(k: str, name: str = name) -> random.Random:
+                return rng(seed, f"intent-flip-{name}-{k}")
+
+            views = _intent.flipped_views(
+                [r.text for r in harmful], kinds, rng_for, "train" if name == "val" else "test"
+            )
             got = [(i, k, t) for k, rows in views.items() for i, t in rows]
         hard[name] += [harmful[i]._replace(text=t, label=0, category=k) for i, k, t in got]
 
@@ -177,9 +203,10 @@ def intent_splits(by_source: dict[str, list[Row]], templates: list[str], seed: i
     rng(seed, "intent-homonyms").shuffle(pairs)
     extra = sorted(hard_pool, key=lambda r: norm(r.text))
     rng(seed, "intent-overrefusal").shuffle(extra)
-    for kind, pool in ((_intent.HOMONYM, pairs), (_intent.OVERREFUSAL, extra)):
+    pools: list[tuple[str, list[Any]]] = [(_intent.HOMONYM, pairs), (_intent.OVERREFUSAL, extra)]  # Homonym, Row
+    for kind, pool in pools:
         parts = [[], [], pool] if kind == heldout_kind else cut(pool, fractions)
-        for name, part in zip(names, parts):
+        for name, part in zip(names, parts, strict=True):
             if kind == _intent.HOMONYM:
                 texts = _intent.homonyms(part, rng(seed, f"intent-homonym-{name}"))
                 hard[name] += [Row(t, 0, _intent.HOMONYM, _intent.HOMONYM, False) for t in texts]

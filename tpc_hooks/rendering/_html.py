@@ -84,10 +84,12 @@ class HTML:
     def page(self) -> str:
         """The fragment as a standalone HTML document (UTF-8; scripts and outside resources
         forbidden by its Content-Security-Policy)."""
-        return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-                "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\n"
-                "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-                f"<title>{html.escape(self.title, quote=True)}</title>\n</head>\n<body>\n{self.content}\n</body>\n</html>\n")
+        return (
+            '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\n"
+            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>{html.escape(self.title, quote=True)}</title>\n</head>\n<body>\n{self.content}\n</body>\n</html>\n"
+        )
 
     def save(self, path: str | Path) -> Path:
         """Writes :meth:`page` to ``path`` (UTF-8; parent folders created) and returns the path."""
@@ -114,7 +116,7 @@ def _floats(values: Any) -> list[float]:
 
 
 def _mix(a: tuple[int, int, int], b: tuple[int, int, int], f: float) -> str:
-    r, g, bl = (round(x + (y - x) * f) for x, y in zip(a, b))
+    r, g, bl = (round(x + (y - x) * f) for x, y in zip(a, b, strict=True))
     return f"#{r:02x}{g:02x}{bl:02x}"
 
 
@@ -160,7 +162,6 @@ def _flags(decisions: Any, b: int, scores: list[float], threshold: float) -> lis
     if decisions:
         import torch
 
-
         return [bool(f) for f in flagged(torch.as_tensor(decisions[b]).detach().float().cpu(), threshold)]
     return [_is_flagged(s, threshold) for s in scores]
 
@@ -178,8 +179,17 @@ def _score_text(s: float) -> str:
     return "NaN (non-finite activations; counts as flagged)" if math.isnan(s) else f"{s:.4f}"
 
 
-def _token(text: str, classes: list[str], *, score: float | None = None, threshold: float = 0.5,
-           step: int | None = None, order: int | None = None, what: str = "step {}", flag: bool | None = None) -> str:
+def _token(
+    text: str,
+    classes: list[str],
+    *,
+    score: float | None = None,
+    threshold: float = 0.5,
+    step: int | None = None,
+    order: int | None = None,
+    what: str = "step {}",
+    flag: bool | None = None,
+) -> str:
     """One token's ``<span class="tok">``: its text escaped (controls as control pictures), its
     colour and flag from ``score`` (None: unscored; ``flag``: the run's own flag, when known),
     its details in the tooltip."""
@@ -210,18 +220,29 @@ def _token(text: str, classes: list[str], *, score: float | None = None, thresho
 
 def _legend(threshold: float, *, prompt: bool = False) -> str:
     t = f"{threshold:g}"
-    parts = [(f'score 0<span class="scale" title="0 &#8594; threshold {t} &#8594; 1"></span>1; '
-              f"the neutral middle is the <strong>threshold {t}</strong>"),
-             (f'<span class="key flag" style="background-color:{score_color(1.0, threshold)}">flagged</span> '
-              "score &#8805; threshold"),
-             (f'<span class="key flag nan" style="background-color:{NAN_COLOR}">NaN</span> non-finite activations '
-              "(flagged)"),
-             '<span class="key first"></span>first flagged',
-             '<span class="key" data-order="k">token</span> exit order k of the cascade',
-             "hover a token for its score"]
+    parts = [
+        (
+            f'score 0<span class="scale" title="0 &#8594; threshold {t} &#8594; 1"></span>1; '
+            f"the neutral middle is the <strong>threshold {t}</strong>"
+        ),
+        (
+            f'<span class="key flag" style="background-color:{score_color(1.0, threshold)}">flagged</span> '
+            "score &#8805; threshold"
+        ),
+        (
+            f'<span class="key flag nan" style="background-color:{NAN_COLOR}">NaN</span> non-finite activations '
+            "(flagged)"
+        ),
+        '<span class="key first"></span>first flagged',
+        '<span class="key" data-order="k">token</span> exit order k of the cascade',
+        "hover a token for its score",
+    ]
     if prompt:
-        parts.insert(3, '<span class="key" style="color:#3d3d3d;border:1px solid #ccc">prompt</span> the prompt, '
-                        "coloured by its score alone (step 0)")
+        parts.insert(
+            3,
+            '<span class="key" style="color:#3d3d3d;border:1px solid #ccc">prompt</span> the prompt, '
+            "coloured by its score alone (step 0)",
+        )
         parts.insert(4, '<span class="key unscored">token</span> not scored')
         parts.insert(5, '<span class="stop">stopped</span> the action stopped the row')
     return '<div class="legend">' + " &#183; ".join(parts) + "</div>"
@@ -231,7 +252,7 @@ def _table(caption: str, header: list[str], rows: list[list[Any]], values: list[
     scale = max((abs(v) for v in values if not math.isnan(v)), default=0.0)
     th = "".join(f"<th>{_esc(h)}</th>" for h in [*header, "contribution"])
     trs = []
-    for cells, v in zip(rows, values):
+    for cells, v in zip(rows, values, strict=True):
         tds = "".join(f"<td>{_esc(c)}</td>" for c in cells)
         trs.append(f'<tr>{tds}<td class="val" style="background-color:{_signed_color(v, scale)}">{v:+.4f}</td></tr>')
     return f"<table><caption>{_esc(caption)}</caption><tr>{th}</tr>{''.join(trs)}</table>"
@@ -246,6 +267,7 @@ def _named(labels: Any) -> Any:
     def name(u: Any) -> Any:
         label = labels.get(u, labels.get(str(u)))
         return u if label is None else f"{u}: {label}"
+
     return name
 
 
@@ -260,6 +282,12 @@ def _unit_tables(top: Sequence[Any], pairs: dict[Any, Sequence[Any]], unit: str,
     name = _named(labels)
     parts = [_table(f"top {unit}s (all orders)", [unit], [[name(i)] for i, _ in top], [v for _, v in top])]
     for o, ps in sorted(pairs.items(), key=lambda kv: int(kv[0])):
-        parts.append(_table(f"top pairs, degree {o} (2·M_ij)", ["i", "j"], [[name(i), name(j)] for i, j, _ in ps],
-                            [v for _, _, v in ps]))
+        parts.append(
+            _table(
+                f"top pairs, degree {o} (2·M_ij)",
+                ["i", "j"],
+                [[name(i), name(j)] for i, j, _ in ps],
+                [v for _, _, v in ps],
+            )
+        )
     return parts

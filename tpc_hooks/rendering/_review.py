@@ -12,9 +12,15 @@ from ._html import _STYLE, HTML, _esc, _order_names, _table, _token, _unit_table
 def _attribution_tables(a: dict[str, Any]) -> str:
     """An entry's attribution as the views' tables: by order, top units and pairs, and the same
     in SAE features when the log has them."""
-    parts = [_table("logit by order", ["order"], [[o] for o in _order_names(len(a["by_order"]))], a["by_order"]),
-             *_unit_tables(a["top_neurons"], a.get("top_pairs", {}), "feature" if a.get("basis") != "residual"
-                          else "neuron", a.get("labels"))]
+    parts = [
+        _table("logit by order", ["order"], [[o] for o in _order_names(len(a["by_order"]))], a["by_order"]),
+        *_unit_tables(
+            a["top_neurons"],
+            a.get("top_pairs", {}),
+            "feature" if a.get("basis") != "residual" else "neuron",
+            a.get("labels"),
+        ),
+    ]
     f = a.get("features")
     if f:
         parts += _unit_tables(f["top_features"], f.get("top_pairs", {}), "SAE feature", f.get("labels"))
@@ -33,31 +39,59 @@ def review_html(e: dict[str, Any]) -> HTML:
     for name, m in e["monitors"].items():
         t = float(m["threshold"])
         scores, exits, step = m["scores"], m["exit_orders"], m["step"]
-        words = ["[prompt]", *text.get("completion", [])[:len(scores) - 1]] if text else []
+        words = ["[prompt]", *text.get("completion", [])[: len(scores) - 1]] if text else []
         words += [f"[{i}]" for i in range(len(words), len(scores))]
-        spans = [_token(w, ["first"] if i == step and m["flagged"] else [],
-                        score=float("nan") if s is None else s, threshold=t, step=i, order=exits[i])
-                 for i, (w, s) in enumerate(zip(words, scores))]
+        spans = [
+            _token(
+                w,
+                ["first"] if i == step and m["flagged"] else [],
+                score=float("nan") if s is None else s,
+                threshold=t,
+                step=i,
+                order=exits[i],
+            )
+            for i, (w, s) in enumerate(zip(words, scores, strict=True))
+        ]
         a = m["attribution"]
         why = "first flagged" if m["flagged"] else "highest score (sampled)"
         if "error" in a:
-            a = {"error": a["error"], "site": None, "exit_order": exits[step], "step_logit": math.nan, "logit": math.nan}
-        head = [f"monitor {name or 'default'}", f"threshold {t:g}", f"peak {m['peak_score']}",
-                "flagged" if m["flagged"] else "not flagged",
-                *([f"stopped at step {m['stopped_at']}"] if m["stopped_at"] is not None else [])]
-        att = [f"step {step} ({why})", f"{'token' if m['of'] == 'token' else 'pooled'} input",
-               f"site {a.get('site')}", f"exit order {a['exit_order']}", f"step logit {a['step_logit']:+.4f}",
-               f"full logit {a['logit']:+.4f}"]
-        blocks.append(f'<div class="row"><div class="head"><strong>{_esc(" · ".join(head))}</strong></div>'
-                      f'<div class="text">{"".join(spans)}</div><div class="head">{_esc(" · ".join(att))}</div>'
-                      f"{_esc(a['error']) if 'error' in a else _attribution_tables(a)}</div>")
+            a = {
+                "error": a["error"],
+                "site": None,
+                "exit_order": exits[step],
+                "step_logit": math.nan,
+                "logit": math.nan,
+            }
+        head = [
+            f"monitor {name or 'default'}",
+            f"threshold {t:g}",
+            f"peak {m['peak_score']}",
+            "flagged" if m["flagged"] else "not flagged",
+            *([f"stopped at step {m['stopped_at']}"] if m["stopped_at"] is not None else []),
+        ]
+        att = [
+            f"step {step} ({why})",
+            f"{'token' if m['of'] == 'token' else 'pooled'} input",
+            f"site {a.get('site')}",
+            f"exit order {a['exit_order']}",
+            f"step logit {a['step_logit']:+.4f}",
+            f"full logit {a['logit']:+.4f}",
+        ]
+        blocks.append(
+            f'<div class="row"><div class="head"><strong>{_esc(" · ".join(head))}</strong></div>'
+            f'<div class="text">{"".join(spans)}</div><div class="head">{_esc(" · ".join(att))}</div>'
+            f"{_esc(a['error']) if 'error' in a else _attribution_tables(a)}</div>"
+        )
     prompt = f'<div class="label">{_esc(text["prompt"])}</div>' if text.get("prompt") else ""
     title = f"request {e['request_id']}"
     meta = [title, f"response {e.get('response_id')}", f"choice {e.get('choice')}", _when(e)]
     if "tokens_sha256" in next(iter(e["monitors"].values()), {}):
         meta.append(f"tokens sha256 {next(iter(e['monitors'].values()))['tokens_sha256'][:16]}")
-    return HTML(f'<div class="tpc-view">{_STYLE}<div class="head">{_esc(" · ".join(meta))}</div>{prompt}'
-                f'{"".join(blocks)}</div>', f"tpc-hooks review: {title}")
+    return HTML(
+        f'<div class="tpc-view">{_STYLE}<div class="head">{_esc(" · ".join(meta))}</div>{prompt}'
+        f"{''.join(blocks)}</div>",
+        f"tpc-hooks review: {title}",
+    )
 
 
 def review_pages(entries: list[dict[str, Any]], out: str | Path) -> Path:
@@ -70,12 +104,19 @@ def review_pages(entries: list[dict[str, Any]], out: str | Path) -> Path:
     for n, e in enumerate(entries):
         page = f"entry-{n:06d}.html"
         review_html(e).save(out / page)
-        cells = "".join(f'<td style="background-color:{score_color(m["peak_score"] or 0.0, m["threshold"])}">'
-                        f'{_esc(name or "default")}: {m["peak_score"]:.3f}'
-                        f'{" at step " + str(m["first_flagged"]) if m["flagged"] else ""}</td>'
-                        for name, m in e["monitors"].items() if m["peak_score"] is not None)
-        rows.append(f'<tr><td>{_when(e)}</td><td><a href="{page}">{_esc(e["request_id"])}</a></td>'
-                    f'<td>{"flagged" if e.get("flagged") else "sampled"}</td>{cells}</tr>')
-    table = (f"<table><caption>{len(entries)} logged requests</caption><tr><th>time</th><th>request</th><th>why</th>"
-             f"<th>monitors (peak score)</th></tr>{''.join(rows)}</table>")
+        cells = "".join(
+            f'<td style="background-color:{score_color(m["peak_score"] or 0.0, m["threshold"])}">'
+            f"{_esc(name or 'default')}: {m['peak_score']:.3f}"
+            f"{' at step ' + str(m['first_flagged']) if m['flagged'] else ''}</td>"
+            for name, m in e["monitors"].items()
+            if m["peak_score"] is not None
+        )
+        rows.append(
+            f'<tr><td>{_when(e)}</td><td><a href="{page}">{_esc(e["request_id"])}</a></td>'
+            f"<td>{'flagged' if e.get('flagged') else 'sampled'}</td>{cells}</tr>"
+        )
+    table = (
+        f"<table><caption>{len(entries)} logged requests</caption><tr><th>time</th><th>request</th><th>why</th>"
+        f"<th>monitors (peak score)</th></tr>{''.join(rows)}</table>"
+    )
     return HTML(f'<div class="tpc-view">{_STYLE}{table}</div>', "tpc-hooks review log").save(out / "index.html")

@@ -6,15 +6,36 @@ from collections.abc import Sequence
 from typing import Any, SupportsFloat
 
 from .._errors import TPCHooksError
-from ._html import (_CONTROLS, _STYLE, HTML, _esc, _flags, _floats, _legend, _order_names, _score_text, _table,
-                    _threshold, _token, _unit_tables, score_color)
+from ._html import (
+    _CONTROLS,
+    _STYLE,
+    HTML,
+    _esc,
+    _flags,
+    _floats,
+    _legend,
+    _order_names,
+    _score_text,
+    _table,
+    _threshold,
+    _token,
+    _unit_tables,
+    score_color,
+)
 
-__all__ = ["HTML", "generation_html", "token_scores_html", "attribution_html", "score_color", "plot_sweep",
-           "colored_tokens"]
+__all__ = [
+    "HTML",
+    "generation_html",
+    "token_scores_html",
+    "attribution_html",
+    "score_color",
+    "plot_sweep",
+    "colored_tokens",
+]
 
 
 def _rows(rows: int | Sequence[int] | None, n: int) -> list[int]:
-    out = list(range(n)) if rows is None else [rows] if hasattr(rows, "__index__") else list(rows)
+    out: list[Any] = list(range(n)) if rows is None else [rows] if hasattr(rows, "__index__") else list(rows)
     for i, b in enumerate(out):
         if isinstance(b, bool) or not hasattr(b, "__index__") or not 0 <= operator.index(b) < n:
             raise TPCHooksError(f"rows must index the run's {n} sequences (0..{n - 1}); got {b!r}")
@@ -22,8 +43,9 @@ def _rows(rows: int | Sequence[int] | None, n: int) -> list[int]:
     return out
 
 
-def generation_html(run: Any, *, tokenizer: Any, threshold: SupportsFloat,
-                    rows: int | Sequence[int] | None = None) -> HTML:
+def generation_html(
+    run: Any, *, tokenizer: Any, threshold: SupportsFloat, rows: int | Sequence[int] | None = None
+) -> HTML:
     """A monitored generation as text coloured token by token by the monitor's score.
 
     The prompt is shown greyed, coloured as a whole by its step-0 score (the pre-generation
@@ -71,17 +93,21 @@ def generation_html(run: Any, *, tokenizer: Any, threshold: SupportsFloat,
         orders = [int(o) for o in _floats(run.exit_orders[b])] if run.exit_orders is not None else []
         n_gen = len(seq) - pl
         if len(scores) > n_gen + 1 or len(orders) not in (0, len(scores)):
-            raise TPCHooksError(f"row {b} has {len(scores)} scores and {len(orders)} exit orders for {n_gen} generated "
-                                f"tokens; expected at most {n_gen + 1} of each (step 0 is the prompt), one order per "
-                                "score. Was the run built by Monitor.generate?")
+            raise TPCHooksError(
+                f"row {b} has {len(scores)} scores and {len(orders)} exit orders for {n_gen} generated "
+                f"tokens; expected at most {n_gen + 1} of each (step 0 is the prompt), one order per "
+                "score. Was the run built by Monitor.generate?"
+            )
         words = [str(tokenizer.decode([i])) for i in seq]
         flags = _flags(getattr(run, "decision_logits", None), b, scores, t)
         first = next((i for i, f in enumerate(flags) if f), None)
         order_at = orders + [None] * (len(scores) - len(orders))  # no orders given: None for each step
         head = [f"row {b}", f"{pl} prompt tokens, {n_gen} generated"]
         if scores:
-            head.append(f"prompt score {_score_text(scores[0])}"
-                        + (f" (exit order {order_at[0]})" if order_at[0] is not None else ""))
+            head.append(
+                f"prompt score {_score_text(scores[0])}"
+                + (f" (exit order {order_at[0]})" if order_at[0] is not None else "")
+            )
         head.append("not flagged" if first is None else f"first flagged at step {first}")
         if stopped_at[b] is not None:
             head.append(f"stopped at step {stopped_at[b]}")
@@ -89,13 +115,18 @@ def generation_html(run: Any, *, tokenizer: Any, threshold: SupportsFloat,
         attrs = []
         if scores:
             s0 = scores[0]
-            prompt_cls += (["flag"] if flags[0] else []) + (["nan"] if math.isnan(s0) else []) + \
-                (["first"] if first == 0 else [])
+            prompt_cls += (
+                (["flag"] if flags[0] else []) + (["nan"] if math.isnan(s0) else []) + (["first"] if first == 0 else [])
+            )
             tip = [f"prompt alone (step 0): score {_score_text(s0)}"]
             if order_at[0] is not None:  # in the tooltip and the heading: a superscript would trail the prompt
                 tip.append(f"exit order {order_at[0]}")
-            attrs += [f'style="background-color:{score_color(s0, t)}"', f'data-score="{s0:.6g}"', 'data-step="0"',
-                      f'title="{_esc(" · ".join(tip + (["flagged"] if flags[0] else [])))}"']
+            attrs += [
+                f'style="background-color:{score_color(s0, t)}"',
+                f'data-score="{s0:.6g}"',
+                'data-step="0"',
+                f'title="{_esc(" · ".join(tip + (["flagged"] if flags[0] else [])))}"',
+            ]
         attrs.insert(0, 'class="' + " ".join(prompt_cls) + '"')
         spans = ["<span " + " ".join(attrs) + ">"]
         spans += [_token(w, []) for w in words[:pl]]
@@ -103,15 +134,27 @@ def generation_html(run: Any, *, tokenizer: Any, threshold: SupportsFloat,
         for i, w in enumerate(words[pl:]):
             step = i + 1
             if step < len(scores):
-                spans.append(_token(w, ["gen"] + (["first"] if first == step else []), score=scores[step],
-                                    threshold=t, step=step, order=order_at[step], flag=flags[step]))
+                spans.append(
+                    _token(
+                        w,
+                        ["gen"] + (["first"] if first == step else []),
+                        score=scores[step],
+                        threshold=t,
+                        step=step,
+                        order=order_at[step],
+                        flag=flags[step],
+                    )
+                )
             else:
                 spans.append(_token(w, ["gen", "unscored"], step=step, what="step {}: not scored"))
         if stopped_at[b] is not None:
-            spans.append(f'<span class="stop" title="the action stopped this row at step {int(stopped_at[b])}">'
-                         "stopped</span>")
-        body.append(f'<div class="row" data-row="{b}"><div class="head">{_esc(" · ".join(head))}</div>'
-                    f'<div class="text">{"".join(spans)}</div></div>')
+            spans.append(
+                f'<span class="stop" title="the action stopped this row at step {int(stopped_at[b])}">stopped</span>'
+            )
+        body.append(
+            f'<div class="row" data-row="{b}"><div class="head">{_esc(" · ".join(head))}</div>'
+            f'<div class="text">{"".join(spans)}</div></div>'
+        )
     content = f'<div class="tpc-view">{_STYLE}{_legend(t, prompt=True)}{"".join(body)}</div>'
     return HTML(content, "tpc-hooks: monitored generation")
 
@@ -148,8 +191,10 @@ def token_scores_html(tokens: Sequence[str], result: Any, *, threshold: Supports
     probs = _floats(result.probs if hasattr(result, "probs") else result)
     orders = [int(o) for o in _floats(result.exit_order)] if getattr(result, "exit_order", None) is not None else []
     if len(probs) != len(tokens) or len(orders) not in (0, len(tokens)):
-        raise TPCHooksError(f"token_scores_html needs one score (and exit order) per token; got {len(tokens)} tokens, "
-                            f"{len(probs)} scores and {len(orders)} exit orders. Pass what Monitor.token_scores returned")
+        raise TPCHooksError(
+            f"token_scores_html needs one score (and exit order) per token; got {len(tokens)} tokens, "
+            f"{len(probs)} scores and {len(orders)} exit orders. Pass what Monitor.token_scores returned"
+        )
     dec = getattr(result, "decision_logits", None)
     flags = _flags(None if dec is None else [dec], 0, probs, t)
     first = next((i for i, f in enumerate(flags) if i >= unscored and f), None)
@@ -157,17 +202,29 @@ def token_scores_html(tokens: Sequence[str], result: Any, *, threshold: Supports
     if probs:
         head.append(f"whole prompt: score {_score_text(probs[-1])}")
     head.append("no prefix flagged" if first is None else f"first flagged at token {first}")
-    spans = [_token(w, ["first"] if i == first else [], score=probs[i] if i >= unscored else None, threshold=t, step=i,
-                    order=orders[i] if orders and i >= unscored else None, what="prefix of tokens 0..{}", flag=flags[i])
-             for i, w in enumerate(tokens)]
-    content = (f'<div class="tpc-view">{_STYLE}{_legend(t)}<div class="row"><div class="head">{_esc(" · ".join(head))}'
-               f'</div><div class="text">{"".join(spans)}</div></div></div>')
+    spans = [
+        _token(
+            w,
+            ["first"] if i == first else [],
+            score=probs[i] if i >= unscored else None,
+            threshold=t,
+            step=i,
+            order=orders[i] if orders and i >= unscored else None,
+            what="prefix of tokens 0..{}",
+            flag=flags[i],
+        )
+        for i, w in enumerate(tokens)
+    ]
+    content = (
+        f'<div class="tpc-view">{_STYLE}{_legend(t)}<div class="row"><div class="head">{_esc(" · ".join(head))}'
+        f'</div><div class="text">{"".join(spans)}</div></div></div>'
+    )
     return HTML(content, "tpc-hooks: token scores")
 
 
-
-def attribution_html(attribution: Any, *, inputs: int | Sequence[int] | None = None, k: int = 8,
-                     labels: Sequence[str] | None = None) -> HTML:
+def attribution_html(
+    attribution: Any, *, inputs: int | Sequence[int] | None = None, k: int = 8, labels: Sequence[str] | None = None
+) -> HTML:
     """An attribution as small tables in the views' colours: the logit by order, the top
     neurons (or SAE features) and the top degree-2 pairs.
 
@@ -196,7 +253,9 @@ def attribution_html(attribution: Any, *, inputs: int | Sequence[int] | None = N
         (6, True)
     """
     if not all(hasattr(attribution, a) for a in ("by_order", "logit", "top_neurons", "top_pairs")):
-        raise TPCHooksError(f"attribution_html needs what tpc_hooks.attribute returns; got {type(attribution).__name__}")
+        raise TPCHooksError(
+            f"attribution_html needs what tpc_hooks.attribute returns; got {type(attribution).__name__}"
+        )
     n = len(attribution)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise TPCHooksError(f"k must be a positive integer; got {k!r}")
@@ -211,23 +270,38 @@ def attribution_html(attribution: Any, *, inputs: int | Sequence[int] | None = N
     blocks = []
     for r in picked:
         by_order = _floats(attribution.by_order[r])
-        head = [f"input {r}"] + ([f"site {attribution.site}"] if attribution.site else []) + \
-            [f"basis {attribution.basis}", f"logit {float(attribution.logit[r]):+.4f}",
-             f"bias {float(attribution.bias[r]):+.4f}"]
+        head = (
+            [f"input {r}"]
+            + ([f"site {attribution.site}"] if attribution.site else [])
+            + [
+                f"basis {attribution.basis}",
+                f"logit {float(attribution.logit[r]):+.4f}",
+                f"bias {float(attribution.bias[r]):+.4f}",
+            ]
+        )
         parts = [f'<div class="head">{_esc(" · ".join(head))}</div>']
         if labels is not None:
             parts.append(f'<div class="label">{_esc(str(labels[r]).translate(_CONTROLS))}</div>')
         parts.append(_table("logit by order", ["order"], [[m] for m in _order_names(degree)], by_order))
         top = attribution.top_neurons(min(k, units), input=r)
-        pairs = {2: attribution.top_pairs(min(k, units * (units - 1) // 2), 2, input=r, mode="absolute")} \
-            if degree >= 2 and units >= 2 else {}
-        parts += _unit_tables(top, pairs, "feature" if attribution.basis != "residual" else "neuron",
-                             getattr(attribution, "feature_labels", None))
+        pairs = (
+            {2: attribution.top_pairs(min(k, units * (units - 1) // 2), 2, input=r, mode="absolute")}
+            if degree >= 2 and units >= 2
+            else {}
+        )
+        parts += _unit_tables(
+            top,
+            pairs,
+            "feature" if attribution.basis != "residual" else "neuron",
+            getattr(attribution, "feature_labels", None),
+        )
         blocks.append(f'<div class="row" data-input="{r}">{"".join(parts)}</div>')
-    legend = ('<div class="legend"><span class="key" style="background-color:#d6604d">+</span> raises the logit '
-              '(towards flagged) &#183; <span class="key" style="background-color:#92c5de">&#8722;</span> lowers it '
-              "&#183; full colour at each table's largest magnitude &#183; an attribution explains pooled "
-              "activations: no per-token scores</div>")
+    legend = (
+        '<div class="legend"><span class="key" style="background-color:#d6604d">+</span> raises the logit '
+        '(towards flagged) &#183; <span class="key" style="background-color:#92c5de">&#8722;</span> lowers it '
+        "&#183; full colour at each table's largest magnitude &#183; an attribution explains pooled "
+        "activations: no per-token scores</div>"
+    )
     return HTML(f'<div class="tpc-view">{_STYLE}{legend}{"".join(blocks)}</div>', "tpc-hooks: attribution")
 
 
@@ -240,7 +314,9 @@ def plot_sweep(rows: Sequence[dict[str, Any]], ax: Any = None, label: str = "TPC
     xs = [r["relative_flops"] for r in rows]
     ax.plot(xs, [r["f1"] for r in rows], marker="o", label=label)
     for r in rows:
-        ax.annotate(f"τ={r['tau']:g}", (r["relative_flops"], r["f1"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.annotate(
+            f"τ={r['tau']:g}", (r["relative_flops"], r["f1"]), fontsize=7, xytext=(3, 3), textcoords="offset points"
+        )
     ax.set_xlabel("mean FLOPs / linear probe FLOPs")
     ax.set_ylabel("F1")
     ax.grid(alpha=0.3)

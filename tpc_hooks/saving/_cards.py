@@ -75,16 +75,20 @@ def _head_section(head: Any) -> str:
     ]
     costs = [head.cost(n) for n in range(1, head.degree + 1)]
     cost_rows = [[str(c.order), str(c.params), str(c.flops)] for c in costs]
-    return "\n\n".join([
-        "## The head",
-        _table(["property", "value"], props),
-        "Parameters and FLOPs of each truncation (order n uses degrees 1..n):",
-        _table(["order", "params", "FLOPs"], cost_rows),
-    ])
+    return "\n\n".join(
+        [
+            "## The head",
+            _table(["property", "value"], props),
+            "Parameters and FLOPs of each truncation (order n uses degrees 1..n):",
+            _table(["order", "params", "FLOPs"], cost_rows),
+        ]
+    )
 
 
 def _monitor_section(mon: Any) -> str:
-    bos = "auto (when the tokenizer has a BOS token)" if mon.prepend_bos is None else ("yes" if mon.prepend_bos else "no")
+    bos = (
+        "auto (when the tokenizer has a BOS token)" if mon.prepend_bos is None else ("yes" if mon.prepend_bos else "no")
+    )
     if mon.cascade is None:
         cascade = "none (scores with the full polynomial)"
     else:
@@ -119,14 +123,18 @@ def _recipe(head: Any) -> str | None:
 
 def _report_section(mon: Any) -> str:
     report = mon.report if isinstance(mon.report, dict) else {}
-    val = report.get("validation") if isinstance(report.get("validation"), dict) else {}
+    val = report.get("validation")
+    if not isinstance(val, dict):
+        val = {}
     per_order = val.get("per_order")
     parts = ["## Training data and metrics"]
     data = report.get("data")
     parts.append(f"Data: {_text(data)}" if isinstance(data, str) and data.strip() else "Data: not recorded.")
     n_train, n_val = report.get("n_train"), val.get("n")
-    parts.append(f"Training prompts: {n_train if isinstance(n_train, int) else 'not recorded'}; "
-                 f"validation prompts: {n_val if isinstance(n_val, int) else 'not recorded'}.")
+    parts.append(
+        f"Training prompts: {n_train if isinstance(n_train, int) else 'not recorded'}; "
+        f"validation prompts: {n_val if isinstance(n_val, int) else 'not recorded'}."
+    )
     if isinstance(per_order, list) and per_order:
         rows = []
         for i, m in enumerate(per_order, start=1):
@@ -166,8 +174,10 @@ def _usage(code: list[str], repo_id: str | None) -> str:
     return "\n\n".join(["## How to load", _block("\n".join(line.replace("{target}", target) for line in code))])
 
 
-_PROPERTY = (" Every truncation to orders 1..n is itself a classifier; order 1 is the linear probe, higher orders add"
-             " symmetric CP-factored interaction terms.")
+_PROPERTY = (
+    " Every truncation to orders 1..n is itself a classifier; order 1 is the linear probe, higher orders add"
+    " symmetric CP-factored interaction terms."
+)
 
 
 def _kind(head: Any) -> str:
@@ -188,10 +198,21 @@ def head_card(head: Any, *, repo_id: str | None = None) -> str:
         ['---', 'library_name: tpc-hooks']
     """
     intro = f"A {_kind(head)} on a language model's activations (a bare `TPC` head, not bound to a model or site)."
-    usage = _usage(["import tpc_hooks as tpc", "", "head = tpc.TPC.from_pretrained({target})",
-                    "logits = head(z)  # z: [batch, d_model] activations; head(z, order=1) is the linear probe"], repo_id)
-    return "\n\n".join([_front_matter(), "# tpc-hooks head", intro + _PROPERTY, _head_section(head),
-                         _history_section(head), usage]) + "\n"
+    usage = _usage(
+        [
+            "import tpc_hooks as tpc",
+            "",
+            "head = tpc.TPC.from_pretrained({target})",
+            "logits = head(z)  # z: [batch, d_model] activations; head(z, order=1) is the linear probe",
+        ],
+        repo_id,
+    )
+    return (
+        "\n\n".join(
+            [_front_matter(), "# tpc-hooks head", intro + _PROPERTY, _head_section(head), _history_section(head), usage]
+        )
+        + "\n"
+    )
 
 
 def monitor_card(mon: Any, *, repo_id: str | None = None) -> str:
@@ -203,13 +224,34 @@ def monitor_card(mon: Any, *, repo_id: str | None = None) -> str:
         repo_id: the hub id the loading snippet names (default: a placeholder path).
     """
     title = "# tpc-hooks safety monitor" + (f" for {_text(mon.model_name)}" if mon.model_name else "")
-    intro = (f"A {_kind(mon.head)} on a language model's activations at {_code(mon.site)}, packaged as a "
-             "tpc-hooks `Monitor` that scores prompts and watches generation.")
+    intro = (
+        f"A {_kind(mon.head)} on a language model's activations at {_code(mon.site)}, packaged as a "
+        "tpc-hooks `Monitor` that scores prompts and watches generation."
+    )
     sae = ", sae=sae  # the SAE it was trained with" if mon.sae_identity else ""
     model = _line(mon.model_name) if mon.model_name else "the model it was trained on"
-    usage = _usage(["import tpc_hooks as tpc", "", "monitor = tpc.Monitor.from_pretrained({target}" + sae + ")",
-                    f"# model: a TransformerLens or nnsight model of {model}",
-                    "result = monitor.score(model, prompts)  # result.probs: probability of the harmful class",
-                    'run = monitor.generate(model, prompts, max_new_tokens=32, action="stop")'], repo_id)
-    return "\n\n".join([_front_matter(mon.model_name), title, intro + _PROPERTY, _monitor_section(mon),
-                         _head_section(mon.head), _report_section(mon), usage]) + "\n"
+    usage = _usage(
+        [
+            "import tpc_hooks as tpc",
+            "",
+            "monitor = tpc.Monitor.from_pretrained({target}" + sae + ")",
+            f"# model: a TransformerLens or nnsight model of {model}",
+            "result = monitor.score(model, prompts)  # result.probs: probability of the harmful class",
+            'run = monitor.generate(model, prompts, max_new_tokens=32, action="stop")',
+        ],
+        repo_id,
+    )
+    return (
+        "\n\n".join(
+            [
+                _front_matter(mon.model_name),
+                title,
+                intro + _PROPERTY,
+                _monitor_section(mon),
+                _head_section(mon.head),
+                _report_section(mon),
+                usage,
+            ]
+        )
+        + "\n"
+    )

@@ -53,13 +53,19 @@ def write_dir(path: str | os.PathLike, config: dict[str, Any], tensors: dict[str
     """
     out = Path(path)
     if out.exists() and not out.is_dir():
-        raise TPCHooksError(f"{out} is a file, not a directory; a saved head or monitor is a directory holding "
-                            f"{CONFIG_FILE} and {WEIGHTS_FILE}: choose another path, or remove the file")
+        raise TPCHooksError(
+            f"{out} is a file, not a directory; a saved head or monitor is a directory holding "
+            f"{CONFIG_FILE} and {WEIGHTS_FILE}: choose another path, or remove the file"
+        )
     out.mkdir(parents=True, exist_ok=True)
     flat = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in tensors.items()}
     data = save(flat, metadata={"format": FORMAT_NAME})
-    cfg = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **config,
-           CHECKSUM_KEY: hashlib.sha256(data).hexdigest()}
+    cfg = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        **config,
+        CHECKSUM_KEY: hashlib.sha256(data).hexdigest(),
+    }
     weights, prev = out / WEIGHTS_FILE, out / PREVIOUS_WEIGHTS
     if weights.is_file() and (out / CONFIG_FILE).is_file():
         prev.unlink(missing_ok=True)
@@ -81,7 +87,9 @@ def _depth(value: Any, limit: int = MAX_DEPTH + 1) -> int:
     """How deep ``value`` nests (lists and dicts), counted up to ``limit``."""
     level, frontier = 0, [value]
     while frontier and level < limit:
-        frontier = [v for x in frontier for v in (x.values() if isinstance(x, dict) else x if isinstance(x, list) else ())]
+        frontier = [
+            v for x in frontier for v in (x.values() if isinstance(x, dict) else x if isinstance(x, list) else ())
+        ]
         level += 1
     return level if not frontier else limit
 
@@ -91,7 +99,9 @@ def read_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.T
     src = Path(path)
     cfg_path, w_path = src / CONFIG_FILE, src / WEIGHTS_FILE
     if not src.is_dir():
-        raise TPCHooksError(f"{src} is not a directory; a saved tpc-hooks head is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}")
+        raise TPCHooksError(
+            f"{src} is not a directory; a saved tpc-hooks head is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}"
+        )
     for p in (cfg_path, w_path):
         if not p.is_file():
             raise TPCHooksError(f"{p} is missing; a saved tpc-hooks head has both {CONFIG_FILE} and {WEIGHTS_FILE}")
@@ -100,17 +110,22 @@ def read_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.T
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise TPCHooksError(f"{cfg_path} is not valid JSON ({err}); the file is corrupt") from None
     except RecursionError:
-        raise TPCHooksError(f"{cfg_path} nests its JSON deeper than Python can read; a saved config is a few levels "
-                            "deep: the file is corrupt or was not written by tpc-hooks") from None
+        raise TPCHooksError(
+            f"{cfg_path} nests its JSON deeper than Python can read; a saved config is a few levels "
+            "deep: the file is corrupt or was not written by tpc-hooks"
+        ) from None
     if _depth(cfg) > MAX_DEPTH:
-        raise TPCHooksError(f"{cfg_path} nests its JSON {_depth(cfg)} levels deep (at most {MAX_DEPTH} in a saved "
-                            "config): the file is corrupt or was not written by tpc-hooks")
+        raise TPCHooksError(
+            f"{cfg_path} nests its JSON {_depth(cfg)} levels deep (at most {MAX_DEPTH} in a saved "
+            "config): the file is corrupt or was not written by tpc-hooks"
+        )
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT_NAME:
-        raise TPCHooksError(f"{cfg_path} does not describe a tpc-hooks head (expected \"format\": \"{FORMAT_NAME}\")")
+        raise TPCHooksError(f'{cfg_path} does not describe a tpc-hooks head (expected "format": "{FORMAT_NAME}")')
     version = cfg.get("format_version")
     if version != FORMAT_VERSION:
         raise TPCHooksError(
-            f"{cfg_path} has format_version={version!r}; this version of tpc-hooks reads format_version={FORMAT_VERSION}. "
+            f"{cfg_path} has format_version={version!r}; this version of tpc-hooks reads "
+            f"format_version={FORMAT_VERSION}. "
             "Upgrade tpc-hooks, or re-save the head with the version that wrote it"
         )
     data = w_path.read_bytes()
@@ -120,13 +135,19 @@ def read_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.T
     if want is not None and hashlib.sha256(data).hexdigest() != want:
         prev = src / PREVIOUS_WEIGHTS
         if prev.is_file() and not prev.is_symlink() and hashlib.sha256(older := prev.read_bytes()).hexdigest() == want:
-            log.warning("%s: a save into this directory was interrupted before its config was written; loading the "
-                        "previous save (its weights are kept in %s)", src, PREVIOUS_WEIGHTS)
+            log.warning(
+                "%s: a save into this directory was interrupted before its config was written; loading the "
+                "previous save (its weights are kept in %s)",
+                src,
+                PREVIOUS_WEIGHTS,
+            )
             data = older
         else:
             _parse(data, w_path)  # a file that does not even parse says so first
-            raise TPCHooksError(f"{w_path} does not match the SHA-256 recorded in {cfg_path}: the weights are corrupt, "
-                                "or come from another save; save the head or monitor again")
+            raise TPCHooksError(
+                f"{w_path} does not match the SHA-256 recorded in {cfg_path}: the weights are corrupt, "
+                "or come from another save; save the head or monitor again"
+            )
     return cfg, _parse(data, w_path)
 
 
@@ -134,7 +155,9 @@ def _parse(data: bytes, w_path: Path) -> dict[str, torch.Tensor]:
     try:
         return load(data)
     except (SafetensorError, OSError, ValueError) as err:
-        raise TPCHooksError(f"{w_path} could not be read as safetensors ({err}); the file is truncated or corrupt") from None
+        raise TPCHooksError(
+            f"{w_path} could not be read as safetensors ({err}); the file is truncated or corrupt"
+        ) from None
 
 
 def require(cfg: dict[str, Any], key: str, kind: type | tuple[type, ...], where: Path | str) -> Any:
@@ -154,12 +177,15 @@ def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple[in
     if missing:
         raise TPCHooksError(f"{where}: {WEIGHTS_FILE} lacks tensor(s) {missing} that config.json requires")
     if extra:
-        raise TPCHooksError(f"{where}: {WEIGHTS_FILE} has unexpected tensor(s) {extra}; config.json does not describe them")
+        raise TPCHooksError(
+            f"{where}: {WEIGHTS_FILE} has unexpected tensor(s) {extra}; config.json does not describe them"
+        )
     for name, shape in expected.items():
         t = tensors[name]
         if tuple(t.shape) != tuple(shape):
             raise TPCHooksError(
-                f"{where}: tensor {name!r} in {WEIGHTS_FILE} has shape {tuple(t.shape)} but config.json implies {tuple(shape)}"
+                f"{where}: tensor {name!r} in {WEIGHTS_FILE} has shape {tuple(t.shape)} but config.json implies "
+                f"{tuple(shape)}"
             )
         if t.dtype != torch.float32:
             raise TPCHooksError(f"{where}: tensor {name!r} is {t.dtype}; the format stores float32")

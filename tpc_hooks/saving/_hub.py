@@ -9,8 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, no_type_check
 
-from . import _format
 from .._errors import TPCHooksError, deprecated
+from . import _format
 
 CARD_FILE = "README.md"
 HUB_FILES = [_format.CONFIG_FILE, _format.WEIGHTS_FILE, CARD_FILE]
@@ -29,8 +29,9 @@ def is_repo_id(name: str, *, need_org: bool = False) -> bool:
 
 
 # ---------------------------------------------------------------------- saving
-def save_pretrained(obj: Any, directory: str | os.PathLike, *, card: bool | str = True,
-                    repo_id: str | None = None) -> Path:
+def save_pretrained(
+    obj: Any, directory: str | os.PathLike, *, card: bool | str = True, repo_id: str | None = None
+) -> Path:
     """Saves a head or monitor (``config.json`` + ``model.safetensors``) and, when ``card``, a model card ``README.md``.
 
     Args:
@@ -56,8 +57,10 @@ def save_pretrained(obj: Any, directory: str | os.PathLike, *, card: bool | str 
     out = Path(directory)
     readme = out / CARD_FILE
     if card is True and readme.is_file() and not _ours(readme):  # checked before anything is written
-        raise TPCHooksError(f"{readme} exists and is not a tpc-hooks model card; it is left alone: pass card=False to "
-                            "save without a card, or card='overwrite' to replace it with the generated one")
+        raise TPCHooksError(
+            f"{readme} exists and is not a tpc-hooks model card; it is left alone: pass card=False to "
+            "save without a card, or card='overwrite' to replace it with the generated one"
+        )
     obj._save_dir(out)
     if card:
         text = obj.model_card(repo_id=repo_id)
@@ -76,8 +79,10 @@ def _ours(readme: Path) -> bool:
 
 def _check_obj(obj: Any) -> None:
     if not isinstance(obj, HubMixin):
-        raise TPCHooksError(f"expected a tpc_hooks.TPC or tpc_hooks.Monitor to save or share; got {type(obj).__name__}. "
-                            "Pass the trained head or monitor")
+        raise TPCHooksError(
+            f"expected a tpc_hooks.TPC or tpc_hooks.Monitor to save or share; got {type(obj).__name__}. "
+            "Pass the trained head or monitor"
+        )
 
 
 # ---------------------------------------------------------------------- loading and sharing
@@ -92,8 +97,15 @@ def _hub_errors(hf: Any) -> tuple[type[BaseException], ...]:
 
 
 @no_type_check  # name_or_path is checked here, with a message that names the fix
-def from_pretrained(cls: type, name_or_path: str | os.PathLike, *, revision: str | None = None,
-                    token: str | bool | None = None, cache_dir: str | os.PathLike | None = None, **load_kw: Any) -> Any:
+def from_pretrained(
+    cls: type,
+    name_or_path: str | os.PathLike,
+    *,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    **load_kw: Any,
+) -> Any:
     """Loads ``cls`` (TPC or Monitor) from a local directory or a Hugging Face hub model id.
 
     A path to an existing directory is loaded strictly (names, shapes, dtype and version must match). A string that
@@ -111,40 +123,63 @@ def from_pretrained(cls: type, name_or_path: str | os.PathLike, *, revision: str
         (2,)
     """
     if not isinstance(name_or_path, (str, os.PathLike)):
-        raise TPCHooksError(f"expected a directory saved with save_pretrained or a hub id (\"org/name\"); got "
-                            f"{type(name_or_path).__name__}")
+        raise TPCHooksError(
+            f'expected a directory saved with save_pretrained or a hub id ("org/name"); got '
+            f"{type(name_or_path).__name__}"
+        )
     path = Path(name_or_path)
     if path.is_dir():
         return cls._load_dir(path, **load_kw)
     if path.exists():
-        raise TPCHooksError(f"expected a directory saved with save_pretrained (holding {_format.CONFIG_FILE} and "
-                            f"{_format.WEIGHTS_FILE}); {str(path)!r} is a file. Pass the directory that contains it")
+        raise TPCHooksError(
+            f"expected a directory saved with save_pretrained (holding {_format.CONFIG_FILE} and "
+            f"{_format.WEIGHTS_FILE}); {str(path)!r} is a file. Pass the directory that contains it"
+        )
     name = name_or_path if isinstance(name_or_path, str) else None
     if name is None or not is_repo_id(name):
-        raise TPCHooksError(f"the directory {str(path)!r} does not exist, and it is not a hub model id (\"org/name\"); "
-                            "pass a directory saved with save_pretrained, or a hub repository id")
+        raise TPCHooksError(
+            f'the directory {str(path)!r} does not exist, and it is not a hub model id ("org/name"); '
+            "pass a directory saved with save_pretrained, or a hub repository id"
+        )
     import huggingface_hub as hf
 
     try:
-        local = hf.snapshot_download(repo_id=name, revision=revision, token=token, cache_dir=cache_dir,
-                                     repo_type="model", allow_patterns=list(HUB_FILES))
+        local = hf.snapshot_download(
+            repo_id=name,
+            revision=revision,
+            token=token,
+            cache_dir=cache_dir,
+            repo_type="model",
+            allow_patterns=list(HUB_FILES),
+        )
     except _hub_errors(hf) as err:
         detail = " ".join(str(err).split()).split(". ")[0][:300]
         if isinstance(err, getattr(hf.errors, "RepositoryNotFoundError", ())):
-            why = ("the hub has no such repository (or revision) this token can read; check the id, and pass token= "
-                   "for a private or gated repository")
+            why = (
+                "the hub has no such repository (or revision) this token can read; check the id, and pass token= "
+                "for a private or gated repository"
+            )
         elif isinstance(err, getattr(hf.errors, "RevisionNotFoundError", ())):
             why = f"the hub repository has no revision {revision!r}; check revision="
         else:
             why = "the hub could not be reached or the repository was not found"
-        raise TPCHooksError(f"{name!r} is not a local directory, and downloading it as a hub model repository failed: "
-                            f"{why} ({type(err).__name__}: {detail}). Pass a local directory saved with "
-                            "save_pretrained, or retry with network access") from None
+        raise TPCHooksError(
+            f"{name!r} is not a local directory, and downloading it as a hub model repository failed: "
+            f"{why} ({type(err).__name__}: {detail}). Pass a local directory saved with "
+            "save_pretrained, or retry with network access"
+        ) from None
     return cls._load_dir(Path(local), **load_kw)
 
 
-def push_to_hub(obj: Any, repo_id: str, *, private: bool | None = None, token: str | bool | None = None,
-                commit_message: str = "Upload tpc-hooks model", revision: str | None = None) -> Any:
+def push_to_hub(
+    obj: Any,
+    repo_id: str,
+    *,
+    private: bool | None = None,
+    token: str | bool | None = None,
+    commit_message: str = "Upload tpc-hooks model",
+    revision: str | None = None,
+) -> Any:
     """Uploads ``save_pretrained``'s files (config, weights, model card) to a hub model repository.
 
     The repository is created if missing (``private`` applies only then). Needs the network
@@ -158,16 +193,18 @@ def push_to_hub(obj: Any, repo_id: str, *, private: bool | None = None, token: s
     """
     _check_obj(obj)
     if not isinstance(repo_id, str) or not is_repo_id(repo_id):
-        raise TPCHooksError(f"expected a hub model id like \"user/name\"; got {repo_id!r}. Pass the repository to create "
-                            "or update")
+        raise TPCHooksError(
+            f'expected a hub model id like "user/name"; got {repo_id!r}. Pass the repository to create or update'
+        )
     import huggingface_hub as hf
 
     with tempfile.TemporaryDirectory(prefix="tpc-hooks-push-") as tmp:
         save_pretrained(obj, tmp, card=True, repo_id=repo_id)
         api = hf.HfApi(token=token)
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-        return api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message=commit_message, revision=revision,
-                                 repo_type="model")
+        return api.upload_folder(
+            repo_id=repo_id, folder_path=tmp, commit_message=commit_message, revision=revision, repo_type="model"
+        )
 
 
 class HubMixin:
@@ -185,13 +222,15 @@ class HubMixin:
         raise NotImplementedError
 
     @classmethod
-    def _load_dir(cls, path: str | os.PathLike, **kwargs: Any) -> Any:
+    def _load_dir(cls, path: str | os.PathLike, *args: Any, **kwargs: Any) -> Any:
+        # ``*args, **kwargs``: each class takes its own loading options, so any override fits
         raise NotImplementedError
 
     def save(self, path: str | os.PathLike) -> Path:
         """Deprecated: ``save_pretrained(path, card=False)`` writes the same files."""
-        deprecated(f"{type(self).__name__}.save", f"{type(self).__name__}.save_pretrained(path) (card=False for no "
-                   "model card)")
+        deprecated(
+            f"{type(self).__name__}.save", f"{type(self).__name__}.save_pretrained(path) (card=False for no model card)"
+        )
         return self._save_dir(path)
 
     @classmethod
@@ -214,9 +253,15 @@ class HubMixin:
 
     @classmethod
     @no_type_check  # as from_pretrained above
-    def from_pretrained(cls, name_or_path: str | os.PathLike, *, revision: str | None = None,
-                        token: str | bool | None = None, cache_dir: str | os.PathLike | None = None,
-                        **load_kwargs: Any) -> Any:
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike,
+        *,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        **load_kwargs: Any,
+    ) -> Any:
         """Loads from a local directory or a Hugging Face hub repository id (``"user/repo"``,
         downloaded with ``huggingface_hub``; needs the network). Never unpickles; a monitor
         trained on SAE latents takes its SAE as ``sae=``.
@@ -226,9 +271,22 @@ class HubMixin:
         """
         return from_pretrained(cls, name_or_path, revision=revision, token=token, cache_dir=cache_dir, **load_kwargs)
 
-    def push_to_hub(self, repo_id: str, *, private: bool | None = None, token: str | bool | None = None,
-                    commit_message: str | None = None, revision: str | None = None) -> Any:
+    def push_to_hub(
+        self,
+        repo_id: str,
+        *,
+        private: bool | None = None,
+        token: str | bool | None = None,
+        commit_message: str | None = None,
+        revision: str | None = None,
+    ) -> Any:
         """Uploads :meth:`save_pretrained`'s directory to a hub model repository (created if
         missing) with ``huggingface_hub``; returns its commit info."""
-        return push_to_hub(self, repo_id, private=private, token=token,
-                           commit_message=commit_message or self._hub_commit_message, revision=revision)
+        return push_to_hub(
+            self,
+            repo_id,
+            private=private,
+            token=token,
+            commit_message=commit_message or self._hub_commit_message,
+            revision=revision,
+        )

@@ -35,7 +35,9 @@ class FlagRate:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise TPCHooksError(f"the drift window must be a positive number of requests; got {window!r}")
         if not band > 1:
-            raise TPCHooksError(f"the drift band must be a factor above 1 (2: from half to twice the target); got {band!r}")
+            raise TPCHooksError(
+                f"the drift band must be a factor above 1 (2: from half to twice the target); got {band!r}"
+            )
         if target is not None and not 0 <= target <= 1:
             raise TPCHooksError(f"a target flag rate is a share in [0, 1]; got {target!r}")
         self.target, self.window, self.band = target, window, float(band)
@@ -70,7 +72,9 @@ class FlagRate:
         if self.bounds is None or len(self._recent) < self.window:
             return None
         low, high = self.bounds
-        out = not low <= self.recent <= high
+        recent = self.recent
+        assert recent is not None  # the window is full
+        out = not low <= recent <= high
         if out == self.out:
             return None
         self.out = out

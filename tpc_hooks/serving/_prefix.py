@@ -47,7 +47,7 @@ def prefix_hash(tokens: Sequence[int], block_size: int, lora: Any = None) -> byt
         raise ValueError(f"a prefix of {len(tokens)} tokens is not a whole number of {block_size}-token blocks")
     h = root(lora)
     for a in range(0, len(tokens), block_size):
-        h = link(h, tokens[a:a + block_size])
+        h = link(h, tokens[a : a + block_size])
     return h
 
 
@@ -83,7 +83,7 @@ class Chain:
         need = self.block_size - len(self.tail)
         at = 0
         while len(tokens) - at >= need:
-            self.hash = link(self.hash, self.tail + list(tokens[at:at + need]))
+            self.hash = link(self.hash, self.tail + list(tokens[at : at + need]))
             at += need
             done.append((at, self.hash))
             self.tail, need = [], self.block_size

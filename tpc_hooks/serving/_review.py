@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from ..head._attribution import attribute
 from .._errors import TPCHooksError
+from ..head._attribution import attribute
 from ..rendering._review import review_pages
 
 FILE = "review.jsonl"  # the log's current file; rotated ones are FILE.1 (newest) .. FILE.N
@@ -52,7 +52,7 @@ def sampled(request_id: str, rate: float) -> bool:
     """
     if rate <= 0:
         return False
-    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "big") < rate * 2.0 ** 64
+    return int.from_bytes(hashlib.sha256(request_id.encode()).digest()[:8], "big") < rate * 2.0**64
 
 
 def explain(monitor: Any, z: Any, exit_order: int, k: int = 10, sae: Any = None) -> dict[str, Any]:
@@ -72,19 +72,22 @@ def explain(monitor: Any, z: Any, exit_order: int, k: int = 10, sae: Any = None)
     z = z.detach().float().cpu()[None]
     out = attribute(monitor, z).to_dict(0, k)
     out["exit_order"] = int(exit_order)
-    out["step_logit"] = float(sum(out["by_order"][:int(exit_order)]))
+    out["step_logit"] = float(sum(out["by_order"][: int(exit_order)]))
     out["top_neurons"] = [[i, v] for i, v in out["top_neurons"]]
     out["top_pairs"] = {o: [[i, j, v] for i, j, v in pairs] for o, pairs in out["top_pairs"].items()}
     if sae is not None:
         feats = attribute(monitor, z, sae=sae).to_dict(0, k)
-        out["features"] = {"top_features": [[i, v] for i, v in feats["top_neurons"]],
-                           "top_pairs": {o: [[i, j, v] for i, j, v in ps] for o, ps in feats["top_pairs"].items()},
-                           "labels": feats.get("labels", {})}
+        out["features"] = {
+            "top_features": [[i, v] for i, v in feats["top_neurons"]],
+            "top_pairs": {o: [[i, j, v] for i, j, v in ps] for o, ps in feats["top_pairs"].items()},
+            "labels": feats.get("labels", {}),
+        }
     return out
 
 
-def explain_entry(e: dict[str, Any], monitors: dict[str, Any], k: int = 10,
-                  saes: dict[str, Any] | None = None) -> dict[str, Any]:
+def explain_entry(
+    e: dict[str, Any], monitors: dict[str, Any], k: int = 10, saes: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Replaces each monitor's kept ``input`` in the entry ``e`` by its ``attribution``
     (:func:`explain`), by the monitor of ``monitors`` (SHA-256 of its files -> Monitor) that scored
     it, in SAE features too where ``saes`` (site -> SAE) has one for its site; an input that cannot
@@ -130,8 +133,15 @@ class Notes:
         self.at.pop(rid, None)
         self.peak.pop(rid, None)
 
-    def take(self, rid: str, monitor: Any, sha: str | None, rec: dict[str, Any], tokens: Sequence[int] | None,
-             prompt_len: int) -> dict[str, Any] | None:
+    def take(
+        self,
+        rid: str,
+        monitor: Any,
+        sha: str | None,
+        rec: dict[str, Any],
+        tokens: Sequence[int] | None,
+        prompt_len: int,
+    ) -> dict[str, Any] | None:
         """The review of a finished request from its recorded steps ``rec`` (None: nothing kept,
         it is neither flagged nor sampled): the kept input, to be explained by the monitor whose
         files hash to ``sha`` (:func:`explain_entry`)."""
@@ -140,12 +150,20 @@ class Notes:
         if kept is None:
             return None
         step, z = kept
-        out = {"request_id": rid, "sampled": sampled(rid, SETTINGS.get("sample", 0.0)), "step": step,
-               "of": "token" if monitor.pooling == "token" else "pool", "monitor": sha,
-               "scores": _finite(rec["probs"].tolist()), "exit_orders": rec["exit_order"].tolist(),
-               "input": _finite(z.float().cpu().tolist())}
+        out = {
+            "request_id": rid,
+            "sampled": sampled(rid, SETTINGS.get("sample", 0.0)),
+            "step": step,
+            "of": "token" if monitor.pooling == "token" else "pool",
+            "monitor": sha,
+            "scores": _finite(rec["probs"].tolist()),
+            "exit_orders": rec["exit_order"].tolist(),
+            "input": _finite(z.float().cpu().tolist()),
+        }
         if tokens is not None:
-            ids = [int(t) for t in tokens[:prompt_len + len(out["exit_orders"]) - 1]]  # the scored prefix: step t ends token t
+            ids = [
+                int(t) for t in tokens[: prompt_len + len(out["exit_orders"]) - 1]
+            ]  # the scored prefix: step t ends token t
             out["tokens_sha256"] = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
             if SETTINGS.get("text"):
                 out["ids"], out["prompt_len"] = ids, prompt_len
@@ -164,6 +182,7 @@ class _Counting(logging.handlers.RotatingFileHandler):
             record.msg, record.args = json.dumps(entry, allow_nan=False), None
             if self.shouldRollover(record):
                 self.doRollover()
+            assert self.stream is not None  # opened by the handler (not delayed)
             self.stream.write(record.msg + "\n")
             self.stream.flush()
         except Exception:  # a full disk, say: the entry is lost, and counted
@@ -174,7 +193,8 @@ class _Counting(logging.handlers.RotatingFileHandler):
 
 class _Listener(logging.handlers.QueueListener):
     def enqueue_sentinel(self) -> None:
-        self.queue.put(self._sentinel)  # after what is queued, waiting for room (the queue is bounded)
+        # after what is queued, waiting for room (the queue is bounded); typeshed knows neither name
+        self.queue.put(self._sentinel)  # type: ignore[attr-defined]
 
 
 class ReviewLog:
@@ -192,8 +212,16 @@ class ReviewLog:
         (True, 1)
     """
 
-    def __init__(self, directory: str | Path, *, max_bytes: int = 64 << 20, backups: int = 5, queue_size: int = 10_000,
-                 on_count: Any = None, prepare: Any = None) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        max_bytes: int = 64 << 20,
+        backups: int = 5,
+        queue_size: int = 10_000,
+        on_count: Any = None,
+        prepare: Any = None,
+    ) -> None:
         self.path = Path(directory) / FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.counts = {"written": 0, "dropped": 0, "failed": 0}
@@ -228,8 +256,9 @@ class ReviewLog:
         return dict(self.counts)
 
 
-def entry(response_id: str, choice: int, when: float, per: dict[str, dict[str, Any]],
-          decode: Any = None) -> dict[str, Any] | None:
+def entry(
+    response_id: str, choice: int, when: float, per: dict[str, dict[str, Any]], decode: Any = None
+) -> dict[str, Any] | None:
     """A choice's log entry from its summaries by monitor (each with the ``review`` its worker
     attached, taken out of the summary); None when no monitor kept one. ``decode(ids)`` turns
     token ids into text (given when the server logs text)."""
@@ -242,12 +271,24 @@ def entry(response_id: str, choice: int, when: float, per: dict[str, dict[str, A
         ids, prompt_len = review.pop("ids", None), review.pop("prompt_len", None)
         if ids is not None and decode is not None and tokens is None:
             tokens = {"prompt": decode(ids[:prompt_len]), "completion": [decode([t]) for t in ids[prompt_len:]]}
-        monitors[name] = {"flagged": s["flagged"], "first_flagged": s["first_flagged"], "stopped_at": s["stopped_at"],
-                          "peak_score": s["peak_score"], "threshold": s["threshold"], **review}
+        monitors[name] = {
+            "flagged": s["flagged"],
+            "first_flagged": s["first_flagged"],
+            "stopped_at": s["stopped_at"],
+            "peak_score": s["peak_score"],
+            "threshold": s["threshold"],
+            **review,
+        }
     if not monitors:
         return None
-    out = {"request_id": request_id, "response_id": response_id, "choice": choice, "time": when,
-           "flagged": any(m["flagged"] for m in monitors.values()), "monitors": monitors}
+    out = {
+        "request_id": request_id,
+        "response_id": response_id,
+        "choice": choice,
+        "time": when,
+        "flagged": any(m["flagged"] for m in monitors.values()),
+        "monitors": monitors,
+    }
     if tokens is not None:
         out["text"] = tokens
     return out
@@ -259,28 +300,52 @@ SERVER: dict[str, Any] = {"log": None, "decode": None, "monitors": {}, "saes": {
 
 def arguments(p: Any) -> None:
     """``tpc-hooks serve``'s review-log options."""
-    p.add_argument("--review-log", default=None, metavar="DIR",
-                   help=f"append each flagged request (and --review-log-sample of the others) to DIR/{FILE}: each "
-                        "monitor's per-step scores and exit orders and the exact attribution of the step that flagged "
-                        "it; `tpc-hooks review DIR` renders it")
-    p.add_argument("--review-log-sample", type=float, default=0.0, metavar="P",
-                   help="the share of requests logged whether flagged or not (chosen by a hash of the request id; "
-                        "their peak scores calibrate a monitor on real traffic), default 0")
-    p.add_argument("--review-log-text", action="store_true",
-                   help="log the prompt and completion text (default: a hash of their token ids)")
-    p.add_argument("--review-log-sae", action="append", default=[], metavar="DIR",
-                   help="an SAELens SAE folder (e.g. one tpc_hooks.offline.load_sae cached): the review log also "
-                        "explains the monitors at its site in its features, with their labels when it has them")
-    p.add_argument("--review-log-max-mb", type=float, default=64.0, metavar="MB",
-                   help=f"rotate {FILE} at this size, keeping 5 older files (default 64)")
+    p.add_argument(
+        "--review-log",
+        default=None,
+        metavar="DIR",
+        help=f"append each flagged request (and --review-log-sample of the others) to DIR/{FILE}: each "
+        "monitor's per-step scores and exit orders and the exact attribution of the step that flagged "
+        "it; `tpc-hooks review DIR` renders it",
+    )
+    p.add_argument(
+        "--review-log-sample",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="the share of requests logged whether flagged or not (chosen by a hash of the request id; "
+        "their peak scores calibrate a monitor on real traffic), default 0",
+    )
+    p.add_argument(
+        "--review-log-text",
+        action="store_true",
+        help="log the prompt and completion text (default: a hash of their token ids)",
+    )
+    p.add_argument(
+        "--review-log-sae",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an SAELens SAE folder (e.g. one tpc_hooks.offline.load_sae cached): the review log also "
+        "explains the monitors at its site in its features, with their labels when it has them",
+    )
+    p.add_argument(
+        "--review-log-max-mb",
+        type=float,
+        default=64.0,
+        metavar="MB",
+        help=f"rotate {FILE} at this size, keeping 5 older files (default 64)",
+    )
 
 
 def sae_site(sae: Any, where: Any) -> str:
     """The site an SAE for ``--review-log-sae`` reads (its recorded ``hook_name``)."""
     site = getattr(getattr(sae.cfg, "metadata", None), "hook_name", None)
     if not site:
-        raise TPCHooksError(f"the SAE in {where} records no hook_name (its cfg.json's metadata), so the monitors it "
-                            "explains are unknown")
+        raise TPCHooksError(
+            f"the SAE in {where} records no hook_name (its cfg.json's metadata), so the monitors it "
+            "explains are unknown"
+        )
     return site
 
 
@@ -329,8 +394,13 @@ def read_review_log(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def logged_peaks(entries: Sequence[dict[str, Any]], monitor: str = "", *, benign: Iterable[str] | None = None,
-                 sampled_only: bool = True) -> list[float]:
+def logged_peaks(
+    entries: Sequence[dict[str, Any]],
+    monitor: str = "",
+    *,
+    benign: Iterable[str] | None = None,
+    sampled_only: bool = True,
+) -> list[float]:
     """The peak scores of the monitor ``monitor`` ("" for a lone one) in review-log entries, for
     :meth:`tpc_hooks.Monitor.calibrate` (``peaks=``): by default only the sampled entries (a fair
     sample of traffic; flagged ones are all logged, so counting them would bias the rate), and
@@ -350,8 +420,10 @@ def logged_peaks(entries: Sequence[dict[str, Any]], monitor: str = "", *, benign
         out.append(float(m["peak_score"]))
     if not out:
         names = sorted({n for e in entries for n in e.get("monitors", {})})
-        raise TPCHooksError(f"no {'sampled ' if sampled_only else ''}entry of monitor {monitor!r} in the log "
-                            f"(its monitors: {names}); was it started with --review-log-sample above 0?")
+        raise TPCHooksError(
+            f"no {'sampled ' if sampled_only else ''}entry of monitor {monitor!r} in the log "
+            f"(its monitors: {names}); was it started with --review-log-sample above 0?"
+        )
     return out
 
 

@@ -15,15 +15,27 @@ SCORED = Counter("tpc_hooks_requests_scored", "Requests the monitor scored (choi
 FLAGS = Counter("tpc_hooks_requests_flagged", "Requests flagged at some step", _BY)
 STOPS = Counter("tpc_hooks_requests_stopped", "Requests the monitor stopped", _BY)
 OPTED = Counter("tpc_hooks_requests_opted_out", "Requests sent with tpc_hooks_monitor=false (or .NAME=false)", _BY)
-NONFINITE = Counter("tpc_hooks_requests_nonfinite", "Requests whose activations turned NaN/inf (answered with an error)",
-                    _BY)
-PEAK = Histogram("tpc_hooks_peak_score", "Each scored request's highest score", _BY,
-                 buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0))
-REVIEWED = Counter("tpc_hooks_review_log_entries", "Review-log entries: written, dropped (the queue was full) or "
-                   "failed (the disk refused them)", ["outcome"])
-RATE = Gauge("tpc_hooks_flag_rate", "Share of scored requests flagged: over the last --drift-window requests "
-              "(window=recent), since the server started (window=lifetime), and the rate the monitor was calibrated "
-              "to (window=target)", ["monitor", "window"])
+NONFINITE = Counter(
+    "tpc_hooks_requests_nonfinite", "Requests whose activations turned NaN/inf (answered with an error)", _BY
+)
+PEAK = Histogram(
+    "tpc_hooks_peak_score",
+    "Each scored request's highest score",
+    _BY,
+    buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
+)
+REVIEWED = Counter(
+    "tpc_hooks_review_log_entries",
+    "Review-log entries: written, dropped (the queue was full) or failed (the disk refused them)",
+    ["outcome"],
+)
+RATE = Gauge(
+    "tpc_hooks_flag_rate",
+    "Share of scored requests flagged: over the last --drift-window requests "
+    "(window=recent), since the server started (window=lifetime), and the rate the monitor was calibrated "
+    "to (window=target)",
+    ["monitor", "window"],
+)
 DRIFT: dict[str, FlagRate] = {}  # metrics label -> its monitor's flag rates
 log = logging.getLogger("tpc_hooks.serve")
 
@@ -63,11 +75,26 @@ def drift(label: str, flagged: bool) -> None:
     event = rate.add(flagged)
     RATE.labels(label, "recent").set(rate.recent)
     RATE.labels(label, "lifetime").set(rate.lifetime)
-    if event == "left":
+    if event == "left":  # a crossing needs a target and a full window
+        assert rate.bounds is not None and rate.recent is not None and rate.target is not None
         low, high = rate.bounds
-        log.warning("monitor %s flagged %.2f%% of the last %d scored requests, outside [%.2f%%, %.2f%%] around the rate "
-                    "it was calibrated to (%.2f%%): its threshold may no longer mean what it meant; recalibrate it on "
-                    "benign traffic", label, 100 * rate.recent, rate.window, 100 * low, 100 * high, 100 * rate.target)
+        log.warning(
+            "monitor %s flagged %.2f%% of the last %d scored requests, outside [%.2f%%, %.2f%%] around the rate "
+            "it was calibrated to (%.2f%%): its threshold may no longer mean what it meant; recalibrate it on "
+            "benign traffic",
+            label,
+            100 * rate.recent,
+            rate.window,
+            100 * low,
+            100 * high,
+            100 * rate.target,
+        )
     elif event == "back":
-        log.warning("monitor %s is back inside its band: %.2f%% of the last %d scored requests flagged (target %.2f%%)",
-                    label, 100 * rate.recent, rate.window, 100 * rate.target)
+        assert rate.recent is not None and rate.target is not None
+        log.warning(
+            "monitor %s is back inside its band: %.2f%% of the last %d scored requests flagged (target %.2f%%)",
+            label,
+            100 * rate.recent,
+            rate.window,
+            100 * rate.target,
+        )

@@ -36,9 +36,16 @@ def identity(path: str | Path) -> dict[str, Any]:
         digest.update((Path(path) / name).read_bytes())
     target = (mon.report or {}).get("operating_point", {}).get("fpr")
     _review.SERVER["monitors"][digest.hexdigest()] = mon  # the review log explains its steps with it
-    return {"site": mon.site, "threshold": float(mon.threshold), "pooling": mon.pooling,
-            "cascade": mon.cascade is not None, "degree": mon.head.degree, "d_model": mon.head.d_model,
-            "target_fpr": None if target is None else float(target), "sha256": digest.hexdigest()}
+    return {
+        "site": mon.site,
+        "threshold": float(mon.threshold),
+        "pooling": mon.pooling,
+        "cascade": mon.cascade is not None,
+        "degree": mon.head.degree,
+        "d_model": mon.head.d_model,
+        "target_fpr": None if target is None else float(target),
+        "sha256": digest.hexdigest(),
+    }
 
 
 def members(specs: list[str], action: str) -> list[tuple[str, str, str]]:
@@ -61,8 +68,10 @@ def members(specs: list[str], action: str) -> list[tuple[str, str, str]]:
         out.append((name, rest, act))
     names = [n for n, _, _ in out]
     if len(out) > 1 and "" in names:
-        raise TPCHooksError("several monitors need a name each: --monitor NAME=DIR[:stop|flag] (e.g. "
-                            "--monitor harm=./harm:stop --monitor pii=./pii:flag)")
+        raise TPCHooksError(
+            "several monitors need a name each: --monitor NAME=DIR[:stop|flag] (e.g. "
+            "--monitor harm=./harm:stop --monitor pii=./pii:flag)"
+        )
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise TPCHooksError(f"--monitor names must differ; {dup} given twice")
@@ -85,23 +94,30 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
 
     async def answer(status: int, payload: dict) -> None:
         data = json.dumps(payload).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": data})
 
     headers = dict((k.lower(), v) for k, v in scope.get("headers", []))
     given = headers.get(b"authorization", b"").removeprefix(b"Bearer ")
     if not hmac.compare_digest(given, ADMIN_KEY["key"].encode()):
         return await answer(401, {"error": "the admin routes need Authorization: Bearer <--admin-api-key>"})
-    name, method = scope["path"][len(ADMIN):], scope["method"]
+    name, method = scope["path"][len(ADMIN) :], scope["method"]
     if method not in ("PUT", "DELETE"):
         return await answer(405, {"error": f"{ADMIN}NAME takes PUT (load a monitor) or DELETE (remove it)"})
     monitors = MONITORS
     try:
         if list(monitors) == [""]:  # a lone unnamed monitor is addressed as "default", and stays alone
             if name != LONE:
-                raise TPCHooksError(f"this server runs one unnamed monitor: replace it at {ADMIN}{LONE}; to run several, "
-                                    "start it with --monitor NAME=DIR for each")
+                raise TPCHooksError(
+                    f"this server runs one unnamed monitor: replace it at {ADMIN}{LONE}; to run several, "
+                    "start it with --monitor NAME=DIR for each"
+                )
             name = ""
         elif not re.fullmatch(r"[A-Za-z0-9_-]+", name):
             raise TPCHooksError(f"{name!r} is not a monitor name (letters, digits, '_' and '-')")
@@ -109,20 +125,32 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
         if method == "PUT":
             req = json.loads(bytes(body) or b"{}")
             if not isinstance(req, dict) or not isinstance(req.get("path"), str):
-                raise TPCHooksError('the body must be {"path": "<monitor directory on the server>", '
-                                    '"action": "stop" | "flag"}')
+                raise TPCHooksError(
+                    'the body must be {"path": "<monitor directory on the server>", "action": "stop" | "flag"}'
+                )
             action = req.get("action", monitors.get(name, {}).get("action", ADMIN_KEY["action"]))
             if action not in ("stop", "flag"):
                 raise TPCHooksError(f"action must be 'stop' or 'flag'; got {action!r}")
             ident = identity(req["path"])
             if ident["site"] not in ADMIN_KEY["sites"]:
-                raise TPCHooksError(f"this engine exposes {ADMIN_KEY['sites']}, not {ident['site']!r}; start the "
-                                    "server with --sites to be able to swap in monitors at other sites")
+                raise TPCHooksError(
+                    f"this engine exposes {ADMIN_KEY['sites']}, not {ident['site']!r}; start the "
+                    "server with --sites to be able to swap in monitors at other sites"
+                )
             if ident["d_model"] != ADMIN_KEY["d_model"]:
-                raise TPCHooksError(f"the monitor expects d_model={ident['d_model']} but the model produces "
-                                    f"{ADMIN_KEY['d_model']}; was it trained on another model?")
-            spec = {"name": name, "path": str(Path(req["path"]).resolve()), "site": ident["site"], "order": None,
-                    "cascade": None, "action": action, "sha256": ident["sha256"]}
+                raise TPCHooksError(
+                    f"the monitor expects d_model={ident['d_model']} but the model produces "
+                    f"{ADMIN_KEY['d_model']}; was it trained on another model?"
+                )
+            spec = {
+                "name": name,
+                "path": str(Path(req["path"]).resolve()),
+                "site": ident["site"],
+                "order": None,
+                "cascade": None,
+                "action": action,
+                "sha256": ident["sha256"],
+            }
         elif name not in monitors:
             raise TPCHooksError(f"no monitor named {name!r} runs here (it runs {sorted(monitors)})")
         engine = scope["app"].state.engine_client

@@ -17,9 +17,11 @@ from . import _review
 from ._prefix import BlockStates, Chain
 
 KEEP = 4096  # finished requests whose summary waits for the server to take it (the oldest go first)
-UNSCORED = ("its prompt starts with cached blocks whose monitor state this engine does not hold (computed before "
-            "the monitor was armed, or restored from an offload tier); it was not scored on part of its prompt: "
-            "send it again with SamplingParams(skip_reading_prefix_cache=True)")
+UNSCORED = (
+    "its prompt starts with cached blocks whose monitor state this engine does not hold (computed before "
+    "the monitor was armed, or restored from an offload tier); it was not scored on part of its prompt: "
+    "send it again with SamplingParams(skip_reading_prefix_cache=True)"
+)
 UNSCORED_SERVED = "the request read cached prompt blocks the monitor never saw"  # a server's answer says this
 
 
@@ -27,12 +29,24 @@ class Armed:
     """A monitor a worker runs, under its name ("" for a lone monitor), the auxiliary output it
     reads, and what it has decided."""
 
-    def __init__(self, name: str, monitor: Monitor, layer: int, order: int | None, cascade: float | None, action: str,
-                 keep: str, blocks: BlockStates, sha: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        monitor: Monitor,
+        layer: int,
+        order: int | None,
+        cascade: float | None,
+        action: str,
+        keep: str,
+        blocks: BlockStates,
+        sha: str | None = None,
+    ):
         self.name, self.layer, self.sha = name, layer, sha  # sha: of its files, as the server knows it
         self.owns: set[str] | None = None  # once replaced or removed: the requests it still serves to their end
         self.monitor, self.action, self.keep = monitor, action, keep
-        self.scores = RequestScores(monitor, order, cascade, frozen=True)  # loaded here, from a file: nobody else holds it
+        self.scores = RequestScores(
+            monitor, order, cascade, frozen=True
+        )  # loaded here, from a file: nobody else holds it
         self.threshold = float(monitor.threshold)
         self.blocks = blocks  # the monitor's state at block ends, by content
         self.stopped: dict[str, int] = {}  # request -> the step it was stopped at
@@ -59,12 +73,19 @@ class Armed:
         elif rec is not None:
             probs = rec["probs"]
             bad = probs.isnan()
-            self.summaries[rid] = {"steps": len(probs), "peak_score": float(probs[~bad].max()) if (~bad).any() else None,
-                                   "flagged": first is not None, "first_flagged": first, "stopped_at": stopped,
-                                   "threshold": thr, "nonfinite_step": int(bad.nonzero()[0]) if bad.any() else None}
+            self.summaries[rid] = {
+                "steps": len(probs),
+                "peak_score": float(probs[~bad].max()) if (~bad).any() else None,
+                "flagged": first is not None,
+                "first_flagged": first,
+                "stopped_at": stopped,
+                "threshold": thr,
+                "nonfinite_step": int(bad.nonzero()[0]) if bad.any() else None,
+            }
             t0 = time.perf_counter()
-            review = self.notes and self.notes.take(rid, self.monitor, self.sha, rec, req and req.tokens,
-                                                   req.prompt_len if req else 0)
+            review = self.notes and self.notes.take(
+                rid, self.monitor, self.sha, rec, req.tokens if req else None, req.prompt_len if req else 0
+            )
             if review:
                 self.summaries[rid]["review"] = review
                 self.reviews, self.review_seconds = self.reviews + 1, self.review_seconds + time.perf_counter() - t0
@@ -98,15 +119,17 @@ STOPS: list[tuple[int, int | None]] = []  # (sampler row, EOS id) a monitor ende
 
 def serving(rid: str) -> list[Armed]:
     """The monitors that score request ``rid``: for each name, the one it started with."""
-    owned = {armed.name: armed for armed in RETIRING if rid in armed.owns}
-    return [owned.get(name, armed) for name, armed in ARMED.items()] + \
-        [armed for name, armed in owned.items() if name not in ARMED]
+    owned = {armed.name: armed for armed in RETIRING if armed.owns is not None and rid in armed.owns}
+    return [owned.get(name, armed) for name, armed in ARMED.items()] + [
+        armed for name, armed in owned.items() if name not in ARMED
+    ]
 
 
 def held_by_retiring() -> dict[str, set[str]]:
     """Per name: the requests a replaced monitor of that name still serves (its successor skips them)."""
     out: dict[str, set[str]] = {}
     for armed in RETIRING:
+        assert armed.owns is not None  # set when it is retired
         out.setdefault(armed.name, set()).update(armed.owns)
     return out
 

@@ -15,13 +15,23 @@ from ..monitoring._monitor import Monitor
 from ..saving import _format
 from . import _review
 from ._prefix import BlockStates
-from ._vllm_armed import ARMED, RETIRING, STOPS, UNSCORED, Armed, retire_done, rss, summaries_of
+from ._vllm_armed import ARMED, RETIRING, STOPS, UNSCORED, Armed, Request, retire_done, rss, summaries_of
 
 STORES = 4  # monitors whose block states a worker keeps (the least recently armed go first)
 
 
 class Control:
-    """tpc-hooks' remote calls on the worker (rank 0 holds the monitors; every rank answers)."""
+    """tpc-hooks' remote calls on the worker (rank 0 holds the monitors; every rank answers).
+
+    The worker it is mixed into (``_vllm_worker``) sets the ``_tpc_*`` state when its model is
+    loaded; ``model_runner`` is vLLM's."""
+
+    _tpc_sites: dict[str, int]
+    _tpc_requests: dict[str, Request]
+    _tpc_capture: list[int]
+    _tpc_finished_rows: dict[str, dict[int, list[torch.Tensor]]]
+    _tpc_counts: dict[str, int]
+    model_runner: Any
 
     # ------------------------------------------------------------------ recording (collect, score)
     def tpc_hooks_sites(self) -> dict[str, int]:
@@ -58,8 +68,9 @@ class Control:
         return True
 
     # ------------------------------------------------------------------ monitoring (generate, serve)
-    def tpc_hooks_arm(self, path: str, site: str, order: int | None, cascade: float | None, action: str,
-                      keep: str = "steps") -> dict:
+    def tpc_hooks_arm(
+        self, path: str, site: str, order: int | None, cascade: float | None, action: str, keep: str = "steps"
+    ) -> dict:
         """Loads the monitor saved at ``path`` and scores every request from now on at ``site``
         (in place of whatever ran before); ``action="stop"`` ends a request at its first flagged
         step. ``keep="steps"``: every step of every request, until :meth:`tpc_hooks_runs` takes
@@ -79,13 +90,26 @@ class Control:
         loaded = [(spec, self._tpc_load(spec)) for spec in specs]
         self.tpc_hooks_disarm()
         if getattr(self, "rank", 0) == 0:
-            ARMED.update({spec["name"]: Armed(spec["name"], monitor, self._tpc_sites[spec["site"]], spec["order"],
-                                              spec["cascade"], spec["action"], keep,
-                                              self._tpc_store(spec["path"], spec["site"], spec["order"],
-                                                              spec["cascade"]), spec.get("sha256"))
-                          for spec, monitor in loaded})
-        return {spec["name"]: {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": d_model}
-                for spec, monitor in loaded}
+            ARMED.update(
+                {
+                    spec["name"]: Armed(
+                        spec["name"],
+                        monitor,
+                        self._tpc_sites[spec["site"]],
+                        spec["order"],
+                        spec["cascade"],
+                        spec["action"],
+                        keep,
+                        self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]),
+                        spec.get("sha256"),
+                    )
+                    for spec, monitor in loaded
+                }
+            )
+        return {
+            spec["name"]: {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": d_model}
+            for spec, monitor in loaded
+        }
 
     def tpc_hooks_runs(self, requests: list[str] | None = None, member: str = "") -> dict[str, dict[str, Any]]:
         """The recorded steps of ``requests`` (default: all) by the monitor ``member`` (a lone
@@ -109,7 +133,9 @@ class Control:
         reached it): steps, peak score, flagged, first flagged step, stopped step, the threshold
         used, the first step that scored NaN; forgets them."""
         armed = ARMED.get(member)
-        return {} if armed is None else summaries_of(armed, prefixes, self._tpc_requests)  # finished: the server saw their last token
+        return (
+            {} if armed is None else summaries_of(armed, prefixes, self._tpc_requests)
+        )  # finished: the server saw their last token
 
     def tpc_hooks_set_summaries(self, prefixes: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
         """:meth:`tpc_hooks_summaries` of every monitor this worker runs, by name (one call per
@@ -137,8 +163,17 @@ class Control:
         if spec is not None:
             spec = {**spec, "name": name}
             monitor = self._tpc_load(spec)
-            new = Armed(name, monitor, self._tpc_sites[spec["site"]], spec["order"], spec["cascade"], spec["action"],
-                         keep, self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]), spec.get("sha256"))
+            new = Armed(
+                name,
+                monitor,
+                self._tpc_sites[spec["site"]],
+                spec["order"],
+                spec["cascade"],
+                spec["action"],
+                keep,
+                self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]),
+                spec.get("sha256"),
+            )
             info = {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": self._tpc_d_model()}
         if getattr(self, "rank", 0) != 0:
             return info
@@ -186,17 +221,27 @@ class Control:
         the monitors; on a GPU, without waiting for the device), rows scored, and what it holds:
         requests with a running state, requests with recorded steps (and how many steps),
         summaries not yet taken, kept block states (and how many the store holds at most), the
-        process's resident memory, requests handed to a review log and the seconds that took, and since the engine started: requests resumed from a kept
-        block state and requests found without one (:meth:`tpc_hooks_counts`)."""
+        process's resident memory, requests handed to a review log and the seconds that took, and
+        since the engine started: requests resumed from a kept block state and requests found
+        without one (:meth:`tpc_hooks_counts`)."""
         armed = ARMED.get(member)
         if armed is None:
             return {}
-        return {"passes": armed.passes, "seconds": armed.seconds, "rows": armed.rows,
-                "requests_held": len(armed.scores.states), "records_held": len(armed.scores.records),
-                "summaries_held": len(armed.summaries), "steps_held": sum(map(len, armed.scores.records.values())),
-                "block_states": len(armed.blocks), "block_capacity": armed.blocks.capacity, "rss_bytes": rss(),
-                "reviews": armed.reviews, "review_seconds": armed.review_seconds,
-                **self._tpc_counts}
+        return {
+            "passes": armed.passes,
+            "seconds": armed.seconds,
+            "rows": armed.rows,
+            "requests_held": len(armed.scores.states),
+            "records_held": len(armed.scores.records),
+            "summaries_held": len(armed.summaries),
+            "steps_held": sum(map(len, armed.scores.records.values())),
+            "block_states": len(armed.blocks),
+            "block_capacity": armed.blocks.capacity,
+            "rss_bytes": rss(),
+            "reviews": armed.reviews,
+            "review_seconds": armed.review_seconds,
+            **self._tpc_counts,
+        }
 
     def _tpc_store(self, path: str, site: str, order: int | None, cascade: float | None) -> BlockStates:
         """The block states of this monitor (its saved files, site and policy): kept across arming

@@ -33,9 +33,14 @@ class _Gemma3Model(_gemma3.Gemma3Model, EagleModelMixin):
     """vLLM's Gemma 3 decoder, returning ``(hidden_states, [residual stream at each exposed id])``
     when ids are exposed (the bare hidden states otherwise, as vLLM's)."""
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: IntermediateTensors | None = None, inputs_embeds: torch.Tensor | None = None,
-                **kwargs: Any) -> Any:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> Any:
         if get_pp_group().is_first_rank:
             hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
             residual = None
@@ -49,8 +54,9 @@ class _Gemma3Model(_gemma3.Gemma3Model, EagleModelMixin):
             hidden, residual = layer(positions, hidden, residual, **kwargs)
             self._maybe_add_hidden_state(aux, idx + 1, hidden, residual)
         if not get_pp_group().is_last_rank:
-            return IntermediateTensors({"hidden_states": hidden, "residual": residual,
-                                        **self.pack_local_aux_hidden_states(aux)})
+            return IntermediateTensors(
+                {"hidden_states": hidden, "residual": residual, **self.pack_local_aux_hidden_states(aux)}
+            )
         hidden, _ = self.norm(hidden, residual)
         return (hidden, aux) if aux else hidden
 
@@ -60,9 +66,13 @@ class _Granite4Model(_granite4.GraniteMoeHybridModel, EagleModelMixin):
     at each exposed id. Its layers return the residual stream itself (``residual + branch *
     residual_multiplier``) as their first output, so that is what is kept, not a sum."""
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
-                intermediate_tensors: IntermediateTensors | None = None,
-                inputs_embeds: torch.Tensor | None = None) -> Any:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> Any:
         if get_pp_group().is_first_rank:
             hidden = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
             hidden = hidden * self.embedding_multiplier

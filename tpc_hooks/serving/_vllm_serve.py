@@ -30,15 +30,16 @@ import json
 import os
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._errors import TPCHooksError
 from ..adapters._vllm_args import CONFIG, NAMES_ENV, STOP, WORKER
 from ..adapters.vllm import is_ours
-from .._errors import TPCHooksError
 from . import _review
-from ._saes import read_sae
 from ._engine import aux_ids
+from ._saes import read_sae
 from ._serve_metrics import LONE, REVIEWED, SETTINGS, count, labels
 from ._serve_monitors import ADMIN, ADMIN_KEY, MONITORS, admin, identity, members
 
@@ -74,11 +75,12 @@ class MonitorMiddleware:
             if message["type"] == "http.request":
                 body.extend(message.get("body", b""))
             return message
+
         engine = scope["app"].state.engine_client
-        n = {"n": None}
+        n: dict[str, int] = {}  # the request's "n", once read
 
         def choices_per_prompt() -> int:
-            if n["n"] is None:
+            if "n" not in n:
                 try:
                     n["n"] = int(json.loads(bytes(body) or b"{}").get("n") or 1)
                 except (ValueError, AttributeError):
@@ -95,8 +97,11 @@ class MonitorMiddleware:
                 per = got.get(int(c.get("index", 0)), {})
                 _review.record(payload["id"], int(c.get("index", 0)), time.time(), per)
                 c[FIELD] = self._view({name: _field(per.get(name)) for name in MONITORS})
-                stops = [(s["stopped_at"], k, name) for k, (name, s) in enumerate(per.items())
-                         if s and s.get("stopped_at") is not None]
+                stops = [
+                    (s["stopped_at"], k, name)
+                    for k, (name, s) in enumerate(per.items())
+                    if s and s.get("stopped_at") is not None
+                ]
                 if stops:
                     by = min(stops)[2]
                     c["finish_reason"] = f"{FLAGGED}:{by}" if by else FLAGGED
@@ -107,7 +112,7 @@ class MonitorMiddleware:
                         payload.setdefault("error", _nonfinite_error(s))
             return payload
 
-        streaming = {"on": False, "start": None}
+        streaming: dict[str, Any] = {"on": False, "start": None}
         pending = bytearray()
         chunks = bytearray()
 
@@ -146,8 +151,8 @@ class MonitorMiddleware:
                     data = json.dumps(payload).encode()
                 except json.JSONDecodeError:
                     pass
-            headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
-            await send({**start, "headers": headers + [(b"content-length", str(len(data)).encode())]})
+            kept = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+            await send({**start, "headers": kept + [(b"content-length", str(len(data)).encode())]})
             await send({"type": "http.response.body", "body": data, "more_body": False})
 
         await self.app(scope, reading, sending)
@@ -190,7 +195,9 @@ async def _event(event: bytes, annotate: Any) -> bytes:
         payload = json.loads(event[6:])
     except json.JSONDecodeError:
         return event
-    if not isinstance(payload, dict) or not any(c.get("finish_reason") is not None for c in payload.get("choices") or []):
+    if not isinstance(payload, dict) or not any(
+        c.get("finish_reason") is not None for c in payload.get("choices") or []
+    ):
         return event
     payload = await annotate(payload)
     error = payload.pop("error", None)
@@ -247,8 +254,10 @@ async def _summaries(engine: Any, response_id: str, n: int) -> dict[int, dict[st
     got = await _ASKS.ask(engine, response_id)
     out: dict[int, dict[str, dict]] = {}
     for rid, summary in got.items():
-        k, rest = _CHILD.match(rid).groups()
-        tail = rest[len(response_id):].split("-") if rest.startswith(response_id) else []
+        child = _CHILD.match(rid)
+        assert child is not None  # the pattern matches every id
+        k, rest = child.groups()
+        tail = rest[len(response_id) :].split("-") if rest.startswith(response_id) else []
         prompt = int(tail[1]) if len(tail) == 3 and tail[1].isdigit() else 0
         out[prompt * n + int(k or 0)] = summary
     return out
@@ -260,16 +269,25 @@ def _field(s: dict | None) -> dict[str, Any]:
         return {"monitored": False}
     if "error" in s:
         return {"monitored": False, "error": s["error"]}
-    return {"monitored": True, "flagged": s["flagged"], "stopped": s["stopped_at"] is not None,
-            "flagged_at_token": s["first_flagged"], "peak_score": s["peak_score"], "threshold": s["threshold"],
-            "steps": s["steps"]}
+    return {
+        "monitored": True,
+        "flagged": s["flagged"],
+        "stopped": s["stopped_at"] is not None,
+        "flagged_at_token": s["first_flagged"],
+        "peak_score": s["peak_score"],
+        "threshold": s["threshold"],
+        "steps": s["steps"],
+    }
 
 
 def _nonfinite_error(s: dict) -> dict[str, Any]:
-    return {"message": f"the monitor's site held NaN/inf activations for this request from step {s['nonfinite_step']} "
-                       "(after that many generated tokens); it was stopped there and has no score. The server goes on "
-                       "serving other requests",
-            "type": "MonitorNonFiniteActivations", "code": 500}
+    return {
+        "message": f"the monitor's site held NaN/inf activations for this request from step {s['nonfinite_step']} "
+        "(after that many generated tokens); it was stopped there and has no score. The server goes on "
+        "serving other requests",
+        "type": "MonitorNonFiniteActivations",
+        "code": 500,
+    }
 
 
 def _skip_cache_reads(engine: Any) -> None:
@@ -279,7 +297,9 @@ def _skip_cache_reads(engine: Any) -> None:
 
     def generate(prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
         extra = getattr(sampling_params, "extra_args", None) or {}
-        if extra.get("tpc_hooks_monitor", True) not in (False, 0) and hasattr(sampling_params, "skip_reading_prefix_cache"):
+        if extra.get("tpc_hooks_monitor", True) not in (False, 0) and hasattr(
+            sampling_params, "skip_reading_prefix_cache"
+        ):
             sampling_params.skip_reading_prefix_cache = True
         return inner(prompt, sampling_params, request_id, *args, **kwargs)
 
@@ -288,27 +308,58 @@ def _skip_cache_reads(engine: Any) -> None:
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     """tpc-hooks' own options, then vLLM's server arguments (everything else is passed to it)."""
-    p = argparse.ArgumentParser(prog="tpc-hooks serve", description="vLLM's OpenAI-compatible server with a monitor "
-                                "on every request; every option not listed here is vLLM's")
+    p = argparse.ArgumentParser(
+        prog="tpc-hooks serve",
+        description="vLLM's OpenAI-compatible server with a monitor "
+        "on every request; every option not listed here is vLLM's",
+    )
     p.add_argument("model", help="the model to serve (a hub id or local folder), as for `vllm serve`")
-    p.add_argument("--monitor", required=True, action="append", metavar="[NAME=]DIR[:stop|flag]",
-                   help="a monitor directory (Monitor.save / tpc-hooks train); repeat it as NAME=DIR[:stop|flag] to "
-                        "run several monitors at once, each with its own action")
-    p.add_argument("--action", choices=("flag", "stop"), default="stop",
-                   help="the action of monitors given without one. stop: end a request in the step it is flagged "
-                        "(default); flag: record only")
-    p.add_argument("--drift-window", type=int, default=1000, metavar="N",
-                   help="the rolling flag rate (gauge tpc_hooks_flag_rate{window=recent}) covers the last N scored "
-                        "requests (default 1000)")
-    p.add_argument("--drift-band", type=float, default=2.0, metavar="F",
-                   help="log a warning when the rolling flag rate leaves [target / F, target * F], the target being "
-                        "the rate the monitor was calibrated to (default 2)")
-    p.add_argument("--admin-api-key", default=None, metavar="KEY",
-                   help=f"turns on {ADMIN}NAME: PUT loads a monitor directory on the server's disk in place of NAME "
-                        "(or adds it), DELETE removes it, without a restart; requests carry Authorization: Bearer KEY")
-    p.add_argument("--sites", nargs="+", default=[], metavar="SITE",
-                   help="more sites for the engine to expose, for monitors swapped in later (it compiles with the "
-                        "sites it will ever read)")
+    p.add_argument(
+        "--monitor",
+        required=True,
+        action="append",
+        metavar="[NAME=]DIR[:stop|flag]",
+        help="a monitor directory (Monitor.save / tpc-hooks train); repeat it as NAME=DIR[:stop|flag] to "
+        "run several monitors at once, each with its own action",
+    )
+    p.add_argument(
+        "--action",
+        choices=("flag", "stop"),
+        default="stop",
+        help="the action of monitors given without one. stop: end a request in the step it is flagged "
+        "(default); flag: record only",
+    )
+    p.add_argument(
+        "--drift-window",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="the rolling flag rate (gauge tpc_hooks_flag_rate{window=recent}) covers the last N scored "
+        "requests (default 1000)",
+    )
+    p.add_argument(
+        "--drift-band",
+        type=float,
+        default=2.0,
+        metavar="F",
+        help="log a warning when the rolling flag rate leaves [target / F, target * F], the target being "
+        "the rate the monitor was calibrated to (default 2)",
+    )
+    p.add_argument(
+        "--admin-api-key",
+        default=None,
+        metavar="KEY",
+        help=f"turns on {ADMIN}NAME: PUT loads a monitor directory on the server's disk in place of NAME "
+        "(or adds it), DELETE removes it, without a restart; requests carry Authorization: Bearer KEY",
+    )
+    p.add_argument(
+        "--sites",
+        nargs="+",
+        default=[],
+        metavar="SITE",
+        help="more sites for the engine to expose, for monitors swapped in later (it compiles with the "
+        "sites it will ever read)",
+    )
     _review.arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
@@ -320,8 +371,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     MONITORS.clear()
     MONITORS.update({name: {**identity(where), "action": act} for name, where, act in ours.members})
     ours.sites = sorted({m["site"] for m in MONITORS.values()} | set(ours.sites))
-    ADMIN_KEY.update(key=ours.admin_api_key, sites=ours.sites, action=ours.action,
-                     d_model=next(iter(MONITORS.values()))["d_model"])
+    ADMIN_KEY.update(
+        key=ours.admin_api_key, sites=ours.sites, action=ours.action, d_model=next(iter(MONITORS.values()))["d_model"]
+    )
     SETTINGS.update(window=ours.drift_window, band=ours.drift_band)
     os.environ[NAMES_ENV] = json.dumps(list(MONITORS))  # the engine checks vllm_xargs' names
     for name, monitor in MONITORS.items():
@@ -343,21 +395,26 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     return ours, args
 
 
-def check_model(monitors: dict[str, dict[str, Any]], model: str, trust_remote_code: bool = False,
-                sites: list[str] = ()) -> None:
+def check_model(
+    monitors: dict[str, dict[str, Any]], model: str, trust_remote_code: bool = False, sites: Sequence[str] = ()
+) -> None:
     """Each monitor's site and d_model, and the other ``sites`` to expose, against the model's
     config (read, not loaded)."""
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     cfg = getattr(cfg, "text_config", None) or cfg
-    aux_ids(list(sites) or [m["site"] for m in monitors.values()], cfg.num_hidden_layers)  # sites vLLM's forward can return
+    aux_ids(
+        list(sites) or [m["site"] for m in monitors.values()], cfg.num_hidden_layers
+    )  # sites vLLM's forward can return
     for name, monitor in monitors.items():
         aux_ids([monitor["site"]], cfg.num_hidden_layers)  # a site vLLM's forward can return for this model
         if monitor["d_model"] != cfg.hidden_size:
             who = f"monitor {name!r}" if name else "monitor"
-            raise TPCHooksError(f"{who} expects d_model={monitor['d_model']} but {model} produces {cfg.hidden_size}; "
-                                "was it trained on another model?")
+            raise TPCHooksError(
+                f"{who} expects d_model={monitor['d_model']} but {model} produces {cfg.hidden_size}; "
+                "was it trained on another model?"
+            )
 
 
 async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
@@ -368,9 +425,18 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
     listen_address, sock = setup_server(args, reuse_port=False)
     try:
         async with build_async_engine_client(args) as engine:
-            specs = [{"name": name, "path": str(Path(where).resolve()), "site": MONITORS[name]["site"],
-                      "order": None, "cascade": None, "action": act, "sha256": MONITORS[name]["sha256"]}
-                     for name, where, act in ours.members]
+            specs = [
+                {
+                    "name": name,
+                    "path": str(Path(where).resolve()),
+                    "site": MONITORS[name]["site"],
+                    "order": None,
+                    "cascade": None,
+                    "action": act,
+                    "sha256": MONITORS[name]["sha256"],
+                }
+                for name, where, act in ours.members
+            ]
             try:
                 await engine.collective_rpc("tpc_hooks_arm_set", args=(specs, "summary"))
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
@@ -379,11 +445,19 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
                 _skip_cache_reads(engine)
             if ours.review_log:
                 await engine.collective_rpc("tpc_hooks_review", args=(ours.review_log_sample, ours.review_log_text))
-                _review.SERVER.update(decode=engine.get_tokenizer().decode if ours.review_log_text else None, log=(
-                    _review.ReviewLog(ours.review_log, max_bytes=int(ours.review_log_max_mb * 2 ** 20),
-                                      on_count=lambda outcome: REVIEWED.labels(outcome).inc(),
-                                      prepare=lambda e: _review.explain_entry(e, _review.SERVER["monitors"],
-                                                                              saes=_review.SERVER["saes"]))))
+                _review.SERVER.update(
+                    decode=engine.get_tokenizer().decode if ours.review_log_text else None,
+                    log=(
+                        _review.ReviewLog(
+                            ours.review_log,
+                            max_bytes=int(ours.review_log_max_mb * 2**20),
+                            on_count=lambda outcome: REVIEWED.labels(outcome).inc(),
+                            prepare=lambda e: _review.explain_entry(
+                                e, _review.SERVER["monitors"], saes=_review.SERVER["saes"]
+                            ),
+                        )
+                    ),
+                )
             shutdown = await build_and_serve(engine, listen_address, sock, args)
         await shutdown
     finally:
@@ -400,4 +474,3 @@ def main(argv: list[str]) -> int:
     check_model(MONITORS, args.model, getattr(args, "trust_remote_code", False), ours.sites)
     uvloop.run(run(ours, args))
     return 0
-

@@ -32,9 +32,10 @@ from vllm.v1.sample.logits_processor import BatchUpdate
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
 
-from ..adapters._vllm_args import own_setting as _own, request_settings as _settings
 from .._errors import TPCHooksError
 from .._rule import flagged
+from ..adapters._vllm_args import own_setting as _own
+from ..adapters._vllm_args import request_settings as _settings
 from ..head._together import Together
 from . import _engine, _review
 from ._prefix import Chain
@@ -79,19 +80,26 @@ class _Mixin:
     """tpc-hooks' part of the worker's passes: the exposed sites when the model is built, then after
     each forward pass the new rows of every request, scored by each armed monitor (the driver's
     remote calls: ``_vllm_control.Control``). Only the rank that reports the sampled tokens
-    (rank 0) scores: the residual stream is the same on every tensor-parallel rank."""
+    (rank 0) scores: the residual stream is the same on every tensor-parallel rank.
+
+    Mixed in before vLLM's worker class, which has ``vllm_config`` and ``model_runner``."""
+
+    vllm_config: Any
+    model_runner: Any
 
     # ------------------------------------------------------------------ engine build and each step
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         from . import _vllm_models
 
         _vllm_models.register()  # the families whose vLLM class returns no residual stream get one that does
-        super().load_model(*args, **kwargs)
+        super().load_model(*args, **kwargs)  # type: ignore[misc]  # vLLM's worker, the next base at runtime
         _engine.check_version()
         config = self.vllm_config
         if config.speculative_config is not None:
-            raise TPCHooksError("tpc-hooks' vLLM worker does not run beside speculative decoding (a draft step has "
-                                "several rows per request, and EAGLE-3 drafting sets its own auxiliary layers)")
+            raise TPCHooksError(
+                "tpc-hooks' vLLM worker does not run beside speculative decoding (a draft step has "
+                "several rows per request, and EAGLE-3 drafting sets its own auxiliary layers)"
+            )
         hf = config.model_config.hf_text_config
         sites = (config.additional_config or {}).get(_engine.CONFIG, {}).get("sites", "all")
         self._tpc_sites = _engine.aux_ids(sites, int(hf.num_hidden_layers))
@@ -107,7 +115,7 @@ class _Mixin:
 
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         self._tpc_note(scheduler_output)
-        out = super().execute_model(scheduler_output, *args, **kwargs)
+        out = super().execute_model(scheduler_output, *args, **kwargs)  # type: ignore[misc]  # vLLM's worker
         if scheduler_output.total_num_scheduled_tokens and (ARMED or self._tpc_capture):
             step = _engine.last_pass(self.model_runner, scheduler_output)
             if step is not None:
@@ -123,12 +131,17 @@ class _Mixin:
             lora = getattr(nr.lora_request, "lora_int_id", None)
             params = nr.sampling_params
             reqs[nr.req_id] = Request(
-                tokens=list(ids) if ids is not None else None, prompt_len=len(ids) if ids is not None else 0,
-                chain=Chain(self._tpc_block, lora), settings=_settings(params),
-                eos=getattr(params, "eos_token_id", None), reusable=ids is not None and not nr.mm_features,
-                start=int(nr.num_computed_tokens), sampled=_review.sampled(nr.req_id, _review.SETTINGS.get("sample", 0)))
+                tokens=list(ids) if ids is not None else None,
+                prompt_len=len(ids) if ids is not None else 0,
+                chain=Chain(self._tpc_block, lora),
+                settings=_settings(params),
+                eos=getattr(params, "eos_token_id", None),
+                reusable=ids is not None and not nr.mm_features,
+                start=int(nr.num_computed_tokens),
+                sampled=_review.sampled(nr.req_id, _review.SETTINGS.get("sample", 0)),
+            )
         cached = so.scheduled_cached_reqs
-        for rid, c in zip(cached.req_ids, cached.num_computed_tokens):
+        for rid, c in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
             if rid in reqs:
                 reqs[rid].start = int(c)
         for rid in so.finished_req_ids:
@@ -161,7 +174,7 @@ class _Mixin:
             if req.start != req.chain.computed:
                 self._tpc_resume(rid, req, serving(rid))
             if req.tokens is not None and req.start + len(toks) > len(req.tokens):
-                req.tokens[req.start:] = toks
+                req.tokens[req.start :] = toks
             if req.reusable:
                 ends = req.chain.extend(toks)
             else:
@@ -185,22 +198,36 @@ class _Mixin:
             if armed.owns is None and not armed.unscored and not gone:  # the usual pass: every piece is its own
                 mine_pieces, mine_cuts = pieces, cuts
             else:  # replaced or removed: only the requests it started with; else all but its successor's
-                keep = [k for k, p in enumerate(pieces) if p[0] not in armed.unscored
-                        and (p[0] in armed.owns if armed.owns is not None else p[0] not in gone)]
+                keep = [
+                    k
+                    for k, p in enumerate(pieces)
+                    if p[0] not in armed.unscored
+                    and (p[0] in armed.owns if armed.owns is not None else p[0] not in gone)
+                ]
                 mine_pieces, mine_cuts = [pieces[k] for k in keep], [cuts[k] for k in keep]
             z = None
             if mine_pieces:  # its pieces (request, first row, end row, complete): pooled, its state kept at block ends
                 aux, ps = step.aux[at[armed.layer]], mine_pieces
-                whole = all(p[2] == q[1] for p, q in zip(ps, ps[1:]))  # one run of rows (the usual pass): a view
-                rows = aux[ps[0][1]:ps[-1][2]] if whole else torch.cat([aux[a:b] for _, a, b, _ in ps])
+                whole = all(
+                    p[2] == q[1] for p, q in zip(ps, ps[1:], strict=False)
+                )  # one run of rows (the usual pass): a view
+                rows = aux[ps[0][1] : ps[-1][2]] if whole else torch.cat([aux[a:b] for _, a, b, _ in ps])
                 sizes = [b - a for _, a, b, _ in ps]
                 armed.rows += sum(sizes)
-                z = armed.scores.begin([p[0] for p in ps], rows, sizes, [p[3] for p in ps], mine_cuts,
-                                       lambda rid, off, state, a=armed: a.blocks.put(rows_of[rid][2][off], state))
+                z = armed.scores.begin(
+                    [p[0] for p in ps],
+                    rows,
+                    sizes,
+                    [p[3] for p in ps],
+                    mine_cuts,
+                    # `a=armed`: each member's own blocks (mypy infers no lambda with a default)
+                    lambda rid, off, state, a=armed: a.blocks.put(rows_of[rid][2][off], state),  # type: ignore[misc]
+                )
             work.append((armed, bool(mine_pieces), z, time.perf_counter() - t1))
         t2 = time.perf_counter()
         scored = [k for k, w in enumerate(work) if w[2] is not None]
-        got = dict(zip(scored, self._tpc_together.step([(work[k][0].scores.rule, work[k][2]) for k in scored])))
+        rules = [(armed.scores.rule, z) for armed, _, z, _ in work if z is not None]
+        got = dict(zip(scored, self._tpc_together.step(rules), strict=True))
         each = (time.perf_counter() - t2) / max(len(scored), 1)
         for k, (armed, mine, _, spent) in enumerate(work):
             t1 = time.perf_counter()
@@ -223,6 +250,7 @@ class _Mixin:
             return
         known = req.tokens is not None and req.reusable and c <= len(req.tokens) and c % self._tpc_block == 0
         if known:
+            assert req.tokens is not None  # known
             key = req.chain.start(req.tokens[:c])
         else:
             key, req.chain.computed = None, c
@@ -243,23 +271,27 @@ class _Mixin:
             return
         own = [_own(rows_of[rid][1].settings, armed.name, "threshold", None) for rid in done]
         if any(t is not None for t in own):
-            hits = [bool(flagged(res.decision_logits[j:j + 1], armed.threshold if t is None else t))
-                    for j, t in enumerate(own)]
-            armed.own.update((rid, t) for rid, t in zip(done, own) if t is not None)
+            hits = [
+                bool(flagged(res.decision_logits[j : j + 1], armed.threshold if t is None else t))
+                for j, t in enumerate(own)
+            ]
+            armed.own.update((rid, t) for rid, t in zip(done, own, strict=True) if t is not None)
         else:
             hits = flagged(res.decision_logits, armed.threshold).tolist()
         probs = None
-        for j, (rid, hit) in enumerate(zip(done, hits)):
+        for j, (rid, hit) in enumerate(zip(done, hits, strict=True)):
             i, req, _ = rows_of[rid]
             if not _own(req.settings, armed.name, "monitor", True):
                 armed.scores.records.pop(rid, None)  # opted out: its state is kept for the blocks, not its steps
                 continue
             if armed.notes is not None and req.sampled and not hit and rid not in armed.first:
                 probs = res.probs.tolist() if probs is None else probs
+                assert armed.scores.inputs is not None  # kept while the review log is on
                 armed.notes.seen(rid, armed.scores.steps(rid) - 1, probs[j], armed.scores.inputs[j])
             if hit and rid not in armed.first:
                 armed.first[rid] = step = armed.scores.steps(rid) - 1
                 if armed.notes is not None:
+                    assert armed.scores.inputs is not None  # kept while the review log is on
                     armed.notes.flagged(rid, step, armed.scores.inputs[j])
                 # a server ends a request whose activations turn NaN/inf whatever the action (its response is an
                 # error); monitor.generate records NaN steps as the Hugging Face loop does

@@ -22,17 +22,16 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from .._errors import TPCHooksError
 from ..head import _kernel
 from ..head._cascade import CascadeResult, thresholds
 from ..head._checks import prepare_activations
-from .._errors import TPCHooksError
 from ..head._history import History, TrainConfig
-from ..head._polynomial import TPC, Cost, check_int, Scaler
+from ..head._polynomial import TPC, Cost, Scaler, check_int
 from ._loop import default_device, f1_at_zero, train_loop
 from ._rows import split_data
 
 log = logging.getLogger(__name__)
-
 
 
 def _drop(h: Tensor, p: float, gen: torch.Generator | None) -> Tensor:
@@ -56,8 +55,9 @@ class _Baseline(nn.Module):
     def _prepare(self, z: Tensor) -> tuple[Tensor, torch.Size]:
         return prepare_activations(z, self.d_model, self.scaler.mean, promote=False)
 
-    def _outputs_std(self, zs: Float[Tensor, "n d_model"], dropout: float = 0.0,
-                     gen: torch.Generator | None = None) -> Float[Tensor, "n outputs"]:
+    def _outputs_std(
+        self, zs: Float[Tensor, "n d_model"], dropout: float = 0.0, gen: torch.Generator | None = None
+    ) -> Float[Tensor, "n outputs"]:
         raise NotImplementedError
 
     def standardize(self, z: Float[Tensor, "*batch d_model"]) -> Float[Tensor, "*batch d_model"]:
@@ -108,8 +108,9 @@ class BilinearProbe(_Baseline):
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, rank={self.rank}"
 
-    def _outputs_std(self, zs: Float[Tensor, "n d_model"], dropout: float = 0.0,
-                     gen: torch.Generator | None = None) -> Float[Tensor, "n 1"]:
+    def _outputs_std(
+        self, zs: Float[Tensor, "n d_model"], dropout: float = 0.0, gen: torch.Generator | None = None
+    ) -> Float[Tensor, "n 1"]:
         zs = zs.to(self.A.dtype)
         squares = _drop((zs @ self.A.T).square(), dropout, gen)
         return (self.bias + zs @ self.linear + squares.sum(-1))[:, None]
@@ -149,8 +150,9 @@ class MLPProbe(_Baseline):
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, hidden={self.hidden}"
 
-    def _outputs_std(self, zs: Float[Tensor, "n d_model"], dropout: float = 0.0,
-                     gen: torch.Generator | None = None) -> Float[Tensor, "n 1"]:
+    def _outputs_std(
+        self, zs: Float[Tensor, "n d_model"], dropout: float = 0.0, gen: torch.Generator | None = None
+    ) -> Float[Tensor, "n 1"]:
         zs = zs.to(self.out.weight.dtype)
         h = zs if self.inp is None else _drop(torch.relu(self.inp(zs)), dropout, gen)
         return self.out(h)
@@ -196,7 +198,7 @@ class EarlyExitMLP(_Baseline):
         super().__init__(d_model)
         self.widths = _check_widths(widths)
         dims = self._dims
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:], strict=False))
         self.heads = nn.ModuleList(nn.Linear(k, 1) for k in dims)
 
     @property
@@ -215,14 +217,19 @@ class EarlyExitMLP(_Baseline):
         if exit is None:
             return self.n_exits
         if isinstance(exit, bool) or not isinstance(exit, int) or not 1 <= exit <= self.n_exits:
-            raise TPCHooksError(f"exit must be an integer in 1..{self.n_exits} for this {self.n_exits}-exit MLP; got {exit!r}")
+            raise TPCHooksError(
+                f"exit must be an integer in 1..{self.n_exits} for this {self.n_exits}-exit MLP; got {exit!r}"
+            )
         return exit
 
-    def _outputs_std(self, zs: Float[Tensor, "n d_model"], dropout: float = 0.0,
-                     gen: torch.Generator | None = None) -> Float[Tensor, "n exits"]:
-        zs = zs.to(self.heads[0].weight.dtype)
+    def _outputs_std(
+        self, zs: Float[Tensor, "n d_model"], dropout: float = 0.0, gen: torch.Generator | None = None
+    ) -> Float[Tensor, "n exits"]:
+        first = self.heads[0]
+        assert isinstance(first, nn.Linear)  # every head is (a ModuleList's item is typed Module)
+        zs = zs.to(first.weight.dtype)
         outs, h = [self.heads[0](zs)], zs
-        for layer, head in zip(self.layers, self.heads[1:]):
+        for layer, head in zip(self.layers, self.heads[1:], strict=False):
             h = _drop(torch.relu(layer(h)), dropout, gen)
             outs.append(head(h))
         return torch.cat(outs, dim=-1)
@@ -325,8 +332,14 @@ def matched_early_exit_widths(head: TPC) -> list[int]:
 
 # ---------------------------------------------------------------------- cascade
 @torch.no_grad()
-def early_exit_cascade(model: EarlyExitMLP, z: Float[Tensor, "*batch d_model"], tau: float = 0.1, *,
-                       lower: float | None = None, upper: float | None = None) -> CascadeResult:
+def early_exit_cascade(
+    model: EarlyExitMLP,
+    z: Float[Tensor, "*batch d_model"],
+    tau: float = 0.1,
+    *,
+    lower: float | None = None,
+    upper: float | None = None,
+) -> CascadeResult:
     """Paper Alg. 1 over an :class:`EarlyExitMLP`'s exits: stop at the first exit whose
     probability is outside ``(lower, upper)`` (default ``(tau, 1 - tau)``, decided in logit space).
 
@@ -359,9 +372,12 @@ def early_exit_cascade(model: EarlyExitMLP, z: Float[Tensor, "*batch d_model"], 
         return s_n, s_n, None, None
 
     first = model.heads[0](state["h"]).squeeze(-1)
-    s, _, exit_order, flops, _ = _kernel.exit_loop(first, first, advance, model.n_exits, model.cascade_flops(), lower, upper)
-    return CascadeResult(logits=s, probs=torch.sigmoid(s), exit_order=exit_order, flops=flops, degree=model.n_exits,
-                         decision_logits=s)
+    s, _, exit_order, flops, _ = _kernel.exit_loop(
+        first, first, advance, model.n_exits, model.cascade_flops(), lower, upper
+    )
+    return CascadeResult(
+        logits=s, probs=torch.sigmoid(s), exit_order=exit_order, flops=flops, degree=model.n_exits, decision_logits=s
+    )
 
 
 # ---------------------------------------------------------------------- training
@@ -376,10 +392,21 @@ def _kind(kind: "str | type[_Baseline]") -> "type[_Baseline]":
     raise TPCHooksError(f"kind must be one of {sorted(BASELINES)} or their classes; got {kind!r}")
 
 
-def fit_baseline(kind: "str | type[_Baseline]", X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, *,
-                 config: TrainConfig | None = None, sweep: bool | dict[str, Sequence[float]] = False,
-                 val_fraction: float = 0.2, seed: int = 0, device: str | torch.device | None = None,
-                 verbose: bool = True, **kwargs: Any) -> "_Baseline":
+def fit_baseline(
+    kind: "str | type[_Baseline]",
+    X_train: Any,
+    y_train: Any,
+    X_val: Any = None,
+    y_val: Any = None,
+    *,
+    config: TrainConfig | None = None,
+    sweep: bool | dict[str, Sequence[float]] = False,
+    val_fraction: float = 0.2,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    verbose: bool = True,
+    **kwargs: Any,
+) -> "_Baseline":
     """Trains one of the paper's baselines on the BCE summed over its outputs.
 
     Every grid point starts from the same seeded initialisation; the one with the best
@@ -421,8 +448,10 @@ def fit_baseline(kind: "str | type[_Baseline]", X_train: Any, y_train: Any, X_va
     configs = replace(config or TrainConfig(), **train_kw).grid(sweep)
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "d_model"}
     if set(model_kw) - accepted:
-        raise TPCHooksError(f"{_KIND_NAMES[cls]} baseline got unknown argument(s) {sorted(set(model_kw) - accepted)}; it "
-                            f"takes {sorted(accepted)} and TrainConfig's fields {sorted(names)}")
+        raise TPCHooksError(
+            f"{_KIND_NAMES[cls]} baseline got unknown argument(s) {sorted(set(model_kw) - accepted)}; it "
+            f"takes {sorted(accepted)} and TrainConfig's fields {sorted(names)}"
+        )
     kind = _KIND_NAMES[cls]
     dev = default_device(device)
     tr, y_tr, va, y_va = split_data(X_train, y_train, X_val, y_val, val_fraction, seed)
@@ -445,8 +474,9 @@ def fit_baseline(kind: "str | type[_Baseline]", X_train: Any, y_train: Any, X_va
         drop_gen = torch.Generator(device=dev).manual_seed(seed * 7919 + trial)
         p = float(cfg.dropout)
 
-        def batch_loss(xb: Tensor, idx: Tensor, model: _Baseline = model, p: float = p,
-                       drop_gen: torch.Generator = drop_gen) -> Tensor:
+        def batch_loss(
+            xb: Tensor, idx: Tensor, model: _Baseline = model, p: float = p, drop_gen: torch.Generator = drop_gen
+        ) -> Tensor:
             out = model._outputs_std(xb, p, drop_gen)
             y = y_tr_d[idx.to(dev)][:, None].expand_as(out)
             return F.binary_cross_entropy_with_logits(out, y, reduction="none").mean(0).sum()
@@ -457,24 +487,54 @@ def fit_baseline(kind: "str | type[_Baseline]", X_train: Any, y_train: Any, X_va
             loss = F.binary_cross_entropy_with_logits(out, y, reduction="none").mean(0).sum()
             return float(loss), float(np.mean([f1_at_zero(out[:, j], y_va_d) for j in range(out.shape[1])]))
 
-        tags = {"degree": 1, "trial": trial, "lr_init": cfg.lr, "weight_decay": cfg.weight_decay, "dropout": cfg.dropout}
+        tags = {
+            "degree": 1,
+            "trial": trial,
+            "lr_init": cfg.lr,
+            "weight_decay": cfg.weight_decay,
+            "dropout": cfg.dropout,
+        }
         desc = kind + (f" trial {trial + 1}/{len(configs)}" if len(configs) > 1 else "")
-        res = train_loop(list(model.parameters()), batch_loss, evaluate, tr, model.scaler, cfg, dev, gen,
-                         desc=desc, verbose=verbose, records=history.records, tags=tags)
+        res = train_loop(
+            list(model.parameters()),
+            batch_loss,
+            evaluate,
+            tr,
+            model.scaler,
+            cfg,
+            dev,
+            gen,
+            desc=desc,
+            verbose=verbose,
+            records=history.records,
+            tags=tags,
+        )
         key = (-res["val_f1"], res["val_loss"])
         if best_key is None or key < best_key:
             best, best_key = model, key
-            history.selected = {1: {"val_f1": res["val_f1"], "val_loss": res["val_loss"], "trial": trial,
-                                    "best_epoch": res["epoch"], "lr": cfg.lr, "weight_decay": cfg.weight_decay,
-                                    "dropout": cfg.dropout}}
+            history.selected = {
+                1: {
+                    "val_f1": res["val_f1"],
+                    "val_loss": res["val_loss"],
+                    "trial": trial,
+                    "best_epoch": res["epoch"],
+                    "lr": cfg.lr,
+                    "weight_decay": cfg.weight_decay,
+                    "dropout": cfg.dropout,
+                }
+            }
+    assert best is not None  # the grid has at least one config
     best.history = history
     return best.eval()
 
 
 fit_bilinear = functools.partial(fit_baseline, "bilinear")
-fit_bilinear.__doc__ = "``fit_baseline(\"bilinear\", X_train, y_train, X_val, y_val, rank=..., ...)``: a :class:`BilinearProbe`."
+fit_bilinear.__doc__ = (
+    '``fit_baseline("bilinear", X_train, y_train, X_val, y_val, rank=..., ...)``: a :class:`BilinearProbe`.'
+)
 fit_mlp = functools.partial(fit_baseline, "mlp")
-fit_mlp.__doc__ = "``fit_baseline(\"mlp\", X_train, y_train, X_val, y_val, hidden=..., ...)``: an :class:`MLPProbe`."
+fit_mlp.__doc__ = '``fit_baseline("mlp", X_train, y_train, X_val, y_val, hidden=..., ...)``: an :class:`MLPProbe`.'
 fit_early_exit = functools.partial(fit_baseline, "early_exit")
-fit_early_exit.__doc__ = ("``fit_baseline(\"early_exit\", X_train, y_train, X_val, y_val, widths=..., ...)``: an "
-                          ":class:`EarlyExitMLP`.")
+fit_early_exit.__doc__ = (
+    '``fit_baseline("early_exit", X_train, y_train, X_val, y_val, widths=..., ...)``: an :class:`EarlyExitMLP`.'
+)

@@ -7,14 +7,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from .._errors import TPCHooksError
 from ..head import _kernel
 from ..head._checks import check_labels
-from .._errors import TPCHooksError
 from ..head._metrics import classification_metrics
 from ..head._polynomial import TPC, Cost
-from ._baselines import fit_baseline, matched_early_exit_widths, matched_mlp_width
+from ._baselines import _Baseline, fit_baseline, matched_early_exit_widths, matched_mlp_width
 from ._fit import fit
 from ._loop import default_device
 from ._rows import Rows, as_rows
@@ -46,7 +46,9 @@ def fit_linear(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None,
         1
     """
     if "degree" in kw:
-        raise TPCHooksError(f"fit_linear always fits degree 1; got degree={kw['degree']!r} (use tpc_hooks.fit for more)")
+        raise TPCHooksError(
+            f"fit_linear always fits degree 1; got degree={kw['degree']!r} (use tpc_hooks.fit for more)"
+        )
     return fit(X_train, y_train, X_val, y_val, degree=1, **kw)
 
 
@@ -76,8 +78,15 @@ class Comparison:
         for method, model in self.models.items():
             for order, cost, logits in _scored(method, model, data, dev):
                 m = classification_metrics(y_t, logits)
-                rows.append({"method": method, "order": order, "params": cost.params, "flops": cost.flops,
-                             **{k: m[k] for k in _METRICS}})
+                rows.append(
+                    {
+                        "method": method,
+                        "order": order,
+                        "params": cost.params,
+                        "flops": cost.flops,
+                        **{k: m[k] for k in _METRICS},
+                    }
+                )
         return rows
 
     @torch.no_grad()
@@ -87,8 +96,11 @@ class Comparison:
         first = next(iter(self.models.values()))
         data = as_rows(X, "X", (first[0] if isinstance(first, list) else first).d_model)
         dev = default_device(device)
-        return {(method, order): logits.double().numpy() for method, model in self.models.items()
-                for order, _, logits in _scored(method, model, data, dev)}
+        return {
+            (method, order): logits.double().numpy()
+            for method, model in self.models.items()
+            for order, _, logits in _scored(method, model, data, dev)
+        }
 
     def to_dataframe(self):
         """The rows as a pandas DataFrame (needs pandas)."""
@@ -102,7 +114,7 @@ class Comparison:
         fmt = [f"{v:.{digits}f}" if isinstance(v, float) else str(v) for r in self.rows for v in (r[c] for c in cols)]
         lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
         for i in range(0, len(fmt), len(cols)):
-            lines.append("| " + " | ".join(fmt[i:i + len(cols)]) + " |")
+            lines.append("| " + " | ".join(fmt[i : i + len(cols)]) + " |")
         return "\n".join(lines)
 
 
@@ -112,7 +124,7 @@ _TPC_KW = _BASELINE_KW + ("Cs", "max_iter", "linear_solver") + _ROBUST_KW
 
 
 @torch.no_grad()
-def _test_logits(model: nn.Module, test: Rows, dev: torch.device, fn: Callable[[Tensor], Tensor]) -> Tensor:
+def _test_logits(model: TPC | _Baseline, test: Rows, dev: torch.device, fn: Callable[[Tensor], Tensor]) -> Tensor:
     return test.map(model.scaler, dev, lambda zs: fn(zs).reshape(zs.shape[0], -1)).cpu()
 
 
@@ -130,9 +142,22 @@ def _scored(method: str, model: Any, data: Rows, dev: torch.device) -> list[tupl
     return [(n, model.cost(n), s[:, n - 1]) for n in range(1, model.n_exits + 1)]
 
 
-def compare(X_train: Any, y_train: Any, X_val: Any, y_val: Any, X_test: Any, y_test: Any, *, degree: int = 5,
-            rank: int | Sequence[int] = 64, methods: Sequence[str] = METHODS, seed: int = 0,
-            device: str | torch.device | None = None, verbose: bool = True, **train_kw: Any) -> Comparison:
+def compare(
+    X_train: Any,
+    y_train: Any,
+    X_val: Any,
+    y_val: Any,
+    X_test: Any,
+    y_test: Any,
+    *,
+    degree: int = 5,
+    rank: int | Sequence[int] = 64,
+    methods: Sequence[str] = METHODS,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    verbose: bool = True,
+    **train_kw: Any,
+) -> Comparison:
     """Trains the TPC and the paper's baselines on one split and scores every order on the test set.
 
     Rows: ``"tpc"``/``"tpc_paper"``/``"tpc_joint"`` (progressive TPC with the default robust
@@ -189,21 +214,34 @@ def compare(X_train: Any, y_train: Any, X_val: Any, y_val: Any, X_test: Any, y_t
     for method in dict.fromkeys(methods):
         log.info("compare: training %s", method)
         if method in ("tpc", "tpc_paper", "tpc_joint", "linear"):
-            kw = {"degree": degree, "rank": rank, "mode": "joint" if method == "tpc_joint" else "progressive"}
+            kw: dict[str, Any] = {
+                "degree": degree,
+                "rank": rank,
+                "mode": "joint" if method == "tpc_joint" else "progressive",
+            }
             if method == "tpc_paper":
                 kw["recipe"] = "paper"
             own = {k: v for k, v in tpc_kw.items() if method == "tpc" or k not in _ROBUST_KW}
-            out.models[method] = fit_linear(*data, **own) if method == "linear" else fit(*data, **kw, **own)
+            out.models[method] = fit_linear(*data, **own) if method == "linear" else fit(*data, **(kw | own))
         elif method == "bilinear":
-            out.models[method] = fit_baseline("bilinear", *data, rank=shell.ranks[0] if shell.ranks else rank, **base_kw)
+            out.models[method] = fit_baseline(
+                "bilinear", *data, rank=shell.ranks[0] if shell.ranks else rank, **base_kw
+            )
         elif method == "mlp":
-            out.models[method] = [fit_baseline("mlp", *data, hidden=matched_mlp_width(shell, n), **base_kw)
-                                  for n in range(1, degree + 1)]
+            out.models[method] = [
+                fit_baseline("mlp", *data, hidden=matched_mlp_width(shell, n), **base_kw) for n in range(1, degree + 1)
+            ]
         else:
             out.models[method] = fit_baseline("early_exit", *data, widths=matched_early_exit_widths(shell), **base_kw)
         for order, cost, logits in _scored(method, out.models[method], test, dev):
             m = classification_metrics(y_te, logits)
-            out.rows.append({"method": method, "order": order, "params": cost.params, "flops": cost.flops,
-                             **{k: m[k] for k in _METRICS}})
+            out.rows.append(
+                {
+                    "method": method,
+                    "order": order,
+                    "params": cost.params,
+                    "flops": cost.flops,
+                    **{k: m[k] for k in _METRICS},
+                }
+            )
     return out
-

@@ -59,8 +59,9 @@ def worst_per_order(monitor: Any, X: Any, y: Any, groups: Any, decision: str = "
     return out
 
 
-def cascade_sweep(monitor: Any, X: Any, y: Any, decision: str = "max",
-                  taus: Sequence[float] = SWEEP_TAUS) -> list[dict[str, Any]]:
+def cascade_sweep(
+    monitor: Any, X: Any, y: Any, decision: str = "max", taus: Sequence[float] = SWEEP_TAUS
+) -> list[dict[str, Any]]:
     """The monitor's cascade at each ``tau``: F1, accuracy, recall, false-rejection rate, mean
     FLOPs (a per-token monitor: per scored token) relative to the linear probe's, and how many
     rows (tokens) exit at each order. Empty without a cascade."""
@@ -84,16 +85,35 @@ def cascade_sweep(monitor: Any, X: Any, y: Any, decision: str = "max",
         f = torch.cat(flops)
         mean = f.mean().item() if len(f) else 0.0
         hist = np.bincount(torch.cat(exits).numpy(), minlength=degree + 1)[1:].tolist()
-        rows.append({"tau": tau, "f1": m["f1"], "accuracy": m["accuracy"], "recall": m["recall"], "frr": m["frr"],
-                     "mean_flops": mean, "relative_flops": mean / base, "exit_histogram": hist})
+        rows.append(
+            {
+                "tau": tau,
+                "f1": m["f1"],
+                "accuracy": m["accuracy"],
+                "recall": m["recall"],
+                "frr": m["frr"],
+                "mean_flops": mean,
+                "relative_flops": mean / base,
+                "exit_histogram": hist,
+            }
+        )
     return rows
 
 
 EARN_Z = 2.0  # a higher order is kept when it flags significantly more harmful validation rows (a paired sign test)
 
 
-def earned_order(monitor: Any, X: Any, y: Any, fpr: float, decision: str = "max", counted: Any = None,
-                 z: float = EARN_Z, benign: Any = None, groups: Any = None) -> tuple[int, list[dict[str, Any]]]:
+def earned_order(
+    monitor: Any,
+    X: Any,
+    y: Any,
+    fpr: float,
+    decision: str = "max",
+    counted: Any = None,
+    z: float = EARN_Z,
+    benign: Any = None,
+    groups: Any = None,
+) -> tuple[int, list[dict[str, Any]]]:
     """The highest truncation order that earns its terms at the operating point and holds the floor
     of order 1 (the linear probe) on every group, and the table.
 
@@ -136,9 +156,16 @@ def earned_order(monitor: Any, X: Any, y: Any, fpr: float, decision: str = "max"
         hits.append(every[-1][harmful])
         gained = int((hits[-1] & ~hits[kept - 1]).sum())
         lost = int((hits[kept - 1] & ~hits[-1]).sum())
-        row = {"order": n, "flagged_harmful": int(hits[-1].sum()), "n_harmful": n_h,
-               "recall": float(hits[-1].mean()) if n_h else float("nan"),
-               "flagged_benign": int(every[-1][ref].sum()), "n_benign": n_b, "gained": gained, "lost": lost}
+        row: dict[str, Any] = {
+            "order": n,
+            "flagged_harmful": int(hits[-1].sum()),
+            "n_harmful": n_h,
+            "recall": float(hits[-1].mean()) if n_h else float("nan"),
+            "flagged_benign": int(every[-1][ref].sum()),
+            "n_benign": n_b,
+            "gained": gained,
+            "lost": lost,
+        }
         if g is not None:
             at = {name: (g == name) & (y == 1) for name in dict.fromkeys(g[y == 1].tolist())}
             row["by_group"] = {name: [int(every[-1][m].sum()), int(m.sum())] for name, m in at.items()}

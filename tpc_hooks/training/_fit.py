@@ -2,8 +2,7 @@
 
 import copy
 import logging
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,20 +11,33 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..head import _kernel
 from .._errors import TPCHooksError
+from ..head import _kernel
 from ..head._history import FitConfig, History, TrainConfig
 from ..head._polynomial import TPC
 from ._loop import Draws, default_device, loss_and_f1, train_loop
 from ._probe import fit_probe
 from ._rows import Rows, as_rows, split_data
+from ._shrink import fit_order_scale
 
 log = logging.getLogger(__name__)
 
 
-def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config: FitConfig | None = None, *,
-        init: TPC | None = None, val_groups: Any = None, X_unlabelled: Any = None, pairs: Any = None,
-        device: str | torch.device | None = None, verbose: bool = True, **settings: Any) -> TPC:
+def fit(
+    X_train: Any,
+    y_train: Any,
+    X_val: Any = None,
+    y_val: Any = None,
+    config: FitConfig | None = None,
+    *,
+    init: TPC | None = None,
+    val_groups: Any = None,
+    X_unlabelled: Any = None,
+    pairs: Any = None,
+    device: str | torch.device | None = None,
+    verbose: bool = True,
+    **settings: Any,
+) -> TPC:
     """Trains a TPC on activations ``X`` [n, d_model] and binary labels ``y`` (1 = harmful).
 
     ``mode="progressive"`` (the paper's method): degree 1 is scikit-learn's
@@ -80,8 +92,9 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
     """
     cfg = FitConfig.from_options(config, settings)
     dev = default_device(device)
-    tr, y_tr, va, y_va = split_data(X_train, y_train, X_val, y_val, cfg.val_fraction, cfg.seed,
-                                    None if init is None else init.d_model, dev)
+    tr, y_tr, va, y_va = split_data(
+        X_train, y_train, X_val, y_val, cfg.val_fraction, cfg.seed, None if init is None else init.d_model, dev
+    )
     tr.chunk_rows = va.chunk_rows = cfg.chunk_rows
     groups = _groups(val_groups, va.n, X_val is not None)
     unl = _unlabelled(X_unlabelled, tr.d, cfg, dev)
@@ -99,14 +112,26 @@ def fit(X_train: Any, y_train: Any, X_val: Any = None, y_val: Any = None, config
         history.selected[head.degree] = train.joint()
     else:
         if init is None:
-            history.selected[1] = fit_probe(head, tr, y_tr, va, y_va, cfg.Cs, cfg.max_iter, cfg.linear_solver, dev,
-                                            history.records, cfg.probe_metric)
+            assert cfg.Cs is not None  # resolved() fills Cs
+            history.selected[1] = fit_probe(
+                head,
+                tr,
+                y_tr,
+                va,
+                y_va,
+                cfg.Cs,
+                cfg.max_iter,
+                cfg.linear_solver,
+                dev,
+                history.records,
+                cfg.probe_metric,
+            )
             log.info("degree 1: C=%s, val F1 %.4f", history.selected[1]["C"], history.selected[1]["val_f1"])
         for k in range(2 if init is None else init.degree + 1, head.degree + 1):
-            prefix = train.prefix(k)          # the frozen truncation below, computed once
+            prefix = train.prefix(k)  # the frozen truncation below, computed once
             chosen = train.degree(k, prefix)  # every grid point trained; the best kept
             if cfg.trust_region:
-                train.bound([k])              # the trust region from the training rows
+                train.bound([k])  # the trust region from the training rows
             if cfg.shrink:
                 chosen.update(train.shrink(k, prefix))
             history.selected[k] = chosen
@@ -165,8 +190,10 @@ def _pairs(pairs: Any, given: bool, tr: Rows, y: Tensor, cfg: FitConfig, device:
         raise TPCHooksError("pairs need the training rows in memory (an array or tensor), not an ActivationStore")
     arr = np.asarray(pairs)
     if arr.ndim != 2 or arr.shape[1] != 2 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.integer):
-        raise TPCHooksError(f"pairs must be a non-empty [m, 2] array of integer row indices; got shape {arr.shape} "
-                            f"and dtype {arr.dtype}")
+        raise TPCHooksError(
+            f"pairs must be a non-empty [m, 2] array of integer row indices; got shape {arr.shape} "
+            f"and dtype {arr.dtype}"
+        )
     if arr.min() < 0 or arr.max() >= tr.n:
         raise TPCHooksError(f"pairs index rows 0..{tr.n - 1} of X_train; got {int(arr.min())}..{int(arr.max())}")
     yy = y.numpy()
@@ -192,7 +219,9 @@ def _extend(init: TPC, cfg: FitConfig) -> tuple[TPC, History, FitConfig]:
     if cfg.mode != "progressive":
         raise TPCHooksError("init= extends a head progressively; it cannot be combined with mode='joint'")
     if cfg.degree < init.degree:
-        raise TPCHooksError(f"degree={cfg.degree} is below init's degree {init.degree}; truncate with head(z, order=n) instead")
+        raise TPCHooksError(
+            f"degree={cfg.degree} is below init's degree {init.degree}; truncate with head(z, order=n) instead"
+        )
     extra = cfg.degree - init.degree
     ranks = list(init.ranks) + ([cfg.rank] * extra if isinstance(cfg.rank, int) else list(cfg.rank))
     with torch.random.fork_rng(devices=[]):
@@ -201,14 +230,18 @@ def _extend(init: TPC, cfg: FitConfig) -> tuple[TPC, History, FitConfig]:
     for k in init.degrees:
         b = init.bounds(k)
         setattr(head, f"bounds_{k}", None if b is None else b.detach().clone())
-    if init.degree > 1 and ((cfg.trust_region is not None and bool(cfg.trust_region) != init.has_bounds)
-                            or (cfg.gate is not None and bool(cfg.gate) != init.gate)):
-        raise TPCHooksError(f"init= keeps init's trust_region={init.has_bounds} and gate={init.gate} (changing them "
-                            "would change its truncations); leave trust_region and gate unset")
+    if init.degree > 1 and (
+        (cfg.trust_region is not None and bool(cfg.trust_region) != init.has_bounds)
+        or (cfg.gate is not None and bool(cfg.gate) != init.gate)
+    ):
+        raise TPCHooksError(
+            f"init= keeps init's trust_region={init.has_bounds} and gate={init.gate} (changing them "
+            "would change its truncations); leave trust_region and gate unset"
+        )
     if cfg.escalate_only and not init.escalate_only:
         raise TPCHooksError("init= keeps init's escalate_only=False (changing it would change its truncations)")
-    kept = {"trust_region": init.has_bounds} if init.degree > 1 else {}
-    cfg = replace(cfg, gate=init.gate, escalate_only=init.escalate_only, **kept).resolved()
+    trust_region = init.has_bounds if init.degree > 1 else cfg.trust_region
+    cfg = replace(cfg, gate=init.gate, escalate_only=init.escalate_only, trust_region=trust_region).resolved()
     history = copy.deepcopy(init.history) if isinstance(init.history, History) else History(mode="progressive")
     return head, history, cfg
 
@@ -224,11 +257,31 @@ def _init_degree(head: TPC, k: int, seed: int) -> None:
 class _Trainer:
     """The steps of progressive (and joint) training on one head and one split."""
 
-    def __init__(self, head: TPC, tr: Rows, y_tr: Tensor, va: Rows, y_va: Tensor, cfg: FitConfig, device: torch.device,
-                 verbose: bool, records: list[dict[str, Any]], groups: list[Tensor] | None = None,
-                 unlabelled: Rows | None = None, pairs: Tensor | None = None):
+    def __init__(
+        self,
+        head: TPC,
+        tr: Rows,
+        y_tr: Tensor,
+        va: Rows,
+        y_va: Tensor,
+        cfg: FitConfig,
+        device: torch.device,
+        verbose: bool,
+        records: list[dict[str, Any]],
+        groups: list[Tensor] | None = None,
+        unlabelled: Rows | None = None,
+        pairs: Tensor | None = None,
+    ):
         self.unlabelled, self.pairs = unlabelled, pairs
-        self.head, self.tr, self.va, self.cfg, self.device, self.verbose, self.records = head, tr, va, cfg, device, verbose, records
+        self.head, self.tr, self.va, self.cfg, self.device, self.verbose, self.records = (
+            head,
+            tr,
+            va,
+            cfg,
+            device,
+            verbose,
+            records,
+        )
         self.groups = None if groups is None else [g.to(device) for g in groups]
         self.y_tr, self.y_va = y_tr.to(device), y_va.to(device)
         self.configs = cfg.train_config().grid(cfg.sweep)
@@ -236,7 +289,10 @@ class _Trainer:
     @torch.no_grad()
     def prefix(self, k: int) -> tuple[Tensor, Tensor]:
         """The frozen truncation ``P_{:k-1}``'s logits on the training and validation rows."""
-        fn = lambda x: _kernel.logits(self.head, x, k - 1)
+
+        def fn(x):
+            return _kernel.logits(self.head, x, k - 1)
+
         return self.tr.map(self.head.scaler, self.device, fn), self.va.map(self.head.scaler, self.device, fn)
 
     def _scored(self, s: Tensor) -> tuple[float, float]:
@@ -260,46 +316,45 @@ class _Trainer:
         best_params = None
         for trial, tc in enumerate(configs):
             _init_degree(head, k, cfg.seed)
-            gen = torch.Generator().manual_seed(cfg.seed * 7919 + k * 31 + trial)
-            gen_u = torch.Generator().manual_seed(cfg.seed * 7919 + k * 31 + trial + 1)  # labelled batches unchanged
-            # an epoch's draws at once, after its shuffle (streamed rows shuffle per chunk: drawn per batch there)
-            drop = Draws(lambda g, n: torch.rand(n, generator=g), gen, self.tr.n if self.tr.std is not None else 0, device)
-            unl = self.unlabelled.std if self.unlabelled is not None else None
-            pick_u = None if unl is None else Draws(lambda g, n: torch.randint(unl.shape[0], (n,), generator=g), gen_u,
-                                                    self.tr.n, unl.device)
-            pairs = self.pairs
-            pick_p = None if pairs is None else Draws(lambda g, n: torch.randint(pairs.shape[0], (n,), generator=g),
-                                                     torch.Generator().manual_seed(cfg.seed * 7919 + k * 31 + trial + 2),
-                                                     self.tr.n, device)
-
-            def batch_loss(xb: Tensor, idx: Tensor, tc: TrainConfig = tc, drop: Draws = drop,
-                           pick_u: Draws | None = pick_u, pick_p: Draws | None = pick_p) -> Tensor:
-                idx = idx.to(device)
-                prefix = prefix_tr[idx]
-                if tc.dropout > 0:
-                    keep = (drop.take(idx.shape[0]) >= tc.dropout).to(prefix.dtype)
-                    prefix = prefix * keep / (1 - tc.dropout)
-                loss = F.binary_cross_entropy_with_logits(prefix + _kernel.term(head, xb, k, clip=False)[0], self.y_tr[idx])
-                if pick_u is not None:
-                    loss = loss + cfg.consistency * _kernel.term(head, unl[pick_u.take(xb.shape[0])], k,
-                                                                 clip=False)[0].square().mean()
-                if pick_p is not None:
-                    p = pairs[pick_p.take(xb.shape[0])].reshape(-1)  # harmful, counterpart, harmful, ...
-                    s = (prefix_tr[p] + _kernel.term(head, self.tr.std[p], k, clip=False)[0]).view(-1, 2)
-                    loss = loss + cfg.contrast * F.softplus(s[:, 1] - s[:, 0]).mean()
-                return loss + tc.l1 * U.abs().sum() if tc.l1 else loss
+            gen, drop, pick_u, pick_p = self._trial_draws(k, trial)
+            batch_loss = self._degree_loss(k, tc, prefix_tr, drop, pick_u, pick_p)
 
             def evaluate() -> tuple[float, float]:
                 return self._scored(prefix_va + self._val_term(k))
 
-            tags = {"degree": k, "trial": trial, "lr_init": tc.lr, "weight_decay": tc.weight_decay, "dropout": tc.dropout}
+            tags = {
+                "degree": k,
+                "trial": trial,
+                "lr_init": tc.lr,
+                "weight_decay": tc.weight_decay,
+                "dropout": tc.dropout,
+            }
             desc = f"degree {k}" + (f" trial {trial + 1}/{len(configs)}" if len(configs) > 1 else "")
-            res = train_loop([U, lam], batch_loss, evaluate, self.tr, head.scaler, tc, device, gen,
-                             desc=desc, verbose=self.verbose, records=self.records, tags=tags)
+            res = train_loop(
+                [U, lam],
+                batch_loss,
+                evaluate,
+                self.tr,
+                head.scaler,
+                tc,
+                device,
+                gen,
+                desc=desc,
+                verbose=self.verbose,
+                records=self.records,
+                tags=tags,
+            )
             if best is None or (-res["val_f1"], res["val_loss"]) < (-best["val_f1"], best["val_loss"]):
-                best = {**res, "trial": trial, "best_epoch": res["epoch"], "lr": tc.lr,
-                        "weight_decay": tc.weight_decay, "dropout": tc.dropout}
+                best = {
+                    **res,
+                    "trial": trial,
+                    "best_epoch": res["epoch"],
+                    "lr": tc.lr,
+                    "weight_decay": tc.weight_decay,
+                    "dropout": tc.dropout,
+                }
                 best_params = (U.detach().clone(), lam.detach().clone())
+        assert best is not None and best_params is not None  # the grid has at least one config
         with torch.no_grad():
             U.copy_(best_params[0])
             lam.copy_(best_params[1])
@@ -307,6 +362,76 @@ class _Trainer:
         lam.requires_grad_(False)
         best.pop("epoch", None)
         return best
+
+    def _trial_draws(self, k: int, trial: int) -> tuple[torch.Generator, Draws, Draws | None, Draws | None]:
+        """One trial's seeded randomness for degree ``k``: the generator of the batch order, the
+        prefix-dropout draws, and the draws of unlabelled rows and of harmful / counterpart pairs
+        (None where there are none)."""
+        cfg, device = self.cfg, self.device
+        gen = torch.Generator().manual_seed(cfg.seed * 7919 + k * 31 + trial)
+        gen_u = torch.Generator().manual_seed(cfg.seed * 7919 + k * 31 + trial + 1)  # labelled batches unchanged
+        # an epoch's draws at once, after its shuffle (streamed rows shuffle per chunk: drawn per batch there)
+        drop = Draws(lambda g, n: torch.rand(n, generator=g), gen, self.tr.n if self.tr.std is not None else 0, device)
+        unl = self.unlabelled.std if self.unlabelled is not None else None
+        pick_u: Draws | None = None
+        if unl is not None:
+
+            def draw_u(g: torch.Generator, n: int) -> Tensor:
+                return torch.randint(unl.shape[0], (n,), generator=g)
+
+            pick_u = Draws(draw_u, gen_u, self.tr.n, unl.device)
+        pairs = self.pairs
+        pick_p: Draws | None = None
+        if pairs is not None:
+
+            def draw_p(g: torch.Generator, n: int) -> Tensor:
+                return torch.randint(pairs.shape[0], (n,), generator=g)
+
+            pick_p = Draws(
+                draw_p, torch.Generator().manual_seed(cfg.seed * 7919 + k * 31 + trial + 2), self.tr.n, device
+            )
+        return gen, drop, pick_u, pick_p
+
+    def _degree_loss(
+        self,
+        k: int,
+        tc: TrainConfig,
+        prefix_tr: Tensor,
+        drop: Draws,
+        pick_u: Draws | None,
+        pick_p: Draws | None,
+    ) -> Callable[[Tensor, Tensor], Tensor]:
+        """The loss of degree ``k``'s term on a training batch at grid point ``tc``: the BCE of the
+        frozen prefix (each row's dropped at ``tc.dropout``) plus the term, the consistency penalty on
+        unlabelled rows (``pick_u``), the contrast of harmful / counterpart pairs (``pick_p``) and the
+        L1 penalty on ``U_k``."""
+        head, cfg, device = self.head, self.cfg, self.device
+        U = head.factors[str(k)]
+        unl = self.unlabelled.std if self.unlabelled is not None else None
+        pairs = self.pairs
+
+        def batch_loss(xb: Tensor, idx: Tensor) -> Tensor:
+            idx = idx.to(device)
+            prefix = prefix_tr[idx]
+            if tc.dropout > 0:
+                keep = (drop.take(idx.shape[0]) >= tc.dropout).to(prefix.dtype)
+                prefix = prefix * keep / (1 - tc.dropout)
+            loss = F.binary_cross_entropy_with_logits(prefix + _kernel.term(head, xb, k, clip=False)[0], self.y_tr[idx])
+            if pick_u is not None:
+                assert unl is not None  # pick_u draws the unlabelled rows
+                loss = (
+                    loss
+                    + cfg.consistency
+                    * _kernel.term(head, unl[pick_u.take(xb.shape[0])], k, clip=False)[0].square().mean()
+                )
+            if pick_p is not None:
+                assert pairs is not None and self.tr.std is not None  # pairs need the training rows in memory
+                p = pairs[pick_p.take(xb.shape[0])].reshape(-1)  # harmful, counterpart, harmful, ...
+                s = (prefix_tr[p] + _kernel.term(head, self.tr.std[p], k, clip=False)[0]).view(-1, 2)
+                loss = loss + cfg.contrast * F.softplus(s[:, 1] - s[:, 0]).mean()
+            return loss + tc.l1 * U.abs().sum() if tc.l1 else loss
+
+        return batch_loss
 
     @torch.no_grad()
     def bound(self, degrees: Sequence[int]) -> None:
@@ -317,19 +442,22 @@ class _Trainer:
                 p = _kernel.project(self.head, x, k)[0]
                 lo = p.min(0).values if lo is None else torch.minimum(lo, p.min(0).values)
                 hi = p.max(0).values if hi is None else torch.maximum(hi, p.max(0).values)
+            assert lo is not None and hi is not None  # the training rows are not empty
             self.head.put_bounds(k, lo, hi, self.cfg.margin)
 
     @torch.no_grad()
     def shrink(self, k: int, prefix: tuple[Tensor, Tensor]) -> dict[str, float]:
         """Scales ``lambda_k`` by the grid scale with the lowest validation loss."""
-        scale, loss = _fit_order_scale(prefix[1], self._val_term(k), self.y_va, self.groups, self.cfg.group_rule)
+        scale, loss = fit_order_scale(prefix[1], self._val_term(k), self.y_va, self.groups, self.cfg.group_rule)
         self.head.lambdas[str(k)].mul_(scale)
         return {"scale": scale, "val_loss_scaled": loss}
 
     def joint(self) -> dict[str, Any]:
         """All terms trained together on the full polynomial's loss (the paper's ablation)."""
         head, cfg, device = self.head, self.cfg, self.device
-        params = [head.bias, head.linear] + [p for k in head.degrees for p in (head.factors[str(k)], head.lambdas[str(k)])]
+        params = [head.bias, head.linear] + [
+            p for k in head.degrees for p in (head.factors[str(k)], head.lambdas[str(k)])
+        ]
         for p in params:
             p.requires_grad_(True)
         best, best_params = None, None
@@ -342,66 +470,41 @@ class _Trainer:
             gen = torch.Generator().manual_seed(cfg.seed * 7919 + trial)
 
             def batch_loss(xb: Tensor, idx: Tensor) -> Tensor:
-                return F.binary_cross_entropy_with_logits(_kernel.logits(head, xb, head.degree), self.y_tr[idx.to(device)])
+                return F.binary_cross_entropy_with_logits(
+                    _kernel.logits(head, xb, head.degree), self.y_tr[idx.to(device)]
+                )
 
             def evaluate() -> tuple[float, float]:
                 s = self.va.map(head.scaler, device, lambda x: _kernel.logits(head, x, head.degree))
                 return loss_and_f1(s, self.y_va)
 
-            tags = {"degree": head.degree, "trial": trial, "lr_init": tc.lr, "weight_decay": tc.weight_decay, "dropout": 0.0}
-            res = train_loop(params, batch_loss, evaluate, self.tr, head.scaler, tc, device, gen, desc="joint",
-                             verbose=self.verbose, records=self.records, tags=tags)
+            tags = {
+                "degree": head.degree,
+                "trial": trial,
+                "lr_init": tc.lr,
+                "weight_decay": tc.weight_decay,
+                "dropout": 0.0,
+            }
+            res = train_loop(
+                params,
+                batch_loss,
+                evaluate,
+                self.tr,
+                head.scaler,
+                tc,
+                device,
+                gen,
+                desc="joint",
+                verbose=self.verbose,
+                records=self.records,
+                tags=tags,
+            )
             if best is None or (-res["val_f1"], res["val_loss"]) < (-best["val_f1"], best["val_loss"]):
                 best = {**res, "trial": trial, "best_epoch": res["epoch"], "lr": tc.lr, "weight_decay": tc.weight_decay}
                 best_params = [p.detach().clone() for p in params]
+        assert best is not None and best_params is not None  # the grid has at least one config
         with torch.no_grad():
-            for p, s in zip(params, best_params):
+            for p, s in zip(params, best_params, strict=True):
                 p.copy_(s)
         best.pop("epoch", None)
         return best
-
-
-SHRINK_GRID = tuple(i / 20 for i in range(21))
-
-
-HURT_Z = 2.0  # a group is hurt when its mean change in loss is this many standard errors above 0
-
-
-def _fit_order_scale(prefix: Tensor, term: Tensor, y: Tensor, groups: Sequence[Tensor] | None = None,
-                     rule: str = "balanced") -> tuple[float, float]:
-    """The per-order scale ``s`` in ``SHRINK_GRID`` (0, 0.05, ..., 1) that minimises the validation
-    BCE of ``prefix + s * term`` (ties: the smaller ``s``). ``s = 0`` is the lower truncation.
-
-    With ``groups`` (index tensors) and ``rule="balanced"``, ``s`` minimises the mean of the groups'
-    BCEs among the scales that hurt no group: a group is hurt when the mean of its rows' change in
-    BCE over ``s = 0`` is more than :data:`HURT_Z` standard errors above 0 (a paired test on the
-    same rows). With ``rule="worst"``, ``s`` minimises the worst group's change in BCE over
-    ``s = 0``, so a scale above 0 is kept only where it lowers every group's loss. The pooled BCE
-    at ``s`` is returned."""
-    if groups is not None and rule == "balanced":
-        grid = torch.tensor(SHRINK_GRID, dtype=prefix.dtype, device=prefix.device)[:, None]
-        rows = F.binary_cross_entropy_with_logits(prefix + grid * term, y.expand(len(SHRINK_GRID), -1), reduction="none")
-        change = rows - rows[:1]  # [scale, row]: each row's change in BCE over s = 0
-        hurt = torch.stack([change[:, g].mean(1) > HURT_Z * _stderr(change[:, g]) for g in groups]).any(0)
-        loss = torch.where(hurt, math.inf, torch.stack([rows[:, g].mean(1) for g in groups]).mean(0)).tolist()
-        i = min(range(len(SHRINK_GRID)), key=lambda i: (round(loss[i], 12), i))  # s = 0 is never hurt
-        return SHRINK_GRID[i], float(rows[i].mean())
-    # every (scale, group) loss in one read back to the host
-    parts = [slice(None)] + ([] if groups is None else list(groups))
-    table = torch.stack([torch.stack([F.binary_cross_entropy_with_logits(prefix[g] + s * term[g], y[g]) for g in parts])
-                         for s in SHRINK_GRID]).tolist()  # [scale][pooled, group...]
-    if groups is not None:
-        base = table[0][1:]  # SHRINK_GRID[0] == 0
-        regret = [(max(row[1 + j] - b for j, b in enumerate(base)), s) for s, row in zip(SHRINK_GRID, table)]
-        i = min(range(len(regret)), key=lambda i: (round(regret[i][0], 12), regret[i][1]))
-        return SHRINK_GRID[i], table[i][0]
-    best = (math.inf, 0.0)
-    for s, row in zip(SHRINK_GRID, table):
-        if row[0] < best[0] - 1e-12:
-            best = (row[0], s)
-    return best[1], best[0]
-
-
-def _stderr(x: Tensor) -> Tensor:
-    """The standard error of the mean of each row of ``x`` [scale, n] (0 for a single column)."""
-    return x.std(1) / math.sqrt(x.shape[1]) if x.shape[1] > 1 else torch.zeros_like(x[:, 0])

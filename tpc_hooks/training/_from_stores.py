@@ -13,6 +13,7 @@ from ..monitoring._calibrate import everyday_rows
 from ..monitoring._monitor_config import MonitorConfig
 from ..prompts._sets import INTENT_KINDS, PHRASING_FAMILIES
 from ._collected import CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config
+from ._recipes import Recipe, named
 from ._train import PLAIN, TrainData, TrainPlan, default_aggregate, fit_config
 
 
@@ -28,30 +29,116 @@ class StoresRun:
     hosted: list[str]
 
 
-def plan_from_stores(acts: Path, *, site: str | None, recipe: str, tau: float | None, target_fpr: float | None,
-                     everyday: list[str] | None, intent_stores: bool, contexts: bool, keep_all_orders: bool,
-                     fit: dict[str, Any], stream: dict[str, Any]) -> StoresRun:
+def plan_from_stores(
+    acts: Path,
+    *,
+    site: str | None,
+    recipe: str,
+    tau: float | None,
+    target_fpr: float | None,
+    everyday: list[str] | None,
+    intent_stores: bool,
+    contexts: bool,
+    keep_all_orders: bool,
+    fit: dict[str, Any],
+    stream: dict[str, Any],
+) -> StoresRun:
     """Checks the stores against the options (each error names the fix) and reads the rows the
     recipe trains on. ``intent_stores`` / ``contexts``: whether to read the intent flips / hosted
     chats the stores hold; ``fit``: ``FitConfig`` fields; ``stream``: a per-token monitor's
     ``aggregate``, ``alpha``, ``window`` as given."""
     cfg = collect_config(acts)
     site = site or cfg["sites"][0]
-    if site != "auto" and site not in cfg["sites"]:
-        raise TPCHooksError(f"--site {site!r} was not collected in {acts}; collected sites: {', '.join(cfg['sites'])}; "
-                            f"pass one of those, or collect it: tpc-hooks collect --sites {site} --out {acts}")
     site_fix = f"re-run tpc-hooks collect --out {acts}"
-    per_token = cfg["pooling"] == "token"
     stream = dict(stream)
+    per_token = _check_site(acts, cfg, site, stream)
+    train_split, first, has_val = _check_splits(acts, cfg, site, site_fix)
+    preset = named(recipe)  # what the recipe trains and validates on, and whether it prunes orders
+    parts = _parts(acts, preset, has_val=has_val, intent_stores=intent_stores, contexts=contexts and per_token)
+    reader = TokenStores(acts, site_fix) if per_token else PooledStores(acts, site_fix)
+    sites = cfg["sites"] if site == "auto" else [site]
+    data = {
+        s: reader.data(
+            s,
+            train_split,
+            parts.rewrites,
+            parts.written if has_val else None,
+            parts.hosted,
+            bool(parts.intent),
+            parts.homonyms,
+        )
+        for s in sites
+    }
+    if everyday is not None:  # before training: the names must be sources of the validation split
+        val = data[sites[0]].val
+        if val is None or val.sources is None:
+            raise TPCHooksError(
+                f"--everyday names sources in the validation split's sources.json, and {acts} has "
+                f"{'no validation split' if val is None else 'none'}; {site_fix}"
+            )
+        everyday_rows(val.sources[val.groups == PLAIN], everyday)
+
+    streaming = (
+        {
+            "skip": reader.skip,
+            "prepend_bos": reader.prepend_bos,
+            "aggregate": stream.pop("aggregate", default_aggregate(bool(parts.hosted))),
+            **stream,
+        }
+        if per_token
+        else {}
+    )
+    settings = MonitorConfig(
+        first,
+        pooling=cfg["pooling"],
+        chat_template=cfg["chat_template"],
+        max_tokens=cfg["max_tokens"],
+        model_name=cfg["model"],
+        **streaming,
+    )
+    plan = TrainPlan(
+        settings,
+        fit_config(recipe, parts.families, None, fit),
+        recipe=recipe,
+        families=tuple(parts.families),
+        tau=tau,
+        target_fpr=target_fpr,
+        intent=parts.intent + (("homonym",) if parts.homonyms else ()),
+        prune=preset.prune_orders and not keep_all_orders,
+        shifts=parts.shifts,
+        everyday=None if everyday is None else tuple(sorted(set(everyday))),
+    )
+    return StoresRun(data, plan, site, per_token, parts.hosted)
+
+
+def _check_site(acts: Path, cfg: dict[str, Any], site: str, stream: dict[str, Any]) -> bool:
+    """``--site`` was collected (or is ``"auto"``), and the per-token options (``stream``) go with
+    the stores' pooling; whether the stores hold per-token rows."""
+    if site != "auto" and site not in cfg["sites"]:
+        raise TPCHooksError(
+            f"--site {site!r} was not collected in {acts}; collected sites: {', '.join(cfg['sites'])}; "
+            f"pass one of those, or collect it: tpc-hooks collect --sites {site} --out {acts}"
+        )
+    per_token = cfg["pooling"] == "token"
     if stream and not per_token:
-        raise TPCHooksError(f"--{'/--'.join(stream)} set how a per-token monitor aggregates its token scores, but {acts} "
-                            f"holds pooled rows (pooling {cfg['pooling']!r}); drop the option, or collect per-token rows: "
-                            f"tpc-hooks collect --pooling token")
+        raise TPCHooksError(
+            f"--{'/--'.join(stream)} set how a per-token monitor aggregates its token scores, but {acts} "
+            f"holds pooled rows (pooling {cfg['pooling']!r}); drop the option, or collect per-token rows: "
+            f"tpc-hooks collect --pooling token"
+        )
     if per_token:
         check_aggregate(stream.get("aggregate", "rolling"), stream.get("alpha", 0.1), stream.get("window", 16))
     if per_token and site == "auto":
-        raise TPCHooksError("--site auto chooses among sites by pooled linear probes; a per-token monitor reads one site: "
-                            f"pass --site (collected: {', '.join(cfg['sites'])})")
+        raise TPCHooksError(
+            "--site auto chooses among sites by pooled linear probes; a per-token monitor reads one site: "
+            f"pass --site (collected: {', '.join(cfg['sites'])})"
+        )
+    return per_token
+
+
+def _check_splits(acts: Path, cfg: dict[str, Any], site: str, site_fix: str) -> tuple[str, str, bool]:
+    """The training split (``train``, else ``all``) and the validation split (if any) hold the first
+    site read; returns the training split's name, that site and whether there is a validation split."""
     train_split = "train" if (acts / "train").exists() else "all"
     first = cfg["sites"][0] if site == "auto" else site
     check_split(acts, train_split, first, "training split", site_fix)
@@ -60,38 +147,46 @@ def plan_from_stores(acts: Path, *, site: str | None, recipe: str, tau: float | 
         check_split(acts, "val", first, "validation split", site_fix)
     if site == "auto" and not has_val:
         raise TPCHooksError(f"--site auto chooses on the validation split, and {acts} has none; pass --site")
+    return train_split, first, has_val
 
-    # The phrasing rewrites `collect` wrote (unless --no-augment there), in train_monitor's order: trained on by
-    # the phrasing, intent and paper recipes; with the default recipe the validation families only (the floor's test)
-    written = [] if not has_val or recipe == "in_distribution" else \
-        [f for f in PHRASING_FAMILIES if (acts / f"val-{f}" / "labels.json").is_file()]
-    families = [] if recipe == "default" else written
-    shifts = tuple(written) if recipe == "default" else ()
+
+@dataclass(frozen=True)
+class _Parts:
+    """Which of the optional stores the recipe reads: the validation families written (``written``),
+    those trained on (``families``) or only validated on (``shifts``), whether the training
+    rewrites are read, the intent kinds and the homonym rows, and the hosted-chat splits."""
+
+    written: list[str]
+    families: list[str]
+    shifts: tuple[str, ...]
+    rewrites: bool
+    intent: tuple[str, ...]
+    homonyms: bool
+    hosted: list[str]
+
+
+def _parts(acts: Path, recipe: Recipe, *, has_val: bool, intent_stores: bool, contexts: bool) -> _Parts:
+    """The optional stores ``collect`` wrote that ``recipe`` reads, in ``train_monitor``'s order
+    (``contexts``: read the hosted chats of per-token stores)."""
+    # The phrasing rewrites `collect` wrote (unless --no-augment there), in train_monitor's order: the families
+    # the recipe trains on, and those it only validates on (the default's floor test); none in distribution
+    validated = set(recipe.augment) | set(recipe.shifts)
+    written = (
+        []
+        if not has_val
+        else [f for f in PHRASING_FAMILIES if f in validated and (acts / f"val-{f}" / "labels.json").is_file()]
+    )
+    families = [f for f in written if f in recipe.augment]
+    shifts = tuple(f for f in written if f in recipe.shifts)
     rewrites = bool(families) and (acts / "aug" / "labels.json").is_file()
     # ... and the intent flips (unless --no-intent there): trained on, and the validation group "intent"
-    intent = () if not has_val or recipe != "intent" or not intent_stores else \
-        INTENT_KINDS if all((acts / p / "labels.json").is_file() for p in ("flips", "val-intent")) else ()
+    intent = (
+        ()
+        if not has_val or not recipe.intent or not intent_stores
+        else INTENT_KINDS
+        if all((acts / p / "labels.json").is_file() for p in ("flips", "val-intent"))
+        else ()
+    )
     homonyms = bool(intent) and (acts / "homonyms" / "labels.json").is_file()  # ... with the homonym rows
-    hosted = [] if not contexts or not per_token else \
-        [k for k, d in CONTEXT_SPLITS.items() if (acts / d / "labels.json").is_file()]
-    reader = TokenStores(acts, site_fix) if per_token else PooledStores(acts, site_fix)
-    sites = cfg["sites"] if site == "auto" else [site]
-    data = {s: reader.data(s, train_split, rewrites, written if has_val else None, hosted, bool(intent), homonyms)
-            for s in sites}
-    if everyday is not None:  # before training: the names must be sources of the validation split
-        val = data[sites[0]].val
-        if val is None or val.sources is None:
-            raise TPCHooksError(f"--everyday names sources in the validation split's sources.json, and {acts} has "
-                                f"{'no validation split' if val is None else 'none'}; {site_fix}")
-        everyday_rows(val.sources[val.groups == PLAIN], everyday)
-
-    streaming = {"skip": reader.skip, "prepend_bos": reader.prepend_bos,
-                 "aggregate": stream.pop("aggregate", default_aggregate(bool(hosted))), **stream} if per_token else {}
-    settings = MonitorConfig(first, pooling=cfg["pooling"], chat_template=cfg["chat_template"],
-                             max_tokens=cfg["max_tokens"], model_name=cfg["model"], **streaming)
-    plan = TrainPlan(settings, fit_config(recipe, families, None, fit), recipe=recipe,
-                     families=tuple(families), tau=tau, target_fpr=target_fpr,
-                     intent=intent + (("homonym",) if homonyms else ()),
-                     prune=recipe != "paper" and not keep_all_orders, shifts=shifts,
-                     everyday=None if everyday is None else tuple(sorted(set(everyday))))
-    return StoresRun(data, plan, site, per_token, hosted)
+    hosted = [] if not contexts else [k for k, d in CONTEXT_SPLITS.items() if (acts / d / "labels.json").is_file()]
+    return _Parts(written, families, shifts, rewrites, intent, homonyms, hosted)

@@ -24,8 +24,9 @@ def f1_at_zero(logits: Tensor, y: Tensor) -> float:
     return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
 
 
-def loss_and_f1(logits: Tensor, y: Tensor, groups: Sequence[Tensor] | None = None,
-                rule: str = "balanced") -> tuple[float, float]:
+def loss_and_f1(
+    logits: Tensor, y: Tensor, groups: Sequence[Tensor] | None = None, rule: str = "balanced"
+) -> tuple[float, float]:
     """Validation BCE and F1 at logit 0 (:func:`f1_at_zero`) with one read back to the host:
     pooled, or with ``groups`` (index tensors) the mean over the groups of each (``rule="balanced"``:
     every group weighs the same, whatever its size) or the worst group's (``"worst"``: highest
@@ -35,8 +36,16 @@ def loss_and_f1(logits: Tensor, y: Tensor, groups: Sequence[Tensor] | None = Non
     for g in parts:
         s, t = logits[g], y[g]
         pred, pos = s > 0, t > 0.5
-        rows.append(torch.stack([F.binary_cross_entropy_with_logits(s, t).double(), (pred & pos).sum().double(),
-                                 (pred & ~pos).sum().double(), (~pred & pos).sum().double()]))
+        rows.append(
+            torch.stack(
+                [
+                    F.binary_cross_entropy_with_logits(s, t).double(),
+                    (pred & pos).sum().double(),
+                    (pred & ~pos).sum().double(),
+                    (~pred & pos).sum().double(),
+                ]
+            )
+        )
     vals = torch.stack(rows).tolist()
     losses = [v[0] for v in vals]
     f1s = [0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn) for _, tp, fp, fn in vals]
@@ -54,18 +63,19 @@ class Draws:
     past the block, i.e. in the generator's stream exactly where the per-batch draw would be.
     """
 
-    def __init__(self, draw: Callable[[torch.Generator, int], Tensor], gen: torch.Generator, block: int,
-                 device: torch.device):
+    def __init__(
+        self, draw: Callable[[torch.Generator, int], Tensor], gen: torch.Generator, block: int, device: torch.device
+    ):
         self.draw, self.gen, self.block, self.device = draw, gen, block, device
         self.buf: Tensor | None = None
         self.at = 0
 
     def take(self, n: int) -> Tensor:
         if self.buf is not None and self.at + n <= self.buf.shape[0]:
-            out = self.buf[self.at:self.at + n]
+            out = self.buf[self.at : self.at + n]
             self.at += n
             return out
-        head = self.buf[self.at:] if self.buf is not None else None
+        head = self.buf[self.at :] if self.buf is not None else None
         need = n - (0 if head is None else head.shape[0])
         self.buf, self.at = self.draw(self.gen, max(self.block, need)).to(self.device), need
         fresh = self.buf[:need]
@@ -127,10 +137,13 @@ def train_loop(
         lr = opt.param_groups[0]["lr"]
         sched.step(val_loss)
         train_loss = float(total) / max(count, 1)
-        records.append({**tags, "epoch": epoch, "train_loss": train_loss, "val_loss": val_loss, "val_f1": val_f1, "lr": lr})
+        records.append(
+            {**tags, "epoch": epoch, "train_loss": train_loss, "val_loss": val_loss, "val_f1": val_f1, "lr": lr}
+        )
         if not math.isfinite(train_loss):
             raise TPCHooksError(
-                f"training diverged ({desc}, epoch {epoch}: loss is {train_loss}); lower lr or the rank, or check the features"
+                f"training diverged ({desc}, epoch {epoch}: loss is {train_loss}); lower lr or the rank, "
+                "or check the features"
             )
         if val_loss < best["val_loss"] or not cfg.keep_best:
             best = {"val_loss": val_loss, "val_f1": val_f1, "epoch": epoch}
@@ -139,6 +152,6 @@ def train_loop(
         if cfg.patience is not None and epoch - best["epoch"] > cfg.patience:
             break
     with torch.no_grad():
-        for p, s in zip(params, best_state):
+        for p, s in zip(params, best_state, strict=True):
             p.copy_(s)
     return best

@@ -20,16 +20,16 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score, roc_curve
 from sklearn.preprocessing import StandardScaler
 
+from .._errors import TPCHooksError
+from .._rule import flagged
 from ..activations._collect import check_prompts, collect, prompts_digest
 from ..head._checks import check_labels
-from .._errors import TPCHooksError
 from ..head._history import PROBE_CS
-from .._rule import flagged
 from ..head._metrics import threshold_at_fpr
 from ..monitoring._calibrate import check_sources, everyday_present, everyday_rows
 from ..monitoring._monitor import Monitor
-from ..prompts._promptset import PromptSet
 from ..prompts._outside import outside_sets
+from ..prompts._promptset import PromptSet
 from ..prompts._sources import norm
 from ..prompts._splits import rng
 from ._split import split_positions
@@ -86,20 +86,32 @@ class Evaluation:
     def floor_gaps(self) -> dict[str, float]:
         """Per harmful set, the deployed monitor's share minus the probe's, in points (the floor:
         not far below 0)."""
-        return {k: 100 * (self.shares[DEPLOYED][k] - self.shares[PROBE][k]) for k, v in self.sets.items()
-                if v["label"] == 1}
+        return {
+            k: 100 * (self.shares[DEPLOYED][k] - self.shares[PROBE][k]) for k, v in self.sets.items() if v["label"] == 1
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """Everything but the curves, JSON-ready."""
-        return {"site": self.site, "probe": {"site": self.probe_site, "C": self.probe_C,
-                                             "val_auroc": self.probe_val_auroc},
-                "fpr": self.fpr, "threshold": self.threshold, "deployed_rate": self.deployed_rate,
-                "n_everyday": self.n_everyday, "kept": self.kept, "sets": self.sets, "shares": self.shares,
-                "floor_gaps": self.floor_gaps()}
+        return {
+            "site": self.site,
+            "probe": {"site": self.probe_site, "C": self.probe_C, "val_auroc": self.probe_val_auroc},
+            "fpr": self.fpr,
+            "threshold": self.threshold,
+            "deployed_rate": self.deployed_rate,
+            "n_everyday": self.n_everyday,
+            "kept": self.kept,
+            "sets": self.sets,
+            "shares": self.shares,
+            "floor_gaps": self.floor_gaps(),
+        }
 
     def rows(self) -> list[list[str]]:
         """The summary table as text cells: a header, then one row per method (share flagged, %)."""
-        head = ["method", "threshold", *(f"{k} ({'recall' if v['label'] else 'flagged'})" for k, v in self.sets.items())]
+        head = [
+            "method",
+            "threshold",
+            *(f"{k} ({'recall' if v['label'] else 'flagged'})" for k, v in self.sets.items()),
+        ]
         out = [head]
         for m, by_set in self.shares.items():
             where = f"its own ({self.threshold:.4f})" if m == DEPLOYED else f"{self.fpr:.0%} everyday"
@@ -120,17 +132,21 @@ class Evaluation:
         rows = self.rows()
         cells = lambda r, tag: "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in r)  # noqa: E731
         body = "".join(f"<tr>{cells(r, 'td')}</tr>" for r in rows[1:])
-        return (f"<table><thead><tr>{cells(rows[0], 'th')}</tr></thead><tbody>{body}</tbody></table>"
-                f"<p>{html.escape(self._caption())}</p>")
+        return (
+            f"<table><thead><tr>{cells(rows[0], 'th')}</tr></thead><tbody>{body}</tbody></table>"
+            f"<p>{html.escape(self._caption())}</p>"
+        )
 
     def _caption(self) -> str:
         gaps = ", ".join(f"{k} {v:+.1f}" for k, v in self.floor_gaps().items())
         seen = {k: v["n_seen"] for k, v in self.sets.items() if v["n_seen"]}
-        return (f"Share flagged, %: the monitor ({self.site}, orders 1-{self.kept}) at its deployed threshold, which "
-                f"flags {100 * self.deployed_rate:.1f}% of the {self.n_everyday} everyday benign validation prompts; "
-                f"the probe ({self.probe_site}, C={self.probe_C:g}, validation AUROC {self.probe_val_auroc:.3f}) and "
-                f"each order at {self.fpr:.0%} of the same prompts. The deployed monitor minus the probe, points: "
-                f"{gaps}." + (f" Left out as training or validation prompts: {seen}." if seen else ""))
+        return (
+            f"Share flagged, %: the monitor ({self.site}, orders 1-{self.kept}) at its deployed threshold, which "
+            f"flags {100 * self.deployed_rate:.1f}% of the {self.n_everyday} everyday benign validation prompts; "
+            f"the probe ({self.probe_site}, C={self.probe_C:g}, validation AUROC {self.probe_val_auroc:.3f}) and "
+            f"each order at {self.fpr:.0%} of the same prompts. The deployed monitor minus the probe, points: "
+            f"{gaps}." + (f" Left out as training or validation prompts: {seen}." if seen else "")
+        )
 
     def plot(self, sets: Sequence[str] | None = None, *, ncols: int = 4) -> Any:
         """Per set, the share flagged against the everyday benign rate (log scale), one line per
@@ -146,29 +162,58 @@ class Evaluation:
         nrows = -(-len(names) // ncols)
         fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.8 * nrows), squeeze=False)
         floor = 0.5 / max(self.n_everyday, 1)
-        for ax, name in zip(axes.ravel(), names):
+        for ax, name in zip(axes.ravel(), names, strict=True):
             for m, curve in self.curves.items():
                 rate, share = curve[name]
-                ax.step(np.maximum(rate, floor), share, where="post", label=m, lw=1.2,
-                        color="black" if m == PROBE else None, ls="--" if m == PROBE else "-")
-            ax.plot([max(self.deployed_rate, floor)], [self.shares[DEPLOYED][name]], "o", color="crimson",
-                    label=DEPLOYED)
+                ax.step(
+                    np.maximum(rate, floor),
+                    share,
+                    where="post",
+                    label=m,
+                    lw=1.2,
+                    color="black" if m == PROBE else None,
+                    ls="--" if m == PROBE else "-",
+                )
+            ax.plot(
+                [max(self.deployed_rate, floor)], [self.shares[DEPLOYED][name]], "o", color="crimson", label=DEPLOYED
+            )
             ax.axvline(self.fpr, color="grey", ls=":", lw=1)
-            ax.set(xscale="log", xlim=(floor, 1), ylim=(0, 1.02), title=name,
-                   xlabel="everyday benign flagged", ylabel="recall" if self.sets[name]["label"] else "flagged")
-        for ax in axes.ravel()[len(names):]:
+            ax.set(
+                xscale="log",
+                xlim=(floor, 1),
+                ylim=(0, 1.02),
+                title=name,
+                xlabel="everyday benign flagged",
+                ylabel="recall" if self.sets[name]["label"] else "flagged",
+            )
+        for ax in axes.ravel()[len(names) :]:
             ax.axis("off")
         axes.ravel()[0].legend(fontsize=7, loc="lower right")
         fig.tight_layout()
         return fig
 
 
-def evaluate(model: Any, monitor: Monitor, prompts: Sequence[str], labels: Any, *,
-             sources: Sequence[str] | None = None, everyday: Sequence[str] | None = None,
-             sets: Mapping[str, PromptSet] | None = None, test: PromptSet | None = None, fpr: float = 0.01,
-             sites: Sequence[str] | None = None, n_sharegpt: int = N_SHAREGPT, limit: int | None = None,
-             val_fraction: float | None = None, split: str | None = None, seed: int | None = None,
-             calibration: Sequence[str] | None = None, batch_size: int = 8, verbose: bool = True) -> Evaluation:
+def evaluate(
+    model: Any,
+    monitor: Monitor,
+    prompts: Sequence[str],
+    labels: Any,
+    *,
+    sources: Sequence[str] | None = None,
+    everyday: Sequence[str] | None = None,
+    sets: Mapping[str, PromptSet] | None = None,
+    test: PromptSet | None = None,
+    fpr: float = 0.01,
+    sites: Sequence[str] | None = None,
+    n_sharegpt: int = N_SHAREGPT,
+    limit: int | None = None,
+    val_fraction: float | None = None,
+    split: str | None = None,
+    seed: int | None = None,
+    calibration: Sequence[str] | None = None,
+    batch_size: int = 8,
+    verbose: bool = True,
+) -> Evaluation:
     """A monitor on the packaged outside-built sets, beside a linear probe trained on its own rows.
 
     ``prompts``, ``labels`` (and ``sources``) are what the monitor was trained on
@@ -205,35 +250,69 @@ def evaluate(model: Any, monitor: Monitor, prompts: Sequence[str], labels: Any, 
     y = check_labels(labels, len(items), "labels").numpy().astype(int)
     names = check_sources(sources, len(items), "prompt")
     if monitor.streaming:
-        raise TPCHooksError("evaluate compares a per-prompt monitor with a probe on the same pooled rows; this monitor "
-                            "scores every token (pooling='token'): score its prompts with monitor.score instead")
+        raise TPCHooksError(
+            "evaluate compares a per-prompt monitor with a probe on the same pooled rows; this monitor "
+            "scores every token (pooling='token'): score its prompts with monitor.score instead"
+        )
     tr, va = _split(monitor, items, y, val_fraction, split, seed)
     extra = _calibration(monitor, calibration)
     if everyday is None:
         everyday = monitor.report.get("operating_point", {}).get("everyday") if names is not None else None
     everyday = everyday_present(everyday, None if names is None else names[va])
-    on = va[(y[va] == 0) & (np.ones(len(va), bool) if everyday is None else everyday_rows(names[va], everyday))]
+    # everyday without sources: names is None, and indexing it raises (kept as it was)
+    usual = np.ones(len(va), bool) if everyday is None else everyday_rows(names[va], everyday)  # type: ignore[index]
+    on = va[(y[va] == 0) & usual]
     if not len(on):
         raise TPCHooksError("no everyday benign validation prompt to set the rate on")
-    measured = _measured_sets(items, sets, test, n_sharegpt, limit, monitor.report.get("split", {}).get("seed", 0),
-                              extra)
+    measured = _measured_sets(
+        items, sets, test, n_sharegpt, limit, monitor.report.get("split", {}).get("seed", 0), extra
+    )
     sites = list(dict.fromkeys([monitor.site, *(sites or ())]))
     every = [*items, *extra, *(t for ps, _ in measured.values() for t in ps.texts)]
-    acts = collect(model, every, sites, monitor.pooling,
-                   batch_size=batch_size, chat_template=monitor.chat_template, prepend_bos=monitor.prepend_bos,
-                   max_tokens=monitor.max_tokens, sae=monitor.sae, progress=verbose)
+    acts = collect(
+        model,
+        every,
+        sites,
+        monitor.pooling,
+        batch_size=batch_size,
+        chat_template=monitor.chat_template,
+        prepend_bos=monitor.prepend_bos,
+        max_tokens=monitor.max_tokens,
+        sae=monitor.sae,
+        progress=verbose,
+    )
     cut = np.cumsum([len(items), len(extra), *(len(ps) for ps, _ in measured.values())])
     rows = {s: np.split(acts[s].float().numpy(), cut[:-1]) for s in acts}
     train = {s: rows[s][0] for s in sites}
     found = {name: ({s: rows[s][i + 2] for s in rows}, ps.labels) for i, (name, (ps, _)) in enumerate(measured.items())}
-    ev = evaluate_activations(monitor, train, y, tr, va, on, found, fpr=fpr, seed=int(seed or 0),
-                              calibration={s: rows[s][1] for s in sites} if extra else None)
+    ev = evaluate_activations(
+        monitor,
+        train,
+        y,
+        tr,
+        va,
+        on,
+        found,
+        fpr=fpr,
+        seed=int(seed or 0),
+        calibration={s: rows[s][1] for s in sites} if extra else None,
+    )
     return _with_seen(ev, {k: n for k, (_, n) in measured.items()})
 
 
-def evaluate_activations(monitor: Monitor, train: Mapping[str, np.ndarray], labels: np.ndarray, tr: np.ndarray,
-                         va: np.ndarray, everyday: np.ndarray, sets: Mapping[str, tuple[Any, Sequence[int]]], *,
-                         fpr: float = 0.01, seed: int = 0, calibration: Any = None) -> Evaluation:
+def evaluate_activations(
+    monitor: Monitor,
+    train: Mapping[str, np.ndarray],
+    labels: np.ndarray,
+    tr: np.ndarray,
+    va: np.ndarray,
+    everyday: np.ndarray,
+    sets: Mapping[str, tuple[Any, Sequence[int]]],
+    *,
+    fpr: float = 0.01,
+    seed: int = 0,
+    calibration: Any = None,
+) -> Evaluation:
     """:func:`evaluate` on activations already read: ``train[site]`` the pooled rows of the
     monitor's prompts at each candidate site of the probe (the monitor's site among them),
     ``labels`` theirs, ``tr`` / ``va`` the positions it trained and validated on, ``everyday`` the
@@ -244,7 +323,9 @@ def evaluate_activations(monitor: Monitor, train: Mapping[str, np.ndarray], labe
 
     Example:
         >>> X = {monitor.site: train_rows}  # doctest: +SKIP
-        >>> ev = tpc.evaluate_activations(monitor, X, labels, tr, va, everyday, {"past": (past_rows, [1] * 730)})  # doctest: +SKIP
+        >>> ev = tpc.evaluate_activations(  # doctest: +SKIP
+        ...     monitor, X, labels, tr, va, everyday, {"past": (past_rows, [1] * 730)}
+        ... )
     """
     y = np.asarray(labels).astype(int)
     if monitor.site not in train:
@@ -257,14 +338,23 @@ def evaluate_activations(monitor: Monitor, train: Mapping[str, np.ndarray], labe
         raise TPCHooksError(f"the probe chose {site!r}, but the sets' rows are only at the monitor's site")
     if calibration is not None and at(calibration, site) is None:
         raise TPCHooksError(f"the probe chose {site!r}, but the calibration rows are only at the monitor's site")
-    ref = lambda s: train[s][everyday] if calibration is None else np.concatenate([train[s][everyday], at(calibration, s)])  # noqa: E731
+
+    def ref(s):
+        return train[s][everyday] if calibration is None else np.concatenate([train[s][everyday], at(calibration, s)])  # noqa: E731
+
     base = {"everyday": ref(monitor.site), **{k: at(v, monitor.site) for k, (v, _) in sets.items()}}
     scores = {PROBE: {"everyday": score(ref(site)), **{k: score(at(v, site)) for k, (v, _) in sets.items()}}}
     with torch.no_grad():
-        trunc = {k: monitor.head.truncations(torch.as_tensor(v, dtype=torch.float32)).double().numpy()
-                 for k, v in base.items()}
-        hit = {k: flagged(monitor.policy()(torch.as_tensor(v, dtype=torch.float32)).decision_logits,
-                          monitor.threshold).numpy() for k, v in base.items()}
+        trunc = {
+            k: monitor.head.truncations(torch.as_tensor(v, dtype=torch.float32)).double().numpy()
+            for k, v in base.items()
+        }
+        hit = {
+            k: flagged(
+                monitor.policy()(torch.as_tensor(v, dtype=torch.float32)).decision_logits, monitor.threshold
+            ).numpy()
+            for k, v in base.items()
+        }
     scores.update({f"order {n}": {k: v[:, n - 1] for k, v in trunc.items()} for n in range(1, monitor.head.degree + 1)})
     shares = {PROBE: {}, DEPLOYED: {k: float(v.mean()) for k, v in hit.items() if k != "everyday"}}
     curves: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
@@ -272,12 +362,23 @@ def evaluate_activations(monitor: Monitor, train: Mapping[str, np.ndarray], labe
         t = threshold_at_fpr(s["everyday"], fpr)
         shares[m] = {k: float((v > t).mean()) for k, v in s.items() if k != "everyday"}
         curves[m] = {k: _curve(s["everyday"], v) for k, v in s.items() if k != "everyday"}
-    return Evaluation(site=monitor.site, probe_site=site, probe_C=C, probe_val_auroc=auc, fpr=fpr,
-                      threshold=float(monitor.threshold), deployed_rate=float(hit["everyday"].mean()),
-                      n_everyday=int(len(base["everyday"])), kept=monitor.head.degree,
-                      sets={k: {"label": int(np.asarray(lab)[0]) if len(lab) else 0, "n": int(len(lab)), "n_seen": 0}
-                            for k, (_, lab) in sets.items()},
-                      shares=shares, curves=curves)
+    return Evaluation(
+        site=monitor.site,
+        probe_site=site,
+        probe_C=C,
+        probe_val_auroc=auc,
+        fpr=fpr,
+        threshold=float(monitor.threshold),
+        deployed_rate=float(hit["everyday"].mean()),
+        n_everyday=int(len(base["everyday"])),
+        kept=monitor.head.degree,
+        sets={
+            k: {"label": int(np.asarray(lab)[0]) if len(lab) else 0, "n": int(len(lab)), "n_seen": 0}
+            for k, (_, lab) in sets.items()
+        },
+        shares=shares,
+        curves=curves,
+    )
 
 
 def _probe(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, seed: int) -> tuple[Any, float, float]:
@@ -291,6 +392,7 @@ def _probe(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, s
         auc = float(roc_auc_score(yva, lr.decision_function(scaler.transform(Xva))))
         if best is None or auc > best[2]:
             best = (lr, C, auc)
+    assert best is not None  # PROBE_CS is not empty
     lr, C, auc = best
     return (lambda X: lr.decision_function(scaler.transform(X))), float(C), auc
 
@@ -301,8 +403,9 @@ def _curve(benign: np.ndarray, other: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return rate, share
 
 
-def _split(monitor: Monitor, items: list[str], y: np.ndarray, val_fraction: Any, split: Any,
-           seed: Any) -> tuple[np.ndarray, np.ndarray]:
+def _split(
+    monitor: Monitor, items: list[str], y: np.ndarray, val_fraction: Any, split: Any, seed: Any
+) -> tuple[np.ndarray, np.ndarray]:
     """The monitor's own train / validation positions: its report's split settings unless given."""
     recorded = monitor.report.get("split", {})
     val_fraction = recorded.get("val_fraction", 0.2) if val_fraction is None else val_fraction
@@ -311,14 +414,23 @@ def _split(monitor: Monitor, items: list[str], y: np.ndarray, val_fraction: Any,
     tr, va = split_positions(items, y, val_fraction, how, seed)
     n = monitor.report.get("n_train")
     if n is not None and n != len(tr):
-        raise TPCHooksError(f"the monitor trained on {n} prompts, but these prompts split into {len(tr)} training "
-                            "prompts: pass the prompts and labels the monitor was trained on (and val_fraction, split "
-                            "and seed when its report does not record them)")
+        raise TPCHooksError(
+            f"the monitor trained on {n} prompts, but these prompts split into {len(tr)} training "
+            "prompts: pass the prompts and labels the monitor was trained on (and val_fraction, split "
+            "and seed when its report does not record them)"
+        )
     return tr, va
 
 
-def _measured_sets(items: list[str], sets: Any, test: PromptSet | None, n_sharegpt: int, limit: int | None,
-                   seed: int, calibration: Sequence[str] = ()) -> dict[str, tuple[PromptSet, int]]:
+def _measured_sets(
+    items: list[str],
+    sets: Any,
+    test: PromptSet | None,
+    n_sharegpt: int,
+    limit: int | None,
+    seed: int,
+    calibration: Sequence[str] = (),
+) -> dict[str, tuple[PromptSet, int]]:
     """The sets to measure on, each without the prompts ``items`` and ``calibration`` hold, drawn
     down to ``limit``: ``{name: (set, how many were left out as seen)}``."""
     items = [*items, *calibration]
@@ -327,8 +439,10 @@ def _measured_sets(items: list[str], sets: Any, test: PromptSet | None, n_shareg
     out: dict[str, PromptSet] = {}
     if test is not None:
         y = np.asarray(test.labels)
-        out = {"test harmful": test.subset(np.flatnonzero(y == 1).tolist()),
-               "test benign": test.subset(np.flatnonzero(y == 0).tolist())}
+        out = {
+            "test harmful": test.subset(np.flatnonzero(y == 1).tolist()),
+            "test benign": test.subset(np.flatnonzero(y == 0).tolist()),
+        }
     out.update(sets)
     seen = {norm(t) for t in items}
     measured = {}
@@ -339,8 +453,10 @@ def _measured_sets(items: list[str], sets: Any, test: PromptSet | None, n_shareg
         if limit is not None and len(keep) > limit:
             keep = sorted(rng(seed, f"evaluate-{name}").sample(keep, limit))
         if not keep:
-            raise TPCHooksError(f"set {name!r} has no prompt left to measure (empty, or every prompt is a training "
-                                "or validation prompt)")
+            raise TPCHooksError(
+                f"set {name!r} has no prompt left to measure (empty, or every prompt is a training "
+                "or validation prompt)"
+            )
         measured[name] = (ps.subset(keep), sum(norm(t) in seen for t in ps.texts))
     return measured
 
@@ -351,12 +467,17 @@ def _calibration(monitor: Monitor, calibration: Any) -> list[str]:
     n = split.get("n_calibration", 0)
     texts = [] if calibration is None else check_prompts(calibration)
     if len(texts) != n:
-        raise TPCHooksError(f"the monitor's threshold was set with {n} calibration prompts; got {len(texts)}: pass "
-                            "the calibration= list it was trained with" if n else
-                            "this monitor was trained without calibration prompts; leave calibration out")
+        raise TPCHooksError(
+            f"the monitor's threshold was set with {n} calibration prompts; got {len(texts)}: pass "
+            "the calibration= list it was trained with"
+            if n
+            else "this monitor was trained without calibration prompts; leave calibration out"
+        )
     if texts and split.get("calibration_sha256", prompts_digest(texts)) != prompts_digest(texts):
-        raise TPCHooksError(f"these {n} calibration prompts are not the ones the monitor's threshold was set on (their "
-                            "digest differs from its report's): pass the calibration= list it was trained with, in order")
+        raise TPCHooksError(
+            f"these {n} calibration prompts are not the ones the monitor's threshold was set on (their "
+            "digest differs from its report's): pass the calibration= list it was trained with, in order"
+        )
     return texts
 
 

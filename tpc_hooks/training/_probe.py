@@ -31,14 +31,21 @@ def _sklearn_logreg(Xs: np.ndarray, y: np.ndarray, C: float, max_iter: int) -> t
     return clf.coef_.ravel().copy(), float(clf.intercept_[0]), converged
 
 
-def _streamed_logreg(data: Rows, scaler: nn.Module, y: Tensor, C: float, max_iter: int,
-                     device: torch.device) -> tuple[np.ndarray, float]:
+def _streamed_logreg(
+    data: Rows, scaler: nn.Module, y: Tensor, C: float, max_iter: int, device: torch.device
+) -> tuple[np.ndarray, float]:
     """scikit-learn's L2 logistic regression objective, minimised by full-batch L-BFGS with the
     gradient accumulated chunk by chunk (for stores that do not fit in memory)."""
     w = torch.zeros(data.d, dtype=torch.float64, device=device, requires_grad=True)
     b = torch.zeros(1, dtype=torch.float64, device=device, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b], max_iter=max_iter, line_search_fn="strong_wolfe",
-                            tolerance_grad=1e-9, tolerance_change=1e-12, history_size=20)
+    opt = torch.optim.LBFGS(
+        [w, b],
+        max_iter=max_iter,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+        history_size=20,
+    )
     y_d = y.to(device, torch.float64)
 
     def closure():
@@ -57,8 +64,19 @@ def _streamed_logreg(data: Rows, scaler: nn.Module, y: Tensor, C: float, max_ite
     return w.detach().cpu().numpy(), float(b.detach())
 
 
-def fit_probe(head: TPC, tr: Rows, y_tr: Tensor, va: Rows, y_va: Tensor, Cs: Sequence[float], max_iter: int,
-                solver: str, device: torch.device, records: list[dict[str, Any]], metric: str = "f1") -> dict[str, Any]:
+def fit_probe(
+    head: TPC,
+    tr: Rows,
+    y_tr: Tensor,
+    va: Rows,
+    y_va: Tensor,
+    Cs: Sequence[float],
+    max_iter: int,
+    solver: str,
+    device: torch.device,
+    records: list[dict[str, Any]],
+    metric: str = "f1",
+) -> dict[str, Any]:
     """The degree-1 probe: one fit per C, the best by validation ``metric`` kept (``"f1"`` at logit 0 or
     ``"auroc"``, scikit-learn's; ties: lower validation loss)."""
     from sklearn.metrics import roc_auc_score
@@ -68,9 +86,13 @@ def fit_probe(head: TPC, tr: Rows, y_tr: Tensor, va: Rows, y_va: Tensor, Cs: Seq
         solver = "sklearn" if small else "lbfgs"
     if solver == "sklearn":
         Xs, ys = tr.map(head.scaler, device, lambda x: x).cpu().numpy(), y_tr.numpy()
-        solve = lambda C: _sklearn_logreg(Xs, ys, C, max_iter)
+
+        def solve(C):
+            return _sklearn_logreg(Xs, ys, C, max_iter)
     elif solver == "lbfgs":
-        solve = lambda C: (*_streamed_logreg(tr, head.scaler, y_tr, C, max_iter, device), True)
+
+        def solve(C):
+            return (*_streamed_logreg(tr, head.scaler, y_tr, C, max_iter, device), True)
     else:
         raise TPCHooksError(f"linear_solver must be 'auto', 'sklearn' or 'lbfgs'; got {solver!r}")
     yv = y_va.double()
@@ -78,18 +100,45 @@ def fit_probe(head: TPC, tr: Rows, y_tr: Tensor, va: Rows, y_va: Tensor, Cs: Seq
     for C in Cs:
         coef, intercept, converged = solve(C)
         w = torch.as_tensor(coef, dtype=torch.float64, device=device)
-        s = va.map(head.scaler, device, lambda x: x.double() @ w + intercept).cpu()
+
+        def logits(x: Tensor, w: Tensor = w, intercept: float = intercept) -> Tensor:
+            return x.double() @ w + intercept
+
+        s = va.map(head.scaler, device, logits).cpu()
         val_loss, val_f1 = float(F.binary_cross_entropy_with_logits(s, yv)), f1_at_zero(s, yv)
         both = bool(0 < float(yv.sum()) < len(yv))
         val_auroc = float(roc_auc_score(yv.numpy(), s.numpy())) if both else float("nan")
-        records.append({"degree": 1, "trial": len(records), "epoch": 0, "C": C, "train_loss": None,
-                        "val_loss": val_loss, "val_f1": val_f1, "val_auroc": val_auroc, "lr": None,
-                        "converged": converged})
+        records.append(
+            {
+                "degree": 1,
+                "trial": len(records),
+                "epoch": 0,
+                "C": C,
+                "train_loss": None,
+                "val_loss": val_loss,
+                "val_f1": val_f1,
+                "val_auroc": val_auroc,
+                "lr": None,
+                "converged": converged,
+            }
+        )
         score = val_auroc if metric == "auroc" and both else val_f1
         if best is None or (-score, val_loss) < best[0]:
-            best = ((-score, val_loss), coef, intercept,
-                    {"C": C, "trial": len(records) - 1, "val_f1": val_f1, "val_auroc": val_auroc, "val_loss": val_loss,
-                     "solver": solver, "metric": metric})
+            best = (
+                (-score, val_loss),
+                coef,
+                intercept,
+                {
+                    "C": C,
+                    "trial": len(records) - 1,
+                    "val_f1": val_f1,
+                    "val_auroc": val_auroc,
+                    "val_loss": val_loss,
+                    "solver": solver,
+                    "metric": metric,
+                },
+            )
+    assert best is not None  # Cs is never empty
     _, coef, intercept, chosen = best
     with torch.no_grad():
         head.linear.copy_(torch.as_tensor(coef, dtype=torch.float32))

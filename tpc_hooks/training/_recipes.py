@@ -1,27 +1,27 @@
 """Training recipes as named presets: what :func:`~tpc_hooks.train_monitor` trains on, what it validates
 on, and which orders it keeps. One vocabulary for ``train_monitor(recipe=)`` and ``FitConfig(recipe=)``.
 
-=================  ==========================================  =====================================
-preset             trains on                                   what it is for
-=================  ==========================================  =====================================
-``default()``      the prompts as given; every phrasing        the floor: at its threshold it catches
-                   family only validates (orders above 1       what a linear probe on the same prompts
-                   earn their terms on each)                   catches (the default)
-``phrasing()``     + one rewrite of each training prompt       higher orders that hold on the
-                   (every family), grouped selection           package's own rewrites
-``intent()``       + benign intent flips and homonyms          far fewer flags on edgy-but-benign
-                                                               questions; lower recall on harmful
-                                                               requests built by another hand
-``in_distribution()`` the prompts as given, pooled selection   in-distribution accuracy only
-``paper()``        the paper's exact fit (every order kept),   reproducing the paper
-                   with the rewrites
-=================  ==========================================  =====================================
+=====================  ==========================================  ======================================
+preset                 trains on                                   what it is for
+=====================  ==========================================  ======================================
+``default()``          the prompts as given; every phrasing        the floor: at its threshold it catches
+                       family only validates (orders above 1       what a linear probe on the same prompts
+                       earn their terms on each)                   catches (the default)
+``phrasing()``         + one rewrite of each training prompt       higher orders that hold on the
+                       (every family), grouped selection           package's own rewrites
+``intent()``           + benign intent flips and homonyms          far fewer flags on edgy-but-benign
+                                                                   questions; lower recall on harmful
+                                                                   requests built by another hand
+``in_distribution()``  the prompts as given, pooled selection      in-distribution accuracy only
+``paper()``            the paper's exact fit (every order kept),   reproducing the paper
+                       with the rewrites
+=====================  ==========================================  ======================================
 
 Each opt-in's price is measured in docs/benchmarks/constructions.md and docs/benchmarks/intent.md.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import TPCHooksError, deprecated
@@ -65,8 +65,9 @@ class Recipe:
         if self.name not in NAMES:
             raise TPCHooksError(f"a recipe's name is one of {list(NAMES)}; got {self.name!r}")
         object.__setattr__(self, "augment", _phrasing.check_families(self.augment or None))
-        object.__setattr__(self, "intent", _intent.check_kinds(self.intent or None, _intent.NAMED_KINDS,
-                                                               _intent.TRAIN_KINDS))
+        object.__setattr__(
+            self, "intent", _intent.check_kinds(self.intent or None, _intent.NAMED_KINDS, _intent.TRAIN_KINDS)
+        )
         if not isinstance(self.prune_orders, bool):
             raise TPCHooksError(f"prune_orders must be True or False; got {self.prune_orders!r}")
         if self.name == "in_distribution" and (self.augment or self.intent):
@@ -100,15 +101,20 @@ def phrasing(families: bool | Sequence[str] = True, *, prune_orders: bool = True
     return Recipe("phrasing", augment=_phrasing.check_families(families), prune_orders=prune_orders)
 
 
-def intent(kinds: bool | Sequence[str] = True, *, families: bool | Sequence[str] = True,
-           prune_orders: bool = True) -> Recipe:
+def intent(
+    kinds: bool | Sequence[str] = True, *, families: bool | Sequence[str] = True, prune_orders: bool = True
+) -> Recipe:
     """The phrasing recipe plus benign-labelled intent flips of each harmful training prompt ("What
     laws make it a crime to ...?"; :func:`tpc_hooks.data.intent_flips`) and homonyms ("How do I kill
     a Python process?"), validated as the group ``"intent"``. ``kinds``: every flip kind and
     ``"homonym"`` (``True``), or the named ones; ``"stated"`` (a harmful act stated as someone
     else's plan, then a benign question) is opt-in."""
-    return Recipe("intent", augment=_phrasing.check_families(families),
-                  intent=_intent.check_kinds(kinds, _intent.NAMED_KINDS, _intent.TRAIN_KINDS), prune_orders=prune_orders)
+    return Recipe(
+        "intent",
+        augment=_phrasing.check_families(families),
+        intent=_intent.check_kinds(kinds, _intent.NAMED_KINDS, _intent.TRAIN_KINDS),
+        prune_orders=prune_orders,
+    )
 
 
 def in_distribution(*, prune_orders: bool = True) -> Recipe:
@@ -122,8 +128,13 @@ def paper(*, augment: bool | Sequence[str] = True, prune_orders: bool = False) -
     return Recipe("paper", augment=_phrasing.check_families(augment), prune_orders=prune_orders)
 
 
-_PRESETS = {"default": default, "phrasing": phrasing, "intent": intent, "in_distribution": in_distribution,
-            "paper": paper}
+_PRESETS = {
+    "default": default,
+    "phrasing": phrasing,
+    "intent": intent,
+    "in_distribution": in_distribution,
+    "paper": paper,
+}
 
 
 def named(name: str) -> Recipe:
@@ -144,29 +155,31 @@ def resolve(recipe: Any, options: dict[str, Any]) -> Recipe:
     old = {k: options.pop(k) for k in _OLD_OPTIONS if k in options}
     if isinstance(recipe, Recipe):
         if old:
-            raise TPCHooksError(f"{sorted(old)} belong to the recipe: pass them to the preset, e.g. "
-                                f"tpc.recipes.{recipe.name}(...)")
+            raise TPCHooksError(
+                f"{sorted(old)} belong to the recipe: pass them to the preset, e.g. tpc.recipes.{recipe.name}(...)"
+            )
         return recipe
     if recipe is None:
         recipe = "default"
     elif isinstance(recipe, str) and recipe in NAMES:
         deprecated(f"train_monitor(recipe={recipe!r})", f"train_monitor(recipe=tpc.recipes.{recipe}())")
     else:
-        raise TPCHooksError(f"recipe must be a preset of tpc.recipes ({', '.join(n + '()' for n in NAMES)}); "
-                            f"got {recipe!r}")
+        raise TPCHooksError(
+            f"recipe must be a preset of tpc.recipes ({', '.join(n + '()' for n in NAMES)}); got {recipe!r}"
+        )
     for k in old:
         deprecated(f"train_monitor({k}=...)", f"the recipe's own argument, e.g. tpc.recipes.{recipe}({k}=...)")
     return _from_old(recipe, old)
 
 
 def _from_old(name: str, old: dict[str, Any]) -> Recipe:
-    """A preset built as ``train_monitor(recipe=name, augment=, intent=, prune_orders=)`` once did."""
-    augment, kinds, prune = old.get("augment"), old.get("intent"), old.get("prune_orders")
-    if name == "in_distribution" and (augment not in (None, False) or kinds not in (None, False)):
-        raise TPCHooksError("recipe='in_distribution' trains on the prompts as given; it cannot be combined with "
-                            "augment or intent")
-    families = _phrasing.check_families(name in ("phrasing", "intent", "paper") if augment is None else augment)
-    kinds_t = _intent.check_kinds(name == "intent" if kinds is None else kinds, _intent.NAMED_KINDS,
-                                  _intent.TRAIN_KINDS)
-    keep = (name != "paper") if prune is None else bool(prune)
-    return Recipe(name, augment=families, intent=kinds_t, prune_orders=keep)
+    """The preset ``name`` with the old per-call options that were given (``augment=``, ``intent=``,
+    ``prune_orders=``), as ``train_monitor(recipe=name, ...)`` once built it."""
+    changed: dict[str, Any] = {}
+    if old.get("augment") is not None:
+        changed["augment"] = _phrasing.check_families(old["augment"])
+    if old.get("intent") is not None:
+        changed["intent"] = _intent.check_kinds(old["intent"], _intent.NAMED_KINDS, _intent.TRAIN_KINDS)
+    if old.get("prune_orders") is not None:
+        changed["prune_orders"] = bool(old["prune_orders"])
+    return replace(named(name), **changed)

@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from .._errors import TPCHooksError
 from ..activations._store import ActivationStore
 from ..head._checks import check_features, check_labels
-from .._errors import TPCHooksError
 
 
 class Rows:
@@ -39,7 +39,7 @@ class Rows:
     def subset(self, rows: np.ndarray) -> "Rows":
         """The rows ``rows`` (sorted positions into this data set) as a new data set."""
         base = rows if self.rows is None else self.rows[rows]
-        if self.in_memory:
+        if isinstance(self.source, Tensor):  # in memory
             return Rows(self.source[torch.as_tensor(base)], None, self.chunk_rows)
         return Rows(self.source, np.asarray(base), self.chunk_rows)
 
@@ -50,7 +50,7 @@ class Rows:
     def _raw_chunk(self, i: int) -> tuple[np.ndarray, Tensor]:
         """Chunk ``i``: ``(positions, rows)``; positions index into this data set (0..n-1)."""
         a = i * self.chunk_rows
-        if self.in_memory:
+        if isinstance(self.source, Tensor):  # in memory
             b = min(a + self.chunk_rows, self.n)
             return np.arange(a, b), self.source[a:b]
         store: ActivationStore = self.source
@@ -76,7 +76,7 @@ class Rows:
             n_b = x.shape[0]
             mean_b = x.mean(0)
             m2_b = ((x - mean_b) ** 2).sum(0)
-            if mean is None:
+            if mean is None or m2 is None:  # the first chunk
                 count, mean, m2 = n_b, mean_b, m2_b
             else:
                 delta = mean_b - mean
@@ -84,13 +84,14 @@ class Rows:
                 mean = mean + delta * (n_b / tot)
                 m2 = m2 + m2_b + delta**2 * (count * n_b / tot)
                 count = tot
+        assert mean is not None and m2 is not None  # the rows are not empty
         scale = (m2 / count).sqrt()
         scale = torch.where(scale < 10 * torch.finfo(torch.float64).eps, torch.ones_like(scale), scale)
         return mean.float(), scale.float()
 
     def hold_standardized(self, scaler: nn.Module, device: torch.device) -> None:
         """Standardises once and keeps the result (in-memory data only)."""
-        if self.in_memory:
+        if isinstance(self.source, Tensor):  # in memory
             self.std = scaler(self.source.to(device))
 
     def _chunk(self, i: int, scaler: nn.Module, device: torch.device) -> tuple[np.ndarray, Tensor]:
@@ -108,13 +109,15 @@ class Rows:
             if len(pos):
                 yield pos, x
 
-    def batches(self, scaler: nn.Module, device: torch.device, batch_size: int, gen: torch.Generator) -> Iterator[tuple[Tensor, Tensor]]:
+    def batches(
+        self, scaler: nn.Module, device: torch.device, batch_size: int, gen: torch.Generator
+    ) -> Iterator[tuple[Tensor, Tensor]]:
         """Shuffled minibatches ``(standardised rows, positions)``. In memory: one permutation
         of all rows. On disk: chunks in a random order, rows permuted within each chunk."""
         if self.std is not None:  # the epoch's order goes to the device once, not once per batch
             perm = torch.randperm(self.n, generator=gen).to(self.std.device)
             for a in range(0, self.n, batch_size):
-                idx = perm[a:a + batch_size]
+                idx = perm[a : a + batch_size]
                 yield self.std[idx], idx
             return
         for i in torch.randperm(self._n_chunks(), generator=gen).tolist():
@@ -122,7 +125,7 @@ class Rows:
             perm = torch.randperm(x.shape[0], generator=gen)
             pos_t = torch.as_tensor(pos)
             for a in range(0, x.shape[0], batch_size):
-                idx = perm[a:a + batch_size]
+                idx = perm[a : a + batch_size]
                 yield x[idx.to(x.device)], pos_t[idx]
 
     def map(self, scaler: nn.Module, device: torch.device, fn: Callable[[Tensor], Tensor]) -> Tensor:
@@ -143,15 +146,25 @@ def as_rows(X: Any, name: str, d_model: int | None = None, device: torch.device 
     return Rows(check_features(X, name, d_model, device=device).float())
 
 
-def split_data(X: Any, y: Any, X_val: Any, y_val: Any, val_fraction: float, seed: int,
-               d_model: int | None = None, device: torch.device | None = None) -> tuple[Rows, Tensor, Rows, Tensor]:
+def split_data(
+    X: Any,
+    y: Any,
+    X_val: Any,
+    y_val: Any,
+    val_fraction: float,
+    seed: int,
+    d_model: int | None = None,
+    device: torch.device | None = None,
+) -> tuple[Rows, Tensor, Rows, Tensor]:
     """Checks the inputs and returns (train, y_train, val, y_val); without a validation set,
     holds out a stratified ``val_fraction`` of the training rows. In-memory rows are moved to
     ``device`` once (labels stay on the host)."""
     data = as_rows(X, "X_train", d_model, device)
     y_all = check_labels(y, data.n, "y_train")
     if (X_val is None) != (y_val is None):
-        raise TPCHooksError("pass both X_val and y_val, or neither (a stratified split of the training data is then used)")
+        raise TPCHooksError(
+            "pass both X_val and y_val, or neither (a stratified split of the training data is then used)"
+        )
     if X_val is not None:
         va = as_rows(X_val, "X_val", data.d, device)
         return data, y_all, va, check_labels(y_val, va.n, "y_val")
@@ -179,4 +192,7 @@ def token_rows(seqs: list[Any], skip: int, *per_seq: Any) -> tuple[Any, ...]:
 
     Returns ``(rows [N, d] tensor, *repeated [N] arrays)``."""
     parts = [torch.as_tensor(z[skip:]) for z in seqs]
-    return (torch.cat(parts), *(np.concatenate([np.full(len(p), v) for p, v in zip(parts, vals)]) for vals in per_seq))
+    return (
+        torch.cat(parts),
+        *(np.concatenate([np.full(len(p), v) for p, v in zip(parts, vals, strict=True)]) for vals in per_seq),
+    )

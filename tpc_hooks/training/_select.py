@@ -15,8 +15,14 @@ from ._fit import fit
 FPR = 0.01
 
 
-def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, config: FitConfig | None = None,
-                device: Any = None, fpr: float = FPR, benign: Any = None) -> tuple[str, list[dict[str, Any]]]:
+def choose_site(
+    data: Mapping[str, tuple[Any, Any, Any, Any]],
+    groups: Any,
+    config: FitConfig | None = None,
+    device: Any = None,
+    fpr: float = FPR,
+    benign: Any = None,
+) -> tuple[str, list[dict[str, Any]]]:
     """The site whose linear probe does best on its *worst* validation group: recall at ``fpr``,
     ties by AUROC. The probe is the TPC's own order 1 (same data, same C selection), so the
     choice costs one logistic regression per site, and it is deterministic. ``train_monitor``
@@ -40,20 +46,36 @@ def choose_site(data: Mapping[str, tuple[Any, Any, Any, Any]], groups: Any, conf
         >>> from tpc_hooks.synthetic import make_problem
         >>> X, y = make_problem(n=400, d_model=8, seed=0)
         >>> noise = np.random.default_rng(0).standard_normal(X.shape).astype(np.float32)
-        >>> data = {"signal": (X[:300], y[:300], X[300:], y[300:]), "noise": (noise[:300], y[:300], noise[300:], y[300:])}
+        >>> data = {
+        ...     "signal": (X[:300], y[:300], X[300:], y[300:]),
+        ...     "noise": (noise[:300], y[:300], noise[300:], y[300:]),
+        ... }
         >>> tpc.choose_site(data, groups=["all"] * 100, config=tpc.FitConfig())[0]
         'signal'
     """
     if not data:
         raise TPCHooksError("choose_site needs at least one candidate site")
     g = np.asarray(groups)
-    table = []
+    table: list[dict[str, Any]] = []
     for site, (X, y, Xv, yv) in data.items():
-        probe = fit(X, y, Xv, yv, config, degree=1, consistency=0.0, contrast=0.0, device=device,  # degree 1 only
-                    verbose=False)
+        probe = fit(
+            X,
+            y,
+            Xv,
+            yv,
+            config,
+            degree=1,
+            consistency=0.0,
+            contrast=0.0,
+            device=device,  # degree 1 only
+            verbose=False,
+        )
         with torch.no_grad():
             s = probe(torch.as_tensor(np.asarray(Xv))).double().cpu().numpy()
         table.append({"site": site, **worst_group(np.asarray(yv), s, g, fpr, benign)})
-    rank = lambda v: -np.inf if np.isnan(v) else v
+
+    def rank(v):
+        return -np.inf if np.isnan(v) else v
+
     best = max(table, key=lambda r: (rank(r["recall_at_fpr"]), rank(r["auroc"])))
     return best["site"], table

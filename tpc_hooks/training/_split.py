@@ -32,7 +32,9 @@ def shared_text_groups(texts: Sequence[str], k: int = 8) -> np.ndarray:
     """
     first: dict[str, int] = {}
     edges = [(i, first.setdefault(run, i)) for i, text in enumerate(texts) for run in shingles(text, k)]
-    rows, cols = (np.asarray(v, dtype=int) for v in zip(*edges)) if edges else (np.zeros(0, int), np.zeros(0, int))
+    rows, cols = (
+        (np.asarray(v, dtype=int) for v in zip(*edges, strict=True)) if edges else (np.zeros(0, int), np.zeros(0, int))
+    )
     graph = coo_matrix((np.ones(len(rows)), (rows, cols)), shape=(len(texts), len(texts)))
     n, labels = connected_components(graph, directed=False)
     lowest = np.full(n, len(texts))
@@ -74,7 +76,7 @@ def validation_split(texts: Sequence[str], y: np.ndarray, n_val: int, seed: int)
     for c in (0, 1):
         single = draw.permutation(at[~in_shared & (y == c)])
         need = round(n_val * np.mean(y == c)) - int(np.sum(y[held] == c))
-        held += single[:max(need, 0)].tolist()
+        held += single[: max(need, 0)].tolist()
     va = np.sort(np.asarray(held, dtype=int))
     tr = np.setdiff1d(at, va)
     if any(np.bincount(y[part], minlength=2).min() == 0 for part in (tr, va)):
@@ -82,14 +84,17 @@ def validation_split(texts: Sequence[str], y: np.ndarray, n_val: int, seed: int)
     return tr, va
 
 
-def split_positions(texts: Sequence[str], y: np.ndarray, val_fraction: float, split: str,
-                    seed: int) -> tuple[np.ndarray, np.ndarray]:
+def split_positions(
+    texts: Sequence[str], y: np.ndarray, val_fraction: float, split: str, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``train_monitor``'s ``(train, val)`` positions of its prompts: ``round(val_fraction * n)`` held
     out (at least 2), by scikit-learn's stratified split or, with ``split="grouped"``,
     :func:`validation_split`. A probe trained on the same rows reads the same split.
 
     Example:
-        >>> tr, va = split_positions(["a", "b", "c", "d", "e", "f"], np.array([0, 0, 0, 1, 1, 1]), 0.34, "stratified", 0)
+        >>> tr, va = split_positions(
+        ...     ["a", "b", "c", "d", "e", "f"], np.array([0, 0, 0, 1, 1, 1]), 0.34, "stratified", 0
+        ... )
         >>> len(tr), len(va)
         (4, 2)
     """

@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._errors import TPCHooksError
 from ..head._cascade import Cascade
 from ..head._checks import check_rate
-from .._errors import TPCHooksError
 from ..head._history import FitConfig
 from ..monitoring._calibrate import everyday_present
 from ..monitoring._monitor import Monitor
@@ -28,10 +28,14 @@ from ._recipes import NAMES
 from ._rows import token_rows
 from ._select import FPR, choose_site
 
-REWRITE_CONSISTENCY = 0.03  # fit's consistency weight on the training rewrites (bench_phrasing: the best of 0.03/0.1/0.3)
+REWRITE_CONSISTENCY = (
+    0.03  # fit's consistency weight on the training rewrites (bench_phrasing: the best of 0.03/0.1/0.3)
+)
 PLAIN = "prompts"  # the validation group of the prompts as given (the others are phrasing families)
 INTENT = "intent"  # the validation group of the harmful prompts with their intent flips
-CALIBRATION = "calibration"  # the validation group (and source) of train_monitor's calibration prompts: benign, rates only
+CALIBRATION = (
+    "calibration"  # the validation group (and source) of train_monitor's calibration prompts: benign, rates only
+)
 
 
 @dataclass(frozen=True)
@@ -98,15 +102,16 @@ class TrainPlan:
     """How to train: the monitor's settings (its ``site`` is replaced by the chosen one when
     several sites are offered; its threshold is set by calibration), the fit settings, the
     recipe's name, phrasing families and intent-flip kinds (selection over the validation
-    groups when there are any: ``FitConfig.group_rule``), the cascade's ``tau`` (None: no cascade) and the benign validation share the threshold
-    may flag (None: keep the config's), and whether the head keeps only the orders that earn their
-    terms at that operating point on validation and hold order 1's recall on every validation group
-    (``prune``). ``shifts``: phrasing families the validation prompts are rewritten in but the fit
-    neither trains nor selects on (constructions it never saw: the floor's test of the higher
-    orders). ``everyday``: the sources (of the prompts' ``sources``) whose benign validation prompts
-    set the threshold (None: every benign validation prompt). Validation rows of the group
-    :data:`CALIBRATION` (everyday benign traffic, unlabelled) only set rates: the threshold and each
-    order's in the pruning; neither the fit nor the site choice reads them."""
+    groups when there are any: ``FitConfig.group_rule``), the cascade's ``tau`` (None: no cascade)
+    and the benign validation share the threshold may flag (None: keep the config's), and whether
+    the head keeps only the orders that earn their terms at that operating point on validation and
+    hold order 1's recall on every validation group (``prune``). ``shifts``: phrasing families the
+    validation prompts are rewritten in but the fit neither trains nor selects on (constructions it
+    never saw: the floor's test of the higher orders). ``everyday``: the sources (of the prompts'
+    ``sources``) whose benign validation prompts set the threshold (None: every benign validation
+    prompt). Validation rows of the group :data:`CALIBRATION` (everyday benign traffic,
+    unlabelled) only set rates: the threshold and each order's in the pruning; neither the fit nor
+    the site choice reads them."""
 
     monitor: MonitorConfig
     fit: FitConfig
@@ -138,7 +143,7 @@ def val_sources(prompt_sources: Any, groups: np.ndarray) -> np.ndarray | None:
     if prompt_sources is None:
         return None
     given = np.asarray(prompt_sources, dtype=object)
-    return np.concatenate([given, np.asarray(groups)[len(given):].astype(object)])
+    return np.concatenate([given, np.asarray(groups)[len(given) :].astype(object)])
 
 
 def check_target_fpr(target_fpr: Any, name: str = "target_fpr") -> None:
@@ -165,8 +170,15 @@ def default_aggregate(with_contexts: bool) -> str:
     return "max" if with_contexts else "rolling"
 
 
-def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, init: Any = None, device: Any = None,
-          verbose: bool = True) -> Monitor:
+def train(
+    data: Mapping[str, TrainData],
+    plan: TrainPlan,
+    *,
+    sae: Any = None,
+    init: Any = None,
+    device: Any = None,
+    verbose: bool = True,
+) -> Monitor:
     """Trains, calibrates and reports a monitor: chooses the site (several offered), fits the
     head (:func:`tpc_hooks.fit`), wraps it in a cascade calibrated on validation, measures every
     order on validation, and sets the threshold on the benign validation prompts as given (group
@@ -189,16 +201,23 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
     report: dict[str, Any] = {}
     site = next(iter(data))
     if len(data) > 1:
-        if any(d.val is None for d in data.values()):
+        vals = {s: d.val for s, d in data.items() if d.val is not None}
+        if len(vals) < len(data):
             raise TPCHooksError("choosing among several sites needs a validation split")
         pooled = {s: _cat(_cat(d.train, d.rewrites), d.flips) for s, d in data.items()}
-        val = data[site].val
-        # the default recipe chooses as the floor's probe does: on the prompts as given (its shifts judge the orders),
-        # without the calibration prompts (with them, SmolLM2's seed 0 took a layer 20 points below the probe on a shift)
-        seen = ~np.isin(val.groups, [*plan.shifts, CALIBRATION])
+        val = vals[site]
+        groups = _groups(val)
+        # the default recipe chooses as the floor's probe does: on the prompts as given (its shifts judge
+        # the orders), without the calibration prompts (with them, SmolLM2's seed 0 took a layer 20 points
+        # below the probe on a shift)
+        seen = ~np.isin(groups, [*plan.shifts, CALIBRATION])
         site, report["site_selection"] = choose_site(
-            {s: (pooled[s].X, pooled[s].y, _take(d.val.X, seen), d.val.y[seen]) for s, d in data.items()}, val.groups[seen],
-            plan.fit, device, benign=_calibrated(val, plan)[seen])
+            {s: (pooled[s].X, pooled[s].y, _take(v.X, seen), v.y[seen]) for s, v in vals.items()},
+            groups[seen],
+            plan.fit,
+            device,
+            benign=_calibrated(val, plan)[seen],
+        )
     d, cfg = data[site], plan.fit
     if d.val is not None and plan.everyday is not None:
         _calibrated(d.val, plan)  # no everyday benign validation prompt: refused before anything is trained
@@ -211,13 +230,13 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
         X_tr, y_tr = rows.X, rows.y
     X_va = y_va = g_va = None
     if d.val is not None:
-        X_va, y_va, g_va = tokens.val if tokens else (d.val.X, d.val.y, d.val.groups)
+        X_va, y_va, g_va = tokens.val if tokens else (d.val.X, d.val.y, _groups(d.val))
     unlabelled = None
     if cfg.consistency and plan.families and d.rewrites is not None:
         unlabelled = token_rows(list(d.rewrites.X), settings.skip)[0] if tokens else d.rewrites.X
     X_fit, y_fit, g_fit = X_va, y_va, g_va
     unfit = [*plan.shifts, CALIBRATION]  # the fit neither trains nor selects on the held-out constructions (or traffic)
-    if X_va is not None and np.isin(g_va, unfit).any():
+    if y_va is not None and g_va is not None and np.isin(g_va, unfit).any():
         seen = ~np.isin(g_va, unfit)
         X_fit, y_fit, g_fit = _take(X_va, seen), y_va[seen], g_va[seen]
     # selection over groups: the trained families, the intent group, the hosted chats (a group of their own)
@@ -239,22 +258,36 @@ def train(data: Mapping[str, TrainData], plan: TrainPlan, *, sae: Any = None, in
         if d.val is not None:
             cascade = cascade.calibrate(X_va, y_va)
     monitor = Monitor(head, config=settings, cascade=cascade, sae=sae, report=report)
-    report.update({"n_train": len(d.train), "augment": {
-        "families": list(plan.families), "n_train_rewrites": 0 if d.rewrites is None else len(d.rewrites),
-        "n_val_rewrites": 0 if d.val is None else int(((d.val.groups != PLAIN) & (d.val.groups != INTENT)).sum()),
-        "intent": list(plan.intent), "n_train_flips": 0 if d.flips is None else len(d.flips),
-        "n_train_homonyms": 0 if d.homonyms is None else len(d.homonyms),
-        # the benign rows of the validation group INTENT: the flips and any validation homonyms
-        "n_val_hard_negatives": 0 if d.val is None else int(((d.val.groups == INTENT) & (d.val.y == 0)).sum())},
-        "recipe": plan.recipe})
+    report.update(
+        {
+            "n_train": len(d.train),
+            "augment": {
+                "families": list(plan.families),
+                "n_train_rewrites": 0 if d.rewrites is None else len(d.rewrites),
+                "n_val_rewrites": 0
+                if d.val is None
+                else int(((_groups(d.val) != PLAIN) & (_groups(d.val) != INTENT)).sum()),
+                "intent": list(plan.intent),
+                "n_train_flips": 0 if d.flips is None else len(d.flips),
+                "n_train_homonyms": 0 if d.homonyms is None else len(d.homonyms),
+                # the benign rows of the validation group INTENT: the flips and any validation homonyms
+                "n_val_hard_negatives": 0
+                if d.val is None
+                else int(((_groups(d.val) == INTENT) & (d.val.y == 0)).sum()),
+            },
+            "recipe": plan.recipe,
+        }
+    )
     if tokens:
         report["n_train_tokens"] = int(len(y_tr))
     if d.val is None:
         return monitor
+    assert y_va is not None and g_va is not None  # set with d.val
     benign, sources = _report(monitor, d, tokens, X_va, y_va, g_va, plan)
     if plan.target_fpr is not None:
-        monitor.calibrate_activations(benign, plan.target_fpr, sources=sources,
-                                      everyday=everyday_present(plan.everyday, sources))
+        monitor.calibrate_activations(
+            benign, plan.target_fpr, sources=sources, everyday=everyday_present(plan.everyday, sources)
+        )
     return monitor
 
 
@@ -264,8 +297,10 @@ def _pairs(d: TrainData, cfg: FitConfig, tokens: Any, n_rows: int) -> np.ndarray
     if not cfg.contrast:
         return None
     if tokens or d.flips is None or d.flip_of is None:
-        raise TPCHooksError("contrast ranks each harmful training prompt above its intent flip: it needs intent flips "
-                            "(intent=True) and a per-prompt monitor (no aggregate)")
+        raise TPCHooksError(
+            "contrast ranks each harmful training prompt above its intent flip: it needs intent flips "
+            "(intent=True) and a per-prompt monitor (no aggregate)"
+        )
     return np.stack([np.asarray(d.flip_of), np.arange(n_rows - len(d.flips), n_rows)], 1)
 
 
@@ -280,12 +315,26 @@ def _earned(head: Any, d: TrainData, settings: MonitorConfig, sae: Any, plan: Tr
     fpr = FPR if plan.target_fpr is None else plan.target_fpr
     probe = Monitor(head, config=settings, sae=sae)
     val = d.val
+    assert val is not None  # train() prunes only with a validation split
     X = list(val.X) if settings.streaming else val.X
-    counted = (val.groups != INTENT) & ~np.isin(val.groups, list(plan.shifts))
-    kept, table = earned_order(probe, X, val.y, fpr, counted=counted, benign=_calibrated(val, plan), groups=val.groups)
-    report["orders"] = {"trained": head.degree, "kept": kept, "fpr": fpr, "z": EARN_Z, "per_order": table,
-                        "note": _orders_note(table, kept, fpr)}
+    groups = _groups(val)
+    counted = (groups != INTENT) & ~np.isin(groups, list(plan.shifts))
+    kept, table = earned_order(probe, X, val.y, fpr, counted=counted, benign=_calibrated(val, plan), groups=groups)
+    report["orders"] = {
+        "trained": head.degree,
+        "kept": kept,
+        "fpr": fpr,
+        "z": EARN_Z,
+        "per_order": table,
+        "note": _orders_note(table, kept, fpr),
+    }
     return head.truncated(kept) if kept < head.degree else head
+
+
+def _groups(val: Examples) -> np.ndarray:
+    """A validation split's groups (validation examples always carry them)."""
+    assert val.groups is not None
+    return val.groups
 
 
 def _calibrated(val: Examples, plan: TrainPlan) -> np.ndarray:
@@ -295,30 +344,36 @@ def _calibrated(val: Examples, plan: TrainPlan) -> np.ndarray:
     if plan.everyday is not None and val.sources is not None:
         rows &= np.isin(val.sources, list(plan.everyday))
         if not rows.any():
-            raise TPCHooksError(f"no benign validation prompt comes from the everyday sources {list(plan.everyday)}: "
-                                "the threshold would have nothing to be set on; raise val_fraction or give more "
-                                "prompts of those sources")
+            raise TPCHooksError(
+                f"no benign validation prompt comes from the everyday sources {list(plan.everyday)}: "
+                "the threshold would have nothing to be set on; raise val_fraction or give more "
+                "prompts of those sources"
+            )
     return rows
 
 
 def _benign_given(val: Examples) -> np.ndarray:
     """The benign validation prompts as given (not their rewrites or flips) and the calibration prompts."""
-    return np.isin(val.groups, [PLAIN, CALIBRATION]) & (val.y == 0)
+    return np.isin(_groups(val), [PLAIN, CALIBRATION]) & (val.y == 0)
 
 
 def _orders_note(table: list[dict[str, Any]], kept: int, fpr: float) -> str:
     """One line: the orders kept, and why each order above them was dropped."""
     first, best = table[0], table[kept - 1]
-    note = (f"kept {'order 1' if kept == 1 else f'orders 1-{kept}'}: order {kept} flags {best['flagged_harmful']} of "
-            f"{best['n_harmful']} harmful validation prompts at {fpr:g} FPR"
-            + (f" (order 1: {first['flagged_harmful']})" if kept > 1 else ""))
+    note = (
+        f"kept {'order 1' if kept == 1 else f'orders 1-{kept}'}: order {kept} flags {best['flagged_harmful']} of "
+        f"{best['n_harmful']} harmful validation prompts at {fpr:g} FPR"
+        + (f" (order 1: {first['flagged_harmful']})" if kept > 1 else "")
+    )
     why = []
     for row in table[kept:]:
         below = row.get("below_floor") or []
         if below:
             g = below[0]
-            why.append(f"order {row['order']} is below order 1 on {g!r} ({row['by_group'][g][0]} against "
-                       f"{first['by_group'][g][0]} of {first['by_group'][g][1]})")
+            why.append(
+                f"order {row['order']} is below order 1 on {g!r} ({row['by_group'][g][0]} against "
+                f"{first['by_group'][g][0]} of {first['by_group'][g][1]})"
+            )
         else:
             why.append(f"order {row['order']} flags {row['flagged_harmful']}, not significantly more")
     return note + ("; dropped: " + "; ".join(why) if why else "")
@@ -333,7 +388,11 @@ def _cat(a: Examples, b: Examples | None) -> Examples:
     """Pooled examples ``a`` then ``b``."""
     if b is None or not len(b):
         return a
-    X = torch.cat([torch.as_tensor(a.X), torch.as_tensor(b.X)]) if isinstance(a.X, Tensor) else np.concatenate([a.X, b.X])
+    X = (
+        torch.cat([torch.as_tensor(a.X), torch.as_tensor(b.X)])
+        if isinstance(a.X, Tensor)
+        else np.concatenate([a.X, b.X])
+    )
     return Examples(X, np.concatenate([a.y, b.y]))
 
 
@@ -362,41 +421,68 @@ class _TokenRows:
             self.val = X, y, g
 
 
-def _report(monitor: Monitor, d: TrainData, tokens: _TokenRows | None, X_va: Any, y_va: np.ndarray, g_va: np.ndarray,
-            plan: TrainPlan) -> tuple[Any, np.ndarray | None]:
+def _report(
+    monitor: Monitor,
+    d: TrainData,
+    tokens: _TokenRows | None,
+    X_va: Any,
+    y_va: np.ndarray,
+    g_va: np.ndarray,
+    plan: TrainPlan,
+) -> tuple[Any, np.ndarray | None]:
     """Fills ``monitor.report`` with the validation metrics per order (on the prompts as given),
     the worst validation group's, and the hosted chats'; returns the benign validation data the
     threshold is set on: the benign prompts as given (not their rewrites or the intent flips, which
     are many and easy: a threshold set among them flags more than ``target_fpr`` of ordinary
-    prompts; ``benchmarks/bench_intent.py``), the calibration prompts and the hosted benign chats, with their sources when
-    the prompts' are known (the chats': ``"contexts"``), else None."""
+    prompts; ``benchmarks/bench_intent.py``), the calibration prompts and the hosted benign chats,
+    with their sources when the prompts' are known (the chats': ``"contexts"``), else None."""
     val = d.val
-    plain = val.groups == PLAIN
+    assert val is not None  # train() reports only with a validation split
+    groups = _groups(val)
+    plain = groups == PLAIN
     on = _benign_given(val)
     sources = None if val.sources is None else val.sources[on]
     if tokens is None:
-        monitor.report.update({
-            "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, X_va[plain], val.y[plain])},
-            "worst_validation_group": {"groups": sorted(set(g_va.tolist())),
-                                       "per_order": worst_per_order(monitor, X_va, y_va, g_va)}})
+        monitor.report.update(
+            {
+                "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, X_va[plain], val.y[plain])},
+                "worst_validation_group": {
+                    "groups": sorted(set(g_va.tolist())),
+                    "per_order": worst_per_order(monitor, X_va, y_va, g_va),
+                },
+            }
+        )
         return X_va[on], sources
     seqs = list(val.X)
-    monitor.report.update({
-        "validation": {"n": int(plain.sum()), "per_order": per_order(monitor, [z for z, p in zip(seqs, plain) if p],
-                                                                     val.y[plain]),
-                       "decision": DECISIONS["max"]},
-        "worst_validation_group": {"groups": sorted(set(val.groups.tolist())),
-                                   "per_order": worst_per_order(monitor, seqs, val.y, val.groups)}})
-    benign = [z for z, p in zip(seqs, on) if p]
+    monitor.report.update(
+        {
+            "validation": {
+                "n": int(plain.sum()),
+                "per_order": per_order(monitor, [z for z, p in zip(seqs, plain, strict=True) if p], val.y[plain]),
+                "decision": DECISIONS["max"],
+            },
+            "worst_validation_group": {
+                "groups": sorted(set(groups.tolist())),
+                "per_order": worst_per_order(monitor, seqs, val.y, groups),
+            },
+        }
+    )
+    benign = [z for z, p in zip(seqs, on, strict=True) if p]
     if "val" in tokens.chats:
         chats, (_, _, ends) = tokens.chats["val"]
         monitor.report["contexts"] = {
-            "n_train": len(d.contexts["train"].seqs) if "train" in d.contexts else 0, "n_val": len(chats.seqs),
-            "lengths": list(plan.context_lengths), "n_train_tokens": int(len(tokens.chats["train"][1][1]))
-            if "train" in tokens.chats else 0,
-            "per_order": per_order(monitor, [a[:end] for a, end in zip(chats.seqs, ends)], chats.labels),
-            "decision": "max over the chat of the aggregate (after a harmful request: to its turn's end)"}
-        benign += [a for a, c in zip(chats.seqs, chats.labels) if c == 0]  # whole benign chats: the threshold holds on them
+            "n_train": len(d.contexts["train"].seqs) if "train" in d.contexts else 0,
+            "n_val": len(chats.seqs),
+            "lengths": list(plan.context_lengths),
+            "n_train_tokens": int(len(tokens.chats["train"][1][1])) if "train" in tokens.chats else 0,
+            "per_order": per_order(monitor, [a[:end] for a, end in zip(chats.seqs, ends, strict=True)], chats.labels),
+            "decision": "max over the chat of the aggregate (after a harmful request: to its turn's end)",
+        }
+        benign += [
+            a for a, c in zip(chats.seqs, chats.labels, strict=True) if c == 0
+        ]  # whole benign chats: the threshold holds on them
         if sources is not None:
-            sources = np.concatenate([sources, np.full(int((np.asarray(chats.labels) == 0).sum()), "contexts", dtype=object)])
+            sources = np.concatenate(
+                [sources, np.full(int((np.asarray(chats.labels) == 0).sum()), "contexts", dtype=object)]
+            )
     return benign, sources

@@ -1,12 +1,14 @@
 """``train_monitor``: a model and labelled prompts in, a calibrated :class:`~tpc_hooks.Monitor` out.
 
-It reads as the steps it takes, each a function below: check every argument before the model
-runs (:func:`_check`), build the prompts one collection pass reads (:func:`_texts`: the prompts,
-their rewrites, intent flips and homonyms), collect their rows at every candidate site
-(:func:`_collect`) and the hosted chats (:func:`_collect_chats`), assemble each site's
-:class:`~tpc_hooks.training._train.TrainData` and the :class:`~tpc_hooks.training._train.TrainPlan`,
-then hand both to :func:`~tpc_hooks.training._train.train`, which trains, calibrates and reports:
-the recipe ``tpc-hooks train`` runs on the rows ``tpc-hooks collect`` wrote.
+It reads as the steps it takes: check every argument before the model runs
+(:func:`~tpc_hooks.training._train_request.check_request`, into a
+:class:`~tpc_hooks.training._train_request.Request`), then, each a function below, build the
+prompts one collection pass reads (:func:`_texts`: the prompts, their rewrites, intent flips and
+homonyms), collect their rows at every candidate site (:func:`_collect`) and the hosted chats
+(:func:`_collect_chats`), assemble each site's :class:`~tpc_hooks.training._train.TrainData` and
+the :class:`~tpc_hooks.training._train.TrainPlan`, then hand both to
+:func:`~tpc_hooks.training._train.train`, which trains, calibrates and reports: the recipe
+``tpc-hooks train`` runs on the rows ``tpc-hooks collect`` wrote.
 """
 
 from collections.abc import Callable, Sequence
@@ -17,23 +19,26 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..activations._collect import check_prompts, collect, prompts_digest, token_batches
-from ..adapters import Adapter, get_adapter, resolve_bos
-from ..head._checks import check_labels
-from .._errors import TPCHooksError
+from ..activations._collect import collect, prompts_digest, token_batches
 from ..head._history import FitConfig
-from ..head._pooling import check_aggregate, check_pooling
-from ..monitoring._calibrate import check_sources, everyday_rows
 from ..monitoring._monitor import Monitor
 from ..monitoring._monitor_config import MonitorConfig
 from ..prompts import _intent
-from ..prompts._context import check_conversation, context_budget, host_splits, sharegpt_contexts
+from ..prompts._context import host_splits
 from ..prompts._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
-from ..prompts._sources import norm
-from ._split import SPLITS, split_positions
 from ._recipes import Recipe, resolve
-from ._train import (CALIBRATION, INTENT, PLAIN, Chats, Examples, TrainData, TrainPlan, check_target_fpr,
-                     default_aggregate, fit_config, train, val_sources)
+from ._train import (
+    CALIBRATION,
+    INTENT,
+    PLAIN,
+    Chats,
+    Examples,
+    TrainData,
+    TrainPlan,
+    train,
+    val_sources,
+)
+from ._train_request import Request, check_request
 
 
 def train_monitor(
@@ -182,12 +187,34 @@ def train_monitor(
         ...                             site=[f"blocks.{l}.hook_resid_post" for l in (10, 15, 20)],
         ...                             recipe=tpc.recipes.intent())
     """
-    request = _check(model, prompts, labels, site, pooling, aggregate=aggregate, alpha=alpha, window=window,
-                     contexts=contexts, context_tokens=context_tokens, recipe=resolve(recipe, fit_kwargs),
-                     target_fpr=target_fpr, val_fraction=val_fraction, split=split, chat_template=chat_template,
-                     prepend_bos=prepend_bos, sae=sae, config=config, degree=degree, rank=rank, seed=seed,
-                     tokenizer=tokenizer, sources=sources, everyday=everyday, calibration=calibration,
-                     fit_kwargs=fit_kwargs)
+    request = check_request(
+        model,
+        prompts,
+        labels,
+        site,
+        pooling,
+        aggregate=aggregate,
+        alpha=alpha,
+        window=window,
+        contexts=contexts,
+        context_tokens=context_tokens,
+        recipe=resolve(recipe, fit_kwargs),
+        target_fpr=target_fpr,
+        val_fraction=val_fraction,
+        split=split,
+        chat_template=chat_template,
+        prepend_bos=prepend_bos,
+        sae=sae,
+        config=config,
+        degree=degree,
+        rank=rank,
+        seed=seed,
+        tokenizer=tokenizer,
+        sources=sources,
+        everyday=everyday,
+        calibration=calibration,
+        fit_kwargs=fit_kwargs,
+    )
     texts = _texts(request)
     rows = _collect(request, texts, max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose)
     chats = _collect_chats(request, batch_size=batch_size, sae=sae, verbose=verbose)
@@ -195,108 +222,15 @@ def train_monitor(
     plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr)
     monitor = train(data, plan, sae=sae, verbose=verbose, **request.fit_args)
     # how the prompts were split: what tpc.evaluate needs to train its probe on the same rows
-    monitor.report["split"] = {"val_fraction": request.val_fraction, "split": split, "seed": request.cfg.seed,
-                               "n_calibration": len(request.calibration)}
+    monitor.report["split"] = {
+        "val_fraction": request.val_fraction,
+        "split": split,
+        "seed": request.cfg.seed,
+        "n_calibration": len(request.calibration),
+    }
     if request.calibration:  # what tpc.evaluate checks the calibration prompts it is given against
         monitor.report["split"]["calibration_sha256"] = prompts_digest(request.calibration)
     return monitor
-
-
-@dataclass(frozen=True)
-class _Request:
-    """``train_monitor``'s arguments once checked and resolved: all that is decided before the model
-    runs (the candidate sites, the phrasing families and intent kinds, the tokenisation, the fit
-    settings, the seeded train / validation split of the prompts)."""
-
-    items: list[str]
-    y: np.ndarray
-    sites: list[str]
-    adapter: Adapter
-    pooling: str
-    aggregate: str
-    alpha: float
-    window: int
-    recipe: str
-    families: tuple[str, ...]
-    kinds: tuple[str, ...]
-    chat_template: bool
-    bos: bool
-    contexts: list[list[dict[str, str]]] | None
-    context_tokens: tuple[int, ...]
-    val_fraction: float
-    cfg: FitConfig
-    fit_args: dict[str, Any]
-    tr: np.ndarray
-    va: np.ndarray
-    sources: np.ndarray | None = None
-    shifts: tuple[str, ...] = ()
-    everyday: tuple[str, ...] | None = None
-    calibration: tuple[str, ...] = ()
-    prune: bool = True
-
-    @property
-    def streaming(self) -> bool:
-        return self.pooling == "token"
-
-    @property
-    def flip_kinds(self) -> tuple[str, ...]:
-        return tuple(k for k in self.kinds if k in _intent.KINDS)
-
-
-def _check(model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence[str], pooling: str, *, aggregate: Any,
-           alpha: float, window: int, contexts: Any, context_tokens: Any, recipe: Recipe,
-           target_fpr: Any, val_fraction: float, split: str, chat_template: bool | None, prepend_bos: bool | None,
-           sae: Any, config: FitConfig | None, degree: Any, rank: Any, seed: Any, tokenizer: Any, sources: Any,
-           everyday: Any, calibration: Any, fit_kwargs: dict[str, Any]) -> _Request:
-    """Every argument checked (each error says what was expected) and resolved, before any model work."""
-    items = check_prompts(prompts)
-    y = check_labels(labels, len(items), "labels").numpy().astype(int)
-    sources = check_sources(sources, len(items), "prompt")
-    if everyday is not None:
-        on = everyday_rows(sources, everyday)
-        if not (on & (y == 0)).any():
-            raise TPCHooksError(f"everyday names {sorted(set(sources[on].tolist()))}, which have no benign prompt: the "
-                                "threshold is set on the benign prompts of the everyday sources")
-        everyday = tuple(sorted({str(v) for v in everyday}))
-    calibration = _check_calibration(calibration, items, sources)
-    sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
-    if not sites or not all(isinstance(s, str) for s in sites):
-        raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
-    check_target_fpr(target_fpr)
-    adapter = get_adapter(model, tokenizer=tokenizer)
-    for s in sites:
-        adapter.site(s)
-    if sae is not None and len(sites) > 1:
-        raise TPCHooksError("an SAE belongs to one site: pass a single site with sae=")
-    if aggregate is None:
-        aggregate = default_aggregate(contexts is not None)
-    if pooling == "token":
-        check_aggregate(aggregate, alpha, window)
-        if len(sites) > 1:
-            raise TPCHooksError("a per-token monitor (pooling='token') reads one site; pass a single site")
-    else:
-        check_pooling(pooling)
-        if contexts is not None:
-            raise TPCHooksError("contexts= trains a per-token monitor on requests inside conversations; pass "
-                                "pooling='token'")
-    if chat_template is None:
-        chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
-    if contexts is not None:
-        contexts, context_tokens = _check_contexts(adapter.tokenizer, contexts, context_tokens, chat_template, items)
-    if not 0 < val_fraction < 1:
-        raise TPCHooksError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
-    if split not in SPLITS:
-        raise TPCHooksError(f"split must be one of {list(SPLITS)}; got {split!r}")
-    if np.bincount(y, minlength=2).min() < 2:
-        raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
-    given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
-    own = {k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs}  # fit's, not FitConfig's
-    cfg = fit_config(recipe.name, recipe.augment, config, {**given, **fit_kwargs})
-    tr, va = split_positions(items, y, val_fraction, split, cfg.seed)
-    return _Request(items, y, sites, adapter, pooling, aggregate, alpha, window, recipe.name, recipe.augment,
-                    recipe.intent, chat_template, resolve_bos(adapter.tokenizer, prepend_bos, chat_template), contexts,
-                    tuple(context_tokens) if contexts is not None else (), val_fraction, cfg, own, tr, va, sources,
-                    recipe.shifts, everyday, calibration, recipe.prune_orders)
 
 
 @dataclass(frozen=True)
@@ -319,7 +253,7 @@ class _Texts:
         return self.at["val"] + self.at["views"] + self.at["intent"] + self.at["calibration"]
 
 
-def _texts(r: _Request) -> _Texts:
+def _texts(r: Request) -> _Texts:
     """The rewrites, intent flips and homonym rows of the split prompts (seeded by the fit's seed),
     joined to the prompts into one list of texts to collect."""
     items, y, tr, va, seed = r.items, r.y, r.tr, r.va, r.cfg.seed
@@ -332,26 +266,58 @@ def _texts(r: _Request) -> _Texts:
     if _intent.STATED in r.kinds:  # the stated-act rows join them: the orders above 1 train on them, order 1 does not
         homs = homs + stated_flips([items[i] for i in tr], y[tr], seed=seed)
     val_homs = homonym_examples(verbs="val") if _intent.HOMONYM in r.kinds else none  # benign, in the group INTENT
-    val_flips = intent_flips([items[i] for i in va], y[va], r.flip_kinds, every_kind=True, seed=seed) \
-        if r.flip_kinds else none
-    texts = list(items) + aug.texts + views.texts + flips.texts + val_flips.texts + val_homs.texts + homs.texts \
+    val_flips = (
+        intent_flips([items[i] for i in va], y[va], r.flip_kinds, every_kind=True, seed=seed) if r.flip_kinds else none
+    )
+    texts = (
+        list(items)
+        + aug.texts
+        + views.texts
+        + flips.texts
+        + val_flips.texts
+        + val_homs.texts
+        + homs.texts
         + list(r.calibration)
-    n, cuts = len(items), np.cumsum([len(items), len(aug), len(views), len(flips), len(val_flips) + len(val_homs),
-                                     len(homs), len(r.calibration)])
-    at = {"train": list(tr), "val": list(va), "rewrites": list(range(n, cuts[1])), "views": list(range(cuts[1], cuts[2])),
-          "flips": list(range(cuts[2], cuts[3])), "homonyms": list(range(cuts[4], cuts[5])),
-          # the group INTENT: every harmful validation prompt as given, then the flips and homonyms
-          "intent": ([int(i) for i in va if y[i] == 1] if r.kinds else []) + list(range(cuts[3], cuts[4])),
-          "calibration": list(range(cuts[5], cuts[6]))}  # benign traffic: validation rows that only set rates
-    labels = np.concatenate([y] + [np.asarray(p.labels, dtype=int) for p in (aug, views, flips, val_flips, val_homs, homs)]
-                            + [np.zeros(len(r.calibration), dtype=int)])
-    groups = np.asarray([PLAIN] * len(va) + list(views.categories) + [INTENT] * len(at["intent"])
-                        + [CALIBRATION] * len(r.calibration))
+    )
+    n, cuts = (
+        len(items),
+        np.cumsum(
+            [
+                len(items),
+                len(aug),
+                len(views),
+                len(flips),
+                len(val_flips) + len(val_homs),
+                len(homs),
+                len(r.calibration),
+            ]
+        ),
+    )
+    at = {
+        "train": list(tr),
+        "val": list(va),
+        "rewrites": list(range(n, cuts[1])),
+        "views": list(range(cuts[1], cuts[2])),
+        "flips": list(range(cuts[2], cuts[3])),
+        "homonyms": list(range(cuts[4], cuts[5])),
+        # the group INTENT: every harmful validation prompt as given, then the flips and homonyms
+        "intent": ([int(i) for i in va if y[i] == 1] if r.kinds else []) + list(range(cuts[3], cuts[4])),
+        "calibration": list(range(cuts[5], cuts[6])),
+    }  # benign traffic: validation rows that only set rates
+    labels = np.concatenate(
+        [y]
+        + [np.asarray(p.labels, dtype=int) for p in (aug, views, flips, val_flips, val_homs, homs)]
+        + [np.zeros(len(r.calibration), dtype=int)]
+    )
+    groups = np.asarray(
+        [PLAIN] * len(va) + list(views.categories) + [INTENT] * len(at["intent"]) + [CALIBRATION] * len(r.calibration)
+    )
     return _Texts(texts, labels, at, groups, flips)
 
 
-def _collect(r: _Request, t: _Texts, *, max_tokens: int | None, batch_size: int, sae: Any,
-             verbose: bool) -> dict[str, Callable[[list[int]], Any]]:
+def _collect(
+    r: Request, t: _Texts, *, max_tokens: int | None, batch_size: int, sae: Any, verbose: bool
+) -> dict[str, Callable[[list[Any]], Any]]:
     """One collection pass over every text at every candidate site, then one over the calibration
     prompts (batched apart, so that they change no other row by a rounding error): per site, a
     function from text positions to their rows (pooled ``[n, d]``, or one ``[T_i, d]`` per text for
@@ -365,92 +331,105 @@ def _collect(r: _Request, t: _Texts, *, max_tokens: int | None, batch_size: int,
             ids, _ = adapter.tokenize(part, chat_template=r.chat_template, max_tokens=max_tokens, prepend_bos=r.bos)
             with tqdm(total=len(ids), desc="collect tokens", unit="prompt", disable=not verbose) as bar:
                 seqs += token_batches(adapter, ids, [adapter.site(r.sites[0])], batch_size, bar, sae=sae)[r.sites[0]]
-        return {s: (lambda at, a=seqs: [a[i] for i in at]) for s in r.sites}
-    read = [collect(adapter, part, r.sites, r.pooling, batch_size=batch_size, chat_template=r.chat_template,
-                    prepend_bos=r.bos, max_tokens=max_tokens, sae=sae, progress=verbose) for part in parts]
+
+        def pick(at: list[Any]) -> list[Any]:
+            return [seqs[i] for i in at]
+
+        return {s: pick for s in r.sites}
+    read = [
+        collect(
+            adapter,
+            part,
+            r.sites,
+            r.pooling,
+            batch_size=batch_size,
+            chat_template=r.chat_template,
+            prepend_bos=r.bos,
+            max_tokens=max_tokens,
+            sae=sae,
+            progress=verbose,
+        )
+        for part in parts
+    ]
     acts = {s: torch.cat([a[s] for a in read]) for s in r.sites}
-    return {s: (lambda at, a=acts[s]: a[at]) for s in r.sites}
+
+    def rows_of(a: torch.Tensor) -> Callable[[list[Any]], Any]:
+        def rows(at: list[Any]) -> Any:
+            return a[at]
+
+        return rows
+
+    return {s: rows_of(acts[s]) for s in r.sites}
 
 
-def _collect_chats(r: _Request, *, batch_size: int, sae: Any, verbose: bool) -> dict[str, Chats]:
+def _collect_chats(r: Request, *, batch_size: int, sae: Any, verbose: bool) -> dict[str, Chats]:
     """Requests inside benign conversations (``contexts``): the split's prompts hosted in the chats,
     collected per token; more rows for training and validation. Empty without ``contexts``."""
     if r.contexts is None:
         return {}
     items, y, adapter, site = r.items, r.y, r.adapter, r.sites[0]
-    splits = {"val": ([items[i] for i in r.va], y[r.va]), "train": ([items[i] for i in r.tr], y[r.tr])}
+    splits: dict[str, tuple[Sequence[str], Any]] = {
+        "val": ([items[i] for i in r.va], y[r.va]),
+        "train": ([items[i] for i in r.tr], y[r.tr]),
+    }
     chats = {}
-    for split, h in host_splits(adapter.tokenizer, r.contexts, splits, val_fraction=r.val_fraction,
-                                lengths=r.context_tokens, seed=r.cfg.seed).items():
+    for split, h in host_splits(
+        adapter.tokenizer, r.contexts, splits, val_fraction=r.val_fraction, lengths=r.context_tokens, seed=r.cfg.seed
+    ).items():
         with tqdm(total=len(h.sequences), desc=f"collect {split} contexts", unit="chat", disable=not verbose) as bar:
-            seqs = token_batches(adapter, [q.ids for q in h.sequences], [adapter.site(site)], batch_size, bar,
-                                 sae=sae)[site]
+            seqs = token_batches(adapter, [q.ids for q in h.sequences], [adapter.site(site)], batch_size, bar, sae=sae)[
+                site
+            ]
         chats[split] = Chats(seqs, [(q.start, q.stop) for q in h.sequences], h.labels, h.tail)
     return chats
 
 
-def _train_data(rows: Callable[[list[int]], Any], t: _Texts, r: _Request, chats: dict[str, Chats]) -> TrainData:
+def _train_data(rows: Callable[[list[Any]], Any], t: _Texts, r: Request, chats: dict[str, Chats]) -> TrainData:
     """One site's :class:`~tpc_hooks.training._train.TrainData`: its rows cut into the parts the recipe reads."""
     at, labels = t.at, t.labels
-    return TrainData(train=Examples(rows(at["train"]), r.y[r.tr]),
-                     rewrites=Examples(rows(at["rewrites"]), labels[at["rewrites"]]) if r.families else None,
-                     val=Examples(rows(t.at_val), labels[t.at_val], t.groups,
-                                 val_sources(None if r.sources is None else r.sources[r.va], t.groups)), contexts=chats,
-                     flips=Examples(rows(at["flips"]), labels[at["flips"]]) if len(t.flips) else None,
-                     flip_of=np.asarray([int(i) for i in t.flips.sources], dtype=int) if len(t.flips) else None,
-                     homonyms=Examples(rows(at["homonyms"]), labels[at["homonyms"]]) if at["homonyms"] else None)
+    return TrainData(
+        train=Examples(rows(at["train"]), r.y[r.tr]),
+        rewrites=Examples(rows(at["rewrites"]), labels[at["rewrites"]]) if r.families else None,
+        val=Examples(
+            rows(t.at_val),
+            labels[t.at_val],
+            t.groups,
+            val_sources(None if r.sources is None else r.sources[r.va], t.groups),
+        ),
+        contexts=chats,
+        flips=Examples(rows(at["flips"]), labels[at["flips"]]) if len(t.flips) else None,
+        flip_of=np.asarray([int(i) for i in t.flips.sources], dtype=int) if len(t.flips) else None,
+        homonyms=Examples(rows(at["homonyms"]), labels[at["homonyms"]]) if at["homonyms"] else None,
+    )
 
 
-def _check_calibration(calibration: Any, items: list[str], sources: np.ndarray | None) -> tuple[str, ...]:
-    """``calibration``: None (none) or a non-empty list of prompts, none of them among ``items``
-    (a prompt the fit trained on would be scored low), and no prompt source named ``"calibration"``."""
-    if calibration is None:
-        return ()
-    texts = check_prompts(calibration)
-    seen = {norm(t) for t in items}
-    both = [t for t in texts if norm(t) in seen]
-    if both:
-        raise TPCHooksError(f"calibration holds {len(both)} of the prompts (first: {both[0][:60]!r}); the threshold "
-                            "is set on traffic the fit never saw: leave them out")
-    if sources is not None and CALIBRATION in set(sources.tolist()):
-        raise TPCHooksError(f"the source name {CALIBRATION!r} is the calibration prompts'; rename that source")
-    return tuple(texts)
-
-
-def _plan(r: _Request, t: _Texts, *, max_tokens: int | None, tau: float | None,
-          target_fpr: float | None) -> TrainPlan:
+def _plan(r: Request, t: _Texts, *, max_tokens: int | None, tau: float | None, target_fpr: float | None) -> TrainPlan:
     """The monitor's settings (the first site's; :func:`train` swaps in the chosen one) and the recipe's
     plan: fit settings, families and kinds, cascade, operating point, pruning."""
     adapter = r.adapter
     skip = adapter.fixed_prefix(chat_template=r.chat_template, prepend_bos=r.bos) if r.streaming else 0
-    settings = MonitorConfig(r.sites[0], pooling=r.pooling, chat_template=r.chat_template, prepend_bos=r.bos,
-                             max_tokens=max_tokens, model_name=adapter.model_name, aggregate=r.aggregate,
-                             alpha=r.alpha, window=r.window, skip=skip)
-    return TrainPlan(settings, r.cfg, recipe=r.recipe, families=r.families, tau=tau, target_fpr=target_fpr,
-                     intent=r.kinds, prune=r.prune, context_lengths=r.context_tokens, shifts=r.shifts,
-                     everyday=(*r.everyday, CALIBRATION) if r.everyday is not None and r.calibration else r.everyday)
-
-
-def _check_contexts(tokenizer: Any, contexts: Any, lengths: Any, chat_template: bool,
-                    prompts: Sequence[str]) -> tuple[list[list[dict[str, str]]], tuple[int, ...]]:
-    """``train_monitor``'s ``contexts`` (conversations, or a number of ShareGPT contexts) and
-    ``context_tokens``, checked."""
-    lengths = (lengths,) if isinstance(lengths, int) and not isinstance(lengths, bool) else tuple(lengths)
-    if not lengths or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in lengths):
-        raise TPCHooksError(f"context_tokens must be a positive integer or a list of them; got {lengths!r}")
-    if not chat_template:
-        raise TPCHooksError("contexts= places prompts in chat conversations; it needs chat_template=True "
-                            "(a tokenizer with a chat template)")
-    if isinstance(contexts, int) and not isinstance(contexts, bool):
-        if contexts < 4:
-            raise TPCHooksError(f"contexts must be at least 4 (2 held out for validation); got {contexts}")
-        return sharegpt_contexts(tokenizer, contexts, tokens=context_budget(lengths), exclude=prompts), lengths
-    if isinstance(contexts, (str, bytes)) or not isinstance(contexts, Sequence):
-        raise TPCHooksError("contexts must be a list of conversations ([{'role', 'content'}] turns) or a number of "
-                            f"ShareGPT contexts; got {type(contexts).__name__}")
-    convs = [check_conversation(c) for c in contexts]
-    if len(convs) < 4 or any(not c for c in convs):
-        raise TPCHooksError(f"contexts needs at least 4 non-empty conversations (2 are held out); got {len(convs)}"
-                            + (" (one is empty)" if any(not c for c in convs) else ""))
-    return convs, lengths
-
+    settings = MonitorConfig(
+        r.sites[0],
+        pooling=r.pooling,
+        chat_template=r.chat_template,
+        prepend_bos=r.bos,
+        max_tokens=max_tokens,
+        model_name=adapter.model_name,
+        aggregate=r.aggregate,
+        alpha=r.alpha,
+        window=r.window,
+        skip=skip,
+    )
+    return TrainPlan(
+        settings,
+        r.cfg,
+        recipe=r.recipe,
+        families=r.families,
+        tau=tau,
+        target_fpr=target_fpr,
+        intent=r.kinds,
+        prune=r.prune,
+        context_lengths=r.context_tokens,
+        shifts=r.shifts,
+        everyday=(*r.everyday, CALIBRATION) if r.everyday is not None and r.calibration else r.everyday,
+    )

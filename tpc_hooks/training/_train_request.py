@@ -1,0 +1,222 @@
+"""What :func:`~tpc_hooks.train_monitor` decides before the model runs: its arguments checked (each
+error says what was expected) and resolved into a :class:`Request` (the candidate sites, the
+phrasing families and intent kinds, the tokenisation, the fit settings, the seeded train /
+validation split of the prompts, the hosted chats and the calibration prompts)."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._errors import TPCHooksError
+from ..activations._collect import check_prompts
+from ..adapters import Adapter, get_adapter, resolve_bos
+from ..head._checks import check_labels
+from ..head._history import FitConfig
+from ..head._pooling import check_aggregate, check_pooling
+from ..monitoring._calibrate import check_sources, everyday_rows
+from ..prompts import _intent
+from ..prompts._context import check_conversation, context_budget, sharegpt_contexts
+from ..prompts._sources import norm
+from ._recipes import Recipe
+from ._split import SPLITS, split_positions
+from ._train import CALIBRATION, check_target_fpr, default_aggregate, fit_config
+
+
+@dataclass(frozen=True)
+class Request:
+    """``train_monitor``'s arguments once checked and resolved: all that is decided before the model
+    runs (the candidate sites, the phrasing families and intent kinds, the tokenisation, the fit
+    settings, the seeded train / validation split of the prompts)."""
+
+    items: list[str]
+    y: np.ndarray
+    sites: list[str]
+    adapter: Adapter
+    pooling: str
+    aggregate: str
+    alpha: float
+    window: int
+    recipe: str
+    families: tuple[str, ...]
+    kinds: tuple[str, ...]
+    chat_template: bool
+    bos: bool
+    contexts: list[list[dict[str, str]]] | None
+    context_tokens: tuple[int, ...]
+    val_fraction: float
+    cfg: FitConfig
+    fit_args: dict[str, Any]
+    tr: np.ndarray
+    va: np.ndarray
+    sources: np.ndarray | None = None
+    shifts: tuple[str, ...] = ()
+    everyday: tuple[str, ...] | None = None
+    calibration: tuple[str, ...] = ()
+    prune: bool = True
+
+    @property
+    def streaming(self) -> bool:
+        return self.pooling == "token"
+
+    @property
+    def flip_kinds(self) -> tuple[str, ...]:
+        return tuple(k for k in self.kinds if k in _intent.KINDS)
+
+
+def check_request(
+    model: Any,
+    prompts: Sequence[str],
+    labels: Any,
+    site: str | Sequence[str],
+    pooling: str,
+    *,
+    aggregate: Any,
+    alpha: float,
+    window: int,
+    contexts: Any,
+    context_tokens: Any,
+    recipe: Recipe,
+    target_fpr: Any,
+    val_fraction: float,
+    split: str,
+    chat_template: bool | None,
+    prepend_bos: bool | None,
+    sae: Any,
+    config: FitConfig | None,
+    degree: Any,
+    rank: Any,
+    seed: Any,
+    tokenizer: Any,
+    sources: Any,
+    everyday: Any,
+    calibration: Any,
+    fit_kwargs: dict[str, Any],
+) -> Request:
+    """Every argument checked (each error says what was expected) and resolved, before any model work."""
+    items = check_prompts(prompts)
+    y = check_labels(labels, len(items), "labels").numpy().astype(int)
+    sources = check_sources(sources, len(items), "prompt")
+    if everyday is not None:
+        on = everyday_rows(sources, everyday)
+        if not (on & (y == 0)).any():
+            raise TPCHooksError(
+                f"everyday names {sorted(set(sources[on].tolist()))}, which have no benign prompt: the "
+                "threshold is set on the benign prompts of the everyday sources"
+            )
+        everyday = tuple(sorted({str(v) for v in everyday}))
+    calibration = _check_calibration(calibration, items, sources)
+    sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
+    if not sites or not all(isinstance(s, str) for s in sites):
+        raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
+    check_target_fpr(target_fpr)
+    adapter = get_adapter(model, tokenizer=tokenizer)
+    for s in sites:
+        adapter.site(s)
+    if sae is not None and len(sites) > 1:
+        raise TPCHooksError("an SAE belongs to one site: pass a single site with sae=")
+    if aggregate is None:
+        aggregate = default_aggregate(contexts is not None)
+    if pooling == "token":
+        check_aggregate(aggregate, alpha, window)
+        if len(sites) > 1:
+            raise TPCHooksError("a per-token monitor (pooling='token') reads one site; pass a single site")
+    else:
+        check_pooling(pooling)
+        if contexts is not None:
+            raise TPCHooksError(
+                "contexts= trains a per-token monitor on requests inside conversations; pass pooling='token'"
+            )
+    if chat_template is None:
+        chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
+    if contexts is not None:
+        contexts, context_tokens = _check_contexts(adapter.tokenizer, contexts, context_tokens, chat_template, items)
+    if not 0 < val_fraction < 1:
+        raise TPCHooksError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
+    if split not in SPLITS:
+        raise TPCHooksError(f"split must be one of {list(SPLITS)}; got {split!r}")
+    if np.bincount(y, minlength=2).min() < 2:
+        raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
+    given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
+    own: dict[str, Any] = {
+        k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs
+    }  # fit's, not FitConfig's
+    cfg = fit_config(recipe.name, recipe.augment, config, {**given, **fit_kwargs})
+    tr, va = split_positions(items, y, val_fraction, split, cfg.seed)
+    return Request(
+        items,
+        y,
+        sites,
+        adapter,
+        pooling,
+        aggregate,
+        alpha,
+        window,
+        recipe.name,
+        recipe.augment,
+        recipe.intent,
+        chat_template,
+        resolve_bos(adapter.tokenizer, prepend_bos, chat_template),
+        contexts,
+        tuple(context_tokens) if contexts is not None else (),
+        val_fraction,
+        cfg,
+        own,
+        tr,
+        va,
+        sources,
+        recipe.shifts,
+        everyday,
+        calibration,
+        recipe.prune_orders,
+    )
+
+
+def _check_calibration(calibration: Any, items: list[str], sources: np.ndarray | None) -> tuple[str, ...]:
+    """``calibration``: None (none) or a non-empty list of prompts, none of them among ``items``
+    (a prompt the fit trained on would be scored low), and no prompt source named ``"calibration"``."""
+    if calibration is None:
+        return ()
+    texts = check_prompts(calibration)
+    seen = {norm(t) for t in items}
+    both = [t for t in texts if norm(t) in seen]
+    if both:
+        raise TPCHooksError(
+            f"calibration holds {len(both)} of the prompts (first: {both[0][:60]!r}); the threshold "
+            "is set on traffic the fit never saw: leave them out"
+        )
+    if sources is not None and CALIBRATION in set(sources.tolist()):
+        raise TPCHooksError(f"the source name {CALIBRATION!r} is the calibration prompts'; rename that source")
+    return tuple(texts)
+
+
+def _check_contexts(
+    tokenizer: Any, contexts: Any, lengths: Any, chat_template: bool, prompts: Sequence[str]
+) -> tuple[list[list[dict[str, str]]], tuple[int, ...]]:
+    """``train_monitor``'s ``contexts`` (conversations, or a number of ShareGPT contexts) and
+    ``context_tokens``, checked."""
+    lengths = (lengths,) if isinstance(lengths, int) and not isinstance(lengths, bool) else tuple(lengths)
+    if not lengths or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in lengths):
+        raise TPCHooksError(f"context_tokens must be a positive integer or a list of them; got {lengths!r}")
+    if not chat_template:
+        raise TPCHooksError(
+            "contexts= places prompts in chat conversations; it needs chat_template=True "
+            "(a tokenizer with a chat template)"
+        )
+    if isinstance(contexts, int) and not isinstance(contexts, bool):
+        if contexts < 4:
+            raise TPCHooksError(f"contexts must be at least 4 (2 held out for validation); got {contexts}")
+        return sharegpt_contexts(tokenizer, contexts, tokens=context_budget(lengths), exclude=prompts), lengths
+    if isinstance(contexts, (str, bytes)) or not isinstance(contexts, Sequence):
+        raise TPCHooksError(
+            "contexts must be a list of conversations ([{'role', 'content'}] turns) or a number of "
+            f"ShareGPT contexts; got {type(contexts).__name__}"
+        )
+    convs = [check_conversation(c) for c in contexts]
+    if len(convs) < 4 or any(not c for c in convs):
+        raise TPCHooksError(
+            f"contexts needs at least 4 non-empty conversations (2 are held out); got {len(convs)}"
+            + (" (one is empty)" if any(not c for c in convs) else "")
+        )
+    return convs, lengths
