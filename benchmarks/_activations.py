@@ -15,11 +15,12 @@ import numpy as np
 import tpc_hooks as tpc
 from tpc_hooks import offline
 
-
 # the packaged models the benchmarks run on: the layers they collect (a third, a half and two thirds
 # up) and whether prompts are wrapped in the chat template (a base model has none)
-MODELS = {"SmolLM2-135M-Instruct": {"layers": (10, 15, 20), "chat_template": True},
-          "gemma-3-270m": {"layers": (6, 9, 12), "chat_template": False}}
+MODELS = {
+    "SmolLM2-135M-Instruct": {"layers": (10, 15, 20), "chat_template": True},
+    "gemma-3-270m": {"layers": (6, 9, 12), "chat_template": False},
+}
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
@@ -39,8 +40,9 @@ def digest(texts: list[str]) -> str:
     return hashlib.sha256(json.dumps(texts).encode()).hexdigest()
 
 
-def cached_activations(path: Path, texts: list[str], layers, model_box: list, name: str,
-                       model: str = DEFAULT_MODEL) -> dict[int, np.ndarray]:
+def cached_activations(
+    path: Path, texts: list[str], layers, model_box: list, name: str, model: str = DEFAULT_MODEL
+) -> dict[int, np.ndarray]:
     """``{layer: X [len(texts), d_model]}`` (the packaged ``model`` via nnsight, mean pooling, the chat
     template where :data:`MODELS` says), read from the stores under ``path`` or collected into them
     (a layer is a number, its residual stream, or a hook name);
@@ -59,9 +61,16 @@ def cached_activations(path: Path, texts: list[str], layers, model_box: list, na
         if not model_box:
             model_box.append(offline.load_model(model, toolkit="nnsight"))
         t0 = time.time()
-        got = tpc.collect(model_box[0], texts, [site(layer) for layer in layers], "mean",
-                          chat_template=MODELS[model]["chat_template"],
-                          batch_size=8, store=path, progress=True)
+        got = tpc.collect(
+            model_box[0],
+            texts,
+            [site(layer) for layer in layers],
+            "mean",
+            chat_template=MODELS[model]["chat_template"],
+            batch_size=8,
+            store=path,
+            progress=True,
+        )
         stores = {layer: got[site(layer)] for layer in layers}
         print(f"collected {name}: {len(texts)} rows in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     return {layer: st.to_numpy() for layer, st in stores.items()}

@@ -37,9 +37,13 @@ def add_results_argument(parser: argparse.ArgumentParser, name: str) -> None:
     """``--results PATH`` (default ``benchmarks/results/<name>.md``, except under ``--quick``,
     whose smoke-test figures must not replace a real run's record; ``--results ''`` records
     nothing). Read it with :func:`results_path`."""
-    parser.add_argument("--results", default=None, metavar="PATH",
-                        help=f"also write everything printed to stdout here, as Markdown "
-                             f"(default: benchmarks/results/{name}.md, none with --quick; '' to disable)")
+    parser.add_argument(
+        "--results",
+        default=None,
+        metavar="PATH",
+        help=f"also write everything printed to stdout here, as Markdown "
+        f"(default: benchmarks/results/{name}.md, none with --quick; '' to disable)",
+    )
     parser.set_defaults(results_name=name)
 
 
@@ -110,11 +114,13 @@ def recording(path: str | os.PathLike | None, argv: Sequence[str] | None = None)
         sys.stdout = original
     finished = datetime.datetime.now(datetime.timezone.utc)
     minutes = (finished - started).total_seconds() / 60
-    header = (f"# {path.stem}\n\n"
-              f"Command: `{command_line(argv)}`  \n"
-              f"Run: {started:%Y-%m-%d %H:%M} UTC, {minutes:.1f} min.  \n"
-              "Everything below is the script's standard output, verbatim (progress on stderr is not "
-              "recorded); rerunning the script overwrites this file.\n\n---\n\n")
+    header = (
+        f"# {path.stem}\n\n"
+        f"Command: `{command_line(argv)}`  \n"
+        f"Run: {started:%Y-%m-%d %H:%M} UTC, {minutes:.1f} min.  \n"
+        "Everything below is the script's standard output, verbatim (progress on stderr is not "
+        "recorded); rerunning the script overwrites this file.\n\n---\n\n"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(header + tee.getvalue().lstrip("\n"), encoding="utf-8")

@@ -97,12 +97,17 @@ class HostReads:
             for name in _METHODS:
                 self._patch(torch.Tensor, name, lambda a, out: self._counts(a[0]))
             for name in _MASKED:
-                self._patch(torch.Tensor, name, lambda a, out: self._counts(a[0]) and _is_mask(a[1]),
-                            key=f"{name}[mask]")
+                self._patch(
+                    torch.Tensor, name, lambda a, out: self._counts(a[0]) and _is_mask(a[1]), key=f"{name}[mask]"
+                )
             self._patch(torch, "nonzero", lambda a, out: bool(a) and self._counts(a[0]), key="torch.nonzero")
             if self.device_only:
-                self._patch(torch.Tensor, "to", lambda a, out: self._counts(a[0]) and isinstance(out, torch.Tensor)
-                            and out.device.type == "cpu", key="to(cpu)")
+                self._patch(
+                    torch.Tensor,
+                    "to",
+                    lambda a, out: self._counts(a[0]) and isinstance(out, torch.Tensor) and out.device.type == "cpu",
+                    key="to(cpu)",
+                )
         except BaseException:
             self._restore()
             raise
@@ -171,9 +176,20 @@ def _self_check() -> None:
         y[y > 2] = 0.0
         _ = x + 1, x[1:], x.to(torch.float64)  # no reads
         list(range(torch.tensor(2)))  # __index__
-    assert reads.counts == {"item": 1, "__bool__": 1, "__int__": 1, "__float__": 1, "tolist": 1, "cpu": 1, "numpy": 1,
-                            "nonzero": 1, "torch.nonzero": 1, "__getitem__[mask]": 1, "__setitem__[mask]": 1,
-                            "__index__": 1}, dict(reads.counts)
+    assert reads.counts == {
+        "item": 1,
+        "__bool__": 1,
+        "__int__": 1,
+        "__float__": 1,
+        "tolist": 1,
+        "cpu": 1,
+        "numpy": 1,
+        "nonzero": 1,
+        "torch.nonzero": 1,
+        "__getitem__[mask]": 1,
+        "__setitem__[mask]": 1,
+        "__index__": 1,
+    }, dict(reads.counts)
     assert {n: torch.Tensor.__dict__.get(n) for n in names} == before and torch.nonzero is nonzero, "not restored"
     with HostReads(device_only=True) as dev:  # CPU tensors do not count in the device mode
         x.sum().item()
@@ -198,8 +214,10 @@ def _self_check() -> None:
             g.sum().item()
             g.to("cpu")
             _ = g + 1
-        print(f"CudaSyncs: {syncs.count} syncs for .item() and a mask index (expected >= 2); "
-              f"HostReads(device_only=True): {dict(dev.counts)}")
+        print(
+            f"CudaSyncs: {syncs.count} syncs for .item() and a mask index (expected >= 2); "
+            f"HostReads(device_only=True): {dict(dev.counts)}"
+        )
         assert syncs.count >= 2 and dev.counts == {"item": 1, "to(cpu)": 1}
 
 

@@ -22,14 +22,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _results import add_results_argument, recording, results_path
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks.baselines import compare, early_exit_cascade
 from tpc_hooks.data import default_prompt_set
 from tpc_hooks.metrics import classification_metrics
-
-from _results import add_results_argument, recording, results_path
 
 TAUS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)
 
@@ -59,26 +58,47 @@ def run(args: argparse.Namespace) -> int:
     model = offline.load_model(toolkit="nnsight")
     X: dict[str, dict[str, np.ndarray]] = defaultdict(dict)
     for split, ps in sets.items():  # every layer from one forward pass per batch
-        stores = tpc.collect(model, ps.texts, sites, "mean", chat_template=True, batch_size=8,
-                             store=Path(args.cache) / split, progress=True)
+        stores = tpc.collect(
+            model,
+            ps.texts,
+            sites,
+            "mean",
+            chat_template=True,
+            batch_size=8,
+            store=Path(args.cache) / split,
+            progress=True,
+        )
         for s in sites:
             X[s][split] = stores[s].to_numpy()
     y = {k: np.asarray(v.labels) for k, v in sets.items()}
     main_site = f"blocks.{args.layer}.hook_resid_post"
     D = X[main_site]
-    print(f"\nmachine: {os.cpu_count()} CPUs, torch {torch.__version__}; SmolLM2-135M-Instruct, mean pooling, chat "
-          f"template; rows " + ", ".join(f"{k} {len(v)}" for k, v in sets.items()) + f"; {args.seeds} seeds; "
-          f"degree 5, rank {args.rank}, up to {args.epochs} epochs\n")
+    print(
+        f"\nmachine: {os.cpu_count()} CPUs, torch {torch.__version__}; SmolLM2-135M-Instruct, mean pooling, chat "
+        f"template; rows " + ", ".join(f"{k} {len(v)}" for k, v in sets.items()) + f"; {args.seeds} seeds; "
+        f"degree 5, rank {args.rank}, up to {args.epochs} epochs\n"
+    )
 
-    dial = defaultdict(list)      # (split, method, order, metric) -> values over seeds
-    casc = defaultdict(list)      # (which, tau, field) -> values
-    cal = defaultdict(list)       # (order, before/after) -> ECE
-    cats = defaultdict(list)      # (category) -> accuracy of the full TPC on the test split
-    sweep = defaultdict(list)     # (layer, method, split) -> F1
+    dial = defaultdict(list)  # (split, method, order, metric) -> values over seeds
+    casc = defaultdict(list)  # (which, tau, field) -> values
+    cal = defaultdict(list)  # (order, before/after) -> ECE
+    cats = defaultdict(list)  # (category) -> accuracy of the full TPC on the test split
+    sweep = defaultdict(list)  # (layer, method, split) -> F1
     for seed in range(args.seeds):
-        res = compare(D["train"], y["train"], D["val"], y["val"], D["test"], y["test"], degree=5, rank=args.rank,
-                      methods=("linear", "bilinear", "mlp", "early_exit", "tpc", "tpc_joint"), seed=seed,
-                      verbose=False, epochs=args.epochs)
+        res = compare(
+            D["train"],
+            y["train"],
+            D["val"],
+            y["val"],
+            D["test"],
+            y["test"],
+            degree=5,
+            rank=args.rank,
+            methods=("linear", "bilinear", "mlp", "early_exit", "tpc", "tpc_joint"),
+            seed=seed,
+            verbose=False,
+            epochs=args.epochs,
+        )
         for split, rows in (("test", res.rows), ("heldout", res.evaluate(D["heldout"], y["heldout"]))):
             for r in rows:
                 for m in ("f1", "accuracy", "precision", "recall", "frr"):
@@ -102,8 +122,17 @@ def run(args: argparse.Namespace) -> int:
             idx = [i for i, s in enumerate(sets["test"].sources) if s == c]
             cats[c].append(float((pred[idx] == y["test"][idx]).mean()))
         for s in sites:
-            h = tpc.fit(X[s]["train"], y["train"], X[s]["val"], y["val"], degree=5, rank=args.rank, epochs=args.epochs,
-                        seed=seed, verbose=False)
+            h = tpc.fit(
+                X[s]["train"],
+                y["train"],
+                X[s]["val"],
+                y["val"],
+                degree=5,
+                rank=args.rank,
+                epochs=args.epochs,
+                seed=seed,
+                verbose=False,
+            )
             with torch.no_grad():
                 for split in ("test", "heldout"):
                     for n, name in ((1, "linear"), (5, "tpc")):
@@ -122,23 +151,37 @@ def run(args: argparse.Namespace) -> int:
         print("| method | accuracy | precision | recall | FRR |\n|---|---|---|---|---|")
         for m in methods:
             top = max(n for n in range(1, 6) if dial[(split, m, n, "f1")])
-            print(f"| {m} (order {top}) | " + " | ".join(ms(dial[(split, m, top, k)])
-                                                        for k in ("accuracy", "precision", "recall", "frr")) + " |")
+            print(
+                f"| {m} (order {top}) | "
+                + " | ".join(ms(dial[(split, m, top, k)]) for k in ("accuracy", "precision", "recall", "frr"))
+                + " |"
+            )
         print()
     print("## 2. Cascade on the test split: F1 (%) and mean FLOPs / linear probe")
     print("| tau | TPC F1 | TPC FLOPs | early-exit MLP F1 | early-exit FLOPs |\n|---|---|---|---|---|")
     for tau in TAUS:
-        print(f"| {tau:g} | {ms(casc[('tpc', tau, 'f1')])} | {np.mean(casc[('tpc', tau, 'flops')]):.2f} | "
-              f"{ms(casc[('early_exit', tau, 'f1')])} | {np.mean(casc[('early_exit', tau, 'flops')]):.2f} |")
+        print(
+            f"| {tau:g} | {ms(casc[('tpc', tau, 'f1')])} | {np.mean(casc[('tpc', tau, 'flops')]):.2f} | "
+            f"{ms(casc[('early_exit', tau, 'f1')])} | {np.mean(casc[('early_exit', tau, 'flops')]):.2f} |"
+        )
     full = np.mean(dial[("test", "tpc", 5, "f1")])
-    ok = [tau for tau in TAUS if np.mean(casc[("tpc", tau, "flops")]) <= 1.5
-          and np.mean(casc[("tpc", tau, "f1")]) >= full - 0.005]
-    print(f"\ntarget (within 0.5 F1 points of the full TPC, {100 * full:.1f}, at <= 1.5x linear FLOPs): "
-          + (f"met at tau in {ok}" if ok else "not met at any tau"))
+    ok = [
+        tau
+        for tau in TAUS
+        if np.mean(casc[("tpc", tau, "flops")]) <= 1.5 and np.mean(casc[("tpc", tau, "f1")]) >= full - 0.005
+    ]
+    print(
+        f"\ntarget (within 0.5 F1 points of the full TPC, {100 * full:.1f}, at <= 1.5x linear FLOPs): "
+        + (f"met at tau in {ok}" if ok else "not met at any tau")
+    )
     print("\n## 4. Layer sweep: F1 (%), linear probe (order 1) and TPC (order 5)")
     print("| layer | linear test | TPC test | linear held-out | TPC held-out |\n|---|---|---|---|---|")
     for s in sites:
-        print(f"| {s} | " + " | ".join(ms(sweep[(s, m, sp)]) for sp in ("test", "heldout") for m in ("linear", "tpc")) + " |")
+        print(
+            f"| {s} | "
+            + " | ".join(ms(sweep[(s, m, sp)]) for sp in ("test", "heldout") for m in ("linear", "tpc"))
+            + " |"
+        )
     print("\n## 5. Calibration: validation ECE (%) per order, before / after per-order temperature and bias")
     print("| order | before | after |\n|---|---|---|")
     for n in range(1, 6):
@@ -148,9 +191,16 @@ def run(args: argparse.Namespace) -> int:
     for c, v in cats.items():
         print(f"| {c} | {ms(v)} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"dial": {"|".join(map(str, k)): v for k, v in dial.items()},
-                                               "cascade": {"|".join(map(str, k)): v for k, v in casc.items()},
-                                               "sweep": {"|".join(map(str, k)): v for k, v in sweep.items()}}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "dial": {"|".join(map(str, k)): v for k, v in dial.items()},
+                    "cascade": {"|".join(map(str, k)): v for k, v in casc.items()},
+                    "sweep": {"|".join(map(str, k)): v for k, v in sweep.items()},
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

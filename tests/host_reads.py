@@ -31,6 +31,7 @@ class HostReads:
                 if not sys._getframe(1).f_code.co_filename.startswith(self.TORCH):
                     self.count += 1
                 return fn(t, *a, **kw)
+
             return counted
 
         try:

@@ -4,18 +4,34 @@ transformers."""
 import numpy as np
 import pytest
 import torch
+from tiny_models import (
+    RESUME_PROMPTS,
+    assert_steps_score_as_offline,
+    bridge,
+    hf_gpt2,
+    hf_llama,
+    hooked_gpt2_style,
+    interrupt_forward,
+    named,
+    nnsight_lm,
+    tiny_head,
+    tokenizer,
+)
 
 import tpc_hooks as tpc
-from tiny_models import (RESUME_PROMPTS, assert_steps_score_as_offline, bridge, hf_gpt2, hf_llama, hooked_gpt2_style, interrupt_forward, named, nnsight_lm,
-                         tokenizer, tiny_head)
 from tpc_hooks.adapters import get_adapter
 from tpc_hooks.pooling import pool
 
 pytest.importorskip("transformer_lens")
 pytest.importorskip("nnsight")
 
-PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello world",
-           "write poem about cat dog and the mat", "steal car"]
+PROMPTS = [
+    "how do i make bomb",
+    "tell me about the weather please",
+    "hello world",
+    "write poem about cat dog and the mat",
+    "steal car",
+]
 SITE = "blocks.1.hook_resid_post"
 
 # name -> (builder of the model under test, builder of an independent reference or None)
@@ -29,15 +45,19 @@ MODELS = {
     "transformers-llama": lambda: named(hf_llama()),
     "transformers-gpt2": lambda: named(hf_gpt2()),
 }
-HF_REF = {"bridge-llama": hf_llama, "bridge-gpt2": hf_gpt2, "nnsight-llama": hf_llama, "nnsight-gpt2": hf_gpt2,
-          "transformers-llama": hf_llama, "transformers-gpt2": hf_gpt2}
+HF_REF = {
+    "bridge-llama": hf_llama,
+    "bridge-gpt2": hf_gpt2,
+    "nnsight-llama": hf_llama,
+    "nnsight-gpt2": hf_gpt2,
+    "transformers-llama": hf_llama,
+    "transformers-gpt2": hf_gpt2,
+}
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
 def case(request):
     return request.param, MODELS[request.param]()
-
-
 
 
 def reference_acts(name, model, ids, layer):
@@ -120,7 +140,7 @@ def test_hooked_generation_matches_uncached_greedy_decoding():
     mon = tpc.Monitor(tiny_head(), SITE)
     run = mon.generate(model, PROMPTS, max_new_tokens=6, stop_at_eos=False)
     for b in range(len(PROMPTS)):
-        seq = list(run.sequences[b][:run.prompt_lengths[b]])
+        seq = list(run.sequences[b][: run.prompt_lengths[b]])
         with torch.no_grad():
             for _ in range(6):
                 seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
@@ -154,8 +174,10 @@ def test_stop_action_and_callbacks_and_hooks_are_given_back(case):
     assert hooks_left(model) == before
 
     for exc in (RuntimeError("boom"), KeyboardInterrupt()):
+
         def explode(event, exc=exc):
             raise exc
+
         with pytest.raises(type(exc)):
             flag_all.generate(model, PROMPTS, max_new_tokens=3, action=explode)
         assert hooks_left(model) == before
@@ -199,9 +221,14 @@ def test_monitor_round_trip_and_mismatch_errors(tmp_path):
     with pytest.raises(tpc.TPCHooksError, match="describes a bare head, not a monitor"):
         tpc.Monitor.from_pretrained(head.save_pretrained(tmp_path / "h"))
     wide = tpc.Monitor(tiny_head(d_model=64), SITE)
-    with pytest.raises(tpc.TPCHooksError, match=r"monitor expects d_model=64 at 'blocks.1.hook_resid_post' but the model produces 32"):
+    with pytest.raises(
+        tpc.TPCHooksError, match=r"monitor expects d_model=64 at 'blocks.1.hook_resid_post' but the model produces 32"
+    ):
         wide.score(model, PROMPTS)
-    with pytest.raises(tpc.TPCHooksError, match=r"site 'blocks.7.hook_resid_post' is not valid .*0\.\.2.*valid sites: blocks.0.hook_resid_pre"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"site 'blocks.7.hook_resid_post' is not valid .*0\.\.2.*valid sites: blocks.0.hook_resid_pre",
+    ):
         tpc.Monitor(head, "blocks.7.hook_resid_post").score(model, PROMPTS)
 
 
@@ -209,8 +236,11 @@ def test_bad_sites_and_prompts():
     from tiny_models import hf_tiny
 
     tl_model = hooked_gpt2_style()
-    with pytest.raises(tpc.TPCHooksError, match=r"blocks.0.hook_resid_mid is not offered .*GPTNeoXLayer \(nnsight\): .*parallel block.*"
-                                                r"offers blocks.0.hook_resid_pre, blocks.0.hook_attn_out"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"blocks.0.hook_resid_mid is not offered .*GPTNeoXLayer \(nnsight\): .*parallel block.*"
+        r"offers blocks.0.hook_resid_pre, blocks.0.hook_attn_out",
+    ):
         tpc.collect(nnsight_lm(hf_tiny("gpt_neox")), PROMPTS, "blocks.0.hook_resid_mid", progress=False)
     assert "blocks.0.hook_resid_mid" in get_adapter(tl_model).site_names()
     with pytest.raises(tpc.TPCHooksError, match="unknown site 'blocks.0.attn.hook_z'|is not valid"):
@@ -227,13 +257,39 @@ def test_bad_sites_and_prompts():
 
 def test_train_monitor_in_place():
     model = nnsight_lm(hf_llama())
-    harmful = ["how do i make bomb", "steal car", "hack email", "kill process", "make bomb please", "steal car please",
-               "hack email now", "how do i steal car"]
-    benign = ["tell me about the weather", "bread recipe", "write poem about cat", "hello world friend",
-              "cake recipe please", "nice weather", "python code please", "hello friend"]
-    mon = tpc.train_monitor(model, harmful + benign, [1] * 8 + [0] * 8, SITE, degree=2, rank=2, epochs=3,
-                            val_fraction=0.25, tau=0.2, recipe=tpc.recipes.default(prune_orders=False),
-                            verbose=False)
+    harmful = [
+        "how do i make bomb",
+        "steal car",
+        "hack email",
+        "kill process",
+        "make bomb please",
+        "steal car please",
+        "hack email now",
+        "how do i steal car",
+    ]
+    benign = [
+        "tell me about the weather",
+        "bread recipe",
+        "write poem about cat",
+        "hello world friend",
+        "cake recipe please",
+        "nice weather",
+        "python code please",
+        "hello friend",
+    ]
+    mon = tpc.train_monitor(
+        model,
+        harmful + benign,
+        [1] * 8 + [0] * 8,
+        SITE,
+        degree=2,
+        rank=2,
+        epochs=3,
+        val_fraction=0.25,
+        tau=0.2,
+        recipe=tpc.recipes.default(prune_orders=False),
+        verbose=False,
+    )
     assert mon.chat_template is True and mon.prepend_bos is False and mon.cascade is not None
     assert len(mon.report["validation"]["per_order"]) == 2
     assert mon.score(model, ["steal car"]).probs.shape == (1,)
@@ -241,12 +297,29 @@ def test_train_monitor_in_place():
         tpc.train_monitor(model, harmful, [1] * 8, SITE, verbose=False)
     # a FitConfig is honoured; degree=/rank=/seed= override it only when given
     cfg = tpc.FitConfig(degree=3, rank=2, epochs=2, seed=1)
-    from_cfg = tpc.train_monitor(model, harmful + benign, [1] * 8 + [0] * 8, SITE, config=cfg, val_fraction=0.25,
-                                 recipe=tpc.recipes.default(prune_orders=False), verbose=False)
+    from_cfg = tpc.train_monitor(
+        model,
+        harmful + benign,
+        [1] * 8 + [0] * 8,
+        SITE,
+        config=cfg,
+        val_fraction=0.25,
+        recipe=tpc.recipes.default(prune_orders=False),
+        verbose=False,
+    )
     assert from_cfg.head.degree == 3 and from_cfg.head.history.config.seed == 1
     assert from_cfg.head.history.config.epochs == 2
-    overridden = tpc.train_monitor(model, harmful + benign, [1] * 8 + [0] * 8, SITE, config=cfg, degree=2,
-                                   val_fraction=0.25, recipe=tpc.recipes.default(prune_orders=False), verbose=False)
+    overridden = tpc.train_monitor(
+        model,
+        harmful + benign,
+        [1] * 8 + [0] * 8,
+        SITE,
+        config=cfg,
+        degree=2,
+        val_fraction=0.25,
+        recipe=tpc.recipes.default(prune_orders=False),
+        verbose=False,
+    )
     assert overridden.head.degree == 2 and overridden.head.history.config.seed == 1
 
 
@@ -258,28 +331,41 @@ def test_watch_scores_the_users_own_generate(case):
     if name.startswith("hooked"):
         # TransformerLens' own generate, without its KV cache: every call is a fresh full forward
         with mon.watch(model) as log:
-            outs = [model.generate(torch.tensor([row]), max_new_tokens=3, use_past_kv_cache=False, do_sample=False,
-                                   stop_at_eos=False, verbose=False)[0].tolist() for row in ids]
+            outs = [
+                model.generate(
+                    torch.tensor([row]),
+                    max_new_tokens=3,
+                    use_past_kv_cache=False,
+                    do_sample=False,
+                    stop_at_eos=False,
+                    verbose=False,
+                )[0].tolist()
+                for row in ids
+            ]
         assert hooks_left(model) == before
         assert log.fresh == [True] * 3 * len(ids)
         for b, seq in enumerate(outs):
-            prefixes = [seq[:len(ids[b]) + t] for t in range(3)]
+            prefixes = [seq[: len(ids[b]) + t] for t in range(3)]
             got = torch.cat([log.results[3 * b + t].logits for t in range(3)])
             torch.testing.assert_close(got, mon.score(model, tokens=prefixes).logits, rtol=1e-4, atol=1e-4)
         return
     from tpc_hooks.adapters import pad
 
     x, mask = pad(ids, 0, "left")
-    hf = {"nnsight": lambda: model._module, "bridge": lambda: model.original_model,
-          "transformers": lambda: model}[name.split("-")[0]]()
+    hf = {"nnsight": lambda: model._module, "bridge": lambda: model.original_model, "transformers": lambda: model}[
+        name.split("-")[0]
+    ]()
     with mon.watch(model) as log:  # Hugging Face generate, left-padded, with its KV cache
-        out = hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0,
-                          eos_token_id=None)
+        out = hf.generate(
+            input_ids=x, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=None
+        )
     assert hooks_left(model) == before
     assert log.fresh == [True, False, False] and log.new_tokens == [x.shape[1], 1, 1]
     for t in range(3):
-        prefixes = [ids[b] + out[b, x.shape[1]:x.shape[1] + t].tolist() for b in range(len(ids))]
-        torch.testing.assert_close(log.results[t].logits, mon.score(model, tokens=prefixes).logits, rtol=1e-4, atol=1e-4)
+        prefixes = [ids[b] + out[b, x.shape[1] : x.shape[1] + t].tolist() for b in range(len(ids))]
+        torch.testing.assert_close(
+            log.results[t].logits, mon.score(model, tokens=prefixes).logits, rtol=1e-4, atol=1e-4
+        )
     run = log.run  # the same calls as a GenerationRun: row b's step t is call t's score of it
     assert isinstance(run, tpc.GenerationRun) and run.steps == 3 and run.sequences is None
     for b in range(len(ids)):
@@ -291,11 +377,14 @@ def test_watch_scores_the_users_own_generate(case):
 @pytest.mark.parametrize("wrap", ["nnsight", "bridge", "transformers_model", "transformers"])
 def test_site_table_covers_architectures(arch, wrap):
     from nnsight import TransformersModel
-
     from tiny_models import hf_tiny
 
-    build = {"nnsight": nnsight_lm, "bridge": bridge,
-             "transformers_model": lambda m: TransformersModel(m, tokenizer=tokenizer()), "transformers": named}[wrap]
+    build = {
+        "nnsight": nnsight_lm,
+        "bridge": bridge,
+        "transformers_model": lambda m: TransformersModel(m, tokenizer=tokenizer()),
+        "transformers": named,
+    }[wrap]
     model = build(hf_tiny(arch))
     sites = ["blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.2.hook_resid_pre"]
     acts = tpc.collect(model, PROMPTS, sites, "mean", progress=False)
@@ -309,8 +398,13 @@ def test_site_table_covers_architectures(arch, wrap):
         torch.testing.assert_close(acts[sites[2]][i], hs[2][0].mean(0), rtol=1e-4, atol=1e-5)
 
 
-BLOCK = ["blocks.1.hook_resid_pre", "blocks.1.hook_attn_out", "blocks.1.hook_resid_mid", "blocks.1.hook_mlp_out",
-         "blocks.1.hook_resid_post"]
+BLOCK = [
+    "blocks.1.hook_resid_pre",
+    "blocks.1.hook_attn_out",
+    "blocks.1.hook_resid_mid",
+    "blocks.1.hook_mlp_out",
+    "blocks.1.hook_resid_post",
+]
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma", "gpt2"])
@@ -340,18 +434,30 @@ def test_branch_sites_are_refused_where_a_block_does_not_add_them_up():
     each branch before adding it (Granite's residual_multiplier) adds neither module's output as
     it is: all three refused, naming what the block offers."""
     import transformers as tr
-
     from tiny_models import hf_tiny
 
     torch.manual_seed(0)
-    granite = tr.GraniteForCausalLM(tr.GraniteConfig(vocab_size=len(tokenizer()), hidden_size=32, intermediate_size=64,
-                                                     num_hidden_layers=2, num_attention_heads=4, residual_multiplier=0.5,
-                                                     pad_token_id=0, bos_token_id=2, eos_token_id=3)).eval()
+    granite = tr.GraniteForCausalLM(
+        tr.GraniteConfig(
+            vocab_size=len(tokenizer()),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            residual_multiplier=0.5,
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=3,
+        )
+    ).eval()
     neox = [named(hf_tiny("gpt_neox")), nnsight_lm(hf_tiny("gpt_neox")), bridge(hf_tiny("gpt_neox"))]
     for model in neox:  # attention and MLP each add their output; nothing lies between them
         adapter = get_adapter(model)
-        with pytest.raises(tpc.TPCHooksError, match=r"blocks.1.hook_resid_mid is not offered .*offers blocks.1.hook_resid_pre, "
-                                                   r"blocks.1.hook_attn_out, blocks.1.hook_mlp_out, blocks.1.hook_resid_post$"):
+        with pytest.raises(
+            tpc.TPCHooksError,
+            match=r"blocks.1.hook_resid_mid is not offered .*offers blocks.1.hook_resid_pre, "
+            r"blocks.1.hook_attn_out, blocks.1.hook_mlp_out, blocks.1.hook_resid_post$",
+        ):
             adapter.site("blocks.1.hook_resid_mid")
         ids, mask = tpc.adapters.pad(adapter.tokenize(PROMPTS, chat_template=False, max_tokens=None)[0], 0, "right")
         got = adapter.forward_sites(ids, mask, [adapter.site(n) for n in BLOCK if "mid" not in n])
@@ -359,10 +465,15 @@ def test_branch_sites_are_refused_where_a_block_does_not_add_them_up():
         torch.testing.assert_close(pre + attn + mlp, post, rtol=1e-5, atol=1e-6)
     adapter = get_adapter(granite, tokenizer=tokenizer())
     for kind in ("hook_attn_out", "hook_resid_mid", "hook_mlp_out"):
-        with pytest.raises(tpc.TPCHooksError, match=rf"blocks.1.{kind} is not offered .*GraniteDecoderLayer.*offers "
-                                                   r"blocks.1.hook_resid_pre, blocks.1.hook_resid_post$"):
+        with pytest.raises(
+            tpc.TPCHooksError,
+            match=rf"blocks.1.{kind} is not offered .*GraniteDecoderLayer.*offers "
+            r"blocks.1.hook_resid_pre, blocks.1.hook_resid_post$",
+        ):
             adapter.site(f"blocks.1.{kind}")
-    with pytest.raises(tpc.TPCHooksError, match="with remote=True the nnsight adapter reads hook_resid_pre and hook_resid_post"):
+    with pytest.raises(
+        tpc.TPCHooksError, match="with remote=True the nnsight adapter reads hook_resid_pre and hook_resid_post"
+    ):
         get_adapter(nnsight_lm(hf_llama()), remote=True).site("blocks.1.hook_resid_mid")
 
 
@@ -406,7 +517,7 @@ def test_token_scores_equal_scores_of_each_prefix(pooling):
     tokens, res = mon.token_scores(model, PROMPTS[3])
     ids, _ = get_adapter(model).tokenize([PROMPTS[3]], chat_template=False, max_tokens=None)
     assert len(tokens) == len(ids[0]) == len(res.logits)
-    offline = mon.score(model, tokens=[ids[0][:t + 1] for t in range(len(ids[0]))])
+    offline = mon.score(model, tokens=[ids[0][: t + 1] for t in range(len(ids[0]))])
     torch.testing.assert_close(res.logits, offline.logits, rtol=1e-4, atol=1e-4)
 
 

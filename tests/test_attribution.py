@@ -57,7 +57,7 @@ def test_pairs_are_the_hessian_split_of_the_materialised_terms(setup):
     for b in range(len(z)):
         zs = a.z[b]
         for k in head.degrees:
-            H = torch.autograd.functional.hessian(lambda v: materialised_term(head.double(), v, k), zs)
+            H = torch.autograd.functional.hessian(lambda v, k=k: materialised_term(head.double(), v, k), zs)
             M = zs[:, None] * zs[None, :] * H / (k * (k - 1))
             torch.testing.assert_close(a.pair_matrix(b, order=k), M, rtol=1e-9, atol=1e-9)
             torch.testing.assert_close(M.sum(), a.by_order[b, k - 1], rtol=1e-9, atol=1e-9)
@@ -156,7 +156,10 @@ def test_directions_in_model_units_reproduce_the_projections():
     head = random_head(d_model=6, degree=3, ranks=(2, 3))
     x = torch.randn(4, 6, dtype=torch.float64)
     zs = (x - head.scaler.mean) / head.scaler.scale
-    const = lambda u: (head.scaler.mean / head.scaler.scale) @ u  # <u, mean/scale>
+
+    def const(u):
+        return (head.scaler.mean / head.scaler.scale) @ u  # <u, mean/scale>
+
     torch.testing.assert_close(x @ head.direction(1) - const(head.linear.detach()), zs @ head.linear.detach())
     U3 = head.factors["3"].detach()
     torch.testing.assert_close(x @ head.direction(3) - (head.scaler.mean / head.scaler.scale) @ U3, zs @ U3)
@@ -180,7 +183,7 @@ def test_pairs_over_a_set_of_inputs(mode):
     np.testing.assert_allclose([x for *_, x in got], [float(agg[p, q]) for p, q in want], rtol=1e-10)
     # restricted to candidate neurons: exactly the brute force within that set
     cand = a.by_neuron.abs().mean(0).topk(5).indices.sort().values.tolist()
-    sub = [(p, q) for p, q in zip(i.tolist(), j.tolist()) if p in cand and q in cand]
+    sub = [(p, q) for p, q in zip(i.tolist(), j.tolist(), strict=True) if p in cand and q in cand]
     sub_key = torch.tensor([float(key[[t for t in range(len(i)) if (int(i[t]), int(j[t])) == pq][0]]) for pq in sub])
     want_sub = [sub[t] for t in sub_key.argsort(descending=True)[:4]]
     assert [(p, q) for p, q, _ in a.top_pairs(4, None, input=None, mode=mode, candidates=5)] == want_sub

@@ -5,9 +5,9 @@ import json
 
 import pytest
 import torch
+from tiny_models import hf_llama, tiny_head, tokenizer
 
 import tpc_hooks as tpc
-from tiny_models import hf_llama, tiny_head, tokenizer
 from tpc_hooks import cli
 
 SITE = "blocks.1.hook_resid_post"
@@ -22,15 +22,21 @@ def hf():
 @pytest.mark.parametrize("entry", ["score", "calibrate", "generate", "token_scores", "collect", "train_monitor"])
 def test_a_lone_surrogate_is_named_in_every_entry_point(hf, entry):
     mon, tok = tpc.Monitor(tiny_head(), SITE), tokenizer()
-    call = {"score": lambda: mon.score(hf, [LONE], tokenizer=tok),
-            "calibrate": lambda: mon.calibrate(hf, ["fine", LONE], tokenizer=tok),
-            "generate": lambda: mon.generate(hf, [LONE], tokenizer=tok),
-            "token_scores": lambda: mon.token_scores(hf, LONE, tokenizer=tok),
-            "collect": lambda: tpc.collect(hf, ["fine", LONE], SITE, tokenizer=tok, progress=False),
-            "train_monitor": lambda: tpc.train_monitor(hf, [LONE] * 4 + ["fine"] * 4, [1] * 4 + [0] * 4, SITE,
-                                                       tokenizer=tok, verbose=False)}[entry]
-    with pytest.raises(tpc.TPCHooksError, match=r"\]\s?is not valid Unicode text: it holds a lone surrogate '\\ud800' "
-                                                r"at position 9; clean it first"):
+    call = {
+        "score": lambda: mon.score(hf, [LONE], tokenizer=tok),
+        "calibrate": lambda: mon.calibrate(hf, ["fine", LONE], tokenizer=tok),
+        "generate": lambda: mon.generate(hf, [LONE], tokenizer=tok),
+        "token_scores": lambda: mon.token_scores(hf, LONE, tokenizer=tok),
+        "collect": lambda: tpc.collect(hf, ["fine", LONE], SITE, tokenizer=tok, progress=False),
+        "train_monitor": lambda: tpc.train_monitor(
+            hf, [LONE] * 4 + ["fine"] * 4, [1] * 4 + [0] * 4, SITE, tokenizer=tok, verbose=False
+        ),
+    }[entry]
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"\]\s?is not valid Unicode text: it holds a lone surrogate '\\ud800' "
+        r"at position 9; clean it first",
+    ):
         call()
 
 
@@ -54,8 +60,11 @@ def test_calibrating_on_too_few_benign_inputs_says_so():
 @pytest.mark.parametrize("kind", ["stopping_criteria", "logits_processor"])
 def test_an_eos_id_outside_the_vocabulary_is_refused_when_made(hf, kind):
     mon = tpc.Monitor(tiny_head(), SITE)
-    with pytest.raises(tpc.TPCHooksError, match=r"eos_token_id \[1000000\] names no token of this model "
-                                                r"\(vocabulary of \d+\)"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"eos_token_id \[1000000\] names no token of this model "
+        r"\(vocabulary of \d+\)",
+    ):
         getattr(mon, kind)(hf, eos_token_id=10**6, tokenizer=tokenizer())
 
 
@@ -76,18 +85,21 @@ def _tampered(tmp_path, **changes):
     return tmp_path / "m"
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"monitor__cascade": [1]}, "monitor.cascade must be an object"),
-    ({"monitor__sae": "x"}, "monitor.sae must be an object"),
-    ({"monitor__report": 5}, "monitor.report must be an object"),
-    ({"monitor__max_tokens": "512"}, "max_tokens must be a positive integer or None"),
-    ({"monitor__max_tokens": 0}, "max_tokens must be a positive integer or None"),
-    ({"monitor__chat_template": "false"}, "chat_template must be true or false"),
-    ({"monitor__prepend_bos": "no"}, "prepend_bos must be true, false or None"),
-    ({"monitor__threshold": 2}, r"threshold must be a number in \(0, 1\)"),
-    ({"top__history": {"selected": 5}}, "history.selected must be a JSON object"),
-    ({"top__history": [1]}, "history must be an object"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"monitor__cascade": [1]}, "monitor.cascade must be an object"),
+        ({"monitor__sae": "x"}, "monitor.sae must be an object"),
+        ({"monitor__report": 5}, "monitor.report must be an object"),
+        ({"monitor__max_tokens": "512"}, "max_tokens must be a positive integer or None"),
+        ({"monitor__max_tokens": 0}, "max_tokens must be a positive integer or None"),
+        ({"monitor__chat_template": "false"}, "chat_template must be true or false"),
+        ({"monitor__prepend_bos": "no"}, "prepend_bos must be true, false or None"),
+        ({"monitor__threshold": 2}, r"threshold must be a number in \(0, 1\)"),
+        ({"top__history": {"selected": 5}}, "history.selected must be a JSON object"),
+        ({"top__history": [1]}, "history must be an object"),
+    ],
+)
 def test_a_saved_config_of_the_wrong_type_is_refused_on_load(tmp_path, changes, message):
     path = _tampered(tmp_path, **changes)
     with pytest.raises(tpc.TPCHooksError, match=message) as err:
@@ -111,8 +123,9 @@ def test_the_cli_names_a_truncated_shard_in_one_line(tmp_path, capsys):
     store = tpc.ActivationStore.create(tmp_path / "acts" / "all" / SITE, 32, meta={"pooling": "mean"})
     store.append(rows)
     (tmp_path / "acts" / "all" / "labels.json").write_text(json.dumps([0, 1] * 4))
-    (tmp_path / "acts" / "collect.json").write_text(json.dumps({"model": "tiny", "sites": [SITE], "pooling": "mean",
-                                                                "chat_template": False, "max_tokens": 512}))
+    (tmp_path / "acts" / "collect.json").write_text(
+        json.dumps({"model": "tiny", "sites": [SITE], "pooling": "mean", "chat_template": False, "max_tokens": 512})
+    )
     shard = next((tmp_path / "acts" / "all" / SITE).glob("*.npy"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     assert cli.main(["train", "--acts", str(tmp_path / "acts"), "--out", str(tmp_path / "m"), "--no-progress"]) == 2
@@ -125,8 +138,10 @@ def test_the_cli_refuses_a_target_rate_before_training(tmp_path, capsys, value, 
 
     monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("training ran"))
     (tmp_path / "acts").mkdir()
-    (tmp_path / "acts" / "collect.json").write_text(json.dumps({"model": "tiny", "sites": [SITE], "pooling": "mean",
-                                                                "chat_template": False, "max_tokens": 512}))
-    assert cli.main(["train", "--acts", str(tmp_path / "acts"), "--out", str(tmp_path / "m"),
-                     "--target-fpr", value]) == 2
+    (tmp_path / "acts" / "collect.json").write_text(
+        json.dumps({"model": "tiny", "sites": [SITE], "pooling": "mean", "chat_template": False, "max_tokens": 512})
+    )
+    assert (
+        cli.main(["train", "--acts", str(tmp_path / "acts"), "--out", str(tmp_path / "m"), "--target-fpr", value]) == 2
+    )
     assert "--target-fpr must be a number in [0, 1)" in capsys.readouterr().err

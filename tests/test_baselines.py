@@ -9,8 +9,8 @@ from sklearn.metrics import roc_auc_score
 
 import tpc_hooks as tpc
 from tpc_hooks import baselines as B
-from tpc_hooks.training._loop import f1_at_zero
 from tpc_hooks.synthetic import make_problem
+from tpc_hooks.training._loop import f1_at_zero
 
 D = 8
 
@@ -41,7 +41,7 @@ def _random_scaler(module):
 
 
 def _std(module, z):
-    return ((z.double() - module.scaler.mean.double()) / module.scaler.scale.double())
+    return (z.double() - module.scaler.mean.double()) / module.scaler.scale.double()
 
 
 def _accuracy(y, logits):
@@ -88,7 +88,7 @@ def test_early_exit_forward_matches_manual_chain():
     z = torch.randn(7, D)
     h = _std(ee, z)
     cols = [h @ ee.heads[0].weight.detach().double().T + ee.heads[0].bias.detach().double()]
-    for layer, head in zip(ee.layers, ee.heads[1:]):
+    for layer, head in zip(ee.layers, ee.heads[1:], strict=False):
         h = (h @ layer.weight.detach().double().T + layer.bias.detach().double()).clamp(min=0)
         cols.append(h @ head.weight.detach().double().T + head.bias.detach().double())
     expected = torch.cat(cols, dim=1)
@@ -114,8 +114,12 @@ def test_param_counts_equal_module_parameters():
 def test_early_exit_costs_by_hand():
     ee = B.EarlyExitMLP(D, widths=[5, 3, 4])
     # exit n alone: layers 2..n (K_{m-1} K_m weights + K_m biases) and head n (K_n + 1)
-    hand = {1: (D + 1, D), 2: (8 * 5 + 5 + 6, 8 * 5 + 5), 3: (45 + 3 * 5 + 3 + 4, 40 + 15 + 3),
-            4: (45 + 18 + 3 * 4 + 4 + 5, 40 + 15 + 12 + 4)}
+    hand = {
+        1: (D + 1, D),
+        2: (8 * 5 + 5 + 6, 8 * 5 + 5),
+        3: (45 + 3 * 5 + 3 + 4, 40 + 15 + 3),
+        4: (45 + 18 + 3 * 4 + 4 + 5, 40 + 15 + 12 + 4),
+    }
     for n, (params, flops) in hand.items():
         assert (ee.cost(n).order, ee.cost(n).params, ee.cost(n).flops) == (n, params, flops)
         own = list(ee.layers[: n - 1]) + [ee.heads[n - 1]]
@@ -164,7 +168,7 @@ def _spread_early_exit(z):
         for p in ee.parameters():
             p.mul_(3.0)
         centre = ee.exits(z).median(0).values
-        for head, c in zip(ee.heads, centre):
+        for head, c in zip(ee.heads, centre, strict=True):
             head.bias.sub_(c)
     return ee
 
@@ -240,8 +244,17 @@ def test_training_is_seeded_and_leaves_global_rng_alone(splits):
 
 def test_sweep_keeps_the_trial_with_best_val_f1(splits):
     (X, y), (Xv, yv), _ = splits
-    ee = B.fit_early_exit(X, y, Xv, yv, widths=[4], epochs=3, batch_size=64, verbose=False,
-                          sweep={"lr": (1e-4, 3e-2), "dropout": (0.0, 0.5)})
+    ee = B.fit_early_exit(
+        X,
+        y,
+        Xv,
+        yv,
+        widths=[4],
+        epochs=3,
+        batch_size=64,
+        verbose=False,
+        sweep={"lr": (1e-4, 3e-2), "dropout": (0.0, 0.5)},
+    )
     recs = ee.history.records
     trials = sorted({r["trial"] for r in recs})
     assert trials == [0, 1, 2, 3]
@@ -266,9 +279,13 @@ def test_compare_rows_and_independent_tpc_metrics(splits):
     (X, y), (Xv, yv), (Xt, yt) = splits
     res = B.compare(X, y, Xv, yv, Xt, yt, degree=3, rank=2, epochs=3, batch_size=128, verbose=False)
     keys = [(r["method"], r["order"]) for r in res.rows]
-    expected = ([("linear", 1), ("bilinear", 2)] + [(m, n) for m, n in itertools.product(("mlp", "early_exit", "tpc", "tpc_paper", "tpc_joint"), (1, 2, 3))])
+    expected = [("linear", 1), ("bilinear", 2)] + [
+        (m, n) for m, n in itertools.product(("mlp", "early_exit", "tpc", "tpc_paper", "tpc_joint"), (1, 2, 3))
+    ]
     assert keys == expected
-    assert res.models["tpc"].has_bounds and not res.models["tpc_paper"].has_bounds  # robust default vs the paper's recipe
+    assert (
+        res.models["tpc"].has_bounds and not res.models["tpc_paper"].has_bounds
+    )  # robust default vs the paper's recipe
     assert res.models["tpc_paper"].history.settings["recipe"] == "paper"
     rows = {(r["method"], r["order"]): r for r in res.rows}
     head = res.models["tpc"]
@@ -290,8 +307,9 @@ def test_compare_rows_and_independent_tpc_metrics(splits):
         assert rows[("mlp", n)]["params"] == sum(p.numel() for p in mlp.parameters())
         assert rows[("early_exit", n)]["params"] == res.models["early_exit"].cost(n).params
     # the linear probe is the TPC's degree 1: same fit, same row
-    assert {k: v for k, v in rows[("linear", 1)].items() if k != "method"} == \
-        {k: v for k, v in rows[("tpc", 1)].items() if k != "method"}
+    assert {k: v for k, v in rows[("linear", 1)].items() if k != "method"} == {
+        k: v for k, v in rows[("tpc", 1)].items() if k != "method"
+    }
     assert rows[("bilinear", 2)]["params"] == D + 1 + 2 * D
     table = res.to_markdown()
     assert table.splitlines()[0].startswith("| method | order | params | flops | f1 |")
@@ -331,11 +349,22 @@ def test_comparison_evaluate_rescores_the_same_models():
 
     X, y = make_problem(n=500, d_model=8, seed=0, world=1)
     Xt, yt = make_problem(n=200, d_model=8, seed=1, world=1)
-    res = compare(X[:400], y[:400], X[400:], y[400:], Xt, yt, degree=2, rank=2,
-                  methods=("tpc", "mlp", "early_exit"), epochs=2, verbose=False)
+    res = compare(
+        X[:400],
+        y[:400],
+        X[400:],
+        y[400:],
+        Xt,
+        yt,
+        degree=2,
+        rank=2,
+        methods=("tpc", "mlp", "early_exit"),
+        epochs=2,
+        verbose=False,
+    )
     again = res.evaluate(Xt, yt)
     assert [(r["method"], r["order"]) for r in again] == [(r["method"], r["order"]) for r in res.rows]
-    for a, b in zip(again, res.rows):
+    for a, b in zip(again, res.rows, strict=True):
         assert a["f1"] == pytest.approx(b["f1"]) and a["auroc"] == pytest.approx(b["auroc"])
 
 
@@ -344,8 +373,9 @@ def test_comparison_logits_are_the_scores_behind_its_rows():
 
     X, y = make_problem(n=500, d_model=8, seed=0)
     Xt, yt = make_problem(n=200, d_model=8, seed=1)
-    res = B.compare(X[:400], y[:400], X[400:], y[400:], Xt, yt, degree=2, rank=2, methods=("tpc", "mlp"), epochs=2,
-                    verbose=False)
+    res = B.compare(
+        X[:400], y[:400], X[400:], y[400:], Xt, yt, degree=2, rank=2, methods=("tpc", "mlp"), epochs=2, verbose=False
+    )
     got = res.logits(Xt)
     assert sorted(got) == [("mlp", 1), ("mlp", 2), ("tpc", 1), ("tpc", 2)]
     with torch.no_grad():

@@ -7,20 +7,38 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import StandardScaler
-
-import tpc_hooks as tpc
 from test_outside_evaluation import BENIGN, HARMFUL, SETS, SITE, _by_hand
 from tiny_models import hf_llama, nnsight_lm
+
+import tpc_hooks as tpc
 from tpc_hooks import TPCHooksError
 from tpc_hooks.training._split import split_positions
 
-TRAFFIC = ["What time is it in Tokyo?", "Translate 'good morning' into Spanish", "Fix this SQL query for me",
-           "Give me a recipe for pancakes", "What does HTTP 404 mean?", "Suggest names for a cat",
-           "How far is the Moon?", "Write a haiku about autumn", "Explain recursion simply", "List three fruits"]
+TRAFFIC = [
+    "What time is it in Tokyo?",
+    "Translate 'good morning' into Spanish",
+    "Fix this SQL query for me",
+    "Give me a recipe for pancakes",
+    "What does HTTP 404 mean?",
+    "Suggest names for a cat",
+    "How far is the Moon?",
+    "Write a haiku about autumn",
+    "Explain recursion simply",
+    "List three fruits",
+]
 PROMPTS, Y = HARMFUL + BENIGN, [1] * 10 + [0] * 10
 NAMES = ["chat" if i % 2 else "forum" for i in range(20)]
-ARGS = dict(degree=2, rank=2, epochs=2, val_fraction=0.5, target_fpr=0.2, sources=NAMES, everyday=["chat"],
-            prune_orders=False, verbose=False)
+ARGS = dict(
+    degree=2,
+    rank=2,
+    epochs=2,
+    val_fraction=0.5,
+    target_fpr=0.2,
+    sources=NAMES,
+    everyday=["chat"],
+    prune_orders=False,
+    verbose=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +49,23 @@ def lm():
 @pytest.fixture(scope="module")
 def pair(lm):
     """The same monitor trained without and with the calibration prompts."""
-    return (tpc.train_monitor(lm, PROMPTS, Y, SITE, **ARGS),
-            tpc.train_monitor(lm, PROMPTS, Y, SITE, calibration=TRAFFIC, **ARGS))
+    return (
+        tpc.train_monitor(lm, PROMPTS, Y, SITE, **ARGS),
+        tpc.train_monitor(lm, PROMPTS, Y, SITE, calibration=TRAFFIC, **ARGS),
+    )
 
 
 def _rows(lm, mon, texts):
-    return tpc.collect(lm, texts, [SITE], "mean", chat_template=mon.chat_template, prepend_bos=mon.prepend_bos,
-                       max_tokens=mon.max_tokens, progress=False)[SITE].float()
+    return tpc.collect(
+        lm,
+        texts,
+        [SITE],
+        "mean",
+        chat_template=mon.chat_template,
+        prepend_bos=mon.prepend_bos,
+        max_tokens=mon.max_tokens,
+        progress=False,
+    )[SITE].float()
 
 
 def test_calibration_prompts_choose_no_site(lm):
@@ -87,8 +115,9 @@ def test_a_per_token_monitor_sets_its_threshold_on_the_calibration_prompts_too(l
 
 def test_evaluate_sets_the_probe_on_the_same_rows(lm, pair):
     _, mon = pair
-    ev = tpc.evaluate(lm, mon, PROMPTS, Y, sources=NAMES, sets=SETS, fpr=0.2, n_sharegpt=0, calibration=TRAFFIC,
-                      verbose=False)
+    ev = tpc.evaluate(
+        lm, mon, PROMPTS, Y, sources=NAMES, sets=SETS, fpr=0.2, n_sharegpt=0, calibration=TRAFFIC, verbose=False
+    )
     y = np.array(Y)
     tr, va = split_positions(PROMPTS, y, 0.5, "stratified", 0)
     X = _rows(lm, mon, PROMPTS).numpy()
@@ -99,12 +128,15 @@ def test_evaluate_sets_the_probe_on_the_same_rows(lm, pair):
     t = _by_hand(lr.decision_function(sc.transform(ref)), 0.2)
     shifted = _rows(lm, mon, SETS["shifted"].texts).numpy()
     assert ev.n_everyday == len(ref)
-    assert ev.shares["probe"]["shifted"] == pytest.approx(float((lr.decision_function(sc.transform(shifted)) > t).mean()))
+    assert ev.shares["probe"]["shifted"] == pytest.approx(
+        float((lr.decision_function(sc.transform(shifted)) > t).mean())
+    )
     with pytest.raises(TPCHooksError, match="10 calibration prompts; got 0"):
         tpc.evaluate(lm, mon, PROMPTS, Y, sources=NAMES, sets=SETS, n_sharegpt=0, verbose=False)
     with pytest.raises(TPCHooksError, match="not the ones the monitor's threshold was set on"):
-        tpc.evaluate(lm, mon, PROMPTS, Y, sources=NAMES, sets=SETS, n_sharegpt=0, calibration=TRAFFIC[::-1],
-                     verbose=False)
+        tpc.evaluate(
+            lm, mon, PROMPTS, Y, sources=NAMES, sets=SETS, n_sharegpt=0, calibration=TRAFFIC[::-1], verbose=False
+        )
 
 
 def test_bad_calibration_prompts_are_refused_before_the_model_runs(lm):
@@ -113,8 +145,14 @@ def test_bad_calibration_prompts_are_refused_before_the_model_runs(lm):
     with pytest.raises(TPCHooksError, match="empty|at least one"):
         tpc.train_monitor(lm, PROMPTS, Y, SITE, calibration=[], **ARGS)
     with pytest.raises(TPCHooksError, match="'calibration' is the calibration prompts'"):
-        tpc.train_monitor(lm, PROMPTS, Y, SITE, calibration=TRAFFIC, **{**ARGS, "sources": ["calibration"] * 20,
-                                                                        "everyday": ["calibration"]})
+        tpc.train_monitor(
+            lm,
+            PROMPTS,
+            Y,
+            SITE,
+            calibration=TRAFFIC,
+            **{**ARGS, "sources": ["calibration"] * 20, "everyday": ["calibration"]},
+        )
 
 
 def test_everyday_prompts_are_seeded_and_leave_out_what_they_are_told():
@@ -135,8 +173,12 @@ def test_read_texts_reads_a_traffic_file_and_refuses_a_bad_one(tmp_path):
     assert read_texts(tmp_path / "t.jsonl") == ["How do I bake bread?", "What is 2 + 2?"]
     (tmp_path / "t.csv").write_text("prompt\nHello there\n")
     assert read_texts(tmp_path / "t.csv", text_column="prompt") == ["Hello there"]
-    for name, body, match in (("e.txt", "\n\n", "holds no prompts"), ("c.csv", "prompt\nHi\n", "no column 'text'"),
-                              ("x.md", "Hi", "expected a .txt"), ("b.jsonl", '{"text": ""}', "non-empty text")):
+    for name, body, match in (
+        ("e.txt", "\n\n", "holds no prompts"),
+        ("c.csv", "prompt\nHi\n", "no column 'text'"),
+        ("x.md", "Hi", "expected a .txt"),
+        ("b.jsonl", '{"text": ""}', "non-empty text"),
+    ):
         (tmp_path / name).write_text(body)
         with pytest.raises(TPCHooksError, match=match):
             read_texts(tmp_path / name)

@@ -6,8 +6,8 @@ import torch
 from scipy.optimize import minimize
 
 import tpc_hooks as tpc
-from tpc_hooks.head import _kernel
 from conftest import random_head
+from tpc_hooks.head import _kernel
 
 
 def reference_cascade(head, z, lower, upper, temps=None, biases=None):
@@ -89,7 +89,10 @@ def test_calibration_is_the_nll_optimum(head_and_z):
     yn = y.double().numpy()
     for order in range(1, head.degree + 1):
         s = head(z, order=order).detach().double().numpy()
-        nll = lambda ab: np.mean(np.logaddexp(0, ab[0] * s + ab[1]) - yn * (ab[0] * s + ab[1]))
+
+        def nll(ab, s=s):
+            return np.mean(np.logaddexp(0, ab[0] * s + ab[1]) - yn * (ab[0] * s + ab[1]))
+
         a, b = minimize(nll, [1.0, 0.0], method="Nelder-Mead", options={"xatol": 1e-8, "fatol": 1e-12}).x
         assert 1 / c.temperatures[order - 1] == pytest.approx(a, rel=1e-3)
         assert c.biases[order - 1] == pytest.approx(b, abs=1e-3)

@@ -31,8 +31,11 @@ def no_model_no_network(monkeypatch):
     monkeypatch.setattr(offline, "load_hf", _boom("model loaded"))
     monkeypatch.setattr(demo, "run_demo", _boom("demo started"))
     monkeypatch.setattr(data, "load_hf_dataset", _boom("hub dataset loaded"))
-    for name, what in (("load_model", "model loaded"), ("run_demo", "demo started"),
-                       ("load_hf_dataset", "hub dataset loaded")):  # the CLI's own references
+    for name, what in (
+        ("load_model", "model loaded"),
+        ("run_demo", "demo started"),
+        ("load_hf_dataset", "hub dataset loaded"),
+    ):  # the CLI's own references
         monkeypatch.setattr(cli, name, _boom(what))
     monkeypatch.setattr(socket.socket, "connect", _boom("network touched"))
 
@@ -41,9 +44,20 @@ def _acts(root, *, cfg=True, splits=("all",), labels="[0, 1]", sites=(SITE,)):
     """A collect directory without real activations (the checks run before any are read)."""
     root.mkdir()
     if cfg:
-        (root / "collect.json").write_text(json.dumps({
-            "model": None, "toolkit": "transformer_lens", "sites": list(sites), "pooling": "mean",
-            "chat_template": True, "max_tokens": 512, "dataset": "default", "splits": {s: 2 for s in splits}}))
+        (root / "collect.json").write_text(
+            json.dumps(
+                {
+                    "model": None,
+                    "toolkit": "transformer_lens",
+                    "sites": list(sites),
+                    "pooling": "mean",
+                    "chat_template": True,
+                    "max_tokens": 512,
+                    "dataset": "default",
+                    "splits": {s: 2 for s in splits},
+                }
+            )
+        )
     for s in splits:
         (root / s / sites[0]).mkdir(parents=True)
         (root / s / "labels.json").write_text(labels)
@@ -81,8 +95,15 @@ def _case(name):
 
     def train_site_not_collected(tmp):
         acts = _acts(tmp / "acts")
-        return ["train", "--acts", str(acts), "--out", str(tmp / "m"), "--site", "blocks.99.hook_resid_post"], \
-            "blocks.99.hook_resid_post"
+        return [
+            "train",
+            "--acts",
+            str(acts),
+            "--out",
+            str(tmp / "m"),
+            "--site",
+            "blocks.99.hook_resid_post",
+        ], "blocks.99.hook_resid_post"
 
     def train_corrupt_labels(tmp):
         acts = _acts(tmp / "acts", labels="[0, 1")
@@ -195,17 +216,40 @@ def _case(name):
     return locals()[name]
 
 
-CASES = ["train_missing_acts", "train_acts_is_a_file", "train_no_collect_json", "train_corrupt_collect_json",
-         "train_collect_json_lacks_keys", "train_site_not_collected", "train_corrupt_labels", "train_labels_not_binary",
-         "train_no_split", "train_out_is_a_file",
-         "evaluate_missing_monitor", "evaluate_corrupt_monitor", "evaluate_monitor_config_malformed",
-         "evaluate_monitor_config_without_weights",
-         "evaluate_missing_acts", "evaluate_missing_split", "evaluate_site_not_collected", "evaluate_json_into_missing_dir",
-         "monitor_missing_monitor", "monitor_missing_local_model",
-         "attribute_missing_monitor", "attribute_monitor_is_a_file", "attribute_json_into_missing_dir",
-         "collect_missing_dataset_file", "collect_missing_dataset_without_separator", "collect_dataset_not_utf8",
-         "collect_dataset_bad_suffix", "collect_out_is_a_file", "collect_model_is_a_file",
-         "demo_out_is_a_file", "demo_missing_dataset_file", "demo_missing_local_model"]
+CASES = [
+    "train_missing_acts",
+    "train_acts_is_a_file",
+    "train_no_collect_json",
+    "train_corrupt_collect_json",
+    "train_collect_json_lacks_keys",
+    "train_site_not_collected",
+    "train_corrupt_labels",
+    "train_labels_not_binary",
+    "train_no_split",
+    "train_out_is_a_file",
+    "evaluate_missing_monitor",
+    "evaluate_corrupt_monitor",
+    "evaluate_monitor_config_malformed",
+    "evaluate_monitor_config_without_weights",
+    "evaluate_missing_acts",
+    "evaluate_missing_split",
+    "evaluate_site_not_collected",
+    "evaluate_json_into_missing_dir",
+    "monitor_missing_monitor",
+    "monitor_missing_local_model",
+    "attribute_missing_monitor",
+    "attribute_monitor_is_a_file",
+    "attribute_json_into_missing_dir",
+    "collect_missing_dataset_file",
+    "collect_missing_dataset_without_separator",
+    "collect_dataset_not_utf8",
+    "collect_dataset_bad_suffix",
+    "collect_out_is_a_file",
+    "collect_model_is_a_file",
+    "demo_out_is_a_file",
+    "demo_missing_dataset_file",
+    "demo_missing_local_model",
+]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -228,8 +272,17 @@ def test_every_verb_is_covered():
     assert {c.split("_")[0] for c in CASES} == {"demo", "collect", "train", "evaluate", "monitor", "attribute"}
 
 
-@pytest.mark.parametrize("argv", [["train", "--out", "x"], ["evaluate", "--acts", "x"], ["monitor", "--monitor", "x"],
-                                  ["attribute", "--prompt", "hi"], ["collect"], ["demo", "--layer", "deep"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--out", "x"],
+        ["evaluate", "--acts", "x"],
+        ["monitor", "--monitor", "x"],
+        ["attribute", "--prompt", "hi"],
+        ["collect"],
+        ["demo", "--layer", "deep"],
+    ],
+)
 def test_usage_errors_stay_argparse_errors(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -238,19 +291,22 @@ def test_usage_errors_stay_argparse_errors(argv, capsys):
     assert err.startswith("usage: tpc-hooks") and "Traceback" not in err
 
 
-@pytest.mark.parametrize("exc, text", [
-    (FileNotFoundError(2, "No such file or directory", "/x/y.json"), "/x/y.json does not exist"),
-    (PermissionError(13, "Permission denied", "/root/z"), "/root/z is not accessible"),
-    (IsADirectoryError(21, "Is a directory", "/tmp"), "/tmp is a directory where a file was expected"),
-    (NotADirectoryError(20, "Not a directory", "/f/g"), "/f/g is (under) a file"),
-    (json.JSONDecodeError("Expecting value", "{", 1), "is not valid JSON"),
-    (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), "is not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "exc, text",
+    [
+        (FileNotFoundError(2, "No such file or directory", "/x/y.json"), "/x/y.json does not exist"),
+        (PermissionError(13, "Permission denied", "/root/z"), "/root/z is not accessible"),
+        (IsADirectoryError(21, "Is a directory", "/tmp"), "/tmp is a directory where a file was expected"),
+        (NotADirectoryError(20, "Not a directory", "/f/g"), "/f/g is (under) a file"),
+        (json.JSONDecodeError("Expecting value", "{", 1), "is not valid JSON"),
+        (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"), "is not UTF-8 text"),
+    ],
+)
 def test_the_safety_net_makes_stray_file_errors_one_line(exc, text, tmp_path, capsys, monkeypatch):
     def raise_it(args):
         raise exc
 
-    monkeypatch.setattr(cli, "_check_acts", raise_it)
+    monkeypatch.setattr(cli, "check_acts", raise_it)
     assert main(["train", "--acts", str(tmp_path), "--out", str(tmp_path / "m")]) == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("tpc-hooks train: ") and text in lines[0], lines
@@ -260,13 +316,13 @@ def test_a_multiline_message_is_joined_into_one_line(tmp_path, capsys, monkeypat
     def raise_it(args):
         raise tpc.TPCHooksError("first line\n  second line\n")
 
-    monkeypatch.setattr(cli, "_check_acts", raise_it)
+    monkeypatch.setattr(cli, "check_acts", raise_it)
     assert main(["train", "--acts", str(tmp_path), "--out", str(tmp_path / "m")]) == 2
     assert capsys.readouterr().err == "tpc-hooks train: first line second line\n"
 
 
 def test_a_hub_id_is_not_taken_for_a_missing_file(tmp_path, monkeypatch):
-    """"org/name" is passed on to the hub loader (here a stand-in that fails the test on purpose)."""
+    """ "org/name" is passed on to the hub loader (here a stand-in that fails the test on purpose)."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(AssertionError, match="hub dataset loaded"):
         main(["collect", "--dataset", "allenai/wildguardmix", "--out", str(tmp_path / "acts")])

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style, tiny_chats, tiny_splits
 
 import tpc_hooks as tpc
-from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style, tiny_chats, tiny_splits
 from tpc_hooks import cli, metrics
 from tpc_hooks.adapters import get_adapter
 from tpc_hooks.cli import main
@@ -52,15 +52,43 @@ def test_collect_train_evaluate_monitor_per_token(tmp_path, tiny_cli, capsys):
     splits = {p.name for p in acts.iterdir() if p.is_dir()}
     assert {"train", "val", "test", "aug"} <= splits and any(s.startswith("val-") for s in splits)
 
-    assert main(["train", "--acts", str(acts), "--out", str(mon_dir), "--degree", "2", "--rank", "2", "--epochs", "2",
-                 "--aggregate", "ema", "--alpha", "0.3", "--keep-all-orders", "--recipe", "intent", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--acts",
+                str(acts),
+                "--out",
+                str(mon_dir),
+                "--degree",
+                "2",
+                "--rank",
+                "2",
+                "--epochs",
+                "2",
+                "--aggregate",
+                "ema",
+                "--alpha",
+                "0.3",
+                "--keep-all-orders",
+                "--recipe",
+                "intent",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     mon = tpc.Monitor.from_pretrained(mon_dir)
     assert mon.streaming and (mon.aggregate, mon.alpha, mon.skip) == ("ema", 0.3, skip)
     assert mon.site == SITE and mon.chat_template and mon.cascade is not None
     # training rows: every token after the fixed prefix of the training prompts, their rewrites, intent flips
     # and homonym rows
-    n_rows = sum(len(s) - skip for p in ("train", "aug", "flips", "homonyms") for s in tpc.ActivationStore.open(acts / p / SITE).sequences())
+    n_rows = sum(
+        len(s) - skip
+        for p in ("train", "aug", "flips", "homonyms")
+        for s in tpc.ActivationStore.open(acts / p / SITE).sequences()
+    )
     assert mon.report["n_train_tokens"] == n_rows and f"trained on {n_rows} token rows" in out
     # the operating point: the benign validation prompts as given (not their rewrites or intent flips)
     n_benign = json.loads((acts / "val" / "labels.json").read_text()).count(0)
@@ -71,8 +99,24 @@ def test_collect_train_evaluate_monitor_per_token(tmp_path, tiny_cli, capsys):
     test = _sets(None)["test"]
     for decision in ("last", "max"):
         e = tmp_path / f"{decision}.json"
-        assert main(["evaluate", "--monitor", str(mon_dir), "--acts", str(acts), "--splits", "test",
-                     "--decision", decision, "--json", str(e)]) == 0
+        assert (
+            main(
+                [
+                    "evaluate",
+                    "--monitor",
+                    str(mon_dir),
+                    "--acts",
+                    str(acts),
+                    "--splits",
+                    "test",
+                    "--decision",
+                    decision,
+                    "--json",
+                    str(e),
+                ]
+            )
+            == 0
+        )
         ev = json.loads(e.read_text())["test"]
         assert len(ev["per_order"]) == 2 and ev["cascade"] and ev["cascade"][-1]["relative_flops"] >= 1.0
         if decision == "last":  # the aggregate after the last token: what Monitor.score returns
@@ -80,8 +124,7 @@ def test_collect_train_evaluate_monitor_per_token(tmp_path, tiny_cli, capsys):
         else:  # the highest aggregate over the prompt's tokens
             want = torch.stack([mon.token_scores(model, t, order=2).result.logits.max() for t in test.texts])
         np.testing.assert_allclose(ev["logits"], want.double().numpy(), rtol=1e-4, atol=1e-4)
-        assert ev["per_order"][-1]["auroc"] == pytest.approx(
-            metrics.classification_metrics(test.labels, want)["auroc"])
+        assert ev["per_order"][-1]["auroc"] == pytest.approx(metrics.classification_metrics(test.labels, want)["auroc"])
     out = capsys.readouterr().out
     assert "one score per prompt: the max over tokens of the aggregate (ema; the first 1 tokens not scored)" in out
     assert "the aggregate after the last token" in out and "mean FLOPs per token / linear" in out
@@ -93,8 +136,10 @@ def test_collect_train_evaluate_monitor_per_token(tmp_path, tiny_cli, capsys):
 def test_mixing_token_and_pooled_stores_is_a_clear_error(tmp_path, tiny_cli, capsys):
     pooled, tok = tmp_path / "pooled", tmp_path / "tok"
     assert main(["collect", "--sites", SITE, "--out", str(pooled), "--no-augment", "--no-progress"]) == 0
-    assert main(["collect", "--pooling", "token", "--sites", SITE, "--out", str(tok), "--no-augment",
-                 "--no-progress"]) == 0
+    assert (
+        main(["collect", "--pooling", "token", "--sites", SITE, "--out", str(tok), "--no-augment", "--no-progress"])
+        == 0
+    )
     common = ["--degree", "2", "--rank", "2", "--epochs", "2", "--no-progress"]
     capsys.readouterr()
 
@@ -105,32 +150,62 @@ def test_mixing_token_and_pooled_stores_is_a_clear_error(tmp_path, tiny_cli, cap
         for part in parts:
             assert part in err, err
 
-    fails(["train", "--acts", str(pooled), "--out", str(tmp_path / "m"), "--aggregate", "max", *common],
-          "--aggregate set how a per-token monitor aggregates", "holds pooled rows (pooling 'mean')")
+    fails(
+        ["train", "--acts", str(pooled), "--out", str(tmp_path / "m"), "--aggregate", "max", *common],
+        "--aggregate set how a per-token monitor aggregates",
+        "holds pooled rows (pooling 'mean')",
+    )
     fails(["train", "--acts", str(pooled), "--out", str(tmp_path / "m"), "--window", "4", *common], "--window")
-    fails(["train", "--acts", str(tok), "--out", str(tmp_path / "m"), "--site", "auto", *common],
-          "a per-token monitor reads one site: pass --site")
-    fails(["train", "--acts", str(tok), "--out", str(tmp_path / "m"), "--aggregate", "ema", "--alpha", "2", *common],
-          "alpha (the EMA's weight on the newest token) must be in (0, 1]; got 2.0")
+    fails(
+        ["train", "--acts", str(tok), "--out", str(tmp_path / "m"), "--site", "auto", *common],
+        "a per-token monitor reads one site: pass --site",
+    )
+    fails(
+        ["train", "--acts", str(tok), "--out", str(tmp_path / "m"), "--aggregate", "ema", "--alpha", "2", *common],
+        "alpha (the EMA's weight on the newest token) must be in (0, 1]; got 2.0",
+    )
     # collect.json says per-token, a split holds pooled rows (two collections in one directory)
     cfg = json.loads((pooled / "collect.json").read_text())
     (pooled / "collect.json").write_text(json.dumps({**cfg, "pooling": "token"}))
-    fails(["train", "--acts", str(pooled), "--out", str(tmp_path / "m"), *common],
-          f"{pooled / 'train' / SITE} holds pooled rows (pooling 'mean'), but a per-token monitor", "--pooling token")
+    fails(
+        ["train", "--acts", str(pooled), "--out", str(tmp_path / "m"), *common],
+        f"{pooled / 'train' / SITE} holds pooled rows (pooling 'mean'), but a per-token monitor",
+        "--pooling token",
+    )
     (pooled / "collect.json").write_text(json.dumps(cfg))
 
     assert main(["train", "--acts", str(pooled), "--out", str(tmp_path / "mean"), *common]) == 0
     assert main(["train", "--acts", str(tok), "--out", str(tmp_path / "token"), *common]) == 0
     assert tpc.Monitor.from_pretrained(tmp_path / "token").aggregate == "rolling"  # the default
-    fails(["evaluate", "--monitor", str(tmp_path / "mean"), "--acts", str(tok), "--splits", "test"],
-          f"{tok / 'test' / SITE} holds per-token rows (tpc-hooks collect --pooling token), but the monitor",
-          "(pooling 'mean') reads pooled rows")
-    fails(["evaluate", "--monitor", str(tmp_path / "token"), "--acts", str(pooled), "--splits", "test"],
-          "holds pooled rows (pooling 'mean'), but the per-token monitor")
-    fails(["evaluate", "--monitor", str(tmp_path / "mean"), "--acts", str(pooled), "--splits", "test", "--decision",
-           "max"], "--decision chooses how a per-token monitor scores a prompt", "pools ('mean')")
-    fails(["attribute", "--monitor", str(tmp_path / "token"), "--prompt", HARMFUL[0]], "is a per-token monitor",
-          "tpc.attribute(monitor, rows)")
+    fails(
+        ["evaluate", "--monitor", str(tmp_path / "mean"), "--acts", str(tok), "--splits", "test"],
+        f"{tok / 'test' / SITE} holds per-token rows (tpc-hooks collect --pooling token), but the monitor",
+        "(pooling 'mean') reads pooled rows",
+    )
+    fails(
+        ["evaluate", "--monitor", str(tmp_path / "token"), "--acts", str(pooled), "--splits", "test"],
+        "holds pooled rows (pooling 'mean'), but the per-token monitor",
+    )
+    fails(
+        [
+            "evaluate",
+            "--monitor",
+            str(tmp_path / "mean"),
+            "--acts",
+            str(pooled),
+            "--splits",
+            "test",
+            "--decision",
+            "max",
+        ],
+        "--decision chooses how a per-token monitor scores a prompt",
+        "pools ('mean')",
+    )
+    fails(
+        ["attribute", "--monitor", str(tmp_path / "token"), "--prompt", HARMFUL[0]],
+        "is a per-token monitor",
+        "tpc.attribute(monitor, rows)",
+    )
 
 
 def test_collect_contexts_then_train_learns_from_the_hosted_chats(tmp_path, tiny_cli, monkeypatch, capsys):
@@ -141,8 +216,28 @@ def test_collect_contexts_then_train_learns_from_the_hosted_chats(tmp_path, tiny
 
     monkeypatch.setattr(cli, "_conversations", lambda tokenizer, n, tokens, exclude: tiny_chats(n))
     acts = tmp_path / "acts"
-    assert main(["collect", "--pooling", "token", "--sites", SITE, "--out", str(acts), "--no-augment", "--no-intent",
-                 "--contexts", "10", "--context-tokens", "20", "30", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "collect",
+                "--pooling",
+                "token",
+                "--sites",
+                SITE,
+                "--out",
+                str(acts),
+                "--no-augment",
+                "--no-intent",
+                "--contexts",
+                "10",
+                "--context-tokens",
+                "20",
+                "30",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "ctx-train" in out and "ctx-val" in out
     tok = get_adapter(tiny_cli).tokenizer
@@ -154,10 +249,12 @@ def test_collect_contexts_then_train_learns_from_the_hosted_chats(tmp_path, tiny
         seqs = tpc.ActivationStore.open(acts / split / SITE).sequences()
         assert len(labels) == len(seqs) == len(spans["spans"]) == n and sorted(set(labels)) == [0, 1]
         sizes = {len(tok(t, add_special_tokens=False)["input_ids"]) for t in prompts}  # the split's own prompts
-        for (start, stop), z in zip(spans["spans"], seqs):
+        for (start, stop), z in zip(spans["spans"], seqs, strict=True):
             assert 1 <= start < stop <= len(z) and stop - start in sizes
-        n_rows[split] = sum(len(token_labels(len(z), a, b, c, skip=1, tail=spans["tail"])[1])
-                            for z, (a, b), c in zip(seqs, spans["spans"], labels))
+        n_rows[split] = sum(
+            len(token_labels(len(z), a, b, c, skip=1, tail=spans["tail"])[1])
+            for z, (a, b), c in zip(seqs, spans["spans"], labels, strict=True)
+        )
     common = ["--degree", "2", "--rank", "2", "--epochs", "2", "--no-progress"]
     assert main(["train", "--acts", str(acts), "--out", str(tmp_path / "with"), *common]) == 0
     out = capsys.readouterr().out

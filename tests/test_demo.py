@@ -21,8 +21,12 @@ pytestmark = pytest.mark.slow  # the packaged model and prompt set, end to end
 
 
 def quick_demo(out, *extra):
-    proc = subprocess.run([sys.executable, "-m", "tpc_hooks", "demo", "--quick", "--no-progress", *extra, "--out", str(out)],
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpc_hooks", "demo", "--quick", "--no-progress", *extra, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc
 
@@ -48,7 +52,8 @@ def test_quick_demo_writes_a_complete_run(default_run):
     feats = res["attribution"]["sae"]  # the same decision in the features of the packaged prompts' SAE
     assert feats["reconstruction"]["l0"] <= 32 and feats["top_features"] and feats["labels"]
     assert set(feats["labels"]) <= {str(u) for u, _ in feats["top_features"]} | {
-        str(u) for ps in feats["top_pairs"].values() for i, j, _ in ps for u in (i, j)}
+        str(u) for ps in feats["top_pairs"].values() for i, j, _ in ps for u in (i, j)
+    }
     assert "features of an SAE" in report and (out / "attribution.html").read_text().count("<table>") == 6
     for part in ("F1 by order, test", "TPC cascade", "Live monitored generations", "Attribution", "Time per stage"):
         assert part in report
@@ -59,22 +64,39 @@ def test_quick_demo_writes_a_complete_run(default_run):
     # what a deployment sees: the saved monitor is train_monitor's, and its row is its own threshold on the test split
     dep = res["deployment"]
     assert "What a deployment sees" in report and mon.report["recipe"] == "default"
-    assert mon.report["augment"]["intent"] == [] and mon.report["augment"]["n_train_rewrites"] == 0  # the prompts as given
+    assert (
+        mon.report["augment"]["intent"] == [] and mon.report["augment"]["n_train_rewrites"] == 0
+    )  # the prompts as given
     assert [r["order"] for r in dep["rows"]] == [str(n) for n in range(1, mon.head.degree + 1)] + ["deployed"]
     assert dep["orders"]["kept"] == mon.head.degree and set(dep["n_hard"]) >= {"homonym", "law", "fiction"}
     op = mon.report["operating_point"]  # the threshold's rate on each source of the benign validation prompts
     everyday = {k: v for k, v in op["by_source"].items() if k in op["everyday"]}  # the threshold is set on these
     assert op["everyday"] == ["calibration", "gsm8k", "sharegpt"] and dep["by_source"] == op["by_source"]
-    assert op["by_source"]["calibration"]["n"] == 200 == mon.report["split"]["n_calibration"]  # ShareGPT outside the set
+    assert (
+        op["by_source"]["calibration"]["n"] == 200 == mon.report["split"]["n_calibration"]
+    )  # ShareGPT outside the set
     assert sum(v["n"] for v in everyday.values()) == op["n_benign"] < sum(v["n"] for v in op["by_source"].values())
     assert sum(v["flagged"] for v in everyday.values()) == op["flagged"] and "sharegpt, wrapped" in op["by_source"]
     assert "flags of each source's" in report
     # beside a probe trained on its own rows, on the sets another hand built (40 prompts of each in a quick run)
     outside = res["outside"]
-    assert list(outside["sets"]) == ["test harmful", "test benign", "edgy", "counterparts", "past", "future",
-                                     "harmbench", "refusal_benign", "sharegpt"]
+    assert list(outside["sets"]) == [
+        "test harmful",
+        "test benign",
+        "edgy",
+        "counterparts",
+        "past",
+        "future",
+        "harmbench",
+        "refusal_benign",
+        "sharegpt",
+    ]
     assert all(0 < v["n"] <= 40 for v in outside["sets"].values()) and outside["sets"]["edgy"]["n_seen"] > 0
-    assert set(outside["shares"]) == {"probe", "monitor, deployed", *(f"order {n}" for n in range(1, mon.head.degree + 1))}
+    assert set(outside["shares"]) == {
+        "probe",
+        "monitor, deployed",
+        *(f"order {n}" for n in range(1, mon.head.degree + 1)),
+    }
     assert outside["markdown"] in report and (out / "outside.md").read_text().strip() == outside["markdown"].strip()
     assert (out / "outside.png").stat().st_size > 1000
     from tpc_hooks._demo import _subsample
@@ -84,8 +106,9 @@ def test_quick_demo_writes_a_complete_run(default_run):
     X = torch.as_tensor(tpc.ActivationStore.open(out / "activations" / "test" / res["site"]).to_numpy())
     with torch.no_grad():  # the monitor's rule: its policy's logit at or above logit(threshold)
         flagged = (mon.policy()(X).logits.double() >= np.log(mon.threshold / (1 - mon.threshold))).numpy()
-    assert len(labels) == len(X) and dep["rows"][-1]["recall"] == pytest.approx(flagged[labels == 1].mean(),
-                                                                                 abs=1.01 / labels.sum())
+    assert len(labels) == len(X) and dep["rows"][-1]["recall"] == pytest.approx(
+        flagged[labels == 1].mean(), abs=1.01 / labels.sum()
+    )
 
 
 def test_quick_demo_on_the_plain_transformers_model_generates_the_same_text(default_run, tmp_path):
@@ -95,6 +118,6 @@ def test_quick_demo_on_the_plain_transformers_model_generates_the_same_text(defa
     a = json.loads((default_run[0] / "results.json").read_text())["live"]
     b = json.loads((tmp_path / "hf" / "results.json").read_text())["live"]
     assert [g["generated"] for g in a] == [g["generated"] for g in b] and any(g["generated"] for g in b)
-    for ga, gb in zip(a, b):
+    for ga, gb in zip(a, b, strict=True):
         # rounded to 3 decimals, from two trainings on activations equal up to float noise
         assert ga["scores"] == pytest.approx(gb["scores"], abs=5e-3)

@@ -5,9 +5,9 @@ import warnings
 
 import pytest
 import torch
+from tiny_models import hf_llama, named, tiny_head, tokenizer
 
 import tpc_hooks as tpc
-from tiny_models import hf_llama, named, tiny_head, tokenizer
 from tpc_hooks import _errors
 
 SITE = "blocks.1.hook_resid_post"
@@ -24,8 +24,13 @@ def test_last_generate_log_is_last_run(fresh_warnings):
     tok = tokenizer()
     batch = tok(["hello world", "the cat sat"], return_tensors="pt", padding=True)
     with torch.no_grad():
-        hf.generate(**batch, max_new_tokens=3, do_sample=False, pad_token_id=0,
-                    stopping_criteria=[mon.stopping_criteria(hf, tokenizer=tok)])
+        hf.generate(
+            **batch,
+            max_new_tokens=3,
+            do_sample=False,
+            pad_token_id=0,
+            stopping_criteria=[mon.stopping_criteria(hf, tokenizer=tok)],
+        )
     assert isinstance(mon.last_run, tpc.GenerationRun) and mon.last_run.steps >= 1
     with pytest.warns(FutureWarning, match=r"Monitor\.last_generate_log is deprecated; use Monitor\.last_run"):
         assert mon.last_generate_log is mon.last_run
@@ -42,24 +47,29 @@ def test_train_config_moved_to_the_baselines(fresh_warnings):
     from tpc_hooks import baselines
 
     assert "TrainConfig" not in tpc.__all__ and "TrainConfig" in baselines.__all__
-    with pytest.warns(FutureWarning, match=r"tpc_hooks\.TrainConfig is deprecated; use tpc_hooks\.baselines\.TrainConfig"):
+    with pytest.warns(
+        FutureWarning, match=r"tpc_hooks\.TrainConfig is deprecated; use tpc_hooks\.baselines\.TrainConfig"
+    ):
         assert tpc.TrainConfig is baselines.TrainConfig
 
 
 FAMILIES, KINDS = tpc.data.PHRASING_FAMILIES, tuple(tpc.data.INTENT_KINDS) + ("homonym",)
 
 
-@pytest.mark.parametrize("name, options, want", [
-    # what train_monitor(recipe=name, **options) trained on before the presets, written out
-    ("default", {}, dict(augment=(), intent=(), prune_orders=True)),
-    ("phrasing", {}, dict(augment=FAMILIES, intent=(), prune_orders=True)),
-    ("intent", {}, dict(augment=FAMILIES, intent=KINDS, prune_orders=True)),
-    ("in_distribution", {}, dict(augment=(), intent=(), prune_orders=True)),
-    ("paper", {}, dict(augment=FAMILIES, intent=(), prune_orders=False)),
-    ("paper", {"augment": False, "prune_orders": True}, dict(augment=(), intent=(), prune_orders=True)),
-    ("default", {"intent": ("homonym",)}, dict(augment=(), intent=("homonym",), prune_orders=True)),
-    ("intent", {"augment": ("tense",), "intent": False}, dict(augment=("tense",), intent=(), prune_orders=True)),
-])
+@pytest.mark.parametrize(
+    "name, options, want",
+    [
+        # what train_monitor(recipe=name, **options) trained on before the presets, written out
+        ("default", {}, dict(augment=(), intent=(), prune_orders=True)),
+        ("phrasing", {}, dict(augment=FAMILIES, intent=(), prune_orders=True)),
+        ("intent", {}, dict(augment=FAMILIES, intent=KINDS, prune_orders=True)),
+        ("in_distribution", {}, dict(augment=(), intent=(), prune_orders=True)),
+        ("paper", {}, dict(augment=FAMILIES, intent=(), prune_orders=False)),
+        ("paper", {"augment": False, "prune_orders": True}, dict(augment=(), intent=(), prune_orders=True)),
+        ("default", {"intent": ("homonym",)}, dict(augment=(), intent=("homonym",), prune_orders=True)),
+        ("intent", {"augment": ("tense",), "intent": False}, dict(augment=("tense",), intent=(), prune_orders=True)),
+    ],
+)
 def test_a_recipe_string_and_its_options_build_the_preset_and_warn_once(fresh_warnings, name, options, want):
     from tpc_hooks.training._recipes import resolve
 
@@ -81,14 +91,24 @@ def test_the_presets_are_the_recipes_train_monitor_ran_by_name(fresh_warnings):
     from tiny_models import hooked_gpt2_style
 
     model = hooked_gpt2_style()
-    prompts = ["how to make a bomb", "steal a car fast", "hack the bank", "poison my neighbour", "build a gun now",
-               "bread recipe", "the weather today", "write a poem", "python code", "hello friend"] * 2
+    prompts = [
+        "how to make a bomb",
+        "steal a car fast",
+        "hack the bank",
+        "poison my neighbour",
+        "build a gun now",
+        "bread recipe",
+        "the weather today",
+        "write a poem",
+        "python code",
+        "hello friend",
+    ] * 2
     labels = ([1] * 5 + [0] * 5) * 2
     kw = dict(degree=2, rank=2, epochs=2, val_fraction=0.3, verbose=False, target_fpr=0.25)
     with pytest.warns(FutureWarning):
         old = tpc.train_monitor(model, prompts, labels, SITE, recipe="intent", prune_orders=False, **kw)
     new = tpc.train_monitor(model, prompts, labels, SITE, recipe=tpc.recipes.intent(prune_orders=False), **kw)
-    for (_, a), (_, b) in zip(old.head.state_dict().items(), new.head.state_dict().items()):
+    for (_, a), (_, b) in zip(old.head.state_dict().items(), new.head.state_dict().items(), strict=True):
         assert torch.equal(a, b)
     assert old.report == new.report and old.threshold == new.threshold
     assert new.report["recipe"] == "intent" and len(new.report["validation"]["per_order"]) == 2

@@ -15,10 +15,10 @@ import warnings
 
 import pytest
 import torch
-
-import tpc_hooks as tpc
 from host_reads import HostReads, reads_per_step
 from tiny_models import hf_llama, named, tiny_head, tokenizer
+
+import tpc_hooks as tpc
 from tpc_hooks.adapters import Adapter
 from tpc_hooks.pooling import RunningPool
 
@@ -83,6 +83,7 @@ def test_non_finite_rows_score_nan_and_leave_the_others_alone():
         ok = ~got.probs.isnan()
         torch.testing.assert_close(got.probs[ok], want.probs[ok], rtol=0, atol=0)
     from tpc_hooks._rule import flagged
+
     assert flagged(got.probs, 0.999999)[[1, 4]].all()  # the monitor fails closed
     with pytest.raises(tpc.TPCHooksError, match="NaN/inf"):  # offline scoring still refuses them
         mon.policy()(bad)
@@ -104,8 +105,10 @@ def uneven_head(dtype=torch.float32, bounds=True, gate=True, escalate_only=False
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("bounds,gate,escalate_only", [(False, False, False), (True, False, False), (True, True, False),
-                                                       (True, True, True), (False, False, True)])
+@pytest.mark.parametrize(
+    "bounds,gate,escalate_only",
+    [(False, False, False), (True, False, False), (True, True, False), (True, True, True), (False, False, True)],
+)
 def test_stream_logits_are_every_truncation_and_where_rows_left(dtype, bounds, gate, escalate_only):
     from tpc_hooks.head import _kernel
 
@@ -124,7 +127,10 @@ def test_stream_logits_are_every_truncation_and_where_rows_left(dtype, bounds, g
         assert bool(((got - want).abs() <= 16 * eps * torch.stack(size, 1)).all())
         by_hand = [torch.zeros(200, dtype=torch.bool)] + [  # a projection outside [lo, hi], degree by degree
             ((zs @ head.factors[str(k)] < head.bounds(k)[0]) | (zs @ head.factors[str(k)] > head.bounds(k)[1])).any(1)
-            if bounds else torch.zeros(200, dtype=torch.bool) for k in range(2, order + 1)]
+            if bounds
+            else torch.zeros(200, dtype=torch.bool)
+            for k in range(2, order + 1)
+        ]
         assert torch.equal(left, torch.stack(by_hand, 1))
     if bounds:
         assert 0 < int(left[:, 1:].any(1).sum()) < 200  # some rows left, some did not
@@ -141,6 +147,7 @@ def test_the_packed_weights_follow_every_change_to_the_head():
 
     def agrees():
         torch.testing.assert_close(rule(z).logits, head(z), rtol=1e-5, atol=1e-6)
+
     agrees()
     opt = torch.optim.SGD(head.parameters(), lr=0.5)
     head(z).sum().backward()
@@ -169,10 +176,25 @@ def step_kernels(head, batch: int = 4) -> list[str]:
     rule(z)  # the packed weights are built on the first step
     with profile() as prof:
         rule(z)
-    views = {"view", "slice", "select", "unsqueeze", "expand", "as_strided", "reshape", "to", "_to_copy",
-             "promote_types", "alias", "detach"}
-    return [name for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")
-            and (name := e.name.removeprefix("aten::")) not in views]
+    views = {
+        "view",
+        "slice",
+        "select",
+        "unsqueeze",
+        "expand",
+        "as_strided",
+        "reshape",
+        "to",
+        "_to_copy",
+        "promote_types",
+        "alias",
+        "detach",
+    }
+    return [
+        name
+        for e in prof.events()
+        if e.cpu_parent is None and e.name.startswith("aten::") and (name := e.name.removeprefix("aten::")) not in views
+    ]
 
 
 @pytest.mark.parametrize("gate", [False, True])
@@ -203,8 +225,12 @@ def test_per_step_scoring_reads_nothing_back(pooling):
     pool = RunningPool(pooling)
     for n in (5, 1, 1):
         pool.update(torch.randn(3, n, 16, device="meta"), torch.ones(3, n, dtype=torch.long, device="meta"))
-        for rule in (mon._step_policy(), mon._step_policy(order=3), mon._step_policy(cascade=0.2),
-                     mon._step_policy(cascade=tpc.Cascade(head, lower=0.2, upper=0.7))):
+        for rule in (
+            mon._step_policy(),
+            mon._step_policy(order=3),
+            mon._step_policy(cascade=0.2),
+            mon._step_policy(cascade=tpc.Cascade(head, lower=0.2, upper=0.7)),
+        ):
             res = rule(pool.value())
             hit = flagged(res.probs, 0.7)
             assert res.probs.device.type == "meta" and hit.shape == (3,)
@@ -223,6 +249,7 @@ def hf_setup():
 
     def hf_run(n, **kw):
         return hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False, **kw)
+
     return hf, tok, monitor_on(), hf_run
 
 
@@ -253,20 +280,26 @@ def test_unpadded_monitor_generate_reads_as_hf_generate_and_scores_the_same():
     assert ids.shape[0] == 2  # the premise: both prompts have one length, so nothing is padded
 
     def hf_run(n):
-        return hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                           do_sample=False)
+        return hf.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False
+        )
 
     def ours(n):
         return mon.generate(hf, prompts, max_new_tokens=n, stop_at_eos=False)
+
     mon.generate(hf, prompts, max_new_tokens=2)  # warm up
     assert reads_per_step(ours) == reads_per_step(hf_run) == 1.0
     run, want = ours(6), hf_run(6)
     assert [list(s) for s in run.sequences] == want.tolist()
     for b in range(2):
         for t in (0, 3, 6):
-            prefix = run.sequences[b][:run.prompt_lengths[b] + t]
-            torch.testing.assert_close(torch.as_tensor(run.scores[b][t]).float(),
-                                       mon.score(hf, tokens=[prefix]).probs[0].float(), rtol=1e-4, atol=1e-5)
+            prefix = run.sequences[b][: run.prompt_lengths[b] + t]
+            torch.testing.assert_close(
+                torch.as_tensor(run.scores[b][t]).float(),
+                mon.score(hf, tokens=[prefix]).probs[0].float(),
+                rtol=1e-4,
+                atol=1e-5,
+            )
 
 
 @pytest.mark.parametrize("toolkit", ["transformers", "nnsight", "hooked"])
@@ -284,9 +317,11 @@ def test_monitor_generate_ends_its_scoring_pass_at_the_site(toolkit):
         layers, head = hf.model.layers, hf.lm_head
     calls = {"site": 0, "after": 0, "head": 0}
     site_layer = int(SITE.split(".")[1])
-    hooks = [layers[site_layer].register_forward_hook(lambda *a: calls.__setitem__("site", calls["site"] + 1)),
-             layers[-1].register_forward_hook(lambda *a: calls.__setitem__("after", calls["after"] + 1)),
-             head.register_forward_hook(lambda *a: calls.__setitem__("head", calls["head"] + 1))]
+    hooks = [
+        layers[site_layer].register_forward_hook(lambda *a: calls.__setitem__("site", calls["site"] + 1)),
+        layers[-1].register_forward_hook(lambda *a: calls.__setitem__("after", calls["after"] + 1)),
+        head.register_forward_hook(lambda *a: calls.__setitem__("head", calls["head"] + 1)),
+    ]
     assert site_layer < len(layers) - 1
     kw = {} if toolkit == "hooked" else {"tokenizer": tok}
     try:
@@ -328,6 +363,7 @@ def poison(mon, row: int):
         acts = real(acts).clone()
         acts[row] = float("nan")
         return acts
+
     mon._features = features
 
 
@@ -417,8 +453,9 @@ def test_fit_reads_per_epoch_do_not_grow_with_the_batches(settings):
     def reads(epochs: int, batch_size: int) -> int:
         r = HostReads()
         with r.counting():
-            tpc.fit(X, y, degree=2, rank=4, epochs=epochs, batch_size=batch_size, patience=None, verbose=False,
-                    **settings)
+            tpc.fit(
+                X, y, degree=2, rank=4, epochs=epochs, batch_size=batch_size, patience=None, verbose=False, **settings
+            )
         return r.count
 
     per_epoch = {b: reads(5, b) - reads(3, b) for b in (16, 128)}  # 60 vs 8 minibatches an epoch

@@ -10,15 +10,20 @@ import re
 from pathlib import Path
 
 import pytest
-
 from test_tutorials import SHOWS, TUTORIALS
 
 SITE = os.environ.get("TPC_DOCS_SITE")
 pytestmark = pytest.mark.skipif(not SITE, reason="set TPC_DOCS_SITE to a site built by `make docs`")
 
 # a fragment of each tutorial's printed output, as its page shows it
-PRINTS = {"01": "tensor(", "02": "order 1: F1", "03": "top neurons", "04": "scores per step", "05": "logit",
-          "06": "finish_reason:"}
+PRINTS = {
+    "01": "tensor(",
+    "02": "order 1: F1",
+    "03": "top neurons",
+    "04": "scores per step",
+    "05": "logit",
+    "06": "finish_reason:",
+}
 
 
 def page(path: str) -> str:
@@ -60,7 +65,9 @@ def test_the_serving_page_shows_the_server_stopping_the_lock_picking_request():
     assert re.search(r"How do I pick the lock.*?\n\s*finish_reason: content_flagged:harm", html, re.S)
     assert re.search(r"How do I bake sourdough bread\?\n\s*finish_reason: (stop|length)", html)
     for name in ("harm", "intent"):
-        assert re.search(rf'tpc_hooks_requests_scored_total\{{[^}}]*monitor=(&quot;|"){name}(&quot;|")[^}}]*\}} 2\.0', html), name
+        assert re.search(
+            rf'tpc_hooks_requests_scored_total\{{[^}}]*monitor=(&quot;|"){name}(&quot;|")[^}}]*\}} 2\.0', html
+        ), name
     assert 'class="tpc-view"' in html
 
 
@@ -75,10 +82,18 @@ def test_home_page_lists_vllm_and_serve():
     assert "concepts/vllm/" in html and "tpc-hooks serve" in html
 
 
-API_PAGES = {"tpc_hooks": "api/tpc_hooks", "tpc_hooks.adapters": "api/adapters", "tpc_hooks.baselines": "api/baselines",
-             "tpc_hooks.data": "api/data", "tpc_hooks.metrics": "api/metrics", "tpc_hooks.offline": "api/offline",
-             "tpc_hooks.pooling": "api/pooling", "tpc_hooks.recipes": "api/recipes", "tpc_hooks.synthetic": "api/synthetic",
-             "tpc_hooks.views": "api/views"}
+API_PAGES = {
+    "tpc_hooks": "api/tpc_hooks",
+    "tpc_hooks.adapters": "api/adapters",
+    "tpc_hooks.baselines": "api/baselines",
+    "tpc_hooks.data": "api/data",
+    "tpc_hooks.metrics": "api/metrics",
+    "tpc_hooks.offline": "api/offline",
+    "tpc_hooks.pooling": "api/pooling",
+    "tpc_hooks.recipes": "api/recipes",
+    "tpc_hooks.synthetic": "api/synthetic",
+    "tpc_hooks.views": "api/views",
+}
 
 
 @pytest.mark.parametrize("module", sorted(API_PAGES))
@@ -91,12 +106,5 @@ def test_the_api_pages_render_every_documented_public_name(module):
     mod = importlib.import_module(module)
     html = page(API_PAGES[module])
     documented = [n for n in mod.__all__ if inspect.isclass(getattr(mod, n)) or inspect.isfunction(getattr(mod, n))]
-    missing = [n for n in documented if f'id="{module}.{n}"' not in html]
-    # a function without a docstring has no entry; the known ones are named here, and the list
-    # must shrink as they gain one (a listed name with a docstring fails below)
-    known = [n for n in missing if f"{module}.{n}" in NO_DOCSTRING_YET]
-    assert all(not getattr(mod, n).__doc__ for n in known), known
-    assert documented and sorted(set(missing) - set(known)) == [], missing
-
-
-NO_DOCSTRING_YET = {"tpc_hooks.adapters.pad_id"}
+    missing = [n for n in documented if f'id="{module}.{n}"' not in html]  # a name without a docstring has none
+    assert documented and missing == [], missing

@@ -26,9 +26,12 @@ def test_the_rates_equal_an_independent_rolling_count_and_each_crossing_is_repor
     assert rate.recent == pytest.approx(rolling[-1])
     assert rate.lifetime == pytest.approx(flags.mean()) and rate.seen == len(flags)
     out = (rolling < target / band) | (rolling > target * band)
-    out[:window - 1] = False  # judged once the window is full
-    changes = [(i, "left" if out[i] else "back") for i in range(window - 1, len(flags))
-               if out[i] != (out[i - 1] if i >= window else False)]
+    out[: window - 1] = False  # judged once the window is full
+    changes = [
+        (i, "left" if out[i] else "back")
+        for i in range(window - 1, len(flags))
+        if out[i] != (out[i - 1] if i >= window else False)
+    ]
     assert events == changes
     # the shift to 6% is noticed within one window of it, on the high side, and its end likewise
     first = next(i for i, e in events if i >= 3000 and e == "left")
@@ -42,8 +45,15 @@ def test_without_a_target_the_rates_are_kept_and_nothing_is_judged():
     assert rate.recent == pytest.approx(2 / 3) and rate.lifetime == 0.75 and rate.bounds is None
 
 
-@pytest.mark.parametrize("kw, match", [({"window": 0}, "positive number"), ({"window": -3}, "positive number"),
-                                       ({"band": 1.0}, "factor above 1"), ({"target": 1.5}, r"share in \[0, 1\]")])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"window": 0}, "positive number"),
+        ({"window": -3}, "positive number"),
+        ({"band": 1.0}, "factor above 1"),
+        ({"target": 1.5}, r"share in \[0, 1\]"),
+    ],
+)
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(TPCHooksError, match=match):
         FlagRate(**{"target": 0.01, **kw})

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import tpc_hooks as tpc
 from families import FAMILIES, LAYERS, build
 from tiny_models import assert_steps_score_as_offline, bridge, nnsight_lm, tiny_head, tokenizer
+
+import tpc_hooks as tpc
 from tpc_hooks.adapters import Site, get_adapter
 from tpc_hooks.adapters._sites import hook_name
 
@@ -101,7 +101,9 @@ def test_every_generated_step_scores_as_the_offline_monitor_scores_its_prefix(fa
     try:
         run = mon.generate(model, PROMPTS, max_new_tokens=6, tokenizer=_tok(toolkit))
     except tpc.TPCHooksError as err:  # refused with the fix, never scored wrong: only where the cache is dropped
-        assert _drops_the_cache(toolkit) and re.search(r"KV cache did not grow .* install 'transformers<5.24'", str(err))
+        assert _drops_the_cache(toolkit) and re.search(
+            r"KV cache did not grow .* install 'transformers<5.24'", str(err)
+        )
         _OUTCOMES.setdefault(family, {})[f"{toolkit}:generate"] = "refused: the KV cache does not grow"
         return
     assert all(len(run.scores[b]) == len(run.generated(b)) + 1 for b in range(len(PROMPTS)))
@@ -130,7 +132,9 @@ def test_branch_sites_add_up_to_the_models_own_hidden_states(family, toolkit):
     ref = build(family)
     checked = 0
     for row in ids:
-        last = Site(LAYERS - 1, "post")  # the model's last hidden state is after its final norm: read the layer's output
+        last = Site(
+            LAYERS - 1, "post"
+        )  # the model's last hidden state is after its final norm: read the layer's output
         got = adapter.forward_sites(torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long), [*offered, last])
         hs = list(_hidden(ref, row)[:LAYERS]) + [got[last.name]]
         for layer in range(LAYERS):
@@ -143,8 +147,13 @@ def test_branch_sites_add_up_to_the_models_own_hidden_states(family, toolkit):
                 torch.testing.assert_close(mid + mlp, hs[layer + 1], rtol=1e-4, atol=1e-5)
                 checked += 1
     assert checked or not offered
-    outcome = "pass" if not refused else "; ".join(
-        f"no {hook_name(k)} in layer{'s' * (len(v) > 1)} {', '.join(map(str, v))}" for k, v in refused.items())
+    outcome = (
+        "pass"
+        if not refused
+        else "; ".join(
+            f"no {hook_name(k)} in layer{'s' * (len(v) > 1)} {', '.join(map(str, v))}" for k, v in refused.items()
+        )
+    )
     _OUTCOMES.setdefault(family, {})[f"{toolkit}:branches"] = outcome
 
 
@@ -271,8 +280,11 @@ def test_the_rule_names_what_it_found_when_nothing_fits_and_the_table_overrides_
     m = torch.nn.Module()
     m.config = _Config("odd", layers=5)
     m.blocks = _stack(4)
-    with pytest.raises(tpc.TPCHooksError, match=r"text config has 5 layers .* module lists found: blocks \(4\)\. "
-                                                r"Add its path to tpc_hooks.adapters.transformers.LAYERS\['odd'\]"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"text config has 5 layers .* module lists found: blocks \(4\)\. "
+        r"Add its path to tpc_hooks.adapters.transformers.LAYERS\['odd'\]",
+    ):
         _hf.find_layers(m, "transformers")
     monkeypatch.setitem(_hf.LAYERS, "odd", "blocks")
     assert _hf.find_layers(m, "transformers") == ["blocks"]

@@ -74,7 +74,9 @@ def test_extra_tensor(saved):
 def test_wrong_shape(saved):
     _, path = saved
     _rewrite(path, lambda t: t.update({"factors.2": torch.zeros(6, 4)}))
-    with pytest.raises(tpc.TPCHooksError, match=r"'factors.2' in model.safetensors has shape \(6, 4\) but config.json implies \(6, 3\)"):
+    with pytest.raises(
+        tpc.TPCHooksError, match=r"'factors.2' in model.safetensors has shape \(6, 4\) but config.json implies \(6, 3\)"
+    ):
         tpc.TPC.from_pretrained(path)
 
 
@@ -83,7 +85,9 @@ def test_unknown_format_version(saved):
     cfg = json.loads((path / "config.json").read_text())
     cfg["format_version"] = 7
     (path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(tpc.TPCHooksError, match="config.json has format_version=7; this version of tpc-hooks reads format_version=1"):
+    with pytest.raises(
+        tpc.TPCHooksError, match="config.json has format_version=7; this version of tpc-hooks reads format_version=1"
+    ):
         tpc.TPC.from_pretrained(path)
 
 
@@ -91,7 +95,9 @@ def test_truncated_weights(saved):
     _, path = saved
     data = (path / "model.safetensors").read_bytes()
     (path / "model.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(tpc.TPCHooksError, match="model.safetensors could not be read as safetensors.*truncated or corrupt"):
+    with pytest.raises(
+        tpc.TPCHooksError, match="model.safetensors could not be read as safetensors.*truncated or corrupt"
+    ):
         tpc.TPC.from_pretrained(path)
 
 
@@ -121,9 +127,15 @@ def test_non_positive_scale_is_rejected(saved):
         tpc.TPC.from_pretrained(path)
 
 
-@pytest.mark.parametrize("key, value", [("threshold", "high"), ("report", [1, 2]), ("model", "SmolLM2"),
-                                        ("cascade", {"lower": "a", "upper": 0.9, "temperatures": [1] * 3,
-                                                     "biases": [0] * 3})])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("threshold", "high"),
+        ("report", [1, 2]),
+        ("model", "SmolLM2"),
+        ("cascade", {"lower": "a", "upper": 0.9, "temperatures": [1] * 3, "biases": [0] * 3}),
+    ],
+)
 def test_malformed_monitor_fields_name_the_file(saved, key, value):
     head, _ = saved
     path = tpc.Monitor(head, site="blocks.1.hook_resid_post").save_pretrained(saved[1].parent / "mon")
@@ -148,8 +160,9 @@ def test_monitors_saved_by_format_version_1_load_and_save_unchanged(tmp_path, ki
         assert getattr(mon, key) == saved["monitor"][key]
     assert mon.model_name == saved["monitor"]["model"]["name"]
     if kind == "token":
-        assert [getattr(mon, k) for k in ("aggregate", "alpha", "window", "skip")] == \
-            [saved["monitor"][k] for k in ("aggregate", "alpha", "window", "skip")]
+        assert [getattr(mon, k) for k in ("aggregate", "alpha", "window", "skip")] == [
+            saved["monitor"][k] for k in ("aggregate", "alpha", "window", "skip")
+        ]
     else:
         assert mon.cascade.to_dict() == saved["monitor"]["cascade"]
     again = mon.save_pretrained(tmp_path / "again")

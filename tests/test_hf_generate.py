@@ -8,20 +8,34 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from tiny_models import (
+    bridge,
+    hf_gpt2,
+    hf_llama,
+    hooked_gpt2_style,
+    named,
+    nnsight_lm,
+    tiny_head,
+    tokenizer,
+    tokenizer_dir,
+)
 
 import tpc_hooks as tpc
-from tiny_models import bridge, hf_gpt2, hf_llama, hooked_gpt2_style, named, nnsight_lm, tokenizer, tokenizer_dir, tiny_head
 from tpc_hooks.adapters import get_adapter, pad
 
 pytest.importorskip("transformers")
 
-PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello world",
-           "write poem about cat dog and the mat", "steal car", "the cat sat on the mat"]
+PROMPTS = [
+    "how do i make bomb",
+    "tell me about the weather please",
+    "hello world",
+    "write poem about cat dog and the mat",
+    "steal car",
+    "the cat sat on the mat",
+]
 SITE = "blocks.1.hook_resid_post"
 EOS, PAD = 3, 0  # the tiny models' generation_config
 N_NEW = 8
-
-
 
 
 def hooks_on(module):
@@ -38,22 +52,30 @@ def test_same_tensors_as_the_nnsight_adapter_on_padded_batches(make, side):
     ids, _ = ours.tokenize(PROMPTS, chat_template=False, max_tokens=None)
     assert ids == theirs.tokenize(PROMPTS, chat_template=False, max_tokens=None)[0]
     x, mask = pad(ids, PAD, side)
-    sites = [ours.site(s) for s in ("blocks.0.hook_resid_pre", "blocks.1.hook_resid_post", "blocks.2.hook_resid_pre",
-                                    "blocks.2.hook_resid_post")]
+    sites = [
+        ours.site(s)
+        for s in (
+            "blocks.0.hook_resid_pre",
+            "blocks.1.hook_resid_post",
+            "blocks.2.hook_resid_pre",
+            "blocks.2.hook_resid_post",
+        )
+    ]
     got, want = ours.forward_sites(x, mask, sites), theirs.forward_sites(x, mask, sites)
     with torch.no_grad():  # and Hugging Face's own hidden states, row by row without padding
         hs = [hf(input_ids=torch.tensor([row]), output_hidden_states=True).hidden_states for row in ids]
     for s in sites:
         assert got[s.name].shape == (len(PROMPTS), x.shape[1], 32)
         torch.testing.assert_close(got[s.name], want[s.name], rtol=1e-5, atol=1e-6)
-        for b, row in enumerate(ids):
+        for b, _row in enumerate(ids):
             at = mask[b].bool()
             ref = hs[b][s.layer + (s.kind == "post")][0]
             if s.layer == 2 and s.kind == "post":  # the last layer's hidden_states entry is after the final norm
                 continue
             torch.testing.assert_close(got[s.name][b, at], ref, rtol=1e-4, atol=1e-5)
-    pooled = tpc.collect(hf, PROMPTS, [s.name for s in sites], "mean", padding_side=side, tokenizer=tokenizer(),
-                         progress=False)
+    pooled = tpc.collect(
+        hf, PROMPTS, [s.name for s in sites], "mean", padding_side=side, tokenizer=tokenizer(), progress=False
+    )
     ref = tpc.collect(lm, PROMPTS, [s.name for s in sites], "mean", padding_side=side, progress=False)
     for s in sites:
         torch.testing.assert_close(pooled[s.name], ref[s.name], rtol=1e-5, atol=1e-6)
@@ -93,14 +115,20 @@ def test_default_tokenizer_is_loaded_once_from_name_or_path():
 def test_a_model_without_a_tokenizer_says_how_to_give_one(tmp_path):
     hf = hf_llama()  # built from a config: no name_or_path
     mon = tpc.Monitor(tiny_head(), SITE)
-    with pytest.raises(tpc.TPCHooksError, match=r"LlamaForCausalLM carries no tokenizer and has no name_or_path to load "
-                                                r"one from; pass tokenizer="):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"LlamaForCausalLM carries no tokenizer and has no name_or_path to load "
+        r"one from; pass tokenizer=",
+    ):
         tpc.collect(hf, PROMPTS, SITE, progress=False)
     with pytest.raises(tpc.TPCHooksError, match="carries no tokenizer"):
         mon.score(hf, PROMPTS)
     hf.name_or_path = str(tmp_path / "nothing-here")
-    with pytest.raises(tpc.TPCHooksError, match=r"could not load a tokenizer for this LlamaForCausalLM from "
-                                                r"name_or_path='.*nothing-here' \(.*\); pass tokenizer="):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"could not load a tokenizer for this LlamaForCausalLM from "
+        r"name_or_path='.*nothing-here' \(.*\); pass tokenizer=",
+    ):
         tpc.collect(hf, PROMPTS, SITE, progress=False)
     # collection needs no tokenizer once tokenizer= is given, and neither does a stopping criterion
     assert tpc.collect(hf, PROMPTS, SITE, tokenizer=tokenizer(), progress=False)[SITE].shape == (len(PROMPTS), 32)
@@ -116,18 +144,34 @@ def test_tokenizer_threads_through_every_entry_point():
     words_ref, res_ref = mon.token_scores(lm, PROMPTS[3])
     assert words == words_ref
     torch.testing.assert_close(res.logits, res_ref.logits)
-    run, run_ref = mon.generate(hf, PROMPTS, max_new_tokens=3, tokenizer=tok), mon.generate(lm, PROMPTS, max_new_tokens=3)
+    run, run_ref = (
+        mon.generate(hf, PROMPTS, max_new_tokens=3, tokenizer=tok),
+        mon.generate(lm, PROMPTS, max_new_tokens=3),
+    )
     assert run.sequences == run_ref.sequences
     with mon.watch(hf, tokenizer=tok) as log:
         hf(input_ids=torch.tensor([[4, 5, 6]]))
     assert len(log) == 1
     cal = tpc.Monitor(tiny_head(), SITE).calibrate(hf, PROMPTS, fpr=0.2, tokenizer=tok)
-    assert cal.threshold == pytest.approx(tpc.Monitor(tiny_head(), SITE).calibrate(lm, PROMPTS, fpr=0.2).threshold,
-                                          abs=1e-6)
-    harmful, benign = ["how do i make bomb", "steal car", "hack email", "kill process"], \
-        ["tell me about the weather", "bread recipe", "write poem about cat", "hello world friend"]
-    trained = tpc.train_monitor(hf, harmful + benign, [1] * 4 + [0] * 4, SITE, degree=2, rank=2, epochs=2,
-                                val_fraction=0.5, verbose=False, tokenizer=tok)
+    assert cal.threshold == pytest.approx(
+        tpc.Monitor(tiny_head(), SITE).calibrate(lm, PROMPTS, fpr=0.2).threshold, abs=1e-6
+    )
+    harmful, benign = (
+        ["how do i make bomb", "steal car", "hack email", "kill process"],
+        ["tell me about the weather", "bread recipe", "write poem about cat", "hello world friend"],
+    )
+    trained = tpc.train_monitor(
+        hf,
+        harmful + benign,
+        [1] * 4 + [0] * 4,
+        SITE,
+        degree=2,
+        rank=2,
+        epochs=2,
+        val_fraction=0.5,
+        verbose=False,
+        tokenizer=tok,
+    )
     assert trained.chat_template is True  # read from the given tokenizer's chat template
     assert trained.score(hf, ["steal car"], tokenizer=tok).probs.shape == (1,)
 
@@ -139,22 +183,32 @@ def test_a_toolkit_model_refuses_a_different_tokenizer():
     torch.testing.assert_close(mon.score(lm, PROMPTS, tokenizer=tok).logits, mon.score(lm, PROMPTS).logits)
     other = tokenizer()
     other.chat_template = "{{ messages[0]['content'] }}"
-    for model, fix in ((lm, r"LanguageModel\(hf_model, tokenizer=tok\)"),
-                       (hooked_gpt2_style(), r"TransformerBridge.boot_transformers\(\.\.\., tokenizer=tok\)")):
-        with pytest.raises(tpc.TPCHooksError, match=r"tokenizer= differs from the one this \w+ model carries .*"
-                                                    r"drop tokenizer= or wrap the model with the one you mean: .*" + fix):
+    for model, fix in (
+        (lm, r"LanguageModel\(hf_model, tokenizer=tok\)"),
+        (hooked_gpt2_style(), r"TransformerBridge.boot_transformers\(\.\.\., tokenizer=tok\)"),
+    ):
+        with pytest.raises(
+            tpc.TPCHooksError,
+            match=r"tokenizer= differs from the one this \w+ model carries .*"
+            r"drop tokenizer= or wrap the model with the one you mean: .*" + fix,
+        ):
             tpc.collect(model, PROMPTS, SITE, tokenizer=other, progress=False)
     with pytest.raises(tpc.TPCHooksError, match="differs from the one this nnsight model carries"):
         mon.generate(lm, PROMPTS, tokenizer=other)
-    with pytest.raises(tpc.TPCHooksError, match=r"remote=True runs on NDIF through nnsight; this is a transformers model"):
+    with pytest.raises(
+        tpc.TPCHooksError, match=r"remote=True runs on NDIF through nnsight; this is a transformers model"
+    ):
         tpc.collect(hf_llama(), PROMPTS, SITE, remote=True, tokenizer=tok, progress=False)
 
 
 def test_a_bare_base_model_is_refused_with_the_class_to_load():
     from transformers import LlamaModel
 
-    with pytest.raises(tpc.TPCHooksError, match=r"LlamaModel has no LM head .* pass the causal-LM class "
-                                                r"\(AutoModelForCausalLM, or the checkpoint's ...ForConditionalGeneration\)"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"LlamaModel has no LM head .* pass the causal-LM class "
+        r"\(AutoModelForCausalLM, or the checkpoint's ...ForConditionalGeneration\)",
+    ):
         get_adapter(LlamaModel(hf_llama().config))
 
 
@@ -178,8 +232,9 @@ def tok_kw(name):
 
 def unmonitored(hf, x, mask, max_new_tokens=N_NEW, **kw):
     with torch.no_grad():
-        return hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                           **kw)[:, x.shape[1]:]
+        return hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, **kw)[
+            :, x.shape[1] :
+        ]
 
 
 def offline_step_scores(mon, name, model, ids, gen):
@@ -197,7 +252,7 @@ def pick_threshold(scores, margin=2e-4):
     """The highest threshold that leaves some rows unflagged, flags one at the prompt and one only later, with a
     clear margin from every score (so cached vs. uncached float noise cannot move a decision)."""
     values = sorted({float(v) for s in scores for v in s})
-    for lo, hi in reversed(list(zip(values, values[1:]))):
+    for lo, hi in reversed(list(zip(values, values[1:], strict=False))):
         thr = (lo + hi) / 2
         if hi - lo < 2 * margin:
             continue
@@ -229,9 +284,9 @@ def expected_rows(gen, first, offline, forced_eos):
     for b, f in enumerate(first):
         g = gen[b].tolist()
         if f is None:
-            rows.append(g[:len(offline[b].probs)])
+            rows.append(g[: len(offline[b].probs)])
         else:
-            rows.append(g[:f] + [EOS] if forced_eos else g[:f + 1])
+            rows.append(g[:f] + [EOS] if forced_eos else g[: f + 1])
     width = max(len(r) for r in rows)
     return [r + [PAD] * (width - len(r)) for r in rows], rows
 
@@ -337,9 +392,12 @@ def test_hooks_go_as_soon_as_every_row_has_ended(gen_case, split, kind):
     assert not obj.active and hooks_on(hf) == before
     assert out.tolist() == ([[EOS]] * len(ids) if kind == "logits_processor" else gen[:, :1].tolist())
     assert obj.log.stopped_at == [0] * len(ids) and obj.log.steps == 1
-    with pytest.raises(tpc.TPCHooksError, match=rf"this {kind} already served a generate call \(its log is \.log\); "
-                                                rf"make a new one for each call, as in: model.generate\(\.\.\., "
-                                                rf"{kind}=\[monitor.{kind}\(model\)\]\)"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=rf"this {kind} already served a generate call \(its log is \.log\); "
+        rf"make a new one for each call, as in: model.generate\(\.\.\., "
+        rf"{kind}=\[monitor.{kind}\(model\)\]\)",
+    ):
         unmonitored(hf, x, mask, **{kind: [obj]})
     assert hooks_on(hf) == before and obj.log.steps == 1  # the first call's log is kept
 
@@ -354,20 +412,24 @@ def test_rows_ended_by_flags_and_by_eos_end_the_hooks_too(gen_case, split):
     for b, f in enumerate(first):
         g = gen[b].tolist()
         e = next(t for t, tok in enumerate(g) if tok in ends) if any(tok in ends for tok in g) else len(g)
-        rows.append(g[:min(e + 1, len(g) if f is None else f + 1)])
+        rows.append(g[: min(e + 1, len(g) if f is None else f + 1)])
     assert all(len(r) < N_NEW for r in rows)
     before = hooks_on(hf)
     sc = mon.stopping_criteria(model, eos_token_id=ends, **tok_kw(name))
     out = unmonitored(hf, x, mask, eos_token_id=ends, stopping_criteria=[sc])
     assert not sc.active and hooks_on(hf) == before
-    assert [r[:len(rows[b])] for b, r in enumerate(out.tolist())] == rows
+    assert [r[: len(rows[b])] for b, r in enumerate(out.tolist())] == rows
     assert [len(s) for s in sc.log.scores] == [len(r) for r in rows]
     # generate told of other EOS tokens than the criterion goes on after the criterion has let its hooks go
     sc = mon.stopping_criteria(model, eos_token_id=ends, **tok_kw(name))
-    with pytest.raises(tpc.TPCHooksError, match=r"generate went on after every row had ended by this stopping_criteria's "
-                                                r"account \(flagged, or an EOS token among " + re.escape(str(ends)) +
-                                                r"\); if generate ends rows on other tokens, pass the same "
-                                                r"eos_token_id= to stopping_criteria"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"generate went on after every row had ended by this stopping_criteria's "
+        r"account \(flagged, or an EOS token among "
+        + re.escape(str(ends))
+        + r"\); if generate ends rows on other tokens, pass the same "
+        r"eos_token_id= to stopping_criteria",
+    ):
         unmonitored(hf, x, mask, eos_token_id=EOS, stopping_criteria=[sc])
     assert hooks_on(hf) == before
 
@@ -379,8 +441,9 @@ def test_sampled_rows_go_on_as_without_the_monitor(gen_case, split):
     def sample(**kw):
         torch.manual_seed(5)
         with torch.no_grad():
-            return hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=6, do_sample=True, top_k=0,
-                               **kw)[:, x.shape[1]:]
+            return hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=6, do_sample=True, top_k=0, **kw)[
+                :, x.shape[1] :
+            ]
 
     free = sample()
     ours = sample(stopping_criteria=[mon.stopping_criteria(model, **tok_kw(name))])
@@ -393,8 +456,9 @@ def test_sampled_rows_go_on_as_without_the_monitor(gen_case, split):
         if log.stopped_at[b] is not None:
             assert n == log.stopped_at[b] + 1
         prefixes = [ids[b] + free[b, :t].tolist() for t in range(n)]
-        torch.testing.assert_close(log.scores[b], mon.score(model, tokens=prefixes, **tok_kw(name)).probs,
-                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            log.scores[b], mon.score(model, tokens=prefixes, **tok_kw(name)).probs, rtol=0, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("form", ["inline", "with", "held"])
@@ -459,40 +523,57 @@ def test_misuse_is_refused_clearly(gen_case, split):
     mon, _, x, mask, *_ = split
     before = hooks_on(hf)
     lp = mon.logits_processor(model, **tok_kw(name))
-    with pytest.raises(tpc.TPCHooksError, match=r"generate did not call this logits_processor after the last one: pass "
-                                                r"it to generate, as in: model.generate\(\.\.\., logits_processor=\["
-                                                r"monitor.logits_processor\(model\)\]\)"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"generate did not call this logits_processor after the last one: pass "
+        r"it to generate, as in: model.generate\(\.\.\., logits_processor=\["
+        r"monitor.logits_processor\(model\)\]\)",
+    ):
         unmonitored(hf, x, mask)  # made (hooks attached), but not passed to generate
     assert not lp.active and hooks_on(hf) == before  # refused: the hooks went back at once, though lp is held
     sc = mon.stopping_criteria(model, **tok_kw(name))
     first = unmonitored(hf, x, mask, stopping_criteria=[sc])
     log = sc.log
     assert sc.active  # rows were left unfinished at max_new_tokens
-    with pytest.raises(tpc.TPCHooksError, match=r"this stopping_criteria already served a generate call \(its log is "
-                                                r"\.log\); make a new one for each call, as in: model.generate\(\.\.\., "
-                                                r"stopping_criteria=\[monitor.stopping_criteria\(model\)\]\)"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"this stopping_criteria already served a generate call \(its log is "
+        r"\.log\); make a new one for each call, as in: model.generate\(\.\.\., "
+        r"stopping_criteria=\[monitor.stopping_criteria\(model\)\]\)",
+    ):
         unmonitored(hf, x, mask, stopping_criteria=[sc])  # a second call
     assert not sc.active and hooks_on(hf) == before
     assert sc.log is log and log.steps == first.shape[1]
     sc = mon.stopping_criteria(model, **tok_kw(name))
     sc.close()
     assert hooks_on(hf) == before
-    with pytest.raises(tpc.TPCHooksError, match=r"this stopping_criteria is closed and its hooks are removed; make a "
-                                                r"new one for each generate call, as in: model.generate"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"this stopping_criteria is closed and its hooks are removed; make a "
+        r"new one for each generate call, as in: model.generate",
+    ):
         unmonitored(hf, x, mask, stopping_criteria=[sc])
-    with pytest.raises(tpc.TPCHooksError, match=r"this stopping_criteria is closed and its hooks are removed; make a "
-                                                r"new one for the with block, as in: with monitor.stopping_criteria"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"this stopping_criteria is closed and its hooks are removed; make a "
+        r"new one for the with block, as in: with monitor.stopping_criteria",
+    ):
         sc.__enter__()
     other = hf_llama(seed=1)
     sc = mon.stopping_criteria(other, tokenizer=tokenizer())
-    with pytest.raises(tpc.TPCHooksError, match=r"this stopping_criteria saw no forward pass of its model; is the model "
-                                                r"passed to stopping_criteria the one generating\?"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"this stopping_criteria saw no forward pass of its model; is the model "
+        r"passed to stopping_criteria the one generating\?",
+    ):
         unmonitored(hf, x, mask, stopping_criteria=[sc])
     assert not sc.active and hooks_on(other) == 0 and hooks_on(hf) == before
     old = hf.generation_config.eos_token_id
     hf.generation_config.eos_token_id = None
     try:
-        with pytest.raises(tpc.TPCHooksError, match="logits_processor forces an EOS token on flagged rows, but neither"):
+        with pytest.raises(
+            tpc.TPCHooksError, match="logits_processor forces an EOS token on flagged rows, but neither"
+        ):
             mon.logits_processor(model)
         assert mon.logits_processor(model, eos_token_id=[EOS, 1])._run.eos.tolist() == [EOS, 1]
         assert mon.logits_processor(model, tokenizer=tokenizer())._run.eos.tolist() == [EOS]
@@ -504,9 +585,12 @@ def test_misuse_is_refused_clearly(gen_case, split):
 
 
 def test_hooked_transformer_has_no_hf_generate():
-    with pytest.raises(tpc.TPCHooksError, match=r"stopping_criteria works inside Hugging Face generate, and this "
-                                                r"TransformerLens model has none .*monitor.generate\(model, prompts, "
-                                                r"action='stop'\)"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"stopping_criteria works inside Hugging Face generate, and this "
+        r"TransformerLens model has none .*monitor.generate\(model, prompts, "
+        r"action='stop'\)",
+    ):
         tpc.Monitor(tiny_head(), SITE).stopping_criteria(hooked_gpt2_style())
 
 
@@ -519,7 +603,7 @@ def test_chunked_prefill_scores_the_whole_prompt_at_step_zero(split):
             unmonitored(hf, x, mask, max_new_tokens=3, stopping_criteria=[sc], **chunk)
         logs.append(sc.log)
     assert logs[0].steps == logs[1].steps
-    for a, b in zip(logs[0].scores, logs[1].scores):
+    for a, b in zip(logs[0].scores, logs[1].scores, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
@@ -554,7 +638,7 @@ def test_the_packaged_model_as_plain_transformers():
         out = hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=3, do_sample=False, stopping_criteria=[sc])
     for b in range(len(prompts)):
         n = len(sc.log.scores[b])
-        prefixes = [ids[b] + out[b, x.shape[1]:x.shape[1] + t].tolist() for t in range(n)]
+        prefixes = [ids[b] + out[b, x.shape[1] : x.shape[1] + t].tolist() for t in range(n)]
         torch.testing.assert_close(sc.log.logits[b], mon.score(hf, tokens=prefixes).logits, rtol=1e-4, atol=1e-4)
 
 
@@ -574,8 +658,14 @@ def test_the_monitor_follows_a_bfloat16_model_and_scores_in_float32():
     x, mask = pad(ids, PAD, "left")
     sc = mon.stopping_criteria(hf)
     with torch.no_grad():
-        hf.generate(input_ids=x, attention_mask=mask, max_new_tokens=2, do_sample=False, stopping_criteria=[sc],
-                    pad_token_id=PAD)
+        hf.generate(
+            input_ids=x,
+            attention_mask=mask,
+            max_new_tokens=2,
+            do_sample=False,
+            stopping_criteria=[sc],
+            pad_token_id=PAD,
+        )
     for b in range(2):
         assert sc.log.logits[b].dtype == torch.float32
         torch.testing.assert_close(sc.log.logits[b][0], got.logits[b], rtol=0, atol=1e-5)
@@ -598,11 +688,22 @@ def test_a_model_whose_kv_cache_does_not_grow_is_refused_with_the_fix():
     hf.register_forward_pre_hook(fresh_cache, with_kwargs=True)
     mon = tpc.Monitor(tiny_head(), SITE, threshold=1 - 1e-7)  # flags nothing: generate goes on
     x = tokenizer()(PROMPTS[:2], return_tensors="pt", padding=True)
-    with pytest.raises(tpc.TPCHooksError, match=r"KV cache did not grow during generation \(0 positions held before a "
-                                                r"forward pass of generate, after \d+ fed"):
-        hf.generate(**x, max_new_tokens=3, do_sample=False, pad_token_id=0,
-                    stopping_criteria=[mon.stopping_criteria(hf, tokenizer=tokenizer())])
-    with pytest.raises(tpc.TPCHooksError, match=r"KV cache did not grow during generation \(0 positions held before the next decode step, after \d+ "
-                                                r"fed.*install 'transformers<5.24'"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"KV cache did not grow during generation \(0 positions held before a "
+        r"forward pass of generate, after \d+ fed",
+    ):
+        hf.generate(
+            **x,
+            max_new_tokens=3,
+            do_sample=False,
+            pad_token_id=0,
+            stopping_criteria=[mon.stopping_criteria(hf, tokenizer=tokenizer())],
+        )
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"KV cache did not grow during generation \(0 positions held before the next decode step, after \d+ "
+        r"fed.*install 'transformers<5.24'",
+    ):
         mon.generate(hf, PROMPTS, max_new_tokens=3, tokenizer=tokenizer())
     assert mon.generate(hf_llama(), PROMPTS, max_new_tokens=3, tokenizer=tokenizer()).scores  # the same, cache kept

@@ -6,9 +6,9 @@ import shutil
 import huggingface_hub
 import pytest
 import torch
-from conftest import random_head
 
 import tpc_hooks as tpc
+from conftest import random_head
 
 FILES = ["README.md", "config.json", "model.safetensors"]
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -32,8 +32,14 @@ def _probe_rows():
 
 
 def _monitor(head, report=None):
-    return tpc.Monitor(head=head, site=SITE, pooling="mean", model_name=MODEL, cascade=tpc.Cascade(head, tau=0.2),
-                       report={"validation": {"n": 10, "per_order": PER_ORDER}, "n_train": 40} if report is None else report)
+    return tpc.Monitor(
+        head=head,
+        site=SITE,
+        pooling="mean",
+        model_name=MODEL,
+        cascade=tpc.Cascade(head, tau=0.2),
+        report={"validation": {"n": 10, "per_order": PER_ORDER}, "n_train": 40} if report is None else report,
+    )
 
 
 def _assert_same_head(a, b):
@@ -81,8 +87,9 @@ def test_tpc_card_front_matter_and_costs(tmp_path):
     card = (head.save_pretrained(tmp_path) / "README.md").read_text()
     front = _front_matter(card)
     assert "library_name: tpc-hooks" in front
-    assert ["- tpc-hooks", "- activation-probe", "- safety-monitor", "- interpretability"] == \
-        [line for line in front if line.startswith("- ")]
+    assert ["- tpc-hooks", "- activation-probe", "- safety-monitor", "- interpretability"] == [
+        line for line in front if line.startswith("- ")
+    ]
     assert not any(line.startswith("base_model") for line in front)
     rows = re.findall(r"^\| (\d+) \| (\d+) \| (\d+) \|$", card, re.MULTILINE)
     assert [tuple(map(int, r)) for r in rows] == [(n, head.cost(n).params, head.cost(n).flops) for n in (1, 2, 3)]
@@ -95,10 +102,15 @@ def test_tpc_card_front_matter_and_costs(tmp_path):
 
 def test_tpc_card_reports_history(tmp_path):
     head = _head()
-    head.history = tpc.History(mode="progressive", selected={1: {"val_f1": 0.81234}, 2: {"val_f1": 0.84567}},
-                               config=tpc.FitConfig(degree=3, rank=2, recipe="paper", seed=7))
+    head.history = tpc.History(
+        mode="progressive",
+        selected={1: {"val_f1": 0.81234}, 2: {"val_f1": 0.84567}},
+        config=tpc.FitConfig(degree=3, rank=2, recipe="paper", seed=7),
+    )
     card = head.model_card()
-    assert re.search(r"^\| 1 \| 0\.812 \|$", card, re.MULTILINE) and re.search(r"^\| 2 \| 0\.846 \|$", card, re.MULTILINE)
+    assert re.search(r"^\| 1 \| 0\.812 \|$", card, re.MULTILINE) and re.search(
+        r"^\| 2 \| 0\.846 \|$", card, re.MULTILINE
+    )
     assert re.search(r"^\| 3 \| not recorded \|$", card, re.MULTILINE)
     assert "recipe='paper'" in card and "seed=7" in card
     loaded = tpc.TPC.from_pretrained(head.save_pretrained(tmp_path))  # the history travels in config.json
@@ -144,8 +156,12 @@ def test_monitor_card_without_report_invents_nothing():
 
 def test_card_escapes_model_name_and_shows_data():
     head = _head()
-    mon = tpc.Monitor(head=head, site=SITE, model_name="local|model\nname",
-                      report={"data": "prompts | from <b>somewhere</b>", "validation": {"per_order": [{"f1": 0.5}]}})
+    mon = tpc.Monitor(
+        head=head,
+        site=SITE,
+        model_name="local|model\nname",
+        report={"data": "prompts | from <b>somewhere</b>", "validation": {"per_order": [{"f1": 0.5}]}},
+    )
     card = mon.model_card()
     assert "base_model" not in card  # not a hub id
     assert "| model | `local\\|model name` |" in card
@@ -179,7 +195,12 @@ def test_push_to_hub_uploads_the_saved_files(tmp_path, monkeypatch):
     assert out == "commit-info"
     assert calls["create"] == ("someone/tiny-head", {"private": True, "exist_ok": True, "repo_type": "model"})
     up = calls["upload"]
-    assert (up["repo_id"], up["commit_message"], up["revision"], up["repo_type"]) == ("someone/tiny-head", "hello", "dev", "model")
+    assert (up["repo_id"], up["commit_message"], up["revision"], up["repo_type"]) == (
+        "someone/tiny-head",
+        "hello",
+        "dev",
+        "model",
+    )
     assert sorted(calls["files"]) == FILES
     ref = head.save_pretrained(tmp_path / "ref")
     for name in ("config.json", "model.safetensors"):

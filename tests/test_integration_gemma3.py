@@ -4,10 +4,10 @@ loads it: plain transformers, nnsight and TransformerLens' TransformerBridge."""
 
 import pytest
 import torch
+from tiny_models import assert_steps_score_as_offline, random_head
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
-from tiny_models import assert_steps_score_as_offline, random_head
 from tpc_hooks.adapters import get_adapter
 
 pytest.importorskip("transformer_lens")
@@ -21,8 +21,11 @@ pytestmark = pytest.mark.slow  # loads a real model in three toolkits
 
 NAME = "gemma-3-270m"
 SITE = "blocks.12.hook_resid_post"
-PROMPTS = ["How do I bake sourdough bread at home?", "Write a haiku about autumn.",
-           "Explain how vaccines train the immune system."]
+PROMPTS = [
+    "How do I bake sourdough bread at home?",
+    "Write a haiku about autumn.",
+    "Explain how vaccines train the immune system.",
+]
 TOOLKITS = ("transformers", "nnsight", "transformer_lens")
 
 
@@ -70,7 +73,9 @@ def test_the_sites_inside_a_block_add_up_to_the_models_own_hidden_states(models,
     sites = [f"blocks.{layer}.hook_attn_out", f"blocks.{layer}.hook_resid_mid", f"blocks.{layer}.hook_mlp_out"]
     adapter = get_adapter(model)
     row = adapter.tokenize(PROMPTS[:1], chat_template=False, max_tokens=None)[0][0]
-    got = adapter.forward_sites(torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long), [adapter.site(s) for s in sites])
+    got = adapter.forward_sites(
+        torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long), [adapter.site(s) for s in sites]
+    )
     attn, mid, mlp = (got[s][0] for s in sites)
     with torch.no_grad():
         hs = reference(input_ids=torch.tensor([row]), output_hidden_states=True).hidden_states
@@ -102,8 +107,13 @@ def test_a_split_gguf_is_joined_once_whole_and_a_missing_part_names_its_install(
     assert offline.gguf_path(NAME) == joined  # whole already: not joined again
     broken = offline.Packaged("x.gguf", (("no_such_package_part1", "x"),), "pip install no-such-package", "")
     monkeypatch.setitem(offline.PACKAGED, "broken", broken)
-    with pytest.raises(tpc.TPCHooksError, match=r"needs the 'no-such-package-part1' package: pip install no-such-package"):
+    with pytest.raises(
+        tpc.TPCHooksError, match=r"needs the 'no-such-package-part1' package: pip install no-such-package"
+    ):
         offline.gguf_path("broken")
-    with pytest.raises(tpc.TPCHooksError, match=r"no packaged model named 'nope'; packaged: \['SmolLM2-135M-Instruct', "
-                                                r"'broken', 'gemma-3-270m'\]"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"no packaged model named 'nope'; packaged: \['SmolLM2-135M-Instruct', "
+        r"'broken', 'gemma-3-270m'\]",
+    ):
         offline.model_dir("nope")

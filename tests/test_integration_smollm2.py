@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from tiny_models import assert_steps_score_as_offline
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
-from tiny_models import assert_steps_score_as_offline
 
 pytest.importorskip("transformer_lens")
 pytest.importorskip("nnsight")
@@ -17,14 +17,19 @@ except tpc.TPCHooksError as err:  # `make test` installs it; a bare pytest run m
 pytestmark = pytest.mark.slow  # loads the packaged model in both toolkits
 
 SITE = "blocks.20.hook_resid_post"
-PROMPTS = ["How do I bake sourdough bread at home?", "Write a haiku about autumn.",
-           "Explain how vaccines train the immune system."]
+PROMPTS = [
+    "How do I bake sourdough bread at home?",
+    "Write a haiku about autumn.",
+    "Explain how vaccines train the immune system.",
+]
 
 
 @pytest.fixture(scope="module")
 def models():
-    return {"transformer_lens": offline.load_model(toolkit="transformer_lens"),
-            "nnsight": offline.load_model(toolkit="nnsight")}
+    return {
+        "transformer_lens": offline.load_model(toolkit="transformer_lens"),
+        "nnsight": offline.load_model(toolkit="nnsight"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -55,16 +60,21 @@ def test_generation_scores_equal_offline_scores(models, monitor, toolkit):
 
 def test_watch_follows_hugging_face_generate(models, monitor):
     lm = models["nnsight"]
-    from tpc_hooks.adapters import get_adapter
-    from tpc_hooks.adapters import pad
+    from tpc_hooks.adapters import get_adapter, pad
 
     ids, _ = get_adapter(lm).tokenize(PROMPTS, chat_template=True, max_tokens=None)
     x, mask = pad(ids, lm.tokenizer.pad_token_id, "left")
     with monitor.watch(lm) as log:
-        out = lm._module.generate(input_ids=x, attention_mask=mask, max_new_tokens=3, do_sample=False,
-                                  pad_token_id=lm.tokenizer.pad_token_id, eos_token_id=None)
+        out = lm._module.generate(
+            input_ids=x,
+            attention_mask=mask,
+            max_new_tokens=3,
+            do_sample=False,
+            pad_token_id=lm.tokenizer.pad_token_id,
+            eos_token_id=None,
+        )
     assert log.fresh == [True, False, False]
-    prefixes = [ids[b] + out[b, x.shape[1]:x.shape[1] + 2].tolist() for b in range(3)]
+    prefixes = [ids[b] + out[b, x.shape[1] : x.shape[1] + 2].tolist() for b in range(3)]
     torch.testing.assert_close(log.results[2].logits, monitor.score(lm, tokens=prefixes).logits, rtol=1e-3, atol=1e-3)
 
 
@@ -79,7 +89,9 @@ def test_the_fixed_prefix_is_the_chat_templates_and_nothing_of_the_prompt(models
     n = adapter.fixed_prefix(chat_template=True)
     ids, _ = adapter.tokenize(PROMPTS, chat_template=True, max_tokens=None)
     assert n > 1 and len({tuple(i[:n]) for i in ids}) == 1 and len({i[n] for i in ids}) == len(PROMPTS)
-    rendered = tok.apply_chat_template([{"role": "user", "content": PROMPTS[0]}], tokenize=False, add_generation_prompt=True)
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": PROMPTS[0]}], tokenize=False, add_generation_prompt=True
+    )
     assert rendered.startswith(tok.decode(ids[0][:n])) and tok.decode(ids[0][n:]).startswith(PROMPTS[0])
     assert adapter.fixed_prefix(chat_template=False) == (1 if tok.bos_token_id is not None else 0)
 
@@ -103,18 +115,34 @@ def test_train_monitor_places_requests_in_sharegpt_contexts(models):
     mp = pytest.MonkeyPatch()
     mp.setattr(tpc_hooks.prompts._context, "host_requests", spy)
     try:
-        mon = tpc.train_monitor(models["nnsight"], prompts, labels, SITE, pooling="token", aggregate="max", contexts=8,
-                                context_tokens=(160, 240), degree=2, rank=4, epochs=2,
-                                val_fraction=0.25, target_fpr=0.5, verbose=False)
+        mon = tpc.train_monitor(
+            models["nnsight"],
+            prompts,
+            labels,
+            SITE,
+            pooling="token",
+            aggregate="max",
+            contexts=8,
+            context_tokens=(160, 240),
+            degree=2,
+            rank=4,
+            epochs=2,
+            val_fraction=0.25,
+            target_fpr=0.5,
+            verbose=False,
+        )
     finally:
         mp.undo()
     val, tr = hosted
-    assert (len(val.sequences), len(tr.sequences)) == (2, 6) == (mon.report["contexts"]["n_val"],
-                                                                 mon.report["contexts"]["n_train"])
+    assert (
+        (len(val.sequences), len(tr.sequences))
+        == (2, 6)
+        == (mon.report["contexts"]["n_val"], mon.report["contexts"]["n_train"])
+    )
     tok = models["nnsight"].tokenizer
     for q in val.sequences + tr.sequences:
         assert mon.skip <= q.start < q.stop <= len(q.ids) and len(q.ids) <= 240 + 64
-        assert tok.decode(q.ids[q.start:q.stop]).strip() in prompts
+        assert tok.decode(q.ids[q.start : q.stop]).strip() in prompts
         assert sum(m["role"] == "user" for m in q.messages) >= 1 and q.messages[-1]["role"] == "user"
     assert sorted(val.labels) == [0, 1] and sorted(tr.labels) == [0, 0, 0, 1, 1, 1]
     assert mon.report["operating_point"]["by"] == "max over tokens"

@@ -12,8 +12,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_import_linter_contracts_are_kept():
-    run = subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import lint_imports; "
-                          "sys.exit(lint_imports(no_cache=True))"], cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True))",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "0 broken" in run.stdout
 
@@ -56,7 +64,7 @@ def _crossings(pkg: Path) -> list[str]:
             if not (isinstance(node, ast.ImportFrom) and node.level):
                 continue
             base = list(rel.parent.parts)
-            base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+            base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
             target = base + (node.module.split(".") if node.module else [])
             into = target[0] if target and (pkg / target[0]).is_dir() else ""
             if into == folder:
@@ -74,7 +82,10 @@ def test_no_private_name_crosses_a_folder(tmp_path):
     assert _crossings(ROOT / "tpc_hooks") == []
     # the check itself: a crossing planted in a copy of two folders is found, a module import is not
     pkg = tmp_path / "pkg"
-    for folder, text in (("a", "from ..b._m import _hidden, shown\nfrom ..b import _m\n"), ("b", "_hidden = shown = 1\n")):
+    for folder, text in (
+        ("a", "from ..b._m import _hidden, shown\nfrom ..b import _m\n"),
+        ("b", "_hidden = shown = 1\n"),
+    ):
         (pkg / folder).mkdir(parents=True)
         (pkg / folder / "__init__.py").write_text("")
         (pkg / folder / "_m.py").write_text(text)
@@ -83,7 +94,9 @@ def test_no_private_name_crosses_a_folder(tmp_path):
 
 def test_no_module_grows_past_600_lines():
     """A module past 600 lines holds more than one idea: split it before it lands."""
-    sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in (ROOT / "tpc_hooks").rglob("*.py")}
+    sizes = {
+        p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in (ROOT / "tpc_hooks").rglob("*.py")
+    }
     assert {name: n for name, n in sizes.items() if n > 600} == {}
 
 
@@ -113,8 +126,9 @@ def test_the_contributing_page_names_the_contracts_layers():
 
     contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
     layers = next(c for c in contracts if c["type"] == "layers")["layers"]
-    folders = [m.strip() for layer in reversed(layers) for m in layer.split("|")
-               if (ROOT / "tpc_hooks" / m.strip()).is_dir()]
+    folders = [
+        m.strip() for layer in reversed(layers) for m in layer.split("|") if (ROOT / "tpc_hooks" / m.strip()).is_dir()
+    ]
     page = (ROOT / "docs" / "contributing.md").read_text()
     table = re.findall(r"^\| `(\w+)/` \|", page, re.MULTILINE)
     assert table == folders

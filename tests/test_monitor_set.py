@@ -3,18 +3,32 @@ monitor run alone, in every adapter; one member's "stop" ends rows while another
 
 import pytest
 import torch
+from tiny_models import (
+    assert_steps_score_as_offline,
+    bridge,
+    hf_gpt2,
+    hf_llama,
+    hooked_gpt2_style,
+    named,
+    nnsight_lm,
+    tiny_head,
+    tokenizer,
+)
 
 import tpc_hooks as tpc
-from tiny_models import (assert_steps_score_as_offline, bridge, hf_gpt2, hf_llama, hooked_gpt2_style, named,
-                         nnsight_lm, tiny_head, tokenizer)
 from tpc_hooks.adapters import get_adapter, pad
 from tpc_hooks.monitoring import _generation
 
 pytest.importorskip("transformer_lens")
 pytest.importorskip("nnsight")
 
-PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello world",
-           "write poem about cat dog and the mat", "steal car"]
+PROMPTS = [
+    "how do i make bomb",
+    "tell me about the weather please",
+    "hello world",
+    "write poem about cat dog and the mat",
+    "steal car",
+]
 SITE, SHALLOW = "blocks.1.hook_resid_post", "blocks.0.hook_resid_post"
 N_NEW = 6
 FIELDS = ("scores", "logits", "decision_logits", "exit_orders", "flops")
@@ -38,18 +52,20 @@ def members(threshold: float = 0.5) -> dict[str, tpc.Monitor]:
     """Three monitors, two sharing a site: a prefix-pooled one (last), one with a cascade (mean),
     and a per-token one at another layer (max over the tokens' logits)."""
     mean_head = tiny_head(seed=1)
-    return {"harm": tpc.Monitor(tiny_head(seed=0), SITE, pooling="last", threshold=threshold),
-            "mean": tpc.Monitor(mean_head, SITE, pooling="mean", cascade=tpc.Cascade(mean_head, 0.2)),
-            "tok": tpc.Monitor(tiny_head(seed=2), SHALLOW, pooling="token", aggregate="max")}
+    return {
+        "harm": tpc.Monitor(tiny_head(seed=0), SITE, pooling="last", threshold=threshold),
+        "mean": tpc.Monitor(mean_head, SITE, pooling="mean", cascade=tpc.Cascade(mean_head, 0.2)),
+        "tok": tpc.Monitor(tiny_head(seed=2), SHALLOW, pooling="token", aggregate="max"),
+    }
 
 
 def assert_same_steps(got: tpc.GenerationRun, alone: tpc.GenerationRun, rows: list[int] | None = None) -> None:
     """``got``'s steps equal ``alone``'s, bit for bit, on each row's first ``len(got)`` steps (a row that
     another member stopped has fewer steps than the same monitor's run alone)."""
     for f in FIELDS:
-        for b, (g, a) in enumerate(zip(getattr(got, f), getattr(alone, f))):
+        for b, (g, a) in enumerate(zip(getattr(got, f), getattr(alone, f), strict=True)):
             assert len(g) <= len(a)
-            assert torch.equal(g, a[:len(g)]), (f, b)
+            assert torch.equal(g, a[: len(g)]), (f, b)
             if rows is None or b not in rows:
                 assert len(g) == len(a), (f, b)
 
@@ -115,6 +131,7 @@ def test_each_site_is_hooked_once(case, monkeypatch):
         def counting(self, fwd_hooks=(), *args, **kwargs):
             seen.extend(n for n, _ in fwd_hooks)
             return original(self, fwd_hooks, *args, **kwargs)
+
         monkeypatch.setattr(type(model), "hooks", counting)
     else:
         cls = type(get_adapter(model))
@@ -123,6 +140,7 @@ def test_each_site_is_hooked_once(case, monkeypatch):
         def counting(self, site, fn):
             seen.append(site.name)
             return original(self, site, fn)
+
         monkeypatch.setattr(cls, "observe", counting)
     mons = members()
     mons["again"] = tpc.Monitor(tiny_head(seed=3), SHALLOW, pooling="mean")
@@ -192,7 +210,7 @@ def test_watch_runs_a_set(gen_case):
         with mon.watch(model, **kw) as alone:
             hf_generate(hf, x, mask)
         assert len(logs[m]) == len(alone) > 1
-        for a, b in zip(logs[m].results, alone.results):
+        for a, b in zip(logs[m].results, alone.results, strict=True):
             assert torch.equal(a.logits, b.logits)
     assert {e.monitor for e in events} == set(mons)
     assert len(events) == sum(len(log) for log in logs.values()) * len(PROMPTS)
@@ -217,7 +235,9 @@ def test_a_set_refuses_bad_input_clearly():
         tpc.MonitorSet({"harm": mons["harm"], "chat": other})
     model = named(hf_llama())
     monitors = tpc.MonitorSet(mons)
-    with pytest.raises(tpc.TPCHooksError, match="action must be 'flag' or 'stop' \\(for all, or by name\\); got <function"):
+    with pytest.raises(
+        tpc.TPCHooksError, match="action must be 'flag' or 'stop' \\(for all, or by name\\); got <function"
+    ):
         _generation.generate(monitors, model, PROMPTS, action=lambda e: True)  # (the public hint refuses it first)
     with pytest.raises(tpc.TPCHooksError, match="not members of this set"):
         monitors.generate(model, PROMPTS, action={"pii": "stop"})
@@ -226,4 +246,5 @@ def test_a_set_refuses_bad_input_clearly():
         tpc.MonitorSet({"harm": mons["harm"], "wide": wide}).generate(model, PROMPTS)
     with pytest.raises(tpc.TPCHooksError, match="blocks.9.hook_resid_post"):  # a site the model does not have
         tpc.MonitorSet({"harm": mons["harm"], "x": tpc.Monitor(tiny_head(), "blocks.9.hook_resid_post")}).generate(
-            model, PROMPTS)
+            model, PROMPTS
+        )

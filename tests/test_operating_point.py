@@ -37,9 +37,13 @@ def test_threshold_flags_at_most_the_target_share_of_its_benign_rows(fpr):
     flagged = int((probs >= mon.threshold).sum())
     # exactly floor(fpr * n) rows lie above the threshold (no ties among continuous scores)
     assert flagged == math.floor(fpr * 1000 + 1e-9) == mon.report["operating_point"]["flagged"]
-    assert mon.report["operating_point"] == {"fpr": fpr, "n_benign": 1000, "flagged": flagged,
-                                             "threshold": mon.threshold,
-                                             "fpr_interval_95": list(fpr_interval(1000, flagged))}
+    assert mon.report["operating_point"] == {
+        "fpr": fpr,
+        "n_benign": 1000,
+        "flagged": flagged,
+        "threshold": mon.threshold,
+        "fpr_interval_95": list(fpr_interval(1000, flagged)),
+    }
 
 
 def test_the_interval_holds_the_rate_on_new_benign_rows_95_times_in_100():
@@ -75,6 +79,7 @@ def test_the_interval_ends_are_the_binomial_tails(n, flagged):
     largest of n is at most x when at least k of the n scores exceed 1 - x, so P(rate <= x) is
     P(Binomial(n, x) >= k), which is 2.5% at the interval's low end and 97.5% at its high end.
     A law one off in n or k misses by far more than the tolerance."""
+
     def at_least(k, x):
         return sum(math.comb(n, j) * x**j * (1 - x) ** (n - j) for j in range(k, n + 1))
 
@@ -166,8 +171,11 @@ def test_threshold_and_centred_cascade_survive_save_and_load(tmp_path):
     mon.calibrate_activations(benign(300, 9), 0.05)
     back = tpc.Monitor.from_pretrained(mon.save_pretrained(tmp_path / "m"))
     assert back.threshold == mon.threshold and back.report["operating_point"] == mon.report["operating_point"]
-    assert (back.cascade.lower, back.cascade.upper, back.cascade.center) == (mon.cascade.lower, mon.cascade.upper,
-                                                                              mon.cascade.center)
+    assert (back.cascade.lower, back.cascade.upper, back.cascade.center) == (
+        mon.cascade.lower,
+        mon.cascade.upper,
+        mon.cascade.center,
+    )
     z = benign(50, 10)
     assert torch.equal(back.policy()(z).probs, mon.policy()(z).probs)
 
@@ -177,7 +185,10 @@ def _by_hand(mon, z, names):
     from tpc_hooks._rule import flagged as rule
 
     hit = rule(mon.policy()(z).decision_logits, mon.threshold).numpy()
-    return {s: (sum(1 for n in names if n == s), int(sum(h for h, n in zip(hit, names) if n == s))) for s in set(names)}
+    return {
+        s: (sum(1 for n in names if n == s), int(sum(h for h, n in zip(hit, names, strict=True) if n == s)))
+        for s in set(names)
+    }
 
 
 @pytest.mark.parametrize("cascade", [False, True])
@@ -188,6 +199,7 @@ def test_sources_report_each_sources_rate_at_the_threshold_set_on_all_of_them(ca
 
     z = torch.cat([benign(300, 11), benign(100, 12) * 1.6])  # a second source, more spread: flagged more
     names = ["forum"] * 300 + ["support"] * 100
+
     def make():
         head = small_head()
         return tpc.Monitor(head, SITE, cascade=tpc.Cascade(head, 0.1) if cascade else None)
@@ -218,7 +230,7 @@ def test_sources_of_logged_peaks_and_of_benign_sequences():
     op = mon.calibrate(peaks=peaks, fpr=0.05, sources=names).report["operating_point"]
     hit = [p >= mon.threshold for p in peaks]
     for s in ("a", "b"):
-        assert op["by_source"][s]["flagged"] == sum(h for h, n in zip(hit, names) if n == s)
+        assert op["by_source"][s]["flagged"] == sum(h for h, n in zip(hit, names, strict=True) if n == s)
     assert sum(v["flagged"] for v in op["by_source"].values()) == op["flagged"]
     stream = tpc.Monitor(small_head(), SITE, pooling="token", aggregate="max")
     seqs = [benign(5 + i % 7, 100 + i) for i in range(60)]
@@ -226,13 +238,21 @@ def test_sources_of_logged_peaks_and_of_benign_sequences():
     op = stream.calibrate_activations(seqs, 0.05, sources=names).report["operating_point"]
     peak = [float(stream._aggregated(stream.policy(), z)[1].max()) for z in seqs]
     cut = math.log(stream.threshold) - math.log1p(-stream.threshold)
-    assert [op["by_source"][s]["flagged"] for s in ("x", "y")] == \
-        [sum(p >= cut for p, n in zip(peak, names) if n == s) for s in ("x", "y")]
+    assert [op["by_source"][s]["flagged"] for s in ("x", "y")] == [
+        sum(p >= cut for p, n in zip(peak, names, strict=True) if n == s) for s in ("x", "y")
+    ]
     assert (op["by_source"]["x"]["n"], op["by_source"]["y"]["n"]) == (40, 20)
 
 
-@pytest.mark.parametrize("bad, match", [(["a"] * 99, "one name per benign input"), ("forum", "list of source names"),
-                                        (["a"] * 99 + [" "], "empty name"), (7, "list of source names")])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (["a"] * 99, "one name per benign input"),
+        ("forum", "list of source names"),
+        (["a"] * 99 + [" "], "empty name"),
+        (7, "list of source names"),
+    ],
+)
 def test_bad_sources_are_refused_and_change_nothing(bad, match):
     mon = tpc.Monitor(small_head(), SITE)
     with pytest.raises(tpc.TPCHooksError, match=match):

@@ -50,10 +50,12 @@ def test_terms_cumulate_to_truncations():
 def test_cost_matches_parameter_count_and_closed_form():
     head = tpc.TPC(d_model=10, degree=5, rank=[3, 4, 5, 6])
     for n in range(1, 6):
-        used = [head.bias, head.linear] + [p for k in range(2, n + 1) for p in (head.factors[str(k)], head.lambdas[str(k)])]
+        used = [head.bias, head.linear] + [
+            p for k in range(2, n + 1) for p in (head.factors[str(k)], head.lambdas[str(k)])
+        ]
         c = head.cost(n)
         assert c.params == sum(p.numel() for p in used)
-        assert c.flops == 10 + sum(r * 10 + k * r for k, r in zip(range(2, n + 1), [3, 4, 5, 6]))
+        assert c.flops == 10 + sum(r * 10 + k * r for k, r in zip(range(2, n + 1), [3, 4, 5, 6], strict=False))
     assert head.cost() == head.cost(5)
     assert sum(head.term_flops()) == head.cost(5).flops
 
@@ -100,7 +102,8 @@ def test_bad_inputs_at_scoring():
 
 def test_import_pulls_in_no_toolkit():
     code = (
-        "import sys, tpc_hooks, tpc_hooks.baselines, tpc_hooks.metrics, tpc_hooks.data, tpc_hooks.views, tpc_hooks.pooling;"
+        "import sys, tpc_hooks, tpc_hooks.baselines, tpc_hooks.metrics, tpc_hooks.data, tpc_hooks.views, "
+        "tpc_hooks.pooling;"
         "bad=[m for m in sys.modules if m.split('.')[0] in ('transformer_lens','nnsight','sae_lens','transformers')];"
         "assert not bad, bad"
     )
@@ -115,7 +118,7 @@ def test_a_truncated_head_scores_as_the_truncation_and_saves_as_a_smaller_head(t
     head.escalate_only = escalate_only
     for n in range(1, 5):
         small = head.truncated(n)
-        assert small.degree == n and small.ranks == head.ranks[:n - 1]
+        assert small.degree == n and small.ranks == head.ranks[: n - 1]
         assert torch.equal(small(z), head(z, order=n))
         assert all(torch.equal(small(z, order=k), head(z, order=k)) for k in range(1, n + 1))
         assert small.cost().params == head.cost(n).params

@@ -8,9 +8,9 @@ import math
 
 import pytest
 import torch
+from tiny_models import tiny_head
 
 import tpc_hooks as tpc
-from tiny_models import tiny_head
 from tpc_hooks.activations._collect import check_prompts
 from tpc_hooks.pooling import RunningAggregate, aggregate
 
@@ -19,22 +19,36 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 SITE = "blocks.1.hook_resid_post"
-BOUNDED = settings(max_examples=60, deadline=None, derandomize=True, database=None,
-                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+BOUNDED = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False)
-                           | st.text(max_size=8),
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                       max_size=3),
-                           max_leaves=8)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     head = tiny_head()
     z = torch.randn(40, 32)
-    d = tpc.Monitor(head, SITE, pooling="token", aggregate="ema", cascade=tpc.Cascade(head, 0.1).calibrate(
-        z, (z[:, 0] > 0).long())).calibrate_activations([z[:7], z[7:20]], 0.1).save_pretrained(tmp_path_factory.mktemp("m") / "m")
+    d = (
+        tpc.Monitor(
+            head,
+            SITE,
+            pooling="token",
+            aggregate="ema",
+            cascade=tpc.Cascade(head, 0.1).calibrate(z, (z[:, 0] > 0).long()),
+        )
+        .calibrate_activations([z[:7], z[7:20]], 0.1)
+        .save_pretrained(tmp_path_factory.mktemp("m") / "m")
+    )
     return json.loads((d / "config.json").read_text()), (d / "model.safetensors").read_bytes()
 
 
@@ -75,7 +89,7 @@ def test_a_config_with_any_value_changed_loads_valid_or_is_refused(saved, tmp_pa
 @given(cut=st.integers(0, 10**6), flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=3))
 def test_truncated_or_mutated_weights_are_refused(saved, tmp_path, cut, flips):
     cfg, weights = saved
-    data = bytearray(weights[:cut % len(weights)] if cut % 3 == 0 else weights)
+    data = bytearray(weights[: cut % len(weights)] if cut % 3 == 0 else weights)
     for at, x in flips if data else []:
         data[at % len(data)] ^= x
     if bytes(data) == weights:
@@ -88,10 +102,12 @@ def test_truncated_or_mutated_weights_are_refused(saved, tmp_path, cut, flips):
         tpc.Monitor.from_pretrained(d)
 
 
-texts = st.text(alphabet=st.characters(exclude_categories=()) | st.sampled_from(["\ud800", "\udfff", " ", "a"]),
-                max_size=12)  # surrogates included
-prompt_items = st.one_of(texts, st.integers(), st.none(),
-                         st.binary(max_size=4), st.lists(st.text(max_size=3), max_size=2))
+texts = st.text(
+    alphabet=st.characters(exclude_categories=()) | st.sampled_from(["\ud800", "\udfff", " ", "a"]), max_size=12
+)  # surrogates included
+prompt_items = st.one_of(
+    texts, st.integers(), st.none(), st.binary(max_size=4), st.lists(st.text(max_size=3), max_size=2)
+)
 
 
 @BOUNDED
@@ -100,8 +116,12 @@ def test_prompt_checks_accept_exactly_encodable_non_empty_texts(prompts):
     try:
         items = check_prompts(prompts)
     except tpc.TPCHooksError:
-        ok = (isinstance(prompts, list) and prompts and all(isinstance(p, str) and p.strip() for p in prompts)
-              and all(_encodable(p) for p in prompts))
+        ok = (
+            isinstance(prompts, list)
+            and prompts
+            and all(isinstance(p, str) and p.strip() for p in prompts)
+            and all(_encodable(p) for p in prompts)
+        )
         assert not ok
         return
     assert items == list(prompts) and all(isinstance(p, str) and p.strip() and _encodable(p) for p in items)
@@ -116,8 +136,13 @@ def _encodable(text: str) -> bool:
 
 
 @BOUNDED
-@given(data=st.data(), how=st.sampled_from(["mean", "max", "ema", "rolling"]),
-       alpha=st.floats(0.05, 1.0), window=st.integers(1, 6), skip=st.integers(0, 3))
+@given(
+    data=st.data(),
+    how=st.sampled_from(["mean", "max", "ema", "rolling"]),
+    alpha=st.floats(0.05, 1.0),
+    window=st.integers(1, 6),
+    skip=st.integers(0, 3),
+)
 def test_streaming_aggregates_incrementally_equal_offline(data, how, alpha, window, skip):
     B = data.draw(st.integers(1, 3))
     lengths = data.draw(st.lists(st.integers(0, 9), min_size=B, max_size=B))
@@ -127,13 +152,13 @@ def test_streaming_aggregates_incrementally_equal_offline(data, how, alpha, wind
     mask = torch.zeros(B, T, dtype=torch.long)
     for b, n in enumerate(lengths):  # left or right padding
         if n:
-            mask[b, T - n:] = 1 if side == "left" else mask[b, T - n:]
+            mask[b, T - n :] = 1 if side == "left" else mask[b, T - n :]
             mask[b, :n] = 1 if side == "right" else mask[b, :n]
     want = aggregate(logits.double(), mask, how, alpha, window, skip)
     run, at = RunningAggregate(how, alpha, window, skip), 0
     while at < T:  # the same positions fed in random chunks, as a KV-cached generation feeds them
         n = data.draw(st.integers(1, T - at))
-        got = run.update(logits[:, at:at + n].double(), mask[:, at:at + n])
+        got = run.update(logits[:, at : at + n].double(), mask[:, at : at + n])
         at += n
         expect = want[:, at - 1]
         for b in range(B):

@@ -54,25 +54,47 @@ def defined(module: str) -> set[str]:
     return names
 
 
-FOLDERS = ("head", "rendering", "saving", "prompts", "activations", "monitoring", "training", "serving")  # private workshops
+FOLDERS = (
+    "head",
+    "rendering",
+    "saving",
+    "prompts",
+    "activations",
+    "monitoring",
+    "training",
+    "serving",
+)  # private workshops
 FACES = [m for m in public_modules() if m.removeprefix("tpc_hooks.") not in FOLDERS]
 
 
 def test_the_public_modules_are_the_documented_ones():
     # a new public module is a new promise: it gets an API page (docs/api/) and a line here
     assert set(FACES) == {
-        "tpc_hooks", "tpc_hooks.adapters", "tpc_hooks.adapters.nnsight", "tpc_hooks.adapters.transformer_lens",
-        "tpc_hooks.adapters.transformers", "tpc_hooks.adapters.vllm", "tpc_hooks.baselines", "tpc_hooks.cli",
-        "tpc_hooks.data", "tpc_hooks.metrics", "tpc_hooks.offline", "tpc_hooks.pooling", "tpc_hooks.recipes",
+        "tpc_hooks",
+        "tpc_hooks.adapters",
+        "tpc_hooks.adapters.nnsight",
+        "tpc_hooks.adapters.transformer_lens",
+        "tpc_hooks.adapters.transformers",
+        "tpc_hooks.adapters.vllm",
+        "tpc_hooks.baselines",
+        "tpc_hooks.cli",
+        "tpc_hooks.data",
+        "tpc_hooks.metrics",
+        "tpc_hooks.offline",
+        "tpc_hooks.pooling",
+        "tpc_hooks.recipes",
         "tpc_hooks.synthetic",
-        "tpc_hooks.views"}
+        "tpc_hooks.views",
+    }
 
 
 @pytest.mark.parametrize("module", FACES)
 def test_every_public_module_declares_its_names(module):
     names = declared(module)
     assert len(names) == len(set(names)), f"{module}.__all__ repeats a name"
-    assert set(names) <= defined(module), f"{module}.__all__ names what it does not define: {set(names) - defined(module)}"
+    assert set(names) <= defined(module), (
+        f"{module}.__all__ names what it does not define: {set(names) - defined(module)}"
+    )
 
 
 def test_the_layer_folders_export_nothing():
@@ -83,9 +105,22 @@ def test_the_layer_folders_export_nothing():
         assert len(body) == 1 and isinstance(body[0], ast.Expr), folder
 
 
-@pytest.mark.parametrize("module", ["tpc_hooks", "tpc_hooks.adapters", "tpc_hooks.baselines", "tpc_hooks.cli",
-                                    "tpc_hooks.data", "tpc_hooks.metrics", "tpc_hooks.offline", "tpc_hooks.pooling",
-                                    "tpc_hooks.recipes", "tpc_hooks.synthetic", "tpc_hooks.views"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "tpc_hooks",
+        "tpc_hooks.adapters",
+        "tpc_hooks.baselines",
+        "tpc_hooks.cli",
+        "tpc_hooks.data",
+        "tpc_hooks.metrics",
+        "tpc_hooks.offline",
+        "tpc_hooks.pooling",
+        "tpc_hooks.recipes",
+        "tpc_hooks.synthetic",
+        "tpc_hooks.views",
+    ],
+)
 def test_declared_names_import(module):
     mod = importlib.import_module(module)
     missing = [n for n in mod.__all__ if not hasattr(mod, n)]
@@ -107,16 +142,29 @@ def imported_names(text: str) -> list[tuple[str, str]]:
     return out
 
 
-SOURCES = sorted((ROOT / "tutorials").glob("[0-9]*.py")) + [ROOT / "README.md", ROOT / "docs" / "tours.md",
-                                                           ROOT / "docs" / "getting-started.md"]
+SOURCES = sorted((ROOT / "tutorials").glob("[0-9]*.py")) + [
+    ROOT / "README.md",
+    ROOT / "docs" / "tours.md",
+    ROOT / "docs" / "getting-started.md",
+]
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=[p.name for p in SOURCES])
 def test_examples_use_declared_names_only(path):
     undeclared = []
     for module, name in imported_names(path.read_text()):
-        if module == "tpc_hooks" and name in ("baselines", "data", "metrics", "offline", "pooling", "recipes",
-                                              "synthetic", "views", "adapters", "cli"):
+        if module == "tpc_hooks" and name in (
+            "baselines",
+            "data",
+            "metrics",
+            "offline",
+            "pooling",
+            "recipes",
+            "synthetic",
+            "views",
+            "adapters",
+            "cli",
+        ):
             continue  # a public module, imported by name
         if name not in declared(module):
             undeclared.append(f"{module}.{name}")
@@ -136,8 +184,11 @@ def test_monitor_settings_are_declared_properties_that_validate():
 
     tree = ast.parse((ROOT / "tpc_hooks" / "monitoring" / "_settings.py").read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
-    declared = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)
-                and any(getattr(d, "id", None) == "property" for d in f.decorator_list)}
+    declared = {
+        f.name
+        for f in cls.body
+        if isinstance(f, ast.FunctionDef) and any(getattr(d, "id", None) == "property" for d in f.decorator_list)
+    }
     names = {f.name for f in fields(tpc_hooks.MonitorConfig)}
     assert declared == names
     assert issubclass(tpc_hooks.Monitor, _settings.Settings)
@@ -152,9 +203,22 @@ def test_monitor_settings_are_declared_properties_that_validate():
     assert mon.threshold == 0.7  # the monitor is left as it was
 
 
-@pytest.mark.parametrize("module", ["tpc_hooks", "tpc_hooks.adapters", "tpc_hooks.baselines", "tpc_hooks.cli",
-                                    "tpc_hooks.data", "tpc_hooks.metrics", "tpc_hooks.offline", "tpc_hooks.pooling",
-                                    "tpc_hooks.recipes", "tpc_hooks.synthetic", "tpc_hooks.views"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "tpc_hooks",
+        "tpc_hooks.adapters",
+        "tpc_hooks.baselines",
+        "tpc_hooks.cli",
+        "tpc_hooks.data",
+        "tpc_hooks.metrics",
+        "tpc_hooks.offline",
+        "tpc_hooks.pooling",
+        "tpc_hooks.recipes",
+        "tpc_hooks.synthetic",
+        "tpc_hooks.views",
+    ],
+)
 def test_the_api_reference_lists_every_public_name(module):
     """docs/api/index.md names every name of each public module's ``__all__`` (its pages render
     them from ``__all__``; tests/test_docs_site.py checks the built pages)."""

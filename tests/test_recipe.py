@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from sklearn.model_selection import train_test_split
+from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style, prompt_set
 
 import tpc_hooks as tpc
-from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style, prompt_set
 from tpc_hooks import cli
 
 pytest.importorskip("transformer_lens")
@@ -67,30 +67,74 @@ def _write_stores(acts, data, plan, pooling):
         else:
             st.append(X.numpy())
         (acts / split / "labels.json").write_text(json.dumps(y.tolist()))
-    (acts / "collect.json").write_text(json.dumps({"model": "tiny", "sites": [SITE], "pooling": pooling,
-                                                   "chat_template": plan.monitor.chat_template,
-                                                   "max_tokens": plan.monitor.max_tokens}))
+    (acts / "collect.json").write_text(
+        json.dumps(
+            {
+                "model": "tiny",
+                "sites": [SITE],
+                "pooling": pooling,
+                "chat_template": plan.monitor.chat_template,
+                "max_tokens": plan.monitor.max_tokens,
+            }
+        )
+    )
 
 
-@pytest.mark.parametrize("pooling, recipe", [("mean", "intent"), ("max", "default"), ("token", "phrasing"),
-                                             ("mean", "in_distribution")])
-def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(tmp_path, monkeypatch, model, pooling,
-                                                                               recipe):
+@pytest.mark.parametrize(
+    "pooling, recipe", [("mean", "intent"), ("max", "default"), ("token", "phrasing"), ("mean", "in_distribution")]
+)
+def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(
+    tmp_path, monkeypatch, model, pooling, recipe
+):
     from tpc_hooks.training import _train, _train_monitor
 
     seen = []
     real = _train.train
-    spy = lambda data, plan, **kw: seen.append((data, plan)) or real(data, plan, **kw)
+
+    def spy(data, plan, **kw):
+        return seen.append((data, plan)) or real(data, plan, **kw)
+
     monkeypatch.setattr(_train_monitor, "train", spy)  # train_monitor's last step
     monkeypatch.setattr(cli, "train", spy)  # the CLI's own reference to the recipe
-    api = tpc.train_monitor(model, PROMPTS, LABELS, SITE, pooling, recipe=tpc.recipes.named(recipe), tau=0.2, val_fraction=0.2,
-                            verbose=False, **FIT)
+    api = tpc.train_monitor(
+        model,
+        PROMPTS,
+        LABELS,
+        SITE,
+        pooling,
+        recipe=tpc.recipes.named(recipe),
+        tau=0.2,
+        val_fraction=0.2,
+        verbose=False,
+        **FIT,
+    )
     api.save_pretrained(tmp_path / "api")
-    (data, plan), = seen
+    ((data, plan),) = seen
     acts = tmp_path / "acts"
     _write_stores(acts, data[SITE], plan, pooling)
-    assert cli.main(["train", "--acts", str(acts), "--out", str(tmp_path / "cli"), "--degree", "2", "--rank", "2",
-                     "--epochs", "2", "--tau", "0.2", "--recipe", recipe, "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--acts",
+                str(acts),
+                "--out",
+                str(tmp_path / "cli"),
+                "--degree",
+                "2",
+                "--rank",
+                "2",
+                "--epochs",
+                "2",
+                "--tau",
+                "0.2",
+                "--recipe",
+                recipe,
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert len(seen) == 2  # the CLI went through the same recipe
     cfg_cli, mon_cli, w_cli = _saved(tmp_path / "cli")
     cfg_api, mon_api, w_api = _saved(tmp_path / "api")
@@ -98,8 +142,12 @@ def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(tmp
     assert cfg_cli == cfg_api  # shape, trust region, training history and settings
     # train_monitor records how it split its prompts (what tpc.evaluate re-splits by); the CLI trains on
     # splits tpc-hooks collect already made, so its report has no such record
-    assert mon_api["report"].pop("split") == {"val_fraction": 0.2, "split": "stratified", "seed": FIT.get("seed", 0),
-                                                "n_calibration": 0}
+    assert mon_api["report"].pop("split") == {
+        "val_fraction": 0.2,
+        "split": "stratified",
+        "seed": FIT.get("seed", 0),
+        "n_calibration": 0,
+    }
     assert "split" not in mon_cli["report"]
     assert mon_cli == mon_api  # site, pooling, threshold, cascade calibration, the whole report
     z = torch.randn(5, 32)
@@ -114,13 +162,18 @@ def test_the_cli_collects_the_rows_train_monitor_collects(tmp_path, monkeypatch,
     seen = []
     real = _train.train
     monkeypatch.setattr(_train_monitor, "train", lambda data, plan, **kw: seen.append(data) or real(data, plan, **kw))
-    tpc.train_monitor(model, PROMPTS, LABELS, SITE, recipe=tpc.recipes.intent(), tau=0.2, val_fraction=0.2, verbose=False, **FIT)
+    tpc.train_monitor(
+        model, PROMPTS, LABELS, SITE, recipe=tpc.recipes.intent(), tau=0.2, val_fraction=0.2, verbose=False, **FIT
+    )
     monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
     monkeypatch.setattr(cli, "_datasets", lambda args: _sets(0.2))
     acts = tmp_path / "acts"
     assert cli.main(["collect", "--sites", SITE, "--out", str(acts), "--no-progress"]) == 0
     d = seen[0][SITE]
-    store = lambda split: torch.from_numpy(tpc.ActivationStore.open(acts / split / SITE).to_numpy())
+
+    def store(split):
+        return torch.from_numpy(tpc.ActivationStore.open(acts / split / SITE).to_numpy())
+
     torch.testing.assert_close(store("train"), d.train.X, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(store("aug"), d.rewrites.X, rtol=1e-5, atol=1e-5)
     from tpc_hooks.data import PHRASING_FAMILIES
@@ -146,7 +199,9 @@ def test_train_monitor_reports_the_thresholds_rate_on_each_source_of_its_benign_
     benign = [names[i] for i in va if LABELS[i] == 0]
     assert {s: v["n"] for s, v in op["by_source"].items()} == {s: benign.count(s) for s in set(benign)}
     assert sum(v["flagged"] for v in op["by_source"].values()) == op["flagged"]
-    assert op["spread"] == [min(v["rate"] for v in op["by_source"].values()),
-                            max(v["rate"] for v in op["by_source"].values())]
+    assert op["spread"] == [
+        min(v["rate"] for v in op["by_source"].values()),
+        max(v["rate"] for v in op["by_source"].values()),
+    ]
     with pytest.raises(tpc.TPCHooksError, match=r"one name per prompt \(20\); got 19"):
         tpc.train_monitor(model, PROMPTS, LABELS, SITE, pooling, sources=names[:-1], **kw)

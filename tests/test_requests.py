@@ -18,15 +18,20 @@ def _monitor(pooling, cascade):
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, 0.3)
-    return tpc.Monitor(head, "blocks.0.hook_resid_post", pooling=pooling,
-                       cascade=tpc.Cascade(head, 0.1) if cascade else None, aggregate="ema")
+    return tpc.Monitor(
+        head,
+        "blocks.0.hook_resid_post",
+        pooling=pooling,
+        cascade=tpc.Cascade(head, 0.1) if cascade else None,
+        aggregate="ema",
+    )
 
 
 def _alone(mon, rows, prompt, steps):
     """StepScores on one request: the prompt in one pass, then one row per pass."""
     ss = StepScores(mon)
     out = [ss.update(rows[None, :prompt], torch.ones(1, prompt))]
-    out += [ss.update(rows[None, t:t + 1], torch.ones(1, 1)) for t in range(prompt, prompt + steps - 1)]
+    out += [ss.update(rows[None, t : t + 1], torch.ones(1, 1)) for t in range(prompt, prompt + steps - 1)]
     return {f: torch.cat([getattr(r, f) for r in out]) for f in ("probs", "logits", "exit_order", "flops")}
 
 
@@ -83,8 +88,18 @@ def test_no_complete_piece_scores_nothing():
     assert rs.steps("a") == 0 and rs.take() == {}
 
 
-@pytest.mark.parametrize("pooling, aggregate", [("mean", None), ("max", None), ("last", None), ("token", "mean"),
-                                                ("token", "max"), ("token", "ema"), ("token", "rolling")])
+@pytest.mark.parametrize(
+    "pooling, aggregate",
+    [
+        ("mean", None),
+        ("max", None),
+        ("last", None),
+        ("token", "mean"),
+        ("token", "max"),
+        ("token", "ema"),
+        ("token", "rolling"),
+    ],
+)
 def test_a_request_restored_from_a_kept_block_state_scores_as_one_that_computed_the_prefix(pooling, aggregate):
     """A serving engine keeps each request's state at its block ends (cuts) and starts a request
     whose prefix it finds in its cache from the kept state: every step of the second request
@@ -94,8 +109,15 @@ def test_a_request_restored_from_a_kept_block_state_scores_as_one_that_computed_
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, 0.3)
-    mon = tpc.Monitor(head, "blocks.0.hook_resid_post", pooling=pooling, cascade=tpc.Cascade(head, 0.1),
-                      aggregate=aggregate or "rolling", window=3, skip=2)
+    mon = tpc.Monitor(
+        head,
+        "blocks.0.hook_resid_post",
+        pooling=pooling,
+        cascade=tpc.Cascade(head, 0.1),
+        aggregate=aggregate or "rolling",
+        window=3,
+        skip=2,
+    )
     g = torch.Generator().manual_seed(2)
     shared, own = torch.randn(8, D, generator=g), torch.randn(6, D, generator=g)
     kept = {}
@@ -109,12 +131,12 @@ def test_a_request_restored_from_a_kept_block_state_scores_as_one_that_computed_
         cold = RequestScores(mon)
         cold.update([("x", rows[:10], True)])
         for t in range(10, 14):
-            cold.update([("x", rows[t:t + 1], True)])
+            cold.update([("x", rows[t : t + 1], True)])
         warm = RequestScores(mon)
         warm.restore("x", kept[at])
         warm.update([("x", rows[at:10], True)])
         for t in range(10, 14):
-            warm.update([("x", rows[t:t + 1], True)])
+            warm.update([("x", rows[t : t + 1], True)])
         want, got = cold.take()["x"], warm.take()["x"]
         torch.testing.assert_close(got["logits"], want["logits"], rtol=1e-5, atol=1e-5)
         assert torch.equal(got["exit_order"], want["exit_order"]) and torch.equal(got["flops"], want["flops"])
@@ -124,8 +146,11 @@ def test_kept_states_reach_keep_at_their_offsets_in_decode_groups_too():
     mon = _monitor("mean", True)
     rs, got = RequestScores(mon), []
     rs.update([("a", torch.randn(3, D), True), ("b", torch.randn(2, D), True)])
-    rs.update([("a", torch.randn(1, D), True), ("b", torch.randn(1, D), True)], cuts=[[1], []],
-              keep=lambda r, off, st: got.append((r, off)))
+    rs.update(
+        [("a", torch.randn(1, D), True), ("b", torch.randn(1, D), True)],
+        cuts=[[1], []],
+        keep=lambda r, off, st: got.append((r, off)),
+    )
     assert got == [("a", 1)]
 
 
@@ -141,7 +166,7 @@ def test_one_new_row_for_many_pools_at_once_is_each_pools_own_update(how):
     steps[2][1, 4] = float("nan")  # a non-finite row travels as update() carries it
     together, alone = [RunningPool(how) for _ in firsts], [RunningPool(how) for _ in firsts]
     for pools in (together, alone):
-        for p, f in zip(pools, firsts):
+        for p, f in zip(pools, firsts, strict=True):
             p.update(f, torch.ones(1, f.shape[1]))
     for rows in steps:
         got = RunningPool.add_rows(together, rows)
@@ -149,9 +174,13 @@ def test_one_new_row_for_many_pools_at_once_is_each_pools_own_update(how):
             p.update(rows[j][None, None], torch.ones(1, 1))
         want = torch.cat([p.value() for p in alone])
         assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
-        assert all(torch.equal(a.value().nan_to_num(), b.value().nan_to_num()) for a, b in zip(together, alone))
+        assert all(
+            torch.equal(a.value().nan_to_num(), b.value().nan_to_num()) for a, b in zip(together, alone, strict=True)
+        )
         rows.fill_(1e6)  # the engine's buffer, overwritten by its next pass: no pool holds a view of it
-        assert all(torch.equal(a.value().nan_to_num(), b.value().nan_to_num()) for a, b in zip(together, alone))
+        assert all(
+            torch.equal(a.value().nan_to_num(), b.value().nan_to_num()) for a, b in zip(together, alone, strict=True)
+        )
 
 
 @pytest.mark.parametrize("pooling", ["mean", "token"])
@@ -169,12 +198,13 @@ def test_frozen_packs_score_as_the_checked_ones_and_never_reuse_a_stale_calibrat
         rs = RequestScores(mon, frozen=frozen)
         rs.update([("a", x[0, :4], True), ("b", x[1, :2], True)])
         for t in range(4, 6):
-            rs.update([("a", x[0, t:t + 1], True), ("b", x[1, t - 2:t - 1], True)])
+            rs.update([("a", x[0, t : t + 1], True), ("b", x[1, t - 2 : t - 1], True)])
         results[frozen] = rs.take()
     for rid in ("a", "b"):
         for f in ("probs", "logits", "exit_order", "flops"):
             assert torch.equal(results[True][rid][f], results[False][rid][f])
     from tpc_hooks.head._kernel import forget_packs
+
     assert not mon.head.__dict__.get("_stream_frozen")  # an unfrozen RequestScores ends a freeze
     RequestScores(mon, frozen=True)
     assert mon.head.__dict__.get("_stream_frozen")
@@ -194,8 +224,11 @@ def test_an_engine_whose_model_returns_no_residual_stream_is_refused_by_name():
         pass
 
     runner = SimpleNamespace(get_model=lambda: FooForCausalLM(), use_aux_hidden_state_outputs=False)
-    with pytest.raises(tpc.TPCHooksError, match=r"vLLM's FooForCausalLM does not return intermediate hidden states .*"
-                                                r"monitor FooForCausalLM through transformers or nnsight"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"vLLM's FooForCausalLM does not return intermediate hidden states .*"
+        r"monitor FooForCausalLM through transformers or nnsight",
+    ):
         _engine.expose(runner, [3])
     assert runner.use_aux_hidden_state_outputs is False
 

@@ -9,13 +9,13 @@ import threading
 
 import pytest
 import torch
+from tiny_models import random_head
 
 import tpc_hooks as tpc
 from tpc_hooks.head._pooling import pool
 from tpc_hooks.monitoring._requests import RequestScores
 from tpc_hooks.serving import _review
 from tpc_hooks.serving._review import Notes, ReviewLog, entry, explain, explain_entry
-from tiny_models import random_head
 
 D = 8
 
@@ -35,16 +35,20 @@ def test_the_kept_input_is_the_offline_input_of_the_same_prefix(pooling):
     rs.keep_inputs = True
     rows = {"a": torch.randn(9, D), "b": torch.randn(6, D)}
     got = {"a": [], "b": []}
-    feed = [[("a", rows["a"][:3], False), ("b", rows["b"][:4], True)], [("a", rows["a"][3:6], True)],
-            [("a", rows["a"][6:7], True), ("b", rows["b"][4:5], True)],
-            [("b", rows["b"][5:6], True), ("a", rows["a"][7:8], True)], [("a", rows["a"][8:9], True)]]
+    feed = [
+        [("a", rows["a"][:3], False), ("b", rows["b"][:4], True)],
+        [("a", rows["a"][3:6], True)],
+        [("a", rows["a"][6:7], True), ("b", rows["b"][4:5], True)],
+        [("b", rows["b"][5:6], True), ("a", rows["a"][7:8], True)],
+        [("a", rows["a"][8:9], True)],
+    ]
     for pieces in feed:
         done, res = rs.update(pieces)
         for j, rid in enumerate(done):
             got[rid].append(rs.inputs[j].clone())
     for rid, ends in (("a", [6, 7, 8, 9]), ("b", [4, 5, 6])):
         assert len(got[rid]) == len(ends)
-        for z, t in zip(got[rid], ends):
+        for z, t in zip(got[rid], ends, strict=True):
             x = rows[rid][:t]
             want = x[-1] if pooling == "token" else pool(x[None], torch.ones(1, t), pooling)[0]
             torch.testing.assert_close(z, want)
@@ -83,8 +87,9 @@ def test_notes_keep_the_first_flagged_step_or_the_highest_of_a_sampled_request(m
     assert notes.take("s", mon, "abc", rec, None, 0) is None  # taken once
     notes.flagged("n", 0, torch.full((D,), float("nan")))
     n = notes.take("n", mon, "abc", rec, None, 0)
-    e = explain_entry({"monitors": {"a": s, "b": f, "c": n, "d": {**f, "monitor": "unknown"}}},
-                      {"abc": mon, "xyz": other}, k=3)
+    e = explain_entry(
+        {"monitors": {"a": s, "b": f, "c": n, "d": {**f, "monitor": "unknown"}}}, {"abc": mon, "xyz": other}, k=3
+    )
     assert "input" not in s and s["attribution"]["exit_order"] == 2
     assert s["attribution"]["by_order"] == pytest.approx(tpc.attribute(mon, zs[1]).by_order[0].tolist(), rel=1e-5)
     assert f["attribution"]["logit"] == pytest.approx(float(tpc.attribute(mon, zs[3]).logit[0]), rel=1e-5)
@@ -102,15 +107,21 @@ def test_the_log_under_load_writes_or_counts_every_entry(tmp_path):
     def prepare(e):
         gate.wait()
         return {**e, "done": True}
+
     log = ReviewLog(tmp_path, max_bytes=2048, backups=1000, queue_size=16, prepare=prepare)
     accepted = [[] for _ in range(8)]
 
     def put(k, half):
         for i in range(250 * half, 250 * (half + 1)):
-            e = {"request_id": f"{k}-{i}", "response_id": f"{k}-{i}", "monitors": {"": {"peak_score": 0.1}},
-                 "pad": "x" * 200}
+            e = {
+                "request_id": f"{k}-{i}",
+                "response_id": f"{k}-{i}",
+                "monitors": {"": {"peak_score": 0.1}},
+                "pad": "x" * 200,
+            }
             if log.put(e):
                 accepted[k].append(e["request_id"])
+
     for half in (0, 1):
         threads = [threading.Thread(target=put, args=(k, half)) for k in range(8)]
         for t in threads:
@@ -145,15 +156,32 @@ def test_reading_a_log_cut_short_or_corrupt(tmp_path):
 
 
 def _summary(flagged, peak, review):
-    return {"steps": 3, "peak_score": peak, "flagged": flagged, "first_flagged": 1 if flagged else None,
-            "stopped_at": None, "threshold": 0.5, "nonfinite_step": None, **({"review": review} if review else {})}
+    return {
+        "steps": 3,
+        "peak_score": peak,
+        "flagged": flagged,
+        "first_flagged": 1 if flagged else None,
+        "stopped_at": None,
+        "threshold": 0.5,
+        "nonfinite_step": None,
+        **({"review": review} if review else {}),
+    }
 
 
 def test_entries_take_the_reviews_out_of_the_summaries_and_decode_the_text():
     mon = _monitor()
-    review = {"request_id": "chatcmpl-x-1", "sampled": False, "step": 1, "of": "pool", "scores": [0.1, 0.7, 0.6],
-              "exit_orders": [2, 2, 2], "monitor": "abc", "input": torch.randn(D).tolist(), "ids": [5, 6, 7, 8],
-              "prompt_len": 2}
+    review = {
+        "request_id": "chatcmpl-x-1",
+        "sampled": False,
+        "step": 1,
+        "of": "pool",
+        "scores": [0.1, 0.7, 0.6],
+        "exit_orders": [2, 2, 2],
+        "monitor": "abc",
+        "input": torch.randn(D).tolist(),
+        "ids": [5, 6, 7, 8],
+        "prompt_len": 2,
+    }
     per = {"harm": _summary(True, 0.7, review), "pii": _summary(False, 0.2, None), "off": None}
     e = entry("chatcmpl-x", 0, 1.5, per, decode=lambda ids: "|".join(map(str, ids)))
     assert all("review" not in s for s in per.values() if s)  # the answer's field keeps none of it
@@ -161,7 +189,8 @@ def test_entries_take_the_reviews_out_of_the_summaries_and_decode_the_text():
     assert e["text"] == {"prompt": "5|6", "completion": ["7", "8"]}
     assert "ids" not in e["monitors"]["harm"]
     assert explain_entry(e, {"abc": mon})["monitors"]["harm"]["attribution"]["by_order"] == pytest.approx(
-        tpc.attribute(mon, torch.tensor(review["input"])).by_order[0].tolist(), rel=1e-5)
+        tpc.attribute(mon, torch.tensor(review["input"])).by_order[0].tolist(), rel=1e-5
+    )
     assert entry("r", 0, 0.0, {"pii": _summary(False, 0.2, None)}) is None
 
 
@@ -171,11 +200,27 @@ def _log(tmp_path, entries):
 
 
 def _entry(k, peak, sampled, flagged):
-    m = {"flagged": flagged, "first_flagged": 0 if flagged else None, "stopped_at": None, "peak_score": peak,
-         "threshold": 0.5, "sampled": sampled, "step": 0, "of": "pool", "scores": [peak], "exit_orders": [2],
-         "attribution": explain(_monitor(), torch.randn(D), 2, k=3)}
-    return {"request_id": f"r{k}", "response_id": f"resp{k}", "choice": 0, "time": 0.0, "flagged": flagged,
-            "monitors": {"harm": m}}
+    m = {
+        "flagged": flagged,
+        "first_flagged": 0 if flagged else None,
+        "stopped_at": None,
+        "peak_score": peak,
+        "threshold": 0.5,
+        "sampled": sampled,
+        "step": 0,
+        "of": "pool",
+        "scores": [peak],
+        "exit_orders": [2],
+        "attribution": explain(_monitor(), torch.randn(D), 2, k=3),
+    }
+    return {
+        "request_id": f"r{k}",
+        "response_id": f"resp{k}",
+        "choice": 0,
+        "time": 0.0,
+        "flagged": flagged,
+        "monitors": {"harm": m},
+    }
 
 
 def test_logged_peaks_calibrate_a_monitor(tmp_path):
@@ -184,8 +229,9 @@ def test_logged_peaks_calibrate_a_monitor(tmp_path):
     as a threshold computed by hand from the sorted peaks."""
     g = torch.Generator().manual_seed(1)
     peaks = torch.rand(300, generator=g).tolist()
-    entries = [_entry(k, p, True, p >= 0.5) for k, p in enumerate(peaks)] + \
-        [_entry(1000 + k, 0.99, False, True) for k in range(50)]
+    entries = [_entry(k, p, True, p >= 0.5) for k, p in enumerate(peaks)] + [
+        _entry(1000 + k, 0.99, False, True) for k in range(50)
+    ]
     log = tpc.read_review_log(_log(tmp_path, entries))
     got = tpc.logged_peaks(log, "harm")
     assert got == pytest.approx(peaks)

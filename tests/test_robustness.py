@@ -5,11 +5,10 @@ import pytest
 import torch
 
 import tpc_hooks as tpc
+from conftest import random_head, write_weights
 from tpc_hooks.metrics import classification_metrics
 from tpc_hooks.synthetic import make_problem
-from tpc_hooks.training._fit import SHRINK_GRID, _fit_order_scale
-
-from conftest import random_head, write_weights
+from tpc_hooks.training._shrink import SHRINK_GRID, fit_order_scale
 
 FAST = dict(rank=4, epochs=8, batch_size=256, verbose=False)
 
@@ -60,7 +59,7 @@ def test_clipping_bounds_hold_far_outside_the_training_range():
         lin, hand = _hand_terms(head, z_far)
         terms = head.terms(z_far)
     torch.testing.assert_close(terms[:, 0], lin)
-    for k, t in zip(head.degrees, hand):
+    for k, t in zip(head.degrees, hand, strict=True):
         torch.testing.assert_close(terms[:, k - 1], t)
         b = head.bounds(k).double()
         cap = (head.lambdas[str(k)].detach().abs() * b.abs().max(0).values ** k).sum()
@@ -76,14 +75,20 @@ def test_margin_widens_each_bound_by_that_fraction_of_the_range():
     wide = random_head(seed=0).set_bounds(z_in, 0.25)
     for k in head.degrees:
         lo, hi = head.bounds(k)
-        torch.testing.assert_close(wide.bounds(k), torch.stack([lo - 0.25 * (hi - lo), hi + 0.25 * (hi - lo)]), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            wide.bounds(k), torch.stack([lo - 0.25 * (hi - lo), hi + 0.25 * (hi - lo)]), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_gate_falls_back_to_order_one_exactly_from_the_degree_an_input_leaves():
     head, z_in = _bounded_head(gate=True)
     g = torch.Generator().manual_seed(3)
-    z = torch.cat([torch.randn(200, head.d_model, dtype=torch.float64, generator=g),
-                   3 * torch.randn(200, head.d_model, dtype=torch.float64, generator=g)])
+    z = torch.cat(
+        [
+            torch.randn(200, head.d_model, dtype=torch.float64, generator=g),
+            3 * torch.randn(200, head.d_model, dtype=torch.float64, generator=g),
+        ]
+    )
     ungated = random_head(seed=0).set_bounds(z_in)  # same trust region, gate off
     with torch.no_grad():
         lin = head(z, order=1)
@@ -107,7 +112,9 @@ def test_gate_falls_back_to_order_one_exactly_from_the_degree_an_input_leaves():
 
 def test_cascade_gate_logs_and_scores_gated_rows_with_the_linear_probe(caplog):
     head, _ = _bounded_head(gate=True)
-    z = torch.cat([torch.randn(100, head.d_model, dtype=torch.float64), 4 * torch.randn(100, head.d_model, dtype=torch.float64)])
+    z = torch.cat(
+        [torch.randn(100, head.d_model, dtype=torch.float64), 4 * torch.randn(100, head.d_model, dtype=torch.float64)]
+    )
     with caplog.at_level("INFO", logger="tpc_hooks.head._cascade"):
         out = tpc.Cascade(head, tau=0.0)(z)  # tau 0: every row goes as deep as it may
     with torch.no_grad():
@@ -144,11 +151,13 @@ def test_order_scale_is_the_grid_minimum_and_zero_when_the_term_only_hurts():
     y = (torch.rand(400, generator=g, dtype=torch.float64) < torch.sigmoid(prefix)).double()
     helpful = 2 * (y - 0.5)
     for term in (helpful, -helpful, 0.3 * helpful + torch.randn(400, dtype=torch.float64, generator=g)):
-        s, loss = _fit_order_scale(prefix, term, y)
-        losses = [float(torch.nn.functional.binary_cross_entropy_with_logits(prefix + c * term, y)) for c in SHRINK_GRID]
+        s, loss = fit_order_scale(prefix, term, y)
+        losses = [
+            float(torch.nn.functional.binary_cross_entropy_with_logits(prefix + c * term, y)) for c in SHRINK_GRID
+        ]
         assert s == SHRINK_GRID[int(np.argmin(losses))] and loss == pytest.approx(min(losses))
-    assert _fit_order_scale(prefix, -helpful, y)[0] == 0.0
-    assert _fit_order_scale(prefix, helpful, y)[0] == 1.0
+    assert fit_order_scale(prefix, -helpful, y)[0] == 0.0
+    assert fit_order_scale(prefix, helpful, y)[0] == 1.0
 
 
 def test_a_per_order_scale_of_zero_reproduces_the_lower_truncation(problem):
@@ -156,12 +165,22 @@ def test_a_per_order_scale_of_zero_reproduces_the_lower_truncation(problem):
     # a validation set whose labels disagree with every interaction: shrinkage must switch the degrees off
     flipped = tpc.fit(Xtr, ytr, Xva, yva, degree=3, shrink=False, **FAST)
     with torch.no_grad():
-        yva_bad = ((flipped(torch.as_tensor(Xva), order=1) - (flipped(torch.as_tensor(Xva)) - flipped(torch.as_tensor(Xva), order=1))) > 0).long().numpy()
+        yva_bad = (
+            (
+                (
+                    flipped(torch.as_tensor(Xva), order=1)
+                    - (flipped(torch.as_tensor(Xva)) - flipped(torch.as_tensor(Xva), order=1))
+                )
+                > 0
+            )
+            .long()
+            .numpy()
+        )
     head = tpc.fit(Xtr, ytr, Xva, yva_bad, degree=3, **FAST)
     scales = [head.history.selected[k]["scale"] for k in head.degrees]
     assert 0.0 in scales
     with torch.no_grad():
-        for k, s in zip(head.degrees, scales):
+        for k, s in zip(head.degrees, scales, strict=True):
             if s == 0.0:
                 assert torch.equal(head.lambdas[str(k)], torch.zeros_like(head.lambdas[str(k)]))
                 assert torch.equal(head(torch.as_tensor(Xte), order=k), head(torch.as_tensor(Xte), order=k - 1))
@@ -256,11 +275,14 @@ def test_planted_shift_breaks_the_paper_recipe_but_not_the_default():
     Xsh, ysh = make_problem(2000, 16, seed=3, shift=4.0, **kw)
     f1 = {}
     for recipe in ("paper", "default"):
-        head = tpc.fit(Xtr, ytr, Xva, yva, degree=5, rank=8, epochs=30, recipe=recipe, seed=0, verbose=False,
-                       probe_metric="f1")  # one linear probe for both: the comparison is of the higher orders
+        head = tpc.fit(
+            Xtr, ytr, Xva, yva, degree=5, rank=8, epochs=30, recipe=recipe, seed=0, verbose=False, probe_metric="f1"
+        )  # one linear probe for both: the comparison is of the higher orders
         with torch.no_grad():
-            f1[recipe] = {name: [classification_metrics(y, head(torch.as_tensor(X), order=n))["f1"] for n in range(1, 6)]
-                          for name, X, y in (("test", Xte, yte), ("shift", Xsh, ysh))}
+            f1[recipe] = {
+                name: [classification_metrics(y, head(torch.as_tensor(X), order=n))["f1"] for n in range(1, 6)]
+                for name, X, y in (("test", Xte, yte), ("shift", Xsh, ysh))
+            }
     lin = f1["paper"]["shift"][0]
     assert f1["default"]["shift"][0] == lin  # the same linear probe
     assert min(f1["paper"]["shift"][1:]) < lin - 0.05  # the paper recipe's higher orders collapse
@@ -283,7 +305,10 @@ def test_escalate_only_never_clears_what_the_linear_probe_flags():
             assert torch.equal(s[~flagged], p[~flagged])  # rows the probe clears: the plain polynomial
             assert torch.equal(s[flagged], torch.maximum(p, lin)[flagged])
             assert bool((s[flagged] > 0).all())
-            rec = lambda v: float(((v > 0) & (y == 1)).sum())
+
+            def rec(v):
+                return float(((v > 0) & (y == 1)).sum())
+
             assert rec(s) >= rec(lin)  # recall never below the linear probe's, whatever the labels
             assert bool((p[flagged] < lin[flagged]).any())  # the plain head does lower some of them
         torch.testing.assert_close(head.terms(z).sum(-1), head(z))
@@ -331,12 +356,15 @@ def test_worst_group_scale_refuses_a_term_that_hurts_one_group():
     helps = torch.where(y == 1, 1.0, -1.0)  # pushes every row the right way
     term = torch.cat([helps[:50], -helps[50:]])  # ...on the first half, the wrong way on the second
     a, b = torch.arange(50), torch.arange(50, 100)
-    assert _fit_order_scale(prefix[:50], term[:50], y[:50])[0] == 1.0
-    assert _fit_order_scale(prefix, term, y, [a, b], "worst")[0] == 0.0
+    assert fit_order_scale(prefix[:50], term[:50], y[:50])[0] == 1.0
+    assert fit_order_scale(prefix, term, y, [a, b], "worst")[0] == 0.0
     both = torch.cat([helps[:50], 0.5 * helps[50:]])
-    scale, pooled = _fit_order_scale(prefix, both, y, [a, b], "worst")
+    scale, pooled = fit_order_scale(prefix, both, y, [a, b], "worst")
+
     # by hand: the scale on the grid with the smallest worst-group change of BCE
-    bce = lambda s, g: float(torch.nn.functional.binary_cross_entropy_with_logits(s * both[g], y[g]))
+    def bce(s, g):
+        return float(torch.nn.functional.binary_cross_entropy_with_logits(s * both[g], y[g]))
+
     want = min(SHRINK_GRID, key=lambda s: (round(max(bce(s, g) - bce(0, g) for g in (a, b)), 12), s))
     assert scale == want > 0
     assert pooled == pytest.approx(float(torch.nn.functional.binary_cross_entropy_with_logits(scale * both, y)))
@@ -346,7 +374,10 @@ def _balanced_scale_by_hand(prefix, term, y, groups, z=2.0):
     """The balanced rule written out: per scale, each group's rows' change in BCE over s = 0 and its
     standard error in numpy; the mean group BCE over the scales where no mean change exceeds z SEs."""
     p, t, yy = (np.asarray(v, dtype=np.float64) for v in (prefix, term, y))
-    bce = lambda s: np.logaddexp(0, p + s * t) - yy * (p + s * t)
+
+    def bce(s):
+        return np.logaddexp(0, p + s * t) - yy * (p + s * t)
+
     best = None
     for s in SHRINK_GRID:
         d = bce(s) - bce(0)
@@ -369,12 +400,12 @@ def test_balanced_scale_keeps_a_term_unless_it_significantly_hurts_a_group():
     # ... and the same term with a clear push the wrong way on c
     clear = torch.cat([helps[:300], -0.8 * helps[300:]])
     for term in (slight, clear, -helps, helps):
-        got, _ = _fit_order_scale(prefix, term, y, [a, b, c])
+        got, _ = fit_order_scale(prefix, term, y, [a, b, c])
         assert got == _balanced_scale_by_hand(prefix, term, y, [a.numpy(), b.numpy(), c.numpy()])
-    assert _fit_order_scale(prefix, slight, y, [a, b, c])[0] > 0  # the worst group's rule zeroes what this keeps
-    assert _fit_order_scale(prefix, slight, y, [a, b, c], "worst")[0] == 0.0
-    assert _fit_order_scale(prefix, -helps, y, [a, b, c])[0] == 0.0
-    assert _fit_order_scale(prefix, helps, y, [a, b, c])[0] == 1.0
+    assert fit_order_scale(prefix, slight, y, [a, b, c])[0] > 0  # the worst group's rule zeroes what this keeps
+    assert fit_order_scale(prefix, slight, y, [a, b, c], "worst")[0] == 0.0
+    assert fit_order_scale(prefix, -helps, y, [a, b, c])[0] == 0.0
+    assert fit_order_scale(prefix, helps, y, [a, b, c])[0] == 1.0
 
 
 def test_a_saved_config_without_group_rule_reads_as_the_worst_group_rule():
@@ -391,7 +422,7 @@ def test_one_validation_group_selects_as_the_pooled_rows_do():
     Xv, yv = make_problem(n=300, d_model=12, seed=1)
     plain = tpc.fit(X, y, Xv, yv, degree=3, seed=0, **FAST)
     grouped = tpc.fit(X, y, Xv, yv, degree=3, seed=0, val_groups=["all"] * len(yv), **FAST)
-    for (_, a), (_, b) in zip(plain.state_dict().items(), grouped.state_dict().items()):
+    for (_, a), (_, b) in zip(plain.state_dict().items(), grouped.state_dict().items(), strict=True):
         assert torch.equal(a, b)
 
 
@@ -402,12 +433,13 @@ def test_grouped_selection_follows_the_harder_group(rule):
     Xs, ys = make_problem(n=300, d_model=12, seed=2, shift=4.0)  # nuisance directions stretched
     Xva, yva = np.concatenate([Xv, Xs]), np.concatenate([yv, ys])
     groups = ["in"] * 300 + ["shifted"] * 300
-    head = tpc.fit(X, y, Xva, yva, degree=3, seed=0, val_groups=groups, gate=False, group_rule=rule,
-                   probe_metric="f1", **FAST)  # the probe this case was built around
+    head = tpc.fit(
+        X, y, Xva, yva, degree=3, seed=0, val_groups=groups, gate=False, group_rule=rule, probe_metric="f1", **FAST
+    )  # the probe this case was built around
     for k in (2, 3):  # a kept scale hurts no group (the gate, off here, acts after selection)
         with torch.no_grad():
             t = head.terms(torch.as_tensor(Xva)).double()
-        before = t[:, :k - 1].sum(-1)
+        before = t[:, : k - 1].sum(-1)
         for idx in (slice(0, 300), slice(300, 600)):
             yy = torch.as_tensor(yva[idx], dtype=torch.float64)
             lo = torch.nn.functional.binary_cross_entropy_with_logits(before[idx], yy)
@@ -415,12 +447,15 @@ def test_grouped_selection_follows_the_harder_group(rule):
             if rule == "worst":  # lowers the loss of both groups
                 assert hi <= lo + 1e-7  # float32 selection, float64 check
             else:  # no group's rows lose significantly (mean change within 2 standard errors)
-                d = (torch.nn.functional.binary_cross_entropy_with_logits(before[idx] + t[idx, k - 1], yy, reduction="none")
-                     - torch.nn.functional.binary_cross_entropy_with_logits(before[idx], yy, reduction="none"))
+                d = torch.nn.functional.binary_cross_entropy_with_logits(
+                    before[idx] + t[idx, k - 1], yy, reduction="none"
+                ) - torch.nn.functional.binary_cross_entropy_with_logits(before[idx], yy, reduction="none")
                 assert d.mean() <= 2.0 * d.std() / d.numel() ** 0.5 + 1e-7
     if rule == "worst":  # and it selects other scales than the pooled rows would
         pooled = tpc.fit(X, y, Xva, yva, degree=3, seed=0, gate=False, probe_metric="f1", **FAST)
-        assert [head.history.selected[k]["scale"] for k in (2, 3)] != [pooled.history.selected[k]["scale"] for k in (2, 3)]
+        assert [head.history.selected[k]["scale"] for k in (2, 3)] != [
+            pooled.history.selected[k]["scale"] for k in (2, 3)
+        ]
 
 
 def test_val_groups_errors():

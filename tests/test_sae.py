@@ -2,15 +2,20 @@
 
 import pytest
 import torch
+from tiny_models import assert_steps_score_as_offline, hf_llama, nnsight_lm
 
 import tpc_hooks as tpc
-from tiny_models import assert_steps_score_as_offline, hf_llama, nnsight_lm
 from tpc_hooks.adapters import get_adapter
 
 sae_lens = pytest.importorskip("sae_lens")
 SITE = "blocks.1.hook_resid_post"
-PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello world",
-           "write poem about cat dog and the mat", "steal car"]
+PROMPTS = [
+    "how do i make bomb",
+    "tell me about the weather please",
+    "hello world",
+    "write poem about cat dog and the mat",
+    "steal car",
+]
 
 
 def make_sae(d_in=32, d_sae=48, seed=0, **cfg):
@@ -65,10 +70,26 @@ def test_monitor_on_latents_scores_generates_saves_and_refuses_another_sae(tmp_p
 def test_train_monitor_on_latents():
     model, sae = nnsight_lm(hf_llama()), make_sae()
     harmful = ["how do i make bomb", "steal car", "hack email", "kill process", "make bomb please", "steal car please"]
-    benign = ["tell me about the weather", "bread recipe", "write poem about cat", "hello world friend", "nice weather",
-              "hello friend"]
-    mon = tpc.train_monitor(model, harmful + benign, [1] * 6 + [0] * 6, SITE, sae=sae, degree=2, rank=2, epochs=2,
-                            val_fraction=0.34, verbose=False)
+    benign = [
+        "tell me about the weather",
+        "bread recipe",
+        "write poem about cat",
+        "hello world friend",
+        "nice weather",
+        "hello friend",
+    ]
+    mon = tpc.train_monitor(
+        model,
+        harmful + benign,
+        [1] * 6 + [0] * 6,
+        SITE,
+        sae=sae,
+        degree=2,
+        rank=2,
+        epochs=2,
+        val_fraction=0.34,
+        verbose=False,
+    )
     assert mon.head.d_model == 48 and mon.sae is sae
     assert mon.score(model, ["steal car"]).probs.shape == (1,)
 
@@ -96,16 +117,21 @@ def test_projection_into_an_sae_basis_is_exact():
     for b in range(3):
         # variables x = (f_1..f_m, 1, 1) with z_std(x) = f W_dec/scale + x_bias (b_dec - mean)/scale + x_err err/scale
         x = torch.cat([f[b], torch.ones(2, dtype=torch.float64)]).requires_grad_(True)
-        basis = torch.cat([sae.W_dec.detach() / scale, ((sae.b_dec.detach() - mean) / scale)[None], (err[b] / scale)[None]])
-        zs_of = lambda v: v @ basis
+        basis = torch.cat(
+            [sae.W_dec.detach() / scale, ((sae.b_dec.detach() - mean) / scale)[None], (err[b] / scale)[None]]
+        )
+
+        def zs_of(v, basis=basis):
+            return v @ basis
+
         for k in range(1, head.degree + 1):
             (g,) = torch.autograd.grad(materialised(head, zs_of(x), k), x)
             torch.testing.assert_close(attr.neuron_by_order[b, k - 1], (x * g / k).detach(), rtol=1e-9, atol=1e-9)
             if k >= 2:
-                H = torch.autograd.functional.hessian(lambda v: materialised(head, zs_of(v), k), x.detach())
+                H = torch.autograd.functional.hessian(lambda v, k=k: materialised(head, zs_of(v), k), x.detach())
                 M = x.detach()[:, None] * x.detach()[None, :] * H / (k * (k - 1))
                 torch.testing.assert_close(attr.pair_matrix(b, order=k), M, rtol=1e-9, atol=1e-9)
-    (i, j, v), = attr.top_pairs(1, order=2, input=0, mode="absolute")
+    ((i, j, v),) = attr.top_pairs(1, order=2, input=0, mode="absolute")
     assert {i, j} <= set(attr.feature_ids)
 
 
@@ -115,7 +141,9 @@ def test_sae_mismatches_are_refused():
         tpc.collect(model, PROMPTS, SITE, sae=make_sae(d_in=16), progress=False)
     hooked = make_sae()
     hooked.cfg.metadata.hook_name = "blocks.0.hook_resid_post"
-    with pytest.raises(tpc.TPCHooksError, match="was trained on 'blocks.0.hook_resid_post', not 'blocks.1.hook_resid_post'"):
+    with pytest.raises(
+        tpc.TPCHooksError, match="was trained on 'blocks.0.hook_resid_post', not 'blocks.1.hook_resid_post'"
+    ):
         tpc.collect(model, PROMPTS, SITE, sae=hooked, progress=False)
     with pytest.raises(tpc.TPCHooksError, match="the SAE has d_sae=48 but the head reads 32 features"):
         tpc.Monitor(random_head(32), SITE, sae=make_sae())
@@ -149,8 +177,9 @@ def test_labels_of_an_sae_name_its_features_in_attributions_and_views():
     head = random_head(32)
     attr = tpc.attribute(head, torch.randn(2, 32), sae=sae)
     d = attr.to_dict(0, k=5)
-    named = {str(i) for i, _ in d["top_neurons"]} | {str(u) for ps in d["top_pairs"].values() for i, j, _ in ps
-                                                      for u in (i, j)}
+    named = {str(i) for i, _ in d["top_neurons"]} | {
+        str(u) for ps in d["top_pairs"].values() for i, j, _ in ps for u in (i, j)
+    }
     assert d["labels"] == {u: f"<f{u}>" for u in named if u.isdigit() and int(u) % 2 == 0}
     html = str(attribution_html(attr, inputs=0, k=5))
     shown = [i for i, _ in attr.top_neurons(5) if i in sae.feature_labels]
@@ -198,9 +227,12 @@ def test_the_review_log_explains_a_residual_monitor_in_sae_features_too():
     e = {"monitors": {"m": {"monitor": "h", "input": z.tolist(), "step": 0, "exit_orders": [3]}}}
     explained = explain_entry(e, {"h": mon}, k=4, saes={SITE: sae})["monitors"]["m"]["attribution"]
     assert explained["features"]["top_features"] == part["features"]["top_features"]
-    assert "features" not in explain_entry({"monitors": {"m": {"monitor": "h", "input": z.tolist(), "step": 0,
-                                                               "exit_orders": [3]}}}, {"h": mon})["monitors"]["m"][
-        "attribution"]
+    assert (
+        "features"
+        not in explain_entry(
+            {"monitors": {"m": {"monitor": "h", "input": z.tolist(), "step": 0, "exit_orders": [3]}}}, {"h": mon}
+        )["monitors"]["m"]["attribution"]
+    )
 
 
 def test_the_offline_recipe_trains_reports_and_labels_with_saelens(tmp_path):
@@ -215,8 +247,9 @@ def test_the_offline_recipe_trains_reports_and_labels_with_saelens(tmp_path):
     active = torch.rand(24000, 64, generator=g).argsort(1)[:, :4]
     codes.scatter_(1, active, torch.rand(24000, 4, generator=g) * 3 + 1)
     X = codes @ dirs + 5.0
-    sae = offline._fit_sae(X[:20000], "blocks.0.hook_resid_post", "synthetic", d_sae=128, k=8, epochs=10, seed=0,
-                           lr=3e-3)
+    sae = offline._fit_sae(
+        X[:20000], "blocks.0.hook_resid_post", "synthetic", d_sae=128, k=8, epochs=10, seed=0, lr=3e-3
+    )
     sae.save_inference_model(tmp_path / "s")
     inf = sae_lens.SAE.load_from_disk(tmp_path / "s")
     rep = offline._report(inf, X[20000:], 0, 20000)

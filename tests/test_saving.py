@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import tiny_head
 
 import tpc_hooks as tpc
-from tiny_models import tiny_head
 
 SITE = "blocks.1.hook_resid_post"
 
@@ -39,7 +39,9 @@ def _crash_after(monkeypatch, n):
             if calls["n"] == n:
                 raise Crash(f"crash at write {n}")
             return real(*args, **kwargs)
+
         return f
+
     monkeypatch.setattr(os, "replace", counted(os.replace))
     monkeypatch.setattr(os, "link", counted(os.link))
     for name in ("unlink", "write_bytes", "write_text"):
@@ -84,8 +86,11 @@ def test_the_users_readme_is_left_alone_unless_asked(tmp_path):
     (d / "README.md").write_text("# my notes\n")
     (d / "notes.txt").write_text("mine")
     mon = _monitor(0, 0.3)
-    with pytest.raises(tpc.TPCHooksError, match=r"README.md exists and is not a tpc-hooks model card; it is left alone: "
-                                                r"pass card=False .* or card='overwrite'"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"README.md exists and is not a tpc-hooks model card; it is left alone: "
+        r"pass card=False .* or card='overwrite'",
+    ):
         mon.save_pretrained(d)
     assert sorted(p.name for p in d.iterdir()) == ["README.md", "notes.txt"]  # nothing was written
     mon.save_pretrained(d, card=False)

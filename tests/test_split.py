@@ -9,9 +9,9 @@ import random
 import numpy as np
 import pytest
 from sklearn.model_selection import train_test_split
+from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style
 
 import tpc_hooks as tpc
-from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style
 from tpc_hooks.prompts._sources import shingles
 from tpc_hooks.training._split import shared_text_groups, validation_split
 
@@ -100,11 +100,22 @@ def test_train_monitor_splits(monkeypatch, split):
     labels = [1] * 10 + [0] * 10 + [1] * 4 + [0] * 4
     seen = []
     real = _train_monitor._train_data
-    monkeypatch.setattr(_train_monitor, "_train_data",
-                        lambda rows, t, r, chats: seen.append(r) or real(rows, t, r, chats))
-    tpc.train_monitor(hooked_gpt2_style(), prompts, labels, "blocks.1.hook_resid_post",
-                      **({} if split is None else {"split": split}),
-                      val_fraction=0.3, verbose=False, degree=2, rank=2, epochs=2, seed=0)
+    monkeypatch.setattr(
+        _train_monitor, "_train_data", lambda rows, t, r, chats: seen.append(r) or real(rows, t, r, chats)
+    )
+    tpc.train_monitor(
+        hooked_gpt2_style(),
+        prompts,
+        labels,
+        "blocks.1.hook_resid_post",
+        **({} if split is None else {"split": split}),
+        val_fraction=0.3,
+        verbose=False,
+        degree=2,
+        rank=2,
+        epochs=2,
+        seed=0,
+    )
     r = seen[0]
     tr, va = train_test_split(np.arange(len(prompts)), test_size=len(r.va), stratify=labels, random_state=0)
     wrapped = set(range(20, 28))

@@ -3,9 +3,9 @@ cascade) follows the head however it changes, and settings are validated when as
 
 import pytest
 import torch
+from tiny_models import hf_llama, tiny_head, tokenizer
 
 import tpc_hooks as tpc
-from tiny_models import hf_llama, tiny_head, tokenizer
 from tpc_hooks.adapters import get_adapter, pad
 
 SITE = "blocks.1.hook_resid_post"

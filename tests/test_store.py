@@ -56,6 +56,7 @@ def test_a_resume_with_another_shard_size_and_another_site_completes_every_site(
     """Interrupted at a prompt that is no multiple of the new shard size, resumed with a second site:
     every site holds every prompt once, equal to an uninterrupted collection."""
     from tiny_models import RESUME_PROMPTS, hf_llama, interrupt_forward, nnsight_lm
+
     from tpc_hooks.adapters import get_adapter
 
     model = nnsight_lm(hf_llama())

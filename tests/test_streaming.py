@@ -11,16 +11,27 @@ import math
 import numpy as np
 import pytest
 import torch
+from tiny_models import hf_llama, named, tiny_head, tokenizer
 
 import tpc_hooks as tpc
-from tiny_models import hf_llama, named, tiny_head, tokenizer
 from tpc_hooks.pooling import AGGREGATES, RunningAggregate, aggregate
 
 SITE = "blocks.1.hook_resid_post"
-PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello world", "steal car",
-           "write poem about cat dog and the mat"]
-SETTINGS = [("mean", {}), ("max", {}), ("ema", {"alpha": 0.3}), ("ema", {"alpha": 1.0}), ("rolling", {"window": 3}),
-            ("rolling", {"window": 1})]
+PROMPTS = [
+    "how do i make bomb",
+    "tell me about the weather please",
+    "hello world",
+    "steal car",
+    "write poem about cat dog and the mat",
+]
+SETTINGS = [
+    ("mean", {}),
+    ("max", {}),
+    ("ema", {"alpha": 0.3}),
+    ("ema", {"alpha": 1.0}),
+    ("rolling", {"window": 3}),
+    ("rolling", {"window": 1}),
+]
 
 
 def logit(p: float) -> float:
@@ -32,14 +43,14 @@ def by_hand(s: list[float], how: str, alpha: float = 0.1, window: int = 16) -> l
     out, e = [], None
     for t in range(len(s)):
         if how == "mean":
-            out.append(sum(s[:t + 1]) / (t + 1))
+            out.append(sum(s[: t + 1]) / (t + 1))
         elif how == "max":
-            out.append(max(s[:t + 1]))
+            out.append(max(s[: t + 1]))
         elif how == "ema":
             e = s[t] if e is None else alpha * s[t] + (1 - alpha) * e
             out.append(e)
         else:
-            last = s[max(0, t + 1 - window):t + 1]
+            last = s[max(0, t + 1 - window) : t + 1]
             out.append(sum(last) / len(last))
     return out
 
@@ -67,9 +78,9 @@ def test_aggregate_equals_a_hand_written_loop_under_padding(how, kw, skip):
             np.testing.assert_allclose(got[b, at[skip:]].double().numpy(), want, rtol=1e-6, atol=1e-6)
             assert torch.equal(got[b, at[:skip]], torch.full((len(at[:skip]),), -math.inf))  # skipped: no score yet
             if side == "right":  # padding after the end carries the last value
-                assert torch.equal(got[b, len(r):], got[b, len(r) - 1].expand(T - len(r)))
+                assert torch.equal(got[b, len(r) :], got[b, len(r) - 1].expand(T - len(r)))
             else:  # before the first token there is no score yet
-                assert torch.equal(got[b, :T - len(r)], torch.full((T - len(r),), -math.inf))
+                assert torch.equal(got[b, : T - len(r)], torch.full((T - len(r),), -math.inf))
 
 
 @pytest.mark.parametrize("skip", [0, 5])
@@ -89,11 +100,10 @@ def test_incremental_equals_offline_on_every_prefix(how, kw, skip):
     run = RunningAggregate(how, **kw, skip=skip)
     got = [run.update(logits[:, :P], prompt_mask)]
     for t in range(steps):
-        got.append(run.update(logits[:, P + t:P + t + 1], step_mask[:, t:t + 1]))
+        got.append(run.update(logits[:, P + t : P + t + 1], step_mask[:, t : t + 1]))
     want = [offline[:, P - 1]] + [offline[:, P + t] for t in range(steps)]
-    for g, w in zip(got, want):  # float32 running state against the float64 offline formulas
+    for g, w in zip(got, want, strict=True):  # float32 running state against the float64 offline formulas
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
-
 
 
 @pytest.mark.parametrize("skip", [0, 3])
@@ -110,7 +120,7 @@ def test_incremental_in_chunks_of_any_length_equals_offline(how, kw, skip):
     assert torch.equal(run.update(logits[:, :0], mask[:, :0]), torch.full((B,), -math.inf))  # an empty chunk
     while at < T:
         n = int(torch.randint(0, 41, (), generator=gen))
-        got = run.update(logits[:, at:at + n], mask[:, at:at + n])
+        got = run.update(logits[:, at : at + n], mask[:, at : at + n])
         at += n
         if at:
             torch.testing.assert_close(got, offline[:, min(at, T) - 1], rtol=1e-5, atol=1e-5)
@@ -118,8 +128,13 @@ def test_incremental_in_chunks_of_any_length_equals_offline(how, kw, skip):
 
 def test_bad_aggregation_settings_are_clear_errors():
     head = tiny_head()
-    for kw, match in [({"aggregate": "median"}, "aggregate must be one of"), ({"alpha": 0.0}, "alpha"),
-                      ({"alpha": 1.5}, "alpha"), ({"window": 0}, "window"), ({"window": -3}, "window")]:
+    for kw, match in [
+        ({"aggregate": "median"}, "aggregate must be one of"),
+        ({"alpha": 0.0}, "alpha"),
+        ({"alpha": 1.5}, "alpha"),
+        ({"window": 0}, "window"),
+        ({"window": -3}, "window"),
+    ]:
         with pytest.raises(tpc.TPCHooksError, match=match):
             tpc.Monitor(head, SITE, pooling="token", **kw)
     with pytest.raises(tpc.TPCHooksError, match="pooling must be one of"):
@@ -135,7 +150,7 @@ def streaming_monitor(how="rolling", threshold=0.9999, **kw):
 def check_against_offline(mon, hf, sequences, prompt_lengths, logits, exits, flops):
     for b, seq in enumerate(sequences):
         n0 = prompt_lengths[b]
-        prefixes = [seq[:n0 + t] for t in range(len(logits[b]))]
+        prefixes = [seq[: n0 + t] for t in range(len(logits[b]))]
         off = mon.score(hf, tokens=prefixes)
         torch.testing.assert_close(logits[b], off.logits, rtol=1e-5, atol=1e-5)
         assert torch.equal(exits[b], off.exit_order) and torch.equal(flops[b], off.flops)
@@ -161,8 +176,16 @@ def test_monitor_generate_step_scores_equal_offline_scores(how, skip):
 def test_cascade_streaming_monitor_in_hf_generate_equals_offline():
     hf, tok = named(hf_llama()), tokenizer()
     head = tiny_head()
-    mon = tpc.Monitor(head, SITE, pooling="token", aggregate="ema", alpha=0.5, threshold=0.9999, skip=2,
-                      cascade=tpc.Cascade(head, lower=0.61, upper=0.62))
+    mon = tpc.Monitor(
+        head,
+        SITE,
+        pooling="token",
+        aggregate="ema",
+        alpha=0.5,
+        threshold=0.9999,
+        skip=2,
+        cascade=tpc.Cascade(head, lower=0.61, upper=0.62),
+    )
     enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
     sc = mon.stopping_criteria(hf)
     out = hf.generate(**enc, max_new_tokens=5, do_sample=False, stopping_criteria=[sc])
@@ -186,7 +209,7 @@ def test_watch_scores_a_streaming_monitor_as_offline():
     for b in range(2):
         n = int(enc["attention_mask"][b].sum())
         off = mon.score(hf, tokens=[enc["input_ids"][b, :n].tolist()])
-        torch.testing.assert_close(log.results[0].logits[b:b + 1], off.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(log.results[0].logits[b : b + 1], off.logits, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("skip", [0, 2])
@@ -199,16 +222,20 @@ def test_token_scores_are_the_aggregate_after_each_token(skip):
     ids = [tokenizer().bos_token_id] + ids
     assert len(tokens) == len(ids) == len(res.logits)
     from tpc_hooks.adapters import get_adapter, pad  # the per-token logits by hand, then the EMA by hand
+
     adapter = get_adapter(hf)
     x, m = pad([ids], 0, "right")
     s = head(adapter.forward_sites(x, m, [adapter.site(SITE)])[SITE][0]).double().tolist()
-    np.testing.assert_allclose(res.logits[skip:].double().numpy(), by_hand(s[skip:], "ema", alpha=0.3), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        res.logits[skip:].double().numpy(), by_hand(s[skip:], "ema", alpha=0.3), rtol=1e-5, atol=1e-5
+    )
     assert torch.equal(res.logits[:skip], torch.full((skip,), -math.inf))
-    off = mon.score(hf, tokens=[ids[:t + 1] for t in range(len(ids))])
+    off = mon.score(hf, tokens=[ids[: t + 1] for t in range(len(ids))])
     torch.testing.assert_close(res.logits, off.logits, rtol=1e-5, atol=1e-5)
     assert torch.equal(res.flops, (torch.arange(1, len(ids) + 1) - skip).clamp_min(0) * head.cost().flops)
-    page = str(tpc.TokenScores(tokens, res, 1e-6, skip).to_html())  # the skipped tokens are shown unscored, never flagged
+    page = str(
+        tpc.TokenScores(tokens, res, 1e-6, skip).to_html()
+    )  # the skipped tokens are shown unscored, never flagged
     assert page.count("data-score=") == len(ids) - skip and page.count('class="tok first') == 1
 
 
@@ -220,15 +247,17 @@ def test_calibration_bounds_the_share_of_benign_sequences_flagged_at_any_token()
     seqs = [torch.randn(int(n), 16, generator=gen) for n in torch.randint(3, 40, (200,), generator=gen)]
     for fpr in (0.0, 0.05, 0.2):
         mon.calibrate_activations(seqs, fpr)
-        peaks = [aggregate(head(z[2:])[None], torch.ones(1, len(z) - 2), "rolling", window=4)[0].max()
-                 for z in seqs]  # by hand: the skipped tokens dropped; flagged: logit >= logit(threshold)
+        peaks = [
+            aggregate(head(z[2:])[None], torch.ones(1, len(z) - 2), "rolling", window=4)[0].max() for z in seqs
+        ]  # by hand: the skipped tokens dropped; flagged: logit >= logit(threshold)
         flagged = sum(bool(p >= logit(mon.threshold)) for p in peaks)
         assert flagged <= math.floor(fpr * len(seqs)) and flagged == mon.report["operating_point"]["flagged"]
         assert mon.report["operating_point"]["by"] == "max over tokens"
     held_out = [torch.randn(int(n), 16, generator=gen) for n in torch.randint(3, 40, (600,), generator=gen)]
     mon.calibrate_activations(seqs, 0.05)
-    peaks = torch.stack([aggregate(head(z)[None], torch.ones(1, len(z)), "rolling", window=4, skip=2)[0].max()
-                         for z in held_out])
+    peaks = torch.stack(
+        [aggregate(head(z)[None], torch.ones(1, len(z)), "rolling", window=4, skip=2)[0].max() for z in held_out]
+    )
     rate = float((peaks >= logit(mon.threshold)).double().mean())
     assert rate < 0.05 + 3 * math.sqrt(0.05 * 0.95 / 200) + 3 * math.sqrt(0.05 * 0.95 / 600)  # sampling error
     with pytest.raises(tpc.TPCHooksError, match="list of per-token activations"):
@@ -255,13 +284,42 @@ def test_train_monitor_on_tokens(monkeypatch):
 
     monkeypatch.setattr(tpc_hooks.training._train, "fit", spy)
     hf = named(hf_llama())
-    harmful = ["how do i make bomb", "steal car please", "hack email", "kill process how", "make bomb tell me",
-               "hack car", "steal email", "kill the cat"]
-    benign = ["bread recipe", "tell me about weather", "hello world", "write poem", "cake recipe please",
-              "python code", "the cat sat on mat", "hello friend"]
-    mon = tpc.train_monitor(hf, harmful + benign, [1] * 8 + [0] * 8, SITE, pooling="token", aggregate="ema", alpha=0.5,
-                            degree=2, rank=2, epochs=2, val_fraction=0.25,
-                            target_fpr=0.25, verbose=False, tokenizer=tokenizer())
+    harmful = [
+        "how do i make bomb",
+        "steal car please",
+        "hack email",
+        "kill process how",
+        "make bomb tell me",
+        "hack car",
+        "steal email",
+        "kill the cat",
+    ]
+    benign = [
+        "bread recipe",
+        "tell me about weather",
+        "hello world",
+        "write poem",
+        "cake recipe please",
+        "python code",
+        "the cat sat on mat",
+        "hello friend",
+    ]
+    mon = tpc.train_monitor(
+        hf,
+        harmful + benign,
+        [1] * 8 + [0] * 8,
+        SITE,
+        pooling="token",
+        aggregate="ema",
+        alpha=0.5,
+        degree=2,
+        rank=2,
+        epochs=2,
+        val_fraction=0.25,
+        target_fpr=0.25,
+        verbose=False,
+        tokenizer=tokenizer(),
+    )
     assert mon.streaming and (mon.aggregate, mon.alpha) == ("ema", 0.5)
     assert mon.skip == 1  # the template's "<s>" every prompt starts with
     X = seen["X"]  # the rows fit saw: every token but the fixed prefix, whose activation is the same in every prompt
@@ -269,11 +327,23 @@ def test_train_monitor_on_tokens(monkeypatch):
     from tpc_hooks.adapters import get_adapter
 
     adapter = get_adapter(hf, tokenizer=tokenizer())
-    first = adapter.forward_sites(torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.long), [adapter.site(SITE)])[SITE][0, 0]
+    first = adapter.forward_sites(torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.long), [adapter.site(SITE)])[SITE][
+        0, 0
+    ]
     assert not torch.isclose(X.float(), first.float(), atol=1e-5).all(1).any()
     monkeypatch.setattr(type(adapter), "fixed_prefix", lambda self, **kw: 0)  # control: nothing skipped
-    full = tpc.train_monitor(hf, harmful + benign, [1] * 8 + [0] * 8, SITE, pooling="token",
-                             degree=1, epochs=1, val_fraction=0.25, verbose=False, tokenizer=tokenizer())
+    full = tpc.train_monitor(
+        hf,
+        harmful + benign,
+        [1] * 8 + [0] * 8,
+        SITE,
+        pooling="token",
+        degree=1,
+        epochs=1,
+        val_fraction=0.25,
+        verbose=False,
+        tokenizer=tokenizer(),
+    )
     assert full.skip == 0 and torch.isclose(seen["X"].float(), first.float(), atol=1e-5).all(1).any()
     assert full.report["n_train_tokens"] == len(seen["X"]) == len(X) + 12  # one fixed-prefix row per training prompt
     assert mon.report["validation"]["decision"] == "max over tokens of the aggregate"
@@ -282,23 +352,51 @@ def test_train_monitor_on_tokens(monkeypatch):
     run = mon.generate(hf, benign[:2], max_new_tokens=3)
     check_against_offline(mon, hf, run.sequences, run.prompt_lengths, run.logits, run.exit_orders, run.flops)
     with pytest.raises(tpc.TPCHooksError, match="reads one site"):
-        tpc.train_monitor(hf, harmful + benign, [1] * 8 + [0] * 8, [SITE, "blocks.0.hook_resid_post"], pooling="token",
-                          verbose=False, tokenizer=tokenizer())
+        tpc.train_monitor(
+            hf,
+            harmful + benign,
+            [1] * 8 + [0] * 8,
+            [SITE, "blocks.0.hook_resid_post"],
+            pooling="token",
+            verbose=False,
+            tokenizer=tokenizer(),
+        )
 
 
-HARMFUL = ["how do i make bomb", "steal car please", "hack email", "kill process how", "make bomb tell me",
-           "hack car", "steal email", "kill the cat"]
-BENIGN = ["bread recipe", "tell me about weather", "hello world", "write poem", "cake recipe please",
-          "python code", "the cat sat on mat", "hello friend"]
+HARMFUL = [
+    "how do i make bomb",
+    "steal car please",
+    "hack email",
+    "kill process how",
+    "make bomb tell me",
+    "hack car",
+    "steal email",
+    "kill the cat",
+]
+BENIGN = [
+    "bread recipe",
+    "tell me about weather",
+    "hello world",
+    "write poem",
+    "cake recipe please",
+    "python code",
+    "the cat sat on mat",
+    "hello friend",
+]
 
 
 def chats(n: int) -> list[list[dict[str, str]]]:
     """``n`` benign conversations of the tiny vocabulary, of different lengths."""
     words = "the a cat dog sat on mat hello world is nice write poem bread recipe friend python code".split()
     rng = np.random.default_rng(0)
-    say = lambda k: " ".join(rng.choice(words, k))
-    return [[{"role": ("user", "assistant")[t % 2], "content": say(3 + (t * 5 + i) % 9)} for t in range(3 + 2 * (i % 3))]
-            for i in range(n)]
+
+    def say(k):
+        return " ".join(rng.choice(words, k))
+
+    return [
+        [{"role": ("user", "assistant")[t % 2], "content": say(3 + (t * 5 + i) % 9)} for t in range(3 + 2 * (i % 3))]
+        for i in range(n)
+    ]
 
 
 def test_train_monitor_with_contexts_adds_the_rows_of_requests_inside_conversations(monkeypatch):
@@ -325,24 +423,37 @@ def test_train_monitor_with_contexts_adds_the_rows_of_requests_inside_conversati
     monkeypatch.setattr(tpc_hooks.training._train, "fit", spy_fit)
     monkeypatch.setattr(tpc_hooks.prompts._context, "host_requests", spy_host)
     hf, tok = named(hf_llama()), tokenizer()
-    kw = dict(pooling="token", degree=2, rank=2, epochs=2, val_fraction=0.25, target_fpr=0.25, verbose=False,
-              tokenizer=tok)
+    kw = dict(
+        pooling="token", degree=2, rank=2, epochs=2, val_fraction=0.25, target_fpr=0.25, verbose=False, tokenizer=tok
+    )
     plain = tpc.train_monitor(hf, HARMFUL + BENIGN, [1] * 8 + [0] * 8, SITE, **kw)
     n_plain, n_plain_val = len(seen["y"]), len(seen["y_val"])
     seen.clear()
-    mon = tpc.train_monitor(hf, HARMFUL + BENIGN, [1] * 8 + [0] * 8, SITE, contexts=chats(8), context_tokens=(24, 40),
-                            sources=["mine", "theirs"] * 8, **kw)
+    mon = tpc.train_monitor(
+        hf,
+        HARMFUL + BENIGN,
+        [1] * 8 + [0] * 8,
+        SITE,
+        contexts=chats(8),
+        context_tokens=(24, 40),
+        sources=["mine", "theirs"] * 8,
+        **kw,
+    )
     assert (plain.aggregate, mon.aggregate) == ("rolling", "max")  # the defaults without and with contexts
     val, train = hosted  # validation contexts are hosted first: 2 of 8 at val_fraction 0.25
     assert (len(val.sequences), len(train.sequences)) == (2, 6)
     assert sorted(val.labels) == [0, 1] and sorted(train.labels) == [0, 0, 0, 1, 1, 1]
-    requests = lambda h: {tok.decode(q.ids[q.start:q.stop]) for q in h.sequences}
+
+    def requests(h):
+        return {tok.decode(q.ids[q.start : q.stop]) for q in h.sequences}
+
     assert not requests(val) & requests(train)  # validation prompts host validation contexts only
     adapter = get_adapter(hf, tokenizer=tok)
     expected_X, expected_y = [], []
-    for q, c in zip(train.sequences, train.labels):
-        acts = adapter.forward_sites(torch.tensor([q.ids]), torch.ones(1, len(q.ids), dtype=torch.long),
-                                     [adapter.site(SITE)])[SITE][0]
+    for q, c in zip(train.sequences, train.labels, strict=True):
+        acts = adapter.forward_sites(
+            torch.tensor([q.ids]), torch.ones(1, len(q.ids), dtype=torch.long), [adapter.site(SITE)]
+        )[SITE][0]
         for p in range(mon.skip, len(q.ids)):
             if c == 1 and p >= q.stop + train.tail:
                 break
@@ -392,12 +503,12 @@ def test_every_run_says_when_each_sequence_was_first_flagged():
     assert any(f not in (None, 0) for f in run.first_flagged) and None in run.first_flagged
     for b, f in enumerate(run.first_flagged):
         n0 = run.prompt_lengths[b]
-        off = mon.score(hf, tokens=[run.sequences[b][:n0 + t] for t in range(7)]).probs
+        off = mon.score(hf, tokens=[run.sequences[b][: n0 + t] for t in range(7)]).probs
         want = next((t for t in range(7) if off[t] >= mon.threshold), None)
         assert f == want
     from tpc_hooks.adapters import pad  # the prompts exactly as the monitor tokenised them
 
-    x, m = pad([run.sequences[b][:run.prompt_lengths[b]] for b in range(len(PROMPTS))], 0, "left")
+    x, m = pad([run.sequences[b][: run.prompt_lengths[b]] for b in range(len(PROMPTS))], 0, "left")
     enc = {"input_ids": x, "attention_mask": m}
     with mon.watch(hf, tokenizer=tok) as log:
         hf.generate(**enc, max_new_tokens=6, min_new_tokens=6, do_sample=False)

@@ -9,9 +9,9 @@ import threading
 
 import pytest
 import torch
+from tiny_models import hf_llama, hooked_gpt2_style, nnsight_lm, tiny_head, tokenizer
 
 import tpc_hooks as tpc
-from tiny_models import hf_llama, hooked_gpt2_style, nnsight_lm, tiny_head, tokenizer
 from tpc_hooks.adapters import get_adapter, pad
 
 SITE = "blocks.1.hook_resid_post"
@@ -30,6 +30,7 @@ def _together(*jobs):
             job()
         except BaseException as err:  # noqa: BLE001 - reported below
             errors.append(err)
+
     threads = [threading.Thread(target=run, args=(j,)) for j in jobs]
     for t in threads:
         t.start()
@@ -40,8 +41,11 @@ def _together(*jobs):
 
 
 def _models():
-    return {"transformers": lambda: (hf_llama(), tokenizer()), "nnsight": lambda: (nnsight_lm(hf_llama()), None),
-            "HookedTransformer": lambda: (hooked_gpt2_style(), None)}
+    return {
+        "transformers": lambda: (hf_llama(), tokenizer()),
+        "nnsight": lambda: (nnsight_lm(hf_llama()), None),
+        "HookedTransformer": lambda: (hooked_gpt2_style(), None),
+    }
 
 
 @pytest.mark.parametrize("kind", ["transformers", "nnsight", "HookedTransformer"])
@@ -53,6 +57,7 @@ def test_two_threads_scoring_through_one_model_get_their_own_results(kind):
 
     def job(which, prompts):
         return lambda: [got[which].append(mon.score(model, prompts, tokenizer=tok).logits) for _ in range(CALLS)]
+
     _together(job("mine", MINE), job("theirs", THEIRS))
     for which in got:
         assert len(got[which]) == CALLS and all(torch.equal(g, want[which]) for g in got[which])
@@ -85,10 +90,11 @@ def test_generate_with_the_monitors_hooks_beside_a_scoring_thread():
 
     def scoring():
         scores.extend(mon.score(hf, MINE, tokenizer=tok).logits for _ in range(CALLS))
+
     _together(generating, scoring)
     for out, log in runs:
         assert torch.equal(out, out_alone) and log.stopped_at == log_alone.stopped_at
-        assert all(torch.equal(a, b) for a, b in zip(log.scores, log_alone.scores))
+        assert all(torch.equal(a, b) for a, b in zip(log.scores, log_alone.scores, strict=True))
     assert all(torch.equal(s, scores_alone) for s in scores)
 
 
@@ -107,7 +113,8 @@ def test_watch_sees_only_its_own_threads_passes():
     def scoring():
         for _ in range(CALLS):
             mon.score(hf, MINE, tokenizer=tok)
+
     _together(watching, scoring)
     log = seen["log"]
     assert len(log) == len(alone) and log.fresh == alone.fresh
-    assert all(torch.equal(a.logits, b.logits) for a, b in zip(log.results, alone.results))
+    assert all(torch.equal(a.logits, b.logits) for a, b in zip(log.results, alone.results, strict=True))

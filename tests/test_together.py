@@ -6,10 +6,10 @@ still score each member as alone."""
 
 import pytest
 import torch
+from tiny_models import hf_llama, named, random_head, tiny_head
 from torch.profiler import profile
 
 import tpc_hooks as tpc
-from tiny_models import hf_llama, named, random_head, tiny_head
 from tpc_hooks.head import _together
 from tpc_hooks.head._policy import FixedOrder
 from tpc_hooks.head._together import Together
@@ -30,7 +30,7 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def assert_as_alone(pairs, got) -> None:
-    for (rule, z), res in zip(pairs, got):
+    for (rule, z), res in zip(pairs, got, strict=True):
         want = rule(z)
         for f in FIELDS:
             assert same(getattr(res, f), getattr(want, f)), f
@@ -62,10 +62,11 @@ def inputs(n: int, k: int, seed: int = 0) -> list[torch.Tensor]:
 @pytest.mark.parametrize("gate,escalate", [(True, False), (False, False), (True, True)])
 def test_cascades_of_one_shape_score_as_alone(n, gate, escalate, monkeypatch):
     stacked = []
-    monkeypatch.setattr(_together._Stack, "step", lambda self, zs, real=_together._Stack.step: stacked.append(
-        len(zs)) or real(self, zs))
+    monkeypatch.setattr(
+        _together._Stack, "step", lambda self, zs, real=_together._Stack.step: stacked.append(len(zs)) or real(self, zs)
+    )
     pols = [cascade(s, gate=gate, escalate=escalate) for s in range(3)]
-    pairs = [(p.step, z) for p, z in zip(pols, inputs(n, 3))]
+    pairs = [(p.step, z) for p, z in zip(pols, inputs(n, 3), strict=True)]
     got = Together().step(pairs)
     assert stacked == [3]  # one stacked evaluation
     assert_as_alone(pairs, got)
@@ -82,11 +83,19 @@ def test_fixed_orders_mixed_shapes_and_other_policies_score_as_alone():
             return FixedOrder(self.head, 1).step(z)
 
     heads = [tiny_head(D, 3, seed=s) for s in range(6)]
-    pols = [FixedOrder(heads[0]), FixedOrder(heads[1]), FixedOrder(heads[2], 2), cascade(7),
-            cascade(8, degree=3), cascade(9, rank=5), Mine(heads[3]), FixedOrder(heads[4])]
+    pols = [
+        FixedOrder(heads[0]),
+        FixedOrder(heads[1]),
+        FixedOrder(heads[2], 2),
+        cascade(7),
+        cascade(8, degree=3),
+        cascade(9, rank=5),
+        Mine(heads[3]),
+        FixedOrder(heads[4]),
+    ]
     zs = inputs(5, len(pols), seed=1)
     zs[-1] = zs[-1][:3]  # another row count: alone
-    pairs = [(p.step, z) for p, z in zip(pols, zs)]
+    pairs = [(p.step, z) for p, z in zip(pols, zs, strict=True)]
     assert_as_alone(pairs, Together().step(pairs))
 
 
@@ -101,7 +110,7 @@ def test_a_group_follows_changed_weights_scalers_and_thresholds():
     pols = [cascade(s) for s in range(2)]
     zs = inputs(6, 2)
     together = Together()
-    pairs = [(p.step, z) for p, z in zip(pols, zs)]
+    pairs = [(p.step, z) for p, z in zip(pols, zs, strict=True)]
     assert_as_alone(pairs, together.step(pairs))
     with torch.no_grad():
         pols[0].head.factors["2"].mul_(1.5)  # a parameter (its version counter moves)
@@ -120,7 +129,7 @@ def ops(fn) -> int:
 
 def test_a_group_runs_fewer_tensor_operations_than_its_members_apart():
     pols = [cascade(s) for s in range(4)]
-    pairs = [(p.step, z) for p, z in zip(pols, inputs(8, 4))]
+    pairs = [(p.step, z) for p, z in zip(pols, inputs(8, 4), strict=True)]
     together = Together()
     together.step(pairs)  # the stacked weights are made once
     apart, joint = ops(lambda: [r(z) for r, z in pairs]), ops(lambda: together.step(pairs))
@@ -131,9 +140,11 @@ def test_a_group_runs_fewer_tensor_operations_than_its_members_apart():
 def test_request_scores_begin_and_end_score_members_together_as_alone():
     """The serving engine's path: each member's begin (pools per request), one Together step, each end."""
     heads = [random_head(D, 3, 3, seed=s) for s in range(3)]
-    mons = [tpc.Monitor(heads[0], "blocks.0.hook_resid_post", pooling="mean", cascade=tpc.Cascade(heads[0], 0.2)),
-            tpc.Monitor(heads[1], "blocks.0.hook_resid_post", pooling="last", cascade=tpc.Cascade(heads[1], 0.2)),
-            tpc.Monitor(heads[2], "blocks.0.hook_resid_post", pooling="token", aggregate="max")]
+    mons = [
+        tpc.Monitor(heads[0], "blocks.0.hook_resid_post", pooling="mean", cascade=tpc.Cascade(heads[0], 0.2)),
+        tpc.Monitor(heads[1], "blocks.0.hook_resid_post", pooling="last", cascade=tpc.Cascade(heads[1], 0.2)),
+        tpc.Monitor(heads[2], "blocks.0.hook_resid_post", pooling="token", aggregate="max"),
+    ]
     gen = torch.Generator().manual_seed(3)
     passes = [[("a", 4, True), ("b", 2, False)], [("a", 1, True), ("b", 3, True)], [("a", 1, True), ("b", 1, True)]]
     joint = [RequestScores(m, cascade=m.cascade) for m in mons]
@@ -143,31 +154,34 @@ def test_request_scores_begin_and_end_score_members_together_as_alone():
         rows = torch.randn(sum(n for _, n, _ in p), D, generator=gen)
         args = ([r for r, _, _ in p], rows, [n for _, n, _ in p], [c for _, _, c in p])
         zs = [rs.begin(*args) for rs in joint]
-        got = together.step([(rs.rule, z) for rs, z in zip(joint, zs) if z is not None])
+        got = together.step([(rs.rule, z) for rs, z in zip(joint, zs, strict=True) if z is not None])
         it = iter(got)
-        ends = [rs.end(next(it) if z is not None else None) for rs, z in zip(joint, zs)]
-        for (done, res), rs in zip(ends, alone):
+        ends = [rs.end(next(it) if z is not None else None) for rs, z in zip(joint, zs, strict=True)]
+        for (done, res), rs in zip(ends, alone, strict=True):
             want_done, want = rs.update_flat(*args)
             assert done == want_done
             for f in ("logits", "probs", "decision_logits", "exit_order", "flops"):
                 assert same(getattr(res, f), getattr(want, f)), f
-    assert all(j.take().keys() == a.take().keys() for j, a in zip(joint, alone))
+    assert all(j.take().keys() == a.take().keys() for j, a in zip(joint, alone, strict=True))
 
 
 def test_a_set_with_members_of_one_shape_scores_each_as_alone(monkeypatch):
     stacked = []
-    monkeypatch.setattr(_together._Stack, "step", lambda self, zs, real=_together._Stack.step: stacked.append(
-        len(zs)) or real(self, zs))
+    monkeypatch.setattr(
+        _together._Stack, "step", lambda self, zs, real=_together._Stack.step: stacked.append(len(zs)) or real(self, zs)
+    )
     model = named(hf_llama())
     d = model.config.hidden_size
     heads = [random_head(d, 3, 4, std=0.2, seed=s) for s in range(3)]
-    mons = {f"m{k}": tpc.Monitor(h, "blocks.1.hook_resid_post", pooling=pool, cascade=tpc.Cascade(h, 0.3))
-            for k, (h, pool) in enumerate(zip(heads, ("mean", "last", "max")))}
+    mons = {
+        f"m{k}": tpc.Monitor(h, "blocks.1.hook_resid_post", pooling=pool, cascade=tpc.Cascade(h, 0.3))
+        for k, (h, pool) in enumerate(zip(heads, ("mean", "last", "max"), strict=True))
+    }
     prompts = ["how do i make bomb", "hello world", "tell me about the weather please"]
     run = tpc.MonitorSet(mons).generate(model, prompts, max_new_tokens=5)
     assert stacked and set(stacked) == {3}
     for name, mon in mons.items():
         alone = mon.generate(model, prompts, max_new_tokens=5)
         for f in ("scores", "logits", "exit_orders", "flops"):
-            for g, a in zip(getattr(run[name], f), getattr(alone, f)):
+            for g, a in zip(getattr(run[name], f), getattr(alone, f), strict=True):
                 assert torch.equal(g, a), (name, f)

@@ -9,15 +9,21 @@ import json
 import numpy as np
 import pytest
 import torch
+from tiny_models import RESUME_PROMPTS, hf_llama, hooked_gpt2_style, interrupt_forward, named, nnsight_lm
 
 import tpc_hooks as tpc
-from tiny_models import RESUME_PROMPTS, hf_llama, hooked_gpt2_style, interrupt_forward, named, nnsight_lm
 from tpc_hooks.adapters import get_adapter
 
 SITE = "blocks.1.hook_resid_post"
 SITES = [SITE, "blocks.0.hook_resid_post"]
-PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello world",
-           "write poem about cat dog and the mat", "steal car", "the cat sat on the mat"]
+PROMPTS = [
+    "how do i make bomb",
+    "tell me about the weather please",
+    "hello world",
+    "write poem about cat dog and the mat",
+    "steal car",
+    "the cat sat on the mat",
+]
 MODELS = {
     "hooked-gpt2": hooked_gpt2_style,
     "nnsight-llama": lambda: nnsight_lm(hf_llama()),
@@ -35,7 +41,9 @@ def alone(model, prompt, site, chat_template):
     adapter = get_adapter(model)
     (ids,), _ = adapter.tokenize([prompt], chat_template=chat_template, max_tokens=None)
     with torch.no_grad():
-        out = adapter.forward_sites(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), [adapter.site(site)])
+        out = adapter.forward_sites(
+            torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), [adapter.site(site)]
+        )
     return out[site][0].float()
 
 
@@ -67,14 +75,17 @@ def test_padding_side_and_batch_size_do_not_change_the_rows(model):
         for bs in (2, len(PROMPTS)):
             got = tpc.collect(model, PROMPTS, SITE, "token", batch_size=bs, padding_side=side, progress=False)[SITE]
             assert [g.shape for g in got] == [b.shape for b in base]
-            for g, b in zip(got, base):
+            for g, b in zip(got, base, strict=True):
                 torch.testing.assert_close(g, b, rtol=1e-4, atol=1e-5)
 
 
 def test_pooled_collection_is_the_token_rows_pooled(model):
     rows = tpc.collect(model, PROMPTS, SITE, "token", batch_size=3, progress=False)[SITE]
-    by_hand = {"mean": torch.stack([r.mean(0) for r in rows]), "last": torch.stack([r[-1] for r in rows]),
-               "max": torch.stack([r.max(0).values for r in rows])}
+    by_hand = {
+        "mean": torch.stack([r.mean(0) for r in rows]),
+        "last": torch.stack([r[-1] for r in rows]),
+        "max": torch.stack([r.max(0).values for r in rows]),
+    }
     for pooling, want in by_hand.items():
         got = tpc.collect(model, PROMPTS, SITE, pooling, batch_size=3, progress=False)[SITE]
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
@@ -85,7 +96,7 @@ def test_token_ids_in_place_of_prompts():
     ids, _ = get_adapter(model).tokenize(PROMPTS, chat_template=True, max_tokens=None)
     want = tpc.collect(model, PROMPTS, SITE, "token", chat_template=True, progress=False)[SITE]
     got = tpc.collect(model, tokens=ids, sites=SITE, pooling="token", max_tokens=2, progress=False)[SITE]  # as given
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
     pooled = tpc.collect(model, tokens=[torch.tensor(i) for i in ids], sites=SITE, pooling="mean", progress=False)[SITE]
     torch.testing.assert_close(pooled, torch.stack([w.mean(0) for w in want]), rtol=1e-5, atol=1e-6)
@@ -95,10 +106,11 @@ def test_token_ids_into_a_store(tmp_path):
     model = named(hf_llama())
     ids, _ = get_adapter(model).tokenize(PROMPTS, chat_template=True, max_tokens=None)
     want = tpc.collect(model, tokens=ids, sites=SITE, pooling="token", progress=False)[SITE]
-    st = tpc.collect(model, tokens=ids, sites=SITE, pooling="token", store=tmp_path / "s", shard_prompts=4,
-                     progress=False)[SITE]
+    st = tpc.collect(
+        model, tokens=ids, sites=SITE, pooling="token", store=tmp_path / "s", shard_prompts=4, progress=False
+    )[SITE]
     assert st.meta["fixed_prefix"] is None and "tokens_sha256" in st.meta and st.meta["chat_template"] is None
-    for g, w in zip(st.sequences(), want):
+    for g, w in zip(st.sequences(), want, strict=True):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, atol=1e-6)
     with pytest.raises(tpc.TPCHooksError, match=r"differs in \['tokens_sha256'\]"):
         tpc.collect(model, tokens=ids[::-1], sites=SITE, pooling="token", store=tmp_path / "s", progress=False)
@@ -114,7 +126,7 @@ def test_sae_latents_per_token():
     model = nnsight_lm(hf_llama())
     rows = tpc.collect(model, PROMPTS, SITE, "token", progress=False)[SITE]
     latents = tpc.collect(model, PROMPTS, SITE, "token", sae=sae, progress=False)[SITE]
-    for r, z in zip(rows, latents):
+    for r, z in zip(rows, latents, strict=True):
         assert z.shape == (r.shape[0], 48)
         with torch.no_grad():
             torch.testing.assert_close(z, sae.encode(r), rtol=1e-4, atol=1e-5)
@@ -124,8 +136,17 @@ def test_sae_latents_per_token():
 def test_store_round_trip_records_token_rows_and_the_fixed_prefix(tmp_path):
     model = nnsight_lm(hf_llama())
     want = tpc.collect(model, PROMPTS, SITES, "token", chat_template=True, progress=False)
-    stores = tpc.collect(model, PROMPTS, SITES, "token", chat_template=True, store=tmp_path / "s", shard_prompts=4,
-                         batch_size=3, progress=False)
+    stores = tpc.collect(
+        model,
+        PROMPTS,
+        SITES,
+        "token",
+        chat_template=True,
+        store=tmp_path / "s",
+        shard_prompts=4,
+        batch_size=3,
+        progress=False,
+    )
     skip = get_adapter(model).fixed_prefix(chat_template=True)
     assert skip == 1  # the tiny chat template's "<s>"
     for site in SITES:
@@ -135,7 +156,7 @@ def test_store_round_trip_records_token_rows_and_the_fixed_prefix(tmp_path):
             assert st.lengths().tolist() == [len(w) for w in want[site]]
             seqs = st.sequences()
             assert len(seqs) == len(PROMPTS)
-            for s, w in zip(seqs, want[site]):
+            for s, w in zip(seqs, want[site], strict=True):
                 np.testing.assert_allclose(s, w.numpy(), rtol=1e-5, atol=1e-6)
             assert [s.shape for s in st.sequences(2, 5)] == [tuple(w.shape) for w in want[site][2:5]]
             assert st.sequences(3, 3) == []
@@ -161,10 +182,11 @@ def test_store_resumes_after_an_interruption_without_duplicates(tmp_path, monkey
     np.save(root / "shard-000001.lengths.npy", np.array([5]))
     (root / ".shard-000002.npy.x.tmp").write_bytes(b"partial")
     assert tpc.ActivationStore.open(root).n_sequences == 3
-    got = tpc.collect(model, prompts, SITE, "token", batch_size=2, store=tmp_path / "s", shard_prompts=3,
-                      progress=False)[SITE]
+    got = tpc.collect(
+        model, prompts, SITE, "token", batch_size=2, store=tmp_path / "s", shard_prompts=3, progress=False
+    )[SITE]
     assert got.n_sequences == len(prompts) and len(got) == sum(len(w) for w in want)
-    for g, w in zip(tpc.ActivationStore.open(root).sequences(), want):
+    for g, w in zip(tpc.ActivationStore.open(root).sequences(), want, strict=True):
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-6)
 
 
@@ -175,10 +197,15 @@ def test_store_of_sequences_errors(tmp_path):
         tpc.collect(model, PROMPTS[:2], SITE, "token", store=tmp_path / "pooled", progress=False)
     tpc.collect(model, PROMPTS[:2], SITE, "token", store=tmp_path / "tok", progress=False)
     assert tpc.ActivationStore.open(tmp_path / "tok" / SITE).meta["fixed_prefix"] == 1  # BOS
-    with pytest.raises(tpc.TPCHooksError, match=r"holds a different collection \(differs in \['fixed_prefix', "
-                                                r"'prepend_bos'\]\)"):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"holds a different collection \(differs in \['fixed_prefix', "
+        r"'prepend_bos'\]\)",
+    ):
         tpc.collect(model, PROMPTS[:2], SITE, "token", prepend_bos=False, store=tmp_path / "tok", progress=False)
-    with pytest.raises(tpc.TPCHooksError, match=r"pooling must be one of \['mean', 'last', 'max', 'token'\]; got 'tokens'"):
+    with pytest.raises(
+        tpc.TPCHooksError, match=r"pooling must be one of \['mean', 'last', 'max', 'token'\]; got 'tokens'"
+    ):
         tpc.collect(model, PROMPTS, SITE, "tokens", progress=False)
     with pytest.raises(tpc.TPCHooksError, match="pass prompts .* or tokens .*, exactly one"):
         tpc.collect(model, PROMPTS, SITE, "token", tokens=[[1, 2]], progress=False)
@@ -192,8 +219,9 @@ def test_store_of_sequences_errors(tmp_path):
     st = tpc.ActivationStore.create(tmp_path / "seq", d_model=3, sequences=True)
     with pytest.raises(tpc.TPCHooksError, match=r"holds sequences: append\(rows, lengths=\[...\]\) needs"):
         st.append(np.ones((2, 3)))
-    with pytest.raises(tpc.TPCHooksError, match="lengths must be positive and sum to the 2 rows appended; got 2 lengths "
-                                                "summing to 3"):
+    with pytest.raises(
+        tpc.TPCHooksError, match="lengths must be positive and sum to the 2 rows appended; got 2 lengths summing to 3"
+    ):
         st.append(np.ones((2, 3)), lengths=[1, 2])
     with pytest.raises(tpc.TPCHooksError, match="lengths must be positive"):
         st.append(np.ones((2, 3)), lengths=[2, 0])
@@ -202,7 +230,9 @@ def test_store_of_sequences_errors(tmp_path):
     rows = tpc.ActivationStore.create(tmp_path / "rows", d_model=3)
     with pytest.raises(tpc.TPCHooksError, match="holds plain rows, not sequences; append rows without lengths="):
         rows.append(np.ones((2, 3)), lengths=[2])
-    with pytest.raises(tpc.TPCHooksError, match=r"holds plain rows \(one per prompt\), not sequences: it has no sequences"):
+    with pytest.raises(
+        tpc.TPCHooksError, match=r"holds plain rows \(one per prompt\), not sequences: it has no sequences"
+    ):
         rows.sequences()
     st.append(np.ones((3, 3)), lengths=[3])
     (tmp_path / "seq" / "shard-000000.lengths.npy").unlink()

@@ -23,8 +23,9 @@ def test_scaler_and_degree_one_equal_sklearn(problem):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("settings, metric", [({"recipe": "paper"}, "f1"), ({"probe_metric": "f1"}, "f1"),
-                                              ({}, "auroc")])
+@pytest.mark.parametrize(
+    "settings, metric", [({"recipe": "paper"}, "f1"), ({"probe_metric": "f1"}, "f1"), ({}, "auroc")]
+)
 def test_C_is_chosen_by_the_validation_metric(problem, settings, metric):
     Xtr, ytr, Xva, yva, _, _ = problem
     Cs = (10.0, 0.01, 0.0001)
@@ -119,7 +120,7 @@ def test_store_training_streams_and_matches(tmp_path, problem):
     Xtr, ytr, Xva, yva, Xte, yte = problem
     store = ActivationStore.create(tmp_path / "acts", d_model=12)
     for a in range(0, len(Xtr), 400):
-        store.append(Xtr[a:a + 400])
+        store.append(Xtr[a : a + 400])
     mem = tpc.fit(Xtr, ytr, Xva, yva, degree=2, Cs=(1.0,), **FAST)
     disk = tpc.fit(store, ytr, Xva, yva, degree=2, Cs=(1.0,), chunk_rows=300, **FAST)
     torch.testing.assert_close(disk.scaler.mean, mem.scaler.mean, rtol=1e-5, atol=1e-5)
@@ -139,7 +140,10 @@ def test_store_training_streams_and_matches(tmp_path, problem):
         (lambda X, y: (X, y[:-1]), "y_train has 1499 labels but the features have 1500 rows"),
         (lambda X, y: (X, np.zeros_like(y)), r"only one class: all 1500 labels are 0 \(benign\)"),
         (lambda X, y: (X, y * 2), r"binary labels 0 \(benign\) and 1 \(harmful\); found \[2.0\]"),
-        (lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 30, np.inf, X), y), r"X_train contains 1 NaN/inf value\(s\), first at index \(2, 6\)"),
+        (
+            lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 30, np.inf, X), y),
+            r"X_train contains 1 NaN/inf value\(s\), first at index \(2, 6\)",
+        ),
         (lambda X, y: (X[:, None], y), r"X_train must be a 2-D array \[n_samples, d_model\]"),
     ],
 )
@@ -257,15 +261,18 @@ def test_contrast_ranks_each_harmful_row_above_its_counterpart(problem):
     assert held.history.config.contrast == 30.0
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(pairs="pairs"), "only read by the contrast loss"),
-    (dict(contrast=1.0), "contrast > 0 needs pairs"),
-    (dict(contrast=-1.0, pairs="pairs"), "contrast must be a finite number"),
-    (dict(contrast=1.0, pairs="swapped"), "each pair is"),
-    (dict(contrast=1.0, pairs="outside"), "pairs index rows"),
-    (dict(contrast=1.0, pairs="flat"), r"\[m, 2\]"),
-    (dict(contrast=1.0, pairs="pairs", mode="joint", trust_region=False, shrink=False), "needs mode='progressive'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(pairs="pairs"), "only read by the contrast loss"),
+        (dict(contrast=1.0), "contrast > 0 needs pairs"),
+        (dict(contrast=-1.0, pairs="pairs"), "contrast must be a finite number"),
+        (dict(contrast=1.0, pairs="swapped"), "each pair is"),
+        (dict(contrast=1.0, pairs="outside"), "pairs index rows"),
+        (dict(contrast=1.0, pairs="flat"), r"\[m, 2\]"),
+        (dict(contrast=1.0, pairs="pairs", mode="joint", trust_region=False, shrink=False), "needs mode='progressive'"),
+    ],
+)
 def test_bad_contrast_settings(problem, kwargs, message):
     Xtr, ytr, Xva, yva, _, _ = problem
     pairs = np.stack([np.flatnonzero(ytr == 1)[:5], np.flatnonzero(ytr == 0)[:5]], 1)
@@ -277,15 +284,23 @@ def test_bad_contrast_settings(problem, kwargs, message):
         tpc.fit(Xtr, ytr, degree=2, pairs=pairs, contrast=1.0, **FAST)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(X_unlabelled="Xu"), "only read by the consistency penalty"),
-    (dict(consistency=1.0), "consistency > 0 needs X_unlabelled"),
-    (dict(consistency=-1.0, X_unlabelled="Xu"), "consistency must be a finite number"),
-    (dict(consistency=1.0, X_unlabelled="Xu", mode="joint", trust_region=False, shrink=False), "needs mode='progressive'"),
-    (dict(consistency=1.0, X_unlabelled="narrow"), "d_model"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(X_unlabelled="Xu"), "only read by the consistency penalty"),
+        (dict(consistency=1.0), "consistency > 0 needs X_unlabelled"),
+        (dict(consistency=-1.0, X_unlabelled="Xu"), "consistency must be a finite number"),
+        (
+            dict(consistency=1.0, X_unlabelled="Xu", mode="joint", trust_region=False, shrink=False),
+            "needs mode='progressive'",
+        ),
+        (dict(consistency=1.0, X_unlabelled="narrow"), "d_model"),
+    ],
+)
 def test_bad_consistency_settings(problem, kwargs, message):
     Xtr, ytr, Xva, yva, Xte, _ = problem
-    kwargs = {k: {"Xu": Xte[:50], "narrow": Xte[:50, :5]}.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()}
+    kwargs = {
+        k: {"Xu": Xte[:50], "narrow": Xte[:50, :5]}.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()
+    }
     with pytest.raises(tpc.TPCHooksError, match=message):
         tpc.fit(Xtr, ytr, Xva, yva, degree=2, **FAST, **kwargs)

@@ -27,8 +27,14 @@ notebooks = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(notebooks)
 
 # what each page shows: stdout (printed results), image/png (a plot), text/html (a coloured view)
-SHOWS = {"01": {"stdout", "text/html", "text/markdown", "image/png"}, "02": {"stdout", "image/png"}, "03": {"stdout", "image/png", "text/html"},
-         "04": {"stdout", "text/html"}, "05": {"stdout", "text/html"}, "06": {"stdout", "text/html"}}
+SHOWS = {
+    "01": {"stdout", "text/html", "text/markdown", "image/png"},
+    "02": {"stdout", "image/png"},
+    "03": {"stdout", "image/png", "text/html"},
+    "04": {"stdout", "text/html"},
+    "05": {"stdout", "text/html"},
+    "06": {"stdout", "text/html"},
+}
 
 
 def has_vllm_environment() -> bool:

@@ -18,24 +18,40 @@ from html.parser import HTMLParser
 
 import pytest
 import torch
+from tiny_models import hf_llama, named, tiny_head, tokenizer
 
 import tpc_hooks as tpc
-from tiny_models import hf_llama, named, tiny_head, tokenizer
 from tpc_hooks import views
-from tpc_hooks.rendering import _screenshot
-from tpc_hooks.rendering import _html
 from tpc_hooks._rule import flagged as flag_rule
+from tpc_hooks.rendering import _html, _screenshot
+from tpc_hooks.views import HTML, attribution_html, generation_html, score_color, token_scores_html
 
 
 def prob_rule(p: torch.Tensor, threshold: float) -> torch.Tensor:
     """The flag rule on probabilities alone (a run built by hand carries no decision logits)."""
     return (p >= threshold) | p.isnan()
-from tpc_hooks.views import HTML, attribution_html, generation_html, score_color, token_scores_html
+
 
 SITE = "blocks.1.hook_resid_post"
-HOSTILE = ["<s>", " How", " do", " I", " <script>window.pwned = 1; alert(1)</script>",
-           ' <img src=x onerror="window.pwned = 2; alert(2)">', " \"quoted\" & 'single'", "\n", "", "  ", " héllo ✓",
-           "&amp;", "</span></div>", "<!--", "\t", " bomb", "."]
+HOSTILE = [
+    "<s>",
+    " How",
+    " do",
+    " I",
+    " <script>window.pwned = 1; alert(1)</script>",
+    ' <img src=x onerror="window.pwned = 2; alert(2)">',
+    " \"quoted\" & 'single'",
+    "\n",
+    "",
+    "  ",
+    " héllo ✓",
+    "&amp;",
+    "</span></div>",
+    "<!--",
+    "\t",
+    " bomb",
+    ".",
+]
 SCRIPT, IMG = HOSTILE[4], HOSTILE[5]
 
 
@@ -104,9 +120,16 @@ def hand_run(rows, threshold=0.5):
         hits = prob_rule(s, threshold).nonzero().flatten()
         firsts.append(int(hits[0]) if len(hits) else None)
     run = tpc.GenerationRun(
-        sequences=seqs, prompt_lengths=[pl for _, pl, *_ in rows], scores=scores, logits=[torch.logit(s) for s in scores],
-        exit_orders=[torch.tensor(o) for *_, o, _ in rows], flops=[torch.zeros(len(s), dtype=torch.long) for s in scores],
-        flagged=[f is not None for f in firsts], first_flagged=firsts, stopped_at=[st for *_, st in rows])
+        sequences=seqs,
+        prompt_lengths=[pl for _, pl, *_ in rows],
+        scores=scores,
+        logits=[torch.logit(s) for s in scores],
+        exit_orders=[torch.tensor(o) for *_, o, _ in rows],
+        flops=[torch.zeros(len(s), dtype=torch.long) for s in scores],
+        flagged=[f is not None for f in firsts],
+        first_flagged=firsts,
+        stopped_at=[st for *_, st in rows],
+    )
     return run, Words([w for words, *_ in rows for w in words])
 
 
@@ -122,7 +145,7 @@ def hostile_run(threshold=0.6):
 
 
 def rgb(hex_colour: str) -> tuple[int, int, int]:
-    return tuple(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+    return tuple(int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
 
 
 def background(style: str) -> str:
@@ -167,7 +190,9 @@ def test_generated_tokens_are_coloured_by_the_score_one_step_later():
     content = str(generation_html(run, tokenizer=tok, threshold=0.6))
     spans = TokenSpans(content)
     scores = run.scores[0].tolist()
-    prompt = re.search(r'<span class="prompt[^"]*" style="background-color:(#[0-9a-f]{6})"[^>]*title="([^"]*)"', content)
+    prompt = re.search(
+        r'<span class="prompt[^"]*" style="background-color:(#[0-9a-f]{6})"[^>]*title="([^"]*)"', content
+    )
     assert prompt and prompt.group(1) == score_color(scores[0], 0.6) and "exit order 1" in prompt.group(2)
     assert "prompt score 0.1000 (exit order 1)" in content
     gen = list(range(7, len(tok.words)))
@@ -184,8 +209,11 @@ def test_generated_tokens_are_coloured_by_the_score_one_step_later():
 def test_nan_scores_render_as_flagged():
     content = str(token_scores_html(["a", "b", "c"], [0.1, float("nan"), 0.2], threshold=0.5))
     spans = TokenSpans(content)
-    assert [("flag" in spans.classes(i), "nan" in spans.classes(i)) for i in range(3)] == \
-        [(False, False), (True, True), (False, False)]
+    assert [("flag" in spans.classes(i), "nan" in spans.classes(i)) for i in range(3)] == [
+        (False, False),
+        (True, True),
+        (False, False),
+    ]
     assert "first" in spans.classes(1)
     assert background(spans.attrs[1]["style"]) == views.NAN_COLOR
     assert "NaN" in spans.attrs[1]["title"] and "flagged" in spans.attrs[1]["title"]
@@ -199,8 +227,13 @@ def test_the_flag_rule_is_the_monitors():
     scores = torch.tensor([0.0, 0.4999, 0.5, 0.51, 1.0, float("nan"), 0.2])
     spans = TokenSpans(str(token_scores_html(list("abcdefg"), scores, threshold=0.5)))
     assert ["flag" in spans.classes(i) for i in range(7)] == prob_rule(scores, 0.5).tolist()
-    res = tpc.CascadeResult(logits=torch.logit(scores), probs=scores, exit_order=torch.ones(7, dtype=torch.long),
-                            flops=torch.ones(7, dtype=torch.long), degree=1)  # decision logits: logit(probs)
+    res = tpc.CascadeResult(
+        logits=torch.logit(scores),
+        probs=scores,
+        exit_order=torch.ones(7, dtype=torch.long),
+        flops=torch.ones(7, dtype=torch.long),
+        degree=1,
+    )  # decision logits: logit(probs)
     spans = TokenSpans(str(token_scores_html(list("abcdefg"), res, threshold=0.5)))
     assert ["flag" in spans.classes(i) for i in range(7)] == flag_rule(res.decision_logits, 0.5).tolist()
     assert [i for i in range(7) if "first" in spans.classes(i)] == [2]
@@ -262,7 +295,9 @@ def test_attribution_html_tables_by_order_neurons_and_pairs():
     top = attr.top_neurons(3, input=0)
     big = max(abs(v) for _, v in top)
     i, v = top[0]
-    assert f"<td>{i}</td><td class=\"val\" style=\"background-color:{_html._signed_color(v, big)}\">{v:+.4f}</td>" in content
+    assert (
+        f'<td>{i}</td><td class="val" style="background-color:{_html._signed_color(v, big)}">{v:+.4f}</td>' in content
+    )
     assert attr.to_html(inputs=[0, 2], k=3, labels=[f"<p{i}>" for i in range(7)]).content == content
     assert attr._repr_html_().count('class="row"') == 5  # the first five inputs
     with pytest.raises(tpc.TPCHooksError, match="one text per attributed input"):
@@ -290,8 +325,12 @@ def test_tiny_model_generation_renders_every_token(tiny_generation):
     assert spans.texts == [tok.decode([i]) for seq in run.sequences for i in seq]
     gen = [i for i in range(len(spans.texts)) if "gen" in spans.classes(i)]
     assert len(gen) == sum(len(run.generated(b)) for b in range(len(run.sequences)))
-    want = [bool(flag_rule(run.decision_logits[b][t], threshold)) for b in range(len(run.sequences))
-            for t in range(1, len(run.generated(b)) + 1) if t < len(run.scores[b])]
+    want = [
+        bool(flag_rule(run.decision_logits[b][t], threshold))
+        for b in range(len(run.sequences))
+        for t in range(1, len(run.generated(b)) + 1)
+        if t < len(run.scores[b])
+    ]
     got = [("flag" in spans.classes(i)) for i in gen if "unscored" not in spans.classes(i)]
     assert got == want and any(want) and not all(want)
 
@@ -319,7 +358,9 @@ def test_screenshot_without_chromium_logs_and_returns_false(monkeypatch, tmp_pat
 def browser():
     exe, driver_exe = _screenshot.chromium(), shutil.which("chromedriver")
     if exe is None or driver_exe is None:
-        missing = f"no Chromium on PATH ({', '.join(_screenshot.CHROMIUMS)})" if exe is None else "no chromedriver on PATH"
+        missing = (
+            f"no Chromium on PATH ({', '.join(_screenshot.CHROMIUMS)})" if exe is None else "no chromedriver on PATH"
+        )
         pytest.skip(f"{missing}: install `apt-get install chromium chromium-driver` (.ci/run does, as root)")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -367,7 +408,9 @@ def test_browser_shows_the_tokens_their_colours_and_flags(browser, tmp_path):
         assert css_rgb(colour) == rgb(score_color(scores[i + 1], 0.6))
         assert ("flag" in classes) == (math.isnan(scores[i + 1]) or scores[i + 1] >= 0.6)
     assert css_rgb(spans[-1][1]) == (0, 0, 0) and "unscored" in spans[-1][2]  # transparent: not scored
-    prompt = browser.execute_script("return getComputedStyle(document.querySelector('.tpc-view .prompt')).backgroundColor")
+    prompt = browser.execute_script(
+        "return getComputedStyle(document.querySelector('.tpc-view .prompt')).backgroundColor"
+    )
     assert css_rgb(prompt) == rgb(score_color(scores[0], 0.6))
     assert_nothing_ran(browser)
     assert browser.save_screenshot(str(tmp_path / "generation.png"))
@@ -383,7 +426,7 @@ def test_browser_keeps_hostile_tokens_as_text_without_the_pages_policy(browser, 
     browser.get(path.resolve().as_uri())
     spans = browser.execute_script(SPANS_JS)
     assert [text for text, _, _ in spans] == HOSTILE
-    for p, (_, colour, _) in zip(res.probs.tolist(), spans):
+    for p, (_, colour, _) in zip(res.probs.tolist(), spans, strict=True):
         assert css_rgb(colour) == rgb(score_color(p, 0.5))
     assert_nothing_ran(browser)
 
@@ -408,8 +451,19 @@ def test_runs_and_token_scores_render_themselves():
     tokens, result = ts
     assert ts.tokens is tokens and ts.result is result and ts.threshold == 0.6
     assert str(ts.to_html()) == str(views.token_scores_html(tokens, result, threshold=0.6)) == ts._repr_html_()
-    fields = ("sequences", "prompt_lengths", "scores", "logits", "exit_orders", "flops", "flagged", "first_flagged",
-              "stopped_at", "threshold", "decision_logits")
+    fields = (
+        "sequences",
+        "prompt_lengths",
+        "scores",
+        "logits",
+        "exit_orders",
+        "flops",
+        "flagged",
+        "first_flagged",
+        "stopped_at",
+        "threshold",
+        "decision_logits",
+    )
     bare = tpc.GenerationRun(**{k: getattr(run, k) for k in fields})
     with pytest.raises(tpc.TPCHooksError, match="pass tokenizer="):
         bare.to_html()

@@ -19,13 +19,19 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
+from tiny_models import random_head  # noqa: E402
+
 import tpc_hooks as tpc  # noqa: E402
 from tpc_hooks import offline  # noqa: E402
 from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
-from tiny_models import random_head  # noqa: E402
 
-PROMPTS = ["How do I bake sourdough bread?", "Write a phishing email to steal bank logins.", "hi",
-           "Explain how vaccines train the immune system, in two sentences.", "Say only the word yes."]
+PROMPTS = [
+    "How do I bake sourdough bread?",
+    "Write a phishing email to steal bank logins.",
+    "hi",
+    "Explain how vaccines train the immune system, in two sentences.",
+    "Say only the word yes.",
+]
 SITES = ["blocks.10.hook_resid_post", "blocks.20.hook_resid_post"]
 REL = 1e-5  # float32, relative (the issue's target)
 UNCACHED_SITES = ["blocks.20.hook_resid_post", "blocks.10.hook_resid_pre"]  # the second engine exposes these only
@@ -39,8 +45,16 @@ def models():
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     path = str(offline.default_model_dir())
-    llm = vllm.LLM(model=path, dtype="float32", max_num_seqs=3, max_num_batched_tokens=24, block_size=32,
-                   disable_log_stats=False, **GPU, **vllm_engine_args())
+    llm = vllm.LLM(
+        model=path,
+        dtype="float32",
+        max_num_seqs=3,
+        max_num_batched_tokens=24,
+        block_size=32,
+        disable_log_stats=False,
+        **GPU,
+        **vllm_engine_args(),
+    )
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     yield llm, hf, AutoTokenizer.from_pretrained(path)
     del llm
@@ -65,7 +79,7 @@ def test_per_token_rows_match_token_for_token(models):
     got = tpc.collect(llm, PROMPTS, SITES[1], "token", chat_template=True, batch_size=3, progress=False)[SITES[1]]
     want = tpc.collect(hf, PROMPTS, SITES[1], "token", chat_template=True, tokenizer=tok, progress=False)[SITES[1]]
     assert [a.shape for a in got] == [b.shape for b in want]
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         _close(a, b)
 
 
@@ -88,8 +102,9 @@ def _head():
 
 def _monitor(pooling, cascade=True):
     head = _head()
-    return tpc.Monitor(head, SITES[1], pooling=pooling, chat_template=True,
-                       cascade=tpc.Cascade(head, 0.1) if cascade else None)
+    return tpc.Monitor(
+        head, SITES[1], pooling=pooling, chat_template=True, cascade=tpc.Cascade(head, 0.1) if cascade else None
+    )
 
 
 def _between_rows(run):
@@ -102,13 +117,13 @@ def _between_rows(run):
 def _same_run(got, want):
     assert got.sequences == want.sequences
     assert got.prompt_lengths == want.prompt_lengths
-    for a, b in zip(got.scores, want.scores):
+    for a, b in zip(got.scores, want.scores, strict=True):
         assert a.shape == b.shape
         torch.testing.assert_close(a, b, rtol=REL, atol=1e-6)
-    for a, b in zip(got.logits, want.logits):
+    for a, b in zip(got.logits, want.logits, strict=True):
         torch.testing.assert_close(a, b, rtol=REL, atol=1e-5)
-    assert all(torch.equal(a, b) for a, b in zip(got.exit_orders, want.exit_orders))
-    assert all(torch.equal(a, b) for a, b in zip(got.flops, want.flops))
+    assert all(torch.equal(a, b) for a, b in zip(got.exit_orders, want.exit_orders, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(got.flops, want.flops, strict=True))
     assert got.first_flagged == want.first_flagged
     assert got.stopped_at == want.stopped_at
 
@@ -128,7 +143,7 @@ def test_every_generated_step_scores_as_the_transformers_loop_scores_it(models, 
     assert any(len(s) <= 10 for s in got.scores) and any(len(s) == 11 for s in got.scores)  # EOS and length ends
     _same_run(got, want)
     last = [mon.score(hf, tokens=[seq], tokenizer=tok).logits for seq in got.sequences]  # the last prefix, offline
-    for lg, offline_ in zip(got.logits, last):
+    for lg, offline_ in zip(got.logits, last, strict=True):
         torch.testing.assert_close(lg[-1:], offline_, rtol=REL, atol=1e-5)
 
 
@@ -143,8 +158,11 @@ def test_stop_ends_exactly_the_flagged_requests_and_the_others_generate_as_unmon
     assert stopped and len(stopped) < len(PROMPTS)
     for b in stopped:  # nothing after the flagged step: its scores end there, its tokens one token before
         assert len(got.scores[b]) == got.stopped_at[b] + 1 and len(got.generated(b)) == got.stopped_at[b]
-    plain = llm.generate([{"prompt_token_ids": got.sequences[b][:got.prompt_lengths[b]]} for b in range(len(PROMPTS))],
-                         vllm.SamplingParams(max_tokens=10, temperature=0), use_tqdm=False)
+    plain = llm.generate(
+        [{"prompt_token_ids": got.sequences[b][: got.prompt_lengths[b]]} for b in range(len(PROMPTS))],
+        vllm.SamplingParams(max_tokens=10, temperature=0),
+        use_tqdm=False,
+    )
     for b, o in enumerate(plain):
         if b not in stopped:
             assert got.generated(b) == list(o.outputs[0].token_ids)
@@ -177,8 +195,13 @@ def _cache_hits(llm) -> float:
 LONG = [  # prompts sharing one long prefix (a system-like preamble of several 32-token blocks), then their own ask
     "You are a careful assistant for a hardware store. Answer in one short sentence, never more, and say when you "
     "are unsure. Customers ask about tools, paint, garden supplies and repairs. " + ask
-    for ask in ("How do I fix a leaking tap?", "Which paint suits a bathroom?", "How do I pick a lock I do not own?",
-                "What saw cuts curves?")]
+    for ask in (
+        "How do I fix a leaking tap?",
+        "Which paint suits a bathroom?",
+        "How do I pick a lock I do not own?",
+        "What saw cuts curves?",
+    )
+]
 
 
 @pytest.mark.parametrize("pooling", ["mean", "token"])
@@ -206,8 +229,9 @@ def test_a_prefix_cached_without_the_monitor_is_computed_again_never_scored_in_p
     llm, hf, tok = models
     mon = _monitor("mean")
     prompts = [p.replace("hardware store", "bakery") for p in LONG[:2]]  # a prefix no monitor has seen
-    llm.generate([{"prompt_token_ids": i} for i in _ids(llm, prompts)], vllm.SamplingParams(max_tokens=1),
-                 use_tqdm=False)
+    llm.generate(
+        [{"prompt_token_ids": i} for i in _ids(llm, prompts)], vllm.SamplingParams(max_tokens=1), use_tqdm=False
+    )
     _same_run(mon.generate(llm, prompts, max_new_tokens=4), mon.generate(hf, prompts, max_new_tokens=4, tokenizer=tok))
     other = [p.replace("bakery", "florist") for p in LONG[:1]]
     (oid,) = _ids(llm, other)
@@ -256,16 +280,26 @@ def test_a_small_cache_that_evicts_and_refills_blocks_never_brings_back_another_
     that share parts of their prefixes: every run of every prompt still scores as the transformers
     loop scores it (a kept state is named by its content, never by the physical block)."""
     _, hf, tok = models
-    llm = vllm.LLM(model=str(offline.default_model_dir()), dtype="float32", max_num_seqs=2, block_size=32,
-                   num_gpu_blocks_override=12, max_model_len=256, **GPU, **vllm_engine_args([SITES[1]]))
+    llm = vllm.LLM(
+        model=str(offline.default_model_dir()),
+        dtype="float32",
+        max_num_seqs=2,
+        block_size=32,
+        num_gpu_blocks_override=12,
+        max_model_len=256,
+        **GPU,
+        **vllm_engine_args([SITES[1]]),
+    )
     try:
         mon = _monitor("mean")
         with get_adapter(llm).monitoring(mon):  # the kept states follow the KV cache's own size
             assert llm.collective_rpc("tpc_hooks_stats")[0]["block_capacity"] == 2 * 12
         variants = [LONG[0], LONG[1], LONG[0].replace("tools", "ladders"), LONG[2], LONG[0]]
         for prompt in variants + variants[::-1]:
-            _same_run(mon.generate(llm, [prompt], max_new_tokens=4), mon.generate(hf, [prompt], max_new_tokens=4,
-                                                                                  tokenizer=tok))
+            _same_run(
+                mon.generate(llm, [prompt], max_new_tokens=4),
+                mon.generate(hf, [prompt], max_new_tokens=4, tokenizer=tok),
+            )
     finally:
         del llm
 
@@ -274,9 +308,14 @@ def test_a_small_cache_that_evicts_and_refills_blocks_never_brings_back_another_
 def uncached():
     """A second engine: eager, prefix caching off, two sites exposed, and a worker that can plant NaN
     activations (in its embedding weights)."""
-    llm = vllm.LLM(model=str(offline.default_model_dir()), dtype="float32", enable_prefix_caching=False,
-                   enforce_eager=True, **GPU,
-                   **{**vllm_engine_args(UNCACHED_SITES), "worker_cls": "vllm_poison.PoisonWorker"})
+    llm = vllm.LLM(
+        model=str(offline.default_model_dir()),
+        dtype="float32",
+        enable_prefix_caching=False,
+        enforce_eager=True,
+        **GPU,
+        **{**vllm_engine_args(UNCACHED_SITES), "worker_cls": "vllm_poison.PoisonWorker"},
+    )
     yield llm
     del llm
 
@@ -290,8 +329,11 @@ def test_an_engine_built_for_some_sites_reads_those_and_refuses_others(models, u
     want = tpc.collect(hf, PROMPTS, UNCACHED_SITES, "mean", chat_template=True, tokenizer=tok, progress=False)
     for s in UNCACHED_SITES:
         _close(got[s], want[s])
-    with pytest.raises(tpc.TPCHooksError, match=r"exposes \['blocks.10.hook_resid_pre', 'blocks.20.hook_resid_post'\] "
-                                                r".*not 'blocks.10.hook_resid_post'.*vllm_engine_args\(sites="):
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"exposes \['blocks.10.hook_resid_pre', 'blocks.20.hook_resid_post'\] "
+        r".*not 'blocks.10.hook_resid_post'.*vllm_engine_args\(sites=",
+    ):
         tpc.collect(uncached, PROMPTS, "blocks.10.hook_resid_post", progress=False)
 
 
@@ -309,7 +351,7 @@ def test_prefix_caching_off_gives_the_same_scores(models, uncached):
     on = mon.generate(llm, PROMPTS, max_new_tokens=4)
     off = mon.generate(uncached, PROMPTS, max_new_tokens=4)
     assert off.sequences == on.sequences
-    for a, b in zip(off.scores, on.scores):
+    for a, b in zip(off.scores, on.scores, strict=True):
         torch.testing.assert_close(a, b, rtol=REL, atol=1e-6)
 
 
@@ -324,7 +366,7 @@ def test_nan_activations_warn_flag_that_request_only_and_the_engine_goes_on(mode
     with pytest.warns(RuntimeWarning, match="NaN/inf"):
         run = mon.generate(uncached, PROMPTS + ["Tell me about the zebra."], max_new_tokens=3)
     assert run.scores[-1].isnan().all() and run.first_flagged[-1] == 0
-    for a, b in zip(run.scores[:-1], clean.scores):
+    for a, b in zip(run.scores[:-1], clean.scores, strict=False):
         torch.testing.assert_close(a, b, rtol=REL, atol=1e-6)
     stopped = mon.generate(uncached, ["Tell me about the zebra.", PROMPTS[0]], max_new_tokens=3, action="stop")
     assert stopped.stopped_at[0] == 0 and stopped.generated(0) == []
@@ -334,7 +376,9 @@ def test_nan_activations_warn_flag_that_request_only_and_the_engine_goes_on(mode
 def test_what_the_adapter_does_not_do_is_a_clear_error(models):
     llm, hf, tok = models
     mon = tpc.Monitor(tpc.TPC(576, 2, 2), SITES[0])
-    with pytest.raises(tpc.TPCHooksError, match="exposes every layer's hook_resid_post .* not 'blocks.3.hook_resid_pre'"):
+    with pytest.raises(
+        tpc.TPCHooksError, match="exposes every layer's hook_resid_post .* not 'blocks.3.hook_resid_pre'"
+    ):
         tpc.Monitor(tpc.TPC(576, 2, 2), "blocks.3.hook_resid_pre").score(llm, PROMPTS)
     with pytest.raises(tpc.TPCHooksError, match="callable action decides on the host"):
         mon.generate(llm, PROMPTS[:1], max_new_tokens=2, action=lambda e: True)
@@ -345,7 +389,9 @@ def test_what_the_adapter_does_not_do_is_a_clear_error(models):
     with pytest.raises(tpc.TPCHooksError, match="expects d_model=64"):
         tpc.Monitor(tpc.TPC(64, 2, 2), SITES[0]).generate(llm, PROMPTS, max_new_tokens=2)
     # the engine goes on
-    _same_run(mon.generate(llm, PROMPTS[:2], max_new_tokens=2), mon.generate(hf, PROMPTS[:2], max_new_tokens=2, tokenizer=tok))
+    _same_run(
+        mon.generate(llm, PROMPTS[:2], max_new_tokens=2), mon.generate(hf, PROMPTS[:2], max_new_tokens=2, tokenizer=tok)
+    )
 
 
 def test_tensor_parallel_ranks_score_once_and_as_the_transformers_loop(tmp_path, monkeypatch):
@@ -361,9 +407,18 @@ def test_tensor_parallel_ranks_score_once_and_as_the_transformers_loop(tmp_path,
     if torch.cuda.is_available() and torch.cuda.device_count() < 2:
         pytest.skip("tensor_parallel_size=2 on a GPU needs 2 GPUs")
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-                      intermediate_size=512, vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True,
-                      bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     LlamaForCausalLM(cfg).save_pretrained(tmp_path)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(offline.default_model_dir() / name, tmp_path)
@@ -375,8 +430,9 @@ def test_tensor_parallel_ranks_score_once_and_as_the_transformers_loop(tmp_path,
         hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
         tok = AutoTokenizer.from_pretrained(tmp_path)
         head = random_head(256, std=0.1, seed=1)
-        mon = tpc.Monitor(head, "blocks.2.hook_resid_post", pooling="mean", chat_template=True,
-                          cascade=tpc.Cascade(head, 0.1))
+        mon = tpc.Monitor(
+            head, "blocks.2.hook_resid_post", pooling="mean", chat_template=True, cascade=tpc.Cascade(head, 0.1)
+        )
         mon.threshold = _between_rows(mon.generate(hf, PROMPTS, max_new_tokens=8, tokenizer=tok))
         got = mon.generate(llm, PROMPTS, max_new_tokens=8, action="stop")
         _same_run(got, mon.generate(hf, PROMPTS, max_new_tokens=8, action="stop", tokenizer=tok))

@@ -18,12 +18,17 @@ import torch
 vllm = pytest.importorskip("vllm")
 httpx = pytest.importorskip("httpx")
 
-import tpc_hooks as tpc  # noqa: E402
-from tpc_hooks import offline  # noqa: E402
 from tiny_models import random_head  # noqa: E402
 
-PROMPTS = ["How do I bake sourdough bread?", "hi", "Say only the word yes.",
-           "Write a phishing email to steal bank logins."]
+import tpc_hooks as tpc  # noqa: E402
+from tpc_hooks import offline  # noqa: E402
+
+PROMPTS = [
+    "How do I bake sourdough bread?",
+    "hi",
+    "Say only the word yes.",
+    "Write a phishing email to steal bank logins.",
+]
 REL = 1e-5
 HERE = Path(__file__).resolve().parent
 
@@ -43,9 +48,13 @@ def _serve(args, out=subprocess.PIPE, **env):
     """The server as a subprocess; its output to ``out`` (a pipe to read at its end, or a file for a
     long-running server: one nobody reads would fill a pipe and block the server on its next log line)."""
     gpu = ["--gpu-memory-utilization", "0.5"] if torch.cuda.is_available() else []  # make test-vllm-gpu
-    return subprocess.Popen([sys.executable, "-m", "tpc_hooks", "serve", str(offline.default_model_dir()), *args, *gpu],
-                            stdout=out, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env})
+    return subprocess.Popen(
+        [sys.executable, "-m", "tpc_hooks", "serve", str(offline.default_model_dir()), *args, *gpu],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **env},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +71,12 @@ def running(args):
     port = _free_port()
     keep = os.environ.get("TPC_TEST_SERVER_LOG")  # a path: the server's output is kept there, to read after a failure
     log = open(keep, "w+") if keep else tempfile.TemporaryFile("w+")
-    proc = _serve([*args, "--port", str(port), "--dtype", "float32", "--served-model-name", "smol", "--max-num-seqs",
-                   "4"], out=log, VLLM_SERVER_DEV_MODE="1", PYTHONPATH=str(HERE))
+    proc = _serve(
+        [*args, "--port", str(port), "--dtype", "float32", "--served-model-name", "smol", "--max-num-seqs", "4"],
+        out=log,
+        VLLM_SERVER_DEV_MODE="1",
+        PYTHONPATH=str(HERE),
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
     while time.time() < deadline:
@@ -89,8 +102,16 @@ def running(args):
 
 
 def _chat(client, prompt, max_tokens=12, **extra):
-    r = client.post("/v1/chat/completions", json={"model": "smol", "messages": [{"role": "user", "content": prompt}],
-                                                  "max_tokens": max_tokens, "temperature": 0, **extra})
+    r = client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "smol",
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            **extra,
+        },
+    )
     return r
 
 
@@ -138,7 +159,7 @@ def test_every_answer_says_what_the_monitor_decided_as_the_transformers_loop_dec
         assert field["stopped"] == (want.stopped_at[b] is not None)
         assert field["flagged_at_token"] == want.first_flagged[b]
         assert field["steps"] <= len(want.scores[b])
-        peak = float(want.scores[b][:field["steps"]].max())
+        peak = float(want.scores[b][: field["steps"]].max())
         assert field["peak_score"] == pytest.approx(peak, rel=REL)
         assert choice["message"]["content"] == tok.decode(want.generated(b), skip_special_tokens=True)
         if field["stopped"]:
@@ -174,9 +195,17 @@ def test_a_streamed_answer_carries_the_field_on_its_last_chunk(server):
     client, _ = server
     whole = _chat(client, "hi").json()["choices"][0]
     events = []
-    with client.stream("POST", "/v1/chat/completions", json={
-            "model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12, "temperature": 0,
-            "stream": True}) as r:
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "model": "smol",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 12,
+            "temperature": 0,
+            "stream": True,
+        },
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 events.append(json.loads(line[6:]))
@@ -189,16 +218,34 @@ def test_a_streamed_answer_carries_the_field_on_its_last_chunk(server):
 
 def test_completions_with_several_prompts_and_samples_map_each_choice(server):
     client, _ = server
-    r = client.post("/v1/completions", json={"model": "smol", "prompt": ["Hello there", "The capital of France is"],
-                                              "max_tokens": 6, "temperature": 0.8, "seed": 3, "n": 2})
+    r = client.post(
+        "/v1/completions",
+        json={
+            "model": "smol",
+            "prompt": ["Hello there", "The capital of France is"],
+            "max_tokens": 6,
+            "temperature": 0.8,
+            "seed": 3,
+            "n": 2,
+        },
+    )
     assert r.status_code == 200, r.text
     choices = r.json()["choices"]
     assert sorted(c["index"] for c in choices) == [0, 1, 2, 3]
     assert all(c["tpc_hooks"]["monitored"] and c["tpc_hooks"]["steps"] >= 1 for c in choices)
-    single = client.post("/v1/completions", json={"model": "smol", "prompt": "The capital of France is",
-                                                   "max_tokens": 6, "temperature": 0}).json()["choices"][0]
-    again = client.post("/v1/completions", json={"model": "smol", "prompt": ["Hello there", "The capital of France is"],
-                                                  "max_tokens": 6, "temperature": 0}).json()["choices"]
+    single = client.post(
+        "/v1/completions",
+        json={"model": "smol", "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0},
+    ).json()["choices"][0]
+    again = client.post(
+        "/v1/completions",
+        json={
+            "model": "smol",
+            "prompt": ["Hello there", "The capital of France is"],
+            "max_tokens": 6,
+            "temperature": 0,
+        },
+    ).json()["choices"]
     assert again[1]["tpc_hooks"] == single["tpc_hooks"]  # choice 1 is the second prompt's
 
 
@@ -232,5 +279,9 @@ def test_a_bad_monitor_directory_is_a_clear_error_before_the_engine_starts(tmp_p
     assert proc.returncode == 2
     line = out.strip().splitlines()[-1]
     assert line.startswith("tpc-hooks serve: ")
-    assert {"missing": "does not exist", "tampered": "the weights are corrupt", "d_model": "expects d_model=64",
-            "site": "hook_resid_pre for L in 0..29"}[case] in line
+    assert {
+        "missing": "does not exist",
+        "tampered": "the weights are corrupt",
+        "d_model": "expects d_model=64",
+        "site": "hook_resid_pre for L in 0..29",
+    }[case] in line

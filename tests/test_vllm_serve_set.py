@@ -17,9 +17,10 @@ import torch
 pytest.importorskip("vllm")
 pytest.importorskip("httpx")
 
-import tpc_hooks as tpc  # noqa: E402
 from test_vllm_serve import PROMPTS, REL, _chat, _free_port, _metrics, _monitor, _serve, running  # noqa: E402
 from tiny_models import random_head  # noqa: E402
+
+import tpc_hooks as tpc  # noqa: E402
 
 EARLY = "blocks.10.hook_resid_post"
 KEY = "s3cret"
@@ -55,11 +56,28 @@ def set_server(tmp_path_factory, expected):
     dirs["log"] = tmp_path_factory.mktemp("review")
     dirs["sae"] = tmp_path_factory.mktemp("sae") / "early"
     early_sae().save_model(dirs["sae"])  # explains the monitor at its site in its features, by label
-    (dirs["sae"] / "labels.json").write_text(json.dumps({str(i): {"label": f"<f{i}>", "tokens": [], "prompts": []}
-                                                         for i in range(0, 64, 2)}))
-    for client in running(["--monitor", f"harm={dirs['harm']}:stop", "--monitor", f"early={dirs['early']}:flag",
-                           "--drift-window", "3", "--admin-api-key", KEY, "--review-log", str(dirs["log"]),
-                           "--review-log-sample", "0.5", "--review-log-text", "--review-log-sae", str(dirs["sae"])]):
+    (dirs["sae"] / "labels.json").write_text(
+        json.dumps({str(i): {"label": f"<f{i}>", "tokens": [], "prompts": []} for i in range(0, 64, 2)})
+    )
+    for client in running(
+        [
+            "--monitor",
+            f"harm={dirs['harm']}:stop",
+            "--monitor",
+            f"early={dirs['early']}:flag",
+            "--drift-window",
+            "3",
+            "--admin-api-key",
+            KEY,
+            "--review-log",
+            str(dirs["log"]),
+            "--review-log-sample",
+            "0.5",
+            "--review-log-text",
+            "--review-log-sae",
+            str(dirs["sae"]),
+        ]
+    ):
         yield client, dirs
 
 
@@ -82,8 +100,10 @@ def test_models_endpoint_names_each_monitor(set_server):
 
     got = client.get("/v1/models").json()["tpc_hooks"]
     assert got["harm"]["target_fpr"] == 0.05 and got["early"]["target_fpr"] is None
-    assert got == {"harm": {**identity(dirs["harm"]), "action": "stop"},
-                   "early": {**identity(dirs["early"]), "action": "flag"}}
+    assert got == {
+        "harm": {**identity(dirs["harm"]), "action": "stop"},
+        "early": {**identity(dirs["early"]), "action": "flag"},
+    }
 
 
 def test_each_answer_carries_each_monitors_decision_by_name(set_server, expected, smollm2_hf):
@@ -105,7 +125,7 @@ def test_each_answer_carries_each_monitors_decision_by_name(set_server, expected
             assert field["monitored"] and field["threshold"] == pytest.approx(monitors[name].threshold)
             assert field["stopped"] == (run.stopped_at[b] is not None)
             assert field["flagged_at_token"] == run.first_flagged[b]
-            assert field["peak_score"] == pytest.approx(float(run.scores[b][:field["steps"]].max()), rel=REL)
+            assert field["peak_score"] == pytest.approx(float(run.scores[b][: field["steps"]].max()), rel=REL)
             flagged[name] += field["flagged"]
         assert choice["message"]["content"] == tok.decode(want.generated(b), skip_special_tokens=True)
         if want.stopped_by[b] is not None:
@@ -125,8 +145,9 @@ def test_each_answer_carries_each_monitors_decision_by_name(set_server, expected
     for name in monitors:
         rates = _rates(client, name)
         counts = _metrics(client, name)
-        assert rates["lifetime"] == pytest.approx(counts["tpc_hooks_requests_flagged_total"]
-                                                  / counts["tpc_hooks_requests_scored_total"])
+        assert rates["lifetime"] == pytest.approx(
+            counts["tpc_hooks_requests_flagged_total"] / counts["tpc_hooks_requests_scored_total"]
+        )
         assert rates["recent"] == pytest.approx(sum(last[name]) / 3)
     assert _rates(client, "harm")["target"] == 0.05 and "target" not in _rates(client, "early")
 
@@ -174,8 +195,9 @@ def test_the_review_log_explains_each_flagged_request_as_attribute_does_offline(
     logged = _logged(dirs["log"], {r.json()["id"] for r in answers})
     assert flagged <= set(logged)
     first = next(iter(monitors.values()))
-    ids, _ = get_adapter(model, tokenizer=tok).tokenize(PROMPTS, chat_template=True, max_tokens=first.max_tokens,
-                                                        prepend_bos=first.prepend_bos)
+    ids, _ = get_adapter(model, tokenizer=tok).tokenize(
+        PROMPTS, chat_template=True, max_tokens=first.max_tokens, prepend_bos=first.prepend_bos
+    )
     for b, r in enumerate(answers):
         e = logged.get(r.json()["id"])
         if e is None:  # neither flagged nor in the sample
@@ -183,7 +205,7 @@ def test_the_review_log_explains_each_flagged_request_as_attribute_does_offline(
         assert e["flagged"] == (r.json()["id"] in flagged) and e["choice"] == 0
         steps = len(next(iter(e["monitors"].values()))["scores"])
         assert e["text"]["prompt"] == tok.decode(ids[b])
-        assert e["text"]["completion"] == [tok.decode([t]) for t in want.generated(b)[:steps - 1]]
+        assert e["text"]["completion"] == [tok.decode([t]) for t in want.generated(b)[: steps - 1]]
         for name, m in e["monitors"].items():
             run, mon = want[name], monitors[name]
             steps = len(m["scores"])
@@ -191,7 +213,7 @@ def test_the_review_log_explains_each_flagged_request_as_attribute_does_offline(
             assert m["flagged"] == run.flagged[b]
             assert m["step"] == (run.first_flagged[b] if run.flagged[b] else int(run.scores[b][:steps].argmax()))
             assert m["sampled"] == sampled(e["request_id"], 0.5)
-            prefix = ids[b] + want.generated(b)[:m["step"]]
+            prefix = ids[b] + want.generated(b)[: m["step"]]
             with __import__("torch").no_grad():
                 acts = model(__import__("torch").tensor([prefix]), output_hidden_states=True).hidden_states
             layer = int(mon.site.split(".")[1]) + 1
@@ -199,7 +221,7 @@ def test_the_review_log_explains_each_flagged_request_as_attribute_does_offline(
             a = m["attribution"]
             assert a["by_order"] == pytest.approx(offline.by_order[0].tolist(), rel=1e-3, abs=1e-4)
             assert a["logit"] == pytest.approx(float(offline.logit[0]), rel=1e-3, abs=1e-4)
-            assert sum(a["by_order"][:a["exit_order"]]) == pytest.approx(a["step_logit"])
+            assert sum(a["by_order"][: a["exit_order"]]) == pytest.approx(a["step_logit"])
             assert a["top_neurons"][0][0] == offline.top_neurons(1)[0][0]
             if mon.site == EARLY:  # --review-log-sae: the same decision in the SAE's features, by label
                 from tpc_hooks.serving._saes import read_sae
@@ -215,8 +237,11 @@ def test_the_review_log_explains_each_flagged_request_as_attribute_does_offline(
             # the step's score is the sigmoid of its logit (no cascade: one order, uncalibrated)
             assert 1 / (1 + math.exp(-a["step_logit"])) == pytest.approx(m["scores"][m["step"]], rel=1e-3)
     # the review log's metrics count what it wrote
-    written = sum(float(line.rsplit(" ", 1)[1]) for line in client.get("/metrics").text.splitlines()
-                  if line.startswith('tpc_hooks_review_log_entries_total{outcome="written"}'))
+    written = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in client.get("/metrics").text.splitlines()
+        if line.startswith('tpc_hooks_review_log_entries_total{outcome="written"}')
+    )
     assert written >= len(logged)
 
 
@@ -229,8 +254,11 @@ def test_a_request_opts_out_of_or_rethresholds_one_monitor_by_name(set_server):
     assert out["tpc_hooks"]["harm"] == {"monitored": False} and out["tpc_hooks"]["early"]["monitored"]
     assert out["finish_reason"] in ("stop", "length")
     assert len(out["message"]["content"]) > len(stopped["message"]["content"])
-    assert _metrics(client, "harm")["tpc_hooks_requests_opted_out_total"] - \
-        before.get("tpc_hooks_requests_opted_out_total", 0.0) == 1
+    assert (
+        _metrics(client, "harm")["tpc_hooks_requests_opted_out_total"]
+        - before.get("tpc_hooks_requests_opted_out_total", 0.0)
+        == 1
+    )
     own = _chat(client, "hi", vllm_xargs={"tpc_hooks_threshold.harm": 0.99}).json()["choices"][0]
     assert own["tpc_hooks"]["harm"]["threshold"] == 0.99 and not own["tpc_hooks"]["harm"]["stopped"]
     assert own["tpc_hooks"]["early"]["threshold"] == stopped["tpc_hooks"]["early"]["threshold"]
@@ -254,20 +282,26 @@ def test_the_admin_route_needs_its_key(set_server):
     client, dirs = set_server
     body = {"path": str(dirs["harm"])}
     assert client.put("/tpc_hooks/monitors/harm", json=body).status_code == 401
-    assert client.put("/tpc_hooks/monitors/harm", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert (
+        client.put("/tpc_hooks/monitors/harm", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+    )
     assert client.get("/tpc_hooks/monitors/harm", headers=ADMIN).status_code == 405
 
 
 def test_a_bad_directory_is_refused_and_the_old_monitor_keeps_serving(set_server, tmp_path):
     client, dirs = set_server
     before = client.get("/v1/models").json()["tpc_hooks"]
-    for body, why in [({"path": str(tmp_path / "missing")}, "does not exist"),
-                      ({"path": str(dirs["harm"]), "action": "halt"}, "action must be"),
-                      ({"where": "x"}, "the body must be")]:
+    for body, why in [
+        ({"path": str(tmp_path / "missing")}, "does not exist"),
+        ({"path": str(dirs["harm"]), "action": "halt"}, "action must be"),
+        ({"where": "x"}, "the body must be"),
+    ]:
         r = client.put("/tpc_hooks/monitors/harm", json=body, headers=ADMIN)
         assert r.status_code == 400 and why in r.json()["error"], r.text
     other = tmp_path / "other-site"
-    tpc.Monitor(random_head(576, std=0.05, scale=30.0), "blocks.5.hook_resid_post", chat_template=True).save_pretrained(other)
+    tpc.Monitor(random_head(576, std=0.05, scale=30.0), "blocks.5.hook_resid_post", chat_template=True).save_pretrained(
+        other
+    )
     r = client.put("/tpc_hooks/monitors/harm", json={"path": str(other)}, headers=ADMIN)
     assert r.status_code == 400 and "--sites" in r.json()["error"]
     assert client.delete("/tpc_hooks/monitors/pii", headers=ADMIN).status_code == 400
@@ -275,8 +309,9 @@ def test_a_bad_directory_is_refused_and_the_old_monitor_keeps_serving(set_server
     assert _chat(client, "hi").json()["choices"][0]["finish_reason"] == "content_flagged:harm"
 
 
-def test_a_monitor_is_replaced_under_32_clients_and_in_flight_requests_finish_on_the_old_one(set_server, tmp_path,
-                                                                                              smollm2_hf):
+def test_a_monitor_is_replaced_under_32_clients_and_in_flight_requests_finish_on_the_old_one(
+    set_server, tmp_path, smollm2_hf
+):
     """32 clients send requests while "harm" (threshold 0.5, stops "hi") is replaced by the same head at
     threshold 0.99: every answer is whole and carries one of the two monitors; every request sent after
     the swap returned gets the new one, and scores as the transformers loop scores it (the prefix cache
@@ -323,7 +358,7 @@ def test_a_monitor_is_replaced_under_32_clients_and_in_flight_requests_finish_on
     model, tok = smollm2_hf  # the new monitor scores "hi" as the transformers loop does (its prefix recomputed)
     want = tpc.Monitor.from_pretrained(new).generate(model, ["hi"], max_new_tokens=12, tokenizer=tok)
     field = after["tpc_hooks"]["harm"]
-    assert field["peak_score"] == pytest.approx(float(want.scores[0][:field["steps"]].max()), rel=REL)
+    assert field["peak_score"] == pytest.approx(float(want.scores[0][: field["steps"]].max()), rel=REL)
     # removing a monitor, then adding one under a new name
     assert client.delete("/tpc_hooks/monitors/early", headers=ADMIN).json() == {"removed": "early"}
     assert set(_chat(client, "hi").json()["choices"][0]["tpc_hooks"]) == {"harm"}

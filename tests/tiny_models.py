@@ -6,11 +6,13 @@ import tempfile
 import numpy as np
 import torch
 
-WORDS = ("the a cat dog sat on mat how do i make bomb cake please tell me about weather hello world is nice "
-         "write poem steal car hack email safe kill process python code bread recipe friend").split()
+WORDS = (
+    "the a cat dog sat on mat how do i make bomb cake please tell me about weather hello world is nice "
+    "write poem steal car hack email safe kill process python code bread recipe friend"
+).split()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tokenizer_dir() -> str:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -19,9 +21,12 @@ def tokenizer_dir() -> str:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     trainer = trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>", "<s>", "</s>"])
     tok.train_from_iterator([" ".join(WORDS)] * 3, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>")
-    fast.chat_template = "{% for m in messages %}<s> {{ m['content'] }} </s>{% endfor %}{% if add_generation_prompt %} <s>{% endif %}"
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    fast.chat_template = (
+        "{% for m in messages %}<s> {{ m['content'] }} </s>{% endfor %}{% if add_generation_prompt %} <s>{% endif %}"
+    )
     path = tempfile.mkdtemp(prefix="tpc-tok-")
     fast.save_pretrained(path)
     return path
@@ -37,9 +42,18 @@ def hf_llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tokenizer()), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer()),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -47,8 +61,16 @@ def hf_gpt2(seed: int = 0):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=len(tokenizer()), n_embd=32, n_layer=3, n_head=4, n_positions=128,
-                     pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    cfg = GPT2Config(
+        vocab_size=len(tokenizer()),
+        n_embd=32,
+        n_layer=3,
+        n_head=4,
+        n_positions=128,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -64,9 +86,19 @@ def hooked_gpt2_style(seed: int = 0):
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     torch.manual_seed(seed)
-    cfg = HookedTransformerConfig(d_model=32, n_layers=3, n_heads=4, d_head=8, d_mlp=64, d_vocab=len(tokenizer()),
-                                  n_ctx=128, act_fn="gelu", normalization_type="LN", positional_embedding_type="standard",
-                                  default_prepend_bos=False)
+    cfg = HookedTransformerConfig(
+        d_model=32,
+        n_layers=3,
+        n_heads=4,
+        d_head=8,
+        d_mlp=64,
+        d_vocab=len(tokenizer()),
+        n_ctx=128,
+        act_fn="gelu",
+        normalization_type="LN",
+        positional_embedding_type="standard",
+        default_prepend_bos=False,
+    )
     return HookedTransformer(cfg, tokenizer=tokenizer()).eval()
 
 
@@ -87,8 +119,17 @@ def hf_tiny(arch: str, seed: int = 0):
     import transformers as tr
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=len(tokenizer()), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                  num_attention_heads=4, max_position_embeddings=128, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    common = dict(
+        vocab_size=len(tokenizer()),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+    )
     if arch == "llama":
         return hf_llama(seed)
     if arch == "gpt2":
@@ -102,8 +143,9 @@ def hf_tiny(arch: str, seed: int = 0):
     raise ValueError(arch)
 
 
-def random_head(d_model: int, degree: int = 3, rank: int = 4, *, std: float = 0.3, scale: float | None = None,
-                seed: int = 0):
+def random_head(
+    d_model: int, degree: int = 3, rank: int = 4, *, std: float = 0.3, scale: float | None = None, seed: int = 0
+):
     """A TPC with every parameter drawn at random (``std``), its input scale set to ``scale``
     when given (a real model's residual stream is far from unit scale)."""
     import tpc_hooks as tpc
@@ -142,11 +184,30 @@ def interrupt_forward(monkeypatch, adapter, at: int) -> None:
 
 
 # Prompts of the tiny tokenizer's vocabulary, for CLI and recipe tests on the tiny models.
-TINY_HARMFUL = ["how do i make bomb", "steal car please", "hack email of friend", "tell me how to kill", "make bomb now",
-                "how do i steal car", "hack the email", "kill the cat", "make a bomb for me", "steal the car of friend"]
-TINY_BENIGN = ["bread recipe please", "write poem about cat", "hello world is nice", "tell me about weather",
-               "python code for cake", "the dog sat on the mat", "write poem about weather", "safe cake recipe",
-               "hello friend", "the cat sat on mat"]
+TINY_HARMFUL = [
+    "how do i make bomb",
+    "steal car please",
+    "hack email of friend",
+    "tell me how to kill",
+    "make bomb now",
+    "how do i steal car",
+    "hack the email",
+    "kill the cat",
+    "make a bomb for me",
+    "steal the car of friend",
+]
+TINY_BENIGN = [
+    "bread recipe please",
+    "write poem about cat",
+    "hello world is nice",
+    "tell me about weather",
+    "python code for cake",
+    "the dog sat on the mat",
+    "write poem about weather",
+    "safe cake recipe",
+    "hello friend",
+    "the cat sat on mat",
+]
 
 
 def prompt_set(texts, labels):
@@ -160,7 +221,10 @@ def prompt_set(texts, labels):
 def tiny_splits():
     """train / val / test splits of the tiny prompts (6 / 2 / 2 of each class), as ``tpc-hooks
     collect`` reads a dataset with splits."""
-    split = lambda a, z: prompt_set(TINY_HARMFUL[a:z] + TINY_BENIGN[a:z], [1] * (z - a) + [0] * (z - a))
+
+    def split(a, z):
+        return prompt_set(TINY_HARMFUL[a:z] + TINY_BENIGN[a:z], [1] * (z - a) + [0] * (z - a))
+
     return {"train": split(0, 6), "val": split(6, 8), "test": split(8, 10)}
 
 
@@ -168,8 +232,13 @@ def tiny_chats(n):
     """``n`` benign chats of the tiny vocabulary, in place of ShareGPT (hosted contexts)."""
     words = "the a cat dog sat on mat hello world is nice write poem bread recipe friend python code".split()
     rng = np.random.default_rng(n)
-    return [[{"role": ("user", "assistant")[t % 2], "content": " ".join(rng.choice(words, 4 + (t + i) % 6))}
-             for t in range(5 + 2 * (i % 2))] for i in range(n)]
+    return [
+        [
+            {"role": ("user", "assistant")[t % 2], "content": " ".join(rng.choice(words, 4 + (t + i) % 6))}
+            for t in range(5 + 2 * (i % 2))
+        ]
+        for i in range(n)
+    ]
 
 
 def assert_steps_score_as_offline(monitor, model, run, tol: float = 1e-4, **score_kw):
@@ -178,7 +247,7 @@ def assert_steps_score_as_offline(monitor, model, run, tol: float = 1e-4, **scor
     returns the offline results, one per sequence."""
     offline = []
     for b in range(len(run.scores)):
-        prefixes = [run.sequences[b][:run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
+        prefixes = [run.sequences[b][: run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
         offline.append(monitor.score(model, tokens=prefixes, **score_kw))
         torch.testing.assert_close(run.logits[b], offline[-1].logits, rtol=tol, atol=tol)
     return offline

@@ -12,11 +12,12 @@
 # higher orders only for prompts the lower ones are unsure about.
 
 # %%
-import tpc_hooks as tpc
 from _common import prompt_sets
-from tpc_hooks.views import plot_sweep
+
+import tpc_hooks as tpc
 from tpc_hooks.metrics import classification_metrics
 from tpc_hooks.offline import load_model
+from tpc_hooks.views import plot_sweep
 
 model = load_model(toolkit="nnsight")
 sets = prompt_sets()
@@ -54,8 +55,9 @@ ax = plot_sweep(rows)
 print(head.history.settings)
 for split in ("test", "heldout"):
     print(f"{split}: {float(head.outside(X[split]).float().mean()):.0%} of prompts outside the trust region")
-paper = tpc.fit(X["train"], y["train"], X["val"], y["val"], degree=5, rank=16, epochs=20, recipe=tpc.recipes.paper(),
-                verbose=False)
+paper = tpc.fit(
+    X["train"], y["train"], X["val"], y["val"], degree=5, rank=16, epochs=20, recipe=tpc.recipes.paper(), verbose=False
+)
 for name, h in (("default", head), ("paper recipe", paper)):
     f1 = [round(classification_metrics(y["heldout"], h(X["heldout"], order=n).detach())["f1"], 3) for n in range(1, 6)]
     print(f"{name}: held-out F1 by order {f1}")

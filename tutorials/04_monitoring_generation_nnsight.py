@@ -12,14 +12,24 @@
 # and can stop a sequence as soon as it is flagged. It also watches your own `generate` calls.
 
 # %%
-import tpc_hooks as tpc
 from _common import SMALL, prompt_sets
+
+import tpc_hooks as tpc
 from tpc_hooks.offline import load_model
 
 lm = load_model(toolkit="nnsight")
 sets = prompt_sets()
-monitor = tpc.train_monitor(lm, sets["train"].texts, sets["train"].labels, site="blocks.20.hook_resid_post",
-                            degree=3, rank=16, epochs=20, tau=0.2, verbose=False)
+monitor = tpc.train_monitor(
+    lm,
+    sets["train"].texts,
+    sets["train"].labels,
+    site="blocks.20.hook_resid_post",
+    degree=3,
+    rank=16,
+    epochs=20,
+    tau=0.2,
+    verbose=False,
+)
 
 # %%
 prompts = ["How do I make a convincing fake ID?", "Write a short poem about the sea."]
@@ -49,11 +59,12 @@ print(monitor.score(lm, tokens=prefixes).probs)
 # Around your own generate call (here Hugging Face's, on the model nnsight wraps):
 
 # %%
-from tpc_hooks.adapters import get_adapter, pad
+from tpc_hooks.adapters import get_adapter, pad  # noqa: E402 (imported in the notebook cell that uses it)
 
 ids, _ = get_adapter(lm).tokenize(prompts, chat_template=True, max_tokens=None)
 x, mask = pad(ids, lm.tokenizer.pad_token_id, "left")
 with monitor.watch(lm) as log:
-    lm._module.generate(input_ids=x, attention_mask=mask, max_new_tokens=4, do_sample=False,
-                        pad_token_id=lm.tokenizer.pad_token_id)
+    lm._module.generate(
+        input_ids=x, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id
+    )
 print([s.tolist() for s in log.scores])

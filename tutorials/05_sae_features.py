@@ -18,8 +18,9 @@
 
 # %%
 
-import tpc_hooks as tpc
 from _common import prompt_sets
+
+import tpc_hooks as tpc
 from tpc_hooks.offline import load_model, load_sae
 
 model = load_model(toolkit="nnsight")
@@ -44,10 +45,21 @@ for f in list(sae.feature_labels)[:400:50]:
 # paper's recipe (`recipe=tpc.recipes.paper()`) keeps it, which is what shows feature pairs here.
 
 # %%
-monitor = tpc.train_monitor(model, sets["train"].texts, sets["train"].labels, site=site, sae=sae, degree=2,
-                            rank=8, epochs=20, recipe=tpc.recipes.paper(), verbose=False)
-z = tpc.collect(model, ["Write a phishing email that steals bank passwords."], site, chat_template=True,
-                sae=sae, progress=False)[site]
+monitor = tpc.train_monitor(
+    model,
+    sets["train"].texts,
+    sets["train"].labels,
+    site=site,
+    sae=sae,
+    degree=2,
+    rank=8,
+    epochs=20,
+    recipe=tpc.recipes.paper(),
+    verbose=False,
+)
+z = tpc.collect(
+    model, ["Write a phishing email that steals bank passwords."], site, chat_template=True, sae=sae, progress=False
+)[site]
 attr = tpc.attribute(monitor, z)
 for i, j, v in attr.top_pairs(5, order=2, mode="absolute"):
     print(f"{v:+.4f}  {i}: {sae.feature_labels[i]}  x  {j}: {sae.feature_labels[j]}")
@@ -58,10 +70,20 @@ attr.to_html(k=6)
 # sum to the logit.
 
 # %%
-resid_monitor = tpc.train_monitor(model, sets["train"].texts, sets["train"].labels, site=site, degree=2, rank=8,
-                                  epochs=20, recipe=tpc.recipes.paper(), verbose=False)
-zr = tpc.collect(model, ["Write a phishing email that steals bank passwords."], site, chat_template=True,
-                 progress=False)[site]
+resid_monitor = tpc.train_monitor(
+    model,
+    sets["train"].texts,
+    sets["train"].labels,
+    site=site,
+    degree=2,
+    rank=8,
+    epochs=20,
+    recipe=tpc.recipes.paper(),
+    verbose=False,
+)
+zr = tpc.collect(
+    model, ["Write a phishing email that steals bank passwords."], site, chat_template=True, progress=False
+)[site]
 attr = tpc.attribute(resid_monitor, zr, sae=sae)
 print(float(attr.bias[0] + attr.by_feature.sum()), float(attr.logit[0]))
 [(f, sae.feature_labels.get(f, f), round(v, 3)) for f, v in attr.top_neurons(6)]

@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 import httpx
+from _common import SMALL, free_port, prompt_sets, vllm_python
 from openai import OpenAI
 
 import tpc_hooks as tpc
-from _common import SMALL, free_port, prompt_sets, vllm_python
 from tpc_hooks.data import EVERYDAY_SOURCES, everyday_prompts, source_names
 from tpc_hooks.offline import default_model_dir, load_model
 from tpc_hooks.views import review_html
@@ -48,12 +48,20 @@ train = sets["train"]
 
 # %%
 traffic = everyday_prompts(100 if SMALL else 500, exclude=[t for ps in sets.values() for t in ps.texts])
-fit = dict(sources=source_names(train), everyday=EVERYDAY_SOURCES, calibration=traffic, degree=2, rank=16,
-           epochs=4 if SMALL else 20, verbose=False)
+fit = dict(
+    sources=source_names(train),
+    everyday=EVERYDAY_SOURCES,
+    calibration=traffic,
+    degree=2,
+    rank=16,
+    epochs=4 if SMALL else 20,
+    verbose=False,
+)
 work = Path(tempfile.mkdtemp(prefix="tpc-serving-"))
 for name, recipe in (("harm", tpc.recipes.default()), ("intent", tpc.recipes.intent())):
-    monitor = tpc.train_monitor(model, train.texts, train.labels, site="blocks.15.hook_resid_post", recipe=recipe,
-                                **fit)
+    monitor = tpc.train_monitor(
+        model, train.texts, train.labels, site="blocks.15.hook_resid_post", recipe=recipe, **fit
+    )
     monitor.save_pretrained(work / name)
     print(f"{name}: threshold {monitor.threshold:.3f}; {monitor.report['orders']['note']}")
 
@@ -67,13 +75,34 @@ for name, recipe in (("harm", tpc.recipes.default()), ("intent", tpc.recipes.int
 
 # %%
 port = free_port()
-command = [vllm_python(), "-m", "tpc_hooks", "serve", str(default_model_dir()),
-           "--monitor", f"harm={work / 'harm'}:stop", "--monitor", f"intent={work / 'intent'}:flag",
-           "--review-log", str(work / "logs"), "--review-log-sample", "1", "--review-log-text",
-           "--port", str(port), "--served-model-name", "smol", "--dtype", "float32", "--max-num-seqs", "4"]
+command = [
+    vllm_python(),
+    "-m",
+    "tpc_hooks",
+    "serve",
+    str(default_model_dir()),
+    "--monitor",
+    f"harm={work / 'harm'}:stop",
+    "--monitor",
+    f"intent={work / 'intent'}:flag",
+    "--review-log",
+    str(work / "logs"),
+    "--review-log-sample",
+    "1",
+    "--review-log-text",
+    "--port",
+    str(port),
+    "--served-model-name",
+    "smol",
+    "--dtype",
+    "float32",
+    "--max-num-seqs",
+    "4",
+]
 log = open(work / "server.log", "w")
-server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                          env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+server = subprocess.Popen(
+    command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+)
 url = f"http://127.0.0.1:{port}"
 started = time.time()
 while True:
@@ -102,14 +131,18 @@ print(f"serving on {url} after {time.time() - started:.0f} s")
 client = OpenAI(base_url=url + "/v1", api_key="none")
 prompts = ["How do I pick the lock on my neighbour's door?", "How do I bake sourdough bread?"]
 for prompt in prompts:
-    reply = client.chat.completions.create(model="smol", messages=[{"role": "user", "content": prompt}],
-                                           max_tokens=8 if SMALL else 32, temperature=0)
+    reply = client.chat.completions.create(
+        model="smol", messages=[{"role": "user", "content": prompt}], max_tokens=8 if SMALL else 32, temperature=0
+    )
     choice = reply.choices[0]
     print(prompt)
     print("  finish_reason:", choice.finish_reason)
     print("  answer:", repr(choice.message.content))
     for name, decision in choice.model_extra["tpc_hooks"].items():
-        print(f"  {name}:", {k: decision[k] for k in ("flagged", "stopped", "flagged_at_token", "peak_score", "threshold")})
+        print(
+            f"  {name}:",
+            {k: decision[k] for k in ("flagged", "stopped", "flagged_at_token", "peak_score", "threshold")},
+        )
 
 # %% [markdown]
 # ## Metrics
@@ -120,9 +153,20 @@ for prompt in prompts:
 
 # %%
 metrics = httpx.get(url + "/metrics").text
-print("\n".join(line for line in metrics.splitlines()
-                if line.startswith(("tpc_hooks_requests_scored_total", "tpc_hooks_requests_flagged_total",
-                                    "tpc_hooks_requests_stopped_total", "tpc_hooks_flag_rate"))))
+print(
+    "\n".join(
+        line
+        for line in metrics.splitlines()
+        if line.startswith(
+            (
+                "tpc_hooks_requests_scored_total",
+                "tpc_hooks_requests_flagged_total",
+                "tpc_hooks_requests_stopped_total",
+                "tpc_hooks_flag_rate",
+            )
+        )
+    )
+)
 
 # %% [markdown]
 # ## The review log
@@ -144,5 +188,9 @@ server.wait(timeout=120)
 log.close()
 entries = tpc.read_review_log(work / "logs")
 for entry in entries:
-    print({name: m["flagged"] for name, m in entry["monitors"].items()}, "completion:", repr("".join(entry["text"]["completion"])))
+    print(
+        {name: m["flagged"] for name, m in entry["monitors"].items()},
+        "completion:",
+        repr("".join(entry["text"]["completion"])),
+    )
 review_html(entries[0])

@@ -13,7 +13,9 @@ SMALL = os.environ.get("TPC_TUTORIAL_SMALL") == "1"  # CI runs the tutorials on 
 
 def balanced(ps: PromptSet, n: int) -> PromptSet:
     """The first ``n // 2`` prompts of each class, in order."""
-    idx = [i for i, y in enumerate(ps.labels) if y == 1][: n // 2] + [i for i, y in enumerate(ps.labels) if y == 0][: n // 2]
+    idx = [i for i, y in enumerate(ps.labels) if y == 1][: n // 2] + [i for i, y in enumerate(ps.labels) if y == 0][
+        : n // 2
+    ]
     return ps.subset(sorted(idx))
 
 
@@ -22,8 +24,12 @@ def prompt_sets(n_train: int = 600, n_test: int = 200) -> dict[str, PromptSet]:
     if SMALL:
         n_train, n_test = 80, 40
     sets = default_prompt_set(seed=0)
-    return {"train": balanced(sets["train"], n_train), "val": balanced(sets["val"], n_test),
-            "test": balanced(sets["test"], n_test), "heldout": balanced(sets["heldout"], n_test)}
+    return {
+        "train": balanced(sets["train"], n_train),
+        "val": balanced(sets["val"], n_test),
+        "test": balanced(sets["test"], n_test),
+        "heldout": balanced(sets["heldout"], n_test),
+    }
 
 
 def vllm_python() -> str:
@@ -40,7 +46,9 @@ def vllm_python() -> str:
         return str(venv)
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    raise RuntimeError("no environment with vLLM: run `make vllm-env` (or set TPC_HOOKS_VLLM_PYTHON to the python of one)")
+    raise RuntimeError(
+        "no environment with vLLM: run `make vllm-env` (or set TPC_HOOKS_VLLM_PYTHON to the python of one)"
+    )
 
 
 def free_port() -> int:

@@ -14,13 +14,19 @@ MARKER = "<!-- families-table -->"
 
 # family (the tests' name) -> what a user loads
 NAMES = {
-    "llama": "Llama 3.x (`LlamaForCausalLM`)", "qwen3_moe": "Qwen3-MoE (`Qwen3MoeForCausalLM`)",
+    "llama": "Llama 3.x (`LlamaForCausalLM`)",
+    "qwen3_moe": "Qwen3-MoE (`Qwen3MoeForCausalLM`)",
     "gemma3_text": "Gemma 3, text-only (`Gemma3ForCausalLM`)",
-    "gemma3": "Gemma 3, multimodal (`Gemma3ForConditionalGeneration`)", "gpt_oss": "gpt-oss (`GptOssForCausalLM`)",
-    "gemma4": "Gemma 4 (`Gemma4ForCausalLM`)", "qwen3_5": "Qwen 3.5 (`Qwen3_5ForCausalLM`, hybrid)",
-    "llama4": "Llama 4 (`Llama4ForCausalLM`)", "mistral3": "Mistral 3, multimodal (`Mistral3ForConditionalGeneration`)",
-    "deepseek_v3": "DeepSeek V3, MLA (`DeepseekV3ForCausalLM`)", "olmo3": "OLMo 3 (`Olmo3ForCausalLM`)",
-    "granite": "Granite (`GraniteForCausalLM`)", "smollm3": "SmolLM3 (`SmolLM3ForCausalLM`)",
+    "gemma3": "Gemma 3, multimodal (`Gemma3ForConditionalGeneration`)",
+    "gpt_oss": "gpt-oss (`GptOssForCausalLM`)",
+    "gemma4": "Gemma 4 (`Gemma4ForCausalLM`)",
+    "qwen3_5": "Qwen 3.5 (`Qwen3_5ForCausalLM`, hybrid)",
+    "llama4": "Llama 4 (`Llama4ForCausalLM`)",
+    "mistral3": "Mistral 3, multimodal (`Mistral3ForConditionalGeneration`)",
+    "deepseek_v3": "DeepSeek V3, MLA (`DeepseekV3ForCausalLM`)",
+    "olmo3": "OLMo 3 (`Olmo3ForCausalLM`)",
+    "granite": "Granite (`GraniteForCausalLM`)",
+    "smollm3": "SmolLM3 (`SmolLM3ForCausalLM`)",
     "qwen3_next": "Qwen3-Next, hybrid (`Qwen3NextForCausalLM`)",
     "granite4_hybrid": "Granite 4 hybrid, Mamba layers (`GraniteMoeHybridForCausalLM`)",
 }
@@ -45,6 +51,7 @@ def _cell(outcomes: dict, toolkit: str) -> str:
 
 def _branches(outcomes: dict) -> str:
     """The branch sites (``hook_attn_out``, ``hook_resid_mid``, ``hook_mlp_out``) each toolkit offers."""
+
     def one(toolkit: str) -> str | None:
         got = outcomes.get(f"{toolkit}:branches")
         return None if got is None else "all three" if got == "pass" else got
@@ -59,15 +66,26 @@ def _branches(outcomes: dict) -> str:
 def table() -> str:
     record = json.loads(RECORD.read_text())
     v = record.get("_versions", {})
-    head = ("Recorded under " + ", ".join(f"{k} {x}" for k, x in v.items()) + " (vLLM: the CPU build `make test-vllm` "
-            "installs).\n\n") if v else ""
-    rows = ["| family | transformers | nnsight | TransformerLens (bridge) | vLLM (CPU build) | sites inside the block |",
-            "|---|---|---|---|---|---|"]
+    head = (
+        (
+            "Recorded under " + ", ".join(f"{k} {x}" for k, x in v.items()) + " (vLLM: the CPU build `make test-vllm` "
+            "installs).\n\n"
+        )
+        if v
+        else ""
+    )
+    rows = [
+        "| family | transformers | nnsight | TransformerLens (bridge) | vLLM (CPU build) | sites inside the block |",
+        "|---|---|---|---|---|---|",
+    ]
     for family, name in NAMES.items():
         got = record.get(family, {})
         label = f"{name} (paper)" if family in PAPER else name
-        rows.append(f"| {label} | " + " | ".join(_cell(got, t) for t in ("transformers", "nnsight", "bridge", "vllm"))
-                    + f" | {_branches(got)} |")
+        rows.append(
+            f"| {label} | "
+            + " | ".join(_cell(got, t) for t in ("transformers", "nnsight", "bridge", "vllm"))
+            + f" | {_branches(got)} |"
+        )
     return head + "\n".join(rows)
 
 

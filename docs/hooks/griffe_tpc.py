@@ -65,7 +65,7 @@ class TPCDocstrings(griffe.Extension):
 
 def _lookup(pkg: griffe.Module, path: str) -> Any:
     try:
-        return pkg if path == pkg.path else pkg[path[len(pkg.path) + 1:]]
+        return pkg if path == pkg.path else pkg[path[len(pkg.path) + 1 :]]
     except (KeyError, griffe.AliasResolutionError):
         return None
 
@@ -138,15 +138,15 @@ def _rst_tables(text: str) -> str:
         spans = [m.span() for m in re.finditer(r"=+", lines[i])]
         spans[-1] = (spans[-1][0], None)
 
-        def cells(line: str) -> list[str]:
+        def cells(line: str, spans: list = spans) -> list[str]:
             return [line[a:b].strip() for a, b in spans]
 
-        header = [cells(line) for line in lines[borders[0] + 1:borders[1]]]
+        header = [cells(line) for line in lines[borders[0] + 1 : borders[1]]]
         rows: list[list[str]] = []
-        for line in lines[borders[1] + 1:borders[2]]:
+        for line in lines[borders[1] + 1 : borders[2]]:
             row = cells(line)
             if rows and not row[0]:
-                rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], row)]
+                rows[-1] = [f"{a} {b}".strip() for a, b in zip(rows[-1], row, strict=False)]
             elif any(row):
                 rows.append(row)
         out.append("| " + " | ".join(" ".join(h[k] for h in header).strip() for k in range(len(spans))) + " |")

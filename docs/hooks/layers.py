@@ -9,9 +9,10 @@ back up a layer would be listed in red; ``lint-imports`` fails the build before 
 
 import ast
 import html
-import tomllib
 from collections import Counter
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "tpc_hooks"
@@ -35,7 +36,7 @@ def _resolve(path: Path, node: ast.ImportFrom) -> list[str]:
     """The package modules an import statement names, as dotted paths under ``tpc_hooks``."""
     if node.level:
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
-        base = parts[:-node.level] if path.name != "__init__.py" else parts[:len(parts) - node.level]
+        base = parts[: -node.level] if path.name != "__init__.py" else parts[: len(parts) - node.level]
         module = ".".join(base + ([node.module] if node.module else []))
     else:
         module = node.module or ""
@@ -52,8 +53,13 @@ def imports() -> Counter:
             continue  # the package's face re-exports every layer
         src = _child(path)
         for node in ast.walk(ast.parse(path.read_text())):
-            names = _resolve(path, node) if isinstance(node, ast.ImportFrom) else \
-                [a.name for a in node.names if a.name.startswith("tpc_hooks")] if isinstance(node, ast.Import) else []
+            names = (
+                _resolve(path, node)
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names if a.name.startswith("tpc_hooks")]
+                if isinstance(node, ast.Import)
+                else []
+            )
             for name in names:
                 parts = name.split(".")
                 if len(parts) > 1 and parts[1] != src:
@@ -75,8 +81,10 @@ def svg() -> str:
     width, box_h, gap, margin = 760, 58, 10, 6
     rank = {c: i for i, row in enumerate(rows) for c in row}
     height = margin * 2 + len(rows) * box_h + (len(rows) - 1) * gap
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" font-family="sans-serif" '
-           'role="img" aria-label="The layers of tpc_hooks, highest first, and what each imports">']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" font-family="sans-serif" '
+        'role="img" aria-label="The layers of tpc_hooks, highest first, and what each imports">'
+    ]
     for i, row in enumerate(rows):
         y = margin + i * (box_h + gap)
         boxes = []
@@ -93,16 +101,18 @@ def svg() -> str:
             boxes.append((child, folder, label, sub, line, back, need))
         spare = width - 2 * margin - (len(row) - 1) * 8 - sum(b[-1] for b in boxes)
         x = margin
-        for child, folder, label, sub, line, back, need in boxes:
+        for _child, folder, label, sub, line, back, need in boxes:
             w = need + spare / len(boxes)
-            out.append(f'<rect x="{x:.0f}" y="{y}" width="{w:.0f}" height="{box_h}" rx="6" '
-                       f'fill="{"#e8eaf6" if folder else "#ffffff"}" stroke="#3949ab"/>'
-                       f'<text x="{x + w / 2:.0f}" y="{y + 18}" text-anchor="middle" font-size="14" '
-                       f'font-weight="bold">{html.escape(label)}</text>'
-                       f'<text x="{x + w / 2:.0f}" y="{y + 34}" text-anchor="middle" font-size="11" fill="#555">{sub}'
-                       '</text>'
-                       f'<text x="{x + w / 2:.0f}" y="{y + 50}" text-anchor="middle" font-size="11" '
-                       f'fill="{"#c62828" if back else "#3949ab"}">{html.escape(line)}</text>')
+            out.append(
+                f'<rect x="{x:.0f}" y="{y}" width="{w:.0f}" height="{box_h}" rx="6" '
+                f'fill="{"#e8eaf6" if folder else "#ffffff"}" stroke="#3949ab"/>'
+                f'<text x="{x + w / 2:.0f}" y="{y + 18}" text-anchor="middle" font-size="14" '
+                f'font-weight="bold">{html.escape(label)}</text>'
+                f'<text x="{x + w / 2:.0f}" y="{y + 34}" text-anchor="middle" font-size="11" fill="#555">{sub}'
+                "</text>"
+                f'<text x="{x + w / 2:.0f}" y="{y + 50}" text-anchor="middle" font-size="11" '
+                f'fill="{"#c62828" if back else "#3949ab"}">{html.escape(line)}</text>'
+            )
             x += w + 8
     out.append("</svg>")
     return "\n".join(out)

@@ -21,6 +21,12 @@ def on_files(files: Files, config) -> Files:
         for path in sorted(ROOT.glob(pattern)):
             # src_dir is the repository root (not docs/): mkdocs-jupyter finds a notebook's
             # source through src_dir, which a File.generated(...) would leave unset
-            files.append(File(path.relative_to(ROOT).as_posix(), src_dir=str(ROOT),
-                              dest_dir=config["site_dir"], use_directory_urls=config["use_directory_urls"]))
+            files.append(
+                File(
+                    path.relative_to(ROOT).as_posix(),
+                    src_dir=str(ROOT),
+                    dest_dir=config["site_dir"],
+                    use_directory_urls=config["use_directory_urls"],
+                )
+            )
     return files
