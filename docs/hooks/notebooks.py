@@ -9,6 +9,10 @@ An executed notebook is kept in a cache (``$TPC_HOOKS_DOCS_CACHE``, default
 ``~/.cache/tpc-hooks/docs-notebooks``), keyed by a hash of the tutorial, its shared helper and
 every source file of the package, so ``mkdocs serve`` re-runs a tutorial only when something
 it runs has changed. ``tests/test_tutorials.py`` runs the same :func:`execute` on small inputs.
+
+``TPC_HOOKS_DOCS_SMALL=1`` (``make docs TUTORIALS=small``, what CI builds) executes the tutorials
+on those small inputs instead: the same cells and pages, in minutes rather than half an hour;
+the published site is built at full size.
 """
 
 import hashlib
@@ -19,12 +23,19 @@ from pathlib import Path
 try:
     from mkdocs.plugins import event_priority
 except ImportError:  # the tests import execute() without MkDocs installed
+
     def event_priority(priority: int):
         return lambda f: f
+
 
 ROOT = Path(__file__).resolve().parents[2]
 TUTORIALS = ROOT / "tutorials"
 log = logging.getLogger("mkdocs.hooks.notebooks")
+
+
+def small_inputs() -> bool:
+    """Whether the site is built from the tutorials' small runs (``TPC_HOOKS_DOCS_SMALL=1``)."""
+    return os.environ.get("TPC_HOOKS_DOCS_SMALL") == "1"
 
 
 def cache_dir() -> Path:
@@ -53,8 +64,9 @@ def execute(path: Path, out: Path, *, small: bool = False, timeout: int = 1800) 
     if small:
         env["TPC_TUTORIAL_SMALL"] = "1"
     env["TQDM_DISABLE"] = "1"
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
     client.execute(env=env)
     for cell in nb.cells:
         if cell.cell_type == "code":
@@ -72,22 +84,30 @@ def executed(path: Path, folder: Path) -> Path:
     out = folder / "tutorials" / f"{path.stem}.ipynb"
     if out.exists():
         try:
-            if nbformat.read(out, as_version=4).metadata.get("tpc_hooks", {}).get("fingerprint") == fingerprint(path):
+            if nbformat.read(out, as_version=4).metadata.get("tpc_hooks", {}).get("fingerprint") == fingerprint(
+                path, small_inputs()
+            ):
                 return out
         except Exception:  # a truncated or foreign file: run the tutorial again
             pass
     log.info("executing %s (the site shows its outputs)", path.relative_to(ROOT))
-    return execute(path, out)
+    return execute(path, out, small=small_inputs())
 
 
 @event_priority(100)  # before mkdocs-jupyter wraps notebook files in on_files
 def on_files(files, config):
     from mkdocs.structure.files import File
 
-    folder = cache_dir()
+    folder = cache_dir() / "small" if small_inputs() else cache_dir()  # apart: neither evicts the other
     for path in sorted(TUTORIALS.glob("[0-9][0-9]_*.py")):
         executed(path, folder)
         # src_dir is the cache (not docs/): mkdocs-jupyter reads a notebook through src_dir
-        files.append(File(f"tutorials/{path.stem}.ipynb", src_dir=str(folder), dest_dir=config["site_dir"],
-                          use_directory_urls=config["use_directory_urls"]))
+        files.append(
+            File(
+                f"tutorials/{path.stem}.ipynb",
+                src_dir=str(folder),
+                dest_dir=config["site_dir"],
+                use_directory_urls=config["use_directory_urls"],
+            )
+        )
     return files
