@@ -297,7 +297,7 @@ def _guards(head: Any, X: dict[str, Any]) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def _early_exit_sweep(ee: Any, X: Any, y: Any, lin_flops: float) -> list[dict[str, Any]]:
+def _early_exit_sweep(ee: Any, X: Any, y: Any, lin_flops: float | int) -> list[dict[str, Any]]:
     """The early-exit MLP's cascade at each of :data:`TAUS` on the rows ``X``: F1, mean FLOPs over
     the linear probe's (``lin_flops``) and the exits per order."""
     sweep = []

@@ -162,7 +162,7 @@ class Evaluation:
         nrows = -(-len(names) // ncols)
         fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 2.8 * nrows), squeeze=False)
         floor = 0.5 / max(self.n_everyday, 1)
-        for ax, name in zip(axes.ravel(), names, strict=True):
+        for ax, name in zip(axes.ravel(), names, strict=False):  # the grid may hold more axes than sets
             for m, curve in self.curves.items():
                 rate, share = curve[name]
                 ax.step(
