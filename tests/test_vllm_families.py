@@ -7,8 +7,8 @@ the fix. The outcomes join the docs' table (``TPC_FAMILIES_RECORD=1`` rewrites
 ``tests/data/families.json``'s vLLM entries).
 
 Run in the vLLM venv: ``make test-vllm-families`` runs every family; ``make test-vllm`` (and so CI)
-the three that cover each path of the monitored worker (``TPC_VLLM_FAMILIES``, a comma-separated
-list: a plain decoder, and the two architectures served by tpc-hooks' own subclass).
+a plain decoder and Gemma 3, served by tpc-hooks' own subclass (``TPC_VLLM_FAMILIES``, a
+comma-separated list).
 """
 
 import gc

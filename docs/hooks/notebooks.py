@@ -12,7 +12,8 @@ it runs has changed. ``tests/test_tutorials.py`` runs the same :func:`execute` o
 
 ``TPC_HOOKS_DOCS_SMALL=1`` (``make docs TUTORIALS=small``, what CI builds) executes the tutorials
 on those small inputs instead: the same cells and pages, in minutes rather than half an hour;
-the published site is built at full size.
+the published site is built at full size. Where ``TPC_HOOKS_DOCS_CACHE`` is set (CI sets it), the
+test run's small notebooks are kept there too, and the small build shows those very runs.
 """
 
 import hashlib
@@ -36,6 +37,11 @@ log = logging.getLogger("mkdocs.hooks.notebooks")
 def small_inputs() -> bool:
     """Whether the site is built from the tutorials' small runs (``TPC_HOOKS_DOCS_SMALL=1``)."""
     return os.environ.get("TPC_HOOKS_DOCS_SMALL") == "1"
+
+
+def small_folder() -> Path:
+    """Where the small runs are cached, apart from the full ones: neither evicts the other."""
+    return cache_dir() / "small"
 
 
 def cache_dir() -> Path:
@@ -98,7 +104,7 @@ def executed(path: Path, folder: Path) -> Path:
 def on_files(files, config):
     from mkdocs.structure.files import File
 
-    folder = cache_dir() / "small" if small_inputs() else cache_dir()  # apart: neither evicts the other
+    folder = small_folder() if small_inputs() else cache_dir()
     for path in sorted(TUTORIALS.glob("[0-9][0-9]_*.py")):
         executed(path, folder)
         # src_dir is the cache (not docs/): mkdocs-jupyter reads a notebook through src_dir
