@@ -127,4 +127,5 @@ docs: install vllm-env
 	$(PIP) -e ".[test,docs]"
 	TPC_HOOKS_DOCS_SMALL=$(if $(filter small,$(TUTORIALS)),1,0) TPC_HOOKS_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
 		NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
-	TPC_DOCS_SITE=site $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_docs_site.py
+	TPC_HOOKS_DOCS_SMALL=$(if $(filter small,$(TUTORIALS)),1,0) TPC_DOCS_SITE=site \
+		$(PYTHON) -m pytest -q -p no:cacheprovider tests/test_docs_site.py

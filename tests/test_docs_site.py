@@ -13,6 +13,11 @@ import pytest
 from test_tutorials import SHOWS, TUTORIALS
 
 SITE = os.environ.get("TPC_DOCS_SITE")
+# built from the tutorials' small runs (`make docs TUTORIALS=small`): their monitors train on a few
+# prompts, so which requests they flag is checked on the full-size site only
+full_size = pytest.mark.skipif(
+    os.environ.get("TPC_HOOKS_DOCS_SMALL") == "1", reason="what the monitors flag is checked at full size (make docs)"
+)
 pytestmark = pytest.mark.skipif(not SITE, reason="set TPC_DOCS_SITE to a site built by `make docs`")
 
 # a fragment of each tutorial's printed output, as its page shows it
@@ -42,6 +47,7 @@ def test_tutorial_pages_show_their_outputs(tutorial):
     assert "In&nbsp;[&nbsp;]" not in html and "In [ ]:" not in html  # no cell left unexecuted
 
 
+@full_size
 def test_the_quickstart_page_shows_the_lock_picking_request_flagged():
     """The first example a user reads: the default monitor, at its own threshold, flags the
     lock-picking request and not the bread recipe."""
@@ -58,17 +64,24 @@ def test_the_quickstart_page_shows_the_monitor_beside_the_probe_on_sets_another_
         assert re.search(rf"<th[^>]*>{re.escape(column)}</th>", html), column
 
 
-def test_the_serving_page_shows_the_server_stopping_the_lock_picking_request():
-    """The server's answers as a client reads them: the lock-picking request stopped by the `harm`
-    monitor, the bread recipe answered, both monitors' counters in /metrics, a review-log page."""
+def test_the_serving_page_shows_the_servers_answers_and_counters():
+    """The server's answers as a client reads them (a finish reason for each), both monitors'
+    counters in /metrics, a review-log page."""
     html = page("tutorials/06_serving")
-    assert re.search(r"How do I pick the lock.*?\n\s*finish_reason: content_flagged:harm", html, re.S)
-    assert re.search(r"How do I bake sourdough bread\?\n\s*finish_reason: (stop|length)", html)
+    assert re.search(r"How do I pick the lock.*?\n\s*finish_reason: ", html, re.S)
     for name in ("harm", "intent"):
         assert re.search(
             rf'tpc_hooks_requests_scored_total\{{[^}}]*monitor=(&quot;|"){name}(&quot;|")[^}}]*\}} 2\.0', html
         ), name
     assert 'class="tpc-view"' in html
+
+
+@full_size
+def test_the_serving_page_shows_the_server_stopping_the_lock_picking_request():
+    """The lock-picking request stopped by the `harm` monitor, the bread recipe answered."""
+    html = page("tutorials/06_serving")
+    assert re.search(r"How do I pick the lock.*?\n\s*finish_reason: content_flagged:harm", html, re.S)
+    assert re.search(r"How do I bake sourdough bread\?\n\s*finish_reason: (stop|length)", html)
 
 
 def test_contributing_page_shows_the_layers():
