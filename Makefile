@@ -73,8 +73,7 @@ vllm-env: install
 
 # The engine, the server and two model families (a plain decoder, and Gemma 3, which the monitored
 # worker serves with its own subclass); `make test-vllm-families` runs all of tests/families.py on
-# vLLM (~1.5 min a family, 2.5 where a subclass is also checked against vLLM's own class), as the
-# docs' family table records them.
+# vLLM (1.2-1.5 min a family, measured), as the docs' family table records them.
 VLLM_FAMILIES ?= llama,gemma3_text
 test-vllm: vllm-env
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "pytest>=8" "beartype>=0.18"
