@@ -39,7 +39,12 @@ settles the rows clearly on either side of the threshold, the orders above it ru
 sharegpt``: 2,000 ShareGPT first turns outside the benchmark, a tighter ordinary flag rate than the
 test split's.
 
-Run: ``python benchmarks/bench_intent.py [--seeds 3] [--layers 15] [--model gemma-3-270m]``.
+A study of the package's internals (its intent-flip templates, phrase parser, languages and homonym
+pairs, and the recipe's row-level training): it imports private modules on purpose
+(``benchmarks/internals/README.md``).
+
+Run, from the repository root:
+``python benchmarks/internals/bench_intent.py [--seeds 3] [--layers 15] [--model gemma-3-270m]``.
 """
 
 import argparse
@@ -52,14 +57,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _activations import DEFAULT_MODEL, MODELS, cached_activations, digest, site
-from _results import add_results_argument, recording, results_path
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import f1_score
 
-import tpc_hooks as tpc
-from tpc_hooks import offline
-from tpc_hooks.data import (
+# the benchmarks' shared helpers (_activations, _results) are one folder up
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _activations import DEFAULT_MODEL, MODELS, cached_activations, digest, site  # noqa: E402
+from _results import add_results_argument, recording, results_path  # noqa: E402
+
+import tpc_hooks as tpc  # noqa: E402
+from tpc_hooks import offline  # noqa: E402
+from tpc_hooks.data import (  # noqa: E402
     HARD_NEGATIVE_KINDS,
     INTENT_KINDS,
     PHRASING_FAMILIES,
@@ -69,14 +77,14 @@ from tpc_hooks.data import (
     rewrites,
     stated_flips,
 )
-from tpc_hooks.metrics import threshold_at_fpr
-from tpc_hooks.monitoring._monitor_config import MonitorConfig
-from tpc_hooks.prompts._intent import _HOMONYM_TEMPLATES, N_TEST_TEMPLATES, act, homonym_pairs, task_act, templates
-from tpc_hooks.prompts._languages import LANGUAGES, translated_requests
-from tpc_hooks.prompts._phrasing import parse
-from tpc_hooks.prompts._sources import norm, sharegpt
-from tpc_hooks.prompts._splits import rng
-from tpc_hooks.training._train import INTENT, Examples, TrainData, TrainPlan, fit_config, train
+from tpc_hooks.metrics import threshold_at_fpr  # noqa: E402
+from tpc_hooks.monitoring._monitor_config import MonitorConfig  # noqa: E402
+from tpc_hooks.prompts._intent import _HOMONYM_TEMPLATES, N_TEST_TEMPLATES, act, homonym_pairs, task_act, templates  # noqa: E402
+from tpc_hooks.prompts._languages import LANGUAGES, translated_requests  # noqa: E402
+from tpc_hooks.prompts._phrasing import parse  # noqa: E402
+from tpc_hooks.prompts._sources import norm, sharegpt  # noqa: E402
+from tpc_hooks.prompts._splits import rng  # noqa: E402
+from tpc_hooks.training._train import INTENT, Examples, TrainData, TrainPlan, fit_config, train  # noqa: E402
 
 FPR, HARD_FPR = 0.01, 0.05
 CONSISTENCY = 0.03  # train_monitor's
