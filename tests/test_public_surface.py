@@ -1,6 +1,7 @@
 """The package's public surface is declared: every public module has an ``__all__`` whose names
-exist, and the tutorials and the README use declared names only (read from their source, so the
-toolkit adapter modules are checked without importing their toolkit)."""
+exist, the tutorials and the README use declared names only, and the benchmarks and tutorials
+import public modules only (read from their source, so the toolkit adapter modules are checked
+without importing their toolkit)."""
 
 import ast
 import importlib
@@ -169,6 +170,70 @@ def test_examples_use_declared_names_only(path):
         if name not in declared(module):
             undeclared.append(f"{module}.{name}")
     assert undeclared == []
+
+
+# Studies of the package's own internals import private modules on purpose and live apart, in
+# benchmarks/internals/ (its README.md says why); every other benchmark and every tutorial is held here.
+USERS_CODE = sorted((ROOT / "benchmarks").glob("*.py")) + sorted((ROOT / "tutorials").glob("*.py"))
+FOLDER_MODULES = set(public_modules()) - set(FACES)  # the layer folders (and any module in one without a "_")
+
+
+def package_imports(path: Path) -> list[tuple[int, str, str | None]]:
+    """(line, module, name) for every absolute ``import tpc_hooks...`` (name None) and
+    ``from tpc_hooks... import name`` in ``path``, read with ``ast`` (nothing is imported)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, None) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out += [(node.lineno, node.module, a.name) for a in node.names]
+    return [(line, module, name) for line, module, name in out if module.split(".")[0] == "tpc_hooks"]
+
+
+def private(module: str, name: str | None) -> bool:
+    """Whether the import reaches past the public faces: a module path that is not a face (a layer
+    folder, ``FOLDERS``, or a ``_``-prefixed part), a ``_``-prefixed name, or a name that is itself
+    one of the package's private modules (``from tpc_hooks import training``)."""
+    return module not in FACES or (name is not None and (name.startswith("_") or f"{module}.{name}" in FOLDER_MODULES))
+
+
+def test_benchmarks_and_tutorials_import_public_modules_only():
+    imports = {path: package_imports(path) for path in USERS_CODE}
+    benchmarks = [path for path in imports if path.parent.name == "benchmarks"]
+    assert benchmarks and len(imports) > len(benchmarks)  # both folders were globbed ...
+    assert sum(len(imports[path]) for path in benchmarks) > 0  # ... and read
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: " + (f"from {module} import {name}" if name else f"import {module}")
+        for path, found in imports.items()
+        for line, module, name in found
+        if private(module, name)
+    ]
+    if bad:
+        pytest.fail(
+            "benchmarks and tutorials import the public modules of tpc_hooks only (a study of the package's "
+            "internals goes to benchmarks/internals/); these imports reach private ones:\n  " + "\n  ".join(bad),
+            pytrace=False,
+        )
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "is_private"),
+    [
+        ("tpc_hooks", None, False),
+        ("tpc_hooks", "offline", False),
+        ("tpc_hooks.data", "outside_sets", False),
+        ("tpc_hooks.adapters", "nnsight", False),
+        ("tpc_hooks.adapters.nnsight", None, False),
+        ("tpc_hooks", "training", True),
+        ("tpc_hooks.training", None, True),
+        ("tpc_hooks.training", "_train_monitor", True),
+        ("tpc_hooks.prompts._sources", "tense_rewrites", True),
+        ("tpc_hooks.data", "_x", True),
+        ("tpc_hooks._demo", None, True),
+    ],
+)
+def test_the_rule_tells_a_private_import(module, name, is_private):
+    assert private(module, name) is is_private
 
 
 def test_the_error_reads_as_its_public_path():
