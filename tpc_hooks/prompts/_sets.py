@@ -306,7 +306,7 @@ def stated_flips(prompts: Sequence[str], labels: Sequence[int] | np.ndarray, *, 
     One row for a random fifth of the harmful prompts whose act can be read (tasks, not questions);
     labelled 0, category ``"stated"``, ``sources`` the index of the prompt. ``train_monitor`` trains
     the orders above 1 on them beside the homonym rows when ``intent`` names ``"stated"`` (opt-in:
-    measured in ``benchmarks/bench_intent.py``, they cut the benchmark's prevention flags at some
+    measured in ``benchmarks/internals/bench_intent.py``, they cut the benchmark's prevention flags at some
     cost in recall, and the demo's order 2 caught fewer harmful prompts with them; not the default).
 
     Example:
@@ -342,7 +342,7 @@ def homonym_examples(
     ``tpc_hooks.prompts._intent.homonym_pairs``) in every template (label 0, category ``"homonym"``).
     With ``acts=True``, then each harmful task of ``prompts`` asked the same way ("How do I make a
     bomb?", label 1, category ``"homonym-act"``, ``sources`` the index of its prompt): measured
-    and not the default (``benchmarks/bench_intent.py``: with the harmful acts, benign
+    and not the default (``benchmarks/internals/bench_intent.py``: with the harmful acts, benign
     prevention questions are flagged more at every layer, and recall is lower at layer 20).
 
     Example:

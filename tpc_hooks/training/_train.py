@@ -434,7 +434,7 @@ def _report(
     the worst validation group's, and the hosted chats'; returns the benign validation data the
     threshold is set on: the benign prompts as given (not their rewrites or the intent flips, which
     are many and easy: a threshold set among them flags more than ``target_fpr`` of ordinary
-    prompts; ``benchmarks/bench_intent.py``), the calibration prompts and the hosted benign chats,
+    prompts; ``benchmarks/internals/bench_intent.py``), the calibration prompts and the hosted benign chats,
     with their sources when the prompts' are known (the chats': ``"contexts"``), else None."""
     val = d.val
     assert val is not None  # train() reports only with a validation split
