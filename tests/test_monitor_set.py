@@ -248,3 +248,114 @@ def test_a_set_refuses_bad_input_clearly():
         tpc.MonitorSet({"harm": mons["harm"], "x": tpc.Monitor(tiny_head(), "blocks.9.hook_resid_post")}).generate(
             model, PROMPTS
         )
+
+
+# ---------------------------------------------------------------------- stacked=False: each member by its own policy
+def shaped_members() -> dict[str, tpc.Monitor]:
+    """Six monitors: two full polynomials of one shape and two cascades of one shape (each pair
+    stacked when the set stacks), one of another degree and a per-token one (each scored alone)."""
+    heads = {k: tiny_head(seed=s) for s, k in enumerate(("harm", "harm2", "mean", "mean2"))}
+    return {
+        "harm": tpc.Monitor(heads["harm"], SITE, pooling="last"),
+        "harm2": tpc.Monitor(heads["harm2"], SHALLOW, pooling="mean"),
+        "mean": tpc.Monitor(heads["mean"], SITE, pooling="mean", cascade=tpc.Cascade(heads["mean"], 0.2)),
+        "mean2": tpc.Monitor(heads["mean2"], SHALLOW, pooling="max", cascade=tpc.Cascade(heads["mean2"], 0.2)),
+        "deg2": tpc.Monitor(tiny_head(degree=2, seed=7), SITE, pooling="mean"),
+        "tok": tpc.Monitor(tiny_head(seed=8), SHALLOW, pooling="token", aggregate="max"),
+    }
+
+
+@pytest.fixture
+def stacks(monkeypatch) -> list[int]:
+    """The sizes of the stacked evaluations run while a test runs (none when nothing is stacked)."""
+    from tpc_hooks.head import _together
+
+    seen: list[int] = []
+    real = _together._Stack.step
+    monkeypatch.setattr(_together._Stack, "step", lambda self, zs: seen.append(len(zs)) or real(self, zs))
+    return seen
+
+
+def assert_same_runs(a: tpc.MonitorSetRun, b: tpc.MonitorSetRun) -> None:
+    """Every member's steps, sequences, flags and stops bit for bit, and the set's stops."""
+    assert list(a) == list(b)
+    for m in a:
+        assert a[m].sequences == b[m].sequences, m
+        assert a[m].stopped_at == b[m].stopped_at and a[m].flagged == b[m].flagged, m
+        assert_same_steps(a[m], b[m])
+    assert a.stopped_at == b.stopped_at and a.stopped_by == b.stopped_by and a.flagged_by == b.flagged_by
+
+
+@pytest.mark.parametrize("name", ["transformers-llama", "hooked-gpt2", "nnsight-llama"])
+def test_a_set_apart_generates_the_same_bits_as_stacked(name, stacks):
+    model = MODELS[name]()
+    mons = shaped_members()
+    mons["harm"].threshold = split_threshold(mons["harm"].generate(model, PROMPTS, max_new_tokens=N_NEW))
+    for m in ("mean", "mean2"):  # flags that only record
+        mons[m].threshold = split_threshold(mons[m].generate(model, PROMPTS, max_new_tokens=N_NEW))
+    stacks.clear()
+    stacked = tpc.MonitorSet(mons, actions={"harm": "stop"}).generate(model, PROMPTS, max_new_tokens=N_NEW)
+    # harm with harm2, mean with mean2 every pass; on a decode step (one new token per row) the per-token
+    # member, a full polynomial of the same shape, joins harm and harm2
+    assert stacks and set(stacks) == {2, 3}
+    stacks.clear()
+    monitors = tpc.MonitorSet(mons, actions={"harm": "stop"}, stacked=False)
+    apart = monitors.generate(model, PROMPTS, max_new_tokens=N_NEW)
+    assert stacks == []
+    assert_same_runs(stacked, apart)
+    assert any(s is not None for s in apart.stopped_at) and any(s is None for s in apart.stopped_at)
+    assert any(len(f) > 1 for f in apart.flagged_by)
+    # each member apart is the monitor alone (what stacking is checked against elsewhere)
+    for m in ("mean2", "deg2"):
+        assert_same_steps(
+            apart[m],
+            mons[m].generate(model, PROMPTS, max_new_tokens=N_NEW),
+            rows=[b for b, s in enumerate(apart.stopped_at) if s is not None],
+        )
+
+
+@pytest.mark.parametrize("hook", ["watch", "stopping_criteria", "logits_processor"])
+def test_watch_and_the_generate_hooks_apart_give_the_same_bits_as_stacked(hook, stacks):
+    hf = hf_llama()
+    kw = {"tokenizer": tokenizer()}
+    x, mask = batch(hf, kw)
+    mons = shaped_members()
+    mons["harm"].threshold = split_threshold(mons["harm"].generate(hf, PROMPTS, max_new_tokens=N_NEW, **kw))
+    runs, outs = {}, {}
+    for stacked in (True, False):
+        stacks.clear()
+        monitors = tpc.MonitorSet(mons, actions={"harm": "stop"}, stacked=stacked)
+        if hook == "watch":
+            with monitors.watch(hf, **kw) as logs:
+                outs[stacked] = hf_generate(hf, x, mask)
+            runs[stacked] = logs
+        else:
+            with getattr(monitors, hook)(hf, **kw) as sc:
+                outs[stacked] = hf_generate(hf, x, mask, **{hook: [sc]})
+            runs[stacked] = sc.log
+        assert (set(stacks) == {2, 3}) if stacked else stacks == []
+    assert torch.equal(outs[True], outs[False])
+    if hook == "watch":
+        for m in mons:
+            assert len(runs[True][m]) == len(runs[False][m]) > 1
+            for a, b in zip(runs[True][m].results, runs[False][m].results, strict=True):
+                for f in ("logits", "decision_logits", "exit_order", "flops"):
+                    assert torch.equal(getattr(a, f), getattr(b, f)), (m, f)
+    else:
+        assert_same_runs(runs[True], runs[False])
+        assert any(s is not None for s in runs[False].stopped_at)
+
+
+def test_stacked_is_a_bool_and_can_be_changed():
+    mons = members()
+    assert tpc.MonitorSet(mons).stacked is True
+    monitors = tpc.MonitorSet(mons, stacked=False)
+    assert monitors.stacked is False
+    monitors.stacked = True
+    assert monitors.stacked is True
+    for bad in ("no", 0, None):
+        with pytest.raises(tpc.TPCHooksError, match=f"stacked must be True .* or False .*; got {bad!r}"):
+            tpc.MonitorSet(mons, stacked=bad)
+        with pytest.raises(tpc.TPCHooksError, match="stacked must be True"):
+            monitors.stacked = bad
+    assert monitors.stacked is True  # left as it was

@@ -4,7 +4,7 @@ policy, threshold and action; the run records every member's steps under its nam
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 from .._errors import TPCHooksError
 from ..adapters import Adapter
@@ -14,6 +14,17 @@ from ._records import LastRun, MonitorEvent, MonitorSetRun
 
 ACTIONS = ("flag", "stop")
 _SHARED = ("chat_template", "max_tokens", "prepend_bos")  # what the one tokenisation of a pass needs to agree on
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _checked_here(fn: _F) -> _F:
+    """``fn`` checks its arguments itself, with messages that name the fix: a runtime type checker
+    (beartype, jaxtyping's import hook) would otherwise answer ``MonitorSet(..., stacked="no")``
+    with its own error first. Static checkers still read the annotations and the body."""
+    fn.__no_type_check__ = True  # type: ignore[attr-defined]
+    return fn
 
 
 def _shared(key: str) -> property:
@@ -29,10 +40,10 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
     :meth:`logits_processor`), a set runs all its members on the same forward passes: each site
     is hooked and read once, however many members read it, and each member scores it with its
     own pooling, policy (its saved cascade, else the full polynomial) and threshold; members whose
-    policies share a shape are scored in one stacked evaluation per pass. Each member scores
-    exactly as it would alone (tested step for step, bit for bit). A member's action is ``"stop"``
-    (a row ends at the first step this member flags) or ``"flag"`` (recorded only); a row ends
-    when any stopping member flags it.
+    policies share a shape are scored in one stacked evaluation per pass (``stacked=False``: each
+    by its own policy). Each member scores exactly as it would alone (tested step for step, bit for
+    bit). A member's action is ``"stop"`` (a row ends at the first step this member flags) or
+    ``"flag"`` (recorded only); a row ends when any stopping member flags it.
 
     The members share one tokenisation of each prompt, so their ``chat_template``,
     ``max_tokens`` and ``prepend_bos`` must agree.
@@ -41,6 +52,10 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
         monitors: name -> :class:`~tpc_hooks.Monitor` (names: non-empty, without ``=`` or ``:``).
         actions: ``"flag"`` or ``"stop"`` for every member, or a dict name -> action (members
             not named: ``"flag"``).
+        stacked: True (the default): the members whose policies share a shape are scored in one
+            stacked evaluation; False: each member runs its own policy. The results are the same
+            bits either way; False is for measuring what stacking saves, or ruling it out while
+            debugging (see :attr:`stacked`).
 
     Attributes:
         last_run: the :class:`~tpc_hooks.MonitorSetRun` of the latest Hugging Face ``generate``
@@ -58,7 +73,8 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
         >>> run["harm"].scores[0], run.stopped_by  # doctest: +SKIP
     """
 
-    def __init__(self, monitors: Mapping[str, Any], *, actions: str | Mapping[str, str] = "flag"):
+    @_checked_here
+    def __init__(self, monitors: Mapping[str, Any], *, actions: str | Mapping[str, str] = "flag", stacked: bool = True):
         if not isinstance(monitors, Mapping) or not monitors:
             raise TPCHooksError("MonitorSet needs a non-empty dict name -> Monitor, e.g. MonitorSet({'harm': monitor})")
         for name, m in monitors.items():
@@ -77,6 +93,7 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
                 )
         self._monitors = dict(monitors)
         self.actions = self._actions(actions)
+        self.stacked = stacked
         self.last_run: MonitorSetRun | None = None
 
     def _actions(self, actions: Any, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -114,6 +131,26 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
     def __repr__(self) -> str:
         parts = ", ".join(f"{n}: {m.site} ({self.actions[n]})" for n, m in self._monitors.items())
         return f"MonitorSet({parts})"
+
+    @property
+    def stacked(self) -> bool:
+        """Whether the members whose policies share a shape (width, degree or order, packed rank,
+        trust region, gate, ``escalate_only``) are scored in one stacked evaluation per pass (True,
+        the default) or each by its own policy (False). Each member's results are the same bits
+        either way. Read by every monitored loop the set runs (:meth:`generate`, :meth:`watch`,
+        the Hugging Face hooks); a vLLM engine's workers always stack. Assignable
+        (``monitors.stacked = False``)."""
+        return self._stacked
+
+    @stacked.setter
+    @_checked_here
+    def stacked(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TPCHooksError(
+                f"stacked must be True (score the members of one shape in one stacked evaluation) or False "
+                f"(each member by its own policy); got {value!r}"
+            )
+        self._stacked = value
 
     @property
     def sites(self) -> list[str]:
