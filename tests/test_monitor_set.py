@@ -1,6 +1,11 @@
 """A MonitorSet runs its members on the same forward passes: each member's steps equal the same
-monitor run alone, in every adapter; one member's "stop" ends rows while another only flags."""
+monitor run alone, in every adapter; one member's "stop" ends rows while another only flags. Its
+members stacked or apart (stacked=False) give the same bits; score_activations scores pooled rows
+as each member's own policy does, at its own threshold."""
 
+import math
+
+import numpy as np
 import pytest
 import torch
 from tiny_models import (
@@ -11,6 +16,7 @@ from tiny_models import (
     hooked_gpt2_style,
     named,
     nnsight_lm,
+    random_head,
     tiny_head,
     tokenizer,
 )
@@ -248,3 +254,225 @@ def test_a_set_refuses_bad_input_clearly():
         tpc.MonitorSet({"harm": mons["harm"], "x": tpc.Monitor(tiny_head(), "blocks.9.hook_resid_post")}).generate(
             model, PROMPTS
         )
+
+
+# ---------------------------------------------------------------------- stacked=False: each member by its own policy
+def shaped_members() -> dict[str, tpc.Monitor]:
+    """Six monitors: two full polynomials of one shape and two cascades of one shape (each pair
+    stacked when the set stacks), one of another degree and a per-token one (each scored alone)."""
+    heads = {k: tiny_head(seed=s) for s, k in enumerate(("harm", "harm2", "mean", "mean2"))}
+    return {
+        "harm": tpc.Monitor(heads["harm"], SITE, pooling="last"),
+        "harm2": tpc.Monitor(heads["harm2"], SHALLOW, pooling="mean"),
+        "mean": tpc.Monitor(heads["mean"], SITE, pooling="mean", cascade=tpc.Cascade(heads["mean"], 0.2)),
+        "mean2": tpc.Monitor(heads["mean2"], SHALLOW, pooling="max", cascade=tpc.Cascade(heads["mean2"], 0.2)),
+        "deg2": tpc.Monitor(tiny_head(degree=2, seed=7), SITE, pooling="mean"),
+        "tok": tpc.Monitor(tiny_head(seed=8), SHALLOW, pooling="token", aggregate="max"),
+    }
+
+
+@pytest.fixture
+def stacks(monkeypatch) -> list[int]:
+    """The sizes of the stacked evaluations run while a test runs (none when nothing is stacked)."""
+    from tpc_hooks.head import _together
+
+    seen: list[int] = []
+    real = _together._Stack.step
+    monkeypatch.setattr(_together._Stack, "step", lambda self, zs: seen.append(len(zs)) or real(self, zs))
+    return seen
+
+
+def assert_same_runs(a: tpc.MonitorSetRun, b: tpc.MonitorSetRun) -> None:
+    """Every member's steps, sequences, flags and stops bit for bit, and the set's stops."""
+    assert list(a) == list(b)
+    for m in a:
+        assert a[m].sequences == b[m].sequences, m
+        assert a[m].stopped_at == b[m].stopped_at and a[m].flagged == b[m].flagged, m
+        assert_same_steps(a[m], b[m])
+    assert a.stopped_at == b.stopped_at and a.stopped_by == b.stopped_by and a.flagged_by == b.flagged_by
+
+
+@pytest.mark.parametrize("name", ["transformers-llama", "hooked-gpt2", "nnsight-llama"])
+def test_a_set_apart_generates_the_same_bits_as_stacked(name, stacks):
+    model = MODELS[name]()
+    mons = shaped_members()
+    mons["harm"].threshold = split_threshold(mons["harm"].generate(model, PROMPTS, max_new_tokens=N_NEW))
+    for m in ("mean", "mean2"):  # flags that only record
+        mons[m].threshold = split_threshold(mons[m].generate(model, PROMPTS, max_new_tokens=N_NEW))
+    stacks.clear()
+    stacked = tpc.MonitorSet(mons, actions={"harm": "stop"}).generate(model, PROMPTS, max_new_tokens=N_NEW)
+    # harm with harm2, mean with mean2 every pass; on a decode step (one new token per row) the per-token
+    # member, a full polynomial of the same shape, joins harm and harm2
+    assert stacks and set(stacks) == {2, 3}
+    stacks.clear()
+    monitors = tpc.MonitorSet(mons, actions={"harm": "stop"}, stacked=False)
+    apart = monitors.generate(model, PROMPTS, max_new_tokens=N_NEW)
+    assert stacks == []
+    assert_same_runs(stacked, apart)
+    assert any(s is not None for s in apart.stopped_at) and any(s is None for s in apart.stopped_at)
+    assert any(len(f) > 1 for f in apart.flagged_by)
+    # each member apart is the monitor alone (what stacking is checked against elsewhere)
+    for m in ("mean2", "deg2"):
+        assert_same_steps(
+            apart[m],
+            mons[m].generate(model, PROMPTS, max_new_tokens=N_NEW),
+            rows=[b for b, s in enumerate(apart.stopped_at) if s is not None],
+        )
+
+
+@pytest.mark.parametrize("hook", ["watch", "stopping_criteria", "logits_processor"])
+def test_watch_and_the_generate_hooks_apart_give_the_same_bits_as_stacked(hook, stacks):
+    hf = hf_llama()
+    kw = {"tokenizer": tokenizer()}
+    x, mask = batch(hf, kw)
+    mons = shaped_members()
+    mons["harm"].threshold = split_threshold(mons["harm"].generate(hf, PROMPTS, max_new_tokens=N_NEW, **kw))
+    runs, outs = {}, {}
+    for stacked in (True, False):
+        stacks.clear()
+        monitors = tpc.MonitorSet(mons, actions={"harm": "stop"}, stacked=stacked)
+        if hook == "watch":
+            with monitors.watch(hf, **kw) as logs:
+                outs[stacked] = hf_generate(hf, x, mask)
+            runs[stacked] = logs
+        else:
+            with getattr(monitors, hook)(hf, **kw) as sc:
+                outs[stacked] = hf_generate(hf, x, mask, **{hook: [sc]})
+            runs[stacked] = sc.log
+        assert (set(stacks) == {2, 3}) if stacked else stacks == []
+    assert torch.equal(outs[True], outs[False])
+    if hook == "watch":
+        for m in mons:
+            assert len(runs[True][m]) == len(runs[False][m]) > 1
+            for a, b in zip(runs[True][m].results, runs[False][m].results, strict=True):
+                for f in ("logits", "decision_logits", "exit_order", "flops"):
+                    assert torch.equal(getattr(a, f), getattr(b, f)), (m, f)
+    else:
+        assert_same_runs(runs[True], runs[False])
+        assert any(s is not None for s in runs[False].stopped_at)
+
+
+def test_stacked_is_a_bool_and_can_be_changed():
+    mons = members()
+    assert tpc.MonitorSet(mons).stacked is True
+    monitors = tpc.MonitorSet(mons, stacked=False)
+    assert monitors.stacked is False
+    monitors.stacked = True
+    assert monitors.stacked is True
+    for bad in ("no", 0, None):
+        with pytest.raises(tpc.TPCHooksError, match=f"stacked must be True .* or False .*; got {bad!r}"):
+            tpc.MonitorSet(mons, stacked=bad)
+        with pytest.raises(tpc.TPCHooksError, match="stacked must be True"):
+            monitors.stacked = bad
+    assert monitors.stacked is True  # left as it was
+
+
+# ---------------------------------------------------------------------- score_activations: pooled rows, no model
+D = 32
+
+
+def gated_cascade_monitor(seed: int, site: str, threshold: float) -> tpc.Monitor:
+    """A monitor whose cascade exits rows at several orders: a trust region some rows leave (the
+    gate), per-order calibration, exit thresholds that leave some rows open."""
+    head = random_head(D, 4, 3, std=0.4, seed=seed)
+    gen = torch.Generator().manual_seed(100 + seed)
+    head.set_bounds(torch.randn(64, D, generator=gen), margin=0.2, gate=True)
+    temps = (0.5 + torch.rand(4, generator=gen)).tolist()
+    biases = (0.3 * torch.randn(4, generator=gen)).tolist()
+    cascade = tpc.Cascade(head, 0.3, temperatures=temps, biases=biases)
+    return tpc.Monitor(head, site, pooling="mean", cascade=cascade, threshold=threshold)
+
+
+def scored_members() -> dict[str, tpc.Monitor]:
+    """Three cascades of one shape (two sites), two full polynomials of one shape and one of another
+    degree, each with its own threshold."""
+    return {
+        "a": gated_cascade_monitor(0, SITE, 0.3),
+        "b": gated_cascade_monitor(1, SITE, 0.6),
+        "c": gated_cascade_monitor(2, SHALLOW, 0.5),
+        "full": tpc.Monitor(random_head(D, 3, 4, std=0.2, seed=3), SITE, pooling="last", threshold=0.4),
+        "full2": tpc.Monitor(random_head(D, 3, 4, std=0.2, seed=4), SHALLOW, pooling="max", threshold=0.55),
+        "deg2": tpc.Monitor(random_head(D, 2, 4, std=0.2, seed=5), SITE, threshold=0.5),
+    }
+
+
+def pooled_rows(n: int = 9) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(7)
+    return {SITE: 1.5 * torch.randn(n, D, generator=gen), SHALLOW: 1.5 * torch.randn(n, D, generator=gen)}
+
+
+@pytest.mark.parametrize("stacked", [True, False])
+def test_score_activations_scores_each_member_with_its_own_policy(stacked, stacks):
+    mons = scored_members()
+    acts = pooled_rows()
+    got = tpc.MonitorSet(mons, stacked=stacked).score_activations(acts)
+    assert list(got) == list(mons)
+    # stacked: a, b, c together; full and full2 together; deg2 alone. Apart: none
+    assert sorted(stacks) == ([2, 3] if stacked else [])
+    for name, mon in mons.items():
+        res, z = got[name], acts[mon.site]
+        step = mon.policy().step(z)  # the member's own per-step rule, alone: the same bits
+        for f in ("logits", "probs", "decision_logits", "exit_order", "flops"):
+            assert torch.equal(getattr(res, f), getattr(step, f)), (name, f)
+        offline = mon.policy()(z)  # the member's policy on the rows, order by order: the same up to rounding
+        assert torch.equal(res.exit_order, offline.exit_order), name
+        torch.testing.assert_close(res.logits, offline.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(res.decision_logits, offline.decision_logits, rtol=1e-5, atol=1e-5)
+        # flagged at the member's own threshold
+        assert res.threshold == mon.threshold
+        t = mon.threshold
+        assert res.flagged.tolist() == (res.decision_logits >= math.log(t / (1 - t))).tolist(), name
+    # not degenerate: exits at several orders, and a threshold splits the rows
+    assert len(set(torch.cat([got[k].exit_order for k in "abc"]).tolist())) > 2
+    assert 0 < int(got["a"].flagged.sum()) < len(acts[SITE])
+    assert not torch.equal(got["a"].flagged, got["b"].flagged)  # the same rows, another threshold
+
+
+def test_score_activations_stacked_and_apart_are_the_same_bits_and_take_arrays():
+    mons = scored_members()
+    acts = pooled_rows()
+    monitors = tpc.MonitorSet(mons)
+    stacked = monitors.score_activations(acts)
+    again = monitors.score_activations(acts)  # the stacked weights kept from the first call
+    monitors.stacked = False
+    apart = monitors.score_activations({k: v.numpy() for k, v in acts.items()})  # arrays: the same rows
+    for name in mons:
+        for f in ("logits", "probs", "decision_logits", "exit_order", "flops"):
+            assert torch.equal(getattr(stacked[name], f), getattr(apart[name], f)), (name, f)
+            assert torch.equal(getattr(stacked[name], f), getattr(again[name], f)), (name, f)
+    with torch.no_grad():  # a changed weight is read at the next call
+        mons["a"].head.factors["2"].mul_(1.5)
+    monitors.stacked = True
+    changed = monitors.score_activations(acts)["a"]
+    assert torch.equal(changed.logits, mons["a"].policy().step(acts[SITE]).logits)
+    assert not torch.equal(changed.logits, stacked["a"].logits)
+
+
+def test_score_activations_refuses_bad_input_clearly():
+    mons = scored_members()
+    monitors = tpc.MonitorSet(mons)
+    acts = pooled_rows()
+    with pytest.raises(tpc.TPCHooksError, match="takes a dict site -> pooled rows .*; got a Tensor"):
+        monitors.score_activations(acts[SITE])
+    with pytest.raises(tpc.TPCHooksError, match=r"no rows for \['blocks.0.hook_resid_post'\], read by .*'c', 'full2'"):
+        monitors.score_activations({SITE: acts[SITE]})
+    with pytest.raises(
+        tpc.TPCHooksError, match=r"acts\['blocks.1.hook_resid_post'\] \(read by member 'a'\) has d_model=16"
+    ):
+        monitors.score_activations({**acts, SITE: torch.randn(9, 16)})
+    bad = acts[SHALLOW].clone()
+    bad[4, 2] = float("inf")
+    with pytest.raises(
+        tpc.TPCHooksError,
+        match=r"acts\['blocks.0.hook_resid_post'\] contains 1 NaN/inf value\(s\), first at index \(4, 2\)",
+    ):
+        monitors.score_activations({**acts, SHALLOW: bad})
+    with pytest.raises(tpc.TPCHooksError, match="must be a 2-D array"):
+        monitors.score_activations({**acts, SITE: torch.randn(9, 4, D)})  # per-token rows, not pooled
+    with pytest.raises(tpc.TPCHooksError, match="different numbers of rows"):
+        monitors.score_activations({**acts, SITE: acts[SITE][:5]})
+    with pytest.raises(tpc.TPCHooksError, match="must be an array or tensor of numbers"):
+        monitors.score_activations({**acts, SITE: np.array([["x"] * D])})
+    token = tpc.Monitor(tiny_head(seed=9), SHALLOW, pooling="token", aggregate="max")
+    with pytest.raises(tpc.TPCHooksError, match="member 'tok' is a per-token monitor"):
+        tpc.MonitorSet({**mons, "tok": token}).score_activations(acts)

@@ -158,6 +158,11 @@ class Together:
     equal to ``rule(z)``. It keeps the stacked weights of the groups it has seen (rebuilt when a
     member's weights change), so one ``Together`` serves a whole generation or engine.
 
+    Args:
+        stacked: False: every pair is scored by its own rule, ``[rule(z) for rule, z in pairs]``
+            (the same bits; what :attr:`MonitorSet.stacked <tpc_hooks.MonitorSet.stacked>` turns
+            off, to measure what stacking saves or to rule it out while debugging).
+
     Example:
         >>> import torch, tpc_hooks as tpc
         >>> from tpc_hooks.head._together import Together
@@ -166,12 +171,18 @@ class Together:
         >>> ra, rb = Together().step([(a.step, z), (b.step, z)])
         >>> torch.equal(ra.logits, a.step(z).logits), torch.equal(rb.exit_order, b.step(z).exit_order)
         (True, True)
+        >>> apart = Together(stacked=False).step([(a.step, z), (b.step, z)])
+        >>> torch.equal(apart[0].logits, ra.logits), torch.equal(apart[1].logits, rb.logits)
+        (True, True)
     """
 
-    def __init__(self):
+    def __init__(self, stacked: bool = True):
+        self.stacked = stacked
         self.stacks: OrderedDict[tuple, _Stack] = OrderedDict()
 
     def step(self, pairs: Sequence[tuple[Any, Tensor]]) -> list[CascadeResult]:
+        if not self.stacked:
+            return [rule(z) for rule, z in pairs]
         out: list[Any] = [None] * len(pairs)
         groups: dict[tuple, list[int]] = {}
         policies = [_policy(rule) for rule, _ in pairs]

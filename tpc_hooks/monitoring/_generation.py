@@ -137,6 +137,13 @@ def score_lanes(
     return [lane.scores.finish(res, mask) for lane, res in zip(lanes, got, strict=True)]
 
 
+def stacked(monitor: Any) -> bool:
+    """Whether a monitored loop stacks the lanes of ``monitor`` whose policies share a shape: a
+    :class:`~tpc_hooks.MonitorSet`'s :attr:`~tpc_hooks.MonitorSet.stacked`; a lone monitor's one
+    lane, True."""
+    return getattr(monitor, "stacked", True)
+
+
 def lanes_of(
     monitor: Any, what: str, *, order: int | None = None, cascade: float | Cascade | None = None, action: Any = "flag"
 ) -> list[Lane]:
@@ -180,7 +187,7 @@ def generate(
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise TPCHooksError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
     lanes = lanes_of(monitor, "monitor.generate", order=order, cascade=cascade, action=action)
-    together = Together()
+    together = Together(stacked=stacked(monitor))
     if do_sample and not temperature > 0:
         raise TPCHooksError(f"temperature must be positive; got {temperature!r}")
     sites = [adapter.site(lane.site) for lane in lanes]
@@ -352,7 +359,7 @@ def watch(
     sites = [adapter.site(lane.site) for lane in lanes]
     logs = [WatchLog(threshold=lane.threshold) for lane in lanes]
 
-    together = Together()
+    together = Together(stacked=stacked(monitor))
 
     def on_acts(acts: dict[str, Tensor], mask: Tensor, fresh: bool) -> None:
         if fresh:

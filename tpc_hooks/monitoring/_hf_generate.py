@@ -25,7 +25,7 @@ from .._errors import TPCHooksError
 from .._rule import flagged
 from ..adapters import Adapter, Site
 from ..head._together import Together
-from ._generation import Lane, lanes_of, score_lanes
+from ._generation import Lane, lanes_of, score_lanes, stacked
 from ._records import GenerationRun
 
 
@@ -47,7 +47,8 @@ class _Run:
     ):
         self.monitor, self.what, self.usage = monitor, what, usage
         self.lanes = lanes  # a lone monitor: one lane, which stops; a MonitorSet: one per member, each its own action
-        self.together = Together()  # the members whose policies share a shape are scored in one stacked evaluation
+        # the members whose policies share a shape are scored in one stacked evaluation (unless the set says not)
+        self.together = Together(stacked=stacked(monitor))
         self.eos = eos
         self.started = False  # a pass of this generation has been scored
         self.hit: Tensor | None = None

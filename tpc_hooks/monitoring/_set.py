@@ -4,16 +4,33 @@ policy, threshold and action; the run records every member's steps under its nam
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import torch
 
 from .._errors import TPCHooksError
 from ..adapters import Adapter
+from ..head._cascade import CascadeResult
+from ..head._checks import check_features, check_width
+from ..head._together import Together
 from . import _generation
 from ._monitor import Monitor
 from ._records import LastRun, MonitorEvent, MonitorSetRun
 
 ACTIONS = ("flag", "stop")
 _SHARED = ("chat_template", "max_tokens", "prepend_bos")  # what the one tokenisation of a pass needs to agree on
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _checked_here(fn: _F) -> _F:
+    """``fn`` checks its arguments itself, with messages that name the fix: a runtime type checker
+    (beartype, jaxtyping's import hook) would otherwise answer ``MonitorSet(..., stacked="no")``
+    with its own error first. Static checkers still read the annotations and the body."""
+    fn.__no_type_check__ = True  # type: ignore[attr-defined]
+    return fn
 
 
 def _shared(key: str) -> property:
@@ -29,10 +46,11 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
     :meth:`logits_processor`), a set runs all its members on the same forward passes: each site
     is hooked and read once, however many members read it, and each member scores it with its
     own pooling, policy (its saved cascade, else the full polynomial) and threshold; members whose
-    policies share a shape are scored in one stacked evaluation per pass. Each member scores
-    exactly as it would alone (tested step for step, bit for bit). A member's action is ``"stop"``
-    (a row ends at the first step this member flags) or ``"flag"`` (recorded only); a row ends
-    when any stopping member flags it.
+    policies share a shape are scored in one stacked evaluation per pass (``stacked=False``: each
+    by its own policy). Each member scores exactly as it would alone (tested step for step, bit for
+    bit). A member's action is ``"stop"`` (a row ends at the first step this member flags) or
+    ``"flag"`` (recorded only); a row ends when any stopping member flags it. Without a model,
+    :meth:`score_activations` scores pooled activations with every member's policy the same way.
 
     The members share one tokenisation of each prompt, so their ``chat_template``,
     ``max_tokens`` and ``prepend_bos`` must agree.
@@ -41,6 +59,10 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
         monitors: name -> :class:`~tpc_hooks.Monitor` (names: non-empty, without ``=`` or ``:``).
         actions: ``"flag"`` or ``"stop"`` for every member, or a dict name -> action (members
             not named: ``"flag"``).
+        stacked: True (the default): the members whose policies share a shape are scored in one
+            stacked evaluation; False: each member runs its own policy. The results are the same
+            bits either way; False is for measuring what stacking saves, or ruling it out while
+            debugging (see :attr:`stacked`).
 
     Attributes:
         last_run: the :class:`~tpc_hooks.MonitorSetRun` of the latest Hugging Face ``generate``
@@ -58,7 +80,8 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
         >>> run["harm"].scores[0], run.stopped_by  # doctest: +SKIP
     """
 
-    def __init__(self, monitors: Mapping[str, Any], *, actions: str | Mapping[str, str] = "flag"):
+    @_checked_here
+    def __init__(self, monitors: Mapping[str, Any], *, actions: str | Mapping[str, str] = "flag", stacked: bool = True):
         if not isinstance(monitors, Mapping) or not monitors:
             raise TPCHooksError("MonitorSet needs a non-empty dict name -> Monitor, e.g. MonitorSet({'harm': monitor})")
         for name, m in monitors.items():
@@ -77,6 +100,7 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
                 )
         self._monitors = dict(monitors)
         self.actions = self._actions(actions)
+        self.stacked = stacked
         self.last_run: MonitorSetRun | None = None
 
     def _actions(self, actions: Any, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -116,6 +140,27 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
         return f"MonitorSet({parts})"
 
     @property
+    def stacked(self) -> bool:
+        """Whether the members whose policies share a shape (width, degree or order, packed rank,
+        trust region, gate, ``escalate_only``) are scored in one stacked evaluation per pass (True,
+        the default) or each by its own policy (False). Each member's results are the same bits
+        either way. Read by every monitored loop the set runs (:meth:`generate`, :meth:`watch`,
+        the Hugging Face hooks) and by :meth:`score_activations`; a vLLM engine's workers always
+        stack. Assignable (``monitors.stacked = False``)."""
+        return self._stacked
+
+    @stacked.setter
+    @_checked_here
+    def stacked(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise TPCHooksError(
+                f"stacked must be True (score the members of one shape in one stacked evaluation) or False "
+                f"(each member by its own policy); got {value!r}"
+            )
+        self._stacked = value
+        self._together = Together(stacked=value)  # keeps the stacked weights score_activations made
+
+    @property
     def sites(self) -> list[str]:
         """The distinct sites the members read, each read once per forward pass."""
         return sorted({m.site for m in self._monitors.values()})
@@ -138,6 +183,85 @@ class MonitorSet(Mapping[str, Monitor], LastRun):
     def _result(self, runs: dict[str, Any]) -> MonitorSetRun:
         """What a monitored loop returns from its runs by name."""
         return MonitorSetRun(runs)
+
+    # ------------------------------------------------------------------ scoring pooled activations
+    @_checked_here
+    def score_activations(self, acts: Mapping[str, Any]) -> dict[str, CascadeResult]:
+        """Scores pooled activations with every member's own policy, without a model.
+
+        Each member reads the rows at its site, ``acts[member.site]`` (``[n, d_model]``, a tensor
+        or an array; pooled as that member pools, e.g. by :func:`~tpc_hooks.collect`; SAE
+        latents for a member with an SAE), and scores them with its deployed policy
+        (:meth:`Monitor.policy`: its cascade, else the full polynomial) by the per-step rule a
+        generation runs (``member.policy().step``: the same bits as in :meth:`generate`; equal
+        to ``member.policy()(rows)`` up to float rounding). The members whose policies share a
+        shape are scored in one stacked evaluation, unless :attr:`stacked` is False; either way
+        each result is the one the member gets alone. A member's weights are packed once and
+        repacked when its parameters change (an optimiser step, ``load_state_dict``, ``to``);
+        an edit through ``.data``, which no version counter sees, is not read.
+
+        Args:
+            acts: site -> pooled rows, one row per input, the same inputs at every site (sites no
+                member reads are ignored).
+
+        Returns:
+            name -> :class:`~tpc_hooks.CascadeResult` over the ``n`` rows, its ``threshold`` the
+            member's own, so ``.flagged`` is the member's decision
+            (``decision_logits >= logit(threshold)``).
+
+        Raises:
+            TPCHooksError: ``acts`` not a mapping, a member's site missing from it, a per-token
+                member (``pooling="token"``; it scores every token, not pooled rows), rows that are
+                not 2-D, empty, of another width than a member's head or holding NaN/inf, or sites
+                with different numbers of rows.
+
+        Example:
+            >>> import torch, tpc_hooks as tpc
+            >>> harm = tpc.Monitor(tpc.TPC(8, 2, 2), "blocks.1.hook_resid_post")
+            >>> jb = tpc.Monitor(tpc.TPC(8, 2, 2), "blocks.1.hook_resid_post", threshold=0.9)
+            >>> monitors = tpc.MonitorSet({"harm": harm, "jailbreak": jb})
+            >>> acts = {"blocks.1.hook_resid_post": torch.randn(4, 8)}
+            >>> scores = monitors.score_activations(acts)
+            >>> scores["jailbreak"].threshold, scores["harm"].flagged.shape
+            (0.9, torch.Size([4]))
+            >>> torch.equal(scores["harm"].logits, harm.policy().step(acts[harm.site]).logits)
+            True
+            >>> acts = tpc.collect(model, prompts, monitors.sites, pooling="mean")  # doctest: +SKIP
+            >>> monitors.score_activations(acts)["harm"].flagged  # doctest: +SKIP
+        """
+        if not isinstance(acts, Mapping):
+            raise TPCHooksError(
+                f"score_activations takes a dict site -> pooled rows [n, d_model]; got a {type(acts).__name__}. "
+                f"This set reads {self.sites}"
+            )
+        for name, m in self._monitors.items():
+            if m.streaming:
+                raise TPCHooksError(
+                    f"member {name!r} is a per-token monitor (pooling='token'): it scores every token and aggregates "
+                    "over time, so pooled rows are not its input; score_activations takes prefix-pooled members only "
+                    "(score that one with monitor.score or monitor.token_scores)"
+                )
+        missing = sorted({m.site for m in self._monitors.values()} - set(acts))
+        if missing:
+            readers = {site: [n for n, m in self._monitors.items() if m.site == site] for site in missing}
+            raise TPCHooksError(
+                f"acts has no rows for {missing}, read by {readers}; it has {sorted(map(str, acts))}. Pass each "
+                "member's site, e.g. acts = tpc.collect(model, prompts, monitors.sites, pooling=...)"
+            )
+        rows = {site: check_features(acts[site], f"acts[{site!r}]") for site in self.sites}
+        counts = {site: z.shape[0] for site, z in rows.items()}
+        if len(set(counts.values())) > 1:
+            raise TPCHooksError(
+                f"the sites hold different numbers of rows ({counts}); each row is one input, read at every site"
+            )
+        for name, m in self._monitors.items():
+            check_width(rows[m.site], f"acts[{m.site!r}] (read by member {name!r})", m.head.d_model)
+        with torch.no_grad():
+            got = self._together.step([(m.policy().step, rows[m.site]) for m in self._monitors.values()])
+        return {
+            name: replace(res, threshold=m.threshold)
+            for (name, m), res in zip(self._monitors.items(), got, strict=True)
+        }
 
     # ------------------------------------------------------------------ running
     def generate(
