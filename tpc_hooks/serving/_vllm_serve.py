@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import CONFIG, NAMES_ENV, STOP, WORKER
+from ..adapters._vllm_args import CONFIG, NAMES_ENV, STOP, WORKER, worker_error
 from ..adapters.vllm import is_ours
 from . import _review
 from ._engine import aux_ids
@@ -440,7 +440,7 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
             try:
                 await engine.collective_rpc("tpc_hooks_arm_set", args=(specs, "summary"))
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
-                raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
+                raise TPCHooksError(f"the vLLM workers could not run this monitor: {worker_error(err)}") from None
             if getattr(args, "kv_transfer_config", None):
                 _skip_cache_reads(engine)
             if ours.review_log:
