@@ -1,16 +1,20 @@
 """tpc-hooks' contract with vLLM (``tpc_hooks/serving/_vllm_contract.py``): the table is well formed
 and names every vLLM name the plugin's source uses (no vLLM needed); the installed vLLM is as every
-static row says (``make test-vllm``)."""
+static row says (``make test-vllm``; ``make test-vllm-contract-newest`` against the newest release);
+and a live engine's worker is as every runtime row says, on a real runner (``make test-vllm``)."""
 
 import ast
 import importlib.util
+import os
 import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from tpc_hooks.adapters._vllm_args import worker_error
 from tpc_hooks.serving import _vllm_checks as checks
+from tpc_hooks.serving import _vllm_live
 from tpc_hooks.serving._vllm_contract import ROWS, check_static, size
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +59,15 @@ def test_every_row_is_well_formed():
         assert r.ours and not missing, f"{r.name}: ours names nothing in tpc_hooks: {missing}"
         if r.kind == "behaviour":
             assert " (" in r.name, f"a behaviour row says what is relied on: {r.name}"
+
+
+def test_every_runtime_row_has_a_check_that_exists():
+    keys = {r.live for r in ROWS if r.live is not None}
+    tests = {k for k in keys if k.startswith("tests/")}
+    assert keys - tests == set(_vllm_live.CHECKS), "every live key is checked, every check is a row's"
+    for ref in tests:
+        path, _, test = ref.partition("::")
+        assert re.search(rf"^def {test}\(", (ROOT / path).read_text(), re.M), f"no test {ref}"
 
 
 def _vllm_names(path: Path) -> set[frozenset[str]]:
@@ -165,6 +178,33 @@ def test_a_workers_error_is_read_from_what_vllm_raises():
     assert worker_error(ValueError("something else: entirely")) == "something else: entirely"
 
 
+def test_the_runtime_checks_catch_what_they_check():
+    """The worker's judgements on a recorder's data, without an engine: each flags the breakage it
+    is there for (an apply out of step or on another thread, a row count off, a row fed another
+    request's token, an admission count off, a request reported finished in its own step)."""
+    from tpc_hooks.serving import _vllm_recorder as r
+
+    steps = [("exec", 1, 2, 7), ("apply", 1, 2, 7), ("exec", 2, 2, 7), ("apply", 2, 2, 7)]
+    assert r._order(steps) is None
+    assert "apply of step 1 (thread 7) after ('exec', 2" in r._order([*steps[:3], ("apply", 1, 2, 7)])
+    assert "apply of step 1 (thread 8)" in r._order([("exec", 1, 2, 7), ("apply", 1, 2, 8)])
+    rec = r.Recorder(worker=None, force=True)
+    rec.events = [("exec", 1, 3, 7), ("apply", 1, 2, 7)]
+    assert r._rows(rec) == "step 1: 2 logits rows for 3 requests"
+    rec.events = steps
+    rec.prompts = {"a-1": [20, 5, 6], "b-2": [21, 5, 6]}
+    rec.fed = {"a-1": [(0, [20, 5, 6]), (3, [20])], "b-2": [(0, [21, 5, 6]), (3, [21])]}
+    assert r._rows(rec) is None
+    rec.fed["b-2"].append((4, [20]))
+    assert r._rows(rec) == "b-2 was fed 20, another request's token (its own: 21)"
+    rec.computed = {"a-1": 0, "b-2": 0}
+    assert r._computed(rec, block=2) == "no prompt came twice"
+    rec.prompts["c-3"], rec.computed["c-3"] = [20, 5, 6], 0
+    assert r._computed(rec, block=2) == "c-3 started at 0 computed tokens, expected 2"
+    rec.last, rec.finished = {"a-1": 3}, {"a-1": 3}
+    assert r._finished(rec) == "a-1 reported finished at step 3, last scheduled at 3"
+
+
 # ---------------------------------------------------------------------------------------------- against vLLM
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here (make test-vllm)")
 def test_the_installed_vllm_is_as_every_static_row_says():
@@ -177,3 +217,49 @@ def test_the_installed_vllm_is_as_every_static_row_says():
         print(f)
     bad = [str(f) for f in found if f.status != checks.OK]
     assert not bad, f"{len(bad)} of {len(found)} rows differ:\n" + "\n".join(bad)
+
+
+SITES = ["blocks.1.hook_resid_post", "blocks.2.hook_resid_pre"]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """One small monitored engine: the tiny Llama of tests/families.py, compiled as vLLM decides."""
+    vllm = pytest.importorskip("vllm")
+    from families import build
+    from tiny_models import tokenizer
+
+    from tpc_hooks.adapters import vllm_engine_args
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    path = tmp_path_factory.mktemp("contract-llama")
+    build("llama").save_pretrained(path)
+    tokenizer().save_pretrained(path)
+    gpu = {"gpu_memory_utilization": 0.25} if torch.cuda.is_available() else {}
+    llm = vllm.LLM(
+        model=str(path),
+        dtype="float32",
+        max_num_seqs=4,
+        max_model_len=128,
+        block_size=32,
+        seed=0,
+        **gpu,
+        **vllm_engine_args(SITES),
+    )
+    yield llm
+    del llm
+
+
+def test_a_live_engine_is_as_every_runtime_row_says(engine):
+    """Every runtime row on a real runner; only the other model runner's rows are skipped."""
+    found = _vllm_live.check_engine(engine)
+    for f in found:
+        print(f)
+    live = {r.name: r.live for r in ROWS}
+    assert len(found) == sum(r.live in _vllm_live.CHECKS for r in ROWS)
+    bad = [
+        str(f)
+        for f in found
+        if f.status != checks.OK and not (f.status == checks.SKIPPED and live[f.name][:3] in ("v1.", "v2."))
+    ]
+    assert not bad, f"{len(bad)} runtime rows differ:\n" + "\n".join(bad)

@@ -68,6 +68,8 @@ ADA = "adapters.vllm:VLLMAdapter"
 ARGS = "adapters._vllm_args"
 SERVE = "serving._vllm_serve"
 SWAP = "serving._serve_monitors:admin"
+REC = "serving._vllm_recorder"
+LIVE = "serving._vllm_live"
 SERVE_TESTS = "tests/test_vllm_serve.py"
 
 # the code of vLLM's decoder forwards that _vllm_models copies (a digest of each release's AST)
@@ -229,6 +231,7 @@ ROWS: tuple[Row, ...] = (
     row("vllm.config:ModelConfig.hf_text_config", "read", (f"{MIX}.load_model", f"{ADA}.__init__"), field(),
         live="config.sizes"),
     row("vllm.config:VllmConfig.additional_config", "read", f"{MIX}.load_model", field(), live="config.sites"),
+    row("vllm.config:CacheConfig.enable_prefix_caching", "read", f"{LIVE}:check_engine", field()),
     row("vllm.config:CacheConfig.block_size", "read", f"{MIX}.load_model", every(
         field(), field("cache_config", at="vllm.config:VllmConfig"))),
     row(f"{SCHED}:SchedulerOutput.total_num_scheduled_tokens", "read", f"{MIX}.execute_model", field()),
@@ -252,8 +255,8 @@ ROWS: tuple[Row, ...] = (
         "behaviour", CTRL, live="rpc.thread"),
     row("vllm.v1.engine.core_client:MPClient (collective_rpc's arguments and results cross as plain values)",
         "behaviour", (f"{CTRL}.tpc_hooks_take", f"{CTRL}.tpc_hooks_runs"), live="rpc.plain"),
-    row(f"{R1}:GPUModelRunner", "import", f"{ENG}:last_pass", exists()),
-    row(f"{R2}:GPUModelRunner", "import", f"{ENG}:last_pass", exists()),
+    row(f"{R1}:GPUModelRunner", "import", (f"{REC}:_runner_ok", f"{ENG}:last_pass"), exists()),
+    row(f"{R2}:GPUModelRunner", "import", (f"{REC}:_runner_version", f"{ENG}:last_pass"), exists()),
     row(f"{R1}:GPUModelRunner.get_model", "call", f"{ENG}:expose", every(
         params("self"), params("self", at=f"{R2}:GPUModelRunner.get_model"))),
     row(f"{IF}:SupportsEagle3.set_aux_hidden_state_layers", "call", f"{ENG}:expose", params("self", "layers"),
