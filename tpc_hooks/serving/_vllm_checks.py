@@ -53,12 +53,14 @@ class Check:
     """A static check: ``test(target)`` returns None when vLLM is as the plugin uses it, else what
     differs. ``at``: the object it inspects, when that is not the row's own name (an instance
     attribute is checked where its class declares or sets it). ``parts``: several checks, all held.
-    ``on_owner``: it inspects the attribute's class (a field, a property), not the attribute's value."""
+    ``any_part``: one of ``parts`` holds, not all. ``on_owner``: it inspects the attribute's class
+    (a field, a property), not the attribute's value."""
 
     what: str
     test: Callable[[Target], str | None] | None = None
     at: str | None = None
     parts: tuple["Check", ...] = ()
+    any_part: bool = False
     on_owner: bool = False
 
 
@@ -256,6 +258,11 @@ def holds(test: Callable[[Any], str | None], what: str, at: str | None = None) -
     return Check(what, lambda t: test(t.obj), at)
 
 
+def either(*checks: Check) -> Check:
+    """One of these holds (a name vLLM moved: its place in each supported release)."""
+    return Check(" or ".join(c.what for c in checks), parts=checks, any_part=True)
+
+
 def every(*checks: Check) -> Check:
     return Check("; ".join(c.what for c in checks), parts=checks)
 
@@ -305,11 +312,10 @@ def _has_static(t: Target) -> bool:
 
 def _run(check: Check, name: str, modules: dict[str, Any]) -> tuple[str, str]:
     if check.parts:
-        for part in check.parts:
-            status, detail = _run(part, name, modules)
-            if status != OK:
-                return status, detail
-        return OK, ""
+        found = [_run(part, name, modules) for part in check.parts]
+        if check.any_part:
+            return (OK, "") if any(st == OK for st, _ in found) else (found[0][0], "; ".join(d for _, d in found))
+        return next(((st, d) for st, d in found if st != OK), (OK, ""))
     try:
         target = resolve(check.at or name, modules)
     except _Missing as err:

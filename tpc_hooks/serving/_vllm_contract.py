@@ -27,6 +27,7 @@ from ._vllm_checks import (
     attrs,
     classmethod_,
     digest,
+    either,
     every,
     exists,
     field,
@@ -54,7 +55,9 @@ SCHED = "vllm.v1.core.sched.output"
 IF = "vllm.model_executor.models.interfaces"
 GEMMA = "vllm.model_executor.models.gemma3"
 GRANITE = "vllm.model_executor.models.granitemoehybrid"
-CLI = "vllm.entrypoints.launchers.cli_args"
+CLI = "vllm.entrypoints.common.cli_args"  # vLLM 0.33; 0.32: OLD_CLI
+OLD_CLI = "vllm.entrypoints.launchers.cli_args"
+PARSER = "tpc_hooks.serving._vllm_serve:server_arguments"  # where tpc-hooks serve finds the two, in either
 ENTRY = "vllm.entrypoints.launchers.api_server.entry"
 ASYNC = "vllm.v1.engine.async_llm:AsyncLLM"
 # ours, under tpc_hooks
@@ -105,9 +108,9 @@ def _sampling_params(cls: object) -> str | None:
 
 
 def _serve_args() -> object:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    make_arg_parser, _ = ours(f"{SERVE}:server_arguments")()
     return make_arg_parser(FlexibleArgumentParser(prog="tpc-hooks serve")).parse_args(["--model", "m"])
 
 
@@ -414,14 +417,17 @@ ROWS: tuple[Row, ...] = (
         (f"{ADA}.exposed", f"{ADA}.forward_sites", f"{ADA}.generate", f"{ADA}.monitoring", f"{SERVE}:_Asks.ask"),
         live="rpc.ranks"),
     # ----------------------------------------------------------------- E. the server (tpc-hooks serve)
-    row(f"{CLI}:make_arg_parser", "call", f"{SERVE}:parse", params("parser"),
-        also=(f"{CLI}.make_arg_parser().parse_args",)),
-    row(f"{CLI}:validate_parsed_serve_args", "call", f"{SERVE}:parse", params("args")),
+    row(f"{CLI}:make_arg_parser (0.32: {OLD_CLI})", "call", (f"{SERVE}:server_arguments", f"{SERVE}:parse"),
+        either(params("parser"), params("parser", at=f"{OLD_CLI}:make_arg_parser")),
+        also=(f"{OLD_CLI}.make_arg_parser",)),
+    row(f"{CLI}:validate_parsed_serve_args (0.32: {OLD_CLI})", "call", (f"{SERVE}:server_arguments", f"{SERVE}:parse"),
+        either(params("args"), params("args", at=f"{OLD_CLI}:validate_parsed_serve_args")),
+        also=(f"{OLD_CLI}.validate_parsed_serve_args",)),
     row("vllm.utils.argparse_utils:FlexibleArgumentParser", "call", f"{SERVE}:parse", exists()),
     row(f"{CLI}:make_arg_parser (options worker_cls, additional_config, logits_processors, middleware, "
-        "and their defaults)", "write", f"{SERVE}:parse", holds(_serve_defaults, "as parse sets them")),
+        "and their defaults)", "write", f"{SERVE}:parse", holds(_serve_defaults, "as parse sets them", at=PARSER)),
     row(f"{CLI}:make_arg_parser (options kv_transfer_config, model, trust_remote_code)", "read",
-        (f"{SERVE}:run", f"{SERVE}:main"), holds(_serve_reads, "as run and main read them")),
+        (f"{SERVE}:run", f"{SERVE}:main"), holds(_serve_reads, "as run and main read them", at=PARSER)),
     row("vllm.entrypoints.serve.middleware.register:init_entrypoints_middleware (a --middleware class is added "
         "with app.add_middleware)", "behaviour", (f"{SERVE}:parse", f"{SERVE}:MonitorMiddleware"),
         source("app.add_middleware(imported)")),
