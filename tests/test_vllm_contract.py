@@ -142,6 +142,27 @@ def test_the_size_of_the_surface_adds_up():
     assert set(counted["when"]) <= set(checks.WHEN)
 
 
+def test_the_docs_say_how_big_the_surface_is():
+    """docs/concepts/vllm.md's table of the surface counts what the table holds, kind by kind."""
+    page = (ROOT / "docs" / "concepts" / "vllm.md").read_text()
+    section = page[page.index("### What it relies on in vLLM") :]
+    lines = [ln for ln in section.splitlines() if ln.startswith("| ") and not ln.startswith("| the plugin")][
+        : len(checks.KINDS) + 1
+    ]
+    got = [[int(x.strip("* ") or 0) for x in ln.split("|")[2:6]] for ln in lines]
+    want = [
+        [sum(r.kind == k and r.when in w for r in ROWS) for w in (checks.WHEN, ("static",), ("both",), ("runtime",))]
+        for k in checks.KINDS
+    ]
+    want.append([len(ROWS), *(sum(r.when == w for r in ROWS) for w in ("static", "both", "runtime"))])
+    assert got == want
+    live = sum(r.live is not None and not r.live.startswith("tests/") for r in ROWS)
+    static, runtime = sum(r.check is not None for r in ROWS), sum(r.live is not None for r in ROWS)
+    assert f"{static} names are checked by introspection" in page
+    assert f"{runtime} are checked at run time: {live} inside a monitored engine's worker" in page
+    assert f"and {runtime - live} by the server's own tests" in page
+
+
 # ---------------------------------------------------------------------------------------------- the checks
 def test_a_module_that_does_not_import_marks_its_rows_missing_and_the_others_are_checked(tmp_path, monkeypatch):
     (tmp_path / "tpc_contract_broken.py").write_text("raise ImportError('needs a GPU library')\n")
