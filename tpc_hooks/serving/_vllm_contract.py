@@ -16,6 +16,8 @@ plugin's parts: the logits processor, the worker, the model classes, the offline
 Imports no vLLM (a check imports what it inspects when it runs).
 """
 
+import inspect
+import typing
 from collections import Counter
 
 from ._vllm_checks import (
@@ -134,8 +136,6 @@ def _serve_reads(_: object) -> str | None:
 
 
 def _is_coroutine(want: bool) -> Check:
-    import inspect
-
     return holds(
         lambda f: None if inspect.iscoroutinefunction(f) == want else f"{'not ' if want else ''}a coroutine function",
         "async" if want else "sync",
@@ -143,9 +143,6 @@ def _is_coroutine(want: bool) -> Check:
 
 
 def _pause_keep(f: object) -> str | None:
-    import inspect
-    import typing
-
     mode = inspect.signature(f).parameters.get("mode")  # type: ignore[arg-type]
     hint = typing.get_type_hints(f).get("mode")
     return None if mode is not None and "keep" in typing.get_args(hint) else f"mode={mode}, typed {hint}"

@@ -81,7 +81,7 @@ def check_engine(llm: Any) -> list[Finding]:
         judge("llm.worker_cls", lambda: same(config.parallel_config.worker_cls, WORKER))
         judge("rpc.by_name", lambda: same(sorted(llm.collective_rpc("tpc_hooks_sites")[0]), sorted(_sites(expect))))
         judge("rpc.error", lambda: _error_read(call))
-        judge("rpc.ranks", lambda: (lambda r: same(r, list(range(len(r)))))(call("rank")))
+        judge("rpc.ranks", lambda: _in_rank_order(call("rank")))
         judge("rpc.plain", lambda: same(call("plain")[0], plain(None)))
     finally:
         call("uninstall")
@@ -113,6 +113,11 @@ def _engine_ids(ids: dict[str, list[int]], outs: list[Any], prompts: list[list[i
 def _sites(expect: dict[str, Any]) -> list[str]:
     sites = expect["sites"]
     return [f"blocks.{k}.hook_resid_post" for k in range(expect["layers"])] if sites == "all" else list(sites)
+
+
+def _in_rank_order(ranks: list[int]) -> str | None:
+    """``collective_rpc`` answers one result per worker, rank 0's first."""
+    return same(ranks, list(range(len(ranks))))
 
 
 def _error_read(call: Callable[..., Any]) -> str | None:
