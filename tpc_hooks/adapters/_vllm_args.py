@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +16,13 @@ OPT_OUT = "tpc_hooks_monitor"  # SamplingParams.extra_args key: false/0 opts the
 THRESHOLD = "tpc_hooks_threshold"  # ... its own threshold, a probability in (0, 1)
 # a server's monitor names (JSON), set before its engine starts: requests are checked against them
 NAMES_ENV = "TPC_HOOKS_MONITOR_NAMES"
+# how vLLM words a worker's error for collective_rpc's caller: the engine core's words (and, from a worker
+# process of its own, the executor's) around the text of what the worker raised (the contract's rows
+# EngineCoreProc._invoke_utility_method and MultiprocExecutor.collective_rpc)
+_CALL_FAILED = re.compile(r"^Call to \w+ method failed: ")
+_WORKER_FAILED = re.compile(
+    r"^Worker failed with error '(.*)', please check the stack trace above for the root cause$", re.DOTALL
+)
 
 
 def unexposed(sites: Sequence[str], exposed: dict[str, int]) -> str:
@@ -34,6 +42,22 @@ def unexposed(sites: Sequence[str], exposed: dict[str, int]) -> str:
         f"this vLLM engine exposes {listed} (a compiled engine returns the sites fixed when it was built), not "
         f"{asked}; build it with LLM(..., **tpc_hooks.adapters.vllm_engine_args(sites=[...]))"
     )
+
+
+def worker_error(err: BaseException) -> str:
+    """What a vLLM worker's error said, read from the exception ``collective_rpc`` raised in its
+    caller (vLLM wraps the worker's text in words of its own; other text comes back as it is).
+
+    Example:
+        >>> worker_error(Exception("Call to collective_rpc method failed: monitor expects d_model=64"))
+        'monitor expects d_model=64'
+        >>> worker_error(RuntimeError("Worker failed with error 'no monitor named x', please check the stack "
+        ...                           "trace above for the root cause"))
+        'no monitor named x'
+    """
+    text = _CALL_FAILED.sub("", str(err), count=1)
+    found = _WORKER_FAILED.match(text)
+    return found.group(1) if found else text
 
 
 def vllm_engine_args(

@@ -27,7 +27,7 @@ from torch import Tensor
 from .._errors import TPCHooksError
 from ._adapter import Adapter
 from ._sites import Site
-from ._vllm_args import STOP, WORKER, unexposed
+from ._vllm_args import STOP, WORKER, unexposed, worker_error
 
 __all__ = ["VLLMAdapter", "make_adapter"]
 
@@ -274,7 +274,7 @@ class VLLMAdapter(Adapter):
             try:
                 info = llm.collective_rpc("tpc_hooks_arm_set", args=(specs, keep))[0]
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
-                raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
+                raise TPCHooksError(f"the vLLM workers could not run this monitor: {worker_error(err)}") from None
         for name, _, act in members:
             info[name]["action"] = act
         try:

@@ -1,4 +1,5 @@
-"""The part of the vLLM integration that depends on vLLM's version and model runner, kept small.
+"""Where the vLLM integration meets vLLM's model runner (every vLLM name the plugin uses, here and
+elsewhere, is declared and checked in ``_vllm_contract``):
 
 * :func:`check_version`: the vLLM releases this integration is written and tested against;
 * :func:`base_worker`: the platform's own worker class, which tpc-hooks' worker extends;

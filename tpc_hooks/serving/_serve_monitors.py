@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import NAMES_ENV
+from ..adapters._vllm_args import NAMES_ENV, worker_error
 from ..monitoring._monitor import Monitor
 from ..saving import _format
 from . import _review
@@ -160,7 +160,7 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
                 await engine.collective_rpc("tpc_hooks_swap", args=(name, spec))
                 await engine.reset_prefix_cache(reset_running_requests=True)
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
-                raise TPCHooksError(str(err).removeprefix("Error in RPC: ")) from None
+                raise TPCHooksError(worker_error(err)) from None
             finally:
                 await engine.resume_generation()
     except (TPCHooksError, ValueError) as err:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import CONFIG, NAMES_ENV, STOP, WORKER
+from ..adapters._vllm_args import CONFIG, NAMES_ENV, STOP, WORKER, worker_error
 from ..adapters.vllm import is_ours
 from . import _review
 from ._engine import aux_ids
@@ -306,6 +306,17 @@ def _skip_cache_reads(engine: Any) -> None:
     engine.generate = generate
 
 
+def server_arguments() -> tuple[Any, Any]:
+    """vLLM's server options: its parser's builder and their check (``make_arg_parser``,
+    ``validate_parsed_serve_args``), in ``vllm.entrypoints.common.cli_args`` since vLLM 0.33 and in
+    ``vllm.entrypoints.launchers.cli_args`` in 0.32."""
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ImportError:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    return make_arg_parser, validate_parsed_serve_args
+
+
 def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     """tpc-hooks' own options, then vLLM's server arguments (everything else is passed to it)."""
     p = argparse.ArgumentParser(
@@ -378,9 +389,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     os.environ[NAMES_ENV] = json.dumps(list(MONITORS))  # the engine checks vllm_xargs' names
     for name, monitor in MONITORS.items():
         labels(name, monitor["target_fpr"])
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    make_arg_parser, validate_parsed_serve_args = server_arguments()
     vp = make_arg_parser(FlexibleArgumentParser(prog="tpc-hooks serve"))
     args = vp.parse_args(["--model", ours.model, "--host", ours.host, "--port", str(ours.port), *rest])
     if args.worker_cls not in (None, "auto") and not is_ours(args.worker_cls):
@@ -440,7 +451,7 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
             try:
                 await engine.collective_rpc("tpc_hooks_arm_set", args=(specs, "summary"))
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
-                raise TPCHooksError(f"the vLLM workers could not run this monitor: {err}") from None
+                raise TPCHooksError(f"the vLLM workers could not run this monitor: {worker_error(err)}") from None
             if getattr(args, "kv_transfer_config", None):
                 _skip_cache_reads(engine)
             if ours.review_log:

@@ -37,7 +37,7 @@ from .._rule import flagged
 from ..adapters._vllm_args import own_setting as _own
 from ..adapters._vllm_args import request_settings as _settings
 from ..head._together import Together
-from . import _engine, _review
+from . import _engine, _review, _vllm_recorder
 from ._prefix import Chain
 from ._vllm_armed import ARMED, RETIRING, STOPS, Armed, Request, held_by_retiring, retire_done, serving
 from ._vllm_control import Control
@@ -157,6 +157,13 @@ class _Mixin:
                 if armed.owns is not None:
                     armed.owns.discard(rid)
         retire_done()
+
+    def tpc_hooks_contract(self, what: str, *args: Any) -> Any:
+        """The runtime checks of tpc-hooks' contract with vLLM (``_vllm_recorder``), a remote call:
+        ``"install"`` a recorder on this worker's passes and the logits processor, ``"check"``
+        what it saw, ``"uninstall"`` it; and probes of how vLLM runs a remote call (``"fail"``,
+        ``"rank"``, ``"plain"``)."""
+        return _vllm_recorder.run(what, self, TPCHooksStop, *args)
 
     # ------------------------------------------------------------------ reading a pass
     @torch.inference_mode()

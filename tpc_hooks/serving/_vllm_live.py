@@ -1,0 +1,130 @@
+"""The runtime half of tpc-hooks' contract with vLLM (``_vllm_contract``): what the plugin relies on
+in a live engine, checked on a real runner.
+
+:func:`check_engine` takes a ``vllm.LLM`` built with ``vllm_engine_args`` and has its workers put a
+recorder on their passes (``_vllm_recorder``, through the worker's remote call
+``tpc_hooks_contract``): after each forward pass the recorder reads the runner's attributes the
+plugin reads, and the logits processor forces each request's row to a token of the request's own.
+A few short requests then run; the workers judge what they saw (the rows of each pass in order,
+``apply`` after ``execute_model`` on the same thread, the scheduler's counts) and their own
+attributes, and the driver's side (admission, outputs, request ids, a worker's error) is checked
+here. Every runtime row of the table gets a finding.
+
+The checks run through a remote call by name: vLLM sends a callable to its workers only with
+``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (pickle over the engine's socket), which a deployed engine
+should not need.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from ..adapters._vllm_args import CONFIG, WORKER, worker_error
+from ._vllm_checks import CHANGED, MISSING, OK, Finding
+from ._vllm_contract import ROWS
+from ._vllm_recorder import CHECKS, RPC, Problem, isinstance_of, plain, same
+
+__all__ = ["CHECKS", "check_engine"]
+
+
+def check_engine(llm: Any) -> list[Finding]:
+    """Every runtime row of the contract on this ``vllm.LLM`` (built with ``vllm_engine_args``), by
+    name: three short requests (one sampled at temperature 0.8) and one again (its prompt's blocks
+    cached) run with the recorder on, which is taken off after.
+
+    Example (in vLLM's environment)::
+
+        for finding in check_engine(llm):
+            print(finding)   # "OK       vllm.v1.worker.gpu_model_runner:GPUModelRunner.execute_model_state"
+    """
+    from vllm import SamplingParams
+
+    config = llm.llm_engine.vllm_config
+    hf = config.model_config.hf_text_config
+    block = int(config.cache_config.block_size)
+    expect = {
+        "sites": (config.additional_config or {}).get(CONFIG, {}).get("sites"),
+        "layers": hf.num_hidden_layers,
+        "d_model": hf.hidden_size,
+        "prefix_caching": bool(config.cache_config.enable_prefix_caching),
+    }
+    vocab, first = int(hf.vocab_size), int(hf.vocab_size) // 2  # each prompt's own token: no special token
+    prompts = [[first + j] + [4 + (first + 3 * j + k) % (vocab - 4) for k in range(block + 8)] for j in range(3)]
+    greedy, n = SamplingParams(max_tokens=4, temperature=0.0), 4
+    problems: dict[str, Problem] = {}
+
+    def judge(key: str, test: Callable[[], str | None]) -> None:
+        try:
+            diff, status = test(), CHANGED
+        except AttributeError as err:
+            diff, status = str(err), MISSING
+        except Exception as err:  # noqa: BLE001 - whatever a changed engine raises is the finding
+            diff, status = f"{type(err).__name__}: {err}", CHANGED
+        problems[key] = (OK, "") if diff is None else (status, diff)
+
+    call = lambda what, *args: llm.collective_rpc(RPC, args=(what, *args))  # noqa: E731
+    call("install", True)
+    try:
+        judge("admission", lambda: _refused(llm, prompts[0], SamplingParams))
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            [greedy, greedy, SamplingParams(max_tokens=n, temperature=0.8, seed=0)],
+            use_tqdm=False,
+        )
+        again = llm.generate([{"prompt_token_ids": prompts[0]}], greedy, use_tqdm=False)
+        made = [list(o.outputs[0].token_ids) for o in outs]
+        judge("llm.generate", lambda: None if [len(m) for m in made] == [n] * 3 else f"{len(made)} outputs: {made}")
+        judge("forced_token", lambda: same(made, [[p[0]] * n for p in prompts]))
+        judge("llm.outputs", lambda: same([list(o.prompt_token_ids) for o in outs], prompts))
+        got = call("check", expect)[0]
+        judge("request_ids", lambda: _engine_ids(got["ids"], [*outs, *again], [*prompts, prompts[0]]))
+        judge("llm.config", lambda: isinstance_of(config, "vllm.config", "VllmConfig"))
+        judge("llm.worker_cls", lambda: same(config.parallel_config.worker_cls, WORKER))
+        judge("rpc.by_name", lambda: same(sorted(llm.collective_rpc("tpc_hooks_sites")[0]), sorted(_sites(expect))))
+        judge("rpc.error", lambda: _error_read(call))
+        judge("rpc.ranks", lambda: _in_rank_order(call("rank")))
+        judge("rpc.plain", lambda: same(call("plain")[0], plain(None)))
+    finally:
+        call("uninstall")
+    found = {**got["findings"], **problems}
+    return [Finding(r.name, *found[r.live]) for r in ROWS if r.live in CHECKS]
+
+
+def _refused(llm: Any, prompt: list[int], params: Any) -> str | None:
+    """vLLM runs the logits processor's ``validate_params`` when it admits a request, in this
+    process, and refuses the request with its message (vLLM 0.32 raises its own validation error,
+    a 400 from a server)."""
+    bad = params(max_tokens=1, extra_args={"tpc_hooks_threshold": 2.0})
+    try:
+        llm.generate([{"prompt_token_ids": prompt}], bad, use_tqdm=False)
+    except Exception as err:  # noqa: BLE001 - vLLM's own error class for a refused request
+        return None if "tpc_hooks_threshold" in str(err) else f"refused, without naming the setting: {err!r}"
+    return "admitted a request whose tpc_hooks_threshold is 2.0"
+
+
+def _engine_ids(ids: dict[str, list[int]], outs: list[Any], prompts: list[list[int]]) -> str | None:
+    """Each request runs in the engine as ``<its request_id>-<8 characters>``."""
+    for o, p in zip(outs, prompts, strict=True):
+        mine = [rid for rid, head in ids.items() if rid.rsplit("-", 1)[0] == o.request_id and head == p[:1]]
+        if len(mine) != 1 or len(mine[0].rsplit("-", 1)[-1]) != 8:
+            return f"request {o.request_id!r} ran as {mine} (engine ids: {sorted(ids)})"
+    return None
+
+
+def _sites(expect: dict[str, Any]) -> list[str]:
+    sites = expect["sites"]
+    return [f"blocks.{k}.hook_resid_post" for k in range(expect["layers"])] if sites == "all" else list(sites)
+
+
+def _in_rank_order(ranks: list[int]) -> str | None:
+    """``collective_rpc`` answers one result per worker, rank 0's first."""
+    return same(ranks, list(range(len(ranks))))
+
+
+def _error_read(call: Callable[..., Any]) -> str | None:
+    """A worker's error reaches the caller as an ``Exception``; ``worker_error`` reads its message."""
+    message = "the contract's check of a worker's error"
+    try:
+        call("fail", message)
+    except Exception as err:  # noqa: BLE001 - what vLLM raises is what is checked
+        return same(worker_error(err), message)
+    return "the worker's error was not raised"
