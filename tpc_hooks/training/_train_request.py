@@ -20,7 +20,7 @@ from ..prompts import _intent
 from ..prompts._context import check_conversation, context_budget, sharegpt_contexts
 from ..prompts._sources import norm
 from ._recipes import Recipe
-from ._split import SPLITS, split_positions
+from ._split import check_split, split_positions
 from ._train import CALIBRATION, check_target_fpr, default_aggregate, fit_config
 
 
@@ -132,12 +132,7 @@ def check_request(
         chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
     if contexts is not None:
         contexts, context_tokens = _check_contexts(adapter.tokenizer, contexts, context_tokens, chat_template, items)
-    if not 0 < val_fraction < 1:
-        raise TPCHooksError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
-    if split not in SPLITS:
-        raise TPCHooksError(f"split must be one of {list(SPLITS)}; got {split!r}")
-    if np.bincount(y, minlength=2).min() < 2:
-        raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
+    check_split(y, val_fraction, split)
     given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
     own: dict[str, Any] = {
         k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs
