@@ -3,7 +3,7 @@ error says what was expected) and resolved into a :class:`Request` (the candidat
 phrasing families and intent kinds, the tokenisation, the fit settings, the seeded train /
 validation split of the prompts, the hosted chats and the calibration prompts)."""
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +92,7 @@ def check_request(
     sources: Any,
     everyday: Any,
     calibration: Any,
+    rows_cache: Any,
     fit_kwargs: dict[str, Any],
 ) -> Request:
     """Every argument checked (each error says what was expected) and resolved, before any model work."""
@@ -118,10 +119,20 @@ def check_request(
         raise TPCHooksError("an SAE belongs to one site: pass a single site with sae=")
     if aggregate is None:
         aggregate = default_aggregate(contexts is not None)
+    if rows_cache is not None and not isinstance(rows_cache, MutableMapping):
+        raise TPCHooksError(
+            f"rows_cache must be a dict (one per model, filled and read back across calls); got "
+            f"{type(rows_cache).__name__}"
+        )
     if pooling == "token":
         check_aggregate(aggregate, alpha, window)
         if len(sites) > 1:
             raise TPCHooksError("a per-token monitor (pooling='token') reads one site; pass a single site")
+        if rows_cache is not None:
+            raise TPCHooksError(
+                "rows_cache keeps pooled rows; a per-token monitor (pooling='token') reads every token: "
+                "leave rows_cache out"
+            )
     else:
         check_pooling(pooling)
         if contexts is not None:
