@@ -49,26 +49,23 @@ choice is not); the floor's probe is calibrated on the same rows.
 ``"intent"``, the homonyms with a consistency weight of 0.1, ``escalate_only``, every trained
 order kept (``prune_orders=False``), the other validation split) and prints, per variant, the same
 figures and each kept order's recall minus the plain probe's on every
-shift. The variants share the default's collection: ``train_monitor``'s ``collect`` is wrapped so
-that each text's pooled rows are read from the model once (a prompt's pooled row does not depend
-on its batch) and reused; the recipe runs unchanged.
+shift. Every ``train_monitor`` call of a run is given the same ``rows_cache=`` dict, so each text's
+pooled rows are read from the model once and reused (a prompt's pooled row does not depend on its
+batch beyond rounding); the recipe runs unchanged.
 
-The other flags train the intent recipe's levers (each on top of ``recipe="intent"``, beside it):
-``--flips`` trains the intent flips' levers the same way: a share of the training flips (0.1, 0.25,
-0.5: a lower weight on them; the validation flips stay whole) and each flip kind alone beside the
-homonyms. ``--consistency W ...`` trains the default with those consistency weights on the
-training rewrites (``train_monitor``'s is 0.03), with and without the flips. ``--homonyms`` trains
-the homonyms alone (no template flips), then with a consistency weight of 0.1, with the grouped
-split, with both, and beside the two flip kinds that cost the shifts least (fiction, research).
-``--unseen`` trains with selection on a construction the fit never saw: training flips of four kinds
-(history, law, prevention, defence) and a validation group ``"intent"`` of the three others' flips
-(news, research, fiction), and the other way round, each beside the same kinds trained and
-selected on; then with only the training flips least like the templates (half, a quarter: those a
-logistic regression on the chosen site's rows, out of fold, scores most like the benign training
-prompts as given) beside as many drawn at random.
+The other flags train the intent recipe's levers (each on top of ``recipe="intent"``, beside it),
+each a set of ``train_monitor`` keyword arguments. ``--consistency W ...`` trains the default with
+those consistency weights on the training rewrites (``train_monitor``'s is 0.03), with and without
+the flips. ``--homonyms`` trains the homonyms alone (no template flips), then with a consistency
+weight of 0.1, with the grouped split, with both, and beside the two flip kinds that cost the shifts
+least (fiction, research). The intent flips' own levers, which change the flips inside
+``train_monitor`` (a share of the training flips, each flip kind alone, selection on flip kinds the
+fit never saw, the flips least like the templates: ``--flips`` and ``--unseen``), are a study of the
+recipe's internals: ``benchmarks/internals/bench_flip_levers.py`` runs this benchmark with them
+(:func:`main`'s ``study``).
 
 Run: ``python benchmarks/bench_constructions.py [--seed 0] [--model gemma-3-270m] [--sites ...] [--intent ...]
-[--split grouped] [--calibration N] [--variants] [--flips] [--homonyms] [--unseen] [--consistency W ...]``
+[--split grouped] [--calibration N] [--variants] [--homonyms] [--consistency W ...]``
 (with ``--variants``, 16.5 min on 2 CPU cores for a seed run the first time: the monitor's own
 collection and training, the evaluation sets' activations, cached under ``--cache``, then the
 variants; 10 min once the evaluation sets are cached).
@@ -80,9 +77,8 @@ import dataclasses
 import inspect
 import sys
 import time
-import zlib
+from collections.abc import Callable
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import torch
@@ -90,17 +86,20 @@ from _activations import DEFAULT_MODEL, MODELS, cached_activations, short, site
 from _results import add_results_argument, recording, results_path
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
-from sklearn.model_selection import StratifiedKFold, cross_val_predict
-from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
-from tpc_hooks.data import EVERYDAY_SOURCES, INTENT_KINDS, PromptSet, default_prompt_set, outside_sets, source_names
-from tpc_hooks.head._kernel import flagged
+from tpc_hooks.data import (
+    EVERYDAY_SOURCES,
+    SPLITS,
+    PromptSet,
+    default_prompt_set,
+    outside_sets,
+    source_names,
+    split_positions,
+)
 from tpc_hooks.metrics import threshold_at_fpr
-from tpc_hooks.training import _train_monitor
-from tpc_hooks.training._split import SPLITS, split_positions
 
 FPR = 0.01
 HELD_OUT = "overrefusal"  # held out whole: the human-written benign questions on harmful topics
@@ -125,13 +124,6 @@ VARIANTS = {
     # every trained order kept: what the higher orders would add in distribution and lose on the shifts
     "prune_orders=False": {"prune_orders": False},
 }
-# the intent flips' weight and kind (--flips): a share of the training flips (each drawn by a hash of its text),
-# and each flip kind alone beside the homonyms
-FLIP_SHARES = (0.1, 0.25, 0.5)
-FLIP_LEVERS = {
-    **{f"flip share {v}": {"flip_share": v} for v in FLIP_SHARES},
-    **{f"intent=({k!r}, 'homonym')": {"intent": (k, "homonym")} for k in INTENT_KINDS},
-}
 
 
 # the homonyms alone (the nearest to the shifts among the recipes that keep the edgy questions under 10% at the
@@ -149,116 +141,35 @@ HOMONYM_LEVERS = named(
     {"intent": ("homonym",), "consistency": 0.1, "split": "grouped"},
     {"intent": ("fiction", "research", "homonym")},
 )
-# the flips' construction (--unseen): selection on flip kinds the fit never trained on (train_monitor's validation
-# group "intent" holds the other kinds' flips; beside each, the same kinds trained and selected on), and the training
-# flips least like the templates (those the benign prompts as given are least told apart from) against as many
-# drawn at random
-SEEN, UNSEEN = ("history", "law", "prevention", "defence"), ("news", "research", "fiction")
-UNSEEN_LEVERS = {
-    f"flips {', '.join(SEEN)}; selection on {', '.join(UNSEEN)}": {"flip_kinds": (SEEN, UNSEEN)},
-    f"flips and selection {', '.join(SEEN)}": {"intent": (*SEEN, "homonym")},
-    f"flips {', '.join(UNSEEN)}; selection on {', '.join(SEEN)}": {"flip_kinds": (UNSEEN, SEEN)},
-    f"flips and selection {', '.join(UNSEEN)}": {"intent": (*UNSEEN, "homonym")},
-    **{f"flips least like the templates {v}": {"unlike_share": v} for v in (0.5, 0.25)},
-    **{k: FLIP_LEVERS[k] for k in ("flip share 0.5", "flip share 0.25")},
-}
 SHIFTS = ("counterparts", "past", "future", "harmbench")
 DEFAULT_SPLIT = inspect.signature(tpc.train_monitor).parameters["split"].default
 
 
-@contextlib.contextmanager
-def shared_collection():
-    """``train_monitor`` with each text's pooled rows collected once per site and reused across calls
-    (the recipe otherwise unchanged): a variant reads only the texts no earlier call read. Yields the
-    rows read so far, by (site, text)."""
-    rows: dict[tuple[str, str], torch.Tensor] = {}
-    collect = _train_monitor.collect
-
-    def reuse(adapter, texts, sites, pooling, **kw):
-        missing = list(dict.fromkeys(t for t in texts for s in sites if (s, t) not in rows))
-        if missing:
-            got = collect(adapter, missing, sites, pooling, **kw)
-            rows.update({(s, t): got[s][i] for s in sites for i, t in enumerate(missing)})
-        return {s: torch.stack([rows[s, t] for t in texts]) for s in sites}
-
-    with mock.patch.object(_train_monitor, "collect", reuse):
-        yield rows
+# a variant's patch of train_monitor: given the variant's keyword arguments, the run's rows_cache, the chosen site, the
+# seed and the notes printed after the variants' table (entries under a heading, one paragraph a heading), a context
+# manager to train it under and the keyword arguments left for train_monitor
+Patch = Callable[[dict, dict, str, int, dict[str, list[str]]], tuple[contextlib.AbstractContextManager, dict]]
 
 
-def thinned(keep):
-    """``train_monitor`` with only the training intent flips ``keep(flips, prompts, labels, seed)`` returns
-    the positions of (the validation flips whole)."""
-    draw = _train_monitor.intent_flips
-
-    def fewer(prompts, labels, kinds=None, *, every_kind=False, seed=0, **kw):
-        ps = draw(prompts, labels, kinds, every_kind=every_kind, seed=seed, **kw)
-        return ps if every_kind else ps.subset(keep(ps, prompts, labels, seed))
-
-    return mock.patch.object(_train_monitor, "intent_flips", fewer)
-
-
-def flip_share(share: float):
-    """``train_monitor`` with only ``share`` of its training intent flips (the validation flips whole): a
-    lower weight on the flips. A flip is kept when a hash of its text and seed falls under ``share``."""
-    return thinned(
-        lambda ps, prompts, labels, seed: [
-            i for i, t in enumerate(ps.texts) if zlib.crc32(f"{seed}|{t}".encode()) % 10_000 < share * 10_000
-        ]
-    )
-
-
-def flip_kinds(trained: tuple[str, ...], selected: tuple[str, ...]):
-    """``train_monitor`` with training flips of the ``trained`` kinds only and a validation group
-    ``"intent"`` of the ``selected`` kinds' flips only: selection and pruning on a construction the
-    fit never saw (the homonyms as in the default)."""
-    draw = _train_monitor.intent_flips
-
-    def split(prompts, labels, kinds=None, *, every_kind=False, **kw):
-        return draw(prompts, labels, selected if every_kind else trained, every_kind=every_kind, **kw)
-
-    return mock.patch.object(_train_monitor, "intent_flips", split)
-
-
-def unlike_templates(share: float, rows: dict, site: str, seed: int, notes: list[str]):
-    """``train_monitor`` with only the ``share`` of its training flips least like the templates: a
-    logistic regression tells the flips (at ``site``) from the benign training prompts as given, out of
-    fold (5 folds), and the flips it scores most like those prompts are kept (the validation flips
-    whole). The flips' rows are the ones the default's collection read (``rows``); the out-of-fold
-    AUROC of the split goes to ``notes``."""
-
-    def least_like(ps, prompts, labels, _):
-        natural = [t for t, v in zip(prompts, labels, strict=True) if int(v) == 0]
-        missing = sum((site, t) not in rows for t in (*natural, *ps.texts))
-        if missing:
-            raise RuntimeError(f"{missing} texts were not collected at {site} by the default: run it first")
-        X = torch.stack([rows[site, t] for t in (*natural, *ps.texts)]).float().numpy()
-        y = np.r_[np.ones(len(natural)), np.zeros(len(ps))]
-        clf = make_pipeline(StandardScaler(), LogisticRegression(C=0.01, max_iter=2000))
-        p = cross_val_predict(
-            clf, X, y, cv=StratifiedKFold(5, shuffle=True, random_state=seed), method="predict_proba"
-        )[:, 1]
-        notes.append(
-            f"{share}: flips told from the benign training prompts as given, out-of-fold AUROC "
-            f"{roc_auc_score(y, p):.3f}; kept {round(share * len(ps))} of {len(ps)}"
-        )
-        return sorted(int(i) for i in np.argsort(-p[len(natural) :], kind="stable")[: round(share * len(ps))])
-
-    return thinned(least_like)
-
-
-def patched(
-    kw: dict, rows: dict, site: str, seed: int, notes: list[str]
+def unpatched(
+    kw: dict, rows: dict, site: str, seed: int, notes: dict[str, list[str]]
 ) -> tuple[contextlib.AbstractContextManager, dict]:
-    """A variant's patch of ``train_monitor``'s flips (``flip_share``, ``flip_kinds``, ``unlike_share``)
-    and its remaining keyword arguments."""
-    kw = dict(kw)
-    if "flip_share" in kw:
-        return flip_share(kw.pop("flip_share")), kw
-    if "flip_kinds" in kw:
-        return flip_kinds(*kw.pop("flip_kinds")), kw
-    if "unlike_share" in kw:
-        return unlike_templates(kw.pop("unlike_share"), rows, site, seed, notes), kw
+    """No patch: a variant is ``train_monitor``'s keyword arguments as they are."""
     return contextlib.nullcontext(), kw
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """Variants another script trains in this benchmark's run (benchmarks/internals/bench_flip_levers.py):
+    its flags (added to this benchmark's), the variants they ask for by name (each on top of
+    ``recipe='intent'``, before the homonyms' and the consistency weights'), the words they add to the
+    results file's name (after ``variants``), and each variant's patch of ``train_monitor``."""
+
+    description: str
+    flags: Callable[[argparse.ArgumentParser], None]
+    levers: Callable[[argparse.Namespace], dict[str, dict]]
+    tags: Callable[[argparse.Namespace], list[str]]
+    patch: Patch
 
 
 def probe(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, seed: int):
@@ -305,8 +216,9 @@ def everyday(ps: PromptSet) -> np.ndarray:
     return np.isin(source_names(ps), EVERYDAY_SOURCES) & (np.asarray(ps.labels) == 0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, study: Study | None = None) -> int:
+    """The benchmark on the command line ``argv``, with a ``study``'s variants when given."""
+    ap = argparse.ArgumentParser(description=study.description if study else __doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", choices=list(MODELS), default=DEFAULT_MODEL)
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "tpc-hooks" / "bench-constructions")
@@ -356,19 +268,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="then train the homonyms alone, and with the levers that helped elsewhere (HOMONYM_LEVERS)",
     )
-    ap.add_argument(
-        "--flips",
-        action="store_true",
-        help="then train the flips' levers at the chosen layer: a share of them, each kind alone (FLIP_LEVERS)",
-    )
-    ap.add_argument(
-        "--unseen",
-        action="store_true",
-        help="then train with selection on flip kinds the fit never saw, and with the flips least like "
-        "the templates (UNSEEN_LEVERS)",
-    )
+    if study:
+        study.flags(ap)
     add_results_argument(ap, "bench_constructions")
     args = ap.parse_args(argv)
+    args.study_levers = study.levers(args) if study else {}
+    tags = study.tags(args) if study else []
     if (
         args.model != DEFAULT_MODEL
         or args.sites != ["resid_post"]
@@ -376,10 +281,9 @@ def main(argv: list[str] | None = None) -> int:
         or args.split
         or args.calibration
         or args.variants
-        or args.flips
+        or tags
         or args.consistency
         or args.homonyms
-        or args.unseen
         or args.seed
     ):
         args.results_name = "_".join(
@@ -391,22 +295,22 @@ def main(argv: list[str] | None = None) -> int:
                 *([f"split-{args.split}"] if args.split else []),
                 *([f"calibration-{args.calibration}"] if args.calibration else []),
                 *(["variants"] if args.variants else []),
-                *(["flips"] if args.flips else []),
+                *tags,
                 *(["homonyms"] if args.homonyms else []),
-                *(["unseen"] if args.unseen else []),
                 *(["consistency-" + "-".join(map(str, args.consistency))] if args.consistency else []),
                 *([f"seed{args.seed}"] if args.seed else []),
             ]
         )
-    with recording(results_path(args), argv), shared_collection() as rows:
-        return run(args, rows)
+    with recording(results_path(args), argv):
+        return run(args, {}, study.patch if study else unpatched)
 
 
 def evaluate(mon: tpc.Monitor, X: dict[str, np.ndarray]) -> tuple[dict, dict]:
     """The deployed policy's flags at the monitor's threshold, and each kept order's logits, per set."""
     with torch.no_grad():
         deployed = {
-            k: flagged(mon.policy()(torch.as_tensor(v)).decision_logits, mon.threshold).numpy() for k, v in X.items()
+            k: dataclasses.replace(mon.policy()(torch.as_tensor(v)), threshold=mon.threshold).flagged.numpy()
+            for k, v in X.items()
         }
         orders = {k: mon.head.truncations(torch.as_tensor(v)).numpy() for k, v in X.items()}
     return deployed, {f"order {n}": {k: v[:, n - 1] for k, v in orders.items()} for n in range(1, mon.head.degree + 1)}
@@ -447,7 +351,7 @@ HARMFUL_SETS = ("test harmful", *SHIFTS)
 FLOOR_POINTS = 2.0  # the floor: the default's mean share caught at least the probe's mean minus this, per harmful set
 
 
-def run(args: argparse.Namespace, collected: dict) -> int:
+def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
     t0 = time.time()
     layers = [site(L, kind) for L in MODELS[args.model]["layers"] for kind in args.sites]  # the candidate sites
     chat = MODELS[args.model]["chat_template"]
@@ -468,6 +372,7 @@ def run(args: argparse.Namespace, collected: dict) -> int:
         verbose=False,
         sources=source_names(train),
         everyday=EVERYDAY_SOURCES,
+        rows_cache=rows_cache,  # each text's pooled rows read once, for the default and every variant
         **({"split": args.split} if args.split else {}),
         **({"calibration": traffic} if traffic else {}),
     )
@@ -585,8 +490,8 @@ def run(args: argparse.Namespace, collected: dict) -> int:
 
     across_sources(scores[f"order {kept}"], val, test, y)
     threshold_rows(mon, train, X["train"], y["train"])
-    if args.variants or args.flips or args.consistency or args.homonyms or args.unseen:
-        variants(model_box[0], mon.site, train, X, y, probe_hits, train_args, levers(args, train_args), collected)
+    if args.variants or args.study_levers or args.consistency or args.homonyms:
+        variants(model_box[0], mon.site, train, X, y, probe_hits, train_args, levers(args, train_args), patch)
     print(f"\nDone in {time.time() - t0:.0f} s.")
     return 0
 
@@ -604,18 +509,14 @@ def with_recipe(kw: dict) -> dict:
 
 
 def levers(args: argparse.Namespace, train_args: dict) -> dict[str, dict]:
-    """The variants the flags ask for, by name: ``train_monitor``'s keyword arguments (and ``flip_share``)."""
+    """The variants the flags ask for, by name: ``train_monitor``'s keyword arguments (and a study's own)."""
     other = next(s for s in SPLITS if s != train_args.get("split", DEFAULT_SPLIT))
     out = {**VARIANTS, f"split={other!r}": {"split": other}} if args.variants else {"default": {}}
     # the intent recipe's own levers (the flips, the homonyms, the consistency weight on its rewrites): each on
     # top of recipe='intent', under the names they were first recorded with
-    intent: dict[str, dict] = {}
-    if args.flips:
-        intent.update(FLIP_LEVERS)
+    intent: dict[str, dict] = dict(args.study_levers)
     if args.homonyms:
         intent.update(HOMONYM_LEVERS)
-    if args.unseen:
-        intent.update(UNSEEN_LEVERS)
     for w in args.consistency:
         intent.update(named({"consistency": w}, {"consistency": w, "intent": False}))
     if intent:
@@ -682,7 +583,7 @@ def variants(
     probe_hits: dict,
     train_args: dict,
     named: dict[str, dict],
-    collected: dict,
+    patch: Patch,
 ) -> None:
     """The recipe's levers one at a time, at the chosen site: per variant, the deployed policy and each
     kept order at 1% FPR, and each order's recall minus the probe's on every shift."""
@@ -696,11 +597,11 @@ def variants(
     print("| variant | threshold | row | " + " | ".join(COLUMNS) + " | worst shift vs probe |")
     print("|---|---:|---|" + "---:|" * (len(COLUMNS) + 1))
     print("| plain probe | | 1% FPR | " + " | ".join(f"{v:.1f}" for v in base) + " | 0.0 |")
-    notes: list[str] = []
+    notes: dict[str, list[str]] = {}
     for name, kw in named.items():
         t0 = time.time()
-        patch, kw = patched(kw, collected, chosen, train_args["seed"], notes)
-        with patch:
+        patching, kw = patch(kw, train_args["rows_cache"], chosen, train_args["seed"], notes)
+        with patching:
             mon = tpc.train_monitor(model, train.texts, train.labels, chosen, **with_recipe({**train_args, **kw}))
         deployed, orders = evaluate(mon, X)
         found = {"deployed": shares(deployed, y), **{k: shares(at_fpr(s, y), y) for k, s in orders.items()}}
@@ -708,8 +609,8 @@ def variants(
             gap = "" if row == "deployed" else f"{min(vals[2 + i] - base[2 + i] for i in range(len(SHIFTS))):+.1f}"
             print(f"| {name} | {mon.threshold:.4f} | {row} | " + " | ".join(f"{v:.1f}" for v in vals) + f" | {gap} |")
         print(f"{name}: trained in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-    if notes:
-        print("\nThe flips least like the templates, kept share: " + "; ".join(notes) + ".")
+    for heading, entries in notes.items():
+        print(f"\n{heading}: " + "; ".join(entries) + ".")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ same filters), as benign context for long-context tests of streaming monitors;
 :func:`host_requests` and :func:`token_labels` build and label the sequences
 ``train_monitor(pooling="token", contexts=...)`` trains on. :func:`everyday_prompts` draws
 unlabelled ShareGPT first turns to set a threshold on (``train_monitor(calibration=...)``).
+:func:`split_positions` gives the training and validation positions ``train_monitor`` splits its
+prompts into (``split=`` one of :data:`SPLITS`), for a baseline trained and chosen on the same rows.
 """
 
 from .prompts._context import HostedRequests as HostedRequests
@@ -62,6 +64,8 @@ from .prompts._sets import rewrites as rewrites
 from .prompts._sets import stated_flips as stated_flips
 from .prompts._sources import INSTALL as INSTALL
 from .prompts._sources import sharegpt_conversations as sharegpt_conversations
+from .training._split import SPLITS as SPLITS
+from .training._split import split_positions as split_positions
 
 __all__ = [
     "default_prompt_set",
@@ -85,6 +89,7 @@ __all__ = [
     "host_requests",
     "HostedRequests",
     "token_labels",
+    "split_positions",
     "HARMFUL_SOURCES",
     "BENIGN_SOURCES",
     "EVERYDAY_SOURCES",
@@ -92,5 +97,6 @@ __all__ = [
     "PHRASING_FAMILIES",
     "INTENT_KINDS",
     "HARD_NEGATIVE_KINDS",
+    "SPLITS",
     "INSTALL",
 ]

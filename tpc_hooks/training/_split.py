@@ -9,14 +9,19 @@ the validation part, so that the selection and the threshold set on validation s
 trained on. With no shared text the split is scikit-learn's stratified one, unchanged.
 """
 
+import numbers
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from sklearn.model_selection import train_test_split
 
+from .._errors import TPCHooksError
+from ..activations._collect import check_prompts
+from ..head._checks import check_labels
 from ..prompts._sources import shingles
 
 SPLITS = ("stratified", "grouped")  # train_monitor's split=
@@ -84,23 +89,67 @@ def validation_split(texts: Sequence[str], y: np.ndarray, n_val: int, seed: int)
     return tr, va
 
 
+def check_split(y: np.ndarray, val_fraction: Any, split: Any) -> int:
+    """The split's settings checked against binary labels ``y`` (each error says what was expected):
+    ``val_fraction`` in (0, 1), a known ``split``, at least 2 prompts of each class, and at least 2
+    prompts left on each side. Returns the number of validation prompts, ``round(val_fraction * n)``
+    (at least 2)."""
+    if isinstance(val_fraction, bool) or not isinstance(val_fraction, numbers.Real) or not 0 < float(val_fraction) < 1:
+        raise TPCHooksError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
+    if not isinstance(split, str) or split not in SPLITS:
+        raise TPCHooksError(f"split must be one of {list(SPLITS)}; got {split!r}")
+    if np.bincount(y, minlength=2).min() < 2:
+        raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
+    n = len(y)
+    n_val = max(2, int(round(float(val_fraction) * n)))
+    if n - n_val < 2:
+        raise TPCHooksError(
+            f"val_fraction={val_fraction!r} holds out {n_val} of {n} prompts, leaving {n - n_val} to train on; "
+            "each side needs at least 2: lower val_fraction or add prompts"
+        )
+    return n_val
+
+
 def split_positions(
-    texts: Sequence[str], y: np.ndarray, val_fraction: float, split: str, seed: int
+    texts: Sequence[str], labels: Any, val_fraction: float = 0.2, split: str = "stratified", seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``train_monitor``'s ``(train, val)`` positions of its prompts: ``round(val_fraction * n)`` held
-    out (at least 2), by scikit-learn's stratified split or, with ``split="grouped"``,
-    :func:`validation_split`. A probe trained on the same rows reads the same split.
+    """The ``(train, val)`` positions :func:`~tpc_hooks.train_monitor` splits its prompts into, for the
+    same ``val_fraction``, ``split`` and ``seed`` (its defaults here too): ``round(val_fraction * n)``
+    held out (at least 2), in the classes' proportions, by scikit-learn's stratified split or, with
+    ``split="grouped"``, with the prompts that share an 8-word run kept on one side. A probe trained
+    on the training positions' rows and chosen on the validation positions' reads the monitor's own
+    split (``monitor.report["split"]`` records the settings).
+
+    Args:
+        texts: the prompts, as given to ``train_monitor``.
+        labels: their labels (1 = harmful), one per prompt.
+        val_fraction: the share held out for validation, in (0, 1).
+        split: ``"stratified"`` or ``"grouped"`` (:data:`SPLITS`).
+        seed: draws the split (``train_monitor``'s ``seed``).
+
+    Returns:
+        Two integer arrays of positions into ``texts``: the training prompts and the validation
+        prompts, disjoint, together every position.
+
+    Raises:
+        TPCHooksError: texts that are not a non-empty list of non-empty strings, labels that are not
+            binary or not one per text, ``val_fraction`` outside (0, 1), an unknown ``split``, fewer
+            than 2 prompts of a class, or fewer than 2 prompts left on a side.
 
     Example:
-        >>> tr, va = split_positions(
-        ...     ["a", "b", "c", "d", "e", "f"], np.array([0, 0, 0, 1, 1, 1]), 0.34, "stratified", 0
-        ... )
-        >>> len(tr), len(va)
-        (4, 2)
+        >>> from tpc_hooks.data import split_positions
+        >>> texts = [f"prompt {i}" for i in range(10)]
+        >>> tr, va = split_positions(texts, [0, 1] * 5, val_fraction=0.2, seed=0)
+        >>> len(tr), len(va), sorted([*tr, *va]) == list(range(10))
+        (8, 2, True)
     """
-    n_val = max(2, int(round(val_fraction * len(texts))))
-    y = np.asarray(y, dtype=int)
+    items = check_prompts(texts, "texts")
+    n_labels = len(labels) if hasattr(labels, "__len__") else None
+    if n_labels is not None and n_labels != len(items):
+        raise TPCHooksError(f"labels has {n_labels} entries but texts has {len(items)}; give one label per text")
+    y = check_labels(labels, len(items), "labels", need_both=False).numpy().astype(int)
+    n_val = check_split(y, val_fraction, split)
     if split == "grouped":
-        return validation_split(texts, y, n_val, seed)
-    tr, va = train_test_split(np.arange(len(texts)), test_size=n_val, stratify=y, random_state=seed)
+        return validation_split(items, y, n_val, seed)
+    tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=seed)
     return np.asarray(tr), np.asarray(va)

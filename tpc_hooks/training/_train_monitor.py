@@ -11,9 +11,9 @@ the :class:`~tpc_hooks.training._train.TrainPlan`, then hand both to
 ``tpc-hooks train`` runs on the rows ``tpc-hooks collect`` wrote.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from ..activations._collect import collect, prompts_digest, token_batches
 from ..head._history import FitConfig
+from ..head._sae import identity as sae_identity
 from ..monitoring._monitor import Monitor
 from ..monitoring._monitor_config import MonitorConfig
 from ..prompts import _intent
@@ -75,6 +76,7 @@ def train_monitor(
     max_tokens: int | None = 512,
     batch_size: int = 8,
     tokenizer: Any = None,
+    rows_cache: Any = None,
     verbose: bool = True,
     **fit_kwargs: Any,
 ) -> Monitor:
@@ -177,6 +179,18 @@ def train_monitor(
         max_tokens, batch_size: the tokens read per prompt and the prompts per forward pass.
         tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
             ``name_or_path``); toolkit models use their own.
+        rows_cache: a dict (any mutable mapping) the call fills with each text's pooled row at
+            each site it reads, and reads back: a later call given the same dict runs the model
+            only on the texts no earlier call read the same way, e.g. to compare recipes or
+            settings on the same prompts. A row is reused only for the same reading: the same
+            model object (its ``id()``, name and ``d_model``), site, pooling, ``chat_template``,
+            BOS, ``max_tokens`` and SAE; keys are ``(reading, text)`` pairs. Use one dict per
+            model (an ``id()`` is only unique while its object lives). The rows read back equal a
+            fresh collection's up to rounding: a prompt's pooled row does not depend on its batch
+            or padding beyond floating-point rounding (a batch of other prompts pads it
+            differently), so a monitor trained from a filled cache can differ from one trained
+            without by that rounding; with ``batch_size=1`` they are identical. Pooled monitors
+            only (not ``pooling="token"``).
 
     Returns:
         A :class:`Monitor`; ``monitor.report`` holds validation metrics per order (on the
@@ -213,10 +227,14 @@ def train_monitor(
         sources=sources,
         everyday=everyday,
         calibration=calibration,
+        rows_cache=rows_cache,
         fit_kwargs=fit_kwargs,
     )
     texts = _texts(request)
-    rows = _collect(request, texts, max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose)
+    cached = None if rows_cache is None else _Cached(rows_cache, request, model, max_tokens=max_tokens, sae=sae)
+    rows = _collect(
+        request, texts, max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose, cached=cached
+    )
     chats = _collect_chats(request, batch_size=batch_size, sae=sae, verbose=verbose)
     data = {s: _train_data(rows[s], texts, request, chats) for s in request.sites}
     plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr)
@@ -315,13 +333,71 @@ def _texts(r: Request) -> _Texts:
     return _Texts(texts, labels, at, groups, flips)
 
 
+class _Reading(NamedTuple):
+    """How a pooled row was read: the half of a ``rows_cache`` key that is not the text."""
+
+    model: int  # id() of the model object
+    model_name: str
+    d_model: int
+    site: str
+    pooling: str
+    chat_template: bool
+    prepend_bos: bool
+    max_tokens: int | None
+    sae: str | None  # the SAE's weights' SHA-256
+
+
+class _Cached:
+    """``train_monitor``'s ``rows_cache``: each text's pooled row per site, keyed by
+    ``(reading, text)``; :meth:`collect` runs the model only on the texts it lacks."""
+
+    def __init__(self, rows: MutableMapping[Any, Any], r: Request, model: Any, *, max_tokens: int | None, sae: Any):
+        self.rows = rows
+        sae_id = None if sae is None else sae_identity(sae)["weights_sha256"]
+        adapter = r.adapter
+        self.reading = {
+            s: _Reading(
+                id(model),
+                adapter.model_name,
+                adapter.d_model,
+                s,
+                r.pooling,
+                r.chat_template,
+                r.bos,
+                max_tokens,
+                sae_id,
+            )
+            for s in r.sites
+        }
+
+    def collect(
+        self, texts: list[str], sites: list[str], read: Callable[[list[str]], dict[str, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
+        """``read(texts)`` (``{site: [n, d]}``) for the texts not in the cache at every site, each
+        text read once; then every text's rows from the cache, in order."""
+        key = self.reading
+        missing = list(dict.fromkeys(t for t in texts for s in sites if (key[s], t) not in self.rows))
+        if missing:
+            got = read(missing)
+            self.rows.update({(key[s], t): got[s][i] for s in sites for i, t in enumerate(missing)})
+        return {s: torch.stack([self.rows[key[s], t] for t in texts]) for s in sites}
+
+
 def _collect(
-    r: Request, t: _Texts, *, max_tokens: int | None, batch_size: int, sae: Any, verbose: bool
+    r: Request,
+    t: _Texts,
+    *,
+    max_tokens: int | None,
+    batch_size: int,
+    sae: Any,
+    verbose: bool,
+    cached: _Cached | None = None,
 ) -> dict[str, Callable[[list[Any]], Any]]:
     """One collection pass over every text at every candidate site, then one over the calibration
     prompts (batched apart, so that they change no other row by a rounding error): per site, a
     function from text positions to their rows (pooled ``[n, d]``, or one ``[T_i, d]`` per text for
-    a per-token monitor)."""
+    a per-token monitor). With ``cached`` (a ``rows_cache``), each pass reads only the texts the
+    cache lacks and takes the others' rows from it."""
     adapter = r.adapter
     n = len(t.texts) - len(r.calibration)
     parts = [p for p in (t.texts[:n], t.texts[n:]) if p]
@@ -336,8 +412,9 @@ def _collect(
             return [seqs[i] for i in at]
 
         return {s: pick for s in r.sites}
-    read = [
-        collect(
+
+    def read_part(part: list[str]) -> dict[str, torch.Tensor]:
+        return collect(
             adapter,
             part,
             r.sites,
@@ -349,8 +426,8 @@ def _collect(
             sae=sae,
             progress=verbose,
         )
-        for part in parts
-    ]
+
+    read = [read_part(part) if cached is None else cached.collect(part, r.sites, read_part) for part in parts]
     acts = {s: torch.cat([a[s] for a in read]) for s in r.sites}
 
     def rows_of(a: torch.Tensor) -> Callable[[list[Any]], Any]:

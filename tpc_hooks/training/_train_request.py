@@ -3,7 +3,7 @@ error says what was expected) and resolved into a :class:`Request` (the candidat
 phrasing families and intent kinds, the tokenisation, the fit settings, the seeded train /
 validation split of the prompts, the hosted chats and the calibration prompts)."""
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from ..prompts import _intent
 from ..prompts._context import check_conversation, context_budget, sharegpt_contexts
 from ..prompts._sources import norm
 from ._recipes import Recipe
-from ._split import SPLITS, split_positions
+from ._split import check_split, split_positions
 from ._train import CALIBRATION, check_target_fpr, default_aggregate, fit_config
 
 
@@ -92,6 +92,7 @@ def check_request(
     sources: Any,
     everyday: Any,
     calibration: Any,
+    rows_cache: Any,
     fit_kwargs: dict[str, Any],
 ) -> Request:
     """Every argument checked (each error says what was expected) and resolved, before any model work."""
@@ -118,10 +119,20 @@ def check_request(
         raise TPCHooksError("an SAE belongs to one site: pass a single site with sae=")
     if aggregate is None:
         aggregate = default_aggregate(contexts is not None)
+    if rows_cache is not None and not isinstance(rows_cache, MutableMapping):
+        raise TPCHooksError(
+            f"rows_cache must be a dict (one per model, filled and read back across calls); got "
+            f"{type(rows_cache).__name__}"
+        )
     if pooling == "token":
         check_aggregate(aggregate, alpha, window)
         if len(sites) > 1:
             raise TPCHooksError("a per-token monitor (pooling='token') reads one site; pass a single site")
+        if rows_cache is not None:
+            raise TPCHooksError(
+                "rows_cache keeps pooled rows; a per-token monitor (pooling='token') reads every token: "
+                "leave rows_cache out"
+            )
     else:
         check_pooling(pooling)
         if contexts is not None:
@@ -132,12 +143,7 @@ def check_request(
         chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
     if contexts is not None:
         contexts, context_tokens = _check_contexts(adapter.tokenizer, contexts, context_tokens, chat_template, items)
-    if not 0 < val_fraction < 1:
-        raise TPCHooksError(f"val_fraction must be in (0, 1); got {val_fraction!r}")
-    if split not in SPLITS:
-        raise TPCHooksError(f"split must be one of {list(SPLITS)}; got {split!r}")
-    if np.bincount(y, minlength=2).min() < 2:
-        raise TPCHooksError("labels need at least 2 examples of each class to hold out a validation split")
+    check_split(y, val_fraction, split)
     given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
     own: dict[str, Any] = {
         k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs
