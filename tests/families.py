@@ -256,3 +256,25 @@ def build(family: str, seed: int = 0):
     model.config.architectures = [type(model).__name__]  # as a saved checkpoint's config.json names it
     model.name_or_path = __import__("tiny_models").tokenizer_dir()
     return model
+
+
+def vllm_engine(path, **kw):
+    """A small ``vllm.LLM`` on the checkpoint saved at ``path`` (float32, 4 sequences, 128 tokens, 32-token
+    blocks), with ``kw`` (e.g. ``vllm_engine_args(...)``). TPC_TEST_VLLM_MEMORY: the share of the machine's
+    memory (a GPU's, under ``make test-vllm-gpu``) the engine reserves; vLLM's default 0.92 on a CPU fails
+    to start beside another memory-hungry job."""
+    import os
+
+    import vllm
+
+    memory = float(os.environ.get("TPC_TEST_VLLM_MEMORY", "0.25" if torch.cuda.is_available() else "0.92"))
+    return vllm.LLM(
+        model=str(path),
+        dtype="float32",
+        max_num_seqs=4,
+        max_model_len=128,
+        block_size=32,
+        seed=0,
+        gpu_memory_utilization=memory,
+        **kw,
+    )

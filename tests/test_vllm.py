@@ -251,13 +251,19 @@ def test_monitored_and_opted_out_requests_share_cached_blocks_both_ways(models):
     prompts = [p.replace("hardware store", "bike shop") for p in LONG]
     want = mon.generate(hf, prompts, max_new_tokens=5, tokenizer=tok)
     ids = _ids(llm, prompts)
-    out_ = vllm.SamplingParams(max_tokens=6, temperature=0, extra_args={"tpc_hooks_monitor": False})
-    mon_ = vllm.SamplingParams(max_tokens=6, temperature=0)
+
+    def params(b, monitored):  # each request keyed (its steps come back as "<key>/0")
+        extra = {"tpc_hooks_key": f"r{b}", **({} if monitored else {"tpc_hooks_monitor": False})}
+        return vllm.SamplingParams(max_tokens=6, temperature=0, extra_args=extra)
+
     with get_adapter(llm).monitoring(mon):
-        first = llm.generate([{"prompt_token_ids": i} for i in ids], [out_, mon_, out_, mon_], use_tqdm=False)
-        runs = _runs(llm, first)
-        second = llm.generate([{"prompt_token_ids": i} for i in ids], [mon_, out_, mon_, out_], use_tqdm=False)
-        runs2 = _runs(llm, second)
+        first = [params(b, b % 2) for b in range(4)]
+        llm.generate([{"prompt_token_ids": i} for i in ids], first, use_tqdm=False)
+        runs = _runs(llm, 4)
+        second = llm.generate(
+            [{"prompt_token_ids": i} for i in ids], [params(b, 1 - b % 2) for b in range(4)], use_tqdm=False
+        )
+        runs2 = _runs(llm, 4)
     assert sorted(runs) == [1, 3] and sorted(runs2) == [0, 2]
     assert sum(o.num_cached_tokens for o in second) >= 32 * len(prompts)
     for b, run in {**runs, **runs2}.items():
@@ -269,10 +275,10 @@ def _ids(llm, prompts) -> list[list[int]]:
     return get_adapter(llm).tokenize(prompts, chat_template=True, max_tokens=None)[0]
 
 
-def _runs(llm, outs) -> dict[int, dict]:
-    """The workers' steps of each output's request, by its index (requests without steps left out)."""
-    got = {rid.rsplit("-", 1)[0]: run for rid, run in llm.collective_rpc("tpc_hooks_runs")[0].items()}
-    return {b: got[o.request_id] for b, o in enumerate(outs) if o.request_id in got}
+def _runs(llm, n) -> dict[int, dict]:
+    """The workers' steps of the requests keyed r0 .. r{n-1}, by index (requests without steps left out)."""
+    got = llm.collective_rpc("tpc_hooks_runs")[0]
+    return {b: got[f"r{b}/0"] for b in range(n) if f"r{b}/0" in got}
 
 
 def test_a_small_cache_that_evicts_and_refills_blocks_never_brings_back_another_prompts_state(models):

@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from tpc_hooks.adapters._vllm_args import worker_error
 from tpc_hooks.serving import _vllm_checks as checks
@@ -226,6 +225,82 @@ def test_the_runtime_checks_catch_what_they_check():
     assert r._finished(rec) == "a-1 reported finished at step 3, last scheduled at 3"
 
 
+# ---------------------------------------------------------------------------------------------- ids and calls
+def test_the_id_scheme_is_read_in_one_helper_each_way():
+    """Sample k of n, and prompt i of a completions batch, read from vLLM's ids as vLLM 0.32/0.33 write
+    them (rows ParentRequest, OpenAIServingCompletion); an id of another shape is a loud error naming the
+    row, never a guess; a request vLLM did not fan out is sample 0 whatever its id looks like."""
+    from tpc_hooks import TPCHooksError
+    from tpc_hooks.serving._vllm_contract import child_index, completion_prompt
+
+    for k in range(3):
+        assert child_index(f"{k}_chatcmpl-3_x-1-0a1b2c3d", 3) == k
+        assert completion_prompt(f"cmpl-a-{k}-{k}") == k
+    assert child_index("2_a", 1) == child_index("x", 1) == 0
+    for bad in ("chatcmpl-x-0a1b2c3d", "3_x", "_x", "12_x"):
+        with pytest.raises(TPCHooksError, match="ParentRequest"):
+            child_index(bad, 3)
+    for bad in ("chatcmpl-x", "cmpl-x", "cmpl-x-", "x-1"):
+        with pytest.raises(TPCHooksError, match="OpenAIServingCompletion"):
+            completion_prompt(bad)
+
+
+_VLLM_FILES = [
+    p for p in [*PACKAGE.glob("serving/*.py"), *PACKAGE.glob("adapters/*vllm*.py")] if p.name != "_vllm_contract.py"
+]
+
+
+def test_no_id_is_split_or_matched_in_part_outside_the_contracts_helpers():
+    """The vLLM side of the plugin cuts no string at '-' or '_' and matches none in part (``x in rid``,
+    ``startswith``) or by pattern: engine ids are read by ``_vllm_contract.child_index`` and
+    ``completion_prompt`` alone, requests matched by keys of tpc-hooks' own."""
+    found = []
+    for path in _VLLM_FILES:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                what, args = node.func.attr, node.args
+                cuts = what in ("split", "rsplit", "partition", "rpartition") and any(
+                    isinstance(a, ast.Constant) and a.value in ("-", "_") for a in args
+                )
+                if cuts:
+                    found.append(f"{path.name}:{node.lineno}: .{what}({ast.unparse(args[0])})")
+            ids = ("rid", "request_id", "engine_id", "response_id", "req_id")
+            if isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+                right = node.comparators[0]
+                if any(isinstance(n, ast.Name) and n.id in ids or getattr(n, "attr", "") in ids for n in [right]):
+                    found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")  # a part of an id
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("startswith", "endswith", "match"):
+                if any(isinstance(n, ast.Name) and n.id in ids for n in ast.walk(node)):
+                    found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
+
+
+def test_every_remote_call_name_resolves_to_a_method_of_the_worker():
+    """The names callers pass to ``collective_rpc`` are the constants of ``_vllm_args``, each one a
+    method of the worker (read with ``ast``: the worker imports vLLM; with vLLM, on the class itself);
+    no caller spells one out."""
+    from tpc_hooks.adapters import _vllm_args
+
+    methods = set()
+    for module in ("_vllm_control.py", "_vllm_worker.py"):
+        for node in ast.walk(ast.parse((PACKAGE / "serving" / module).read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("tpc_hooks_"):
+                methods.add(node.name)
+    assert set(_vllm_args.RPCS) == methods, set(_vllm_args.RPCS) ^ methods
+    if HAS_VLLM:
+        from tpc_hooks.serving._vllm_worker import TPCHooksWorker
+
+        assert all(callable(getattr(TPCHooksWorker, name, None)) for name in _vllm_args.RPCS)
+    spelled = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "collective_rpc" and node.args:
+                if isinstance(node.args[0], ast.Constant):
+                    spelled.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert not spelled, f"remote calls by a literal name: {spelled}"
+
+
 # ---------------------------------------------------------------------------------------------- against vLLM
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here (make test-vllm)")
 def test_the_installed_vllm_is_as_every_static_row_says():
@@ -246,8 +321,8 @@ SITES = ["blocks.1.hook_resid_post", "blocks.2.hook_resid_pre"]
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     """One small monitored engine: the tiny Llama of tests/families.py, compiled as vLLM decides."""
-    vllm = pytest.importorskip("vllm")
-    from families import build
+    pytest.importorskip("vllm")
+    from families import build, vllm_engine
     from tiny_models import tokenizer
 
     from tpc_hooks.adapters import vllm_engine_args
@@ -256,17 +331,7 @@ def engine(tmp_path_factory):
     path = tmp_path_factory.mktemp("contract-llama")
     build("llama").save_pretrained(path)
     tokenizer().save_pretrained(path)
-    gpu = {"gpu_memory_utilization": 0.25} if torch.cuda.is_available() else {}
-    llm = vllm.LLM(
-        model=str(path),
-        dtype="float32",
-        max_num_seqs=4,
-        max_model_len=128,
-        block_size=32,
-        seed=0,
-        **gpu,
-        **vllm_engine_args(SITES),
-    )
+    llm = vllm_engine(path, **vllm_engine_args(SITES))
     yield llm
     del llm
 

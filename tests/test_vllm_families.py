@@ -25,7 +25,7 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
-from families import FAMILIES, build  # noqa: E402
+from families import FAMILIES, build, vllm_engine  # noqa: E402
 from tiny_models import assert_steps_score_as_offline, tiny_head, tokenizer  # noqa: E402
 
 import tpc_hooks as tpc  # noqa: E402
@@ -83,22 +83,6 @@ def _root_cause(log: Path, err: BaseException, *earlier: Path) -> str:
     return (found[-1] if found else str(err).splitlines()[0]).strip()
 
 
-def _engine(path: Path, **kw):
-    # TPC_TEST_VLLM_MEMORY: the share of the machine's memory the CPU engine reserves (vLLM's default 0.92
-    # fails to start beside another memory-hungry job)
-    memory = float(os.environ.get("TPC_TEST_VLLM_MEMORY", "0.92"))
-    return vllm.LLM(
-        model=str(path),
-        dtype="float32",
-        max_num_seqs=4,
-        max_model_len=128,
-        block_size=32,
-        seed=0,
-        gpu_memory_utilization=memory,
-        **kw,
-    )
-
-
 def _selected() -> list[str]:
     """The families ``TPC_VLLM_FAMILIES`` names (all when unset); an unknown name is an error, not a skip."""
     named = [f.strip() for f in os.environ.get("TPC_VLLM_FAMILIES", "").split(",") if f.strip()]
@@ -146,7 +130,7 @@ def _plain_greedy(path: Path, prompts: list[list[int]], log: Path) -> list[list[
     plain = None
     try:
         with _stderr_to(log):
-            plain = _engine(path)
+            plain = vllm_engine(path)
             outs = plain.generate(
                 [TokensPrompt(prompt_token_ids=p) for p in prompts], vllm.SamplingParams(max_tokens=6, temperature=0.0)
             )
@@ -165,7 +149,7 @@ def test_the_engine_reads_the_family_or_says_why_not(checkpoint, tmp_path):
     llm = None
     try:
         with _stderr_to(log):
-            llm = _engine(path, **extra, **vllm_engine_args([SITE]))
+            llm = vllm_engine(path, **extra, **vllm_engine_args([SITE]))
             generated = _read(llm, model, ATOL.get(family, 1e-4))
         if type(model).__name__ in REPLACED:  # served by tpc-hooks' subclass of vLLM's class: the same tokens
             del llm
@@ -187,7 +171,7 @@ def test_the_engine_reads_the_family_or_says_why_not(checkpoint, tmp_path):
     plain = None
     try:  # the same checkpoint on an engine without tpc-hooks: vLLM's own limit, or ours?
         with _stderr_to(tmp_path / "plain.log"):
-            plain = _engine(path, **extra)
+            plain = vllm_engine(path, **extra)
             plain.generate(PROMPTS, vllm.SamplingParams(max_tokens=2))
     except Exception as err:  # noqa: BLE001
         _OUTCOMES[family] = (

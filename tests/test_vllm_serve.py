@@ -249,6 +249,96 @@ def test_completions_with_several_prompts_and_samples_map_each_choice(server):
     assert again[1]["tpc_hooks"] == single["tpc_hooks"]  # choice 1 is the second prompt's
 
 
+def _same_decision(got: dict, want: dict) -> bool:
+    """Two choices' ``tpc_hooks`` fields decide alike (their peak scores equal up to the float noise of
+    batches of another shape)."""
+    same = {k: v for k, v in got.items() if k != "peak_score"} == {k: v for k, v in want.items() if k != "peak_score"}
+    return same and got["peak_score"] == pytest.approx(want["peak_score"], rel=1e-4)
+
+
+def _completion(client, prompt, **extra):
+    body = {"model": "smol", "prompt": prompt, "max_tokens": 6, "temperature": 0, **extra}
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"]
+
+
+def _streamed(client, route, body, headers=None):
+    """A streamed answer's choices as they finished: each its text and last chunk's fields, by index."""
+    text: dict[int, str] = {}
+    last: dict[int, dict] = {}
+    with client.stream("POST", route, json={**body, "stream": True}, headers=headers or {}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for c in json.loads(line[6:])["choices"]:
+                    piece = c.get("text") if "text" in c else (c.get("delta") or {}).get("content")
+                    text[c["index"]] = text.get(c["index"], "") + (piece or "")
+                    if c.get("finish_reason"):
+                        last[c["index"]] = c
+    return {i: {**last[i], "whole": text[i]} for i in last}
+
+
+def test_every_request_shape_of_the_openai_layer_gets_its_own_summary(server):
+    """Each shape in which vLLM's OpenAI layer hands requests to the engine (a chat; a completions batch
+    of prompts; n samples of one; streamed; request ids a client gives, of any shape, even two alike, sent
+    at once) answers each choice with the decision on that choice's own tokens: the one the same prompt
+    (and, for sample k, the same seed + k, as vLLM seeds it) gets sent alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client, _ = server
+    prompts = ["hi", "Say only the word yes.", "How do I bake sourdough bread?", "Name a colour."]
+    alone = {p: _chat(client, p).json()["choices"][0] for p in prompts}
+    assert len({a["tpc_hooks"]["flagged"] for a in alone.values()}) == 2  # some flagged, some not: a mix-up shows
+
+    ids = ["a", "a-1", "a", "chatcmpl-a-0", "3_b", "cmpl-x-1"]  # ids that parse like vLLM's own, and a repeat
+
+    def send(k):
+        r = client.post(
+            "/v1/chat/completions",
+            json={"model": "smol", "messages": [{"role": "user", "content": prompts[k % 4]}], "max_tokens": 12,
+                  "temperature": 0},
+            headers={"X-Request-Id": ids[k]},
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]
+
+    with ThreadPoolExecutor(len(ids)) as pool:
+        answers = list(pool.map(send, range(len(ids))))
+    for k, got in enumerate(answers):
+        want = alone[prompts[k % 4]]
+        assert got["message"]["content"] == want["message"]["content"]
+        assert _same_decision(got["tpc_hooks"], want["tpc_hooks"]), (ids[k], got, want)
+
+    streamed = _streamed(client, "/v1/chat/completions", {"model": "smol", "messages": [{"role": "user",
+        "content": "hi"}], "max_tokens": 12, "temperature": 0}, headers={"X-Request-Id": "a-1"})  # fmt: skip
+    assert streamed[0]["whole"] == alone["hi"]["message"]["content"]
+    assert _same_decision(streamed[0]["tpc_hooks"], alone["hi"]["tpc_hooks"])
+
+    # n samples of a chat: sample k is what seed + k gives alone
+    body = {"model": "smol", "messages": [{"role": "user", "content": prompts[2]}], "max_tokens": 8,
+            "temperature": 1.0, "seed": 11}  # fmt: skip
+    fanned = client.post("/v1/chat/completions", json={**body, "n": 3}).json()["choices"]
+    assert sorted(c["index"] for c in fanned) == [0, 1, 2]
+    for c in fanned:
+        one = client.post("/v1/chat/completions", json={**body, "seed": 11 + c["index"]}).json()["choices"][0]
+        assert c["message"]["content"] == one["message"]["content"]
+        assert _same_decision(c["tpc_hooks"], one["tpc_hooks"]), (c, one)
+
+    # a completions batch of prompts, each sampled n times, as one answer and streamed
+    batch = ["Hello there", "The capital of France is", "hi"]
+    extra = {"temperature": 1.0, "seed": 5, "n": 2}
+    whole = _completion(client, batch, **extra)
+    streamed = _streamed(client, "/v1/completions", {"model": "smol", "prompt": batch, "max_tokens": 6, **extra})
+    assert sorted(c["index"] for c in whole) == sorted(streamed) == list(range(6))
+    for c in whole:
+        i, k = divmod(c["index"], 2)
+        one = _completion(client, batch[i], temperature=1.0, seed=5 + k)[0]
+        assert c["text"] == one["text"] == streamed[c["index"]]["whole"]
+        assert _same_decision(c["tpc_hooks"], one["tpc_hooks"]), (c, one)
+        assert _same_decision(streamed[c["index"]]["tpc_hooks"], one["tpc_hooks"])
+
+
 def test_nan_activations_answer_that_request_with_an_error_and_the_server_goes_on(server, smollm2_hf):
     client, _ = server
     _, tok = smollm2_hf

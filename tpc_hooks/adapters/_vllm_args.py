@@ -1,10 +1,13 @@
-"""What a ``vllm.LLM`` needs to be monitored: its engine arguments (this module imports no vLLM)."""
+"""What a ``vllm.LLM`` needs to be monitored: its engine arguments, the keys tpc-hooks puts in a
+request's ``extra_args``, the names of the worker's remote calls, and how rows travel back from a
+worker (this module imports no vLLM)."""
 
-import json
-import os
 import re
 from collections.abc import Sequence
 from typing import Any
+
+import torch
+from torch import Tensor
 
 from .._errors import TPCHooksError
 from ._sites import parse_site
@@ -14,8 +17,33 @@ STOP = "tpc_hooks.serving._vllm_worker:TPCHooksStop"
 CONFIG = "tpc_hooks"  # the key of tpc-hooks' settings in vLLM's `additional_config`
 OPT_OUT = "tpc_hooks_monitor"  # SamplingParams.extra_args key: false/0 opts the request out
 THRESHOLD = "tpc_hooks_threshold"  # ... its own threshold, a probability in (0, 1)
-# a server's monitor names (JSON), set before its engine starts: requests are checked against them
-NAMES_ENV = "TPC_HOOKS_MONITOR_NAMES"
+# set where a request enters (monitor.generate, tpc.collect, the server): tpc-hooks' own key for it, how many
+# samples vLLM fans it out to (its `n`), and a server's monitor names that `tpc_hooks_*.NAME` settings may address
+KEY = "tpc_hooks_key"
+FAN = "tpc_hooks_fan"
+NAMES = "tpc_hooks_names"
+
+# the worker's remote calls (`collective_rpc(NAME, ...)`), by the names its methods have (tpc_hooks.serving.
+# _vllm_control.Control and _vllm_worker's mixin); tests/test_vllm_contract.py checks every one resolves
+RPC_SITES = "tpc_hooks_sites"
+RPC_CAPTURE = "tpc_hooks_capture"
+RPC_TAKE = "tpc_hooks_take"
+RPC_RELEASE = "tpc_hooks_release"
+RPC_ARM = "tpc_hooks_arm"
+RPC_ARM_SET = "tpc_hooks_arm_set"
+RPC_RUNS = "tpc_hooks_runs"
+RPC_SUMMARIES = "tpc_hooks_summaries"
+RPC_SET_SUMMARIES = "tpc_hooks_set_summaries"
+RPC_SWAP = "tpc_hooks_swap"
+RPC_DISARM = "tpc_hooks_disarm"
+RPC_REVIEW = "tpc_hooks_review"
+RPC_STATS = "tpc_hooks_stats"
+RPC_COUNTS = "tpc_hooks_counts"
+RPC_CONTRACT = "tpc_hooks_contract"
+RPCS = (
+    RPC_SITES, RPC_CAPTURE, RPC_TAKE, RPC_RELEASE, RPC_ARM, RPC_ARM_SET, RPC_RUNS, RPC_SUMMARIES,
+    RPC_SET_SUMMARIES, RPC_SWAP, RPC_DISARM, RPC_REVIEW, RPC_STATS, RPC_COUNTS, RPC_CONTRACT,
+)  # fmt: skip
 # how vLLM words a worker's error for collective_rpc's caller: the engine core's words (and, from a worker
 # process of its own, the executor's) around the text of what the worker raised (the contract's rows
 # EngineCoreProc._invoke_utility_method and MultiprocExecutor.collective_rpc)
@@ -103,17 +131,65 @@ def vllm_engine_args(
     return {"worker_cls": WORKER, "logits_processors": [STOP], "additional_config": extra}
 
 
+def ident(key: str, child: int = 0) -> str:
+    """How a worker names the request tpc-hooks keyed ``key`` (:data:`KEY`), sample ``child`` of
+    its ``n``, in what it hands back (steps, summaries, rows). A request without a key of ours
+    goes by its engine id.
+
+    Example:
+        >>> ident("5f0c:2"), ident("5f0c:2", 1)
+        ('5f0c:2/0', '5f0c:2/1')
+    """
+    return f"{key}/{child}"
+
+
+def keyed(extra: dict[str, Any] | None, key: str, fan: int = 1, names: list[str] | None = None) -> dict[str, Any]:
+    """A request's ``extra_args`` with tpc-hooks' key for it (``fan``: how many samples it asks
+    for; ``names``: the monitors a server runs, which its settings may name); a copy.
+
+    Example:
+        >>> keyed({"tpc_hooks_threshold": 0.9}, "5f0c:0")
+        {'tpc_hooks_threshold': 0.9, 'tpc_hooks_key': '5f0c:0', 'tpc_hooks_fan': 1}
+    """
+    out = {k: v for k, v in (extra or {}).items() if k not in (KEY, FAN, NAMES)}
+    out.update({KEY: key, FAN: int(fan)})
+    if names is not None:
+        out[NAMES] = list(names)
+    return out
+
+
+def pack(rows: Any) -> dict[str, Any]:
+    """A float tensor as a worker's remote call hands it back: its bytes, dtype and shape (vLLM's
+    engine core encodes a remote call's result with msgpack, which carries bytes as they are).
+    :func:`unpack` makes it a tensor again.
+
+    Example:
+        >>> import torch
+        >>> t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+        >>> torch.equal(unpack(pack(t)), t)
+        True
+    """
+    t = rows.detach().to("cpu", torch.float32).contiguous()
+    return {"shape": list(t.shape), "data": t.numpy().tobytes()}
+
+
+def unpack(packed: dict[str, Any]) -> Tensor:
+    """The tensor :func:`pack` packed (float32)."""
+    flat = torch.frombuffer(bytearray(packed["data"]), dtype=torch.float32)
+    return flat.reshape(packed["shape"])
+
+
 def request_settings(params: Any, names: bool = False) -> dict[str, Any]:
     """A request's own monitor settings from its ``extra_args`` (the OpenAI server's
     ``vllm_xargs``): ``{"tpc_hooks_monitor": false}`` opts out, ``{"tpc_hooks_threshold": p}``
     sets its threshold; with several monitors, ``tpc_hooks_monitor.NAME`` and
     ``tpc_hooks_threshold.NAME`` do the same for the monitor ``NAME`` alone (``"by"``). Raises
-    ValueError (an HTTP 400 from the server) for a bad value, and with ``names``, for a name the
-    server does not run (checked where the engine admits a request: the server's process, whose
-    list follows monitors added or removed; a worker reads the settings of admitted requests)."""
+    ValueError (an HTTP 400 from the server) for a bad value, and for a name the server does not
+    run, with ``names``: a server puts the names it runs in each request where it enters
+    (:data:`NAMES`, following monitors added or removed), checked when the engine admits it."""
     extra = (params.extra_args if params is not None else None) or {}
     out: dict[str, Any] = {}
-    known = json.loads(os.environ.get(NAMES_ENV, "null")) if names else None  # a server's monitors (None: not checked)
+    known = extra.get(NAMES) if names else None  # a server's monitors (None: not checked)
     for key, v in extra.items():
         base, dot, name = str(key).partition(".")
         if base not in (OPT_OUT, THRESHOLD) or (dot and not name):

@@ -17,6 +17,7 @@ Imported only when a ``vllm.LLM`` is passed in.
 
 import importlib
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,7 +28,22 @@ from torch import Tensor
 from .._errors import TPCHooksError
 from ._adapter import Adapter
 from ._sites import Site
-from ._vllm_args import STOP, WORKER, unexposed, worker_error
+from ._vllm_args import (
+    RPC_ARM_SET,
+    RPC_CAPTURE,
+    RPC_DISARM,
+    RPC_RELEASE,
+    RPC_RUNS,
+    RPC_SITES,
+    RPC_TAKE,
+    STOP,
+    WORKER,
+    ident,
+    keyed,
+    unexposed,
+    unpack,
+    worker_error,
+)
 
 __all__ = ["VLLMAdapter", "make_adapter"]
 
@@ -64,7 +80,7 @@ class VLLMAdapter(Adapter):
     def exposed(self) -> dict[str, int]:
         """The sites the engine's compiled forward returns (fixed when it was built)."""
         if self._sites is None:
-            self._sites = self.model.collective_rpc("tpc_hooks_sites")[0]
+            self._sites = self.model.collective_rpc(RPC_SITES)[0]
         return self._sites
 
     def site(self, name: str) -> Site:
@@ -91,28 +107,33 @@ class VLLMAdapter(Adapter):
         from vllm import SamplingParams
 
         prompts = [row[m.bool()].tolist() for row, m in zip(input_ids.cpu(), attention_mask.cpu(), strict=True)]
+        keys = _keys(len(prompts))
         llm = self.model
-        llm.collective_rpc("tpc_hooks_capture", args=([s.name for s in sites],))
+        llm.collective_rpc(RPC_CAPTURE, args=([s.name for s in sites],))
         try:
-            outs = llm.generate(
+            llm.generate(
                 [{"prompt_token_ids": p} for p in prompts],
-                SamplingParams(max_tokens=1, temperature=0, skip_reading_prefix_cache=True),
+                [
+                    SamplingParams(
+                        max_tokens=1, temperature=0, skip_reading_prefix_cache=True, extra_args=keyed(None, k)
+                    )
+                    for k in keys
+                ],  # fmt: skip
                 use_tqdm=False,
             )
-            got = llm.collective_rpc("tpc_hooks_take")[0]  # every tensor-parallel rank holds the same stream
+            got = llm.collective_rpc(RPC_TAKE)[0]  # every tensor-parallel rank holds the same stream
         finally:
-            llm.collective_rpc("tpc_hooks_release")
+            llm.collective_rpc(RPC_RELEASE)
         B, T = attention_mask.shape
         result = {}
         for s in sites:
-            # the engine suffixes each request id ("0" runs as "0-<random>" in the workers)
-            per = _by_request(got.get(s.name, {}))
+            per = got.get(s.name, {})
             out = torch.zeros(B, T, self.d_model)
-            for b, (o, p) in enumerate(zip(outs, prompts, strict=True)):
-                rows = per.get(o.request_id)
+            for b, (key, p) in enumerate(zip(keys, prompts, strict=True)):
+                rows = per.get(ident(key))
                 if rows is None:
-                    raise TPCHooksError(f"the vLLM workers recorded nothing at {s.name} for request {o.request_id}")
-                out[b, attention_mask[b].bool().cpu()] = torch.tensor(rows[: len(p)])
+                    raise TPCHooksError(f"the vLLM workers recorded nothing at {s.name} for prompt {b}")
+                out[b, attention_mask[b].bool().cpu()] = unpack(rows)[: len(p)]
             result[s.name] = out
         return result
 
@@ -157,46 +178,54 @@ class VLLMAdapter(Adapter):
             )
         with self.monitoring(monitor, action, order=order, cascade=cascade):
 
-            def params(n: int, b: int, cached: bool = True) -> Any:
+            def params(n: int, b: int, key: str, cached: bool = True) -> Any:
                 return SamplingParams(
                     max_tokens=n,
                     temperature=temperature if do_sample else 0.0,
                     seed=seed + b if do_sample else None,
                     ignore_eos=not stop_at_eos,
                     skip_reading_prefix_cache=not cached,
+                    extra_args=keyed(None, key),  # each request's steps come back under this key
                 )
 
-            def take() -> dict[str, dict[str, Any]]:
-                return {n: _by_request(llm.collective_rpc("tpc_hooks_runs", args=(None, n))[0]) for n in names}
+            def take(keys: list[str]) -> dict[str, list[dict | None]]:
+                """Each member's steps of the requests keyed ``keys``, in their order."""
+                out = {}
+                for n in names:
+                    got = llm.collective_rpc(RPC_RUNS, args=([ident(k) for k in keys], n))[0]
+                    out[n] = [got.get(ident(k)) for k in keys]
+                return out
 
+            keys = _keys(len(ids))
             outs = llm.generate(
                 [{"prompt_token_ids": p} for p in ids],
-                [params(max_new_tokens + 1, b) for b in range(len(ids))],
+                [params(max_new_tokens + 1, b, k) for b, k in enumerate(keys)],
                 use_tqdm=False,
             )
-            runs = take()
-            redo = [b for b, o in enumerate(outs) if any("error" in runs[n].get(o.request_id, {}) for n in names)]
+            runs = take(keys)
+            redo = [b for b in range(len(ids)) if any("error" in (runs[n][b] or {}) for n in names)]
             if redo:  # their cached prefix had no kept state: computed again, every token through the monitor
+                keys2 = _keys(len(redo))
                 again_outs = llm.generate(
                     [{"prompt_token_ids": ids[b]} for b in redo],
-                    [params(max_new_tokens + 1, b, cached=False) for b in redo],
+                    [params(max_new_tokens + 1, b, k, cached=False) for b, k in zip(redo, keys2, strict=True)],
                     use_tqdm=False,
                 )
-                more = take()
-                for b, o in zip(redo, again_outs, strict=True):
+                more = take(keys2)
+                for j, (b, o) in enumerate(zip(redo, again_outs, strict=True)):
                     outs[b] = o
                     for n in names:
-                        runs[n][o.request_id] = more[n].get(o.request_id, {"error": "nothing recorded"})
+                        runs[n][b] = more[n][j] or {"error": "nothing recorded"}
             tokens: list[list[int]] = []
             rows: dict[str, list[dict]] = {n: [] for n in names}
             again: list[int] = []  # rows whose last token (an EOS) was never fed back
             for b, o in enumerate(outs):
                 got: list[dict] = []
                 for n in names:
-                    run = runs[n].get(o.request_id)
+                    run = runs[n][b]
                     if run is None or "error" in run:
                         why = "nothing" if run is None else run["error"]
-                        raise TPCHooksError(f"the vLLM workers did not score request {o.request_id}: {why}")
+                        raise TPCHooksError(f"the vLLM workers did not score prompt {b}: {why}")
                     got.append(run)
                 made = list(o.outputs[0].token_ids)
                 steps = len(got[0]["probs"])
@@ -211,15 +240,18 @@ class VLLMAdapter(Adapter):
                 for n, run in zip(names, got, strict=True):
                     rows[n].append(run)
             if again:  # the last step of rows that ended on EOS: one pass over each whole sequence
-                outs2 = llm.generate(
+                keys3 = _keys(len(again))
+                llm.generate(
                     [{"prompt_token_ids": ids[b] + tokens[b]} for b in again],
-                    [params(1, 0)] * len(again),
+                    [params(1, 0, k) for k in keys3],
                     use_tqdm=False,
                 )
-                more = take()
-                for b, o in zip(again, outs2, strict=True):
+                more = take(keys3)
+                for j, b in enumerate(again):
                     for n in names:
-                        last = more[n][o.request_id]
+                        last = more[n][j]
+                        if last is None or "error" in last:
+                            raise TPCHooksError(f"the vLLM workers did not score the last step of prompt {b}")
                         for k in ("logits", "probs", "decision_logits", "exit_order", "flops"):
                             rows[n][b][k] = rows[n][b][k] + last[k][:1]
         return {"tokens": tokens, "runs": rows}
@@ -237,7 +269,9 @@ class VLLMAdapter(Adapter):
         """Inside the block the engine's workers score every request with ``monitor`` (each
         step, at its site) and, with ``action="stop"``, end a request at its first flagged
         step; the block yields what the workers run (site, threshold, d_model). The steps are
-        kept per request until ``llm.collective_rpc("tpc_hooks_runs")`` takes them. Requests
+        kept per request until ``llm.collective_rpc("tpc_hooks_runs")`` takes them (a request goes
+        by its engine id there, or by the key ``extra_args={"tpc_hooks_key": KEY}`` gives it, as
+        ``"KEY/0"``). Requests
         read the prefix cache: the workers keep the monitor's state at every block's end and
         resume a request from the state of its cached prefix. A request whose cached prefix has
         no kept state (cached while this monitor was not running) is not scored, and its entry
@@ -272,7 +306,7 @@ class VLLMAdapter(Adapter):
                     {"name": name, "path": path, "site": mon.site, "order": order, "cascade": cascade, "action": act}
                 )
             try:
-                info = llm.collective_rpc("tpc_hooks_arm_set", args=(specs, keep))[0]
+                info = llm.collective_rpc(RPC_ARM_SET, args=(specs, keep))[0]
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
                 raise TPCHooksError(f"the vLLM workers could not run this monitor: {worker_error(err)}") from None
         for name, _, act in members:
@@ -280,7 +314,7 @@ class VLLMAdapter(Adapter):
         try:
             yield info[""] if lone else info
         finally:
-            llm.collective_rpc("tpc_hooks_disarm")
+            llm.collective_rpc(RPC_DISARM)
 
     def _check_member(self, name: str, monitor: Any, action: str) -> None:
         who = f"monitor {name!r}" if name else "monitor"
@@ -319,9 +353,11 @@ def is_ours(worker: Any) -> bool:
     return any(f"{c.__module__}.{c.__qualname__}" == WORKER for c in getattr(cls, "__mro__", ()))
 
 
-def _by_request(runs: dict[str, Any]) -> dict[str, Any]:
-    """The engine suffixes each request id in its workers ("0" runs as "0-<random>")."""
-    return {rid.rsplit("-", 1)[0]: run for rid, run in runs.items()}
+def _keys(n: int) -> list[str]:
+    """Keys of tpc-hooks' own for ``n`` requests (``extra_args``), unique to this call: the workers
+    hand back each request's steps or rows under its key."""
+    call = uuid.uuid4().hex[:16]
+    return [f"{call}:{b}" for b in range(n)]
 
 
 def make_adapter(model: Any) -> VLLMAdapter:

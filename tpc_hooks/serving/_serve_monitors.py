@@ -7,13 +7,12 @@ import asyncio
 import hashlib
 import hmac
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import NAMES_ENV, worker_error
+from ..adapters._vllm_args import RPC_SWAP, worker_error
 from ..monitoring._monitor import Monitor
 from ..saving import _format
 from . import _review
@@ -157,7 +156,7 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
         async with _SWAP:
             await engine.pause_generation(mode="keep", clear_cache=False)  # no step runs until the swap is whole
             try:
-                await engine.collective_rpc("tpc_hooks_swap", args=(name, spec))
+                await engine.collective_rpc(RPC_SWAP, args=(name, spec))
                 await engine.reset_prefix_cache(reset_running_requests=True)
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
                 raise TPCHooksError(worker_error(err)) from None
@@ -166,11 +165,9 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
     except (TPCHooksError, ValueError) as err:
         return await answer(400, {"error": str(err)})
     if spec is None:
-        monitors.pop(name)
-        os.environ[NAMES_ENV] = json.dumps(list(monitors))
+        monitors.pop(name)  # requests name the monitors MONITORS holds (the server's entry stamps them)
         return await answer(200, {"removed": name})  # (never the lone monitor: the workers refuse to remove the last)
     monitors[name] = {**ident, "action": spec["action"]}
-    os.environ[NAMES_ENV] = json.dumps(list(monitors))  # the names requests may address
     labels(name, ident["target_fpr"])
     log.warning("monitor %s now %s (sha256 %s)", name, req["path"], ident["sha256"][:12])
     return await answer(200, {"monitor": name or LONE, **monitors[name]})

@@ -97,9 +97,12 @@ class Armed:
 
 @dataclass
 class Request:
-    """What the worker knows of a request from the scheduler: its tokens so far, its chain of
-    block hashes, its own monitor settings and EOS, and how far the scored steps reach."""
+    """What the worker knows of a request from the scheduler: the name it goes by in what the
+    worker hands back (``ident``: tpc-hooks' key for it and its sample index, else its engine id),
+    its tokens so far, its chain of block hashes, its own monitor settings and EOS, and how far
+    the scored steps reach."""
 
+    ident: str
     tokens: list[int] | None  # prompt then generated tokens as computed (None: embeddings, no reuse)
     prompt_len: int
     chain: Chain
@@ -134,14 +137,14 @@ def held_by_retiring() -> dict[str, set[str]]:
     return out
 
 
-def summaries_of(armed: Armed, prefixes: list[str], reqs: dict[str, Request]) -> dict[str, dict[str, Any]]:
-    """A monitor's summaries of the finished requests matching ``prefixes``; forgets them."""
-    match = lambda rid: any(p in rid for p in prefixes)  # noqa: E731 (engine ids may carry a sample's "k_" first)
-    for rid in [r for r in armed.scores.records if match(r) and (armed.owns is None or r not in armed.owns)]:
+def summaries_of(armed: Armed, idents: list[str], reqs: dict[str, Request]) -> dict[str, dict[str, Any]]:
+    """A monitor's summaries of the finished requests named ``idents`` (``reqs``: the worker's
+    requests, by ident); forgets them."""
+    for rid in [r for r in idents if r in armed.scores.records and (armed.owns is None or r not in armed.owns)]:
         armed.summarize(rid, reqs.get(rid))
-    for rid in [r for r in armed.unscored if match(r)]:
+    for rid in [r for r in idents if r in armed.unscored]:
         armed.summarize(rid)
-    return {rid: armed.summaries.pop(rid) for rid in [r for r in armed.summaries if match(r)]}
+    return {rid: armed.summaries.pop(rid) for rid in idents if rid in armed.summaries}
 
 
 def retire_done() -> None:

@@ -17,9 +17,11 @@ Imports no vLLM (a check imports what it inspects when it runs).
 """
 
 import inspect
+import re
 import typing
 from collections import Counter
 
+from .._errors import TPCHooksError
 from ._vllm_checks import (
     KINDS,
     Check,
@@ -76,6 +78,52 @@ SWAP = "serving._serve_monitors:admin"
 REC = "serving._vllm_recorder"
 LIVE = "serving._vllm_live"
 SERVE_TESTS = "tests/test_vllm_serve.py"
+CONTRACT = "serving._vllm_contract"
+
+# vLLM's request-id scheme, which only the two helpers below read (rows "ParentRequest" and
+# "OpenAIServingCompletion"): sample k of a request's n runs as "<k>_<parent's engine id>"; prompt i of a
+# completions request enters the engine as "<response id>-<i>"
+_CHILD = re.compile(r"(\d+)_.")
+_PROMPT = re.compile(r"cmpl-.*-(\d+)", re.DOTALL)
+
+
+def child_index(engine_id: str, fan: int) -> int:
+    """Which of its request's ``fan`` samples (its ``n``) the engine's request ``engine_id`` is:
+    0 for a request vLLM did not fan out (``fan`` 1), else the index vLLM's id carries. The one
+    place that reads an engine id; raises if vLLM names samples otherwise.
+
+    Example:
+        >>> child_index("2_chatcmpl-a-1-5e3f0a9c", 3), child_index("7_x-5e3f0a9c", 1)
+        (2, 0)
+    """
+    if fan <= 1:
+        return 0
+    found = _CHILD.match(engine_id)
+    k = int(found.group(1)) if found else -1
+    if not 0 <= k < fan:
+        raise TPCHooksError(
+            f"vLLM ran sample {engine_id!r} of a request fanned out to {fan}, named otherwise than "
+            "'<k>_<parent id>' (tpc-hooks' contract with vLLM, row vllm.v1.engine.parallel_sampling:ParentRequest)"
+        )
+    return k
+
+
+def completion_prompt(request_id: str) -> int:
+    """Which prompt of a completions request the id vLLM's OpenAI layer gives it names (it enters
+    the engine once per prompt, as ``<response id>-<i>``); raises if vLLM names prompts otherwise.
+
+    Example:
+        >>> completion_prompt("cmpl-my-own-id-3")
+        3
+    """
+    found = _PROMPT.fullmatch(request_id)
+    if found is None:
+        raise TPCHooksError(
+            f"vLLM's completions endpoint ran a prompt as {request_id!r}, not 'cmpl-<id>-<i>' (tpc-hooks' contract "
+            "with vLLM, row vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion)"
+        )
+    return int(found.group(1))
+
 
 # the code of vLLM's decoder forwards that _vllm_models copies (a digest of each release's AST)
 GEMMA_FORWARD = ("3a78ca83dc4608e4",)
@@ -247,7 +295,7 @@ ROWS: tuple[Row, ...] = (
         field(), field("req_ids", "num_computed_tokens", at=f"{SCHED}:CachedRequestData"))),
     row(f"{SCHED}:SchedulerOutput.finished_req_ids", "read", f"{MIX}._tpc_note", field(), live="sched.finished"),
     row("vllm:SamplingParams.eos_token_id", "read", f"{MIX}._tpc_note", prop(), live="params.eos"),
-    row("vllm:SamplingParams.extra_args", "read", (f"{ARGS}:request_settings", f"{SERVE}:_skip_cache_reads"), field()),
+    row("vllm:SamplingParams.extra_args", "read", (f"{ARGS}:request_settings", f"{SERVE}:_entering"), field()),
     row("vllm.v1.serial_utils:run_method (a method named by a string is looked up on the worker)", "behaviour",
         f"{CTRL}", every(source("getattr(obj, method)"),
         source("getattr(self.worker, attr)", at=f"{BASE}:WorkerWrapperBase.__getattr__")), live="rpc.by_name"),
@@ -436,9 +484,9 @@ ROWS: tuple[Row, ...] = (
     row(f"{ASYNC}.collective_rpc", "call", (f"{SERVE}:_Asks.ask", f"{SERVE}:run", SWAP), every(
         _is_coroutine(True), params("self", "method", "timeout", "args", "kwargs"))),
     row(f"{ASYNC}.get_tokenizer", "call", f"{SERVE}:run", _is_coroutine(False)),
-    row(f"{ASYNC}.generate", "write", f"{SERVE}:_skip_cache_reads",
+    row(f"{ASYNC}.generate", "write", f"{SERVE}:_entering",
         params("self", "prompt", "sampling_params", "request_id", more=True)),
-    row("vllm:SamplingParams.skip_reading_prefix_cache", "write", f"{SERVE}:_skip_cache_reads", field()),
+    row("vllm:SamplingParams.skip_reading_prefix_cache", "write", f"{SERVE}:_entering", field()),
     row(f"{ASYNC}.pause_generation", "call", SWAP, every(has_params("mode", "clear_cache"),
         holds(_pause_keep, "mode 'keep'"))),
     row(f"{ASYNC}.reset_prefix_cache", "call", SWAP, has_params("reset_running_requests")),
@@ -446,20 +494,19 @@ ROWS: tuple[Row, ...] = (
     row("vllm.entrypoints.launchers.api_server.app_state:init_app_state (app.state.engine_client)", "read",
         (f"{SERVE}:MonitorMiddleware.__call__", SWAP), source("state.engine_client = engine_client"),
         live=f"{SERVE_TESTS}::test_every_answer_says_what_the_monitor_decided_as_the_transformers_loop_decides_it"),
-    row("vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat (a chat's response id is "
-        "'chatcmpl-<base>')", "behaviour", (f"{SERVE}:MonitorMiddleware.__call__", f"{SERVE}:_summaries"),
-        source('f"chatcmpl-{self._base_request_id('),
-        live=f"{SERVE_TESTS}::test_a_request_can_opt_out_or_set_its_own_threshold"),
-    row("vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion (a completion's response id is "
-        "'cmpl-<base>', its prompt i's '<id>-<i>')", "behaviour", f"{SERVE}:_summaries",
+    row("vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion (prompt i of a completions "
+        "request enters the engine as '<response id>-<i>')", "behaviour", f"{CONTRACT}:completion_prompt",
         source('f"cmpl-{self._base_request_id(', 'f"{request_id}-{i}"'),
-        live=f"{SERVE_TESTS}::test_completions_with_several_prompts_and_samples_map_each_choice"),
-    row("vllm.v1.engine.parallel_sampling:ParentRequest (sample k of n is '<k>_<parent>')", "behaviour",
-        f"{SERVE}:_summaries", source('f"{index}_{self.request_id}"'),
-        live=f"{SERVE_TESTS}::test_completions_with_several_prompts_and_samples_map_each_choice"),
-    row("vllm.v1.engine.input_processor:InputProcessor.assign_request_id (the engine's id is "
-        "'<external>-<8 random characters>')", "behaviour", ("adapters.vllm:_by_request", f"{SERVE}:_summaries"),
-        source('f"{request.external_req_id}-{random_uuid():.8}"'), live="request_ids"),
+        live=f"{SERVE_TESTS}::test_every_request_shape_of_the_openai_layer_gets_its_own_summary"),
+    row("vllm.v1.engine.parallel_sampling:ParentRequest (sample k of n is '<k>_<parent>', its sampling params "
+        "a shallow copy: extra_args shared)", "behaviour", f"{CONTRACT}:child_index",
+        every(source('f"{index}_{self.request_id}"'), source("copy(self.sampling_params)")),
+        live=f"{SERVE_TESTS}::test_every_request_shape_of_the_openai_layer_gets_its_own_summary"),
+    row("vllm.v1.engine.async_llm:AsyncLLM.generate (the OpenAI layer calls it once per prompt, in the request's "
+        "task: the middleware's context reaches it)", "behaviour", f"{SERVE}:Entry.key",
+        live=f"{SERVE_TESTS}::test_every_request_shape_of_the_openai_layer_gets_its_own_summary"),
+    row("vllm.v1.request:Request.sampling_params (extra_args, as the entry set them, reach the worker's "
+        "scheduled_new_reqs)", "behaviour", f"{W}:_Mixin._tpc_note", live="request_keys"),
     row("vllm.entrypoints.openai.completion.protocol:CompletionRequest.vllm_xargs (reaches SamplingParams."
         "extra_args)", "behaviour", f"{ARGS}:request_settings", every(field(),
         source("self.vllm_xargs if self.vllm_xargs else {}", at="vllm.entrypoints.openai.completion.protocol")),

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import unexposed
+from ..adapters._vllm_args import pack, unexposed
 from ..monitoring._monitor import Monitor
 from ..saving import _format
 from . import _review
@@ -49,14 +49,16 @@ class Control:
         self._tpc_capture = sorted({self._tpc_sites[s] for s in sites})
         return self._tpc_d_model()
 
-    def tpc_hooks_take(self) -> dict[str, dict[str, list[list[float]]]]:
-        """Every recorded request's rows per site, and clears them."""
+    def tpc_hooks_take(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Every recorded request's rows per site, by the name the request goes by (its key and
+        sample, else its engine id), each a tensor packed for the trip (``_vllm_args.unpack``);
+        clears them."""
         by_id = {i: s for s, i in self._tpc_sites.items()}
         out: dict[str, dict[str, Any]] = {}
-        held = {**{rid: req.rows for rid, req in self._tpc_requests.items()}, **self._tpc_finished_rows}
+        held = {**{req.ident: req.rows for req in self._tpc_requests.values()}, **self._tpc_finished_rows}
         for rid, rows in held.items():
             for aux_id, parts in rows.items():
-                out.setdefault(by_id[aux_id], {})[rid] = torch.cat(parts).tolist()
+                out.setdefault(by_id[aux_id], {})[rid] = pack(torch.cat(parts))
             rows.clear()
         self._tpc_finished_rows = {}
         return out
@@ -113,7 +115,8 @@ class Control:
 
     def tpc_hooks_runs(self, requests: list[str] | None = None, member: str = "") -> dict[str, dict[str, Any]]:
         """The recorded steps of ``requests`` (default: all) by the monitor ``member`` (a lone
-        monitor: ""), as lists, with the step each was stopped at; forgets them."""
+        monitor: ""), as lists, with the step each was stopped at; forgets them. A request goes
+        by tpc-hooks' key for it and its sample (``_vllm_args.ident``), else by its engine id."""
         armed = ARMED.get(member)
         if armed is None:
             return {}
@@ -127,23 +130,24 @@ class Control:
             out[rid] = {"error": UNSCORED}
         return out
 
-    def tpc_hooks_summaries(self, prefixes: list[str], member: str = "") -> dict[str, dict[str, Any]]:
+    def tpc_hooks_summaries(self, idents: list[str], member: str = "") -> dict[str, dict[str, Any]]:
         """The summaries (``keep="summary"``) by the monitor ``member`` of the finished requests
-        whose engine id contains one of ``prefixes`` (the server asks once their last token has
-        reached it): steps, peak score, flagged, first flagged step, stopped step, the threshold
-        used, the first step that scored NaN; forgets them."""
+        named ``idents`` (tpc-hooks' key and sample, ``_vllm_args.ident``; the server asks once
+        their last token has reached it): steps, peak score, flagged, first flagged step, stopped
+        step, the threshold used, the first step that scored NaN; forgets them."""
         armed = ARMED.get(member)
-        return (
-            {} if armed is None else summaries_of(armed, prefixes, self._tpc_requests)
-        )  # finished: the server saw their last token
+        return {} if armed is None else summaries_of(armed, idents, self._tpc_by_ident())
 
-    def tpc_hooks_set_summaries(self, prefixes: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    def _tpc_by_ident(self) -> dict[str, Request]:
+        return {req.ident: req for req in self._tpc_requests.values()}
+
+    def tpc_hooks_set_summaries(self, idents: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
         """:meth:`tpc_hooks_summaries` of every monitor this worker runs, by name (one call per
         batch of finished responses, however many monitors), with those of monitors replaced or
         removed while the requests ran."""
-        out: dict[str, dict[str, dict[str, Any]]] = {name: self.tpc_hooks_summaries(prefixes, name) for name in ARMED}
+        out: dict[str, dict[str, dict[str, Any]]] = {name: self.tpc_hooks_summaries(idents, name) for name in ARMED}
         for armed in RETIRING:
-            out.setdefault(armed.name, {}).update(summaries_of(armed, prefixes, self._tpc_requests))
+            out.setdefault(armed.name, {}).update(summaries_of(armed, idents, self._tpc_by_ident()))
         retire_done()
         return out
 
@@ -178,7 +182,7 @@ class Control:
         if getattr(self, "rank", 0) != 0:
             return info
         if old is not None:
-            old.owns = set(self._tpc_requests)  # in flight: they finish on it
+            old.owns = {req.ident for req in self._tpc_requests.values()}  # in flight: they finish on it
             RETIRING.append(old)
         if new is not None:
             ARMED[name] = new

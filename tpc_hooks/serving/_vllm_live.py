@@ -18,7 +18,7 @@ should not need.
 from collections.abc import Callable
 from typing import Any
 
-from ..adapters._vllm_args import CONFIG, WORKER, worker_error
+from ..adapters._vllm_args import CONFIG, RPC_SITES, WORKER, keyed, worker_error
 from ._vllm_checks import CHANGED, MISSING, OK, Finding
 from ._vllm_contract import ROWS
 from ._vllm_recorder import CHECKS, RPC, Problem, isinstance_of, plain, same
@@ -49,7 +49,9 @@ def check_engine(llm: Any) -> list[Finding]:
     }
     vocab, first = int(hf.vocab_size), int(hf.vocab_size) // 2  # each prompt's own token: no special token
     prompts = [[first + j] + [4 + (first + 3 * j + k) % (vocab - 4) for k in range(block + 8)] for j in range(3)]
-    greedy, n = SamplingParams(max_tokens=4, temperature=0.0), 4
+    n = 4
+    keys = [f"contract:{j}" for j in range(len(prompts) + 1)]
+    greedy = [SamplingParams(max_tokens=n, temperature=0.0, extra_args=keyed(None, k)) for k in keys]
     problems: dict[str, Problem] = {}
 
     def judge(key: str, test: Callable[[], str | None]) -> None:
@@ -67,19 +69,19 @@ def check_engine(llm: Any) -> list[Finding]:
         judge("admission", lambda: _refused(llm, prompts[0], SamplingParams))
         outs = llm.generate(
             [{"prompt_token_ids": p} for p in prompts],
-            [greedy, greedy, SamplingParams(max_tokens=n, temperature=0.8, seed=0)],
+            [*greedy[:2], SamplingParams(max_tokens=n, temperature=0.8, seed=0, extra_args=keyed(None, keys[2]))],
             use_tqdm=False,
         )
-        again = llm.generate([{"prompt_token_ids": prompts[0]}], greedy, use_tqdm=False)
+        llm.generate([{"prompt_token_ids": prompts[0]}], greedy[3], use_tqdm=False)  # its prompt's blocks cached
         made = [list(o.outputs[0].token_ids) for o in outs]
         judge("llm.generate", lambda: None if [len(m) for m in made] == [n] * 3 else f"{len(made)} outputs: {made}")
         judge("forced_token", lambda: same(made, [[p[0]] * n for p in prompts]))
         judge("llm.outputs", lambda: same([list(o.prompt_token_ids) for o in outs], prompts))
         got = call("check", expect)[0]
-        judge("request_ids", lambda: _engine_ids(got["ids"], [*outs, *again], [*prompts, prompts[0]]))
+        judge("request_keys", lambda: _keys(got, keys, [*prompts, prompts[0]]))
         judge("llm.config", lambda: isinstance_of(config, "vllm.config", "VllmConfig"))
         judge("llm.worker_cls", lambda: same(config.parallel_config.worker_cls, WORKER))
-        judge("rpc.by_name", lambda: same(sorted(llm.collective_rpc("tpc_hooks_sites")[0]), sorted(_sites(expect))))
+        judge("rpc.by_name", lambda: same(sorted(llm.collective_rpc(RPC_SITES)[0]), sorted(_sites(expect))))
         judge("rpc.error", lambda: _error_read(call))
         judge("rpc.ranks", lambda: _in_rank_order(call("rank")))
         judge("rpc.plain", lambda: same(call("plain")[0], plain(None)))
@@ -101,12 +103,13 @@ def _refused(llm: Any, prompt: list[int], params: Any) -> str | None:
     return "admitted a request whose tpc_hooks_threshold is 2.0"
 
 
-def _engine_ids(ids: dict[str, list[int]], outs: list[Any], prompts: list[list[int]]) -> str | None:
-    """Each request runs in the engine as ``<its request_id>-<8 characters>``."""
-    for o, p in zip(outs, prompts, strict=True):
-        mine = [rid for rid, head in ids.items() if rid.rsplit("-", 1)[0] == o.request_id and head == p[:1]]
-        if len(mine) != 1 or len(mine[0].rsplit("-", 1)[-1]) != 8:
-            return f"request {o.request_id!r} ran as {mine} (engine ids: {sorted(ids)})"
+def _keys(got: dict[str, Any], keys: list[str], prompts: list[list[int]]) -> str | None:
+    """The key of ours each request carried in its ``extra_args`` reached the worker with its
+    request: one engine request per key, whose prompt is the one sent with it."""
+    for key, p in zip(keys, prompts, strict=True):
+        mine = [rid for rid, k in got["keys"].items() if k == key]
+        if len(mine) != 1 or got["ids"][mine[0]] != p[:1]:
+            return f"the key {key!r} reached the worker on {mine} (keys seen: {got['keys']})"
     return None
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import CONFIG
+from ..adapters._vllm_args import CONFIG, KEY, RPC_CONTRACT
 from . import _engine
 from ._vllm_armed import STOPS
 from ._vllm_checks import CHANGED, MISSING, OK, SKIPPED
@@ -35,11 +35,11 @@ WORKER_CHECKS = (
     "v1.batch.starts v1.batch.tokens v2.state.input_batch v2.batch.req_ids v2.batch.starts v2.batch.tokens"
 ).split()
 DRIVER_CHECKS = (
-    "admission forced_token rpc.by_name llm.config llm.worker_cls llm.generate llm.outputs request_ids rpc.error "
+    "admission forced_token rpc.by_name llm.config llm.worker_cls llm.generate llm.outputs request_keys rpc.error "
     "rpc.ranks rpc.plain"
 ).split()
 CHECKS = {**dict.fromkeys(WORKER_CHECKS, "worker"), **dict.fromkeys(DRIVER_CHECKS, "driver")}
-RPC = "tpc_hooks_contract"  # the worker's remote call that runs these checks
+RPC = RPC_CONTRACT  # the worker's remote call that runs these checks
 _STATE: dict[str, Any] = {}  # this worker process's recorder
 Problem = tuple[str, str]  # (status, what differs)
 
@@ -61,6 +61,7 @@ class Recorder:
         self.prompts: dict[str, list[int]] = {}
         self.computed: dict[str, int] = {}
         self.eos: dict[str, Any] = {}
+        self.keys: dict[str, Any] = {}  # request -> the key of ours its extra_args carried
         self.starts: dict[str, int] = {}  # request -> its computed count before this step
         self.fed: dict[str, list[tuple[int, list[int]]]] = {}  # request -> (position, tokens) per pass
         self.last: dict[str, int] = {}  # request -> the last step that scheduled it
@@ -91,6 +92,7 @@ class Recorder:
             self.prompts[rid] = list(nr.prompt_token_ids or [])
             self.computed[rid] = self.starts[rid] = int(nr.num_computed_tokens)
             self.eos[rid] = getattr(nr.sampling_params, "eos_token_id", None)
+            self.keys[rid] = (nr.sampling_params.extra_args or {}).get(KEY)
             self.last[rid] = self.step
         cached = so.scheduled_cached_reqs
         for rid, c in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
@@ -232,12 +234,13 @@ def rank_of(worker: Any) -> int:
 
 
 def plain(worker: Any) -> dict[str, Any]:
-    return {"rows": [[0.5, 1.5]], "n": 3, "names": ["a"]}
+    return {"rows": [[0.5, 1.5]], "n": 3, "names": ["a"], "bytes": b"\x00\x01\xff"}
 
 
 def check_runtime(worker: Any, expect: dict[str, Any]) -> dict[str, Any]:
     """The worker's runtime checks: ``findings`` by key, ``(status, detail)``, and the engine ids it
-    saw with each one's first prompt token (``ids``), sent back as plain values."""
+    saw with each one's first prompt token (``ids``) and the key of ours it carried (``keys``), sent
+    back as plain values."""
     rec: Recorder | None = _STATE.get("rec")
     if rec is None:
         return {"findings": dict.fromkeys(WORKER_CHECKS, (CHANGED, "no recorder: install it first")), "ids": {}}
@@ -271,7 +274,7 @@ def check_runtime(worker: Any, expect: dict[str, Any]) -> dict[str, Any]:
             out[key] = (CHANGED, "never read: no pass reached it")
         else:
             out[key] = rec.problems.get(key, (OK, ""))
-    return {"findings": out, "ids": {rid: p[:1] for rid, p in rec.prompts.items()}}
+    return {"findings": out, "ids": {rid: p[:1] for rid, p in rec.prompts.items()}, "keys": dict(rec.keys)}
 
 
 def run(what: str, worker: Any, stop: Any, *args: Any) -> Any:

@@ -26,22 +26,34 @@ counts: ``_serve_metrics``. Imported by ``tpc-hooks serve`` only (it imports vLL
 
 import argparse
 import asyncio
+import contextvars
 import json
-import os
-import re
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import CONFIG, NAMES_ENV, STOP, WORKER, worker_error
+from ..adapters._vllm_args import (
+    CONFIG,
+    OPT_OUT,
+    RPC_ARM_SET,
+    RPC_REVIEW,
+    RPC_SET_SUMMARIES,
+    STOP,
+    WORKER,
+    ident,
+    keyed,
+    worker_error,
+)
 from ..adapters.vllm import is_ours
 from . import _review
 from ._engine import aux_ids
 from ._saes import read_sae
 from ._serve_metrics import LONE, REVIEWED, SETTINGS, count, labels
 from ._serve_monitors import ADMIN, ADMIN_KEY, MONITORS, admin, identity, members
+from ._vllm_contract import completion_prompt
 
 FIELD = "tpc_hooks"  # each choice's monitor summary
 FLAGGED = "content_flagged"  # the finish_reason of a stopped choice
@@ -68,6 +80,8 @@ class MonitorMiddleware:
             return await admin(scope, receive, send)
         if scope["path"] not in _ROUTES or scope["method"] != "POST":
             return await self.app(scope, receive, send)
+        entry = Entry(completions=scope["path"] == "/v1/completions")
+        token = _ENTRY.set(entry)  # the engine requests this HTTP request makes are keyed in it (the rebound generate)
         body = bytearray()
 
         async def reading() -> dict:
@@ -77,25 +91,15 @@ class MonitorMiddleware:
             return message
 
         engine = scope["app"].state.engine_client
-        n: dict[str, int] = {}  # the request's "n", once read
-
-        def choices_per_prompt() -> int:
-            if "n" not in n:
-                try:
-                    n["n"] = int(json.loads(bytes(body) or b"{}").get("n") or 1)
-                except (ValueError, AttributeError):
-                    n["n"] = 1
-            return n["n"]
 
         async def annotate(payload: dict) -> dict:
             """Adds the summary of every finished choice (those with a finish_reason)."""
             ended = [c for c in payload.get("choices") or [] if c.get("finish_reason") is not None]
-            if not ended or "id" not in payload:
+            if not ended:
                 return payload
-            got = await _summaries(engine, payload["id"], choices_per_prompt())
-            for c in ended:
-                per = got.get(int(c.get("index", 0)), {})
-                _review.record(payload["id"], int(c.get("index", 0)), time.time(), per)
+            got = await entry.summaries([int(c.get("index", 0)) for c in ended], engine)
+            for c, per in zip(ended, got, strict=True):
+                _review.record(payload.get("id", ""), int(c.get("index", 0)), time.time(), per)
                 c[FIELD] = self._view({name: _field(per.get(name)) for name in MONITORS})
                 stops = [
                     (s["stopped_at"], k, name)
@@ -155,7 +159,10 @@ class MonitorMiddleware:
             await send({**start, "headers": kept + [(b"content-length", str(len(data)).encode())]})
             await send({"type": "http.response.body", "body": data, "more_body": False})
 
-        await self.app(scope, reading, sending)
+        try:
+            await self.app(scope, reading, sending)
+        finally:
+            _ENTRY.reset(token)
 
     def _models(self, payload: dict) -> dict:
         payload[FIELD] = self._view(MONITORS)
@@ -207,60 +214,84 @@ async def _event(event: bytes, annotate: Any) -> bytes:
     return out
 
 
+class Entry:
+    """One HTTP request to a generating route, shared by the middleware and the engine's rebound
+    ``generate`` (through the request's context): the key of ours each of its engine requests
+    carries (``extra_args``), by prompt, with the samples it asks for (its ``n``), and the
+    summaries of its choices once the workers handed them over."""
+
+    def __init__(self, completions: bool):
+        self.completions = completions  # a completions request: one engine request per prompt
+        self.prompts: dict[int, tuple[str, int]] = {}  # prompt -> (key, n)
+        self.unread: list[str] = []  # engine ids of prompts whose index vLLM's id did not give
+
+    def key(self, request_id: str, n: int) -> str:
+        """The key of the engine request ``request_id`` (the OpenAI layer's id for it) this
+        HTTP request makes, asking for ``n`` samples."""
+        key = uuid.uuid4().hex
+        try:
+            prompt = completion_prompt(request_id) if self.completions else 0
+        except TPCHooksError:
+            self.unread.append(request_id)  # its choices say so
+            return key
+        self.prompts[prompt] = (key, n)
+        return key
+
+    def ident(self, choice: int) -> str | None:
+        """How the workers name the engine request behind choice ``choice`` (prompt ``i``'s
+        sample ``k`` is choice ``i * n + k``), or None if it is not known."""
+        if not self.prompts:
+            return None
+        n = next(iter(self.prompts.values()))[1]
+        prompt, k = divmod(choice, max(n, 1))
+        return ident(self.prompts[prompt][0], k) if prompt in self.prompts else None
+
+    async def summaries(self, choices: list[int], engine: Any) -> list[dict[str, dict]]:
+        """The workers' summaries of these finished choices, each by monitor name."""
+        idents = [self.ident(c) for c in choices]
+        got = await _ASKS.ask(engine, [i for i in idents if i is not None])
+        why = f"vLLM ran a prompt as {self.unread[0]!r}, whose index tpc-hooks could not read" if self.unread else None
+        return [
+            got.get(i, {}) if i is not None else dict.fromkeys(MONITORS, {"error": why or "not keyed"}) for i in idents
+        ]
+
+
+_ENTRY: contextvars.ContextVar[Entry | None] = contextvars.ContextVar("tpc_hooks_entry", default=None)
+
+
 class _Asks:
     """One RPC to the workers at a time, for every response that finished while the previous
     one was out: under load the engine answers one summary call per step or so, not one per
     response (each call waits for the engine's loop between two steps)."""
 
     def __init__(self) -> None:
-        self.waiting: dict[str, asyncio.Future] = {}
+        self.waiting: list[tuple[list[str], asyncio.Future]] = []
         self.busy = False
 
-    async def ask(self, engine: Any, response_id: str) -> dict[str, Any]:
+    async def ask(self, engine: Any, idents: list[str]) -> dict[str, dict[str, dict]]:
+        """The summaries of the finished requests ``idents``: by ident, then monitor name."""
         fut = asyncio.get_running_loop().create_future()
-        self.waiting.setdefault(response_id, fut)
-        fut = self.waiting[response_id]
+        self.waiting.append((idents, fut))
         if not self.busy:
             self.busy = True
             try:
                 while self.waiting:
-                    batch, self.waiting = self.waiting, {}
+                    batch, self.waiting = self.waiting, []
                     try:
-                        got = (await engine.collective_rpc("tpc_hooks_set_summaries", args=(list(batch),)))[0]
+                        wanted = [i for ids, _ in batch for i in ids]
+                        got = (await engine.collective_rpc(RPC_SET_SUMMARIES, args=(wanted,)))[0]
                     except Exception as err:  # every waiting response learns it
-                        for f in batch.values():
+                        for _, f in batch:
                             f.set_exception(err)
                         continue
-                    for rid, f in batch.items():  # engine id -> monitor name -> summary
-                        mine: dict[str, dict] = {}
-                        for name, summaries in got.items():
-                            for k, v in summaries.items():
-                                if rid in k:
-                                    mine.setdefault(k, {})[name] = v
-                        f.set_result(mine)
+                    for ids, f in batch:  # ident -> monitor name -> summary
+                        f.set_result({i: {name: s[i] for name, s in got.items() if i in s} for i in ids})
             finally:
                 self.busy = False
         return await fut
 
 
 _ASKS = _Asks()
-_CHILD = re.compile(r"^(?:(\d+)_)?(.*)$")
-
-
-async def _summaries(engine: Any, response_id: str, n: int) -> dict[int, dict[str, dict]]:
-    """The workers' summaries of a response's requests, by choice index and monitor. Engine ids: a chat
-    request ``chatcmpl-X-<8 hex>``; a completion's prompt ``i`` ``cmpl-X-i-<8 hex>``; the
-    ``k``-th of ``n`` samples ``k_<that>``."""
-    got = await _ASKS.ask(engine, response_id)
-    out: dict[int, dict[str, dict]] = {}
-    for rid, summary in got.items():
-        child = _CHILD.match(rid)
-        assert child is not None  # the pattern matches every id
-        k, rest = child.groups()
-        tail = rest[len(response_id) :].split("-") if rest.startswith(response_id) else []
-        prompt = int(tail[1]) if len(tail) == 3 and tail[1].isdigit() else 0
-        out[prompt * n + int(k or 0)] = summary
-    return out
 
 
 def _field(s: dict | None) -> dict[str, Any]:
@@ -290,17 +321,22 @@ def _nonfinite_error(s: dict) -> dict[str, Any]:
     }
 
 
-def _skip_cache_reads(engine: Any) -> None:
-    """Monitored requests skip reading the prefix cache (with a KV connector: blocks restored from
-    an offload tier have no monitor state)."""
+def _entering(engine: Any, skip_cache: bool) -> None:
+    """Rebinds the engine's ``generate``, where every request of the OpenAI layer enters: each gets
+    a key of ours in its ``extra_args`` (and the monitors' names, which its settings may address),
+    kept in its HTTP request's :class:`Entry`. With ``skip_cache`` (a KV connector: blocks restored
+    from an offload tier have no monitor state) monitored requests skip reading the prefix cache."""
     inner = engine.generate
 
     def generate(prompt: Any, sampling_params: Any, request_id: str, *args: Any, **kwargs: Any) -> Any:
-        extra = getattr(sampling_params, "extra_args", None) or {}
-        if extra.get("tpc_hooks_monitor", True) not in (False, 0) and hasattr(
-            sampling_params, "skip_reading_prefix_cache"
-        ):
-            sampling_params.skip_reading_prefix_cache = True
+        if hasattr(sampling_params, "extra_args"):  # a generating request (SamplingParams)
+            entry = _ENTRY.get()
+            n = int(getattr(sampling_params, "n", 1) or 1)
+            key = entry.key(request_id, n) if entry is not None else uuid.uuid4().hex
+            extra = keyed(sampling_params.extra_args, key, n, names=list(MONITORS))
+            sampling_params.extra_args = extra
+            if skip_cache and extra.get(OPT_OUT, True) not in (False, 0):
+                sampling_params.skip_reading_prefix_cache = True
         return inner(prompt, sampling_params, request_id, *args, **kwargs)
 
     engine.generate = generate
@@ -386,7 +422,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
         key=ours.admin_api_key, sites=ours.sites, action=ours.action, d_model=next(iter(MONITORS.values()))["d_model"]
     )
     SETTINGS.update(window=ours.drift_window, band=ours.drift_band)
-    os.environ[NAMES_ENV] = json.dumps(list(MONITORS))  # the engine checks vllm_xargs' names
     for name, monitor in MONITORS.items():
         labels(name, monitor["target_fpr"])
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -449,13 +484,12 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
                 for name, where, act in ours.members
             ]
             try:
-                await engine.collective_rpc("tpc_hooks_arm_set", args=(specs, "summary"))
+                await engine.collective_rpc(RPC_ARM_SET, args=(specs, "summary"))
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
                 raise TPCHooksError(f"the vLLM workers could not run this monitor: {worker_error(err)}") from None
-            if getattr(args, "kv_transfer_config", None):
-                _skip_cache_reads(engine)
+            _entering(engine, skip_cache=bool(getattr(args, "kv_transfer_config", None)))
             if ours.review_log:
-                await engine.collective_rpc("tpc_hooks_review", args=(ours.review_log_sample, ours.review_log_text))
+                await engine.collective_rpc(RPC_REVIEW, args=(ours.review_log_sample, ours.review_log_text))
                 _review.SERVER.update(
                     decode=engine.get_tokenizer().decode if ours.review_log_text else None,
                     log=(

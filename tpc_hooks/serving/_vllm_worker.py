@@ -34,12 +34,14 @@ from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2Logi
 
 from .._errors import TPCHooksError
 from .._rule import flagged
+from ..adapters._vllm_args import FAN, KEY, ident
 from ..adapters._vllm_args import own_setting as _own
 from ..adapters._vllm_args import request_settings as _settings
 from ..head._together import Together
 from . import _engine, _review, _vllm_recorder
 from ._prefix import Chain
 from ._vllm_armed import ARMED, RETIRING, STOPS, Armed, Request, held_by_retiring, retire_done, serving
+from ._vllm_contract import child_index
 from ._vllm_control import Control
 
 
@@ -123,14 +125,19 @@ class _Mixin:
         return out
 
     def _tpc_note(self, so: Any) -> None:
-        """The scheduler's news: new requests (their prompt, settings, EOS), each scheduled
-        request's computed-token count before this step, finished requests."""
+        """The scheduler's news: new requests (the name each goes by, their prompt, settings, EOS),
+        each scheduled request's computed-token count before this step, finished requests."""
         reqs = self._tpc_requests
         for nr in so.scheduled_new_reqs:
             ids = nr.prompt_token_ids
             lora = getattr(nr.lora_request, "lora_int_id", None)
             params = nr.sampling_params
+            extra = params.extra_args or {}
+            name = nr.req_id  # a request tpc-hooks did not key (vLLM called directly) goes by its engine id
+            if KEY in extra:  # keyed where it entered; a sample of n: which one, from its engine id
+                name = ident(str(extra[KEY]), child_index(nr.req_id, int(extra.get(FAN, 1))))
             reqs[nr.req_id] = Request(
+                ident=name,
                 tokens=list(ids) if ids is not None else None,
                 prompt_len=len(ids) if ids is not None else 0,
                 chain=Chain(self._tpc_block, lora),
@@ -138,14 +145,15 @@ class _Mixin:
                 eos=getattr(params, "eos_token_id", None),
                 reusable=ids is not None and not nr.mm_features,
                 start=int(nr.num_computed_tokens),
-                sampled=_review.sampled(nr.req_id, _review.SETTINGS.get("sample", 0)),
+                sampled=_review.sampled(name, _review.SETTINGS.get("sample", 0)),
             )
         cached = so.scheduled_cached_reqs
         for rid, c in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
             if rid in reqs:
                 reqs[rid].start = int(c)
-        for rid in so.finished_req_ids:
-            req = reqs.pop(rid, None)
+        for engine_id in so.finished_req_ids:
+            req = reqs.pop(engine_id, None)
+            rid = req.ident if req is not None else engine_id
             if req is not None and req.rows:
                 self._tpc_finished_rows[rid] = req.rows
             for armed in serving(rid):
@@ -172,11 +180,12 @@ class _Mixin:
         t0 = time.perf_counter()
         at = {i: k for k, i in enumerate(self._tpc_ids)}
         pieces, cuts, rows_of = [], [], {}
-        for i, rid in enumerate(step.req_ids):
+        for i, engine_id in enumerate(step.req_ids):
             a, b = int(step.starts[i]), int(step.starts[i + 1])
-            req = self._tpc_requests.get(rid)
+            req = self._tpc_requests.get(engine_id)
             if req is None or b <= a:
                 continue
+            rid = req.ident
             toks = step.tokens[a:b].tolist()
             if req.start != req.chain.computed:
                 self._tpc_resume(rid, req, serving(rid))
