@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from tpc_hooks.adapters._vllm_args import worker_error
 from tpc_hooks.serving import _vllm_checks as checks
@@ -301,6 +302,31 @@ def test_every_remote_call_name_resolves_to_a_method_of_the_worker():
     assert not spelled, f"remote calls by a literal name: {spelled}"
 
 
+def test_a_pass_the_runner_does_not_hold_as_read_is_refused_saying_why():
+    """``last_pass`` reads a pass or raises naming what was missing; it never hands back "no pass" for a
+    forward that ran (whose requests would go unscored)."""
+    from types import SimpleNamespace as NS
+
+    import numpy as np
+
+    from tpc_hooks import TPCHooksError
+    from tpc_hooks.serving._engine import last_pass
+
+    so = object()
+    aux = [torch.zeros(3, 4)]
+    batch = NS(num_reqs=1, req_ids=["r"])
+    v1 = dict(input_batch=batch, query_start_loc=NS(np=np.array([0, 3])), input_ids=NS(gpu=torch.arange(3)))
+    step = last_pass(NS(execute_model_state=NS(aux_hidden_states=aux, scheduler_output=so), **v1), so)
+    assert step.req_ids == ["r"] and step.tokens.tolist() == [0, 1, 2] and step.aux[0] is aux[0]
+    for state, why in [
+        (None, "kept no execute_model_state"),
+        (NS(aux_hidden_states=None, scheduler_output=so), "returned no auxiliary hidden states"),
+        (NS(aux_hidden_states=aux, scheduler_output=object()), "holds another step's state"),
+    ]:
+        with pytest.raises(TPCHooksError, match=f"cannot read this forward pass: vLLM's model runner {why}"):
+            last_pass(NS(execute_model_state=state, **v1), so)
+
+
 # ---------------------------------------------------------------------------------------------- against vLLM
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here (make test-vllm)")
 def test_the_installed_vllm_is_as_every_static_row_says():
@@ -334,6 +360,63 @@ def engine(tmp_path_factory):
     llm = vllm_engine(path, **vllm_engine_args(SITES))
     yield llm
     del llm
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here (make test-vllm)")
+def test_a_model_runner_tpc_hooks_does_not_know_is_refused_at_build():
+    """Checked on the class (vLLM's GPU model runner V1 or V2, or one built on it): another is refused
+    with the reason, before any pass runs."""
+    from tpc_hooks import TPCHooksError
+    from tpc_hooks.serving._engine import check_runner
+
+    class OwnRunner:
+        pass
+
+    with pytest.raises(TPCHooksError, match=r"this engine runs .*OwnRunner, which it does not know"):
+        check_runner(OwnRunner())
+
+
+def test_turned_off_the_worker_is_plain_vllms_token_for_token_and_refuses_to_monitor(tmp_path, monkeypatch):
+    """TPC_HOOKS_DISABLE=1 when the engine starts: built with tpc-hooks' worker and logits processor, it
+    generates what an engine without them does (greedy and seeded sampling), and monitor.generate and
+    tpc.collect on it refuse, saying why, rather than run unmonitored."""
+    vllm = pytest.importorskip("vllm")
+    import gc
+
+    from families import build, vllm_engine
+    from tiny_models import tiny_head, tokenizer
+
+    import tpc_hooks as tpc
+    from tpc_hooks.adapters import vllm_engine_args
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    build("llama").save_pretrained(tmp_path)
+    tokenizer().save_pretrained(tmp_path)
+    prompts = [{"prompt_token_ids": [5 + j, 40 + 3 * j, 77, 12 + j]} for j in range(3)]
+    params = [
+        vllm.SamplingParams(max_tokens=12, temperature=0.0),
+        vllm.SamplingParams(max_tokens=12, temperature=1.0, seed=7),
+        vllm.SamplingParams(max_tokens=12, temperature=0.7, seed=3),
+    ]
+    made = {}
+    for case in ("plain", "off"):
+        if case == "off":
+            monkeypatch.setenv("TPC_HOOKS_DISABLE", "1")  # the engine's processes start with it
+        llm = vllm_engine(tmp_path, enforce_eager=True, **(vllm_engine_args(SITES) if case == "off" else {}))
+        try:
+            made[case] = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+            if case == "off":
+                width = llm.llm_engine.vllm_config.model_config.get_hidden_size()
+                monitor = tpc.Monitor(tiny_head(d_model=width), SITES[0])
+                off = r"turned off in this engine \(TPC_HOOKS_DISABLE=1"
+                with pytest.raises(tpc.TPCHooksError, match=off):
+                    monitor.generate(llm, ["hi"], max_new_tokens=2)
+                with pytest.raises(tpc.TPCHooksError, match=off):
+                    tpc.collect(llm, ["hi"], SITES[0], progress=False)
+        finally:
+            del llm
+            gc.collect()
+    assert made["off"] == made["plain"] and len(made["plain"][0]) == 12
 
 
 def test_a_live_engine_is_as_every_runtime_row_says(engine):

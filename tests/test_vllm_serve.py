@@ -375,3 +375,14 @@ def test_a_bad_monitor_directory_is_a_clear_error_before_the_engine_starts(tmp_p
         "d_model": "expects d_model=64",
         "site": "hook_resid_pre for L in 0..29",
     }[case] in line
+
+
+def test_serve_refuses_to_run_unmonitored_when_tpc_hooks_is_turned_off(tmp_path):
+    """TPC_HOOKS_DISABLE=1 turns tpc-hooks off; ``tpc-hooks serve --monitor`` then refuses before any
+    engine starts, saying why, rather than serve requests no monitor reads."""
+    _monitor().save_pretrained(tmp_path / "mon")
+    proc = _serve(["--monitor", str(tmp_path / "mon"), "--port", str(_free_port())], TPC_HOOKS_DISABLE="1")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    line = out.strip().splitlines()[-1]
+    assert line.startswith("tpc-hooks serve: ") and "TPC_HOOKS_DISABLE=1" in line and "refuses" in line

@@ -2,6 +2,7 @@
 request's ``extra_args``, the names of the worker's remote calls, and how rows travel back from a
 worker (this module imports no vLLM)."""
 
+import os
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,14 @@ STOP = "tpc_hooks.serving._vllm_worker:TPCHooksStop"
 CONFIG = "tpc_hooks"  # the key of tpc-hooks' settings in vLLM's `additional_config`
 OPT_OUT = "tpc_hooks_monitor"  # SamplingParams.extra_args key: false/0 opts the request out
 THRESHOLD = "tpc_hooks_threshold"  # ... its own threshold, a probability in (0, 1)
+# an operator's switch, read once when a worker starts: "1" makes tpc-hooks' worker plain vLLM's (nothing exposed,
+# read or scored; its remote calls refuse, saying why)
+DISABLE = "TPC_HOOKS_DISABLE"
+OFF = (
+    "tpc-hooks is turned off in this engine (TPC_HOOKS_DISABLE=1 was set when its workers started): it runs as "
+    "plain vLLM and monitors nothing; unset TPC_HOOKS_DISABLE and build the engine again to monitor"
+)
+
 # set where a request enters (monitor.generate, tpc.collect, the server): tpc-hooks' own key for it, how many
 # samples vLLM fans it out to (its `n`), and a server's monitor names that `tpc_hooks_*.NAME` settings may address
 KEY = "tpc_hooks_key"
@@ -51,6 +60,20 @@ _CALL_FAILED = re.compile(r"^Call to \w+ method failed: ")
 _WORKER_FAILED = re.compile(
     r"^Worker failed with error '(.*)', please check the stack trace above for the root cause$", re.DOTALL
 )
+
+
+def disabled() -> bool:
+    """Whether the operator turned tpc-hooks off in this process (``TPC_HOOKS_DISABLE=1``, or
+    true/yes/on).
+
+    Example:
+        >>> import os
+        >>> os.environ["TPC_HOOKS_DISABLE"] = "1"; disabled()
+        True
+        >>> del os.environ["TPC_HOOKS_DISABLE"]; disabled()
+        False
+    """
+    return os.environ.get(DISABLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def unexposed(sites: Sequence[str], exposed: dict[str, int]) -> str:

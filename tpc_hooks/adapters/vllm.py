@@ -80,7 +80,10 @@ class VLLMAdapter(Adapter):
     def exposed(self) -> dict[str, int]:
         """The sites the engine's compiled forward returns (fixed when it was built)."""
         if self._sites is None:
-            self._sites = self.model.collective_rpc(RPC_SITES)[0]
+            try:
+                self._sites = self.model.collective_rpc(RPC_SITES)[0]
+            except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
+                raise TPCHooksError(worker_error(err)) from None  # e.g. tpc-hooks turned off (TPC_HOOKS_DISABLE)
         return self._sites
 
     def site(self, name: str) -> Site:

@@ -7,9 +7,12 @@ elsewhere, is declared and checked in ``_vllm_contract``):
   outputs of its forward (the interface EAGLE-3 drafting uses: ``set_aux_hidden_state_layers``),
   and the runner to hand them on. Set before the engine's warm-up traces the graph, these
   outputs are part of the compiled graph (and of CUDA graphs), so nothing runs eagerly;
+* :func:`check_runner`: the model runner is one whose batch layout the plugin reads (vLLM's GPU
+  model runner, V1 or V2, or a subclass: the CPU build's), refused at engine build otherwise;
 * :func:`last_pass`: after a forward pass, which rows of the flat batch belong to which request,
   their token ids, and the extra outputs. Model Runner V1 keeps these on the runner, V2 on its
-  ``execute_model_state``; this is the only place the two differ.
+  ``execute_model_state``; this is the only place the two differ. A pass it cannot read is an
+  error saying what was missing, never a pass left unscored.
 
 Imported by vLLM in its workers, never by ``import tpc_hooks``.
 """
@@ -132,13 +135,53 @@ class Pass:
     aux: list[torch.Tensor]
 
 
-def last_pass(runner: Any, scheduler_output: Any) -> Pass | None:
-    """The pass ``execute_model`` has just run for ``scheduler_output`` (None if it ran none)."""
+def runner_version(runner: Any) -> str | None:
+    """``"v1"`` or ``"v2"``: which of vLLM's GPU model runners ``runner`` is (or subclasses: the CPU
+    build's is V1's); None for another."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1
+
+    return "v2" if isinstance(runner, V2) else "v1" if isinstance(runner, V1) else None
+
+
+V1_READS = ("input_batch", "query_start_loc", "input_ids")  # what last_pass reads on a V1 runner
+
+
+def check_runner(runner: Any) -> str:
+    """Refuses a model runner whose batch layout tpc-hooks does not read, saying why; returns its
+    version (``"v1"`` / ``"v2"``)."""
+    version = runner_version(runner)
+    cls = f"{type(runner).__module__}.{type(runner).__qualname__}"
+    if version is None:
+        raise TPCHooksError(
+            f"tpc-hooks reads each pass's batch from vLLM's GPU model runner (V1 or V2, or a class built on one, "
+            f"as the CPU build's is); this engine runs {cls}, which it does not know, so it refuses to build "
+            "rather than score passes it cannot read"
+        )
+    missing = [a for a in V1_READS if version == "v1" and not hasattr(runner, a)]
+    if missing:
+        raise TPCHooksError(f"the model runner {cls} lacks {missing}, which tpc-hooks reads after each pass")
+    return version
+
+
+def last_pass(runner: Any, scheduler_output: Any) -> Pass:
+    """The pass ``execute_model`` has just run for ``scheduler_output``; raises, saying what was
+    missing, when the runner does not hold it as tpc-hooks reads it."""
     state = getattr(runner, "execute_model_state", None)
-    if state is None or getattr(state, "aux_hidden_states", None) is None:
-        return None
-    if getattr(state, "scheduler_output", scheduler_output) is not scheduler_output:  # V1 keeps it: not this step's
-        return None
+    why = (
+        "kept no execute_model_state"
+        if state is None
+        else "returned no auxiliary hidden states (the residual stream at the exposed sites)"
+        if getattr(state, "aux_hidden_states", None) is None
+        else "holds another step's state"  # V1 keeps the scheduler output it ran
+        if getattr(state, "scheduler_output", scheduler_output) is not scheduler_output
+        else None
+    )
+    if why is not None or state is None:
+        raise TPCHooksError(
+            f"tpc-hooks cannot read this forward pass: vLLM's model runner {why}. Its requests are not scored "
+            "unread: the pass is refused (see tpc-hooks' contract with vLLM, make test-vllm)"
+        )
     batch = getattr(state, "input_batch", None)
     if batch is not None:  # Model Runner V2
         n = len(batch.req_ids)

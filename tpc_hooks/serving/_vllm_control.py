@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import pack, unexposed
+from ..adapters._vllm_args import OFF, pack, unexposed
 from ..monitoring._monitor import Monitor
 from ..saving import _format
 from . import _review
@@ -31,16 +31,24 @@ class Control:
     _tpc_capture: list[int]
     _tpc_finished_rows: dict[str, dict[int, list[torch.Tensor]]]
     _tpc_counts: dict[str, int]
+    _tpc_off: bool
     model_runner: Any
+
+    def _tpc_on(self) -> None:
+        """Refuses a call that needs tpc-hooks when the operator turned it off (TPC_HOOKS_DISABLE)."""
+        if self._tpc_off:
+            raise TPCHooksError(OFF)
 
     # ------------------------------------------------------------------ recording (collect, score)
     def tpc_hooks_sites(self) -> dict[str, int]:
         """The sites this engine exposes (fixed when it was built) -> their auxiliary ids."""
+        self._tpc_on()
         return dict(self._tpc_sites)
 
     def tpc_hooks_capture(self, sites: list[str]) -> int:
         """Starts recording the rows of every request at ``sites`` (prompt tokens, then one row per
         decode step); returns the model's hidden size."""
+        self._tpc_on()
         missing = [s for s in sites if s not in self._tpc_sites]
         if missing:
             raise TPCHooksError(unexposed(missing, self._tpc_sites))
@@ -53,6 +61,7 @@ class Control:
         """Every recorded request's rows per site, by the name the request goes by (its key and
         sample, else its engine id), each a tensor packed for the trip (``_vllm_args.unpack``);
         clears them."""
+        self._tpc_on()
         by_id = {i: s for s, i in self._tpc_sites.items()}
         out: dict[str, dict[str, Any]] = {}
         held = {**{req.ident: req.rows for req in self._tpc_requests.values()}, **self._tpc_finished_rows}
@@ -88,6 +97,7 @@ class Control:
         "order", "cascade", "action"}``: every pass is read once and scored by each, under its
         name (a request ends when any stopping monitor flags it). All are loaded and checked
         before any replaces what ran. Returns what each runs, by name."""
+        self._tpc_on()
         d_model = self._tpc_d_model()
         loaded = [(spec, self._tpc_load(spec)) for spec in specs]
         self.tpc_hooks_disarm()
@@ -117,6 +127,7 @@ class Control:
         """The recorded steps of ``requests`` (default: all) by the monitor ``member`` (a lone
         monitor: ""), as lists, with the step each was stopped at; forgets them. A request goes
         by tpc-hooks' key for it and its sample (``_vllm_args.ident``), else by its engine id."""
+        self._tpc_on()
         armed = ARMED.get(member)
         if armed is None:
             return {}
@@ -135,6 +146,7 @@ class Control:
         named ``idents`` (tpc-hooks' key and sample, ``_vllm_args.ident``; the server asks once
         their last token has reached it): steps, peak score, flagged, first flagged step, stopped
         step, the threshold used, the first step that scored NaN; forgets them."""
+        self._tpc_on()
         armed = ARMED.get(member)
         return {} if armed is None else summaries_of(armed, idents, self._tpc_by_ident())
 
@@ -145,6 +157,7 @@ class Control:
         """:meth:`tpc_hooks_summaries` of every monitor this worker runs, by name (one call per
         batch of finished responses, however many monitors), with those of monitors replaced or
         removed while the requests ran."""
+        self._tpc_on()
         out: dict[str, dict[str, dict[str, Any]]] = {name: self.tpc_hooks_summaries(idents, name) for name in ARMED}
         for armed in RETIRING:
             out.setdefault(armed.name, {}).update(summaries_of(armed, idents, self._tpc_by_ident()))
@@ -157,6 +170,7 @@ class Control:
         The requests the worker holds now finish on the monitor they started with; requests that
         start later get the new one (or none). A monitor that does not load or check is refused
         and nothing changes. Returns what the new monitor runs ({} when removed)."""
+        self._tpc_on()
         old = ARMED.get(name)
         if spec is None and old is None:
             raise TPCHooksError(f"no monitor named {name!r} runs here (it runs {sorted(ARMED)})")
@@ -203,6 +217,7 @@ class Control:
         their id): their summaries carry each monitor's per-step scores and exit orders and its
         input (pooled activations) at the step that flagged them (or the highest one), for the
         server to explain, with their token ids when ``text``, else a hash of them."""
+        self._tpc_on()
         _review.SETTINGS.update(sample=float(sample), text=bool(text))
         for armed in [*ARMED.values(), *RETIRING]:
             armed.review(True)
@@ -228,6 +243,7 @@ class Control:
         process's resident memory, requests handed to a review log and the seconds that took, and
         since the engine started: requests resumed from a kept block state and requests found
         without one (:meth:`tpc_hooks_counts`)."""
+        self._tpc_on()
         armed = ARMED.get(member)
         if armed is None:
             return {}
@@ -267,6 +283,7 @@ class Control:
     def tpc_hooks_counts(self) -> dict[str, int]:
         """Since the engine started: monitored requests that resumed from the monitor state kept for
         their cached prefix, and those whose cached prefix had none (not scored)."""
+        self._tpc_on()
         return dict(self._tpc_counts)
 
     def _tpc_d_model(self) -> int:

@@ -45,9 +45,7 @@ Problem = tuple[str, str]  # (status, what differs)
 
 
 def _runner_version(runner: Any) -> str:
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2
-
-    return "v2" if isinstance(runner, V2) else "v1"
+    return _engine.runner_version(runner) or "neither"
 
 
 class Recorder:
@@ -125,7 +123,10 @@ class Recorder:
             self.judge("v1.batch.req_ids", lambda: _ids(read, ids(), scheduled))
             self.judge("v1.batch.starts", lambda: _starts(read, runner.query_start_loc.np, so))
             self.judge("v1.batch.tokens", lambda: _tokens(read, runner.input_ids.gpu))
-        step = _engine.last_pass(runner, so)  # what the worker's own reader sees
+        try:
+            step = _engine.last_pass(runner, so)  # what the worker's own reader sees
+        except TPCHooksError:
+            step = None
         self.judge("state", lambda: _same_pass(step, read))
         if step is None or "tokens" not in read:
             return
@@ -296,10 +297,11 @@ def isinstance_of(obj: Any, module: str, name: str) -> str | None:
 
 
 def _runner_ok(runner: Any) -> str | None:
-    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1
-
-    return None if isinstance(runner, (V1, V2)) else f"{type(runner).__mro__}"
+    try:
+        _engine.check_runner(runner)
+    except TPCHooksError as err:
+        return str(err)
+    return None
 
 
 def _runner_class(worker: Any, runner: Any) -> str | None:

@@ -43,6 +43,7 @@ from ..adapters._vllm_args import (
     RPC_SET_SUMMARIES,
     STOP,
     WORKER,
+    disabled,
     ident,
     keyed,
     worker_error,
@@ -514,6 +515,11 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
 def main(argv: list[str]) -> int:
     import uvloop
 
+    if disabled():
+        raise TPCHooksError(
+            "tpc-hooks serve runs a monitor on every request, and TPC_HOOKS_DISABLE=1 turns tpc-hooks off: it "
+            "refuses to serve unmonitored. Unset TPC_HOOKS_DISABLE, or serve without monitors with `vllm serve`"
+        )
     # a bad directory, or a monitor for another model, fails here, before the engine starts
     ours, args = parse(argv)
     check_model(MONITORS, args.model, getattr(args, "trust_remote_code", False), ours.sites)

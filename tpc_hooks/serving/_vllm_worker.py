@@ -34,7 +34,7 @@ from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2Logi
 
 from .._errors import TPCHooksError
 from .._rule import flagged
-from ..adapters._vllm_args import FAN, KEY, ident
+from ..adapters._vllm_args import FAN, KEY, OFF, disabled, ident
 from ..adapters._vllm_args import own_setting as _own
 from ..adapters._vllm_args import request_settings as _settings
 from ..head._together import Together
@@ -88,14 +88,19 @@ class _Mixin:
 
     vllm_config: Any
     model_runner: Any
+    _tpc_off: bool
 
     # ------------------------------------------------------------------ engine build and each step
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         from . import _vllm_models
 
+        self._tpc_off = disabled()  # the operator's switch, read once: off, the worker is vLLM's own
+        if self._tpc_off:
+            return super().load_model(*args, **kwargs)  # type: ignore[misc]  # vLLM's worker
         _vllm_models.register()  # the families whose vLLM class returns no residual stream get one that does
         super().load_model(*args, **kwargs)  # type: ignore[misc]  # vLLM's worker, the next base at runtime
         _engine.check_version()
+        _engine.check_runner(self.model_runner)
         config = self.vllm_config
         if config.speculative_config is not None:
             raise TPCHooksError(
@@ -116,12 +121,12 @@ class _Mixin:
         self._tpc_together = Together()  # the members of one shape, at any site: one stacked evaluation per pass
 
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._tpc_off:
+            return super().execute_model(scheduler_output, *args, **kwargs)  # type: ignore[misc]  # vLLM's worker
         self._tpc_note(scheduler_output)
         out = super().execute_model(scheduler_output, *args, **kwargs)  # type: ignore[misc]  # vLLM's worker
         if scheduler_output.total_num_scheduled_tokens and (ARMED or self._tpc_capture):
-            step = _engine.last_pass(self.model_runner, scheduler_output)
-            if step is not None:
-                self._tpc_read(step)
+            self._tpc_read(_engine.last_pass(self.model_runner, scheduler_output))
         return out
 
     def _tpc_note(self, so: Any) -> None:
@@ -171,6 +176,8 @@ class _Mixin:
         ``"install"`` a recorder on this worker's passes and the logits processor, ``"check"``
         what it saw, ``"uninstall"`` it; and probes of how vLLM runs a remote call (``"fail"``,
         ``"rank"``, ``"plain"``)."""
+        if self._tpc_off:
+            raise TPCHooksError(OFF)
         return _vllm_recorder.run(what, self, TPCHooksStop, *args)
 
     # ------------------------------------------------------------------ reading a pass
@@ -183,7 +190,13 @@ class _Mixin:
         for i, engine_id in enumerate(step.req_ids):
             a, b = int(step.starts[i]), int(step.starts[i + 1])
             req = self._tpc_requests.get(engine_id)
-            if req is None or b <= a:
+            if req is None:
+                raise TPCHooksError(
+                    f"the pass ran request {engine_id!r}, which the scheduler's output never admitted to this "
+                    "worker (tpc-hooks' contract with vLLM: SchedulerOutput.scheduled_new_reqs); it is refused "
+                    "rather than left unscored"
+                )
+            if b <= a:
                 continue
             rid = req.ident
             toks = step.tokens[a:b].tolist()
