@@ -392,7 +392,7 @@ def test_turned_off_the_worker_is_plain_vllms_token_for_token_and_refuses_to_mon
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     build("llama").save_pretrained(tmp_path)
     tokenizer().save_pretrained(tmp_path)
-    prompts = [{"prompt_token_ids": [5 + j, 40 + 3 * j, 77, 12 + j]} for j in range(3)]
+    prompts = [{"prompt_token_ids": [5 + j, 20 + 3 * j, 37, 12 + j]} for j in range(3)]  # the tiny vocabulary: 40
     params = [
         vllm.SamplingParams(max_tokens=12, temperature=0.0),
         vllm.SamplingParams(max_tokens=12, temperature=1.0, seed=7),
