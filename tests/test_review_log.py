@@ -14,7 +14,6 @@ from tiny_models import random_head
 import tpc_hooks as tpc
 from tpc_hooks.head._pooling import pool
 from tpc_hooks.monitoring._requests import RequestScores
-from tpc_hooks.serving import _review
 from tpc_hooks.serving._review import Notes, ReviewLog, entry, explain, explain_entry
 
 D = 8
@@ -67,12 +66,11 @@ def test_a_truncated_step_sums_its_kept_orders():
     assert part["exit_order"] == 1 and len(part["by_order"]) == mon.head.degree
 
 
-def test_notes_keep_the_first_flagged_step_or_the_highest_of_a_sampled_request(monkeypatch):
+def test_notes_keep_the_first_flagged_step_or_the_highest_of_a_sampled_request():
     """The worker keeps the input of the step to explain; the server's log thread explains it with
     the monitor whose files hash to the worker's ``sha``, as tpc.attribute does."""
-    monkeypatch.setitem(_review.SETTINGS, "sample", 1.0)
     mon, other = _monitor(), _monitor(pooling="last")
-    notes = Notes()
+    notes = Notes(sample=1.0)
     zs = [torch.randn(D) for _ in range(4)]
     notes.seen("s", 0, 0.2, zs[0])
     notes.seen("s", 1, 0.6, zs[1])

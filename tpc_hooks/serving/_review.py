@@ -29,6 +29,7 @@ import queue
 import threading
 import warnings
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,6 @@ from ..head._attribution import attribute
 from ..rendering._review import review_pages
 
 FILE = "review.jsonl"  # the log's current file; rotated ones are FILE.1 (newest) .. FILE.N
-SETTINGS: dict[str, Any] = {}  # in a worker: {"sample", "text"} once a server turned the log on
 
 
 def sampled(request_id: str, rate: float) -> bool:
@@ -114,9 +114,11 @@ def _finite(values: Iterable[float]) -> list[float | None]:
 
 class Notes:
     """What a worker keeps for the review log of one monitor: per request, ``(step, input)`` of its
-    first flagged step, or for a sampled request not yet flagged, of its highest step so far."""
+    first flagged step, or for a sampled request not yet flagged, of its highest step so far
+    (``sample``: the share of requests sampled; ``text``: entries carry token ids)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sample: float = 0.0, text: bool = False) -> None:
+        self.sample, self.text = float(sample), bool(text)
         self.at: dict[str, tuple[int, Any]] = {}
         self.peak: dict[str, float] = {}
 
@@ -152,7 +154,7 @@ class Notes:
         step, z = kept
         out = {
             "request_id": rid,
-            "sampled": sampled(rid, SETTINGS.get("sample", 0.0)),
+            "sampled": sampled(rid, self.sample),
             "step": step,
             "of": "token" if monitor.pooling == "token" else "pool",
             "monitor": sha,
@@ -165,7 +167,7 @@ class Notes:
                 int(t) for t in tokens[: prompt_len + len(out["exit_orders"]) - 1]
             ]  # the scored prefix: step t ends token t
             out["tokens_sha256"] = hashlib.sha256(json.dumps(ids).encode()).hexdigest()
-            if SETTINGS.get("text"):
+            if self.text:
                 out["ids"], out["prompt_len"] = ids, prompt_len
         return out
 
@@ -294,8 +296,16 @@ def entry(
     return out
 
 
-# in a server: its ReviewLog, with text the tokenizer's decode, and every monitor it loaded by the SHA-256 of its files
-SERVER: dict[str, Any] = {"log": None, "decode": None, "monitors": {}, "saes": {}}
+@dataclass
+class ServerReview:
+    """A server's review log: its writer (None: no log), the tokenizer's ``decode`` when it logs text,
+    every monitor the server loaded by the SHA-256 of its files (to explain the steps of whichever
+    version scored them), and the SAEs whose features the log names, by site."""
+
+    log: "ReviewLog | None" = None
+    decode: Any = None
+    monitors: dict[str, Any] = field(default_factory=dict)
+    saes: dict[str, Any] = field(default_factory=dict)
 
 
 def arguments(p: Any) -> None:
@@ -349,11 +359,11 @@ def sae_site(sae: Any, where: Any) -> str:
     return site
 
 
-def record(response_id: str, choice: int, when: float, per: dict[str, dict[str, Any]]) -> None:
+def record(review: ServerReview, response_id: str, choice: int, when: float, per: dict[str, dict[str, Any]]) -> None:
     """A server's choice: its summaries lose their reviews, which go to the log (if it keeps one)."""
-    got = entry(response_id, choice, when, per, SERVER["decode"])
-    if got is not None and SERVER["log"] is not None:
-        SERVER["log"].put(got)
+    got = entry(response_id, choice, when, per, review.decode)
+    if got is not None and review.log is not None:
+        review.log.put(got)
 
 
 # ---------------------------------------------------------------------- reading and rendering

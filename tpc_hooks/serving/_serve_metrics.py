@@ -9,7 +9,6 @@ from prometheus_client import Counter, Gauge, Histogram
 from ._drift import FlagRate
 
 LONE = "default"  # the metrics' monitor label of a lone, unnamed --monitor DIR
-SETTINGS: dict[str, float] = {"window": 1000, "band": 2.0}  # --drift-window, --drift-band: set before serving
 _BY = ["monitor"]
 SCORED = Counter("tpc_hooks_requests_scored", "Requests the monitor scored (choices, each its own request)", _BY)
 FLAGS = Counter("tpc_hooks_requests_flagged", "Requests flagged at some step", _BY)
@@ -36,11 +35,12 @@ RATE = Gauge(
     "to (window=target)",
     ["monitor", "window"],
 )
-DRIFT: dict[str, FlagRate] = {}  # metrics label -> its monitor's flag rates
 log = logging.getLogger("tpc_hooks.serve")
 
 
-def count(s: dict | None, label: str) -> None:
+def count(s: dict | None, label: str, rates: dict[str, FlagRate]) -> None:
+    """One choice's summary (None: opted out) into its monitor's metrics and flag rates (``rates``:
+    by label, the server's)."""
     if s is None:
         OPTED.labels(label).inc()
         return
@@ -48,7 +48,7 @@ def count(s: dict | None, label: str) -> None:
         return
     SCORED.labels(label).inc()
     FLAGS.labels(label).inc(s["flagged"])
-    drift(label, s["flagged"])
+    drift(label, s["flagged"], rates)
     STOPS.labels(label).inc(s["stopped_at"] is not None)
     if s["nonfinite_step"] is not None:
         NONFINITE.labels(label).inc()
@@ -56,20 +56,21 @@ def count(s: dict | None, label: str) -> None:
         PEAK.labels(label).observe(s["peak_score"])
 
 
-def labels(name: str, target: float | None) -> None:
-    """A monitor's metric series from the start, at zero, and its flag rates."""
+def labels(name: str, target: float | None, rates: dict[str, FlagRate], window: int, band: float) -> None:
+    """A monitor's metric series from the start, at zero, and its flag rates (into ``rates``, by
+    label; ``window``, ``band``: --drift-window, --drift-band)."""
     label = name or LONE
     for metric in (SCORED, FLAGS, STOPS, OPTED, NONFINITE, PEAK):
         metric.labels(label)
-    DRIFT[label] = FlagRate(target, int(SETTINGS["window"]), SETTINGS["band"])
+    rates[label] = FlagRate(target, int(window), band)
     if target is not None:
         RATE.labels(label, "target").set(target)
 
 
-def drift(label: str, flagged: bool) -> None:
+def drift(label: str, flagged: bool, rates: dict[str, FlagRate]) -> None:
     """One scored request into its monitor's flag rates; the gauges follow, and a crossing of the
     band is logged."""
-    rate = DRIFT.get(label)
+    rate = rates.get(label)
     if rate is None:
         return
     event = rate.add(flagged)

@@ -1,13 +1,14 @@
-"""Which monitors ``tpc-hooks serve`` runs (:data:`MONITORS`: by name, what each is and does),
-read from ``--monitor`` and checked when loaded, and changing them under load: the admin route
-(``PUT`` / ``DELETE`` ``/tpc_hooks/monitors/NAME``) swaps one in the workers between two engine
-steps."""
+"""What ``tpc-hooks serve`` keeps in its process, in one object the app owns (:class:`ServerState`):
+which monitors it runs (by name, what each is and does), read from ``--monitor`` and checked when
+loaded, and changing them under load: the admin route (``PUT`` / ``DELETE``
+``/tpc_hooks/monitors/NAME``) swaps one in the workers between two engine steps."""
 
 import asyncio
 import hashlib
 import hmac
 import json
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,25 +17,60 @@ from ..adapters._vllm_args import RPC_SWAP, worker_error
 from ..monitoring._monitor import Monitor
 from ..saving import _format
 from . import _review
+from ._drift import FlagRate
 from ._serve_metrics import LONE, labels, log
 
-MONITORS: dict[str, dict[str, Any]] = {}  # name ("" alone) -> identity() and action, set before the server starts
 ADMIN = "/tpc_hooks/monitors/"  # PUT/DELETE ADMIN + name: replace, add or remove a monitor (--admin-api-key)
-ADMIN_KEY: dict[str, Any] = {"key": None, "sites": [], "d_model": None, "action": "stop"}  # set before serving
-_SWAP = asyncio.Lock()  # one replacement at a time
 _NAME = re.compile(r"^([A-Za-z0-9_-]+)=(.+)$")
 
 
-def identity(path: str | Path) -> dict[str, Any]:
+@dataclass
+class ServerState:
+    """Everything ``tpc-hooks serve`` keeps in its process, in one object the app owns (vLLM keeps the
+    server's arguments as ``app.state.args``; this is their ``tpc_hooks``): the monitors it runs, by
+    name ("" alone: :func:`identity` and action); what the admin route may swap in (its key, the sites
+    the engine exposes, the model's width, the action of a monitor given none); the drift gauges'
+    window, band and flag rates (by metrics label); the review log; the batching of summary calls
+    (``asks``, set by the server); and one admin swap at a time (``swap``)."""
+
+    monitors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    admin_key: str | None = None
+    sites: list[str] = field(default_factory=list)
+    d_model: int | None = None
+    action: str = "stop"
+    drift_window: int = 1000
+    drift_band: float = 2.0
+    rates: dict[str, FlagRate] = field(default_factory=dict)
+    review: _review.ServerReview = field(default_factory=_review.ServerReview)
+    asks: Any = None
+    swap: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __repr__(self) -> str:  # vLLM logs the server's arguments, this among them
+        return f"ServerState(monitors={sorted(self.monitors)})"
+
+    def labels(self, name: str, target: float | None) -> None:
+        """A monitor's metric series, at zero, and its flag rates."""
+        labels(name, target, self.rates, self.drift_window, self.drift_band)
+
+
+def of_app(scope: dict) -> ServerState:
+    """The server's state, from the app serving ``scope``."""
+    state: ServerState = scope["app"].state.args.tpc_hooks
+    return state
+
+
+def identity(path: str | Path, known: dict[str, Any] | None = None) -> dict[str, Any]:
     """What ``/v1/models`` says of the monitor: site, threshold, pooling, cascade or not, and the
     SHA-256 of its saved files. Loads it (a missing, corrupt or tampered directory raises) and keeps
-    it by that hash, for the review log to explain the steps of whichever version scored them."""
+    it in ``known`` by that hash (a server's review log explains the steps of whichever version
+    scored them with it)."""
     mon = Monitor.from_pretrained(path)
     digest = hashlib.sha256()
     for name in (_format.CONFIG_FILE, _format.WEIGHTS_FILE):
         digest.update((Path(path) / name).read_bytes())
     target = (mon.report or {}).get("operating_point", {}).get("fpr")
-    _review.SERVER["monitors"][digest.hexdigest()] = mon  # the review log explains its steps with it
+    if known is not None:
+        known[digest.hexdigest()] = mon
     return {
         "site": mon.site,
         "threshold": float(mon.threshold),
@@ -84,6 +120,7 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
     they started with; the prefix cache is emptied (its blocks hold no state of the new monitor),
     so running requests recompute once. Needs ``Authorization: Bearer KEY`` (``--admin-api-key``).
     A bad directory is refused with the reason (HTTP 400) and the old monitor keeps serving."""
+    state = of_app(scope)
     body = bytearray()
     while True:
         message = await receive()
@@ -104,12 +141,13 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
 
     headers = dict((k.lower(), v) for k, v in scope.get("headers", []))
     given = headers.get(b"authorization", b"").removeprefix(b"Bearer ")
-    if not hmac.compare_digest(given, ADMIN_KEY["key"].encode()):
+    assert state.admin_key is not None  # the middleware routes here only with --admin-api-key
+    if not hmac.compare_digest(given, state.admin_key.encode()):
         return await answer(401, {"error": "the admin routes need Authorization: Bearer <--admin-api-key>"})
     name, method = scope["path"][len(ADMIN) :], scope["method"]
     if method not in ("PUT", "DELETE"):
         return await answer(405, {"error": f"{ADMIN}NAME takes PUT (load a monitor) or DELETE (remove it)"})
-    monitors = MONITORS
+    monitors = state.monitors
     try:
         if list(monitors) == [""]:  # a lone unnamed monitor is addressed as "default", and stays alone
             if name != LONE:
@@ -127,19 +165,19 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
                 raise TPCHooksError(
                     'the body must be {"path": "<monitor directory on the server>", "action": "stop" | "flag"}'
                 )
-            action = req.get("action", monitors.get(name, {}).get("action", ADMIN_KEY["action"]))
+            action = req.get("action", monitors.get(name, {}).get("action", state.action))
             if action not in ("stop", "flag"):
                 raise TPCHooksError(f"action must be 'stop' or 'flag'; got {action!r}")
-            ident = identity(req["path"])
-            if ident["site"] not in ADMIN_KEY["sites"]:
+            ident = identity(req["path"], state.review.monitors)
+            if ident["site"] not in state.sites:
                 raise TPCHooksError(
-                    f"this engine exposes {ADMIN_KEY['sites']}, not {ident['site']!r}; start the "
+                    f"this engine exposes {state.sites}, not {ident['site']!r}; start the "
                     "server with --sites to be able to swap in monitors at other sites"
                 )
-            if ident["d_model"] != ADMIN_KEY["d_model"]:
+            if ident["d_model"] != state.d_model:
                 raise TPCHooksError(
                     f"the monitor expects d_model={ident['d_model']} but the model produces "
-                    f"{ADMIN_KEY['d_model']}; was it trained on another model?"
+                    f"{state.d_model}; was it trained on another model?"
                 )
             spec = {
                 "name": name,
@@ -153,7 +191,7 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
         elif name not in monitors:
             raise TPCHooksError(f"no monitor named {name!r} runs here (it runs {sorted(monitors)})")
         engine = scope["app"].state.engine_client
-        async with _SWAP:
+        async with state.swap:
             await engine.pause_generation(mode="keep", clear_cache=False)  # no step runs until the swap is whole
             try:
                 await engine.collective_rpc(RPC_SWAP, args=(name, spec))
@@ -165,9 +203,9 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
     except (TPCHooksError, ValueError) as err:
         return await answer(400, {"error": str(err)})
     if spec is None:
-        monitors.pop(name)  # requests name the monitors MONITORS holds (the server's entry stamps them)
+        monitors.pop(name)  # requests may name the monitors this holds (the server's entry stamps them)
         return await answer(200, {"removed": name})  # (never the lone monitor: the workers refuse to remove the last)
     monitors[name] = {**ident, "action": spec["action"]}
-    labels(name, ident["target_fpr"])
+    state.labels(name, ident["target_fpr"])
     log.warning("monitor %s now %s (sha256 %s)", name, req["path"], ident["sha256"][:12])
     return await answer(200, {"monitor": name or LONE, **monitors[name]})

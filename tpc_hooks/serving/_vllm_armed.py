@@ -1,7 +1,7 @@
 """The monitors a vLLM worker runs and what they hold: each armed monitor (:class:`Armed`: its
 scores, flags, summaries and review notes), what the worker knows of each request
-(:class:`Request`), and the worker's state the logits processor shares (:data:`ARMED`,
-:data:`RETIRING`, :data:`STOPS`). Imported in vLLM's workers only."""
+(:class:`Request`), and everything tpc-hooks keeps in a worker process, in one object
+(:class:`WorkerState`). Imported in vLLM's workers only."""
 
 import os
 import time
@@ -40,6 +40,7 @@ class Armed:
         keep: str,
         blocks: BlockStates,
         sha: str | None = None,
+        review: dict[str, Any] | None = None,
     ):
         self.name, self.layer, self.sha = name, layer, sha  # sha: of its files, as the server knows it
         self.owns: set[str] | None = None  # once replaced or removed: the requests it still serves to their end
@@ -57,10 +58,13 @@ class Armed:
         self.own: dict[str, float] = {}  # request -> its own threshold
         self.summaries: OrderedDict[str, dict[str, Any]] = OrderedDict()  # keep="summary": finished requests
         self.notes: _review.Notes | None = None  # a server's review log: the inputs of the steps it explains
-        self.review(bool(_review.SETTINGS))
+        self.review(review or {})
 
-    def review(self, on: bool) -> None:
-        self.notes, self.scores.keep_inputs = (_review.Notes() if on else None), on
+    def review(self, settings: dict[str, Any]) -> None:
+        """Keeps (or not: ``{}``) the inputs of the steps a server's review log explains, with its
+        settings (``sample``, ``text``)."""
+        on = bool(settings)
+        self.notes, self.scores.keep_inputs = (_review.Notes(**settings) if on else None), on
 
     def summarize(self, rid: str, req: "Request | None" = None) -> None:
         """A finished request's steps become its summary (``keep="summary"``), with its review when
@@ -115,26 +119,54 @@ class Request:
     sampled: bool = False  # in the review log's sample of requests (a server's --review-log-sample)
 
 
-ARMED: dict[str, Armed] = {}  # the monitors this worker runs, by name (a lone monitor: "")
-RETIRING: list[Armed] = []  # monitors replaced or removed, still serving the requests they started with
-STOPS: list[tuple[int, int | None]] = []  # (sampler row, EOS id) a monitor ended in this step
+class WorkerState:
+    """Everything tpc-hooks keeps in one vLLM worker process, in one object: the monitors it runs, by
+    name (``armed``; a lone monitor: ""), those replaced or removed that still serve the requests they
+    started with (``retiring``), the (sampler row, EOS id) pairs a monitor ended in this step for the
+    logits processor (``stops``), and a server's review-log settings once it turned the log on
+    (``review``: ``sample``, ``text``). The worker holds it from when it starts; the logits processor,
+    which vLLM's model runner builds in the same process, finds it with :meth:`of_process`."""
 
+    _process: "WorkerState | None" = None
 
-def serving(rid: str) -> list[Armed]:
-    """The monitors that score request ``rid``: for each name, the one it started with."""
-    owned = {armed.name: armed for armed in RETIRING if armed.owns is not None and rid in armed.owns}
-    return [owned.get(name, armed) for name, armed in ARMED.items()] + [
-        armed for name, armed in owned.items() if name not in ARMED
-    ]
+    def __init__(self) -> None:
+        self.armed: dict[str, Armed] = {}
+        self.retiring: list[Armed] = []
+        self.stops: list[tuple[int, int | None]] = []
+        self.review: dict[str, Any] = {}
 
+    @classmethod
+    def of_process(cls) -> "WorkerState":
+        """This process's state (made on first use: by the worker or the logits processor, whichever
+        vLLM builds first)."""
+        if cls._process is None:
+            cls._process = cls()
+        return cls._process
 
-def held_by_retiring() -> dict[str, set[str]]:
-    """Per name: the requests a replaced monitor of that name still serves (its successor skips them)."""
-    out: dict[str, set[str]] = {}
-    for armed in RETIRING:
-        assert armed.owns is not None  # set when it is retired
-        out.setdefault(armed.name, set()).update(armed.owns)
-    return out
+    def serving(self, rid: str) -> list[Armed]:
+        """The monitors that score request ``rid``: for each name, the one it started with."""
+        owned = {armed.name: armed for armed in self.retiring if armed.owns is not None and rid in armed.owns}
+        return [owned.get(name, armed) for name, armed in self.armed.items()] + [
+            armed for name, armed in owned.items() if name not in self.armed
+        ]
+
+    def held_by_retiring(self) -> dict[str, set[str]]:
+        """Per name: the requests a replaced monitor of that name still serves (its successor skips them)."""
+        out: dict[str, set[str]] = {}
+        for armed in self.retiring:
+            assert armed.owns is not None  # set when it is retired
+            out.setdefault(armed.name, set()).update(armed.owns)
+        return out
+
+    def retire_done(self) -> None:
+        """Drops the replaced monitors whose requests have all finished and been reported."""
+        self.retiring[:] = [a for a in self.retiring if a.owns or a.summaries or a.scores.records]
+
+    def clear(self) -> None:
+        """No monitor, nothing retiring, no stop pending."""
+        self.armed.clear()
+        self.retiring.clear()
+        self.stops.clear()
 
 
 def summaries_of(armed: Armed, idents: list[str], reqs: dict[str, Request]) -> dict[str, dict[str, Any]]:
@@ -145,11 +177,6 @@ def summaries_of(armed: Armed, idents: list[str], reqs: dict[str, Request]) -> d
     for rid in [r for r in idents if r in armed.unscored]:
         armed.summarize(rid)
     return {rid: armed.summaries.pop(rid) for rid in idents if rid in armed.summaries}
-
-
-def retire_done() -> None:
-    """Drops the replaced monitors whose requests have all finished and been reported."""
-    RETIRING[:] = [a for a in RETIRING if a.owns or a.summaries or a.scores.records]
 
 
 def rss() -> int:

@@ -491,8 +491,10 @@ ROWS: tuple[Row, ...] = (
         holds(_pause_keep, "mode 'keep'"))),
     row(f"{ASYNC}.reset_prefix_cache", "call", SWAP, has_params("reset_running_requests")),
     row(f"{ASYNC}.resume_generation", "call", SWAP, params("self")),
-    row("vllm.entrypoints.launchers.api_server.app_state:init_app_state (app.state.engine_client)", "read",
-        (f"{SERVE}:MonitorMiddleware.__call__", SWAP), source("state.engine_client = engine_client"),
+    row("vllm.entrypoints.launchers.api_server.app_state:init_app_state (app.state.engine_client, app.state.args: "
+        "the server's state travels in its arguments)", "read",
+        (f"{SERVE}:MonitorMiddleware.__call__", SWAP, "serving._serve_monitors:of_app"),
+        source("state.engine_client = engine_client", "state.args = args"),
         live=f"{SERVE_TESTS}::test_every_answer_says_what_the_monitor_decided_as_the_transformers_loop_decides_it"),
     row("vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion (prompt i of a completions "
         "request enters the engine as '<response id>-<i>')", "behaviour", f"{CONTRACT}:completion_prompt",

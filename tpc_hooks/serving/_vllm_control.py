@@ -13,9 +13,8 @@ from .._errors import TPCHooksError
 from ..adapters._vllm_args import OFF, pack, unexposed
 from ..monitoring._monitor import Monitor
 from ..saving import _format
-from . import _review
 from ._prefix import BlockStates
-from ._vllm_armed import ARMED, RETIRING, STOPS, UNSCORED, Armed, Request, retire_done, rss, summaries_of
+from ._vllm_armed import UNSCORED, Armed, Request, WorkerState, rss, summaries_of
 
 STORES = 4  # monitors whose block states a worker keeps (the least recently armed go first)
 
@@ -32,6 +31,7 @@ class Control:
     _tpc_finished_rows: dict[str, dict[int, list[torch.Tensor]]]
     _tpc_counts: dict[str, int]
     _tpc_off: bool
+    _tpc: WorkerState
     model_runner: Any
 
     def _tpc_on(self) -> None:
@@ -102,7 +102,7 @@ class Control:
         loaded = [(spec, self._tpc_load(spec)) for spec in specs]
         self.tpc_hooks_disarm()
         if getattr(self, "rank", 0) == 0:
-            ARMED.update(
+            self._tpc.armed.update(
                 {
                     spec["name"]: Armed(
                         spec["name"],
@@ -114,6 +114,7 @@ class Control:
                         keep,
                         self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]),
                         spec.get("sha256"),
+                        self._tpc.review,
                     )
                     for spec, monitor in loaded
                 }
@@ -128,7 +129,7 @@ class Control:
         monitor: ""), as lists, with the step each was stopped at; forgets them. A request goes
         by tpc-hooks' key for it and its sample (``_vllm_args.ident``), else by its engine id."""
         self._tpc_on()
-        armed = ARMED.get(member)
+        armed = self._tpc.armed.get(member)
         if armed is None:
             return {}
         out: dict[str, dict[str, Any]] = {}
@@ -147,7 +148,7 @@ class Control:
         their last token has reached it): steps, peak score, flagged, first flagged step, stopped
         step, the threshold used, the first step that scored NaN; forgets them."""
         self._tpc_on()
-        armed = ARMED.get(member)
+        armed = self._tpc.armed.get(member)
         return {} if armed is None else summaries_of(armed, idents, self._tpc_by_ident())
 
     def _tpc_by_ident(self) -> dict[str, Request]:
@@ -158,10 +159,12 @@ class Control:
         batch of finished responses, however many monitors), with those of monitors replaced or
         removed while the requests ran."""
         self._tpc_on()
-        out: dict[str, dict[str, dict[str, Any]]] = {name: self.tpc_hooks_summaries(idents, name) for name in ARMED}
-        for armed in RETIRING:
+        out: dict[str, dict[str, dict[str, Any]]] = {
+            name: self.tpc_hooks_summaries(idents, name) for name in self._tpc.armed
+        }
+        for armed in self._tpc.retiring:
             out.setdefault(armed.name, {}).update(summaries_of(armed, idents, self._tpc_by_ident()))
-        retire_done()
+        self._tpc.retire_done()
         return out
 
     def tpc_hooks_swap(self, name: str, spec: dict[str, Any] | None) -> dict[str, Any]:
@@ -171,12 +174,12 @@ class Control:
         start later get the new one (or none). A monitor that does not load or check is refused
         and nothing changes. Returns what the new monitor runs ({} when removed)."""
         self._tpc_on()
-        old = ARMED.get(name)
+        old = self._tpc.armed.get(name)
         if spec is None and old is None:
-            raise TPCHooksError(f"no monitor named {name!r} runs here (it runs {sorted(ARMED)})")
-        if spec is None and len(ARMED) == 1:
+            raise TPCHooksError(f"no monitor named {name!r} runs here (it runs {sorted(self._tpc.armed)})")
+        if spec is None and len(self._tpc.armed) == 1:
             raise TPCHooksError(f"{name!r} is the only monitor this engine runs; put another in its place instead")
-        keep = next(iter(ARMED.values())).keep if ARMED else "summary"
+        keep = next(iter(self._tpc.armed.values())).keep if self._tpc.armed else "summary"
         new, info = None, {}
         if spec is not None:
             spec = {**spec, "name": name}
@@ -191,25 +194,24 @@ class Control:
                 keep,
                 self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]),
                 spec.get("sha256"),
+                self._tpc.review,
             )
             info = {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": self._tpc_d_model()}
         if getattr(self, "rank", 0) != 0:
             return info
         if old is not None:
             old.owns = {req.ident for req in self._tpc_requests.values()}  # in flight: they finish on it
-            RETIRING.append(old)
+            self._tpc.retiring.append(old)
         if new is not None:
-            ARMED[name] = new
+            self._tpc.armed[name] = new
         else:
-            del ARMED[name]
-        retire_done()
+            del self._tpc.armed[name]
+        self._tpc.retire_done()
         return info
 
     def tpc_hooks_disarm(self) -> bool:
         """Removes every monitor and its state (safe to call again)."""
-        ARMED.clear()
-        RETIRING.clear()
-        STOPS.clear()
+        self._tpc.clear()
         return True
 
     def tpc_hooks_review(self, sample: float, text: bool = False) -> bool:
@@ -218,9 +220,9 @@ class Control:
         input (pooled activations) at the step that flagged them (or the highest one), for the
         server to explain, with their token ids when ``text``, else a hash of them."""
         self._tpc_on()
-        _review.SETTINGS.update(sample=float(sample), text=bool(text))
-        for armed in [*ARMED.values(), *RETIRING]:
-            armed.review(True)
+        self._tpc.review.update(sample=float(sample), text=bool(text))
+        for armed in [*self._tpc.armed.values(), *self._tpc.retiring]:
+            armed.review(self._tpc.review)
         return True
 
     def _tpc_load(self, spec: dict[str, Any]) -> Monitor:
@@ -244,7 +246,7 @@ class Control:
         since the engine started: requests resumed from a kept block state and requests found
         without one (:meth:`tpc_hooks_counts`)."""
         self._tpc_on()
-        armed = ARMED.get(member)
+        armed = self._tpc.armed.get(member)
         if armed is None:
             return {}
         return {

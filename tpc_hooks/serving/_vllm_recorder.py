@@ -22,7 +22,7 @@ import numpy as np
 from .._errors import TPCHooksError
 from ..adapters._vllm_args import CONFIG, KEY, RPC_CONTRACT
 from . import _engine
-from ._vllm_armed import STOPS
+from ._vllm_armed import WorkerState
 from ._vllm_checks import CHANGED, MISSING, OK, SKIPPED
 
 # each runtime check of the table (a row's ``live`` key), and where it runs: in the worker (on what the
@@ -134,7 +134,7 @@ class Recorder:
             a, b = int(step.starts[i]), int(step.starts[i + 1])
             self.fed.setdefault(rid, []).append((self.starts.get(rid, 0), step.tokens[a:b].tolist()))
             if self.force and self.prompts.get(rid):
-                STOPS.append((i, self.prompts[rid][0]))
+                WorkerState.of_process().stops.append((i, self.prompts[rid][0]))
         self.events.append(("exec", self.step, len(step.req_ids), threading.get_ident()))
 
     def _aux(self, aux: Any, tokens: int) -> str | None:
@@ -222,7 +222,7 @@ def uninstall(worker: Any) -> bool:
     if undo is not None:
         undo()
     _STATE.pop("rec", None)
-    STOPS.clear()
+    WorkerState.of_process().stops.clear()
     return True
 
 

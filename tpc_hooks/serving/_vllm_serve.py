@@ -52,8 +52,8 @@ from ..adapters.vllm import is_ours
 from . import _review
 from ._engine import aux_ids
 from ._saes import read_sae
-from ._serve_metrics import LONE, REVIEWED, SETTINGS, count, labels
-from ._serve_monitors import ADMIN, ADMIN_KEY, MONITORS, admin, identity, members
+from ._serve_metrics import LONE, REVIEWED, count
+from ._serve_monitors import ADMIN, ServerState, admin, identity, members, of_app
 from ._vllm_contract import completion_prompt
 
 FIELD = "tpc_hooks"  # each choice's monitor summary
@@ -64,10 +64,10 @@ _ROUTES = ("/v1/completions", "/v1/chat/completions")
 class MonitorMiddleware:
     """Writes each finished choice's monitor summaries into the response (streamed or not)."""
 
-    @classmethod
-    def _view(cls, per: dict[str, Any]) -> Any:
+    @staticmethod
+    def _view(state: ServerState, per: dict[str, Any]) -> Any:
         """A lone monitor's value as is; named monitors' by name."""
-        return per.get("") if list(MONITORS) == [""] else per
+        return per.get("") if list(state.monitors) == [""] else per
 
     def __init__(self, app: Any):
         self.app = app
@@ -75,13 +75,14 @@ class MonitorMiddleware:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        state = of_app(scope)
         if scope["path"] == "/v1/models" and scope["method"] == "GET":
-            return await self._buffered(scope, receive, send, self._models)
-        if scope["path"].startswith(ADMIN) and ADMIN_KEY["key"]:
+            return await self._buffered(scope, receive, send, lambda payload: self._models(state, payload))
+        if scope["path"].startswith(ADMIN) and state.admin_key:
             return await admin(scope, receive, send)
         if scope["path"] not in _ROUTES or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        entry = Entry(completions=scope["path"] == "/v1/completions")
+        entry = Entry(state, completions=scope["path"] == "/v1/completions")
         token = _ENTRY.set(entry)  # the engine requests this HTTP request makes are keyed in it (the rebound generate)
         body = bytearray()
 
@@ -100,8 +101,8 @@ class MonitorMiddleware:
                 return payload
             got = await entry.summaries([int(c.get("index", 0)) for c in ended], engine)
             for c, per in zip(ended, got, strict=True):
-                _review.record(payload.get("id", ""), int(c.get("index", 0)), time.time(), per)
-                c[FIELD] = self._view({name: _field(per.get(name)) for name in MONITORS})
+                _review.record(state.review, payload.get("id", ""), int(c.get("index", 0)), time.time(), per)
+                c[FIELD] = self._view(state, {name: _field(per.get(name)) for name in state.monitors})
                 stops = [
                     (s["stopped_at"], k, name)
                     for k, (name, s) in enumerate(per.items())
@@ -110,9 +111,9 @@ class MonitorMiddleware:
                 if stops:
                     by = min(stops)[2]
                     c["finish_reason"] = f"{FLAGGED}:{by}" if by else FLAGGED
-                for name in MONITORS:
+                for name in state.monitors:
                     s = per.get(name)
-                    count(s, name or LONE)
+                    count(s, name or LONE, state.rates)
                     if s and s.get("nonfinite_step") is not None:
                         payload.setdefault("error", _nonfinite_error(s))
             return payload
@@ -165,10 +166,10 @@ class MonitorMiddleware:
         finally:
             _ENTRY.reset(token)
 
-    def _models(self, payload: dict) -> dict:
-        payload[FIELD] = self._view(MONITORS)
+    def _models(self, state: ServerState, payload: dict) -> dict:
+        payload[FIELD] = self._view(state, state.monitors)
         for model in payload.get("data") or []:
-            model[FIELD] = self._view(MONITORS)
+            model[FIELD] = self._view(state, state.monitors)
         return payload
 
     async def _buffered(self, scope: dict, receive: Any, send: Any, edit: Any) -> None:
@@ -221,8 +222,8 @@ class Entry:
     carries (``extra_args``), by prompt, with the samples it asks for (its ``n``), and the
     summaries of its choices once the workers handed them over."""
 
-    def __init__(self, completions: bool):
-        self.completions = completions  # a completions request: one engine request per prompt
+    def __init__(self, state: ServerState, completions: bool):
+        self.state, self.completions = state, completions  # a completions request: one engine request per prompt
         self.prompts: dict[int, tuple[str, int]] = {}  # prompt -> (key, n)
         self.unread: list[str] = []  # engine ids of prompts whose index vLLM's id did not give
 
@@ -250,10 +251,11 @@ class Entry:
     async def summaries(self, choices: list[int], engine: Any) -> list[dict[str, dict]]:
         """The workers' summaries of these finished choices, each by monitor name."""
         idents = [self.ident(c) for c in choices]
-        got = await _ASKS.ask(engine, [i for i in idents if i is not None])
+        got = await self.state.asks.ask(engine, [i for i in idents if i is not None])
         why = f"vLLM ran a prompt as {self.unread[0]!r}, whose index tpc-hooks could not read" if self.unread else None
         return [
-            got.get(i, {}) if i is not None else dict.fromkeys(MONITORS, {"error": why or "not keyed"}) for i in idents
+            got.get(i, {}) if i is not None else dict.fromkeys(self.state.monitors, {"error": why or "not keyed"})
+            for i in idents
         ]
 
 
@@ -292,9 +294,6 @@ class _Asks:
         return await fut
 
 
-_ASKS = _Asks()
-
-
 def _field(s: dict | None) -> dict[str, Any]:
     """One choice's ``tpc_hooks`` field."""
     if s is None:
@@ -322,7 +321,7 @@ def _nonfinite_error(s: dict) -> dict[str, Any]:
     }
 
 
-def _entering(engine: Any, skip_cache: bool) -> None:
+def _entering(engine: Any, state: ServerState, skip_cache: bool) -> None:
     """Rebinds the engine's ``generate``, where every request of the OpenAI layer enters: each gets
     a key of ours in its ``extra_args`` (and the monitors' names, which its settings may address),
     kept in its HTTP request's :class:`Entry`. With ``skip_cache`` (a KV connector: blocks restored
@@ -334,7 +333,7 @@ def _entering(engine: Any, skip_cache: bool) -> None:
             entry = _ENTRY.get()
             n = int(getattr(sampling_params, "n", 1) or 1)
             key = entry.key(request_id, n) if entry is not None else uuid.uuid4().hex
-            extra = keyed(sampling_params.extra_args, key, n, names=list(MONITORS))
+            extra = keyed(sampling_params.extra_args, key, n, names=list(state.monitors))
             sampling_params.extra_args = extra
             if skip_cache and extra.get(OPT_OUT, True) not in (False, 0):
                 sampling_params.skip_reading_prefix_cache = True
@@ -415,16 +414,19 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     ours.members = members(ours.monitor, ours.action)
     if not 0 <= ours.review_log_sample <= 1 or ours.review_log_max_mb <= 0:
         raise TPCHooksError("--review-log-sample must be in [0, 1] and --review-log-max-mb positive")
-    _review.SERVER["saes"] = {_review.sae_site(s, d): s for d, s in ((d, read_sae(d)) for d in ours.review_log_sae)}
-    MONITORS.clear()
-    MONITORS.update({name: {**identity(where), "action": act} for name, where, act in ours.members})
-    ours.sites = sorted({m["site"] for m in MONITORS.values()} | set(ours.sites))
-    ADMIN_KEY.update(
-        key=ours.admin_api_key, sites=ours.sites, action=ours.action, d_model=next(iter(MONITORS.values()))["d_model"]
+    state = ServerState(
+        admin_key=ours.admin_api_key, action=ours.action, drift_window=ours.drift_window, drift_band=ours.drift_band
     )
-    SETTINGS.update(window=ours.drift_window, band=ours.drift_band)
-    for name, monitor in MONITORS.items():
-        labels(name, monitor["target_fpr"])
+    state.asks = _Asks()
+    state.review.saes = {_review.sae_site(s, d): s for d, s in ((d, read_sae(d)) for d in ours.review_log_sae)}
+    state.monitors = {
+        name: {**identity(where, state.review.monitors), "action": act} for name, where, act in ours.members
+    }
+    ours.sites = state.sites = sorted({m["site"] for m in state.monitors.values()} | set(ours.sites))
+    state.d_model = next(iter(state.monitors.values()))["d_model"]
+    for name, monitor in state.monitors.items():
+        state.labels(name, monitor["target_fpr"])
+    ours.state = state
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     make_arg_parser, validate_parsed_serve_args = server_arguments()
@@ -439,6 +441,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     args.logits_processors = [STOP, *(args.logits_processors or [])]
     args.middleware = [*(args.middleware or []), f"{__name__}.MonitorMiddleware"]
     validate_parsed_serve_args(args)
+    args.tpc_hooks = state  # the app keeps the server's arguments (app.state.args): it owns the state with them
     return ours, args
 
 
@@ -469,6 +472,8 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
     from vllm.entrypoints.launchers.api_server.entry import build_and_serve, build_async_engine_client
     from vllm.entrypoints.launchers.launcher import setup_server
 
+    state: ServerState = args.tpc_hooks
+    review = state.review
     listen_address, sock = setup_server(args, reuse_port=False)
     try:
         async with build_async_engine_client(args) as engine:
@@ -476,11 +481,11 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
                 {
                     "name": name,
                     "path": str(Path(where).resolve()),
-                    "site": MONITORS[name]["site"],
+                    "site": state.monitors[name]["site"],
                     "order": None,
                     "cascade": None,
                     "action": act,
-                    "sha256": MONITORS[name]["sha256"],
+                    "sha256": state.monitors[name]["sha256"],
                 }
                 for name, where, act in ours.members
             ]
@@ -488,28 +493,22 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
                 await engine.collective_rpc(RPC_ARM_SET, args=(specs, "summary"))
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
                 raise TPCHooksError(f"the vLLM workers could not run this monitor: {worker_error(err)}") from None
-            _entering(engine, skip_cache=bool(getattr(args, "kv_transfer_config", None)))
+            _entering(engine, state, skip_cache=bool(getattr(args, "kv_transfer_config", None)))
             if ours.review_log:
                 await engine.collective_rpc(RPC_REVIEW, args=(ours.review_log_sample, ours.review_log_text))
-                _review.SERVER.update(
-                    decode=engine.get_tokenizer().decode if ours.review_log_text else None,
-                    log=(
-                        _review.ReviewLog(
-                            ours.review_log,
-                            max_bytes=int(ours.review_log_max_mb * 2**20),
-                            on_count=lambda outcome: REVIEWED.labels(outcome).inc(),
-                            prepare=lambda e: _review.explain_entry(
-                                e, _review.SERVER["monitors"], saes=_review.SERVER["saes"]
-                            ),
-                        )
-                    ),
+                review.decode = engine.get_tokenizer().decode if ours.review_log_text else None
+                review.log = _review.ReviewLog(
+                    ours.review_log,
+                    max_bytes=int(ours.review_log_max_mb * 2**20),
+                    on_count=lambda outcome: REVIEWED.labels(outcome).inc(),
+                    prepare=lambda e: _review.explain_entry(e, review.monitors, saes=review.saes),
                 )
             shutdown = await build_and_serve(engine, listen_address, sock, args)
         await shutdown
     finally:
         sock.close()
-        if _review.SERVER["log"] is not None:
-            _review.SERVER["log"].close()  # writes what is queued
+        if review.log is not None:
+            review.log.close()  # writes what is queued
 
 
 def main(argv: list[str]) -> int:
@@ -522,6 +521,6 @@ def main(argv: list[str]) -> int:
         )
     # a bad directory, or a monitor for another model, fails here, before the engine starts
     ours, args = parse(argv)
-    check_model(MONITORS, args.model, getattr(args, "trust_remote_code", False), ours.sites)
+    check_model(args.tpc_hooks.monitors, args.model, getattr(args, "trust_remote_code", False), ours.sites)
     uvloop.run(run(ours, args))
     return 0

@@ -40,7 +40,7 @@ from ..adapters._vllm_args import request_settings as _settings
 from ..head._together import Together
 from . import _engine, _review, _vllm_recorder
 from ._prefix import Chain
-from ._vllm_armed import ARMED, RETIRING, STOPS, Armed, Request, held_by_retiring, retire_done, serving
+from ._vllm_armed import Armed, Request, WorkerState
 from ._vllm_contract import child_index
 from ._vllm_control import Control
 
@@ -59,7 +59,7 @@ class TPCHooksStop(V1LogitsProcessor, V2LogitsProcessor):
         _settings(sampling_params, names=True)
 
     def __init__(self, vllm_config: Any, *args: Any) -> None:
-        pass
+        self.state = WorkerState.of_process()  # the worker's, in this process
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes the greedy token of a stopped request
@@ -68,13 +68,14 @@ class TPCHooksStop(V1LogitsProcessor, V2LogitsProcessor):
         pass  # the worker reads each request's settings from the scheduler
 
     def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
-        if not STOPS:
+        stops = self.state.stops
+        if not stops:
             return logits
-        for i, eos in STOPS:
+        for i, eos in stops:
             if eos is not None and i < logits.shape[0]:
                 logits[i] = float("-inf")
                 logits[i, eos] = 0.0
-        STOPS.clear()
+        stops.clear()
         return logits
 
 
@@ -89,12 +90,14 @@ class _Mixin:
     vllm_config: Any
     model_runner: Any
     _tpc_off: bool
+    _tpc: WorkerState
 
     # ------------------------------------------------------------------ engine build and each step
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         from . import _vllm_models
 
         self._tpc_off = disabled()  # the operator's switch, read once: off, the worker is vLLM's own
+        self._tpc = WorkerState.of_process()  # everything tpc-hooks keeps in this process
         if self._tpc_off:
             return super().load_model(*args, **kwargs)  # type: ignore[misc]  # vLLM's worker
         _vllm_models.register()  # the families whose vLLM class returns no residual stream get one that does
@@ -125,7 +128,7 @@ class _Mixin:
             return super().execute_model(scheduler_output, *args, **kwargs)  # type: ignore[misc]  # vLLM's worker
         self._tpc_note(scheduler_output)
         out = super().execute_model(scheduler_output, *args, **kwargs)  # type: ignore[misc]  # vLLM's worker
-        if scheduler_output.total_num_scheduled_tokens and (ARMED or self._tpc_capture):
+        if scheduler_output.total_num_scheduled_tokens and (self._tpc.armed or self._tpc_capture):
             self._tpc_read(_engine.last_pass(self.model_runner, scheduler_output))
         return out
 
@@ -150,7 +153,7 @@ class _Mixin:
                 eos=getattr(params, "eos_token_id", None),
                 reusable=ids is not None and not nr.mm_features,
                 start=int(nr.num_computed_tokens),
-                sampled=_review.sampled(name, _review.SETTINGS.get("sample", 0)),
+                sampled=_review.sampled(name, self._tpc.review.get("sample", 0)),
             )
         cached = so.scheduled_cached_reqs
         for rid, c in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
@@ -161,7 +164,7 @@ class _Mixin:
             rid = req.ident if req is not None else engine_id
             if req is not None and req.rows:
                 self._tpc_finished_rows[rid] = req.rows
-            for armed in serving(rid):
+            for armed in self._tpc.serving(rid):
                 on = req is not None and _own(req.settings, armed.name, "monitor", True)
                 if armed.keep == "summary" and on:
                     armed.summarize(rid, req)
@@ -169,7 +172,7 @@ class _Mixin:
                     armed.scores.forget(rid)
                 if armed.owns is not None:
                     armed.owns.discard(rid)
-        retire_done()
+        self._tpc.retire_done()
 
     def tpc_hooks_contract(self, what: str, *args: Any) -> Any:
         """The runtime checks of tpc-hooks' contract with vLLM (``_vllm_recorder``), a remote call:
@@ -183,7 +186,7 @@ class _Mixin:
     # ------------------------------------------------------------------ reading a pass
     @torch.inference_mode()
     def _tpc_read(self, step: _engine.Pass) -> None:
-        members = [*ARMED.values(), *RETIRING]
+        members = [*self._tpc.armed.values(), *self._tpc.retiring]
         t0 = time.perf_counter()
         at = {i: k for k, i in enumerate(self._tpc_ids)}
         pieces, cuts, rows_of = [], [], {}
@@ -201,7 +204,7 @@ class _Mixin:
             rid = req.ident
             toks = step.tokens[a:b].tolist()
             if req.start != req.chain.computed:
-                self._tpc_resume(rid, req, serving(rid))
+                self._tpc_resume(rid, req, self._tpc.serving(rid))
             if req.tokens is not None and req.start + len(toks) > len(req.tokens):
                 req.tokens[req.start :] = toks
             if req.reusable:
@@ -220,7 +223,7 @@ class _Mixin:
             cuts.append([off for off, _ in ends])
             rows_of[rid] = (i, req, dict(ends))
         shared = (time.perf_counter() - t0) / max(len(members), 1)  # the pass's bookkeeping, shared by the members
-        taken, work = held_by_retiring(), []
+        taken, work = self._tpc.held_by_retiring(), []
         for armed in members:  # each member pools its pieces; then the policies score, those of one shape together
             t1 = time.perf_counter()
             gone = taken.get(armed.name, ())
@@ -327,7 +330,7 @@ class _Mixin:
                 nonfinite = armed.keep == "summary" and bool(math.isnan(armed.scores.records[rid][-1][2]))
                 if armed.action == "stop" or nonfinite:
                     armed.stopped[rid] = step
-                    STOPS.append((i, req.eos))
+                    self._tpc.stops.append((i, req.eos))
 
 
 # vLLM's own worker for this platform, with tpc-hooks' part: what `worker_cls` names
