@@ -121,7 +121,7 @@ class VLLMAdapter(Adapter):
                         max_tokens=1, temperature=0, skip_reading_prefix_cache=True, extra_args=keyed(None, k)
                     )
                     for k in keys
-                ],  # fmt: skip
+                ],
                 use_tqdm=False,
             )
             got = llm.collective_rpc(RPC_TAKE)[0]  # every tensor-parallel rank holds the same stream

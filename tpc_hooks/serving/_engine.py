@@ -164,24 +164,23 @@ def check_runner(runner: Any) -> str:
     return version
 
 
+def _unreadable(why: str) -> TPCHooksError:
+    return TPCHooksError(
+        f"tpc-hooks cannot read this forward pass: vLLM's model runner {why}. Its requests are not scored "
+        "unread: the pass is refused (see tpc-hooks' contract with vLLM, make test-vllm)"
+    )
+
+
 def last_pass(runner: Any, scheduler_output: Any) -> Pass:
     """The pass ``execute_model`` has just run for ``scheduler_output``; raises, saying what was
     missing, when the runner does not hold it as tpc-hooks reads it."""
     state = getattr(runner, "execute_model_state", None)
-    why = (
-        "kept no execute_model_state"
-        if state is None
-        else "returned no auxiliary hidden states (the residual stream at the exposed sites)"
-        if getattr(state, "aux_hidden_states", None) is None
-        else "holds another step's state"  # V1 keeps the scheduler output it ran
-        if getattr(state, "scheduler_output", scheduler_output) is not scheduler_output
-        else None
-    )
-    if why is not None or state is None:
-        raise TPCHooksError(
-            f"tpc-hooks cannot read this forward pass: vLLM's model runner {why}. Its requests are not scored "
-            "unread: the pass is refused (see tpc-hooks' contract with vLLM, make test-vllm)"
-        )
+    if state is None:
+        raise _unreadable("kept no execute_model_state")
+    if getattr(state, "aux_hidden_states", None) is None:
+        raise _unreadable("returned no auxiliary hidden states (the residual stream at the exposed sites)")
+    if getattr(state, "scheduler_output", scheduler_output) is not scheduler_output:  # V1 keeps the one it ran
+        raise _unreadable("holds another step's state")
     batch = getattr(state, "input_batch", None)
     if batch is not None:  # Model Runner V2
         n = len(batch.req_ids)

@@ -152,6 +152,7 @@ class Control:
         return {} if armed is None else summaries_of(armed, idents, self._tpc_by_ident())
 
     def _tpc_by_ident(self) -> dict[str, Request]:
+        """The requests this worker holds, by the name each goes by."""
         return {req.ident: req for req in self._tpc_requests.values()}
 
     def tpc_hooks_set_summaries(self, idents: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -159,11 +160,10 @@ class Control:
         batch of finished responses, however many monitors), with those of monitors replaced or
         removed while the requests ran."""
         self._tpc_on()
-        out: dict[str, dict[str, dict[str, Any]]] = {
-            name: self.tpc_hooks_summaries(idents, name) for name in self._tpc.armed
-        }
-        for armed in self._tpc.retiring:
-            out.setdefault(armed.name, {}).update(summaries_of(armed, idents, self._tpc_by_ident()))
+        reqs = self._tpc_by_ident()  # once for every monitor
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for armed in [*self._tpc.armed.values(), *self._tpc.retiring]:
+            out.setdefault(armed.name, {}).update(summaries_of(armed, idents, reqs))
         self._tpc.retire_done()
         return out
 

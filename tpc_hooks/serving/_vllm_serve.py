@@ -426,7 +426,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     state.d_model = next(iter(state.monitors.values()))["d_model"]
     for name, monitor in state.monitors.items():
         state.labels(name, monitor["target_fpr"])
-    ours.state = state
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     make_arg_parser, validate_parsed_serve_args = server_arguments()
