@@ -179,6 +179,9 @@ def test_demo_on_a_local_dataset(tmp_path):
                 "is_harmful",
                 "--layer",
                 "6",
+                # the packaged set's demo explains in SAE features (tests/test_demo.py); here it would train
+                # a second SAE, at layer 6, that nothing below reads
+                "--no-sae",
                 "--out",
                 str(out),
             ]
