@@ -150,10 +150,13 @@ def model_dir(name: str = DEFAULT_MODEL) -> Path:
     model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = out.with_name(out.name + ".partial")
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.partial")  # one per process: two may convert at once
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.rename(out) if not out.exists() else None
+    try:
+        tmp.rename(out)  # whole or not at all
+    except OSError:  # another process finished first: its folder is the same conversion
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
