@@ -78,7 +78,8 @@ def running(args):
         PYTHONPATH=str(HERE),
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 240
+    # a guard against a hung start, not a speed check: on a slow core a cold start with compilation takes minutes
+    deadline = time.time() + 900
     while time.time() < deadline:
         if proc.poll() is not None:
             log.seek(0)
@@ -90,7 +91,7 @@ def running(args):
             time.sleep(2)
     else:
         proc.kill()
-        pytest.fail("the server did not come up in 240 s")
+        pytest.fail("the server did not come up in 900 s")
     with httpx.Client(base_url=url, timeout=120) as client:
         yield client
     proc.terminate()
