@@ -29,13 +29,13 @@ $(DOCS_INSTALLED): $(INSTALLED)
 	$(PIP) -e ".[test,docs]"
 	@touch $@
 
-# The packaged models converted into the cache (~/.cache/tpc-hooks), and the small SAE the demo and the SAE
-# tutorial explain in, trained (tpc_hooks.offline.load_sae): each once, before the suites that read them. The
-# tests do either themselves where it is missing; CI does it first, on every core, before its test lanes part.
+# The packaged models converted into the cache (~/.cache/tpc-hooks), and the small SAE the quick demo and the
+# small SAE tutorial explain in (tpc_hooks.offline.load_sae, its quick recipe) trained: each once, before the
+# suites that read them. The tests do either themselves where it is missing.
 models: install
 	$(PYTHON) -c "from tpc_hooks import offline; [offline.model_dir(m) for m in offline.PACKAGED]"
 sae: models
-	$(PYTHON) -c "from tpc_hooks import offline; offline.load_sae('blocks.20.hook_resid_post', progress=False)"
+	$(PYTHON) -c "from tpc_hooks import offline; offline.load_sae('blocks.20.hook_resid_post', epochs=offline.QUICK_SAE_EPOCHS, progress=False)"
 
 # style and structure before the tests (config in pyproject.toml): ruff's lint and format check, mypy on
 # the package, the import layers (a cycle fails the build before the tests run)

@@ -48,3 +48,23 @@ def test_two_processes_converting_at_once_leave_the_first_whole_folder(tmp_path,
     assert offline.model_dir() == out
     assert (out / "by").read_text() == "the other process"
     assert [p.name for p in tmp_path.iterdir() if p.is_dir() and p.name != "packaged"] == [out.name]  # no .partial
+
+
+def test_each_sae_recipe_is_its_own_cached_sae(tmp_path, monkeypatch):
+    """The quick recipe (fewer epochs) and another seed train SAEs of their own; the default's loads again."""
+    from tpc_hooks.serving import _saes
+
+    monkeypatch.setenv("TPC_HOOKS_CACHE", str(tmp_path))
+    trained = []
+
+    def train(path, site, model, **recipe):
+        trained.append((recipe["epochs"], recipe["seed"]))
+        path.mkdir(parents=True)
+        (path / "report.json").write_text("{}")
+
+    monkeypatch.setattr(offline, "_train", train)
+    monkeypatch.setattr(_saes, "read_sae", lambda path: path)
+    default, quick = offline.load_sae(), offline.load_sae(epochs=offline.QUICK_SAE_EPOCHS)
+    seeded, again = offline.load_sae(seed=1), offline.load_sae()
+    assert len({default, quick, seeded}) == 3 and again == default
+    assert trained == [(16, 0), (offline.QUICK_SAE_EPOCHS, 0), (16, 1)]

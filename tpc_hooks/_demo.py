@@ -30,7 +30,7 @@ from .head._attribution import attribute
 from .head._cascade import Cascade
 from .head._metrics import classification_metrics, threshold_at_fpr
 from .monitoring._monitor import Monitor
-from .offline import DEFAULT_MODEL, PACKAGED, load_model, load_sae
+from .offline import DEFAULT_MODEL, PACKAGED, QUICK_SAE_EPOCHS, load_model, load_sae
 from .prompts import _intent
 from .prompts._files import load_hf_dataset, load_prompt_file
 from .prompts._outside import everyday_prompts
@@ -59,13 +59,16 @@ def _subsample(ps: PromptSet, n: int, seed: int) -> PromptSet:
     return ps.subset(sorted(take))
 
 
-def _in_features(monitor: Monitor, z: Any, site: str, model_name: str | None, progress: bool) -> tuple[Any, Any]:
+def _in_features(
+    monitor: Monitor, z: Any, site: str, model_name: str | None, progress: bool, quick: bool = False
+) -> tuple[Any, Any]:
     """The attribution of ``z`` in the features of the packaged prompts' SAE at ``site``, and its
     summary for the results (the SAE's reconstruction report, the top features and pairs, their
-    labels); ``(None, None)`` without SAELens or for a model not packaged."""
+    labels); ``(None, None)`` without SAELens or for a model not packaged. A quick run reads an SAE
+    trained for :data:`~tpc_hooks.offline.QUICK_SAE_EPOCHS` epochs instead of 16 (its own cached SAE)."""
     if (model_name or DEFAULT_MODEL) not in PACKAGED or importlib.util.find_spec("sae_lens") is None:
         return None, None
-    feature_sae = load_sae(site, model_name, progress=progress)
+    feature_sae = load_sae(site, model_name, epochs=QUICK_SAE_EPOCHS if quick else 16, progress=progress)
     attr = attribute(monitor, z, sae=feature_sae)
     got = attr.to_dict(0, k=8)
     return attr, {
@@ -198,7 +201,16 @@ def run_demo(
     lap("monitored generation")
 
     attr, attribution, attr_sae = _attribution(
-        monitor, cascade, X["test"], sets["test"], out, site=site, model_name=model_name, progress=progress, sae=sae
+        monitor,
+        cascade,
+        X["test"],
+        sets["test"],
+        out,
+        site=site,
+        model_name=model_name,
+        progress=progress,
+        sae=sae,
+        quick=quick,
     )
     lap("attribution")
 
@@ -347,6 +359,7 @@ def _attribution(
     model_name: str | None,
     progress: bool,
     sae: bool,
+    quick: bool = False,
 ) -> tuple[Any, dict[str, Any], Any]:
     """The attribution of the harmful test prompt the cascade flags most confidently: the attribution,
     its summary for the results (with its SAE features' when ``sae``: :func:`_in_features`) and the
@@ -356,7 +369,7 @@ def _attribution(
     attr = attribute(monitor, X_test[flagged])
     attribution = {"prompt": test.texts[flagged[0]], **attr.to_dict(0, k=8)}
     attr_sae, attribution["sae"] = (
-        _in_features(monitor, X_test[flagged], site, model_name, progress) if sae else (None, None)
+        _in_features(monitor, X_test[flagged], site, model_name, progress, quick) if sae else (None, None)
     )
     try:
         attr.plot(0, k=10).savefig(out / "attribution.png", dpi=120)

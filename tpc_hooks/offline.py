@@ -72,6 +72,7 @@ __all__ = [
     "gguf_path",
     "cache_dir",
     "load_sae",
+    "QUICK_SAE_EPOCHS",
 ]
 
 
@@ -202,10 +203,15 @@ def load_model(name: str | None = None, toolkit: str = "transformer_lens") -> An
 # ---------------------------------------------------------------------- a small SAE, trained offline
 SAE_VERSION = 1  # of the SAE recipe below: a change trains a new SAE instead of loading an old one
 _BATCH = 1024
+# The quick recipe: what `tpc-hooks demo --quick` and the tutorials' small runs read (a quarter of the training;
+# `make sae` trains it for CI, where both run)
+QUICK_SAE_EPOCHS = 4
 
 
-def _sae_dir(model: str, site: str, d_sae: int, k: int) -> Path:
-    return cache_dir() / "sae" / f"{model}--{site}--{d_sae}-k{k}-v{SAE_VERSION}"
+def _sae_dir(model: str, site: str, d_sae: int, k: int, epochs: int = 16, seed: int = 0) -> Path:
+    """Where the SAE of one recipe is cached (the default recipe's folder name has no epochs or seed)."""
+    other = (f"-e{epochs}" if epochs != 16 else "") + (f"-s{seed}" if seed else "")
+    return cache_dir() / "sae" / f"{model}--{site}--{d_sae}-k{k}{other}-v{SAE_VERSION}"
 
 
 def load_sae(
@@ -248,7 +254,7 @@ def load_sae(
         raise TPCHooksError(f"load_sae trains on a packaged model ({sorted(PACKAGED)}); got {model!r}")
     from .serving._saes import read_sae
 
-    path = _sae_dir(model, site, d_sae, k)
+    path = _sae_dir(model, site, d_sae, k, epochs, seed)
     if not (path / "report.json").exists():
         _train(path, site, model, d_sae=d_sae, k=k, epochs=epochs, seed=seed, progress=progress)
     return read_sae(path)

@@ -18,14 +18,14 @@
 
 # %%
 
-from _common import prompt_sets
+from _common import SMALL, prompt_sets
 
 import tpc_hooks as tpc
-from tpc_hooks.offline import load_model, load_sae
+from tpc_hooks.offline import QUICK_SAE_EPOCHS, load_model, load_sae
 
 model = load_model(toolkit="nnsight")
 site = "blocks.20.hook_resid_post"
-sae = load_sae(site, progress=False)
+sae = load_sae(site, epochs=QUICK_SAE_EPOCHS if SMALL else 16, progress=False)
 sets = prompt_sets()
 print({k: round(v, 3) if isinstance(v, float) else v for k, v in sae.reconstruction.items()})
 
