@@ -2,11 +2,11 @@
 side by side, and the table CI ends with (one row a stage: its wall time and its tests).
 
 A lane runs its stages one after the other; a stage also waits for the stages it ``needs`` in other
-lanes, and is not run when one of them failed. The two lanes that run tests are each pinned to a core
-of their own, their thread pools sized to it (OpenMP, MKL, vLLM's CPU worker): `make test` and
-`make test-vllm` each keep about one core busy, and two suites whose thread pools share the cores slow
-each other down several-fold (the notes in ``docs/contributing.md``). The installs (network and disk)
-run unpinned beside them. On a machine with one core nothing is pinned.
+lanes, and is not run when one of them failed. The two lanes that run tests are each pinned to half the
+cores, their thread pools sized to it (OpenMP, MKL, vLLM's CPU worker): `make test` and `make test-vllm`
+each keep about one core busy, and two torch processes whose thread pools share the cores slow each
+other down several-fold (``docs/contributing.md``, "CI's time"). On a machine with one core nothing is
+pinned.
 
 Each pytest run of a stage appends its counts to ``.ci-out/<stage>.jsonl`` (``TPC_CI_COUNTS``, read by
 the root ``conftest.py``); a stage's output goes to ``.ci-out/<stage>.log`` and is printed whole when the
@@ -81,25 +81,25 @@ class Stage:
         return total
 
 
-# Lanes: "setup" converts the models and trains the SAE on every core before the test lanes part; "browser"
-# and "envs" install beside it (network and disk); "a" and "b" run the suites, each on a core of its own.
-# `make test` (the README's test command) waits for vllm-env so that it also runs the serving tutorial, which
-# the docs build then shows from the cache TPC_HOOKS_DOCS_CACHE names.
+# Lanes: "setup" installs and converts the models on every core; then "a" and "b" part, each pinned to a core of
+# its own: "a" trains the quick SAE (single-threaded) and runs `make test` (the README's test command: make lint,
+# then every test) and the docs build, "b" installs the vLLM venv and runs its suite, then the newest releases'.
+# `make test` waits for vllm-env so that it also runs the serving tutorial, which the docs build then shows from
+# the cache TPC_HOOKS_DOCS_CACHE names. Only `make test` (the demo, the SAE tutorial) reads the trained SAE.
 STAGES = [
     Stage("browser", BROWSER, "browser", optional=True, shown="apt-get install chromium chromium-driver"),
     Stage("install", "make install install-docs", "setup"),
     Stage("models", "make models", "setup", needs=("install",)),
-    Stage("sae", "make sae", "setup", needs=("models",)),
-    Stage("vllm-env", "make vllm-env", "envs", needs=("models",)),
-    Stage("latest-env", "make latest-env", "envs", needs=("install",)),
-    Stage("tl4-env", "make tl4-env", "envs", needs=("install",)),
-    # the README's test command: make lint, then every test
+    Stage("sae", "make sae", "a", needs=("models",)),
     Stage("make test", "make test", "a", needs=("sae", "vllm-env", "browser")),
     # the site with every tutorial executed on the small inputs (the full-size build is `make docs`)
     Stage("docs", "make docs TUTORIALS=small", "a", needs=("make test",)),
-    Stage("test-vllm", "make test-vllm", "b", needs=("sae", "vllm-env")),
+    Stage("tl4-env", "make tl4-env", "a", needs=("install",)),
+    Stage("test-tl4", "make test-tl4", "a", needs=("tl4-env",)),
+    Stage("vllm-env", "make vllm-env", "b", needs=("models",)),
+    Stage("test-vllm", "make test-vllm", "b", needs=("vllm-env",)),
+    Stage("latest-env", "make latest-env", "b", needs=("install",)),
     Stage("test-latest", "make -o latest-env test-latest", "b", needs=("latest-env",)),
-    Stage("test-tl4", "make test-tl4", "b", needs=("tl4-env",)),
 ]
 
 
