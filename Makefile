@@ -111,7 +111,7 @@ $(VLLM_VENV)/.installed: $(INSTALLED)
 # vLLM (1.2-1.5 min a family, measured), as the docs' family table records them.
 VLLM_FAMILIES ?= llama,gemma3_text
 test-vllm: vllm-env
-	VLLM_CPU_KVCACHE_SPACE=1 TPC_VLLM_FAMILIES=$(VLLM_FAMILIES) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	VLLM_CPU_KVCACHE_SPACE=1 TPC_VLLM_FAMILIES=$(VLLM_FAMILIES) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
 		tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py tests/test_vllm_families.py \
 		tests/test_vllm_contract.py
 
