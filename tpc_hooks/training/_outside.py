@@ -33,6 +33,7 @@ from ..prompts._promptset import PromptSet
 from ..prompts._sources import norm
 from ..prompts._splits import rng
 from ._split import split_positions
+from ._train_request import check_validation
 
 PROBE = "probe"  # the method names of an Evaluation's tables
 DEPLOYED = "monitor, deployed"
@@ -211,6 +212,7 @@ def evaluate(
     split: str | None = None,
     seed: int | None = None,
     calibration: Sequence[str] | None = None,
+    validation: Any = None,  # (prompts, labels) or (prompts, labels, sources)
     batch_size: int = 8,
     verbose: bool = True,
 ) -> Evaluation:
@@ -237,6 +239,9 @@ def evaluate(
         limit: at most this many prompts of each set (a seeded draw), for a quick look.
         calibration: the monitor's calibration prompts (``train_monitor(calibration=...)``);
             needed when it had some (its report counts them). Left out of the sets measured.
+        validation: the monitor's own validation prompts (``train_monitor(validation=...)``);
+            needed when it was given some (its report records their digest): the probe then trains
+            on every one of ``prompts`` and chooses on these.
 
     Returns:
         An :class:`Evaluation`: ``to_markdown()``, ``to_html()``, ``plot()``, ``floor_gaps()``.
@@ -254,7 +259,10 @@ def evaluate(
             "evaluate compares a per-prompt monitor with a probe on the same pooled rows; this monitor "
             "scores every token (pooling='token'): score its prompts with monitor.score instead"
         )
-    tr, va = _split(monitor, items, y, val_fraction, split, seed)
+    if monitor.report.get("split", {}).get("validation") == "given" or validation is not None:
+        items, y, names, tr, va = _given_split(monitor, items, y, names, validation)
+    else:
+        tr, va = _split(monitor, items, y, val_fraction, split, seed)
     extra = _calibration(monitor, calibration)
     if everyday is None:
         everyday = monitor.report.get("operating_point", {}).get("everyday") if names is not None else None
@@ -420,6 +428,39 @@ def _split(
             "and seed when its report does not record them)"
         )
     return tr, va
+
+
+def _given_split(
+    monitor: Monitor, items: list[str], y: np.ndarray, names: np.ndarray | None, validation: Any
+) -> tuple[list[str], np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+    """The monitor's own validation prompts (``train_monitor(validation=...)``) after its training prompts:
+    the joined prompts, labels and sources, and the training and validation positions."""
+    recorded = monitor.report.get("split", {})
+    if validation is None or recorded.get("validation") != "given":
+        raise TPCHooksError(
+            "this monitor chose on validation prompts given to train_monitor(validation=...): pass the same "
+            "validation= here"
+            if validation is None
+            else "this monitor held out its own validation split; leave validation out (pass the prompts it "
+            "was trained on)"
+        )
+    v_items, v_y, v_names = check_validation(validation, items, y, names)
+    if prompts_digest(v_items) != recorded.get("val_sha256"):
+        raise TPCHooksError(
+            "these validation prompts are not the ones the monitor chose on (their digest differs from its "
+            "report's): pass the validation= it was trained with, in order"
+        )
+    n = monitor.report.get("n_train")
+    if n is not None and n != len(items):
+        raise TPCHooksError(f"the monitor trained on {n} prompts; got {len(items)}: pass the prompts it was trained on")
+    joined = None if names is None else np.concatenate([names, v_names])
+    return (
+        items + v_items,
+        np.concatenate([y, v_y]),
+        joined,
+        np.arange(len(items)),
+        np.arange(len(items), len(items) + len(v_items)),
+    )
 
 
 def _measured_sets(

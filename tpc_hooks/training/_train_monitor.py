@@ -55,6 +55,7 @@ def train_monitor(
     calibration: Sequence[str] | None = None,
     sources: Sequence[str] | None = None,
     everyday: Sequence[str] | None = None,
+    validation: Any = None,  # (prompts, labels) or (prompts, labels, sources)
     val_fraction: float = 0.2,
     split: str = "stratified",
     # the fit
@@ -138,7 +139,13 @@ def train_monitor(
             only; the other sources (e.g. benign requests inside jailbreak templates) are
             reported beside it. Default: every benign prompt. For the packaged set:
             ``sources=tpc.data.source_names(train), everyday=tpc.data.EVERYDAY_SOURCES``.
-        val_fraction: stratified validation split (model selection, calibration, report).
+        validation: your own validation prompts, ``(prompts, labels)`` (or ``(prompts, labels,
+            sources)`` when ``sources`` is given), none of them among ``prompts``: the site, ``C``,
+            the orders kept and the threshold are chosen on them, and the fit trains on every one of
+            ``prompts`` (``val_fraction`` and ``split`` are then not used). For the packaged set:
+            its ``val`` split.
+        val_fraction: without ``validation``, the share of ``prompts`` held out as the validation
+            split (model selection, calibration, report).
         split: ``"stratified"`` (default: scikit-learn's stratified split) or ``"grouped"``:
             prompts that share an 8-word run (one jailbreak template around two requests,
             near-duplicates) stay on one side, so validation, and the selection and threshold set
@@ -229,6 +236,7 @@ def train_monitor(
         calibration=calibration,
         rows_cache=rows_cache,
         fit_kwargs=fit_kwargs,
+        validation=validation,
     )
     texts = _texts(request)
     cached = None if rows_cache is None else _Cached(rows_cache, request, model, max_tokens=max_tokens, sae=sae)
@@ -240,12 +248,22 @@ def train_monitor(
     plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr)
     monitor = train(data, plan, sae=sae, verbose=verbose, **request.fit_args)
     # how the prompts were split: what tpc.evaluate needs to train its probe on the same rows
-    monitor.report["split"] = {
-        "val_fraction": request.val_fraction,
-        "split": split,
-        "seed": request.cfg.seed,
-        "n_calibration": len(request.calibration),
-    }
+    monitor.report["split"] = (
+        {
+            "validation": "given",
+            "n_val": len(request.va),
+            "val_sha256": prompts_digest(request.items[len(request.tr) :]),
+            "seed": request.cfg.seed,
+            "n_calibration": len(request.calibration),
+        }
+        if request.validation_given
+        else {
+            "val_fraction": request.val_fraction,
+            "split": split,
+            "seed": request.cfg.seed,
+            "n_calibration": len(request.calibration),
+        }
+    )
     if request.calibration:  # what tpc.evaluate checks the calibration prompts it is given against
         monitor.report["split"]["calibration_sha256"] = prompts_digest(request.calibration)
     return monitor

@@ -55,6 +55,7 @@ class Request:
     everyday: tuple[str, ...] | None = None
     calibration: tuple[str, ...] = ()
     prune: bool = True
+    validation_given: bool = False  # the validation prompts came as validation=, after the training prompts
 
     @property
     def streaming(self) -> bool:
@@ -94,11 +95,17 @@ def check_request(
     calibration: Any,
     rows_cache: Any,
     fit_kwargs: dict[str, Any],
+    validation: Any = None,
 ) -> Request:
     """Every argument checked (each error says what was expected) and resolved, before any model work."""
     items = check_prompts(prompts)
     y = check_labels(labels, len(items), "labels").numpy().astype(int)
     sources = check_sources(sources, len(items), "prompt")
+    n_train = len(items)
+    if validation is not None:  # the training prompts, then the validation prompts: one list, split by position
+        v_items, v_y, v_sources = check_validation(validation, items, y, sources)
+        items, y = items + v_items, np.concatenate([y, v_y])
+        sources = None if sources is None else np.concatenate([sources, v_sources])
     if everyday is not None:
         on = everyday_rows(sources, everyday)
         if not (on & (y == 0)).any():
@@ -143,13 +150,17 @@ def check_request(
         chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
     if contexts is not None:
         contexts, context_tokens = _check_contexts(adapter.tokenizer, contexts, context_tokens, chat_template, items)
-    check_split(y, val_fraction, split)
+    if validation is None:
+        check_split(y, val_fraction, split)
     given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
     own: dict[str, Any] = {
         k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs
     }  # fit's, not FitConfig's
     cfg = fit_config(recipe.name, recipe.augment, config, {**given, **fit_kwargs})
-    tr, va = split_positions(items, y, val_fraction, split, cfg.seed)
+    if validation is None:
+        tr, va = split_positions(items, y, val_fraction, split, cfg.seed)
+    else:
+        tr, va = np.arange(n_train), np.arange(n_train, len(items))
     return Request(
         items,
         y,
@@ -176,7 +187,42 @@ def check_request(
         everyday,
         calibration,
         recipe.prune_orders,
+        validation is not None,
     )
+
+
+def check_validation(
+    validation: Any, items: list[str], y: np.ndarray, sources: np.ndarray | None
+) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+    """``train_monitor``'s ``validation``: ``(prompts, labels)``, or ``(prompts, labels, sources)`` when
+    the training prompts carry ``sources``; both classes on each side, and no validation prompt among
+    the training prompts (a prompt the fit trained on scores low, and the choices made on it would
+    favour what memorises)."""
+    if not isinstance(validation, (tuple, list)) or len(validation) not in (2, 3):
+        raise TPCHooksError(
+            "validation must be (prompts, labels), or (prompts, labels, sources) when the training prompts "
+            f"carry sources; got {type(validation).__name__}"
+            + (f" of length {len(validation)}" if isinstance(validation, (tuple, list)) else "")
+        )
+    texts = check_prompts(validation[0], "validation prompts")
+    vy = check_labels(validation[1], len(texts), "validation labels").numpy().astype(int)
+    if np.bincount(y, minlength=2).min() < 2:
+        raise TPCHooksError("the training prompts need at least 2 examples of each class")
+    if (len(validation) == 3) != (sources is not None):
+        raise TPCHooksError(
+            "sources= names each training prompt's source: give validation=(prompts, labels, sources) too"
+            if sources is not None
+            else "validation carries sources but the training prompts do not: pass sources= for them too"
+        )
+    v_sources = check_sources(validation[2], len(texts), "validation prompt") if len(validation) == 3 else None
+    seen = {norm(t) for t in items}
+    both = [t for t in texts if norm(t) in seen]
+    if both:
+        raise TPCHooksError(
+            f"validation holds {len(both)} of the training prompts (first: {both[0][:60]!r}); what is chosen "
+            "on validation must be chosen on prompts the fit never saw: leave them out of one side"
+        )
+    return texts, vy, v_sources
 
 
 def _check_calibration(calibration: Any, items: list[str], sources: np.ndarray | None) -> tuple[str, ...]:
