@@ -42,6 +42,11 @@ outside the unseen ShareGPT set it is measured on (everyday traffic, unlabelled:
 the kept orders' rates are set on them too, with the everyday benign validation prompts; the site
 choice is not); the floor's probe is calibrated on the same rows.
 
+``--validation`` hands ``train_monitor`` the set's validation split (``validation=``): it trains on every
+training prompt and chooses on that split, and the floor's probe is then the probe on the set's splits.
+``--c-choice`` adds the plain probe's ``C`` and layer chosen two ways on the monitor's own validation rows
+(by AUROC, and by recall at 1% FPR with ties by loss) and what each catches on the held-out sets.
+
 ``--intent KIND ...`` trains with those intent kinds instead of ``train_monitor``'s default;
 ``--split grouped`` with the grouped validation split (every training below too).
 
