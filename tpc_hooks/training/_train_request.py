@@ -215,14 +215,22 @@ def check_validation(
             else "validation carries sources but the training prompts do not: pass sources= for them too"
         )
     v_sources = check_sources(validation[2], len(texts), "validation prompt") if len(validation) == 3 else None
+    _refuse_seen(
+        texts,
+        items,
+        "validation holds {n} of the training prompts (first: {first}); what is chosen on validation must be "
+        "chosen on prompts the fit never saw: leave them out of one side",
+    )
+    return texts, vy, v_sources
+
+
+def _refuse_seen(texts: list[str], items: list[str], message: str) -> None:
+    """Refuses ``texts`` that are among ``items`` (casefolded, whitespace collapsed): ``message`` with
+    ``{n}`` (how many) and ``{first}`` (the first of them) filled in."""
     seen = {norm(t) for t in items}
     both = [t for t in texts if norm(t) in seen]
     if both:
-        raise TPCHooksError(
-            f"validation holds {len(both)} of the training prompts (first: {both[0][:60]!r}); what is chosen "
-            "on validation must be chosen on prompts the fit never saw: leave them out of one side"
-        )
-    return texts, vy, v_sources
+        raise TPCHooksError(message.format(n=len(both), first=repr(both[0][:60])))
 
 
 def _check_calibration(calibration: Any, items: list[str], sources: np.ndarray | None) -> tuple[str, ...]:
@@ -231,13 +239,12 @@ def _check_calibration(calibration: Any, items: list[str], sources: np.ndarray |
     if calibration is None:
         return ()
     texts = check_prompts(calibration)
-    seen = {norm(t) for t in items}
-    both = [t for t in texts if norm(t) in seen]
-    if both:
-        raise TPCHooksError(
-            f"calibration holds {len(both)} of the prompts (first: {both[0][:60]!r}); the threshold "
-            "is set on traffic the fit never saw: leave them out"
-        )
+    _refuse_seen(
+        texts,
+        items,
+        "calibration holds {n} of the prompts (first: {first}); the threshold is set on traffic the fit never "
+        "saw: leave them out",
+    )
     if sources is not None and CALIBRATION in set(sources.tolist()):
         raise TPCHooksError(f"the source name {CALIBRATION!r} is the calibration prompts'; rename that source")
     return tuple(texts)
