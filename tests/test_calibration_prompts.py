@@ -6,12 +6,16 @@ import numpy as np
 import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.model_selection import StratifiedKFold, cross_val_predict
+from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from test_outside_evaluation import BENIGN, HARMFUL, SETS, SITE, _by_hand
 from tiny_models import hf_llama, nnsight_lm
 
 import tpc_hooks as tpc
 from tpc_hooks import TPCHooksError
+from tpc_hooks.head._history import PROBE_CS
 from tpc_hooks.training._split import split_positions
 
 TRAFFIC = [
@@ -83,17 +87,31 @@ def test_calibration_prompts_are_never_trained_on(pair):
     assert calibrated.report["validation"] == plain.report["validation"]  # the prompts as given, unchanged
 
 
-def test_the_threshold_is_set_on_the_everyday_prompts_and_the_calibration_prompts(lm, pair):
-    plain, calibrated = pair
-    _, va = split_positions(PROMPTS, np.array(Y), 0.5, "stratified", 0)
-    everyday = [PROMPTS[i] for i in va if Y[i] == 0 and NAMES[i] == "chat"]
-    logits = calibrated.head(_rows(lm, calibrated, everyday + TRAFFIC)).detach().double().numpy()
-    want = _by_hand(logits, 0.2)  # on the logit scale; the monitor keeps its probability
-    assert calibrated.threshold == pytest.approx(float(torch.sigmoid(torch.tensor(want))), abs=1e-6)
+def test_the_threshold_is_set_on_the_everyday_prompts_and_the_calibration_prompts(lm):
+    """The everyday benign prompts' out-of-fold scores (scikit-learn's cross_val_predict at the chosen
+    C) and the calibration prompts' scores under the head refit on every prompt."""
+    kw = {**ARGS, "degree": 1}
+    plain = tpc.train_monitor(lm, PROMPTS, Y, SITE, **kw)
+    calibrated = tpc.train_monitor(lm, PROMPTS, Y, SITE, calibration=TRAFFIC, **kw)
+    X, y = _rows(lm, calibrated, PROMPTS).double().numpy(), np.array(Y)
+    oof = cross_val_predict(
+        make_pipeline(StandardScaler(), LogisticRegression(C=calibrated.head.history.selected[1]["C"], max_iter=500)),
+        X,
+        y,
+        cv=StratifiedKFold(n_splits=5, shuffle=True, random_state=0),
+        method="decision_function",
+    )
+    everyday = [i for i in range(len(Y)) if Y[i] == 0 and NAMES[i] == "chat"]
+    traffic = calibrated.head(_rows(lm, calibrated, TRAFFIC)).detach().double().numpy()
+    want = _by_hand(
+        np.concatenate([oof[everyday], traffic]), 0.2
+    )  # on the logit scale; the monitor keeps its probability
+    assert calibrated.threshold == pytest.approx(float(torch.sigmoid(torch.tensor(want))), abs=1e-3)
     op = calibrated.report["operating_point"]
     assert op["n_benign"] == len(everyday) + len(TRAFFIC) and op["everyday"] == ["calibration", "chat"]
     assert op["by_source"]["calibration"]["n"] == len(TRAFFIC)
     assert plain.report["operating_point"]["n_benign"] == len(everyday)
+    assert "calibration prompts" in calibrated.report["refit"]["threshold"]
 
 
 def test_a_per_token_monitor_sets_its_threshold_on_the_calibration_prompts_too(lm):
@@ -114,23 +132,31 @@ def test_a_per_token_monitor_sets_its_threshold_on_the_calibration_prompts_too(l
 
 
 def test_evaluate_sets_the_probe_on_the_same_rows(lm, pair):
+    """The monitor was refit on every prompt: so is the probe (C by out-of-fold AUROC, as the
+    monitor's order 1), and its threshold is set on the everyday prompts' out-of-fold scores and the
+    calibration prompts', as the monitor's was."""
     _, mon = pair
     ev = tpc.evaluate(
         lm, mon, PROMPTS, Y, sources=NAMES, sets=SETS, fpr=0.2, n_sharegpt=0, calibration=TRAFFIC, verbose=False
     )
     y = np.array(Y)
-    tr, va = split_positions(PROMPTS, y, 0.5, "stratified", 0)
-    X = _rows(lm, mon, PROMPTS).numpy()
-    sc = StandardScaler().fit(X[tr])
-    lr = LogisticRegression(C=ev.probe_C, max_iter=2000).fit(sc.transform(X[tr]), y[tr])
-    everyday = [i for i in va if Y[i] == 0 and NAMES[i] == "chat"]
-    ref = np.concatenate([X[everyday], _rows(lm, mon, TRAFFIC).numpy()])
-    t = _by_hand(lr.decision_function(sc.transform(ref)), 0.2)
-    shifted = _rows(lm, mon, SETS["shifted"].texts).numpy()
-    assert ev.n_everyday == len(ref)
-    assert ev.shares["probe"]["shifted"] == pytest.approx(
-        float((lr.decision_function(sc.transform(shifted)) > t).mean())
+    X = _rows(lm, mon, PROMPTS).double().numpy()
+    folds = StratifiedKFold(5, shuffle=True, random_state=0)
+
+    def pipe(c):
+        return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000))
+
+    oof = {c: cross_val_predict(pipe(c), X, y, cv=folds, method="decision_function") for c in sorted(PROBE_CS)}
+    assert ev.probe_C == max(oof, key=lambda c: roc_auc_score(y, oof[c]))  # the first best, smallest C first
+    probe = pipe(ev.probe_C).fit(X, y)
+    oof = oof[ev.probe_C]
+    everyday = [i for i in range(len(Y)) if Y[i] == 0 and NAMES[i] == "chat"]
+    t = _by_hand(
+        np.concatenate([oof[everyday], probe.decision_function(_rows(lm, mon, TRAFFIC).double().numpy())]), 0.2
     )
+    shifted = _rows(lm, mon, SETS["shifted"].texts).double().numpy()
+    assert ev.n_everyday == len(everyday) + len(TRAFFIC)
+    assert ev.shares["probe"]["shifted"] == pytest.approx(float((probe.decision_function(shifted) > t).mean()))
     with pytest.raises(TPCHooksError, match="10 calibration prompts; got 0"):
         tpc.evaluate(lm, mon, PROMPTS, Y, sources=NAMES, sets=SETS, n_sharegpt=0, verbose=False)
     with pytest.raises(TPCHooksError, match="not the ones the monitor's threshold was set on"):

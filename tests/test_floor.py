@@ -12,6 +12,8 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
+from sklearn.model_selection import StratifiedKFold, cross_val_predict
+from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from tiny_models import hf_llama, nnsight_lm
 
@@ -143,7 +145,8 @@ BENIGN = [
 def test_the_default_trains_on_the_prompts_as_given_and_its_order_1_is_the_probe_on_the_same_rows(lm, monkeypatch):
     """The fit reads the training prompts as given and selects on the validation prompts as given;
     the rewrites of the validation prompts (every family) only judge the higher orders; order 1 is
-    scikit-learn's logistic regression with C by validation AUROC on those rows."""
+    scikit-learn's logistic regression with C by validation AUROC on those rows, then refit at that C
+    on every prompt."""
     from tpc_hooks.training import _train
 
     seen = []
@@ -170,35 +173,56 @@ def test_the_default_trains_on_the_prompts_as_given_and_its_order_1_is_the_probe
     assert rep["augment"]["families"] == [] and rep["augment"]["n_train_rewrites"] == 0
     assert rep["worst_validation_group"]["groups"] == sorted(["prompts", *PHRASING_FAMILIES])
     assert set(rep["orders"]["per_order"][0]["by_group"]) <= {"prompts", *PHRASING_FAMILIES}
-    # order 1, against scikit-learn on the same rows
+    # C, against scikit-learn on the same rows
     Xt, Xv = np.asarray(X_tr, dtype=np.float64), np.asarray(X_va, dtype=np.float64)
     sc = StandardScaler().fit(Xt)
     fits = [LogisticRegression(C=C, max_iter=500).fit(sc.transform(Xt), y[tr]) for C in tpc.FitConfig().resolved().Cs]
     aucs = [roc_auc_score(y[va], f.decision_function(sc.transform(Xv))) for f in fits]
-    at = tpc.FitConfig().resolved().Cs.index(mon.head.history.selected[1]["C"])
-    assert aucs[at] == pytest.approx(max(aucs))  # ties go to the lower validation loss
-    chosen = fits[at]
-    got = mon.head(torch.as_tensor(X_va), order=1).detach().double().numpy()
-    np.testing.assert_allclose(got, chosen.decision_function(sc.transform(Xv)), rtol=1e-3, atol=1e-3)
+    split_c = rep["refit"]["C_split"]
+    assert aucs[tpc.FitConfig().resolved().Cs.index(split_c)] == pytest.approx(max(aucs))  # ties: lower val loss
+    # order 1 as deployed: scikit-learn on every prompt at the C of the best out-of-fold AUROC
+    X = collect(prompts).double().numpy()
+    folds = rep["refit"]["folds"]
+    oof = {c: _out_of_fold(X, y, c, folds=folds) for c in tpc.FitConfig().resolved().Cs}
+    best = max(roc_auc_score(y, v) for v in oof.values())
+    C = mon.head.history.selected[1]["C"]
+    assert rep["refit"]["C"] == C and roc_auc_score(y, oof[C]) == pytest.approx(best)
+    sc = StandardScaler().fit(X)
+    every = LogisticRegression(C=C, max_iter=500).fit(sc.transform(X), y)
+    got = mon.head(torch.as_tensor(X, dtype=torch.float32), order=1).detach().double().numpy()
+    np.testing.assert_allclose(got, every.decision_function(sc.transform(X)), rtol=1e-3, atol=2e-3)
+
+
+def _out_of_fold(X, y, C, seed=0, folds=5):
+    """Every prompt's logit under scikit-learn's probe at ``C`` trained on the other folds."""
+    return cross_val_predict(
+        make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=500)),
+        X,
+        y,
+        cv=StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed),
+        method="decision_function",
+    )
 
 
 def test_train_monitor_sets_its_threshold_on_the_everyday_sources(lm):
+    """Out-of-fold scores of the everyday sources' benign prompts, every one of them."""
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
     names = ["forum" if i % 2 else "forum, wrapped" for i in range(16)]
     kw = dict(degree=1, rank=2, epochs=1, val_fraction=0.5, target_fpr=0.25, verbose=False)
     mon = tpc.train_monitor(lm, prompts, y, SITE, sources=names, everyday=["forum"], **kw)
-    _, va = split_positions(prompts, y, 0.5, "stratified", 0)
-    everyday = [prompts[i] for i in va if y[i] == 0 and names[i] == "forum"]
+    everyday = [i for i in range(16) if y[i] == 0 and names[i] == "forum"]
     op = mon.report["operating_point"]
     assert op["n_benign"] == len(everyday) and op["everyday"] == ["forum"]
-    by_hand = tpc.Monitor(mon.head, config=mon.config).calibrate(lm, everyday, 0.25).threshold
-    assert mon.threshold == pytest.approx(by_hand, abs=1e-6)
-    assert set(op["by_source"]) == {names[i] for i in va if y[i] == 0}
+    X = tpc.collect(lm, prompts, SITE, chat_template=True, progress=False)[SITE].double().numpy()
+    oof = _out_of_fold(X, y, mon.head.history.selected[1]["C"])
+    want = float(torch.sigmoid(torch.tensor(threshold_at_fpr(oof[everyday], 0.25))))
+    assert mon.threshold == pytest.approx(want, abs=1e-3)
+    assert set(op["by_source"]) == {names[i] for i in range(16) if y[i] == 0}
 
 
-def test_an_everyday_source_with_no_benign_validation_prompt_is_left_out_of_the_threshold(lm):
-    """A small set can put all of one everyday source's benign prompts in the training split: the
-    threshold is set on the everyday sources the validation split has."""
+def test_every_everyday_source_counts_wherever_the_split_put_it(lm):
+    """A small set can put all of one everyday source's benign prompts in the training split: their
+    out-of-fold scores still count toward the threshold."""
     prompts, y = HARMFUL + BENIGN, np.array([1] * 8 + [0] * 8)
     tr, va = split_positions(prompts, y, 0.5, "stratified", 0)
     names = ["forum"] * 16
@@ -206,7 +230,7 @@ def test_an_everyday_source_with_no_benign_validation_prompt_is_left_out_of_the_
     kw = dict(degree=1, rank=2, epochs=1, val_fraction=0.5, target_fpr=0.25, verbose=False)
     mon = tpc.train_monitor(lm, prompts, y, SITE, sources=names, everyday=["forum", "math"], **kw)
     op = mon.report["operating_point"]
-    assert op["everyday"] == ["forum"] and op["n_benign"] == sum(1 for i in va if y[i] == 0)
+    assert op["everyday"] == ["forum", "math"] and op["n_benign"] == 8
 
 
 @pytest.mark.parametrize(

@@ -11,12 +11,15 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import recall_score, roc_auc_score
+from sklearn.model_selection import StratifiedKFold, cross_val_predict
+from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from tiny_models import hf_llama, nnsight_lm
 
 import tpc_hooks as tpc
 from tpc_hooks import TPCHooksError
 from tpc_hooks.data import PromptSet
+from tpc_hooks.training._refit import out_of_fold
 from tpc_hooks.training._split import split_positions
 
 SITE = "blocks.1.hook_resid_post"
@@ -77,8 +80,7 @@ def lm():
     return nnsight_lm(hf_llama())
 
 
-@pytest.fixture(scope="module")
-def trained(lm):
+def _train(lm, recipe):
     prompts, y = HARMFUL + BENIGN, [1] * 10 + [0] * 10
     names = ["chat" if i % 2 else "forum" for i in range(20)]
     mon = tpc.train_monitor(
@@ -93,10 +95,22 @@ def trained(lm):
         target_fpr=0.2,
         sources=names,
         everyday=["chat"],
-        recipe=tpc.recipes.default(prune_orders=False),
+        recipe=recipe,
         verbose=False,
     )
     return mon, prompts, np.array(y), names
+
+
+@pytest.fixture(scope="module")
+def trained(lm):
+    """The default: chosen on its split, refit on every prompt, its threshold out-of-fold."""
+    return _train(lm, tpc.recipes.default(prune_orders=False))
+
+
+@pytest.fixture(scope="module")
+def split_only(lm):
+    """A preset that keeps its split (trained on rewrites only the training prompts have)."""
+    return _train(lm, tpc.recipes.phrasing(["tense"], prune_orders=False))
 
 
 def _by_hand(scores: np.ndarray, fpr: float) -> float:
@@ -105,8 +119,15 @@ def _by_hand(scores: np.ndarray, fpr: float) -> float:
     return float(s[len(s) - 1 - int(np.floor(fpr * len(s) + 1e-9))])
 
 
-def test_evaluate_matches_an_independent_computation(lm, trained):
-    mon, prompts, y, names = trained
+@pytest.mark.parametrize("which", ["trained", "split_only"])
+def test_evaluate_matches_an_independent_computation(lm, which, request):
+    """Refit monitor: the probe at its C on every prompt, every rate set on the everyday prompts'
+    out-of-fold scores (order 1's by scikit-learn; order 2's by the package's refit, itself checked
+    bit for bit against the fit in test_refit). A monitor that kept its split: the probe on its
+    training rows, every rate on its everyday validation prompts."""
+    mon, prompts, y, names = request.getfixturevalue(which)
+    refit = "refit" in mon.report
+    assert refit == (which == "trained")
     ev = tpc.evaluate(lm, mon, prompts, y, sources=names, sets=SETS, fpr=0.2, n_sharegpt=0, verbose=False)
     assert mon.report["split"] == {"val_fraction": 0.5, "split": "stratified", "seed": 0, "n_calibration": 0}
     tr, va = split_positions(prompts, y, 0.5, "stratified", 0)
@@ -130,11 +151,26 @@ def test_evaluate_matches_an_independent_computation(lm, trained):
     fits = {C: LogisticRegression(C=C, max_iter=2000).fit(sc.transform(Xp[tr]), y[tr]) for C in (0.001, 0.01, 0.1, 1)}
     aucs = {C: roc_auc_score(y[va], f.decision_function(sc.transform(Xp[va]))) for C, f in fits.items()}
     C = max(aucs, key=aucs.get)  # the first best from the smallest C
-    assert (ev.probe_C, ev.probe_site) == (C, SITE) and ev.probe_val_auroc == pytest.approx(aucs[C])
-    everyday = [i for i in va if y[i] == 0 and names[i] == "chat"]
-    assert ev.n_everyday == len(everyday)
-    probe = lambda Z: fits[C].decision_function(sc.transform(Z))  # noqa: E731
-    t = _by_hand(probe(Xp[everyday]), 0.2)
+    assert ev.probe_site == SITE and ev.probe_val_auroc == pytest.approx(aucs[C])
+    folds = StratifiedKFold(n_splits=5, shuffle=True, random_state=0)
+    if refit:  # C by out-of-fold AUROC on every prompt, the first best from the smallest
+        everyday = [i for i in range(20) if y[i] == 0 and names[i] == "chat"]
+
+        def pipe(c):
+            return make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000))
+
+        oof = {
+            c: cross_val_predict(pipe(c), Xp, y, cv=folds, method="decision_function") for c in (0.001, 0.01, 0.1, 1)
+        }
+        C = max(oof, key=lambda c: roc_auc_score(y, oof[c]))
+        ref = oof[C][everyday]
+        probe = pipe(C).fit(Xp, y).decision_function
+    else:
+        everyday = [i for i in va if y[i] == 0 and names[i] == "chat"]
+        probe = lambda Z: fits[C].decision_function(sc.transform(Z))  # noqa: E731
+        ref = probe(Xp[everyday])
+    assert ev.probe_C == C and ev.n_everyday == len(everyday)
+    t = _by_hand(ref, 0.2)
     for name, Z in Xs.items():
         label = SETS[name].labels[0]
         want = recall_score(np.full(len(Z), label), (probe(Z) > t).astype(int), pos_label=label)
@@ -142,7 +178,17 @@ def test_evaluate_matches_an_independent_computation(lm, trained):
         assert ev.shares["probe"][name] == pytest.approx(want, abs=1e-9), name
         for n in (1, 2):
             logits = mon.head(torch.as_tensor(Z), order=n).detach().double().numpy()
-            t_n = _by_hand(mon.head(torch.as_tensor(Xp[everyday]), order=n).detach().double().numpy(), 0.2)
+            if not refit:
+                ref_n = mon.head(torch.as_tensor(Xp[everyday]), order=n).detach().double().numpy()
+            elif n == 1:
+                C1 = mon.head.history.selected[1]["C"]
+                pipe1 = make_pipeline(StandardScaler(), LogisticRegression(C=C1, max_iter=500))
+                ref_n = cross_val_predict(pipe1, Xp, y, cv=folds, method="decision_function")[everyday]
+            else:
+                ref_n = out_of_fold(mon.head, Xp, y, seed=0)[everyday]
+            t_n = _by_hand(ref_n, 0.2)
+            # order 1's reference by scikit-learn agrees with the head's float32 one up to rounding: no
+            # set score lies that close to the threshold on these rows
             assert ev.shares[f"order {n}"][name] == pytest.approx(float((logits > t_n).mean()), abs=1e-9)
         deployed = mon.score(lm, SETS[name].texts).flagged.double().mean().item()
         assert ev.shares["monitor, deployed"][name] == pytest.approx(deployed, abs=1e-9), name

@@ -186,8 +186,9 @@ def test_the_cli_collects_the_rows_train_monitor_collects(tmp_path, monkeypatch,
 
 @pytest.mark.parametrize("pooling", ["mean", "token"])
 def test_train_monitor_reports_the_thresholds_rate_on_each_source_of_its_benign_validation_prompts(model, pooling):
-    """Sources change no threshold; the report counts the benign validation prompts of each source
-    (the split train_monitor draws) and the flags add up to the operating point's."""
+    """Sources change no threshold; the report counts the benign prompts of each source the
+    threshold was set on (every prompt's out-of-fold score when the monitor is refit on every
+    prompt, else the split train_monitor draws) and the flags add up to the operating point's."""
     names = [f"src{i % 3}" for i in range(len(PROMPTS))]
     kw = dict(val_fraction=0.3, target_fpr=0.34, verbose=False, **FIT)  # 1 of the 3 benign validation prompts
     plain = tpc.train_monitor(model, PROMPTS, LABELS, SITE, pooling, **kw)
@@ -196,7 +197,9 @@ def test_train_monitor_reports_the_thresholds_rate_on_each_source_of_its_benign_
     assert mon.threshold == plain.threshold and op["flagged"] == plain.report["operating_point"]["flagged"]
     n_val = max(2, int(round(0.3 * len(PROMPTS))))
     _, va = train_test_split(np.arange(len(PROMPTS)), test_size=n_val, stratify=LABELS, random_state=FIT["seed"])
-    benign = [names[i] for i in va if LABELS[i] == 0]
+    rows = range(len(PROMPTS)) if "refit" in mon.report else va
+    assert ("refit" in mon.report) == (pooling != "token")  # a per-token monitor keeps its split
+    benign = [names[i] for i in rows if LABELS[i] == 0]
     assert {s: v["n"] for s, v in op["by_source"].items()} == {s: benign.count(s) for s in set(benign)}
     assert sum(v["flagged"] for v in op["by_source"].values()) == op["flagged"]
     assert op["spread"] == [

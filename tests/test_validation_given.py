@@ -14,7 +14,7 @@ from tiny_models import hf_llama, nnsight_lm
 
 import tpc_hooks as tpc
 from tpc_hooks import TPCHooksError
-from tpc_hooks.training import _train, _train_request
+from tpc_hooks.training import _train, _train_monitor, _train_request
 
 TRAIN, Y_TR = HARMFUL[:6] + BENIGN[:6], np.array([1] * 6 + [0] * 6)
 VAL, Y_VA = HARMFUL[6:] + BENIGN[6:], np.array([1] * 4 + [0] * 4)
@@ -71,11 +71,13 @@ def test_the_fit_reads_every_training_prompt_and_chooses_on_the_validation_promp
 
 def test_it_is_the_joined_prompts_split_by_position(lm, given, monkeypatch):
     """Bit-identical to training on the prompts and the validation prompts joined, with the split
-    forced to the positions: given validation prompts change where the split falls, nothing else."""
+    forced to the positions and no refit on every prompt: given validation prompts change where the
+    split falls and that nothing trains on them, nothing else."""
     n = len(TRAIN)
     monkeypatch.setattr(
         _train_request, "split_positions", lambda items, *a, **k: (np.arange(n), np.arange(n, len(items)))
     )
+    monkeypatch.setattr(_train_monitor, "_refits", lambda *a: False)
     joined = tpc.train_monitor(lm, TRAIN + VAL, np.r_[Y_TR, Y_VA], SITE, val_fraction=0.4, **ARGS)
     a, b = given.head.state_dict(), joined.head.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -56,8 +56,9 @@ def print_choices(mon: Monitor, *, site: str, per_token: bool, target_fpr: float
         unit = "sequences at any token" if per_token else "rows"
         lo, hi = op["fpr_interval_95"]
         print(
-            f"threshold {mon.threshold:.6g}: flags {op['flagged']} of {op['n_benign']} benign validation {unit} "
-            f"(target FPR {target_fpr:g}; on new benign traffic like them, {100 * lo:.2g}-{100 * hi:.2g}% "
+            f"threshold {mon.threshold:.6g}: flags {op['flagged']} of {op['n_benign']} benign "
+            + ("prompts' out-of-fold scores " if "refit" in mon.report else f"validation {unit} ")
+            + f"(target FPR {target_fpr:g}; on new benign traffic like them, {100 * lo:.2g}-{100 * hi:.2g}% "
             "with 95% probability)"
         )
         if "by_source" in op:

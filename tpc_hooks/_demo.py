@@ -560,4 +560,5 @@ def deployment_table(
         "orders": monitor.report.get("orders", {}),
         "n_hard": dict(Counter(hard.categories)),
         "by_source": monitor.report.get("operating_point", {}).get("by_source", {}),
+        "refit": "refit" in monitor.report,
     }

@@ -186,7 +186,13 @@ def _deployment_section(dep: dict[str, Any], intent: Any) -> list[str]:
             else ""
         )
         parts.append(
-            f"The deployed threshold, set on the everyday sources' benign validation prompts{extra}, flags of "
+            "The deployed threshold, set on the everyday sources' benign "
+            + (
+                "prompts' out-of-fold scores (the head refit on every prompt)"
+                if dep.get("refit")
+                else "validation prompts"
+            )
+            + f"{extra}, flags of "
             'each source\'s (`report["operating_point"]["by_source"]`): '
             + ", ".join(
                 f"{k} {100 * v['rate']:.1f}% ({v['flagged']} of {v['n']})" for k, v in sorted(dep["by_source"].items())

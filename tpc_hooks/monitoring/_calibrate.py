@@ -105,6 +105,22 @@ def peaks(monitor: Any, peaks: Any, fpr: float, sources: Any = None, everyday: A
     return _set(monitor, torch.logit(p), fpr, {"by": "peak scores a server logged"}, sources, on)
 
 
+def logits(monitor: Any, decisions: Any, fpr: float, how: str, sources: Any = None, everyday: Any = None) -> Any:
+    """The threshold from decision logits of benign inputs scored elsewhere (``how`` says by what,
+    e.g. heads that never trained on them: out-of-fold scores), recorded as :func:`activations`
+    records it. No cascade: its exits would need the same inputs' truncations."""
+    fpr = check_rate(fpr, "fpr")
+    if monitor.cascade is not None:
+        raise TPCHooksError("a monitor with a cascade is calibrated on activations (calibrate_activations)")
+    s = torch.as_tensor(np.asarray(decisions, dtype=np.float64)).ravel()
+    if s.numel() == 0 or not bool(torch.isfinite(s).all()):
+        raise TPCHooksError(f"decisions must be a non-empty list of finite logits; got {s.numel()} values")
+    sources = check_sources(sources, s.numel())
+    on = everyday_rows(sources, everyday)
+    _warn_few(fpr, s.numel() if on is None else int(on.sum()), 5)  # the caller of train_monitor
+    return _set(monitor, s, fpr, {"by": how}, sources, on)
+
+
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
 def _warn_few(fpr: float, n: int, stacklevel: int) -> None:
     if 0 < fpr * n < 1:

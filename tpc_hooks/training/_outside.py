@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score, roc_curve
+from sklearn.model_selection import StratifiedKFold, cross_val_predict
+from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from .._errors import TPCHooksError
@@ -32,6 +34,7 @@ from ..prompts._outside import outside_sets
 from ..prompts._promptset import PromptSet
 from ..prompts._sources import norm
 from ..prompts._splits import rng
+from ._refit import out_of_fold
 from ._split import split_positions
 from ._train_request import check_validation
 
@@ -223,7 +226,10 @@ def evaluate(
     ``val_fraction``, ``split`` and ``seed``). The probe trains on the training rows, chooses ``C``
     and its site on the validation rows; its threshold and each order's flag ``fpr`` of the
     everyday benign validation prompts and the calibration prompts, the rows the monitor's
-    threshold was set on.
+    threshold was set on. A monitor refit on every prompt (``report["refit"]``): the probe too
+    trains on every prompt (its site chosen on the split, its ``C`` by out-of-fold AUROC, as the
+    monitor's order 1), and every threshold is set on the everyday benign prompts' out-of-fold
+    scores (the monitor's folds) and the calibration prompts'.
 
     Args:
         model: the model the monitor reads.
@@ -266,10 +272,11 @@ def evaluate(
     extra = _calibration(monitor, calibration)
     if everyday is None:
         everyday = monitor.report.get("operating_point", {}).get("everyday") if names is not None else None
-    everyday = everyday_present(everyday, None if names is None else names[va])
+    pool = np.arange(len(y)) if "refit" in monitor.report else va  # refit: every prompt's out-of-fold score counts
+    everyday = everyday_present(everyday, None if names is None else names[pool])
     # everyday without sources: names is None, and indexing it raises (kept as it was)
-    usual = np.ones(len(va), bool) if everyday is None else everyday_rows(names[va], everyday)  # type: ignore[index]
-    on = va[(y[va] == 0) & usual]
+    usual = np.ones(len(pool), bool) if everyday is None else everyday_rows(names[pool], everyday)  # type: ignore[index]
+    on = pool[(y[pool] == 0) & usual]
     if not len(on):
         raise TPCHooksError("no everyday benign validation prompt to set the rate on")
     measured = _measured_sets(
@@ -341,6 +348,10 @@ def evaluate_activations(
     fits = {s: _probe(Z[tr], y[tr], Z[va], y[va], seed) for s, Z in train.items()}
     site = max(fits, key=lambda s: fits[s][2])  # the first best: the candidates' order breaks ties
     score, C, auc = fits[site]
+    refit = None  # a monitor refit on every prompt: so is the probe, C by out-of-fold AUROC (its scores kept)
+    if "refit" in monitor.report:
+        folds, seed_ = int(monitor.report["refit"]["folds"]), int(monitor.report.get("split", {}).get("seed", 0))
+        score, C, refit = _everywhere(train[site], y, folds, seed_)
     at = lambda v, s: v[s] if isinstance(v, Mapping) else (v if s == monitor.site else None)  # noqa: E731
     if any(at(v, site) is None for v, _ in sets.values()):
         raise TPCHooksError(f"the probe chose {site!r}, but the sets' rows are only at the monitor's site")
@@ -364,6 +375,9 @@ def evaluate_activations(
             for k, v in base.items()
         }
     scores.update({f"order {n}": {k: v[:, n - 1] for k, v in trunc.items()} for n in range(1, monitor.head.degree + 1)})
+    if refit is not None:  # trained on every prompt: each method's rate is set on out-of-fold scores
+        cal = (None, None) if calibration is None else (at(calibration, monitor.site), at(calibration, site))
+        hit["everyday"] = _refit_rates(monitor, scores, refit, train[monitor.site], y, everyday, cal, score)
     shares = {PROBE: {}, DEPLOYED: {k: float(v.mean()) for k, v in hit.items() if k != "everyday"}}
     curves: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
     for m, s in scores.items():
@@ -387,6 +401,53 @@ def evaluate_activations(
         shares=shares,
         curves=curves,
     )
+
+
+def _refit_rates(
+    monitor: Monitor,
+    scores: dict[str, dict[str, np.ndarray]],
+    probe_oof: np.ndarray,
+    X: np.ndarray,
+    y: np.ndarray,
+    on: np.ndarray,
+    cal: tuple[Any, Any],
+    probe: Any,
+) -> np.ndarray:
+    """For a monitor refit on every prompt (``report["refit"]``): each method's everyday reference in
+    ``scores`` becomes, in place, the out-of-fold scores of the everyday benign prompts ``on`` (the
+    probe's ``probe_oof``; each order's by :func:`~tpc_hooks.training._refit.out_of_fold` on the
+    monitor's rows ``X``, the monitor's folds and seed) and the calibration rows' scores under the
+    refit method (``cal``: at the monitor's site, at the probe's). Returns the deployed monitor's
+    flags on its reference."""
+    seed, folds = int(monitor.report.get("split", {}).get("seed", 0)), int(monitor.report["refit"]["folds"])
+    at_monitor, at_probe = cal
+    scores[PROBE]["everyday"] = np.concatenate([probe_oof[on], *([] if at_probe is None else [probe(at_probe)])])
+    for n in range(1, monitor.head.degree + 1):
+        ref = [out_of_fold(monitor.head.truncated(n), X, y, seed=seed, folds=folds)[on]]
+        if at_monitor is not None:
+            with torch.no_grad():
+                ref.append(monitor.head(torch.as_tensor(at_monitor, dtype=torch.float32), order=n).double().numpy())
+        scores[f"order {n}"]["everyday"] = np.concatenate(ref)
+    full = scores[f"order {monitor.head.degree}"]["everyday"]
+    return flagged(torch.as_tensor(full), monitor.threshold).numpy()
+
+
+def _everywhere(X: np.ndarray, y: np.ndarray, folds: int, seed: int) -> tuple[Any, float, np.ndarray]:
+    """The plain probe on every row, as the refit monitor's order 1: ``C`` (of ``PROBE_CS``, smallest
+    first; ties go to the smaller) by the AUROC of its out-of-fold scores (scikit-learn's stratified
+    ``folds``-fold split, shuffled by ``seed``). Returns its scoring function, ``C`` and every row's
+    out-of-fold score at that ``C``."""
+    split = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    best = None
+    for C in sorted(PROBE_CS):
+        pipe = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=2000))
+        oof = cross_val_predict(pipe, X, y, cv=split, method="decision_function")
+        auc = float(roc_auc_score(y, oof))
+        if best is None or auc > best[0]:
+            best = (auc, float(C), oof, pipe)
+    assert best is not None  # PROBE_CS is not empty
+    _, C, oof, pipe = best
+    return pipe.fit(X, y).decision_function, C, oof
 
 
 def _probe(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, seed: int) -> tuple[Any, float, float]:

@@ -111,7 +111,8 @@ class TrainPlan:
     ``sources``) whose benign validation prompts set the threshold (None: every benign validation
     prompt). Validation rows of the group :data:`CALIBRATION` (everyday benign traffic,
     unlabelled) only set rates: the threshold and each order's in the pruning; neither the fit nor
-    the site choice reads them."""
+    the site choice reads them. ``refit``: the caller refits the head on every prompt and sets the
+    threshold after (``train_monitor`` without ``validation=``), so :func:`train` sets none."""
 
     monitor: MonitorConfig
     fit: FitConfig
@@ -124,6 +125,7 @@ class TrainPlan:
     prune: bool = False
     shifts: tuple[str, ...] = ()
     everyday: tuple[str, ...] | None = None
+    refit: bool = False
 
     def __post_init__(self) -> None:
         if self.recipe not in NAMES:
@@ -284,7 +286,7 @@ def train(
         return monitor
     assert y_va is not None and g_va is not None  # set with d.val
     benign, sources = _report(monitor, d, tokens, X_va, y_va, g_va, plan)
-    if plan.target_fpr is not None:
+    if plan.target_fpr is not None and not plan.refit:
         monitor.calibrate_activations(
             benign, plan.target_fpr, sources=sources, everyday=everyday_present(plan.everyday, sources)
         )

@@ -28,6 +28,7 @@ from ..prompts import _intent
 from ..prompts._context import host_splits
 from ..prompts._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
 from ._recipes import Recipe, resolve
+from ._refit import settle
 from ._train import (
     CALIBRATION,
     INTENT,
@@ -95,10 +96,16 @@ def train_monitor(
     (:mod:`tpc_hooks.recipes`: ``phrasing()``, ``intent()``, ``in_distribution()``, ``paper()``)
     trade recall for other goals, each with its price measured.
 
-    The monitor's operating point is set on the benign validation prompts as given (not their
-    rewrites or intent flips), of the ``everyday`` sources when named: ``threshold`` flags at most
-    ``target_fpr`` of them (:meth:`Monitor.calibrate_activations`), and a cascade (``tau``) exits
-    around that threshold. With a few hundred benign validation prompts, 1% is a handful of them
+    Without ``validation=`` the site, ``C`` and the orders are chosen on a held-out ``val_fraction``
+    of the prompts, then the kept orders are refit on every prompt with those choices, and the
+    threshold flags at most ``target_fpr`` of the benign prompts' out-of-fold scores (5 folds, each
+    scored by the same head refit on the other four; of the ``everyday`` sources when named) and of
+    the ``calibration`` prompts: every labelled prompt trains the deployed head
+    (``report["refit"]``). With the presets that train on rewrites or intent flips, a cascade
+    (``tau``) or ``pooling="token"``, the head trains on the split and the operating point is set on
+    the benign validation prompts as given (not their rewrites or intent flips), of the
+    ``everyday`` sources when named (:meth:`Monitor.calibrate_activations`); a cascade exits around
+    that threshold. With a few hundred benign validation prompts, 1% is a handful of them
     (``report["operating_point"]["fpr_interval_95"]`` says where the rate on new traffic may lie):
     give a larger sample of your own benign traffic as ``calibration`` (or recalibrate with
     :meth:`Monitor.calibrate` before deploying).
@@ -145,7 +152,8 @@ def train_monitor(
             ``prompts`` (``val_fraction`` and ``split`` are then not used). For the packaged set:
             its ``val`` split.
         val_fraction: without ``validation``, the share of ``prompts`` held out as the validation
-            split (model selection, calibration, report).
+            split (model selection and report; with the default recipe the kept orders are then
+            refit on every prompt and the threshold set out-of-fold).
         split: ``"stratified"`` (default: scikit-learn's stratified split) or ``"grouped"``:
             prompts that share an 8-word run (one jailbreak template around two requests,
             near-duplicates) stay on one side, so validation, and the selection and threshold set
@@ -247,6 +255,18 @@ def train_monitor(
     data = {s: _train_data(rows[s], texts, request, chats) for s in request.sites}
     plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr)
     monitor = train(data, plan, sae=sae, verbose=verbose, **request.fit_args)
+    if plan.refit:  # chosen on its own split: the head refit on every prompt, the threshold out-of-fold
+        chosen = rows[monitor.site]
+        settle(
+            monitor,
+            chosen(list(range(len(request.items)))),
+            request.y,
+            calibration=chosen(texts.at["calibration"]) if request.calibration else None,
+            sources=request.sources,
+            everyday=plan.everyday,
+            target_fpr=target_fpr,
+            seed=request.cfg.seed,
+        )
     # how the prompts were split: what tpc.evaluate needs to train its probe on the same rows
     monitor.report["split"] = (
         {
@@ -267,6 +287,16 @@ def train_monitor(
     if request.calibration:  # what tpc.evaluate checks the calibration prompts it is given against
         monitor.report["split"]["calibration_sha256"] = prompts_digest(request.calibration)
     return monitor
+
+
+def _refits(r: Request, tau: float | None) -> bool:
+    """Whether the head chosen on ``train_monitor``'s own split is refit on every prompt
+    (:func:`~tpc_hooks.training._refit.settle`): the default recipe's pooled monitor without a
+    cascade. A validation set handed in is never trained on; the presets train on rows (rewrites,
+    intent flips, homonyms) only the training prompts have, and a cascade's exits are calibrated on
+    the split."""
+    plain = r.recipe == "default" and not (r.families or r.kinds or r.cfg.consistency or r.cfg.contrast)
+    return plain and r.cfg.mode == "progressive" and not (r.validation_given or r.streaming or tau is not None)
 
 
 @dataclass(frozen=True)
@@ -527,4 +557,5 @@ def _plan(r: Request, t: _Texts, *, max_tokens: int | None, tau: float | None, t
         context_lengths=r.context_tokens,
         shifts=r.shifts,
         everyday=(*r.everyday, CALIBRATION) if r.everyday is not None and r.calibration else r.everyday,
+        refit=_refits(r, tau),
     )

@@ -1,0 +1,182 @@
+"""A trained head's choices on new rows: :func:`refit` trains the same head again, nothing chosen
+again (order 1's ``C``; each higher degree's grid point, epochs and shrinkage scale), and
+:func:`out_of_fold` scores every row with a head refit on the other folds: what a threshold set
+after a refit on every row is set on.
+"""
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._errors import TPCHooksError
+from ..head._history import History
+from ..head._polynomial import TPC
+from ..monitoring._calibrate import everyday_present
+from ..monitoring._calibrate import logits as calibrate_logits
+from ._fit import _init_degree, _new_head, _Trainer
+from ._loop import default_device
+from ._probe import fit_probe
+from ._rows import split_data
+from ._train import CALIBRATION
+
+FOLDS = 5  # out-of-fold scores: scikit-learn's default number of folds
+
+
+def refit(head: TPC, X: Any, y: Any, *, C: float | None = None, device: Any = None, verbose: bool = False) -> TPC:
+    """``head`` trained again on rows ``X`` (pooled ``[n, d_model]``) and labels ``y``, with every
+    choice its fit made kept: the scaler is fitted on ``X``, order 1 is scikit-learn's logistic
+    regression at the ``C`` it chose, and each degree ``k >= 2`` is trained at its chosen grid point
+    (``lr``, ``weight_decay``, ``dropout``) for its best epoch's count of epochs, then bounded by the
+    trust region of ``X`` and scaled by its chosen shrinkage. Nothing is selected on ``X``. ``C``:
+    order 1's, in place of the one chosen.
+
+    The head must come from the progressive fit of plain rows (no ``consistency`` penalty, no
+    ``contrast`` pairs): those read rows a new set of prompts does not carry.
+
+    Example:
+        >>> from tpc_hooks.synthetic import make_problem
+        >>> import tpc_hooks as tpc
+        >>> X, y = make_problem(n=400, d_model=8, seed=0)
+        >>> head = tpc.fit(X[:300], y[:300], X[300:], y[300:], degree=2, rank=2, epochs=3, verbose=False)
+        >>> again = refit(head, X, y)
+        >>> again.degree, again.history.selected[1]["C"] == head.history.selected[1]["C"]
+        (2, True)
+    """
+    history = head.history
+    if not isinstance(history, History) or history.config is None or history.mode != "progressive":
+        raise TPCHooksError("refit needs a head trained by tpc.fit in progressive mode (its history holds the choices)")
+    cfg = history.config
+    if cfg.consistency or cfg.contrast:
+        raise TPCHooksError("refit trains on plain rows: a head fitted with consistency or contrast cannot be refit")
+    sel = history.selected
+    dev = default_device(device)
+    tr, y_tr, va, y_va = split_data(X, y, X, y, cfg.val_fraction, cfg.seed, head.d_model, dev)
+    new, fresh, cfg = _new_head(tr, replace(cfg, degree=head.degree, rank=list(head.ranks)).resolved())
+    new.to(dev)
+    new.requires_grad_(False)
+    tr.hold_standardized(new.scaler, dev)
+    va.hold_standardized(new.scaler, dev)
+    C = sel[1]["C"] if C is None else C
+    chosen = {1: {**sel[1], "C": C, "refit": True}}
+    fit_probe(new, tr, y_tr, va, y_va, [C], cfg.max_iter, cfg.linear_solver, dev, fresh.records)
+    train = _Trainer(new, tr, y_tr, va, y_va, cfg, dev, verbose, fresh.records)
+    base = cfg.train_config()
+    for k in range(2, new.degree + 1):
+        s = sel[k]
+        _init_degree(new, k, cfg.seed)
+        if s["best_epoch"] >= 0:  # -1: the term stayed at lambda_k = 0
+            grown = cfg.decay_growth ** (k - 2)  # degree() grows the weight decay again
+            train.configs = [
+                replace(
+                    base,
+                    lr=s["lr"],
+                    weight_decay=s["weight_decay"] / grown,
+                    dropout=s["dropout"],
+                    epochs=s["best_epoch"] + 1,
+                    patience=None,
+                    keep_best=False,
+                )
+            ]
+            train.degree(k, train.prefix(k))
+        if cfg.trust_region:
+            train.bound([k])
+        if "scale" in s:
+            with torch.no_grad():
+                new.lambdas[str(k)].mul_(s["scale"])
+        chosen[k] = {**s, "refit": True}
+    if cfg.trust_region and new.degree > 1:
+        new.gate = bool(cfg.gate)
+    new.escalate_only = bool(cfg.escalate_only)
+    fresh.selected, fresh.config = chosen, replace(cfg, gate=new.gate)
+    new.history = fresh
+    new.requires_grad_(True)
+    return new.cpu().eval()
+
+
+def out_of_fold(
+    head: TPC, X: Any, y: Any, *, seed: int = 0, folds: int = FOLDS, C: float | None = None, device: Any = None
+) -> np.ndarray:
+    """Every row's logit (``head``'s full order) under a head :func:`refit` (at ``C`` when given) on
+    the other folds (scikit-learn's stratified ``folds``-fold split, shuffled by ``seed``): scores of
+    rows the scoring head never trained on, for every row."""
+    from sklearn.model_selection import StratifiedKFold
+
+    labels = np.asarray(y).astype(int).ravel()
+    out = np.empty(len(labels), dtype=np.float64)
+    split = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    Xt = torch.as_tensor(np.asarray(X)) if not isinstance(X, torch.Tensor) else X
+    for fit_rows, held in split.split(np.zeros(len(labels)), labels):
+        part = refit(head, Xt[torch.as_tensor(fit_rows)], labels[fit_rows], C=C, device=device)
+        with torch.no_grad():  # the monitor's decision without a cascade: the full order (FixedOrder)
+            out[held] = part(Xt[torch.as_tensor(held)].float()).double().numpy()
+    return out
+
+
+def settle(
+    monitor: Any,
+    X: Any,
+    y: np.ndarray,
+    *,
+    calibration: Any = None,
+    sources: np.ndarray | None = None,
+    everyday: Any = None,
+    target_fpr: float | None,
+    seed: int,
+) -> None:
+    """``train_monitor``'s last step without ``validation=``: the monitor's head (chosen on its own
+    split) :func:`refit` on every prompt ``X``, ``y``, and its threshold set at ``target_fpr`` of the
+    benign prompts' :func:`out_of_fold` scores (of the ``everyday`` sources when named) and the
+    ``calibration`` rows' scores under the refit head (neither trained on them). A head of order 1
+    alone takes the ``C`` (of its fit's candidates) whose out-of-fold scores have the best AUROC
+    (ties: the lower log loss) rather than the split's: one split of a few hundred prompts chooses
+    it less surely; a head with higher orders keeps the split's (they were chosen on top of it).
+    ``monitor.report["refit"]`` says what was trained on, how ``C`` was chosen and what the threshold
+    was set on."""
+    head, labels = monitor.head, np.asarray(y).astype(int)
+    folds = min(FOLDS, int(np.bincount(labels, minlength=2).min()))  # a few prompts: as many folds as the rarer class
+    C, scores, by = _chosen_c(head, X, labels, folds, seed)
+    monitor.head = refit(head, X, labels, C=C)
+    how = f"out-of-fold scores ({folds} folds)"
+    monitor.report["refit"] = {
+        "n": int(len(labels)),
+        "folds": folds,
+        "C": C,
+        "C_by": by,
+        "C_split": float(head.history.selected[1]["C"]),
+        "threshold": how,
+    }
+    if target_fpr is None:
+        return
+    benign = np.flatnonzero(labels == 0)
+    decisions = scores[benign]
+    names = None if sources is None else np.asarray(sources, dtype=object)[benign]
+    if calibration is not None and len(calibration):
+        with torch.no_grad():
+            cal = monitor.head(torch.as_tensor(calibration).float()).double().numpy()
+        decisions = np.concatenate([decisions, cal])
+        names = None if names is None else np.concatenate([names, np.full(len(cal), CALIBRATION, dtype=object)])
+        how += " and the calibration prompts under the refit head"
+        monitor.report["refit"]["threshold"] = how
+    calibrate_logits(monitor, decisions, target_fpr, how, names, everyday_present(everyday, names))
+
+
+def _chosen_c(head: TPC, X: Any, y: np.ndarray, folds: int, seed: int) -> tuple[float, np.ndarray, str]:
+    """Order 1's ``C`` for the refit, every row's out-of-fold score at it, and how it was chosen: by
+    out-of-fold AUROC among the fit's candidates (ties: lower log loss) for a head of order 1 alone,
+    else the split's."""
+    from sklearn.metrics import log_loss, roc_auc_score
+
+    split_c = float(head.history.selected[1]["C"])
+    cands = head.history.config.Cs if head.degree == 1 else None
+    if not cands or len(cands) < 2:
+        return split_c, out_of_fold(head, X, y, seed=seed, folds=folds), "the split (orders above 1 chosen on it)"
+    best = None
+    for c in cands:
+        s = out_of_fold(head, X, y, seed=seed, folds=folds, C=c)
+        key = (-roc_auc_score(y, s), log_loss(y, 1 / (1 + np.exp(-np.clip(s, -30, 30)))))
+        if best is None or key < best[0]:
+            best = (key, float(c), s)
+    assert best is not None
+    return best[1], best[2], f"out-of-fold AUROC ({folds} folds) on every prompt, ties by log loss"
