@@ -484,6 +484,9 @@ def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
     else:
         tr, va = split_positions(train.texts, ytr, 0.2, args.split or DEFAULT_SPLIT, args.seed)
         own, y_own, on = {site(L): every["train"][L] for L in layers}, ytr, va[everyday(train)[va]]
+    on_split = on  # the split's everyday benign validation prompts (--c-choice's thresholds)
+    if "refit" in mon.report:  # refit on every prompt: tpc.evaluate's rates on every everyday prompt, out-of-fold
+        on = np.flatnonzero(everyday(train))
     floor = tpc.evaluate_activations(
         mon,
         own,
@@ -519,7 +522,7 @@ def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
         user_hits = {k: cv_score(v[cv_layer]) > cv_t for k, v in every.items()}
     found = {
         user: shares(user_hits, y),
-        f"plain probe, the monitor's own split (layer {same_layer})": [100 * floor.shares["probe"][c] for c in COLUMNS],
+        f"plain probe, tpc.evaluate's (layer {same_layer})": [100 * floor.shares["probe"][c] for c in COLUMNS],
         **({} if args.validation else {f"plain probe, set's splits (layer {set_layer})": shares(probe_hits, y)}),
         f"SHIPPED default (orders 1-{kept}, as saved)": [100 * floor.shares["monitor, deployed"][c] for c in COLUMNS],
     }
@@ -527,8 +530,11 @@ def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
     np.testing.assert_allclose(found[f"SHIPPED default (orders 1-{kept}, as saved)"], shares(deployed, y))
     print(
         f"## At the deployed threshold\n\nShare flagged, %. The monitor: its policy at its own threshold "
-        f"({mon.report['operating_point'].get('by', 'set')} at {FPR:.0%} of its everyday benign prompts); the probe on "
-        f"the monitor's own split: at {FPR:.0%} of the everyday benign prompts of that split; the probe on the set's "
+        f"({mon.report['operating_point'].get('by', 'set')} at {FPR:.0%} of its everyday benign prompts); "
+        f"tpc.evaluate's probe: its layer chosen on the monitor's split and, for a monitor refit on every prompt, "
+        f"trained on every prompt, C by out-of-fold AUROC and its threshold at {FPR:.0%} of the everyday benign "
+        f"prompts' out-of-fold scores (else trained on the split, at {FPR:.0%} of its everyday benign validation "
+        f"prompts); the probe on the set's "
         f"splits: at {FPR:.0%} of the set's everyday benign validation prompts; the 5-fold probe: at {FPR:.0%} of the "
         f"everyday benign training prompts' out-of-fold scores. The floor: on every harmful set, the default's mean "
         f"over seeds at least the mean of the probe a user would train (marked) minus {FLOOR_POINTS:g} points.\n"
@@ -563,7 +569,7 @@ def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
 
     across_sources(scores[f"order {kept}"], val, test, y)
     if args.c_choice:
-        c_choice(own, y_own, tr, va, on, every, y)
+        c_choice(own, y_own, tr, va, on_split, every, y)
     threshold_rows(mon, train, X["train"], y["train"])
     if args.variants or args.study_levers or args.consistency or args.homonyms:
         variants(model_box[0], mon.site, train, X, y, probe_hits, train_args, levers(args, train_args), patch)
