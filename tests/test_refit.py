@@ -82,7 +82,7 @@ PROMPTS, LABELS = HARMFUL + BENIGN, np.array([1] * len(HARMFUL) + [0] * len(BENI
 KW = dict(degree=1, val_fraction=0.5, target_fpr=0.2, verbose=False)
 
 
-def test_train_monitor_trains_on_every_prompt_and_says_so(lm):
+def test_train_monitor_trains_on_every_prompt_and_says_so(lm, tmp_path):
     mon = tpc.train_monitor(lm, PROMPTS, LABELS, SITE, **KW)
     rows = tpc.collect(lm, PROMPTS, SITE, chat_template=True, progress=False)[SITE].double().numpy()
     sc = StandardScaler().fit(rows)
@@ -93,6 +93,8 @@ def test_train_monitor_trains_on_every_prompt_and_says_so(lm):
     assert (rep["n"], rep["folds"], rep["threshold"]) == (len(PROMPTS), FOLDS, f"out-of-fold scores ({FOLDS} folds)")
     assert rep["C"] == mon.head.history.selected[1]["C"] and rep["C_by"].startswith("out-of-fold AUROC")
     assert mon.report["operating_point"]["n_benign"] == len(BENIGN)
+    mon.save_pretrained(tmp_path)
+    assert f"then refit on all {len(PROMPTS)} prompts" in (tmp_path / "README.md").read_text()
 
 
 @pytest.mark.parametrize(

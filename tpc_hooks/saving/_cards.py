@@ -135,6 +135,12 @@ def _report_section(mon: Any) -> str:
         f"Training prompts: {n_train if isinstance(n_train, int) else 'not recorded'}; "
         f"validation prompts: {n_val if isinstance(n_val, int) else 'not recorded'}."
     )
+    refit = report.get("refit")
+    if isinstance(refit, dict):
+        parts.append(
+            f"Chosen on that split, then refit on all {refit.get('n', 'its')} prompts; threshold from "
+            f"{_text(str(refit.get('threshold', 'not recorded')))}. The validation metrics are the split's head's."
+        )
     if isinstance(per_order, list) and per_order:
         rows = []
         for i, m in enumerate(per_order, start=1):
