@@ -442,7 +442,8 @@ def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
         f", with `sources=source_names(train), "
         f"everyday={EVERYDAY_SOURCES}`; it chose layer {layer} and kept orders 1-{kept} (deployed threshold "
         f"{mon.threshold:.4f} on the probability of its policy, set at {FPR:.0%} of its {op['n_benign']} everyday "
-        f"benign validation prompts{f', {len(traffic)} of them calibration prompts' if traffic else ''}). "
+        f"benign {'prompts (out-of-fold scores)' if 'refit' in mon.report else 'validation prompts'}"
+        f"{f', {len(traffic)} of them calibration prompts' if traffic else ''}). "
         f"Trained and collected in {time.time() - t0:.0f} s.\n"
     )
     if "orders" in mon.report:
