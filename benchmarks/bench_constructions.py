@@ -193,11 +193,12 @@ def probe(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, se
     return (lambda X: lr.decision_function(scaler.transform(X))), auc
 
 
-def cv_probe(X: dict, y: np.ndarray, everyday_rows: np.ndarray, seed: int, folds: int = 5):
+def cv_probe(X: dict, y: np.ndarray, everyday_rows: np.ndarray, seed: int, folds: int = 5, calibration=None):
     """The probe a user would train without a validation split: standardised features and logistic
     regression on every training prompt, ``C`` and layer by the AUROC of ``folds``-fold out-of-fold
-    scores, the threshold at ``FPR`` of the everyday benign prompts' out-of-fold scores. Returns
-    ``(layer, C, score function, threshold)``."""
+    scores, the threshold at ``FPR`` of the everyday benign prompts' out-of-fold scores and, when
+    given (``{layer: rows}``), the calibration prompts' scores. Returns ``(layer, C, score function,
+    threshold)``."""
     from sklearn.model_selection import StratifiedKFold, cross_val_predict
     from sklearn.pipeline import make_pipeline
 
@@ -212,7 +213,8 @@ def cv_probe(X: dict, y: np.ndarray, everyday_rows: np.ndarray, seed: int, folds
                 best = (auc, L, C, oof)
     _, L, C, oof = best
     pipe = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=2000)).fit(X[L], y)
-    return L, C, pipe.decision_function, threshold_at_fpr(oof[everyday_rows], FPR)
+    extra = [] if calibration is None else [pipe.decision_function(calibration[L])]
+    return L, C, pipe.decision_function, threshold_at_fpr(np.concatenate([oof[everyday_rows], *extra]), FPR)
 
 
 def best_probe(X: dict[int, np.ndarray], y: np.ndarray, tr: np.ndarray, va: np.ndarray, seed: int):
@@ -537,7 +539,8 @@ def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
         f"prompts' out-of-fold scores (else trained on the split, at {FPR:.0%} of its everyday benign validation "
         f"prompts); the probe on the set's "
         f"splits: at {FPR:.0%} of the set's everyday benign validation prompts; the 5-fold probe: at {FPR:.0%} of the "
-        f"everyday benign training prompts' out-of-fold scores. The floor: on every harmful set, the default's mean "
+        f"everyday benign training prompts' out-of-fold scores{' and the calibration prompts' if traffic else ''}. "
+        f"The floor: on every harmful set, the default's mean "
         f"over seeds at least the mean of the probe a user would train (marked) minus {FLOOR_POINTS:g} points.\n"
     )
     table(found)
