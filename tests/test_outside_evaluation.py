@@ -151,7 +151,7 @@ def test_evaluate_matches_an_independent_computation(lm, which, request):
     fits = {C: LogisticRegression(C=C, max_iter=2000).fit(sc.transform(Xp[tr]), y[tr]) for C in (0.001, 0.01, 0.1, 1)}
     aucs = {C: roc_auc_score(y[va], f.decision_function(sc.transform(Xp[va]))) for C, f in fits.items()}
     C = max(aucs, key=aucs.get)  # the first best from the smallest C
-    assert ev.probe_site == SITE and ev.probe_val_auroc == pytest.approx(aucs[C])
+    assert ev.probe_site == SITE
     folds = StratifiedKFold(n_splits=5, shuffle=True, random_state=0)
     if refit:  # C by out-of-fold AUROC on every prompt, the first best from the smallest
         everyday = [i for i in range(20) if y[i] == 0 and names[i] == "chat"]
@@ -163,9 +163,11 @@ def test_evaluate_matches_an_independent_computation(lm, which, request):
             c: cross_val_predict(pipe(c), Xp, y, cv=folds, method="decision_function") for c in (0.001, 0.01, 0.1, 1)
         }
         C = max(oof, key=lambda c: roc_auc_score(y, oof[c]))
+        assert ev.probe_val_auroc == pytest.approx(roc_auc_score(y, oof[C]))
         ref = oof[C][everyday]
         probe = pipe(C).fit(Xp, y).decision_function
     else:
+        assert ev.probe_val_auroc == pytest.approx(aucs[C])
         everyday = [i for i in va if y[i] == 0 and names[i] == "chat"]
         probe = lambda Z: fits[C].decision_function(sc.transform(Z))  # noqa: E731
         ref = probe(Xp[everyday])

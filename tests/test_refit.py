@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -91,10 +92,28 @@ def test_train_monitor_trains_on_every_prompt_and_says_so(lm, tmp_path):
     np.testing.assert_allclose(got, lr.decision_function(sc.transform(rows)), atol=5e-3)
     rep = mon.report["refit"]
     assert (rep["n"], rep["folds"], rep["threshold"]) == (len(PROMPTS), FOLDS, f"out-of-fold scores ({FOLDS} folds)")
-    assert rep["C"] == mon.head.history.selected[1]["C"] and rep["C_by"].startswith("out-of-fold AUROC")
+    assert rep["C"] == mon.head.history.selected[1]["C"] and rep["chosen_by"].startswith("out-of-fold AUROC")
     assert mon.report["operating_point"]["n_benign"] == len(BENIGN)
     mon.save_pretrained(tmp_path)
     assert f"then refit on all {len(PROMPTS)} prompts" in (tmp_path / "README.md").read_text()
+
+
+def test_order_1_alone_chooses_its_site_and_c_again_by_out_of_fold_auroc(lm):
+    """Against scikit-learn's cross_val_predict over every candidate site and C: the probe a user
+    would train on every prompt, chosen by cross-validation."""
+    sites = ["blocks.0.hook_resid_post", SITE]
+    mon = tpc.train_monitor(lm, PROMPTS, LABELS, sites, **KW)
+    rows = tpc.collect(lm, PROMPTS, sites, chat_template=True, progress=False)
+    folds = StratifiedKFold(n_splits=FOLDS, shuffle=True, random_state=0)
+    auc = {}
+    for s in sites:  # in order: a tie goes to the first site, then the lower log loss
+        for c in tpc.FitConfig().resolved().Cs:
+            pipe = make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=500))
+            oof = cross_val_predict(pipe, rows[s].double().numpy(), LABELS, cv=folds, method="decision_function")
+            auc[s, c] = roc_auc_score(LABELS, oof)
+    best = max(auc.values())
+    assert auc[mon.site, mon.report["refit"]["C"]] == pytest.approx(best, abs=1e-6)
+    assert mon.report["refit"]["site"] == mon.site and mon.report["refit"]["site_split"] in sites
 
 
 @pytest.mark.parametrize(

@@ -227,9 +227,9 @@ def evaluate(
     and its site on the validation rows; its threshold and each order's flag ``fpr`` of the
     everyday benign validation prompts and the calibration prompts, the rows the monitor's
     threshold was set on. A monitor refit on every prompt (``report["refit"]``): the probe too
-    trains on every prompt (its site chosen on the split, its ``C`` by out-of-fold AUROC, as the
-    monitor's order 1), and every threshold is set on the everyday benign prompts' out-of-fold
-    scores (the monitor's folds) and the calibration prompts'.
+    trains on every prompt, its site and ``C`` by out-of-fold AUROC (as the monitor's order 1; its
+    ``probe_val_auroc`` is then that AUROC), and every threshold is set on the everyday benign
+    prompts' out-of-fold scores (the monitor's folds) and the calibration prompts'.
 
     Args:
         model: the model the monitor reads.
@@ -345,13 +345,16 @@ def evaluate_activations(
     y = np.asarray(labels).astype(int)
     if monitor.site not in train:
         raise TPCHooksError(f"train has no rows at the monitor's site {monitor.site!r}; it has {sorted(train)}")
-    fits = {s: _probe(Z[tr], y[tr], Z[va], y[va], seed) for s, Z in train.items()}
-    site = max(fits, key=lambda s: fits[s][2])  # the first best: the candidates' order breaks ties
-    score, C, auc = fits[site]
-    refit = None  # a monitor refit on every prompt: so is the probe, C by out-of-fold AUROC (its scores kept)
+    refit = None  # a monitor refit on every prompt: so is the probe, site and C by out-of-fold AUROC (scores kept)
     if "refit" in monitor.report:
         folds, seed_ = int(monitor.report["refit"]["folds"]), int(monitor.report.get("split", {}).get("seed", 0))
-        score, C, refit = _everywhere(train[site], y, folds, seed_)
+        every = {s: _everywhere(Z, y, folds, seed_) for s, Z in train.items()}
+        site = max(every, key=lambda s: every[s][3])  # the first best: the candidates' order breaks ties
+        score, C, refit, auc = every[site]
+    else:
+        fits = {s: _probe(Z[tr], y[tr], Z[va], y[va], seed) for s, Z in train.items()}
+        site = max(fits, key=lambda s: fits[s][2])  # the first best: the candidates' order breaks ties
+        score, C, auc = fits[site]
     at = lambda v, s: v[s] if isinstance(v, Mapping) else (v if s == monitor.site else None)  # noqa: E731
     if any(at(v, site) is None for v, _ in sets.values()):
         raise TPCHooksError(f"the probe chose {site!r}, but the sets' rows are only at the monitor's site")
@@ -432,11 +435,11 @@ def _refit_rates(
     return flagged(torch.as_tensor(full), monitor.threshold).numpy()
 
 
-def _everywhere(X: np.ndarray, y: np.ndarray, folds: int, seed: int) -> tuple[Any, float, np.ndarray]:
+def _everywhere(X: np.ndarray, y: np.ndarray, folds: int, seed: int) -> tuple[Any, float, np.ndarray, float]:
     """The plain probe on every row, as the refit monitor's order 1: ``C`` (of ``PROBE_CS``, smallest
     first; ties go to the smaller) by the AUROC of its out-of-fold scores (scikit-learn's stratified
-    ``folds``-fold split, shuffled by ``seed``). Returns its scoring function, ``C`` and every row's
-    out-of-fold score at that ``C``."""
+    ``folds``-fold split, shuffled by ``seed``). Returns its scoring function, ``C``, every row's
+    out-of-fold score at that ``C`` and their AUROC."""
     split = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
     best = None
     for C in sorted(PROBE_CS):
@@ -446,8 +449,8 @@ def _everywhere(X: np.ndarray, y: np.ndarray, folds: int, seed: int) -> tuple[An
         if best is None or auc > best[0]:
             best = (auc, float(C), oof, pipe)
     assert best is not None  # PROBE_CS is not empty
-    _, C, oof, pipe = best
-    return pipe.fit(X, y).decision_function, C, oof
+    auc, C, oof, pipe = best
+    return pipe.fit(X, y).decision_function, C, oof, auc
 
 
 def _probe(Xtr: np.ndarray, ytr: np.ndarray, Xva: np.ndarray, yva: np.ndarray, seed: int) -> tuple[Any, float, float]:

@@ -4,6 +4,7 @@ again (order 1's ``C``; each higher degree's grid point, epochs and shrinkage sc
 after a refit on every row is set on.
 """
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -116,34 +117,42 @@ def out_of_fold(
 
 def settle(
     monitor: Any,
-    X: Any,
+    X: Mapping[str, Any],
     y: np.ndarray,
     *,
-    calibration: Any = None,
+    calibration: Mapping[str, Any] | None = None,
     sources: np.ndarray | None = None,
     everyday: Any = None,
     target_fpr: float | None,
     seed: int,
 ) -> None:
     """``train_monitor``'s last step without ``validation=``: the monitor's head (chosen on its own
-    split) :func:`refit` on every prompt ``X``, ``y``, and its threshold set at ``target_fpr`` of the
-    benign prompts' :func:`out_of_fold` scores (of the ``everyday`` sources when named) and the
-    ``calibration`` rows' scores under the refit head (neither trained on them). A head of order 1
-    alone takes the ``C`` (of its fit's candidates) whose out-of-fold scores have the best AUROC
-    (ties: the lower log loss) rather than the split's: one split of a few hundred prompts chooses
-    it less surely; a head with higher orders keeps the split's (they were chosen on top of it).
-    ``monitor.report["refit"]`` says what was trained on, how ``C`` was chosen and what the threshold
-    was set on."""
+    split) :func:`refit` on every prompt (``X[site]``, ``y``), and its threshold set at ``target_fpr``
+    of the benign prompts' :func:`out_of_fold` scores (of the ``everyday`` sources when named) and of
+    the ``calibration`` rows' scores under the refit head (neither trained on them).
+
+    A head of order 1 alone is the linear probe: its site (among ``X``'s, the candidates in order)
+    and ``C`` (among its fit's candidates) are chosen again, by the AUROC of every prompt's
+    out-of-fold scores (ties: the first site, then the lower log loss), as a probe trained on every
+    prompt is chosen by cross-validation; one split of a few hundred prompts chooses them less
+    surely. A head with higher orders keeps the split's site and ``C`` (its orders were chosen on
+    top of them). ``monitor.report["refit"]`` says what was trained on, how the site and ``C`` were
+    chosen and what the threshold was set on."""
     head, labels = monitor.head, np.asarray(y).astype(int)
     folds = min(FOLDS, int(np.bincount(labels, minlength=2).min()))  # a few prompts: as many folds as the rarer class
-    C, scores, by = _chosen_c(head, X, labels, folds, seed)
-    monitor.head = refit(head, X, labels, C=C)
+    split_site = monitor.site
+    site, C, scores, by = _chosen(head, X, split_site, labels, folds, seed)
+    if site != monitor.site:
+        monitor.config = replace(monitor.config, site=site)
+    monitor.head = refit(head, X[site], labels, C=C)
     how = f"out-of-fold scores ({folds} folds)"
     monitor.report["refit"] = {
         "n": int(len(labels)),
         "folds": folds,
+        "site": site,
         "C": C,
-        "C_by": by,
+        "chosen_by": by,
+        "site_split": split_site,
         "C_split": float(head.history.selected[1]["C"]),
         "threshold": how,
     }
@@ -152,9 +161,9 @@ def settle(
     benign = np.flatnonzero(labels == 0)
     decisions = scores[benign]
     names = None if sources is None else np.asarray(sources, dtype=object)[benign]
-    if calibration is not None and len(calibration):
+    if calibration is not None:
         with torch.no_grad():
-            cal = monitor.head(torch.as_tensor(calibration).float()).double().numpy()
+            cal = monitor.head(torch.as_tensor(calibration[site]).float()).double().numpy()
         decisions = np.concatenate([decisions, cal])
         names = None if names is None else np.concatenate([names, np.full(len(cal), CALIBRATION, dtype=object)])
         how += " and the calibration prompts under the refit head"
@@ -162,21 +171,26 @@ def settle(
     calibrate_logits(monitor, decisions, target_fpr, how, names, everyday_present(everyday, names))
 
 
-def _chosen_c(head: TPC, X: Any, y: np.ndarray, folds: int, seed: int) -> tuple[float, np.ndarray, str]:
-    """Order 1's ``C`` for the refit, every row's out-of-fold score at it, and how it was chosen: by
-    out-of-fold AUROC among the fit's candidates (ties: lower log loss) for a head of order 1 alone,
-    else the split's."""
+def _chosen(
+    head: TPC, X: Mapping[str, Any], site: str, y: np.ndarray, folds: int, seed: int
+) -> tuple[str, float, np.ndarray, str]:
+    """The site and order 1's ``C`` for the refit, every row's out-of-fold score there, and how they
+    were chosen: by out-of-fold AUROC among ``X``'s sites and the fit's candidate ``C`` for a head of
+    order 1 alone (ties: the first site, then the lower log loss), else the split's."""
     from sklearn.metrics import log_loss, roc_auc_score
 
     split_c = float(head.history.selected[1]["C"])
-    cands = head.history.config.Cs if head.degree == 1 else None
-    if not cands or len(cands) < 2:
-        return split_c, out_of_fold(head, X, y, seed=seed, folds=folds), "the split (orders above 1 chosen on it)"
+    cands = tuple(head.history.config.Cs or ()) if head.degree == 1 else ()
+    if len(cands) * len(X) < 2:
+        oof = out_of_fold(head, X[site], y, seed=seed, folds=folds)
+        return site, split_c, oof, "the split (orders above 1 were chosen on top of its site and C)"
     best = None
-    for c in cands:
-        s = out_of_fold(head, X, y, seed=seed, folds=folds, C=c)
-        key = (-roc_auc_score(y, s), log_loss(y, 1 / (1 + np.exp(-np.clip(s, -30, 30)))))
-        if best is None or key < best[0]:
-            best = (key, float(c), s)
+    for rank, (s, rows) in enumerate(X.items()):
+        for c in cands:
+            oof = out_of_fold(head, rows, y, seed=seed, folds=folds, C=c)
+            key = (-roc_auc_score(y, oof), rank, log_loss(y, 1 / (1 + np.exp(-np.clip(oof, -30, 30)))))
+            if best is None or key < best[0]:
+                best = (key, s, float(c), oof)
     assert best is not None
-    return best[1], best[2], f"out-of-fold AUROC ({folds} folds) on every prompt, ties by log loss"
+    _, s, c, oof = best
+    return s, c, oof, f"out-of-fold AUROC ({folds} folds) on every prompt, over {len(X)} site(s) and {len(cands)} C"

@@ -256,12 +256,14 @@ def train_monitor(
     plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr)
     monitor = train(data, plan, sae=sae, verbose=verbose, **request.fit_args)
     if plan.refit:  # chosen on its own split: the head refit on every prompt, the threshold out-of-fold
-        chosen = rows[monitor.site]
+        every = list(range(len(request.items)))
+        # order 1 alone (the probe) chooses its site again among the candidates; an SAE reads one site
+        sites = request.sites if monitor.head.degree == 1 and sae is None else [monitor.site]
         settle(
             monitor,
-            chosen(list(range(len(request.items)))),
+            {s: rows[s](every) for s in sites},
             request.y,
-            calibration=chosen(texts.at["calibration"]) if request.calibration else None,
+            calibration={s: rows[s](texts.at["calibration"]) for s in sites} if request.calibration else None,
             sources=request.sources,
             everyday=plan.everyday,
             target_fpr=target_fpr,
