@@ -97,10 +97,11 @@ def train_monitor(
     trade recall for other goals, each with its price measured.
 
     Without ``validation=`` the site, ``C`` and the orders are chosen on a held-out ``val_fraction``
-    of the prompts, then the kept orders are refit on every prompt with those choices, and the
-    threshold flags at most ``target_fpr`` of the benign prompts' out-of-fold scores (5 folds, each
-    scored by the same head refit on the other four; of the ``everyday`` sources when named) and of
-    the ``calibration`` prompts: every labelled prompt trains the deployed head
+    of the prompts, then the kept orders are refit on every prompt with those choices (order 1
+    alone, the probe: its site and ``C`` chosen again by the AUROC of every prompt's out-of-fold
+    scores), and the threshold flags at most ``target_fpr`` of the benign prompts' out-of-fold scores
+    (5 folds, each scored by the same head refit on the other four; of the ``everyday`` sources when
+    named) and of the ``calibration`` prompts: every labelled prompt trains the deployed head
     (``report["refit"]``). With the presets that train on rewrites or intent flips, a cascade
     (``tau``) or ``pooling="token"``, the head trains on the split and the operating point is set on
     the benign validation prompts as given (not their rewrites or intent flips), of the
@@ -115,7 +116,9 @@ def train_monitor(
         prompts, labels: texts and their labels (1 = harmful).
         site: where to read, or several sites: all are collected in one pass and the one whose
             linear probe has the best worst-group recall at 1% false-positive rate on validation
-            is kept (``monitor.report["site_selection"]`` has the table).
+            is kept (``monitor.report["site_selection"]`` has the table); when order 1 alone is
+            kept and refit on every prompt, the site is chosen again with its ``C`` by out-of-fold
+            AUROC (``report["refit"]["site"]``).
         pooling: how to pool tokens (``"mean"``, ``"last"``, ``"max"``), or ``"token"`` for a
             streaming monitor: the head is trained on every token's activation, each token
             labelled with its prompt's label, and scores are aggregated over time. The tokens
