@@ -519,7 +519,11 @@ def run(args: argparse.Namespace, rows_cache: dict, patch: Patch) -> int:
         user_hits = probe_hits
     else:
         cv_layer, cv_c, cv_score, cv_t = cv_probe(
-            {L: every["train"][L] for L in layers}, ytr, everyday(train), args.seed
+            {L: every["train"][L] for L in layers},
+            ytr,
+            everyday(train),
+            args.seed,
+            calibration={L: every[f"calibration-{len(traffic)}"][L] for L in layers} if traffic else None,
         )
         user = f"plain probe, 5-fold CV on every training prompt (layer {short(site(cv_layer))}, C {cv_c:g}; the floor)"
         user_hits = {k: cv_score(v[cv_layer]) > cv_t for k, v in every.items()}
