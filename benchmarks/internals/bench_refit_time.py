@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             f"# train_monitor's time, with and without the refit on every prompt\n\n{args.model}, data seed "
             f"{args.seed}: {len(train)} training prompts, {len(layers)} candidate sites; chose "
             f"{mon.site}, kept orders 1-{mon.head.degree}, refit C {r['C']:g} ({r['chosen_by']}; the split's "
-            f"site {r['site_split']}, C {r['C_split']:g}). Best of {args.repeats} on the cached rows (no forward pass); the first call, "
+            f"site {r['site_split']}, C {r['C_split']:g}). Best of {args.repeats} on the cached rows (no forward "
+            f"pass); the first call, "
             f"forward passes included: {first:.0f} s.\n"
         )
         print("| train_monitor | seconds | ratio |\n|---|---:|---:|")
