@@ -194,3 +194,58 @@ def _chosen(
     assert best is not None
     _, s, c, oof = best
     return s, c, oof, f"out-of-fold AUROC ({folds} folds) on every prompt, over {len(X)} site(s) and {len(cands)} C"
+
+
+def rechoose_on_validation(
+    monitor: Any,
+    X: Mapping[str, Any],
+    y: np.ndarray,
+    X_val: Mapping[str, Any],
+    y_val: np.ndarray,
+    *,
+    benign: Mapping[str, Any],
+    sources: np.ndarray | None = None,
+    everyday: Any = None,
+    target_fpr: float | None,
+) -> None:
+    """``train_monitor`` with ``validation=``, order 1 alone kept (the probe): its site and ``C``
+    chosen again by the AUROC of the validation prompts as given (``X_val[site]``, ``y_val``) over
+    ``X``'s sites (in order: a tie goes to the first, then to the lower log loss) and the fit's
+    candidate ``C``, as a probe trained on the training prompts and chosen on a validation split
+    is; the head :func:`refit` there on ``X[site]``, ``y`` and the threshold set again on the
+    ``benign[site]`` rows (the benign validation prompts of the everyday sources and the calibration
+    prompts, with their ``sources``). ``report["rechosen"]`` records the choice."""
+    from sklearn.metrics import log_loss, roc_auc_score
+
+    head = monitor.head
+    labels, val = np.asarray(y).astype(int), np.asarray(y_val).astype(int)
+    best = None
+    for rank, s in enumerate(X):
+        for c in tuple(head.history.config.Cs or ()):
+            part = refit(head, X[s], labels, C=c)
+            with torch.no_grad():
+                z = part(torch.as_tensor(X_val[s]).float()).double().numpy()
+            key = (-roc_auc_score(val, z), rank, log_loss(val, 1 / (1 + np.exp(-np.clip(z, -30, 30)))))
+            if best is None or key < best[0]:
+                best = (key, s, float(c), part)
+    assert best is not None
+    _, site, C, part = best
+    monitor.report["rechosen"] = {
+        "n": int(len(labels)),
+        "site": site,
+        "C": C,
+        "chosen_by": f"validation AUROC over {len(X)} site(s) and {len(head.history.config.Cs or ())} C",
+        "site_split": monitor.site,
+        "C_split": float(head.history.selected[1]["C"]),
+        "threshold": "the benign validation prompts",
+    }
+    if site != monitor.site:
+        monitor.config = replace(monitor.config, site=site)
+    monitor.head = part
+    if target_fpr is not None:
+        monitor.calibrate_activations(
+            torch.as_tensor(benign[site]).float(),
+            target_fpr,
+            sources=sources,
+            everyday=everyday_present(everyday, sources),
+        )

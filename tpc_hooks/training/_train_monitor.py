@@ -28,7 +28,7 @@ from ..prompts import _intent
 from ..prompts._context import host_splits
 from ..prompts._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
 from ._recipes import Recipe, resolve
-from ._refit import settle
+from ._refit import rechoose_on_validation, settle
 from ._train import (
     CALIBRATION,
     INTENT,
@@ -152,8 +152,9 @@ def train_monitor(
         validation: your own validation prompts, ``(prompts, labels)`` (or ``(prompts, labels,
             sources)`` when ``sources`` is given), none of them among ``prompts``: the site, ``C``,
             the orders kept and the threshold are chosen on them, and the fit trains on every one of
-            ``prompts`` (``val_fraction`` and ``split`` are then not used). For the packaged set:
-            its ``val`` split.
+            ``prompts`` (``val_fraction`` and ``split`` are then not used); when order 1 alone is
+            kept, its site and ``C`` are chosen again by validation AUROC, as a probe's are
+            (``report["rechosen"]``). For the packaged set: its ``val`` split.
         val_fraction: without ``validation``, the share of ``prompts`` held out as the validation
             split (model selection and report; with the default recipe the kept orders are then
             refit on every prompt and the threshold set out-of-fold).
@@ -272,6 +273,19 @@ def train_monitor(
             target_fpr=target_fpr,
             seed=request.cfg.seed,
         )
+    elif _rechooses(request, tau, monitor, sae):  # validation= given: the probe's site and C by validation AUROC
+        on = _benign_rows(request, texts, plan)
+        rechoose_on_validation(
+            monitor,
+            {s: rows[s](texts.at["train"]) for s in request.sites},
+            request.y[request.tr],
+            {s: rows[s](texts.at["val"]) for s in request.sites},
+            request.y[request.va],
+            benign={s: rows[s](on[0]) for s in request.sites},
+            sources=on[1],
+            everyday=plan.everyday,
+            target_fpr=target_fpr,
+        )
     # how the prompts were split: what tpc.evaluate needs to train its probe on the same rows
     monitor.report["split"] = (
         {
@@ -302,6 +316,31 @@ def _refits(r: Request, tau: float | None) -> bool:
     the split."""
     plain = r.recipe == "default" and not (r.families or r.kinds or r.cfg.consistency or r.cfg.contrast)
     return plain and r.cfg.mode == "progressive" and not (r.validation_given or r.streaming or tau is not None)
+
+
+def _rechooses(r: Request, tau: float | None, monitor: Monitor, sae: Any) -> bool:
+    """Whether, with ``validation=``, the site and ``C`` of a head of order 1 alone are chosen again
+    by validation AUROC (:func:`~tpc_hooks.training._refit.rechoose_on_validation`): the default
+    recipe's pooled monitor without a cascade or an SAE, with several candidate sites or ``C``."""
+    plain = r.recipe == "default" and not (r.families or r.kinds or r.cfg.consistency or r.cfg.contrast)
+    return (
+        plain
+        and r.validation_given
+        and r.cfg.mode == "progressive"
+        and not (r.streaming or tau is not None or sae is not None)
+        and monitor.head.degree == 1
+    )
+
+
+def _benign_rows(r: Request, t: "_Texts", plan: TrainPlan) -> tuple[list[Any], np.ndarray | None]:
+    """The rows a validation split's threshold is set on: the benign validation prompts as given (of
+    the everyday sources when named) and the calibration prompts, as text positions, with their
+    sources (the calibration prompts': ``"calibration"``) when the prompts carry them."""
+    at = [i for i in t.at["val"] if r.y[i] == 0] + list(t.at["calibration"])
+    if r.sources is None:
+        return at, None
+    val = [str(r.sources[i]) for i in t.at["val"] if r.y[i] == 0]
+    return at, np.asarray(val + [CALIBRATION] * len(t.at["calibration"]), dtype=object)
 
 
 @dataclass(frozen=True)
