@@ -77,7 +77,7 @@ def test_it_is_the_joined_prompts_split_by_position(lm, given, monkeypatch):
     monkeypatch.setattr(
         _train_request, "split_positions", lambda items, *a, **k: (np.arange(n), np.arange(n, len(items)))
     )
-    monkeypatch.setattr(_train_monitor, "_refits", lambda *a: False)
+    monkeypatch.setattr(_train_monitor, "refits", lambda *a: False)
     joined = tpc.train_monitor(lm, TRAIN + VAL, np.r_[Y_TR, Y_VA], SITE, val_fraction=0.4, **ARGS)
     a, b = given.head.state_dict(), joined.head.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

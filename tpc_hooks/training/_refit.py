@@ -4,7 +4,7 @@ again (order 1's ``C``; each higher degree's grid point, epochs and shrinkage sc
 after a refit on every row is set on.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +20,8 @@ from ._fit import _init_degree, _new_head, _Trainer
 from ._loop import default_device
 from ._probe import fit_probe
 from ._rows import split_data
-from ._train import CALIBRATION
+from ._train import CALIBRATION, TrainPlan
+from ._train_request import Request
 
 FOLDS = 5  # out-of-fold scores: scikit-learn's default number of folds
 
@@ -248,4 +249,68 @@ def rechoose_on_validation(
             target_fpr,
             sources=sources,
             everyday=everyday_present(everyday, sources),
+        )
+
+
+def _plain(r: Request) -> bool:
+    """The default recipe's pooled, progressive fit of the prompts as given (no rewrites, flips,
+    consistency or contrast rows): the fits :func:`refit` reproduces on other rows."""
+    extra = r.families or r.kinds or r.cfg.consistency or r.cfg.contrast
+    return r.recipe == "default" and not extra and r.cfg.mode == "progressive" and not r.streaming
+
+
+def refits(r: Request, tau: float | None) -> bool:
+    """Whether the head chosen on ``train_monitor``'s own split is refit on every prompt
+    (:func:`settle`): a plain fit (:func:`_plain`) without ``validation=`` or a cascade. A validation
+    set handed in is never trained on; the presets train on rows (rewrites, intent flips, homonyms)
+    only the training prompts have, and a cascade's exits are calibrated on the split."""
+    return _plain(r) and not r.validation_given and tau is None
+
+
+def last_step(
+    monitor: Any,
+    r: Request,
+    at: Mapping[str, list[Any]],
+    rows: Mapping[str, Callable[[list[Any]], Any]],
+    plan: TrainPlan,
+    *,
+    tau: float | None,
+    sae: Any,
+    target_fpr: float | None,
+) -> None:
+    """``train_monitor``'s step after :func:`~tpc_hooks.training._train.train`: without
+    ``validation=``, :func:`settle` (``plan.refit``); with it, a plain fit of order 1 alone without
+    a cascade or an SAE takes :func:`rechoose_on_validation`. ``at``: the text positions of each
+    part (``train``, ``val``, ``calibration``); ``rows[site](positions)``: their rows."""
+    if plan.refit:
+        every = list(range(len(r.items)))
+        # order 1 alone (the probe) chooses its site again among the candidates; an SAE reads one site
+        sites = r.sites if monitor.head.degree == 1 and sae is None else [monitor.site]
+        settle(
+            monitor,
+            {s: rows[s](every) for s in sites},
+            r.y,
+            calibration={s: rows[s](at["calibration"]) for s in sites} if r.calibration else None,
+            sources=r.sources,
+            everyday=plan.everyday,
+            target_fpr=target_fpr,
+            seed=r.cfg.seed,
+        )
+    elif _plain(r) and r.validation_given and tau is None and sae is None and monitor.head.degree == 1:
+        # the benign validation prompts as given and the calibration prompts: the split's threshold rows
+        on = [i for i in at["val"] if r.y[i] == 0] + list(at["calibration"])
+        names = None
+        if r.sources is not None:
+            given = [str(r.sources[i]) for i in at["val"] if r.y[i] == 0]
+            names = np.asarray(given + [CALIBRATION] * len(at["calibration"]), dtype=object)
+        rechoose_on_validation(
+            monitor,
+            {s: rows[s](at["train"]) for s in r.sites},
+            r.y[r.tr],
+            {s: rows[s](at["val"]) for s in r.sites},
+            r.y[r.va],
+            benign={s: rows[s](on) for s in r.sites},
+            sources=names,
+            everyday=plan.everyday,
+            target_fpr=target_fpr,
         )

@@ -28,7 +28,7 @@ from ..prompts import _intent
 from ..prompts._context import host_splits
 from ..prompts._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
 from ._recipes import Recipe, resolve
-from ._refit import rechoose_on_validation, settle
+from ._refit import last_step, refits
 from ._train import (
     CALIBRATION,
     INTENT,
@@ -259,33 +259,7 @@ def train_monitor(
     data = {s: _train_data(rows[s], texts, request, chats) for s in request.sites}
     plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr)
     monitor = train(data, plan, sae=sae, verbose=verbose, **request.fit_args)
-    if plan.refit:  # chosen on its own split: the head refit on every prompt, the threshold out-of-fold
-        every = list(range(len(request.items)))
-        # order 1 alone (the probe) chooses its site again among the candidates; an SAE reads one site
-        sites = request.sites if monitor.head.degree == 1 and sae is None else [monitor.site]
-        settle(
-            monitor,
-            {s: rows[s](every) for s in sites},
-            request.y,
-            calibration={s: rows[s](texts.at["calibration"]) for s in sites} if request.calibration else None,
-            sources=request.sources,
-            everyday=plan.everyday,
-            target_fpr=target_fpr,
-            seed=request.cfg.seed,
-        )
-    elif _rechooses(request, tau, monitor, sae):  # validation= given: the probe's site and C by validation AUROC
-        on = _benign_rows(request, texts, plan)
-        rechoose_on_validation(
-            monitor,
-            {s: rows[s](texts.at["train"]) for s in request.sites},
-            request.y[request.tr],
-            {s: rows[s](texts.at["val"]) for s in request.sites},
-            request.y[request.va],
-            benign={s: rows[s](on[0]) for s in request.sites},
-            sources=on[1],
-            everyday=plan.everyday,
-            target_fpr=target_fpr,
-        )
+    last_step(monitor, request, texts.at, rows, plan, tau=tau, sae=sae, target_fpr=target_fpr)
     # how the prompts were split: what tpc.evaluate needs to train its probe on the same rows
     monitor.report["split"] = (
         {
@@ -306,41 +280,6 @@ def train_monitor(
     if request.calibration:  # what tpc.evaluate checks the calibration prompts it is given against
         monitor.report["split"]["calibration_sha256"] = prompts_digest(request.calibration)
     return monitor
-
-
-def _refits(r: Request, tau: float | None) -> bool:
-    """Whether the head chosen on ``train_monitor``'s own split is refit on every prompt
-    (:func:`~tpc_hooks.training._refit.settle`): the default recipe's pooled monitor without a
-    cascade. A validation set handed in is never trained on; the presets train on rows (rewrites,
-    intent flips, homonyms) only the training prompts have, and a cascade's exits are calibrated on
-    the split."""
-    plain = r.recipe == "default" and not (r.families or r.kinds or r.cfg.consistency or r.cfg.contrast)
-    return plain and r.cfg.mode == "progressive" and not (r.validation_given or r.streaming or tau is not None)
-
-
-def _rechooses(r: Request, tau: float | None, monitor: Monitor, sae: Any) -> bool:
-    """Whether, with ``validation=``, the site and ``C`` of a head of order 1 alone are chosen again
-    by validation AUROC (:func:`~tpc_hooks.training._refit.rechoose_on_validation`): the default
-    recipe's pooled monitor without a cascade or an SAE, with several candidate sites or ``C``."""
-    plain = r.recipe == "default" and not (r.families or r.kinds or r.cfg.consistency or r.cfg.contrast)
-    return (
-        plain
-        and r.validation_given
-        and r.cfg.mode == "progressive"
-        and not (r.streaming or tau is not None or sae is not None)
-        and monitor.head.degree == 1
-    )
-
-
-def _benign_rows(r: Request, t: "_Texts", plan: TrainPlan) -> tuple[list[Any], np.ndarray | None]:
-    """The rows a validation split's threshold is set on: the benign validation prompts as given (of
-    the everyday sources when named) and the calibration prompts, as text positions, with their
-    sources (the calibration prompts': ``"calibration"``) when the prompts carry them."""
-    at = [i for i in t.at["val"] if r.y[i] == 0] + list(t.at["calibration"])
-    if r.sources is None:
-        return at, None
-    val = [str(r.sources[i]) for i in t.at["val"] if r.y[i] == 0]
-    return at, np.asarray(val + [CALIBRATION] * len(t.at["calibration"]), dtype=object)
 
 
 @dataclass(frozen=True)
@@ -601,5 +540,5 @@ def _plan(r: Request, t: _Texts, *, max_tokens: int | None, tau: float | None, t
         context_lengths=r.context_tokens,
         shifts=r.shifts,
         everyday=(*r.everyday, CALIBRATION) if r.everyday is not None and r.calibration else r.everyday,
-        refit=_refits(r, tau),
+        refit=refits(r, tau),
     )
