@@ -61,8 +61,11 @@ def test_collect_train_evaluate_monitor_attribute(tmp_path, capsys):
         )
         == 0
     )
-    assert json.loads((acts / "all" / "labels.json").read_text()) == [1] * 8 + [0] * 8
-    assert len(tpc.ActivationStore.open(acts / "all" / site)) == 16
+    # split as train_monitor splits its prompts: 3 of 16 held out for validation
+    split = json.loads((acts / "collect.json").read_text())["split"]["positions"]
+    for part, n in (("train", 13), ("val", 3)):
+        labels = json.loads((acts / part / "labels.json").read_text())
+        assert labels == [int(i < 8) for i in split[part]] and len(tpc.ActivationStore.open(acts / part / site)) == n
     assert (
         main(
             [
@@ -77,6 +80,9 @@ def test_collect_train_evaluate_monitor_attribute(tmp_path, capsys):
                 "2",
                 "--epochs",
                 "3",
+                "--tau",
+                "0.2",
+                "--keep-all-orders",
                 "--no-progress",
             ]
         )
@@ -118,7 +124,7 @@ def test_collect_train_evaluate_monitor_attribute(tmp_path, capsys):
                 "--acts",
                 str(acts),
                 "--splits",
-                "all",
+                "val",
                 "--json",
                 str(tmp_path / "e.json"),
             ]
@@ -126,7 +132,7 @@ def test_collect_train_evaluate_monitor_attribute(tmp_path, capsys):
         == 0
     )
     ev = json.loads((tmp_path / "e.json").read_text())
-    assert len(ev["all"]["per_order"]) == 2 and ev["all"]["cascade"][-1]["relative_flops"] == 1.0
+    assert len(ev["val"]["per_order"]) == 2 and ev["val"]["cascade"][-1]["relative_flops"] == 1.0
     assert main(["monitor", "--monitor", str(mon), "--prompt", HARMFUL[0], "--max-new-tokens", "3"]) == 0
     out = capsys.readouterr().out
     assert "step 0 (prompt only): score" in out and "step   3" in out
@@ -212,7 +218,7 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
 
         return {"train": ps(HARMFUL[:6], BENIGN[:6]), "val": ps(HARMFUL[6:], BENIGN[6:], ("mine", "theirs"))}
 
-    monkeypatch.setattr(cli, "_datasets", two_splits)
+    monkeypatch.setattr(cli, "prompt_sets", lambda args: (two_splits(args), None))
     acts, mon = tmp_path / "acts", tmp_path / "monitor"
     sites = ["blocks.3.hook_resid_post", "blocks.6.hook_resid_post"]
     assert main(["collect", "--sites", *sites, "--out", str(acts), "--no-progress"]) == 0
@@ -249,6 +255,8 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
                 "2",
                 "--epochs",
                 "2",
+                "--tau",
+                "0.2",
                 "--no-progress",
             ]
         )

@@ -10,7 +10,7 @@ import socket
 import pytest
 
 import tpc_hooks as tpc
-from tpc_hooks import cli, data, offline
+from tpc_hooks import _cli_data, cli, data, offline
 from tpc_hooks.cli import main
 
 SITE = "blocks.0.hook_resid_post"
@@ -31,12 +31,9 @@ def no_model_no_network(monkeypatch):
     monkeypatch.setattr(offline, "load_hf", _boom("model loaded"))
     monkeypatch.setattr(demo, "run_demo", _boom("demo started"))
     monkeypatch.setattr(data, "load_hf_dataset", _boom("hub dataset loaded"))
-    for name, what in (
-        ("load_model", "model loaded"),
-        ("run_demo", "demo started"),
-        ("load_hf_dataset", "hub dataset loaded"),
-    ):  # the CLI's own references
+    for name, what in (("load_model", "model loaded"), ("run_demo", "demo started")):  # the CLI's own references
         monkeypatch.setattr(cli, name, _boom(what))
+    monkeypatch.setattr(_cli_data, "load_hf_dataset", _boom("hub dataset loaded"))
     monkeypatch.setattr(socket.socket, "connect", _boom("network touched"))
 
 

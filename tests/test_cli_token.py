@@ -34,7 +34,7 @@ def model():
 @pytest.fixture
 def tiny_cli(monkeypatch, model):
     monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
-    monkeypatch.setattr(cli, "_datasets", _sets)
+    monkeypatch.setattr(cli, "prompt_sets", lambda args: (_sets(args), None))
     return model
 
 

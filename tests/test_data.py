@@ -259,7 +259,7 @@ def test_load_prompt_file_jsonl(tmp_path):
 def test_load_prompt_file_errors(tmp_path):
     p = tmp_path / "a.csv"
     p.write_text("prompt,label\nhello,0\n", encoding="utf-8")
-    missing = r"row 1 has no column 'text' \(columns: \['label', 'prompt'\]\); pass text_column="
+    missing = r"a.csv has no column 'text' \(its columns: 'prompt', 'label'\); pass --text-column \(text_column="
     with pytest.raises(TPCHooksError, match=missing):
         load_prompt_file(p)
     p.write_text("text,label\nhello,0\nbye,2\n", encoding="utf-8")
@@ -267,7 +267,7 @@ def test_load_prompt_file_errors(tmp_path):
         load_prompt_file(p)
     q = tmp_path / "b.jsonl"
     q.write_text('{"text": "x", "label": 2}\n', encoding="utf-8")
-    with pytest.raises(TPCHooksError, match=r"must be 0 or 1 \(1 = harmful\); got 2$"):
+    with pytest.raises(TPCHooksError, match=r"must be 0 or 1 \(1 = harmful\); got 2 \(values in the column: 2\)"):
         load_prompt_file(q)
     for name, content in (("empty.csv", ""), ("header.csv", "text,label\n"), ("empty.jsonl", "\n")):
         (tmp_path / name).write_text(content, encoding="utf-8")

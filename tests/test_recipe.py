@@ -166,7 +166,7 @@ def test_the_cli_collects_the_rows_train_monitor_collects(tmp_path, monkeypatch,
         model, PROMPTS, LABELS, SITE, recipe=tpc.recipes.intent(), tau=0.2, val_fraction=0.2, verbose=False, **FIT
     )
     monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
-    monkeypatch.setattr(cli, "_datasets", lambda args: _sets(0.2))
+    monkeypatch.setattr(cli, "prompt_sets", lambda args: (_sets(0.2), None))
     acts = tmp_path / "acts"
     assert cli.main(["collect", "--sites", SITE, "--out", str(acts), "--no-progress"]) == 0
     d = seen[0][SITE]

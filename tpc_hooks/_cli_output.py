@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .activations._collect import cost_line
 from .monitoring._monitor import Monitor
 from .training._collected import CONTEXT_SPLITS
 
@@ -18,6 +19,31 @@ def table(header: list[str], rows: list[list[str]]) -> str:
         return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
 
     return "\n".join([line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in rows])
+
+
+def passes_line(sizes: dict[str, int]) -> str:
+    """What ``collect`` is about to cost, said before it runs: the forward passes (one per prompt) of
+    each part, each split's count beside it."""
+    parts: dict[str, list[str]] = {}
+    for k in sizes:
+        part = (
+            "intent flips and homonyms"
+            if k in ("flips", "val-intent", "homonyms")
+            else "phrasing rewrites"
+            if k == "aug" or k.startswith("val-")
+            else "prompts"
+        )
+        parts.setdefault(part, []).append(k)
+    line = cost_line(
+        "collect",
+        {f"{p} ({', '.join(f'{k} {sizes[k]:,}' for k in ks)})": sum(sizes[k] for k in ks) for p, ks in parts.items()},
+    )
+    extra = [
+        f
+        for f, p in (("--no-augment", "phrasing rewrites"), ("--no-intent", "intent flips and homonyms"))
+        if p in parts
+    ]
+    return line + (f"; {' and '.join(extra)} skip the extra parts" if extra else "")
 
 
 def print_demo(res: dict[str, Any], out: Path, seconds: float) -> None:
@@ -46,7 +72,7 @@ def print_choices(mon: Monitor, *, site: str, per_token: bool, target_fpr: float
     if site == "auto":
         print(
             table(
-                ["site", "worst-group recall at 1% FPR", "worst-group AUROC"],
+                ["site", "its linear probe: worst-group recall at 1% FPR", "worst-group AUROC"],
                 [[r["site"], f"{r['recall_at_fpr']:.3f}", f"{r['auroc']:.3f}"] for r in mon.report["site_selection"]],
             )
         )
@@ -78,19 +104,33 @@ def print_choices(mon: Monitor, *, site: str, per_token: bool, target_fpr: float
                 )
             )
     elif target_fpr is not None:
-        print("no validation split: the threshold stays 0.5 (collect with a val split to set it by --target-fpr)")
+        print(
+            "no validation split: the threshold stays 0.5; collect a file or hub dataset again with tpc-hooks "
+            "collect (it splits off --val-fraction 0.2) to set it by --target-fpr"
+        )
 
 
 def print_saved(mon: Monitor, path: Any, *, per_token: bool, data: dict[str, Any], hosted: list[str]) -> None:
-    """What ``train`` saved: each degree's validation F1 and chosen setting, the rows a per-token
-    monitor trained on, and where the monitor is."""
-    sel = mon.head.history.selected
+    """What ``train`` saved: for each order the monitor keeps, the validation F1 and the setting
+    chosen on validation; the orders training dropped and why; the rows a per-token monitor trained
+    on, and where the monitor is."""
+    history = mon.head.history
+    joint = history.mode == "joint"  # one record, for every order trained together
+    rows = [
+        [f"1-{k} (together)" if joint else str(k), f"{v['val_f1']:.3f}", _chosen(v, history)]
+        for k, v in sorted(history.selected.items())
+        if k <= mon.head.degree
+    ]
+    print(table(["order", "val F1 when chosen" + (" (token rows)" if per_token else ""), "chosen on validation"], rows))
+    worst = history.config is not None and history.config.group_rule == "worst"
+    groups = "the worst validation group's" if worst else "the validation groups' mean"
     print(
-        table(
-            ["degree", "val F1 (tokens)" if per_token else "val F1", "chosen"],
-            [[str(k), f"{v['val_f1']:.3f}", str(v.get("C", v.get("best_epoch")))] for k, v in sorted(sel.items())],
-        )
+        "(val F1 when chosen: of orders 1 to this, flagging at probability 0.5 on validation, as measured when the "
+        f"order's setting was chosen: before any scaling and, above order 1, {groups} when there are groups)"
     )
+    orders = mon.report.get("orders")
+    if orders is not None and orders["kept"] < orders["trained"]:
+        print(f"trained orders 1-{orders['trained']}, {orders['note']}")
     if per_token:
         ctx = (
             " ("
@@ -107,14 +147,40 @@ def print_saved(mon: Monitor, path: Any, *, per_token: bool, data: dict[str, Any
         print(f"monitor saved to {path}")
 
 
+def _chosen(sel: dict[str, Any], history: Any) -> str:
+    """One order's setting chosen on validation, in words: order 1's ``C`` (logistic regression's
+    inverse regularisation strength); a higher order's training epochs (``best_epoch`` counts from
+    0; -1: the untrained term, ``lambda_k = 0``, won), its grid point when a sweep chose it, and its
+    shrinkage scale when not 1."""
+    if "C" in sel:
+        return f"C={sel['C']:g} (logistic regression)"
+    epochs = sel["best_epoch"] + 1
+    if epochs == 0:
+        return "0 epochs: the term stays 0 and adds nothing"
+    words = [f"{epochs} epoch" + ("s" if epochs > 1 else "")]
+    if history.config is not None and history.config.sweep:
+        words.append(f"lr={sel['lr']:g}, weight decay={sel['weight_decay']:g}, dropout={sel.get('dropout', 0.0):g}")
+    scale = sel.get("scale", 1.0)
+    if scale == 0:
+        words.append("then scaled to 0: adds nothing")
+    elif scale != 1:
+        words.append(f"then scaled by {scale:g}")
+    return ", ".join(words)
+
+
 def print_split(result: dict[str, Any], mon: Monitor) -> None:
-    """``evaluate --acts``' tables of one split: the metrics per order, then the cascade sweep (a
-    monitor with a cascade)."""
+    """``evaluate --acts``' tables of one split: the metrics of each truncation the monitor keeps,
+    then the cascade sweep (a monitor with a cascade)."""
+    unit = "sequences" if mon.streaming else "rows"
+    print(
+        f"(F1, precision, recall and FRR flag at probability 0.5, not at the monitor's threshold "
+        f"{mon.threshold:.6g}; FRR: the share of benign {unit} flagged; ECE: expected calibration error)"
+    )
     print(
         table(
-            ["order", "F1", "precision", "recall", "FRR", "AUROC", "ECE"],
+            ["orders", "F1", "precision", "recall", "FRR", "AUROC", "ECE"],
             [
-                [str(n + 1)] + [f"{m[k]:.3f}" for k in ("f1", "precision", "recall", "frr", "auroc", "ece")]
+                [_orders(n + 1)] + [f"{m[k]:.3f}" for k in ("f1", "precision", "recall", "frr", "auroc", "ece")]
                 for n, m in enumerate(result["per_order"])
             ],
         )
@@ -123,30 +189,51 @@ def print_split(result: dict[str, Any], mon: Monitor) -> None:
         print(
             table(
                 [
-                    "tau",
+                    "cascade tau",
                     "F1",
-                    "mean FLOPs per token / linear" if mon.streaming else "mean FLOPs / linear",
-                    "exits per order",
+                    "mean FLOPs per token / linear probe's" if mon.streaming else "mean FLOPs / linear probe's",
+                    f"{'tokens' if mon.streaming else 'rows'} exiting at each order",
                 ],
                 [
-                    [f"{r['tau']:g}", f"{r['f1']:.3f}", f"{r['relative_flops']:.2f}", str(r["exit_histogram"])]
+                    [
+                        f"{r['tau']:g}",
+                        f"{r['f1']:.3f}",
+                        f"{r['relative_flops']:.2f}",
+                        ", ".join(f"{o}: {n}" for o, n in enumerate(r["exit_histogram"], start=1)),
+                    ]
                     for r in result["cascade"]
                 ],
             )
         )
 
 
-def print_generation(run: Any, prompts: list[str], tok: Any) -> None:
-    """``monitor``'s run, prompt by prompt: the score and exit order at every step, each generated
-    token decoded, and whether and where the sequence was stopped or flagged."""
+def _orders(n: int) -> str:
+    """The truncation at order ``n``, as the orders it sums: ``1`` (the linear probe), ``1-n``."""
+    return "1" if n == 1 else f"1-{n}"
+
+
+def print_generation(run: Any, prompts: list[str], tok: Any, monitor: Monitor | None = None) -> None:
+    """``monitor``'s run, prompt by prompt: the score at every step (with the order it exited at,
+    when ``monitor`` has a cascade over more than one order), each generated token decoded, and
+    whether and where the sequence was stopped or flagged. Without ``monitor`` the run does not
+    say whether a cascade scored it, and no exit order is printed."""
+    exits = monitor is not None and monitor.cascade is not None and monitor.head.degree > 1
+    if monitor is not None:
+        d = monitor.head.degree
+        orders = "order 1 (the linear probe)" if d == 1 else f"orders 1-{d}"
+        how = f"the cascade over {orders}, each step exiting at the order shown" if exits else f"{orders} at every step"
+        print(f"scores: {how}; a step is flagged at score >= {run.threshold:.6g}")
+
+    def exit_order(b: int, t: int) -> str:
+        return f", exit order {int(run.exit_orders[b][t])}" if exits else ""
+
     for b, prompt in enumerate(prompts):
         print(f"\nprompt {b}: {prompt!r}")
-        print(f"  step 0 (prompt only): score {float(run.scores[b][0]):.3f}, exit order {int(run.exit_orders[b][0])}")
+        print(f"  step 0 (prompt only): score {float(run.scores[b][0]):.3f}{exit_order(b, 0)}")
         for t, token in enumerate(run.generated(b), start=1):
             if t < len(run.scores[b]):
                 print(
-                    f"  step {t:>3} {tok.decode([token])!r:>14}: score {float(run.scores[b][t]):.3f}, "
-                    f"exit order {int(run.exit_orders[b][t])}"
+                    f"  step {t:>3} {tok.decode([token])!r:>14}: score {float(run.scores[b][t]):.3f}{exit_order(b, t)}"
                 )
         state = (
             f"stopped at step {run.stopped_at[b]}"
@@ -157,13 +244,16 @@ def print_generation(run: Any, prompts: list[str], tok: Any) -> None:
 
 
 def print_attributions(prompts: list[str], dicts: list[dict[str, Any]]) -> None:
-    """``attribute``'s decisions, prompt by prompt: the logit and its probability, the split by order,
-    the top neurons and the top pairs of each degree."""
+    """``attribute``'s decisions, prompt by prompt: the head's logit and its probability, the split
+    by the head's orders (order 1 holds the bias), the neurons contributing most in size, and the
+    pairs of each degree contributing most (a degree whose pairs all add exactly 0 lists none)."""
     for b, (prompt, d) in enumerate(zip(prompts, dicts, strict=True)):
         print(
             f"\nprompt {b}: {prompt!r}\n  logit {d['logit']:.3f} (p = {1 / (1 + math.exp(-d['logit'])):.3f}); "
-            f"by order: " + ", ".join(f"{o + 1}: {v:+.3f}" for o, v in enumerate(d["by_order"]))
+            f"by order (order 1 with the bias): "
+            + ", ".join(f"{o + 1}: {v + 0.0:+.3f}" for o, v in enumerate(d["by_order"]))  # + 0.0: no -0.000
         )
-        print("  top neurons: " + ", ".join(f"{i} ({v:+.3f})" for i, v in d["top_neurons"]))
+        print("  top neurons (by size): " + ", ".join(f"{i} ({v:+.3f})" for i, v in d["top_neurons"]))
         for order, pairs in d["top_pairs"].items():
-            print(f"  top pairs, degree {order}: " + ", ".join(f"{i}x{j} ({v:+.3f})" for i, j, v in pairs))
+            listed = ", ".join(f"{i}x{j} ({v:+.3f})" for i, j, v in pairs) or "none (each adds exactly 0)"
+            print(f"  top pairs, degree {order}: {listed}")

@@ -36,15 +36,8 @@ def _demo(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="residual-stream layer the monitor reads (default: two thirds up, 20 of SmolLM2's 30)",
     )
-    p.add_argument(
-        "--dataset",
-        default="default",
-        help="'default' (packaged, with a held-out source), a local CSV/JSONL, or a hub dataset id",
-    )
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--label-column", default="label")
+    _data_args(p, test_fraction=0.2)
     p.add_argument("--out", help="run directory (default: runs/demo-<timestamp>)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--intent",
         nargs="+",
@@ -67,10 +60,7 @@ def _collect(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("collect", help="pooled (or per-token) activations of a prompt set into stores, with labels")
     _model_args(p)
     p.add_argument("--out", required=True, help="directory for the stores (resumable)")
-    p.add_argument("--dataset", default="default", help="'default' (packaged), a local CSV/JSONL, or a hub dataset id")
-    p.add_argument("--split", default=None, help="hub dataset split")
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--label-column", default="label")
+    _data_args(p, test_fraction=0.0)
     p.add_argument("--sites", nargs="+", default=["blocks.20.hook_resid_post"])
     p.add_argument(
         "--pooling",
@@ -81,7 +71,6 @@ def _collect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--no-augment",
         action="store_true",
@@ -125,7 +114,12 @@ def _train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--degree", type=int, default=5)
     p.add_argument("--rank", type=int, default=64)
     p.add_argument("--epochs", type=int, default=50)
-    p.add_argument("--tau", type=float, default=0.2, help="the monitor's cascade threshold")
+    p.add_argument(
+        "--tau",
+        type=float,
+        default=None,
+        help="give the monitor a cascade with this threshold (default: none, as train_monitor; 0.2 as measured)",
+    )
     p.add_argument(
         "--no-intent",
         action="store_true",
@@ -209,23 +203,20 @@ def _evaluate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--monitor", required=True)
     p.add_argument("--acts", default=None, help="collected splits to measure on (the splits' form)")
     _model_args(p)
-    p.add_argument(
-        "--prompts",
-        default=None,
-        help="with --model: the CSV/JSONL the monitor was trained on (text, label, optional source columns; "
-        "default: the packaged default set's training split, as tpc-hooks demo trains on)",
-    )
+    _data_args(p, test_fraction=None)
+    p.add_argument("--prompts", dest="dataset", default=argparse.SUPPRESS, help="the same as --dataset")
     p.add_argument(
         "--seed",
         type=int,
         default=None,
-        help="the packaged set's seed (without --prompts; default: the one the monitor's split records)",
+        help="the seed of the packaged set, or of the split of your --dataset (default: the one the monitor's "
+        "split records)",
     )
     p.add_argument(
         "--calibration",
         default=None,
         help="the calibration prompts the monitor was trained with (train_monitor(calibration=...)): a .txt "
-        "file, one prompt a line, or a CSV/JSONL with a text column (without --prompts: drawn as "
+        "file, one prompt a line, or a CSV/JSONL with a text column (with --dataset default: drawn as "
         "tpc-hooks demo draws them)",
     )
     p.add_argument("--limit", type=int, default=None, help="at most this many prompts of each set (a quick look)")
@@ -287,3 +278,47 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     """The options of the verbs that load a model."""
     p.add_argument("--model", default=None, help="hub id or local folder (default: the packaged SmolLM2-135M-Instruct)")
     p.add_argument("--toolkit", choices=TOOLKITS, default="transformer_lens")
+
+
+def _data_args(p: argparse.ArgumentParser, *, test_fraction: float | None) -> None:
+    """The options of the verbs that read labelled prompts (``demo``, ``collect``, ``evaluate``): one
+    way to name a dataset and its columns, and (``test_fraction`` not None) how a user's file is split,
+    as ``train_monitor`` splits its prompts."""
+    p.add_argument(
+        "--dataset",
+        default="default",
+        help="'default' (the packaged set, with a held-out source), a local .csv/.jsonl/.json file, or a hub "
+        "dataset id",
+    )
+    p.add_argument("--text-column", default="text", help="the column holding each prompt (default: text)")
+    p.add_argument(
+        "--label-column", default="label", help="the column holding each label, 1 = harmful (default: label)"
+    )
+    p.add_argument(
+        "--source-column",
+        default="source",
+        help="the column naming each prompt's source, when the file has one (default: source; else the file's name)",
+    )
+    p.add_argument(
+        "--label-names",
+        nargs=2,
+        metavar=("BENIGN", "HARMFUL"),
+        default=None,
+        help="the label column's two values when they are not 0/1, benign first (e.g. unharmful harmful)",
+    )
+    p.add_argument("--split", default=None, help="a hub dataset's split (default: train)")
+    if test_fraction is None:
+        return
+    p.add_argument("--seed", type=int, default=0, help="the seed of the split of a user's data (and of the rewrites)")
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.2,
+        help="a user's data: the share held out for validation, stratified as train_monitor holds it (default 0.2)",
+    )
+    p.add_argument(
+        "--test-fraction",
+        type=float,
+        default=test_fraction,
+        help=f"a user's data: the share held out first as a test split (default {test_fraction:g})",
+    )

@@ -32,7 +32,6 @@ from .head._metrics import classification_metrics, threshold_at_fpr
 from .monitoring._monitor import Monitor
 from .offline import DEFAULT_MODEL, PACKAGED, QUICK_SAE_EPOCHS, load_model, load_sae
 from .prompts import _intent
-from .prompts._files import load_hf_dataset, load_prompt_file
 from .prompts._outside import everyday_prompts
 from .prompts._promptset import source_names
 from .prompts._sets import EVERYDAY_SOURCES, PromptSet, default_prompt_set
@@ -79,30 +78,6 @@ def _in_features(
     }
 
 
-def prompt_splits(
-    dataset: str = "default",
-    *,
-    seed: int = 0,
-    text_column: str = "text",
-    label_column: str = "label",
-    split: str | None = None,
-) -> dict[str, PromptSet]:
-    """train / val / test (/ heldout) prompt sets: the packaged default, or a local CSV/JSONL or hub
-    dataset split 70/10/20, stratified by label (such data has no held-out source)."""
-    if dataset == "default":
-        return default_prompt_set(seed=seed)
-    from sklearn.model_selection import train_test_split
-
-    if Path(dataset).exists():
-        ps = load_prompt_file(dataset, text_column=text_column, label_column=label_column)
-    else:
-        ps = load_hf_dataset(dataset, split=split, text_column=text_column, label_column=label_column)
-    idx = np.arange(len(ps))
-    rest, test = train_test_split(idx, test_size=0.2, stratify=ps.labels, random_state=seed)
-    train, val = train_test_split(rest, test_size=0.125, stratify=np.asarray(ps.labels)[rest], random_state=seed)
-    return {"train": ps.subset(np.sort(train)), "val": ps.subset(np.sort(val)), "test": ps.subset(np.sort(test))}
-
-
 def _model_and_site(model_name: str | None, toolkit: str, layer: int | None) -> tuple[Any, Any, bool, str]:
     """The model, its adapter, whether prompts are wrapped as chat turns (when its tokenizer has a
     template: a base model has none, and reads them as they are) and the site: ``layer``, else
@@ -123,8 +98,7 @@ def run_demo(
     seed: int = 0,
     progress: bool = True,
     dataset: str = "default",
-    text_column: str = "text",
-    label_column: str = "label",
+    sets: dict[str, PromptSet] | None = None,
     intent: Sequence[str] | None = None,
     sae: bool = True,
 ) -> dict[str, Any]:
@@ -141,9 +115,11 @@ def run_demo(
         instruction-tuned model), and read as they are otherwise (a base model).
         quick: a small run for CI (subsampled data, rank 16, fewer epochs, two baselines).
         seed: seeds the data split and all training.
-        dataset: ``"default"`` (the packaged set, with a held-out source), a local CSV/JSONL
-            file or a hub dataset id (e.g. ``allenai/wildguardmix``; needs the network), with
-            ``text_column``/``label_column``.
+        dataset: the name of the prompts: ``"default"`` (the packaged set, with a held-out
+            source), or the file or hub dataset ``sets`` were read from.
+        sets: ``train`` / ``val`` / ``test`` prompt sets of ``dataset`` when it is not the default
+            (the command line reads and splits them before the model loads:
+            ``tpc_hooks._cli_data.prompt_sets``).
         intent: ``train_monitor``'s ``intent`` for the deployed monitor (None: its default), e.g.
             every kind, ``"homonym"`` and the opt-in ``"stated"``.
         sae: also explain the attributed prompt in the features of a small SAE at the site, trained
@@ -160,7 +136,7 @@ def run_demo(
         times[name] = round(time.perf_counter() - t0, 1)
         t0 = time.perf_counter()
 
-    sets = prompt_splits(dataset, seed=seed, text_column=text_column, label_column=label_column)
+    sets = default_prompt_set(seed=seed) if sets is None else dict(sets)
     if quick:
         sets = {
             k: _subsample(v, {"train": 360, "val": 120, "test": 160, "heldout": 120}[k], seed) for k, v in sets.items()

@@ -26,7 +26,9 @@ from typing import Any
 import torch
 
 from ._cli_checks import check_acts, check_dataset, check_json_out, check_model, check_monitor_dir, check_out_dir
+from ._cli_data import prompt_sets, read_prompts, training_rows
 from ._cli_output import (
+    passes_line,
     print_attributions,
     print_choices,
     print_demo,
@@ -45,12 +47,11 @@ from .monitoring._monitor import Monitor
 from .offline import load_model
 from .prompts import _intent
 from .prompts._context import context_budget, host_splits, sharegpt_contexts
-from .prompts._files import load_hf_dataset, load_prompt_file
 from .prompts._promptset import source_names
 from .prompts._sets import default_prompt_set, read_texts
 from .training._collected import CONTEXT_SPLITS, check_split, flip_splits, pooled_rows, rewrite_splits, token_sequences
 from .training._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
-from .training._from_stores import plan_from_stores
+from .training._from_stores import finish, plan_from_stores
 from .training._train import check_target_fpr, train
 
 __all__ = ["main"]
@@ -77,6 +78,7 @@ def _demo(args: argparse.Namespace) -> int:
     check_model(args.model)
     if args.intent is not None:  # before anything is loaded
         _intent.check_kinds(args.intent, _intent.NAMED_KINDS)
+    sets = None if args.dataset == "default" else prompt_sets(args)[0]  # read, checked, split before the model
 
     out = Path(args.out or Path("runs") / _dt.datetime.now().strftime("demo-%Y%m%d-%H%M%S"))
     t0 = time.perf_counter()
@@ -89,26 +91,12 @@ def _demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=not args.no_progress,
         dataset=args.dataset,
-        text_column=args.text_column,
-        label_column=args.label_column,
+        sets=sets,
         intent=args.intent,
         sae=not args.no_sae,
     )
     print_demo(res, out, time.perf_counter() - t0)
     return 0
-
-
-def _datasets(args: argparse.Namespace) -> dict[str, Any]:
-
-    if args.dataset == "default":
-        return default_prompt_set(seed=args.seed)
-    if Path(args.dataset).exists():
-        return {"all": load_prompt_file(args.dataset, text_column=args.text_column, label_column=args.label_column)}
-    return {
-        "all": load_hf_dataset(
-            args.dataset, split=args.split, text_column=args.text_column, label_column=args.label_column
-        )
-    }
 
 
 def _collect(args: argparse.Namespace) -> int:
@@ -128,7 +116,7 @@ def _collect(args: argparse.Namespace) -> int:
                 f"got {args.contexts} and {args.context_tokens}"
             )
     out = Path(args.out)
-    sets = _datasets(args)
+    sets, record = prompt_sets(args)  # read and checked before the model loads
     if args.contexts is not None and not {"train", "val"} <= set(sets):
         raise TPCHooksError(
             f"--contexts hosts training and validation prompts, and --dataset {args.dataset} has no "
@@ -139,6 +127,7 @@ def _collect(args: argparse.Namespace) -> int:
         sets.update(rewrite_splits(sets, args.seed))
     if not args.no_intent:
         sets.update(flip_splits(sets, args.seed))
+    print(passes_line({k: len(v) for k, v in sets.items()}), flush=True)
     model = _load_model(args.model, args.toolkit)
     for split, ps in sets.items():
         collect(
@@ -170,11 +159,12 @@ def _collect(args: argparse.Namespace) -> int:
                 "max_tokens": args.max_tokens,
                 "dataset": args.dataset,
                 "splits": sizes,
+                **({} if record is None else {"split": record}),
             },
             indent=1,
         )
     )
-    print(table(["split", "prompts"], [[k, str(v)] for k, v in sizes.items()]))
+    print(table(["split", "prompts (ctx-*: chats)"], [[k, str(v)] for k, v in sizes.items()]))
     kind = "per-token rows" if args.pooling == "token" else f"pooling {args.pooling}"
     print(f"activations in {out} (sites: {', '.join(args.sites)}; {kind})")
     return 0
@@ -249,6 +239,7 @@ def _train(args: argparse.Namespace) -> int:
     )
     data, plan, site, per_token, hosted = run.data, run.plan, run.site, run.per_token, run.hosted
     mon = train(data, plan, verbose=not args.no_progress)
+    finish(run, mon, args.target_fpr)  # a user's file: refit on every prompt, as train_monitor does
     print_choices(mon, site=site, per_token=per_token, target_fpr=args.target_fpr)
     path = mon.save_pretrained(args.out)
     print_saved(mon, path, per_token=per_token, data=data, hosted=hosted)
@@ -264,7 +255,8 @@ def _evaluate(args: argparse.Namespace) -> int:
     check_monitor_dir(args.monitor)
     if args.acts is None:
         return _evaluate_outside(args)
-    extra = [f"--{k}" for k in ("prompts", "limit", "out", "plot") if getattr(args, k) is not None]
+    extra = [f"--{k}" for k in ("limit", "out", "plot") if getattr(args, k) is not None]
+    extra += ["--dataset"] if args.dataset != "default" else []
     if extra:
         raise TPCHooksError(
             f"{', '.join(extra)} go with the outside-built sets (tpc-hooks evaluate --monitor DIR "
@@ -318,23 +310,25 @@ def _evaluate_outside(args: argparse.Namespace) -> int:
         path = getattr(args, name)
         if path is not None and Path(path).is_dir():
             raise TPCHooksError(f"--{name} {path} is a folder; give a file name")
-    for name in ("prompts", "calibration"):
-        path = getattr(args, name)
-        if path is not None and not Path(path).is_file():
-            raise TPCHooksError(f"--{name} {path}: no such file; give the file the monitor was trained with")
+    if args.calibration is not None and not Path(args.calibration).is_file():
+        raise TPCHooksError(
+            f"--calibration {args.calibration}: no such file; give the file the monitor was trained with"
+        )
+    check_dataset(args.dataset)
     check_json_out(args.json)
     check_model(args.model)
     mon = Monitor.from_pretrained(args.monitor)
-    n_traffic = mon.report.get("split", {}).get("n_calibration", 0)
+    split = mon.report.get("split", {})
+    n_traffic = split.get("n_calibration", 0)
     calibration = None if args.calibration is None else read_texts(args.calibration)
-    if args.prompts is None:  # the seed the monitor's split records: tpc-hooks demo --seed S trains on that set
-        seed = mon.report.get("split", {}).get("seed", 0) if args.seed is None else args.seed
+    seed = split.get("seed", 0) if args.seed is None else args.seed  # the seed the monitor's split records
+    if args.dataset == "default":  # tpc-hooks demo --seed S trains on that set
         sets = default_prompt_set(seed=seed)
         train, test = sets["train"], sets["test"]
         if calibration is None and n_traffic:  # the everyday traffic tpc-hooks demo calibrates on, drawn again
             calibration = traffic(sets, n_traffic, seed)
-    else:
-        train, test = load_prompt_file(args.prompts), None
+    else:  # a user's file: the rows the monitor trained on (all but a test split collect held out)
+        train, test = training_rows(read_prompts(args), {**split, "seed": seed}), None
     model = _load_model(args.model, args.toolkit)
     ev = outside_evaluation(
         model,
@@ -360,7 +354,7 @@ def _monitor(args: argparse.Namespace) -> int:
     mon = Monitor.from_pretrained(args.monitor)
     model = _load_model(args.model, args.toolkit)
     run = mon.generate(model, args.prompt, max_new_tokens=args.max_new_tokens, action=args.action)
-    print_generation(run, args.prompt, model.tokenizer)
+    print_generation(run, args.prompt, model.tokenizer, mon)
     return 0
 
 

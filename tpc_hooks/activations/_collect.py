@@ -132,6 +132,19 @@ def token_batches(
     return out
 
 
+def cost_line(who: str, parts: dict[str, int], note: str = "") -> str:
+    """What a collection is about to cost, said before it runs: one forward pass per text, by part
+    (parts of none left out), e.g. ``"train_monitor: 1,383 forward passes: 383 prompts, 1,000
+    calibration"``.
+
+    Example:
+        >>> cost_line("evaluate", {"prompts": 1200, "rewrites": 0, "calibration": 40})
+        'evaluate: 1,240 forward passes: 1,200 prompts, 40 calibration'
+    """
+    each = ", ".join(f"{v:,} {k}" for k, v in parts.items() if v)
+    return f"{who}: {sum(parts.values()):,} forward passes: {each}" + (f" ({note})" if note else "")
+
+
 def prompts_digest(prompts: Sequence[str]) -> str:
     """The SHA-256 of a list of prompts in order (of its JSON): what a store or a report records
     to tell whether the same prompts come back.

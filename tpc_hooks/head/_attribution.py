@@ -279,10 +279,11 @@ class Attribution:
         }
 
     def to_dict(self, input: int = 0, k: int = 20) -> dict[str, Any]:
-        """One input's attribution as plain JSON-able data (top neurons and pairs, per order)."""
+        """One input's attribution as plain JSON-able data (top neurons and pairs, per order; a pair
+        that adds exactly 0 is not listed, so an order whose weights are zero lists none)."""
         r = self._row(input)
         n = self.n_units
-        pairs = {str(o): self.top_pairs(min(k, n * (n - 1) // 2), o, input=r) for o in self.head.degrees}
+        pairs = {str(o): ps for o, ps in self._pairs_by_order(r, k).items()}
         out: dict[str, Any] = {
             "site": self.site,
             "basis": self.basis,
@@ -296,6 +297,13 @@ class Attribution:
             named = [i for i, _ in out["top_neurons"]] + [u for ps in pairs.values() for i, j, _ in ps for u in (i, j)]
             out["labels"] = {str(u): self.feature_labels[u] for u in dict.fromkeys(named) if u in self.feature_labels}
         return out
+
+    def _pairs_by_order(self, r: int, k: int) -> dict[int, list[tuple[Any, Any, float]]]:
+        """Row ``r``'s top ``k`` pairs of each degree, without those that add exactly 0 (every pair
+        of an order whose ``lambda_k`` is zero, as training leaves an order that earned nothing)."""
+        n = self.n_units
+        top = min(k, n * (n - 1) // 2)
+        return {o: [p for p in self.top_pairs(top, o, input=r) if p[2] != 0] for o in self.head.degrees}
 
     def to_json(self, input: int = 0, k: int = 20) -> str:
         return json.dumps(self.to_dict(input, k))
@@ -312,8 +320,8 @@ class Attribution:
         n = self.n_units
         for i, v in self.top_neurons(min(k, n), input=r):
             rows.append({"kind": "neuron", "order": None, "i": i, "j": None, "value": v})
-        for o in self.head.degrees:
-            for i, j, v in self.top_pairs(min(k, n * (n - 1) // 2), o, input=r):
+        for o, pairs in self._pairs_by_order(r, k).items():
+            for i, j, v in pairs:
                 rows.append({"kind": "pair", "order": o, "i": i, "j": j, "value": v})
         df = pd.DataFrame(rows)
         df.attrs.update(site=self.site, basis=self.basis, logit=float(self.logit[r]))

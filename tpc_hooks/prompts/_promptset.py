@@ -156,11 +156,7 @@ def read_texts(path: str | os.PathLike, text_column: str = "text") -> list[str]:
     if suffix == ".txt":
         texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     elif suffix in (".csv", ".jsonl", ".json"):
-        if suffix == ".csv":
-            with open(path, newline="", encoding="utf-8") as f:
-                records = list(csv.DictReader(f))
-        else:
-            records = _read_json_records(path, suffix)
+        records = _read_csv(path)[1] if suffix == ".csv" else _read_json_records(path, suffix)
         missing = next((i for i, r in enumerate(records, start=1) if text_column not in r), None)
         if missing is not None:
             raise TPCHooksError(f"{path} row {missing} has no column {text_column!r}")
@@ -174,16 +170,95 @@ def read_texts(path: str | os.PathLike, text_column: str = "text") -> list[str]:
     return texts
 
 
-def _read_json_records(path: Path, suffix: str) -> list[dict[str, Any]]:
-    text = path.read_text(encoding="utf-8")
+_EXTRA = "\0 fields beyond the header"
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """A ``.csv``'s header and its rows as dicts keyed by it (a UTF-8 byte-order mark, as Excel writes, is dropped).
+
+    A row with more non-empty fields than the header is refused: most often a text holding an
+    unquoted comma, which would otherwise shift its label into the next column.
+    """
     try:
-        if suffix == ".json":
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f, restkey=_EXTRA)
+            header = list(reader.fieldnames or ())  # read lazily: an empty file has none
+            records = list(reader)
+    except UnicodeDecodeError as err:
+        raise TPCHooksError(
+            f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); expected a CSV file (UTF-8 text with "
+            "a header row); re-save it as CSV UTF-8, or as JSON Lines"
+        ) from None
+    except csv.Error as err:
+        raise TPCHooksError(
+            f"{path} is not readable as CSV ({err}); expected comma-separated rows under a header row; "
+            "re-save it as CSV"
+        ) from None
+    first = header[0].strip() if header else ""
+    if first in ("[", "{") or first.startswith(("[{", '{"', '["')):
+        raise TPCHooksError(
+            f"{path} looks like JSON, not CSV (its first line starts {first[:20]!r}); expected a header row naming "
+            "the columns; name it .json (one list of objects) or .jsonl (one object a line)"
+        )
+    for i, rec in enumerate(records, start=1):
+        extra = rec.pop(_EXTRA, [])
+        if any(v.strip() for v in extra):
+            raise TPCHooksError(
+                f"{path} row {i} has {len(header) + len(extra)} fields but the header names {len(header)} "
+                f"({', '.join(map(repr, header))}); put a text that holds a comma in double quotes "
+                '("like, this")'
+            )
+    return header, records
+
+
+def _read_json_records(path: Path, suffix: str) -> list[dict[str, Any]]:
+    """A ``.json`` file's list of objects, or a ``.jsonl`` file's objects, one a line (blank lines skipped)."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise TPCHooksError(
+            f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); expected a {suffix[1:].upper()} "
+            "file (UTF-8 text); re-save it as UTF-8"
+        ) from None
+    if suffix == ".json":
+        try:
             records = json.loads(text) if text.strip() else []
-            records = records if isinstance(records, list) else [records]
-        else:
-            records = [json.loads(line) for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as err:
-        raise TPCHooksError(f"{path} is not valid {suffix[1:].upper()}: {err}") from None
-    if not all(isinstance(r, dict) for r in records):
-        raise TPCHooksError(f"{path}: every record must be a JSON object with named columns")
+        except json.JSONDecodeError as err:
+            hint = "; if it holds one JSON object per line, name it .jsonl" if err.msg == "Extra data" else ""
+            raise TPCHooksError(f"{path} is not valid JSON ({err}); expected a list of objects{hint}") from None
+        records = records if isinstance(records, list) else [records]
+        bad = next((i for i, r in enumerate(records, start=1) if not isinstance(r, dict)), None)
+        if bad is not None:
+            raise TPCHooksError(
+                f"{path} item {bad} is {_json_kind(records[bad - 1])}, not a JSON object; expected a list of "
+                'objects with named columns, e.g. [{"text": "...", "label": 0}]'
+            )
+        return records
+    records = []
+    # split("\n"), not splitlines(): JSON strings may hold U+2028 and other characters splitlines breaks at.
+    for n, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            whole = n == 1 and (line.strip() == "{" or line.lstrip().startswith("["))  # one JSON document
+            raise TPCHooksError(
+                f"{path} line {n} is not valid JSON ({err.msg}: column {err.colno}); expected one JSON object "
+                "per line; " + ("it looks like one JSON document: name it .json" if whole else "fix or drop the line")
+            ) from None
+        if not isinstance(rec, dict):
+            fix = "name it .json" if n == 1 and isinstance(rec, list) else "fix or drop the line"
+            raise TPCHooksError(
+                f"{path} line {n} holds {_json_kind(rec)}, not a JSON object; expected one object with named "
+                f'columns per line, e.g. {{"text": "...", "label": 0}}; {fix}'
+            )
+        records.append(rec)
     return records
+
+
+def _json_kind(value: Any) -> str:
+    """``value``'s JSON kind and the start of its text, for a message."""
+    kind = {type(None): "null", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")
+    shown = json.dumps(value, ensure_ascii=False)
+    return kind if value is None else f"{kind} ({shown[:40]}{'...' if len(shown) > 40 else ''})"

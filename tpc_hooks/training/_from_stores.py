@@ -3,9 +3,12 @@
 families, the intent flips and homonyms, hosted chats), read back from the stores that exist, and
 the plan ``train`` runs on them."""
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .._errors import TPCHooksError
 from ..head._pooling import check_aggregate
@@ -14,19 +17,25 @@ from ..monitoring._monitor_config import MonitorConfig
 from ..prompts._sets import INTENT_KINDS, PHRASING_FAMILIES
 from ._collected import CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config
 from ._recipes import Recipe, named
+from ._refit import settle
 from ._train import PLAIN, TrainData, TrainPlan, default_aggregate, fit_config
 
 
 @dataclass(frozen=True)
 class StoresRun:
     """What :func:`plan_from_stores` read and decided: each site's rows, the plan, the site chosen
-    (or ``"auto"``), whether the rows are per token, and the hosted-chat splits read."""
+    (or ``"auto"``), whether the rows are per token, the hosted-chat splits read, and the record
+    of a user's data split as ``train_monitor`` splits it (``collect.json``'s ``"split"``), when the
+    head is refit on every prompt after :func:`~tpc_hooks.training._train.train` (:func:`finish`)."""
 
     data: dict[str, TrainData]
     plan: TrainPlan
     site: str
     per_token: bool
     hosted: list[str]
+    acts: Path
+    sites: list[str]
+    split: dict[str, Any] | None = None
 
 
 def plan_from_stores(
@@ -108,7 +117,54 @@ def plan_from_stores(
         shifts=parts.shifts,
         everyday=None if everyday is None else tuple(sorted(set(everyday))),
     )
-    return StoresRun(data, plan, site, per_token, parts.hosted)
+    split = cfg.get("split")
+    # a user's file, split as train_monitor splits it: the same last step (the refit on every prompt)
+    # for the recipe train_monitor refits (the default's prompts as given, pooled, no cascade)
+    plain = recipe == "default" and not parts.families and not parts.intent and tau is None and not per_token
+    if isinstance(split, dict) and "positions" in split and plain and plan.fit.mode == "progressive":
+        return StoresRun(data, replace(plan, refit=True), site, per_token, parts.hosted, acts, sites, split)
+    return StoresRun(data, plan, site, per_token, parts.hosted, acts, sites)
+
+
+def finish(run: StoresRun, monitor: Any, target_fpr: float | None) -> None:
+    """``train``'s last step on a user's file split as ``train_monitor`` splits it: the head refit on
+    every prompt (the training and validation splits put back in the file's order) and its threshold
+    set on every benign prompt's out-of-fold score, as :func:`tpc_hooks.train_monitor` does
+    (:func:`~tpc_hooks.training._refit.settle`); ``monitor.report["split"]`` records the split as
+    ``train_monitor`` records its own. Nothing for other stores."""
+    if run.split is None:
+        return
+    at = run.split["positions"]
+    n = len(at["train"]) + len(at["val"])
+    reader = PooledStores(run.acts, f"re-run tpc-hooks collect --out {run.acts}")
+    X: dict[str, Any] = {}
+    y = np.zeros(n, dtype=int)
+    for s in run.sites:
+        rows = None
+        for part in ("train", "val"):
+            Xp, yp = reader.part(part, s, f"{part} split")
+            if len(yp) != len(at[part]):
+                raise TPCHooksError(
+                    f"{run.acts / part} holds {len(yp)} rows but collect.json places {len(at[part])}; "
+                    f"re-run tpc-hooks collect --out {run.acts}"
+                )
+            rows = Xp.new_zeros((n, Xp.shape[1])) if rows is None else rows
+            rows[at[part]] = Xp
+            y[at[part]] = yp
+        X[s] = rows
+    sources = None
+    if all((run.acts / part / "sources.json").is_file() for part in ("train", "val")):
+        sources = np.empty(n, dtype=object)
+        for part in ("train", "val"):
+            sources[at[part]] = json.loads((run.acts / part / "sources.json").read_text(encoding="utf-8"))
+    settle(monitor, X, y, sources=sources, everyday=run.plan.everyday, target_fpr=target_fpr, seed=run.plan.fit.seed)
+    monitor.report["split"] = {
+        "val_fraction": run.split["val_fraction"],
+        "split": run.split.get("split", "stratified"),
+        "seed": run.split["seed"],
+        "n_calibration": 0,
+        "test_fraction": run.split.get("test_fraction", 0.0),
+    }
 
 
 def _check_site(acts: Path, cfg: dict[str, Any], site: str, stream: dict[str, Any]) -> bool:

@@ -11,6 +11,7 @@ the :class:`~tpc_hooks.training._train.TrainPlan`, then hand both to
 ``tpc-hooks train`` runs on the rows ``tpc-hooks collect`` wrote.
 """
 
+import sys
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..activations._collect import collect, prompts_digest, token_batches
+from ..activations._collect import collect, cost_line, prompts_digest, token_batches
 from ..head._history import FitConfig
 from ..head._sae import identity as sae_identity
 from ..monitoring._monitor import Monitor
@@ -251,6 +252,9 @@ def train_monitor(
         validation=validation,
     )
     texts = _texts(request)
+    passes = texts.passes(len(request.items))
+    if verbose:  # what the collection costs, said before it runs
+        print(cost_line("train_monitor", passes), file=sys.stderr, flush=True)
     cached = None if rows_cache is None else _Cached(rows_cache, request, model, max_tokens=max_tokens, sae=sae)
     rows = _collect(
         request, texts, max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose, cached=cached
@@ -277,6 +281,7 @@ def train_monitor(
             "n_calibration": len(request.calibration),
         }
     )
+    monitor.report["forward_passes"] = passes
     if request.calibration:  # what tpc.evaluate checks the calibration prompts it is given against
         monitor.report["split"]["calibration_sha256"] = prompts_digest(request.calibration)
     return monitor
@@ -294,6 +299,18 @@ class _Texts:
     at: dict[str, list[Any]]  # text positions (numpy or Python integers)
     groups: np.ndarray
     flips: PromptSet
+
+    def passes(self, n_prompts: int) -> dict[str, int]:
+        """The forward passes each part of the collection takes, one per text: the prompts, the
+        phrasing rewrites, the intent flips and homonym rows, the calibration prompts."""
+        rewrites = len(self.at["rewrites"]) + len(self.at["views"])
+        calibration = len(self.at["calibration"])
+        return {
+            "prompts": n_prompts,
+            "phrasing rewrites": rewrites,
+            "intent flips and homonyms": len(self.texts) - n_prompts - rewrites - calibration,
+            "calibration": calibration,
+        }
 
     @property
     def at_val(self) -> list[Any]:
