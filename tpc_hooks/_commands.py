@@ -237,7 +237,7 @@ def _monitor(sub: argparse._SubParsersAction) -> None:
     """``tpc-hooks monitor``: generation with live per-step scores."""
     p = sub.add_parser("monitor", help="generate with live per-step scores")
     _model_args(p)
-    p.add_argument("--monitor", required=True)
+    _monitor_arg(p)
     p.add_argument("--prompt", nargs="+", required=True)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--action", choices=("flag", "stop"), default="flag")
@@ -247,7 +247,7 @@ def _attribute(sub: argparse._SubParsersAction) -> None:
     """``tpc-hooks attribute``: a prompt's decision by order, neuron and neuron pair."""
     p = sub.add_parser("attribute", help="a prompt's decision by order, neuron and neuron pair")
     _model_args(p)
-    p.add_argument("--monitor", required=True)
+    _monitor_arg(p)
     p.add_argument("--prompt", nargs="+", required=True)
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--json", default=None)
@@ -321,4 +321,14 @@ def _data_args(p: argparse.ArgumentParser, *, test_fraction: float | None) -> No
         type=float,
         default=test_fraction,
         help=f"a user's data: the share held out first as a test split (default {test_fraction:g})",
+    )
+
+
+def _monitor_arg(p: argparse.ArgumentParser) -> None:
+    """``--monitor`` of the verbs that run a monitor on a model they load."""
+    p.add_argument(
+        "--monitor",
+        default=None,
+        help="the directory tpc-hooks train saved (default: the pretrained monitor of the packaged --model, "
+        "tpc_hooks.offline.load_monitor)",
     )

@@ -44,7 +44,7 @@ from .activations._collect import collect
 from .adapters import get_adapter
 from .head._attribution import attribute
 from .monitoring._monitor import Monitor
-from .offline import load_model
+from .offline import load_model, load_monitor
 from .prompts import _intent
 from .prompts._context import context_budget, host_splits, sharegpt_contexts
 from .prompts._promptset import source_names
@@ -347,11 +347,17 @@ def _evaluate_outside(args: argparse.Namespace) -> int:
     return 0
 
 
-def _monitor(args: argparse.Namespace) -> int:
-
+def _saved_or_pretrained(args: argparse.Namespace) -> Monitor:
+    """``--monitor DIR``, or without it the pretrained monitor of the packaged ``--model``."""
+    if args.monitor is None:
+        return load_monitor(args.model)
     check_monitor_dir(args.monitor)
+    return Monitor.from_pretrained(args.monitor)
+
+
+def _monitor(args: argparse.Namespace) -> int:
     check_model(args.model)
-    mon = Monitor.from_pretrained(args.monitor)
+    mon = _saved_or_pretrained(args)
     model = _load_model(args.model, args.toolkit)
     run = mon.generate(model, args.prompt, max_new_tokens=args.max_new_tokens, action=args.action)
     print_generation(run, args.prompt, model.tokenizer, mon)
@@ -359,11 +365,9 @@ def _monitor(args: argparse.Namespace) -> int:
 
 
 def _attribute(args: argparse.Namespace) -> int:
-    check_monitor_dir(args.monitor)
     check_model(args.model)
     check_json_out(args.json)
-
-    mon = Monitor.from_pretrained(args.monitor)
+    mon = _saved_or_pretrained(args)
     if mon.streaming:
         raise TPCHooksError(
             f"{args.monitor} is a per-token monitor: its decision aggregates many tokens' logits, and "

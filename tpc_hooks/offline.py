@@ -66,6 +66,9 @@ __all__ = [
     "DEFAULT_MODEL",
     "PACKAGED",
     "load_model",
+    "load_monitor",
+    "pretrained_card",
+    "PRETRAINED",
     "load_hf",
     "default_model_dir",
     "model_dir",
@@ -427,3 +430,51 @@ def _labels(
         common = [w for w, _ in Counter(x["token"].strip() or x["token"] for x in tokens).most_common(3)]
         out[str(feat)] = {"label": " / ".join(repr(w) for w in common), "tokens": tokens, "prompts": prompts[:3]}
     return out
+
+
+PRETRAINED = Path(__file__).parent / "pretrained"  # one folder per packaged model: a saved monitor and its card
+
+
+def load_monitor(name: str | None = None) -> Any:
+    """The pretrained monitor shipped for a packaged model (offline, nothing downloaded): the
+    default recipe of :func:`tpc_hooks.train_monitor` on the packaged prompt set and 1000 everyday
+    prompts, as its card (``README.md`` in its folder) records with the command that regenerates
+    it and its :func:`tpc_hooks.evaluate` table.
+
+    Args:
+        name: a packaged model (:data:`PACKAGED`); None: the offline default, SmolLM2-135M-Instruct.
+
+    Returns:
+        A :class:`~tpc_hooks.Monitor` for that model (load the model with :func:`load_model`).
+
+    Raises:
+        TPCHooksError: no monitor is shipped for ``name``.
+
+    Example:
+        >>> from tpc_hooks.offline import load_monitor
+        >>> monitor = load_monitor()
+        >>> monitor.model_name, monitor.threshold > 0
+        ('SmolLM2-135M-Instruct', True)
+    """
+    from .monitoring._monitor import Monitor
+
+    name = DEFAULT_MODEL if name is None else name
+    path = PRETRAINED / name
+    if not (path / "config.json").is_file():
+        have = (
+            sorted(p.name for p in PRETRAINED.iterdir() if (p / "config.json").is_file()) if PRETRAINED.is_dir() else []
+        )
+        raise TPCHooksError(
+            f"no pretrained monitor is shipped for {name!r}; shipped: {', '.join(have) or 'none'}; use one you "
+            "trained (tpc.Monitor.from_pretrained(DIR); on the command line --monitor DIR)"
+        )
+    return Monitor.from_pretrained(path)
+
+
+def pretrained_card(monitor: Any, record: dict[str, Any]) -> str:
+    """A pretrained monitor's card (its ``README.md``): the monitor's own model card, then how it was
+    trained, its evaluation and its scores of a few prompts, all rendered from ``record`` (the
+    ``training.json`` its training run wrote: ``benchmarks/make_pretrained.py``)."""
+    from .saving._cards import training_section
+
+    return monitor.model_card().rstrip("\n") + "\n\n" + training_section(record) + "\n"
