@@ -306,6 +306,16 @@ def test_attribution_html_tables_by_order_neurons_and_pairs():
         attribution_html(object())
 
 
+def test_attribution_html_lists_no_pair_of_an_order_left_at_zero():
+    head = tiny_head(d_model=8, degree=3)
+    z = torch.randn(2, 8)
+    assert "top pairs, degree 2" in str(attribution_html(tpc.attribute(head, z)))
+    with torch.no_grad():
+        head.lambdas["2"].zero_()  # order 2 adds exactly 0, as training leaves an order that earned nothing
+    content = str(attribution_html(tpc.attribute(head, z)))
+    assert "top pairs, degree 2" not in content and content.count('class="row"') == 2
+
+
 # ---------------------------------------------------------------------- end to end on the tiny model
 @pytest.fixture(scope="module")
 def tiny_generation():

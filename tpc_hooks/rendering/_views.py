@@ -284,11 +284,13 @@ def attribution_html(
             parts.append(f'<div class="label">{_esc(str(labels[r]).translate(_CONTROLS))}</div>')
         parts.append(_table("logit by order", ["order"], [[m] for m in _order_names(degree)], by_order))
         top = attribution.top_neurons(min(k, units), input=r)
-        pairs = (
-            {2: attribution.top_pairs(min(k, units * (units - 1) // 2), 2, input=r, mode="absolute")}
+        top2 = (
+            attribution.top_pairs(min(k, units * (units - 1) // 2), 2, input=r, mode="absolute")
             if degree >= 2 and units >= 2
-            else {}
+            else []
         )
+        nonzero = [p for p in top2 if p[2] != 0]  # none that adds exactly 0 (an order training left at zero)
+        pairs: dict[Any, Sequence[Any]] = {2: nonzero} if nonzero else {}
         parts += _unit_tables(
             top,
             pairs,
