@@ -275,7 +275,7 @@ def test_every_verb_is_covered():
         ["train", "--out", "x"],
         ["evaluate", "--acts", "x"],
         ["monitor", "--monitor", "x"],
-        ["attribute", "--prompt", "hi"],
+        ["attribute", "--k", "3"],  # no --prompt (without --monitor: the pretrained monitor)
         ["collect"],
         ["demo", "--layer", "deep"],
     ],

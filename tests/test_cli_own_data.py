@@ -64,6 +64,8 @@ def test_collect_train_equals_train_monitor(tmp_path, mine, model, monkeypatch, 
     assert main(["train", "--acts", str(acts), "--out", str(mon_dir), *FIT, "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "threshold" in out and "stays 0.5" not in out
+    refit = tpc.Monitor.from_pretrained(mon_dir).report["refit"]
+    assert f"then refit on all 40 prompts (training and validation): site {SITE}, C={refit['C']:g}" in out
     cli_mon = tpc.Monitor.from_pretrained(mon_dir)
 
     py_mon = tpc.train_monitor(

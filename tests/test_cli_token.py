@@ -73,6 +73,8 @@ def test_collect_train_evaluate_monitor_per_token(tmp_path, tiny_cli, capsys):
                 "--keep-all-orders",
                 "--recipe",
                 "intent",
+                "--tau",
+                "0.2",
                 "--no-progress",
             ]
         )

@@ -149,6 +149,8 @@ def test_train_monitor_and_the_cli_train_the_same_monitor_from_the_same_rows(
         "n_calibration": 0,
     }
     assert "split" not in mon_cli["report"]
+    # ... and the forward passes its one collection took (the CLI's collect says its own before it runs)
+    assert mon_api["report"].pop("forward_passes")["prompts"] == len(PROMPTS)
     assert mon_cli == mon_api  # site, pooling, threshold, cascade calibration, the whole report
     z = torch.randn(5, 32)
     assert torch.equal(tpc.Monitor.from_pretrained(tmp_path / "cli").policy()(z).logits, api.policy()(z).logits)

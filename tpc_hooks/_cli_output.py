@@ -131,6 +131,12 @@ def print_saved(mon: Monitor, path: Any, *, per_token: bool, data: dict[str, Any
     orders = mon.report.get("orders")
     if orders is not None and orders["kept"] < orders["trained"]:
         print(f"trained orders 1-{orders['trained']}, {orders['note']}")
+    refit = mon.report.get("refit")
+    if refit is not None:  # what the saved head is: the split's choices, then the refit on every prompt
+        print(
+            f"then refit on all {refit['n']} prompts (training and validation): site {refit['site']}, "
+            f"C={refit['C']:g}, chosen by {refit['chosen_by']}"
+        )
     if per_token:
         ctx = (
             " ("
