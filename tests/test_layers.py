@@ -1,6 +1,7 @@
 """The package's layers (pyproject.toml's import-linter contracts) hold: no module imports one
 above it, so no import cycle; and the core imports no interpretability toolkit."""
 
+import fnmatch
 import subprocess
 import sys
 from pathlib import Path
@@ -43,11 +44,18 @@ def test_every_folder_has_a_layer():
 
 
 def test_every_folder_is_a_package():
-    """Every folder of the package has an ``__init__.py`` (a folder without one would be a namespace
-    package that the contracts, and setuptools, could miss)."""
+    """Every folder of the package that holds code has an ``__init__.py`` (a folder without one would
+    be a namespace package that the contracts, and setuptools, could miss); a folder of data files
+    alone (the pretrained monitors) is package data that pyproject.toml ships."""
     pkg = ROOT / "tpc_hooks"
     folders = {p for p in pkg.rglob("*") if p.is_dir() and p.name != "__pycache__"}
-    assert {f.relative_to(pkg).as_posix() for f in folders if not (f / "__init__.py").exists()} == set()
+    code = {f for f in folders if any(f.rglob("*.py"))}
+    assert {f.relative_to(pkg).as_posix() for f in code if not (f / "__init__.py").exists()} == set()
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["tpc_hooks"]
+    for data in folders - code:
+        files = [f.relative_to(pkg).as_posix() for f in data.iterdir() if f.is_file()]
+        assert all(any(fnmatch.fnmatch(f, g) for g in shipped) for f in files), f"{data} is not shipped: {files}"
 
 
 def _crossings(pkg: Path) -> list[str]:

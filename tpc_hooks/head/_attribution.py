@@ -369,7 +369,9 @@ class Attribution:
 
         Example:
             >>> import torch, tpc_hooks as tpc
-            >>> attr = tpc.attribute(tpc.TPC(d_model=6, degree=3, rank=2), torch.randn(3, 6))
+            >>> head = tpc.TPC(d_model=6, degree=3, rank=2)
+            >>> _ = torch.nn.init.normal_(head.lambdas["2"])  # a new head's orders above 1 add 0: no pair to list
+            >>> attr = tpc.attribute(head, torch.randn(3, 6))
             >>> str(attr.to_html(inputs=[0, 2], labels=["a", "b", "c"])).count("<table>")
             6
         """

@@ -247,8 +247,9 @@ def attribution_html(
 
     Example:
         >>> import torch, tpc_hooks as tpc
-        >>> attr = tpc.attribute(tpc.TPC(d_model=6, degree=3, rank=2), torch.randn(2, 6))
-        >>> view = attribution_html(attr, labels=["<i>first</i>", "second"], k=3)
+        >>> head = tpc.TPC(d_model=6, degree=3, rank=2)
+        >>> _ = torch.nn.init.normal_(head.lambdas["2"])  # a new head's orders above 1 add 0: no pair to list
+        >>> view = attribution_html(tpc.attribute(head, torch.randn(2, 6)), labels=["<i>first</i>", "second"], k=3)
         >>> str(view).count("<table>"), "&lt;i&gt;first&lt;/i&gt;" in str(view)
         (6, True)
     """
