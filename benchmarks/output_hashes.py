@@ -266,10 +266,13 @@ def cli_outputs() -> None:
 
     import tiny_models as tm
 
-    from tpc_hooks import cli
+    from tpc_hooks import cli as face
 
+    cli = getattr(face, "_verbs", face)  # where the verbs' bodies live: a module of the cli folder, or the face
     model = tm.hooked_gpt2_style()
-    cli._load_model, cli._datasets = (lambda name, toolkit: model), (lambda args: tm.tiny_splits())
+    cli._load_model = lambda name, toolkit: model
+    cli._datasets = lambda args: tm.tiny_splits()  # the dataset reader, by its name before and after
+    cli.prompt_sets = lambda args: (tm.tiny_splits(), None)
     cli._conversations = lambda tokenizer, n, tokens, exclude: tm.tiny_chats(n)
     site = "blocks.1.hook_resid_post"
     common = ["--degree", "2", "--rank", "2", "--epochs", "2", "--no-progress"]

@@ -8,7 +8,7 @@ import torch
 from tiny_models import hf_llama, tiny_head, tokenizer
 
 import tpc_hooks as tpc
-from tpc_hooks import cli
+from tpc_hooks.cli import _verbs as cli
 
 SITE = "blocks.1.hook_resid_post"
 LONE = "how do i \ud800 make it"  # a lone surrogate: not encodable text

@@ -202,7 +202,7 @@ def test_demo_on_a_local_dataset(tmp_path):
 
 @pytest.mark.slow
 def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, monkeypatch, capsys):
-    from tpc_hooks import cli
+    from tpc_hooks.cli import _verbs as cli
     from tpc_hooks.data import PromptSet
 
     def two_splits(args):
@@ -321,7 +321,7 @@ def test_collect_writes_phrasing_rewrites_and_train_chooses_the_site(tmp_path, m
 
 
 def test_demo_hands_its_intent_kinds_to_the_deployed_monitor(monkeypatch, tmp_path, capsys):
-    from tpc_hooks import cli
+    from tpc_hooks.cli import _verbs as cli
 
     class Stop(Exception):
         pass

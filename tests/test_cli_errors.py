@@ -10,7 +10,9 @@ import socket
 import pytest
 
 import tpc_hooks as tpc
-from tpc_hooks import _cli_data, cli, data, offline
+from tpc_hooks import data, offline
+from tpc_hooks.cli import _data as _cli_data
+from tpc_hooks.cli import _verbs as cli
 from tpc_hooks.cli import main
 
 SITE = "blocks.0.hook_resid_post"
@@ -25,7 +27,7 @@ def _boom(what):
 
 @pytest.fixture(autouse=True)
 def no_model_no_network(monkeypatch):
-    from tpc_hooks import _demo as demo
+    from tpc_hooks.cli import _demo as demo
 
     monkeypatch.setattr(offline, "load_model", _boom("model loaded"))
     monkeypatch.setattr(offline, "load_hf", _boom("model loaded"))

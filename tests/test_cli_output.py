@@ -10,9 +10,9 @@ from tiny_models import hooked_gpt2_style
 
 import tpc_hooks as tpc
 from conftest import random_head
-from tpc_hooks import cli
-from tpc_hooks._cli_output import print_generation, print_saved, print_split
+from tpc_hooks.cli import _verbs as cli
 from tpc_hooks.cli import main
+from tpc_hooks.cli._output import print_generation, print_saved, print_split
 from tpc_hooks.head._history import FitConfig, History
 from tpc_hooks.training._evaluate import cascade_sweep, per_order
 

@@ -12,7 +12,7 @@ import pytest
 from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style
 
 import tpc_hooks as tpc
-from tpc_hooks import cli
+from tpc_hooks.cli import _verbs as cli
 from tpc_hooks.cli import main
 
 pytest.importorskip("transformer_lens")

@@ -12,8 +12,9 @@ import torch
 from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style, tiny_chats, tiny_splits
 
 import tpc_hooks as tpc
-from tpc_hooks import cli, metrics
+from tpc_hooks import metrics
 from tpc_hooks.adapters import get_adapter
+from tpc_hooks.cli import _verbs as cli
 from tpc_hooks.cli import main
 
 pytest.importorskip("transformer_lens")

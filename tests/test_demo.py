@@ -99,7 +99,7 @@ def test_quick_demo_writes_a_complete_run(default_run):
     }
     assert outside["markdown"] in report and (out / "outside.md").read_text().strip() == outside["markdown"].strip()
     assert (out / "outside.png").stat().st_size > 1000
-    from tpc_hooks._demo import _subsample
+    from tpc_hooks.cli._demo import _subsample
     from tpc_hooks.data import default_prompt_set
 
     labels = np.asarray(_subsample(default_prompt_set(seed=0)["test"], 160, 0).labels)

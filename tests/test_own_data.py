@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from tpc_hooks import cli
 from tpc_hooks._errors import TPCHooksError
+from tpc_hooks.cli import _verbs as cli
 from tpc_hooks.prompts._files import check_labelled, load_prompt_file
 
 # Each bad file of the five cases: (case, file name, content, what its message must say).

@@ -62,7 +62,7 @@ def test_the_packaged_model_scores_the_cards_prompts_as_recorded(name):
 def test_the_command_line_runs_the_pretrained_monitor_without_monitor(monkeypatch, capsys):
     """``tpc-hooks monitor`` / ``attribute`` without ``--monitor``: the packaged model's pretrained monitor
     (the model loader is replaced: the refusal below comes before any model would run)."""
-    from tpc_hooks import cli
+    from tpc_hooks.cli import _verbs as cli
 
     monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: pytest.fail("model loaded"))
     assert cli.main(["attribute", "--model", "someone/other-model", "--prompt", "Hi"]) == 2

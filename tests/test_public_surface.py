@@ -229,7 +229,7 @@ def test_benchmarks_and_tutorials_import_public_modules_only():
         ("tpc_hooks.training", "_train_monitor", True),
         ("tpc_hooks.prompts._sources", "tense_rewrites", True),
         ("tpc_hooks.data", "_x", True),
-        ("tpc_hooks._demo", None, True),
+        ("tpc_hooks.cli._demo", None, True),
     ],
 )
 def test_the_rule_tells_a_private_import(module, name, is_private):

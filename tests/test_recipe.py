@@ -14,7 +14,7 @@ from sklearn.model_selection import train_test_split
 from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style, prompt_set
 
 import tpc_hooks as tpc
-from tpc_hooks import cli
+from tpc_hooks.cli import _verbs as cli
 
 pytest.importorskip("transformer_lens")
 

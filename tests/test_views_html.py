@@ -358,7 +358,7 @@ def test_tiny_model_token_scores_render_every_token(tiny_generation):
 def test_screenshot_without_chromium_logs_and_returns_false(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(_screenshot.shutil, "which", lambda name: None)
     page = token_scores_html(["a"], [0.1], threshold=0.5).save(tmp_path / "p.html")
-    with caplog.at_level(logging.WARNING, logger="tpc_hooks._demo"):
+    with caplog.at_level(logging.WARNING, logger="tpc_hooks.cli._demo"):
         assert _screenshot.screenshot(page, tmp_path / "p.png") is False
     assert "no Chromium on PATH" in caplog.text and not (tmp_path / "p.png").exists()
 

@@ -20,24 +20,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import baselines
+from .. import baselines
+from ..activations._collect import collect
+from ..adapters import get_adapter
+from ..baselines import early_exit_cascade
+from ..head._attribution import attribute
+from ..head._cascade import Cascade
+from ..head._metrics import classification_metrics, threshold_at_fpr
+from ..monitoring._monitor import Monitor
+from ..offline import DEFAULT_MODEL, PACKAGED, QUICK_SAE_EPOCHS, load_model, load_sae
+from ..prompts import _intent
+from ..prompts._outside import everyday_prompts
+from ..prompts._promptset import source_names
+from ..prompts._sets import EVERYDAY_SOURCES, PromptSet, default_prompt_set
+from ..recipes import Recipe
+from ..training._outside import evaluate
+from ..training._train_monitor import train_monitor
 from ._demo_report import pages as write_pages
 from ._demo_report import plots, render_report
-from .activations._collect import collect
-from .adapters import get_adapter
-from .baselines import early_exit_cascade
-from .head._attribution import attribute
-from .head._cascade import Cascade
-from .head._metrics import classification_metrics, threshold_at_fpr
-from .monitoring._monitor import Monitor
-from .offline import DEFAULT_MODEL, PACKAGED, QUICK_SAE_EPOCHS, load_model, load_sae
-from .prompts import _intent
-from .prompts._outside import everyday_prompts
-from .prompts._promptset import source_names
-from .prompts._sets import EVERYDAY_SOURCES, PromptSet, default_prompt_set
-from .recipes import Recipe
-from .training._outside import evaluate
-from .training._train_monitor import train_monitor
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def run_demo(
             source), or the file or hub dataset ``sets`` were read from.
         sets: ``train`` / ``val`` / ``test`` prompt sets of ``dataset`` when it is not the default
             (the command line reads and splits them before the model loads:
-            ``tpc_hooks._cli_data.prompt_sets``).
+            ``tpc_hooks.cli._data.prompt_sets``).
         intent: ``train_monitor``'s ``intent`` for the deployed monitor (None: its default), e.g.
             every kind, ``"homonym"`` and the opt-in ``"stated"``.
         sae: also explain the attributed prompt in the features of a small SAE at the site, trained

@@ -1,11 +1,11 @@
 """The ``tpc-hooks`` command line's grammar: one function per verb adds that verb's options.
 
-What each verb does is in :mod:`tpc_hooks.cli`; this module holds only what it accepts, so a
+What each verb does is in ``_verbs``; this module holds only what it accepts, so a
 verb's options can be read in one place and its help text stays beside them."""
 
 import argparse
 
-from . import recipes
+from .. import recipes
 
 TOOLKITS = ("transformer_lens", "nnsight", "transformers")
 

@@ -1,13 +1,13 @@
 """The command line's input checks: every path, model name and dataset a verb is given is checked
 before any model loads, and a bad one ends as one sentence (what was expected, what arrived, the fix).
 
-The verbs that run on these checks are in :mod:`tpc_hooks.cli`."""
+The verbs that run on these checks are in ``_verbs``."""
 
 from pathlib import Path
 
-from ._errors import TPCHooksError
-from .offline import DEFAULT_MODEL
-from .saving._hub import is_repo_id
+from .._errors import TPCHooksError
+from ..offline import DEFAULT_MODEL
+from ..saving._hub import is_repo_id
 
 _DATA_SUFFIXES = (".csv", ".jsonl", ".json")
 

@@ -9,9 +9,9 @@ per-step scores) and ``attribute`` (a prompt's decision by order, neuron and pai
 (streaming) monitor (``--aggregate``, ``--alpha``, ``--window``); ``--contexts N`` there also
 collects N benign chats hosting train/val prompts, which ``train`` learns from.
 
-This module holds the verbs' bodies; what each verb accepts is in :mod:`tpc_hooks._commands`, the
-checks its inputs pass before a model loads in :mod:`tpc_hooks._cli_checks`, and what it prints in
-:mod:`tpc_hooks._cli_output`.
+This module holds the verbs' bodies; what each verb accepts is in ``_grammar``, the checks its
+inputs pass before a model loads in ``_checks``, how it reads a user's prompts in ``_data``, and
+what it prints in ``_output`` (all in this folder).
 """
 
 import argparse
@@ -25,9 +25,25 @@ from typing import Any
 
 import torch
 
-from ._cli_checks import check_acts, check_dataset, check_json_out, check_model, check_monitor_dir, check_out_dir
-from ._cli_data import prompt_sets, read_prompts, training_rows
-from ._cli_output import (
+from .._errors import TPCHooksError
+from ..activations._collect import collect
+from ..adapters import get_adapter
+from ..head._attribution import attribute
+from ..monitoring._monitor import Monitor
+from ..offline import load_model, load_monitor
+from ..prompts import _intent
+from ..prompts._context import context_budget, host_splits, sharegpt_contexts
+from ..prompts._promptset import source_names
+from ..prompts._sets import default_prompt_set, read_texts
+from ..training._collected import CONTEXT_SPLITS, check_split, flip_splits, pooled_rows, rewrite_splits, token_sequences
+from ..training._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
+from ..training._from_stores import finish, plan_from_stores
+from ..training._train import check_target_fpr, train
+from ._checks import check_acts, check_dataset, check_json_out, check_model, check_monitor_dir, check_out_dir
+from ._data import prompt_sets, read_prompts, training_rows
+from ._demo import outside_evaluation, run_demo, traffic
+from ._grammar import parser
+from ._output import (
     passes_line,
     print_attributions,
     print_choices,
@@ -37,22 +53,6 @@ from ._cli_output import (
     print_split,
     table,
 )
-from ._commands import parser
-from ._demo import outside_evaluation, run_demo, traffic
-from ._errors import TPCHooksError
-from .activations._collect import collect
-from .adapters import get_adapter
-from .head._attribution import attribute
-from .monitoring._monitor import Monitor
-from .offline import load_model, load_monitor
-from .prompts import _intent
-from .prompts._context import context_budget, host_splits, sharegpt_contexts
-from .prompts._promptset import source_names
-from .prompts._sets import default_prompt_set, read_texts
-from .training._collected import CONTEXT_SPLITS, check_split, flip_splits, pooled_rows, rewrite_splits, token_sequences
-from .training._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
-from .training._from_stores import finish, plan_from_stores
-from .training._train import check_target_fpr, train
 
 __all__ = ["main"]
 
@@ -395,7 +395,7 @@ def _attribute(args: argparse.Namespace) -> int:
 
 
 def _review(args: argparse.Namespace) -> int:
-    from .serving._review import render_review_log
+    from ..serving._review import render_review_log
 
     log = Path(args.log)
     out = Path(args.out) if args.out else (log if log.is_dir() else log.parent) / "html"
@@ -449,7 +449,7 @@ def _run(args: argparse.Namespace) -> int:
 def _serve(argv: list[str]) -> int:
     """``tpc-hooks serve``: parsed by its own module (every option it does not know is vLLM's)."""
     try:
-        from .serving import _vllm_serve
+        from ..serving import _vllm_serve
     except ImportError as err:
         return _fail(
             "serve",

@@ -1,14 +1,14 @@
 """What the command line's verbs print: their results as text, most of it Markdown-style tables.
 
-The verbs that compute what is printed are in :mod:`tpc_hooks.cli`."""
+The verbs that compute what is printed are in ``_verbs``."""
 
 import math
 from pathlib import Path
 from typing import Any
 
-from .activations._collect import cost_line
-from .monitoring._monitor import Monitor
-from .training._collected import CONTEXT_SPLITS
+from ..activations._collect import cost_line
+from ..monitoring._monitor import Monitor
+from ..training._collected import CONTEXT_SPLITS
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
