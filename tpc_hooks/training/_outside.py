@@ -21,6 +21,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from sklearn.model_selection import StratifiedKFold, cross_val_predict
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
+from tqdm.auto import tqdm
 
 from .._errors import TPCHooksError
 from .._rule import flagged
@@ -130,8 +131,9 @@ def evaluate(
     sites = list(dict.fromkeys([monitor.site, *(sites or ())]))
     if verbose:  # what it costs, said before it runs
         sizes = {"training prompts (the probe's)": len(items), "calibration": len(extra)}
+        sizes |= {k: len(ps) for k, (ps, _) in measured.items()}
         note = f"at most {limit} of each set" if limit else "each set whole; limit=N scores at most N of each"
-        print(cost_line("evaluate", sizes | {k: len(ps) for k, (ps, _) in measured.items()}, note), file=sys.stderr)
+        tqdm.write(cost_line("evaluate", sizes, note), file=sys.stderr)
     every = [*items, *extra, *(t for ps, _ in measured.values() for t in ps.texts)]
     acts = collect(
         model,

@@ -254,7 +254,7 @@ def train_monitor(
     texts = _texts(request)
     passes = texts.passes(len(request.items))
     if verbose:  # what the collection costs, said before it runs
-        print(cost_line("train_monitor", passes), file=sys.stderr, flush=True)
+        tqdm.write(cost_line("train_monitor", passes), file=sys.stderr)
     cached = None if rows_cache is None else _Cached(rows_cache, request, model, max_tokens=max_tokens, sae=sae)
     rows = _collect(
         request, texts, max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose, cached=cached
