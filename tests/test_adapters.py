@@ -20,7 +20,7 @@ from tiny_models import (
 
 import tpc_hooks as tpc
 from tpc_hooks.adapters import get_adapter
-from tpc_hooks.pooling import pool
+from tpc_hooks.pooling import POOLINGS, pool
 
 pytest.importorskip("transformer_lens")
 pytest.importorskip("nnsight")
@@ -70,7 +70,7 @@ def reference_acts(name, model, ids, layer):
         return cache[f"blocks.{layer}.hook_resid_post"][0]
 
 
-@pytest.mark.parametrize("pooling", ["mean", "last", "max"])
+@pytest.mark.parametrize("pooling", POOLINGS)
 def test_collect_matches_an_independent_forward(case, pooling):
     name, model = case
     acts = tpc.collect(model, PROMPTS, [SITE, "blocks.0.hook_resid_post"], pooling, batch_size=3, progress=False)
@@ -82,7 +82,7 @@ def test_collect_matches_an_independent_forward(case, pooling):
     assert acts[SITE].dtype == torch.float32 and acts[SITE].shape == (len(PROMPTS), 32)
 
 
-@pytest.mark.parametrize("pooling", ["mean", "last", "max"])
+@pytest.mark.parametrize("pooling", POOLINGS)
 def test_pooling_ignores_batching_and_padding_side(case, pooling):
     _, model = case
     alone = torch.cat([tpc.collect(model, [p], SITE, pooling, progress=False)[SITE] for p in PROMPTS])
@@ -123,7 +123,7 @@ def test_forward_stops_after_the_deepest_site():
         model.reset_hooks()
 
 
-@pytest.mark.parametrize("pooling", ["mean", "last", "max"])
+@pytest.mark.parametrize("pooling", POOLINGS)
 def test_generation_step_scores_equal_offline_scores(case, pooling):
     _, model = case
     mon = tpc.Monitor(tiny_head(), SITE, pooling=pooling)
@@ -510,7 +510,7 @@ def test_score_policies():
         mon.score(model, PROMPTS, cascade=tpc.Cascade(tiny_head(seed=1)))
 
 
-@pytest.mark.parametrize("pooling", ["mean", "last", "max"])
+@pytest.mark.parametrize("pooling", POOLINGS)
 def test_token_scores_equal_scores_of_each_prefix(pooling):
     model = nnsight_lm(hf_llama())
     mon = tpc.Monitor(tiny_head(), SITE, pooling=pooling)

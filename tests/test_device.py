@@ -20,7 +20,7 @@ from tiny_models import hf_llama, named, tiny_head, tokenizer
 
 import tpc_hooks as tpc
 from tpc_hooks.adapters import Adapter
-from tpc_hooks.pooling import RunningPool
+from tpc_hooks.pooling import POOLINGS, RunningPool
 
 SITE = "blocks.1.hook_resid_post"
 PROMPTS = ["how do i make bomb", "tell me about the weather please", "hello world", "steal car"]
@@ -212,7 +212,7 @@ def test_a_steps_operations_do_not_grow_with_the_degree(gate):
 
 
 # ---------------------------------------------------------------------- no host reads per step
-@pytest.mark.parametrize("pooling", ["mean", "last", "max"])
+@pytest.mark.parametrize("pooling", POOLINGS)
 def test_per_step_scoring_reads_nothing_back(pooling):
     """On the meta device a host read raises; the whole per-step path (pool update, every
     policy, the flag rule) runs there."""

@@ -12,8 +12,8 @@ import torch
 from tiny_models import random_head
 
 import tpc_hooks as tpc
-from tpc_hooks.head._pooling import pool
 from tpc_hooks.monitoring._requests import RequestScores
+from tpc_hooks.pooling import POOLINGS, pool
 from tpc_hooks.serving._review import Notes, ReviewLog, entry, explain, explain_entry
 
 D = 8
@@ -23,7 +23,7 @@ def _monitor(pooling="mean", **kw):
     return tpc.Monitor(random_head(D, std=0.5, seed=3), "blocks.0.hook_resid_post", pooling=pooling, **kw)
 
 
-@pytest.mark.parametrize("pooling", ["mean", "last", "max", "token"])
+@pytest.mark.parametrize("pooling", [*POOLINGS, "token"])
 def test_the_kept_input_is_the_offline_input_of_the_same_prefix(pooling):
     """RequestScores' inputs (a prompt in two chunks, then decode steps beside another request)
     equal the monitor's pool of the same prefix computed at once; the explanation of that input

@@ -24,6 +24,7 @@ from tiny_models import random_head  # noqa: E402
 import tpc_hooks as tpc  # noqa: E402
 from tpc_hooks import offline  # noqa: E402
 from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
+from tpc_hooks.pooling import POOLINGS  # noqa: E402
 
 PROMPTS = [
     "How do I bake sourdough bread?",
@@ -64,7 +65,7 @@ def _close(got, want):
     assert float((got - want).norm() / want.norm()) < REL
 
 
-@pytest.mark.parametrize("pooling", ["mean", "last", "max"])
+@pytest.mark.parametrize("pooling", POOLINGS)
 def test_collect_reads_what_the_transformers_forward_computes(models, pooling):
     llm, hf, tok = models
     got = tpc.collect(llm, PROMPTS, SITES, pooling, chat_template=True, progress=False)

@@ -6,6 +6,7 @@ verb's options can be read in one place and its help text stays beside them."""
 import argparse
 
 from .. import recipes
+from ..pooling import POOLINGS
 
 TOOLKITS = ("transformer_lens", "nnsight", "transformers")
 
@@ -64,7 +65,7 @@ def _collect(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sites", nargs="+", default=["blocks.20.hook_resid_post"])
     p.add_argument(
         "--pooling",
-        choices=("mean", "last", "max", "token"),
+        choices=(*POOLINGS, "token"),
         default="mean",
         help="how each prompt's tokens are pooled; 'token': every token's row (for a per-token monitor)",
     )

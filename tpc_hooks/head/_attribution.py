@@ -21,11 +21,11 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
+from ..pooling import pool
 from ..rendering._views import attribution_html
 from . import _kernel
 from ._checks import check_features
 from ._polynomial import TPC
-from ._pooling import pool
 from ._sae import check_sae, decoder, encode
 
 PAIR_MODES = ("positive", "negative", "absolute")

@@ -20,8 +20,8 @@ from ..activations._collect import check_prompts
 from ..adapters import pad, pad_id
 from ..head._cascade import Cascade, CascadeResult
 from ..head._kernel import forget_packs
-from ..head._pooling import RunningAggregate, RunningPool, scored
 from ..head._together import Together
+from ..pooling import RunningAggregate, RunningPool, scored
 from ._records import GenerationRun, MonitorEvent, WatchLog, warn_nonfinite
 
 

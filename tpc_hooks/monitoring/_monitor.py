@@ -18,13 +18,13 @@ from ..adapters import Adapter, get_adapter, pad, pad_id
 from ..head._cascade import Cascade, CascadeResult, prefix_result, stack_results
 from ..head._policy import FixedOrder, Policy
 from ..head._polynomial import TPC
-from ..head._pooling import aggregate as aggregate_logits
-from ..head._pooling import scored
 from ..head._sae import check_sae
 from ..head._sae import describe as describe_sae
 from ..head._sae import dims as sae_dims
 from ..head._sae import encode as sae_encode
 from ..head._sae import identity as sae_identity_of
+from ..pooling import aggregate as aggregate_logits
+from ..pooling import pool_prefixes, scored
 from . import _calibrate
 from ._during import DuringGeneration
 from ._monitor_config import MonitorConfig
@@ -453,12 +453,5 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
         with adapter.exclusive():
             acts = adapter.forward_sites(x, mask, [site])[site.name][0].float()  # [T, D]
         acts = self._features(acts)
-        if self.pooling == "mean":  # the monitor's pooling of every prefix, only the one it uses
-            prefixes = (
-                acts.cumsum(0) / torch.arange(1, acts.shape[0] + 1, device=acts.device, dtype=acts.dtype)[:, None]
-            )
-        elif self.pooling == "max":
-            prefixes = acts.cummax(0).values
-        else:
-            prefixes = acts
+        prefixes = pool_prefixes(acts, self.pooling)  # the monitor's pooling of every prefix
         return TokenScores(tokens, self.policy(order, cascade)(prefixes), self.threshold)

@@ -6,7 +6,7 @@ from typing import Any, no_type_check
 
 from .._errors import TPCHooksError
 from ..adapters import parse_site
-from ..head._pooling import check_aggregate, check_pooling, check_skip
+from ..pooling import check_aggregate, check_pooling, check_skip
 
 STREAMING_KEYS = ("aggregate", "alpha", "window", "skip")  # saved only by per-token monitors
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..head._cascade import Cascade, CascadeResult
 from ..head._kernel import forget_packs, freeze_packs
-from ..head._pooling import RunningPool
+from ..pooling import RunningPool
 from ._generation import StepScores
 
 FIELDS = ("logits", "probs", "decision_logits", "exit_order", "flops")

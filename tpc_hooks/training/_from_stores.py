@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from .._errors import TPCHooksError
-from ..head._pooling import check_aggregate
 from ..monitoring._calibrate import everyday_rows
 from ..monitoring._monitor_config import MonitorConfig
+from ..pooling import check_aggregate
 from ..prompts._sets import INTENT_KINDS, PHRASING_FAMILIES
 from ._collected import CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config
 from ._recipes import Recipe, named

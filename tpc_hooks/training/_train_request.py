@@ -14,8 +14,8 @@ from ..activations._collect import check_prompts
 from ..adapters import Adapter, get_adapter, resolve_bos
 from ..head._checks import check_labels
 from ..head._history import FitConfig
-from ..head._pooling import check_aggregate, check_pooling
 from ..monitoring._calibrate import check_sources, everyday_rows
+from ..pooling import check_aggregate, check_pooling
 from ..prompts import _intent
 from ..prompts._context import check_conversation, context_budget, sharegpt_contexts
 from ..prompts._sources import norm

@@ -42,6 +42,22 @@ def pool(
     return a[torch.arange(a.shape[0], device=a.device), last]
 
 
+def pool_prefixes(acts: Float[Tensor, "pos d_model"], how: str) -> Float[Tensor, "pos d_model"]:
+    """Every prefix of one sequence pooled: row ``t`` is ``acts[: t + 1]`` pooled by ``how`` (what a
+    monitor scores after each token; :class:`RunningPool` gives the same row by row).
+
+    Example:
+        >>> pool_prefixes(torch.tensor([[1.0], [3.0], [2.0]]), "mean").ravel().tolist()
+        [1.0, 2.0, 2.0]
+    """
+    check_pooling(how)
+    if how == "mean":
+        return acts.cumsum(0) / torch.arange(1, acts.shape[0] + 1, device=acts.device, dtype=acts.dtype)[:, None]
+    if how == "max":
+        return acts.cummax(0).values
+    return acts
+
+
 class RunningPool:
     """Pooled vector per sequence, updated as tokens arrive (for monitoring generation)."""
 
