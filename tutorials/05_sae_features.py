@@ -25,7 +25,7 @@ from tpc_hooks.offline import QUICK_SAE_EPOCHS, load_model, load_sae
 
 model = load_model(toolkit="nnsight")
 site = "blocks.20.hook_resid_post"
-sae = load_sae(site, epochs=QUICK_SAE_EPOCHS if SMALL else 16, progress=False)
+sae = load_sae(site, progress=False, **({"epochs": QUICK_SAE_EPOCHS} if SMALL else {}))  # else its default
 sets = prompt_sets()
 print({k: round(v, 3) if isinstance(v, float) else v for k, v in sae.reconstruction.items()})
 

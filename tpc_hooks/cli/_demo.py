@@ -64,10 +64,12 @@ def _in_features(
     """The attribution of ``z`` in the features of the packaged prompts' SAE at ``site``, and its
     summary for the results (the SAE's reconstruction report, the top features and pairs, their
     labels); ``(None, None)`` without SAELens or for a model not packaged. A quick run reads an SAE
-    trained for :data:`~tpc_hooks.offline.QUICK_SAE_EPOCHS` epochs instead of 16 (its own cached SAE)."""
+    trained for :data:`~tpc_hooks.offline.QUICK_SAE_EPOCHS` epochs instead of ``load_sae``'s default (its own
+    cached SAE)."""
     if (model_name or DEFAULT_MODEL) not in PACKAGED or importlib.util.find_spec("sae_lens") is None:
         return None, None
-    feature_sae = load_sae(site, model_name, epochs=QUICK_SAE_EPOCHS if quick else 16, progress=progress)
+    short = {"epochs": QUICK_SAE_EPOCHS} if quick else {}  # else load_sae's own default
+    feature_sae = load_sae(site, model_name, progress=progress, **short)
     attr = attribute(monitor, z, sae=feature_sae)
     got = attr.to_dict(0, k=8)
     return attr, {
