@@ -12,9 +12,9 @@ the :class:`~tpc_hooks.training._train.TrainPlan`, then hand both to
 """
 
 import sys
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +22,6 @@ from tqdm.auto import tqdm
 
 from ..activations._collect import collect, cost_line, prompts_digest, token_batches
 from ..head._history import FitConfig
-from ..head._sae import identity as sae_identity
 from ..monitoring._monitor import Monitor
 from ..monitoring._monitor_config import MonitorConfig
 from ..prompts import _intent
@@ -30,6 +29,7 @@ from ..prompts._context import host_splits
 from ..prompts._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
 from ._recipes import Recipe, resolve
 from ._refit import last_step, refits
+from ._rows_cache import RowsCache
 from ._train import (
     CALIBRATION,
     INTENT,
@@ -255,7 +255,7 @@ def train_monitor(
     passes = texts.passes(len(request.items))
     if verbose:  # what the collection costs, said before it runs
         tqdm.write(cost_line("train_monitor", passes), file=sys.stderr)
-    cached = None if rows_cache is None else _Cached(rows_cache, request, model, max_tokens=max_tokens, sae=sae)
+    cached = None if rows_cache is None else RowsCache(rows_cache, request, model, max_tokens=max_tokens, sae=sae)
     rows = _collect(
         request, texts, max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose, cached=cached
     )
@@ -381,56 +381,6 @@ def _texts(r: Request) -> _Texts:
     return _Texts(texts, labels, at, groups, flips)
 
 
-class _Reading(NamedTuple):
-    """How a pooled row was read: the half of a ``rows_cache`` key that is not the text."""
-
-    model: int  # id() of the model object
-    model_name: str
-    d_model: int
-    site: str
-    pooling: str
-    chat_template: bool
-    prepend_bos: bool
-    max_tokens: int | None
-    sae: str | None  # the SAE's weights' SHA-256
-
-
-class _Cached:
-    """``train_monitor``'s ``rows_cache``: each text's pooled row per site, keyed by
-    ``(reading, text)``; :meth:`collect` runs the model only on the texts it lacks."""
-
-    def __init__(self, rows: MutableMapping[Any, Any], r: Request, model: Any, *, max_tokens: int | None, sae: Any):
-        self.rows = rows
-        sae_id = None if sae is None else sae_identity(sae)["weights_sha256"]
-        adapter = r.adapter
-        self.reading = {
-            s: _Reading(
-                id(model),
-                adapter.model_name,
-                adapter.d_model,
-                s,
-                r.pooling,
-                r.chat_template,
-                r.bos,
-                max_tokens,
-                sae_id,
-            )
-            for s in r.sites
-        }
-
-    def collect(
-        self, texts: list[str], sites: list[str], read: Callable[[list[str]], dict[str, torch.Tensor]]
-    ) -> dict[str, torch.Tensor]:
-        """``read(texts)`` (``{site: [n, d]}``) for the texts not in the cache at every site, each
-        text read once; then every text's rows from the cache, in order."""
-        key = self.reading
-        missing = list(dict.fromkeys(t for t in texts for s in sites if (key[s], t) not in self.rows))
-        if missing:
-            got = read(missing)
-            self.rows.update({(key[s], t): got[s][i] for s in sites for i, t in enumerate(missing)})
-        return {s: torch.stack([self.rows[key[s], t] for t in texts]) for s in sites}
-
-
 def _collect(
     r: Request,
     t: _Texts,
@@ -439,7 +389,7 @@ def _collect(
     batch_size: int,
     sae: Any,
     verbose: bool,
-    cached: _Cached | None = None,
+    cached: RowsCache | None = None,
 ) -> dict[str, Callable[[list[Any]], Any]]:
     """One collection pass over every text at every candidate site, then one over the calibration
     prompts (batched apart, so that they change no other row by a rounding error): per site, a
