@@ -71,11 +71,7 @@ def user_splits(
         ({'train': 16, 'val': 4}, 20)
     """
     check_fractions(val_fraction, test_fraction)
-    at = np.arange(len(ps))
-    test = np.zeros(0, dtype=int)
-    if test_fraction > 0:
-        at, test = train_test_split(at, test_size=test_fraction, stratify=ps.labels, random_state=seed)
-        at, test = np.sort(at), np.sort(test)
+    at, test = _test_split(ps, test_fraction, seed)
     rows = ps.subset(at)
     tr, va = split_positions(rows.texts, rows.labels, val_fraction=val_fraction, seed=seed)
     sets = {"train": rows.subset(tr), "val": rows.subset(va)}
@@ -106,10 +102,15 @@ def prompt_sets(args: argparse.Namespace) -> tuple[dict[str, PromptSet], dict[st
 def training_rows(ps: PromptSet, record: dict[str, Any]) -> PromptSet:
     """The rows of a user's file a monitor trained on: all but its test split (``record``: a
     monitor's ``report["split"]``, with the test fraction and seed it was split by)."""
-    fraction = float(record.get("test_fraction") or 0.0)
+    at, _ = _test_split(ps, float(record.get("test_fraction") or 0.0), int(record.get("seed", 0)))
+    return ps.subset(at)
+
+
+def _test_split(ps: PromptSet, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The positions of the rows kept and of the test split held out first (stratified, seeded;
+    none for ``fraction`` 0), each in file order."""
+    at = np.arange(len(ps))
     if fraction <= 0:
-        return ps
-    at, _ = train_test_split(
-        np.arange(len(ps)), test_size=fraction, stratify=ps.labels, random_state=int(record.get("seed", 0))
-    )
-    return ps.subset(np.sort(at))
+        return at, np.zeros(0, dtype=int)
+    kept, test = train_test_split(at, test_size=fraction, stratify=ps.labels, random_state=seed)
+    return np.sort(kept), np.sort(test)
