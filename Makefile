@@ -162,7 +162,7 @@ bench-serving-gpu: test-vllm-gpu
 demo: install
 	$(PYTHON) -m tpc_hooks demo
 
-# the pretrained monitors shipped for the packaged models (tpc_hooks/pretrained/: each monitor, its
+# the pretrained monitors shipped for the packaged models (tpc_hooks/offline/pretrained/: each monitor, its
 # training.json and its card), trained and evaluated again: ~15 min a model on 2 CPU cores
 pretrained: models
 	$(PYTHON) benchmarks/make_pretrained.py

@@ -15,8 +15,8 @@ from tiny_models import hf_llama, nnsight_lm
 
 import tpc_hooks as tpc
 from tpc_hooks import TPCHooksError
+from tpc_hooks.data._split import split_positions
 from tpc_hooks.head._history import PROBE_CS
-from tpc_hooks.training._split import split_positions
 
 TRAFFIC = [
     "What time is it in Tokyo?",
@@ -193,7 +193,7 @@ def test_everyday_prompts_are_seeded_and_leave_out_what_they_are_told():
 
 
 def test_read_texts_reads_a_traffic_file_and_refuses_a_bad_one(tmp_path):
-    from tpc_hooks.prompts._promptset import read_texts
+    from tpc_hooks.data._promptset import read_texts
 
     (tmp_path / "t.jsonl").write_text('{"text": "How do I bake bread?", "id": 1}\n{"text": "What is 2 + 2?"}\n')
     assert read_texts(tmp_path / "t.jsonl") == ["How do I bake bread?", "What is 2 + 2?"]

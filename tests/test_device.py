@@ -82,7 +82,7 @@ def test_non_finite_rows_score_nan_and_leave_the_others_alone():
         assert got.logits.isnan().tolist() == got.probs.isnan().tolist()
         ok = ~got.probs.isnan()
         torch.testing.assert_close(got.probs[ok], want.probs[ok], rtol=0, atol=0)
-    from tpc_hooks._rule import flagged
+    from tpc_hooks.metrics._rule import flagged
 
     assert flagged(got.probs, 0.999999)[[1, 4]].all()  # the monitor fails closed
     with pytest.raises(tpc.TPCHooksError, match="NaN/inf"):  # offline scoring still refuses them
@@ -218,7 +218,7 @@ def test_per_step_scoring_reads_nothing_back(pooling):
     policy, the flag rule) runs there."""
     head = copy.deepcopy(bounded_head()).to("meta")
     mon = tpc.Monitor(head, SITE, pooling=pooling, cascade=tpc.Cascade(head, 0.1))
-    from tpc_hooks._rule import flagged
+    from tpc_hooks.metrics._rule import flagged
 
     with pytest.raises((RuntimeError, NotImplementedError)):  # the premise: meta refuses host reads
         bool(torch.ones(3, device="meta").any())

@@ -21,9 +21,9 @@ import tpc_hooks as tpc
 from conftest import random_head
 from tpc_hooks import TPCHooksError
 from tpc_hooks.data import PHRASING_FAMILIES
+from tpc_hooks.data._split import split_positions
 from tpc_hooks.metrics import threshold_at_fpr
 from tpc_hooks.training._evaluate import earned_order
-from tpc_hooks.training._split import split_positions
 
 SITE = "blocks.1.hook_resid_post"
 
@@ -271,7 +271,7 @@ def test_score_flags_at_the_monitors_own_threshold(lm):
 def test_the_outside_sets_are_what_the_packaged_files_hold_and_none_is_in_the_default_splits():
     pytest.importorskip("yaml")
     from tpc_hooks.data import OUTSIDE_SETS, default_prompt_set, outside_sets
-    from tpc_hooks.prompts._sources import norm
+    from tpc_hooks.data._sources import norm
 
     try:
         sets = outside_sets()

@@ -100,10 +100,10 @@ def test_train_monitor_places_requests_in_sharegpt_contexts(models):
     """``contexts=N`` on the real model and template: N ShareGPT contexts host plain prompts, the
     held-out benign chats join the operating point, and each hosted request sits after the
     template's fixed prefix with its own tokens where ``in_conversation`` says."""
-    import tpc_hooks.prompts._context
+    import tpc_hooks.data._context
     from tpc_hooks.data import default_prompt_set
 
-    hosted, host = [], tpc_hooks.prompts._context.host_requests
+    hosted, host = [], tpc_hooks.data._context.host_requests
 
     def spy(*a, **kw):
         hosted.append(host(*a, **kw))
@@ -113,7 +113,7 @@ def test_train_monitor_places_requests_in_sharegpt_contexts(models):
     pick = [i for c in (1, 0) for i in [i for i, y in enumerate(train.labels) if y == c][:10]]
     prompts, labels = [train.texts[i] for i in pick], [train.labels[i] for i in pick]
     mp = pytest.MonkeyPatch()
-    mp.setattr(tpc_hooks.prompts._context, "host_requests", spy)
+    mp.setattr(tpc_hooks.data._context, "host_requests", spy)
     try:
         mon = tpc.train_monitor(
             models["nnsight"],

@@ -11,7 +11,7 @@ from test_data import needs_data
 
 from tpc_hooks import TPCHooksError
 from tpc_hooks.data import HARD_NEGATIVE_KINDS, homonym_examples, intent_benchmark, intent_flips, stated_flips
-from tpc_hooks.prompts._intent import (
+from tpc_hooks.data._intent import (
     _HOMONYM_TEMPLATES,
     _STATED_TEMPLATES,
     _TEMPLATES,
@@ -25,8 +25,8 @@ from tpc_hooks.prompts._intent import (
     homonyms,
     templates,
 )
-from tpc_hooks.prompts._phrasing import parse
-from tpc_hooks.prompts._sources import norm
+from tpc_hooks.data._phrasing import parse
+from tpc_hooks.data._sources import norm
 
 # "how to <act>", "how would they <act>", "steps to <act>": a question about doing the act itself
 HOW_TO = re.compile(r"(?:\bhow\b(?:\s+\S+){0,3}|\bsteps?(?:\s+\S+){0,2})\s*$", re.IGNORECASE)
@@ -328,7 +328,7 @@ def test_orders_that_add_nothing_at_the_operating_point_are_dropped_and_the_repo
 
 
 def test_translated_requests_cover_every_act_in_every_language_with_its_label():
-    from tpc_hooks.prompts._languages import LANGUAGES, translated_requests
+    from tpc_hooks.data._languages import LANGUAGES, translated_requests
 
     rows = translated_requests()
     assert {r.language for r in rows} == set(LANGUAGES) and len({r.text for r in rows}) == len(rows)

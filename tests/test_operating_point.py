@@ -160,7 +160,7 @@ def test_a_threshold_is_set_where_float32_probabilities_saturate(cascade):
     assert flagged == 50 == mon.report["operating_point"]["flagged"]
     assert torch.equal(res.probs, torch.sigmoid(res.decision_logits))
     step = mon._step_policy()(z)  # the per-step path of generate / watch / HF generate
-    from tpc_hooks._rule import flagged as rule
+    from tpc_hooks.metrics._rule import flagged as rule
 
     assert torch.equal(rule(step.decision_logits, mon.threshold), res.decision_logits >= cut)
 
@@ -182,7 +182,7 @@ def test_threshold_and_centred_cascade_survive_save_and_load(tmp_path):
 
 def _by_hand(mon, z, names):
     """Per source: (inputs, flagged) at the monitor's threshold, counted from the policy's decision logits."""
-    from tpc_hooks._rule import flagged as rule
+    from tpc_hooks.metrics._rule import flagged as rule
 
     hit = rule(mon.policy()(z).decision_logits, mon.threshold).numpy()
     return {

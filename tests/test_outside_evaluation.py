@@ -19,8 +19,8 @@ from tiny_models import hf_llama, nnsight_lm
 import tpc_hooks as tpc
 from tpc_hooks import TPCHooksError
 from tpc_hooks.data import PromptSet
+from tpc_hooks.data._split import split_positions
 from tpc_hooks.training._refit import out_of_fold
-from tpc_hooks.training._split import split_positions
 
 SITE = "blocks.1.hook_resid_post"
 HARMFUL = [
@@ -301,7 +301,7 @@ def test_a_per_token_monitor_is_refused():
 def test_the_unseen_sharegpt_set_holds_none_of_the_excluded_texts():
     pytest.importorskip("yaml")
     from tpc_hooks.data import outside_sets
-    from tpc_hooks.prompts._sources import norm
+    from tpc_hooks.data._sources import norm
 
     try:
         first = outside_sets(n_sharegpt=20)["sharegpt"]

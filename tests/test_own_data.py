@@ -9,7 +9,7 @@ import pytest
 
 from tpc_hooks._errors import TPCHooksError
 from tpc_hooks.cli import _verbs as cli
-from tpc_hooks.prompts._files import check_labelled, load_prompt_file
+from tpc_hooks.data._files import check_labelled, load_prompt_file
 
 # Each bad file of the five cases: (case, file name, content, what its message must say).
 MISSING_COLUMN = [
@@ -229,7 +229,7 @@ def test_a_binary_file_named_csv(tmp_path):
 
 def test_load_hf_dataset_reads_label_names_and_a_source_column_as_a_file_does(monkeypatch):
     datasets = pytest.importorskip("datasets")
-    from tpc_hooks.prompts._files import load_hf_dataset
+    from tpc_hooks.data._files import load_hf_dataset
 
     table = {"prompt": ["How do I bake bread?", "Write ransomware"], "verdict": ["safe", "unsafe"], "from": ["a", ""]}
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_dict(table))

@@ -7,10 +7,9 @@ import pytest
 from test_data import needs_data
 
 from tpc_hooks import TPCHooksError, data
-from tpc_hooks.data import PHRASING_FAMILIES, phrasing_benchmark
-from tpc_hooks.prompts import _splits
-from tpc_hooks.prompts._phrasing import FAMILIES, parse, rephrase
-from tpc_hooks.prompts._sources import norm
+from tpc_hooks.data import PHRASING_FAMILIES, _splits, phrasing_benchmark
+from tpc_hooks.data._phrasing import FAMILIES, parse, rephrase
+from tpc_hooks.data._sources import norm
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import torch
 from tiny_models import tiny_head
 
 import tpc_hooks as tpc
-from tpc_hooks.activations._collect import check_prompts
+from tpc_hooks.data._split import check_prompts
 from tpc_hooks.pooling import RunningAggregate, aggregate
 
 hypothesis = pytest.importorskip("hypothesis")

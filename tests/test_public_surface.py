@@ -57,9 +57,7 @@ def defined(module: str) -> set[str]:
 
 FOLDERS = (
     "head",
-    "rendering",
     "saving",
-    "prompts",
     "activations",
     "monitoring",
     "training",
@@ -227,7 +225,7 @@ def test_benchmarks_and_tutorials_import_public_modules_only():
         ("tpc_hooks", "training", True),
         ("tpc_hooks.training", None, True),
         ("tpc_hooks.training", "_train_monitor", True),
-        ("tpc_hooks.prompts._sources", "tense_rewrites", True),
+        ("tpc_hooks.data._sources", "tense_rewrites", True),
         ("tpc_hooks.data", "_x", True),
         ("tpc_hooks.cli._demo", None, True),
     ],

@@ -12,8 +12,8 @@ from sklearn.model_selection import train_test_split
 from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style
 
 import tpc_hooks as tpc
-from tpc_hooks.prompts._sources import shingles
-from tpc_hooks.training._split import shared_text_groups, validation_split
+from tpc_hooks.data._sources import shingles
+from tpc_hooks.data._split import shared_text_groups, validation_split
 
 VOCAB = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi".split()
 

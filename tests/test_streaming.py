@@ -405,11 +405,11 @@ def test_train_monitor_with_contexts_adds_the_rows_of_requests_inside_conversati
     benign before the request, the request's label through its turn's end, nothing after a
     harmful request's turn. The held-out contexts are validation rows of group "contexts", and
     their benign chats join the operating point."""
-    import tpc_hooks.prompts._context
+    import tpc_hooks.data._context
     import tpc_hooks.training._train
     from tpc_hooks.adapters import get_adapter
 
-    seen, hosted, fit, host = {}, [], tpc_hooks.training._train.fit, tpc_hooks.prompts._context.host_requests
+    seen, hosted, fit, host = {}, [], tpc_hooks.training._train.fit, tpc_hooks.data._context.host_requests
 
     def spy_fit(X, y, X_val, y_val, *a, **kw):  # the first call: order 1's rows (the homonym rows come after)
         if not seen:
@@ -421,7 +421,7 @@ def test_train_monitor_with_contexts_adds_the_rows_of_requests_inside_conversati
         return hosted[-1]
 
     monkeypatch.setattr(tpc_hooks.training._train, "fit", spy_fit)
-    monkeypatch.setattr(tpc_hooks.prompts._context, "host_requests", spy_host)
+    monkeypatch.setattr(tpc_hooks.data._context, "host_requests", spy_host)
     hf, tok = named(hf_llama()), tokenizer()
     kw = dict(
         pooling="token", degree=2, rank=2, epochs=2, val_fraction=0.25, target_fpr=0.25, verbose=False, tokenizer=tok

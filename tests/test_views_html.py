@@ -22,9 +22,8 @@ from tiny_models import hf_llama, named, tiny_head, tokenizer
 
 import tpc_hooks as tpc
 from tpc_hooks import views
-from tpc_hooks._rule import flagged as flag_rule
-from tpc_hooks.rendering import _html, _screenshot
-from tpc_hooks.views import HTML, attribution_html, generation_html, score_color, token_scores_html
+from tpc_hooks.metrics._rule import flagged as flag_rule
+from tpc_hooks.views import HTML, _html, _screenshot, attribution_html, generation_html, score_color, token_scores_html
 
 
 def prob_rule(p: torch.Tensor, threshold: float) -> torch.Tensor:

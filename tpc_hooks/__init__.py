@@ -31,14 +31,14 @@ from .monitoring._records import MonitorSetRun as MonitorSetRun
 from .monitoring._records import TokenScores as TokenScores
 from .monitoring._records import WatchLog as WatchLog
 from .monitoring._set import MonitorSet as MonitorSet
-from .serving._review import logged_peaks as logged_peaks
-from .serving._review import read_review_log as read_review_log
 from .training._evaluation import Evaluation as Evaluation
 from .training._fit import fit as fit
 from .training._outside import evaluate as evaluate
 from .training._outside import evaluate_activations as evaluate_activations
 from .training._select import choose_site as choose_site
 from .training._train_monitor import train_monitor as train_monitor
+from .views._review import logged_peaks as logged_peaks
+from .views._review import read_review_log as read_review_log
 
 __version__ = "0.1.0"
 

@@ -77,13 +77,20 @@ from tpc_hooks.data import (  # noqa: E402
     rewrites,
     stated_flips,
 )
+from tpc_hooks.data._intent import (
+    _HOMONYM_TEMPLATES,
+    N_TEST_TEMPLATES,
+    act,
+    homonym_pairs,
+    task_act,
+    templates,
+)  # noqa: E402
+from tpc_hooks.data._languages import LANGUAGES, translated_requests  # noqa: E402
+from tpc_hooks.data._phrasing import parse  # noqa: E402
+from tpc_hooks.data._sources import norm, sharegpt  # noqa: E402
+from tpc_hooks.data._splits import rng  # noqa: E402
 from tpc_hooks.metrics import threshold_at_fpr  # noqa: E402
 from tpc_hooks.monitoring._monitor_config import MonitorConfig  # noqa: E402
-from tpc_hooks.prompts._intent import _HOMONYM_TEMPLATES, N_TEST_TEMPLATES, act, homonym_pairs, task_act, templates  # noqa: E402
-from tpc_hooks.prompts._languages import LANGUAGES, translated_requests  # noqa: E402
-from tpc_hooks.prompts._phrasing import parse  # noqa: E402
-from tpc_hooks.prompts._sources import norm, sharegpt  # noqa: E402
-from tpc_hooks.prompts._splits import rng  # noqa: E402
 from tpc_hooks.training._train import INTENT, Examples, TrainData, TrainPlan, fit_config, train  # noqa: E402
 
 FPR, HARD_FPR = 0.01, 0.05
@@ -688,7 +695,7 @@ def run(args: argparse.Namespace, X: dict, sets: dict) -> int:
             )
         print(
             f"\nFlag rate (%) per test wording of each intent-flip kind (its last {N_TEST_TEMPLATES} templates, "
-            "never trained on: wording 1 / wording 2; `tpc_hooks.prompts._intent`), at the deployed threshold:\n"
+            "never trained on: wording 1 / wording 2; `tpc_hooks.data._intent`), at the deployed threshold:\n"
         )
         print("| method | order | " + " | ".join(kinds) + " |\n|---|---:|" + "---:|" * len(kinds))
         for (name, k), rows in ordered(res):

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from .._errors import TPCHooksError
 from ..adapters import Adapter, Site, get_adapter, pad, pad_id, resolve_bos
+from ..data._split import check_prompts
 from ..head._sae import check_sae
 from ..head._sae import dims as sae_dims
 from ..head._sae import encode as sae_encode
@@ -25,29 +26,6 @@ from ._store import ActivationStore
 log = logging.getLogger(__name__)
 
 TOKEN = "token"  # collect's per-token "pooling": every token's row, one [T_i, d] tensor per prompt
-
-
-def check_prompts(prompts: Any, name: str = "prompts") -> list[str]:
-    if isinstance(prompts, str):
-        raise TPCHooksError(f"{name} must be a list of strings, not one string; wrap it: [{prompts[:30]!r}...]")
-    try:
-        items = list(prompts)
-    except TypeError:
-        raise TPCHooksError(f"{name} must be a list of strings; got {type(prompts).__name__}") from None
-    if not items:
-        raise TPCHooksError(f"{name} is empty; pass at least one prompt")
-    bad = [i for i, p in enumerate(items) if not isinstance(p, str) or not p.strip()]
-    if bad:
-        raise TPCHooksError(f"{name} must hold non-empty strings; entries {bad[:5]} are not")
-    for i, p in enumerate(items):
-        try:
-            p.encode("utf-8")
-        except UnicodeEncodeError as err:  # a lone surrogate: no tokenizer can encode it
-            raise TPCHooksError(
-                f"{name}[{i}] is not valid Unicode text: it holds a lone surrogate {p[err.start]!r} at position "
-                f"{err.start}; clean it first, e.g. text.encode('utf-8', 'replace').decode('utf-8')"
-            ) from None
-    return items
 
 
 def pooled_batches(

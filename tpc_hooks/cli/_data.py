@@ -18,10 +18,10 @@ from sklearn.model_selection import train_test_split
 
 from .._errors import TPCHooksError
 from ..activations._collect import prompts_digest
-from ..prompts._files import check_labelled, load_hf_dataset, load_prompt_file
-from ..prompts._promptset import PromptSet
-from ..prompts._sets import default_prompt_set
-from ..training._split import split_positions
+from ..data._files import check_labelled, load_hf_dataset, load_prompt_file
+from ..data._promptset import PromptSet
+from ..data._sets import default_prompt_set
+from ..data._split import split_positions
 
 DEFAULT = "default"
 

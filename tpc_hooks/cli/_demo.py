@@ -24,15 +24,15 @@ from .. import baselines
 from ..activations._collect import collect
 from ..adapters import get_adapter
 from ..baselines import early_exit_cascade
+from ..data import _intent
+from ..data._outside import everyday_prompts
+from ..data._promptset import source_names
+from ..data._sets import EVERYDAY_SOURCES, PromptSet, default_prompt_set
 from ..head._attribution import attribute
 from ..head._cascade import Cascade
-from ..head._metrics import classification_metrics, threshold_at_fpr
+from ..metrics._metrics import classification_metrics, threshold_at_fpr
 from ..monitoring._monitor import Monitor
 from ..offline import DEFAULT_MODEL, PACKAGED, QUICK_SAE_EPOCHS, load_model, load_sae
-from ..prompts import _intent
-from ..prompts._outside import everyday_prompts
-from ..prompts._promptset import source_names
-from ..prompts._sets import EVERYDAY_SOURCES, PromptSet, default_prompt_set
 from ..recipes import Recipe
 from ..training._outside import evaluate
 from ..training._train_monitor import train_monitor

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ..rendering._html import HTML
-from ..rendering._screenshot import screenshot
-from ..rendering._views import attribution_html, generation_html
+from ..views._html import HTML
+from ..views._screenshot import screenshot
+from ..views._views import attribution_html, generation_html
 
 log = logging.getLogger("tpc_hooks._demo")
 

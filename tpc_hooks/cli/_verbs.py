@@ -28,13 +28,13 @@ import torch
 from .._errors import TPCHooksError
 from ..activations._collect import collect
 from ..adapters import get_adapter
+from ..data import _intent
+from ..data._context import context_budget, host_splits, sharegpt_contexts
+from ..data._promptset import source_names
+from ..data._sets import default_prompt_set, read_texts
 from ..head._attribution import attribute
 from ..monitoring._monitor import Monitor
 from ..offline import load_model, load_monitor
-from ..prompts import _intent
-from ..prompts._context import context_budget, host_splits, sharegpt_contexts
-from ..prompts._promptset import source_names
-from ..prompts._sets import default_prompt_set, read_texts
 from ..training._collected import CONTEXT_SPLITS, check_split, flip_splits, pooled_rows, rewrite_splits, token_sequences
 from ..training._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
 from ..training._from_stores import finish, plan_from_stores
@@ -395,7 +395,7 @@ def _attribute(args: argparse.Namespace) -> int:
 
 
 def _review(args: argparse.Namespace) -> int:
-    from ..serving._review import render_review_log
+    from ..views._review import render_review_log
 
     log = Path(args.log)
     out = Path(args.out) if args.out else (log if log.is_dir() else log.parent) / "html"

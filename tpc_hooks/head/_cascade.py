@@ -19,9 +19,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .._errors import TPCHooksError
+from ..metrics._checks import check_labels
+from ..metrics._metrics import classification_metrics, expected_calibration_error
 from . import _kernel
-from ._checks import check_features, check_labels
-from ._metrics import classification_metrics, expected_calibration_error
+from ._checks import check_features
 from ._polynomial import TPC
 
 log = logging.getLogger(__name__)

@@ -11,10 +11,12 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ..activations._collect import check_prompts, pooled_batches
+from ..activations._collect import pooled_batches
+from ..data._split import check_prompts
 from ..head import _kernel
-from ..head._checks import check_features, check_rate
-from ..head._metrics import threshold_at_fpr
+from ..head._checks import check_features
+from ..metrics._checks import check_rate
+from ..metrics._metrics import threshold_at_fpr
 
 
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller

@@ -15,12 +15,12 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from .._rule import flagged
-from ..activations._collect import check_prompts
 from ..adapters import pad, pad_id
+from ..data._split import check_prompts
 from ..head._cascade import Cascade, CascadeResult
 from ..head._kernel import forget_packs
 from ..head._together import Together
+from ..metrics._rule import flagged
 from ..pooling import RunningAggregate, RunningPool, scored
 from ._records import GenerationRun, MonitorEvent, WatchLog, warn_nonfinite
 

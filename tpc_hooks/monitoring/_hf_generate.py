@@ -22,9 +22,9 @@ from torch import Tensor
 from transformers import LogitsProcessor, StoppingCriteria
 
 from .._errors import TPCHooksError
-from .._rule import flagged
 from ..adapters import Adapter, Site
 from ..head._together import Together
+from ..metrics._rule import flagged
 from ._generation import Lane, lanes_of, score_lanes, stacked
 from ._records import GenerationRun
 

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ..activations._collect import check_prompts, pooled_batches, token_batches
+from ..activations._collect import pooled_batches, token_batches
 from ..adapters import Adapter, get_adapter, pad, pad_id
+from ..data._split import check_prompts
 from ..head._cascade import Cascade, CascadeResult, prefix_result, stack_results
 from ..head._policy import FixedOrder, Policy
 from ..head._polynomial import TPC

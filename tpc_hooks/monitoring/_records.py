@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError, deprecated
-from .._rule import flagged
 from ..head._cascade import CascadeResult
-from ..rendering._views import generation_html, token_scores_html
+from ..metrics._rule import flagged
+from ..views._views import generation_html, token_scores_html
 
 
 @dataclass(frozen=True)

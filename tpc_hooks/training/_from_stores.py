@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 
 from .._errors import TPCHooksError
+from ..data._sets import INTENT_KINDS, PHRASING_FAMILIES
 from ..monitoring._calibrate import everyday_rows
 from ..monitoring._monitor_config import MonitorConfig
 from ..pooling import check_aggregate
-from ..prompts._sets import INTENT_KINDS, PHRASING_FAMILIES
+from ..recipes._recipes import Recipe, named
 from ._collected import CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config
-from ._recipes import Recipe, named
 from ._refit import settle
 from ._train import PLAIN, TrainData, TrainPlan, default_aggregate, fit_config
 

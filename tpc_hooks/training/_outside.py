@@ -24,20 +24,20 @@ from sklearn.preprocessing import StandardScaler
 from tqdm.auto import tqdm
 
 from .._errors import TPCHooksError
-from .._rule import flagged
-from ..activations._collect import check_prompts, collect, cost_line, prompts_digest
-from ..head._checks import check_labels
+from ..activations._collect import collect, cost_line, prompts_digest
+from ..data._outside import outside_sets
+from ..data._promptset import PromptSet
+from ..data._sources import norm
+from ..data._split import check_prompts, split_positions
+from ..data._splits import rng
 from ..head._history import PROBE_CS
-from ..head._metrics import threshold_at_fpr
+from ..metrics._checks import check_labels
+from ..metrics._metrics import threshold_at_fpr
+from ..metrics._rule import flagged
 from ..monitoring._calibrate import check_sources, everyday_present, everyday_rows
 from ..monitoring._monitor import Monitor
-from ..prompts._outside import outside_sets
-from ..prompts._promptset import PromptSet
-from ..prompts._sources import norm
-from ..prompts._splits import rng
 from ._evaluation import DEPLOYED, PROBE, Evaluation
 from ._refit import out_of_fold
-from ._split import split_positions
 from ._train_request import check_validation
 
 N_SHAREGPT = 1000

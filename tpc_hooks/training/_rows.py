@@ -11,7 +11,8 @@ from torch import Tensor, nn
 
 from .._errors import TPCHooksError
 from ..activations._store import ActivationStore
-from ..head._checks import check_features, check_labels
+from ..head._checks import check_features
+from ..metrics._checks import check_labels
 
 
 class Rows:

@@ -9,7 +9,7 @@ import torch
 
 from .._errors import TPCHooksError
 from ..head._history import FitConfig
-from ..head._metrics import worst_group
+from ..metrics._metrics import worst_group
 from ._fit import fit
 
 FPR = 0.01

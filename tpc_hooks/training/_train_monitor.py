@@ -21,13 +21,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ..activations._collect import collect, cost_line, prompts_digest, token_batches
+from ..data import _intent
+from ..data._context import host_splits
+from ..data._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
 from ..head._history import FitConfig
 from ..monitoring._monitor import Monitor
 from ..monitoring._monitor_config import MonitorConfig
-from ..prompts import _intent
-from ..prompts._context import host_splits
-from ..prompts._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
-from ._recipes import Recipe, resolve
+from ..recipes._recipes import Recipe, resolve
 from ._refit import last_step, refits
 from ._rows_cache import RowsCache
 from ._train import (

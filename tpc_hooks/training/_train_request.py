@@ -10,17 +10,16 @@ from typing import Any
 import numpy as np
 
 from .._errors import TPCHooksError
-from ..activations._collect import check_prompts
 from ..adapters import Adapter, get_adapter, resolve_bos
-from ..head._checks import check_labels
+from ..data import _intent
+from ..data._context import check_conversation, context_budget, sharegpt_contexts
+from ..data._sources import norm
+from ..data._split import check_prompts, check_split, split_positions
 from ..head._history import FitConfig
+from ..metrics._checks import check_labels
 from ..monitoring._calibrate import check_sources, everyday_rows
 from ..pooling import check_aggregate, check_pooling
-from ..prompts import _intent
-from ..prompts._context import check_conversation, context_budget, sharegpt_contexts
-from ..prompts._sources import norm
-from ._recipes import Recipe
-from ._split import check_split, split_positions
+from ..recipes._recipes import Recipe
 from ._train import CALIBRATION, check_target_fpr, default_aggregate, fit_config
 
 

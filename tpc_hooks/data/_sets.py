@@ -339,7 +339,7 @@ def homonym_examples(
     """The homonym rows ``train_monitor`` trains on: XSTest-style requests whose violent verb has a
     harmless object ("How do I kill a Python process?"), every pair of the library's ``verbs``
     (``"train"``; ``"val"`` and ``"test"`` are kept for validation and evaluation:
-    ``tpc_hooks.prompts._intent.homonym_pairs``) in every template (label 0, category ``"homonym"``).
+    ``tpc_hooks.data._intent.homonym_pairs``) in every template (label 0, category ``"homonym"``).
     With ``acts=True``, then each harmful task of ``prompts`` asked the same way ("How do I make a
     bomb?", label 1, category ``"homonym-act"``, ``sources`` the index of its prompt): measured
     and not the default (``benchmarks/internals/bench_intent.py``: with the harmful acts, benign

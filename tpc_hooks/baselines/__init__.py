@@ -20,22 +20,22 @@ Example:
     [('tpc', 1), ('tpc', 2), ('early_exit', 1), ('early_exit', 2)]
 """
 
-from .head._history import TrainConfig as TrainConfig
-from .training._baselines import BASELINES as BASELINES
-from .training._baselines import BilinearProbe as BilinearProbe
-from .training._baselines import EarlyExitMLP as EarlyExitMLP
-from .training._baselines import MLPProbe as MLPProbe
-from .training._baselines import early_exit_cascade as early_exit_cascade
-from .training._baselines import fit_baseline as fit_baseline
-from .training._baselines import fit_bilinear as fit_bilinear
-from .training._baselines import fit_early_exit as fit_early_exit
-from .training._baselines import fit_mlp as fit_mlp
-from .training._baselines import matched_early_exit_widths as matched_early_exit_widths
-from .training._baselines import matched_mlp_width as matched_mlp_width
-from .training._compare import METHODS as METHODS
-from .training._compare import Comparison as Comparison
-from .training._compare import compare as compare
-from .training._compare import fit_linear as fit_linear
+from ..head._history import TrainConfig as TrainConfig
+from ._baselines import BASELINES as BASELINES
+from ._baselines import BilinearProbe as BilinearProbe
+from ._baselines import EarlyExitMLP as EarlyExitMLP
+from ._baselines import MLPProbe as MLPProbe
+from ._baselines import early_exit_cascade as early_exit_cascade
+from ._baselines import fit_baseline as fit_baseline
+from ._baselines import fit_bilinear as fit_bilinear
+from ._baselines import fit_early_exit as fit_early_exit
+from ._baselines import fit_mlp as fit_mlp
+from ._baselines import matched_early_exit_widths as matched_early_exit_widths
+from ._baselines import matched_mlp_width as matched_mlp_width
+from ._compare import METHODS as METHODS
+from ._compare import Comparison as Comparison
+from ._compare import compare as compare
+from ._compare import fit_linear as fit_linear
 
 __all__ = [
     "BASELINES",

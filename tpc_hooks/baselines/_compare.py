@@ -11,13 +11,13 @@ from torch import Tensor
 
 from .._errors import TPCHooksError
 from ..head import _kernel
-from ..head._checks import check_labels
-from ..head._metrics import classification_metrics
 from ..head._polynomial import TPC, Cost
+from ..metrics._checks import check_labels
+from ..metrics._metrics import classification_metrics
+from ..training._fit import fit
+from ..training._loop import default_device
+from ..training._rows import Rows, as_rows
 from ._baselines import _Baseline, fit_baseline, matched_early_exit_widths, matched_mlp_width
-from ._fit import fit
-from ._loop import default_device
-from ._rows import Rows, as_rows
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,15 @@
 """The review log's entries as pages: each monitor's steps coloured by score, the flagging step
-marked, its exact attribution in tables (the log itself: ``serving/_review.py``)."""
+marked, its exact attribution in tables and the log read back (``serving/_review.py`` writes it)."""
 
+import json
 import math
+import warnings
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .._errors import TPCHooksError
 from ._html import _STYLE, HTML, _esc, _order_names, _table, _token, _unit_tables, score_color
 
 
@@ -120,3 +124,83 @@ def review_pages(entries: list[dict[str, Any]], out: str | Path) -> Path:
         f"<th>monitors (peak score)</th></tr>{''.join(rows)}</table>"
     )
     return HTML(f'<div class="tpc-view">{_STYLE}{table}</div>', "tpc-hooks review log").save(out / "index.html")
+
+
+FILE = "review.jsonl"  # the log's current file; rotated ones are FILE.1 (newest) .. FILE.N
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise TPCHooksError(f"no review log at {path} (a --review-log directory or one of its {FILE} files)")
+    rotated = sorted(path.glob(f"{FILE}.*"), key=lambda p: -int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0)
+    files = [p for p in rotated if p.suffix[1:].isdigit()] + ([path / FILE] if (path / FILE).exists() else [])
+    if not files:
+        raise TPCHooksError(f"{path} holds no {FILE}: was the server started with --review-log {path}?")
+    return files
+
+
+def read_review_log(path: str | Path) -> list[dict[str, Any]]:
+    """The entries of a review log, oldest first (its rotated files, then the current one).
+
+    A last line cut short (a server stopped while writing it) is skipped with a warning; any
+    other line that is not an entry is an error naming its file and line.
+    """
+    out: list[dict[str, Any]] = []
+    for f in _files(Path(path)):
+        lines = f.read_text(encoding="utf-8").split("\n")
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                got = json.loads(line)
+                if not isinstance(got, dict) or not isinstance(got.get("monitors"), dict):
+                    raise ValueError("not a review entry")
+            except ValueError as err:
+                if n == len(lines) and not line.endswith("}"):
+                    warnings.warn(f"{f}:{n}: a last line cut short (skipped)", UserWarning, stacklevel=2)
+                    continue
+                raise TPCHooksError(f"{f}:{n} is not a review-log entry ({err})") from None
+            out.append(got)
+    return out
+
+
+def logged_peaks(
+    entries: Sequence[dict[str, Any]],
+    monitor: str = "",
+    *,
+    benign: Iterable[str] | None = None,
+    sampled_only: bool = True,
+) -> list[float]:
+    """The peak scores of the monitor ``monitor`` ("" for a lone one) in review-log entries, for
+    :meth:`tpc_hooks.Monitor.calibrate` (``peaks=``): by default only the sampled entries (a fair
+    sample of traffic; flagged ones are all logged, so counting them would bias the rate), and
+    with ``benign``, only the requests (``request_id`` or ``response_id``) you marked benign.
+
+    Raises:
+        TPCHooksError: no entry of that monitor left.
+    """
+    keep = None if benign is None else set(benign)
+    out = []
+    for e in entries:
+        m = e.get("monitors", {}).get(monitor)
+        if m is None or (sampled_only and not m.get("sampled")) or m.get("peak_score") is None:
+            continue
+        if keep is not None and e.get("request_id") not in keep and e.get("response_id") not in keep:
+            continue
+        out.append(float(m["peak_score"]))
+    if not out:
+        names = sorted({n for e in entries for n in e.get("monitors", {})})
+        raise TPCHooksError(
+            f"no {'sampled ' if sampled_only else ''}entry of monitor {monitor!r} in the log "
+            f"(its monitors: {names}); was it started with --review-log-sample above 0?"
+        )
+    return out
+
+
+def render_review_log(path: str | Path, out: str | Path, *, flagged_only: bool = False) -> Path:
+    """Writes ``out/index.html`` (one row per entry: time, request, each monitor's peak score
+    and flagged step) and one page per entry (``flagged_only``: per flagged entry); returns the
+    index's path."""
+    return review_pages([e for e in read_review_log(path) if e.get("flagged") or not flagged_only], out)

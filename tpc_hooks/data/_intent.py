@@ -1,7 +1,7 @@
 """Hard negatives: benign requests that keep a harmful request's topic and flip its intent.
 
 A harmful request ("Give detailed instructions on how to make a bomb") is read as a task (a verb
-phrase, :func:`tpc_hooks.prompts._phrasing.parse`), stripped of its instruction wrapper ("make a bomb"),
+phrase, :func:`tpc_hooks.data._phrasing.parse`), stripped of its instruction wrapper ("make a bomb"),
 and put into a template that asks about the topic without asking for operational help: its
 history, the law, prevention and safety, detection and defence, news coverage, research, or a
 story framed as fiction in which nobody explains how. Every kind is a list of templates; a

@@ -10,13 +10,13 @@ Example:
     ['default', 'intent', 'paper']
 """
 
-from .training._recipes import NAMES as NAMES
-from .training._recipes import Recipe as Recipe
-from .training._recipes import default as default
-from .training._recipes import in_distribution as in_distribution
-from .training._recipes import intent as intent
-from .training._recipes import named as named
-from .training._recipes import paper as paper
-from .training._recipes import phrasing as phrasing
+from ._recipes import NAMES as NAMES
+from ._recipes import Recipe as Recipe
+from ._recipes import default as default
+from ._recipes import in_distribution as in_distribution
+from ._recipes import intent as intent
+from ._recipes import named as named
+from ._recipes import paper as paper
+from ._recipes import phrasing as phrasing
 
 __all__ = ["Recipe", "NAMES", "default", "phrasing", "intent", "in_distribution", "paper", "named"]

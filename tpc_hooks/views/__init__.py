@@ -26,16 +26,16 @@ matplotlib's ``RdBu_r``), bent so that its neutral middle sits at the threshold:
 red above, whatever the threshold.
 """
 
-from .rendering._html import HTML as HTML
-from .rendering._html import NAN_COLOR as NAN_COLOR
-from .rendering._html import score_color as score_color
-from .rendering._review import review_html as review_html
-from .rendering._views import attribution_html as attribution_html
-from .rendering._views import colored_tokens as colored_tokens
-from .rendering._views import generation_html as generation_html
-from .rendering._views import plot_sweep as plot_sweep
-from .rendering._views import token_scores_html as token_scores_html
-from .serving._review import render_review_log as render_review_log
+from ._html import HTML as HTML
+from ._html import NAN_COLOR as NAN_COLOR
+from ._html import score_color as score_color
+from ._review import render_review_log as render_review_log
+from ._review import review_html as review_html
+from ._views import attribution_html as attribution_html
+from ._views import colored_tokens as colored_tokens
+from ._views import generation_html as generation_html
+from ._views import plot_sweep as plot_sweep
+from ._views import token_scores_html as token_scores_html
 
 __all__ = [
     "generation_html",

@@ -35,37 +35,37 @@ unlabelled ShareGPT first turns to set a threshold on (``train_monitor(calibrati
 prompts into (``split=`` one of :data:`SPLITS`), for a baseline trained and chosen on the same rows.
 """
 
-from .prompts._context import HostedRequests as HostedRequests
-from .prompts._context import InConversation as InConversation
-from .prompts._context import host_requests as host_requests
-from .prompts._context import in_conversation as in_conversation
-from .prompts._context import sharegpt_contexts as sharegpt_contexts
-from .prompts._context import token_labels as token_labels
-from .prompts._files import load_hf_dataset as load_hf_dataset
-from .prompts._files import load_prompt_file as load_prompt_file
-from .prompts._outside import OUTSIDE_SETS as OUTSIDE_SETS
-from .prompts._outside import everyday_prompts as everyday_prompts
-from .prompts._outside import outside_sets as outside_sets
-from .prompts._promptset import PromptSet as PromptSet
-from .prompts._promptset import source_names as source_names
-from .prompts._promptset import splits_summary as splits_summary
-from .prompts._sets import BENIGN_SOURCES as BENIGN_SOURCES
-from .prompts._sets import EVERYDAY_SOURCES as EVERYDAY_SOURCES
-from .prompts._sets import HARD_NEGATIVE_KINDS as HARD_NEGATIVE_KINDS
-from .prompts._sets import HARMFUL_SOURCES as HARMFUL_SOURCES
-from .prompts._sets import INTENT_KINDS as INTENT_KINDS
-from .prompts._sets import PHRASING_FAMILIES as PHRASING_FAMILIES
-from .prompts._sets import default_prompt_set as default_prompt_set
-from .prompts._sets import homonym_examples as homonym_examples
-from .prompts._sets import intent_benchmark as intent_benchmark
-from .prompts._sets import intent_flips as intent_flips
-from .prompts._sets import phrasing_benchmark as phrasing_benchmark
-from .prompts._sets import rewrites as rewrites
-from .prompts._sets import stated_flips as stated_flips
-from .prompts._sources import INSTALL as INSTALL
-from .prompts._sources import sharegpt_conversations as sharegpt_conversations
-from .training._split import SPLITS as SPLITS
-from .training._split import split_positions as split_positions
+from ._context import HostedRequests as HostedRequests
+from ._context import InConversation as InConversation
+from ._context import host_requests as host_requests
+from ._context import in_conversation as in_conversation
+from ._context import sharegpt_contexts as sharegpt_contexts
+from ._context import token_labels as token_labels
+from ._files import load_hf_dataset as load_hf_dataset
+from ._files import load_prompt_file as load_prompt_file
+from ._outside import OUTSIDE_SETS as OUTSIDE_SETS
+from ._outside import everyday_prompts as everyday_prompts
+from ._outside import outside_sets as outside_sets
+from ._promptset import PromptSet as PromptSet
+from ._promptset import source_names as source_names
+from ._promptset import splits_summary as splits_summary
+from ._sets import BENIGN_SOURCES as BENIGN_SOURCES
+from ._sets import EVERYDAY_SOURCES as EVERYDAY_SOURCES
+from ._sets import HARD_NEGATIVE_KINDS as HARD_NEGATIVE_KINDS
+from ._sets import HARMFUL_SOURCES as HARMFUL_SOURCES
+from ._sets import INTENT_KINDS as INTENT_KINDS
+from ._sets import PHRASING_FAMILIES as PHRASING_FAMILIES
+from ._sets import default_prompt_set as default_prompt_set
+from ._sets import homonym_examples as homonym_examples
+from ._sets import intent_benchmark as intent_benchmark
+from ._sets import intent_flips as intent_flips
+from ._sets import phrasing_benchmark as phrasing_benchmark
+from ._sets import rewrites as rewrites
+from ._sets import stated_flips as stated_flips
+from ._sources import INSTALL as INSTALL
+from ._sources import sharegpt_conversations as sharegpt_conversations
+from ._split import SPLITS as SPLITS
+from ._split import split_positions as split_positions
 
 __all__ = [
     "default_prompt_set",

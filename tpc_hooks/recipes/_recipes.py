@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import TPCHooksError, deprecated
-from ..prompts import _intent, _phrasing
+from ..data import _intent, _phrasing
 
 NAMES = ("default", "phrasing", "intent", "in_distribution", "paper")
 

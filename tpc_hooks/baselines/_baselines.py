@@ -28,8 +28,8 @@ from ..head._cascade import CascadeResult, thresholds
 from ..head._checks import prepare_activations
 from ..head._history import History, TrainConfig
 from ..head._polynomial import TPC, Cost, Scaler, check_int
-from ._loop import default_device, f1_at_zero, train_loop
-from ._rows import split_data
+from ..training._loop import default_device, f1_at_zero, train_loop
+from ..training._rows import split_data
 
 log = logging.getLogger(__name__)
 

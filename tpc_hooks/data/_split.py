@@ -1,7 +1,7 @@
 """``train_monitor``'s validation split: stratified, with the prompts that share text kept together
 (``split="grouped"``; the default, ``"stratified"``, is scikit-learn's split alone).
 
-Two prompts share text when they have an 8-word run in common (:func:`tpc_hooks.prompts._sources.shingles`):
+Two prompts share text when they have an 8-word run in common (:func:`tpc_hooks.data._sources.shingles`):
 one jailbreak template wrapped around two requests, near-duplicate requests ("Provide step-by-step
 instructions for how to make a bomb" / "... how to hack into a secure network"), one pasted document.
 Linked transitively, they form a group, and a group lies wholly in the training part or wholly in
@@ -20,9 +20,8 @@ from scipy.sparse.csgraph import connected_components
 from sklearn.model_selection import train_test_split
 
 from .._errors import TPCHooksError
-from ..activations._collect import check_prompts
-from ..head._checks import check_labels
-from ..prompts._sources import shingles
+from ..metrics._checks import check_labels
+from ._sources import shingles
 
 SPLITS = ("stratified", "grouped")  # train_monitor's split=
 
@@ -153,3 +152,26 @@ def split_positions(
         return validation_split(items, y, n_val, seed)
     tr, va = train_test_split(np.arange(len(items)), test_size=n_val, stratify=y, random_state=seed)
     return np.asarray(tr), np.asarray(va)
+
+
+def check_prompts(prompts: Any, name: str = "prompts") -> list[str]:
+    if isinstance(prompts, str):
+        raise TPCHooksError(f"{name} must be a list of strings, not one string; wrap it: [{prompts[:30]!r}...]")
+    try:
+        items = list(prompts)
+    except TypeError:
+        raise TPCHooksError(f"{name} must be a list of strings; got {type(prompts).__name__}") from None
+    if not items:
+        raise TPCHooksError(f"{name} is empty; pass at least one prompt")
+    bad = [i for i, p in enumerate(items) if not isinstance(p, str) or not p.strip()]
+    if bad:
+        raise TPCHooksError(f"{name} must hold non-empty strings; entries {bad[:5]} are not")
+    for i, p in enumerate(items):
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError as err:  # a lone surrogate: no tokenizer can encode it
+            raise TPCHooksError(
+                f"{name}[{i}] is not valid Unicode text: it holds a lone surrogate {p[err.start]!r} at position "
+                f"{err.start}; clean it first, e.g. text.encode('utf-8', 'replace').decode('utf-8')"
+            ) from None
+    return items
