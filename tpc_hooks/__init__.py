@@ -11,34 +11,34 @@ from . import baselines as baselines  # a module: tpc.baselines.compare(...)
 from . import data as data  # a module: tpc.data.default_prompt_set(...), tpc.data.EVERYDAY_SOURCES
 from . import recipes as recipes  # a module: tpc.recipes.default(), tpc.recipes.intent(), ...
 from ._errors import TPCHooksError as TPCHooksError
-from .activations._collect import collect as collect
-from .activations._store import ActivationStore as ActivationStore
-from .head._attribution import Attribution as Attribution
-from .head._attribution import attribute as attribute
-from .head._cascade import Cascade as Cascade
-from .head._cascade import CascadeResult as CascadeResult
-from .head._history import FitConfig as FitConfig
-from .head._history import History as History
-from .head._policy import FixedOrder as FixedOrder
-from .head._policy import Policy as Policy
-from .head._polynomial import TPC as TPC
-from .head._polynomial import Cost as Cost
-from .monitoring._monitor import Monitor as Monitor
-from .monitoring._monitor_config import MonitorConfig as MonitorConfig
-from .monitoring._records import GenerationRun as GenerationRun
-from .monitoring._records import MonitorEvent as MonitorEvent
-from .monitoring._records import MonitorSetRun as MonitorSetRun
-from .monitoring._records import TokenScores as TokenScores
-from .monitoring._records import WatchLog as WatchLog
-from .monitoring._set import MonitorSet as MonitorSet
-from .training._evaluation import Evaluation as Evaluation
-from .training._fit import fit as fit
-from .training._outside import evaluate as evaluate
-from .training._outside import evaluate_activations as evaluate_activations
-from .training._select import choose_site as choose_site
-from .training._train_monitor import train_monitor as train_monitor
-from .views._review import logged_peaks as logged_peaks
-from .views._review import read_review_log as read_review_log
+from .activations import ActivationStore as ActivationStore
+from .activations import collect as collect
+from .head import TPC as TPC
+from .head import Attribution as Attribution
+from .head import Cascade as Cascade
+from .head import CascadeResult as CascadeResult
+from .head import Cost as Cost
+from .head import FitConfig as FitConfig
+from .head import FixedOrder as FixedOrder
+from .head import History as History
+from .head import Policy as Policy
+from .head import attribute as attribute
+from .monitoring import GenerationRun as GenerationRun
+from .monitoring import Monitor as Monitor
+from .monitoring import MonitorConfig as MonitorConfig
+from .monitoring import MonitorEvent as MonitorEvent
+from .monitoring import MonitorSet as MonitorSet
+from .monitoring import MonitorSetRun as MonitorSetRun
+from .monitoring import TokenScores as TokenScores
+from .monitoring import WatchLog as WatchLog
+from .training import Evaluation as Evaluation
+from .training import choose_site as choose_site
+from .training import evaluate as evaluate
+from .training import evaluate_activations as evaluate_activations
+from .training import fit as fit
+from .training import train_monitor as train_monitor
+from .views import logged_peaks as logged_peaks
+from .views import read_review_log as read_review_log
 
 __version__ = "0.1.0"
 
@@ -80,7 +80,7 @@ def __getattr__(name: str):
     # monitored generation whatever drove it; the old name keeps working, with a warning.
     if name == "TrainConfig":  # the baselines' training settings: tpc_hooks.baselines.TrainConfig
         from ._errors import deprecated
-        from .head._history import TrainConfig
+        from .head import TrainConfig
 
         deprecated("tpc_hooks.TrainConfig", "tpc_hooks.baselines.TrainConfig (the baselines' training settings)")
         return TrainConfig

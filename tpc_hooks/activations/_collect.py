@@ -15,11 +15,8 @@ from tqdm.auto import tqdm
 
 from .._errors import TPCHooksError
 from ..adapters import Adapter, Site, get_adapter, pad, pad_id, resolve_bos
-from ..data._split import check_prompts
-from ..head._sae import check_sae
-from ..head._sae import dims as sae_dims
-from ..head._sae import encode as sae_encode
-from ..head._sae import identity as sae_identity
+from ..data import check_prompts
+from ..head import check_sae, sae_dims, sae_encode, sae_identity
 from ..pooling import POOLINGS, pool
 from ._store import ActivationStore
 

@@ -20,7 +20,7 @@ Example:
     [('tpc', 1), ('tpc', 2), ('early_exit', 1), ('early_exit', 2)]
 """
 
-from ..head._history import TrainConfig as TrainConfig
+from ..head import TrainConfig as TrainConfig
 from ._baselines import BASELINES as BASELINES
 from ._baselines import BilinearProbe as BilinearProbe
 from ._baselines import EarlyExitMLP as EarlyExitMLP

@@ -23,13 +23,19 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from .._errors import TPCHooksError
-from ..head import _kernel
-from ..head._cascade import CascadeResult, thresholds
-from ..head._checks import prepare_activations
-from ..head._history import History, TrainConfig
-from ..head._polynomial import TPC, Cost, Scaler, check_int
-from ..training._loop import default_device, f1_at_zero, train_loop
-from ..training._rows import split_data
+from ..head import (
+    TPC,
+    CascadeResult,
+    Cost,
+    History,
+    Scaler,
+    TrainConfig,
+    check_int,
+    exit_loop,
+    prepare_activations,
+    thresholds,
+)
+from ..training import default_device, f1_at_zero, split_data, train_loop
 
 log = logging.getLogger(__name__)
 
@@ -372,9 +378,7 @@ def early_exit_cascade(
         return s_n, s_n, None, None
 
     first = model.heads[0](state["h"]).squeeze(-1)
-    s, _, exit_order, flops, _ = _kernel.exit_loop(
-        first, first, advance, model.n_exits, model.cascade_flops(), lower, upper
-    )
+    s, _, exit_order, flops, _ = exit_loop(first, first, advance, model.n_exits, model.cascade_flops(), lower, upper)
     return CascadeResult(
         logits=s, probs=torch.sigmoid(s), exit_order=exit_order, flops=flops, degree=model.n_exits, decision_logits=s
     )

@@ -10,13 +10,9 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ..head import _kernel
-from ..head._polynomial import TPC, Cost
-from ..metrics._checks import check_labels
-from ..metrics._metrics import classification_metrics
-from ..training._fit import fit
-from ..training._loop import default_device
-from ..training._rows import Rows, as_rows
+from ..head import TPC, Cost, truncations
+from ..metrics import check_labels, classification_metrics
+from ..training import Rows, as_rows, default_device, fit
 from ._baselines import _Baseline, fit_baseline, matched_early_exit_widths, matched_mlp_width
 
 log = logging.getLogger(__name__)
@@ -132,7 +128,7 @@ def _scored(method: str, model: Any, data: Rows, dev: torch.device) -> list[tupl
     """``(order, cost, logits)`` per order of one trained method (an MLP list: one per order)."""
     if method in ("tpc", "tpc_paper", "tpc_joint", "linear"):
         orders = range(1, model.degree + 1)
-        s = _test_logits(model, data, dev, lambda zs: torch.stack(_kernel.truncations(model, zs, model.degree), -1))
+        s = _test_logits(model, data, dev, lambda zs: torch.stack(truncations(model, zs, model.degree), -1))
         return [(n, model.cost(n), s[:, n - 1]) for n in orders]
     if method == "bilinear":
         return [(2, model.cost(), _test_logits(model, data, dev, model._outputs_std)[:, 0])]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .._errors import TPCHooksError
 from ..offline import DEFAULT_MODEL
-from ..saving._hub import is_repo_id
+from ..saving import is_repo_id
 
 _DATA_SUFFIXES = (".csv", ".jsonl", ".json")
 

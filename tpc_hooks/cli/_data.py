@@ -17,11 +17,8 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from .._errors import TPCHooksError
-from ..activations._collect import prompts_digest
-from ..data._files import check_labelled, load_hf_dataset, load_prompt_file
-from ..data._promptset import PromptSet
-from ..data._sets import default_prompt_set
-from ..data._split import split_positions
+from ..activations import prompts_digest
+from ..data import PromptSet, check_labelled, default_prompt_set, load_hf_dataset, load_prompt_file, split_positions
 
 DEFAULT = "default"
 

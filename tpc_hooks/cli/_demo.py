@@ -21,21 +21,27 @@ import numpy as np
 import torch
 
 from .. import baselines
-from ..activations._collect import collect
+from ..activations import collect
 from ..adapters import get_adapter
 from ..baselines import early_exit_cascade
-from ..data import _intent
-from ..data._outside import everyday_prompts
-from ..data._promptset import source_names
-from ..data._sets import EVERYDAY_SOURCES, PromptSet, default_prompt_set
-from ..head._attribution import attribute
-from ..head._cascade import Cascade
-from ..metrics._metrics import classification_metrics, threshold_at_fpr
-from ..monitoring._monitor import Monitor
+from ..data import (
+    EVERYDAY_SOURCES,
+    HOMONYM,
+    KINDS,
+    PromptSet,
+    default_prompt_set,
+    everyday_prompts,
+    flipped_views,
+    homonym_pairs,
+    source_names,
+)
+from ..data import homonyms as intent_homonyms
+from ..head import Cascade, attribute
+from ..metrics import classification_metrics, threshold_at_fpr
+from ..monitoring import Monitor
 from ..offline import DEFAULT_MODEL, PACKAGED, QUICK_SAE_EPOCHS, load_model, load_sae
 from ..recipes import Recipe
-from ..training._outside import evaluate
-from ..training._train_monitor import train_monitor
+from ..training import evaluate, train_monitor
 from ._demo_report import pages as write_pages
 from ._demo_report import plots, render_report
 
@@ -419,13 +425,9 @@ def hard_negatives(test: PromptSet, seed: int, per_kind: int | None = None) -> P
     ``categories`` holds the kind. ``per_kind`` caps each kind (a quick run)."""
     harmful = [t for t, y, a in zip(test.texts, test.labels, test.adversarial, strict=True) if y == 1 and not a]
     rows = []
-    for kind, got in _intent.flipped_views(
-        harmful, _intent.KINDS, lambda k: random.Random(f"demo-{seed}-{k}"), "test"
-    ).items():
+    for kind, got in flipped_views(harmful, KINDS, lambda k: random.Random(f"demo-{seed}-{k}"), "test").items():
         rows += [(t, kind) for _, t in got[:per_kind]]
-    rows += [
-        (t, _intent.HOMONYM) for t in _intent.homonyms(_intent.homonym_pairs("test"), random.Random(f"demo-{seed}"))
-    ]
+    rows += [(t, HOMONYM) for t in intent_homonyms(homonym_pairs("test"), random.Random(f"demo-{seed}"))]
     return PromptSet(
         [t for t, _ in rows], [0] * len(rows), ["hard"] * len(rows), [k for _, k in rows], [False] * len(rows)
     )
@@ -505,7 +507,7 @@ def deployment_table(
         "recall": ("test", y["test"] == 1),
         "ordinary benign": ("test", ordinary),
         "overrefusal": ("test", src == "overrefusal"),
-        "intent flips": ("hard", np.isin(kinds, _intent.KINDS)),
+        "intent flips": ("hard", np.isin(kinds, KINDS)),
         "homonyms": ("hard", kinds == "homonym"),
     }
     if "heldout" in X:

@@ -7,9 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..views._html import HTML
-from ..views._screenshot import screenshot
-from ..views._views import attribution_html, generation_html
+from ..views import HTML, attribution_html, generation_html, screenshot
 
 log = logging.getLogger("tpc_hooks._demo")
 

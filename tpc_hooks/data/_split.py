@@ -20,7 +20,7 @@ from scipy.sparse.csgraph import connected_components
 from sklearn.model_selection import train_test_split
 
 from .._errors import TPCHooksError
-from ..metrics._checks import check_labels
+from ..metrics import check_labels
 from ._sources import shingles
 
 SPLITS = ("stratified", "grouped")  # train_monitor's split=

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .._errors import TPCHooksError
 from ..pooling import pool
-from ..views._views import attribution_html
+from ..views import attribution_html
 from . import _kernel
 from ._checks import check_features
 from ._polynomial import TPC

@@ -19,8 +19,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ..metrics._checks import check_labels
-from ..metrics._metrics import classification_metrics, expected_calibration_error
+from ..metrics import check_labels, classification_metrics, expected_calibration_error
 from . import _kernel
 from ._checks import check_features
 from ._polynomial import TPC

@@ -5,7 +5,7 @@ from typing import Any
 import torch
 
 from .._errors import TPCHooksError
-from ..metrics._checks import as_tensor
+from ..metrics import as_tensor
 
 _HALF = (torch.float16, torch.bfloat16)
 

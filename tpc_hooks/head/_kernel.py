@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ..metrics._rule import flagged
+from ..metrics import flagged
 from ._checks import prepare_activations
 
 BOUNDS_SLACK = 1e-6  # relative widening of the trust region against rounding (see widen_bounds)

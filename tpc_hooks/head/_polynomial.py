@@ -28,9 +28,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from .._errors import TPCHooksError
-from ..saving import _format
-from ..saving._cards import head_card
-from ..saving._hub import HubMixin
+from ..saving import CONFIG_FILE, HubMixin, check_tensors, head_card, read_dir, require, write_dir
 from . import _kernel
 from ._history import History
 
@@ -350,7 +348,7 @@ class TPC(nn.Module, HubMixin):
             >>> tpc.TPC.from_pretrained(d).ranks
             (2,)
         """
-        return _format.write_dir(path, *to_saved(self))
+        return write_dir(path, *to_saved(self))
 
     @classmethod
     def _load_dir(cls, path: str | os.PathLike) -> "TPC":
@@ -361,8 +359,8 @@ class TPC(nn.Module, HubMixin):
             TPCHooksError: naming the file and the problem (missing/extra tensor, wrong shape,
                 unknown ``format_version``, truncated file).
         """
-        cfg, tensors = _format.read_dir(path)
-        return from_saved(cfg, tensors, Path(path) / _format.CONFIG_FILE)
+        cfg, tensors = read_dir(path)
+        return from_saved(cfg, tensors, Path(path) / CONFIG_FILE)
 
     def model_card(self, *, repo_id: str | None = None) -> str:
         """The model card :meth:`save_pretrained` writes (``README.md``): shape, the cost of
@@ -393,9 +391,9 @@ def to_saved(head: TPC) -> tuple[dict[str, Any], dict[str, Tensor]]:
 
 def from_saved(cfg: dict[str, Any], tensors: dict[str, Tensor], where: Path | str) -> TPC:
     """The head a saved ``(config, tensors)`` describes; strict (see :meth:`TPC.from_pretrained`)."""
-    d_model = _format.require(cfg, "d_model", int, where)
-    degree = _format.require(cfg, "degree", int, where)
-    ranks = _format.require(cfg, "ranks", list, where)
+    d_model = require(cfg, "d_model", int, where)
+    degree = require(cfg, "degree", int, where)
+    ranks = require(cfg, "ranks", list, where)
     if len(ranks) != degree - 1 or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
         raise TPCHooksError(
             f"{where}: config.json ranks={ranks!r} must list {degree - 1} positive integers (R_2..R_{degree})"
@@ -418,7 +416,7 @@ def from_saved(cfg: dict[str, Any], tensors: dict[str, Tensor], where: Path | st
         expected[f"lambdas.{k}"] = (r,)
         if trust is not None:
             expected[f"bounds.{k}"] = (2, r)
-    _format.check_tensors(tensors, expected, where)
+    check_tensors(tensors, expected, where)
     if trust is not None and not all(
         bool((tensors[f"bounds.{k}"][0] <= tensors[f"bounds.{k}"][1]).all()) for k in range(2, degree + 1)
     ):

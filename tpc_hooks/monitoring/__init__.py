@@ -2,3 +2,17 @@
 monitored decode loop and ``watch``, the Hugging Face ``generate`` hooks, per-request scoring
 for engines whose batch changes every step, and the records of a monitored generation.
 """
+
+from ._calibrate import check_sources as check_sources
+from ._calibrate import everyday_present as everyday_present
+from ._calibrate import everyday_rows as everyday_rows
+from ._calibrate import logits as logits
+from ._monitor import Monitor as Monitor
+from ._monitor_config import MonitorConfig as MonitorConfig
+from ._records import GenerationRun as GenerationRun
+from ._records import MonitorEvent as MonitorEvent
+from ._records import MonitorSetRun as MonitorSetRun
+from ._records import TokenScores as TokenScores
+from ._records import WatchLog as WatchLog
+from ._requests import RequestScores as RequestScores
+from ._set import MonitorSet as MonitorSet

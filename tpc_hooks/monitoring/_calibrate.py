@@ -11,12 +11,11 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ..activations._collect import pooled_batches
-from ..data._split import check_prompts
-from ..head import _kernel
-from ..head._checks import check_features
-from ..metrics._checks import check_rate
-from ..metrics._metrics import threshold_at_fpr
+from ..activations import pooled_batches
+from ..data import check_prompts
+from ..head import check_features, threshold_above
+from ..metrics import check_rate, threshold_at_fpr
+from ..metrics import flagged as flag_rule
 
 
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
@@ -49,7 +48,7 @@ def activations(monitor: Any, benign: Any, fpr: float, sources: Any = None, ever
         full = decisions_of(monitor.cascade.with_thresholds(0.0))
         s = full.double().cpu().numpy()
         monitor.cascade = monitor.cascade.centered(
-            _kernel.threshold_above(full, threshold_at_fpr(s if on is None else s[on], fpr))
+            threshold_above(full, threshold_at_fpr(s if on is None else s[on], fpr))
         )
     return _set(
         monitor,
@@ -172,8 +171,8 @@ def _set(
     flags on new benign traffic like them (:func:`fpr_interval`) and, with ``sources``, the rate it
     flags on each source's inputs (:func:`rates_by_source`)."""
     scores = decisions.double().cpu().numpy()
-    monitor.threshold = _kernel.threshold_above(decisions, threshold_at_fpr(scores if on is None else scores[on], fpr))
-    hit = _kernel.flagged(decisions, monitor.threshold).cpu().numpy()
+    monitor.threshold = threshold_above(decisions, threshold_at_fpr(scores if on is None else scores[on], fpr))
+    hit = flag_rule(decisions, monitor.threshold).cpu().numpy()
     counted = hit if on is None else hit[on]
     flagged, n = int(counted.sum()), int(counted.size)
     monitor.report["operating_point"] = {

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..head._cascade import Cascade
+from ..head import Cascade
 from . import _generation
 from ._records import GenerationRun, MonitorEvent, WatchLog
 

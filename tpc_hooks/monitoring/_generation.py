@@ -16,11 +16,9 @@ from torch import Tensor
 
 from .._errors import TPCHooksError
 from ..adapters import pad, pad_id
-from ..data._split import check_prompts
-from ..head._cascade import Cascade, CascadeResult
-from ..head._kernel import forget_packs
-from ..head._together import Together
-from ..metrics._rule import flagged
+from ..data import check_prompts
+from ..head import Cascade, CascadeResult, Together, forget_packs
+from ..metrics import flagged
 from ..pooling import RunningAggregate, RunningPool, scored
 from ._records import GenerationRun, MonitorEvent, WatchLog, warn_nonfinite
 

@@ -23,8 +23,8 @@ from transformers import LogitsProcessor, StoppingCriteria
 
 from .._errors import TPCHooksError
 from ..adapters import Adapter, Site
-from ..head._together import Together
-from ..metrics._rule import flagged
+from ..head import Together
+from ..metrics import flagged
 from ._generation import Lane, lanes_of, score_lanes, stacked
 from ._records import GenerationRun
 

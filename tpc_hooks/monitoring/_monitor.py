@@ -13,17 +13,23 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ..activations._collect import pooled_batches, token_batches
+from ..activations import pooled_batches, token_batches
 from ..adapters import Adapter, get_adapter, pad, pad_id
-from ..data._split import check_prompts
-from ..head._cascade import Cascade, CascadeResult, prefix_result, stack_results
-from ..head._policy import FixedOrder, Policy
-from ..head._polynomial import TPC
-from ..head._sae import check_sae
-from ..head._sae import describe as describe_sae
-from ..head._sae import dims as sae_dims
-from ..head._sae import encode as sae_encode
-from ..head._sae import identity as sae_identity_of
+from ..data import check_prompts
+from ..head import (
+    TPC,
+    Cascade,
+    CascadeResult,
+    FixedOrder,
+    Policy,
+    check_sae,
+    describe_sae,
+    prefix_result,
+    sae_dims,
+    sae_encode,
+    stack_results,
+)
+from ..head import sae_identity as sae_identity_of
 from ..pooling import aggregate as aggregate_logits
 from ..pooling import pool_prefixes, scored
 from . import _calibrate

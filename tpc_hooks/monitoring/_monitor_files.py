@@ -7,11 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._errors import TPCHooksError
-from ..head._cascade import Cascade
-from ..head._polynomial import TPC, from_saved, to_saved
-from ..saving import _format
-from ..saving._cards import monitor_card
-from ..saving._hub import HubMixin
+from ..head import TPC, Cascade, from_saved, to_saved
+from ..saving import CONFIG_FILE, HubMixin, monitor_card, read_dir, write_dir
 from ._monitor_config import MonitorConfig
 
 
@@ -59,7 +56,7 @@ class MonitorFiles(HubMixin):
     def _save_dir(self, path: str | os.PathLike) -> Path:
         """Writes head and policy to a directory (``config.json`` + ``model.safetensors``);
         :meth:`save_pretrained` adds the model card."""
-        return _format.write_dir(path, self._config(), to_saved(self.head)[1])
+        return write_dir(path, self._config(), to_saved(self.head)[1])
 
     def model_card(self, *, repo_id: str | None = None) -> str:
         """The model card :meth:`save_pretrained` writes (``README.md``): model, site, pooling,
@@ -74,8 +71,8 @@ class MonitorFiles(HubMixin):
 
         A monitor trained on SAE latents needs its SAE again (``sae=``); a different one is refused.
         """
-        cfg, tensors = _format.read_dir(path)
-        where = Path(path) / _format.CONFIG_FILE
+        cfg, tensors = read_dir(path)
+        where = Path(path) / CONFIG_FILE
         head = from_saved(cfg, tensors, where)
         mon = cfg.get("monitor")
         if not isinstance(mon, dict):

@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError, deprecated
-from ..head._cascade import CascadeResult
-from ..metrics._rule import flagged
-from ..views._views import generation_html, token_scores_html
+from ..head import CascadeResult
+from ..metrics import flagged
+from ..views import generation_html, token_scores_html
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..head._cascade import Cascade, CascadeResult
-from ..head._kernel import forget_packs, freeze_packs
+from ..head import Cascade, CascadeResult, forget_packs, freeze_packs
 from ..pooling import RunningPool
 from ._generation import StepScores
 

@@ -11,9 +11,7 @@ import torch
 
 from .._errors import TPCHooksError
 from ..adapters import Adapter
-from ..head._cascade import CascadeResult
-from ..head._checks import check_features, check_width
-from ..head._together import Together
+from ..head import CascadeResult, Together, check_features, check_width
 from . import _generation
 from ._monitor import Monitor
 from ._records import LastRun, MonitorEvent, MonitorSetRun

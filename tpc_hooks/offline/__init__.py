@@ -255,7 +255,7 @@ def load_sae(
     model = model or DEFAULT_MODEL
     if model not in PACKAGED:
         raise TPCHooksError(f"load_sae trains on a packaged model ({sorted(PACKAGED)}); got {model!r}")
-    from ..serving._saes import read_sae
+    from ..serving import read_sae
 
     path = _sae_dir(model, site, d_sae, k, epochs, seed)
     if not (path / "report.json").exists():
@@ -268,9 +268,9 @@ def _tokens(
 ) -> tuple[torch.Tensor, list[tuple[int, int]], list[str], list[list[str]]]:
     """Every token row of the packaged training prompts at ``site`` (fixed prefix left out), where
     each row comes from (prompt, position), the prompts and their token strings."""
-    from ..activations._collect import collect
+    from ..activations import collect
     from ..adapters import get_adapter
-    from ..data._sets import default_prompt_set
+    from ..data import default_prompt_set
 
     hf, tok = load_hf(model)
     chat = tok.chat_template is not None
@@ -456,7 +456,7 @@ def load_monitor(name: str | None = None) -> Any:
         >>> monitor.model_name, monitor.threshold > 0
         ('SmolLM2-135M-Instruct', True)
     """
-    from ..monitoring._monitor import Monitor
+    from ..monitoring import Monitor
 
     name = DEFAULT_MODEL if name is None else name
     path = PRETRAINED / name
@@ -475,6 +475,6 @@ def pretrained_card(monitor: Any, record: dict[str, Any]) -> str:
     """A pretrained monitor's card (its ``README.md``): the monitor's own model card, then how it was
     trained, its evaluation and its scores of a few prompts, all rendered from ``record`` (the
     ``training.json`` its training run wrote: ``benchmarks/make_pretrained.py``)."""
-    from ..saving._cards import training_section
+    from ..saving import training_section
 
     return monitor.model_card().rstrip("\n") + "\n\n" + training_section(record) + "\n"

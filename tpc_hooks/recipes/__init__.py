@@ -18,5 +18,6 @@ from ._recipes import intent as intent
 from ._recipes import named as named
 from ._recipes import paper as paper
 from ._recipes import phrasing as phrasing
+from ._recipes import resolve as resolve
 
 __all__ = ["Recipe", "NAMES", "default", "phrasing", "intent", "in_distribution", "paper", "named"]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .._errors import TPCHooksError, deprecated
-from ..data import _intent, _phrasing
+from ..data import FAMILIES, NAMED_KINDS, TRAIN_KINDS, check_families, check_kinds
 
 NAMES = ("default", "phrasing", "intent", "in_distribution", "paper")
 
@@ -64,10 +64,8 @@ class Recipe:
     def __post_init__(self) -> None:
         if self.name not in NAMES:
             raise TPCHooksError(f"a recipe's name is one of {list(NAMES)}; got {self.name!r}")
-        object.__setattr__(self, "augment", _phrasing.check_families(self.augment or None))
-        object.__setattr__(
-            self, "intent", _intent.check_kinds(self.intent or None, _intent.NAMED_KINDS, _intent.TRAIN_KINDS)
-        )
+        object.__setattr__(self, "augment", check_families(self.augment or None))
+        object.__setattr__(self, "intent", check_kinds(self.intent or None, NAMED_KINDS, TRAIN_KINDS))
         if not isinstance(self.prune_orders, bool):
             raise TPCHooksError(f"prune_orders must be True or False; got {self.prune_orders!r}")
         if self.name == "in_distribution" and (self.augment or self.intent):
@@ -83,7 +81,7 @@ class Recipe:
     def shifts(self) -> tuple[str, ...]:
         """The phrasing families the validation prompts are rewritten in but the fit never trains on:
         every family the default recipe does not train on (the floor's test of the higher orders)."""
-        return tuple(f for f in _phrasing.FAMILIES if f not in self.augment) if self.name == "default" else ()
+        return tuple(f for f in FAMILIES if f not in self.augment) if self.name == "default" else ()
 
 
 def default(*, prune_orders: bool = True) -> Recipe:
@@ -98,7 +96,7 @@ def default(*, prune_orders: bool = True) -> Recipe:
 def phrasing(families: bool | Sequence[str] = True, *, prune_orders: bool = True) -> Recipe:
     """Trains on one rewrite of every training prompt (``families``: every phrasing family, or the
     named ones) and selects over the families as groups."""
-    return Recipe("phrasing", augment=_phrasing.check_families(families), prune_orders=prune_orders)
+    return Recipe("phrasing", augment=check_families(families), prune_orders=prune_orders)
 
 
 def intent(
@@ -111,8 +109,8 @@ def intent(
     else's plan, then a benign question) is opt-in."""
     return Recipe(
         "intent",
-        augment=_phrasing.check_families(families),
-        intent=_intent.check_kinds(kinds, _intent.NAMED_KINDS, _intent.TRAIN_KINDS),
+        augment=check_families(families),
+        intent=check_kinds(kinds, NAMED_KINDS, TRAIN_KINDS),
         prune_orders=prune_orders,
     )
 
@@ -125,7 +123,7 @@ def in_distribution(*, prune_orders: bool = True) -> Recipe:
 def paper(*, augment: bool | Sequence[str] = True, prune_orders: bool = False) -> Recipe:
     """The paper's exact fit (:class:`~tpc_hooks.FitConfig` with ``recipe=tpc.recipes.paper()``), every
     order kept, trained on the prompts and their rewrites (``augment=False``: the prompts alone)."""
-    return Recipe("paper", augment=_phrasing.check_families(augment), prune_orders=prune_orders)
+    return Recipe("paper", augment=check_families(augment), prune_orders=prune_orders)
 
 
 _PRESETS = {
@@ -177,9 +175,9 @@ def _from_old(name: str, old: dict[str, Any]) -> Recipe:
     ``prune_orders=``), as ``train_monitor(recipe=name, ...)`` once built it."""
     changed: dict[str, Any] = {}
     if old.get("augment") is not None:
-        changed["augment"] = _phrasing.check_families(old["augment"])
+        changed["augment"] = check_families(old["augment"])
     if old.get("intent") is not None:
-        changed["intent"] = _intent.check_kinds(old["intent"], _intent.NAMED_KINDS, _intent.TRAIN_KINDS)
+        changed["intent"] = check_kinds(old["intent"], NAMED_KINDS, TRAIN_KINDS)
     if old.get("prune_orders") is not None:
         changed["prune_orders"] = bool(old["prune_orders"])
     return replace(named(name), **changed)

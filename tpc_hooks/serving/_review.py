@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from .._errors import TPCHooksError
-from ..head._attribution import attribute
-from ..views._review import FILE
+from ..head import attribute
+from ..views import FILE
 
 
 def sampled(request_id: str, rate: float) -> bool:

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import RPC_SWAP, worker_error
-from ..monitoring._monitor import Monitor
-from ..saving import _format
+from ..adapters import RPC_SWAP, worker_error
+from ..monitoring import Monitor
+from ..saving import CONFIG_FILE, WEIGHTS_FILE
 from . import _review
 from ._drift import FlagRate
 from ._serve_metrics import LONE, labels, log
@@ -66,7 +66,7 @@ def identity(path: str | Path, known: dict[str, Any] | None = None) -> dict[str,
     scored them with it)."""
     mon = Monitor.from_pretrained(path)
     digest = hashlib.sha256()
-    for name in (_format.CONFIG_FILE, _format.WEIGHTS_FILE):
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
         digest.update((Path(path) / name).read_bytes())
     target = (mon.report or {}).get("operating_point", {}).get("fpr")
     if known is not None:

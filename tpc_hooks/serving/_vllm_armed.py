@@ -11,8 +11,7 @@ from typing import Any
 
 import torch
 
-from ..monitoring._monitor import Monitor
-from ..monitoring._requests import RequestScores
+from ..monitoring import Monitor, RequestScores
 from . import _review
 from ._prefix import BlockStates, Chain
 

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import OFF, pack, unexposed
-from ..monitoring._monitor import Monitor
-from ..saving import _format
+from ..adapters import OFF, pack, unexposed
+from ..monitoring import Monitor
+from ..saving import CONFIG_FILE, WEIGHTS_FILE
 from ._prefix import BlockStates
 from ._vllm_armed import UNSCORED, Armed, Request, WorkerState, rss, summaries_of
 
@@ -269,7 +269,7 @@ class Control:
         """The block states of this monitor (its saved files, site and policy): kept across arming
         it again, so blocks cached while it last ran stay readable; a few monitors' at most."""
         digest = hashlib.sha256(repr((site, order, cascade)).encode())
-        for name in (_format.CONFIG_FILE, _format.WEIGHTS_FILE):
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
             digest.update(Path(path, name).read_bytes())
         stores = self.__dict__.setdefault("_tpc_stores", OrderedDict())
         key = digest.hexdigest()

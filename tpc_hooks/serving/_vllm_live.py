@@ -18,7 +18,7 @@ should not need.
 from collections.abc import Callable
 from typing import Any
 
-from ..adapters._vllm_args import CONFIG, RPC_SITES, WORKER, keyed, worker_error
+from ..adapters import CONFIG, RPC_SITES, WORKER, keyed, worker_error
 from ._vllm_checks import CHANGED, MISSING, OK, Finding
 from ._vllm_contract import ROWS
 from ._vllm_recorder import CHECKS, RPC, Problem, isinstance_of, plain, same

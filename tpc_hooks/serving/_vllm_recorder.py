@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import CONFIG, KEY, RPC_CONTRACT
+from ..adapters import CONFIG, KEY, RPC_CONTRACT
 from . import _engine
 from ._vllm_armed import WorkerState
 from ._vllm_checks import CHANGED, MISSING, OK, SKIPPED

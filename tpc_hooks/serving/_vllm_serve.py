@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import (
+from ..adapters import (
     CONFIG,
     OPT_OUT,
     RPC_ARM_SET,

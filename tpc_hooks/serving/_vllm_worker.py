@@ -33,11 +33,11 @@ from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
 
 from .._errors import TPCHooksError
-from ..adapters._vllm_args import FAN, KEY, OFF, disabled, ident
-from ..adapters._vllm_args import own_setting as _own
-from ..adapters._vllm_args import request_settings as _settings
-from ..head._together import Together
-from ..metrics._rule import flagged
+from ..adapters import FAN, KEY, OFF, disabled, ident
+from ..adapters import own_setting as _own
+from ..adapters import request_settings as _settings
+from ..head import Together
+from ..metrics import flagged
 from . import _engine, _review, _vllm_recorder
 from ._prefix import Chain
 from ._vllm_armed import Armed, Request, WorkerState

@@ -4,3 +4,30 @@ CLI's ``train`` on a collected directory), the evaluation of a monitor, and the 
 
 It stands on ``monitoring`` because the recipe returns a :class:`~tpc_hooks.Monitor`.
 """
+
+from ._collected import CONTEXT_SPLITS as CONTEXT_SPLITS
+from ._collected import check_split as check_split
+from ._collected import flip_splits as flip_splits
+from ._collected import pooled_rows as pooled_rows
+from ._collected import rewrite_splits as rewrite_splits
+from ._collected import token_sequences as token_sequences
+from ._evaluate import DECISIONS as DECISIONS
+from ._evaluate import cascade_sweep as cascade_sweep
+from ._evaluate import order_logits as order_logits
+from ._evaluate import per_order as per_order
+from ._evaluation import Evaluation as Evaluation
+from ._fit import fit as fit
+from ._from_stores import finish as finish
+from ._from_stores import plan_from_stores as plan_from_stores
+from ._loop import default_device as default_device
+from ._loop import f1_at_zero as f1_at_zero
+from ._loop import train_loop as train_loop
+from ._outside import evaluate as evaluate
+from ._outside import evaluate_activations as evaluate_activations
+from ._rows import Rows as Rows
+from ._rows import as_rows as as_rows
+from ._rows import split_data as split_data
+from ._select import choose_site as choose_site
+from ._train import check_target_fpr as check_target_fpr
+from ._train import train as train
+from ._train_monitor import train_monitor as train_monitor

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from .._errors import TPCHooksError
-from ..activations._store import ActivationStore
-from ..data._sets import PHRASING_FAMILIES, homonym_examples, intent_flips, rewrites
+from ..activations import ActivationStore
+from ..data import PHRASING_FAMILIES, homonym_examples, intent_flips, rewrites
 from ._train import INTENT, PLAIN, Chats, Examples, TrainData, val_sources
 
 COLLECT_KEYS = ("model", "sites", "pooling", "chat_template", "max_tokens")

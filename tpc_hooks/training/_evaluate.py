@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..head._policy import FixedOrder
-from ..metrics._metrics import classification_metrics, threshold_at_fpr, worst_group
+from ..head import FixedOrder
+from ..metrics import classification_metrics, threshold_at_fpr, worst_group
 
 DECISIONS = {"max": "max over tokens of the aggregate", "last": "the aggregate after the last token"}
 SWEEP_TAUS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5)

@@ -12,9 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ..head import _kernel
-from ..head._history import FitConfig, History, TrainConfig
-from ..head._polynomial import TPC
+from ..head import TPC, FitConfig, History, TrainConfig, order_projections, order_term, truncation_logits
 from ._loop import Draws, default_device, loss_and_f1, train_loop
 from ._probe import fit_probe
 from ._rows import Rows, as_rows, split_data
@@ -291,7 +289,7 @@ class _Trainer:
         """The frozen truncation ``P_{:k-1}``'s logits on the training and validation rows."""
 
         def fn(x):
-            return _kernel.logits(self.head, x, k - 1)
+            return truncation_logits(self.head, x, k - 1)
 
         return self.tr.map(self.head.scaler, self.device, fn), self.va.map(self.head.scaler, self.device, fn)
 
@@ -301,7 +299,7 @@ class _Trainer:
         return loss_and_f1(s, self.y_va, self.groups, self.cfg.group_rule)
 
     def _val_term(self, k: int) -> Tensor:
-        return self.va.map(self.head.scaler, self.device, lambda x: _kernel.term(self.head, x, k)[0])
+        return self.va.map(self.head.scaler, self.device, lambda x: order_term(self.head, x, k)[0])
 
     def degree(self, k: int, prefix: tuple[Tensor, Tensor]) -> dict[str, Any]:
         """Trains ``U_k, lambda_k`` alone, once per grid point (weight decay grown by
@@ -416,18 +414,18 @@ class _Trainer:
             if tc.dropout > 0:
                 keep = (drop.take(idx.shape[0]) >= tc.dropout).to(prefix.dtype)
                 prefix = prefix * keep / (1 - tc.dropout)
-            loss = F.binary_cross_entropy_with_logits(prefix + _kernel.term(head, xb, k, clip=False)[0], self.y_tr[idx])
+            loss = F.binary_cross_entropy_with_logits(prefix + order_term(head, xb, k, clip=False)[0], self.y_tr[idx])
             if pick_u is not None:
                 assert unl is not None  # pick_u draws the unlabelled rows
                 loss = (
                     loss
                     + cfg.consistency
-                    * _kernel.term(head, unl[pick_u.take(xb.shape[0])], k, clip=False)[0].square().mean()
+                    * order_term(head, unl[pick_u.take(xb.shape[0])], k, clip=False)[0].square().mean()
                 )
             if pick_p is not None:
                 assert pairs is not None and self.tr.std is not None  # pairs need the training rows in memory
                 p = pairs[pick_p.take(xb.shape[0])].reshape(-1)  # harmful, counterpart, harmful, ...
-                s = (prefix_tr[p] + _kernel.term(head, self.tr.std[p], k, clip=False)[0]).view(-1, 2)
+                s = (prefix_tr[p] + order_term(head, self.tr.std[p], k, clip=False)[0]).view(-1, 2)
                 loss = loss + cfg.contrast * F.softplus(s[:, 1] - s[:, 0]).mean()
             return loss + tc.l1 * U.abs().sum() if tc.l1 else loss
 
@@ -439,7 +437,7 @@ class _Trainer:
         for k in degrees:
             lo = hi = None
             for _, x in self.tr.chunks(self.head.scaler, self.device):
-                p = _kernel.project(self.head, x, k)[0]
+                p = order_projections(self.head, x, k)[0]
                 lo = p.min(0).values if lo is None else torch.minimum(lo, p.min(0).values)
                 hi = p.max(0).values if hi is None else torch.maximum(hi, p.max(0).values)
             assert lo is not None and hi is not None  # the training rows are not empty
@@ -471,11 +469,11 @@ class _Trainer:
 
             def batch_loss(xb: Tensor, idx: Tensor) -> Tensor:
                 return F.binary_cross_entropy_with_logits(
-                    _kernel.logits(head, xb, head.degree), self.y_tr[idx.to(device)]
+                    truncation_logits(head, xb, head.degree), self.y_tr[idx.to(device)]
                 )
 
             def evaluate() -> tuple[float, float]:
-                s = self.va.map(head.scaler, device, lambda x: _kernel.logits(head, x, head.degree))
+                s = self.va.map(head.scaler, device, lambda x: truncation_logits(head, x, head.degree))
                 return loss_and_f1(s, self.y_va)
 
             tags = {

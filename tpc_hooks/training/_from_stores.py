@@ -11,11 +11,10 @@ from typing import Any
 import numpy as np
 
 from .._errors import TPCHooksError
-from ..data._sets import INTENT_KINDS, PHRASING_FAMILIES
-from ..monitoring._calibrate import everyday_rows
-from ..monitoring._monitor_config import MonitorConfig
+from ..data import INTENT_KINDS, PHRASING_FAMILIES
+from ..monitoring import MonitorConfig, everyday_rows
 from ..pooling import check_aggregate
-from ..recipes._recipes import Recipe, named
+from ..recipes import Recipe, named
 from ._collected import CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config
 from ._refit import settle
 from ._train import PLAIN, TrainData, TrainPlan, default_aggregate, fit_config

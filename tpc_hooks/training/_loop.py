@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from .._errors import TPCHooksError
-from ..head._history import TrainConfig
+from ..head import TrainConfig
 from ._rows import Rows
 
 

@@ -24,18 +24,11 @@ from sklearn.preprocessing import StandardScaler
 from tqdm.auto import tqdm
 
 from .._errors import TPCHooksError
-from ..activations._collect import collect, cost_line, prompts_digest
-from ..data._outside import outside_sets
-from ..data._promptset import PromptSet
-from ..data._sources import norm
-from ..data._split import check_prompts, split_positions
-from ..data._splits import rng
-from ..head._history import PROBE_CS
-from ..metrics._checks import check_labels
-from ..metrics._metrics import threshold_at_fpr
-from ..metrics._rule import flagged
-from ..monitoring._calibrate import check_sources, everyday_present, everyday_rows
-from ..monitoring._monitor import Monitor
+from ..activations import collect, cost_line, prompts_digest
+from ..data import PromptSet, check_prompts, norm, outside_sets, rng, split_positions
+from ..head import PROBE_CS
+from ..metrics import check_labels, flagged, threshold_at_fpr
+from ..monitoring import Monitor, check_sources, everyday_present, everyday_rows
 from ._evaluation import DEPLOYED, PROBE, Evaluation
 from ._refit import out_of_fold
 from ._train_request import check_validation

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._errors import TPCHooksError
-from ..head._polynomial import TPC
+from ..head import TPC
 from ._loop import f1_at_zero
 from ._rows import Rows
 

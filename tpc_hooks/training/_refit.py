@@ -12,10 +12,9 @@ import numpy as np
 import torch
 
 from .._errors import TPCHooksError
-from ..head._history import History
-from ..head._polynomial import TPC
-from ..monitoring._calibrate import everyday_present
-from ..monitoring._calibrate import logits as calibrate_logits
+from ..head import TPC, History
+from ..monitoring import everyday_present
+from ..monitoring import logits as calibrate_logits
 from ._fit import _init_degree, _new_head, _Trainer
 from ._loop import default_device
 from ._probe import fit_probe

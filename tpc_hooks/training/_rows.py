@@ -10,9 +10,9 @@ import torch
 from torch import Tensor, nn
 
 from .._errors import TPCHooksError
-from ..activations._store import ActivationStore
-from ..head._checks import check_features
-from ..metrics._checks import check_labels
+from ..activations import ActivationStore
+from ..head import check_features
+from ..metrics import check_labels
 
 
 class Rows:

@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..head._sae import identity as sae_identity
+from ..head import sae_identity
 from ._train_request import Request
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 from .._errors import TPCHooksError
-from ..head._history import FitConfig
-from ..metrics._metrics import worst_group
+from ..head import FitConfig
+from ..metrics import worst_group
 from ._fit import fit
 
 FPR = 0.01

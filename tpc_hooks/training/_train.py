@@ -15,14 +15,11 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ..data._context import hosted_rows
-from ..head._cascade import Cascade
-from ..head._history import FitConfig
-from ..metrics._checks import check_rate
-from ..monitoring._calibrate import everyday_present
-from ..monitoring._monitor import Monitor
-from ..monitoring._monitor_config import MonitorConfig
-from ..recipes._recipes import NAMES
+from ..data import hosted_rows
+from ..head import Cascade, FitConfig
+from ..metrics import check_rate
+from ..monitoring import Monitor, MonitorConfig, everyday_present
+from ..recipes import NAMES
 from ._evaluate import DECISIONS, EARN_Z, earned_order, per_order, worst_per_order
 from ._fit import fit
 from ._rows import token_rows

@@ -20,14 +20,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..activations._collect import collect, cost_line, prompts_digest, token_batches
-from ..data import _intent
-from ..data._context import host_splits
-from ..data._sets import PromptSet, homonym_examples, intent_flips, rewrites, stated_flips
-from ..head._history import FitConfig
-from ..monitoring._monitor import Monitor
-from ..monitoring._monitor_config import MonitorConfig
-from ..recipes._recipes import Recipe, resolve
+from ..activations import collect, cost_line, prompts_digest, token_batches
+from ..data import HOMONYM, STATED, PromptSet, homonym_examples, host_splits, intent_flips, rewrites, stated_flips
+from ..head import FitConfig
+from ..monitoring import Monitor, MonitorConfig
+from ..recipes import Recipe, resolve
 from ._refit import last_step, refits
 from ._rows_cache import RowsCache
 from ._train import (
@@ -328,10 +325,10 @@ def _texts(r: Request) -> _Texts:
     viewed = r.families + r.shifts  # validation: the trained families, then those held out of training
     views = rewrites([items[i] for i in va], y[va], viewed, every_family=True, seed=seed) if viewed else none
     flips = intent_flips([items[i] for i in tr], y[tr], r.flip_kinds, seed=seed) if r.flip_kinds else none
-    homs = homonym_examples() if _intent.HOMONYM in r.kinds else none  # the training verbs' homonyms, benign
-    if _intent.STATED in r.kinds:  # the stated-act rows join them: the orders above 1 train on them, order 1 does not
+    homs = homonym_examples() if HOMONYM in r.kinds else none  # the training verbs' homonyms, benign
+    if STATED in r.kinds:  # the stated-act rows join them: the orders above 1 train on them, order 1 does not
         homs = homs + stated_flips([items[i] for i in tr], y[tr], seed=seed)
-    val_homs = homonym_examples(verbs="val") if _intent.HOMONYM in r.kinds else none  # benign, in the group INTENT
+    val_homs = homonym_examples(verbs="val") if HOMONYM in r.kinds else none  # benign, in the group INTENT
     val_flips = (
         intent_flips([items[i] for i in va], y[va], r.flip_kinds, every_kind=True, seed=seed) if r.flip_kinds else none
     )

@@ -11,15 +11,21 @@ import numpy as np
 
 from .._errors import TPCHooksError
 from ..adapters import Adapter, get_adapter, resolve_bos
-from ..data import _intent
-from ..data._context import check_conversation, context_budget, sharegpt_contexts
-from ..data._sources import norm
-from ..data._split import check_prompts, check_split, split_positions
-from ..head._history import FitConfig
-from ..metrics._checks import check_labels
-from ..monitoring._calibrate import check_sources, everyday_rows
+from ..data import (
+    KINDS,
+    check_conversation,
+    check_prompts,
+    check_split,
+    context_budget,
+    norm,
+    sharegpt_contexts,
+    split_positions,
+)
+from ..head import FitConfig
+from ..metrics import check_labels
+from ..monitoring import check_sources, everyday_rows
 from ..pooling import check_aggregate, check_pooling
-from ..recipes._recipes import Recipe
+from ..recipes import Recipe
 from ._train import CALIBRATION, check_target_fpr, default_aggregate, fit_config
 
 
@@ -62,7 +68,7 @@ class Request:
 
     @property
     def flip_kinds(self) -> tuple[str, ...]:
-        return tuple(k for k in self.kinds if k in _intent.KINDS)
+        return tuple(k for k in self.kinds if k in KINDS)
 
 
 def check_request(

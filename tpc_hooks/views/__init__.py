@@ -29,8 +29,12 @@ red above, whatever the threshold.
 from ._html import HTML as HTML
 from ._html import NAN_COLOR as NAN_COLOR
 from ._html import score_color as score_color
+from ._review import FILE as FILE
+from ._review import logged_peaks as logged_peaks
+from ._review import read_review_log as read_review_log
 from ._review import render_review_log as render_review_log
 from ._review import review_html as review_html
+from ._screenshot import screenshot as screenshot
 from ._views import attribution_html as attribution_html
 from ._views import colored_tokens as colored_tokens
 from ._views import generation_html as generation_html

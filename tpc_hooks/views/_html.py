@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, SupportsFloat
 
 from .._errors import TPCHooksError
-from ..metrics._rule import flagged
+from ..metrics import flagged
 
 _LOW, _MID, _HIGH = (146, 197, 222), (247, 247, 247), (214, 96, 77)  # RdBu: #92c5de, #f7f7f7, #d6604d
 NAN_COLOR = "#b39ddb"  # a NaN score (non-finite activations): off the scale, and flagged
