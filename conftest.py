@@ -14,11 +14,11 @@ collect_ignore = (
     if importlib.util.find_spec("vllm")
     else [
         "tests/vllm_poison.py",
-        "tpc_hooks/serving/_vllm_worker.py",
-        "tpc_hooks/serving/_vllm_serve.py",
-        "tpc_hooks/serving/_vllm_models.py",
-        "tpc_hooks/serving/_serve_metrics.py",
-        "tpc_hooks/serving/_serve_monitors.py",
+        "tpc_hooks/adapters/vllm/_worker/worker.py",
+        "tpc_hooks/adapters/vllm/_server/serve.py",
+        "tpc_hooks/adapters/vllm/_worker/models.py",
+        "tpc_hooks/adapters/vllm/_server/metrics.py",
+        "tpc_hooks/adapters/vllm/_server/monitors.py",
     ]
 )
 

@@ -527,7 +527,7 @@ def test_a_pass_is_fresh_when_its_kv_cache_is_empty_under_any_of_its_names(name)
     (transformers >= 5.24: ``cache``; before: ``past_key_values``; TransformerLens: ``past_kv_cache``)."""
     from transformers import DynamicCache
 
-    from tpc_hooks.adapters._hf import InputSpy
+    from tpc_hooks.activations._hf import InputSpy
 
     class Held:  # a cache holding 7 positions
         def get_seq_length(self):

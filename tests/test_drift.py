@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tpc_hooks import TPCHooksError
-from tpc_hooks.serving._drift import FlagRate
+from tpc_hooks.adapters.vllm._server.drift import FlagRate
 
 
 def stream(rng, parts):

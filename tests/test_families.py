@@ -20,8 +20,8 @@ from families import FAMILIES, LAYERS, build
 from tiny_models import assert_steps_score_as_offline, bridge, nnsight_lm, tiny_head, tokenizer
 
 import tpc_hooks as tpc
+from tpc_hooks.activations._sites import hook_name
 from tpc_hooks.adapters import Site, get_adapter
-from tpc_hooks.adapters._sites import hook_name
 
 pytest.importorskip("nnsight")
 
@@ -247,7 +247,7 @@ def _stack(n, width=4):
 
 
 def test_the_rule_finds_a_renamed_layer_list_and_ignores_lists_of_other_lengths():
-    from tpc_hooks.adapters._hf import find_layers
+    from tpc_hooks.activations._hf import find_layers
 
     m = torch.nn.Module()
     m.config = _Config("renamed", layers=3)
@@ -259,7 +259,7 @@ def test_the_rule_finds_a_renamed_layer_list_and_ignores_lists_of_other_lengths(
 
 @pytest.mark.parametrize("accessor", [True, False])
 def test_the_rule_finds_a_wrapped_language_model_beside_a_vision_tower_of_the_same_depth(accessor):
-    from tpc_hooks.adapters._hf import find_layers
+    from tpc_hooks.activations._hf import find_layers
 
     m = torch.nn.Module()
     m.config = _Config("wrapped", text=_Config("wrapped_text", layers=3))  # the count only in the sub-config
@@ -275,7 +275,7 @@ def test_the_rule_finds_a_wrapped_language_model_beside_a_vision_tower_of_the_sa
 
 
 def test_the_rule_names_what_it_found_when_nothing_fits_and_the_table_overrides_it(monkeypatch):
-    from tpc_hooks.adapters import _hf
+    from tpc_hooks.activations import _hf
 
     m = torch.nn.Module()
     m.config = _Config("odd", layers=5)

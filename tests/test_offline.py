@@ -52,7 +52,7 @@ def test_two_processes_converting_at_once_leave_the_first_whole_folder(tmp_path,
 
 def test_each_sae_recipe_is_its_own_cached_sae(tmp_path, monkeypatch):
     """The quick recipe (fewer epochs) and another seed train SAEs of their own; the default's loads again."""
-    from tpc_hooks import serving
+    from tpc_hooks import adapters
 
     monkeypatch.setenv("TPC_HOOKS_CACHE", str(tmp_path))
     trained = []
@@ -63,7 +63,7 @@ def test_each_sae_recipe_is_its_own_cached_sae(tmp_path, monkeypatch):
         (path / "report.json").write_text("{}")
 
     monkeypatch.setattr(offline, "_train", train)
-    monkeypatch.setattr(serving, "read_sae", lambda path: path)
+    monkeypatch.setattr(adapters, "read_sae", lambda path: path)
     default, quick = offline.load_sae(), offline.load_sae(epochs=offline.QUICK_SAE_EPOCHS)
     seeded, again = offline.load_sae(seed=1), offline.load_sae()
     assert len({default, quick, seeded}) == 3 and again == default

@@ -61,7 +61,6 @@ FOLDERS = (
     "activations",
     "monitoring",
     "training",
-    "serving",
 )  # private workshops
 FACES = [m for m in public_modules() if m.removeprefix("tpc_hooks.") not in FOLDERS]
 

@@ -218,7 +218,7 @@ def test_an_engine_whose_model_returns_no_residual_stream_is_refused_by_name():
     model that has the interface is asked for exactly the exposed ids."""
     from types import SimpleNamespace
 
-    from tpc_hooks.serving import _engine
+    from tpc_hooks.adapters.vllm import _engine
 
     class FooForCausalLM(torch.nn.Module):
         pass

@@ -12,9 +12,9 @@ import torch
 from tiny_models import random_head
 
 import tpc_hooks as tpc
+from tpc_hooks.adapters.vllm._review import Notes, ReviewLog, entry, explain, explain_entry
 from tpc_hooks.monitoring._requests import RequestScores
 from tpc_hooks.pooling import POOLINGS, pool
-from tpc_hooks.serving._review import Notes, ReviewLog, entry, explain, explain_entry
 
 D = 8
 

@@ -192,7 +192,7 @@ def test_labels_of_an_sae_name_its_features_in_attributions_and_views():
 def test_read_sae_brings_back_the_labels_saved_beside_it(tmp_path):
     import json
 
-    from tpc_hooks.serving._saes import read_sae
+    from tpc_hooks.adapters._sae_lens import read_sae
 
     sae = make_sae()
     sae.save_model(tmp_path / "s")
@@ -202,7 +202,7 @@ def test_read_sae_brings_back_the_labels_saved_beside_it(tmp_path):
     assert back.feature_labels == {3: "'bomb'"} and back.reconstruction is None
     with pytest.raises(tpc.TPCHooksError, match="holds no SAE"):
         read_sae(tmp_path)
-    from tpc_hooks.serving._review import sae_site
+    from tpc_hooks.adapters.vllm._review import sae_site
 
     with pytest.raises(tpc.TPCHooksError, match="records no hook_name"):
         sae_site(back, tmp_path / "s")  # --review-log-sae needs to know which monitors it explains
@@ -214,7 +214,7 @@ def test_read_sae_brings_back_the_labels_saved_beside_it(tmp_path):
 def test_the_review_log_explains_a_residual_monitor_in_sae_features_too():
     """explain(..., sae=): the features part equals tpc.attribute(..., sae=) of the same input,
     with the labels of the features it lists."""
-    from tpc_hooks.serving._review import explain, explain_entry
+    from tpc_hooks.adapters.vllm._review import explain, explain_entry
 
     sae = _labelled(make_sae())
     mon = tpc.Monitor(random_head(32), SITE, pooling="mean")

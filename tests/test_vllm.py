@@ -345,7 +345,7 @@ def test_an_engine_built_for_some_sites_reads_those_and_refuses_others(models, u
 
 
 def test_the_integration_refuses_a_vllm_release_it_is_not_written_for():
-    from tpc_hooks.serving import _engine
+    from tpc_hooks.adapters.vllm import _engine
 
     assert _engine.check_version() == _engine.vllm_version()  # the release installed here
     with pytest.raises(tpc.TPCHooksError, match=r"supports vLLM 0.32.x and 0.33.x .* this is vLLM 0.34.0: pip install"):

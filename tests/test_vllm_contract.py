@@ -1,4 +1,4 @@
-"""tpc-hooks' contract with vLLM (``tpc_hooks/serving/_vllm_contract.py``): the table is well formed
+"""tpc-hooks' contract with vLLM (``tpc_hooks/adapters/vllm/_contract/surface.py``): the table is well formed
 and names every vLLM name the plugin's source uses (no vLLM needed); the installed vLLM is as every
 static row says (``make test-vllm``; ``make test-vllm-contract-newest`` against the newest release);
 and a live engine's worker is as every runtime row says, on a real runner (``make test-vllm``)."""
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tpc_hooks.adapters._vllm_args import worker_error
-from tpc_hooks.serving import _vllm_checks as checks
-from tpc_hooks.serving import _vllm_live
-from tpc_hooks.serving._vllm_contract import ROWS, check_static, size
+from tpc_hooks.adapters.vllm import _live as _vllm_live
+from tpc_hooks.adapters.vllm._contract import checks as checks
+from tpc_hooks.adapters.vllm._contract.surface import ROWS, check_static, size
+from tpc_hooks.adapters.vllm._wire import worker_error
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tpc_hooks"
@@ -84,7 +84,7 @@ def _vllm_names(path: Path) -> set[frozenset[str]]:
                 if a.name.split(".")[0] == "vllm":
                     bound[(a.asname or a.name).split(".")[0]] = a.name if a.asname else "vllm"
                     found.add(frozenset({a.name}))
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "vllm":
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "vllm":
             for a in node.names:
                 bound[a.asname or a.name] = f"{node.module}.{a.name}"
                 found.add(frozenset({f"{node.module}.{a.name}"}))
@@ -167,13 +167,14 @@ def test_the_docs_say_how_big_the_surface_is():
 def test_a_module_that_does_not_import_marks_its_rows_missing_and_the_others_are_checked(tmp_path, monkeypatch):
     (tmp_path / "tpc_contract_broken.py").write_text("raise ImportError('needs a GPU library')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    us = "adapters.vllm._contract.surface:check_static"
     rows = (
-        checks.row("tpc_contract_broken:Thing", "import", "serving._vllm_contract:check_static", checks.exists()),
-        checks.row("tpc_contract_broken:Thing.go", "call", "serving._vllm_contract:check_static", checks.params()),
-        checks.row("json:dumps", "call", "serving._vllm_contract:check_static", checks.params("obj", more=True)),
-        checks.row("json:loads", "call", "serving._vllm_contract:check_static", checks.params("s", "strict")),
-        checks.row("json:nothing_here", "call", "serving._vllm_contract:check_static", checks.exists()),
-        checks.row("json.decoder:JSONDecodeError.msg", "read", "serving._vllm_contract:check_static", checks.prop()),
+        checks.row("tpc_contract_broken:Thing", "import", us, checks.exists()),
+        checks.row("tpc_contract_broken:Thing.go", "call", us, checks.params()),
+        checks.row("json:dumps", "call", us, checks.params("obj", more=True)),
+        checks.row("json:loads", "call", us, checks.params("s", "strict")),
+        checks.row("json:nothing_here", "call", us, checks.exists()),
+        checks.row("json.decoder:JSONDecodeError.msg", "read", us, checks.prop()),
     )
     found = {f.name: f for f in checks.run_static(rows)}
     assert [f.status for f in found.values()] == ["MISSING", "MISSING", "OK", "CHANGED", "MISSING", "MISSING"]
@@ -203,7 +204,7 @@ def test_the_runtime_checks_catch_what_they_check():
     """The worker's judgements on a recorder's data, without an engine: each flags the breakage it
     is there for (an apply out of step or on another thread, a row count off, a row fed another
     request's token, an admission count off, a request reported finished in its own step)."""
-    from tpc_hooks.serving import _vllm_recorder as r
+    from tpc_hooks.adapters.vllm._worker import recorder as r
 
     steps = [("exec", 1, 2, 7), ("apply", 1, 2, 7), ("exec", 2, 2, 7), ("apply", 2, 2, 7)]
     assert r._order(steps) is None
@@ -232,7 +233,7 @@ def test_the_id_scheme_is_read_in_one_helper_each_way():
     them (rows ParentRequest, OpenAIServingCompletion); an id of another shape is a loud error naming the
     row, never a guess; a request vLLM did not fan out is sample 0 whatever its id looks like."""
     from tpc_hooks import TPCHooksError
-    from tpc_hooks.serving._vllm_contract import child_index, completion_prompt
+    from tpc_hooks.adapters.vllm._contract.surface import child_index, completion_prompt
 
     for k in range(3):
         assert child_index(f"{k}_chatcmpl-3_x-1-0a1b2c3d", 3) == k
@@ -247,13 +248,15 @@ def test_the_id_scheme_is_read_in_one_helper_each_way():
 
 
 _VLLM_FILES = [
-    p for p in [*PACKAGE.glob("serving/*.py"), *PACKAGE.glob("adapters/*vllm*.py")] if p.name != "_vllm_contract.py"
+    p
+    for p in PACKAGE.glob("adapters/vllm/**/*.py")
+    if p.relative_to(PACKAGE).as_posix() != "adapters/vllm/_contract/surface.py"
 ]
 
 
 def test_no_id_is_split_or_matched_in_part_outside_the_contracts_helpers():
     """The vLLM side of the plugin cuts no string at '-' or '_' and matches none in part (``x in rid``,
-    ``startswith``) or by pattern: engine ids are read by ``_vllm_contract.child_index`` and
+    ``startswith``) or by pattern: engine ids are read by ``_contract.surface.child_index`` and
     ``completion_prompt`` alone, requests matched by keys of tpc-hooks' own."""
     found = []
     for path in _VLLM_FILES:
@@ -278,19 +281,19 @@ def test_no_id_is_split_or_matched_in_part_outside_the_contracts_helpers():
 
 
 def test_every_remote_call_name_resolves_to_a_method_of_the_worker():
-    """The names callers pass to ``collective_rpc`` are the constants of ``_vllm_args``, each one a
+    """The names callers pass to ``collective_rpc`` are the constants of ``_wire``, each one a
     method of the worker (read with ``ast``: the worker imports vLLM; with vLLM, on the class itself);
     no caller spells one out."""
-    from tpc_hooks.adapters import _vllm_args
+    from tpc_hooks.adapters.vllm import _wire as _vllm_args
 
     methods = set()
-    for module in ("_vllm_control.py", "_vllm_worker.py"):
-        for node in ast.walk(ast.parse((PACKAGE / "serving" / module).read_text())):
+    for module in ("control.py", "worker.py"):
+        for node in ast.walk(ast.parse((PACKAGE / "adapters" / "vllm" / "_worker" / module).read_text())):
             if isinstance(node, ast.FunctionDef) and node.name.startswith("tpc_hooks_"):
                 methods.add(node.name)
     assert set(_vllm_args.RPCS) == methods, set(_vllm_args.RPCS) ^ methods
     if HAS_VLLM:
-        from tpc_hooks.serving._vllm_worker import TPCHooksWorker
+        from tpc_hooks.adapters.vllm._worker.worker import TPCHooksWorker
 
         assert all(callable(getattr(TPCHooksWorker, name, None)) for name in _vllm_args.RPCS)
     spelled = []
@@ -310,7 +313,7 @@ def test_a_pass_the_runner_does_not_hold_as_read_is_refused_saying_why():
     import numpy as np
 
     from tpc_hooks import TPCHooksError
-    from tpc_hooks.serving._engine import last_pass
+    from tpc_hooks.adapters.vllm._engine import last_pass
 
     so = object()
     aux = [torch.zeros(3, 4)]
@@ -331,7 +334,7 @@ def test_a_pass_the_runner_does_not_hold_as_read_is_refused_saying_why():
 @pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here (make test-vllm)")
 def test_the_installed_vllm_is_as_every_static_row_says():
     """Fails listing every row that is not OK, by name (``-s`` prints them all)."""
-    from tpc_hooks.serving._engine import vllm_version
+    from tpc_hooks.adapters.vllm._engine import vllm_version
 
     found = check_static()
     print(f"\nvLLM {vllm_version()}: {len(found)} static rows")
@@ -367,7 +370,7 @@ def test_a_model_runner_tpc_hooks_does_not_know_is_refused_at_build():
     """Checked on the class (vLLM's GPU model runner V1 or V2, or one built on it): another is refused
     with the reason, before any pass runs."""
     from tpc_hooks import TPCHooksError
-    from tpc_hooks.serving._engine import check_runner
+    from tpc_hooks.adapters.vllm._engine import check_runner
 
     class OwnRunner:
         pass

@@ -41,7 +41,7 @@ _OUTCOMES: dict[str, str] = {}
 REPLACED = (
     "Gemma3ForCausalLM",
     "GraniteMoeHybridForCausalLM",
-)  # architectures the monitored worker serves with its own subclass (_vllm_models)
+)  # architectures the monitored worker serves with its own subclass (_worker.models)
 
 
 @contextmanager

@@ -131,7 +131,7 @@ def _metrics(client, monitor: str = "default") -> dict[str, float]:
 def test_models_endpoint_names_the_monitor(server):
     client, where = server
     got = client.get("/v1/models").json()
-    from tpc_hooks.serving._serve_monitors import identity
+    from tpc_hooks.adapters.vllm._server.monitors import identity
 
     want = identity(where)
     assert got["tpc_hooks"] == {**want, "action": "stop"}

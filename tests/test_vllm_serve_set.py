@@ -96,7 +96,7 @@ def early_sae():
 
 def test_models_endpoint_names_each_monitor(set_server):
     client, dirs = set_server
-    from tpc_hooks.serving._serve_monitors import identity
+    from tpc_hooks.adapters.vllm._server.monitors import identity
 
     got = client.get("/v1/models").json()["tpc_hooks"]
     assert got["harm"]["target_fpr"] == 0.05 and got["early"]["target_fpr"] is None
@@ -182,7 +182,7 @@ def test_the_review_log_explains_each_flagged_request_as_attribute_does_offline(
     same prefix's activations on the transformers model, and its orders up to the step's exit order
     sum to the step's logit; the text is the answer's; the answers carry no review."""
     from tpc_hooks.adapters import get_adapter
-    from tpc_hooks.serving._review import sampled
+    from tpc_hooks.adapters.vllm._review import sampled
 
     client, dirs = set_server
     monitors, want = expected
@@ -224,7 +224,7 @@ def test_the_review_log_explains_each_flagged_request_as_attribute_does_offline(
             assert sum(a["by_order"][: a["exit_order"]]) == pytest.approx(a["step_logit"])
             assert a["top_neurons"][0][0] == offline.top_neurons(1)[0][0]
             if mon.site == EARLY:  # --review-log-sae: the same decision in the SAE's features, by label
-                from tpc_hooks.serving._saes import read_sae
+                from tpc_hooks.adapters._sae_lens import read_sae
 
                 feats = tpc.attribute(mon, acts[layer].float(), sae=read_sae(dirs["sae"])).top_neurons(3)
                 assert [i for i, _ in a["features"]["top_features"][:3]] == [i for i, _ in feats]
@@ -373,6 +373,6 @@ def test_a_monitor_is_replaced_under_32_clients_and_in_flight_requests_finish_on
 
 
 def first_sha(dirs):
-    from tpc_hooks.serving._serve_monitors import identity
+    from tpc_hooks.adapters.vllm._server.monitors import identity
 
     return identity(dirs["harm"])["sha256"]

@@ -5,7 +5,7 @@ the compiled forward reads at every pass."""
 
 import torch
 
-from tpc_hooks.serving._vllm_worker import TPCHooksWorker
+from tpc_hooks.adapters.vllm._worker.worker import TPCHooksWorker
 
 
 class PoisonWorker(TPCHooksWorker):

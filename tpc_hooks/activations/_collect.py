@@ -14,10 +14,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from .._errors import TPCHooksError
-from ..adapters import Adapter, Site, get_adapter, pad, pad_id, resolve_bos
 from ..data import check_prompts
 from ..head import check_sae, sae_dims, sae_encode, sae_identity
 from ..pooling import POOLINGS, pool
+from ._adapter import Adapter, get_adapter
+from ._batching import pad, pad_id, resolve_bos
+from ._sites import Site
 from ._store import ActivationStore
 
 log = logging.getLogger(__name__)

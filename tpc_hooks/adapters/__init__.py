@@ -3,6 +3,14 @@
 The adapter is chosen from the model's type; a toolkit module is imported only when a
 model of that toolkit is passed in (so ``import tpc_hooks`` imports no toolkit).
 
+The folder holds one module per toolkit (``transformer_lens``, ``nnsight``, ``transformers``) and
+``vllm/``, everything tpc-hooks runs with vLLM, split by process: the wire between them
+(``_wire``), the driver's adapter (``vllm/__init__``), the worker (``worker/``), ``tpc-hooks serve``
+(``server/``) and the declared surface of vLLM it relies on (``contract/``). What every adapter
+shares (the interface, the registry that finds a model's adapter by its type, sites, batching)
+lives in ``tpc_hooks.activations``; the registry imports a toolkit's module by name, when a model
+of that toolkit arrives.
+
 Public here: :func:`get_adapter` (the adapter for a model), :class:`Adapter` (its interface:
 ``tokenize``, ``forward_sites``, ``decode``, ``observe``), :func:`parse_site` / :class:`Site`
 (TransformerLens hook names), and the batching helpers :func:`pad` (left or right padding
@@ -18,36 +26,16 @@ Example:
     6
 """
 
-from ._adapter import Adapter as Adapter
-from ._adapter import get_adapter as get_adapter
-from ._batching import pad as pad
-from ._batching import pad_id as pad_id
-from ._batching import positions as positions
-from ._batching import resolve_bos as resolve_bos
-from ._sites import Site as Site
-from ._sites import parse_site as parse_site
-from ._vllm_args import CONFIG as CONFIG
-from ._vllm_args import FAN as FAN
-from ._vllm_args import KEY as KEY
-from ._vllm_args import OFF as OFF
-from ._vllm_args import OPT_OUT as OPT_OUT
-from ._vllm_args import RPC_ARM_SET as RPC_ARM_SET
-from ._vllm_args import RPC_CONTRACT as RPC_CONTRACT
-from ._vllm_args import RPC_REVIEW as RPC_REVIEW
-from ._vllm_args import RPC_SET_SUMMARIES as RPC_SET_SUMMARIES
-from ._vllm_args import RPC_SITES as RPC_SITES
-from ._vllm_args import RPC_SWAP as RPC_SWAP
-from ._vllm_args import STOP as STOP
-from ._vllm_args import WORKER as WORKER
-from ._vllm_args import disabled as disabled
-from ._vllm_args import ident as ident
-from ._vllm_args import keyed as keyed
-from ._vllm_args import own_setting as own_setting
-from ._vllm_args import pack as pack
-from ._vllm_args import request_settings as request_settings
-from ._vllm_args import unexposed as unexposed
-from ._vllm_args import vllm_engine_args as vllm_engine_args
-from ._vllm_args import worker_error as worker_error
+from ..activations import Adapter as Adapter
+from ..activations import Site as Site
+from ..activations import get_adapter as get_adapter
+from ..activations import pad as pad
+from ..activations import pad_id as pad_id
+from ..activations import parse_site as parse_site
+from ..activations import positions as positions
+from ..activations import resolve_bos as resolve_bos
+from ._sae_lens import read_sae as read_sae
+from .vllm import vllm_engine_args as vllm_engine_args
 
 __all__ = [
     "Adapter",

@@ -19,11 +19,20 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ._adapter import Adapter
-from ._batching import positions
-from ._hf import BRANCH, HFShape, branch_points, check_site, decoder_layers, find_layers, first, observe_layers
-from ._hf import LAYERS as LAYERS  # the discovery rule's exceptions, shared with the transformers adapter
-from ._sites import Site
+from ..activations import (
+    BRANCH,
+    Adapter,
+    HFShape,
+    Site,
+    branch_points,
+    check_site,
+    decoder_layers,
+    find_layers,
+    first,
+    observe_layers,
+    positions,
+)
+from ..activations import LAYERS as LAYERS  # the discovery rule's exceptions, shared with the transformers adapter
 
 __all__ = ["NNsightAdapter", "make_adapter", "LAYERS"]
 

@@ -20,10 +20,7 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ._adapter import Adapter
-from ._batching import positions
-from ._hf import BRANCH, InputSpy, judge_branches, this_thread
-from ._sites import KINDS, Site, hook_name
+from ..activations import BRANCH, KINDS, Adapter, InputSpy, Site, hook_name, judge_branches, positions, this_thread
 
 __all__ = ["TransformerLensAdapter", "make_adapter"]
 
@@ -149,7 +146,7 @@ class TransformerLensAdapter(Adapter):
 
     def _bridge_verdicts(self, layer: int) -> dict[str, str | None]:
         """The bridge's branch hooks of block ``layer`` checked as the Hugging Face adapters check
-        theirs (:func:`~tpc_hooks.adapters._hf.branch_verdicts`): on a pass of four tokens,
+        theirs (:func:`~tpc_hooks.activations._hf.branch_verdicts`): on a pass of four tokens,
         ``resid_pre + attn_out = resid_mid`` and ``resid_mid + mlp_out = resid_post`` (a Gemma 4
         block, which also adds per-layer inputs, has no such ``hook_mlp_out``)."""
         block = self.model.blocks[layer]

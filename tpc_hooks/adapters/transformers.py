@@ -32,11 +32,20 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ._adapter import Adapter
-from ._batching import positions
-from ._hf import LAYERS as LAYERS  # the discovery rule's exceptions, shared with the nnsight adapter
-from ._hf import HFShape, StopPass, check_site, decoder_layers, find_layers, hook_site, lm_head, observe_layers
-from ._sites import Site
+from ..activations import LAYERS as LAYERS  # the discovery rule's exceptions, shared with the nnsight adapter
+from ..activations import (
+    Adapter,
+    HFShape,
+    Site,
+    StopPass,
+    check_site,
+    decoder_layers,
+    find_layers,
+    hook_site,
+    lm_head,
+    observe_layers,
+    positions,
+)
 
 # Tokenizers loaded from ``name_or_path``, one per model, so repeated calls do not reload them.
 _LOADED: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -58,7 +67,7 @@ class TransformersAdapter(HFShape, Adapter):
 
     def site(self, name: str) -> Site:
         """:meth:`Adapter.site`, and for a branch site a check that this layer offers it
-        (:func:`~tpc_hooks.adapters._hf.branch_verdicts`, one short pass the first time)."""
+        (:func:`~tpc_hooks.activations._hf.branch_verdicts`, one short pass the first time)."""
         s = super().site(name)
         check_site(self.model, self._layers(), s, self.toolkit)
         return s

@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from .. import baselines
-from ..activations import collect
-from ..adapters import get_adapter
+from ..activations import collect, get_adapter
 from ..baselines import early_exit_cascade
 from ..data import (
     EVERYDAY_SOURCES,

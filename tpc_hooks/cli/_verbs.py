@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from .._errors import TPCHooksError
-from ..activations import collect
-from ..adapters import get_adapter
+from ..activations import collect, get_adapter
 from ..data import (
     NAMED_KINDS,
     check_kinds,
@@ -466,7 +465,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _serve(argv: list[str]) -> int:
     """``tpc-hooks serve``: parsed by its own module (every option it does not know is vLLM's)."""
-    from ..serving import server
+    from ..adapters.vllm import server
 
     try:
         vllm_serve_main = server()

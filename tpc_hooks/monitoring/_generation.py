@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ..adapters import pad, pad_id
+from ..activations import pad, pad_id
 from ..data import check_prompts
 from ..head import Cascade, CascadeResult, Together, forget_packs
 from ..metrics import flagged

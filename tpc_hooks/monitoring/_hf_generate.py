@@ -22,7 +22,7 @@ from torch import Tensor
 from transformers import LogitsProcessor, StoppingCriteria
 
 from .._errors import TPCHooksError
-from ..adapters import Adapter, Site
+from ..activations import Adapter, Site
 from ..head import Together
 from ..metrics import flagged
 from ._generation import Lane, lanes_of, score_lanes, stacked

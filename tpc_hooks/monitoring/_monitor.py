@@ -13,8 +13,7 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ..activations import pooled_batches, token_batches
-from ..adapters import Adapter, get_adapter, pad, pad_id
+from ..activations import Adapter, get_adapter, pad, pad_id, pooled_batches, token_batches
 from ..data import check_prompts
 from ..head import (
     TPC,

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, no_type_check
 
 from .._errors import TPCHooksError
-from ..adapters import parse_site
+from ..activations import parse_site
 from ..pooling import check_aggregate, check_pooling, check_skip
 
 STREAMING_KEYS = ("aggregate", "alpha", "window", "skip")  # saved only by per-token monitors

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import torch
 
 from .._errors import TPCHooksError
-from ..adapters import Adapter
+from ..activations import Adapter
 from ..head import CascadeResult, Together, check_features, check_width
 from . import _generation
 from ._monitor import Monitor

@@ -255,7 +255,7 @@ def load_sae(
     model = model or DEFAULT_MODEL
     if model not in PACKAGED:
         raise TPCHooksError(f"load_sae trains on a packaged model ({sorted(PACKAGED)}); got {model!r}")
-    from ..serving import read_sae
+    from ..adapters import read_sae
 
     path = _sae_dir(model, site, d_sae, k, epochs, seed)
     if not (path / "report.json").exists():
@@ -268,8 +268,7 @@ def _tokens(
 ) -> tuple[torch.Tensor, list[tuple[int, int]], list[str], list[list[str]]]:
     """Every token row of the packaged training prompts at ``site`` (fixed prefix left out), where
     each row comes from (prompt, position), the prompts and their token strings."""
-    from ..activations import collect
-    from ..adapters import get_adapter
+    from ..activations import collect, get_adapter
     from ..data import default_prompt_set
 
     hf, tok = load_hf(model)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import TPCHooksError
-from ..adapters import Adapter, get_adapter, resolve_bos
+from ..activations import Adapter, get_adapter, resolve_bos
 from ..data import (
     KINDS,
     check_conversation,

@@ -1,5 +1,5 @@
 """The review log's entries as pages: each monitor's steps coloured by score, the flagging step
-marked, its exact attribution in tables and the log read back (``serving/_review.py`` writes it)."""
+marked, its exact attribution in tables and the log read back (``adapters/vllm/_review.py`` writes it)."""
 
 import json
 import math

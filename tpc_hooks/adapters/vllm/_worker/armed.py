@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from ..monitoring import Monitor, RequestScores
-from . import _review
-from ._prefix import BlockStates, Chain
+from ....monitoring import Monitor, RequestScores
+from .. import _review
+from .prefix import BlockStates, Chain
 
 KEEP = 4096  # finished requests whose summary waits for the server to take it (the oldest go first)
 UNSCORED = (

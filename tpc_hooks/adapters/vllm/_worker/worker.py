@@ -17,8 +17,8 @@ from the state those blocks ended with and is scored on its whole prompt. One it
 (its cached prefix was computed before the monitor was armed, or came from an offload tier) is
 never scored on part of its prompt: it is reported as unscored and the caller recomputes it.
 
-The monitors the worker runs and their requests: ``_vllm_armed``; the driver's remote calls that
-arm, swap and read them: ``_vllm_control``. Imported by vLLM in its workers (and by the engine
+The monitors the worker runs and their requests: ``_worker.armed``; the driver's remote calls that
+arm, swap and read them: ``_worker.control``. Imported by vLLM in its workers (and by the engine
 when it checks the logits processor's per-request arguments), never by ``import tpc_hooks``.
 """
 
@@ -32,17 +32,18 @@ from vllm.v1.sample.logits_processor import BatchUpdate
 from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
 
-from .._errors import TPCHooksError
-from ..adapters import FAN, KEY, OFF, disabled, ident
-from ..adapters import own_setting as _own
-from ..adapters import request_settings as _settings
-from ..head import Together
-from ..metrics import flagged
-from . import _engine, _review, _vllm_recorder
-from ._prefix import Chain
-from ._vllm_armed import Armed, Request, WorkerState
-from ._vllm_contract import child_index
-from ._vllm_control import Control
+from ...._errors import TPCHooksError
+from ....head import Together
+from ....metrics import flagged
+from .. import _engine, _review
+from .._contract import child_index
+from .._wire import FAN, KEY, OFF, disabled, ident
+from .._wire import own_setting as _own
+from .._wire import request_settings as _settings
+from . import recorder as _vllm_recorder
+from .armed import Armed, Request, WorkerState
+from .control import Control
+from .prefix import Chain
 
 
 class TPCHooksStop(V1LogitsProcessor, V2LogitsProcessor):
@@ -82,7 +83,7 @@ class TPCHooksStop(V1LogitsProcessor, V2LogitsProcessor):
 class _Mixin:
     """tpc-hooks' part of the worker's passes: the exposed sites when the model is built, then after
     each forward pass the new rows of every request, scored by each armed monitor (the driver's
-    remote calls: ``_vllm_control.Control``). Only the rank that reports the sampled tokens
+    remote calls: ``_worker.control.Control``). Only the rank that reports the sampled tokens
     (rank 0) scores: the residual stream is the same on every tensor-parallel rank.
 
     Mixed in before vLLM's worker class, which has ``vllm_config`` and ``model_runner``."""
@@ -94,7 +95,7 @@ class _Mixin:
 
     # ------------------------------------------------------------------ engine build and each step
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        from . import _vllm_models
+        from . import models as _vllm_models
 
         self._tpc_off = disabled()  # the operator's switch, read once: off, the worker is vLLM's own
         self._tpc = WorkerState.of_process()  # everything tpc-hooks keeps in this process
@@ -175,7 +176,7 @@ class _Mixin:
         self._tpc.retire_done()
 
     def tpc_hooks_contract(self, what: str, *args: Any) -> Any:
-        """The runtime checks of tpc-hooks' contract with vLLM (``_vllm_recorder``), a remote call:
+        """The runtime checks of tpc-hooks' contract with vLLM (``_worker.recorder``), a remote call:
         ``"install"`` a recorder on this worker's passes and the logits processor, ``"check"``
         what it saw, ``"uninstall"`` it; and probes of how vLLM runs a remote call (``"fail"``,
         ``"rank"``, ``"plain"``)."""

@@ -5,7 +5,7 @@ rolling rate leaves a band around the target (and when it comes back). No vLLM i
 
 from collections import deque
 
-from .._errors import TPCHooksError
+from ...._errors import TPCHooksError
 
 
 class FlagRate:

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._errors import TPCHooksError
-from ..adapters import RPC_SWAP, worker_error
-from ..monitoring import Monitor
-from ..saving import CONFIG_FILE, WEIGHTS_FILE
-from . import _review
-from ._drift import FlagRate
-from ._serve_metrics import LONE, labels, log
+from ...._errors import TPCHooksError
+from ....monitoring import Monitor
+from ....saving import CONFIG_FILE, WEIGHTS_FILE
+from .. import _review
+from .._wire import RPC_SWAP, worker_error
+from .drift import FlagRate
+from .metrics import LONE, labels, log
 
 ADMIN = "/tpc_hooks/monitors/"  # PUT/DELETE ADMIN + name: replace, add or remove a monitor (--admin-api-key)
 _NAME = re.compile(r"^([A-Za-z0-9_-]+)=(.+)$")

@@ -204,7 +204,7 @@ class Adapter:
 
     def exclusive(self) -> Any:
         """The lock around a pass tpc-hooks drives through this model (one per underlying model,
-        shared by every adapter of it; re-entrant). See :func:`~tpc_hooks.adapters._hf.model_lock`."""
+        shared by every adapter of it; re-entrant). See :func:`~tpc_hooks.activations._hf.model_lock`."""
         hf = self.hf_model() if self.toolkit != "TransformerLens" else None
         return model_lock(hf if hf is not None else self.model)
 
@@ -279,7 +279,7 @@ def get_adapter(model: Any, *, remote: bool = False, tokenizer: Any = None) -> A
                 "HookedTransformer or TransformerBridge, an nnsight LanguageModel, or a transformers PreTrainedModel "
                 "(AutoModelForCausalLM)"
             )
-        mod = importlib.import_module(f"{__package__}.{match}")
+        mod = importlib.import_module(f"tpc_hooks.adapters.{match}")  # a plugin, found by name
         if match == "nnsight":
             adapter = mod.make_adapter(model, remote=remote)
         elif remote:

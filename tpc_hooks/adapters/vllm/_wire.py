@@ -10,11 +10,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._errors import TPCHooksError
-from ._sites import parse_site
+from ..._errors import TPCHooksError
+from ...activations import parse_site
 
-WORKER = "tpc_hooks.serving._vllm_worker.TPCHooksWorker"
-STOP = "tpc_hooks.serving._vllm_worker:TPCHooksStop"
+WORKER = "tpc_hooks.adapters.vllm._worker.worker.TPCHooksWorker"
+STOP = "tpc_hooks.adapters.vllm._worker.worker:TPCHooksStop"
 CONFIG = "tpc_hooks"  # the key of tpc-hooks' settings in vLLM's `additional_config`
 OPT_OUT = "tpc_hooks_monitor"  # SamplingParams.extra_args key: false/0 opts the request out
 THRESHOLD = "tpc_hooks_threshold"  # ... its own threshold, a probability in (0, 1)
@@ -32,8 +32,8 @@ KEY = "tpc_hooks_key"
 FAN = "tpc_hooks_fan"
 NAMES = "tpc_hooks_names"
 
-# the worker's remote calls (`collective_rpc(NAME, ...)`), by the names its methods have (tpc_hooks.serving.
-# _vllm_control.Control and _vllm_worker's mixin); tests/test_vllm_contract.py checks every one resolves
+# the worker's remote calls (`collective_rpc(NAME, ...)`), by the names its methods have (tpc_hooks.adapters.vllm.
+# _worker.control.Control and _worker.worker's mixin); tests/test_vllm_contract.py checks every one resolves
 RPC_SITES = "tpc_hooks_sites"
 RPC_CAPTURE = "tpc_hooks_capture"
 RPC_TAKE = "tpc_hooks_take"

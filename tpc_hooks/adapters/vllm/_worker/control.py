@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
-from .._errors import TPCHooksError
-from ..adapters import OFF, pack, unexposed
-from ..monitoring import Monitor
-from ..saving import CONFIG_FILE, WEIGHTS_FILE
-from ._prefix import BlockStates
-from ._vllm_armed import UNSCORED, Armed, Request, WorkerState, rss, summaries_of
+from ...._errors import TPCHooksError
+from ....monitoring import Monitor
+from ....saving import CONFIG_FILE, WEIGHTS_FILE
+from .._wire import OFF, pack, unexposed
+from .armed import UNSCORED, Armed, Request, WorkerState, rss, summaries_of
+from .prefix import BlockStates
 
 STORES = 4  # monitors whose block states a worker keeps (the least recently armed go first)
 
@@ -22,7 +22,7 @@ STORES = 4  # monitors whose block states a worker keeps (the least recently arm
 class Control:
     """tpc-hooks' remote calls on the worker (rank 0 holds the monitors; every rank answers).
 
-    The worker it is mixed into (``_vllm_worker``) sets the ``_tpc_*`` state when its model is
+    The worker it is mixed into (``_worker.worker``) sets the ``_tpc_*`` state when its model is
     loaded; ``model_runner`` is vLLM's."""
 
     _tpc_sites: dict[str, int]
@@ -59,7 +59,7 @@ class Control:
 
     def tpc_hooks_take(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Every recorded request's rows per site, by the name the request goes by (its key and
-        sample, else its engine id), each a tensor packed for the trip (``_vllm_args.unpack``);
+        sample, else its engine id), each a tensor packed for the trip (``_wire.unpack``);
         clears them."""
         self._tpc_on()
         by_id = {i: s for s, i in self._tpc_sites.items()}
@@ -127,7 +127,7 @@ class Control:
     def tpc_hooks_runs(self, requests: list[str] | None = None, member: str = "") -> dict[str, dict[str, Any]]:
         """The recorded steps of ``requests`` (default: all) by the monitor ``member`` (a lone
         monitor: ""), as lists, with the step each was stopped at; forgets them. A request goes
-        by tpc-hooks' key for it and its sample (``_vllm_args.ident``), else by its engine id."""
+        by tpc-hooks' key for it and its sample (``_wire.ident``), else by its engine id."""
         self._tpc_on()
         armed = self._tpc.armed.get(member)
         if armed is None:
@@ -144,7 +144,7 @@ class Control:
 
     def tpc_hooks_summaries(self, idents: list[str], member: str = "") -> dict[str, dict[str, Any]]:
         """The summaries (``keep="summary"``) by the monitor ``member`` of the finished requests
-        named ``idents`` (tpc-hooks' key and sample, ``_vllm_args.ident``; the server asks once
+        named ``idents`` (tpc-hooks' key and sample, ``_wire.ident``; the server asks once
         their last token has reached it): steps, peak score, flagged, first flagged step, stopped
         step, the threshold used, the first step that scored NaN; forgets them."""
         self._tpc_on()

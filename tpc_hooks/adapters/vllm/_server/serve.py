@@ -20,8 +20,8 @@ Per request, through vLLM's ``vllm_xargs``: ``{"tpc_hooks_monitor": false}`` opt
 (the workers resume each from the monitor state kept for its cached blocks); with a KV connector
 (an offload tier, whose blocks no monitor saw) they skip reading it.
 
-Which monitors run and the admin route that swaps them: ``_serve_monitors``; what ``/metrics``
-counts: ``_serve_metrics``. Imported by ``tpc-hooks serve`` only (it imports vLLM).
+Which monitors run and the admin route that swaps them: ``_server.monitors``; what ``/metrics``
+counts: ``_server.metrics``. Imported by ``tpc-hooks serve`` only (it imports vLLM).
 """
 
 import argparse
@@ -34,8 +34,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._errors import TPCHooksError
-from ..adapters import (
+from ...._errors import TPCHooksError
+from ..._sae_lens import read_sae
+from .. import _review, is_ours
+from .._contract import completion_prompt
+from .._engine import aux_ids
+from .._wire import (
     CONFIG,
     OPT_OUT,
     RPC_ARM_SET,
@@ -48,13 +52,8 @@ from ..adapters import (
     keyed,
     worker_error,
 )
-from ..adapters.vllm import is_ours
-from . import _review
-from ._engine import aux_ids
-from ._saes import read_sae
-from ._serve_metrics import LONE, REVIEWED, count
-from ._serve_monitors import ADMIN, ServerState, admin, identity, members, of_app
-from ._vllm_contract import completion_prompt
+from .metrics import LONE, REVIEWED, count
+from .monitors import ADMIN, ServerState, admin, identity, members, of_app
 
 FIELD = "tpc_hooks"  # each choice's monitor summary
 FLAGGED = "content_flagged"  # the finish_reason of a stopped choice

@@ -1,8 +1,8 @@
-"""The runtime half of tpc-hooks' contract with vLLM (``_vllm_contract``): what the plugin relies on
+"""The runtime half of tpc-hooks' contract with vLLM (``_contract.surface``): what the plugin relies on
 in a live engine, checked on a real runner.
 
 :func:`check_engine` takes a ``vllm.LLM`` built with ``vllm_engine_args`` and has its workers put a
-recorder on their passes (``_vllm_recorder``, through the worker's remote call
+recorder on their passes (``_worker.recorder``, through the worker's remote call
 ``tpc_hooks_contract``): after each forward pass the recorder reads the runner's attributes the
 plugin reads, and the logits processor forces each request's row to a token of the request's own.
 A few short requests then run; the workers judge what they saw (the rows of each pass in order,
@@ -18,10 +18,9 @@ should not need.
 from collections.abc import Callable
 from typing import Any
 
-from ..adapters import CONFIG, RPC_SITES, WORKER, keyed, worker_error
-from ._vllm_checks import CHANGED, MISSING, OK, Finding
-from ._vllm_contract import ROWS
-from ._vllm_recorder import CHECKS, RPC, Problem, isinstance_of, plain, same
+from ._contract import CHANGED, MISSING, OK, ROWS, Finding
+from ._wire import CONFIG, RPC_SITES, WORKER, keyed, worker_error
+from ._worker import CHECKS, RPC, Problem, isinstance_of, plain, same
 
 __all__ = ["CHECKS", "check_engine"]
 

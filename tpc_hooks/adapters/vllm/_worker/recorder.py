@@ -1,5 +1,5 @@
 """The worker's half of the runtime checks of tpc-hooks' contract with vLLM (the driver's:
-``_vllm_live``): a recorder on a monitored engine's worker, run through the worker's remote call
+``_live``): a recorder on a monitored engine's worker, run through the worker's remote call
 ``tpc_hooks_contract`` (:func:`run`).
 
 :func:`install` puts the recorder around the worker's ``execute_model`` and the logits processor's
@@ -19,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import TPCHooksError
-from ..adapters import CONFIG, KEY, RPC_CONTRACT
-from . import _engine
-from ._vllm_armed import WorkerState
-from ._vllm_checks import CHANGED, MISSING, OK, SKIPPED
+from ...._errors import TPCHooksError
+from .. import _engine
+from .._contract import CHANGED, MISSING, OK, SKIPPED
+from .._wire import CONFIG, KEY, RPC_CONTRACT
+from .armed import WorkerState
 
 # each runtime check of the table (a row's ``live`` key), and where it runs: in the worker (on what the
-# recorder saw and the worker's attributes) or in the driver's process (_vllm_live); v1./v2.: on that
+# recorder saw and the worker's attributes) or in the driver's process (_live); v1./v2.: on that
 # model runner only
 WORKER_CHECKS = (
     "rows apply_after_execute state state.aux worker.vllm_config worker.model_runner worker.rank config.sizes "
@@ -329,7 +329,7 @@ def _eagle3(model: Any, ids: list[int]) -> str | None:
 def _registry() -> str | None:
     from vllm import ModelRegistry
 
-    from ._vllm_models import CLASSES
+    from .models import CLASSES
 
     wrong = [a for a, cls in CLASSES.items() if ModelRegistry.models[a].model_cls is not cls]
     return f"the worker's registry builds vLLM's own {wrong}" if wrong else None

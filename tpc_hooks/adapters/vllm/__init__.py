@@ -2,7 +2,7 @@
 ``tpc.collect``, ``monitor.score``, ``monitor.calibrate`` and ``monitor.generate`` accept.
 
 The engine runs the passes and does the batching, compiled as vLLM decides; its workers
-(``tpc_hooks.serving._vllm_worker``) read each request's residual stream from extra outputs of
+(``tpc_hooks.adapters.vllm._worker.worker``) read each request's residual stream from extra outputs of
 the compiled forward at the sites fixed when the engine was built. To collect, the rows come
 back to this process once per call (those requests skip reading the prefix cache: collection
 returns every prompt token's row); to generate, the monitor itself runs in the worker (sent as a
@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._errors import TPCHooksError
-from ._adapter import Adapter
-from ._sites import Site
-from ._vllm_args import (
+from ..._errors import TPCHooksError
+from ...activations import Adapter, Site
+from ._server import server as server
+from ._wire import (
     RPC_ARM_SET,
     RPC_CAPTURE,
     RPC_DISARM,
@@ -44,6 +44,7 @@ from ._vllm_args import (
     unpack,
     worker_error,
 )
+from ._wire import vllm_engine_args as vllm_engine_args
 
 __all__ = ["VLLMAdapter", "make_adapter"]
 

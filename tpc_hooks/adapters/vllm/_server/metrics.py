@@ -6,7 +6,7 @@ import logging
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from ._drift import FlagRate
+from .drift import FlagRate
 
 LONE = "default"  # the metrics' monitor label of a lone, unnamed --monitor DIR
 _BY = ["monitor"]

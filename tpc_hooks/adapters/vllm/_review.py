@@ -34,9 +34,9 @@ from typing import Any
 
 import torch
 
-from .._errors import TPCHooksError
-from ..head import attribute
-from ..views import FILE
+from ..._errors import TPCHooksError
+from ...head import attribute
+from ...views import FILE
 
 
 def sampled(request_id: str, rate: float) -> bool:

@@ -7,7 +7,7 @@ runs) — with the functions of ours that need it and the check that covers it:
 * static (classes, signatures, fields): :func:`check_static` introspects the installed vLLM,
   without an engine (``tests/test_vllm_contract.py``; ``make test-vllm-contract-newest`` against
   the newest vLLM release);
-* runtime (attributes of a live runner, behaviours): ``_vllm_live.check_engine`` checks them in a
+* runtime (attributes of a live runner, behaviours): ``_live.check_engine`` checks them in a
   monitored engine's worker, on a real runner (``make test-vllm``), or a test of a live server
   covers them.
 
@@ -21,8 +21,8 @@ import re
 import typing
 from collections import Counter
 
-from .._errors import TPCHooksError
-from ._vllm_checks import (
+from ...._errors import TPCHooksError
+from .checks import (
     KINDS,
     Check,
     Finding,
@@ -61,24 +61,24 @@ GEMMA = "vllm.model_executor.models.gemma3"
 GRANITE = "vllm.model_executor.models.granitemoehybrid"
 CLI = "vllm.entrypoints.common.cli_args"  # vLLM 0.33; 0.32: OLD_CLI
 OLD_CLI = "vllm.entrypoints.launchers.cli_args"
-PARSER = "tpc_hooks.serving._vllm_serve:server_arguments"  # where tpc-hooks serve finds the two, in either
+PARSER = "tpc_hooks.adapters.vllm._server.serve:server_arguments"  # where tpc-hooks serve finds the two, in either
 ENTRY = "vllm.entrypoints.launchers.api_server.entry"
 ASYNC = "vllm.v1.engine.async_llm:AsyncLLM"
 # ours, under tpc_hooks
-W = "serving._vllm_worker"
+W = "adapters.vllm._worker.worker"
 MIX = f"{W}:_Mixin"
 STOP = f"{W}:TPCHooksStop"
-CTRL = "serving._vllm_control:Control"
-ENG = "serving._engine"
-MOD = "serving._vllm_models"
+CTRL = "adapters.vllm._worker.control:Control"
+ENG = "adapters.vllm._engine"
+MOD = "adapters.vllm._worker.models"
 ADA = "adapters.vllm:VLLMAdapter"
-ARGS = "adapters._vllm_args"
-SERVE = "serving._vllm_serve"
-SWAP = "serving._serve_monitors:admin"
-REC = "serving._vllm_recorder"
-LIVE = "serving._vllm_live"
+ARGS = "adapters.vllm._wire"
+SERVE = "adapters.vllm._server.serve"
+SWAP = "adapters.vllm._server.monitors:admin"
+REC = "adapters.vllm._worker.recorder"
+LIVE = "adapters.vllm._live"
 SERVE_TESTS = "tests/test_vllm_serve.py"
-CONTRACT = "serving._vllm_contract"
+CONTRACT = "adapters.vllm._contract.surface"
 
 # vLLM's request-id scheme, which only the two helpers below read (rows "ParentRequest" and
 # "OpenAIServingCompletion"): sample k of a request's n runs as "<k>_<parent's engine id>"; prompt i of a
@@ -147,7 +147,7 @@ def _loads_stop(load: object) -> str | None:
 
 def _resolves_worker(resolve: object) -> str | None:
     got = resolve(ours(f"{ARGS}:WORKER"))  # type: ignore[operator]
-    return None if got is ours("serving._vllm_worker:TPCHooksWorker") else f"resolves to {got!r}"
+    return None if got is ours("adapters.vllm._worker.worker:TPCHooksWorker") else f"resolves to {got!r}"
 
 
 def _sampling_params(cls: object) -> str | None:
@@ -428,7 +428,7 @@ ROWS: tuple[Row, ...] = (
         source("hidden_states, aux_hidden_states = model_output", at=f"{R2}:GPUModelRunner.execute_model"))),
     # ----------------------------------------------------------------- D. the offline adapter (a vllm.LLM)
     row("vllm:LLM (a class named LLM in vllm's package: how get_adapter knows it, importing nothing)", "behaviour",
-        "adapters._adapter:get_adapter", holds(_is_llm, "named LLM, in vllm")),
+        "activations._adapter:get_adapter", holds(_is_llm, "named LLM, in vllm")),
     row("vllm:LLM.llm_engine", "read", (f"{ADA}.__init__", f"{ADA}.model_name"),
         source("self.llm_engine = ", at="vllm:LLM.__init__"), live="llm.config"),
     row("vllm.config:ParallelConfig.worker_cls", "read", (f"{ADA}.__init__", "adapters.vllm:is_ours"), field(),
@@ -493,7 +493,7 @@ ROWS: tuple[Row, ...] = (
     row(f"{ASYNC}.resume_generation", "call", SWAP, params("self")),
     row("vllm.entrypoints.launchers.api_server.app_state:init_app_state (app.state.engine_client, app.state.args: "
         "the server's state travels in its arguments)", "read",
-        (f"{SERVE}:MonitorMiddleware.__call__", SWAP, "serving._serve_monitors:of_app"),
+        (f"{SERVE}:MonitorMiddleware.__call__", SWAP, "adapters.vllm._server.monitors:of_app"),
         source("state.engine_client = engine_client", "state.args = args"),
         live=f"{SERVE_TESTS}::test_every_answer_says_what_the_monitor_decided_as_the_transformers_loop_decides_it"),
     row("vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion (prompt i of a completions "
