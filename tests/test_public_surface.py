@@ -239,9 +239,10 @@ def test_the_error_reads_as_its_public_path():
     assert f"{tpc_hooks.TPCHooksError.__module__}.{tpc_hooks.TPCHooksError.__qualname__}" == "tpc_hooks.TPCHooksError"
 
 
-def test_monitor_settings_are_declared_properties_that_validate():
-    """Every MonitorConfig field is a property written out in the Settings class (so IDEs and type
-    checkers see it, not one added by setattr at import), reading config and validating on assignment."""
+def test_monitor_settings_are_declared_and_validate():
+    """Every MonitorConfig field is a typed ``Setting`` written out in the Settings class (so IDEs and
+    type checkers see it, not one added by setattr at import), reading config and validating on
+    assignment; the list is MonitorConfig's fields, no more and no fewer."""
     from dataclasses import fields
 
     from tpc_hooks.monitoring import _settings
@@ -249,14 +250,17 @@ def test_monitor_settings_are_declared_properties_that_validate():
     tree = ast.parse((ROOT / "tpc_hooks" / "monitoring" / "_settings.py").read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
     declared = {
-        f.name
+        f.target.id
         for f in cls.body
-        if isinstance(f, ast.FunctionDef) and any(getattr(d, "id", None) == "property" for d in f.decorator_list)
+        if isinstance(f, ast.AnnAssign)
+        and isinstance(f.annotation, ast.Subscript)
+        and getattr(f.annotation.value, "id", None) == "Setting"
     }
     names = {f.name for f in fields(tpc_hooks.MonitorConfig)}
     assert declared == names
     assert issubclass(tpc_hooks.Monitor, _settings.Settings)
-    assert not any(isinstance(vars(tpc_hooks.Monitor).get(n), property) for n in names)  # none added on Monitor itself
+    assert not any(n in vars(tpc_hooks.Monitor) for n in names)  # none added or shadowed on Monitor itself
+    assert all(isinstance(vars(_settings.Settings)[n], _settings.Setting) for n in names)
     mon = tpc_hooks.Monitor(tpc_hooks.TPC(4, 2, 2), "blocks.0.hook_resid_post", threshold=0.3)
     for name in names:
         assert getattr(mon, name) == getattr(mon.config, name)
