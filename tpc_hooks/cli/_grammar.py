@@ -6,6 +6,7 @@ verb's options can be read in one place and its help text stays beside them."""
 import argparse
 
 from .. import recipes
+from ..monitoring import ACTIONS
 from ..pooling import POOLINGS
 
 TOOLKITS = ("transformer_lens", "nnsight", "transformers")
@@ -241,7 +242,7 @@ def _monitor(sub: argparse._SubParsersAction) -> None:
     _monitor_arg(p)
     p.add_argument("--prompt", nargs="+", required=True)
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--action", choices=("flag", "stop"), default="flag")
+    p.add_argument("--action", choices=ACTIONS, default="flag")
 
 
 def _attribute(sub: argparse._SubParsersAction) -> None:

@@ -8,6 +8,7 @@ from ._calibrate import everyday_present as everyday_present
 from ._calibrate import everyday_rows as everyday_rows
 from ._calibrate import logits as logits
 from ._monitor import Monitor as Monitor
+from ._monitor_config import ACTIONS as ACTIONS
 from ._monitor_config import MonitorConfig as MonitorConfig
 from ._records import GenerationRun as GenerationRun
 from ._records import MonitorEvent as MonitorEvent

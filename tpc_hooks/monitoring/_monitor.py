@@ -33,7 +33,7 @@ from ..pooling import aggregate as aggregate_logits
 from ..pooling import pool_prefixes, scored
 from . import _calibrate
 from ._during import DuringGeneration
-from ._monitor_config import MonitorConfig
+from ._monitor_config import ACTIONS, MonitorConfig
 from ._monitor_files import MonitorFiles
 from ._records import GenerationRun, LastRun, TokenScores
 from ._settings import Settings
@@ -214,7 +214,7 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
     def _members(self, action: Any) -> list[tuple[str, "Monitor", Any]]:
         """What a monitored loop runs: this monitor alone, under the name ``""`` (a
         :class:`~tpc_hooks.MonitorSet` gives one entry per member)."""
-        if not (action in ("flag", "stop") or callable(action)):
+        if not (action in ACTIONS or callable(action)):
             raise TPCHooksError(f"action must be 'flag', 'stop' or a callable; got {action!r}")
         return [("", self, action)]
 

@@ -9,6 +9,9 @@ from ..activations import parse_site
 from ..pooling import check_aggregate, check_pooling, check_skip
 
 STREAMING_KEYS = ("aggregate", "alpha", "window", "skip")  # saved only by per-token monitors
+# what a monitor does when it flags, by name (a callable is an action too, where one is taken): "flag" records
+# only, "stop" ends the sequence at its first flagged step
+ACTIONS = ("flag", "stop")
 
 
 # no_type_check: loaded values are checked by __post_init__, whose messages name the fix; the test-time

@@ -14,9 +14,9 @@ from ..activations import Adapter
 from ..head import CascadeResult, Together, check_features, check_width
 from . import _generation
 from ._monitor import Monitor
+from ._monitor_config import ACTIONS
 from ._records import LastRun, MonitorEvent, MonitorSetRun
 
-ACTIONS = ("flag", "stop")
 _SHARED = ("chat_template", "max_tokens", "prepend_bos")  # what the one tokenisation of a pass needs to agree on
 
 

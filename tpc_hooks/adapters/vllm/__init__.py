@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ..._errors import TPCHooksError
 from ...activations import Adapter, Site
+from ...monitoring import ACTIONS
 from ._server import server as server
 from ._wire import (
     RPC_ARM_SET,
@@ -296,7 +297,7 @@ class VLLMAdapter(Adapter):
         lone = members[0][0] == ""
         if not lone and (order is not None or cascade is not None):
             raise TPCHooksError("a MonitorSet scores each member with its own policy: set order/cascade on the member")
-        if lone and action not in ("flag", "stop"):
+        if lone and action not in ACTIONS:
             raise TPCHooksError(f"action must be 'flag' or 'stop'; got {action!r}")
         for name, mon, act in members:
             self._check_member(name, mon, act)

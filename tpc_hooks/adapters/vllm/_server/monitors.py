@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...._errors import TPCHooksError
-from ....monitoring import Monitor
+from ....monitoring import ACTIONS, Monitor
 from ....saving import CONFIG_FILE, WEIGHTS_FILE
 from .. import _review
 from .._wire import RPC_SWAP, worker_error
@@ -96,7 +96,7 @@ def members(specs: list[str], action: str) -> list[tuple[str, str, str]]:
         m = _NAME.match(spec)
         name, rest = (m.group(1), m.group(2)) if m else ("", spec)
         where, colon, act = rest.rpartition(":")
-        if colon and act in ("flag", "stop"):
+        if colon and act in ACTIONS:
             rest = where
         else:
             act = action

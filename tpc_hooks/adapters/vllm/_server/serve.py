@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ...._errors import TPCHooksError
+from ....monitoring import ACTIONS
 from ..._sae_lens import read_sae
 from .. import _review, is_ours
 from .._contract import completion_prompt
@@ -370,7 +371,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     )
     p.add_argument(
         "--action",
-        choices=("flag", "stop"),
+        choices=ACTIONS,
         default="stop",
         help="the action of monitors given without one. stop: end a request in the step it is flagged "
         "(default); flag: record only",
