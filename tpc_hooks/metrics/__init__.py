@@ -15,7 +15,6 @@ from ._metrics import recall_at_fpr as recall_at_fpr
 from ._metrics import threshold_at_fpr as threshold_at_fpr
 from ._metrics import worst_group as worst_group
 from ._rule import flagged as flagged
-from ._rule import threshold_logit as threshold_logit
 
 __all__ = [
     "classification_metrics",
