@@ -118,7 +118,7 @@ test-vllm: vllm-env
 test-vllm-families: vllm-env
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm_families.py
 
-# The contract's static rows (tpc_hooks/adapters/vllm/_contract/surface.py) against vLLM's newest release, on a machine
+# The contract's static rows (tests/vllm_contract/surface.py) against vLLM's newest release, on a machine
 # without a GPU: the newest CUDA build `vllm` goes, without its dependencies, into a venv of its own that reads
 # everything else from the CPU venv above (vllm-cpu's torch, transformers, ...), plus NEWEST_EXTRA, what the
 # newest release imports that vllm-cpu does not bring (0.33's API server: orjson). Its Python modules import

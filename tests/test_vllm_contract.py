@@ -1,4 +1,4 @@
-"""tpc-hooks' contract with vLLM (``tpc_hooks/adapters/vllm/_contract/surface.py``): the table is well formed
+"""tpc-hooks' contract with vLLM (``tests/vllm_contract/surface.py``): the table is well formed
 and names every vLLM name the plugin's source uses (no vLLM needed); the installed vLLM is as every
 static row says (``make test-vllm``; ``make test-vllm-contract-newest`` against the newest release);
 and a live engine's worker is as every runtime row says, on a real runner (``make test-vllm``)."""
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from vllm_contract import checks as checks
+from vllm_contract import live as _vllm_live
+from vllm_contract.surface import ROWS, check_static, size
 
-from tpc_hooks.adapters.vllm import _live as _vllm_live
-from tpc_hooks.adapters.vllm._contract import checks as checks
-from tpc_hooks.adapters.vllm._contract.surface import ROWS, check_static, size
 from tpc_hooks.adapters.vllm._wire import worker_error
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ def test_the_docs_say_how_big_the_surface_is():
 def test_a_module_that_does_not_import_marks_its_rows_missing_and_the_others_are_checked(tmp_path, monkeypatch):
     (tmp_path / "tpc_contract_broken.py").write_text("raise ImportError('needs a GPU library')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    us = "adapters.vllm._contract.surface:check_static"
+    us = "adapters.vllm._wire:vllm_engine_args"
     rows = (
         checks.row("tpc_contract_broken:Thing", "import", us, checks.exists()),
         checks.row("tpc_contract_broken:Thing.go", "call", us, checks.params()),
@@ -204,7 +204,7 @@ def test_the_runtime_checks_catch_what_they_check():
     """The worker's judgements on a recorder's data, without an engine: each flags the breakage it
     is there for (an apply out of step or on another thread, a row count off, a row fed another
     request's token, an admission count off, a request reported finished in its own step)."""
-    from tpc_hooks.adapters.vllm._worker import recorder as r
+    from vllm_contract import recorder as r
 
     steps = [("exec", 1, 2, 7), ("apply", 1, 2, 7), ("exec", 2, 2, 7), ("apply", 2, 2, 7)]
     assert r._order(steps) is None
@@ -233,7 +233,7 @@ def test_the_id_scheme_is_read_in_one_helper_each_way():
     them (rows ParentRequest, OpenAIServingCompletion); an id of another shape is a loud error naming the
     row, never a guess; a request vLLM did not fan out is sample 0 whatever its id looks like."""
     from tpc_hooks import TPCHooksError
-    from tpc_hooks.adapters.vllm._contract.surface import child_index, completion_prompt
+    from tpc_hooks.adapters.vllm._wire import child_index, completion_prompt
 
     for k in range(3):
         assert child_index(f"{k}_chatcmpl-3_x-1-0a1b2c3d", 3) == k
@@ -247,21 +247,23 @@ def test_the_id_scheme_is_read_in_one_helper_each_way():
             completion_prompt(bad)
 
 
-_VLLM_FILES = [
-    p
-    for p in PACKAGE.glob("adapters/vllm/**/*.py")
-    if p.relative_to(PACKAGE).as_posix() != "adapters/vllm/_contract/surface.py"
-]
+_VLLM_FILES = sorted(PACKAGE.glob("adapters/vllm/**/*.py"))
+_ID_READERS = ("child_index", "completion_prompt")  # in _wire: the two that read vLLM's ids
 
 
 def test_no_id_is_split_or_matched_in_part_outside_the_contracts_helpers():
     """The vLLM side of the plugin cuts no string at '-' or '_' and matches none in part (``x in rid``,
-    ``startswith``) or by pattern: engine ids are read by ``_contract.surface.child_index`` and
+    ``startswith``) or by pattern: engine ids are read by ``_wire.child_index`` and
     ``completion_prompt`` alone, requests matched by keys of tpc-hooks' own."""
     found = []
     for path in _VLLM_FILES:
         tree = ast.parse(path.read_text())
+        readers = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in _ID_READERS]
+        inside = {id(n) for r in readers for n in ast.walk(r)}
+        assert len(readers) == (2 if path.name == "_wire.py" else 0)
         for node in ast.walk(tree):
+            if id(node) in inside:
+                continue
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 what, args = node.func.attr, node.args
                 cuts = what in ("split", "rsplit", "partition", "rpartition") and any(
@@ -354,13 +356,11 @@ def engine(tmp_path_factory):
     from families import build, vllm_engine
     from tiny_models import tokenizer
 
-    from tpc_hooks.adapters import vllm_engine_args
-
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     path = tmp_path_factory.mktemp("contract-llama")
     build("llama").save_pretrained(path)
     tokenizer().save_pretrained(path)
-    llm = vllm_engine(path, **vllm_engine_args(SITES))
+    llm = vllm_engine(path, **_vllm_live.engine_args(SITES))
     yield llm
     del llm
 

@@ -131,10 +131,14 @@ def _metrics(client, monitor: str = "default") -> dict[str, float]:
 def test_models_endpoint_names_the_monitor(server):
     client, where = server
     got = client.get("/v1/models").json()
-    from tpc_hooks.adapters.vllm._server.monitors import identity
+    import hashlib
 
-    want = identity(where)
+    from tpc_hooks.adapters.vllm._server.monitors import served
+
+    want = served("", where, "stop")[1]
     assert got["tpc_hooks"] == {**want, "action": "stop"}
+    files = b"".join((Path(where) / f).read_bytes() for f in ("config.json", "model.safetensors"))
+    assert want["sha256"] == hashlib.sha256(files).hexdigest()  # the saved files', as on disk
     assert got["data"][0]["tpc_hooks"]["sha256"] == want["sha256"]
     assert want["site"] == "blocks.20.hook_resid_post" and want["threshold"] == 0.5
     # without --admin-api-key there is no route that replaces a monitor

@@ -96,13 +96,13 @@ def early_sae():
 
 def test_models_endpoint_names_each_monitor(set_server):
     client, dirs = set_server
-    from tpc_hooks.adapters.vllm._server.monitors import identity
+    from tpc_hooks.adapters.vllm._server.monitors import served
 
     got = client.get("/v1/models").json()["tpc_hooks"]
     assert got["harm"]["target_fpr"] == 0.05 and got["early"]["target_fpr"] is None
     assert got == {
-        "harm": {**identity(dirs["harm"]), "action": "stop"},
-        "early": {**identity(dirs["early"]), "action": "flag"},
+        "harm": {**served("harm", dirs["harm"], "stop")[1], "action": "stop"},
+        "early": {**served("early", dirs["early"], "flag")[1], "action": "flag"},
     }
 
 
@@ -373,6 +373,6 @@ def test_a_monitor_is_replaced_under_32_clients_and_in_flight_requests_finish_on
 
 
 def first_sha(dirs):
-    from tpc_hooks.adapters.vllm._server.monitors import identity
+    from tpc_hooks.adapters.vllm._server.monitors import served
 
-    return identity(dirs["harm"])["sha256"]
+    return served("harm", dirs["harm"], "stop")[1]["sha256"]

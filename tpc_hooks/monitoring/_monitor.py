@@ -5,8 +5,10 @@ own forward passes (``_during``); it saves to the same directory format as a hea
 (``_monitor_files``).
 """
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any, no_type_check
 
 import torch
@@ -31,6 +33,7 @@ from ..head import (
 from ..head import sae_identity as sae_identity_of
 from ..pooling import aggregate as aggregate_logits
 from ..pooling import pool_prefixes, scored
+from ..saving import CONFIG_FILE, read_files
 from . import _calibrate
 from ._during import DuringGeneration
 from ._monitor_config import ACTIONS, MonitorConfig
@@ -461,3 +464,9 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
         acts = self._features(acts)
         prefixes = pool_prefixes(acts, self.pooling)  # the monitor's pooling of every prefix
         return TokenScores(tokens, self.policy(order, cascade)(prefixes), self.threshold)
+
+
+def from_files(text: bytes, data: bytes, where: str | os.PathLike) -> "Monitor":
+    """The monitor saved as these bytes of ``config.json`` and ``model.safetensors`` (``where``: the
+    directory errors name), checked as ``from_pretrained`` checks a directory."""
+    return Monitor._from_saved(*read_files(text, data, where), Path(where) / CONFIG_FILE)

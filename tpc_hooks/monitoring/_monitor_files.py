@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import TPCHooksError
 from ..head import TPC, Cascade, from_saved, to_saved
-from ..saving import CONFIG_FILE, HubMixin, monitor_card, read_dir, write_dir
+from ..saving import CONFIG_FILE, HubMixin, files_of, monitor_card, read_dir, write_dir
 from ._monitor_config import MonitorConfig
 
 
@@ -71,8 +71,11 @@ class MonitorFiles(HubMixin):
 
         A monitor trained on SAE latents needs its SAE again (``sae=``); a different one is refused.
         """
-        cfg, tensors = read_dir(path)
-        where = Path(path) / CONFIG_FILE
+        return cls._from_saved(*read_dir(path), Path(path) / CONFIG_FILE, sae=sae)
+
+    @classmethod
+    def _from_saved(cls, cfg: dict[str, Any], tensors: dict[str, Any], where: Path, *, sae: Any = None) -> Any:
+        """A monitor from its saved config and tensors (``where``: the config file errors name)."""
         head = from_saved(cfg, tensors, where)
         mon = cfg.get("monitor")
         if not isinstance(mon, dict):
@@ -113,3 +116,9 @@ class MonitorFiles(HubMixin):
             return cls(head, config=config, cascade=cascade, report=dict(report), sae=sae, sae_identity=mon.get("sae"))
         except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError
             raise TPCHooksError(f"{where}: {err}") from None
+
+
+def saved_files(monitor: MonitorFiles) -> tuple[bytes, bytes]:
+    """The bytes of the monitor's ``config.json`` and ``model.safetensors``, as ``save_pretrained``
+    writes them, without touching the disk."""
+    return files_of(monitor._config(), to_saved(monitor.head)[1])

@@ -11,7 +11,10 @@ from ._cards import training_section as training_section
 from ._format import CONFIG_FILE as CONFIG_FILE
 from ._format import WEIGHTS_FILE as WEIGHTS_FILE
 from ._format import check_tensors as check_tensors
+from ._format import dir_files as dir_files
+from ._format import files_of as files_of
 from ._format import read_dir as read_dir
+from ._format import read_files as read_files
 from ._format import require as require
 from ._format import write_dir as write_dir
 from ._hub import HubMixin as HubMixin

@@ -42,6 +42,20 @@ PREVIOUS_WEIGHTS = ".model.safetensors.prev"  # the weights of the save being re
 CHECKSUM_KEY = "weights_sha256"
 
 
+def files_of(config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> tuple[bytes, bytes]:
+    """The bytes of ``config.json`` and ``model.safetensors`` as :func:`write_dir` writes them (the
+    config records the weights' SHA-256), without touching the disk; :func:`read_files` reads them."""
+    flat = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in tensors.items()}
+    data = save(flat, metadata={"format": FORMAT_NAME})
+    cfg = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        **config,
+        CHECKSUM_KEY: hashlib.sha256(data).hexdigest(),
+    }
+    return (json.dumps(cfg, indent=2, sort_keys=False) + "\n").encode(), data
+
+
 def write_dir(path: str | os.PathLike, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
     """Writes ``config.json`` and ``model.safetensors`` into ``path`` (created if needed).
 
@@ -58,14 +72,7 @@ def write_dir(path: str | os.PathLike, config: dict[str, Any], tensors: dict[str
             f"{CONFIG_FILE} and {WEIGHTS_FILE}: choose another path, or remove the file"
         )
     out.mkdir(parents=True, exist_ok=True)
-    flat = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in tensors.items()}
-    data = save(flat, metadata={"format": FORMAT_NAME})
-    cfg = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        **config,
-        CHECKSUM_KEY: hashlib.sha256(data).hexdigest(),
-    }
+    text, data = files_of(config, tensors)
     weights, prev = out / WEIGHTS_FILE, out / PREVIOUS_WEIGHTS
     if weights.is_file() and (out / CONFIG_FILE).is_file():
         prev.unlink(missing_ok=True)
@@ -74,8 +81,7 @@ def write_dir(path: str | os.PathLike, config: dict[str, Any], tensors: dict[str
         except OSError:  # a file system without hard links
             _atomic_write(prev, lambda tmp: Path(tmp).write_bytes(weights.read_bytes()))
     _atomic_write(weights, lambda tmp: Path(tmp).write_bytes(data))
-    text = json.dumps(cfg, indent=2, sort_keys=False)
-    _atomic_write(out / CONFIG_FILE, lambda tmp: Path(tmp).write_text(text + "\n"))
+    _atomic_write(out / CONFIG_FILE, lambda tmp: Path(tmp).write_bytes(text))
     prev.unlink(missing_ok=True)
     return out
 
@@ -94,19 +100,51 @@ def _depth(value: Any, limit: int = MAX_DEPTH + 1) -> int:
     return level if not frontier else limit
 
 
-def read_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """Reads a saved directory; checks the format name and version, not the contents."""
+def dir_files(path: str | os.PathLike) -> tuple[bytes, bytes]:
+    """The bytes of a saved directory's ``config.json`` and ``model.safetensors``, as
+    :func:`read_files` takes them: the previous save's weights when a save into it was interrupted
+    (they match the config, the new ones do not)."""
     src = Path(path)
     cfg_path, w_path = src / CONFIG_FILE, src / WEIGHTS_FILE
     if not src.is_dir():
+        what = "is not a directory" if src.exists() else "does not exist"
         raise TPCHooksError(
-            f"{src} is not a directory; a saved tpc-hooks head is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}"
+            f"{src} {what}; a saved tpc-hooks head or monitor is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}"
         )
     for p in (cfg_path, w_path):
         if not p.is_file():
             raise TPCHooksError(f"{p} is missing; a saved tpc-hooks head has both {CONFIG_FILE} and {WEIGHTS_FILE}")
+    text, data = cfg_path.read_bytes(), w_path.read_bytes()
+    prev = src / PREVIOUS_WEIGHTS
+    if prev.is_file() and not prev.is_symlink():
+        try:
+            want = json.loads(text).get(CHECKSUM_KEY)
+        except (ValueError, RecursionError, AttributeError):
+            return text, data  # read_files says what is wrong with the config
+        if isinstance(want, str) and hashlib.sha256(data).hexdigest() != want:
+            if hashlib.sha256(older := prev.read_bytes()).hexdigest() == want:
+                log.warning(
+                    "%s: a save into this directory was interrupted before its config was written; loading the "
+                    "previous save (its weights are kept in %s)",
+                    src,
+                    PREVIOUS_WEIGHTS,
+                )
+                data = older
+    return text, data
+
+
+def read_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Reads a saved directory; checks the format name and version, not the contents."""
+    return read_files(*dir_files(path), Path(path))
+
+
+def read_files(text: bytes, data: bytes, where: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """Reads a saved head or monitor from the bytes of its ``config.json`` and ``model.safetensors``
+    (``where``: the directory they are named by in errors); checks the format name and version and
+    that the weights are the ones the config records, not the contents."""
+    cfg_path, w_path = Path(where) / CONFIG_FILE, Path(where) / WEIGHTS_FILE
     try:
-        cfg = json.loads(cfg_path.read_text())
+        cfg = json.loads(text.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise TPCHooksError(f"{cfg_path} is not valid JSON ({err}); the file is corrupt") from None
     except RecursionError:
@@ -128,26 +166,15 @@ def read_dir(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, torch.T
             f"format_version={FORMAT_VERSION}. "
             "Upgrade tpc-hooks, or re-save the head with the version that wrote it"
         )
-    data = w_path.read_bytes()
     want = cfg.get(CHECKSUM_KEY)
     if want is not None and not isinstance(want, str):
         raise TPCHooksError(f"{cfg_path}: {CHECKSUM_KEY} must be a hex string; got {type(want).__name__}")
     if want is not None and hashlib.sha256(data).hexdigest() != want:
-        prev = src / PREVIOUS_WEIGHTS
-        if prev.is_file() and not prev.is_symlink() and hashlib.sha256(older := prev.read_bytes()).hexdigest() == want:
-            log.warning(
-                "%s: a save into this directory was interrupted before its config was written; loading the "
-                "previous save (its weights are kept in %s)",
-                src,
-                PREVIOUS_WEIGHTS,
-            )
-            data = older
-        else:
-            _parse(data, w_path)  # a file that does not even parse says so first
-            raise TPCHooksError(
-                f"{w_path} does not match the SHA-256 recorded in {cfg_path}: the weights are corrupt, "
-                "or come from another save; save the head or monitor again"
-            )
+        _parse(data, w_path)  # a file that does not even parse says so first
+        raise TPCHooksError(
+            f"{w_path} does not match the SHA-256 recorded in {cfg_path}: the weights are corrupt, "
+            "or come from another save; save the head or monitor again"
+        )
     return cfg, _parse(data, w_path)
 
 

@@ -16,7 +16,6 @@ Imported only when a ``vllm.LLM`` is passed in.
 """
 
 import importlib
-import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +38,7 @@ from ._wire import (
     RPC_TAKE,
     STOP,
     WORKER,
+    ServedMonitor,
     ident,
     keyed,
     unexposed,
@@ -302,18 +302,11 @@ class VLLMAdapter(Adapter):
         for name, mon, act in members:
             self._check_member(name, mon, act)
         llm = self.model
-        with tempfile.TemporaryDirectory(prefix="tpc-hooks-") as where:
-            specs = []
-            for k, (name, mon, act) in enumerate(members):
-                path = f"{where}/{k}"
-                mon.save_pretrained(path, card=False)
-                specs.append(
-                    {"name": name, "path": path, "site": mon.site, "order": order, "cascade": cascade, "action": act}
-                )
-            try:
-                info = llm.collective_rpc(RPC_ARM_SET, args=(specs, keep))[0]
-            except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
-                raise TPCHooksError(f"the vLLM workers could not run this monitor: {worker_error(err)}") from None
+        specs = [ServedMonitor.of(name, mon, act, order, cascade).plain() for name, mon, act in members]
+        try:
+            info = llm.collective_rpc(RPC_ARM_SET, args=(specs, keep))[0]
+        except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
+            raise TPCHooksError(f"the vLLM workers could not run this monitor: {worker_error(err)}") from None
         for name, _, act in members:
             info[name]["action"] = act
         try:

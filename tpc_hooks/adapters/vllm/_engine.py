@@ -1,5 +1,5 @@
 """Where the vLLM integration meets vLLM's model runner (every vLLM name the plugin uses, here and
-elsewhere, is declared and checked in ``_contract.surface``):
+elsewhere, is declared and checked in ``tests/vllm_contract/surface.py``):
 
 * :func:`check_version`: the vLLM releases this integration is written and tested against;
 * :func:`base_worker`: the platform's own worker class, which tpc-hooks' worker extends;

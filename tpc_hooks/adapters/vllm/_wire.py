@@ -1,10 +1,15 @@
 """What a ``vllm.LLM`` needs to be monitored: its engine arguments, the keys tpc-hooks puts in a
-request's ``extra_args``, the names of the worker's remote calls, and how rows travel back from a
-worker (this module imports no vLLM)."""
+request's ``extra_args``, the names of the worker's remote calls, a monitor as the workers receive
+it (:class:`ServedMonitor`), how rows travel back from a worker, and how vLLM's request ids are read
+(this module imports no vLLM)."""
 
+import dataclasses
+import hashlib
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,6 +17,8 @@ from torch import Tensor
 
 from ..._errors import TPCHooksError
 from ...activations import parse_site
+from ...monitoring import Monitor, monitor_from_files, saved_files
+from ...saving import dir_files
 
 WORKER = "tpc_hooks.adapters.vllm._worker.worker.TPCHooksWorker"
 STOP = "tpc_hooks.adapters.vllm._worker.worker:TPCHooksStop"
@@ -38,7 +45,6 @@ RPC_SITES = "tpc_hooks_sites"
 RPC_CAPTURE = "tpc_hooks_capture"
 RPC_TAKE = "tpc_hooks_take"
 RPC_RELEASE = "tpc_hooks_release"
-RPC_ARM = "tpc_hooks_arm"
 RPC_ARM_SET = "tpc_hooks_arm_set"
 RPC_RUNS = "tpc_hooks_runs"
 RPC_SUMMARIES = "tpc_hooks_summaries"
@@ -48,10 +54,9 @@ RPC_DISARM = "tpc_hooks_disarm"
 RPC_REVIEW = "tpc_hooks_review"
 RPC_STATS = "tpc_hooks_stats"
 RPC_COUNTS = "tpc_hooks_counts"
-RPC_CONTRACT = "tpc_hooks_contract"
 RPCS = (
-    RPC_SITES, RPC_CAPTURE, RPC_TAKE, RPC_RELEASE, RPC_ARM, RPC_ARM_SET, RPC_RUNS, RPC_SUMMARIES,
-    RPC_SET_SUMMARIES, RPC_SWAP, RPC_DISARM, RPC_REVIEW, RPC_STATS, RPC_COUNTS, RPC_CONTRACT,
+    RPC_SITES, RPC_CAPTURE, RPC_TAKE, RPC_RELEASE, RPC_ARM_SET, RPC_RUNS, RPC_SUMMARIES,
+    RPC_SET_SUMMARIES, RPC_SWAP, RPC_DISARM, RPC_REVIEW, RPC_STATS, RPC_COUNTS,
 )  # fmt: skip
 # how vLLM words a worker's error for collective_rpc's caller: the engine core's words (and, from a worker
 # process of its own, the executor's) around the text of what the worker raised (the contract's rows
@@ -60,6 +65,51 @@ _CALL_FAILED = re.compile(r"^Call to \w+ method failed: ")
 _WORKER_FAILED = re.compile(
     r"^Worker failed with error '(.*)', please check the stack trace above for the root cause$", re.DOTALL
 )
+
+
+# vLLM's request-id scheme, which only the two helpers below read (rows "ParentRequest" and
+# "OpenAIServingCompletion"): sample k of a request's n runs as "<k>_<parent's engine id>"; prompt i of a
+# completions request enters the engine as "<response id>-<i>"
+_CHILD = re.compile(r"(\d+)_.")
+_PROMPT = re.compile(r"cmpl-.*-(\d+)", re.DOTALL)
+
+
+def child_index(engine_id: str, fan: int) -> int:
+    """Which of its request's ``fan`` samples (its ``n``) the engine's request ``engine_id`` is:
+    0 for a request vLLM did not fan out (``fan`` 1), else the index vLLM's id carries. The one
+    place that reads an engine id; raises if vLLM names samples otherwise.
+
+    Example:
+        >>> child_index("2_chatcmpl-a-1-5e3f0a9c", 3), child_index("7_x-5e3f0a9c", 1)
+        (2, 0)
+    """
+    if fan <= 1:
+        return 0
+    found = _CHILD.match(engine_id)
+    k = int(found.group(1)) if found else -1
+    if not 0 <= k < fan:
+        raise TPCHooksError(
+            f"vLLM ran sample {engine_id!r} of a request fanned out to {fan}, named otherwise than "
+            "'<k>_<parent id>' (tpc-hooks' contract with vLLM, row vllm.v1.engine.parallel_sampling:ParentRequest)"
+        )
+    return k
+
+
+def completion_prompt(request_id: str) -> int:
+    """Which prompt of a completions request the id vLLM's OpenAI layer gives it names (it enters
+    the engine once per prompt, as ``<response id>-<i>``); raises if vLLM names prompts otherwise.
+
+    Example:
+        >>> completion_prompt("cmpl-my-own-id-3")
+        3
+    """
+    found = _PROMPT.fullmatch(request_id)
+    if found is None:
+        raise TPCHooksError(
+            f"vLLM's completions endpoint ran a prompt as {request_id!r}, not 'cmpl-<id>-<i>' (tpc-hooks' contract "
+            "with vLLM, row vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion)"
+        )
+    return int(found.group(1))
 
 
 def disabled() -> bool:
@@ -237,3 +287,67 @@ def own_setting(settings: dict[str, Any], name: str, what: str, default: Any) ->
     """A request's setting ``what`` for the monitor ``name``: its own by name, else its own for
     every monitor, else ``default``."""
     return settings.get("by", {}).get(name, {}).get(what, settings.get(what, default))
+
+
+@dataclass(frozen=True)
+class ServedMonitor:
+    """One monitor as vLLM's workers run it, from where it is named to the workers: its name
+    (``""`` alone), site, action and policy, and its saved files' bytes with their SHA-256.
+
+    Built once where the monitor enters, which loads and checks it: :meth:`read` a saved directory
+    (``tpc-hooks serve --monitor``, the admin route), :meth:`of` a monitor in memory
+    (``monitor.generate`` on a ``vllm.LLM``). It crosses ``collective_rpc`` as plain values
+    (:meth:`plain`, :meth:`from_plain`) and each worker rebuilds the monitor from the bytes
+    (:meth:`load`), reading no file. The SHA-256 is of ``config.json`` then ``model.safetensors``,
+    as saved: what ``/v1/models`` and the review log name a monitor's version by.
+
+    Example:
+        >>> import tpc_hooks as tpc
+        >>> mon = tpc.Monitor(tpc.TPC(d_model=8, degree=2, rank=2), "blocks.1.hook_resid_post")
+        >>> spec = ServedMonitor.of("harm", mon, "stop")
+        >>> ServedMonitor.from_plain(spec.plain()) == spec, spec.load().site
+        (True, 'blocks.1.hook_resid_post')
+    """
+
+    name: str
+    site: str
+    action: str
+    config: bytes = dataclasses.field(repr=False)
+    weights: bytes = dataclasses.field(repr=False)
+    sha256: str
+    where: str = "<memory>"  # the directory it was read from, for errors
+    order: int | None = None
+    cascade: float | None = None
+
+    @classmethod
+    def read(cls, name: str, path: str | os.PathLike, action: str) -> tuple["ServedMonitor", Monitor]:
+        """The monitor saved in ``path`` (a missing, corrupt or tampered directory raises), and the
+        monitor itself."""
+        where = str(Path(path).resolve())
+        config, weights = dir_files(where)
+        monitor = monitor_from_files(config, weights, where)
+        return cls(name, monitor.site, action, config, weights, _sha256(config, weights), where), monitor
+
+    @classmethod
+    def of(
+        cls, name: str, monitor: Monitor, action: str, order: int | None = None, cascade: float | None = None
+    ) -> "ServedMonitor":
+        """A monitor in memory, as ``save_pretrained`` would save it."""
+        config, weights = saved_files(monitor)
+        return cls(name, monitor.site, action, config, weights, _sha256(config, weights), order=order, cascade=cascade)
+
+    def load(self) -> Monitor:
+        """The monitor, rebuilt from its bytes (checked as ``from_pretrained`` checks a directory)."""
+        return monitor_from_files(self.config, self.weights, self.where)
+
+    def plain(self) -> dict[str, Any]:
+        """What ``collective_rpc`` carries."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_plain(cls, plain: dict[str, Any]) -> "ServedMonitor":
+        return cls(**plain)
+
+
+def _sha256(config: bytes, weights: bytes) -> str:
+    return hashlib.sha256(config + weights).hexdigest()

@@ -4,7 +4,6 @@ loaded, and changing them under load: the admin route (``PUT`` / ``DELETE``
 ``/tpc_hooks/monitors/NAME``) swaps one in the workers between two engine steps."""
 
 import asyncio
-import hashlib
 import hmac
 import json
 import re
@@ -13,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ...._errors import TPCHooksError
-from ....monitoring import ACTIONS, Monitor
-from ....saving import CONFIG_FILE, WEIGHTS_FILE
+from ....monitoring import ACTIONS
 from .. import _review
-from .._wire import RPC_SWAP, worker_error
+from .._wire import RPC_SWAP, ServedMonitor, worker_error
 from .drift import FlagRate
 from .metrics import LONE, labels, log
 
@@ -28,12 +26,14 @@ _NAME = re.compile(r"^([A-Za-z0-9_-]+)=(.+)$")
 class ServerState:
     """Everything ``tpc-hooks serve`` keeps in its process, in one object the app owns (vLLM keeps the
     server's arguments as ``app.state.args``; this is their ``tpc_hooks``): the monitors it runs, by
-    name ("" alone: :func:`identity` and action); what the admin route may swap in (its key, the sites
+    name ("" alone: what :func:`served` says of it, and its action) and each as the workers run it
+    (``served``); what the admin route may swap in (its key, the sites
     the engine exposes, the model's width, the action of a monitor given none); the drift gauges'
     window, band and flag rates (by metrics label); the review log; the batching of summary calls
     (``asks``, set by the server); and one admin swap at a time (``swap``)."""
 
     monitors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    served: dict[str, ServedMonitor] = field(default_factory=dict)
     admin_key: str | None = None
     sites: list[str] = field(default_factory=list)
     d_model: int | None = None
@@ -59,19 +59,19 @@ def of_app(scope: dict) -> ServerState:
     return state
 
 
-def identity(path: str | Path, known: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What ``/v1/models`` says of the monitor: site, threshold, pooling, cascade or not, and the
-    SHA-256 of its saved files. Loads it (a missing, corrupt or tampered directory raises) and keeps
-    it in ``known`` by that hash (a server's review log explains the steps of whichever version
-    scored them with it)."""
-    mon = Monitor.from_pretrained(path)
-    digest = hashlib.sha256()
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        digest.update((Path(path) / name).read_bytes())
+def served(
+    name: str, path: str | Path, action: str, known: dict[str, Any] | None = None
+) -> tuple[ServedMonitor, dict[str, Any]]:
+    """The monitor saved in ``path`` as the workers will run it (``ServedMonitor.read``: loaded
+    and hashed once; a missing, corrupt or tampered directory raises), and what ``/v1/models``
+    says of it: site, threshold, pooling, cascade or not, and the SHA-256 of its saved files. Keeps
+    the monitor in ``known`` by that hash (a server's review log explains the steps of whichever
+    version scored them with it)."""
+    spec, mon = ServedMonitor.read(name, path, action)
     target = (mon.report or {}).get("operating_point", {}).get("fpr")
     if known is not None:
-        known[digest.hexdigest()] = mon
-    return {
+        known[spec.sha256] = mon
+    return spec, {
         "site": mon.site,
         "threshold": float(mon.threshold),
         "pooling": mon.pooling,
@@ -79,7 +79,7 @@ def identity(path: str | Path, known: dict[str, Any] | None = None) -> dict[str,
         "degree": mon.head.degree,
         "d_model": mon.head.d_model,
         "target_fpr": None if target is None else float(target),
-        "sha256": digest.hexdigest(),
+        "sha256": spec.sha256,
     }
 
 
@@ -168,7 +168,7 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
             action = req.get("action", monitors.get(name, {}).get("action", state.action))
             if action not in ("stop", "flag"):
                 raise TPCHooksError(f"action must be 'stop' or 'flag'; got {action!r}")
-            ident = identity(req["path"], state.review.monitors)
+            spec, ident = served(name, req["path"], action, state.review.monitors)
             if ident["site"] not in state.sites:
                 raise TPCHooksError(
                     f"this engine exposes {state.sites}, not {ident['site']!r}; start the "
@@ -179,22 +179,13 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
                     f"the monitor expects d_model={ident['d_model']} but the model produces "
                     f"{state.d_model}; was it trained on another model?"
                 )
-            spec = {
-                "name": name,
-                "path": str(Path(req["path"]).resolve()),
-                "site": ident["site"],
-                "order": None,
-                "cascade": None,
-                "action": action,
-                "sha256": ident["sha256"],
-            }
         elif name not in monitors:
             raise TPCHooksError(f"no monitor named {name!r} runs here (it runs {sorted(monitors)})")
         engine = scope["app"].state.engine_client
         async with state.swap:
             await engine.pause_generation(mode="keep", clear_cache=False)  # no step runs until the swap is whole
             try:
-                await engine.collective_rpc(RPC_SWAP, args=(name, spec))
+                await engine.collective_rpc(RPC_SWAP, args=(name, None if spec is None else spec.plain()))
                 await engine.reset_prefix_cache(reset_running_requests=True)
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
                 raise TPCHooksError(worker_error(err)) from None
@@ -204,8 +195,9 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
         return await answer(400, {"error": str(err)})
     if spec is None:
         monitors.pop(name)  # requests may name the monitors this holds (the server's entry stamps them)
+        state.served.pop(name)
         return await answer(200, {"removed": name})  # (never the lone monitor: the workers refuse to remove the last)
-    monitors[name] = {**ident, "action": spec["action"]}
+    monitors[name], state.served[name] = {**ident, "action": action}, spec
     state.labels(name, ident["target_fpr"])
     log.warning("monitor %s now %s (sha256 %s)", name, req["path"], ident["sha256"][:12])
     return await answer(200, {"monitor": name or LONE, **monitors[name]})

@@ -31,14 +31,12 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from ...._errors import TPCHooksError
 from ....monitoring import ACTIONS
 from ..._sae_lens import read_sae
 from .. import _review, is_ours
-from .._contract import completion_prompt
 from .._engine import aux_ids
 from .._wire import (
     CONFIG,
@@ -48,13 +46,14 @@ from .._wire import (
     RPC_SET_SUMMARIES,
     STOP,
     WORKER,
+    completion_prompt,
     disabled,
     ident,
     keyed,
     worker_error,
 )
 from .metrics import LONE, REVIEWED, count
-from .monitors import ADMIN, ServerState, admin, identity, members, of_app
+from .monitors import ADMIN, ServerState, admin, members, of_app, served
 
 FIELD = "tpc_hooks"  # each choice's monitor summary
 FLAGGED = "content_flagged"  # the finish_reason of a stopped choice
@@ -411,7 +410,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     ours, rest = p.parse_known_args(argv)
-    ours.members = members(ours.monitor, ours.action)
     if not 0 <= ours.review_log_sample <= 1 or ours.review_log_max_mb <= 0:
         raise TPCHooksError("--review-log-sample must be in [0, 1] and --review-log-max-mb positive")
     state = ServerState(
@@ -419,9 +417,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     )
     state.asks = _Asks()
     state.review.saes = {_review.sae_site(s, d): s for d, s in ((d, read_sae(d)) for d in ours.review_log_sae)}
-    state.monitors = {
-        name: {**identity(where, state.review.monitors), "action": act} for name, where, act in ours.members
-    }
+    for name, where, act in members(ours.monitor, ours.action):
+        state.served[name], ident = served(name, where, act, state.review.monitors)
+        state.monitors[name] = {**ident, "action": act}
     ours.sites = state.sites = sorted({m["site"] for m in state.monitors.values()} | set(ours.sites))
     state.d_model = next(iter(state.monitors.values()))["d_model"]
     for name, monitor in state.monitors.items():
@@ -476,18 +474,7 @@ async def run(ours: argparse.Namespace, args: argparse.Namespace) -> None:
     listen_address, sock = setup_server(args, reuse_port=False)
     try:
         async with build_async_engine_client(args) as engine:
-            specs = [
-                {
-                    "name": name,
-                    "path": str(Path(where).resolve()),
-                    "site": state.monitors[name]["site"],
-                    "order": None,
-                    "cascade": None,
-                    "action": act,
-                    "sha256": state.monitors[name]["sha256"],
-                }
-                for name, where, act in ours.members
-            ]
+            specs = [spec.plain() for spec in state.served.values()]
             try:
                 await engine.collective_rpc(RPC_ARM_SET, args=(specs, "summary"))
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception

@@ -2,17 +2,13 @@
 arm, swap and disarm monitors, hand over their steps, summaries and stats, and turn on the review
 log. Imported in vLLM's workers only."""
 
-import hashlib
 from collections import OrderedDict
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ...._errors import TPCHooksError
-from ....monitoring import Monitor
-from ....saving import CONFIG_FILE, WEIGHTS_FILE
-from .._wire import OFF, pack, unexposed
+from .._wire import OFF, ServedMonitor, pack, unexposed
 from .armed import UNSCORED, Armed, Request, WorkerState, rss, summaries_of
 from .prefix import BlockStates
 
@@ -79,50 +75,22 @@ class Control:
         return True
 
     # ------------------------------------------------------------------ monitoring (generate, serve)
-    def tpc_hooks_arm(
-        self, path: str, site: str, order: int | None, cascade: float | None, action: str, keep: str = "steps"
-    ) -> dict:
-        """Loads the monitor saved at ``path`` and scores every request from now on at ``site``
-        (in place of whatever ran before); ``action="stop"`` ends a request at its first flagged
-        step. ``keep="steps"``: every step of every request, until :meth:`tpc_hooks_runs` takes
-        them; ``"summary"`` (a server): a finished request's steps become a summary, kept for the
-        last ``KEEP`` requests until :meth:`tpc_hooks_summaries` takes it, and a request whose
-        activations turn NaN/inf is stopped whatever the action. Returns what the worker runs
-        (site, threshold, d_model)."""
-        spec = {"name": "", "path": path, "site": site, "order": order, "cascade": cascade, "action": action}
-        return self.tpc_hooks_arm_set([spec], keep)[""]
-
     def tpc_hooks_arm_set(self, specs: list[dict[str, Any]], keep: str = "steps") -> dict[str, dict]:
-        """:meth:`tpc_hooks_arm` for several monitors at once, each ``{"name", "path", "site",
-        "order", "cascade", "action"}``: every pass is read once and scored by each, under its
-        name (a request ends when any stopping monitor flags it). All are loaded and checked
-        before any replaces what ran. Returns what each runs, by name."""
+        """Scores every request from now on by each monitor of ``specs`` (``_wire.ServedMonitor``, as
+        plain values), in place of whatever ran before: every pass is read once and scored by each,
+        under its name; ``action="stop"`` ends a request at its first flagged step (a request ends
+        when any stopping monitor flags it). ``keep="steps"``: every step of every request, until
+        :meth:`tpc_hooks_runs` takes them; ``"summary"`` (a server): a finished request's steps
+        become a summary, kept for the last ``KEEP`` requests until :meth:`tpc_hooks_summaries`
+        takes it, and a request whose activations turn NaN/inf is stopped whatever the action.
+        All are loaded and checked before any replaces what ran. Returns what each runs (site,
+        threshold, d_model), by name."""
         self._tpc_on()
-        d_model = self._tpc_d_model()
-        loaded = [(spec, self._tpc_load(spec)) for spec in specs]
+        armed = [self._tpc_armed(ServedMonitor.from_plain(spec), keep) for spec in specs]
         self.tpc_hooks_disarm()
         if getattr(self, "rank", 0) == 0:
-            self._tpc.armed.update(
-                {
-                    spec["name"]: Armed(
-                        spec["name"],
-                        monitor,
-                        self._tpc_sites[spec["site"]],
-                        spec["order"],
-                        spec["cascade"],
-                        spec["action"],
-                        keep,
-                        self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]),
-                        spec.get("sha256"),
-                        self._tpc.review,
-                    )
-                    for spec, monitor in loaded
-                }
-            )
-        return {
-            spec["name"]: {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": d_model}
-            for spec, monitor in loaded
-        }
+            self._tpc.armed.update({a.name: a for a in armed})
+        return {a.name: self._tpc_info(a) for a in armed}
 
     def tpc_hooks_runs(self, requests: list[str] | None = None, member: str = "") -> dict[str, dict[str, Any]]:
         """The recorded steps of ``requests`` (default: all) by the monitor ``member`` (a lone
@@ -168,7 +136,7 @@ class Control:
         return out
 
     def tpc_hooks_swap(self, name: str, spec: dict[str, Any] | None) -> dict[str, Any]:
-        """Puts the monitor ``spec`` (as :meth:`tpc_hooks_arm_set` takes one) in place of the monitor
+        """Puts the monitor ``spec`` (a ``_wire.ServedMonitor``, as plain values) in place of the monitor
         ``name`` (new or existing), or removes ``name`` (``spec`` None), between two engine steps.
         The requests the worker holds now finish on the monitor they started with; requests that
         start later get the new one (or none). A monitor that does not load or check is refused
@@ -180,23 +148,8 @@ class Control:
         if spec is None and len(self._tpc.armed) == 1:
             raise TPCHooksError(f"{name!r} is the only monitor this engine runs; put another in its place instead")
         keep = next(iter(self._tpc.armed.values())).keep if self._tpc.armed else "summary"
-        new, info = None, {}
-        if spec is not None:
-            spec = {**spec, "name": name}
-            monitor = self._tpc_load(spec)
-            new = Armed(
-                name,
-                monitor,
-                self._tpc_sites[spec["site"]],
-                spec["order"],
-                spec["cascade"],
-                spec["action"],
-                keep,
-                self._tpc_store(spec["path"], spec["site"], spec["order"], spec["cascade"]),
-                spec.get("sha256"),
-                self._tpc.review,
-            )
-            info = {"site": monitor.site, "threshold": float(monitor.threshold), "d_model": self._tpc_d_model()}
+        new = None if spec is None else self._tpc_armed(ServedMonitor.from_plain({**spec, "name": name}), keep)
+        info = {} if new is None else self._tpc_info(new)
         if getattr(self, "rank", 0) != 0:
             return info
         if old is not None:
@@ -225,16 +178,25 @@ class Control:
             armed.review(self._tpc.review)
         return True
 
-    def _tpc_load(self, spec: dict[str, Any]) -> Monitor:
-        """The monitor of ``spec``, loaded and checked against this engine (site exposed, width)."""
-        if spec["site"] not in self._tpc_sites:
-            raise TPCHooksError(unexposed([spec["site"]], self._tpc_sites))
-        monitor = Monitor.from_pretrained(spec["path"])
+    def _tpc_armed(self, spec: ServedMonitor, keep: str) -> Armed:
+        """The monitor of ``spec``, rebuilt from its bytes and checked against this engine (site
+        exposed, width), ready to run."""
+        if spec.site not in self._tpc_sites:
+            raise TPCHooksError(unexposed([spec.site], self._tpc_sites))
+        monitor = spec.load()
         d_model = self._tpc_d_model()
         if monitor.head.d_model != d_model:
-            who = f"monitor {spec['name']!r}" if spec["name"] else "monitor"
+            who = f"monitor {spec.name!r}" if spec.name else "monitor"
             raise TPCHooksError(f"{who} expects d_model={monitor.head.d_model} but this model produces {d_model}")
-        return monitor
+        store = self._tpc_store(spec)
+        aux = self._tpc_sites[spec.site]
+        return Armed(
+            spec.name, monitor, aux, spec.order, spec.cascade, spec.action, keep, store, spec.sha256, self._tpc.review
+        )
+
+    def _tpc_info(self, armed: Armed) -> dict[str, Any]:
+        """What an armed monitor runs: site, threshold, the model's width."""
+        return {"site": armed.monitor.site, "threshold": float(armed.monitor.threshold), "d_model": self._tpc_d_model()}
 
     def tpc_hooks_stats(self, member: str = "") -> dict[str, float]:
         """What the monitor ``member`` has cost since it was armed: forward passes, seconds (wall
@@ -265,14 +227,11 @@ class Control:
             **self._tpc_counts,
         }
 
-    def _tpc_store(self, path: str, site: str, order: int | None, cascade: float | None) -> BlockStates:
+    def _tpc_store(self, spec: ServedMonitor) -> BlockStates:
         """The block states of this monitor (its saved files, site and policy): kept across arming
         it again, so blocks cached while it last ran stay readable; a few monitors' at most."""
-        digest = hashlib.sha256(repr((site, order, cascade)).encode())
-        for name in (CONFIG_FILE, WEIGHTS_FILE):
-            digest.update(Path(path, name).read_bytes())
+        key = f"{spec.sha256}:{spec.site}:{spec.order}:{spec.cascade}"
         stores = self.__dict__.setdefault("_tpc_stores", OrderedDict())
-        key = digest.hexdigest()
         if key not in stores:
             # every KV block can hold a state, twice over (a state is touched whenever its block is read)
             kv = getattr(self.model_runner, "kv_cache_config", None)

@@ -36,11 +36,9 @@ from ...._errors import TPCHooksError
 from ....head import Together
 from ....metrics import flagged
 from .. import _engine, _review
-from .._contract import child_index
-from .._wire import FAN, KEY, OFF, disabled, ident
+from .._wire import FAN, KEY, child_index, disabled, ident
 from .._wire import own_setting as _own
 from .._wire import request_settings as _settings
-from . import recorder as _vllm_recorder
 from .armed import Armed, Request, WorkerState
 from .control import Control
 from .prefix import Chain
@@ -174,15 +172,6 @@ class _Mixin:
                 if armed.owns is not None:
                     armed.owns.discard(rid)
         self._tpc.retire_done()
-
-    def tpc_hooks_contract(self, what: str, *args: Any) -> Any:
-        """The runtime checks of tpc-hooks' contract with vLLM (``_worker.recorder``), a remote call:
-        ``"install"`` a recorder on this worker's passes and the logits processor, ``"check"``
-        what it saw, ``"uninstall"`` it; and probes of how vLLM runs a remote call (``"fail"``,
-        ``"rank"``, ``"plain"``)."""
-        if self._tpc_off:
-            raise TPCHooksError(OFF)
-        return _vllm_recorder.run(what, self, TPCHooksStop, *args)
 
     # ------------------------------------------------------------------ reading a pass
     @torch.inference_mode()

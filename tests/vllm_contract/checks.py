@@ -1,4 +1,4 @@
-"""The vocabulary of tpc-hooks' contract with vLLM (the table is ``_contract.surface``): a row per vLLM
+"""The vocabulary of tpc-hooks' contract with vLLM (the table is ``surface``): a row per vLLM
 name the plugin uses (:class:`Row`), the static checks a row carries (:class:`Check`: parameters,
 fields, abstract methods, properties, source text where nothing better exists), and what a check
 finds (:class:`Finding`). Imports no vLLM: a check imports what it inspects when it runs, and a
@@ -70,7 +70,7 @@ class Row:
 
     ``name``: ``module:qualname`` in vLLM, then for a behaviour ``(what is relied on)``; ``ours``:
     the functions of ours that need it, ``module:qualname`` under ``tpc_hooks``; ``check``: the
-    static check (``when`` static or both); ``live``: the runtime check's key in ``_worker.recorder.CHECKS``
+    static check (``when`` static or both); ``live``: the runtime check's key in ``recorder.CHECKS``
     (``when`` runtime or both; ``v1.`` / ``v2.`` keys run on that model runner only), or the test of a
     live server that covers it (``tests/...::test_...``); ``also``: other spellings by which our
     source reaches the same name (an attribute of a call's result)."""

@@ -7,21 +7,20 @@ runs) — with the functions of ours that need it and the check that covers it:
 * static (classes, signatures, fields): :func:`check_static` introspects the installed vLLM,
   without an engine (``tests/test_vllm_contract.py``; ``make test-vllm-contract-newest`` against
   the newest vLLM release);
-* runtime (attributes of a live runner, behaviours): ``_live.check_engine`` checks them in a
+* runtime (attributes of a live runner, behaviours): ``live.check_engine`` checks them in a
   monitored engine's worker, on a real runner (``make test-vllm``), or a test of a live server
   covers them.
 
 A new vLLM release's breakage is then a named failing row, not a wrong score. The rows follow the
 plugin's parts: the logits processor, the worker, the model classes, the offline adapter, the server.
-Imports no vLLM (a check imports what it inspects when it runs).
+Imports no vLLM (a check imports what it inspects when it runs). It lives with the tests, which run
+it: nothing of the checks ships in the package.
 """
 
 import inspect
-import re
 import typing
 from collections import Counter
 
-from ...._errors import TPCHooksError
 from .checks import (
     KINDS,
     Check,
@@ -75,55 +74,8 @@ ADA = "adapters.vllm:VLLMAdapter"
 ARGS = "adapters.vllm._wire"
 SERVE = "adapters.vllm._server.serve"
 SWAP = "adapters.vllm._server.monitors:admin"
-REC = "adapters.vllm._worker.recorder"
-LIVE = "adapters.vllm._live"
 SERVE_TESTS = "tests/test_vllm_serve.py"
-CONTRACT = "adapters.vllm._contract.surface"
-
-# vLLM's request-id scheme, which only the two helpers below read (rows "ParentRequest" and
-# "OpenAIServingCompletion"): sample k of a request's n runs as "<k>_<parent's engine id>"; prompt i of a
-# completions request enters the engine as "<response id>-<i>"
-_CHILD = re.compile(r"(\d+)_.")
-_PROMPT = re.compile(r"cmpl-.*-(\d+)", re.DOTALL)
-
-
-def child_index(engine_id: str, fan: int) -> int:
-    """Which of its request's ``fan`` samples (its ``n``) the engine's request ``engine_id`` is:
-    0 for a request vLLM did not fan out (``fan`` 1), else the index vLLM's id carries. The one
-    place that reads an engine id; raises if vLLM names samples otherwise.
-
-    Example:
-        >>> child_index("2_chatcmpl-a-1-5e3f0a9c", 3), child_index("7_x-5e3f0a9c", 1)
-        (2, 0)
-    """
-    if fan <= 1:
-        return 0
-    found = _CHILD.match(engine_id)
-    k = int(found.group(1)) if found else -1
-    if not 0 <= k < fan:
-        raise TPCHooksError(
-            f"vLLM ran sample {engine_id!r} of a request fanned out to {fan}, named otherwise than "
-            "'<k>_<parent id>' (tpc-hooks' contract with vLLM, row vllm.v1.engine.parallel_sampling:ParentRequest)"
-        )
-    return k
-
-
-def completion_prompt(request_id: str) -> int:
-    """Which prompt of a completions request the id vLLM's OpenAI layer gives it names (it enters
-    the engine once per prompt, as ``<response id>-<i>``); raises if vLLM names prompts otherwise.
-
-    Example:
-        >>> completion_prompt("cmpl-my-own-id-3")
-        3
-    """
-    found = _PROMPT.fullmatch(request_id)
-    if found is None:
-        raise TPCHooksError(
-            f"vLLM's completions endpoint ran a prompt as {request_id!r}, not 'cmpl-<id>-<i>' (tpc-hooks' contract "
-            "with vLLM, row vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion)"
-        )
-    return int(found.group(1))
-
+IDS = "adapters.vllm._wire"  # the two readers of vLLM's request ids
 
 # the code of vLLM's decoder forwards that _vllm_models copies (a digest of each release's AST)
 GEMMA_FORWARD = ("3a78ca83dc4608e4",)
@@ -279,7 +231,6 @@ ROWS: tuple[Row, ...] = (
     row("vllm.config:ModelConfig.hf_text_config", "read", (f"{MIX}.load_model", f"{ADA}.__init__"), field(),
         live="config.sizes"),
     row("vllm.config:VllmConfig.additional_config", "read", f"{MIX}.load_model", field(), live="config.sites"),
-    row("vllm.config:CacheConfig.enable_prefix_caching", "read", f"{LIVE}:check_engine", field()),
     row("vllm.config:CacheConfig.block_size", "read", f"{MIX}.load_model", every(
         field(), field("cache_config", at="vllm.config:VllmConfig"))),
     row(f"{SCHED}:SchedulerOutput.total_num_scheduled_tokens", "read", f"{MIX}.execute_model", field()),
@@ -303,8 +254,8 @@ ROWS: tuple[Row, ...] = (
         "behaviour", CTRL, live="rpc.thread"),
     row("vllm.v1.engine.core_client:MPClient (collective_rpc's arguments and results cross as plain values)",
         "behaviour", (f"{CTRL}.tpc_hooks_take", f"{CTRL}.tpc_hooks_runs"), live="rpc.plain"),
-    row(f"{R1}:GPUModelRunner", "import", (f"{REC}:_runner_ok", f"{ENG}:last_pass"), exists()),
-    row(f"{R2}:GPUModelRunner", "import", (f"{REC}:_runner_version", f"{ENG}:last_pass"), exists()),
+    row(f"{R1}:GPUModelRunner", "import", f"{ENG}:last_pass", exists()),
+    row(f"{R2}:GPUModelRunner", "import", f"{ENG}:last_pass", exists()),
     row(f"{R1}:GPUModelRunner.get_model", "call", f"{ENG}:expose", every(
         params("self"), params("self", at=f"{R2}:GPUModelRunner.get_model"))),
     row(f"{IF}:SupportsEagle3.set_aux_hidden_state_layers", "call", f"{ENG}:expose", params("self", "layers"),
@@ -497,11 +448,11 @@ ROWS: tuple[Row, ...] = (
         source("state.engine_client = engine_client", "state.args = args"),
         live=f"{SERVE_TESTS}::test_every_answer_says_what_the_monitor_decided_as_the_transformers_loop_decides_it"),
     row("vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion (prompt i of a completions "
-        "request enters the engine as '<response id>-<i>')", "behaviour", f"{CONTRACT}:completion_prompt",
+        "request enters the engine as '<response id>-<i>')", "behaviour", f"{IDS}:completion_prompt",
         source('f"cmpl-{self._base_request_id(', 'f"{request_id}-{i}"'),
         live=f"{SERVE_TESTS}::test_every_request_shape_of_the_openai_layer_gets_its_own_summary"),
     row("vllm.v1.engine.parallel_sampling:ParentRequest (sample k of n is '<k>_<parent>', its sampling params "
-        "a shallow copy: extra_args shared)", "behaviour", f"{CONTRACT}:child_index",
+        "a shallow copy: extra_args shared)", "behaviour", f"{IDS}:child_index",
         every(source('f"{index}_{self.request_id}"'), source("copy(self.sampling_params)")),
         live=f"{SERVE_TESTS}::test_every_request_shape_of_the_openai_layer_gets_its_own_summary"),
     row("vllm.v1.engine.async_llm:AsyncLLM.generate (the OpenAI layer calls it once per prompt, in the request's "

@@ -1,32 +1,43 @@
-"""The runtime half of tpc-hooks' contract with vLLM (``_contract.surface``): what the plugin relies on
+"""The runtime half of tpc-hooks' contract with vLLM (``surface``): what the plugin relies on
 in a live engine, checked on a real runner.
 
-:func:`check_engine` takes a ``vllm.LLM`` built with ``vllm_engine_args`` and has its workers put a
-recorder on their passes (``_worker.recorder``, through the worker's remote call
-``tpc_hooks_contract``): after each forward pass the recorder reads the runner's attributes the
+:func:`check_engine` takes a ``vllm.LLM`` built with :func:`engine_args` and has its workers put a
+recorder on their passes (``recorder``, through the remote call ``tpc_hooks_contract`` that
+:func:`engine_args` adds to the worker): after each forward pass the recorder reads the runner's attributes the
 plugin reads, and the logits processor forces each request's row to a token of the request's own.
 A few short requests then run; the workers judge what they saw (the rows of each pass in order,
 ``apply`` after ``execute_model`` on the same thread, the scheduler's counts) and their own
 attributes, and the driver's side (admission, outputs, request ids, a worker's error) is checked
 here. Every runtime row of the table gets a finding.
 
-The checks run through a remote call by name: vLLM sends a callable to its workers only with
-``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (pickle over the engine's socket), which a deployed engine
-should not need.
+The recorder reaches the worker as vLLM's ``worker_extension_cls``, its remote call by name: vLLM
+sends a callable to its workers only with ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (pickle over the
+engine's socket), and the shipped worker carries none of it.
 """
 
 from collections.abc import Callable
 from typing import Any
 
-from ._contract import CHANGED, MISSING, OK, ROWS, Finding
-from ._wire import CONFIG, RPC_SITES, WORKER, keyed, worker_error
-from ._worker import CHECKS, RPC, Problem, isinstance_of, plain, same
+from tpc_hooks import TPCHooksError
+from tpc_hooks.adapters.vllm import vllm_engine_args
+from tpc_hooks.adapters.vllm._wire import CONFIG, RPC_SITES, WORKER, keyed, worker_error
 
-__all__ = ["CHECKS", "check_engine"]
+from .checks import CHANGED, MISSING, OK, Finding
+from .recorder import CHECKS, RPC, Problem, isinstance_of, plain, same
+from .surface import ROWS
+
+__all__ = ["CHECKS", "EXTENSION", "check_engine", "engine_args"]
+EXTENSION = "vllm_contract.recorder.ContractChecks"  # vLLM's worker_extension_cls: the recorder's remote call
+
+
+def engine_args(sites: list[str] | None = None) -> dict[str, Any]:
+    """``vllm_engine_args(sites)`` with the recorder's remote call added to the worker (vLLM's
+    ``worker_extension_cls``): the engine :func:`check_engine` checks."""
+    return {**vllm_engine_args(sites), "worker_extension_cls": EXTENSION}
 
 
 def check_engine(llm: Any) -> list[Finding]:
-    """Every runtime row of the contract on this ``vllm.LLM`` (built with ``vllm_engine_args``), by
+    """Every runtime row of the contract on this ``vllm.LLM`` (built with :func:`engine_args`), by
     name: three short requests (one sampled at temperature 0.8) and one again (its prompt's blocks
     cached) run with the recorder on, which is taken off after.
 
@@ -38,6 +49,8 @@ def check_engine(llm: Any) -> list[Finding]:
     from vllm import SamplingParams
 
     config = llm.llm_engine.vllm_config
+    if config.parallel_config.worker_extension_cls != EXTENSION:
+        raise TPCHooksError(f"check_engine needs an engine built with engine_args() (worker_extension_cls={EXTENSION})")
     hf = config.model_config.hf_text_config
     block = int(config.cache_config.block_size)
     expect = {

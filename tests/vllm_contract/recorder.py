@@ -1,6 +1,7 @@
 """The worker's half of the runtime checks of tpc-hooks' contract with vLLM (the driver's:
-``_live``): a recorder on a monitored engine's worker, run through the worker's remote call
-``tpc_hooks_contract`` (:func:`run`).
+``live``): a recorder on a monitored engine's worker, run through the remote call
+``tpc_hooks_contract`` (:func:`run`) that :class:`ContractChecks` adds to tpc-hooks' worker as vLLM's
+``worker_extension_cls`` (``live.engine_args``): the shipped worker carries none of it.
 
 :func:`install` puts the recorder around the worker's ``execute_model`` and the logits processor's
 ``apply``: after each forward pass it reads the runner's attributes the plugin reads
@@ -19,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ...._errors import TPCHooksError
-from .. import _engine
-from .._contract import CHANGED, MISSING, OK, SKIPPED
-from .._wire import CONFIG, KEY, RPC_CONTRACT
-from .armed import WorkerState
+from tpc_hooks import TPCHooksError
+from tpc_hooks.adapters.vllm import _engine
+from tpc_hooks.adapters.vllm._wire import CONFIG, KEY, OFF
+from tpc_hooks.adapters.vllm._worker.armed import WorkerState
+
+from .checks import CHANGED, MISSING, OK, SKIPPED
 
 # each runtime check of the table (a row's ``live`` key), and where it runs: in the worker (on what the
 # recorder saw and the worker's attributes) or in the driver's process (_live); v1./v2.: on that
@@ -39,7 +41,7 @@ DRIVER_CHECKS = (
     "rpc.ranks rpc.plain"
 ).split()
 CHECKS = {**dict.fromkeys(WORKER_CHECKS, "worker"), **dict.fromkeys(DRIVER_CHECKS, "driver")}
-RPC = RPC_CONTRACT  # the worker's remote call that runs these checks
+RPC = "tpc_hooks_contract"  # the worker's remote call that runs these checks (ContractChecks')
 _STATE: dict[str, Any] = {}  # this worker process's recorder
 Problem = tuple[str, str]  # (status, what differs)
 
@@ -329,7 +331,7 @@ def _eagle3(model: Any, ids: list[int]) -> str | None:
 def _registry() -> str | None:
     from vllm import ModelRegistry
 
-    from .models import CLASSES
+    from tpc_hooks.adapters.vllm._worker.models import CLASSES
 
     wrong = [a for a, cls in CLASSES.items() if ModelRegistry.models[a].model_cls is not cls]
     return f"the worker's registry builds vLLM's own {wrong}" if wrong else None
@@ -385,3 +387,19 @@ def _finished(rec: Recorder) -> str | None:
         if rid not in rec.last or step <= rec.last[rid]:
             return f"{rid} reported finished at step {step}, last scheduled at {rec.last.get(rid)}"
     return None
+
+
+class ContractChecks:
+    """vLLM's ``worker_extension_cls`` for an engine under the contract's live checks: vLLM adds this
+    class to the worker's bases in the worker's process (where it imports it by name), so the remote
+    call below reaches the recorder there."""
+
+    def tpc_hooks_contract(self, what: str, *args: Any) -> Any:
+        """``"install"`` a recorder on this worker's passes and the logits processor, ``"check"``
+        what it saw, ``"uninstall"`` it; and probes of how vLLM runs a remote call (``"fail"``,
+        ``"rank"``, ``"plain"``)."""
+        from tpc_hooks.adapters.vllm._worker.worker import TPCHooksStop
+
+        if getattr(self, "_tpc_off", False):
+            raise TPCHooksError(OFF)
+        return run(what, self, TPCHooksStop, *args)
