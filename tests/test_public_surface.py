@@ -253,15 +253,15 @@ def test_the_error_reads_as_its_public_path():
 
 
 def test_monitor_settings_are_declared_and_validate():
-    """Every MonitorConfig field is a typed ``Setting`` written out in the Settings class (so IDEs and
+    """Every MonitorConfig field is a typed ``Setting`` written out in the Monitor class (so IDEs and
     type checkers see it, not one added by setattr at import), reading config and validating on
     assignment; the list is MonitorConfig's fields, no more and no fewer."""
     from dataclasses import fields
 
-    from tpc_hooks.monitoring import _settings
+    from tpc_hooks.monitoring._settings import Setting
 
-    tree = ast.parse((ROOT / "tpc_hooks" / "monitoring" / "_settings.py").read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
+    tree = ast.parse((ROOT / "tpc_hooks" / "monitoring" / "_monitor.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Monitor")
     declared = {
         f.target.id
         for f in cls.body
@@ -271,9 +271,7 @@ def test_monitor_settings_are_declared_and_validate():
     }
     names = {f.name for f in fields(tpc_hooks.MonitorConfig)}
     assert declared == names
-    assert issubclass(tpc_hooks.Monitor, _settings.Settings)
-    assert not any(n in vars(tpc_hooks.Monitor) for n in names)  # none added or shadowed on Monitor itself
-    assert all(isinstance(vars(_settings.Settings)[n], _settings.Setting) for n in names)
+    assert all(isinstance(vars(tpc_hooks.Monitor)[n], Setting) for n in names)
     mon = tpc_hooks.Monitor(tpc_hooks.TPC(4, 2, 2), "blocks.0.hook_resid_post", threshold=0.3)
     for name in names:
         assert getattr(mon, name) == getattr(mon.config, name)

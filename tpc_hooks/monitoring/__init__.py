@@ -9,9 +9,9 @@ from ._calibrate import everyday_rows as everyday_rows
 from ._calibrate import logits as logits
 from ._monitor import Monitor as Monitor
 from ._monitor import from_files as monitor_from_files  # noqa: F401
+from ._monitor import saved_files as saved_files
 from ._monitor_config import ACTIONS as ACTIONS
 from ._monitor_config import MonitorConfig as MonitorConfig
-from ._monitor_files import saved_files as saved_files
 from ._records import GenerationRun as GenerationRun
 from ._records import MonitorEvent as MonitorEvent
 from ._records import MonitorSetRun as MonitorSetRun

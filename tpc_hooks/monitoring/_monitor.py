@@ -1,12 +1,12 @@
-"""A monitor: a TPC head bound to a hook point, a pooling and a decision policy.
-
-Here it scores prompts offline and is calibrated; during generation it scores from the model's
-own forward passes (``_during``); it saves to the same directory format as a head
-(``_monitor_files``).
+"""A monitor: a TPC head bound to a hook point, a pooling and a decision policy. It scores prompts
+offline and is calibrated, scores while a model generates from the model's own forward passes (its
+own decode loop, ``watch``, and Hugging Face ``generate``'s stopping criterion and logits processor),
+and saves to the same directory format as a head (never unpickled).
 """
 
 import os
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, no_type_check
@@ -25,24 +25,24 @@ from ..head import (
     Policy,
     check_sae,
     describe_sae,
+    from_saved,
     prefix_result,
     sae_dims,
     sae_encode,
     stack_results,
+    to_saved,
 )
 from ..head import sae_identity as sae_identity_of
 from ..pooling import aggregate as aggregate_logits
 from ..pooling import pool_prefixes, scored
-from ..saving import CONFIG_FILE, read_files
-from . import _calibrate
-from ._during import DuringGeneration
+from ..saving import CONFIG_FILE, HubMixin, files_of, monitor_card, read_dir, read_files, write_dir
+from . import _calibrate, _generation
 from ._monitor_config import ACTIONS, MonitorConfig
-from ._monitor_files import MonitorFiles
-from ._records import GenerationRun, LastRun, TokenScores
-from ._settings import Settings
+from ._records import GenerationRun, LastRun, MonitorEvent, TokenScores, WatchLog
+from ._settings import Setting
 
 
-class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
+class Monitor(HubMixin, LastRun):
     """A trained TPC head + the settings it reads and decides with (:class:`~tpc_hooks.MonitorConfig`:
     site, pooling, tokenisation, aggregation, threshold) + a decision policy.
 
@@ -76,6 +76,18 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
         >>> mon.pooling, mon.config.threshold
         ('max', 0.5)
     """
+
+    site: Setting[str] = Setting()
+    pooling: Setting[str] = Setting()
+    chat_template: Setting[bool] = Setting()
+    prepend_bos: Setting[bool | None] = Setting()
+    max_tokens: Setting[int | None] = Setting()
+    model_name: Setting[str | None] = Setting()
+    threshold: Setting[float] = Setting()
+    aggregate: Setting[str] = Setting()
+    alpha: Setting[float] = Setting()
+    window: Setting[int] = Setting()
+    skip: Setting[int] = Setting()
 
     def __init__(
         self,
@@ -465,8 +477,270 @@ class Monitor(Settings, DuringGeneration, MonitorFiles, LastRun):
         prefixes = pool_prefixes(acts, self.pooling)  # the monitor's pooling of every prefix
         return TokenScores(tokens, self.policy(order, cascade)(prefixes), self.threshold)
 
+    # ------------------------------------------------------------ during generation
+    def generate(
+        self,
+        model: Any,
+        prompts: Sequence[str],
+        max_new_tokens: int = 32,
+        action: str | Callable = "flag",
+        *,
+        order: int | None = None,
+        cascade: float | Cascade | None = None,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        seed: int = 0,
+        stop_at_eos: bool = True,
+        tokenizer: Any = None,
+    ) -> GenerationRun:
+        """Generates from ``prompts`` while scoring every step from the model's own forward passes.
 
-def from_files(text: bytes, data: bytes, where: str | os.PathLike) -> "Monitor":
+        At each step the running pooled vector (prompt + tokens so far) is scored with the
+        policy; step 0 is the prompt alone. Sequences are left-padded and batched; the KV cache
+        is used. Scores equal :meth:`score` on the same prefix (tested). The monitor scores on
+        the model's device and keeps every step there until the end; the loop reads one bool
+        per step back to the host (whether any row goes on, as Hugging Face ``generate`` does;
+        a callable ``action`` also reads the flagged rows). A step whose activations hold
+        NaN/inf scores NaN, counts as flagged and raises a ``RuntimeWarning`` at the end.
+
+        Args:
+            action: ``"flag"`` (record only), ``"stop"`` (end a sequence at its first flagged
+                step; the others continue) or a callable ``f(MonitorEvent) -> bool`` called for
+                each flagged step; returning True stops that sequence.
+            do_sample, temperature, seed: greedy decoding by default. The sampling generator
+                lives on the model's device (seeded by ``seed``), so a GPU and a CPU draw
+                different samples from the same seed.
+            stop_at_eos: end a sequence after it emits the tokenizer's EOS token.
+            tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
+                ``name_or_path``); toolkit models use their own.
+
+        Returns:
+            A :class:`GenerationRun`.
+        """
+        return _generation.generate(
+            self,
+            model,
+            prompts,
+            max_new_tokens,
+            action,
+            order=order,
+            cascade=cascade,
+            do_sample=do_sample,
+            temperature=temperature,
+            seed=seed,
+            stop_at_eos=stop_at_eos,
+            tokenizer=tokenizer,
+        )
+
+    def watch(
+        self,
+        model: Any,
+        *,
+        order: int | None = None,
+        cascade: float | Cascade | None = None,
+        on_flag: Callable[[MonitorEvent], Any] | None = None,
+        tokenizer: Any = None,
+    ) -> AbstractContextManager["WatchLog"]:
+        """Scores every forward pass ``model`` makes inside the block (your own ``generate`` too).
+
+        A call without a KV cache starts new sequences; calls that continue a cache add their
+        tokens to each row's running pool. Pass ``attention_mask`` with padded batches (Hugging
+        Face ``generate`` does) so padding is not pooled. Hooks are removed however the block ends.
+        ``tokenizer``: as in :meth:`score` (not needed to watch). To stop flagged rows inside
+        ``generate``, see :meth:`stopping_criteria`.
+
+        Example:
+            >>> with monitor.watch(lm) as log:  # doctest: +SKIP
+            ...     lm._module.generate(**batch, max_new_tokens=20)
+            >>> log.scores[-1]  # doctest: +SKIP
+        """
+        return _generation.watch(self, model, order=order, cascade=cascade, on_flag=on_flag, tokenizer=tokenizer)
+
+    def stopping_criteria(
+        self,
+        model: Any,
+        *,
+        order: int | None = None,
+        cascade: float | Cascade | None = None,
+        eos_token_id: int | list[int] | None = None,
+        tokenizer: Any = None,
+    ) -> Any:
+        """A ``transformers.StoppingCriteria`` that stops the rows this monitor flags, inside the
+        model's own ``generate``.
+
+        Every forward pass ``generate`` makes (KV cache on) is read at :attr:`site` by a hook; each
+        row's running pool is scored with the policy, and the rows with ``prob >= threshold`` are
+        stopped (a per-row bool tensor: the other rows go on, token for token as without the
+        monitor). The pool, the decision and the log stay where the activations are; the
+        criterion reads one bool per step (whether any row goes on), as ``generate`` does. As
+        with any stopping criterion, ``generate`` has already appended the token of the step that
+        is stopped, and pads a finished row only when it has an EOS token (the model's
+        ``generation_config`` usually names one); :meth:`logits_processor` puts EOS in its place.
+
+        One criterion serves one ``generate`` call. Its hooks are attached when it is made and
+        removed as soon as every row has ended (flagged, or an EOS token), by ``close()``
+        (idempotent), at the end of a ``with`` block however it ends, or when the criterion is
+        garbage-collected. So the inline form below leaves no hook behind once ``generate``
+        returns, or once its exception is handled (CPython frees the criterion then). A criterion
+        you keep in a variable keeps its hooks while rows are unfinished (``max_new_tokens``
+        reached): call ``sc.close()``, use ``with``, or drop it. The log stays readable after the
+        hooks are gone: ``sc.log``, or :attr:`last_run` for the inline form.
+
+        Works with whatever drives the Hugging Face model's ``generate`` (greedy or sampling,
+        ``num_beams=1``): a ``transformers`` model, nnsight's ``lm._module``, a TransformerBridge's
+        ``original_model``.
+
+        Args:
+            model: the model ``generate`` runs (or its toolkit wrapper).
+            order, cascade: the scoring policy (see :meth:`policy`).
+            eos_token_id: the EOS ids that end a row, when ``generate`` is given others than the
+                model's ``generation_config`` (the log needs to know when a row ended).
+            tokenizer: as in :meth:`score` (only its EOS id is read, when no other names one).
+
+        Returns:
+            A ``StoppingCriteria`` (also a context manager); its ``log`` (a
+            :class:`~tpc_hooks.GenerationRun`) holds the step scores per row and first flagged
+            steps of the ``generate`` call it served.
+
+        Raises:
+            TPCHooksError: a model without Hugging Face ``generate`` (``HookedTransformer``); from
+                inside ``generate``: a criterion used for a second ``generate`` call or after
+                ``close()``, or made but not passed to the ``generate`` that runs its model.
+
+        Example:
+            >>> out = hf_model.generate(**batch, max_new_tokens=32,  # doctest: +SKIP
+            ...                         stopping_criteria=[monitor.stopping_criteria(hf_model, tokenizer=tok)])
+            >>> monitor.last_run.stopped_at  # doctest: +SKIP
+            >>> with monitor.stopping_criteria(hf_model, tokenizer=tok) as sc:  # doctest: +SKIP
+            ...     out = hf_model.generate(**batch, max_new_tokens=32, stopping_criteria=[sc])
+            >>> sc.log.stopped_at, sc.log.scores[0]  # doctest: +SKIP
+        """
+        from ._hf_generate import MonitorStoppingCriteria
+
+        return MonitorStoppingCriteria(
+            self, model, tokenizer=tokenizer, order=order, cascade=cascade, eos_token_id=eos_token_id, action="stop"
+        )
+
+    def logits_processor(
+        self,
+        model: Any,
+        *,
+        order: int | None = None,
+        cascade: float | Cascade | None = None,
+        eos_token_id: int | list[int] | None = None,
+        tokenizer: Any = None,
+    ) -> Any:
+        """A ``transformers.LogitsProcessor`` that forces EOS on the rows this monitor flags, for
+        code paths that take processors but no stopping criteria.
+
+        As :meth:`stopping_criteria` (same hooks, scores, log, lifetime: inline, ``close()`` or
+        ``with``), except that a row flagged at step ``t`` gets an EOS token in place of its next
+        token (and at every later step), so it ends with ``t`` generated tokens plus EOS;
+        ``generate``'s own EOS criterion then finishes it. ``eos_token_id`` (default: the model's
+        ``generation_config``, else ``tokenizer.eos_token_id``) must name an EOS token; the first
+        one is forced. The hooks are removed early when every row is forced to EOS; a row that
+        picks EOS itself is known to have ended only at the next step, so when the last rows end
+        that way the hooks go when the processor is closed or freed.
+
+        Example:
+            >>> out = hf_model.generate(**batch, max_new_tokens=32,  # doctest: +SKIP
+            ...                         logits_processor=[monitor.logits_processor(hf_model, tokenizer=tok)])
+            >>> monitor.last_run.first_flagged  # doctest: +SKIP
+        """
+        from ._hf_generate import MonitorLogitsProcessor
+
+        return MonitorLogitsProcessor(
+            self, model, tokenizer=tokenizer, order=order, cascade=cascade, eos_token_id=eos_token_id, action="stop"
+        )
+
+    # ------------------------------------------------------------ the saved form
+    _hub_commit_message = "Upload tpc-hooks monitor"
+
+    def _config(self) -> dict[str, Any]:
+        cfg, _ = to_saved(self.head)
+        settings = self.config.to_dict()
+        name = settings.pop("model_name")
+        cfg["monitor"] = {
+            **settings,
+            "model": {"name": name, "d_model": self.head.d_model},
+            "cascade": None if self.cascade is None else self.cascade.to_dict(),
+            "report": self.report,
+            "sae": self.sae_identity,
+        }
+        return cfg
+
+    def _save_dir(self, path: str | os.PathLike) -> Path:
+        """Writes head and policy to a directory (``config.json`` + ``model.safetensors``);
+        :meth:`save_pretrained` adds the model card."""
+        return write_dir(path, self._config(), to_saved(self.head)[1])
+
+    def model_card(self, *, repo_id: str | None = None) -> str:
+        """The model card :meth:`save_pretrained` writes (``README.md``): model, site, pooling,
+        threshold, cascade, the head, and the training data and metrics ``report`` records.
+        ``save_pretrained``, ``from_pretrained`` (``sae=`` for a monitor on SAE latents) and
+        ``push_to_hub`` come from :class:`~tpc_hooks.saving._hub.HubMixin`."""
+        return monitor_card(self, repo_id=repo_id)
+
+    @classmethod
+    def _load_dir(cls, path: str | os.PathLike, *, sae: Any = None) -> Any:
+        """Loads a monitor saved by :meth:`save_pretrained` (strict; never unpickles).
+
+        A monitor trained on SAE latents needs its SAE again (``sae=``); a different one is refused.
+        """
+        return cls._from_saved(*read_dir(path), Path(path) / CONFIG_FILE, sae=sae)
+
+    @classmethod
+    def _from_saved(cls, cfg: dict[str, Any], tensors: dict[str, Any], where: Path, *, sae: Any = None) -> Any:
+        """A monitor from its saved config and tensors (``where``: the config file errors name)."""
+        head = from_saved(cfg, tensors, where)
+        mon = cfg.get("monitor")
+        if not isinstance(mon, dict):
+            raise TPCHooksError(
+                f"{where} describes a bare head, not a monitor; load it with TPC.from_pretrained and wrap it: "
+                "Monitor(head, site=...)"
+            )
+        model = mon.get("model") or {}
+        if not isinstance(model, dict):
+            raise TPCHooksError(f'{where}: monitor.model must be an object {{"name", "d_model"}}; got {model!r}')
+        if model.get("d_model", head.d_model) != head.d_model:
+            raise TPCHooksError(
+                f"{where}: monitor.model.d_model={model.get('d_model')} disagrees with d_model={head.d_model}"
+            )
+        try:
+            config = MonitorConfig.from_dict({**mon, "model_name": model.get("name")})
+        except TPCHooksError as err:
+            raise TPCHooksError(f"{where}: monitor: {err}") from None
+        cascade = None
+        if mon.get("cascade") is not None:
+            if not isinstance(mon["cascade"], dict):
+                raise TPCHooksError(
+                    f"{where}: monitor.cascade must be an object (lower, upper, temperatures, biases) "
+                    f"or null; got {type(mon['cascade']).__name__}"
+                )
+            try:
+                cascade = Cascade.from_dict(head, mon["cascade"])
+            except (KeyError, TypeError, ValueError, AttributeError) as err:
+                raise TPCHooksError(f"{where}: monitor.cascade is malformed ({err})") from None
+        if mon.get("sae") is not None and not isinstance(mon["sae"], dict):
+            raise TPCHooksError(
+                f"{where}: monitor.sae must be an object (the SAE's identity) or null; got {type(mon['sae']).__name__}"
+            )
+        report = mon.get("report") or {}
+        if not isinstance(report, dict):
+            raise TPCHooksError(f"{where}: monitor.report must be an object; got {type(report).__name__}")
+        try:
+            return cls(head, config=config, cascade=cascade, report=dict(report), sae=sae, sae_identity=mon.get("sae"))
+        except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError
+            raise TPCHooksError(f"{where}: {err}") from None
+
+
+def saved_files(monitor: Monitor) -> tuple[bytes, bytes]:
+    """The bytes of the monitor's ``config.json`` and ``model.safetensors``, as ``save_pretrained``
+    writes them, without touching the disk."""
+    return files_of(monitor._config(), to_saved(monitor.head)[1])
+
+
+def from_files(text: bytes, data: bytes, where: str | os.PathLike) -> Monitor:
     """The monitor saved as these bytes of ``config.json`` and ``model.safetensors`` (``where``: the
     directory errors name), checked as ``from_pretrained`` checks a directory."""
     return Monitor._from_saved(*read_files(text, data, where), Path(where) / CONFIG_FILE)

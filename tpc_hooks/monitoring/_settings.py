@@ -1,13 +1,11 @@
-"""The settings a :class:`~tpc_hooks.Monitor` reads as attributes: each is ``config.<name>``
+"""How a :class:`~tpc_hooks.Monitor` reads its settings as attributes: each is ``config.<name>``
 (:class:`~tpc_hooks.MonitorConfig`, where each is documented), and assigning one replaces ``config``
 with a copy that is validated (``monitor.threshold = float("nan")`` is an error, not a monitor that
-never flags). One line per field, typed, so that IDEs and type checkers see them; a test holds the
-list to ``MonitorConfig``'s fields."""
+never flags). ``Monitor`` declares one typed line per field, so that IDEs and type checkers see
+them; a test holds the list to ``MonitorConfig``'s fields."""
 
 from dataclasses import replace
 from typing import Any, Generic, TypeVar, overload
-
-from ._monitor_config import MonitorConfig
 
 T = TypeVar("T")
 
@@ -35,21 +33,3 @@ class Setting(Generic[T]):
     # a runtime type checker (beartype, jaxtyping's import hook) would answer `monitor.threshold = "0.5"`
     # with its own error before MonitorConfig's, which names the fix; static checkers still read T
     __set__.__no_type_check__ = True  # type: ignore[attr-defined]
-
-
-class Settings:
-    """``monitor.site``, ``monitor.threshold``, ...: :class:`~tpc_hooks.MonitorConfig`'s fields."""
-
-    config: MonitorConfig
-
-    site: Setting[str] = Setting()
-    pooling: Setting[str] = Setting()
-    chat_template: Setting[bool] = Setting()
-    prepend_bos: Setting[bool | None] = Setting()
-    max_tokens: Setting[int | None] = Setting()
-    model_name: Setting[str | None] = Setting()
-    threshold: Setting[float] = Setting()
-    aggregate: Setting[str] = Setting()
-    alpha: Setting[float] = Setting()
-    window: Setting[int] = Setting()
-    skip: Setting[int] = Setting()
