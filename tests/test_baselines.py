@@ -10,7 +10,7 @@ from sklearn.metrics import roc_auc_score
 import tpc_hooks as tpc
 from tpc_hooks import baselines as B
 from tpc_hooks.synthetic import make_problem
-from tpc_hooks.training._loop import f1_at_zero
+from tpc_hooks.training._engine._loop import f1_at_zero
 
 D = 8
 

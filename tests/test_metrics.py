@@ -4,7 +4,7 @@ from sklearn.metrics import f1_score, precision_score, recall_score, roc_auc_sco
 
 from tpc_hooks import TPCHooksError
 from tpc_hooks.metrics import classification_metrics, expected_calibration_error, false_rejection_rate
-from tpc_hooks.training._loop import f1_at_zero
+from tpc_hooks.training._engine._loop import f1_at_zero
 
 
 def test_metrics_agree_with_sklearn_and_hand_counts():

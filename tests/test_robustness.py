@@ -8,7 +8,7 @@ import tpc_hooks as tpc
 from conftest import random_head, write_weights
 from tpc_hooks.metrics import classification_metrics
 from tpc_hooks.synthetic import make_problem
-from tpc_hooks.training._shrink import SHRINK_GRID, fit_order_scale
+from tpc_hooks.training._engine._shrink import SHRINK_GRID, fit_order_scale
 
 FAST = dict(rank=4, epochs=8, batch_size=256, verbose=False)
 

@@ -15,10 +15,7 @@ from .._errors import TPCHooksError
 from ..head import TPC, History
 from ..monitoring import everyday_present
 from ..monitoring import logits as calibrate_logits
-from ._fit import _init_degree, _new_head, _Trainer
-from ._loop import default_device
-from ._probe import fit_probe
-from ._rows import split_data
+from ._engine import Trainer, default_device, fit_probe, init_degree, new_head, split_data
 from ._train import CALIBRATION, TrainPlan
 from ._train_request import Request
 
@@ -54,7 +51,7 @@ def refit(head: TPC, X: Any, y: Any, *, C: float | None = None, device: Any = No
     sel = history.selected
     dev = default_device(device)
     tr, y_tr, va, y_va = split_data(X, y, X, y, cfg.val_fraction, cfg.seed, head.d_model, dev)
-    new, fresh, cfg = _new_head(tr, replace(cfg, degree=head.degree, rank=list(head.ranks)).resolved())
+    new, fresh, cfg = new_head(tr, replace(cfg, degree=head.degree, rank=list(head.ranks)).resolved())
     new.to(dev)
     new.requires_grad_(False)
     tr.hold_standardized(new.scaler, dev)
@@ -62,11 +59,11 @@ def refit(head: TPC, X: Any, y: Any, *, C: float | None = None, device: Any = No
     C = sel[1]["C"] if C is None else C
     chosen = {1: {**sel[1], "C": C, "refit": True}}
     fit_probe(new, tr, y_tr, va, y_va, [C], cfg.max_iter, cfg.linear_solver, dev, fresh.records)
-    train = _Trainer(new, tr, y_tr, va, y_va, cfg, dev, verbose, fresh.records)
+    train = Trainer(new, tr, y_tr, va, y_va, cfg, dev, verbose, fresh.records)
     base = cfg.train_config()
     for k in range(2, new.degree + 1):
         s = sel[k]
-        _init_degree(new, k, cfg.seed)
+        init_degree(new, k, cfg.seed)
         if s["best_epoch"] >= 0:  # -1: the term stayed at lambda_k = 0
             grown = cfg.decay_growth ** (k - 2)  # degree() grows the weight decay again
             train.configs = [

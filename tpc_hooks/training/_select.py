@@ -10,7 +10,7 @@ import torch
 from .._errors import TPCHooksError
 from ..head import FitConfig
 from ..metrics import worst_group
-from ._fit import fit
+from ._engine import fit
 
 FPR = 0.01
 

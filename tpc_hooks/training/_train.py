@@ -20,9 +20,8 @@ from ..head import Cascade, FitConfig
 from ..metrics import check_rate
 from ..monitoring import Monitor, MonitorConfig, everyday_present
 from ..recipes import NAMES
+from ._engine import fit, token_rows
 from ._evaluate import DECISIONS, EARN_Z, earned_order, per_order, worst_per_order
-from ._fit import fit
-from ._rows import token_rows
 from ._select import FPR, choose_site
 
 REWRITE_CONSISTENCY = (

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .._errors import TPCHooksError
-from ..head import TrainConfig
+from ..._errors import TPCHooksError
+from ...head import TrainConfig
 from ._rows import Rows
 
 

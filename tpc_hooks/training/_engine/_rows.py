@@ -9,10 +9,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .._errors import TPCHooksError
-from ..activations import ActivationStore
-from ..head import check_features
-from ..metrics import check_labels
+from ..._errors import TPCHooksError
+from ...activations import ActivationStore
+from ...head import check_features
+from ...metrics import check_labels
 
 
 class Rows:

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._errors import TPCHooksError
-from ..head import TPC, FitConfig, History, TrainConfig, order_projections, order_term, truncation_logits
+from ..._errors import TPCHooksError
+from ...head import TPC, FitConfig, History, TrainConfig, order_projections, order_term, truncation_logits
 from ._loop import Draws, default_device, loss_and_f1, train_loop
 from ._probe import fit_probe
 from ._rows import Rows, as_rows, split_data

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._errors import TPCHooksError
-from ..head import TPC
+from ..._errors import TPCHooksError
+from ...head import TPC
 from ._loop import f1_at_zero
 from ._rows import Rows
 
