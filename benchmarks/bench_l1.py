@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                 degree=5,
                 rank=64,
                 epochs=args.epochs,
-                l1=l1,
+                experimental={"l1": l1},
                 seed=seed,
                 verbose=False,
             )

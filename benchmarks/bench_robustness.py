@@ -46,8 +46,8 @@ VARIANTS = {  # name -> fit() keywords on top of the default
     "tpc clip only": {"gate": False, "shrink": False},
     "tpc no gate": {"gate": False},
     "tpc no shrink": {"shrink": False},
-    "tpc margin 0.1": {"margin": 0.1},
-    "tpc decay x3/degree": {"decay_growth": 3.0},
+    "tpc margin 0.1": {"experimental": {"margin": 0.1}},
+    "tpc decay x3/degree": {"experimental": {"decay_growth": 3.0}},
     "tpc + escalate-only": {"escalate_only": True},
 }
 

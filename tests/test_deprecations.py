@@ -53,6 +53,26 @@ def test_train_config_moved_to_the_baselines(fresh_warnings):
         assert tpc.TrainConfig is baselines.TrainConfig
 
 
+def test_the_experimental_fit_options_still_take_their_flat_names(fresh_warnings):
+    """``l1``, ``contrast``, ``margin`` and ``decay_growth`` live in ``FitConfig.experimental``: given
+    flat they warn once and fit the same head; a head saved with them flat loads them there, and a
+    head saves them flat where they were (its saved config is unchanged)."""
+    from tpc_hooks.synthetic import make_problem
+
+    X, y = make_problem(n=300, d_model=8, seed=0)
+    kw = dict(degree=2, rank=2, epochs=2, seed=0, verbose=False)
+    with pytest.warns(FutureWarning, match=r"decay_growth= is deprecated; use experimental=\{'decay_growth': \.\.\.\}"):
+        flat = tpc.fit(X[:200], y[:200], X[200:], y[200:], decay_growth=2.0, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        new = tpc.fit(X[:200], y[:200], X[200:], y[200:], experimental={"decay_growth": 2.0}, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(flat.state_dict().values(), new.state_dict().values(), strict=True))
+    saved = new.history.config.to_dict()
+    assert list(saved)[9:13] == ["patience", "l1", "consistency", "contrast"] and saved["decay_growth"] == 2.0
+    assert "experimental" not in saved and tpc.FitConfig.from_dict(saved) == new.history.config
+    assert tpc.FitConfig.from_dict({**saved, "margin": 0.1}).experimental["margin"] == 0.1
+
+
 FAMILIES, KINDS = tpc.data.PHRASING_FAMILIES, tuple(tpc.data.INTENT_KINDS) + ("homonym",)
 
 

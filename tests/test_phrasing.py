@@ -393,7 +393,7 @@ def test_contrast_pairs_each_harmful_training_prompt_with_its_own_flip(lm, monke
     kw = dict(
         recipe=tpc.recipes.intent(families=("tense",)), degree=2, rank=2, epochs=2, val_fraction=0.25, verbose=False
     )
-    mon = tpc.train_monitor(lm, prompts, y, SITES[1], contrast=1.0, **kw)
+    mon = tpc.train_monitor(lm, prompts, y, SITES[1], experimental={"contrast": 1.0}, **kw)
     X_tr, y_tr, pairs = seen[-1]
     tr, _ = train_test_split(np.arange(16), test_size=4, stratify=y, random_state=0)
     flips = intent_flips([prompts[i] for i in tr], y[tr], seed=0)
@@ -408,12 +408,17 @@ def test_contrast_pairs_each_harmful_training_prompt_with_its_own_flip(lm, monke
     X_tr = torch.as_tensor(X_tr)
     assert torch.allclose(X_tr[pairs[:, 0]], collect([prompts[tr[int(i)]] for i in flips.sources]), atol=1e-5)
     assert torch.allclose(X_tr[pairs[:, 1]], collect(flips.texts), atol=1e-5)
-    assert mon.head.history.config.contrast == 1.0
+    assert mon.head.history.config.experimental["contrast"] == 1.0
     tpc.train_monitor(lm, prompts, y, SITES[1], **kw)
     assert seen[-1][2] is None  # not by default
     with pytest.raises(TPCHooksError, match="contrast ranks each harmful training prompt"):
         tpc.train_monitor(
-            lm, prompts, y, SITES[1], contrast=1.0, **{**kw, "recipe": tpc.recipes.Recipe("intent", augment=("tense",))}
+            lm,
+            prompts,
+            y,
+            SITES[1],
+            experimental={"contrast": 1.0},
+            **{**kw, "recipe": tpc.recipes.Recipe("intent", augment=("tense",))},
         )
 
 

@@ -218,11 +218,11 @@ def test_paper_recipe_is_the_plain_polynomial_kept_at_its_last_epoch(problem):
 
 def test_decay_growth_scales_weight_decay_per_degree(problem):
     Xtr, ytr, Xva, yva, _, _ = problem
-    head = tpc.fit(Xtr, ytr, Xva, yva, degree=4, decay_growth=3.0, weight_decay=0.01, **FAST)
+    head = tpc.fit(Xtr, ytr, Xva, yva, degree=4, experimental={"decay_growth": 3.0}, weight_decay=0.01, **FAST)
     for k in head.degrees:
         assert head.history.selected[k]["weight_decay"] == pytest.approx(0.01 * 3.0 ** (k - 2))
     with pytest.raises(tpc.TPCHooksError, match="decay_growth"):
-        tpc.fit(Xtr, ytr, Xva, yva, degree=2, decay_growth=-1.0, **FAST)
+        tpc.fit(Xtr, ytr, Xva, yva, degree=2, experimental={"decay_growth": -1.0}, **FAST)
 
 
 def test_extending_a_head_keeps_its_trust_region_and_truncations(problem):

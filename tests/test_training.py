@@ -213,7 +213,7 @@ def test_l1_concentrates_the_factors(problem):
     Xtr, ytr, Xva, yva, _, _ = problem
     kw = {**FAST, "epochs": 25, "rank": 6}
     plain = tpc.fit(Xtr, ytr, Xva, yva, degree=2, lr=1e-2, patience=None, **kw)
-    sparse = tpc.fit(Xtr, ytr, Xva, yva, degree=2, lr=1e-2, patience=None, l1=1e-2, **kw)
+    sparse = tpc.fit(Xtr, ytr, Xva, yva, degree=2, lr=1e-2, patience=None, experimental={"l1": 1e-2}, **kw)
 
     def share_of_mass_in_top_quarter(U):  # per factor column, how concentrated |U| is
         a = U.detach().abs()
@@ -222,8 +222,8 @@ def test_l1_concentrates_the_factors(problem):
 
     assert share_of_mass_in_top_quarter(sparse.factors["2"]) > share_of_mass_in_top_quarter(plain.factors["2"]) + 0.05
     assert float(sparse.factors["2"].abs().sum()) < float(plain.factors["2"].abs().sum())
-    with pytest.raises(tpc.TPCHooksError, match="l1 must be >= 0"):
-        tpc.fit(Xtr, ytr, l1=-1.0, **FAST)
+    with pytest.raises(tpc.TPCHooksError, match="l1 must be a finite number >= 0"):
+        tpc.fit(Xtr, ytr, experimental={"l1": -1.0}, **FAST)
 
 
 def test_consistency_pulls_higher_orders_to_add_nothing_on_the_unlabelled_rows(problem):
@@ -248,7 +248,9 @@ def test_contrast_ranks_each_harmful_row_above_its_counterpart(problem):
     pairs = np.stack([pos, neg], 1)
     z = torch.tensor(Xtr)
     free = tpc.fit(Xtr, ytr, Xva, yva, degree=3, seed=3, shrink=False, **FAST)
-    held = tpc.fit(Xtr, ytr, Xva, yva, degree=3, seed=3, shrink=False, pairs=pairs, contrast=30.0, **FAST)
+    held = tpc.fit(
+        Xtr, ytr, Xva, yva, degree=3, seed=3, shrink=False, pairs=pairs, experimental={"contrast": 30.0}, **FAST
+    )
 
     def rank_loss(head, order):
         with torch.no_grad():
@@ -258,19 +260,22 @@ def test_contrast_ranks_each_harmful_row_above_its_counterpart(problem):
     with torch.no_grad():
         assert torch.equal(free(z, order=1), held(z, order=1))
     assert rank_loss(held, 3) < rank_loss(free, 3)
-    assert held.history.config.contrast == 30.0
+    assert held.history.config.experimental["contrast"] == 30.0
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         (dict(pairs="pairs"), "only read by the contrast loss"),
-        (dict(contrast=1.0), "contrast > 0 needs pairs"),
-        (dict(contrast=-1.0, pairs="pairs"), "contrast must be a finite number"),
-        (dict(contrast=1.0, pairs="swapped"), "each pair is"),
-        (dict(contrast=1.0, pairs="outside"), "pairs index rows"),
-        (dict(contrast=1.0, pairs="flat"), r"\[m, 2\]"),
-        (dict(contrast=1.0, pairs="pairs", mode="joint", trust_region=False, shrink=False), "needs mode='progressive'"),
+        (dict(experimental={"contrast": 1.0}), "contrast > 0 needs pairs"),
+        (dict(experimental={"contrast": -1.0}, pairs="pairs"), "contrast must be a finite number"),
+        (dict(experimental={"contrast": 1.0}, pairs="swapped"), "each pair is"),
+        (dict(experimental={"contrast": 1.0}, pairs="outside"), "pairs index rows"),
+        (dict(experimental={"contrast": 1.0}, pairs="flat"), r"\[m, 2\]"),
+        (
+            dict(experimental={"contrast": 1.0}, pairs="pairs", mode="joint", trust_region=False, shrink=False),
+            "needs mode='progressive'",
+        ),
     ],
 )
 def test_bad_contrast_settings(problem, kwargs, message):
@@ -281,7 +286,7 @@ def test_bad_contrast_settings(problem, kwargs, message):
     with pytest.raises(tpc.TPCHooksError, match=message):
         tpc.fit(Xtr, ytr, Xva, yva, degree=2, **FAST, **kwargs)
     with pytest.raises(tpc.TPCHooksError, match="pass X_val and y_val"):
-        tpc.fit(Xtr, ytr, degree=2, pairs=pairs, contrast=1.0, **FAST)
+        tpc.fit(Xtr, ytr, degree=2, pairs=pairs, experimental={"contrast": 1.0}, **FAST)
 
 
 @pytest.mark.parametrize(

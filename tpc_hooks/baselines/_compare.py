@@ -115,7 +115,7 @@ class Comparison:
 
 
 _BASELINE_KW = ("epochs", "batch_size", "lr", "weight_decay", "dropout", "patience", "sweep", "val_fraction")
-_ROBUST_KW = ("trust_region", "margin", "gate", "shrink", "decay_growth", "escalate_only", "l1")
+_ROBUST_KW = ("trust_region", "gate", "shrink", "escalate_only", "experimental", "margin", "decay_growth", "l1")
 _TPC_KW = _BASELINE_KW + ("Cs", "max_iter", "linear_solver") + _ROBUST_KW
 
 

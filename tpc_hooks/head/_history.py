@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from .._errors import TPCHooksError
+from .._errors import TPCHooksError, deprecated
 
 PAPER_CS = (100.0, 10.0, 1.0, 0.1, 0.01, 0.001)
 PROBE_CS = (1.0, 0.1, 0.01, 0.001)  # a probe's usual sweep: C >= 10 on a few thousand rows fits in-distribution detail
@@ -73,6 +73,36 @@ class TrainConfig:
         ]
 
 
+def _experimental(value: Any) -> dict[str, float]:
+    """``FitConfig.experimental``: every option, the given ones checked (None: all off)."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise TPCHooksError(
+            f"experimental must be a dict with some of {list(EXPERIMENTAL)}; got {type(value).__name__}"
+        )
+    unknown = sorted(set(value) - set(EXPERIMENTAL))
+    if unknown:
+        raise TPCHooksError(f"experimental takes {list(EXPERIMENTAL)}; got {unknown}")
+    out = {**EXPERIMENTAL, **value}
+    for name in ("l1", "contrast", "margin"):
+        if not (_number(out[name]) and 0 <= out[name] < math.inf):
+            raise TPCHooksError(f"{name} must be a finite number >= 0; got {out[name]!r}")
+    if not (_number(out["decay_growth"]) and 0 < out["decay_growth"] < math.inf):
+        raise TPCHooksError(f"decay_growth must be a positive number; got {out['decay_growth']!r}")
+    return out
+
+
+# FitConfig.experimental's options and their defaults (off): once FitConfig's own fields
+EXPERIMENTAL = {"l1": 0.0, "contrast": 0.0, "margin": 0.0, "decay_growth": 1.0}
+# a saved head's history.config: FitConfig's fields in the order they are written, the experimental ones flat
+SAVED_ORDER = (
+    "degree", "rank", "mode", "recipe", "epochs", "batch_size", "lr", "weight_decay", "dropout", "patience", "l1",
+    "consistency", "contrast", "trust_region", "margin", "gate", "shrink", "decay_growth", "group_rule",
+    "escalate_only", "sweep", "Cs", "max_iter", "probe_metric", "val_fraction", "linear_solver", "chunk_rows", "seed",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class FitConfig:
     """Every setting of :func:`tpc_hooks.fit`, checked when it is built, recorded in
@@ -94,7 +124,7 @@ class FitConfig:
             with ``recipe="paper"``. The untrained degree (lambda_k = 0) is a candidate, so a
             degree never makes the validation loss worse than the truncation below it.
         trust_region: clip each projection ``<U_k[:, r], z_std>`` to its range on the training
-            rows, widened by ``margin`` times that range (see :meth:`TPC.set_bounds`). None: on,
+            rows (see :meth:`TPC.set_bounds`). None: on,
             except for ``recipe="paper"`` and ``mode="joint"``.
         gate: score inputs that leave the trust region with the linear probe from the degree
             they leave it at. None: on whenever the trust region is.
@@ -107,17 +137,11 @@ class FitConfig:
             that mean among the scales that hurt no group significantly) or ``"worst"`` (by the
             worst group's; the scale only where it lowers every group's loss: one group the
             higher orders cannot help, e.g. typo-noised prompts, then zeroes them).
-        decay_growth: degree k's weight decay is ``weight_decay * decay_growth ** (k - 2)``.
         escalate_only: higher orders may raise a row's harm logit but never clear a row the
             linear probe flags, so every order's recall is at least the linear probe's.
-        l1: L1 penalty ``l1 * sum |U_k|`` on each degree's factors (progressive mode).
         consistency: with ``fit(..., X_unlabelled=...)``, degree k's loss adds
             ``consistency * mean(term_k(x_u) ** 2)`` over a minibatch of those rows: the degree is
             pulled to add nothing there, so its truncation agrees with the one below (progressive mode).
-        contrast: with ``fit(..., pairs=...)`` (harmful training rows, each with a benign
-            counterpart on its topic: its intent flip), degree k's loss adds
-            ``contrast * mean(softplus(s(benign) - s(harmful)))`` over a minibatch of the pairs, ``s``
-            the truncation's logit: each harmful row is ranked above its own counterpart (progressive mode).
         sweep: ``True`` for the paper's grid (lr x weight decay x dropout, chosen per degree by
             validation F1), or a dict with some of those keys.
         Cs, max_iter: the degree-1 probe's C sweep and iteration cap. ``Cs=None``: the paper's
@@ -133,6 +157,23 @@ class FitConfig:
             for stores over 2 GiB), ``"sklearn"`` or ``"lbfgs"``.
         chunk_rows: rows read from a store at a time (peak memory O(chunk_rows x d_model)).
         seed: seeds the initialisation, shuffling and dropout; equal seeds give equal heads.
+        experimental: the options no benchmark shows a win for, in one dict, each off by default
+            and kept for experiments (``FitConfig(experimental={"l1": 1e-4})``; given flat, as
+            ``l1=``, they still work and warn):
+
+            * ``l1``: L1 penalty ``l1 * sum |U_k|`` on each degree's factors (progressive mode).
+              A loss: held-out F1 at order 5 0.627-0.633 against 0.648 without
+              (docs/benchmarks/l1.md).
+            * ``contrast``: with ``fit(..., pairs=...)`` (harmful training rows, each with a benign
+              counterpart on its topic: its intent flip), degree k's loss adds
+              ``contrast * mean(softplus(s(benign) - s(harmful)))`` over a minibatch of the pairs,
+              ``s`` the truncation's logit (progressive mode). No win: recall at order 5, layer
+              15, 73.6 (1) and 74.1 (10) against 74.5 without (docs/benchmarks/intent.md).
+            * ``margin``: widen each trust-region bound by this fraction of its range. No win:
+              held-out F1 64.5 against 64.6, and less protection on the synthetic shift
+              (benchmarks/results/bench_robustness.md).
+            * ``decay_growth``: degree k's weight decay is ``weight_decay * decay_growth ** (k -
+              2)``. No win: x3 per degree, held-out F1 64.6 = 64.6 (same page).
 
     Example:
         >>> import tpc_hooks as tpc
@@ -157,14 +198,10 @@ class FitConfig:
     weight_decay: float = 0.01
     dropout: float = 0.0
     patience: int | None | str = "auto"
-    l1: float = 0.0
     consistency: float = 0.0
-    contrast: float = 0.0
     trust_region: bool | None = None
-    margin: float = 0.0
     gate: bool | None = None
     shrink: bool | None = None
-    decay_growth: float = 1.0
     group_rule: str = "balanced"
     escalate_only: bool = False
     sweep: bool | dict[str, Sequence[float]] = False
@@ -175,8 +212,10 @@ class FitConfig:
     linear_solver: str = "auto"
     chunk_rows: int = 65536
     seed: int = 0
+    experimental: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
+        object.__setattr__(self, "experimental", _experimental(self.experimental))
         if isinstance(self.rank, list):
             object.__setattr__(self, "rank", tuple(self.rank))
         if self.Cs is not None:
@@ -203,14 +242,8 @@ class FitConfig:
             )
         if self.group_rule not in GROUP_RULES:
             raise TPCHooksError(f"group_rule must be 'balanced' or 'worst'; got {self.group_rule!r}")
-        if not (_number(self.decay_growth) and self.decay_growth > 0):
-            raise TPCHooksError(f"decay_growth must be a positive number; got {self.decay_growth!r}")
         if not (_number(self.consistency) and 0 <= self.consistency < math.inf):
             raise TPCHooksError(f"consistency must be a finite number >= 0; got {self.consistency!r}")
-        if not (_number(self.contrast) and 0 <= self.contrast < math.inf):
-            raise TPCHooksError(f"contrast must be a finite number >= 0; got {self.contrast!r}")
-        if not (_number(self.margin) and 0 <= self.margin < math.inf):
-            raise TPCHooksError(f"margin must be a finite number >= 0; got {self.margin!r}")
         self.train_config().grid(self.sweep)  # checks the optimiser settings and the grid
         if self.Cs is not None and not self.Cs:
             raise TPCHooksError("Cs must list at least one inverse regularisation strength")
@@ -227,12 +260,21 @@ class FitConfig:
         if config is not None and not isinstance(config, FitConfig):
             raise TPCHooksError(f"config must be a tpc_hooks.FitConfig; got {type(config).__name__}")
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - names)
+        unknown = sorted(set(options) - names - set(EXPERIMENTAL))
         if unknown:
             raise TPCHooksError(
                 f"fit() got unknown setting(s) {unknown}; the settings are FitConfig's fields: {sorted(names)}"
             )
-        return replace(config or cls(), **options)
+        options = dict(options)
+        flat = {k: options.pop(k) for k in EXPERIMENTAL if k in options}
+        for k in flat:
+            deprecated(
+                f"{k}=", f"experimental={{{k!r}: ...}} (FitConfig.experimental: no benchmark shows a win for {k})"
+            )
+        config = replace(config or cls(), **options)
+        if flat:
+            config = replace(config, experimental={**config.experimental, **flat})
+        return config
 
     @property
     def _patience(self) -> int | None:
@@ -269,7 +311,7 @@ class FitConfig:
             weight_decay=self.weight_decay,
             dropout=self.dropout,
             patience=self._patience,
-            l1=self.l1,
+            l1=self.experimental["l1"],
             keep_best=self.recipe != "paper",
         )
 
@@ -279,11 +321,11 @@ class FitConfig:
         return {
             "recipe": r.recipe,
             "trust_region": r.trust_region,
-            "margin": r.margin,
+            "margin": r.experimental["margin"],
             "gate": r.gate,
             "shrink": r.shrink,
             "escalate_only": r.escalate_only,
-            "decay_growth": r.decay_growth,
+            "decay_growth": r.experimental["decay_growth"],
             "patience": r.patience,
             "group_rule": r.group_rule,
         }
@@ -291,17 +333,20 @@ class FitConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable fields (saved in ``config.json`` with the head's history)."""
         d = asdict(self)
+        d.update(d.pop("experimental"))  # saved flat, where they were fields of their own
         d["rank"] = list(self.rank) if isinstance(self.rank, tuple) else self.rank
         d["Cs"] = None if self.Cs is None else list(self.Cs)
         if isinstance(self.sweep, dict):
             d["sweep"] = {k: list(v) for k, v in self.sweep.items()}
-        return d
+        return {k: d[k] for k in SAVED_ORDER}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FitConfig":
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - {"experimental"}
+        experimental = {k: d[k] for k in EXPERIMENTAL if k in d}
         # a record that lacks group_rule: its head was selected by the worst group; probe_metric: its C by F1
-        return cls(**{"group_rule": "worst", "probe_metric": "f1", **{k: v for k, v in d.items() if k in names}})
+        kept = {k: v for k, v in d.items() if k in names}
+        return cls(**{"group_rule": "worst", "probe_metric": "f1", **kept}, experimental=experimental)
 
 
 @dataclass

@@ -46,7 +46,7 @@ def refit(head: TPC, X: Any, y: Any, *, C: float | None = None, device: Any = No
     if not isinstance(history, History) or history.config is None or history.mode != "progressive":
         raise TPCHooksError("refit needs a head trained by tpc.fit in progressive mode (its history holds the choices)")
     cfg = history.config
-    if cfg.consistency or cfg.contrast:
+    if cfg.consistency or cfg.experimental["contrast"]:
         raise TPCHooksError("refit trains on plain rows: a head fitted with consistency or contrast cannot be refit")
     sel = history.selected
     dev = default_device(device)
@@ -65,7 +65,7 @@ def refit(head: TPC, X: Any, y: Any, *, C: float | None = None, device: Any = No
         s = sel[k]
         init_degree(new, k, cfg.seed)
         if s["best_epoch"] >= 0:  # -1: the term stayed at lambda_k = 0
-            grown = cfg.decay_growth ** (k - 2)  # degree() grows the weight decay again
+            grown = cfg.experimental["decay_growth"] ** (k - 2)  # degree() grows the weight decay again
             train.configs = [
                 replace(
                     base,
@@ -251,7 +251,7 @@ def rechoose_on_validation(
 def _plain(r: Request) -> bool:
     """The default recipe's pooled, progressive fit of the prompts as given (no rewrites, flips,
     consistency or contrast rows): the fits :func:`refit` reproduces on other rows."""
-    extra = r.families or r.kinds or r.cfg.consistency or r.cfg.contrast
+    extra = r.families or r.kinds or r.cfg.consistency or r.cfg.experimental["contrast"]
     return r.recipe == "default" and not extra and r.cfg.mode == "progressive" and not r.streaming
 
 

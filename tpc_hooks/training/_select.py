@@ -66,7 +66,7 @@ def choose_site(
             config,
             degree=1,
             consistency=0.0,
-            contrast=0.0,
+            experimental={**config.experimental, "contrast": 0.0} if config else None,
             device=device,  # degree 1 only
             verbose=False,
         )

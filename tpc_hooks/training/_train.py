@@ -76,7 +76,7 @@ class TrainData:
         flips: benign-labelled intent flips of the harmful training prompts (trained on; not
             rows of the consistency penalty: the higher orders are free to model them), or None.
         flip_of: per flip, the position in ``train`` of the prompt it flips (the pairs of
-            ``FitConfig.contrast``), or None.
+            ``FitConfig.experimental["contrast"]``), or None.
         homonyms: rows only the degrees above 1 train on (the homonym rows,
             :func:`tpc_hooks.data.homonym_examples`): order 1 is fitted without them, then the
             higher orders are fitted on every row, these too, or None.
@@ -290,9 +290,9 @@ def train(
 
 
 def _pairs(d: TrainData, cfg: FitConfig, tokens: Any, n_rows: int) -> np.ndarray | None:
-    """``FitConfig.contrast``'s pairs: each training flip's prompt and the flip, as positions in the
+    """``FitConfig.experimental["contrast"]``'s pairs: each training flip's prompt and the flip, as positions in the
     ``n_rows`` training rows (the prompts first, the flips last), or None."""
-    if not cfg.contrast:
+    if not cfg.experimental["contrast"]:
         return None
     if tokens or d.flips is None or d.flip_of is None:
         raise TPCHooksError(

@@ -175,10 +175,10 @@ def _unlabelled(X: Any, d: int, cfg: FitConfig, device: torch.device) -> Rows | 
 def _pairs(pairs: Any, given: bool, tr: Rows, y: Tensor, cfg: FitConfig, device: torch.device) -> Tensor | None:
     """The contrast loss's (harmful, counterpart) training-row pairs as a ``[m, 2]`` tensor, or None."""
     if pairs is None:
-        if cfg.contrast:
+        if cfg.experimental["contrast"]:
             raise TPCHooksError("contrast > 0 needs pairs (each harmful training row with its benign counterpart)")
         return None
-    if not cfg.contrast:
+    if not cfg.experimental["contrast"]:
         raise TPCHooksError("pairs are only read by the contrast loss; set contrast > 0 with them")
     if cfg.mode != "progressive":
         raise TPCHooksError("contrast applies to degrees trained one at a time; it needs mode='progressive'")
@@ -309,7 +309,9 @@ class _Trainer:
         U, lam = head.factors[str(k)], head.lambdas[str(k)]
         U.requires_grad_(True)
         lam.requires_grad_(True)
-        configs = [replace(c, weight_decay=c.weight_decay * cfg.decay_growth ** (k - 2)) for c in self.configs]
+        configs = [
+            replace(c, weight_decay=c.weight_decay * cfg.experimental["decay_growth"] ** (k - 2)) for c in self.configs
+        ]
         best: dict[str, Any] | None = None
         best_params = None
         for trial, tc in enumerate(configs):
@@ -426,7 +428,7 @@ class _Trainer:
                 assert pairs is not None and self.tr.std is not None  # pairs need the training rows in memory
                 p = pairs[pick_p.take(xb.shape[0])].reshape(-1)  # harmful, counterpart, harmful, ...
                 s = (prefix_tr[p] + order_term(head, self.tr.std[p], k, clip=False)[0]).view(-1, 2)
-                loss = loss + cfg.contrast * F.softplus(s[:, 1] - s[:, 0]).mean()
+                loss = loss + cfg.experimental["contrast"] * F.softplus(s[:, 1] - s[:, 0]).mean()
             return loss + tc.l1 * U.abs().sum() if tc.l1 else loss
 
         return batch_loss
@@ -441,7 +443,7 @@ class _Trainer:
                 lo = p.min(0).values if lo is None else torch.minimum(lo, p.min(0).values)
                 hi = p.max(0).values if hi is None else torch.maximum(hi, p.max(0).values)
             assert lo is not None and hi is not None  # the training rows are not empty
-            self.head.put_bounds(k, lo, hi, self.cfg.margin)
+            self.head.put_bounds(k, lo, hi, self.cfg.experimental["margin"])
 
     @torch.no_grad()
     def shrink(self, k: int, prefix: tuple[Tensor, Tensor]) -> dict[str, float]:
