@@ -8,6 +8,7 @@ import torch
 import tpc_hooks as tpc
 from tpc_hooks.monitoring._generation import StepScores
 from tpc_hooks.monitoring._requests import RequestScores
+from tpc_hooks.pooling import POOLINGS
 
 D = 8
 
@@ -154,7 +155,7 @@ def test_kept_states_reach_keep_at_their_offsets_in_decode_groups_too():
     assert got == [("a", 1)]
 
 
-@pytest.mark.parametrize("how", ["mean", "max", "last"])
+@pytest.mark.parametrize("how", POOLINGS)
 def test_one_new_row_for_many_pools_at_once_is_each_pools_own_update(how):
     """RunningPool.add_rows (a decode step of many requests) against update() on each pool
     alone: the same bits, and the pools go on from there alike."""
