@@ -50,6 +50,24 @@ def test_calibrate_refuses_a_rate_that_is_not_one_before_any_forward_pass(hf, fp
         mon.calibrate(hf, ["hello world", "the cat"], fpr=fpr, tokenizer=tokenizer())
 
 
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(tau=2.0), r"tau must be in \[0, 0\.5\]; got 2\.0"),
+        (dict(tau=-0.1), r"tau must be in \[0, 0\.5\]"),
+        (dict(target_fpr=1.5), r"target_fpr"),
+    ],
+)
+def test_train_monitor_refuses_a_bad_cascade_or_rate_before_any_forward_pass(hf, bad, message, monkeypatch):
+    """The plan (``TrainPlan``: cascade, operating point, recipe) is checked once, before the model
+    runs: a bad ``tau`` used to surface only after every prompt was read and the head trained."""
+    from tpc_hooks.adapters import Adapter
+
+    monkeypatch.setattr(Adapter, "forward_sites", lambda *a, **k: pytest.fail("a forward pass ran"))
+    with pytest.raises(tpc.TPCHooksError, match=message):
+        tpc.train_monitor(hf, ["a b c", "d e f"] * 10, [0, 1] * 10, SITE, tokenizer=tokenizer(), verbose=False, **bad)
+
+
 def test_calibrating_on_too_few_benign_inputs_says_so():
     mon = tpc.Monitor(tiny_head(), SITE)
     with pytest.warns(UserWarning, match=r"on 1 benign input\(s\).*calibrate on at least 100 benign inputs"):

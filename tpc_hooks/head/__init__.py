@@ -11,6 +11,7 @@ from ._attribution import Attribution as Attribution
 from ._attribution import attribute as attribute
 from ._cascade import Cascade as Cascade
 from ._cascade import CascadeResult as CascadeResult
+from ._cascade import check_tau as check_tau
 from ._cascade import prefix_result as prefix_result
 from ._cascade import stack_results as stack_results
 from ._cascade import thresholds as thresholds

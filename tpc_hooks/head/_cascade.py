@@ -133,6 +133,13 @@ def step_exits(
     }
 
 
+def check_tau(tau: Any) -> float:
+    """A cascade's ``tau``: a margin in [0, 0.5] (see :func:`thresholds`)."""
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 <= tau <= 0.5:
+        raise TPCHooksError(f"tau must be in [0, 0.5]; got {tau!r}")
+    return float(tau)
+
+
 def thresholds(tau: float, lower: float | None, upper: float | None, center: float = 0.5) -> tuple[float, float]:
     """``(lower, upper)`` exit probabilities from a symmetric ``tau`` or explicit bounds.
 
@@ -140,8 +147,7 @@ def thresholds(tau: float, lower: float | None, upper: float | None, center: flo
     ``lower, upper = sigmoid(logit(center) -/+ logit(1 - tau))``; at ``center = 0.5`` that is
     ``tau, 1 - tau``."""
     if lower is None and upper is None:
-        if not 0 <= tau <= 0.5:
-            raise TPCHooksError(f"tau must be in [0, 0.5]; got {tau!r}")
+        check_tau(tau)
         if not 0 < center < 1:
             raise TPCHooksError(f"center must be in (0, 1); got {center!r}")
         if center == 0.5:

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .._errors import TPCHooksError
 from ..data import hosted_rows
-from ..head import Cascade, FitConfig
+from ..head import Cascade, FitConfig, check_tau
 from ..metrics import check_rate
 from ..monitoring import Monitor, MonitorConfig, everyday_present
 from ..recipes import NAMES
@@ -127,6 +127,8 @@ class TrainPlan:
         if self.recipe not in NAMES:
             raise TPCHooksError(f"recipe must be one of {list(NAMES)}; got {self.recipe!r}")
         check_target_fpr(self.target_fpr)
+        if self.tau is not None:
+            check_tau(self.tau)
 
 
 def val_sources(prompt_sources: Any, groups: np.ndarray) -> np.ndarray | None:

@@ -230,7 +230,6 @@ def train_monitor(
         contexts=contexts,
         context_tokens=context_tokens,
         recipe=resolve(recipe, fit_kwargs),
-        target_fpr=target_fpr,
         val_fraction=val_fraction,
         split=split,
         chat_template=chat_template,
@@ -249,6 +248,7 @@ def train_monitor(
         validation=validation,
     )
     texts = _texts(request)
+    plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr)  # checked before the model runs
     passes = texts.passes(len(request.items))
     if verbose:  # what the collection costs, said before it runs
         tqdm.write(cost_line("train_monitor", passes), file=sys.stderr)
@@ -258,7 +258,6 @@ def train_monitor(
     )
     chats = _collect_chats(request, batch_size=batch_size, sae=sae, verbose=verbose)
     data = {s: _train_data(rows[s], texts, request, chats) for s in request.sites}
-    plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr)
     monitor = train(data, plan, sae=sae, verbose=verbose, **request.fit_args)
     last_step(monitor, request, texts.at, rows, plan, tau=tau, sae=sae, target_fpr=target_fpr)
     # how the prompts were split: what tpc.evaluate needs to train its probe on the same rows

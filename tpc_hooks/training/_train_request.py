@@ -26,7 +26,7 @@ from ..metrics import check_labels
 from ..monitoring import check_sources, everyday_rows
 from ..pooling import check_aggregate, check_pooling
 from ..recipes import Recipe
-from ._train import CALIBRATION, check_target_fpr, default_aggregate, fit_config
+from ._train import CALIBRATION, default_aggregate, fit_config
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,6 @@ def check_request(
     contexts: Any,
     context_tokens: Any,
     recipe: Recipe,
-    target_fpr: Any,
     val_fraction: float,
     split: str,
     chat_template: bool | None,
@@ -123,7 +122,6 @@ def check_request(
     sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
     if not sites or not all(isinstance(s, str) for s in sites):
         raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
-    check_target_fpr(target_fpr)
     adapter = get_adapter(model, tokenizer=tokenizer)
     for s in sites:
         adapter.site(s)
