@@ -129,7 +129,7 @@ def _same_run(got, want):
     assert got.stopped_at == want.stopped_at
 
 
-@pytest.mark.parametrize("pooling, cascade", [("mean", True), ("last", False), ("token", True)])
+@pytest.mark.parametrize("pooling, cascade", [*((p, k % 2 == 0) for k, p in enumerate(POOLINGS)), ("token", True)])
 def test_every_generated_step_scores_as_the_transformers_loop_scores_it(models, pooling, cascade):
     """The same tokens, and every step's score, exit order and FLOPs as monitor.generate on the
     transformers model, which scores each prefix as monitor.score does (tested there); rows end
