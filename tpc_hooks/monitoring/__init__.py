@@ -11,6 +11,7 @@ from ._monitor import Monitor as Monitor
 from ._monitor import from_files as monitor_from_files  # noqa: F401
 from ._monitor import saved_files as saved_files
 from ._monitor_config import ACTIONS as ACTIONS
+from ._monitor_config import STOPPING as STOPPING
 from ._monitor_config import MonitorConfig as MonitorConfig
 from ._records import GenerationRun as GenerationRun
 from ._records import MonitorEvent as MonitorEvent

@@ -20,6 +20,7 @@ from ..data import check_prompts
 from ..head import Cascade, CascadeResult, Together, forget_packs
 from ..metrics import flagged
 from ..pooling import RunningAggregate, RunningPool, scored
+from ._monitor_config import STOPPING
 from ._records import GenerationRun, MonitorEvent, WatchLog, warn_nonfinite
 
 
@@ -114,7 +115,7 @@ class Lane:
         self.name, self.monitor, self.scores = name, monitor, scores
         self.site = monitor.site
         self.threshold = float(monitor.threshold)
-        self.stops = action == "stop"  # a callable action is decided by the loop itself
+        self.stops = not callable(action) and action in STOPPING  # a callable action is decided by the loop itself
         self.what = f"{what} ({name})" if name else what
         self.log = GenerationRun._recording(self.threshold, self.what)
 

@@ -12,6 +12,9 @@ STREAMING_KEYS = ("aggregate", "alpha", "window", "skip")  # saved only by per-t
 # what a monitor does when it flags, by name (a callable is an action too, where one is taken): "flag" records
 # only, "stop" ends the sequence at its first flagged step
 ACTIONS = ("flag", "stop")
+# the actions whose flag ends the sequence: the decode loop, Hugging Face generate's hooks, the vLLM worker and
+# the driver's checks read this, not an action's name
+STOPPING = frozenset({"stop"})
 
 
 # no_type_check: loaded values are checked by __post_init__, whose messages name the fix; the test-time

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..._errors import TPCHooksError
 from ...activations import Adapter, Site
-from ...monitoring import ACTIONS
+from ...monitoring import ACTIONS, STOPPING
 from ._server import server as server
 from ._wire import (
     RPC_ARM_SET,
@@ -177,7 +177,7 @@ class VLLMAdapter(Adapter):
         llm = self.model
         members = monitor._members(action)  # a lone monitor: one, named ""
         names = [name for name, _, _ in members]
-        if not stop_at_eos and any(act == "stop" for _, _, act in members):
+        if not stop_at_eos and any(act in STOPPING for _, _, act in members):
             raise TPCHooksError(
                 "on vLLM a stopped request ends with its EOS token, so action='stop' needs stop_at_eos=True"
             )
@@ -316,7 +316,7 @@ class VLLMAdapter(Adapter):
 
     def _check_member(self, name: str, monitor: Any, action: str) -> None:
         who = f"monitor {name!r}" if name else "monitor"
-        if action == "stop" and not self.stops:
+        if action in STOPPING and not self.stops:
             raise TPCHooksError(
                 "action='stop' needs tpc-hooks' logits processor in this vllm.LLM; build it with "
                 "LLM(model=..., **tpc_hooks.adapters.vllm_engine_args(), ...)"

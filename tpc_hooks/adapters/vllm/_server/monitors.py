@@ -166,8 +166,8 @@ async def admin(scope: dict, receive: Any, send: Any) -> None:
                     'the body must be {"path": "<monitor directory on the server>", "action": "stop" | "flag"}'
                 )
             action = req.get("action", monitors.get(name, {}).get("action", state.action))
-            if action not in ("stop", "flag"):
-                raise TPCHooksError(f"action must be 'stop' or 'flag'; got {action!r}")
+            if action not in ACTIONS:
+                raise TPCHooksError(f"action must be one of {list(ACTIONS)}; got {action!r}")
             spec, ident = served(name, req["path"], action, state.review.monitors)
             if ident["site"] not in state.sites:
                 raise TPCHooksError(

@@ -35,6 +35,7 @@ from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2Logi
 from ...._errors import TPCHooksError
 from ....head import Together
 from ....metrics import flagged
+from ....monitoring import STOPPING
 from .. import _engine, _review
 from .._wire import FAN, KEY, child_index, disabled, ident
 from .._wire import own_setting as _own
@@ -318,7 +319,7 @@ class _Mixin:
                 # a server ends a request whose activations turn NaN/inf whatever the action (its response is an
                 # error); monitor.generate records NaN steps as the Hugging Face loop does
                 nonfinite = armed.keep == "summary" and bool(math.isnan(armed.scores.records[rid][-1][2]))
-                if armed.action == "stop" or nonfinite:
+                if armed.action in STOPPING or nonfinite:
                     armed.stopped[rid] = step
                     self._tpc.stops.append((i, req.eos))
 
