@@ -147,7 +147,7 @@ class FitConfig:
         Cs, max_iter: the degree-1 probe's C sweep and iteration cap. ``Cs=None``: the paper's
             (100 ... 0.001) with ``recipe="paper"``, else 1 ... 0.001 (a weaker regularisation
             won validation AUROC by a hair and lost recall on rephrased requests:
-            docs/benchmarks/constructions.md).
+            docs/benchmarks/constructions.md, "Order 1's C grid").
         probe_metric: how the degree-1 probe's C is chosen on validation: ``"auroc"`` (ranking:
             what a threshold set at a fixed false-positive rate reads), ``"f1"`` (at logit 0: the
             paper's), or ``"auto"``: F1 with ``recipe="paper"``, else AUROC. Ties: lower loss.
