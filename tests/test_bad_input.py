@@ -56,6 +56,8 @@ def test_calibrate_refuses_a_rate_that_is_not_one_before_any_forward_pass(hf, fp
         (dict(tau=2.0), r"tau must be in \[0, 0\.5\]; got 2\.0"),
         (dict(tau=-0.1), r"tau must be in \[0, 0\.5\]"),
         (dict(target_fpr=1.5), r"target_fpr"),
+        (dict(pooling="token", aggregate="median"), r"aggregate"),
+        (dict(pooling="token", aggregate="ema", alpha=2.0), r"alpha"),
     ],
 )
 def test_train_monitor_refuses_a_bad_cascade_or_rate_before_any_forward_pass(hf, bad, message, monkeypatch):

@@ -24,7 +24,7 @@ from ..data import (
 from ..head import FitConfig
 from ..metrics import check_labels
 from ..monitoring import check_sources, everyday_rows
-from ..pooling import check_aggregate, check_pooling
+from ..pooling import check_pooling
 from ..recipes import Recipe
 from ._train import CALIBRATION, default_aggregate, fit_config
 
@@ -134,8 +134,7 @@ def check_request(
             f"rows_cache must be a dict (one per model, filled and read back across calls); got "
             f"{type(rows_cache).__name__}"
         )
-    if pooling == "token":
-        check_aggregate(aggregate, alpha, window)
+    if pooling == "token":  # the aggregation is checked with the plan (its MonitorConfig), before the model runs
         if len(sites) > 1:
             raise TPCHooksError("a per-token monitor (pooling='token') reads one site; pass a single site")
         if rows_cache is not None:
