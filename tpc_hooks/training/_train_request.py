@@ -101,7 +101,9 @@ def check_request(
     fit_kwargs: dict[str, Any],
     validation: Any = None,
 ) -> Request:
-    """Every argument checked (each error says what was expected) and resolved, before any model work."""
+    """Every argument but the plan's checked (each error says what was expected) and resolved, before any
+    model work; the cascade's ``tau``, ``target_fpr`` and a per-token monitor's aggregation are checked
+    once, by the ``TrainPlan`` that ``train_monitor`` builds next, also before the model runs."""
     items = check_prompts(prompts)
     y = check_labels(labels, len(items), "labels").numpy().astype(int)
     sources = check_sources(sources, len(items), "prompt")
