@@ -70,6 +70,29 @@ def test_train_monitor_refuses_a_bad_cascade_or_rate_before_any_forward_pass(hf,
         tpc.train_monitor(hf, ["a b c", "d e f"] * 10, [0, 1] * 10, SITE, tokenizer=tokenizer(), verbose=False, **bad)
 
 
+def test_train_monitors_options_are_the_fields_of_one_object_checked_when_built():
+    """``train_monitor``'s options (every parameter but the model, prompts, labels, site and pooling)
+    are :class:`TrainOptions`' fields, with the same defaults, in the same order: one object that
+    ``train_monitor`` and ``tpc-hooks train`` build, its checks run when it is built."""
+    import inspect
+
+    from tpc_hooks.training import TrainOptions
+    from tpc_hooks.training._options import OPTIONS
+
+    params = inspect.signature(tpc.train_monitor).parameters
+    given = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+    assert given == list(OPTIONS)
+    defaults = inspect.signature(TrainOptions).parameters
+    assert {n: params[n].default for n in given} == {n: defaults[n].default for n in given}
+    assert [n for n, p in params.items() if p.kind is p.VAR_KEYWORD] == ["fit_kwargs"]
+    with pytest.raises(tpc.TPCHooksError, match=r"tau must be in \[0, 0\.5\]"):
+        TrainOptions(tau=0.7)
+    with pytest.raises(tpc.TPCHooksError, match="unknown setting"):
+        TrainOptions(fit={"epoch": 3})
+    o = TrainOptions(degree=2, fit={"epochs": 3, "device": "cpu"})
+    assert (o.cfg.degree, o.cfg.epochs, o.fit_args) == (2, 3, {"device": "cpu"})
+
+
 def test_calibrating_on_too_few_benign_inputs_says_so():
     mon = tpc.Monitor(tiny_head(), SITE)
     with pytest.warns(UserWarning, match=r"on 1 benign input\(s\).*calibrate on at least 100 benign inputs"):

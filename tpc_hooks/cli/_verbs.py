@@ -40,9 +40,11 @@ from ..data import (
 from ..head import attribute
 from ..monitoring import Monitor
 from ..offline import load_model, load_monitor
+from ..recipes import named
 from ..training import (
     CONTEXT_SPLITS,
     DECISIONS,
+    TrainOptions,
     cascade_sweep,
     check_split,
     check_target_fpr,
@@ -235,24 +237,29 @@ def _train(args: argparse.Namespace) -> int:
     check_out_dir(args.out)
 
     check_target_fpr(args.target_fpr, "--target-fpr")
-    run = plan_from_stores(
-        acts,
-        site=args.site,
-        recipe=args.recipe,
-        tau=args.tau,
+    stream = {k: getattr(args, k) for k in ("aggregate", "alpha", "window") if getattr(args, k) is not None}
+    options = TrainOptions(  # the object train_monitor trains from, built from the flags and checked here
+        recipe=named(args.recipe),
         target_fpr=args.target_fpr,
         everyday=args.everyday,
+        degree=args.degree,
+        rank=args.rank,
+        seed=args.seed,
+        tau=args.tau,
+        fit=dict(
+            epochs=args.epochs,
+            **({} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}),
+        ),
+        **stream,
+    )
+    run = plan_from_stores(
+        acts,
+        options,
+        site=args.site,
         intent_stores=not args.no_intent,
         contexts=not args.no_contexts,
         keep_all_orders=args.keep_all_orders,
-        fit=dict(
-            degree=args.degree,
-            rank=args.rank,
-            epochs=args.epochs,
-            seed=args.seed,
-            **({} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}),
-        ),
-        stream={k: getattr(args, k) for k in ("aggregate", "alpha", "window") if getattr(args, k) is not None},
+        stream_flags=tuple(stream),
     )
     data, plan, site, per_token, hosted = run.data, run.plan, run.site, run.per_token, run.hosted
     mon = train(data, plan, verbose=not args.no_progress)

@@ -26,6 +26,7 @@ from ._evaluate import per_order as per_order
 from ._evaluation import Evaluation as Evaluation
 from ._from_stores import finish as finish
 from ._from_stores import plan_from_stores as plan_from_stores
+from ._options import TrainOptions as TrainOptions
 from ._outside import evaluate as evaluate
 from ._outside import evaluate_activations as evaluate_activations
 from ._select import choose_site as choose_site

@@ -13,11 +13,11 @@ import numpy as np
 from .._errors import TPCHooksError
 from ..data import INTENT_KINDS, PHRASING_FAMILIES
 from ..monitoring import MonitorConfig, everyday_rows
-from ..pooling import check_aggregate
-from ..recipes import Recipe, named
+from ..recipes import Recipe
 from ._collected import CONTEXT_SPLITS, PooledStores, TokenStores, check_split, collect_config
+from ._options import TrainOptions
 from ._refit import settle
-from ._train import PLAIN, TrainData, TrainPlan, default_aggregate, fit_config
+from ._train import PLAIN, TrainData, TrainPlan
 
 
 @dataclass(frozen=True)
@@ -39,29 +39,26 @@ class StoresRun:
 
 def plan_from_stores(
     acts: Path,
+    options: TrainOptions,
     *,
     site: str | None,
-    recipe: str,
-    tau: float | None,
-    target_fpr: float | None,
-    everyday: list[str] | None,
     intent_stores: bool,
     contexts: bool,
     keep_all_orders: bool,
-    fit: dict[str, Any],
-    stream: dict[str, Any],
+    stream_flags: tuple[str, ...] = (),
 ) -> StoresRun:
-    """Checks the stores against the options (each error names the fix) and reads the rows the
-    recipe trains on. ``intent_stores`` / ``contexts``: whether to read the intent flips / hosted
-    chats the stores hold; ``fit``: ``FitConfig`` fields; ``stream``: a per-token monitor's
-    ``aggregate``, ``alpha``, ``window`` as given."""
+    """Checks the stores against the options (checked when built; each error here names the fix) and
+    reads the rows the recipe trains on. ``intent_stores`` / ``contexts``: whether to read the intent
+    flips / hosted chats the stores hold; ``stream_flags``: the per-token flags given (``aggregate``,
+    ``alpha``, ``window``), refused for pooled stores. Of ``options``, the stores path reads the recipe, the fit
+    settings, ``tau``, ``target_fpr``, ``everyday`` and a per-token monitor's ``aggregate``,
+    ``alpha`` and ``window``; the rest belong to the prompts ``tpc-hooks collect`` read."""
+    preset, recipe, everyday = options.preset, options.preset.name, options.everyday
     cfg = collect_config(acts)
     site = site or cfg["sites"][0]
     site_fix = f"re-run tpc-hooks collect --out {acts}"
-    stream = dict(stream)
-    per_token = _check_site(acts, cfg, site, stream)
+    per_token = _check_site(acts, cfg, site, stream_flags)
     train_split, first, has_val = _check_splits(acts, cfg, site, site_fix)
-    preset = named(recipe)  # what the recipe trains and validates on, and whether it prunes orders
     parts = _parts(acts, preset, has_val=has_val, intent_stores=intent_stores, contexts=contexts and per_token)
     reader = TokenStores(acts, site_fix) if per_token else PooledStores(acts, site_fix)
     sites = cfg["sites"] if site == "auto" else [site]
@@ -86,12 +83,13 @@ def plan_from_stores(
             )
         everyday_rows(val.sources[val.groups == PLAIN], everyday)
 
-    streaming = (
+    streaming: dict[str, Any] = (
         {
             "skip": reader.skip,
             "prepend_bos": reader.prepend_bos,
-            "aggregate": stream.pop("aggregate", default_aggregate(bool(parts.hosted))),
-            **stream,
+            "aggregate": options.aggregate_for(bool(parts.hosted)),
+            "alpha": options.alpha,
+            "window": options.window,
         }
         if per_token
         else {}
@@ -106,11 +104,11 @@ def plan_from_stores(
     )
     plan = TrainPlan(
         settings,
-        fit_config(recipe, parts.families, None, fit),
+        options.fit_config(parts.families),
         recipe=recipe,
         families=tuple(parts.families),
-        tau=tau,
-        target_fpr=target_fpr,
+        tau=options.tau,
+        target_fpr=options.target_fpr,
         intent=parts.intent + (("homonym",) if parts.homonyms else ()),
         prune=preset.prune_orders and not keep_all_orders,
         shifts=parts.shifts,
@@ -119,7 +117,7 @@ def plan_from_stores(
     split = cfg.get("split")
     # a user's file, split as train_monitor splits it: the same last step (the refit on every prompt)
     # for the recipe train_monitor refits (the default's prompts as given, pooled, no cascade)
-    plain = recipe == "default" and not parts.families and not parts.intent and tau is None and not per_token
+    plain = recipe == "default" and not parts.families and not parts.intent and options.tau is None and not per_token
     if isinstance(split, dict) and "positions" in split and plain and plan.fit.mode == "progressive":
         return StoresRun(data, replace(plan, refit=True), site, per_token, parts.hosted, acts, sites, split)
     return StoresRun(data, plan, site, per_token, parts.hosted, acts, sites)
@@ -166,8 +164,8 @@ def finish(run: StoresRun, monitor: Any, target_fpr: float | None) -> None:
     }
 
 
-def _check_site(acts: Path, cfg: dict[str, Any], site: str, stream: dict[str, Any]) -> bool:
-    """``--site`` was collected (or is ``"auto"``), and the per-token options (``stream``) go with
+def _check_site(acts: Path, cfg: dict[str, Any], site: str, stream: tuple[str, ...]) -> bool:
+    """``--site`` was collected (or is ``"auto"``), and the per-token flags given (``stream``) go with
     the stores' pooling; whether the stores hold per-token rows."""
     if site != "auto" and site not in cfg["sites"]:
         raise TPCHooksError(
@@ -181,8 +179,6 @@ def _check_site(acts: Path, cfg: dict[str, Any], site: str, stream: dict[str, An
             f"holds pooled rows (pooling {cfg['pooling']!r}); drop the option, or collect per-token rows: "
             f"tpc-hooks collect --pooling token"
         )
-    if per_token:
-        check_aggregate(stream.get("aggregate", "rolling"), stream.get("alpha", 0.1), stream.get("window", 16))
     if per_token and site == "auto":
         raise TPCHooksError(
             "--site auto chooses among sites by pooled linear probes; a per-token monitor reads one site: "

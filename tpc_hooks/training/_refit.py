@@ -255,12 +255,12 @@ def _plain(r: Request) -> bool:
     return r.recipe == "default" and not extra and r.cfg.mode == "progressive" and not r.streaming
 
 
-def refits(r: Request, tau: float | None) -> bool:
+def refits(r: Request) -> bool:
     """Whether the head chosen on ``train_monitor``'s own split is refit on every prompt
     (:func:`settle`): a plain fit (:func:`_plain`) without ``validation=`` or a cascade. A validation
     set handed in is never trained on; the presets train on rows (rewrites, intent flips, homonyms)
     only the training prompts have, and a cascade's exits are calibrated on the split."""
-    return _plain(r) and not r.validation_given and tau is None
+    return _plain(r) and not r.validation_given and r.options.tau is None
 
 
 def last_step(
@@ -269,15 +269,12 @@ def last_step(
     at: Mapping[str, list[Any]],
     rows: Mapping[str, Callable[[list[Any]], Any]],
     plan: TrainPlan,
-    *,
-    tau: float | None,
-    sae: Any,
-    target_fpr: float | None,
 ) -> None:
     """``train_monitor``'s step after :func:`~tpc_hooks.training._train.train`: without
     ``validation=``, :func:`settle` (``plan.refit``); with it, a plain fit of order 1 alone without
     a cascade or an SAE takes :func:`rechoose_on_validation`. ``at``: the text positions of each
     part (``train``, ``val``, ``calibration``); ``rows[site](positions)``: their rows."""
+    tau, sae, target_fpr = r.options.tau, r.options.sae, r.options.target_fpr
     if plan.refit:
         every = list(range(len(r.items)))
         # order 1 alone (the probe) chooses its site again among the candidates; an SAE reads one site

@@ -28,8 +28,9 @@ class RowsCache:
     """``train_monitor``'s ``rows_cache``: each text's pooled row per site, keyed by
     ``(reading, text)``; :meth:`collect` runs the model only on the texts it lacks."""
 
-    def __init__(self, rows: MutableMapping[Any, Any], r: Request, model: Any, *, max_tokens: int | None, sae: Any):
+    def __init__(self, rows: MutableMapping[Any, Any], r: Request, model: Any):
         self.rows = rows
+        sae, max_tokens = r.options.sae, r.options.max_tokens
         sae_id = None if sae is None else sae_identity(sae)["weights_sha256"]
         adapter = r.adapter
         self.reading = {

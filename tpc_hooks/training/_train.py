@@ -16,10 +16,9 @@ from torch import Tensor
 
 from .._errors import TPCHooksError
 from ..data import hosted_rows
-from ..head import Cascade, FitConfig, check_tau
+from ..head import Cascade, FitConfig
 from ..metrics import check_rate
 from ..monitoring import Monitor, MonitorConfig, everyday_present
-from ..recipes import NAMES
 from ._engine import fit, token_rows
 from ._evaluate import DECISIONS, EARN_Z, earned_order, per_order, worst_per_order
 from ._select import FPR, choose_site
@@ -122,13 +121,6 @@ class TrainPlan:
     shifts: tuple[str, ...] = ()
     everyday: tuple[str, ...] | None = None
     refit: bool = False
-
-    def __post_init__(self) -> None:
-        if self.recipe not in NAMES:
-            raise TPCHooksError(f"recipe must be one of {list(NAMES)}; got {self.recipe!r}")
-        check_target_fpr(self.target_fpr)
-        if self.tau is not None:
-            check_tau(self.tau)
 
 
 def val_sources(prompt_sources: Any, groups: np.ndarray) -> np.ndarray | None:

@@ -24,7 +24,8 @@ from ..activations import collect, cost_line, prompts_digest, token_batches
 from ..data import HOMONYM, STATED, PromptSet, homonym_examples, host_splits, intent_flips, rewrites, stated_flips
 from ..head import FitConfig
 from ..monitoring import Monitor, MonitorConfig
-from ..recipes import Recipe, resolve
+from ..recipes import Recipe
+from ._options import OPTIONS, TrainOptions
 from ._refit import last_step, refits
 from ._rows_cache import RowsCache
 from ._train import (
@@ -218,48 +219,19 @@ def train_monitor(
         ...                             site=[f"blocks.{l}.hook_resid_post" for l in (10, 15, 20)],
         ...                             recipe=tpc.recipes.intent())
     """
-    request = check_request(
-        model,
-        prompts,
-        labels,
-        site,
-        pooling,
-        aggregate=aggregate,
-        alpha=alpha,
-        window=window,
-        contexts=contexts,
-        context_tokens=context_tokens,
-        recipe=resolve(recipe, fit_kwargs),
-        val_fraction=val_fraction,
-        split=split,
-        chat_template=chat_template,
-        prepend_bos=prepend_bos,
-        sae=sae,
-        config=config,
-        degree=degree,
-        rank=rank,
-        seed=seed,
-        tokenizer=tokenizer,
-        sources=sources,
-        everyday=everyday,
-        calibration=calibration,
-        rows_cache=rows_cache,
-        fit_kwargs=fit_kwargs,
-        validation=validation,
-    )
+    given = locals()  # the options, by the names of TrainOptions' fields (a test holds the two lists equal)
+    options = TrainOptions(**{k: given[k] for k in OPTIONS}, fit=fit_kwargs)
+    request = check_request(model, prompts, labels, site, pooling, options)
     texts = _texts(request)
-    plan = _plan(request, texts, max_tokens=max_tokens, tau=tau, target_fpr=target_fpr)  # checked before the model runs
+    plan = _plan(request, texts)
     passes = texts.passes(len(request.items))
     if verbose:  # what the collection costs, said before it runs
         tqdm.write(cost_line("train_monitor", passes), file=sys.stderr)
-    cached = None if rows_cache is None else RowsCache(rows_cache, request, model, max_tokens=max_tokens, sae=sae)
-    rows = _collect(
-        request, texts, max_tokens=max_tokens, batch_size=batch_size, sae=sae, verbose=verbose, cached=cached
-    )
-    chats = _collect_chats(request, batch_size=batch_size, sae=sae, verbose=verbose)
+    rows = _collect(request, texts, None if rows_cache is None else RowsCache(rows_cache, request, model))
+    chats = _collect_chats(request)
     data = {s: _train_data(rows[s], texts, request, chats) for s in request.sites}
-    monitor = train(data, plan, sae=sae, verbose=verbose, **request.fit_args)
-    last_step(monitor, request, texts.at, rows, plan, tau=tau, sae=sae, target_fpr=target_fpr)
+    monitor = train(data, plan, sae=sae, verbose=verbose, **options.fit_args)
+    last_step(monitor, request, texts.at, rows, plan)
     # how the prompts were split: what tpc.evaluate needs to train its probe on the same rows
     monitor.report["split"] = (
         {
@@ -271,7 +243,7 @@ def train_monitor(
         }
         if request.validation_given
         else {
-            "val_fraction": request.val_fraction,
+            "val_fraction": options.val_fraction,
             "split": split,
             "seed": request.cfg.seed,
             "n_calibration": len(request.calibration),
@@ -377,22 +349,14 @@ def _texts(r: Request) -> _Texts:
     return _Texts(texts, labels, at, groups, flips)
 
 
-def _collect(
-    r: Request,
-    t: _Texts,
-    *,
-    max_tokens: int | None,
-    batch_size: int,
-    sae: Any,
-    verbose: bool,
-    cached: RowsCache | None = None,
-) -> dict[str, Callable[[list[Any]], Any]]:
+def _collect(r: Request, t: _Texts, cached: RowsCache | None = None) -> dict[str, Callable[[list[Any]], Any]]:
     """One collection pass over every text at every candidate site, then one over the calibration
     prompts (batched apart, so that they change no other row by a rounding error): per site, a
     function from text positions to their rows (pooled ``[n, d]``, or one ``[T_i, d]`` per text for
     a per-token monitor). With ``cached`` (a ``rows_cache``), each pass reads only the texts the
     cache lacks and takes the others' rows from it."""
-    adapter = r.adapter
+    adapter, o = r.adapter, r.options
+    max_tokens, batch_size, sae, verbose = o.max_tokens, o.batch_size, o.sae, o.verbose
     n = len(t.texts) - len(r.calibration)
     parts = [p for p in (t.texts[:n], t.texts[n:]) if p]
     if r.streaming:
@@ -433,19 +397,25 @@ def _collect(
     return {s: rows_of(acts[s]) for s in r.sites}
 
 
-def _collect_chats(r: Request, *, batch_size: int, sae: Any, verbose: bool) -> dict[str, Chats]:
+def _collect_chats(r: Request) -> dict[str, Chats]:
     """Requests inside benign conversations (``contexts``): the split's prompts hosted in the chats,
     collected per token; more rows for training and validation. Empty without ``contexts``."""
     if r.contexts is None:
         return {}
     items, y, adapter, site = r.items, r.y, r.adapter, r.sites[0]
+    batch_size, sae, verbose = r.options.batch_size, r.options.sae, r.options.verbose
     splits: dict[str, tuple[Sequence[str], Any]] = {
         "val": ([items[i] for i in r.va], y[r.va]),
         "train": ([items[i] for i in r.tr], y[r.tr]),
     }
     chats = {}
     for split, h in host_splits(
-        adapter.tokenizer, r.contexts, splits, val_fraction=r.val_fraction, lengths=r.context_tokens, seed=r.cfg.seed
+        adapter.tokenizer,
+        r.contexts,
+        splits,
+        val_fraction=r.options.val_fraction,
+        lengths=r.context_tokens,
+        seed=r.cfg.seed,
     ).items():
         with tqdm(total=len(h.sequences), desc=f"collect {split} contexts", unit="chat", disable=not verbose) as bar:
             seqs = token_batches(adapter, [q.ids for q in h.sequences], [adapter.site(site)], batch_size, bar, sae=sae)[
@@ -474,7 +444,7 @@ def _train_data(rows: Callable[[list[Any]], Any], t: _Texts, r: Request, chats: 
     )
 
 
-def _plan(r: Request, t: _Texts, *, max_tokens: int | None, tau: float | None, target_fpr: float | None) -> TrainPlan:
+def _plan(r: Request, t: _Texts) -> TrainPlan:
     """The monitor's settings (the first site's; :func:`train` swaps in the chosen one) and the recipe's
     plan: fit settings, families and kinds, cascade, operating point, pruning."""
     adapter = r.adapter
@@ -484,11 +454,11 @@ def _plan(r: Request, t: _Texts, *, max_tokens: int | None, tau: float | None, t
         pooling=r.pooling,
         chat_template=r.chat_template,
         prepend_bos=r.bos,
-        max_tokens=max_tokens,
+        max_tokens=r.options.max_tokens,
         model_name=adapter.model_name,
         aggregate=r.aggregate,
-        alpha=r.alpha,
-        window=r.window,
+        alpha=r.options.alpha,
+        window=r.options.window,
         skip=skip,
     )
     return TrainPlan(
@@ -496,12 +466,12 @@ def _plan(r: Request, t: _Texts, *, max_tokens: int | None, tau: float | None, t
         r.cfg,
         recipe=r.recipe,
         families=r.families,
-        tau=tau,
-        target_fpr=target_fpr,
+        tau=r.options.tau,
+        target_fpr=r.options.target_fpr,
         intent=r.kinds,
         prune=r.prune,
         context_lengths=r.context_tokens,
         shifts=r.shifts,
         everyday=(*r.everyday, CALIBRATION) if r.everyday is not None and r.calibration else r.everyday,
-        refit=refits(r, tau),
+        refit=refits(r),
     )

@@ -1,7 +1,8 @@
-"""What :func:`~tpc_hooks.train_monitor` decides before the model runs: its arguments checked (each
-error says what was expected) and resolved into a :class:`Request` (the candidate sites, the
-phrasing families and intent kinds, the tokenisation, the fit settings, the seeded train /
-validation split of the prompts, the hosted chats and the calibration prompts)."""
+"""What :func:`~tpc_hooks.train_monitor` decides before the model runs: its options
+(:class:`~tpc_hooks.training._options.TrainOptions`, checked when built) and the arguments that need
+the model or the prompts, checked (each error says what was expected) and resolved into a
+:class:`Request` (the candidate sites, the tokenisation, the seeded train / validation split of the
+prompts, the hosted chats and the calibration prompts)."""
 
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
@@ -25,41 +26,31 @@ from ..head import FitConfig
 from ..metrics import check_labels
 from ..monitoring import check_sources, everyday_rows
 from ..pooling import check_pooling
-from ..recipes import Recipe
-from ._train import CALIBRATION, default_aggregate, fit_config
+from ._options import TrainOptions
+from ._train import CALIBRATION
 
 
 @dataclass(frozen=True)
 class Request:
-    """``train_monitor``'s arguments once checked and resolved: all that is decided before the model
-    runs (the candidate sites, the phrasing families and intent kinds, the tokenisation, the fit
-    settings, the seeded train / validation split of the prompts)."""
+    """``train_monitor``'s arguments once checked and resolved: its :class:`TrainOptions` and what they
+    resolve to once the model and the prompts are known (the candidate sites, the tokenisation, the
+    hosted chats, the seeded train / validation split of the prompts, the calibration prompts)."""
 
+    options: TrainOptions
     items: list[str]
     y: np.ndarray
     sites: list[str]
     adapter: Adapter
     pooling: str
-    aggregate: str
-    alpha: float
-    window: int
-    recipe: str
-    families: tuple[str, ...]
-    kinds: tuple[str, ...]
     chat_template: bool
     bos: bool
     contexts: list[list[dict[str, str]]] | None
     context_tokens: tuple[int, ...]
-    val_fraction: float
-    cfg: FitConfig
-    fit_args: dict[str, Any]
     tr: np.ndarray
     va: np.ndarray
     sources: np.ndarray | None = None
-    shifts: tuple[str, ...] = ()
     everyday: tuple[str, ...] | None = None
     calibration: tuple[str, ...] = ()
-    prune: bool = True
     validation_given: bool = False  # the validation prompts came as validation=, after the training prompts
 
     @property
@@ -67,131 +58,117 @@ class Request:
         return self.pooling == "token"
 
     @property
+    def aggregate(self) -> str:
+        return self.options.aggregate_for(self.contexts is not None)
+
+    @property
+    def recipe(self) -> str:
+        return self.options.preset.name
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return self.options.preset.augment
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return self.options.preset.intent
+
+    @property
+    def shifts(self) -> tuple[str, ...]:
+        return self.options.preset.shifts
+
+    @property
+    def prune(self) -> bool:
+        return self.options.preset.prune_orders
+
+    @property
+    def cfg(self) -> FitConfig:
+        return self.options.cfg
+
+    @property
     def flip_kinds(self) -> tuple[str, ...]:
         return tuple(k for k in self.kinds if k in KINDS)
 
 
 def check_request(
-    model: Any,
-    prompts: Sequence[str],
-    labels: Any,
-    site: str | Sequence[str],
-    pooling: str,
-    *,
-    aggregate: Any,
-    alpha: float,
-    window: int,
-    contexts: Any,
-    context_tokens: Any,
-    recipe: Recipe,
-    val_fraction: float,
-    split: str,
-    chat_template: bool | None,
-    prepend_bos: bool | None,
-    sae: Any,
-    config: FitConfig | None,
-    degree: Any,
-    rank: Any,
-    seed: Any,
-    tokenizer: Any,
-    sources: Any,
-    everyday: Any,
-    calibration: Any,
-    rows_cache: Any,
-    fit_kwargs: dict[str, Any],
-    validation: Any = None,
+    model: Any, prompts: Sequence[str], labels: Any, site: str | Sequence[str], pooling: str, options: TrainOptions
 ) -> Request:
-    """Every argument but the plan's checked (each error says what was expected) and resolved, before any
-    model work; the cascade's ``tau``, ``target_fpr`` and a per-token monitor's aggregation are checked
-    once, by the ``TrainPlan`` that ``train_monitor`` builds next, also before the model runs."""
+    """The arguments that need the model or the prompts checked (each error says what was expected) and
+    resolved with ``options`` (checked when built), before any model work."""
+    o = options
     items = check_prompts(prompts)
     y = check_labels(labels, len(items), "labels").numpy().astype(int)
-    sources = check_sources(sources, len(items), "prompt")
+    sources = check_sources(o.sources, len(items), "prompt")
     n_train = len(items)
-    if validation is not None:  # the training prompts, then the validation prompts: one list, split by position
-        v_items, v_y, v_sources = check_validation(validation, items, y, sources)
+    if o.validation is not None:  # the training prompts, then the validation prompts: one list, split by position
+        v_items, v_y, v_sources = check_validation(o.validation, items, y, sources)
         items, y = items + v_items, np.concatenate([y, v_y])
         sources = None if sources is None else np.concatenate([sources, v_sources])
+    everyday = o.everyday
     if everyday is not None:
         on = everyday_rows(sources, everyday)
-        if not (on & (y == 0)).any():
+        if sources is not None and not (on & (y == 0)).any():
             raise TPCHooksError(
                 f"everyday names {sorted(set(sources[on].tolist()))}, which have no benign prompt: the "
                 "threshold is set on the benign prompts of the everyday sources"
             )
         everyday = tuple(sorted({str(v) for v in everyday}))
-    calibration = _check_calibration(calibration, items, sources)
+    calibration = _check_calibration(o.calibration, items, sources)
     sites = [site] if isinstance(site, str) else list(dict.fromkeys(site))
     if not sites or not all(isinstance(s, str) for s in sites):
         raise TPCHooksError(f"site must be a hook name or a non-empty list of them; got {site!r}")
-    adapter = get_adapter(model, tokenizer=tokenizer)
+    adapter = get_adapter(model, tokenizer=o.tokenizer)
     for s in sites:
         adapter.site(s)
-    if sae is not None and len(sites) > 1:
+    if o.sae is not None and len(sites) > 1:
         raise TPCHooksError("an SAE belongs to one site: pass a single site with sae=")
-    if aggregate is None:
-        aggregate = default_aggregate(contexts is not None)
-    if rows_cache is not None and not isinstance(rows_cache, MutableMapping):
+    if o.rows_cache is not None and not isinstance(o.rows_cache, MutableMapping):
         raise TPCHooksError(
             f"rows_cache must be a dict (one per model, filled and read back across calls); got "
-            f"{type(rows_cache).__name__}"
+            f"{type(o.rows_cache).__name__}"
         )
-    if pooling == "token":  # the aggregation is checked with the plan (its MonitorConfig), before the model runs
+    if pooling == "token":  # an aggregation given is checked with the options
         if len(sites) > 1:
             raise TPCHooksError("a per-token monitor (pooling='token') reads one site; pass a single site")
-        if rows_cache is not None:
+        if o.rows_cache is not None:
             raise TPCHooksError(
                 "rows_cache keeps pooled rows; a per-token monitor (pooling='token') reads every token: "
                 "leave rows_cache out"
             )
     else:
         check_pooling(pooling)
-        if contexts is not None:
+        if o.contexts is not None:
             raise TPCHooksError(
                 "contexts= trains a per-token monitor on requests inside conversations; pass pooling='token'"
             )
+    chat_template = o.chat_template
     if chat_template is None:
         chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
+    contexts, context_tokens = o.contexts, tuple[int, ...]()
     if contexts is not None:
-        contexts, context_tokens = _check_contexts(adapter.tokenizer, contexts, context_tokens, chat_template, items)
-    if validation is None:
-        check_split(y, val_fraction, split)
-    given = {k: v for k, v in (("degree", degree), ("rank", rank), ("seed", seed)) if v is not None}
-    own: dict[str, Any] = {
-        k: fit_kwargs.pop(k) for k in ("init", "device") if k in fit_kwargs
-    }  # fit's, not FitConfig's
-    cfg = fit_config(recipe.name, recipe.augment, config, {**given, **fit_kwargs})
-    if validation is None:
-        tr, va = split_positions(items, y, val_fraction, split, cfg.seed)
+        contexts, context_tokens = _check_contexts(adapter.tokenizer, contexts, o.context_tokens, chat_template, items)
+    if o.validation is None:
+        check_split(y, o.val_fraction, o.split)
+        tr, va = split_positions(items, y, o.val_fraction, o.split, o.cfg.seed)
     else:
         tr, va = np.arange(n_train), np.arange(n_train, len(items))
     return Request(
+        o,
         items,
         y,
         sites,
         adapter,
         pooling,
-        aggregate,
-        alpha,
-        window,
-        recipe.name,
-        recipe.augment,
-        recipe.intent,
         chat_template,
-        resolve_bos(adapter.tokenizer, prepend_bos, chat_template),
+        resolve_bos(adapter.tokenizer, o.prepend_bos, chat_template),
         contexts,
-        tuple(context_tokens) if contexts is not None else (),
-        val_fraction,
-        cfg,
-        own,
+        tuple(context_tokens),
         tr,
         va,
         sources,
-        recipe.shifts,
         everyday,
         calibration,
-        recipe.prune_orders,
-        validation is not None,
+        o.validation is not None,
     )
 
 
