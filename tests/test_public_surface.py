@@ -62,6 +62,7 @@ FOLDERS = (
     "activations",
     "monitoring",
     "training",
+    "sae",
 )  # private workshops
 FACES = [m for m in public_modules() if m.removeprefix("tpc_hooks.") not in FOLDERS]
 

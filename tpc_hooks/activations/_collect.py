@@ -15,8 +15,8 @@ from tqdm.auto import tqdm
 
 from .._errors import TPCHooksError
 from ..data import check_prompts
-from ..head import check_sae, sae_dims, sae_encode, sae_identity
 from ..pooling import POOLINGS, pool
+from ..sae import check_sae, sae_dims, sae_encode, sae_identity
 from ._adapter import Adapter, get_adapter
 from ._batching import pad, pad_id, resolve_bos
 from ._sites import Site

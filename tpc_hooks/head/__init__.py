@@ -1,10 +1,10 @@
 """The head and what reads one: the polynomial (:class:`~tpc_hooks.TPC`), the rule that
-evaluates a truncation (``_kernel``), the cascade and the scoring policies, exact attribution and
-the SAE glue, training settings and history, and the checks of features.
+evaluates a truncation (``_kernel``), the cascade and the scoring policies, exact attribution
+(in SAE feature ids through ``sae``), training settings and history, and the checks of features.
 
 It imports no other folder of the package but those below it (``views``: the HTML views;
 ``saving``: the saved format, the Hub and the cards; ``metrics``: the flag rule and the label
-checks; ``pooling``) and no interpretability toolkit.
+checks; ``pooling``; ``sae``: the SAE glue) and no interpretability toolkit.
 """
 
 from ._attribution import Attribution as Attribution
@@ -38,9 +38,4 @@ from ._polynomial import Scaler as Scaler
 from ._polynomial import check_int as check_int
 from ._polynomial import from_saved as from_saved
 from ._polynomial import to_saved as to_saved
-from ._sae import check_sae as check_sae
-from ._sae import describe as describe_sae  # noqa: F401 (handed on under a name that says what it is)
-from ._sae import dims as sae_dims  # noqa: F401 (handed on under a name that says what it is)
-from ._sae import encode as sae_encode  # noqa: F401 (handed on under a name that says what it is)
-from ._sae import identity as sae_identity  # noqa: F401 (handed on under a name that says what it is)
 from ._together import Together as Together

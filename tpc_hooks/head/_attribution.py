@@ -22,11 +22,12 @@ from torch import Tensor
 
 from .._errors import TPCHooksError
 from ..pooling import pool
+from ..sae import check_sae, decoder
+from ..sae import sae_encode as encode
 from ..views import attribution_html
 from . import _kernel
 from ._checks import check_features
 from ._polynomial import TPC
-from ._sae import check_sae, decoder, encode
 
 PAIR_MODES = ("positive", "negative", "absolute")
 

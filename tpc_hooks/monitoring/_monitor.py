@@ -23,18 +23,15 @@ from ..head import (
     CascadeResult,
     FixedOrder,
     Policy,
-    check_sae,
-    describe_sae,
     from_saved,
     prefix_result,
-    sae_dims,
-    sae_encode,
     stack_results,
     to_saved,
 )
-from ..head import sae_identity as sae_identity_of
 from ..pooling import aggregate as aggregate_logits
 from ..pooling import pool_prefixes, scored
+from ..sae import check_sae, describe_sae, sae_dims, sae_encode
+from ..sae import sae_identity as sae_identity_of
 from ..saving import CONFIG_FILE, HubMixin, files_of, monitor_card, read_dir, read_files, write_dir
 from . import _calibrate, _generation
 from ._monitor_config import ACTIONS, MonitorConfig

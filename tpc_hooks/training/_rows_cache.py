@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..head import sae_identity
+from ..sae import sae_identity
 from ._train_request import Request
 
 
