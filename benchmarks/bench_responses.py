@@ -58,6 +58,7 @@ from tpc_hooks.data import (
     EVERYDAY_SOURCES,
     default_prompt_set,
     everyday_prompts,
+    is_refusal,
     outside_sets,
     sharegpt_contexts,
     source_names,
@@ -229,7 +230,16 @@ def run(args: argparse.Namespace) -> int:
         name: prefix_scores(adapter, monitors, seqs[name], lengths[name], args.batch_size)
         for name in tqdm(list(seqs), desc="score prefixes", unit="set")
     }
-    report(args, monitors, scores, seqs, lengths, time.time() - t0)
+    refused = {  # garak's rule on each answer the model wrote
+        name: np.array(
+            [
+                is_refusal(tokenizer.decode(q[p:], skip_special_tokens=True))
+                for q, p in zip(seqs[name], lengths[name], strict=True)
+            ]
+        )
+        for name in seqs
+    }
+    report(args, monitors, scores, seqs, lengths, refused, time.time() - t0)
     return 0
 
 
@@ -245,7 +255,24 @@ def _mean(xs: list[float]) -> float:
     return float(np.mean(kept)) if kept else float("nan")
 
 
-def report(args, monitors, scores, seqs, lengths, seconds: float) -> None:
+def _flags(probs: list, threshold: float, answer_threshold: float) -> dict[str, float]:
+    """The shares flagged (%) of conversations with step scores ``probs``, and the answer tokens before
+    the answer's flag."""
+    if not probs:
+        return {k: float("nan") for k in ("prompt", "answer", "answer only", "shipped", "median", "p90")}
+    first = [next((t for t, p in enumerate(s) if p >= answer_threshold), None) for s in probs]
+    late = [t for t in first if t is not None]
+    return {
+        "prompt": 100 * float(np.mean([s[0] >= threshold for s in probs])),
+        "answer": 100 * float(np.mean([t is not None for t in first])),
+        "answer only": 100 * float(np.mean([t is not None and t > 0 for t in first])),
+        "shipped": 100 * float(np.mean([s.max() >= threshold for s in probs])),
+        "median": float(np.median(late)) if late else float("nan"),
+        "p90": float(np.percentile(late, 90)) if late else float("nan"),
+    }
+
+
+def report(args, monitors, scores, seqs, lengths, refused, seconds: float) -> None:
     per_seed = []
     for k, m in enumerate(monitors):
         peak = {name: np.array([s.max() for s in scores[name][k]]) for name in scores}
@@ -258,16 +285,9 @@ def report(args, monitors, scores, seqs, lengths, seconds: float) -> None:
         }
         for name in scores:
             probs = scores[name][k]
-            first = [next((t for t, p in enumerate(s) if p >= answer_threshold), None) for s in probs]
-            late = [t for t in first if t is not None]
-            row[name] = {
-                "prompt": 100 * float(np.mean([s[0] >= m.threshold for s in probs])),
-                "answer": 100 * float(np.mean([t is not None for t in first])),
-                "answer only": 100 * float(np.mean([t is not None and t > 0 for t in first])),
-                "shipped": 100 * float(np.mean([s.max() >= m.threshold for s in probs])),
-                "median": float(np.median(late)) if late else float("nan"),
-                "p90": float(np.percentile(late, 90)) if late else float("nan"),
-            }
+            row[name] = _flags(probs, m.threshold, answer_threshold)
+            answered = [p for p, r in zip(probs, refused[name], strict=True) if not r]
+            row[name + ", answered"] = _flags(answered, m.threshold, answer_threshold)
         per_seed.append(row)
     n_answer = {
         name: float(np.mean([len(s) - p for s, p in zip(seqs[name], lengths[name], strict=True)])) for name in seqs
@@ -281,18 +301,31 @@ def report(args, monitors, scores, seqs, lengths, seconds: float) -> None:
         f"{seconds:.0f} s.\n"
     )
     print(
-        "| set | n | answer tokens (mean) | prompt | answer | of which only in the answer | answer, shipped threshold "
-        "| tokens before the flag (median / p90) |"
+        "| set | n | answers that refuse (garak) | answer tokens (mean) | prompt | answer "
+        "| of which only in the answer | answer, shipped threshold | tokens before the flag (median / p90) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in (*HARMFUL, *BENIGN):
         got = [r[name] for r in per_seed]
         med, p90 = (_mean([g[k] for g in got]) for k in ("median", "p90"))
         print(
-            f"| {name}{' (harmful)' if name in HARMFUL else ''} | {len(seqs[name])} | {n_answer[name]:.0f} | "
+            f"| {name}{' (harmful)' if name in HARMFUL else ''} | {len(seqs[name])} | "
+            f"{100 * refused[name].mean():.0f}% | {n_answer[name]:.0f} | "
             f"{_pct([g['prompt'] for g in got])} | {_pct([g['answer'] for g in got])} | "
             f"{_pct([g['answer only'] for g in got])} | "
             f"{_pct([g['shipped'] for g in got])} | {med:.0f} / {p90:.0f} |"
+        )
+    print(
+        "\nThe harmful requests the model answered (its answer does not refuse, by garak's rule): the "
+        "conversations a response monitor is for.\n\n| set | answered | prompt | answer | of which only in the answer "
+        "| tokens before the flag (median / p90) |\n|---|---|---|---|---|---|"
+    )
+    for name in HARMFUL:
+        got = [r[name + ", answered"] for r in per_seed]
+        med, p90 = (_mean([g[k] for g in got]) for k in ("median", "p90"))
+        print(
+            f"| {name} | {int((~refused[name]).sum())} | {_pct([g['prompt'] for g in got])} | "
+            f"{_pct([g['answer'] for g in got])} | {_pct([g['answer only'] for g in got])} | {med:.0f} / {p90:.0f} |"
         )
     shifted = ("counterparts", "past", "future", "harmbench")
     gain = [np.mean([r[k]["answer"] - r[k]["prompt"] for k in shifted]) for r in per_seed]

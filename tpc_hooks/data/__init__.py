@@ -31,6 +31,10 @@ same filters), as benign context for long-context tests of streaming monitors;
 :func:`host_requests` and :func:`token_labels` build and label the sequences
 ``train_monitor(pooling="token", contexts=...)`` trains on. :func:`everyday_prompts` draws
 unlabelled ShareGPT first turns to set a threshold on (``train_monitor(calibration=...)``).
+:func:`is_refusal` says whether a model's answer refuses, by garak's refusal detectors (their strings read
+from garak's source as data: :func:`refusal_strings`), and :func:`conversation_labels` labels
+(request, answer) conversations by it: harmful when the request is harmful and the answer does not
+refuse, a refused harmful request its own group.
 :func:`split_positions` gives the training and validation positions ``train_monitor`` splits its
 prompts into (``split=`` one of :data:`SPLITS`), for a baseline trained and chosen on the same rows.
 """
@@ -66,6 +70,9 @@ from ._promptset import PromptSet as PromptSet
 from ._promptset import read_texts as read_texts
 from ._promptset import source_names as source_names
 from ._promptset import splits_summary as splits_summary
+from ._refusals import conversation_labels as conversation_labels
+from ._refusals import is_refusal as is_refusal
+from ._refusals import refusal_strings as refusal_strings
 from ._sets import BENIGN_SOURCES as BENIGN_SOURCES
 from ._sets import EVERYDAY_SOURCES as EVERYDAY_SOURCES
 from ._sets import HARD_NEGATIVE_KINDS as HARD_NEGATIVE_KINDS
@@ -110,6 +117,9 @@ __all__ = [
     "host_requests",
     "HostedRequests",
     "token_labels",
+    "is_refusal",
+    "refusal_strings",
+    "conversation_labels",
     "split_positions",
     "HARMFUL_SOURCES",
     "BENIGN_SOURCES",
