@@ -23,6 +23,7 @@ from .head import FixedOrder as FixedOrder
 from .head import History as History
 from .head import Policy as Policy
 from .head import attribute as attribute
+from .monitoring import Answers as Answers
 from .monitoring import GenerationRun as GenerationRun
 from .monitoring import Monitor as Monitor
 from .monitoring import MonitorConfig as MonitorConfig
@@ -31,6 +32,7 @@ from .monitoring import MonitorSet as MonitorSet
 from .monitoring import MonitorSetRun as MonitorSetRun
 from .monitoring import TokenScores as TokenScores
 from .monitoring import WatchLog as WatchLog
+from .monitoring import generate_answers as generate_answers
 from .training import Evaluation as Evaluation
 from .training import choose_site as choose_site
 from .training import evaluate as evaluate
@@ -69,6 +71,8 @@ __all__ = [
     "TokenScores",
     "GenerationRun",
     "WatchLog",
+    "generate_answers",
+    "Answers",
     "attribute",
     "Attribution",
     "TPCHooksError",

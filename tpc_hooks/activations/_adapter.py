@@ -208,6 +208,11 @@ class Adapter:
         hf = self.hf_model() if self.toolkit != "TransformerLens" else None
         return model_lock(hf if hf is not None else self.model)
 
+    def answer(self, ids: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """A serving engine's greedy answers to tokenised prompts, each up to and including its EOS
+        (``engine`` adapters only: the others answer through :meth:`decode`)."""
+        raise NotImplementedError(f"{type(self).__name__} answers through decode()")
+
     @torch.no_grad()
     def decode(
         self,

@@ -3,6 +3,8 @@ monitored decode loop and ``watch``, the Hugging Face ``generate`` hooks, per-re
 for engines whose batch changes every step, and the records of a monitored generation.
 """
 
+from ._answers import Answers as Answers
+from ._answers import generate_answers as generate_answers
 from ._calibrate import check_sources as check_sources
 from ._calibrate import everyday_present as everyday_present
 from ._calibrate import everyday_rows as everyday_rows

@@ -29,6 +29,7 @@ from ...activations import Adapter, Site
 from ...monitoring import ACTIONS, STOPPING
 from ._server import server as server
 from ._wire import (
+    OPT_OUT,
     RPC_ARM_SET,
     RPC_CAPTURE,
     RPC_DISARM,
@@ -141,6 +142,18 @@ class VLLMAdapter(Adapter):
                 out[b, attention_mask[b].bool().cpu()] = unpack(rows)[: len(p)]
             result[s.name] = out
         return result
+
+    def answer(self, ids: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy answers through the engine, each request opted out of any armed monitor (an
+        answer written to be studied is not a request to act on)."""
+        from vllm import SamplingParams
+
+        outs = self.model.generate(
+            [{"prompt_token_ids": p} for p in ids],
+            SamplingParams(max_tokens=max_new_tokens, temperature=0, extra_args={OPT_OUT: False}),
+            use_tqdm=False,
+        )
+        return [list(o.outputs[0].token_ids) for o in outs]
 
     def decode(self, *args: Any, **kwargs: Any) -> None:
         raise TPCHooksError("a vLLM engine drives its own decode loop (monitor.generate runs through it)")
