@@ -148,6 +148,13 @@ def test_every_generated_step_scores_as_the_transformers_loop_scores_it(models, 
         torch.testing.assert_close(lg[-1:], offline_, rtol=REL, atol=1e-5)
 
 
+def test_answers_through_the_engine_are_the_transformers_models_greedy_answers(models):
+    llm, hf, tok = models
+    got = tpc.generate_answers(llm, PROMPTS, 10)
+    want = tpc.generate_answers(hf, PROMPTS, 10, batch_size=1, tokenizer=tok, progress=False)
+    assert got == want and all(len(got.answer_ids(i)) >= 1 for i in range(len(PROMPTS)))
+
+
 @pytest.mark.parametrize("pooling", ["mean", "token"])
 def test_stop_ends_exactly_the_flagged_requests_and_the_others_generate_as_unmonitored(models, pooling):
     llm, hf, tok = models
