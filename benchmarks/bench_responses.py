@@ -60,7 +60,7 @@ from tpc_hooks.data import (
     everyday_prompts,
     is_refusal,
     outside_sets,
-    sharegpt_contexts,
+    sharegpt_conversations,
     source_names,
 )
 from tpc_hooks.metrics import threshold_at_fpr
@@ -98,21 +98,23 @@ def conversations(args: argparse.Namespace, tokenizer) -> tuple[dict, dict[str, 
         "calibration": calibration,
     }
     n_own = len(prompts["sharegpt, answered"])
-    chats = sharegpt_contexts(tokenizer, n_own, tokens=1, exclude=seen + calibration)  # one exchange is enough
+    chats = list(sharegpt_conversations(exclude=seen + calibration, max_conversations=n_own))  # first exchanges
     own = {"prompts": [c[0]["content"] for c in chats], "answers": [c[1]["content"] for c in chats]}
     return keep, prompts, own
 
 
 def answers(
     hf, tokenizer, adapter, mon, prompts: list[str], new_tokens: int, batch: int, path: Path
-) -> list[list[int]]:
+) -> tuple[list[list[int]], list[int]]:
     """Each prompt's ids as the monitor reads them followed by the model's greedy answer (its EOS
-    kept when it wrote one), cached in ``path`` by the prompts' digest."""
+    kept when it wrote one), and the prompts' lengths; cached beside ``path``, by the prompts' digest."""
     key = hashlib.sha256(json.dumps([prompts, new_tokens, mon.chat_template, mon.prepend_bos]).encode()).hexdigest()
-    if path.is_file():
-        got = json.loads(path.read_text())
-        if got["key"] == key:
-            return got["sequences"]
+    keyed = path.with_name(f"{path.stem}-{key[:12]}.json")
+    for p in (keyed, path):
+        if p.is_file():
+            got = json.loads(p.read_text())
+            if got["key"] == key:
+                return got["sequences"], got["prompt_lengths"]
     ids, _ = adapter.tokenize(
         prompts, chat_template=mon.chat_template, max_tokens=mon.max_tokens, prepend_bos=mon.prepend_bos
     )
@@ -133,9 +135,9 @@ def answers(
             cut = next((j + 1 for j, t in enumerate(answer) if t in eos), len(answer))
             seqs[i] = ids[i] + answer[:cut]
     out = [seqs[i] for i in range(len(ids))]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": key, "sequences": out, "prompt_lengths": [len(i) for i in ids]}))
-    return out
+    keyed.parent.mkdir(parents=True, exist_ok=True)
+    keyed.write_text(json.dumps({"key": key, "sequences": out, "prompt_lengths": [len(i) for i in ids]}))
+    return out, [len(i) for i in ids]
 
 
 def prefix_scores(adapter, monitors: list, sequences: list[list[int]], prompt_lengths: list[int], batch: int) -> list:
@@ -170,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument(
+        "--response-monitor",
+        action="store_true",
+        help="then a response monitor (a prototype): trained on the model's answers to the set's prompts",
+    )
     ap.add_argument(
         "--quick",
         action="store_true",
@@ -215,10 +222,9 @@ def run(args: argparse.Namespace) -> int:
     cache = CACHE / args.model / f"{args.new_tokens}-tokens"
     seqs, lengths = {}, {}
     for name, texts in prompts.items():
-        seqs[name] = answers(
+        seqs[name], lengths[name] = answers(
             hf, tokenizer, adapter, ref, texts, args.new_tokens, args.batch_size, cache / f"{name}.json"
         )
-        lengths[name] = json.loads((cache / f"{name}.json").read_text())["prompt_lengths"]
     ids, _ = adapter.tokenize(
         own["prompts"], chat_template=ref.chat_template, max_tokens=ref.max_tokens, prepend_bos=ref.prepend_bos
     )
@@ -240,7 +246,100 @@ def run(args: argparse.Namespace) -> int:
         for name in seqs
     }
     report(args, monitors, scores, seqs, lengths, refused, time.time() - t0)
+    if args.response_monitor:
+        response_monitor(args, hf, adapter, monitors[0], sets, seqs, lengths, refused)
     return 0
+
+
+def answer_rows(adapter, site_name: str, sequences, prompt_lengths, batch: int, every: int = 1):
+    """Each conversation's rows as an answer monitor would read them: at step t >= 1, the mean of the
+    answer's first t tokens' activations (the prompt not pooled); ``every``: keep every such step
+    (1) or every ``every``-th and the last (training rows). One forward pass per conversation."""
+    site_ = adapter.site(site_name)
+    pid = pad_id(adapter.tokenizer)
+    out = []
+    for start in range(0, len(sequences), batch):
+        rows = range(start, min(start + batch, len(sequences)))
+        fed = [sequences[i][:-1] if len(sequences[i]) > prompt_lengths[i] else sequences[i] for i in rows]
+        x, mask = pad(fed, pid, "right")
+        with adapter.exclusive(), torch.no_grad():
+            acts = adapter.forward_sites(x, mask, [site_])[site_.name]
+        for r, i in enumerate(rows):
+            a = acts[r, prompt_lengths[i] : len(fed[r])].float()  # the answer's fed tokens
+            if not len(a):
+                out.append(torch.zeros(0, acts.shape[-1]))
+                continue
+            pooled = pool_prefixes(a, "mean")
+            keep = sorted({*range(every - 1, len(a), every), len(a) - 1})
+            out.append(pooled[keep])
+    return out
+
+
+def response_monitor(args, hf, adapter, prompt_monitor, sets, seqs, lengths, refused) -> None:
+    """A response monitor as a prototype (issue: response monitors): the model answers the default
+    set's training and validation prompts; each conversation labelled harmful when its request is and
+    its answer does not refuse (garak's rule); rows pooled over the answer only, at the prompt
+    monitor's site; ``tpc.fit`` (the default settings, the set's own validation split); its threshold
+    per order at 1% of the answered everyday conversations' peaks. Order 1 is the linear probe."""
+    from tpc_hooks.data import conversation_labels
+
+    t0 = time.time()
+    site_name = prompt_monitor.site
+    cache = CACHE / args.model / f"{args.new_tokens}-tokens"
+    X, Y = {}, {}
+    for split in ("train", "val"):
+        ps = sets[split]
+        if args.quick:  # a smoke run: a tenth of each split
+            ps = ps.subset(sorted(np.random.default_rng(0).choice(len(ps), len(ps) // 10, replace=False)))
+        got, starts = answers(
+            hf,
+            adapter.tokenizer,
+            adapter,
+            prompt_monitor,
+            ps.texts,
+            args.new_tokens,
+            args.batch_size,
+            cache / f"training-{split}.json",
+        )
+        texts = [adapter.tokenizer.decode(q[p:], skip_special_tokens=True) for q, p in zip(got, starts, strict=True)]
+        y, groups = conversation_labels(ps.labels, texts)
+        rows = answer_rows(adapter, site_name, got, starts, args.batch_size, every=1 if split == "val" else 4)
+        X[split] = torch.cat(rows)
+        Y[split] = torch.as_tensor(np.repeat(y, [len(r) for r in rows]))
+        print(
+            f"{split}: {len(ps)} conversations, {int((groups == 'harmful').sum())} harmful, "
+            f"{int((groups == 'refused').sum())} refused, {len(X[split])} rows",
+            file=sys.stderr,
+        )
+    head = tpc.fit(X["train"], Y["train"], X["val"], Y["val"], verbose=False)
+    print(
+        f"\n## A response monitor (a prototype)\n\nTrained on the answers to the default set's training prompts "
+        f"(conversation labels by garak's rule; rows pooled over the answer only, every 4th step and the last; "
+        f"{len(X['train'])} rows) at {site_name}, `tpc.fit`'s defaults, the set's validation answers for selection; "
+        f"degree {head.degree}. Each order's threshold at 1% of the answered everyday conversations' peaks. "
+        f"{time.time() - t0:.0f} s.\n"
+    )
+    peaks = {}
+    for name in seqs:
+        rows = answer_rows(adapter, site_name, seqs[name], lengths[name], args.batch_size)
+        dtype = next(head.parameters()).dtype
+        with torch.no_grad():
+            peaks[name] = np.array(
+                [
+                    [float(head(r.to(dtype), order=k).max()) if len(r) else -np.inf for r in rows]
+                    for k in range(1, head.degree + 1)
+                ]
+            )
+    thresholds = [float(threshold_at_fpr(torch.as_tensor(p), FPR)) for p in peaks["calibration"]]
+    print("| set | " + " | ".join(f"order {k}" for k in range(1, head.degree + 1)) + " | order 1, answered only |")
+    print("|---|" + "---|" * (head.degree + 1))
+    for name in (*HARMFUL, *BENIGN):
+        cells = []
+        for k in range(head.degree):
+            cells.append(f"{100 * float(np.mean(peaks[name][k] >= thresholds[k])):.1f}")
+        answered = peaks[name][0][~refused[name]] if name in HARMFUL else peaks[name][0]
+        cells.append(f"{100 * float(np.mean(answered >= thresholds[0])):.1f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def _pct(xs: list[float]) -> str:
