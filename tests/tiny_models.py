@@ -244,9 +244,17 @@ def tiny_chats(n):
 def assert_steps_score_as_offline(monitor, model, run, tol: float = 1e-4, **score_kw):
     """Every step of a monitored generation ``run`` scores (logit) as ``monitor.score`` scores the
     same prefix offline (the prompt plus the tokens generated before the step), within ``tol``;
-    returns the offline results, one per sequence."""
+    returns the offline results, one per sequence. A response monitor's step 0 is unscored (logit
+    ``-inf``) and its step ``t`` is scored offline as the conversation with ``t`` answer tokens."""
     offline = []
     for b in range(len(run.scores)):
+        if monitor.answers:  # a response monitor: step 0 (the prompt alone) is never scored
+            assert run.logits[b][0] == float("-inf") and run.scores[b][0] == 0
+            n = run.prompt_lengths[b]
+            prefixes = [run.sequences[b][: n + t] for t in range(1, len(run.scores[b]))]
+            offline.append(monitor.score(model, tokens=prefixes, answer_starts=[n] * len(prefixes), **score_kw))
+            torch.testing.assert_close(run.logits[b][1:], offline[-1].logits, rtol=tol, atol=tol)
+            continue
         prefixes = [run.sequences[b][: run.prompt_lengths[b] + t] for t in range(len(run.scores[b]))]
         offline.append(monitor.score(model, tokens=prefixes, **score_kw))
         torch.testing.assert_close(run.logits[b], offline[-1].logits, rtol=tol, atol=tol)

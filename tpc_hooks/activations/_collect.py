@@ -36,9 +36,12 @@ def pooled_batches(
     padding_side: str = "right",
     bar: Any = None,
     sae: Any = None,
+    starts: list[int] | None = None,
 ) -> dict[str, Tensor]:
     """Pooled activations ``[n, d_model]`` per site for tokenised prompts, in their order
     (``[n, d_sae]`` SAE latents, encoded per token before pooling, when ``sae`` is given).
+    ``starts``: per sequence, the tokens before it that are read but not pooled (a response
+    monitor's prompt).
 
     Batches group prompts of similar length (less padding); the result does not depend on it.
     The pooled rows stay on the model's device until every batch is done, then reach the host
@@ -53,13 +56,14 @@ def pooled_batches(
         ids, mask = pad([token_ids[i] for i in idx], pid, padding_side)
         with adapter.exclusive():  # one pass at a time per model (threads may share it)
             acts = adapter.forward_sites(ids, mask, sites)
+        pooled = mask if starts is None else from_start(mask, [starts[i] for i in idx])
         for s in sites:
             if acts[s.name].shape[-1] != adapter.d_model:
                 raise TPCHooksError(
                     f"{s.name} produced width {acts[s.name].shape[-1]}, expected d_model={adapter.d_model}"
                 )
             z = acts[s.name] if sae is None else sae_encode(sae, acts[s.name])
-            parts[s.name].append(pool(z, mask, pooling))
+            parts[s.name].append(pool(z, pooled, pooling))
         if bar is not None:
             bar.update(len(idx))
     out = {}
@@ -69,6 +73,17 @@ def pooled_batches(
         out[s.name] = torch.empty(len(token_ids), width)
         out[s.name][where] = rows  # back in the prompts' order
     return out
+
+
+def from_start(mask: Tensor, starts: list[int]) -> Tensor:
+    """``mask [B, n]`` without each row's first ``starts[b]`` attended tokens (either padding side).
+
+    Example:
+        >>> from_start(torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]), [1, 3]).tolist()
+        [[0, 0, 1, 1], [0, 0, 0, 1]]
+    """
+    rank = mask.long().cumsum(1)  # 1-based index of each attended token
+    return mask * (rank > torch.as_tensor(starts, device=mask.device)[:, None]).to(mask.dtype)
 
 
 def token_batches(

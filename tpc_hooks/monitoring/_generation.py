@@ -35,7 +35,9 @@ class StepScores:
     new token and aggregates the logits over time (:class:`~tpc_hooks.pooling.RunningAggregate`):
     ``logits`` is the aggregate, ``probs`` its sigmoid, ``exit_order`` the newest token's order
     and ``flops`` what the row's tokens have cost so far (as :meth:`Monitor.score` counts a
-    prefix). Nothing is read back to the host.
+    prefix). A response monitor (``reads="answer"``) pools nothing of a pass marked ``prompt``;
+    a row with no answer token pooled yet scores logit ``-inf`` (:func:`unscored`). Nothing is read
+    back to the host.
     """
 
     def __init__(
@@ -59,28 +61,48 @@ class StepScores:
     def reset(self) -> None:
         self.state = self.spent = None
 
-    def update(self, acts: Tensor, mask: Tensor) -> CascadeResult:
-        return self.finish(self.rule(self.inputs(acts, mask)), mask)
+    def update(self, acts: Tensor, mask: Tensor, prompt: bool = False) -> CascadeResult:
+        return self.finish(self.rule(self.inputs(acts, mask, prompt)), mask)
 
-    def inputs(self, acts: Tensor, mask: Tensor) -> Tensor:
+    def inputs(self, acts: Tensor, mask: Tensor, prompt: bool = False) -> Tensor:
         """The first half of :meth:`update`: the rows the policy scores for this pass, ``[B, D]``
-        (the running pool) or ``[B * n, D]`` (a per-token monitor's new tokens)."""
+        (the running pool) or ``[B * n, D]`` (a per-token monitor's new tokens). ``prompt``: the
+        pass computes the prompt (a response monitor pools none of it)."""
         feats = self.monitor._features(acts)
         if self.monitor.pooling != "token":
-            return self.pool(feats, mask)
+            return self.pool(feats, mask, prompt)
         B, n, D = feats.shape
         return feats.reshape(B * n, D)
 
     def finish(self, res: CascadeResult, mask: Tensor) -> CascadeResult:
         """The second half of :meth:`update`: the policy's result on :meth:`inputs` -> the step's."""
-        return res if self.monitor.pooling != "token" else self.fold(res, mask)
+        if self.monitor.pooling == "token":
+            return self.fold(res, mask)
+        return unscored(res, self.state.empty()) if self.monitor.answers else res
 
-    def pool(self, feats: Tensor, mask: Tensor) -> Tensor:
-        """A prefix-pooled monitor: adds ``feats [B, n, D]`` to the running pool, returns it ``[B, D]``."""
+    def pool(self, feats: Tensor, mask: Tensor, prompt: bool = False) -> Tensor:
+        """A prefix-pooled monitor: adds ``feats [B, n, D]`` to the running pool, returns it ``[B, D]``
+        (a response monitor: a pass marked ``prompt`` adds nothing; rows with nothing pooled yet
+        are zeros, which :meth:`finish` scores ``-inf``)."""
         if self.state is None:
             self.state = RunningPool(self.monitor.pooling)
-        self.state.update(feats, mask)
-        return self.state.value()
+        if not self.monitor.answers:
+            self.state.update(feats, mask)
+            return self.state.value()
+        if not prompt and feats.shape[1]:
+            self.state.update(feats, mask)
+        empty = self.state.empty()
+        if empty is None:  # nothing pooled in any row yet
+            return feats.new_zeros(feats.shape[0], feats.shape[2], dtype=torch.float32)
+        return self.state.value().masked_fill(empty[:, None], 0.0)
+
+    def started(self) -> bool:
+        """Whether the running state has seen a row (a pool: pooled a position; the serving
+        engine's batched decode step needs one)."""
+        if self.state is None:
+            return False
+        empty = self.state.empty() if isinstance(self.state, RunningPool) else None
+        return not isinstance(self.state, RunningPool) or (empty is not None and not bool(empty.any()))
 
     def fold(self, res: CascadeResult, mask: Tensor) -> CascadeResult:
         """A per-token monitor: folds the new tokens' results (``res`` over ``B * n`` rows, ``mask
@@ -105,6 +127,27 @@ class StepScores:
         )
 
 
+def unscored(res: CascadeResult, empty: Tensor | None) -> CascadeResult:
+    """``res`` with the rows in ``empty`` (``[B]`` bool; None: every row) unscored: logit ``-inf``,
+    probability 0, no FLOPs (a response monitor before its first answer token: never flagged)."""
+    if empty is None:
+        empty = torch.ones(res.logits.shape[0], dtype=torch.bool, device=res.logits.device)
+    e = empty.to(res.logits.device)
+    if not e.shape[0]:
+        return res
+    neg = torch.tensor(float("-inf"), device=res.logits.device, dtype=res.logits.dtype)
+    return CascadeResult(
+        logits=torch.where(e, neg, res.logits),
+        probs=res.probs.masked_fill(e.to(res.probs.device), 0.0),
+        decision_logits=torch.where(
+            e.to(res.decision_logits.device), neg.to(res.decision_logits.dtype), res.decision_logits
+        ),
+        exit_order=res.exit_order,
+        flops=res.flops.masked_fill(e.to(res.flops.device), 0),
+        degree=res.degree,
+    )
+
+
 class Lane:
     """One monitor's part in a monitored pass: the site it reads, its running scores, its
     threshold, whether its flags end a row (``action="stop"``) and the run it records. A
@@ -119,19 +162,20 @@ class Lane:
         self.what = f"{what} ({name})" if name else what
         self.log = GenerationRun._recording(self.threshold, self.what)
 
-    def update(self, acts: dict[str, Tensor], mask: Tensor) -> CascadeResult:
-        return self.scores.update(acts[self.site], mask)
+    def update(self, acts: dict[str, Tensor], mask: Tensor, prompt: bool = False) -> CascadeResult:
+        return self.scores.update(acts[self.site], mask, prompt)
 
 
 def score_lanes(
-    lanes: Sequence[Lane], acts: dict[str, Tensor], mask: Tensor, together: Together
+    lanes: Sequence[Lane], acts: dict[str, Tensor], mask: Tensor, together: Together, prompt: bool = False
 ) -> list[CascadeResult]:
     """Every lane's result for one pass, the lanes whose policies share a shape scored together
     (:class:`~tpc_hooks.head._together.Together`: one stacked evaluation; each lane's result
-    is the one it gets alone)."""
+    is the one it gets alone). ``prompt``: the pass computes the prompt (response monitors pool
+    none of it)."""
     if len(lanes) == 1:
-        return [lanes[0].update(acts, mask)]
-    zs = [lane.scores.inputs(acts[lane.site], mask) for lane in lanes]
+        return [lanes[0].update(acts, mask, prompt)]
+    zs = [lane.scores.inputs(acts[lane.site], mask, prompt) for lane in lanes]
     got = together.step([(lane.scores.rule, z) for lane, z in zip(lanes, zs, strict=True)])
     return [lane.scores.finish(res, mask) for lane, res in zip(lanes, got, strict=True)]
 
@@ -226,7 +270,7 @@ def generate(
         t, device = state["t"], last_logits.device
         live = state["live"] if t else torch.ones(B, dtype=torch.bool, device=device)
         done = torch.zeros_like(live)
-        for lane, res in zip(lanes, score_lanes(lanes, acts, step_mask, together), strict=True):
+        for lane, res in zip(lanes, score_lanes(lanes, acts, step_mask, together, prompt=t == 0), strict=True):
             lane.log._append(res, live)
             hit = live & flagged(res.decision_logits, lane.threshold).to(device)
             if lane.stops:
@@ -364,8 +408,8 @@ def watch(
         if fresh:
             for lane in lanes:
                 lane.scores.reset()
-        with torch.no_grad():
-            results = score_lanes(lanes, acts, mask, together)
+        with torch.no_grad():  # a call's first pass computes the prompt
+            results = score_lanes(lanes, acts, mask, together, prompt=fresh)
         for lane, log, res in zip(lanes, logs, results, strict=True):
             log.results.append(res)
             log.fresh.append(fresh)

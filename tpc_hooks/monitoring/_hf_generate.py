@@ -108,8 +108,9 @@ class _Run:
             self.live = self.live & ~self.done
             self.t += 1
         hit = torch.zeros(B, dtype=torch.bool, device=device)
-        for lane, res in zip(self.lanes, score_lanes(self.lanes, acts, mask, self.together), strict=True):
-            if fresh or continuing_prefill or self.t == 0:  # the prompt's pass(es): the prompt's tokens are cut by it
+        prompt = fresh or continuing_prefill or self.t == 0  # the prompt's pass(es)
+        for lane, res in zip(self.lanes, score_lanes(self.lanes, acts, mask, self.together, prompt), strict=True):
+            if prompt:  # the prompt's tokens are cut by it
                 lane.log._prompt_mask(mask, first=not continuing_prefill)
             if continuing_prefill:  # a chunked prefill: the prompt's step is not over
                 lane.log._replace_last(res, self.live)

@@ -34,6 +34,7 @@ from ..sae import check_sae, describe_sae, sae_dims, sae_encode
 from ..sae import sae_identity as sae_identity_of
 from ..saving import CONFIG_FILE, HubMixin, files_of, monitor_card, read_dir, read_files, write_dir
 from . import _calibrate, _generation
+from ._answers import conversation_ids
 from ._monitor_config import ACTIONS, MonitorConfig
 from ._records import GenerationRun, LastRun, MonitorEvent, TokenScores, WatchLog
 from ._settings import Setting
@@ -56,7 +57,7 @@ class Monitor(HubMixin, LastRun):
         sae_identity: the identity recorded with a saved monitor (checked against ``sae``).
         **settings: any field of :class:`~tpc_hooks.MonitorConfig` (``pooling``,
             ``chat_template``, ``prepend_bos``, ``max_tokens``, ``model_name``, ``threshold``,
-            ``aggregate``, ``alpha``, ``window``, ``skip``); with ``config``, they override it.
+            ``aggregate``, ``alpha``, ``window``, ``skip``, ``reads``); with ``config``, they override it.
 
     Every setting reads as an attribute (``monitor.site``, ``monitor.threshold``, ...); assigning
     one replaces :attr:`config` and is validated (``monitor.threshold = float("nan")`` is an
@@ -85,6 +86,7 @@ class Monitor(HubMixin, LastRun):
     alpha: Setting[float] = Setting()
     window: Setting[int] = Setting()
     skip: Setting[int] = Setting()
+    reads: Setting[str] = Setting()
 
     def __init__(
         self,
@@ -187,6 +189,12 @@ class Monitor(HubMixin, LastRun):
         """Whether this is a per-token monitor (``pooling="token"``)."""
         return self.pooling == "token"
 
+    @property
+    def answers(self) -> bool:
+        """Whether this is a response monitor (``reads="answer"``): it pools the answer only and
+        never flags the prompt alone."""
+        return self.reads == "answer"
+
     def _features(self, acts: Tensor) -> Tensor:
         """What the head reads from per-token activations: SAE latents when the monitor has an SAE."""
         return acts if self.sae is None else sae_encode(self.sae, acts)
@@ -266,18 +274,31 @@ class Monitor(HubMixin, LastRun):
         model: Any,
         prompts: Sequence[str] | None = None,
         *,
+        responses: Sequence[str] | None = None,
         tokens: Sequence[Sequence[int]] | None = None,
+        answer_starts: Sequence[int] | None = None,
         order: int | None = None,
         cascade: float | Cascade | None = None,
         batch_size: int = 8,
         tokenizer: Any = None,
     ) -> CascadeResult:
-        """Scores prompts (or already tokenised sequences) offline.
+        """Scores prompts, or conversations (a prompt and its answer), or already tokenised
+        sequences offline.
+
+        A response monitor (``reads="answer"``) scores conversations: ``responses`` (one per
+        prompt), or ``tokens`` with ``answer_starts`` (e.g. ``run.sequences`` and
+        ``run.prompt_lengths`` of a generation: its own ids, which retokenising the text can split
+        otherwise). It pools the answer's tokens only: the score of a generation's last step. A
+        prompt monitor given ``responses`` scores the whole conversation, as generation does.
 
         Args:
             model: the model to read (its d_model and site must match).
             prompts: texts, tokenised as the monitor was trained (chat template, truncation).
+            responses: an answer per prompt (encoded with no special token after the prompt's ids,
+                the assistant's turn opened by the chat template); a conversation past
+                ``max_tokens`` keeps the answer's tokens that fit, with a warning.
             tokens: token id lists instead of texts (e.g. ``run.sequences[b][:n]``).
+            answer_starts: with ``tokens``, for a response monitor: where each answer starts.
             order, cascade: a fixed truncation, or a cascade threshold / :class:`~tpc_hooks.Cascade`
                 (see :meth:`policy`).
             tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
@@ -288,27 +309,66 @@ class Monitor(HubMixin, LastRun):
             ``flagged`` at the monitor's :attr:`threshold`.
         """
         adapter = self._adapter(model, tokenizer)
-        if (prompts is None) == (tokens is None):
-            raise TPCHooksError("pass prompts or tokens (exactly one)")
-        if tokens is None:
-            ids, _ = adapter.tokenize(
-                check_prompts(prompts),
-                chat_template=self.chat_template,
-                max_tokens=self.max_tokens,
-                prepend_bos=self.prepend_bos,
-            )
-        else:
-            ids = [list(map(int, t)) for t in tokens]
-            if not ids or any(len(t) == 0 for t in ids):
-                raise TPCHooksError("tokens must be a non-empty list of non-empty token id lists")
+        ids, starts = self._read_ids(adapter, prompts, responses, tokens, answer_starts)
         site, rule = adapter.site(self.site), self.policy(order, cascade)
         if self.streaming:  # the aggregate after each prompt's last token
             res = stack_results(
                 [prefix_result(r, agg, -1) for r, agg in self._token_pass(adapter, ids, site, rule, batch_size)]
             )
         else:
-            res = rule(pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae)[site.name])
+            pooled = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae, starts=starts)
+            res = rule(pooled[site.name])
         return replace(res, threshold=self.threshold)
+
+    def _read_ids(
+        self,
+        adapter: Adapter,
+        prompts: Sequence[str] | None,
+        responses: Sequence[str] | None,
+        tokens: Sequence[Sequence[int]] | None,
+        answer_starts: Sequence[int] | None,
+    ) -> tuple[list[list[int]], list[int] | None]:
+        """What :meth:`score` reads: the token ids, and where each answer starts (a response monitor;
+        None: every token is pooled)."""
+        if (prompts is None) == (tokens is None):
+            raise TPCHooksError("pass prompts or tokens (exactly one)")
+        if tokens is not None and responses is not None:
+            raise TPCHooksError("responses= goes with prompts=; with tokens=, pass answer_starts=")
+        if prompts is not None and answer_starts is not None:
+            raise TPCHooksError("answer_starts= goes with tokens=; with prompts=, pass responses=")
+        if self.answers and responses is None and answer_starts is None:
+            raise TPCHooksError(
+                'this is a response monitor (reads="answer"): it scores answers; pass responses= (one per '
+                "prompt), or tokens= with answer_starts="
+            )
+        if answer_starts is not None and not self.answers:
+            raise TPCHooksError(
+                "answer_starts= is for a response monitor; a prompt monitor reads every token of tokens="
+            )
+        if prompts is not None:
+            if responses is None:
+                ids, _ = adapter.tokenize(
+                    check_prompts(prompts),
+                    chat_template=self.chat_template,
+                    max_tokens=self.max_tokens,
+                    prepend_bos=self.prepend_bos,
+                )
+                return ids, None
+            ids, starts = conversation_ids(adapter, self, prompts, responses)
+            return ids, starts if self.answers else None
+        assert tokens is not None  # one of the two, checked above
+        ids = [list(map(int, t)) for t in tokens]
+        if not ids or any(len(t) == 0 for t in ids):
+            raise TPCHooksError("tokens must be a non-empty list of non-empty token id lists")
+        if answer_starts is None:
+            return ids, None
+        starts = [int(a) for a in answer_starts]
+        if len(starts) != len(ids) or any(not 0 <= a < len(t) for a, t in zip(starts, ids, strict=False)):
+            raise TPCHooksError(
+                "answer_starts must give, for each token list, where its answer starts: 0 <= start < its "
+                "length (at least one answer token)"
+            )
+        return ids, starts
 
     def _token_pass(
         self,
@@ -432,25 +492,35 @@ class Monitor(HubMixin, LastRun):
         model: Any,
         prompt: str,
         *,
+        response: str | None = None,
         order: int | None = None,
         cascade: float | Cascade | None = None,
         tokenizer: Any = None,
     ) -> "TokenScores":
-        """The monitor's score of every prefix of one prompt, from a single forward pass.
+        """The monitor's score of every prefix of one prompt (or of one conversation: ``response``,
+        the answer to it), from a single forward pass.
 
         Returns ``(token strings, result)`` (a :class:`TokenScores`, which also renders with
         ``.to_html()``); ``result.probs[t]`` scores the first ``t + 1`` tokens (a per-token
-        monitor: the aggregate after token ``t``). Hand it to :func:`tpc_hooks.views.colored_tokens`
-        for circuitsvis. ``tokenizer``: as in :meth:`score`.
+        monitor: the aggregate after token ``t``). A response monitor needs ``response``: the
+        prompt's tokens score 0 (unscored) and token ``t`` of the answer scores its first ``t + 1``
+        tokens pooled, the step ``t + 1`` of a generation. Hand it to
+        :func:`tpc_hooks.views.colored_tokens` for circuitsvis. ``tokenizer``: as in :meth:`score`.
         """
         adapter = self._adapter(model, tokenizer)
         site = adapter.site(self.site)
-        (ids,), _ = adapter.tokenize(
-            check_prompts([prompt]),
-            chat_template=self.chat_template,
-            max_tokens=self.max_tokens,
-            prepend_bos=self.prepend_bos,
-        )
+        if response is None and self.answers:
+            raise TPCHooksError('this is a response monitor (reads="answer"): pass response=, the answer to score')
+        if response is None:
+            (ids,), _ = adapter.tokenize(
+                check_prompts([prompt]),
+                chat_template=self.chat_template,
+                max_tokens=self.max_tokens,
+                prepend_bos=self.prepend_bos,
+            )
+            start = 0
+        else:
+            (ids,), (start,) = conversation_ids(adapter, self, [prompt], [response], "token_scores")
         tokens = [adapter.tokenizer.decode([t]) for t in ids]
         if self.streaming:  # every token scored, the aggregate after each
             res, agg = self._token_pass(adapter, [ids], site, self.policy(order, cascade), 1)[0]
@@ -471,8 +541,13 @@ class Monitor(HubMixin, LastRun):
         with adapter.exclusive():
             acts = adapter.forward_sites(x, mask, [site])[site.name][0].float()  # [T, D]
         acts = self._features(acts)
-        prefixes = pool_prefixes(acts, self.pooling)  # the monitor's pooling of every prefix
-        return TokenScores(tokens, self.policy(order, cascade)(prefixes), self.threshold)
+        if not self.answers:
+            prefixes = pool_prefixes(acts, self.pooling)  # the monitor's pooling of every prefix
+            return TokenScores(tokens, self.policy(order, cascade)(prefixes), self.threshold)
+        prefixes = torch.cat([acts.new_zeros(start, acts.shape[1]), pool_prefixes(acts[start:], self.pooling)])
+        empty = torch.arange(len(ids), device=acts.device) < start  # the prompt: no answer token pooled yet
+        res = _generation.unscored(self.policy(order, cascade)(prefixes), empty)
+        return TokenScores(tokens, res, self.threshold, start)
 
     # ------------------------------------------------------------ during generation
     def generate(

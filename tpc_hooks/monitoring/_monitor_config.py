@@ -15,6 +15,9 @@ ACTIONS = ("flag", "stop")
 # the actions whose flag ends the sequence: the decode loop, Hugging Face generate's hooks, the vLLM worker and
 # the driver's checks read this, not an action's name
 STOPPING = frozenset({"stop"})
+# what a monitor reads: "prompt" (every step, the prefix pooled from its first token) or "answer" (a response
+# monitor: the answer's tokens only, from the first answer token)
+READS = ("prompt", "answer")
 
 
 # no_type_check: loaded values are checked by __post_init__, whose messages name the fix; the test-time
@@ -48,6 +51,10 @@ class MonitorConfig:
             monitors.
         skip: a per-token monitor's leading tokens that are never scored (the fixed prefix every
             sequence starts with: BOS, the chat template's system prompt and user header).
+        reads: ``"prompt"`` (a prompt monitor: every step scored, step 0 the prompt alone, the
+            prefix pooled from its first token) or ``"answer"`` (a response monitor: the prompt is
+            not pooled and step 0 is never flagged; step ``t`` pools the answer's first ``t``
+            tokens). Prefix-pooled monitors only.
 
     Example:
         >>> cfg = MonitorConfig("blocks.6.hook_resid_post", pooling="token", aggregate="max")
@@ -70,6 +77,7 @@ class MonitorConfig:
     alpha: float = 0.1
     window: int = 16
     skip: int = 0
+    reads: str = "prompt"
 
     def __post_init__(self) -> None:
         if not isinstance(self.site, str):
@@ -98,6 +106,13 @@ class MonitorConfig:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 < t < 1:
             raise TPCHooksError(f"threshold must be a number in (0, 1); got {t!r}")
         how, alpha, window = check_aggregate(self.aggregate, self.alpha, self.window)
+        if self.reads not in READS:
+            raise TPCHooksError(f"reads must be one of {list(READS)}; got {self.reads!r}")
+        if self.reads == "answer" and self.pooling == "token":
+            raise TPCHooksError(
+                'reads="answer" pools the answer so far; a per-token monitor (pooling="token") reads every '
+                'token: give a response monitor pooling "mean", "last" or "max"'
+            )
         for name, value in (
             ("threshold", float(t)),
             ("alpha", alpha),
@@ -111,13 +126,20 @@ class MonitorConfig:
         """Whether this is a per-token monitor (``pooling="token"``)."""
         return self.pooling == "token"
 
+    @property
+    def answers(self) -> bool:
+        """Whether this is a response monitor (``reads="answer"``)."""
+        return self.reads == "answer"
+
     def to_dict(self) -> dict[str, Any]:
         """The settings as saved in ``config.json`` (``"monitor"``); a prefix-pooled monitor leaves
-        out the streaming settings it does not use."""
+        out the streaming settings it does not use, and ``reads`` when it reads the prompt."""
         d = asdict(self)
         if not self.streaming:
             for k in STREAMING_KEYS:
                 d.pop(k)
+        if not self.answers:  # a prompt monitor's file is as it was before response monitors
+            d.pop("reads")
         return d
 
     @classmethod

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..head import Cascade, CascadeResult, forget_packs, freeze_packs
 from ..pooling import RunningPool
-from ._generation import StepScores
+from ._generation import StepScores, unscored
 
 FIELDS = ("logits", "probs", "decision_logits", "exit_order", "flops")
 
@@ -193,9 +193,11 @@ class RequestScores:
         if self.monitor.pooling == "token":
             _, (done, res) = self._pieces(res, *pending)
         else:
-            done, pooled = pending
+            done, pooled, empty = pending
             if self.keep_inputs:  # each done request's pool
                 self.inputs = pooled
+            if empty is not None and res is not None:  # a response monitor's requests with no answer token yet
+                res = unscored(res, empty)
         if not done:
             return [], None
         vals = [getattr(res, f).tolist() for f in FIELDS]
@@ -214,14 +216,17 @@ class RequestScores:
         keep: Callable[[str, int, Any], None] | None,
     ) -> tuple[Tensor | None, tuple]:
         """Pools (or folds ``every``, a per-token monitor's result on every new row) each piece
-        into its request's state; returns ``(rows to score, (done requests, pools))`` for a pooled
-        monitor, ``(None, (done requests, result))`` for a per-token one."""
+        into its request's state; returns ``(rows to score, (done requests, pools, unscored))`` for
+        a pooled monitor (``unscored``: a response monitor's done requests with no answer token
+        pooled, else None), ``(None, (done requests, result))`` for a per-token one. A response
+        monitor's pieces carry answer rows only (the engine leaves the prompt's out): a piece of no
+        row that completes a step is the prompt's end, step 0."""
         mon = self.monitor
         device = mon.head.bias.device
         ends = list(itertools.accumulate(sizes))
         states = [self.states.setdefault(rid, StepScores(mon, rule=self.rule)) for rid in requests]
         # one token each, with a running state (every decode step): one batched update for all of them
-        group = [k for k, (st, n) in enumerate(zip(states, sizes, strict=True)) if n == 1 and st.state is not None]
+        group = [k for k, (st, n) in enumerate(zip(states, sizes, strict=True)) if n == 1 and st.started()]
         grouped = set(group)
         alone = [k for k in range(len(requests)) if k not in grouped]
         token = mon.pooling == "token"
@@ -268,7 +273,7 @@ class RequestScores:
         done_k = [k for k in sorted(order) if complete[k]]
         done = [requests[k] for k in done_k]
         if not done:
-            return None, ([], None)
+            return None, (([], None) if token else ([], None, None))
         place = {k: i for i, k in enumerate(order)}
         at = [place[k] for k in done_k]
         pick = slice(None) if at == list(range(len(order))) else torch.tensor(at, device=device)
@@ -278,7 +283,10 @@ class RequestScores:
             return None, (done, _pick(_cat(outs) if len(outs) > 1 else outs[0], pick))
         pooled = torch.cat(outs) if len(outs) > 1 else outs[0]
         pooled = pooled if isinstance(pick, slice) else pooled[pick]
-        return pooled, (done, pooled)
+        empty = None
+        if mon.answers:  # a response monitor: which done requests have pooled no answer token yet
+            empty = torch.tensor([not states[k].started() for k in done_k], device=device)
+        return pooled, (done, pooled, empty)
 
     def take(self, requests: Sequence[str] | None = None) -> dict[str, dict[str, Tensor]]:
         """The recorded steps of ``requests`` (default: all) as tensors ``[steps]`` per field on

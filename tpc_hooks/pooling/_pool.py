@@ -71,10 +71,11 @@ class RunningPool:
         """Adds the positions of ``acts`` where ``mask`` is 1 (rows with none are unchanged)."""
         m = mask.to(acts.device).bool()
         a = acts.float()
+        c = m.sum(1, keepdim=True)
+        self.count = c if self.count is None else self.count + c
         if self.how == "mean":
-            s, c = a.masked_fill(~m[..., None], 0.0).sum(1), m.sum(1, keepdim=True)
+            s = a.masked_fill(~m[..., None], 0.0).sum(1)
             self.total = s if self.total is None else self.total + s
-            self.count = c if self.count is None else self.count + c
             return
         has = m.any(1)
         if self.how == "max":
@@ -89,6 +90,10 @@ class RunningPool:
         else:
             self.state = torch.where(has[:, None], new, self.state)
 
+    def empty(self) -> Tensor | None:
+        """Per row, whether no position has been pooled yet (None before any update)."""
+        return None if self.count is None else self.count[:, 0] == 0
+
     @staticmethod
     def add_rows(pools: "list[RunningPool]", rows: Float[Tensor, "n d_model"]) -> Float[Tensor, "n d_model"]:
         """One new row for each of ``pools`` (each a batch of one that has seen a row): the
@@ -96,11 +101,13 @@ class RunningPool:
         operations for all of them (a serving engine's decode step). Returns the pooled rows; the
         pools never hold a view of ``rows``."""
         a, how = rows.float(), pools[0].how
+        count = torch.cat([_seen(p.count) for p in pools]) + 1
+        for p, c in zip(pools, count.split(1), strict=True):
+            p.count = c
         if how == "mean":
             total = torch.cat([_seen(p.total) for p in pools]) + a
-            count = torch.cat([_seen(p.count) for p in pools]) + 1
-            for p, t, c in zip(pools, total.split(1), count.split(1), strict=True):
-                p.total, p.count = t, c
+            for p, t in zip(pools, total.split(1), strict=True):
+                p.total = t
             return total / count.clamp_min(1)
         # "last" keeps a copy: ``rows`` may be an engine's output buffer, which its next pass overwrites
         new = a.clone() if how == "last" else torch.maximum(torch.cat([_seen(p.state) for p in pools]), a)

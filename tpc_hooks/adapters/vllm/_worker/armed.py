@@ -3,6 +3,7 @@ scores, flags, summaries and review notes), what the worker knows of each reques
 (:class:`Request`), and everything tpc-hooks keeps in a worker process, in one object
 (:class:`WorkerState`). Imported in vLLM's workers only."""
 
+import hashlib
 import os
 import time
 from collections import OrderedDict
@@ -58,6 +59,14 @@ class Armed:
         self.summaries: OrderedDict[str, dict[str, Any]] = OrderedDict()  # keep="summary": finished requests
         self.notes: _review.Notes | None = None  # a server's review log: the inputs of the steps it explains
         self.review(review or {})
+
+    def key(self, block: bytes, prompt_len: int) -> bytes:
+        """The key of this monitor's state at a block's end: the block's chain hash; a response
+        monitor's also names where the request's prompt ends (its state pools the answer only, so
+        the same tokens with another prompt boundary hold another state)."""
+        if not self.monitor.answers:
+            return block
+        return hashlib.blake2b(block + int(prompt_len).to_bytes(8, "little"), digest_size=16).digest()
 
     def review(self, settings: dict[str, Any]) -> None:
         """Keeps (or not: ``{}``) the inputs of the steps a server's review log explains, with its

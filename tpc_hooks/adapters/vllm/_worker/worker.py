@@ -228,6 +228,9 @@ class _Mixin:
                     and (p[0] in armed.owns if armed.owns is not None else p[0] not in gone)
                 ]
                 mine_pieces, mine_cuts = [pieces[k] for k in keep], [cuts[k] for k in keep]
+            skips: dict[str, int] = {}
+            if armed.monitor.answers:  # a response monitor pools none of the prompt's rows
+                mine_pieces, mine_cuts, skips = answer_pieces(mine_pieces, mine_cuts, rows_of)
             z = None
             if mine_pieces:  # its pieces (request, first row, end row, complete): pooled, its state kept at block ends
                 aux, ps = step.aux[at[armed.layer]], mine_pieces
@@ -243,8 +246,11 @@ class _Mixin:
                     sizes,
                     [p[3] for p in ps],
                     mine_cuts,
-                    # `a=armed`: each member's own blocks (mypy infers no lambda with a default)
-                    lambda rid, off, state, a=armed: a.blocks.put(rows_of[rid][2][off], state),  # type: ignore[misc]
+                    # `a=armed`: each member's own blocks (mypy infers no lambda with a default); `sk`: the
+                    # prompt rows a response monitor left out of the piece, before its offsets
+                    lambda rid, off, state, a=armed, sk=skips: a.blocks.put(  # type: ignore[misc]
+                        a.key(rows_of[rid][2][off + sk.get(rid, 0)], rows_of[rid][1].prompt_len), state
+                    ),
                 )
             work.append((armed, bool(mine_pieces), z, time.perf_counter() - t1))
         t2 = time.perf_counter()
@@ -278,7 +284,11 @@ class _Mixin:
         else:
             key, req.chain.computed = None, c
         for armed in members:  # each member from its own state for the prefix, or not at all
-            state = armed.blocks.get(key) if key is not None else None
+            if armed.monitor.answers and c <= req.prompt_len:  # no answer row yet: nothing pooled to resume
+                armed.scores.restart(rid)
+                armed.unscored.discard(rid)
+                continue
+            state = armed.blocks.get(armed.key(key, req.prompt_len)) if key is not None else None
             if state is None:
                 armed.unscored.add(rid)
                 armed.scores.forget(rid)
@@ -322,6 +332,25 @@ class _Mixin:
                 if armed.action in STOPPING or nonfinite:
                     armed.stopped[rid] = step
                     self._tpc.stops.append((i, req.eos))
+
+
+def answer_pieces(
+    pieces: list[tuple[str, int, int, bool]], cuts: list[list[int]], rows_of: dict
+) -> tuple[list[tuple[str, int, int, bool]], list[list[int]], dict[str, int]]:
+    """A response monitor's part of a pass: each piece without its prompt rows (the request's
+    ``prompt_len`` against the position of the piece's first row), a piece left with no row kept
+    only when it completes a step (the prompt's end: step 0, unscored); the block ends shifted to
+    the rows kept, those inside the prompt dropped; and per request the rows left out."""
+    out, out_cuts, skips = [], [], {}
+    for (rid, a, b, complete), cut in zip(pieces, cuts, strict=True):
+        req = rows_of[rid][1]
+        skip = min(max(0, req.prompt_len - req.start), b - a)
+        if a + skip == b and not complete:
+            continue
+        out.append((rid, a + skip, b, complete))
+        out_cuts.append([off - skip for off in cut if off > skip])
+        skips[rid] = skip
+    return out, out_cuts, skips
 
 
 # vLLM's own worker for this platform, with tpc-hooks' part: what `worker_cls` names

@@ -1,0 +1,185 @@
+"""Response monitors (``reads="answer"``): the answer pooled alone, step 0 never flagged, exact on
+every adapter (a generation's step t scores as the conversation with t answer tokens offline, which
+equals the head on the answer's activations pooled by hand), in Hugging Face ``generate``'s hooks,
+under ``watch`` and per request as a serving engine runs them."""
+
+import pytest
+import torch
+from test_adapters import HF_REF, MODELS, PROMPTS, SITE, hooks_left, reference_acts
+from tiny_models import assert_steps_score_as_offline, hf_llama, named, nnsight_lm, tiny_head, tokenizer
+
+import tpc_hooks as tpc
+from tpc_hooks.adapters import get_adapter, pad
+from tpc_hooks.monitoring._generation import StepScores
+from tpc_hooks.monitoring._requests import RequestScores
+from tpc_hooks.pooling import POOLINGS, pool
+
+pytest.importorskip("transformer_lens")
+pytest.importorskip("nnsight")
+
+RESPONSES = ["no", "it is sunny and warm", "hi there", "the cat sat", "i cannot help with that"]
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def case(request):
+    return request.param, MODELS[request.param]()
+
+
+def answer_monitor(pooling="mean", **kw):
+    return tpc.Monitor(tiny_head(), SITE, pooling=pooling, reads="answer", **kw)
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_a_conversations_score_is_the_head_on_its_answer_pooled_by_hand(case, pooling):
+    name, model = case
+    mon = answer_monitor(pooling)
+    got = mon.score(model, PROMPTS, responses=RESPONSES, batch_size=3)
+    adapter = get_adapter(model)
+    ids, _ = adapter.tokenize(PROMPTS, chat_template=False, max_tokens=None)
+    for i, (p, r) in enumerate(zip(ids, RESPONSES, strict=True)):
+        a = adapter.tokenizer.encode(r, add_special_tokens=False)
+        acts = reference_acts(name, model, p + a, 1)[len(p) :]  # the answer's tokens only
+        row = pool(acts[None], torch.ones(1, len(a)), pooling)
+        with torch.no_grad():
+            want = mon.head(row)[0]
+        torch.testing.assert_close(got.logits[i], want, rtol=1e-4, atol=1e-4)
+    # the same conversations as token ids with their answer starts; a prompt monitor reads them whole
+    seqs = [p + adapter.tokenizer.encode(r, add_special_tokens=False) for p, r in zip(ids, RESPONSES, strict=True)]
+    again = mon.score(model, tokens=seqs, answer_starts=[len(p) for p in ids])
+    torch.testing.assert_close(again.logits, got.logits, rtol=1e-4, atol=1e-4)
+    whole = tpc.Monitor(mon.head, SITE, pooling=pooling)
+    torch.testing.assert_close(
+        whole.score(model, PROMPTS, responses=RESPONSES).logits, whole.score(model, tokens=seqs).logits
+    )
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_generation_steps_score_as_the_conversation_offline(case, pooling):
+    _, model = case
+    mon = answer_monitor(pooling)
+    run = mon.generate(model, PROMPTS, max_new_tokens=6)
+    assert len({run.prompt_lengths[b] for b in range(len(PROMPTS))}) > 1  # left padding differs by row
+    assert_steps_score_as_offline(mon, model, run)
+    alone = [mon.generate(model, [p], max_new_tokens=6) for p in PROMPTS[:2]]
+    for b, one in enumerate(alone):  # batched equals unbatched
+        assert one.sequences[0] == run.sequences[b]
+        torch.testing.assert_close(one.logits[0], run.logits[b], rtol=1e-4, atol=1e-4)
+
+
+def test_a_response_monitor_stops_at_the_first_answer_token_never_the_prompt(case):
+    _, model = case
+    before = hooks_left(model)
+    flag_all = answer_monitor(threshold=1e-6)
+    run = flag_all.generate(model, PROMPTS, max_new_tokens=5, action="stop")
+    assert run.first_flagged == [1] * len(PROMPTS) and run.stopped_at == [1] * len(PROMPTS)
+    assert all(len(run.generated(b)) == 1 for b in range(len(PROMPTS)))
+    assert hooks_left(model) == before
+
+
+def test_hugging_face_generate_hooks_and_watch_score_as_monitor_generate():
+    model = named(hf_llama())
+    mon = answer_monitor("mean")
+    ids, _ = get_adapter(model, tokenizer=tokenizer()).tokenize(PROMPTS, chat_template=False, max_tokens=None)
+    x, mask = pad(ids, 0, "left")
+    ours = mon.generate(model, PROMPTS, max_new_tokens=4, stop_at_eos=False, tokenizer=tokenizer())
+    crit = mon.stopping_criteria(model, tokenizer=tokenizer(), eos_token_id=None)
+    model.generate(
+        input_ids=x, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0, stopping_criteria=[crit]
+    )
+    theirs = mon.last_run
+    with mon.watch(model, tokenizer=tokenizer()) as log:
+        model.generate(
+            input_ids=x, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None
+        )
+    for b in range(len(PROMPTS)):
+        n, m = len(ours.logits[b]), len(theirs.logits[b])  # the criterion ends a row at its flag
+        torch.testing.assert_close(theirs.logits[b], ours.logits[b][:m], rtol=1e-4, atol=1e-4)
+        assert m == n or theirs.first_flagged[b] == m - 1 >= 1
+        watched = torch.stack([r.logits[b] for r in log.results])  # generate's passes: the last token is not fed
+        torch.testing.assert_close(watched, ours.logits[b][: len(log.results)], rtol=1e-4, atol=1e-4)
+    assert log.results[0].logits.isneginf().all()  # the prompt's pass: nothing pooled, never flagged
+
+
+def _alone(mon, rows, prompt, steps):
+    """StepScores on one request: the prompt in one pass (marked so), then one row per pass."""
+    ss = StepScores(mon)
+    out = [ss.update(rows[None, :prompt], torch.ones(1, prompt), prompt=True)]
+    out += [ss.update(rows[None, t : t + 1], torch.ones(1, 1)) for t in range(prompt, prompt + steps - 1)]
+    return torch.cat([r.logits for r in out])
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_per_request_scores_with_the_prompt_left_out_equal_each_request_alone(pooling):
+    """As a serving engine feeds them: the prompt's rows never reach the monitor, the pass that ends
+    the prompt is a piece of no row that completes step 0, and the decode steps are batched."""
+    d = 32
+    mon = tpc.Monitor(tiny_head(d), SITE, pooling=pooling, reads="answer")
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(9, d, generator=g), torch.randn(7, d, generator=g)
+    rs = RequestScores(mon)
+    none = torch.zeros(0, d)
+    passes = [
+        [("a", none, False), ("b", none, True)],  # a's prompt (5) in two chunks, b's (4) whole
+        [("a", none, True), ("b", b[4:5], True)],
+        [("a", a[5:6], True), ("b", b[5:6], True)],  # both decode: one batched update
+        [("a", a[6:7], True), ("b", b[6:7], True)],
+        [("a", a[7:8], True)],
+    ]
+    for p in passes:
+        rs.update(p)
+    got = rs.take()
+    for rid, rows, prompt in (("a", a, 5), ("b", b, 4)):
+        want = _alone(mon, rows, prompt, len(got[rid]["logits"]))
+        assert got[rid]["logits"][0] == float("-inf")
+        torch.testing.assert_close(got[rid]["logits"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_token_scores_of_a_conversation_and_saving_keep_what_it_reads(tmp_path):
+    model = nnsight_lm(hf_llama())
+    mon = answer_monitor("max")
+    tokens, res = mon.token_scores(model, PROMPTS[0], response=RESPONSES[1])
+    ids, _ = get_adapter(model).tokenize(PROMPTS[:1], chat_template=False, max_tokens=None)
+    start = len(ids[0])
+    assert res.logits[:start].isneginf().all()
+    seq = ids[0] + get_adapter(model).tokenizer.encode(RESPONSES[1], add_special_tokens=False)
+    assert len(tokens) == len(seq)
+    offline = mon.score(
+        model, tokens=[seq[: t + 1] for t in range(start, len(seq))], answer_starts=[start] * (len(seq) - start)
+    )
+    torch.testing.assert_close(res.logits[start:], offline.logits, rtol=1e-4, atol=1e-4)
+    mon.save_pretrained(tmp_path / "m")
+    back = tpc.Monitor.from_pretrained(tmp_path / "m")
+    assert back.reads == "answer" and back.config == mon.config
+    prompt_monitor = tpc.Monitor(tiny_head(), SITE)
+    assert "reads" not in prompt_monitor.config.to_dict()  # a prompt monitor's file is as it was
+
+
+def test_bad_conversations_are_clear_errors():
+    model = nnsight_lm(hf_llama())
+    mon = answer_monitor()
+    with pytest.raises(tpc.TPCHooksError, match="response monitor.*pass responses="):
+        mon.score(model, PROMPTS)
+    with pytest.raises(tpc.TPCHooksError, match="2 responses for 5 prompts"):
+        mon.score(model, PROMPTS, responses=RESPONSES[:2])
+    with pytest.raises(tpc.TPCHooksError, match="response 1 is empty"):
+        mon.score(model, PROMPTS[:2], responses=["fine", ""])
+    with pytest.raises(tpc.TPCHooksError, match="answer_starts must give"):
+        mon.score(model, tokens=[[3, 4, 5]], answer_starts=[3])
+    with pytest.raises(tpc.TPCHooksError, match="pass response="):
+        mon.token_scores(model, PROMPTS[0])
+    with pytest.raises(tpc.TPCHooksError, match="answer_starts= is for a response monitor"):
+        tpc.Monitor(tiny_head(), SITE).score(model, tokens=[[3, 4, 5]], answer_starts=[1])
+    with pytest.raises(tpc.TPCHooksError, match="reads must be one of"):
+        tpc.Monitor(tiny_head(), SITE, reads="both")
+    with pytest.raises(tpc.TPCHooksError, match="per-token monitor"):
+        tpc.Monitor(tiny_head(), SITE, pooling="token", reads="answer")
+    short = answer_monitor(max_tokens=6)
+    with pytest.warns(UserWarning, match="1 of 1 conversations were longer than max_tokens=6"):
+        res = short.score(model, PROMPTS[3:4], responses=["a very long answer indeed to cut"])
+    ids, _ = get_adapter(model).tokenize(PROMPTS[3:4], chat_template=False, max_tokens=6)
+    first = get_adapter(model).tokenizer.encode("a very long answer indeed to cut", add_special_tokens=False)[:1]
+    torch.testing.assert_close(res.logits, short.score(model, tokens=[ids[0] + first], answer_starts=[6]).logits)
+
+
+def test_hf_ref_covers_the_transformers_cases():  # the pooled-by-hand reference reads every HF-backed case alone
+    assert {k for k in MODELS if not k.startswith("hooked")} == set(HF_REF)
