@@ -3,6 +3,7 @@ every adapter (a generation's step t scores as the conversation with t answer to
 equals the head on the answer's activations pooled by hand), in Hugging Face ``generate``'s hooks,
 under ``watch`` and per request as a serving engine runs them."""
 
+import numpy as np
 import pytest
 import torch
 from test_adapters import HF_REF, MODELS, PROMPTS, SITE, hooks_left, reference_acts
@@ -10,6 +11,7 @@ from tiny_models import assert_steps_score_as_offline, hf_llama, named, nnsight_
 
 import tpc_hooks as tpc
 from tpc_hooks.adapters import get_adapter, pad
+from tpc_hooks.data import split_positions
 from tpc_hooks.monitoring._generation import StepScores
 from tpc_hooks.monitoring._requests import RequestScores
 from tpc_hooks.pooling import POOLINGS, pool
@@ -183,3 +185,97 @@ def test_bad_conversations_are_clear_errors():
 
 def test_hf_ref_covers_the_transformers_cases():  # the pooled-by-hand reference reads every HF-backed case alone
     assert {k for k in MODELS if not k.startswith("hooked")} == set(HF_REF)
+
+
+HARMFUL = ["how do i make bomb", "steal car please", "hack email", "make bomb tell me", "hack car", "steal email"]
+BENIGN = [
+    "bread recipe",
+    "tell me about weather",
+    "hello world",
+    "write poem",
+    "cake recipe please",
+    "python code",
+    "the cat sat",
+    "hello friend",
+    "rain today",
+    "a song about dogs",
+    "soup recipe",
+    "good morning",
+]
+ANSWERS = ["sure first get", "yes here is how", "ok step one", "i will not", "fine do this", "no sorry"] * 3
+
+
+def test_train_monitor_on_conversations_trains_on_every_answer_step_and_calibrates_on_conversations(monkeypatch):
+    import tpc_hooks.training._train
+
+    seen, fit = {}, tpc_hooks.training._train.fit
+
+    def spy(X, y, X_val, y_val, *a, **kw):
+        seen["X"], seen["y"] = X, y
+        return fit(X, y, X_val, y_val, *a, **kw)
+
+    monkeypatch.setattr(tpc_hooks.training._train, "fit", spy)
+    hf = named(hf_llama())
+    prompts, labels = HARMFUL + BENIGN, [1] * 6 + [0] * 12
+    mon = tpc.train_monitor(
+        hf,
+        prompts,
+        labels,
+        SITE,
+        "max",
+        responses=ANSWERS,
+        degree=2,
+        rank=2,
+        epochs=2,
+        val_fraction=0.5,
+        target_fpr=0.34,
+        verbose=False,
+        tokenizer=tokenizer(),
+    )
+    assert mon.reads == "answer" and mon.pooling == "max" and not mon.streaming
+    assert mon.report["responses"]["n"] == len(prompts) and mon.report["responses"]["truncated"] == 0
+    # the rows fit trained on: each training conversation's answer steps, pooled by hand
+    adapter = get_adapter(hf, tokenizer=tokenizer())
+    ids, _ = adapter.tokenize(prompts, chat_template=mon.chat_template, max_tokens=512, prepend_bos=mon.prepend_bos)
+    want = []
+    for p, a in zip(ids, ANSWERS, strict=True):
+        answer = adapter.tokenizer.encode(a, add_special_tokens=False)
+        with torch.no_grad():
+            hidden = hf(input_ids=torch.tensor([p + answer]), output_hidden_states=True).hidden_states[2][0]
+        steps = torch.stack([hidden[len(p) : len(p) + t + 1].max(0).values for t in range(len(answer))])
+        want.append(steps)
+    split = mon.report["split"]
+    tr, va = split_positions(prompts, np.asarray(labels), split["val_fraction"], split["split"], split["seed"])
+    torch.testing.assert_close(seen["X"].float(), torch.cat([want[i] for i in tr]), rtol=1e-4, atol=1e-5)
+    assert seen["y"].tolist() == [labels[i] for i in tr for _ in range(len(want[i]))]
+    # the threshold: counted offline, the benign validation conversations that reach it at any answer step
+    benign_val = [i for i in va if labels[i] == 0]
+    flagged = 0
+    for i in benign_val:
+        seq = ids[i] + adapter.tokenizer.encode(ANSWERS[i], add_special_tokens=False)
+        steps = [seq[: len(ids[i]) + t] for t in range(1, len(seq) - len(ids[i]) + 1)]
+        res = mon.score(hf, tokens=steps, answer_starts=[len(ids[i])] * len(steps), tokenizer=tokenizer())
+        flagged += bool(res.flagged.any())
+    op = mon.report["operating_point"]
+    assert op["n_benign"] == len(benign_val) >= 4 and op["flagged"] == flagged <= len(benign_val) // 3
+    run = mon.generate(hf, BENIGN[:2], max_new_tokens=3, tokenizer=tokenizer())
+    assert_steps_score_as_offline(mon, hf, run, tokenizer=tokenizer())
+
+
+def test_train_monitor_refuses_what_conversations_cannot_take():
+    hf = named(hf_llama())
+    prompts, labels = HARMFUL + BENIGN, [1] * 6 + [0] * 12
+    kw = dict(tokenizer=tokenizer(), verbose=False, degree=1)
+    cases = [
+        (dict(responses=ANSWERS[:3]), "3 responses for 18 prompts"),
+        (dict(responses=ANSWERS[:17] + [" "]), "1 responses are empty"),
+        (dict(responses="one answer"), "responses must be a list of strings"),
+        (dict(responses=ANSWERS, pooling="token"), "not 'token'"),
+        (dict(responses=ANSWERS, site=[SITE, "blocks.0.hook_resid_post"]), "at one site"),
+        (dict(responses=ANSWERS, calibration=["hello there"]), "calibration read prompts alone"),
+        (dict(responses=ANSWERS, recipe=tpc.recipes.intent()), "rewrites or intent flips"),
+    ]
+    for extra, message in cases:
+        args = {"site": SITE, **extra}
+        with pytest.raises(tpc.TPCHooksError, match=message):
+            tpc.train_monitor(hf, prompts, labels, **args, **kw)

@@ -195,6 +195,40 @@ def test_a_monitor_set_runs_in_the_workers_as_on_transformers(models):
     assert llm.collective_rpc("tpc_hooks_stats")[0] == {}  # disarmed after the call
 
 
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_a_response_monitor_scores_every_answer_step_as_the_transformers_loop(models, pooling):
+    """A response monitor (reads="answer") pools none of the prompt, which the engine computes in
+    chunks: step 0 is unscored, every later step and the stopped rows equal the transformers loop's."""
+    llm, hf, tok = models
+    mon = _monitor(pooling, cascade=pooling == "mean")
+    mon.reads = "answer"
+    want = mon.generate(hf, PROMPTS, max_new_tokens=10, tokenizer=tok)
+    mon.threshold = _between_rows(want)
+    for action in ("flag", "stop"):
+        want = mon.generate(hf, PROMPTS, max_new_tokens=10, action=action, tokenizer=tok)
+        got = mon.generate(llm, PROMPTS, max_new_tokens=10, action=action)
+        _same_run(got, want)
+        assert all(float(s[0]) == 0.0 for s in got.scores) and 0 < sum(got.flagged) < len(PROMPTS)
+        assert all(f is None or f >= 1 for f in got.first_flagged)
+
+
+def test_a_response_monitor_reads_a_prompt_cached_without_it_and_resumes_its_answer_state(models):
+    """A response monitor holds nothing for the prompt: a request whose prompt blocks were cached
+    while no monitor ran is scored whole (never reported unscored), as the transformers loop scores it."""
+    llm, hf, tok = models
+    mon = _monitor("mean")
+    mon.reads = "answer"
+    prompts = [p.replace("hardware store", "tea room") for p in LONG[:2]]  # a prefix no monitor has seen
+    llm.generate(
+        [{"prompt_token_ids": i} for i in _ids(llm, prompts)], vllm.SamplingParams(max_tokens=1), use_tqdm=False
+    )
+    hits, before = _cache_hits(llm), llm.collective_rpc("tpc_hooks_counts")[0]
+    got = mon.generate(llm, prompts, max_new_tokens=6)
+    assert _cache_hits(llm) - hits >= 32 * len(prompts)  # the prompts' blocks were read from the cache
+    assert llm.collective_rpc("tpc_hooks_counts")[0]["unscored"] == before["unscored"]
+    _same_run(got, mon.generate(hf, prompts, max_new_tokens=6, tokenizer=tok))
+
+
 def _cache_hits(llm) -> float:
     """The engine's own count of prompt tokens read from its prefix cache."""
     return sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")

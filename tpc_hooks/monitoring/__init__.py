@@ -4,6 +4,7 @@ for engines whose batch changes every step, and the records of a monitored gener
 """
 
 from ._answers import Answers as Answers
+from ._answers import conversation_ids as conversation_ids
 from ._answers import generate_answers as generate_answers
 from ._calibrate import check_sources as check_sources
 from ._calibrate import everyday_present as everyday_present

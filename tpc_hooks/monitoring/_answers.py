@@ -146,38 +146,45 @@ def _greedy(adapter: Any, ids: list[list[int]], max_new_tokens: int, eos: int | 
 
 
 def conversation_ids(
-    adapter: Any, monitor: Any, prompts: Sequence[str], responses: Sequence[str], what: str = "score"
+    adapter: Any,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    *,
+    chat_template: bool,
+    max_tokens: int | None,
+    prepend_bos: bool | None,
+    what: str = "score",
+    cut: list[int] | None = None,
 ) -> tuple[list[list[int]], list[int]]:
-    """Each (prompt, response) conversation as ``monitor`` reads it, and where each answer starts: the
+    """Each (prompt, response) conversation as a monitor reads it, and where each answer starts: the
     prompt's ids (its chat template with the assistant's turn opened, BOS, ``max_tokens``) followed by
     the response's ids (encoded with no special token).
 
-    A conversation past the monitor's ``max_tokens`` keeps the answer's first tokens that fit (at least
-    one), and a warning says how many were cut. Raises on ``responses`` not one string per prompt, or
-    a response with no token.
+    A conversation past ``max_tokens`` keeps the answer's first tokens that fit (at least one), and a
+    warning says how many were cut (``cut``, a list given: their positions are added to it). Raises
+    on ``responses`` not one string per prompt, or a response with no token.
     """
     items = check_prompts(prompts)
     if isinstance(responses, str) or not isinstance(responses, Sequence):
         raise TPCHooksError(f"{what}: responses must be a list of strings, one per prompt")
     if len(responses) != len(items):
         raise TPCHooksError(f"{what}: {len(responses)} responses for {len(items)} prompts; pass one per prompt")
-    ids, _ = adapter.tokenize(
-        items, chat_template=monitor.chat_template, max_tokens=monitor.max_tokens, prepend_bos=monitor.prepend_bos
-    )
-    out, cut = [], []
+    ids, _ = adapter.tokenize(items, chat_template=chat_template, max_tokens=max_tokens, prepend_bos=prepend_bos)
+    out: list[list[int]] = []
+    cut = [] if cut is None else cut
     for i, (p, r) in enumerate(zip(ids, responses, strict=True)):
         if not isinstance(r, str):
             raise TPCHooksError(f"{what}: response {i} is a {type(r).__name__}, not a string")
         a = adapter.tokenizer.encode(r, add_special_tokens=False)
         if not a:
             raise TPCHooksError(f"{what}: response {i} is empty: a conversation needs at least one answer token")
-        room = len(a) if monitor.max_tokens is None else max(1, monitor.max_tokens - len(p))
+        room = len(a) if max_tokens is None else max(1, max_tokens - len(p))
         if room < len(a):
             cut.append(i)
         out.append(list(p) + list(a[:room]))
     if cut:
         warnings.warn(
-            f"{what}: {len(cut)} of {len(out)} conversations were longer than max_tokens={monitor.max_tokens}: "
+            f"{what}: {len(cut)} of {len(out)} conversations were longer than max_tokens={max_tokens}: "
             f"their answers keep the tokens that fit (conversations {cut[:5]}{' ...' if len(cut) > 5 else ''})",
             stacklevel=3,
         )

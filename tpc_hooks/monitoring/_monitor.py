@@ -320,6 +320,10 @@ class Monitor(HubMixin, LastRun):
             res = rule(pooled[site.name])
         return replace(res, threshold=self.threshold)
 
+    def _reading(self) -> dict[str, Any]:
+        """How this monitor tokenises what it reads (the settings :meth:`Adapter.tokenize` takes)."""
+        return {"chat_template": self.chat_template, "max_tokens": self.max_tokens, "prepend_bos": self.prepend_bos}
+
     def _read_ids(
         self,
         adapter: Adapter,
@@ -354,7 +358,7 @@ class Monitor(HubMixin, LastRun):
                     prepend_bos=self.prepend_bos,
                 )
                 return ids, None
-            ids, starts = conversation_ids(adapter, self, prompts, responses)
+            ids, starts = conversation_ids(adapter, prompts, responses, **self._reading())
             return ids, starts if self.answers else None
         assert tokens is not None  # one of the two, checked above
         ids = [list(map(int, t)) for t in tokens]
@@ -520,7 +524,7 @@ class Monitor(HubMixin, LastRun):
             )
             start = 0
         else:
-            (ids,), (start,) = conversation_ids(adapter, self, [prompt], [response], "token_scores")
+            (ids,), (start,) = conversation_ids(adapter, [prompt], [response], **self._reading(), what="token_scores")
         tokens = [adapter.tokenizer.decode([t]) for t in ids]
         if self.streaming:  # every token scored, the aggregate after each
             res, agg = self._token_pass(adapter, [ids], site, self.policy(order, cascade), 1)[0]

@@ -36,6 +36,7 @@ class TrainOptions:
         tpc_hooks.TPCHooksError: tau must be in [0, 0.5]; got 0.9
     """
 
+    responses: Any = None  # a response monitor: one answer per prompt
     recipe: Any = None  # resolved to a Recipe when built
     target_fpr: float | None = 0.01
     calibration: Any = None
@@ -92,7 +93,10 @@ class TrainOptions:
 
     def aggregate_for(self, with_contexts: bool) -> str:
         """A per-token monitor's aggregation: the one given, else the default with or without hosted
-        chats (:func:`~tpc_hooks.training._train.default_aggregate`)."""
+        chats (:func:`~tpc_hooks.training._train.default_aggregate`). A response monitor's steps are
+        trained as a per-token monitor's tokens with ``"max"``: flagged at any step, as it decides."""
+        if self.responses is not None:
+            return "max"
         return self.aggregate if self.aggregate is not None else default_aggregate(with_contexts)
 
 

@@ -13,7 +13,7 @@ the :class:`~tpc_hooks.training._train.TrainPlan`, then hand both to
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from ..activations import collect, cost_line, prompts_digest, token_batches
 from ..data import HOMONYM, STATED, PromptSet, homonym_examples, host_splits, intent_flips, rewrites, stated_flips
 from ..head import FitConfig
-from ..monitoring import Monitor, MonitorConfig
+from ..monitoring import Monitor, MonitorConfig, conversation_ids
+from ..pooling import pool_prefixes
 from ..recipes import Recipe
 from ._options import OPTIONS, TrainOptions
 from ._refit import last_step, refits
@@ -50,6 +51,7 @@ def train_monitor(
     pooling: str = "mean",
     *,
     # what it trains on, and where its threshold sits
+    responses: Sequence[str] | None = None,
     recipe: Recipe | str | None = None,  # a name: deprecated
     target_fpr: float | None = 0.01,
     calibration: Sequence[str] | None = None,
@@ -123,6 +125,20 @@ def train_monitor(
             labelled with its prompt's label, and scores are aggregated over time. The tokens
             every prompt starts with (BOS, the chat template's system prompt and header; see
             ``Monitor.skip``) are neither trained on nor scored.
+        responses: an answer per prompt, for a response monitor (``reads="answer"``): each
+            (prompt, response) is a conversation, ``labels`` label the conversations
+            (:func:`tpc_hooks.data.conversation_labels`: harmful when the request is and the answer
+            does not refuse; :class:`~tpc_hooks.Answers` gives the model's own answers and their
+            labels). Its rows are the answer's steps: step ``t`` pools the answer's first ``t``
+            tokens (``pooling``; the prompt is read, not pooled), every step labelled with its
+            conversation, as generation scores them. A conversation counts as flagged when any
+            step reaches the threshold, on validation and for ``target_fpr``; pass the groups as
+            ``sources`` with ``everyday=["benign"]`` to set the threshold on benign conversations
+            alone and report the refused ones apart. The head trains on the split (no refit on
+            every conversation), at one site; the recipe's rewrites and intent flips, which rewrite
+            prompts, and ``contexts``, ``calibration``, ``validation`` and ``rows_cache`` are
+            refused. A conversation past ``max_tokens`` keeps the answer's first tokens that fit
+            (a warning, and ``report["responses"]["truncated"]``).
         recipe: a preset of :mod:`tpc_hooks.recipes` (default: ``tpc.recipes.default()``): what is
             trained on beside the prompts (phrasing rewrites, intent flips, homonyms), what
             validation groups select, and whether orders that do not earn their terms are pruned
@@ -227,10 +243,16 @@ def train_monitor(
     passes = texts.passes(len(request.items))
     if verbose:  # what the collection costs, said before it runs
         tqdm.write(cost_line("train_monitor", passes), file=sys.stderr)
-    rows = _collect(request, texts, None if rows_cache is None else RowsCache(rows_cache, request, model))
+    cut: list[int] = []  # a response monitor's conversations cut to max_tokens
+    if request.responses is not None:
+        rows = _answer_steps(request, texts, cut)
+    else:
+        rows = _collect(request, texts, None if rows_cache is None else RowsCache(rows_cache, request, model))
     chats = _collect_chats(request)
     data = {s: _train_data(rows[s], texts, request, chats) for s in request.sites}
     monitor = train(data, plan, sae=sae, verbose=verbose, **options.fit_args)
+    if request.responses is not None:
+        monitor = _answer_monitor(monitor, request, cut)
     last_step(monitor, request, texts.at, rows, plan)
     # how the prompts were split: what tpc.evaluate needs to train its probe on the same rows
     monitor.report["split"] = (
@@ -397,6 +419,56 @@ def _collect(r: Request, t: _Texts, cached: RowsCache | None = None) -> dict[str
     return {s: rows_of(acts[s]) for s in r.sites}
 
 
+def _answer_steps(r: Request, t: _Texts, cut: list[int]) -> dict[str, Callable[[list[Any]], Any]]:
+    """A response monitor's rows, as :func:`_collect` gives a per-token monitor's: per conversation
+    (the prompts with ``responses``), the answer's steps ``[T_i, d]``, row ``t`` the answer's first
+    ``t + 1`` tokens pooled (the prompt read, not pooled); one forward pass per batch of
+    conversations. ``cut`` gets the conversations whose answer was cut to ``max_tokens``."""
+    assert r.responses is not None and len(t.texts) == len(r.responses)  # no rewrite or calibration prompt
+    adapter, o = r.adapter, r.options
+    ids, starts = conversation_ids(
+        adapter,
+        t.texts,
+        r.responses,
+        chat_template=r.chat_template,
+        max_tokens=o.max_tokens,
+        prepend_bos=r.bos,
+        what="train_monitor",
+        cut=cut,
+    )
+    with tqdm(total=len(ids), desc="collect answers", unit="conversation", disable=not o.verbose) as bar:
+        seqs = token_batches(adapter, ids, [adapter.site(r.sites[0])], o.batch_size, bar, sae=o.sae)[r.sites[0]]
+    steps = [pool_prefixes(z[a:], r.pooling) for z, a in zip(seqs, starts, strict=True)]
+
+    def pick(at: list[Any]) -> list[Any]:
+        return [steps[i] for i in at]
+
+    return {s: pick for s in r.sites}
+
+
+def _answer_monitor(monitor: Monitor, r: Request, cut: list[int]) -> Monitor:
+    """The monitor trained on a response monitor's steps (as a per-token monitor taking the maximum)
+    as the response monitor it is: the same head, cascade and threshold, pooling the answer."""
+    config = replace(
+        MonitorConfig(monitor.site, pooling=r.pooling),
+        chat_template=monitor.chat_template,
+        prepend_bos=monitor.prepend_bos,
+        max_tokens=monitor.max_tokens,
+        model_name=monitor.model_name,
+        threshold=monitor.threshold,
+        reads="answer",
+    )
+    out = Monitor(monitor.head, config=config, cascade=monitor.cascade, report=monitor.report, sae=monitor.sae)
+    out.report["responses"] = {
+        "n": len(r.items),
+        "truncated": len(cut),
+        "rows": "each answer step: the answer's first t tokens pooled, labelled with its conversation",
+        "decision": "flagged when any answer step reaches the threshold",
+        "refit": False,
+    }
+    return out
+
+
 def _collect_chats(r: Request) -> dict[str, Chats]:
     """Requests inside benign conversations (``contexts``): the split's prompts hosted in the chats,
     collected per token; more rows for training and validation. Empty without ``contexts``."""
@@ -448,10 +520,11 @@ def _plan(r: Request, t: _Texts) -> TrainPlan:
     """The monitor's settings (the first site's; :func:`train` swaps in the chosen one) and the recipe's
     plan: fit settings, families and kinds, cascade, operating point, pruning."""
     adapter = r.adapter
-    skip = adapter.fixed_prefix(chat_template=r.chat_template, prepend_bos=r.bos) if r.streaming else 0
+    answers = r.responses is not None  # a response monitor trains as a per-token monitor of its steps
+    skip = adapter.fixed_prefix(chat_template=r.chat_template, prepend_bos=r.bos) if r.streaming and not answers else 0
     settings = MonitorConfig(
         r.sites[0],
-        pooling=r.pooling,
+        pooling="token" if answers else r.pooling,
         chat_template=r.chat_template,
         prepend_bos=r.bos,
         max_tokens=r.options.max_tokens,

@@ -52,10 +52,12 @@ class Request:
     everyday: tuple[str, ...] | None = None
     calibration: tuple[str, ...] = ()
     validation_given: bool = False  # the validation prompts came as validation=, after the training prompts
+    responses: tuple[str, ...] | None = None  # a response monitor: the answer to each prompt
 
     @property
     def streaming(self) -> bool:
-        return self.pooling == "token"
+        """Whether the rows are sequences: a per-token monitor's tokens, a response monitor's answer steps."""
+        return self.pooling == "token" or self.responses is not None
 
     @property
     def aggregate(self) -> str:
@@ -75,7 +77,7 @@ class Request:
 
     @property
     def shifts(self) -> tuple[str, ...]:
-        return self.options.preset.shifts
+        return () if self.responses is not None else self.options.preset.shifts  # rewrites of prompts
 
     @property
     def prune(self) -> bool:
@@ -147,6 +149,7 @@ def check_request(
     contexts, context_tokens = o.contexts, tuple[int, ...]()
     if contexts is not None:
         contexts, context_tokens = _check_contexts(adapter.tokenizer, contexts, o.context_tokens, chat_template, items)
+    responses = None if o.responses is None else _check_responses(o, items, sites, pooling)
     if o.validation is None:
         check_split(y, o.val_fraction, o.split)
         tr, va = split_positions(items, y, o.val_fraction, o.split, o.cfg.seed)
@@ -169,7 +172,47 @@ def check_request(
         everyday,
         calibration,
         o.validation is not None,
+        responses,
     )
+
+
+def _check_responses(o: TrainOptions, items: list[str], sites: list[str], pooling: str) -> tuple[str, ...]:
+    """``responses`` for a response monitor: one non-empty string per prompt, a pooling of the answer,
+    one site, and none of the options that read prompts alone."""
+    r = o.responses
+    if isinstance(r, str) or not isinstance(r, Sequence) or not all(isinstance(x, str) for x in r):
+        raise TPCHooksError("responses must be a list of strings: the answer to each prompt")
+    if len(r) != len(items):
+        raise TPCHooksError(f"{len(r)} responses for {len(items)} prompts; pass one answer per prompt")
+    empty = [i for i, x in enumerate(r) if not x.strip()]
+    if empty:
+        raise TPCHooksError(
+            f"{len(empty)} responses are empty (first: {empty[0]}); a conversation needs an answer to score"
+        )
+    if pooling == "token":
+        raise TPCHooksError(
+            "a response monitor pools the answer so far; give pooling 'mean', 'last' or 'max', not 'token'"
+        )
+    if len(sites) > 1:
+        raise TPCHooksError("a response monitor is trained at one site; pass a single site with responses=")
+    preset = o.preset
+    refused = [
+        name
+        for name, given in (
+            ("contexts", o.contexts is not None),
+            ("calibration", o.calibration is not None),
+            ("validation", o.validation is not None),
+            ("rows_cache", o.rows_cache is not None),
+            ("a recipe's rewrites or intent flips", bool(preset.augment or preset.intent)),
+        )
+        if given
+    ]
+    if refused:
+        raise TPCHooksError(
+            f"responses= trains on conversations; {', '.join(refused)} read prompts alone: leave "
+            f"{'it' if len(refused) == 1 else 'them'} out (hold out conversations with val_fraction)"
+        )
+    return tuple(r)
 
 
 def check_validation(
