@@ -279,3 +279,15 @@ def test_train_monitor_refuses_what_conversations_cannot_take():
         args = {"site": SITE, **extra}
         with pytest.raises(tpc.TPCHooksError, match=message):
             tpc.train_monitor(hf, prompts, labels, **args, **kw)
+
+
+def test_the_generation_view_says_the_prompt_is_unscored_and_where_the_answer_crossed():
+    model = nnsight_lm(hf_llama())
+    mon = answer_monitor(threshold=1e-6)
+    run = mon.generate(model, PROMPTS[:2], max_new_tokens=3)
+    html = str(tpc.views.generation_html(run, tokenizer=get_adapter(model).tokenizer, threshold=mon.threshold))
+    assert html.count("prompt not scored") == 2 and html.count("first flagged at answer token 1") == 2
+    prompt_monitor = tpc.Monitor(mon.head, SITE, threshold=1e-6)
+    run = prompt_monitor.generate(model, PROMPTS[:2], max_new_tokens=3)
+    html = str(tpc.views.generation_html(run, tokenizer=get_adapter(model).tokenizer, threshold=1e-6))
+    assert "prompt not scored" not in html and html.count("first flagged on the prompt") == 2

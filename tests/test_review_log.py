@@ -266,3 +266,32 @@ def test_the_pages_escape_the_text_and_link_every_entry(tmp_path, capsys):
     assert render_review_log(log, tmp_path / "flagged", flagged_only=True).exists()
     assert len(list((tmp_path / "flagged").glob("entry-*.html"))) == 2
     assert main(["review", str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_response_monitors_kept_input_is_its_answer_pooled_and_the_pages_say_where_it_crossed(tmp_path):
+    """The worker leaves a response monitor's prompt rows out: the input kept for a step is the
+    answer's tokens so far pooled (the prompt's end, step 0, is unscored); the pages say at which
+    answer token the score crossed."""
+    from tpc_hooks.views import review_html
+    from tpc_hooks.views._review import review_pages
+
+    mon = _monitor("mean", reads="answer")
+    rs = RequestScores(mon)
+    rs.keep_inputs = True
+    rows = torch.randn(8, D, generator=torch.Generator().manual_seed(2))
+    none = rows[:0]
+    got = []
+    for pieces in ([("a", none, False)], [("a", none, True)], [("a", rows[5:6], True)], [("a", rows[6:7], True)]):
+        done, res = rs.update(pieces)
+        if done:
+            got.append((float(res.logits[0]), rs.inputs[0].clone()))
+    assert len(got) == 3 and got[0][0] == float("-inf")
+    for t, (logit, z) in enumerate(got[1:], start=1):
+        torch.testing.assert_close(z, rows[5 : 5 + t].mean(0))
+        assert logit == pytest.approx(float(mon.head(z[None])[0]), rel=1e-5)
+    e = _entry(0, 0.9, False, True)
+    e["monitors"]["harm"].update(first_flagged=2, step=2, of="answer", scores=[0.0, 0.3, 0.9], exit_orders=[2, 2, 2])
+    page = str(review_html(e))
+    assert "flagged at answer token 2" in page and "pooled answer input" in page
+    index = review_pages([e, _entry(1, 0.9, False, True)], tmp_path / "pages").read_text()
+    assert "at answer token 2" in index and "on the prompt" in index

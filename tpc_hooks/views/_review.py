@@ -70,12 +70,12 @@ def review_html(e: dict[str, Any]) -> HTML:
             f"monitor {name or 'default'}",
             f"threshold {t:g}",
             f"peak {m['peak_score']}",
-            "flagged" if m["flagged"] else "not flagged",
+            f"flagged{_where(m['first_flagged'])}" if m["flagged"] else "not flagged",
             *([f"stopped at step {m['stopped_at']}"] if m["stopped_at"] is not None else []),
         ]
         att = [
             f"step {step} ({why})",
-            f"{'token' if m['of'] == 'token' else 'pooled'} input",
+            {"token": "token input", "answer": "pooled answer input"}.get(m["of"], "pooled input"),
             f"site {a.get('site')}",
             f"exit order {a['exit_order']}",
             f"step logit {a['step_logit']:+.4f}",
@@ -98,6 +98,11 @@ def review_html(e: dict[str, Any]) -> HTML:
     )
 
 
+def _where(step: int | None) -> str:
+    """Where a monitor's score first crossed its threshold: step ``t`` has read ``t`` answer tokens."""
+    return "" if step is None else " on the prompt" if step == 0 else f" at answer token {step}"
+
+
 def review_pages(entries: list[dict[str, Any]], out: str | Path) -> Path:
     """Writes ``out/index.html`` (one row per entry: time, request, each monitor's peak score
     and flagged step) and one page per entry; returns the index's path."""
@@ -111,7 +116,7 @@ def review_pages(entries: list[dict[str, Any]], out: str | Path) -> Path:
         cells = "".join(
             f'<td style="background-color:{score_color(m["peak_score"] or 0.0, m["threshold"])}">'
             f"{_esc(name or 'default')}: {m['peak_score']:.3f}"
-            f"{' at step ' + str(m['first_flagged']) if m['flagged'] else ''}</td>"
+            f"{_where(m['first_flagged']) if m['flagged'] else ''}</td>"
             for name, m in e["monitors"].items()
             if m["peak_score"] is not None
         )

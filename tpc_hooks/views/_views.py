@@ -49,8 +49,10 @@ def generation_html(
     """A monitored generation as text coloured token by token by the monitor's score.
 
     The prompt is shown greyed, coloured as a whole by its step-0 score (the pre-generation
-    gate); generated token ``i`` (0-based) is coloured by ``run.scores[b][i + 1]``, the score of
-    the prompt and the first ``i + 1`` generated tokens. Flagged steps (``score >= threshold``,
+    gate; a response monitor's, which never scores the prompt alone, says so); generated token
+    ``i`` (0-based) is coloured by ``run.scores[b][i + 1]``, the score of the prompt and the first
+    ``i + 1`` generated tokens (a response monitor: of those tokens alone). The heading says at
+    which answer token the score first crossed the threshold. Flagged steps (``score >= threshold``,
     or NaN) are underlined (the prompt: outlined), the first is marked with a flag, each scored
     token carries its cascade exit order as a superscript and its score, step and order in a
     tooltip, and a row stopped by the action ends with a "stopped" mark. A token without a score
@@ -103,12 +105,21 @@ def generation_html(
         first = next((i for i, f in enumerate(flags) if f), None)
         order_at = orders + [None] * (len(scores) - len(orders))  # no orders given: None for each step
         head = [f"row {b}", f"{pl} prompt tokens, {n_gen} generated"]
-        if scores:
+        answer_only = _answer_only(run, b)  # a response monitor's run: step 0 (the prompt alone) is never scored
+        if scores and answer_only:
+            head.append("prompt not scored (a response monitor reads the answer)")
+        elif scores:
             head.append(
                 f"prompt score {_score_text(scores[0])}"
                 + (f" (exit order {order_at[0]})" if order_at[0] is not None else "")
             )
-        head.append("not flagged" if first is None else f"first flagged at step {first}")
+        head.append(
+            "not flagged"
+            if first is None
+            else "first flagged on the prompt"
+            if first == 0
+            else f"first flagged at answer token {first}"
+        )
         if stopped_at[b] is not None:
             head.append(f"stopped at step {stopped_at[b]}")
         prompt_cls = ["prompt"]
@@ -118,7 +129,11 @@ def generation_html(
             prompt_cls += (
                 (["flag"] if flags[0] else []) + (["nan"] if math.isnan(s0) else []) + (["first"] if first == 0 else [])
             )
-            tip = [f"prompt alone (step 0): score {_score_text(s0)}"]
+            tip = (
+                ["prompt alone (step 0): not scored"]
+                if answer_only
+                else [f"prompt alone (step 0): score {_score_text(s0)}"]
+            )
             if order_at[0] is not None:  # in the tooltip and the heading: a superscript would trail the prompt
                 tip.append(f"exit order {order_at[0]}")
             attrs += [
@@ -157,6 +172,15 @@ def generation_html(
         )
     content = f'<div class="tpc-view">{_STYLE}{_legend(t, prompt=True)}{"".join(body)}</div>'
     return HTML(content, "tpc-hooks: monitored generation")
+
+
+def _answer_only(run: Any, b: int) -> bool:
+    """Whether row ``b`` of ``run`` was scored by a response monitor: its step 0 decides ``-inf``
+    (nothing of the answer read yet)."""
+    logits = getattr(run, "decision_logits", None)
+    if logits is None or b >= len(logits) or not len(logits[b]):
+        return False
+    return bool(math.isinf(float(logits[b][0])) and float(logits[b][0]) < 0)
 
 
 def token_scores_html(tokens: Sequence[str], result: Any, *, threshold: SupportsFloat, unscored: int = 0) -> HTML:

@@ -153,7 +153,8 @@ class Notes:
             "request_id": rid,
             "sampled": sampled(rid, self.sample),
             "step": step,
-            "of": "token" if monitor.pooling == "token" else "pool",
+            # what the input is: a token's row, the pooled prefix, or a response monitor's pooled answer
+            "of": "token" if monitor.pooling == "token" else "answer" if monitor.answers else "pool",
             "monitor": sha,
             "scores": _finite(rec["probs"].tolist()),
             "exit_orders": rec["exit_order"].tolist(),
