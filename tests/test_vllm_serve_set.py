@@ -376,3 +376,44 @@ def first_sha(dirs):
     from tpc_hooks.adapters.vllm._server.monitors import served
 
     return served("harm", dirs["harm"], "stop")[1]["sha256"]
+
+
+def test_a_response_monitor_stops_an_answer_at_the_answer_token_the_transformers_loop_does(
+    set_server, tmp_path, smollm2_hf
+):
+    """A response monitor (reads="answer") added through the admin route, with a threshold some
+    answers cross: each answer's field says at which answer token it crossed (never the prompt), the
+    stopped answers end with its finish reason and the text where the transformers loop stopped; the
+    review log says it read the answer. The other monitors are opted out, then it is removed."""
+    client, dirs = set_server
+    model, tok = smollm2_hf
+    head = random_head(576, std=0.05, scale=30.0, seed=11)
+    mon = tpc.Monitor(head, "blocks.20.hook_resid_post", pooling="mean", chat_template=True, reads="answer")
+    peaks = sorted(float(s.max()) for s in mon.generate(model, PROMPTS, max_new_tokens=12, tokenizer=tok).scores)
+    mon.threshold = (peaks[1] + peaks[2]) / 2
+    want = mon.generate(model, PROMPTS, max_new_tokens=12, action="stop", tokenizer=tok)
+    assert 0 < sum(s is not None for s in want.stopped_at) < len(PROMPTS)
+    mon.save_pretrained(tmp_path / "answers")
+    r = client.put(
+        "/tpc_hooks/monitors/answers", json={"path": str(tmp_path / "answers"), "action": "stop"}, headers=ADMIN
+    )
+    assert r.status_code == 200, r.text
+    others = {f"tpc_hooks_monitor.{n}": False for n in client.get("/v1/models").json()["tpc_hooks"] if n != "answers"}
+    ids = []
+    for b, prompt in enumerate(PROMPTS):
+        r = _chat(client, prompt, vllm_xargs=others)
+        assert r.status_code == 200, r.text
+        ids.append(r.json()["id"])
+        choice = r.json()["choices"][0]
+        field = choice["tpc_hooks"]["answers"]
+        assert field["flagged_at_token"] == want.first_flagged[b] and field["stopped"] == (
+            want.stopped_at[b] is not None
+        )
+        assert field["flagged_at_token"] is None or field["flagged_at_token"] >= 1
+        assert field["peak_score"] == pytest.approx(float(want.scores[b][: field["steps"]].max()), rel=REL)
+        assert choice["message"]["content"] == tok.decode(want.generated(b), skip_special_tokens=True)
+        if field["stopped"]:
+            assert choice["finish_reason"] == "content_flagged:answers"
+    logged = _logged(dirs["log"], [i for b, i in enumerate(ids) if want.first_flagged[b] is not None])
+    assert logged and all(e["monitors"]["answers"]["of"] == "answer" for e in logged.values())
+    assert client.delete("/tpc_hooks/monitors/answers", headers=ADMIN).json() == {"removed": "answers"}
