@@ -86,7 +86,8 @@ def test_unknown_format_version(saved):
     cfg["format_version"] = 7
     (path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(
-        tpc.TPCHooksError, match="config.json has format_version=7; this version of tpc-hooks reads format_version=1"
+        tpc.TPCHooksError,
+        match="config.json has format_version=7; this version of tpc-hooks reads format_version 1 or 2",
     ):
         tpc.TPC.from_pretrained(path)
 

@@ -3,6 +3,8 @@ every adapter (a generation's step t scores as the conversation with t answer to
 equals the head on the answer's activations pooled by hand), in Hugging Face ``generate``'s hooks,
 under ``watch`` and per request as a serving engine runs them."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -152,8 +154,12 @@ def test_token_scores_of_a_conversation_and_saving_keep_what_it_reads(tmp_path):
     mon.save_pretrained(tmp_path / "m")
     back = tpc.Monitor.from_pretrained(tmp_path / "m")
     assert back.reads == "answer" and back.config == mon.config
+    # format_version 2: a version that reads only prompt monitors (format_version 1) refuses it
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["format_version"] == 2
     prompt_monitor = tpc.Monitor(tiny_head(), SITE)
     assert "reads" not in prompt_monitor.config.to_dict()  # a prompt monitor's file is as it was
+    prompt_monitor.save_pretrained(tmp_path / "p")
+    assert json.loads((tmp_path / "p" / "config.json").read_text())["format_version"] == 1
 
 
 def test_bad_conversations_are_clear_errors():

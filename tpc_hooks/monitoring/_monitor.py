@@ -32,7 +32,16 @@ from ..pooling import aggregate as aggregate_logits
 from ..pooling import pool_prefixes, scored
 from ..sae import check_sae, describe_sae, sae_dims, sae_encode
 from ..sae import sae_identity as sae_identity_of
-from ..saving import CONFIG_FILE, HubMixin, files_of, monitor_card, read_dir, read_files, write_dir
+from ..saving import (
+    CONFIG_FILE,
+    READS_ANSWER_VERSION,
+    HubMixin,
+    files_of,
+    monitor_card,
+    read_dir,
+    read_files,
+    write_dir,
+)
 from . import _calibrate, _generation
 from ._answers import conversation_ids
 from ._monitor_config import ACTIONS, MonitorConfig
@@ -743,6 +752,8 @@ class Monitor(HubMixin, LastRun):
             "report": self.report,
             "sae": self.sae_identity,
         }
+        if self.answers:  # a version that reads only prompt monitors refuses the file instead of misreading it
+            cfg["format_version"] = READS_ANSWER_VERSION
         return cfg
 
     def _save_dir(self, path: str | os.PathLike) -> Path:

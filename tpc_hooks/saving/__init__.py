@@ -9,6 +9,7 @@ from ._cards import head_card as head_card
 from ._cards import monitor_card as monitor_card
 from ._cards import training_section as training_section
 from ._format import CONFIG_FILE as CONFIG_FILE
+from ._format import READS_ANSWER_VERSION as READS_ANSWER_VERSION
 from ._format import WEIGHTS_FILE as WEIGHTS_FILE
 from ._format import check_tensors as check_tensors
 from ._format import dir_files as dir_files

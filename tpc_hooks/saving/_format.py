@@ -20,6 +20,10 @@ from .._errors import TPCHooksError
 
 FORMAT_NAME = "tpc-hooks"
 FORMAT_VERSION = 1
+# a response monitor's files (monitor.reads == "answer") say 2: a version that reads 1 alone refuses them, where it
+# would run them as a prompt monitor
+READS_ANSWER_VERSION = 2
+FORMAT_VERSIONS = (FORMAT_VERSION, READS_ANSWER_VERSION)
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
@@ -160,10 +164,10 @@ def read_files(text: bytes, data: bytes, where: str | os.PathLike) -> tuple[dict
     if not isinstance(cfg, dict) or cfg.get("format") != FORMAT_NAME:
         raise TPCHooksError(f'{cfg_path} does not describe a tpc-hooks head (expected "format": "{FORMAT_NAME}")')
     version = cfg.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in FORMAT_VERSIONS or isinstance(version, bool):
         raise TPCHooksError(
             f"{cfg_path} has format_version={version!r}; this version of tpc-hooks reads "
-            f"format_version={FORMAT_VERSION}. "
+            f"format_version {' or '.join(map(str, FORMAT_VERSIONS))}. "
             "Upgrade tpc-hooks, or re-save the head with the version that wrote it"
         )
     want = cfg.get(CHECKSUM_KEY)
