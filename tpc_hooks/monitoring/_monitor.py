@@ -189,7 +189,8 @@ class Monitor(HubMixin, LastRun):
             "full polynomial" if self.cascade is None else f"cascade({self.cascade.lower:g}, {self.cascade.upper:g})"
         )
         return (
-            f"Monitor({self.site!r}, pooling={self.pooling!r}, d_model={self.head.d_model}, degree={self.head.degree}, "
+            f"Monitor({self.site!r}, pooling={self.pooling!r}{', reads=' + repr(self.reads) if self.answers else ''}, "
+            f"d_model={self.head.d_model}, degree={self.head.degree}, "
             f"threshold={self.threshold:.6g}, policy={policy})"
         )
 

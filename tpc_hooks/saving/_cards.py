@@ -97,6 +97,11 @@ def _monitor_section(mon: Any) -> str:
         ["model", _code(mon.model_name) if mon.model_name else "not recorded"],
         ["site", _code(mon.site)],
         ["pooling", _code(mon.pooling)],
+        *(
+            [["reads", "the answer alone (a response monitor: the prompt is never scored alone)"]]
+            if mon.answers
+            else []
+        ),
         ["chat_template", "yes" if mon.chat_template else "no"],
         ["prepend_bos", bos],
         ["max_tokens", "no truncation" if mon.max_tokens is None else str(mon.max_tokens)],
