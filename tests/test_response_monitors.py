@@ -297,3 +297,15 @@ def test_the_generation_view_says_the_prompt_is_unscored_and_where_the_answer_cr
     run = prompt_monitor.generate(model, PROMPTS[:2], max_new_tokens=3)
     html = str(tpc.views.generation_html(run, tokenizer=get_adapter(model).tokenizer, threshold=1e-6))
     assert "prompt not scored" not in html and html.count("first flagged on the prompt") == 2
+
+
+def test_a_requests_answer_start_is_read_and_checked_where_the_engine_admits_it():
+    from types import SimpleNamespace
+
+    from tpc_hooks.adapters.vllm._wire import ANSWER_START, request_settings
+
+    assert request_settings(SimpleNamespace(extra_args={ANSWER_START: 5}))["answer_start"] == 5
+    assert "answer_start" not in request_settings(SimpleNamespace(extra_args={}))
+    for bad in (-1, 2.5, True, "3"):
+        with pytest.raises(ValueError, match="must be a token position"):
+            request_settings(SimpleNamespace(extra_args={ANSWER_START: bad}))

@@ -29,6 +29,7 @@ from ...activations import Adapter, Site
 from ...monitoring import ACTIONS, STOPPING
 from ._server import server as server
 from ._wire import (
+    ANSWER_START,
     OPT_OUT,
     RPC_ARM_SET,
     RPC_CAPTURE,
@@ -196,14 +197,17 @@ class VLLMAdapter(Adapter):
             )
         with self.monitoring(monitor, action, order=order, cascade=cascade):
 
-            def params(n: int, b: int, key: str, cached: bool = True) -> Any:
+            def params(n: int, b: int, key: str, cached: bool = True, answer_start: int | None = None) -> Any:
+                extra = keyed(None, key)  # each request's steps come back under this key
+                if answer_start is not None:  # a sequence sent whole: its answer starts there
+                    extra[ANSWER_START] = answer_start
                 return SamplingParams(
                     max_tokens=n,
                     temperature=temperature if do_sample else 0.0,
                     seed=seed + b if do_sample else None,
                     ignore_eos=not stop_at_eos,
                     skip_reading_prefix_cache=not cached,
-                    extra_args=keyed(None, key),  # each request's steps come back under this key
+                    extra_args=extra,
                 )
 
             def take(keys: list[str]) -> dict[str, list[dict | None]]:
@@ -261,7 +265,7 @@ class VLLMAdapter(Adapter):
                 keys3 = _keys(len(again))
                 llm.generate(
                     [{"prompt_token_ids": ids[b] + tokens[b]} for b in again],
-                    [params(1, 0, k) for k in keys3],
+                    [params(1, 0, k, answer_start=len(ids[b])) for b, k in zip(again, keys3, strict=True)],
                     use_tqdm=False,
                 )
                 more = take(keys3)

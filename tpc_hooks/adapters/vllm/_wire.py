@@ -25,6 +25,9 @@ STOP = "tpc_hooks.adapters.vllm._worker.worker:TPCHooksStop"
 CONFIG = "tpc_hooks"  # the key of tpc-hooks' settings in vLLM's `additional_config`
 OPT_OUT = "tpc_hooks_monitor"  # SamplingParams.extra_args key: false/0 opts the request out
 THRESHOLD = "tpc_hooks_threshold"  # ... its own threshold, a probability in (0, 1)
+# ... where the answer starts in its prompt (a position): a response monitor pools from there; by default the
+# answer starts after the prompt
+ANSWER_START = "tpc_hooks_answer_start"
 # an operator's switch, read once when a worker starts: "1" makes tpc-hooks' worker plain vLLM's (nothing exposed,
 # read or scored; its remote calls refuse, saying why)
 DISABLE = "TPC_HOOKS_DISABLE"
@@ -255,13 +258,20 @@ def unpack(packed: dict[str, Any]) -> Tensor:
 def request_settings(params: Any, names: bool = False) -> dict[str, Any]:
     """A request's own monitor settings from its ``extra_args`` (the OpenAI server's
     ``vllm_xargs``): ``{"tpc_hooks_monitor": false}`` opts out, ``{"tpc_hooks_threshold": p}``
-    sets its threshold; with several monitors, ``tpc_hooks_monitor.NAME`` and
-    ``tpc_hooks_threshold.NAME`` do the same for the monitor ``NAME`` alone (``"by"``). Raises
-    ValueError (an HTTP 400 from the server) for a bad value, and for a name the server does not
-    run, with ``names``: a server puts the names it runs in each request where it enters
-    (:data:`NAMES`, following monitors added or removed), checked when the engine admits it."""
+    sets its threshold, ``{"tpc_hooks_answer_start": n}`` says the answer starts at token ``n`` of
+    the prompt (a response monitor pools from there: a conversation sent whole); with several
+    monitors, ``tpc_hooks_monitor.NAME`` and ``tpc_hooks_threshold.NAME`` do the same for the
+    monitor ``NAME`` alone (``"by"``). Raises ValueError (an HTTP 400 from the server) for a bad
+    value, and for a name the server does not run, with ``names``: a server puts the names it runs
+    in each request where it enters (:data:`NAMES`, following monitors added or removed), checked
+    when the engine admits it."""
     extra = (params.extra_args if params is not None else None) or {}
     out: dict[str, Any] = {}
+    if ANSWER_START in extra:
+        start = extra[ANSWER_START]
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ValueError(f"{ANSWER_START} must be a token position, an integer >= 0; got {start!r}")
+        out["answer_start"] = start
     known = extra.get(NAMES) if names else None  # a server's monitors (None: not checked)
     for key, v in extra.items():
         base, dot, name = str(key).partition(".")

@@ -60,13 +60,13 @@ class Armed:
         self.notes: _review.Notes | None = None  # a server's review log: the inputs of the steps it explains
         self.review(review or {})
 
-    def key(self, block: bytes, prompt_len: int) -> bytes:
+    def key(self, block: bytes, answer_from: int) -> bytes:
         """The key of this monitor's state at a block's end: the block's chain hash; a response
-        monitor's also names where the request's prompt ends (its state pools the answer only, so
-        the same tokens with another prompt boundary hold another state)."""
+        monitor's also names where the request's answer starts (its state pools the answer only, so
+        the same tokens with another boundary hold another state)."""
         if not self.monitor.answers:
             return block
-        return hashlib.blake2b(block + int(prompt_len).to_bytes(8, "little"), digest_size=16).digest()
+        return hashlib.blake2b(block + int(answer_from).to_bytes(8, "little"), digest_size=16).digest()
 
     def review(self, settings: dict[str, Any]) -> None:
         """Keeps (or not: ``{}``) the inputs of the steps a server's review log explains, with its
@@ -125,6 +125,13 @@ class Request:
     scored_to: int = 0  # tokens covered by its last recorded step
     rows: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # capture: rows per exposed id
     sampled: bool = False  # in the review log's sample of requests (a server's --review-log-sample)
+    answer_start: int | None = None  # where its answer starts (None: after the prompt), for response monitors
+
+    @property
+    def answer_from(self) -> int:
+        """The position a response monitor pools from: its own ``answer_start`` (at most the
+        prompt's length), else the prompt's end."""
+        return self.prompt_len if self.answer_start is None else min(self.answer_start, self.prompt_len)
 
 
 class WorkerState:

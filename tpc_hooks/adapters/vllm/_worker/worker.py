@@ -154,6 +154,7 @@ class _Mixin:
                 reusable=ids is not None and not nr.mm_features,
                 start=int(nr.num_computed_tokens),
                 sampled=_review.sampled(name, self._tpc.review.get("sample", 0)),
+                answer_start=_settings(params).get("answer_start"),
             )
         cached = so.scheduled_cached_reqs
         for rid, c in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
@@ -249,7 +250,7 @@ class _Mixin:
                     # `a=armed`: each member's own blocks (mypy infers no lambda with a default); `sk`: the
                     # prompt rows a response monitor left out of the piece, before its offsets
                     lambda rid, off, state, a=armed, sk=skips: a.blocks.put(  # type: ignore[misc]
-                        a.key(rows_of[rid][2][off + sk.get(rid, 0)], rows_of[rid][1].prompt_len), state
+                        a.key(rows_of[rid][2][off + sk.get(rid, 0)], rows_of[rid][1].answer_from), state
                     ),
                 )
             work.append((armed, bool(mine_pieces), z, time.perf_counter() - t1))
@@ -284,11 +285,11 @@ class _Mixin:
         else:
             key, req.chain.computed = None, c
         for armed in members:  # each member from its own state for the prefix, or not at all
-            if armed.monitor.answers and c <= req.prompt_len:  # no answer row yet: nothing pooled to resume
+            if armed.monitor.answers and c <= req.answer_from:  # no answer row yet: nothing pooled to resume
                 armed.scores.restart(rid)
                 armed.unscored.discard(rid)
                 continue
-            state = armed.blocks.get(armed.key(key, req.prompt_len)) if key is not None else None
+            state = armed.blocks.get(armed.key(key, req.answer_from)) if key is not None else None
             if state is None:
                 armed.unscored.add(rid)
                 armed.scores.forget(rid)
@@ -337,14 +338,14 @@ class _Mixin:
 def answer_pieces(
     pieces: list[tuple[str, int, int, bool]], cuts: list[list[int]], rows_of: dict
 ) -> tuple[list[tuple[str, int, int, bool]], list[list[int]], dict[str, int]]:
-    """A response monitor's part of a pass: each piece without its prompt rows (the request's
-    ``prompt_len`` against the position of the piece's first row), a piece left with no row kept
+    """A response monitor's part of a pass: each piece without its prompt rows (where the request's
+    answer starts against the position of the piece's first row), a piece left with no row kept
     only when it completes a step (the prompt's end: step 0, unscored); the block ends shifted to
     the rows kept, those inside the prompt dropped; and per request the rows left out."""
     out, out_cuts, skips = [], [], {}
     for (rid, a, b, complete), cut in zip(pieces, cuts, strict=True):
         req = rows_of[rid][1]
-        skip = min(max(0, req.prompt_len - req.start), b - a)
+        skip = min(max(0, req.answer_from - req.start), b - a)
         if a + skip == b and not complete:
             continue
         out.append((rid, a + skip, b, complete))
