@@ -175,7 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--response-monitor",
         action="store_true",
-        help="then a response monitor (a prototype): trained on the model's answers to the set's prompts",
+        help="then response monitors as prototypes (tpc.fit on rows pooled two ways) beside the prompt monitor",
+    )
+    ap.add_argument(
+        "--train-responses",
+        action="store_true",
+        help="then train_monitor(responses=...) per seed on the model's answers to the set's prompts",
     )
     ap.add_argument(
         "--quick",
@@ -248,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
     report(args, monitors, scores, seqs, lengths, refused, time.time() - t0)
     if args.response_monitor:
         response_monitor(args, hf, adapter, monitors[0], sets, seqs, lengths, refused, scores)
+    if args.train_responses:
+        trained_response_monitors(args, hf, tokenizer, adapter, monitors, sets, seqs, lengths, refused, scores)
     return 0
 
 
@@ -365,6 +372,113 @@ def response_monitor(args, hf, adapter, prompt_monitor, sets, seqs, lengths, ref
                 either = (prompt_probs[name] > p_threshold) | (peaks[name][k] >= r_thresholds[k])
                 cells.append(f"{100 * float(np.mean(either)):.1f}")
             print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def trained_response_monitors(args, hf, tokenizer, adapter, monitors, sets, seqs, lengths, refused, scores) -> None:
+    """The shipped response monitor, per seed: ``train_monitor(model, prompts, labels, site,
+    responses=answers, sources=groups, everyday=["benign"])`` on the model's answers to the set's
+    training and validation prompts (conversation labels by garak's rule; an answer with no text
+    left out), at the site the seed's prompt monitor chose. Reported: each set's share flagged at any
+    answer step at the monitor's own threshold (1% of its benign validation conversations), and each
+    order's at 1% of the answered everyday conversations (order 1: the linear probe on the same
+    rows), and the prompt monitor or the response monitor at a joint 1% (:func:`_joint`)."""
+    from tpc_hooks.data import conversation_labels
+
+    spec = MODELS[args.model]
+    cache = CACHE / args.model / f"{args.new_tokens}-tokens"
+    prompts, labels, answers_ = [], [], []
+    n_left = 0
+    for split in ("train", "val"):
+        ps = sets[split]
+        if args.quick:
+            ps = ps.subset(sorted(np.random.default_rng(0).choice(len(ps), len(ps) // 10, replace=False)))
+        got, starts = answers(
+            hf,
+            tokenizer,
+            adapter,
+            monitors[0],
+            ps.texts,
+            args.new_tokens,
+            args.batch_size,
+            cache / f"training-{split}.json",
+        )
+        texts = [tokenizer.decode(q[p:], skip_special_tokens=True) for q, p in zip(got, starts, strict=True)]
+        for t, y, a in zip(ps.texts, ps.labels, texts, strict=True):
+            if a.strip():
+                prompts.append(t)
+                labels.append(y)
+                answers_.append(a)
+            else:
+                n_left += 1
+    y, groups = conversation_labels(labels, answers_)
+    per_seed = []
+    for k_seed, (seed, prompt_monitor) in enumerate(zip(args.seeds, monitors, strict=True)):
+        t0 = time.time()
+        mon = tpc.train_monitor(
+            hf,
+            prompts,
+            y,
+            prompt_monitor.site,
+            "mean",
+            responses=answers_,
+            sources=groups,
+            everyday=["benign"],
+            seed=seed,
+            chat_template=spec["chat_template"],
+            tokenizer=tokenizer,
+            verbose=False,
+        )
+        seconds = time.time() - t0
+        rows = {
+            name: answer_rows(adapter, mon.site, seqs[name], lengths[name], args.batch_size)["answer"] for name in seqs
+        }
+        head = mon.head
+        dtype = next(head.parameters()).dtype
+        with torch.no_grad():
+            peaks = {
+                name: np.array(
+                    [
+                        [float(head(r.to(dtype), order=k).max()) if len(r) else -np.inf for r in rows[name]]
+                        for k in range(1, head.degree + 1)
+                    ]
+                )
+                for name in seqs
+            }  # logits
+        own = float(np.log(mon.threshold / (1 - mon.threshold)))
+        thresholds = [float(threshold_at_fpr(torch.as_tensor(p), FPR)) for p in peaks["calibration"]]
+        prompt_probs = {name: np.array([s[0] for s in scores[name][k_seed]]) for name in seqs}  # step 0
+        p_thr, r_thr = _joint(prompt_probs["calibration"], peaks["calibration"])
+        row = {"seed": seed, "site": mon.site, "degree": head.degree, "threshold": mon.threshold, "seconds": seconds}
+        row["orders"] = mon.report.get("orders", {}).get("note")
+        for name in seqs:
+            row[name] = {
+                "own": 100 * float(np.mean(peaks[name][-1] >= own)),
+                **{f"order {k + 1}": 100 * float(np.mean(peaks[name][k] > thresholds[k])) for k in range(head.degree)},
+                "joint": 100 * float(np.mean((prompt_probs[name] > p_thr) | (peaks[name][-1] >= r_thr[-1]))),
+                "prompt": 100 * float(np.mean(prompt_probs[name] >= prompt_monitor.threshold)),
+            }
+        per_seed.append(row)
+    degree = min(r["degree"] for r in per_seed)
+    print(
+        f"\n## The shipped response monitor: `train_monitor(responses=...)`\n\n{len(prompts)} conversations "
+        f"(the set's training and validation prompts and {args.model}'s answers; {n_left} answers with no text "
+        f"left out), {int((groups == 'harmful').sum())} harmful, {int((groups == 'refused').sum())} refused; "
+        f"`sources=groups, everyday=['benign']`, mean pooling of the answer, at each seed's prompt-monitor site "
+        f"{sorted({short_site(r['site']) for r in per_seed})}; degrees kept {[r['degree'] for r in per_seed]}; "
+        f"{np.mean([r['seconds'] for r in per_seed]):.0f} s per seed. % flagged at any answer step: *own*, at its own "
+        f"threshold (1% of its benign validation conversations); *order k*, at 1% of the answered everyday "
+        f"conversations (order 1: the linear probe); *prompt or answer*, the prompt monitor on the prompt or the "
+        f"response monitor at any step, the union at 1% of the answered everyday conversations.\n"
+    )
+    cols = ["prompt", "own"] + [f"order {k}" for k in range(1, degree + 1)] + ["joint"]
+    names = {"joint": "prompt or answer", "prompt": "prompt monitor, prompt"}
+    print("| set | " + " | ".join(names.get(c, c) for c in cols) + " |\n|---|" + "---|" * len(cols))
+    for name in (*HARMFUL, *BENIGN, "calibration"):
+        print(f"| {name} | " + " | ".join(_pct([r[name][c] for r in per_seed]) for c in cols) + " |")
+    for r in per_seed:
+        if r["orders"]:
+            print(f"\nSeed {r['seed']}: {r['orders']}")
+    print("\nPer seed: " + json.dumps(per_seed, default=float))
 
 
 def _joint(prompt: np.ndarray, peaks: np.ndarray) -> tuple[float, list[float]]:
