@@ -309,3 +309,16 @@ def test_a_requests_answer_start_is_read_and_checked_where_the_engine_admits_it(
     for bad in (-1, 2.5, True, "3"):
         with pytest.raises(ValueError, match="must be a token position"):
             request_settings(SimpleNamespace(extra_args={ANSWER_START: bad}))
+
+
+def test_a_response_monitor_in_a_set_scores_as_alone_beside_a_prompt_monitor():
+    model = nnsight_lm(hf_llama())
+    answers = answer_monitor("mean")
+    prompts_ = tpc.Monitor(tiny_head(seed=1), SITE, pooling="mean")  # the same shape: stacked in one evaluation
+    monitors = tpc.MonitorSet({"answers": answers, "prompts": prompts_})
+    got = monitors.generate(model, PROMPTS, max_new_tokens=4)
+    for name, mon in (("answers", answers), ("prompts", prompts_)):
+        alone = mon.generate(model, PROMPTS, max_new_tokens=4)
+        for b in range(len(PROMPTS)):
+            torch.testing.assert_close(got[name].logits[b], alone.logits[b], rtol=1e-5, atol=1e-5)
+    assert all(float(s[0]) == 0.0 for s in got["answers"].scores)
