@@ -57,9 +57,11 @@ class StepScores:
         self.rule = rule
         self.state: Any = None
         self.spent: Tensor | int | None = None  # 0 before a per-token monitor's first pass
+        self.answered = False  # a response monitor has pooled an answer row (see started)
 
     def reset(self) -> None:
         self.state = self.spent = None
+        self.answered = False
 
     def update(self, acts: Tensor, mask: Tensor, prompt: bool = False) -> CascadeResult:
         return self.finish(self.rule(self.inputs(acts, mask, prompt)), mask)
@@ -91,18 +93,19 @@ class StepScores:
             return self.state.value()
         if not prompt and feats.shape[1]:
             self.state.update(feats, mask)
+            self.answered = True  # rows of a serving engine's request are all real: one of them is pooled
         empty = self.state.empty()
         if empty is None:  # nothing pooled in any row yet
             return feats.new_zeros(feats.shape[0], feats.shape[2], dtype=torch.float32)
         return self.state.value().masked_fill(empty[:, None], 0.0)
 
     def started(self) -> bool:
-        """Whether the running state has seen a row (a pool: pooled a position; the serving
-        engine's batched decode step needs one)."""
+        """Whether the running state has seen a row (the serving engine's batched decode step needs
+        one): a response monitor's pool once an answer row was pooled, any other state once made.
+        Read on the host, with no device synchronisation (a serving engine asks every step)."""
         if self.state is None:
             return False
-        empty = self.state.empty() if isinstance(self.state, RunningPool) else None
-        return not isinstance(self.state, RunningPool) or (empty is not None and not bool(empty.any()))
+        return self.answered or not (self.monitor.answers and isinstance(self.state, RunningPool))
 
     def fold(self, res: CascadeResult, mask: Tensor) -> CascadeResult:
         """A per-token monitor: folds the new tokens' results (``res`` over ``B * n`` rows, ``mask

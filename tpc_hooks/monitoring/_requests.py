@@ -123,6 +123,7 @@ class RequestScores:
         """The request goes on from ``snapshot`` (what :meth:`snapshot` gave for the same prefix)."""
         st = self.states.setdefault(request, StepScores(self.monitor, rule=self.rule))
         st.state, st.spent = copy.copy(snapshot[0]), snapshot[1]
+        st.answered = True  # a response monitor's states are kept only after an answer row
 
     def steps(self, request: str) -> int:
         """Steps recorded for ``request`` so far."""
