@@ -43,7 +43,7 @@ from ..saving import (
     write_dir,
 )
 from . import _calibrate, _generation
-from ._answers import conversation_ids
+from ._answers import conversation_ids, read_ids
 from ._monitor_config import ACTIONS, MonitorConfig
 from ._records import GenerationRun, LastRun, MonitorEvent, TokenScores, WatchLog
 from ._settings import Setting
@@ -319,7 +319,7 @@ class Monitor(HubMixin, LastRun):
             ``flagged`` at the monitor's :attr:`threshold`.
         """
         adapter = self._adapter(model, tokenizer)
-        ids, starts = self._read_ids(adapter, prompts, responses, tokens, answer_starts)
+        ids, starts = read_ids(self, adapter, prompts, responses, tokens, answer_starts)
         site, rule = adapter.site(self.site), self.policy(order, cascade)
         if self.streaming:  # the aggregate after each prompt's last token
             res = stack_results(
@@ -333,56 +333,6 @@ class Monitor(HubMixin, LastRun):
     def _reading(self) -> dict[str, Any]:
         """How this monitor tokenises what it reads (the settings :meth:`Adapter.tokenize` takes)."""
         return {"chat_template": self.chat_template, "max_tokens": self.max_tokens, "prepend_bos": self.prepend_bos}
-
-    def _read_ids(
-        self,
-        adapter: Adapter,
-        prompts: Sequence[str] | None,
-        responses: Sequence[str] | None,
-        tokens: Sequence[Sequence[int]] | None,
-        answer_starts: Sequence[int] | None,
-    ) -> tuple[list[list[int]], list[int] | None]:
-        """What :meth:`score` reads: the token ids, and where each answer starts (a response monitor;
-        None: every token is pooled)."""
-        if (prompts is None) == (tokens is None):
-            raise TPCHooksError("pass prompts or tokens (exactly one)")
-        if tokens is not None and responses is not None:
-            raise TPCHooksError("responses= goes with prompts=; with tokens=, pass answer_starts=")
-        if prompts is not None and answer_starts is not None:
-            raise TPCHooksError("answer_starts= goes with tokens=; with prompts=, pass responses=")
-        if self.answers and responses is None and answer_starts is None:
-            raise TPCHooksError(
-                'this is a response monitor (reads="answer"): it scores answers; pass responses= (one per '
-                "prompt), or tokens= with answer_starts="
-            )
-        if answer_starts is not None and not self.answers:
-            raise TPCHooksError(
-                "answer_starts= is for a response monitor; a prompt monitor reads every token of tokens="
-            )
-        if prompts is not None:
-            if responses is None:
-                ids, _ = adapter.tokenize(
-                    check_prompts(prompts),
-                    chat_template=self.chat_template,
-                    max_tokens=self.max_tokens,
-                    prepend_bos=self.prepend_bos,
-                )
-                return ids, None
-            ids, starts = conversation_ids(adapter, prompts, responses, **self._reading())
-            return ids, starts if self.answers else None
-        assert tokens is not None  # one of the two, checked above
-        ids = [list(map(int, t)) for t in tokens]
-        if not ids or any(len(t) == 0 for t in ids):
-            raise TPCHooksError("tokens must be a non-empty list of non-empty token id lists")
-        if answer_starts is None:
-            return ids, None
-        starts = [int(a) for a in answer_starts]
-        if len(starts) != len(ids) or any(not 0 <= a < len(t) for a, t in zip(starts, ids, strict=False)):
-            raise TPCHooksError(
-                "answer_starts must give, for each token list, where its answer starts: 0 <= start < its "
-                "length (at least one answer token)"
-            )
-        return ids, starts
 
     def _token_pass(
         self,
