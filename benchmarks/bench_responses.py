@@ -444,6 +444,7 @@ def trained_response_monitors(args, hf, tokenizer, adapter, monitors, sets, seqs
                 )
                 for name in seqs
             }  # logits
+            steps = {name: [head(r.to(dtype)).numpy() if len(r) else np.zeros(0) for r in rows[name]] for name in seqs}
         own = float(np.log(mon.threshold / (1 - mon.threshold)))
         thresholds = [float(threshold_at_fpr(torch.as_tensor(p), FPR)) for p in peaks["calibration"]]
         prompt_probs = {name: np.array([s[0] for s in scores[name][k_seed]]) for name in seqs}  # step 0
@@ -457,6 +458,14 @@ def trained_response_monitors(args, hf, tokenizer, adapter, monitors, sets, seqs
                 "joint": 100 * float(np.mean((prompt_probs[name] > p_thr) | (peaks[name][-1] >= r_thr[-1]))),
                 "prompt": 100 * float(np.mean(prompt_probs[name] >= prompt_monitor.threshold)),
             }
+            # the answer tokens read when the flag is raised (flagged conversations only): at the own
+            # threshold, and for the union (0 when the prompt monitor flags the prompt)
+            row[name]["own tokens"] = [t for t in map(_first, steps[name], [own] * len(steps[name])) if t]
+            row[name]["joint tokens"] = [
+                0 if p > p_thr else t
+                for p, t in zip(prompt_probs[name], (_first(s, r_thr[-1]) for s in steps[name]), strict=True)
+                if p > p_thr or t
+            ]
         per_seed.append(row)
     degree = min(r["degree"] for r in per_seed)
     print(
@@ -472,13 +481,43 @@ def trained_response_monitors(args, hf, tokenizer, adapter, monitors, sets, seqs
     )
     cols = ["prompt", "own"] + [f"order {k}" for k in range(1, degree + 1)] + ["joint"]
     names = {"joint": "prompt or answer", "prompt": "prompt monitor, prompt"}
-    print("| set | " + " | ".join(names.get(c, c) for c in cols) + " |\n|---|" + "---|" * len(cols))
+    waits = ["own tokens", "joint tokens"]  # pooled over the seeds' flagged conversations
+    print(
+        "| set | "
+        + " | ".join(names.get(c, c) for c in cols)
+        + " | answer tokens before the flag: own (median / p90) | prompt or answer (median / p90) |\n|---|"
+        + "---|" * (len(cols) + len(waits))
+    )
     for name in (*HARMFUL, *BENIGN, "calibration"):
-        print(f"| {name} | " + " | ".join(_pct([r[name][c] for r in per_seed]) for c in cols) + " |")
+        got = [_pct([r[name][c] for r in per_seed]) for c in cols]
+        got += [_wait([t for r in per_seed for t in r[name][w]]) for w in waits]
+        print(f"| {name} | " + " | ".join(got) + " |")
+    shifted = [n for n in HARMFUL if n != "test"]
+    print(
+        "\nThe shifted sets together, answer tokens before the flag (median / p90): own "
+        + " and prompt or answer ".join(_wait([t for r in per_seed for n in shifted for t in r[n][w]]) for w in waits)
+        + "."
+    )
     for r in per_seed:
         if r["orders"]:
             print(f"\nSeed {r['seed']}: {r['orders']}")
-    print("\nPer seed: " + json.dumps(per_seed, default=float))
+    kept = [
+        {k: v if not isinstance(v, dict) else {c: x for c, x in v.items() if c not in waits} for k, v in r.items()}
+        for r in per_seed
+    ]
+    print("\nPer seed: " + json.dumps(kept, default=float))
+
+
+def _wait(tokens: list[int]) -> str:
+    """Median / 90th percentile of answer tokens read before a flag (a dash when none flagged)."""
+    return f"{np.median(tokens):.0f} / {np.percentile(tokens, 90):.0f}" if tokens else "-"
+
+
+def _first(logits: np.ndarray, threshold: float) -> int | None:
+    """The answer tokens read at the first step whose logit reaches ``threshold`` (row j of an
+    answer's step scores reads j + 1 tokens); None when no step does."""
+    hit = np.flatnonzero(logits >= threshold)
+    return int(hit[0]) + 1 if len(hit) else None
 
 
 def _joint(prompt: np.ndarray, peaks: np.ndarray) -> tuple[float, list[float]]:
