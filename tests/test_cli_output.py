@@ -142,3 +142,49 @@ def test_evaluate_tables_name_the_truncations_and_the_exits(capsys):
     assert "not at the monitor's threshold 0.3" in out
     assert [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| 1")] == ["1", "1-2", "1-3"]
     assert "rows exiting at each order" in out and ", 3: " in out
+
+
+ANSWERS = ["i cannot help with that", "it is sunny and warm today"]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "max", "last"])
+@pytest.mark.parametrize("reads", ["answer", "prompt"])
+def test_attribute_splits_a_conversations_score_as_monitor_score_gives_it(tmp_path, capsys, model, pooling, reads):
+    """``--response``: a response monitor attributes the answer pooled alone, a prompt monitor the
+    conversation whole; either way the logit split is the one ``monitor.score(responses=...)`` gives."""
+    mon = tpc.Monitor(head3(), SITE, pooling=pooling, reads=reads)
+    mon.save_pretrained(tmp_path / "mon")
+    js = tmp_path / "a.json"
+    args = ["attribute", "--monitor", str(tmp_path / "mon"), "--prompt", *PROMPTS, "--response", *ANSWERS]
+    assert main([*args, "--json", str(js)]) == 0
+    got = json.loads(js.read_text())
+    want = mon.score(model, PROMPTS, responses=ANSWERS).logits
+    assert [d["logit"] for d in got] == pytest.approx(want.tolist(), rel=1e-5, abs=1e-4)
+    assert [sum(d["by_order"]) for d in got] == pytest.approx(want.tolist(), rel=1e-5, abs=1e-4)
+    alone = mon.score(model, PROMPTS).logits if reads == "prompt" else None  # the prompt alone differs
+    if alone is not None:
+        assert not torch.allclose(alone, want)
+
+
+def test_a_response_monitor_in_the_verbs(tmp_path, capsys, model):
+    """``attribute`` asks for the answers (one per prompt), ``evaluate`` says it reads prompts, and
+    ``monitor`` prints step 0 as not scored and every answer step as generation scored it."""
+    mon = tpc.Monitor(head3(), SITE, pooling="mean", reads="answer")
+    path = str(tmp_path / "mon")
+    mon.save_pretrained(path)
+    assert main(["attribute", "--monitor", path, "--prompt", *PROMPTS]) == 2
+    assert "pass --response" in capsys.readouterr().err
+    assert main(["attribute", "--monitor", path, "--prompt", *PROMPTS, "--response", ANSWERS[0]]) == 2
+    assert "1 answers for 2 prompts" in capsys.readouterr().err
+    assert main(["evaluate", "--monitor", path, "--limit", "2"]) == 2
+    assert "monitor.score(model, prompts, responses=" in capsys.readouterr().err
+
+    assert main(["monitor", "--monitor", path, "--prompt", PROMPTS[0], "--max-new-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    run = tpc.Monitor.from_pretrained(path).generate(model, PROMPTS[:1], max_new_tokens=3)
+    assert "  step 0 (prompt only): not scored\n" in out
+    scores = [
+        float(line.split("score ")[1]) for line in out.splitlines() if line.startswith("  step") and ": score " in line
+    ]
+    assert scores == pytest.approx([float(s) for s in run.scores[0][1:]], abs=1e-3)
+    assert len(scores) == 3

@@ -251,6 +251,13 @@ def _attribute(sub: argparse._SubParsersAction) -> None:
     _model_args(p)
     _monitor_arg(p)
     p.add_argument("--prompt", nargs="+", required=True)
+    p.add_argument(
+        "--response",
+        nargs="+",
+        default=None,
+        help="an answer per --prompt: attribute the conversation (a response monitor, which reads the answer, "
+        "needs it; a prompt monitor reads the conversation whole)",
+    )
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--json", default=None)
 

@@ -233,9 +233,15 @@ def print_generation(run: Any, prompts: list[str], tok: Any, monitor: Monitor | 
     def exit_order(b: int, t: int) -> str:
         return f", exit order {int(run.exit_orders[b][t])}" if exits else ""
 
+    answers = monitor is not None and monitor.answers
+    if answers:
+        print("a response monitor: it reads the answer, step t its first t tokens; the prompt alone is not scored")
     for b, prompt in enumerate(prompts):
         print(f"\nprompt {b}: {prompt!r}")
-        print(f"  step 0 (prompt only): score {float(run.scores[b][0]):.3f}{exit_order(b, 0)}")
+        if answers:
+            print("  step 0 (prompt only): not scored")
+        else:
+            print(f"  step 0 (prompt only): score {float(run.scores[b][0]):.3f}{exit_order(b, 0)}")
         for t, token in enumerate(run.generated(b), start=1):
             if t < len(run.scores[b]):
                 print(

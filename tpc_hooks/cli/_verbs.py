@@ -38,7 +38,7 @@ from ..data import (
     source_names,
 )
 from ..head import attribute
-from ..monitoring import Monitor
+from ..monitoring import Monitor, conversation_ids
 from ..offline import load_model, load_monitor
 from ..recipes import named
 from ..training import (
@@ -277,6 +277,13 @@ def _evaluate(args: argparse.Namespace) -> int:
     (``tpc_hooks.training._evaluate``)."""
 
     check_monitor_dir(args.monitor)
+    mon = Monitor.from_pretrained(args.monitor)
+    if mon.answers:
+        raise TPCHooksError(
+            f"{args.monitor} is a response monitor (reads the answer): it scores conversations, and tpc-hooks "
+            "evaluate reads prompts; score conversations in Python: monitor.score(model, prompts, "
+            "responses=answers), the answers e.g. tpc.generate_answers(model, prompts)"
+        )
     if args.acts is None:
         return _evaluate_outside(args)
     extra = [f"--{k}" for k in ("limit", "out", "plot") if getattr(args, k) is not None]
@@ -288,7 +295,6 @@ def _evaluate(args: argparse.Namespace) -> int:
         )
     acts = check_acts(args.acts)
     check_json_out(args.json)
-    mon = Monitor.from_pretrained(args.monitor)
     if args.decision is not None and not mon.streaming:
         raise TPCHooksError(
             f"--decision chooses how a per-token monitor scores a prompt, but {args.monitor} pools "
@@ -399,19 +405,43 @@ def _attribute(args: argparse.Namespace) -> int:
             "tpc.attribute(monitor, rows) with rows = tpc.collect(model, [prompt], monitor.site, "
             "pooling='token')[monitor.site][0] (one attribution per token)"
         )
+    responses = args.response
+    if mon.answers and responses is None:
+        raise TPCHooksError(
+            f"{args.monitor} is a response monitor (reads the answer): pass --response, the answer to attribute "
+            "for each --prompt (in the same order)"
+        )
+    if responses is not None and len(responses) != len(args.prompt):
+        raise TPCHooksError(
+            f"--response gives {len(responses)} answers for {len(args.prompt)} prompts; pass one per --prompt"
+        )
     model = _load_model(args.model, args.toolkit)
-    z = collect(
-        model,
-        args.prompt,
-        mon.site,
-        mon.pooling,
-        chat_template=mon.chat_template,
-        prepend_bos=mon.prepend_bos,
-        max_tokens=mon.max_tokens,
-        progress=False,
-    )[mon.site]
-    attr = attribute(mon, z)
-    dicts = [attr.to_dict(b, k=args.k) for b in range(len(args.prompt))]
+    if responses is None:
+        z = collect(
+            model,
+            args.prompt,
+            mon.site,
+            mon.pooling,
+            chat_template=mon.chat_template,
+            prepend_bos=mon.prepend_bos,
+            max_tokens=mon.max_tokens,
+            progress=False,
+        )[mon.site]
+        attr = attribute(mon, z)
+        dicts = [attr.to_dict(b, k=args.k) for b in range(len(args.prompt))]
+    else:  # each conversation's tokens, pooled the monitor's way: the answer's alone for a response monitor
+        ids, starts = conversation_ids(
+            get_adapter(model),
+            args.prompt,
+            responses,
+            chat_template=mon.chat_template,
+            max_tokens=mon.max_tokens,
+            prepend_bos=mon.prepend_bos,
+            what="attribute",
+        )
+        rows = collect(model, tokens=ids, sites=mon.site, pooling="token", progress=False)[mon.site]
+        pooled = [r[s:] if mon.answers else r for r, s in zip(rows, starts, strict=True)]
+        dicts = [attribute(mon, r[None]).to_dict(0, k=args.k) for r in pooled]
     print_attributions(args.prompt, dicts)
     if args.json:
         Path(args.json).write_text(json.dumps(dicts, indent=1))
