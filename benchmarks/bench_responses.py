@@ -434,17 +434,18 @@ def trained_response_monitors(args, hf, tokenizer, adapter, monitors, sets, seqs
         }
         head = mon.head
         dtype = next(head.parameters()).dtype
-        with torch.no_grad():
+        with torch.no_grad():  # each answer step's logit, the whole head; then each order's peak
+            steps = {name: [head(r.to(dtype)).numpy() if len(r) else np.zeros(0) for r in rows[name]] for name in seqs}
             peaks = {
                 name: np.array(
                     [
                         [float(head(r.to(dtype), order=k).max()) if len(r) else -np.inf for r in rows[name]]
-                        for k in range(1, head.degree + 1)
+                        for k in range(1, head.degree)
                     ]
+                    + [[float(s.max()) if len(s) else -np.inf for s in steps[name]]]
                 )
                 for name in seqs
             }  # logits
-            steps = {name: [head(r.to(dtype)).numpy() if len(r) else np.zeros(0) for r in rows[name]] for name in seqs}
         own = float(np.log(mon.threshold / (1 - mon.threshold)))
         thresholds = [float(threshold_at_fpr(torch.as_tensor(p), FPR)) for p in peaks["calibration"]]
         prompt_probs = {name: np.array([s[0] for s in scores[name][k_seed]]) for name in seqs}  # step 0

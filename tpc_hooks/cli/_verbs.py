@@ -285,7 +285,7 @@ def _evaluate(args: argparse.Namespace) -> int:
             "responses=answers), the answers e.g. tpc.generate_answers(model, prompts)"
         )
     if args.acts is None:
-        return _evaluate_outside(args)
+        return _evaluate_outside(args, mon)
     extra = [f"--{k}" for k in ("limit", "out", "plot") if getattr(args, k) is not None]
     extra += ["--dataset"] if args.dataset != "default" else []
     if extra:
@@ -332,7 +332,7 @@ def _evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _evaluate_outside(args: argparse.Namespace) -> int:
+def _evaluate_outside(args: argparse.Namespace, mon: Monitor) -> int:
     """``evaluate --monitor DIR [--model M]``: the table (stdout, and ``--out``), the curves (``--plot``)."""
     if args.limit is not None and args.limit < 1:
         raise TPCHooksError(f"--limit must be at least 1; got {args.limit}")
@@ -347,7 +347,6 @@ def _evaluate_outside(args: argparse.Namespace) -> int:
     check_dataset(args.dataset)
     check_json_out(args.json)
     check_model(args.model)
-    mon = Monitor.from_pretrained(args.monitor)
     split = mon.report.get("split", {})
     n_traffic = split.get("n_calibration", 0)
     calibration = None if args.calibration is None else read_texts(args.calibration)
