@@ -9,6 +9,8 @@ checks; ``pooling``; ``sae``: the SAE glue) and no interpretability toolkit.
 
 from ._attribution import Attribution as Attribution
 from ._attribution import attribute as attribute
+from ._attribution import euler_gradients as euler_gradients
+from ._attribution import row_orders as row_orders
 from ._cascade import Cascade as Cascade
 from ._cascade import CascadeResult as CascadeResult
 from ._cascade import check_tau as check_tau

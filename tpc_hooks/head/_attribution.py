@@ -58,6 +58,9 @@ class Attribution:
         feature_ids: names of the basis directions (``None``: neuron indices).
         feature_labels: a readable label per SAE feature id, when the SAE carries them (its
             ``feature_labels``, as :func:`tpc_hooks.offline.load_sae` gives them); None otherwise.
+        orders: ``[batch]`` the truncation each row's logit is (``attribute(..., order=)``; a
+            monitor's cascade exit order in :meth:`~tpc_hooks.Monitor.explain`); None: the full
+            polynomial. Every part of a degree above a row's order is 0.
     """
 
     head: TPC
@@ -72,6 +75,7 @@ class Attribution:
     feature_ids: list[Any] | None = None
     feature_labels: dict[Any, str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    orders: Tensor | None = None
     # SAE projection: zs = f @ dec + rows (per input), see attribute(..., sae=)
     _proj: dict[str, Tensor] | None = None
 
@@ -106,7 +110,7 @@ class Attribution:
         ``c_v`` of ``C`` are the basis components of ``z`` (``diag(z)`` for neurons)."""
         zs = self.z[input]
         cols, weights = [], []
-        scales = _kernel.lambda_scales(self.head, zs[None])
+        scales = _kernel.lambda_scales(self.head, zs[None], None if self.orders is None else int(self.orders[input]))
         for k in self._orders(order):
             U = self.head.factors[str(k)].detach().to(zs.dtype)
             lam = self.head.lambdas[str(k)].detach().to(zs.dtype) * scales[k][0]
@@ -383,7 +387,7 @@ class Attribution:
         return str(self.to_html(inputs=list(range(min(len(self), 5)))))
 
 
-def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None) -> Attribution:
+def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None, order: Any = None) -> Attribution:
     """Exact decompositions of a TPC's (or a Monitor's) logits for activations ``z``.
 
     Args:
@@ -398,6 +402,8 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
             the pooled input; for mean pooling of per-token input, the mean of per-token
             latents) every part splits into ``d_sae`` features plus a ``"b_dec"`` and an
             ``"error"`` term, and still sums exactly to the logit.
+        order: the truncation to split, ``P_{:order}`` (an int, or one per row ``[batch]``, e.g. a
+            cascade's ``exit_order``); None: the full polynomial. A degree above a row's order adds 0.
 
     Returns:
         An :class:`Attribution`.
@@ -410,6 +416,9 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         ...     attr.bias + attr.by_neuron.sum(-1), attr.logit
         ... )
         (True, True)
+        >>> z = torch.randn(4, 8)
+        >>> torch.allclose(tpc.attribute(head, z, order=2).logit, head(z, order=2))
+        True
     """
     head, site = _head_of(head_or_monitor)
     mon_sae = getattr(head_or_monitor, "sae", None)
@@ -441,19 +450,13 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         t = t[None]
     X = check_features(t.detach().cpu(), "z", head.d_model)
     dtype = X.dtype
+    rows = row_orders(head, order, X.shape[0])
     with torch.no_grad():
-        mean, scale = head.scaler.mean.to(dtype), head.scaler.scale.to(dtype)
+        mean, scale = head.scaler.mean.detach().cpu().to(dtype), head.scaler.scale.detach().cpu().to(dtype)
         zs = (X - mean) / scale
-        w1 = head.linear.detach().to(dtype)
-        bias = head.bias.detach().to(dtype).expand(zs.shape[0]).clone()
-        # q_k = (dT_k/dz_std) / k per order (order 1: w1), so each order's part of the logit is <z_std, q_k>
-        qs = [w1.expand_as(zs)]
-        scales = _kernel.lambda_scales(head, zs)  # clipping, gate and escalate_only as a rescaled lambda
-        for k in head.degrees:
-            U = head.factors[str(k)].detach().to(dtype)
-            lam = head.lambdas[str(k)].detach().to(dtype) * scales[k]
-            qs.append(((zs @ U).pow(k - 1) * lam) @ U.T)
-        neuron_by_order = torch.stack([zs * q for q in qs], 1)
+        bias, q = euler_gradients(head, zs, rows)
+        qs = list(q.unbind(1))
+        neuron_by_order = zs[:, None] * q
         by_order = neuron_by_order.sum(-1)
         by_order[:, 0] += bias
         by_neuron = neuron_by_order.sum(1)
@@ -461,6 +464,7 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
     if sae is not None:
         out = _project(head, site, sae, X, zs, qs, bias, by_order, logit, f_mean)
         out.feature_labels = getattr(sae, "feature_labels", None)
+        out.orders = None if order is None else rows
         return out
     extra: dict[str, Any] = {}
     if mon_sae is not None:
@@ -477,6 +481,7 @@ def attribute(head_or_monitor: Any, z: Any, *, mask: Any = None, sae: Any = None
         basis="sae" if mon_sae is not None else "residual",
         extra=extra,
         feature_labels=getattr(mon_sae, "feature_labels", None),
+        orders=None if order is None else rows,
     )
 
 
@@ -522,3 +527,47 @@ def _project(
         extra={"W_dec": W_dec, "b_dec": b_dec},
         _proj={"f": f, "dec": dec, "rows": rows},
     )
+
+
+def row_orders(head: TPC, order: Any, n: int) -> Tensor:
+    """The truncation of each of ``n`` rows: ``order`` (None: the full polynomial; an int; or one
+    per row), checked against ``head``, as an int64 tensor ``[n]``."""
+    if order is None:
+        return torch.full((n,), head.degree, dtype=torch.long)
+    if isinstance(order, int) and not isinstance(order, bool):
+        return torch.full((n,), head.check_order(order), dtype=torch.long)
+    o = torch.as_tensor(order).detach().cpu()
+    if o.is_floating_point() or o.dtype == torch.bool or tuple(o.shape) != (n,):
+        raise TPCHooksError(f"order must be None, an int or {n} integers (one per row); got {order!r}")
+    if n and not bool(((o >= 1) & (o <= head.degree)).all()):
+        raise TPCHooksError(f"order must lie in 1..{head.degree} for this degree-{head.degree} head; got {o.tolist()}")
+    return o.long()
+
+
+@torch.no_grad()
+def euler_gradients(head: TPC, zs: Tensor, orders: Tensor) -> tuple[Tensor, Tensor]:
+    """Each order's part of the logit as a linear form of the standardised rows ``zs [n, d]``: returns
+    ``(bias [n], q [n, degree, d])`` with ``logit = bias + sum_k <zs, q[:, k - 1]>`` for row ``i``'s
+    truncation ``P_{:orders[i]}`` (:func:`row_orders`). ``q`` of order 1 is the linear weights; of
+    degree ``k``, the term's gradient over ``k`` (Euler's theorem: ``T_k`` is homogeneous of degree
+    ``k``), with clipping, the gate and ``escalate_only`` as a per-row rescaled ``lambda``
+    (:func:`~tpc_hooks.head._kernel.lambda_scales`). The same ``q`` splits the logit along any
+    additive decomposition of ``zs``: a part ``x`` of the input carries ``<x / scale, sum_k q_k>``
+    (what :meth:`~tpc_hooks.Monitor.explain` does with tokens and model components)."""
+    dtype, dev = zs.dtype, zs.device
+    n, d = zs.shape
+    q = zs.new_zeros(n, head.degree, d)
+    q[:, 0] = head.linear.detach().to(dev, dtype)
+    bias = head.bias.detach().to(dev, dtype).expand(n).clone()
+    orders = orders.to(dev)
+    for v in orders.unique().tolist():
+        rows = orders == v
+        z_v = zs[rows]
+        scales = _kernel.lambda_scales(head, z_v, int(v))
+        for k in head.degrees:
+            if k > v:
+                break
+            U = head.factors[str(k)].detach().to(dev, dtype)
+            lam = head.lambdas[str(k)].detach().to(dev, dtype) * scales[k]
+            q[rows, k - 1] = ((z_v @ U).pow(k - 1) * lam) @ U.T
+    return bias, q

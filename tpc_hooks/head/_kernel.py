@@ -39,8 +39,8 @@ BOUNDS_SLACK = 1e-6  # relative widening of the trust region against rounding (s
 
 # ---------------------------------------------------------------------- standardise, project, clip
 def param(p: Tensor, like: Tensor) -> Tensor:
-    """``p`` in ``like``'s dtype (no copy when it already is)."""
-    return p if p.dtype == like.dtype else p.to(like.dtype)
+    """``p`` in ``like``'s dtype and on its device (no copy when it already is)."""
+    return p if p.dtype == like.dtype and p.device == like.device else p.to(like.device, like.dtype)
 
 
 def standardize(head: Any, z: Any) -> tuple[Tensor, torch.Size]:
@@ -174,7 +174,7 @@ def project(head: Any, zs: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
     b = head.bounds(k)
     if b is None:
         return p, p, torch.zeros(zs.shape[0], dtype=torch.bool, device=zs.device)
-    b = b.to(p.dtype)
+    b = b.to(p.device, p.dtype)
     return p, torch.minimum(torch.maximum(p, b[0]), b[1]), ((p < b[0]) | (p > b[1])).any(1)
 
 
@@ -271,21 +271,26 @@ def outside(head: Any, zs: Tensor, order: int | None = None) -> Tensor:
 
 
 @torch.no_grad()
-def lambda_scales(head: Any, zs: Tensor) -> dict[int, Tensor]:
-    """Per degree k, per-row, per-factor multipliers ``m_k`` ``[n, R_k]`` with the full
-    polynomial's degree-k contribution ``== (p^k * m_k) @ lambda_k`` for the raw projections
-    ``p``: clipping written as a rescaled ``lambda`` (``(clip(p)/p)^k``), and 0 on rows where
-    the gate or ``escalate_only`` hands the decision to order 1 (:func:`decide`). Attribution
-    uses them to stay exact on such rows."""
+def lambda_scales(head: Any, zs: Tensor, order: int | None = None) -> dict[int, Tensor]:
+    """Per degree k, per-row, per-factor multipliers ``m_k`` ``[n, R_k]`` with the truncation
+    ``P_{:order}``'s degree-k contribution ``== (p^k * m_k) @ lambda_k`` for the raw projections
+    ``p`` (None: the full polynomial): clipping written as a rescaled ``lambda``
+    (``(clip(p)/p)^k``), 0 on rows where the gate or ``escalate_only`` hands the decision to
+    order 1 (:func:`decide`), and 0 for every degree above ``order``. Attribution uses them to
+    stay exact on such rows."""
+    n = head.degree if order is None else order
     keep = None
     if gating(head) or head.escalate_only:
-        overruled = logits(head, zs, head.degree) == linear(head, zs)
+        overruled = logits(head, zs, n) == linear(head, zs)
         if not head.escalate_only:
-            overruled &= outside(head, zs)
+            overruled &= outside(head, zs, n)
         keep = (~overruled).to(zs.dtype)[:, None]
     scales = {}
     for k in head.degrees:
         p, pc, _ = project(head, zs, k)
+        if k > n:
+            scales[k] = torch.zeros_like(p)
+            continue
         m = torch.where(p == 0, torch.ones_like(p), pc / torch.where(p == 0, torch.ones_like(p), p)).pow(k)
         scales[k] = m if keep is None else m * keep
     return scales
