@@ -14,6 +14,7 @@ from ._batching import positions as positions
 from ._batching import resolve_bos as resolve_bos
 from ._collect import collect as collect
 from ._collect import cost_line as cost_line
+from ._collect import from_start as from_start
 from ._collect import pooled_batches as pooled_batches
 from ._collect import prompts_digest as prompts_digest
 from ._collect import token_batches as token_batches
@@ -32,6 +33,13 @@ from ._hf import judge_branches as judge_branches
 from ._hf import lm_head as lm_head
 from ._hf import observe_layers as observe_layers
 from ._hf import this_thread as this_thread
+from ._parts import Block as Block
+from ._parts import Heads as Heads
+from ._parts import StreamParts as StreamParts
+from ._parts import assemble as assemble
+from ._parts import hf_parts as hf_parts
+from ._parts import norm_gain as norm_gain
+from ._parts import scalar_fit as scalar_fit
 from ._sites import KINDS as KINDS
 from ._sites import Site as Site
 from ._sites import hook_name as hook_name

@@ -9,9 +9,10 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ._batching import resolve_bos
-from ._hf import model_lock
+from ._batching import positions, resolve_bos
+from ._hf import decoder_layers, find_layers, model_lock
 from ._hf_loop import hf_decode
+from ._parts import StreamParts, hf_parts
 from ._sites import KINDS, Site, hook_name, parse_site
 
 # model class (module prefix, class name) -> adapter module; matched on the type's MRO, so
@@ -197,6 +198,30 @@ class Adapter:
             for i, site in enumerate(order):
                 stack.enter_context(self.observe(site, reader(site, i == len(order) - 1)))
             yield
+
+    def forward_parts(
+        self, input_ids: Tensor, attention_mask: Tensor, site: Site, *, heads: bool = False
+    ) -> StreamParts:
+        """What each part of the model (the embedding, every block's attention or its heads, and MLP)
+        wrote into the residual stream up to ``site``, from one forward pass that stops once the site
+        is read (:class:`~tpc_hooks.activations._parts.StreamParts`: their contributions to any linear
+        form of the site's activations, summing to its own).
+
+        This default reads the underlying Hugging Face model's decoder layers with plain PyTorch hooks
+        (:func:`~tpc_hooks.activations._parts.hf_parts`); a toolkit without one overrides it.
+        """
+        hf = self.hf_model()
+        if hf is None:
+            raise NotImplementedError(f"{type(self).__name__} reads no model parts")
+        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
+        return hf_parts(
+            lambda: hf(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False),
+            decoder_layers(hf, find_layers(hf, self.toolkit)),
+            site,
+            heads=heads,
+            config=hf.config,
+            model_name=self.model_name,
+        )
 
     def hf_model(self) -> Any:
         """The underlying Hugging Face model, when there is one (None for HookedTransformer)."""

@@ -307,7 +307,7 @@ def observe_layers(hf: Any, layers: Any, site: Site, fn: Callable[[Tensor, Tenso
 
 # ---------------------------------------------------------------------- the two branches of a decoder layer
 BRANCH = ("attn_out", "mid", "mlp_out")
-_ATTN = ("self_attn", "attn", "attention", "self_attention", "linear_attn", "mixer", "mamba")
+ATTENTION = ("self_attn", "attn", "attention", "self_attention", "linear_attn", "mixer", "mamba")
 _MLP = ("mlp", "block_sparse_moe", "feed_forward", "moe", "ffn", "shared_mlp")
 _PRE_MLP_NORM = ("pre_feedforward_layernorm", "post_attention_layernorm", "ffn_norm", "pre_mlp_layernorm", "ln_2")
 
@@ -326,7 +326,7 @@ def branch_points(layer: Any) -> dict[str, tuple[str, bool]]:
     of the norm before the MLP (else of the MLP). :func:`branch_verdicts` checks it on the model.
     """
     kids = dict(layer.named_children())
-    attn = next((n for n in _ATTN if n in kids), None)
+    attn = next((n for n in ATTENTION if n in kids), None)
     mlp = next((n for n in _MLP if n in kids), None)
     if attn is None or mlp is None:
         return {}

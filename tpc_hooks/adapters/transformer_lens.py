@@ -20,7 +20,26 @@ import torch
 from torch import Tensor
 
 from .._errors import TPCHooksError
-from ..activations import BRANCH, KINDS, Adapter, InputSpy, Site, hook_name, judge_branches, positions, this_thread
+from ..activations import (
+    BRANCH,
+    KINDS,
+    Adapter,
+    Block,
+    Heads,
+    InputSpy,
+    Site,
+    StreamParts,
+    assemble,
+    decoder_layers,
+    find_layers,
+    hf_parts,
+    hook_name,
+    judge_branches,
+    norm_gain,
+    positions,
+    scalar_fit,
+    this_thread,
+)
 
 __all__ = ["TransformerLensAdapter", "make_adapter"]
 
@@ -194,6 +213,81 @@ class TransformerLensAdapter(Adapter):
 
     def hf_model(self) -> Any:
         return self.model.original_model if self.is_bridge else None
+
+    @torch.no_grad()
+    def forward_parts(
+        self, input_ids: Tensor, attention_mask: Tensor, site: Site, *, heads: bool = False
+    ) -> StreamParts:
+        """The parts of the stream at ``site`` (see :meth:`Adapter.forward_parts`). A bridge is read at
+        the Hugging Face modules it wraps, through its own forward; a ``HookedTransformer`` at its own
+        hook points: ``hook_resid_pre``, ``hook_resid_mid`` and ``hook_resid_post`` around each block
+        (``hook_attn_out`` in a parallel block), and ``attn.hook_z`` with ``W_O``, ``b_O`` per head."""
+        ids, mask = input_ids.to(self.device), attention_mask.to(self.device)
+        if self.is_bridge:
+            hf = self.model.original_model
+            return hf_parts(
+                lambda: self._forward(ids, mask),
+                decoder_layers(hf, find_layers(hf, self.toolkit)),
+                site,
+                heads=heads,
+                config=hf.config,
+                model_name=self.model_name,
+            )
+        return self._hooked_parts(ids, mask, site, heads)
+
+    def _hooked_parts(self, ids: Tensor, mask: Tensor, site: Site, heads: bool) -> StreamParts:
+        L, kind = site.layer, site.kind
+        full = range(L) if kind in ("pre", "mid") else range(L + 1) if kind == "post" else range(0)
+        upto = [*full, *([L] if kind in ("mid", "attn_out", "mlp_out") else [])]
+        hooks = self.model.hook_dict
+        names = ["blocks.0.hook_resid_pre", site.name]
+        for li in upto:
+            names += [
+                f"blocks.{li}.{h}" for h in ("hook_resid_pre", "hook_resid_mid", "hook_attn_out", "hook_resid_post")
+            ]
+            if heads:
+                names.append(f"blocks.{li}.attn.hook_z")
+        cap = _Capture()
+        wanted = [n for n in dict.fromkeys(names) if n in hooks]
+        with self.model.hooks(fwd_hooks=[(n, this_thread(cap.hook(n))) for n in wanted]):
+            self._forward(ids, mask, stop_at_layer=L + 1 if L + 1 < self.n_layers else None)
+        seen = cap.seen
+        where = self.model_name
+        blocks = []
+        for li in upto:
+            b = Block(li)
+            branch = seen[f"blocks.{li}.hook_attn_out"] if kind != "mlp_out" else seen[site.name]
+            if kind in ("attn_out", "mlp_out"):
+                target = branch.double()
+            else:
+                b.inp = seen[f"blocks.{li}.hook_resid_pre"]
+                b.out = seen[f"blocks.{li}.hook_resid_post"] if li in full else None
+                b.mid = seen.get(f"blocks.{li}.hook_resid_mid")
+                if b.mid is None:  # a parallel block: attention's part is its branch
+                    b.attn = branch
+                target = branch.double() if b.mid is None else b.mid.double() - b.inp.double()
+            if heads and kind != "mlp_out":
+                b.heads = self._heads(li, seen[f"blocks.{li}.attn.hook_z"], branch, target, f"block {li} of {where}")
+            blocks.append(b)
+        embed = seen.get("blocks.0.hook_resid_pre") if kind not in ("attn_out", "mlp_out") else None
+        return assemble(site, embed, blocks, seen[site.name])
+
+    def _heads(self, li: int, z: Tensor, branch: Tensor, target: Tensor, where: str) -> Heads:
+        """Block ``li``'s heads from ``hook_z`` ``[B, T, H, d_head]`` and ``W_O``, ``b_O``: what attention
+        adds (``target``) is their sum times 1, or a normalisation's scale per position (``ln1_post``)."""
+        attn = self.model.blocks[li].attn
+        B, T, H, dh = z.shape
+        W = attn.W_O.detach().reshape(H * dh, -1).T  # [d_model, H * d_head]
+        bias = getattr(attn, "b_O", None)
+        x = z.reshape(B, T, H * dh)
+        o = x.double() @ W.double().T + (0 if bias is None else bias.detach().double())
+        post = getattr(self.model.blocks[li], "ln1_post", None)
+        gain: Any = norm_gain(post, o, branch, where) if post is not None else scalar_fit(target, o)
+        if isinstance(gain, float) and abs(gain - 1) < 1e-6:
+            gain = 1.0
+        return Heads(
+            x, W, None if bias is None else bias.detach(), H, gain if isinstance(gain, float) else gain.float()
+        )
 
     @torch.no_grad()
     def decode(
