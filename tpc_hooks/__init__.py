@@ -24,6 +24,7 @@ from .head import History as History
 from .head import Policy as Policy
 from .head import attribute as attribute
 from .monitoring import Answers as Answers
+from .monitoring import Explanation as Explanation
 from .monitoring import GenerationRun as GenerationRun
 from .monitoring import Monitor as Monitor
 from .monitoring import MonitorConfig as MonitorConfig
@@ -75,6 +76,7 @@ __all__ = [
     "Answers",
     "attribute",
     "Attribution",
+    "Explanation",
     "TPCHooksError",
 ]
 

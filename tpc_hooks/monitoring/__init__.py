@@ -10,6 +10,7 @@ from ._calibrate import check_sources as check_sources
 from ._calibrate import everyday_present as everyday_present
 from ._calibrate import everyday_rows as everyday_rows
 from ._calibrate import logits as logits
+from ._explain import Explanation as Explanation
 from ._monitor import Monitor as Monitor
 from ._monitor import from_files as monitor_from_files  # noqa: F401
 from ._monitor import saved_files as saved_files

@@ -44,6 +44,7 @@ from ..saving import (
 )
 from . import _calibrate, _generation
 from ._answers import conversation_ids, read_ids
+from ._explain import Explanation, explain
 from ._monitor_config import ACTIONS, MonitorConfig
 from ._records import GenerationRun, LastRun, MonitorEvent, TokenScores, WatchLog
 from ._settings import Setting
@@ -329,6 +330,65 @@ class Monitor(HubMixin, LastRun):
             pooled = pooled_batches(adapter, ids, [site], self.pooling, batch_size, sae=self.sae, starts=starts)
             res = rule(pooled[site.name])
         return replace(res, threshold=self.threshold)
+
+    def explain(
+        self,
+        model: Any,
+        prompts: Sequence[str] | None = None,
+        *,
+        responses: Sequence[str] | None = None,
+        tokens: Sequence[Sequence[int]] | None = None,
+        answer_starts: Sequence[int] | None = None,
+        heads: bool = False,
+        order: int | None = None,
+        cascade: float | Cascade | None = None,
+        batch_size: int = 8,
+        tokenizer: Any = None,
+        progress: bool = False,
+    ) -> Explanation:
+        """Why the monitor scores what it scores: each row's logit split exactly over the tokens it read
+        and over the parts of the model that wrote them (the embedding, each block's attention or each
+        of its heads, and each MLP), from one forward pass per batch.
+
+        The logit's Euler split (each order's term is its gradient over its degree dotted with the
+        input) holds along any sum that makes the pooled vector: positions (mean, max, last pooling) and
+        model parts (what each block adds to the residual stream up to :attr:`site`); a per-token monitor
+        weighs each token's own split as its aggregate does. ``baseline + by_token[b].sum() == baseline +
+        by_component[b].sum() == logit[b]``. Reads prompts, conversations and token ids as :meth:`score`
+        does; every local adapter (TransformerLens ``HookedTransformer`` and ``TransformerBridge``, nnsight,
+        plain transformers), not a vLLM engine (load the checkpoint locally).
+
+        Args:
+            heads: split each attention layer by head (``"blocks.{l}.attn.{h}"``, its output bias apart),
+                where a head reaches the stream through a map that is linear given the pass (its
+                normalisation's scale held fixed; an error otherwise).
+            order, cascade: the scoring policy, as in :meth:`score` (default: the monitor's own).
+            progress: a progress bar over the prompts.
+            prompts, responses, tokens, answer_starts, batch_size, tokenizer: as in :meth:`score`.
+
+        Returns:
+            An :class:`~tpc_hooks.Explanation` (``.top_tokens(b)``, ``.top_components(b)``, ``.to_html(b)``,
+            ``.plot(b)``, ``.to_dataframe()``; ``.attribution``: the same rows by order, neuron and pair).
+
+        Example:
+            >>> ex = monitor.explain(model, ["How do I kill a Python process that hangs?"])  # doctest: +SKIP
+            >>> ex.top_tokens(0, k=2), ex.top_components(0, k=2)  # doctest: +SKIP
+            >>> ex.to_html(0)  # doctest: +SKIP
+        """
+        return explain(
+            self,
+            model,
+            prompts,
+            responses=responses,
+            tokens=tokens,
+            answer_starts=answer_starts,
+            heads=heads,
+            order=order,
+            cascade=cascade,
+            batch_size=batch_size,
+            tokenizer=tokenizer,
+            progress=progress,
+        )
 
     def _reading(self) -> dict[str, Any]:
         """How this monitor tokenises what it reads (the settings :meth:`Adapter.tokenize` takes)."""

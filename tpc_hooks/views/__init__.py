@@ -9,6 +9,9 @@
 * :class:`HTML`: what those return; it displays itself in Jupyter and ``save(path)`` writes a
   standalone page;
 * :func:`score_color`: the colour scale they share;
+* :func:`explanation_html`: an :class:`tpc_hooks.Explanation` (a monitor's logit split over tokens
+  and model parts) as tokens coloured by their share, top tables and a layer heatmap;
+  :func:`token_spans` colours any tokens by signed values the same way;
 * :func:`plot_sweep`: a cascade's F1 against its compute (matplotlib);
 * :func:`colored_tokens`: per-token values coloured with circuitsvis (interactive, notebooks);
 * :func:`review_html`, :func:`render_review_log`: a server's review log (``tpc-hooks serve
@@ -26,6 +29,8 @@ matplotlib's ``RdBu_r``), bent so that its neutral middle sits at the threshold:
 red above, whatever the threshold.
 """
 
+from ._explain import explanation_html as explanation_html
+from ._explain import token_spans as token_spans
 from ._html import HTML as HTML
 from ._html import NAN_COLOR as NAN_COLOR
 from ._html import score_color as score_color
@@ -52,4 +57,6 @@ __all__ = [
     "colored_tokens",
     "review_html",
     "render_review_log",
+    "explanation_html",
+    "token_spans",
 ]
