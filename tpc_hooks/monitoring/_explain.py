@@ -32,7 +32,7 @@ from ..data import check_prompts
 from ..head import Attribution, Cascade, attribute, euler_gradients
 from ..pooling import aggregate as aggregate_logits
 from ..pooling import pool, scored
-from ..views import HTML, explanation_html
+from ..views import HTML, colored_tokens, explanation_html
 from ._answers import conversation_ids
 
 __all__ = ["Explanation", "explain"]
@@ -169,6 +169,11 @@ class Explanation:
 
     def _repr_html_(self) -> str:
         return str(self.to_html(list(range(min(len(self), 5)))))
+
+    def colored_tokens(self, b: int = 0) -> Any:
+        """Row ``b``'s tokens in circuitsvis' interactive token colouring, by their share of the logit
+        (needs ``circuitsvis``; its view loads its script, where :meth:`to_html` is static and offline)."""
+        return colored_tokens(self.tokens[self._row(b)], self.by_token[self._row(b)].tolist())
 
     def to_dataframe(self, b: int | None = None):
         """A long table (pandas): one row per (explained row, position, part) with its contribution, and
