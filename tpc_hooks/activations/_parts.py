@@ -273,7 +273,7 @@ def _n_heads(config: Any, attn_name: str, width: int, where: str) -> int:
 
 def hf_parts(
     run: Callable[[], Any],
-    layers: Sequence[Any],
+    layers: Any,
     site: Site,
     *,
     heads: bool,
@@ -382,7 +382,7 @@ def _hf_blocks(
     site: Site,
     seen: dict[int, _Seen],
     full: range,
-    layers: Sequence[Any],
+    layers: Any,
     heads: bool,
     config: Any,
     model_name: str,

@@ -94,8 +94,8 @@ def explanation_html(ex: Any, rows: Sequence[int], *, k: int = 8, heatmap: bool 
         )
     legend = (
         '<div class="legend">each token coloured by its share of the logit: <span class="key" '
-        f'style="background-color:{_signed_color(1, 1)}">towards a flag</span> '
-        f'<span class="key" style="background-color:{_signed_color(-1, 1)}">away</span> '
+        f'style="background-color:{_signed_color(1.0, 1.0)}">towards a flag</span> '
+        f'<span class="key" style="background-color:{_signed_color(-1.0, 1.0)}">away</span> '
         '&#183; <span class="key tok unpooled">grey text</span> not pooled (read, but carries nothing) '
         "&#183; hover a token for its value &#183; parts: what each block's attention and MLP wrote into the "
         "residual stream up to the site</div>"
