@@ -77,27 +77,28 @@ def check_dataset(name: str) -> None:
         )
 
 
-def check_model(name: str | None) -> None:
-    """``--model``: the packaged default, a Hugging Face model folder, or what may be a hub model id."""
+def check_model(name: str | None, flag: str = "--model") -> None:
+    """``--model`` (or the option ``flag``): the packaged default, a Hugging Face model folder, or what
+    may be a hub model id."""
     if name in (None, DEFAULT_MODEL):
         return
     p = Path(name)
     if p.exists():
         if not p.is_dir():
             raise TPCHooksError(
-                f"--model {name} is a file; expected a Hugging Face model folder (with config.json) "
+                f"{flag} {name} is a file; expected a Hugging Face model folder (with config.json) "
                 "or a hub model id; pass the folder"
             )
         if not (p / "config.json").is_file():
             raise TPCHooksError(
-                f"--model {name} has no config.json; expected a Hugging Face model folder (as written "
+                f"{flag} {name} has no config.json; expected a Hugging Face model folder (as written "
                 "by save_pretrained) or a hub model id; pass the model's folder"
             )
         return
     if not is_hub_id(name):
         raise TPCHooksError(
-            f"--model {name}: no such folder; expected a local model folder or a hub model id such as "
-            "HuggingFaceTB/SmolLM2-135M-Instruct; check the path, or leave --model out for the packaged "
+            f"{flag} {name}: no such folder; expected a local model folder or a hub model id such as "
+            f"HuggingFaceTB/SmolLM2-135M-Instruct; check the path, or leave {flag} out for the packaged "
             f"{DEFAULT_MODEL}"
         )
 

@@ -8,6 +8,7 @@ import argparse
 from .. import recipes
 from ..monitoring import ACTIONS
 from ..pooling import POOLINGS
+from ._explain import BY
 
 TOOLKITS = ("transformer_lens", "nnsight", "transformers")
 
@@ -246,8 +247,13 @@ def _monitor(sub: argparse._SubParsersAction) -> None:
 
 
 def _attribute(sub: argparse._SubParsersAction) -> None:
-    """``tpc-hooks attribute``: a prompt's decision by order, neuron and neuron pair."""
-    p = sub.add_parser("attribute", help="a prompt's decision by order, neuron and neuron pair")
+    """``tpc-hooks attribute``: a prompt's decision by order, neuron and neuron pair, or (``--by``) by
+    token and model part (:meth:`tpc_hooks.Monitor.explain`)."""
+    p = sub.add_parser(
+        "attribute",
+        help="a prompt's decision by order, neuron and neuron pair, or (--by token|component) by token and "
+        "by model part",
+    )
     _model_args(p)
     _monitor_arg(p)
     p.add_argument("--prompt", nargs="+", required=True)
@@ -258,8 +264,34 @@ def _attribute(sub: argparse._SubParsersAction) -> None:
         help="an answer per --prompt: attribute the conversation (a response monitor, which reads the answer, "
         "needs it; a prompt monitor reads the conversation whole)",
     )
-    p.add_argument("--k", type=int, default=8)
-    p.add_argument("--json", default=None)
+    p.add_argument(
+        "--by",
+        nargs="+",
+        choices=BY,
+        default=None,
+        metavar="token|component",
+        help="split the monitor's logit exactly, as monitor.explain does: over the tokens it read (token), "
+        "or over the model parts that wrote its input: the embedding and each block's attention and MLP "
+        "(component); both: --by token component. Prints each prompt's score and flag and the top --k of each "
+        "(default, without --by: by order, neuron and neuron pair)",
+    )
+    p.add_argument(
+        "--heads",
+        action="store_true",
+        help="with --by component: split each attention layer by head (blocks.L.attn.H, the output bias apart)",
+    )
+    p.add_argument(
+        "--k",
+        type=int,
+        default=8,
+        help="how many top neurons and pairs (with --by: tokens and model parts) to list (default 8)",
+    )
+    p.add_argument(
+        "--json",
+        default=None,
+        help="also write each prompt's result to this file (with --by: the whole split, its top --k and the "
+        "score; logit = baseline + the sum of by_token, or of by_component)",
+    )
 
 
 def _serve(sub: argparse._SubParsersAction) -> None:
@@ -276,11 +308,35 @@ def _review(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "review",
         help="a server's review log (--review-log DIR) as HTML: an index and one page per "
-        "logged request, its steps coloured by score and the flagged step's attribution",
+        "logged request, its steps coloured by score and the flagged step's attribution (with --monitor: "
+        "also its tokens coloured by their share of the logit, recomputed from the logged text)",
     )
     p.add_argument("log", help="the --review-log directory (or one of its review.jsonl files)")
     p.add_argument("--out", default=None, help="where the pages go (default: LOG/html)")
     p.add_argument("--flagged-only", action="store_true", help="pages for flagged requests only (not the sample)")
+    p.add_argument(
+        "--monitor",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a monitor the server ran: its name in the log and its saved directory (DIR alone: the server's "
+        "lone monitor; repeat for several; a :stop or :flag suffix, as serve takes it, is ignored). Each "
+        "flagged request whose log holds its text (serve --review-log-text) then shows that monitor's logit "
+        "split over the tokens and the model parts, recomputed here from the logged text with the "
+        "transformers adapter (not read from the server's pass)",
+    )
+    p.add_argument(
+        "--explain-with",
+        default=None,
+        metavar="MODEL",
+        help="with --monitor: the model the split is recomputed on, loaded with transformers' "
+        "AutoModelForCausalLM and AutoTokenizer: the server's checkpoint, a local folder or a hub id "
+        "(default: the packaged SmolLM2-135M-Instruct)",
+    )
+    p.add_argument(
+        "--k", type=int, default=8, help="with --monitor: how many top tokens and model parts to list (default 8)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="with --monitor: hide the progress bar")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:

@@ -269,3 +269,77 @@ def print_attributions(prompts: list[str], dicts: list[dict[str, Any]]) -> None:
         for order, pairs in d["top_pairs"].items():
             listed = ", ".join(f"{i}x{j} ({v:+.3f})" for i, j, v in pairs) or "none (each adds exactly 0)"
             print(f"  top pairs, degree {order}: {listed}")
+
+
+def print_explanations(prompts: list[str], dicts: list[dict[str, Any]], mon: Monitor) -> None:
+    """``attribute --by``'s splits, prompt by prompt: the score and flag, the logit as the baseline plus
+    what the tokens (or parts) carry, then the top tokens and the top model parts in size, each with its
+    signed contribution (from :func:`tpc_hooks.cli._explain.explanation_dict`)."""
+    notes = []
+    if mon.streaming:
+        notes.append(
+            f"a per-token monitor: the logit is its {mon.aggregate} aggregate after the last token; each token "
+            "carries its weight in that aggregate times its own split"
+        )
+    if mon.answers:
+        notes.append(
+            "a response monitor: it pools the answer's tokens alone; the prompt's tokens carry nothing directly "
+            "(what attention moved from them is in the answer's tokens and in the parts)"
+        )
+    elif mon.pooling == "last":
+        notes.append("pooling 'last': the last token alone is read and carries the whole split")
+    for line in notes:
+        print(line)
+    for b, (prompt, d) in enumerate(zip(prompts, dicts, strict=True)):
+        state = "flagged" if d["flagged"] else "not flagged"
+        cut = f"; cut at max_tokens={mon.max_tokens}, as the monitor reads it" if d["truncated"] else ""
+        print(
+            f"\nprompt {b}: {prompt!r}\n  score {d['score']:.3f}, {state} at threshold {d['threshold']:.6g}; "
+            f"logit {d['logit']:+.3f} = baseline {d['baseline']:+.3f} + split {d['logit'] - d['baseline']:+.3f}; "
+            f"exit order {d['exit_order']}{cut}"
+        )
+        if "top_tokens" in d:
+            print(f"  top tokens by size (of {len(d['tokens'])}):")
+            print(
+                table(
+                    ["position", "token", "contribution"],
+                    [[str(i), _cell(repr(t)), f"{v:+.3f}"] for i, t, v in d["top_tokens"]] or [["-", "none", ""]],
+                )
+            )
+        if "top_components" in d:
+            print(f"  top model parts by size (of {len(d['components'])}):")
+            print(
+                table(
+                    ["model part", "contribution"],
+                    [[n, f"{v:+.3f}"] for n, v in d["top_components"]] or [["none", ""]],
+                )
+            )
+
+
+def _cell(text: str) -> str:
+    """A table cell's text, its ``|`` escaped (tokens such as ``<|im_start|>`` hold them)."""
+    return text.replace("|", "\\|")
+
+
+_NOT_RECOMPUTED = {
+    "no text": "the log holds no text (serve --review-log-text logs it)",
+    "no monitor": "no --monitor names the monitor",
+    "no answer": "a response monitor at a step with no answer token",
+    "sampled": "sampled, not flagged",
+    "failed": "failed",
+}
+
+
+def review_summary(counts: Any, error: str | None, model: str) -> str:
+    """``review --monitor``'s account of the splits it recomputed (counts by outcome, from
+    ``_explain.explain_entries``) and of those it did not, with why."""
+    line = (
+        f"recomputed {counts['recomputed']} split(s) of flagged requests (one per monitor named) from the "
+        f"logged text, with the transformers adapter on {model}"
+    )
+    skipped = [f"{counts[k]} {why}" for k, why in _NOT_RECOMPUTED.items() if counts[k]]
+    if skipped:
+        line += "; not recomputed (each page says why): " + ", ".join(skipped)
+    if error is not None:
+        line += f"; the first failure: {error}"
+    return line

@@ -4,14 +4,16 @@
 and prompt set. The other verbs do one step each, on saved activations and monitors:
 ``collect`` (prompts -> activation stores + labels), ``train`` (stores -> monitor), ``evaluate``
 (monitor + stores -> metrics per order and the cascade sweep), ``monitor`` (live generation with
-per-step scores) and ``attribute`` (a prompt's decision by order, neuron and pair).
+per-step scores), ``attribute`` (a prompt's decision by order, neuron and pair; with ``--by``, by
+token and model part) and ``review`` (a server's review log as pages).
 ``collect --pooling token`` stores every token's row instead, and ``train`` then makes a per-token
 (streaming) monitor (``--aggregate``, ``--alpha``, ``--window``); ``--contexts N`` there also
 collects N benign chats hosting train/val prompts, which ``train`` learns from.
 
 This module holds the verbs' bodies; what each verb accepts is in ``_grammar``, the checks its
-inputs pass before a model loads in ``_checks``, how it reads a user's prompts in ``_data``, and
-what it prints in ``_output`` (all in this folder).
+inputs pass before a model loads in ``_checks``, how it reads a user's prompts in ``_data``, the
+plain data it takes from an explanation in ``_explain``, and what it prints in ``_output`` (all in
+this folder).
 """
 
 import argparse
@@ -39,7 +41,7 @@ from ..data import (
 )
 from ..head import attribute
 from ..monitoring import Monitor, conversation_ids
-from ..offline import load_model, load_monitor
+from ..offline import DEFAULT_MODEL, load_model, load_monitor
 from ..recipes import named
 from ..training import (
     CONTEXT_SPLITS,
@@ -58,18 +60,22 @@ from ..training import (
     token_sequences,
     train,
 )
+from ..views import read_review_log, review_pages
 from ._checks import check_acts, check_dataset, check_json_out, check_model, check_monitor_dir, check_out_dir
 from ._data import prompt_sets, read_prompts, training_rows
 from ._demo import outside_evaluation, run_demo, traffic
+from ._explain import BY, explain_entries, explanation_dict, review_monitors
 from ._grammar import parser
 from ._output import (
     passes_line,
     print_attributions,
     print_choices,
     print_demo,
+    print_explanations,
     print_generation,
     print_saved,
     print_split,
+    review_summary,
     table,
 )
 
@@ -85,7 +91,7 @@ def _load_model(name: str | None, toolkit: str) -> Any:
     except OSError as err:  # transformers: not a folder it can read, not on the hub, or no network
         first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
         raise TPCHooksError(
-            f"--model {name} could not be loaded ({first}); expected a local model folder or a hub "
+            f"the model {name} could not be loaded ({first}); expected a local model folder or a hub "
             "model id reachable from here; check the name and the network"
         ) from None
 
@@ -396,11 +402,19 @@ def _monitor(args: argparse.Namespace) -> int:
 def _attribute(args: argparse.Namespace) -> int:
     check_model(args.model)
     check_json_out(args.json)
+    if args.heads and "component" not in (args.by or ()):
+        raise TPCHooksError(
+            "--heads splits each attention layer by head among the model parts; it goes with --by component "
+            "(e.g. --by token component --heads)"
+        )
+    if args.by is not None and args.k < 1:
+        raise TPCHooksError(f"--k must be at least 1 (the top tokens and parts to list); got {args.k}")
     mon = _saved_or_pretrained(args)
-    if mon.streaming:
+    if mon.streaming and args.by is None:
         raise TPCHooksError(
             f"{args.monitor} is a per-token monitor: its decision aggregates many tokens' logits, and "
-            "tpc-hooks attribute splits one pooled decision; attribute its tokens in Python: "
+            "tpc-hooks attribute splits one pooled decision by order and neuron; split it by token and model "
+            "part with --by token component, or attribute its tokens in Python: "
             "tpc.attribute(monitor, rows) with rows = tpc.collect(model, [prompt], monitor.site, "
             "pooling='token')[monitor.site][0] (one attribution per token)"
         )
@@ -415,6 +429,8 @@ def _attribute(args: argparse.Namespace) -> int:
             f"--response gives {len(responses)} answers for {len(args.prompt)} prompts; pass one per --prompt"
         )
     model = _load_model(args.model, args.toolkit)
+    if args.by is not None:
+        return _attribute_by(args, mon, model, responses)
     if responses is None:
         z = collect(
             model,
@@ -447,13 +463,59 @@ def _attribute(args: argparse.Namespace) -> int:
     return 0
 
 
-def _review(args: argparse.Namespace) -> int:
-    from ..views import render_review_log
+def _attribute_by(args: argparse.Namespace, mon: Monitor, model: Any, responses: list[str] | None) -> int:
+    """``attribute --by``: :meth:`Monitor.explain` of the prompts (conversations, with ``--response``),
+    printed and (``--json``) written as :func:`explanation_dict` gives each row."""
+    by = tuple(b for b in BY if b in args.by)
+    ex = mon.explain(model, args.prompt, responses=responses, heads=args.heads)
+    dicts = [
+        {
+            "prompt": prompt,
+            **({} if responses is None else {"response": responses[b]}),
+            **explanation_dict(ex, b, k=args.k, by=by),
+        }
+        for b, prompt in enumerate(args.prompt)
+    ]
+    print_explanations(args.prompt, dicts, mon)
+    if args.json:
+        Path(args.json).write_text(json.dumps(dicts, indent=1))
+    return 0
 
+
+def _review(args: argparse.Namespace) -> int:
+    """``review``: the log's pages; with ``--monitor``, each flagged request's split over tokens and model
+    parts recomputed from its logged text with the transformers adapter (``_explain.explain_entries``)."""
     log = Path(args.log)
     out = Path(args.out) if args.out else (log if log.is_dir() else log.parent) / "html"
-    index = render_review_log(log, out, flagged_only=args.flagged_only)
+    if not args.monitor and args.explain_with is not None:
+        raise TPCHooksError(
+            "--explain-with names the model a split is recomputed on, for the monitors named with --monitor "
+            "NAME=DIR (DIR alone for a server's lone monitor); add them, or drop --explain-with"
+        )
+    if args.monitor and args.k < 1:
+        raise TPCHooksError(f"--k must be at least 1 (the top tokens and parts to list); got {args.k}")
+    check_model(args.explain_with, "--explain-with")
+    logged = read_review_log(log)
+    entries = [e for e in logged if e.get("flagged") or not args.flagged_only]
+    summary = None
+    if args.monitor:
+        monitors = review_monitors(args.monitor, {n for e in logged for n in e.get("monitors", {})})
+        model = _load_model(args.explain_with, "transformers")
+        name = args.explain_with or DEFAULT_MODEL
+        counts, error = explain_entries(
+            entries,
+            model,
+            get_adapter(model).tokenizer,
+            monitors,
+            k=args.k,
+            model_name=name,
+            progress=not args.no_progress,
+        )
+        summary = review_summary(counts, error, name)
+    index = review_pages(entries, out)
     print(f"wrote {index} ({len(list(out.glob('entry-*.html')))} pages)")
+    if summary is not None:
+        print(summary)
     return 0
 
 

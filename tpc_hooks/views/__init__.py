@@ -14,9 +14,11 @@
   :func:`token_spans` colours any tokens by signed values the same way;
 * :func:`plot_sweep`: a cascade's F1 against its compute (matplotlib);
 * :func:`colored_tokens`: per-token values coloured with circuitsvis (interactive, notebooks);
-* :func:`review_html`, :func:`render_review_log`: a server's review log (``tpc-hooks serve
-  --review-log``) as pages: each logged request's steps coloured by score and the attribution of
-  the step that flagged it, and an index (what ``tpc-hooks review LOG`` writes).
+* :func:`review_html`, :func:`render_review_log`, :func:`review_pages`: a server's review log
+  (``tpc-hooks serve --review-log``) as pages: each logged request's steps coloured by score and the
+  attribution of the step that flagged it (and, where an entry carries one, its tokens coloured by
+  their share of the logit: the split ``tpc-hooks review --monitor`` recomputes), and an index (what
+  ``tpc-hooks review LOG`` writes).
 
 :meth:`tpc_hooks.Attribution.plot` draws an attribution (by order and the top pairs).
 
@@ -39,6 +41,7 @@ from ._review import logged_peaks as logged_peaks
 from ._review import read_review_log as read_review_log
 from ._review import render_review_log as render_review_log
 from ._review import review_html as review_html
+from ._review import review_pages as review_pages
 from ._screenshot import screenshot as screenshot
 from ._views import attribution_html as attribution_html
 from ._views import colored_tokens as colored_tokens

@@ -9,8 +9,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .._errors import TPCHooksError
-from ._html import _STYLE, HTML, _esc, _order_names, _table, _token, _unit_tables, score_color
+from ._explain import _EXTRA_STYLE, _heatmap, token_spans
+from ._html import _STYLE, HTML, _esc, _order_names, _signed_color, _table, _token, _unit_tables, score_color
 
 
 def _attribution_tables(a: dict[str, Any]) -> str:
@@ -31,13 +34,81 @@ def _attribution_tables(a: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+_RECOMPUTED = (
+    "split over the tokens and the model parts, recomputed by tpc-hooks review from the logged text "
+    "with the transformers adapter (not read from the server's pass)"
+)
+
+
+def _recomputed(x: dict[str, Any]) -> str:
+    """A monitor's logit at the explained step split over the tokens it read and the model parts that
+    wrote them, as ``tpc-hooks review --monitor`` recomputes it (plain data: ``x`` is the ``explanation``
+    it puts in an entry's monitor), with what was checked against the log; or why there is none."""
+    title = f'<div class="head"><strong>{_esc(_RECOMPUTED)}</strong></div>'
+    if "why" in x:
+        return f'<div class="recomputed">{title}<div class="head">not recomputed: {_esc(x["why"])}</div></div>'
+    answer = len(x["tokens"]) - x["prompt_tokens"]
+    how = (
+        f"The logged text was re-tokenised and run through {x['model']} (AutoModelForCausalLM), and the "
+        f"monitor saved in {x['monitor_dir']} split its logit at step {x['step']} over the "
+        f"{x['prompt_tokens']} prompt tokens" + (f" and the answer's first {answer}" if answer else "") + "."
+    )
+    checks = [
+        {
+            None: "The log holds no hash of the token ids to check the re-tokenised text against.",
+            True: "The re-tokenised text has the SHA-256 the log holds of the token ids: the tokens the server scored.",
+            False: "The re-tokenised text (prompt and answer up to the last scored step) does not have the SHA-256 "
+            "the log holds of the token ids: somewhere its tokens differ from those the server scored (a token "
+            "decoded alone, such as part of a multi-byte character, does not always encode back to itself), "
+            "and the split is of the re-tokenised text.",
+        }[x["tokens_match"]],
+        {
+            None: "",
+            True: "The monitor's files are those that scored this request (SHA-256).",
+            False: "The monitor's files differ from those that scored this request (their SHA-256): the split "
+            "is that of the monitor given to tpc-hooks review.",
+        }[x["monitor_match"]],
+    ]
+    if x.get("logged_score") is not None:
+        checks.append(
+            f"The server scored step {x['step']} {x['logged_score']:.4f}; the recomputation scores it {x['score']:.4f}."
+        )
+    head = [
+        f"score {x['score']:.4f} ({'flagged' if x['flagged'] else 'not flagged'} at threshold {x['threshold']:g})",
+        f"logit {x['logit']:+.4f} = baseline {x['baseline']:+.4f} + tokens",
+        f"exit order {x['exit_order']}",
+        f"{x['site']}, pooling {x['pooling']}",
+    ]
+    tops, parts = x["top_tokens"], x["top_components"]
+    tables = [
+        _table("top tokens", ["position", "token"], [[i, repr(t)] for i, t, _ in tops], [v for _, _, v in tops]),
+        _table("top parts", ["part"], [[n] for n, _ in parts], [v for _, v in parts]),
+    ]
+    if x.get("layers"):
+        tables.append(_heatmap(x["layers"], np.asarray(x["by_layer"], dtype=float)))
+    legend = (
+        '<div class="legend">each token coloured by its share of the logit: <span class="key" '
+        f'style="background-color:{_signed_color(1.0, 1.0)}">towards a flag</span> '
+        f'<span class="key" style="background-color:{_signed_color(-1.0, 1.0)}">away</span> &#183; '
+        '<span class="key tok unpooled">grey text</span> not pooled &#183; hover a token for its value</div>'
+    )
+    return (
+        f'<div class="recomputed">{title}<div class="head">{_esc(" ".join(c for c in [how, *checks] if c))}</div>'
+        f'<div class="head">{_esc(" · ".join(head))}</div>{legend}'
+        f'<div class="text">{token_spans(x["tokens"], x["by_token"], x["pooled"])}</div>{"".join(tables)}</div>'
+    )
+
+
 def _when(e: dict[str, Any]) -> str:
     return datetime.fromtimestamp(float(e.get("time") or 0), timezone.utc).isoformat(timespec="seconds")
 
 
 def review_html(e: dict[str, Any]) -> HTML:
     """One entry as a page: each monitor's steps coloured by score (the completion's tokens when
-    the log holds text), the step that flagged marked, and the attribution of that step."""
+    the log holds text), the step that flagged marked, and the attribution of that step; where a
+    monitor carries an ``explanation`` (``tpc-hooks review --monitor`` puts one in: plain data), its
+    tokens coloured by their share of the logit with the top tokens and model parts, or why there is
+    none."""
     blocks = []
     text = e.get("text") or {}
     for name, m in e["monitors"].items():
@@ -84,7 +155,8 @@ def review_html(e: dict[str, Any]) -> HTML:
         blocks.append(
             f'<div class="row"><div class="head"><strong>{_esc(" · ".join(head))}</strong></div>'
             f'<div class="text">{"".join(spans)}</div><div class="head">{_esc(" · ".join(att))}</div>'
-            f"{_esc(a['error']) if 'error' in a else _attribution_tables(a)}</div>"
+            f"{_esc(a['error']) if 'error' in a else _attribution_tables(a)}"
+            f"{_recomputed(m['explanation']) if 'explanation' in m else ''}</div>"
         )
     prompt = f'<div class="label">{_esc(text["prompt"])}</div>' if text.get("prompt") else ""
     title = f"request {e['request_id']}"
@@ -92,7 +164,7 @@ def review_html(e: dict[str, Any]) -> HTML:
     if "tokens_sha256" in next(iter(e["monitors"].values()), {}):
         meta.append(f"tokens sha256 {next(iter(e['monitors'].values()))['tokens_sha256'][:16]}")
     return HTML(
-        f'<div class="tpc-view">{_STYLE}<div class="head">{_esc(" · ".join(meta))}</div>{prompt}'
+        f'<div class="tpc-view">{_STYLE}{_EXTRA_STYLE}<div class="head">{_esc(" · ".join(meta))}</div>{prompt}'
         f"{''.join(blocks)}</div>",
         f"tpc-hooks review: {title}",
     )
@@ -105,7 +177,15 @@ def _where(step: int | None) -> str:
 
 def review_pages(entries: list[dict[str, Any]], out: str | Path) -> Path:
     """Writes ``out/index.html`` (one row per entry: time, request, each monitor's peak score
-    and flagged step) and one page per entry; returns the index's path."""
+    and flagged step) and one page per entry (:func:`review_html`); returns the index's path.
+    :func:`render_review_log` reads a log and calls it; ``tpc-hooks review --monitor`` first puts
+    its recomputed splits in the entries.
+
+    Example:
+        >>> entries = read_review_log("logs/")  # doctest: +SKIP
+        >>> review_pages(entries, "logs/html")  # doctest: +SKIP
+        PosixPath('logs/html/index.html')
+    """
     out = Path(out)
     for old in out.glob("entry-*.html") if out.is_dir() else ():  # pages of an earlier rendering
         old.unlink()
