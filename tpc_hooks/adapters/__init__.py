@@ -12,7 +12,8 @@ lives in ``tpc_hooks.activations``; the registry imports a toolkit's module by n
 of that toolkit arrives.
 
 Public here: :func:`get_adapter` (the adapter for a model), :class:`Adapter` (its interface:
-``tokenize``, ``forward_sites``, ``decode``, ``observe``), :func:`parse_site` / :class:`Site`
+``tokenize``, ``forward_sites``, ``forward_parts``, ``decode``, ``observe``), :class:`StreamParts` (what
+``forward_parts`` reads: each model part's share of a site's activations), :func:`parse_site` / :class:`Site`
 (TransformerLens hook names), and the batching helpers :func:`pad` (left or right padding
 with an attention mask), :func:`pad_id`, :func:`positions` (position ids from a mask) and
 :func:`resolve_bos`.
@@ -28,6 +29,7 @@ Example:
 
 from ..activations import Adapter as Adapter
 from ..activations import Site as Site
+from ..activations import StreamParts as StreamParts
 from ..activations import get_adapter as get_adapter
 from ..activations import pad as pad
 from ..activations import pad_id as pad_id
@@ -40,6 +42,7 @@ from .vllm import vllm_engine_args as vllm_engine_args
 __all__ = [
     "Adapter",
     "Site",
+    "StreamParts",
     "get_adapter",
     "pad",
     "pad_id",
