@@ -387,11 +387,44 @@ def test_heads_on_an_attention_that_is_not_linear_per_head_is_refused():
     assert np.isfinite(ex.by_component.numpy()).all()
 
 
-def test_an_sae_monitor_is_refused_with_the_way_to_its_features():
+def sae_and_monitor(pooling="mean"):
     sae_lens = pytest.importorskip("sae_lens")
-    sae = sae_lens.StandardSAE(sae_lens.StandardSAEConfig(d_in=32, d_sae=64))
-    mon = tpc.Monitor(random_head(64, 2), SITE, pooling="mean", sae=sae)
-    with pytest.raises(tpc.TPCHooksError, match="reads SAE latents"):
+    torch.manual_seed(4)
+    sae = sae_lens.StandardSAE(sae_lens.StandardSAEConfig(d_in=32, d_sae=64, apply_b_dec_to_input=True))
+    with torch.no_grad():
+        sae.b_enc.normal_(0, 0.3)
+        sae.b_dec.normal_(0, 0.3)
+    return sae, tpc.Monitor(random_head(64, 3, scale=0.5), SITE, pooling=pooling, sae=sae)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "max", "token"])
+def test_an_sae_monitor_splits_through_its_encoder(pooling):
+    """A monitor on SAE latents: by token, each position's latents (autograd's gradients, by hand); by model
+    part, through the encoder with the pass's active latents held fixed, plus the encoder's own bias."""
+    model = named(hf_llama())
+    sae, mon = sae_and_monitor(pooling)
+    ex = mon.explain(model, PROMPTS, batch_size=2)
+    assert torch.equal(ex.logit, mon.score(model, PROMPTS, batch_size=2).logits)
+    assert ex.components[-1] == "sae.encoder_bias"
+    check_margins(ex)
+    rows = token_rows(model, mon, PROMPTS, 2)
+    for b, h in enumerate(rows):
+        f = sae.encode(h).detach().double()
+        if pooling == "token":
+            ref = float(reference(mon, [f.float()], torch.tensor([3]))[0])
+        else:
+            z = f.mean(0) if pooling == "mean" else f.amax(0)
+            g = euler_weights(mon.head, z)
+            ref = float(mon.head(z).detach())
+            if pooling == "mean":  # position t carries <f_t / T, g>
+                torch.testing.assert_close(ex.by_token[b], (f / len(f)) @ g, rtol=1e-5, atol=1e-6)
+        assert math.isclose(float(ex.baseline[b] + ex.by_component[b].sum()), ref, rel_tol=1e-5, abs_tol=1e-5)
+
+
+def test_an_sae_whose_latents_are_not_gated_pre_activations_is_refused():
+    sae, mon = sae_and_monitor()
+    sae.encode = lambda x: torch.sigmoid(x @ sae.W_enc + sae.b_enc)  # every latent on, none its pre-activation
+    with pytest.raises(tpc.TPCHooksError, match="not their pre-activations"):
         mon.explain(named(hf_llama()), PROMPTS)
 
 

@@ -32,6 +32,7 @@ from ..data import check_prompts
 from ..head import Attribution, Cascade, attribute, euler_gradients
 from ..pooling import aggregate as aggregate_logits
 from ..pooling import pool, scored
+from ..sae import sae_encode, sae_encoder
 from ..views import HTML, colored_tokens, explanation_html
 from ._answers import conversation_ids
 
@@ -267,12 +268,6 @@ def _refuse(monitor: Any, adapter: Adapter) -> None:
             f"AutoModelForCausalLM.from_pretrained({adapter.model_name!r}) (the transformers adapter): the same "
             "weights give the same scores"
         )
-    if monitor.sae is not None:
-        raise TPCHooksError(
-            "this monitor reads SAE latents, which its SAE's encoder makes from the residual stream non-linearly; "
-            "explain splits a monitor of the residual stream. Its decision by SAE feature: tpc.attribute(monitor, "
-            "acts) with acts = tpc.collect(model, prompts, monitor.site, pooling='token')"
-        )
 
 
 def _read(monitor: Any, adapter: Adapter, prompts: Any, responses: Any, tokens: Any, answer_starts: Any) -> tuple:
@@ -328,6 +323,33 @@ def _weights_prefix(head: Any, acts: Tensor, pooled: Tensor, pooling: str, res: 
         w = torch.zeros_like(a)
         w.scatter_(1, at[:, None, :], g[:, None, :])
     return w, baseline, ref
+
+
+SAE_BIAS = "sae.encoder_bias"  # an SAE monitor's part that no model part writes: the encoder's bias of active latents
+
+
+def through_encoder(sae: Any, acts: Tensor, feats: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+    """Weights ``w [B, T, d_sae]`` on an SAE's latents as weights on the model's activations ``[B, T, D]``,
+    and each position's share carried by the encoder's own bias ``[B, T]``: a latent the SAE leaves on is
+    its pre-activation ``x @ W_enc + b`` (ReLU, JumpReLU, TopK), so with the pass's active latents held
+    fixed, ``<f_t, w_t> = <x_t, W_enc (on_t * w_t)> + <on_t * b, w_t>``. Checked on the pass: an SAE
+    whose active latents are not their pre-activations (a gated SAE, a normalised input) is refused."""
+    try:
+        W, b = sae_encoder(sae)
+    except TPCHooksError as err:
+        raise TPCHooksError(f"explain splits an SAE monitor through its encoder: {err}") from None
+    W, b = W.to(acts.device, torch.float64), b.to(acts.device, torch.float64)
+    pre = acts.double() @ W + b
+    on = feats != 0
+    f = feats.double()
+    if not bool(((f - pre).abs() * on).max() <= 1e-4 * pre.abs().max() + 1e-6):
+        raise TPCHooksError(
+            f"{type(sae).__name__}'s active latents are not their pre-activations x @ W_enc + b_enc (a gated SAE?), "
+            "so its latents are not linear in the stream given the pass; explain supports ReLU, JumpReLU and "
+            "TopK SAEs. Its decision by SAE feature: tpc.attribute(monitor, acts)"
+        )
+    wd = w.double() * on
+    return wd @ W.T, (wd * b).sum(-1)
 
 
 def _pool64(a: Tensor, m: Tensor, pooling: str) -> Tensor:
@@ -452,12 +474,13 @@ def explain(
             with adapter.exclusive():
                 parts = adapter.forward_parts(x, mask, site, heads=heads)
             if names is None:
-                names = parts.names
+                names = parts.names + ([] if monitor.sae is None else [SAE_BIAS])
             acts = parts.site.float()
-            if acts.shape[-1] != head.d_model:
-                raise TPCHooksError(f"{site.name} produced width {acts.shape[-1]}, expected d_model={head.d_model}")
+            feats = acts if monitor.sae is None else sae_encode(monitor.sae, acts)
+            if feats.shape[-1] != head.d_model:
+                raise TPCHooksError(f"{site.name} produced width {feats.shape[-1]}, expected d_model={head.d_model}")
             if monitor.streaming:
-                w, base, ref, heavy, lg = _weights_tokens(monitor, acts, mask, rule)
+                w, base, ref, heavy, lg = _weights_tokens(monitor, feats, mask, rule)
                 res_logits, res_probs, res_dec = lg, torch.sigmoid(lg), lg
                 on = torch.stack(
                     [scored(m[None], monitor.skip)[0] for m in mask.bool()]
@@ -466,9 +489,9 @@ def explain(
                 pooled_mask = on & mask.bool()
             else:
                 pooled_mask = mask if starts is None else from_start(mask, [starts[i] for i in idx])
-                z = pool(acts, pooled_mask, monitor.pooling)
+                z = pool(feats, pooled_mask, monitor.pooling)
                 res = rule(z)
-                w, base, ref = _weights_prefix(head, acts, pooled_mask, monitor.pooling, res)
+                w, base, ref = _weights_prefix(head, feats, pooled_mask, monitor.pooling, res)
                 res_logits, res_probs, res_dec = res.logits, res.probs, res.decision_logits
                 exits = res.exit_order
                 pooled_mask = pooled_mask.bool()
@@ -477,7 +500,11 @@ def explain(
                     pos = torch.arange(T).expand_as(pooled_mask)
                     last = torch.where(pooled_mask, pos, -1).amax(1)
                     pooled_mask = pos == last[:, None]
-            contrib = parts.contributions(w).cpu()  # [B, T, C]
+            if monitor.sae is None:
+                contrib = parts.contributions(w).cpu()  # [B, T, C]
+            else:  # through the SAE's encoder, its gate held fixed: the model's parts, then the encoder's bias
+                w_model, enc_bias = through_encoder(monitor.sae, acts, feats, w)
+                contrib = torch.cat([parts.contributions(w_model), enc_bias[..., None]], -1).cpu()
             for j, i in enumerate(idx):
                 T_i = len(ids[i])
                 tbc[i] = contrib[j, :T_i]

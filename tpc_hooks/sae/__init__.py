@@ -11,4 +11,5 @@ from ._sae import decoder as decoder
 from ._sae import describe as describe_sae  # noqa: F401 (handed on under a name that says what it is)
 from ._sae import dims as sae_dims  # noqa: F401 (handed on under a name that says what it is)
 from ._sae import encode as sae_encode  # noqa: F401 (handed on under a name that says what it is)
+from ._sae import encoder as sae_encoder  # noqa: F401 (handed on under a name that says what it is)
 from ._sae import identity as sae_identity  # noqa: F401 (handed on under a name that says what it is)

@@ -57,6 +57,19 @@ def decoder(sae: Any) -> tuple[Tensor, Tensor]:
     return sae.W_dec.detach().cpu(), sae.b_dec.detach().cpu()
 
 
+def encoder(sae: Any) -> tuple[Tensor, Tensor]:
+    """``(W_enc [d_in, d_sae], b [d_sae])`` with the SAE's pre-activations ``x @ W_enc + b`` (its decoder
+    bias taken from the input folded into ``b``); refuses SAEs whose input is normalised or reshaped first."""
+    for key in ("normalize_activations", "reshape_activations"):
+        v = _cfg(sae, key)
+        if v not in (None, "none"):
+            raise TPCHooksError(f"the encoder is not an affine map of the input; this SAE has {key}={v!r}")
+    W, b = sae.W_enc.detach(), sae.b_enc.detach()
+    if _cfg(sae, "apply_b_dec_to_input", False):
+        b = b - sae.b_dec.detach() @ W
+    return W, b
+
+
 @torch.no_grad()
 def encode(sae: Any, acts: Tensor) -> Tensor:
     """SAE latents of activations ``[..., d_in]`` (float32, or float64 for float64 input; on the
