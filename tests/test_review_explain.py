@@ -28,6 +28,7 @@ from tpc_hooks.adapters.vllm._wire import ServedMonitor
 from tpc_hooks.cli import _verbs as cli
 from tpc_hooks.cli import main
 from tpc_hooks.views import _screenshot
+from tpc_hooks.views._explain import color_scale
 from tpc_hooks.views._html import _signed_color
 
 SITE = "blocks.1.hook_resid_post"
@@ -175,7 +176,7 @@ def test_the_page_colours_the_tokens_by_what_explain_gives(tmp_path, capsys, hf,
             api = mon.explain(hf, [PROMPT])
             assert api.token_ids[0] == prefix
             assert [v for _, v, _ in spans] == pytest.approx(api.by_token[0].tolist(), rel=1e-5, abs=1e-9)
-        scale = max(abs(v) for _, v, _ in spans)
+        scale = color_scale([v for _, v, _ in spans])
         assert all(c == _signed_color(v, scale) for _, v, c in spans)
         logged = e["monitors"]["harm"]["scores"][step]
         assert f"The server scored step {step} {logged:.4f}; the recomputation scores it {logged:.4f}." in block
@@ -311,7 +312,7 @@ def test_browser_shows_the_coloured_tokens(browser, tmp_path, capsys, hf, tok):
         "return [...document.querySelectorAll('.recomputed .text .tok')].map(e => e.textContent)"
     )
     assert texts == ex.tokens[0] and HOSTILE in texts
-    scale = max(abs(v) for v in values)
+    scale = color_scale(values)
     for s, v in zip(spans, values, strict=True):
         assert s.size["width"] > 0 and s.size["height"] > 0
         assert css_rgb(s.value_of_css_property("background-color")) == hex_rgb(_signed_color(v, scale))

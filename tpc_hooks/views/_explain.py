@@ -15,10 +15,25 @@ _EXTRA_STYLE = """<style>
 </style>"""
 
 
+def color_scale(values: Sequence[float]) -> float:
+    """The size :func:`token_spans` gives full colour: the second largest ``|value|`` (the largest when
+    the rest are 0), so one position far above the rest (a chat template's first token) saturates
+    instead of washing out every other token.
+
+    Example:
+        >>> color_scale([9.4, -1.2, 0.3]), color_scale([2.0, 0.0])
+        (1.2, 2.0)
+    """
+    sizes = sorted(abs(float(v)) for v in values if not math.isnan(float(v)))
+    if len(sizes) > 1 and sizes[-2] > 0:
+        return sizes[-2]
+    return sizes[-1] if sizes else 0.0
+
+
 def token_spans(tokens: Sequence[str], values: Sequence[float], pooled: Sequence[bool] | None = None) -> str:
     """Tokens as spans coloured by a signed value (red: towards a flag, blue: away, white: 0; full colour at
-    the largest ``|value|``), each value in its tooltip; ``pooled`` False greys a token the pooling did not
-    read. Every token is escaped.
+    :func:`color_scale`), each value in its tooltip; ``pooled`` False greys a token the pooling did not read.
+    Every token is escaped.
 
     Example:
         >>> html = token_spans(["<s>", " kill"], [0.1, 2.0])
@@ -26,7 +41,7 @@ def token_spans(tokens: Sequence[str], values: Sequence[float], pooled: Sequence
         (True, 2)
     """
     vals = [float(v) for v in values]
-    scale = max((abs(v) for v in vals if not math.isnan(v)), default=0.0)
+    scale = color_scale(vals)
     top = max(range(len(vals)), key=lambda i: vals[i], default=None)
     spans = []
     for i, (tok, v) in enumerate(zip(tokens, vals, strict=True)):
