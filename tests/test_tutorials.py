@@ -36,6 +36,7 @@ SHOWS = {
     "04": {"stdout", "text/html"},
     "05": {"stdout", "text/html"},
     "06": {"stdout", "text/html"},
+    "07": {"stdout", "text/html", "image/png"},
 }
 
 
@@ -81,8 +82,8 @@ def test_tutorial_runs_and_shows_its_outputs(path, tmp_path):
         shutil.copy(out, notebooks.small_folder() / "tutorials" / out.name)
 
 
-def test_there_are_six_tutorials():
-    assert len(TUTORIALS) == 6 == len(SHOWS)
+def test_there_are_seven_tutorials():
+    assert len(TUTORIALS) == 7 == len(SHOWS)
 
 
 def test_the_fingerprint_tells_tutorials_and_sizes_apart():
