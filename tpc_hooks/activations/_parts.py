@@ -232,6 +232,8 @@ class _Seen:
     x: Tensor | None = None  # the output projection's input
     o: Tensor | None = None  # and its output
     attn_name: str = ""  # the layer's attention-like child
+    parallel: bool | None = None  # settled once the stream between the branches is read (:func:`_settle`)
+    m: float = 1.0  # what attention's output is multiplied by as it is added (Granite's residual multiplier)
 
 
 def _projection(attn: Any, where: str) -> tuple[str, Any]:
@@ -293,6 +295,8 @@ def hf_parts(
     def keep(li: int, what: str, stop: bool = False) -> Callable[[Tensor], None]:
         def fn(t: Tensor) -> None:
             setattr(seen[li], what, t.detach())
+            if what == "mid" and seen[li].attn is not None and seen[li].inp is not None:
+                _settle(seen[li], f"layer {li} of {model_name}", branch_points(inner(layers[li]))["mid"][0], heads)
             if stop:
                 site_acts["site"] = t.detach()
                 raise StopPass
@@ -406,27 +410,41 @@ def _hf_blocks(
                 f"{where}: the stream entering it is not what layer {li - 1} left (something runs between the decoder "
                 "layers), so the blocks' parts would not add up to the site; explain does not support this model"
             )
-        assert s.inp is not None and s.mid is not None and s.attn is not None
-        parallel = torch.equal(s.mid, s.inp)  # the MLP reads the block's input: attention added nothing before it
+        assert s.inp is not None and s.mid is not None
+        if s.parallel is None:  # the MLP's norm ran before attention returned: settled now
+            _settle(s, where, branch_points(inner(layers[li]))["mid"][0], heads)
+        parallel, m = bool(s.parallel), s.m
         b = Block(li, inp=s.inp, out=s.out if li in full else None)
         if parallel:
             if site.kind == "mid" and li == L:
                 raise TPCHooksError(f"{site.name}: {where} is a parallel block, with no stream between its branches")
             b.attn = s.attn
         else:
-            m = scalar_fit(s.mid - s.inp.double(), s.attn)
-            if not _close(s.mid.double() - s.inp.double(), m * s.attn.double(), scale=s.mid):
-                raise TPCHooksError(
-                    f"{where}: the stream read between attention and MLP (the input of its "
-                    f"{branch_points(inner(layers[li]))['mid'][0]}) is not the block's input plus what attention "
-                    "returns, so explain cannot tell attention's part from the MLP's in this block"
-                )
             b.mid = s.mid
         if heads:
-            target = s.attn.double() * (1.0 if parallel else m)
+            assert s.attn is not None
+            target = s.attn.double() * m
             b.heads = _hf_heads(s, target, layers[li], config, where, s.mid if not parallel else s.inp)
         blocks.append(b)
     return assemble(site, embed, blocks, site_acts)
+
+
+def _settle(s: _Seen, where: str, mid_child: str, heads: bool) -> None:
+    """Whether the block is parallel (the stream read between the branches is its input) and, if not, the
+    multiplier ``m`` with ``mid = inp + m * attn``, checked; attention's output is then dropped unless a
+    parallel block or the heads' split still need it (so a pass keeps two streams per block, not three)."""
+    assert s.inp is not None and s.mid is not None and s.attn is not None
+    s.parallel = torch.equal(s.mid, s.inp)  # the MLP reads the block's input: attention added nothing before it
+    if s.parallel:
+        return
+    s.m = scalar_fit(s.mid - s.inp.double(), s.attn)
+    if not _close(s.mid.double() - s.inp.double(), s.m * s.attn.double(), scale=s.mid):
+        raise TPCHooksError(
+            f"{where}: the stream read between attention and MLP (the input of its {mid_child}) is not the block's "
+            "input plus what attention returns, so explain cannot tell attention's part from the MLP's in this block"
+        )
+    if not heads:
+        s.attn = None
 
 
 def _hf_heads(s: _Seen, target: Tensor | None, layer: Any, config: Any, where: str, stream: Tensor) -> Heads:
