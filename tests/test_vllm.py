@@ -436,6 +436,8 @@ def test_what_the_adapter_does_not_do_is_a_clear_error(models):
         tpc.Monitor(tpc.TPC(64, 2, 2), SITES[0]).score(llm, PROMPTS)
     with pytest.raises(tpc.TPCHooksError, match="expects d_model=64"):
         tpc.Monitor(tpc.TPC(64, 2, 2), SITES[0]).generate(llm, PROMPTS, max_new_tokens=2)
+    with pytest.raises(tpc.TPCHooksError, match=r"explain .* AutoModelForCausalLM\.from_pretrained\('"):
+        mon.explain(llm, PROMPTS)  # names the checkpoint to load locally
     # the engine goes on
     _same_run(
         mon.generate(llm, PROMPTS[:2], max_new_tokens=2), mon.generate(hf, PROMPTS[:2], max_new_tokens=2, tokenizer=tok)
