@@ -65,3 +65,32 @@ def smollm2_hf():
 
     path = str(offline.default_model_dir())
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium driven by selenium (the system's chromium and chromedriver), for the tests that
+    check a page as a browser shows it; skipped, saying why, where either is missing."""
+    import shutil
+
+    from tpc_hooks.views import _screenshot
+
+    exe, driver_exe = _screenshot.chromium(), shutil.which("chromedriver")
+    if exe is None or driver_exe is None:
+        missing = (
+            f"no Chromium on PATH ({', '.join(_screenshot.CHROMIUMS)})" if exe is None else "no chromedriver on PATH"
+        )
+        pytest.skip(f"{missing}: install `apt-get install chromium chromium-driver` (.ci/run does, as root)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = exe
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1100,800"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_exe))
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -13,7 +13,6 @@ visible, in their colours, and the hostile one stays text."""
 import html
 import json
 import re
-import shutil
 import tempfile
 
 import pytest
@@ -27,7 +26,6 @@ from tpc_hooks.adapters.vllm._review import Notes, entry, explain_entry
 from tpc_hooks.adapters.vllm._wire import ServedMonitor
 from tpc_hooks.cli import _verbs as cli
 from tpc_hooks.cli import main
-from tpc_hooks.views import _screenshot
 from tpc_hooks.views._explain import color_scale
 from tpc_hooks.views._html import _signed_color
 
@@ -256,36 +254,13 @@ def test_review_options_are_checked_before_any_model_loads(tmp_path, capsys, hf,
     fails(["--monitor", f"harn={path}"], "the log has no monitor named 'harn'", "its monitors: harm=DIR")
     fails(["--monitor", path], "the log has no monitor named ''")
     fails(["--monitor", f"harm={tmp_path / 'nowhere'}"], "--monitor", "is not a directory")
-    fails(["--monitor", f"harm={path}", "--monitor", f"harm={path}"], "is given twice")
+    fails(["--monitor", f"harm={path}", "--monitor", f"harm={path}"], "--monitor names must differ", "given twice")
     fails(["--monitor", f"harm={path}", "--k", "0"], "--k must be at least 1")
     fails(["--monitor", f"harm={path}", "--explain-with", str(tmp_path / "none")], "--explain-with", "no such folder")
     assert tiny == []
 
 
 # ---------------------------------------------------------------------- in a real browser
-@pytest.fixture(scope="module")
-def browser():
-    exe, driver_exe = _screenshot.chromium(), shutil.which("chromedriver")
-    if exe is None or driver_exe is None:
-        missing = (
-            f"no Chromium on PATH ({', '.join(_screenshot.CHROMIUMS)})" if exe is None else "no chromedriver on PATH"
-        )
-        pytest.skip(f"{missing}: install `apt-get install chromium chromium-driver`")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = exe
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1100,800"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_exe))
-    driver.set_page_load_timeout(60)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
 def css_rgb(value):
     return tuple(int(float(x)) for x in re.findall(r"[\d.]+", value)[:3])
 

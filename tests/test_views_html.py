@@ -13,7 +13,6 @@ import html
 import logging
 import math
 import re
-import shutil
 from html.parser import HTMLParser
 
 import pytest
@@ -363,29 +362,6 @@ def test_screenshot_without_chromium_logs_and_returns_false(monkeypatch, tmp_pat
 
 
 # ---------------------------------------------------------------------- in a real browser
-@pytest.fixture(scope="module")
-def browser():
-    exe, driver_exe = _screenshot.chromium(), shutil.which("chromedriver")
-    if exe is None or driver_exe is None:
-        missing = (
-            f"no Chromium on PATH ({', '.join(_screenshot.CHROMIUMS)})" if exe is None else "no chromedriver on PATH"
-        )
-        pytest.skip(f"{missing}: install `apt-get install chromium chromium-driver` (.ci/run does, as root)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = exe
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1100,800"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=driver_exe))
-    driver.set_page_load_timeout(60)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
 SPANS_JS = """return [...document.querySelectorAll('.tpc-view .tok')].map(e => [e.textContent,
     getComputedStyle(e).backgroundColor, [...e.classList]]);"""
 

@@ -11,17 +11,15 @@ SHA-256, the monitor files' SHA-256 and the score the server gave that step.
 
 import hashlib
 import json
-import re
 from collections import Counter
 from typing import Any
 
 from .._errors import TPCHooksError
-from ..monitoring import ACTIONS, Monitor
+from ..monitoring import Monitor, monitor_specs
 from ..saving import dir_files
 from ._checks import check_monitor_dir
 
 BY = ("token", "component")
-_NAME = re.compile(r"^([A-Za-z0-9_-]+)=(.+)$")  # serve's --monitor NAME=DIR[:ACTION]
 
 
 def explanation_dict(ex: Any, b: int, *, k: int, by: tuple[str, ...] | list[str] = BY) -> dict[str, Any]:
@@ -74,20 +72,11 @@ def review_monitors(specs: list[str], names_in_log: set[str]) -> dict[str, tuple
             the log has (``names_in_log``; not checked when the log is empty).
     """
     out: dict[str, tuple[Monitor, str, str]] = {}
-    for spec in specs:
-        m = _NAME.match(spec)
-        name, where = (m.group(1), m.group(2)) if m else ("", spec)
-        rest, colon, action = where.rpartition(":")
-        if colon and action in ACTIONS:
-            where = rest
-        if name in out:
-            raise TPCHooksError(
-                f"--monitor {name or 'DIR'} is given twice; give each monitor of the log once, as NAME=DIR"
-            )
+    for name, where, _ in monitor_specs(specs, "flag"):  # as serve reads them (names checked there)
         if names_in_log and name not in names_in_log:
             known = ", ".join(f"{n}=DIR" if n else "DIR (the server's lone monitor)" for n in sorted(names_in_log))
             raise TPCHooksError(
-                f"--monitor {spec}: the log has no monitor named {name!r}; its monitors: {known}"
+                f"--monitor {name}={where}: the log has no monitor named {name!r}; its monitors: {known}"
                 + ("; a lone monitor is given as --monitor DIR, without a name" if "" in names_in_log else "")
             )
         check_monitor_dir(where)

@@ -17,6 +17,7 @@ from ._monitor import saved_files as saved_files
 from ._monitor_config import ACTIONS as ACTIONS
 from ._monitor_config import STOPPING as STOPPING
 from ._monitor_config import MonitorConfig as MonitorConfig
+from ._monitor_config import monitor_specs as monitor_specs
 from ._records import GenerationRun as GenerationRun
 from ._records import MonitorEvent as MonitorEvent
 from ._records import MonitorSetRun as MonitorSetRun

@@ -1,6 +1,7 @@
 """A monitor's settings as data: what it reads, how it tokenises and pools, and when it flags."""
 
 import math
+import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any, no_type_check
 
@@ -154,3 +155,36 @@ class MonitorConfig:
         if "site" not in d:
             raise TPCHooksError('a monitor config needs "site" (the hook name it reads)')
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+_NAME = re.compile(r"^([A-Za-z0-9_-]+)=(.+)$")  # --monitor NAME=DIR[:ACTION]
+
+
+def monitor_specs(specs: list[str], action: str) -> list[tuple[str, str, str]]:
+    """``--monitor`` values (``tpc-hooks serve`` and ``review``) -> ``(name, directory, action)``: ``DIR``
+    alone (name ``""``, the action ``action``), or each ``NAME=DIR[:ACTION]``.
+
+    Example:
+        >>> monitor_specs(["harm=/m/harm:stop", "pii=/m/pii"], "flag")
+        [('harm', '/m/harm', 'stop'), ('pii', '/m/pii', 'flag')]
+    """
+    out = []
+    for spec in specs:
+        m = _NAME.match(spec)
+        name, rest = (m.group(1), m.group(2)) if m else ("", spec)
+        where, colon, act = rest.rpartition(":")
+        if colon and act in ACTIONS:
+            rest = where
+        else:
+            act = action
+        out.append((name, rest, act))
+    names = [n for n, _, _ in out]
+    if len(out) > 1 and "" in names:
+        raise TPCHooksError(
+            "several monitors need a name each: --monitor NAME=DIR[:stop|flag] (e.g. "
+            "--monitor harm=./harm:stop --monitor pii=./pii:flag)"
+        )
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise TPCHooksError(f"--monitor names must differ; {dup} given twice")
+    return out

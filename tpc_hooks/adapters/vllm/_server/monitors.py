@@ -19,7 +19,6 @@ from .drift import FlagRate
 from .metrics import LONE, labels, log
 
 ADMIN = "/tpc_hooks/monitors/"  # PUT/DELETE ADMIN + name: replace, add or remove a monitor (--admin-api-key)
-_NAME = re.compile(r"^([A-Za-z0-9_-]+)=(.+)$")
 
 
 @dataclass
@@ -81,36 +80,6 @@ def served(
         "target_fpr": None if target is None else float(target),
         "sha256": spec.sha256,
     }
-
-
-def members(specs: list[str], action: str) -> list[tuple[str, str, str]]:
-    """``--monitor`` values -> ``(name, directory, action)``: ``DIR`` alone (name ``""``, the
-    action ``action``), or each ``NAME=DIR[:ACTION]``.
-
-    Example:
-        >>> members(["harm=/m/harm:stop", "pii=/m/pii"], "flag")
-        [('harm', '/m/harm', 'stop'), ('pii', '/m/pii', 'flag')]
-    """
-    out = []
-    for spec in specs:
-        m = _NAME.match(spec)
-        name, rest = (m.group(1), m.group(2)) if m else ("", spec)
-        where, colon, act = rest.rpartition(":")
-        if colon and act in ACTIONS:
-            rest = where
-        else:
-            act = action
-        out.append((name, rest, act))
-    names = [n for n, _, _ in out]
-    if len(out) > 1 and "" in names:
-        raise TPCHooksError(
-            "several monitors need a name each: --monitor NAME=DIR[:stop|flag] (e.g. "
-            "--monitor harm=./harm:stop --monitor pii=./pii:flag)"
-        )
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise TPCHooksError(f"--monitor names must differ; {dup} given twice")
-    return out
 
 
 async def admin(scope: dict, receive: Any, send: Any) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...._errors import TPCHooksError
-from ....monitoring import ACTIONS
+from ....monitoring import ACTIONS, monitor_specs
 from ..._sae_lens import read_sae
 from .. import _review, is_ours
 from .._engine import aux_ids
@@ -53,7 +53,7 @@ from .._wire import (
     worker_error,
 )
 from .metrics import LONE, REVIEWED, count
-from .monitors import ADMIN, ServerState, admin, members, of_app, served
+from .monitors import ADMIN, ServerState, admin, of_app, served
 
 FIELD = "tpc_hooks"  # each choice's monitor summary
 FLAGGED = "content_flagged"  # the finish_reason of a stopped choice
@@ -417,7 +417,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, argparse.Namespace]:
     )
     state.asks = _Asks()
     state.review.saes = {_review.sae_site(s, d): s for d, s in ((d, read_sae(d)) for d in ours.review_log_sae)}
-    for name, where, act in members(ours.monitor, ours.action):
+    for name, where, act in monitor_specs(ours.monitor, ours.action):
         state.served[name], ident = served(name, where, act, state.review.monitors)
         state.monitors[name] = {**ident, "action": act}
     ours.sites = state.sites = sorted({m["site"] for m in state.monitors.values()} | set(ours.sites))
