@@ -12,6 +12,7 @@ import pytest
 import tpc_hooks as tpc
 from tpc_hooks import data, offline
 from tpc_hooks.cli import _data as _cli_data
+from tpc_hooks.cli import _models as cli_models
 from tpc_hooks.cli import _verbs as cli
 from tpc_hooks.cli import main
 
@@ -33,8 +34,8 @@ def no_model_no_network(monkeypatch):
     monkeypatch.setattr(offline, "load_hf", _boom("model loaded"))
     monkeypatch.setattr(demo, "run_demo", _boom("demo started"))
     monkeypatch.setattr(data, "load_hf_dataset", _boom("hub dataset loaded"))
-    for name, what in (("load_model", "model loaded"), ("run_demo", "demo started")):  # the CLI's own references
-        monkeypatch.setattr(cli, name, _boom(what))
+    monkeypatch.setattr(cli_models, "load_model", _boom("model loaded"))  # the CLI's own references
+    monkeypatch.setattr(cli, "run_demo", _boom("demo started"))
     monkeypatch.setattr(_cli_data, "load_hf_dataset", _boom("hub dataset loaded"))
     monkeypatch.setattr(socket.socket, "connect", _boom("network touched"))
 

@@ -15,7 +15,7 @@ from tiny_models import hf_llama, hooked_gpt2_style, named
 
 import tpc_hooks as tpc
 from conftest import random_head
-from tpc_hooks.cli import _verbs as cli
+from tpc_hooks.cli import _models as cli_models
 from tpc_hooks.cli import main
 
 SITE = "blocks.1.hook_resid_post"
@@ -31,7 +31,7 @@ def model(request):
 
 @pytest.fixture(autouse=True)
 def tiny(monkeypatch, model):
-    monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
+    monkeypatch.setattr(cli_models, "load_named", lambda name, toolkit: model)
 
 
 def saved(tmp_path, name="mon", **settings):

@@ -1,6 +1,6 @@
 """What the verbs print says only what is true: no order the monitor does not evaluate, no exit
 order without a cascade, no pair that adds nothing, every column named for what it holds. On a tiny
-in-process model (``tpc-hooks attribute`` and ``monitor`` load it through ``cli._load_model``)."""
+in-process model (``tpc-hooks attribute`` and ``monitor`` load it through ``cli_models.load_named``)."""
 
 import json
 
@@ -10,7 +10,7 @@ from tiny_models import hooked_gpt2_style
 
 import tpc_hooks as tpc
 from conftest import random_head
-from tpc_hooks.cli import _verbs as cli
+from tpc_hooks.cli import _models as cli_models
 from tpc_hooks.cli import main
 from tpc_hooks.cli._output import print_generation, print_saved, print_split
 from tpc_hooks.head._history import FitConfig, History
@@ -27,7 +27,7 @@ def model():
 
 @pytest.fixture(autouse=True)
 def tiny(monkeypatch, model):
-    monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
+    monkeypatch.setattr(cli_models, "load_named", lambda name, toolkit: model)
 
 
 def head3():

@@ -12,7 +12,7 @@ import pytest
 from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style
 
 import tpc_hooks as tpc
-from tpc_hooks.cli import _verbs as cli
+from tpc_hooks.cli import _models as cli_models
 from tpc_hooks.cli import main
 
 pytest.importorskip("transformer_lens")
@@ -50,7 +50,7 @@ def _collect(mine, acts, *extra):
 
 
 def test_collect_train_equals_train_monitor(tmp_path, mine, model, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
+    monkeypatch.setattr(cli_models, "load_named", lambda name, toolkit: model)
     acts, mon_dir = tmp_path / "acts", tmp_path / "monitor"
     assert _collect(mine, acts) == 0
     out = capsys.readouterr().out
@@ -83,7 +83,7 @@ def test_collect_train_equals_train_monitor(tmp_path, mine, model, monkeypatch, 
 
 
 def test_test_split_is_held_out_first(tmp_path, mine, model, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
+    monkeypatch.setattr(cli_models, "load_named", lambda name, toolkit: model)
     acts = tmp_path / "acts"
     assert _collect(mine, acts, "--test-fraction", "0.25", "--no-augment", "--no-intent") == 0
     sizes = json.loads((acts / "collect.json").read_text())["splits"]
@@ -93,6 +93,6 @@ def test_test_split_is_held_out_first(tmp_path, mine, model, monkeypatch, capsys
 
 
 def test_bad_fractions_refused_before_the_model(tmp_path, mine, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: pytest.fail("model loaded"))
+    monkeypatch.setattr(cli_models, "load_named", lambda name, toolkit: pytest.fail("model loaded"))
     assert _collect(mine, tmp_path / "a", "--val-fraction", "1.5") == 2
     assert "--val-fraction must be in (0, 1)" in capsys.readouterr().err

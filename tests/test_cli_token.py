@@ -14,6 +14,7 @@ from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style, tiny_chats
 import tpc_hooks as tpc
 from tpc_hooks import metrics
 from tpc_hooks.adapters import get_adapter
+from tpc_hooks.cli import _models as cli_models
 from tpc_hooks.cli import _verbs as cli
 from tpc_hooks.cli import main
 
@@ -34,7 +35,7 @@ def model():
 
 @pytest.fixture
 def tiny_cli(monkeypatch, model):
-    monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
+    monkeypatch.setattr(cli_models, "load_named", lambda name, toolkit: model)
     monkeypatch.setattr(cli, "prompt_sets", lambda args: (_sets(args), None))
     return model
 

@@ -121,3 +121,11 @@ def test_the_api_pages_render_every_documented_public_name(module):
     documented = [n for n in mod.__all__ if inspect.isclass(getattr(mod, n)) or inspect.isfunction(getattr(mod, n))]
     missing = [n for n in documented if f'id="{module}.{n}"' not in html]  # a name without a docstring has none
     assert documented and missing == [], missing
+
+
+def test_the_monitor_entry_shows_every_method_wherever_it_is_defined():
+    """Monitor's methods from its mixins (generation, calibration) are on its entry, beside its own."""
+    html = page(API_PAGES["tpc_hooks"])
+    methods = ("score", "explain", "token_scores", "generate", "watch", "stopping_criteria", "logits_processor")
+    missing = [m for m in (*methods, "calibrate", "calibrate_activations") if f'id="tpc_hooks.Monitor.{m}"' not in html]
+    assert missing == []

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tpc_hooks._errors import TPCHooksError
+from tpc_hooks.cli import _models as cli_models
 from tpc_hooks.cli import _verbs as cli
 from tpc_hooks.data._files import check_labelled, load_prompt_file
 
@@ -251,7 +252,7 @@ def no_model(monkeypatch):
     def load_model(*args, **kwargs):
         raise AssertionError("model loaded")
 
-    monkeypatch.setattr(cli, "load_model", load_model)
+    monkeypatch.setattr(cli_models, "load_model", load_model)
 
 
 def _collect(tmp_path, path):

@@ -62,11 +62,12 @@ def test_the_packaged_model_scores_the_cards_prompts_as_recorded(name):
 def test_the_command_line_runs_the_pretrained_monitor_without_monitor(monkeypatch, capsys):
     """``tpc-hooks monitor`` / ``attribute`` without ``--monitor``: the packaged model's pretrained monitor
     (the model loader is replaced: the refusal below comes before any model would run)."""
+    from tpc_hooks.cli import _models as cli_models
     from tpc_hooks.cli import _verbs as cli
 
-    monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: pytest.fail("model loaded"))
+    monkeypatch.setattr(cli_models, "load_named", lambda name, toolkit: pytest.fail("model loaded"))
     assert cli.main(["attribute", "--model", "someone/other-model", "--prompt", "Hi"]) == 2
     err = capsys.readouterr().err
     assert "no pretrained monitor is shipped for 'someone/other-model'" in err and "--monitor DIR" in err
-    chosen = cli._saved_or_pretrained(cli.parser("t").parse_args(["monitor", "--prompt", "Hi"]))
+    chosen = cli_models.saved_or_pretrained(cli.parser("t").parse_args(["monitor", "--prompt", "Hi"]))
     assert chosen.model_name == offline.DEFAULT_MODEL and chosen.threshold == offline.load_monitor().threshold

@@ -14,6 +14,7 @@ from sklearn.model_selection import train_test_split
 from tiny_models import TINY_BENIGN, TINY_HARMFUL, hooked_gpt2_style, prompt_set
 
 import tpc_hooks as tpc
+from tpc_hooks.cli import _models as cli_models
 from tpc_hooks.cli import _verbs as cli
 
 pytest.importorskip("transformer_lens")
@@ -167,7 +168,7 @@ def test_the_cli_collects_the_rows_train_monitor_collects(tmp_path, monkeypatch,
     tpc.train_monitor(
         model, PROMPTS, LABELS, SITE, recipe=tpc.recipes.intent(), tau=0.2, val_fraction=0.2, verbose=False, **FIT
     )
-    monkeypatch.setattr(cli, "_load_model", lambda name, toolkit: model)
+    monkeypatch.setattr(cli_models, "load_named", lambda name, toolkit: model)
     monkeypatch.setattr(cli, "prompt_sets", lambda args: (_sets(0.2), None))
     acts = tmp_path / "acts"
     assert cli.main(["collect", "--sites", SITE, "--out", str(acts), "--no-progress"]) == 0

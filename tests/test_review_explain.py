@@ -24,7 +24,7 @@ from conftest import random_head
 from tpc_hooks.activations import get_adapter
 from tpc_hooks.adapters.vllm._review import Notes, entry, explain_entry
 from tpc_hooks.adapters.vllm._wire import ServedMonitor
-from tpc_hooks.cli import _verbs as cli
+from tpc_hooks.cli import _models as cli_models
 from tpc_hooks.cli import main
 from tpc_hooks.views._explain import color_scale
 from tpc_hooks.views._html import _signed_color
@@ -63,7 +63,7 @@ def tiny(monkeypatch, hf):
         asked.append((name, toolkit))
         return hf
 
-    monkeypatch.setattr(cli, "_load_model", load)
+    monkeypatch.setattr(cli_models, "load_named", load)
     return asked
 
 

@@ -11,8 +11,9 @@ token and model part) and ``review`` (a server's review log as pages).
 collects N benign chats hosting train/val prompts, which ``train`` learns from.
 
 This module holds the verbs' bodies; what each verb accepts is in ``_grammar``, the checks its
-inputs pass before a model loads in ``_checks``, how it reads a user's prompts in ``_data``, the
-plain data it takes from an explanation in ``_explain``, and what it prints in ``_output`` (all in
+inputs pass before a model loads in ``_checks``, what it loads in ``_models``, how it reads a user's
+prompts in ``_data``, the verbs that look into decisions (``attribute``, ``review``) in ``_inspect`` with
+the plain data they take from an explanation in ``_explain``, and what it prints in ``_output`` (all in
 this folder).
 """
 
@@ -39,9 +40,7 @@ from ..data import (
     sharegpt_contexts,
     source_names,
 )
-from ..head import attribute
-from ..monitoring import Monitor, conversation_ids
-from ..offline import DEFAULT_MODEL, load_model, load_monitor
+from ..monitoring import Monitor
 from ..recipes import named
 from ..training import (
     CONTEXT_SPLITS,
@@ -60,40 +59,23 @@ from ..training import (
     token_sequences,
     train,
 )
-from ..views import read_review_log, review_pages
+from . import _models  # a module reference: what the verbs load is read at call time
 from ._checks import check_acts, check_dataset, check_json_out, check_model, check_monitor_dir, check_out_dir
 from ._data import prompt_sets, read_prompts, training_rows
 from ._demo import outside_evaluation, run_demo, traffic
-from ._explain import BY, explain_entries, explanation_dict, review_monitors
 from ._grammar import parser
+from ._inspect import attribute_verb, review_verb
 from ._output import (
     passes_line,
-    print_attributions,
     print_choices,
     print_demo,
-    print_explanations,
     print_generation,
     print_saved,
     print_split,
-    review_summary,
     table,
 )
 
 __all__ = ["main"]
-
-
-def _load_model(name: str | None, toolkit: str) -> Any:
-
-    try:
-        return load_model(name, toolkit)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
-        raise
-    except OSError as err:  # transformers: not a folder it can read, not on the hub, or no network
-        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        raise TPCHooksError(
-            f"the model {name} could not be loaded ({first}); expected a local model folder or a hub "
-            "model id reachable from here; check the name and the network"
-        ) from None
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -153,7 +135,7 @@ def _collect(args: argparse.Namespace) -> int:
     if not args.no_intent:
         sets.update(flip_splits(sets, args.seed))
     print(passes_line({k: len(v) for k, v in sets.items()}), flush=True)
-    model = _load_model(args.model, args.toolkit)
+    model = _models.load_named(args.model, args.toolkit)
     for split, ps in sets.items():
         collect(
             model,
@@ -364,7 +346,7 @@ def _evaluate_outside(args: argparse.Namespace, mon: Monitor) -> int:
             calibration = traffic(sets, n_traffic, seed)
     else:  # a user's file: the rows the monitor trained on (all but a test split collect held out)
         train, test = training_rows(read_prompts(args), {**split, "seed": seed}), None
-    model = _load_model(args.model, args.toolkit)
+    model = _models.load_named(args.model, args.toolkit)
     ev = outside_evaluation(
         model,
         mon,
@@ -382,140 +364,12 @@ def _evaluate_outside(args: argparse.Namespace, mon: Monitor) -> int:
     return 0
 
 
-def _saved_or_pretrained(args: argparse.Namespace) -> Monitor:
-    """``--monitor DIR``, or without it the pretrained monitor of the packaged ``--model``."""
-    if args.monitor is None:
-        return load_monitor(args.model)
-    check_monitor_dir(args.monitor)
-    return Monitor.from_pretrained(args.monitor)
-
-
 def _monitor(args: argparse.Namespace) -> int:
     check_model(args.model)
-    mon = _saved_or_pretrained(args)
-    model = _load_model(args.model, args.toolkit)
+    mon = _models.saved_or_pretrained(args)
+    model = _models.load_named(args.model, args.toolkit)
     run = mon.generate(model, args.prompt, max_new_tokens=args.max_new_tokens, action=args.action)
     print_generation(run, args.prompt, model.tokenizer, mon)
-    return 0
-
-
-def _attribute(args: argparse.Namespace) -> int:
-    check_model(args.model)
-    check_json_out(args.json)
-    if args.heads and "component" not in (args.by or ()):
-        raise TPCHooksError(
-            "--heads splits each attention layer by head among the model parts; it goes with --by component "
-            "(e.g. --by token component --heads)"
-        )
-    if args.by is not None and args.k < 1:
-        raise TPCHooksError(f"--k must be at least 1 (the top tokens and parts to list); got {args.k}")
-    mon = _saved_or_pretrained(args)
-    if mon.streaming and args.by is None:
-        raise TPCHooksError(
-            f"{args.monitor} is a per-token monitor: its decision aggregates many tokens' logits, and "
-            "tpc-hooks attribute splits one pooled decision by order and neuron; split it by token and model "
-            "part with --by token component, or attribute its tokens in Python: "
-            "tpc.attribute(monitor, rows) with rows = tpc.collect(model, [prompt], monitor.site, "
-            "pooling='token')[monitor.site][0] (one attribution per token)"
-        )
-    responses = args.response
-    if mon.answers and responses is None:
-        raise TPCHooksError(
-            f"{args.monitor} is a response monitor (reads the answer): pass --response, the answer to attribute "
-            "for each --prompt (in the same order)"
-        )
-    if responses is not None and len(responses) != len(args.prompt):
-        raise TPCHooksError(
-            f"--response gives {len(responses)} answers for {len(args.prompt)} prompts; pass one per --prompt"
-        )
-    model = _load_model(args.model, args.toolkit)
-    if args.by is not None:
-        return _attribute_by(args, mon, model, responses)
-    if responses is None:
-        z = collect(
-            model,
-            args.prompt,
-            mon.site,
-            mon.pooling,
-            chat_template=mon.chat_template,
-            prepend_bos=mon.prepend_bos,
-            max_tokens=mon.max_tokens,
-            progress=False,
-        )[mon.site]
-        attr = attribute(mon, z)
-        dicts = [attr.to_dict(b, k=args.k) for b in range(len(args.prompt))]
-    else:  # each conversation's tokens, pooled the monitor's way: the answer's alone for a response monitor
-        ids, starts = conversation_ids(
-            get_adapter(model),
-            args.prompt,
-            responses,
-            chat_template=mon.chat_template,
-            max_tokens=mon.max_tokens,
-            prepend_bos=mon.prepend_bos,
-            what="attribute",
-        )
-        rows = collect(model, tokens=ids, sites=mon.site, pooling="token", progress=False)[mon.site]
-        pooled = [r[s:] if mon.answers else r for r, s in zip(rows, starts, strict=True)]
-        dicts = [attribute(mon, r[None]).to_dict(0, k=args.k) for r in pooled]
-    print_attributions(args.prompt, dicts)
-    if args.json:
-        Path(args.json).write_text(json.dumps(dicts, indent=1))
-    return 0
-
-
-def _attribute_by(args: argparse.Namespace, mon: Monitor, model: Any, responses: list[str] | None) -> int:
-    """``attribute --by``: :meth:`Monitor.explain` of the prompts (conversations, with ``--response``),
-    printed and (``--json``) written as :func:`explanation_dict` gives each row."""
-    by = tuple(b for b in BY if b in args.by)
-    ex = mon.explain(model, args.prompt, responses=responses, heads=args.heads)
-    dicts = [
-        {
-            "prompt": prompt,
-            **({} if responses is None else {"response": responses[b]}),
-            **explanation_dict(ex, b, k=args.k, by=by),
-        }
-        for b, prompt in enumerate(args.prompt)
-    ]
-    print_explanations(args.prompt, dicts, mon)
-    if args.json:
-        Path(args.json).write_text(json.dumps(dicts, indent=1))
-    return 0
-
-
-def _review(args: argparse.Namespace) -> int:
-    """``review``: the log's pages; with ``--monitor``, each flagged request's split over tokens and model
-    parts recomputed from its logged text with the transformers adapter (``_explain.explain_entries``)."""
-    log = Path(args.log)
-    out = Path(args.out) if args.out else (log if log.is_dir() else log.parent) / "html"
-    if not args.monitor and args.explain_with is not None:
-        raise TPCHooksError(
-            "--explain-with names the model a split is recomputed on, for the monitors named with --monitor "
-            "NAME=DIR (DIR alone for a server's lone monitor); add them, or drop --explain-with"
-        )
-    if args.monitor and args.k < 1:
-        raise TPCHooksError(f"--k must be at least 1 (the top tokens and parts to list); got {args.k}")
-    check_model(args.explain_with, "--explain-with")
-    logged = read_review_log(log)
-    entries = [e for e in logged if e.get("flagged") or not args.flagged_only]
-    summary = None
-    if args.monitor:
-        monitors = review_monitors(args.monitor, {n for e in logged for n in e.get("monitors", {})})
-        model = _load_model(args.explain_with, "transformers")
-        name = args.explain_with or DEFAULT_MODEL
-        counts, error = explain_entries(
-            entries,
-            model,
-            get_adapter(model).tokenizer,
-            monitors,
-            k=args.k,
-            model_name=name,
-            progress=not args.no_progress,
-        )
-        summary = review_summary(counts, error, name)
-    index = review_pages(entries, out)
-    print(f"wrote {index} ({len(list(out.glob('entry-*.html')))} pages)")
-    if summary is not None:
-        print(summary)
     return 0
 
 
@@ -537,8 +391,8 @@ def _run(args: argparse.Namespace) -> int:
         "train": _train,
         "evaluate": _evaluate,
         "monitor": _monitor,
-        "attribute": _attribute,
-        "review": _review,
+        "attribute": attribute_verb,
+        "review": review_verb,
     }
     try:
         return verbs[args.verb](args)

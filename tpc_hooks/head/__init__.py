@@ -9,8 +9,6 @@ checks; ``pooling``; ``sae``: the SAE glue) and no interpretability toolkit.
 
 from ._attribution import Attribution as Attribution
 from ._attribution import attribute as attribute
-from ._attribution import euler_gradients as euler_gradients
-from ._attribution import row_orders as row_orders
 from ._cascade import Cascade as Cascade
 from ._cascade import CascadeResult as CascadeResult
 from ._cascade import check_tau as check_tau
@@ -24,11 +22,13 @@ from ._history import PROBE_CS as PROBE_CS
 from ._history import FitConfig as FitConfig
 from ._history import History as History
 from ._history import TrainConfig as TrainConfig
+from ._kernel import euler_gradients as euler_gradients
 from ._kernel import exit_loop as exit_loop
 from ._kernel import forget_packs as forget_packs
 from ._kernel import freeze_packs as freeze_packs
 from ._kernel import logits as truncation_logits  # noqa: F401 (handed on under a name that says what it is)
 from ._kernel import project as order_projections  # noqa: F401 (handed on under a name that says what it is)
+from ._kernel import row_orders as row_orders
 from ._kernel import term as order_term  # noqa: F401 (handed on under a name that says what it is)
 from ._kernel import threshold_above as threshold_above
 from ._kernel import truncations as truncations

@@ -27,6 +27,7 @@ from ..sae import sae_encode as encode
 from ..views import attribution_html
 from . import _kernel
 from ._checks import check_features
+from ._kernel import euler_gradients, row_orders
 from ._polynomial import TPC
 
 PAIR_MODES = ("positive", "negative", "absolute")
@@ -527,47 +528,3 @@ def _project(
         extra={"W_dec": W_dec, "b_dec": b_dec},
         _proj={"f": f, "dec": dec, "rows": rows},
     )
-
-
-def row_orders(head: TPC, order: Any, n: int) -> Tensor:
-    """The truncation of each of ``n`` rows: ``order`` (None: the full polynomial; an int; or one
-    per row), checked against ``head``, as an int64 tensor ``[n]``."""
-    if order is None:
-        return torch.full((n,), head.degree, dtype=torch.long)
-    if isinstance(order, int) and not isinstance(order, bool):
-        return torch.full((n,), head.check_order(order), dtype=torch.long)
-    o = torch.as_tensor(order).detach().cpu()
-    if o.is_floating_point() or o.dtype == torch.bool or tuple(o.shape) != (n,):
-        raise TPCHooksError(f"order must be None, an int or {n} integers (one per row); got {order!r}")
-    if n and not bool(((o >= 1) & (o <= head.degree)).all()):
-        raise TPCHooksError(f"order must lie in 1..{head.degree} for this degree-{head.degree} head; got {o.tolist()}")
-    return o.long()
-
-
-@torch.no_grad()
-def euler_gradients(head: TPC, zs: Tensor, orders: Tensor) -> tuple[Tensor, Tensor]:
-    """Each order's part of the logit as a linear form of the standardised rows ``zs [n, d]``: returns
-    ``(bias [n], q [n, degree, d])`` with ``logit = bias + sum_k <zs, q[:, k - 1]>`` for row ``i``'s
-    truncation ``P_{:orders[i]}`` (:func:`row_orders`). ``q`` of order 1 is the linear weights; of
-    degree ``k``, the term's gradient over ``k`` (Euler's theorem: ``T_k`` is homogeneous of degree
-    ``k``), with clipping, the gate and ``escalate_only`` as a per-row rescaled ``lambda``
-    (:func:`~tpc_hooks.head._kernel.lambda_scales`). The same ``q`` splits the logit along any
-    additive decomposition of ``zs``: a part ``x`` of the input carries ``<x / scale, sum_k q_k>``
-    (what :meth:`~tpc_hooks.Monitor.explain` does with tokens and model components)."""
-    dtype, dev = zs.dtype, zs.device
-    n, d = zs.shape
-    q = zs.new_zeros(n, head.degree, d)
-    q[:, 0] = head.linear.detach().to(dev, dtype)
-    bias = head.bias.detach().to(dev, dtype).expand(n).clone()
-    orders = orders.to(dev)
-    for v in orders.unique().tolist():
-        rows = orders == v
-        z_v = zs[rows]
-        scales = _kernel.lambda_scales(head, z_v, int(v))
-        for k in head.degrees:
-            if k > v:
-                break
-            U = head.factors[str(k)].detach().to(dev, dtype)
-            lam = head.lambdas[str(k)].detach().to(dev, dtype) * scales[k]
-            q[rows, k - 1] = ((z_v @ U).pow(k - 1) * lam) @ U.T
-    return bias, q

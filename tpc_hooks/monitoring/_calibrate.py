@@ -9,6 +9,7 @@ from typing import Any, no_type_check
 import numpy as np
 import torch
 from torch import Tensor
+from typing_extensions import Self
 
 from .._errors import TPCHooksError
 from ..activations import pooled_batches
@@ -90,7 +91,7 @@ def prompts(
 
 
 @no_type_check  # no runtime type-checking wrapper: the warning names the caller
-def peaks(monitor: Any, peaks: Any, fpr: float, sources: Any = None, everyday: Any = None) -> Any:
+def from_peaks(monitor: Any, peaks: Any, fpr: float, sources: Any = None, everyday: Any = None) -> Any:
     """The threshold from the peak scores (probabilities) of requests marked benign: at most
     ``fpr`` of them reach it."""
     fpr = check_rate(fpr, "fpr")
@@ -270,3 +271,96 @@ def rates_by_source(hit: np.ndarray, sources: np.ndarray) -> dict[str, Any]:
         "spread": [min(rates), max(rates)],
         "worst_source": max(by_source, key=lambda s: by_source[s]["rate"]),
     }
+
+
+class CalibrationMethods:
+    """How a monitor sets its threshold (mixed into :class:`~tpc_hooks.Monitor`): from benign prompts, a
+    server's logged peak scores, or benign activations, by the functions above."""
+
+    @no_type_check  # fpr is checked here, with a message that names the fix; the test-time checker would preempt it
+    @torch.no_grad()
+    def calibrate(
+        self,
+        model: Any = None,
+        benign_prompts: Sequence[str] | None = None,
+        fpr: float = 0.01,
+        *,
+        peaks: Sequence[float] | None = None,
+        sources: Sequence[str] | None = None,
+        everyday: Sequence[str] | None = None,
+        batch_size: int = 8,
+        tokenizer: Any = None,
+    ) -> Self:
+        """Sets :attr:`threshold` so that at most ``fpr`` of ``benign_prompts`` is flagged, or of the
+        requests whose ``peaks`` (their highest score over a generation) a server logged.
+
+        The prompts are scored as :meth:`score` does (this monitor's pooling and policy); see
+        :meth:`calibrate_activations` for what is set and recorded (``tokenizer``: as in
+        :meth:`score`). ``peaks``, in place of a model and prompts: the peak scores of real traffic
+        you mark benign, as :func:`tpc_hooks.logged_peaks` reads them from a server's
+        review log (its sampled requests); a request counts as flagged when its peak reaches the
+        threshold, as the server decides. A cascade's exits are left as they are (peaks are the
+        policy's own scores). ``sources``, ``everyday``: as in :meth:`calibrate_activations`.
+        Returns ``self``.
+
+        Example:
+            >>> monitor.calibrate(model, benign_validation_prompts, fpr=0.01)  # doctest: +SKIP
+            >>> monitor.threshold, monitor.report["operating_point"]["flagged"]  # doctest: +SKIP
+            >>> monitor.calibrate(  # doctest: +SKIP
+            ...     peaks=tpc.logged_peaks(tpc.read_review_log("logs/"), "harm", benign=ids)
+            ... )
+        """
+        if peaks is not None:
+            if model is not None or benign_prompts is not None:
+                raise TPCHooksError("calibrate takes a model and benign prompts, or peaks, not both")
+            return from_peaks(self, peaks, fpr, sources, everyday)
+        if model is None or benign_prompts is None:
+            raise TPCHooksError("calibrate needs a model and benign prompts (or peaks=, a server's logged peak scores)")
+        return prompts(self, model, benign_prompts, fpr, sources, everyday, batch_size, tokenizer)
+
+    @no_type_check  # as calibrate
+    @torch.no_grad()
+    def calibrate_activations(
+        self,
+        benign: Any,
+        fpr: float = 0.01,
+        *,
+        sources: Sequence[str] | None = None,
+        everyday: Sequence[str] | None = None,
+    ) -> Self:
+        """Sets :attr:`threshold` from pooled activations ``[n, d_model]`` of benign inputs, so that
+        at most ``fpr`` of them is flagged (``prob >= threshold``). A per-token monitor takes a
+        list of per-token activations ``[T_i, d_model]``, one per benign sequence, and counts a
+        sequence as flagged when its aggregated score reaches the threshold at any token (the
+        maximum over the sequence: what a monitor streaming it would see).
+
+        With a cascade, its exits are first centred on the full order's threshold
+        (:meth:`Cascade.centered`: an order settles a row only when it is clearly on one side of
+        the threshold in use), then the threshold is set on the cascade's own probabilities, so
+        the bound holds for the policy that runs. ``report["operating_point"]`` records the
+        target, the benign count, how many were flagged and ``fpr_interval_95``, where the rate on
+        new benign inputs drawn like them lies with 95% probability (wide on a few hundred
+        inputs: 0.14-3.2% at 1% of 170). Returns ``self``.
+
+        ``sources`` (one name per benign input: a dataset, a product surface, a customer) keeps the
+        threshold on all the inputs together and adds how it treats each source:
+        ``report["operating_point"]["by_source"]`` (per source: inputs, flagged, rate and the exact
+        95% interval of the rate on new inputs of that source), ``"spread"`` (the lowest and
+        highest rate) and ``"worst_source"``: a threshold at one percent of a mixture can flag
+        several times that of one of its sources.
+
+        ``everyday`` (names among ``sources``): the threshold is set on those sources' inputs
+        only (plain user requests, not jailbreak-wrapped ones); the others are only reported.
+
+        Raises:
+            TPCHooksError: no rows, wrong ``d_model``, NaN/inf, ``fpr`` outside [0, 1), a benign
+                tail saturated at probability 1 (no threshold below 1 can separate it),
+                ``sources`` not one name per input, or ``everyday`` naming a source they lack.
+
+        Example:
+            >>> op = monitor.calibrate_activations(  # doctest: +SKIP
+            ...     benign, 0.01, sources=names
+            ... ).report["operating_point"]
+            >>> op["by_source"]["forum"]["rate"], op["worst_source"]  # doctest: +SKIP
+        """
+        return activations(self, benign, fpr, sources, everyday)

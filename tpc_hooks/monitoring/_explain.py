@@ -32,7 +32,7 @@ from ..data import check_prompts
 from ..head import Attribution, Cascade, attribute, euler_gradients
 from ..pooling import aggregate as aggregate_logits
 from ..pooling import pool, scored
-from ..sae import sae_encode, sae_encoder
+from ..sae import sae_encode, through_encoder
 from ..views import HTML, colored_tokens, explanation_html
 from ._answers import conversation_ids
 
@@ -326,30 +326,6 @@ def _weights_prefix(head: Any, acts: Tensor, pooled: Tensor, pooling: str, res: 
 
 
 SAE_BIAS = "sae.encoder_bias"  # an SAE monitor's part that no model part writes: the encoder's bias of active latents
-
-
-def through_encoder(sae: Any, acts: Tensor, feats: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
-    """Weights ``w [B, T, d_sae]`` on an SAE's latents as weights on the model's activations ``[B, T, D]``,
-    and each position's share carried by the encoder's own bias ``[B, T]``: a latent the SAE leaves on is
-    its pre-activation ``x @ W_enc + b`` (ReLU, JumpReLU, TopK), so with the pass's active latents held
-    fixed, ``<f_t, w_t> = <x_t, W_enc (on_t * w_t)> + <on_t * b, w_t>``. Checked on the pass: an SAE
-    whose active latents are not their pre-activations (a gated SAE, a normalised input) is refused."""
-    try:
-        W, b = sae_encoder(sae)
-    except TPCHooksError as err:
-        raise TPCHooksError(f"explain splits an SAE monitor through its encoder: {err}") from None
-    W, b = W.to(acts.device, torch.float64), b.to(acts.device, torch.float64)
-    pre = acts.double() @ W + b
-    on = feats != 0
-    f = feats.double()
-    if not bool(((f - pre).abs() * on).max() <= 1e-4 * pre.abs().max() + 1e-6):
-        raise TPCHooksError(
-            f"{type(sae).__name__}'s active latents are not their pre-activations x @ W_enc + b_enc (a gated SAE?), "
-            "so its latents are not linear in the stream given the pass; explain supports ReLU, JumpReLU and "
-            "TopK SAEs. Its decision by SAE feature: tpc.attribute(monitor, acts)"
-        )
-    wd = w.double() * on
-    return wd @ W.T, (wd * b).sum(-1)
 
 
 def _pool64(a: Tensor, m: Tensor, pooling: str) -> Tensor:

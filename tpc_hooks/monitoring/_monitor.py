@@ -1,15 +1,15 @@
 """A monitor: a TPC head bound to a hook point, a pooling and a decision policy. It scores prompts
-offline and is calibrated, scores while a model generates from the model's own forward passes (its
-own decode loop, ``watch``, and Hugging Face ``generate``'s stopping criterion and logits processor),
-and saves to the same directory format as a head (never unpickled).
+offline and explains its scores, is calibrated (``_calibrate``), scores while a model generates from the
+model's own forward passes (``_monitor_generation``: its own decode loop, ``watch``, and Hugging Face
+``generate``'s stopping criterion and logits processor), and saves to the same directory format as a head
+(``_monitor_saving``; never unpickled).
 """
 
 import os
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, no_type_check
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -23,7 +23,6 @@ from ..head import (
     CascadeResult,
     FixedOrder,
     Policy,
-    from_saved,
     prefix_result,
     stack_results,
     to_saved,
@@ -34,7 +33,6 @@ from ..sae import check_sae, describe_sae, sae_dims, sae_encode
 from ..sae import sae_identity as sae_identity_of
 from ..saving import (
     CONFIG_FILE,
-    READS_ANSWER_VERSION,
     HubMixin,
     files_of,
     monitor_card,
@@ -42,15 +40,18 @@ from ..saving import (
     read_files,
     write_dir,
 )
-from . import _calibrate, _generation
+from . import _generation
 from ._answers import conversation_ids, read_ids
+from ._calibrate import CalibrationMethods
 from ._explain import Explanation, explain
 from ._monitor_config import ACTIONS, MonitorConfig
-from ._records import GenerationRun, LastRun, MonitorEvent, TokenScores, WatchLog
+from ._monitor_generation import GenerationMethods
+from ._monitor_saving import read_saved, saved_config
+from ._records import GenerationRun, LastRun, TokenScores
 from ._settings import Setting
 
 
-class Monitor(HubMixin, LastRun):
+class Monitor(GenerationMethods, CalibrationMethods, HubMixin, LastRun):
     """A trained TPC head + the settings it reads and decides with (:class:`~tpc_hooks.MonitorConfig`:
     site, pooling, tokenisation, aggregation, threshold) + a decision policy.
 
@@ -421,95 +422,6 @@ class Monitor(HubMixin, LastRun):
         length, one forward pass per batch."""
         return token_batches(adapter, ids, [site], batch_size, sae=self.sae, to_host=False)[site.name]
 
-    # ------------------------------------------------------------------ operating point
-    @no_type_check  # fpr is checked here, with a message that names the fix; the test-time checker would preempt it
-    @torch.no_grad()
-    def calibrate(
-        self,
-        model: Any = None,
-        benign_prompts: Sequence[str] | None = None,
-        fpr: float = 0.01,
-        *,
-        peaks: Sequence[float] | None = None,
-        sources: Sequence[str] | None = None,
-        everyday: Sequence[str] | None = None,
-        batch_size: int = 8,
-        tokenizer: Any = None,
-    ) -> "Monitor":
-        """Sets :attr:`threshold` so that at most ``fpr`` of ``benign_prompts`` is flagged, or of the
-        requests whose ``peaks`` (their highest score over a generation) a server logged.
-
-        The prompts are scored as :meth:`score` does (this monitor's pooling and policy); see
-        :meth:`calibrate_activations` for what is set and recorded (``tokenizer``: as in
-        :meth:`score`). ``peaks``, in place of a model and prompts: the peak scores of real traffic
-        you mark benign, as :func:`tpc_hooks.logged_peaks` reads them from a server's
-        review log (its sampled requests); a request counts as flagged when its peak reaches the
-        threshold, as the server decides. A cascade's exits are left as they are (peaks are the
-        policy's own scores). ``sources``, ``everyday``: as in :meth:`calibrate_activations`.
-        Returns ``self``.
-
-        Example:
-            >>> monitor.calibrate(model, benign_validation_prompts, fpr=0.01)  # doctest: +SKIP
-            >>> monitor.threshold, monitor.report["operating_point"]["flagged"]  # doctest: +SKIP
-            >>> monitor.calibrate(  # doctest: +SKIP
-            ...     peaks=tpc.logged_peaks(tpc.read_review_log("logs/"), "harm", benign=ids)
-            ... )
-        """
-        if peaks is not None:
-            if model is not None or benign_prompts is not None:
-                raise TPCHooksError("calibrate takes a model and benign prompts, or peaks, not both")
-            return _calibrate.peaks(self, peaks, fpr, sources, everyday)
-        if model is None or benign_prompts is None:
-            raise TPCHooksError("calibrate needs a model and benign prompts (or peaks=, a server's logged peak scores)")
-        return _calibrate.prompts(self, model, benign_prompts, fpr, sources, everyday, batch_size, tokenizer)
-
-    @no_type_check  # as calibrate
-    @torch.no_grad()
-    def calibrate_activations(
-        self,
-        benign: Any,
-        fpr: float = 0.01,
-        *,
-        sources: Sequence[str] | None = None,
-        everyday: Sequence[str] | None = None,
-    ) -> "Monitor":
-        """Sets :attr:`threshold` from pooled activations ``[n, d_model]`` of benign inputs, so that
-        at most ``fpr`` of them is flagged (``prob >= threshold``). A per-token monitor takes a
-        list of per-token activations ``[T_i, d_model]``, one per benign sequence, and counts a
-        sequence as flagged when its aggregated score reaches the threshold at any token (the
-        maximum over the sequence: what a monitor streaming it would see).
-
-        With a cascade, its exits are first centred on the full order's threshold
-        (:meth:`Cascade.centered`: an order settles a row only when it is clearly on one side of
-        the threshold in use), then the threshold is set on the cascade's own probabilities, so
-        the bound holds for the policy that runs. ``report["operating_point"]`` records the
-        target, the benign count, how many were flagged and ``fpr_interval_95``, where the rate on
-        new benign inputs drawn like them lies with 95% probability (wide on a few hundred
-        inputs: 0.14-3.2% at 1% of 170). Returns ``self``.
-
-        ``sources`` (one name per benign input: a dataset, a product surface, a customer) keeps the
-        threshold on all the inputs together and adds how it treats each source:
-        ``report["operating_point"]["by_source"]`` (per source: inputs, flagged, rate and the exact
-        95% interval of the rate on new inputs of that source), ``"spread"`` (the lowest and
-        highest rate) and ``"worst_source"``: a threshold at one percent of a mixture can flag
-        several times that of one of its sources.
-
-        ``everyday`` (names among ``sources``): the threshold is set on those sources' inputs
-        only (plain user requests, not jailbreak-wrapped ones); the others are only reported.
-
-        Raises:
-            TPCHooksError: no rows, wrong ``d_model``, NaN/inf, ``fpr`` outside [0, 1), a benign
-                tail saturated at probability 1 (no threshold below 1 can separate it),
-                ``sources`` not one name per input, or ``everyday`` naming a source they lack.
-
-        Example:
-            >>> op = monitor.calibrate_activations(  # doctest: +SKIP
-            ...     benign, 0.01, sources=names
-            ... ).report["operating_point"]
-            >>> op["by_source"]["forum"]["rate"], op["worst_source"]  # doctest: +SKIP
-        """
-        return _calibrate.activations(self, benign, fpr, sources, everyday)
-
     @torch.no_grad()
     def token_scores(
         self,
@@ -573,199 +485,11 @@ class Monitor(HubMixin, LastRun):
         res = _generation.unscored(self.policy(order, cascade)(prefixes), empty)
         return TokenScores(tokens, res, self.threshold, start)
 
-    # ------------------------------------------------------------ during generation
-    def generate(
-        self,
-        model: Any,
-        prompts: Sequence[str],
-        max_new_tokens: int = 32,
-        action: str | Callable = "flag",
-        *,
-        order: int | None = None,
-        cascade: float | Cascade | None = None,
-        do_sample: bool = False,
-        temperature: float = 1.0,
-        seed: int = 0,
-        stop_at_eos: bool = True,
-        tokenizer: Any = None,
-    ) -> GenerationRun:
-        """Generates from ``prompts`` while scoring every step from the model's own forward passes.
-
-        At each step the running pooled vector (prompt + tokens so far) is scored with the
-        policy; step 0 is the prompt alone. Sequences are left-padded and batched; the KV cache
-        is used. Scores equal :meth:`score` on the same prefix (tested). The monitor scores on
-        the model's device and keeps every step there until the end; the loop reads one bool
-        per step back to the host (whether any row goes on, as Hugging Face ``generate`` does;
-        a callable ``action`` also reads the flagged rows). A step whose activations hold
-        NaN/inf scores NaN, counts as flagged and raises a ``RuntimeWarning`` at the end.
-
-        Args:
-            action: ``"flag"`` (record only), ``"stop"`` (end a sequence at its first flagged
-                step; the others continue) or a callable ``f(MonitorEvent) -> bool`` called for
-                each flagged step; returning True stops that sequence.
-            do_sample, temperature, seed: greedy decoding by default. The sampling generator
-                lives on the model's device (seeded by ``seed``), so a GPU and a CPU draw
-                different samples from the same seed.
-            stop_at_eos: end a sequence after it emits the tokenizer's EOS token.
-            tokenizer: the tokenizer of a ``transformers`` model (default: loaded from its
-                ``name_or_path``); toolkit models use their own.
-
-        Returns:
-            A :class:`GenerationRun`.
-        """
-        return _generation.generate(
-            self,
-            model,
-            prompts,
-            max_new_tokens,
-            action,
-            order=order,
-            cascade=cascade,
-            do_sample=do_sample,
-            temperature=temperature,
-            seed=seed,
-            stop_at_eos=stop_at_eos,
-            tokenizer=tokenizer,
-        )
-
-    def watch(
-        self,
-        model: Any,
-        *,
-        order: int | None = None,
-        cascade: float | Cascade | None = None,
-        on_flag: Callable[[MonitorEvent], Any] | None = None,
-        tokenizer: Any = None,
-    ) -> AbstractContextManager["WatchLog"]:
-        """Scores every forward pass ``model`` makes inside the block (your own ``generate`` too).
-
-        A call without a KV cache starts new sequences; calls that continue a cache add their
-        tokens to each row's running pool. Pass ``attention_mask`` with padded batches (Hugging
-        Face ``generate`` does) so padding is not pooled. Hooks are removed however the block ends.
-        ``tokenizer``: as in :meth:`score` (not needed to watch). To stop flagged rows inside
-        ``generate``, see :meth:`stopping_criteria`.
-
-        Example:
-            >>> with monitor.watch(lm) as log:  # doctest: +SKIP
-            ...     lm._module.generate(**batch, max_new_tokens=20)
-            >>> log.scores[-1]  # doctest: +SKIP
-        """
-        return _generation.watch(self, model, order=order, cascade=cascade, on_flag=on_flag, tokenizer=tokenizer)
-
-    def stopping_criteria(
-        self,
-        model: Any,
-        *,
-        order: int | None = None,
-        cascade: float | Cascade | None = None,
-        eos_token_id: int | list[int] | None = None,
-        tokenizer: Any = None,
-    ) -> Any:
-        """A ``transformers.StoppingCriteria`` that stops the rows this monitor flags, inside the
-        model's own ``generate``.
-
-        Every forward pass ``generate`` makes (KV cache on) is read at :attr:`site` by a hook; each
-        row's running pool is scored with the policy, and the rows with ``prob >= threshold`` are
-        stopped (a per-row bool tensor: the other rows go on, token for token as without the
-        monitor). The pool, the decision and the log stay where the activations are; the
-        criterion reads one bool per step (whether any row goes on), as ``generate`` does. As
-        with any stopping criterion, ``generate`` has already appended the token of the step that
-        is stopped, and pads a finished row only when it has an EOS token (the model's
-        ``generation_config`` usually names one); :meth:`logits_processor` puts EOS in its place.
-
-        One criterion serves one ``generate`` call. Its hooks are attached when it is made and
-        removed as soon as every row has ended (flagged, or an EOS token), by ``close()``
-        (idempotent), at the end of a ``with`` block however it ends, or when the criterion is
-        garbage-collected. So the inline form below leaves no hook behind once ``generate``
-        returns, or once its exception is handled (CPython frees the criterion then). A criterion
-        you keep in a variable keeps its hooks while rows are unfinished (``max_new_tokens``
-        reached): call ``sc.close()``, use ``with``, or drop it. The log stays readable after the
-        hooks are gone: ``sc.log``, or :attr:`last_run` for the inline form.
-
-        Works with whatever drives the Hugging Face model's ``generate`` (greedy or sampling,
-        ``num_beams=1``): a ``transformers`` model, nnsight's ``lm._module``, a TransformerBridge's
-        ``original_model``.
-
-        Args:
-            model: the model ``generate`` runs (or its toolkit wrapper).
-            order, cascade: the scoring policy (see :meth:`policy`).
-            eos_token_id: the EOS ids that end a row, when ``generate`` is given others than the
-                model's ``generation_config`` (the log needs to know when a row ended).
-            tokenizer: as in :meth:`score` (only its EOS id is read, when no other names one).
-
-        Returns:
-            A ``StoppingCriteria`` (also a context manager); its ``log`` (a
-            :class:`~tpc_hooks.GenerationRun`) holds the step scores per row and first flagged
-            steps of the ``generate`` call it served.
-
-        Raises:
-            TPCHooksError: a model without Hugging Face ``generate`` (``HookedTransformer``); from
-                inside ``generate``: a criterion used for a second ``generate`` call or after
-                ``close()``, or made but not passed to the ``generate`` that runs its model.
-
-        Example:
-            >>> out = hf_model.generate(**batch, max_new_tokens=32,  # doctest: +SKIP
-            ...                         stopping_criteria=[monitor.stopping_criteria(hf_model, tokenizer=tok)])
-            >>> monitor.last_run.stopped_at  # doctest: +SKIP
-            >>> with monitor.stopping_criteria(hf_model, tokenizer=tok) as sc:  # doctest: +SKIP
-            ...     out = hf_model.generate(**batch, max_new_tokens=32, stopping_criteria=[sc])
-            >>> sc.log.stopped_at, sc.log.scores[0]  # doctest: +SKIP
-        """
-        from ._hf_generate import MonitorStoppingCriteria
-
-        return MonitorStoppingCriteria(
-            self, model, tokenizer=tokenizer, order=order, cascade=cascade, eos_token_id=eos_token_id, action="stop"
-        )
-
-    def logits_processor(
-        self,
-        model: Any,
-        *,
-        order: int | None = None,
-        cascade: float | Cascade | None = None,
-        eos_token_id: int | list[int] | None = None,
-        tokenizer: Any = None,
-    ) -> Any:
-        """A ``transformers.LogitsProcessor`` that forces EOS on the rows this monitor flags, for
-        code paths that take processors but no stopping criteria.
-
-        As :meth:`stopping_criteria` (same hooks, scores, log, lifetime: inline, ``close()`` or
-        ``with``), except that a row flagged at step ``t`` gets an EOS token in place of its next
-        token (and at every later step), so it ends with ``t`` generated tokens plus EOS;
-        ``generate``'s own EOS criterion then finishes it. ``eos_token_id`` (default: the model's
-        ``generation_config``, else ``tokenizer.eos_token_id``) must name an EOS token; the first
-        one is forced. The hooks are removed early when every row is forced to EOS; a row that
-        picks EOS itself is known to have ended only at the next step, so when the last rows end
-        that way the hooks go when the processor is closed or freed.
-
-        Example:
-            >>> out = hf_model.generate(**batch, max_new_tokens=32,  # doctest: +SKIP
-            ...                         logits_processor=[monitor.logits_processor(hf_model, tokenizer=tok)])
-            >>> monitor.last_run.first_flagged  # doctest: +SKIP
-        """
-        from ._hf_generate import MonitorLogitsProcessor
-
-        return MonitorLogitsProcessor(
-            self, model, tokenizer=tokenizer, order=order, cascade=cascade, eos_token_id=eos_token_id, action="stop"
-        )
-
     # ------------------------------------------------------------ the saved form
     _hub_commit_message = "Upload tpc-hooks monitor"
 
     def _config(self) -> dict[str, Any]:
-        cfg, _ = to_saved(self.head)
-        settings = self.config.to_dict()
-        name = settings.pop("model_name")
-        cfg["monitor"] = {
-            **settings,
-            "model": {"name": name, "d_model": self.head.d_model},
-            "cascade": None if self.cascade is None else self.cascade.to_dict(),
-            "report": self.report,
-            "sae": self.sae_identity,
-        }
-        if self.answers:  # a version that reads only prompt monitors refuses the file instead of misreading it
-            cfg["format_version"] = READS_ANSWER_VERSION
-        return cfg
+        return saved_config(self)
 
     def _save_dir(self, path: str | os.PathLike) -> Path:
         """Writes head and policy to a directory (``config.json`` + ``model.safetensors``);
@@ -790,44 +514,9 @@ class Monitor(HubMixin, LastRun):
     @classmethod
     def _from_saved(cls, cfg: dict[str, Any], tensors: dict[str, Any], where: Path, *, sae: Any = None) -> Any:
         """A monitor from its saved config and tensors (``where``: the config file errors name)."""
-        head = from_saved(cfg, tensors, where)
-        mon = cfg.get("monitor")
-        if not isinstance(mon, dict):
-            raise TPCHooksError(
-                f"{where} describes a bare head, not a monitor; load it with TPC.from_pretrained and wrap it: "
-                "Monitor(head, site=...)"
-            )
-        model = mon.get("model") or {}
-        if not isinstance(model, dict):
-            raise TPCHooksError(f'{where}: monitor.model must be an object {{"name", "d_model"}}; got {model!r}')
-        if model.get("d_model", head.d_model) != head.d_model:
-            raise TPCHooksError(
-                f"{where}: monitor.model.d_model={model.get('d_model')} disagrees with d_model={head.d_model}"
-            )
+        head, kw = read_saved(cfg, tensors, where)
         try:
-            config = MonitorConfig.from_dict({**mon, "model_name": model.get("name")})
-        except TPCHooksError as err:
-            raise TPCHooksError(f"{where}: monitor: {err}") from None
-        cascade = None
-        if mon.get("cascade") is not None:
-            if not isinstance(mon["cascade"], dict):
-                raise TPCHooksError(
-                    f"{where}: monitor.cascade must be an object (lower, upper, temperatures, biases) "
-                    f"or null; got {type(mon['cascade']).__name__}"
-                )
-            try:
-                cascade = Cascade.from_dict(head, mon["cascade"])
-            except (KeyError, TypeError, ValueError, AttributeError) as err:
-                raise TPCHooksError(f"{where}: monitor.cascade is malformed ({err})") from None
-        if mon.get("sae") is not None and not isinstance(mon["sae"], dict):
-            raise TPCHooksError(
-                f"{where}: monitor.sae must be an object (the SAE's identity) or null; got {type(mon['sae']).__name__}"
-            )
-        report = mon.get("report") or {}
-        if not isinstance(report, dict):
-            raise TPCHooksError(f"{where}: monitor.report must be an object; got {type(report).__name__}")
-        try:
-            return cls(head, config=config, cascade=cascade, report=dict(report), sae=sae, sae_identity=mon.get("sae"))
+            return cls(head, sae=sae, **kw)
         except (TypeError, ValueError) as err:  # TPCHooksError is a ValueError
             raise TPCHooksError(f"{where}: {err}") from None
 

@@ -1,5 +1,6 @@
 """SAE features (SAELens) as the package reads them: the checks of an SAE against a site, encoding
-activations into latents, an SAE's identity and its decoder. Below both the head (attribution in
+activations into latents (and the encoder as a linear map given a pass's active latents), an SAE's
+identity and its decoder. Below both the head (attribution in
 feature ids) and the collection of activations (rows of latents), so that reading activations does
 not stand on the polynomial.
 
@@ -11,5 +12,5 @@ from ._sae import decoder as decoder
 from ._sae import describe as describe_sae  # noqa: F401 (handed on under a name that says what it is)
 from ._sae import dims as sae_dims  # noqa: F401 (handed on under a name that says what it is)
 from ._sae import encode as sae_encode  # noqa: F401 (handed on under a name that says what it is)
-from ._sae import encoder as sae_encoder  # noqa: F401 (handed on under a name that says what it is)
 from ._sae import identity as sae_identity  # noqa: F401 (handed on under a name that says what it is)
+from ._sae import through_encoder as through_encoder

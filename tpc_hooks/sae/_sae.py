@@ -70,6 +70,30 @@ def encoder(sae: Any) -> tuple[Tensor, Tensor]:
     return W, b
 
 
+def through_encoder(sae: Any, acts: Tensor, feats: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+    """Weights ``w [B, T, d_sae]`` on an SAE's latents as weights on the model's activations ``[B, T, D]``,
+    and each position's share carried by the encoder's own bias ``[B, T]``: a latent the SAE leaves on is
+    its pre-activation ``x @ W_enc + b`` (ReLU, JumpReLU, TopK), so with the pass's active latents held
+    fixed, ``<f_t, w_t> = <x_t, W_enc (on_t * w_t)> + <on_t * b, w_t>``. Checked on the pass: an SAE
+    whose active latents are not their pre-activations (a gated SAE, a normalised input) is refused."""
+    try:
+        W, b = encoder(sae)
+    except TPCHooksError as err:
+        raise TPCHooksError(f"explain splits an SAE monitor through its encoder: {err}") from None
+    W, b = W.to(acts.device, torch.float64), b.to(acts.device, torch.float64)
+    pre = acts.double() @ W + b
+    on = feats != 0
+    f = feats.double()
+    if not bool(((f - pre).abs() * on).max() <= 1e-4 * pre.abs().max() + 1e-6):
+        raise TPCHooksError(
+            f"{type(sae).__name__}'s active latents are not their pre-activations x @ W_enc + b_enc (a gated SAE?), "
+            "so its latents are not linear in the stream given the pass; explain supports ReLU, JumpReLU and "
+            "TopK SAEs. Its decision by SAE feature: tpc.attribute(monitor, acts)"
+        )
+    wd = w.double() * on
+    return wd @ W.T, (wd * b).sum(-1)
+
+
 @torch.no_grad()
 def encode(sae: Any, acts: Tensor) -> Tensor:
     """SAE latents of activations ``[..., d_in]`` (float32, or float64 for float64 input; on the
