@@ -404,6 +404,57 @@ def _weights_tokens(monitor: Any, acts: Tensor, mask: Tensor, rule: Any) -> tupl
     return w, baseline, ref, heavy, lg
 
 
+class _Rows:
+    """What :func:`explain` gathers per row, batch by batch, in the prompts' order: the rule's logits,
+    probabilities and decision logits, the baseline, the float64 reference logit, the exit order, and per
+    row its position-by-part table, the positions pooled and (a prefix monitor) its pooled row."""
+
+    def __init__(self, n: int):
+        self.logit, self.probs, self.decision = torch.empty(n), torch.empty(n), torch.empty(n)
+        self.baseline = torch.empty(n, dtype=torch.float64)
+        self.reference = torch.empty(n, dtype=torch.float64)
+        self.exit_order = torch.ones(n, dtype=torch.long)
+        self.table: list[Any] = [None] * n
+        self.pooled: list[Any] = [None] * n
+        self.rows: list[Any] = [None] * n
+
+
+def _split_batch(
+    monitor: Any, rule: Any, parts: Any, mask: Tensor, starts: list[int] | None, lengths: list[int]
+) -> dict[str, Any]:
+    """One batch's split: each row's position-by-part table, the positions pooled, the pooled rows (a
+    prefix monitor), the rule's logits, probabilities and decision logits, the baseline, the float64
+    reference logit and the exit order."""
+    head = monitor.head
+    acts = parts.site.float()
+    feats = acts if monitor.sae is None else sae_encode(monitor.sae, acts)
+    if feats.shape[-1] != head.d_model:
+        raise TPCHooksError(f"{monitor.site} produced width {feats.shape[-1]}, expected d_model={head.d_model}")
+    out: dict[str, Any] = {}
+    if monitor.streaming:
+        w, out["baseline"], out["reference"], out["exit_order"], lg = _weights_tokens(monitor, feats, mask, rule)
+        out.update(logit=lg, probs=torch.sigmoid(lg), decision=lg, rows=None)
+        pooled = torch.stack([scored(m[None], monitor.skip)[0] for m in mask.bool()]) & mask.bool()
+    else:
+        pooled = mask if starts is None else from_start(mask, starts)
+        z = pool(feats, pooled, monitor.pooling)
+        res = rule(z)
+        w, out["baseline"], out["reference"] = _weights_prefix(head, feats, pooled, monitor.pooling, res)
+        out.update(logit=res.logits, probs=res.probs, decision=res.decision_logits, exit_order=res.exit_order, rows=z)
+        pooled = pooled.bool()
+        if monitor.pooling == "last":  # the last pooled position alone
+            pos = torch.arange(mask.shape[1]).expand_as(pooled)
+            pooled = pos == torch.where(pooled, pos, -1).amax(1)[:, None]
+    if monitor.sae is None:
+        contrib = parts.contributions(w).cpu()  # [B, T, C]
+    else:  # through the SAE's encoder, its gate held fixed: the model's parts, then the encoder's bias
+        w_model, enc_bias = through_encoder(monitor.sae, acts, feats, w)
+        contrib = torch.cat([parts.contributions(w_model), enc_bias[..., None]], -1).cpu()
+    out["table"] = [contrib[j, :T] for j, T in enumerate(lengths)]
+    out["pooled"] = [pooled[j, :T].cpu() for j, T in enumerate(lengths)]
+    return out
+
+
 @torch.no_grad()
 def explain(
     monitor: Any,
@@ -428,102 +479,59 @@ def explain(
         raise TPCHooksError(f"batch_size must be a positive integer; got {batch_size!r}")
     ids, starts, cut = _read(monitor, adapter, prompts, responses, tokens, answer_starts)
     site, rule = adapter.site(monitor.site), monitor.policy(order, cascade)
-    n = len(ids)
-    logit = torch.empty(n)
-    probs = torch.empty(n)
-    decision = torch.empty(n)
-    baseline = torch.empty(n, dtype=torch.float64)
-    reference = torch.empty(n, dtype=torch.float64)
-    exit_order = torch.ones(n, dtype=torch.long)
-    by_token: list[Any] = [None] * n
-    tbc: list[Any] = [None] * n
-    pooled_pos: list[Any] = [None] * n
-    pooled_rows: list[Any] = [None] * n
-    names: list[str] | None = None
-    order_by_len = np.argsort([len(t) for t in ids], kind="stable")
-    pid = pad_id(adapter.tokenizer)
-    head = monitor.head
-    with tqdm(total=n, desc="explain", unit="prompt", disable=not progress) as bar:
-        for a0 in range(0, n, batch_size):
+    got = _Rows(len(ids))
+    names: list[str] = []
+    order_by_len = np.argsort([len(t) for t in ids], kind="stable")  # batches of like lengths, as score() makes
+    with tqdm(total=len(ids), desc="explain", unit="prompt", disable=not progress) as bar:
+        for a0 in range(0, len(ids), batch_size):
             idx = order_by_len[a0 : a0 + batch_size]
-            x, mask = pad([ids[i] for i in idx], pid, "right")
+            x, mask = pad([ids[i] for i in idx], pad_id(adapter.tokenizer), "right")
             with adapter.exclusive():
                 parts = adapter.forward_parts(x, mask, site, heads=heads)
-            if names is None:
-                names = parts.names + ([] if monitor.sae is None else [SAE_BIAS])
-            acts = parts.site.float()
-            feats = acts if monitor.sae is None else sae_encode(monitor.sae, acts)
-            if feats.shape[-1] != head.d_model:
-                raise TPCHooksError(f"{site.name} produced width {feats.shape[-1]}, expected d_model={head.d_model}")
-            if monitor.streaming:
-                w, base, ref, heavy, lg = _weights_tokens(monitor, feats, mask, rule)
-                res_logits, res_probs, res_dec = lg, torch.sigmoid(lg), lg
-                on = torch.stack(
-                    [scored(m[None], monitor.skip)[0] for m in mask.bool()]
-                )  # right padding: the first attended tokens
-                exits = heavy
-                pooled_mask = on & mask.bool()
-            else:
-                pooled_mask = mask if starts is None else from_start(mask, [starts[i] for i in idx])
-                z = pool(feats, pooled_mask, monitor.pooling)
-                res = rule(z)
-                w, base, ref = _weights_prefix(head, feats, pooled_mask, monitor.pooling, res)
-                res_logits, res_probs, res_dec = res.logits, res.probs, res.decision_logits
-                exits = res.exit_order
-                pooled_mask = pooled_mask.bool()
-                if monitor.pooling == "last":  # the last pooled position alone
-                    T = mask.shape[1]
-                    pos = torch.arange(T).expand_as(pooled_mask)
-                    last = torch.where(pooled_mask, pos, -1).amax(1)
-                    pooled_mask = pos == last[:, None]
-            if monitor.sae is None:
-                contrib = parts.contributions(w).cpu()  # [B, T, C]
-            else:  # through the SAE's encoder, its gate held fixed: the model's parts, then the encoder's bias
-                w_model, enc_bias = through_encoder(monitor.sae, acts, feats, w)
-                contrib = torch.cat([parts.contributions(w_model), enc_bias[..., None]], -1).cpu()
+            names = parts.names + ([] if monitor.sae is None else [SAE_BIAS])
+            one = _split_batch(
+                monitor,
+                rule,
+                parts,
+                mask,
+                None if starts is None else [starts[i] for i in idx],
+                [len(ids[i]) for i in idx],
+            )
             for j, i in enumerate(idx):
-                T_i = len(ids[i])
-                tbc[i] = contrib[j, :T_i]
-                by_token[i] = tbc[i].sum(1)
-                pooled_pos[i] = pooled_mask[j, :T_i].cpu()
-                if not monitor.streaming:
-                    pooled_rows[i] = z[j]
-            logit[idx] = res_logits.detach().float().cpu()
-            probs[idx] = res_probs.detach().float().cpu()
-            decision[idx] = res_dec.detach().float().cpu()
-            baseline[idx] = base.cpu()
-            reference[idx] = ref.cpu()
-            exit_order[idx] = exits.detach().cpu().long()
+                got.table[i], got.pooled[i] = one["table"][j], one["pooled"][j]
+                got.rows[i] = None if one["rows"] is None else one["rows"][j]
+            for key in ("logit", "probs", "decision", "baseline", "reference", "exit_order"):
+                getattr(got, key)[idx] = one[key].detach().cpu().to(getattr(got, key).dtype)
             bar.update(len(idx))
-    assert names is not None
-    by_component = torch.stack([t.sum(0) for t in tbc])
     attr = None
     if not monitor.streaming:
-        rows = torch.stack(pooled_rows).cpu()
+        rows = torch.stack(got.rows).cpu()
         res = rule(rows)  # every row at once, in the prompts' order, as score() scores them (bit for bit)
-        logit, probs, decision = (t.detach().float().cpu() for t in (res.logits, res.probs, res.decision_logits))
-        attr = attribute(monitor, rows, order=exit_order)
+        got.logit, got.probs, got.decision = (
+            t.detach().float().cpu() for t in (res.logits, res.probs, res.decision_logits)
+        )
+        attr = attribute(monitor, rows, order=got.exit_order)
     tok = adapter.tokenizer
     return Explanation(
-        logit=logit,
-        baseline=baseline,
-        exit_order=exit_order,
+        logit=got.logit,
+        baseline=got.baseline,
+        exit_order=got.exit_order,
         tokens=[[str(tok.decode([t])) for t in row] for row in ids],
         token_ids=[list(row) for row in ids],
-        pooled=pooled_pos,
-        by_token=by_token,
-        components=list(names),
-        by_component=by_component,
-        token_by_component=tbc,
+        pooled=got.pooled,
+        by_token=[t.sum(1) for t in got.table],
+        components=names,
+        by_component=torch.stack([t.sum(0) for t in got.table]),
+        token_by_component=got.table,
         attribution=attr,
         truncated=cut,
         site=monitor.site,
         pooling=monitor.pooling,
         threshold=float(monitor.threshold),
-        probs=probs,
-        decision_logits=decision,
+        probs=got.probs,
+        decision_logits=got.decision,
         prompts=None if prompts is None else list(prompts),
-        extra={"reference_logit": reference, "heads": heads, "model": adapter.model_name},
+        extra={"reference_logit": got.reference, "heads": heads, "model": adapter.model_name},
     )
 
 
