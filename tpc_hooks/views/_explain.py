@@ -60,6 +60,18 @@ def token_spans(tokens: Sequence[str], values: Sequence[float], pooled: Sequence
     return "".join(spans)
 
 
+def split_legend() -> str:
+    """The legend of a split's view: the token colours, the grey of a token not pooled, what a part is."""
+    return (
+        '<div class="legend">each token coloured by its share of the logit: <span class="key" '
+        f'style="background-color:{_signed_color(1.0, 1.0)}">towards a flag</span> '
+        f'<span class="key" style="background-color:{_signed_color(-1.0, 1.0)}">away</span> '
+        '&#183; <span class="key tok unpooled">grey text</span> not pooled (read, but carries nothing) '
+        "&#183; hover a token for its value &#183; parts: what each block's attention and MLP wrote into the "
+        "residual stream up to the site</div>"
+    )
+
+
 def _heatmap(layers: list[int], grid: Any) -> str:
     vals = [float(v) for row in grid.tolist() for v in row]
     scale = max((abs(v) for v in vals), default=0.0)
@@ -107,15 +119,7 @@ def explanation_html(ex: Any, rows: Sequence[int], *, k: int = 8, heatmap: bool 
             f'<div class="text">{token_spans(ex.tokens[b], ex.by_token[b].tolist(), ex.pooled[b].tolist())}</div>'
             f"{''.join(tables)}</div>"
         )
-    legend = (
-        '<div class="legend">each token coloured by its share of the logit: <span class="key" '
-        f'style="background-color:{_signed_color(1.0, 1.0)}">towards a flag</span> '
-        f'<span class="key" style="background-color:{_signed_color(-1.0, 1.0)}">away</span> '
-        '&#183; <span class="key tok unpooled">grey text</span> not pooled (read, but carries nothing) '
-        "&#183; hover a token for its value &#183; parts: what each block's attention and MLP wrote into the "
-        "residual stream up to the site</div>"
-    )
     return HTML(
-        f'<div class="tpc-view">{_STYLE}{_EXTRA_STYLE}{legend}{"".join(blocks)}</div>',
+        f'<div class="tpc-view">{_STYLE}{_EXTRA_STYLE}{split_legend()}{"".join(blocks)}</div>',
         "tpc-hooks explanation",
     )

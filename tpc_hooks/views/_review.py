@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from .._errors import TPCHooksError
-from ._explain import _EXTRA_STYLE, _heatmap, token_spans
-from ._html import _STYLE, HTML, _esc, _order_names, _signed_color, _table, _token, _unit_tables, score_color
+from ._explain import _EXTRA_STYLE, _heatmap, split_legend, token_spans
+from ._html import _STYLE, HTML, _esc, _order_names, _table, _token, _unit_tables, score_color
 
 
 def _attribution_tables(a: dict[str, Any]) -> str:
@@ -86,15 +86,9 @@ def _recomputed(x: dict[str, Any]) -> str:
     ]
     if x.get("layers"):
         tables.append(_heatmap(x["layers"], np.asarray(x["by_layer"], dtype=float)))
-    legend = (
-        '<div class="legend">each token coloured by its share of the logit: <span class="key" '
-        f'style="background-color:{_signed_color(1.0, 1.0)}">towards a flag</span> '
-        f'<span class="key" style="background-color:{_signed_color(-1.0, 1.0)}">away</span> &#183; '
-        '<span class="key tok unpooled">grey text</span> not pooled &#183; hover a token for its value</div>'
-    )
     return (
         f'<div class="recomputed">{title}<div class="head">{_esc(" ".join(c for c in [how, *checks] if c))}</div>'
-        f'<div class="head">{_esc(" · ".join(head))}</div>{legend}'
+        f'<div class="head">{_esc(" · ".join(head))}</div>{split_legend()}'
         f'<div class="text">{token_spans(x["tokens"], x["by_token"], x["pooled"])}</div>{"".join(tables)}</div>'
     )
 
