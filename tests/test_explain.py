@@ -257,6 +257,44 @@ def test_components_match_transformer_lens_own_decomposition(layer):
         assert math.isclose(biases, value["bias"], rel_tol=1e-4, abs_tol=1e-5)
 
 
+def test_heads_through_a_norm_after_attention_in_a_hooked_transformer():
+    """A HookedTransformer whose attention output is normalised before it is added (``ln1_post``, Gemma 2's
+    block): the heads, each through that norm's scale of the pass, sum to attention's part."""
+    from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+    torch.manual_seed(5)
+    cfg = HookedTransformerConfig(
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        d_head=8,
+        d_mlp=64,
+        d_vocab=len(tokenizer()),
+        n_ctx=64,
+        act_fn="gelu",
+        normalization_type="RMS",
+        positional_embedding_type="rotary",
+        rotary_dim=8,
+        use_normalization_before_and_after=True,
+        default_prepend_bos=False,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = HookedTransformer(cfg, tokenizer=tokenizer()).eval()
+    with torch.no_grad():
+        for block in model.blocks:
+            block.ln1_post.w.normal_(1, 0.3)  # a weight of its own, not the identity
+    mon = tpc.Monitor(head3(), SITE, pooling="mean")
+    split, whole = mon.explain(model, PROMPTS, heads=True), mon.explain(model, PROMPTS)
+    torch.testing.assert_close(split.baseline + split.by_component.sum(1), split.extra["reference_logit"])
+    for li in range(2):
+        heads = sum(
+            split.by_component[:, i] for i, n in enumerate(split.components) if n.startswith(f"blocks.{li}.attn.")
+        )
+        attn = whole.by_component[:, whole.components.index(f"blocks.{li}.attn")]
+        torch.testing.assert_close(heads, attn, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("heads", [False, True])
 def test_hf_and_nnsight_parts_equal_transformer_lens_parts_of_the_same_weights(heads):
     hf = hf_gpt2()
