@@ -160,6 +160,11 @@ def test_mixing_token_and_pooled_stores_is_a_clear_error(tmp_path, tiny_cli, cap
         "holds pooled rows (pooling 'mean')",
     )
     fails(["train", "--acts", str(pooled), "--out", str(tmp_path / "m"), "--window", "4", *common], "--window")
+    fails(["train", "--acts", str(pooled), "--out", str(tmp_path / "m"), "--top-k", "2", *common], "--top-k set how")
+    fails(
+        ["train", "--acts", str(tok), "--out", str(tmp_path / "m"), "--aggregate", "sctopk", "--top-k", "0", *common],
+        "top_k (the segments sctopk averages) must be a positive integer; got 0",
+    )
     fails(
         ["train", "--acts", str(tok), "--out", str(tmp_path / "m"), "--site", "auto", *common],
         "a per-token monitor reads one site: pass --site",
@@ -181,6 +186,10 @@ def test_mixing_token_and_pooled_stores_is_a_clear_error(tmp_path, tiny_cli, cap
     assert main(["train", "--acts", str(pooled), "--out", str(tmp_path / "mean"), *common]) == 0
     assert main(["train", "--acts", str(tok), "--out", str(tmp_path / "token"), *common]) == 0
     assert tpc.Monitor.from_pretrained(tmp_path / "token").aggregate == "rolling"  # the default
+    segments = ["--aggregate", "sctopk", "--window", "3", "--top-k", "2"]
+    assert main(["train", "--acts", str(tok), "--out", str(tmp_path / "sc"), *segments, *common]) == 0
+    sc = tpc.Monitor.from_pretrained(tmp_path / "sc")
+    assert (sc.aggregate, sc.window, sc.top_k) == ("sctopk", 3, 2)
     fails(
         ["evaluate", "--monitor", str(tmp_path / "mean"), "--acts", str(tok), "--splits", "test"],
         f"{tok / 'test' / SITE} holds per-token rows (tpc-hooks collect --pooling token), but the monitor",

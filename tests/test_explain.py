@@ -70,6 +70,7 @@ def reference(monitor, rows, exit_orders):
                         monitor.alpha,
                         monitor.window,
                         monitor.skip,
+                        monitor.top_k,
                     )[0, -1]
                 )
             )
@@ -132,10 +133,10 @@ def test_parts_sum_to_the_float64_logit_at_every_order(pooling, policy):
         assert (attr.by_order[:, 1:] == 0).all()
 
 
-@pytest.mark.parametrize("aggregate_", ["mean", "max", "ema", "rolling"])
+@pytest.mark.parametrize("aggregate_", ["mean", "max", "ema", "rolling", "sctopk"])
 def test_a_per_token_monitor_splits_its_aggregate(case, aggregate_):
     name, model = case
-    mon = tpc.Monitor(head3(), SITE, pooling="token", aggregate=aggregate_, window=3, alpha=0.3, skip=1)
+    mon = tpc.Monitor(head3(), SITE, pooling="token", aggregate=aggregate_, window=3, alpha=0.3, skip=1, top_k=2)
     ex = mon.explain(model, PROMPTS, batch_size=3, order=2)
     res = mon.score(model, PROMPTS, order=2, batch_size=3)
     assert torch.equal(ex.logit, res.logits)

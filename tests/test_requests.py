@@ -13,7 +13,7 @@ from tpc_hooks.pooling import POOLINGS
 D = 8
 
 
-def _monitor(pooling, cascade):
+def _monitor(pooling, cascade, aggregate="ema"):
     torch.manual_seed(0)
     head = tpc.TPC(D, 3, 2)
     with torch.no_grad():
@@ -24,7 +24,9 @@ def _monitor(pooling, cascade):
         "blocks.0.hook_resid_post",
         pooling=pooling,
         cascade=tpc.Cascade(head, 0.1) if cascade else None,
-        aggregate="ema",
+        aggregate=aggregate,
+        window=2,
+        top_k=2,
     )
 
 
@@ -36,9 +38,18 @@ def _alone(mon, rows, prompt, steps):
     return {f: torch.cat([getattr(r, f) for r in out]) for f in ("probs", "logits", "exit_order", "flops")}
 
 
-@pytest.mark.parametrize("pooling, cascade", [("mean", True), ("max", False), ("last", True), ("token", True)])
-def test_interleaved_chunked_requests_score_as_each_alone(pooling, cascade):
-    mon = _monitor(pooling, cascade)
+@pytest.mark.parametrize(
+    "pooling, cascade, aggregate",
+    [
+        ("mean", True, "ema"),
+        ("max", False, "ema"),
+        ("last", True, "ema"),
+        ("token", True, "ema"),
+        ("token", True, "sctopk"),
+    ],
+)
+def test_interleaved_chunked_requests_score_as_each_alone(pooling, cascade, aggregate):
+    mon = _monitor(pooling, cascade, aggregate)
     g = torch.Generator().manual_seed(1)
     a, b, c = (torch.randn(n, D, generator=g) for n in (9, 7, 5))
     rs = RequestScores(mon)
@@ -99,6 +110,7 @@ def test_no_complete_piece_scores_nothing():
         ("token", "max"),
         ("token", "ema"),
         ("token", "rolling"),
+        ("token", "sctopk"),
     ],
 )
 def test_a_request_restored_from_a_kept_block_state_scores_as_one_that_computed_the_prefix(pooling, aggregate):
@@ -118,6 +130,7 @@ def test_a_request_restored_from_a_kept_block_state_scores_as_one_that_computed_
         aggregate=aggregate or "rolling",
         window=3,
         skip=2,
+        top_k=2,
     )
     g = torch.Generator().manual_seed(2)
     shared, own = torch.randn(8, D, generator=g), torch.randn(6, D, generator=g)

@@ -6,6 +6,7 @@ Independent computations: a hand-written float64 loop for each aggregation; offl
 own ``generate``, ``watch`` and HF ``generate`` with ``stopping_criteria``); an FPR bound
 checked by counting."""
 
+import json
 import math
 
 import numpy as np
@@ -31,6 +32,9 @@ SETTINGS = [
     ("ema", {"alpha": 1.0}),
     ("rolling", {"window": 3}),
     ("rolling", {"window": 1}),
+    ("sctopk", {"window": 3, "top_k": 2}),
+    ("sctopk", {"window": 1, "top_k": 1}),
+    ("sctopk", {"window": 4, "top_k": 50}),
 ]
 
 
@@ -38,10 +42,15 @@ def logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
-def by_hand(s: list[float], how: str, alpha: float = 0.1, window: int = 16) -> list[float]:
+def by_hand(s: list[float], how: str, alpha: float = 0.1, window: int = 16, top_k: int = 8) -> list[float]:
     """The aggregate after each of the logits ``s`` (float64, a plain loop)."""
     out, e = [], None
     for t in range(len(s)):
+        if how == "sctopk":  # every whole segment so far by its mean; the mean of the top_k (the mean before one)
+            segments = [sum(s[j : j + window]) / window for j in range(t + 2 - window)]
+            best = sorted(segments, reverse=True)[:top_k]
+            out.append(sum(best) / len(best) if best else sum(s[: t + 1]) / (t + 1))
+            continue
         if how == "mean":
             out.append(sum(s[: t + 1]) / (t + 1))
         elif how == "max":
@@ -270,6 +279,11 @@ def test_streaming_monitor_is_saved_and_loaded(tmp_path):
     back = tpc.Monitor.from_pretrained(mon.save_pretrained(tmp_path / "m"))
     assert (back.pooling, back.aggregate, back.alpha, back.window, back.skip) == ("token", "rolling", 0.3, 5, 3)
     torch.testing.assert_close(back.score(hf, PROMPTS).logits, mon.score(hf, PROMPTS).logits)
+    assert "top_k" not in json.loads((tmp_path / "m" / "config.json").read_text())["monitor"]  # as it was
+    segments = streaming_monitor("sctopk", window=2, top_k=3)
+    back = tpc.Monitor.from_pretrained(segments.save_pretrained(tmp_path / "s"))
+    assert (back.aggregate, back.window, back.top_k) == ("sctopk", 2, 3)
+    torch.testing.assert_close(back.score(hf, PROMPTS).logits, segments.score(hf, PROMPTS).logits)
 
 
 # ---------------------------------------------------------------------- training

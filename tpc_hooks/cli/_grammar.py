@@ -161,7 +161,7 @@ def _train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--aggregate",
-        choices=("max", "mean", "ema", "rolling"),
+        choices=("max", "mean", "ema", "rolling", "sctopk"),
         default=None,
         help="per-token stores only: how the monitor aggregates its token scores over time (default rolling, window "
         "16; max with collect --contexts chats)",
@@ -176,7 +176,13 @@ def _train(sub: argparse._SubParsersAction) -> None:
         "--window",
         type=int,
         default=None,
-        help="per-token stores, --aggregate rolling: tokens in the mean (default 16)",
+        help="per-token stores, --aggregate rolling: tokens in the mean; sctopk: tokens in a segment (default 16)",
+    )
+    p.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="per-token stores, --aggregate sctopk: the best segments averaged, which must agree (default 8)",
     )
     p.add_argument(
         "--no-contexts",

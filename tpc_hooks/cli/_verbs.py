@@ -7,7 +7,7 @@ and prompt set. The other verbs do one step each, on saved activations and monit
 per-step scores), ``attribute`` (a prompt's decision by order, neuron and pair; with ``--by``, by
 token and model part) and ``review`` (a server's review log as pages).
 ``collect --pooling token`` stores every token's row instead, and ``train`` then makes a per-token
-(streaming) monitor (``--aggregate``, ``--alpha``, ``--window``); ``--contexts N`` there also
+(streaming) monitor (``--aggregate``, ``--alpha``, ``--window``, ``--top-k``); ``--contexts N`` there also
 collects N benign chats hosting train/val prompts, which ``train`` learns from.
 
 This module holds the verbs' bodies; what each verb accepts is in ``_grammar``, the checks its
@@ -225,7 +225,7 @@ def _train(args: argparse.Namespace) -> int:
     check_out_dir(args.out)
 
     check_target_fpr(args.target_fpr, "--target-fpr")
-    stream = {k: getattr(args, k) for k in ("aggregate", "alpha", "window") if getattr(args, k) is not None}
+    stream = {k: getattr(args, k) for k in ("aggregate", "alpha", "window", "top_k") if getattr(args, k) is not None}
     options = TrainOptions(  # the object train_monitor trains from, built from the flags and checked here
         recipe=named(args.recipe),
         target_fpr=args.target_fpr,

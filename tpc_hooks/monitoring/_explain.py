@@ -338,7 +338,7 @@ def _pool64(a: Tensor, m: Tensor, pooling: str) -> Tensor:
     return a[torch.arange(a.shape[0], device=a.device), torch.where(m, pos, -1).amax(1)]
 
 
-def _aggregate_weights(logits: Tensor, on: Tensor, how: str, alpha: float, window: int) -> Tensor:
+def _aggregate_weights(logits: Tensor, on: Tensor, how: str, alpha: float, window: int, top_k: int) -> Tensor:
     """A per-token monitor's weight on each scored token's logit ``[T]`` at its last token (they sum to 1:
     the aggregate is ``sum_t a_t s_t``); ``on``: the scored positions."""
     a = torch.zeros(len(logits), dtype=torch.float64)
@@ -353,6 +353,16 @@ def _aggregate_weights(logits: Tensor, on: Tensor, how: str, alpha: float, windo
     elif how == "rolling":
         n = min(K, window)
         a[at[K - n :]] = 1.0 / n
+    elif how == "sctopk":  # the chosen segments, held fixed: each adds 1 / (chosen * window) to its tokens
+        s = logits[at]
+        if K < window:  # no whole segment yet: the mean so far
+            a[at] = 1.0 / K
+        else:
+            c = torch.nn.functional.pad(s.cumsum(0), (1, 0))
+            means = (c[window:] - c[:-window]) / window  # the segment starting at each position
+            chosen = means.topk(min(top_k, len(means))).indices
+            for j in chosen.tolist():
+                a[at[j : j + window]] += 1.0 / (len(chosen) * window)
     else:  # ema: e_1 = s_1, e_t = alpha s_t + (1 - alpha) e_{t-1}
         i = torch.arange(1, K + 1, dtype=torch.float64)
         wts = alpha * (1 - alpha) ** (K - i)
@@ -379,7 +389,7 @@ def _weights_tokens(monitor: Any, acts: Tensor, mask: Tensor, rule: Any) -> tupl
         res = rule(h)
         on = scored(torch.ones(1, len(pos)), monitor.skip)[0]
         wt = _aggregate_weights(
-            res.logits.detach().double().cpu(), on, monitor.aggregate, monitor.alpha, monitor.window
+            res.logits.detach().double().cpu(), on, monitor.aggregate, monitor.alpha, monitor.window, monitor.top_k
         )
         zs = (a[b, pos] - mean) / scale
         bias, q = euler_gradients(head, zs, res.exit_order.detach().cpu())
@@ -398,6 +408,7 @@ def _weights_tokens(monitor: Any, acts: Tensor, mask: Tensor, rule: Any) -> tupl
             monitor.alpha,
             monitor.window,
             monitor.skip,
+            monitor.top_k,
         )[0, -1]
         logits.append(agg)
     lg = torch.stack(logits).float().cpu()

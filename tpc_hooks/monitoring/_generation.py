@@ -112,7 +112,7 @@ class StepScores:
         [B, n]``) into the running aggregate; returns the aggregate per row."""
         mon = self.monitor
         if self.state is None:
-            self.state, self.spent = RunningAggregate(mon.aggregate, mon.alpha, mon.window, mon.skip), 0
+            self.state, self.spent = RunningAggregate(mon.aggregate, mon.alpha, mon.window, mon.skip, mon.top_k), 0
         assert self.spent is not None  # set with the state
         B, n = mask.shape
         m = mask.to(res.logits.device).bool()

@@ -68,7 +68,8 @@ class Monitor(GenerationMethods, CalibrationMethods, HubMixin, LastRun):
         sae_identity: the identity recorded with a saved monitor (checked against ``sae``).
         **settings: any field of :class:`~tpc_hooks.MonitorConfig` (``pooling``,
             ``chat_template``, ``prepend_bos``, ``max_tokens``, ``model_name``, ``threshold``,
-            ``aggregate``, ``alpha``, ``window``, ``skip``, ``reads``); with ``config``, they override it.
+            ``aggregate``, ``alpha``, ``window``, ``skip``, ``reads``, ``top_k``); with ``config``, they
+            override it.
 
     Every setting reads as an attribute (``monitor.site``, ``monitor.threshold``, ...); assigning
     one replaces :attr:`config` and is validated (``monitor.threshold = float("nan")`` is an
@@ -98,6 +99,7 @@ class Monitor(GenerationMethods, CalibrationMethods, HubMixin, LastRun):
     window: Setting[int] = Setting()
     skip: Setting[int] = Setting()
     reads: Setting[str] = Setting()
+    top_k: Setting[int] = Setting()
 
     def __init__(
         self,
@@ -415,7 +417,9 @@ class Monitor(GenerationMethods, CalibrationMethods, HubMixin, LastRun):
         ones = torch.ones(1, z.shape[0], device=res.logits.device)
         on = scored(ones, self.skip)[0]
         res = replace(res, flops=res.flops.masked_fill(~on.to(res.flops.device), 0))
-        return res, aggregate_logits(res.logits[None], ones, self.aggregate, self.alpha, self.window, self.skip)[0]
+        return res, aggregate_logits(
+            res.logits[None], ones, self.aggregate, self.alpha, self.window, self.skip, self.top_k
+        )[0]
 
     def _token_acts(self, adapter: Adapter, ids: list[list[int]], site: Any, batch_size: int) -> list[Tensor]:
         """Each sequence's per-token features ``[T, d]`` (SAE latents with an SAE), batched by

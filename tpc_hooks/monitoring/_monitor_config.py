@@ -7,7 +7,7 @@ from typing import Any, no_type_check
 
 from .._errors import TPCHooksError
 from ..activations import parse_site
-from ..pooling import check_aggregate, check_pooling, check_skip
+from ..pooling import TOP_K, check_aggregate, check_pooling, check_skip, check_top_k
 
 STREAMING_KEYS = ("aggregate", "alpha", "window", "skip")  # saved only by per-token monitors
 # what a monitor does when it flags, by name (a callable is an action too, where one is taken): "flag" records
@@ -48,8 +48,11 @@ class MonitorConfig:
             alpha * s_t + (1 - alpha) * e_{t-1}``, ``e_1 = s_1``) or ``"rolling"`` (the mean of
             the last ``window`` logits; the default: on long benign conversations its
             false-positive rate stays put as they grow, where a running ``"max"``'s climbs with
-            every token); see :func:`tpc_hooks.pooling.aggregate`. Ignored by prefix-pooled
+            every token) or ``"sctopk"`` (segment top-k: the mean of the ``top_k`` best means of
+            ``window`` consecutive logits, so a flag needs several segments to agree; He et al.,
+            arXiv 2604.14865); see :func:`tpc_hooks.pooling.aggregate`. Ignored by prefix-pooled
             monitors.
+        top_k: ``sctopk``'s number of segments averaged (saved only by such a monitor).
         skip: a per-token monitor's leading tokens that are never scored (the fixed prefix every
             sequence starts with: BOS, the chat template's system prompt and user header).
         reads: ``"prompt"`` (a prompt monitor: every step scored, step 0 the prompt alone, the
@@ -79,6 +82,7 @@ class MonitorConfig:
     window: int = 16
     skip: int = 0
     reads: str = "prompt"
+    top_k: int = TOP_K
 
     def __post_init__(self) -> None:
         if not isinstance(self.site, str):
@@ -106,7 +110,7 @@ class MonitorConfig:
         t = self.threshold
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or not 0 < t < 1:
             raise TPCHooksError(f"threshold must be a number in (0, 1); got {t!r}")
-        how, alpha, window = check_aggregate(self.aggregate, self.alpha, self.window)
+        how, alpha, window = check_aggregate(self.aggregate, self.alpha, self.window, self.top_k)
         if self.reads not in READS:
             raise TPCHooksError(f"reads must be one of {list(READS)}; got {self.reads!r}")
         if self.reads == "answer" and self.pooling == "token":
@@ -119,6 +123,7 @@ class MonitorConfig:
             ("alpha", alpha),
             ("window", window),
             ("skip", check_skip(self.skip)),
+            ("top_k", check_top_k(self.top_k)),
         ):
             object.__setattr__(self, name, value)
 
@@ -134,13 +139,16 @@ class MonitorConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as saved in ``config.json`` (``"monitor"``); a prefix-pooled monitor leaves
-        out the streaming settings it does not use, and ``reads`` when it reads the prompt."""
+        out the streaming settings it does not use, ``reads`` when it reads the prompt and ``top_k``
+        unless it aggregates by ``sctopk``."""
         d = asdict(self)
         if not self.streaming:
             for k in STREAMING_KEYS:
                 d.pop(k)
         if not self.answers:  # a prompt monitor's file is as it was before response monitors
             d.pop("reads")
+        if not (self.streaming and self.aggregate == "sctopk"):  # other monitors' files as they were
+            d.pop("top_k")
         return d
 
     @classmethod

@@ -12,12 +12,14 @@ scored tokens included (not in ``__all__``: they serve the package).
 
 from ._pool import AGGREGATES as AGGREGATES
 from ._pool import POOLINGS as POOLINGS
+from ._pool import TOP_K as TOP_K
 from ._pool import RunningAggregate as RunningAggregate
 from ._pool import RunningPool as RunningPool
 from ._pool import aggregate as aggregate
 from ._pool import check_aggregate as check_aggregate
 from ._pool import check_pooling as check_pooling
 from ._pool import check_skip as check_skip
+from ._pool import check_top_k as check_top_k
 from ._pool import pool as pool
 from ._pool import pool_prefixes as pool_prefixes
 from ._pool import scored as scored

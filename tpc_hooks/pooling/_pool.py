@@ -1,5 +1,6 @@
 """Mask-aware pooling and the streaming aggregations (the face: :mod:`tpc_hooks.pooling`)."""
 
+import bisect
 from typing import Any
 
 import numpy as np
@@ -132,7 +133,8 @@ def _seen(t: Tensor | None) -> Tensor:
 
 
 # ---------------------------------------------------------------------- per-token scores over time
-AGGREGATES = ("mean", "max", "ema", "rolling")
+AGGREGATES = ("mean", "max", "ema", "rolling", "sctopk")
+TOP_K = 8  # sctopk: how many of the best segments must agree (its default)
 
 
 def check_skip(skip: Any) -> int:
@@ -152,19 +154,35 @@ def scored(mask: Tensor, skip: int, seen: Tensor | None = None) -> Tensor:
     return m & (rank > skip)
 
 
-def check_aggregate(how: Any, alpha: Any, window: Any) -> tuple[str, float, int]:
-    """Checks a streaming monitor's aggregation settings."""
+def check_aggregate(how: Any, alpha: Any, window: Any, top_k: Any = TOP_K) -> tuple[str, float, int]:
+    """Checks a streaming monitor's aggregation settings (``top_k``: of ``sctopk``)."""
     if how not in AGGREGATES:
         raise TPCHooksError(f"aggregate must be one of {list(AGGREGATES)}; got {how!r}")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha <= 1:
         raise TPCHooksError(f"alpha (the EMA's weight on the newest token) must be in (0, 1]; got {alpha!r}")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise TPCHooksError(f"window (tokens in the rolling mean) must be a positive integer; got {window!r}")
+        raise TPCHooksError(
+            f"window (tokens in the rolling mean, or in a segment of sctopk) must be a positive integer; got {window!r}"
+        )
+    check_top_k(top_k)
     return how, float(alpha), window
 
 
+def check_top_k(top_k: Any) -> int:
+    """Checks ``sctopk``'s number of segments that must agree."""
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1:
+        raise TPCHooksError(f"top_k (the segments sctopk averages) must be a positive integer; got {top_k!r}")
+    return int(top_k)
+
+
 def aggregate(
-    logits: Float[Tensor, "batch pos"], mask: Tensor, how: str, alpha: float = 0.1, window: int = 16, skip: int = 0
+    logits: Float[Tensor, "batch pos"],
+    mask: Tensor,
+    how: str,
+    alpha: float = 0.1,
+    window: int = 16,
+    skip: int = 0,
+    top_k: int = TOP_K,
 ) -> Float[Tensor, "batch pos"]:
     """The aggregated score after every position of per-token logits (padding skipped).
 
@@ -175,7 +193,11 @@ def aggregate(
     * ``mean``: ``(s_1 + ... + s_t) / t``;
     * ``max``: ``max(s_1, ..., s_t)``;
     * ``ema``: ``e_1 = s_1``, ``e_t = alpha * s_t + (1 - alpha) * e_{t-1}``;
-    * ``rolling``: the mean of the last ``min(t, window)`` logits.
+    * ``rolling``: the mean of the last ``min(t, window)`` logits;
+    * ``sctopk`` (segment top-k, He et al., arXiv 2604.14865): every run of ``window`` consecutive
+      scored logits is a segment scored by its mean; the aggregate is the mean of the ``top_k`` best
+      segments so far (all of them while fewer exist), so a flag needs several segments to agree,
+      not one token; before the first whole segment, the mean of the logits so far.
 
     A padded position carries the row's previous value; before a row's first scored token the
     value is ``-inf`` (nothing seen yet: probability 0, never flagged). Computed over whole
@@ -188,8 +210,10 @@ def aggregate(
         tensor([[1.0000, 2.0000, 2.5000]])
         >>> aggregate(torch.tensor([[9., 3., 2.]]), torch.ones(1, 3), "max", skip=1)
         tensor([[-inf, 3., 3.]])
+        >>> aggregate(torch.tensor([[4., 0., 2., 6.]]), torch.ones(1, 4), "sctopk", window=2, top_k=2)
+        tensor([[4.0000, 2.0000, 1.5000, 3.0000]])
     """
-    how, alpha, window = check_aggregate(how, alpha, window)
+    how, alpha, window = check_aggregate(how, alpha, window, top_k)
     skip = check_skip(skip)
     m = scored(mask.to(logits.device).bool(), skip)
     out = torch.full(logits.shape, float("nan"), dtype=torch.float64)
@@ -197,17 +221,21 @@ def aggregate(
         at = m[b].nonzero().flatten().cpu()
         if len(at):
             out[b, at] = torch.from_numpy(
-                _aggregate_1d(logits[b, at.to(logits.device)].detach().double().cpu().numpy(), how, alpha, window)
+                _aggregate_1d(
+                    logits[b, at.to(logits.device)].detach().double().cpu().numpy(), how, alpha, window, top_k
+                )
             )
     last = torch.where(m.cpu(), torch.arange(m.shape[1]), -1).cummax(1).values  # the newest attended position
     carried = out.gather(1, last.clamp_min(0)).masked_fill(last < 0, float("-inf"))
     return carried.to(device=logits.device, dtype=logits.dtype)
 
 
-def _aggregate_1d(s: np.ndarray, how: str, alpha: float, window: int) -> np.ndarray:
+def _aggregate_1d(s: np.ndarray, how: str, alpha: float, window: int, top_k: int = TOP_K) -> np.ndarray:
     n = np.arange(1, len(s) + 1)
     if how == "mean":
         return np.cumsum(s) / n
+    if how == "sctopk":
+        return _segment_top_k(s, window, top_k)
     if how == "max":
         return np.maximum.accumulate(s)
     if how == "rolling":
@@ -219,8 +247,23 @@ def _aggregate_1d(s: np.ndarray, how: str, alpha: float, window: int) -> np.ndar
     return lfilter([alpha], [1.0, alpha - 1.0], s, zi=[(1 - alpha) * s[0]])[0]
 
 
+def _segment_top_k(s: np.ndarray, window: int, top_k: int) -> np.ndarray:
+    """``sctopk`` after every logit of ``s``: the mean of the ``top_k`` best means of ``window`` consecutive
+    logits so far (the mean so far before the first)."""
+    c = np.concatenate([[0.0], np.cumsum(s)])
+    out = c[1:] / np.arange(1, len(s) + 1)
+    best: list[float] = []  # the top_k segment means so far, ascending
+    for end in range(window, len(s) + 1):
+        bisect.insort(best, (c[end] - c[end - window]) / window)
+        if len(best) > top_k:
+            best.pop(0)
+        out[end - 1] = sum(best) / len(best)
+    return out
+
+
 class RunningAggregate:
-    """:func:`aggregate` incrementally: O(1) state per row (``window`` logits for ``rolling``).
+    """:func:`aggregate` incrementally: O(1) state per row (``window`` logits for ``rolling``; for
+    ``sctopk`` the last ``window - 1`` logits and the ``top_k`` best segment means so far).
 
     ``update(logits [B, n], mask [B, n])`` adds the attended new positions in order (each row's
     first ``skip`` attended tokens are not scored) and returns each row's aggregated score after
@@ -228,14 +271,17 @@ class RunningAggregate:
     device; nothing is read back to the host.
     """
 
-    def __init__(self, how: str, alpha: float = 0.1, window: int = 16, skip: int = 0):
-        self.how, self.alpha, self.window = check_aggregate(how, alpha, window)
+    def __init__(self, how: str, alpha: float = 0.1, window: int = 16, skip: int = 0, top_k: int = TOP_K):
+        self.how, self.alpha, self.window = check_aggregate(how, alpha, window, top_k)
+        self.top_k = check_top_k(top_k)
         self.skip = check_skip(skip)
         self.seen: Tensor | None = None  # [B] attended tokens so far, scored or not
         self.value: Tensor | None = None  # [B] the aggregate (NaN before any token)
         self.count: Tensor | None = None  # [B] attended tokens so far
         self.total: Tensor | None = None  # [B] mean: the running sum
         self.ring: Tensor | None = None  # [B, window] rolling: the last logits (slot = count % window)
+        self.tail: Tensor | None = None  # [B, window - 1] sctopk: the last scored logits, newest last
+        self.best: Tensor | None = None  # [B, top_k] sctopk: the best segment means so far, descending (-inf: none)
 
     def _start(self, like: Tensor) -> None:
         B = like.shape[0]
@@ -245,6 +291,9 @@ class RunningAggregate:
         self.total = torch.zeros(B, dtype=like.dtype, device=like.device)
         if self.how == "rolling":
             self.ring = torch.zeros(B, self.window, dtype=like.dtype, device=like.device)
+        if self.how == "sctopk":
+            self.tail = torch.zeros(B, self.window - 1, dtype=like.dtype, device=like.device)
+            self.best = torch.full((B, self.top_k), float("-inf"), dtype=like.dtype, device=like.device)
 
     def update(self, logits: Tensor, mask: Tensor) -> Tensor:
         if self.value is None:
@@ -266,6 +315,8 @@ class RunningAggregate:
             self.value = torch.where(has, torch.where(self.count > 0, torch.maximum(self.value, new), new), self.value)
             self.count = self.count + m.sum(1)
             return self._out()
+        if self.how == "sctopk":
+            return self._segments(logits, m)
         # ema and rolling: the whole chunk at once (a prompt of any length costs a few ops)
         rank = m.long().cumsum(1)  # 1-based rank of each scored new position
         k = rank[:, -1:]  # [B, 1] scored new positions per row
@@ -288,6 +339,32 @@ class RunningAggregate:
             nxt = self.ring.masked_fill(~filled, 0.0).sum(1) / n
         self.value = torch.where(k[:, 0] > 0, nxt, self.value)
         self.count = self.count + k[:, 0]
+        return self._out()
+
+    def _segments(self, logits: Tensor, m: Tensor) -> Tensor:
+        """``sctopk`` on a chunk at once: the new scored logits (packed left) after the held tail, every
+        whole segment ending at one of them scored by its mean, merged into the best so far."""
+        assert self.tail is not None and self.best is not None and self.count is not None and self.total is not None
+        B, n = logits.shape
+        w, dev = self.window, logits.device
+        k = m.sum(1)  # new scored positions per row
+        order = torch.sort((~m).to(torch.int8), dim=1, stable=True).indices  # scored positions first, in order
+        new = logits.gather(1, order).masked_fill(torch.arange(n, device=dev)[None, :] >= k[:, None], 0.0)
+        held = self.count.clamp(max=w - 1)  # logits in the tail (right-aligned)
+        ext = torch.cat([self.tail, new], 1)  # [B, w - 1 + n]; the valid run: [w - 1 - held, w - 1 + k)
+        c = torch.nn.functional.pad(ext.cumsum(1), (1, 0))
+        end = torch.arange(w - 1, w - 1 + n, device=dev)  # a segment ending at each new position
+        means = (c[:, end + 1] - c[:, end + 1 - w]) / w
+        whole = (end[None, :] < (w - 1 + k)[:, None]) & ((end[None, :] - (w - 1) + 1 + held[:, None]) >= w)
+        cand = means.masked_fill(~whole, float("-inf"))
+        self.best = torch.cat([self.best, cand], 1).topk(self.top_k, dim=1).values
+        last = (w - 1 + k)[:, None] - (w - 1) + torch.arange(w - 1, device=dev)[None, :]  # the newest w - 1
+        self.tail = ext.gather(1, last.clamp_min(0)).masked_fill(last < 0, 0.0)
+        self.total = self.total + new.sum(1)
+        self.count = self.count + k
+        found = torch.isfinite(self.best)
+        top = self.best.masked_fill(~found, 0.0).sum(1) / found.sum(1).clamp_min(1)
+        self.value = torch.where(found[:, 0], top, self.total / self.count.clamp_min(1))
         return self._out()
 
     def _out(self) -> Tensor:

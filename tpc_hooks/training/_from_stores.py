@@ -90,6 +90,7 @@ def plan_from_stores(
             "aggregate": options.aggregate_for(bool(parts.hosted)),
             "alpha": options.alpha,
             "window": options.window,
+            "top_k": options.top_k,
         }
         if per_token
         else {}
@@ -175,7 +176,8 @@ def _check_site(acts: Path, cfg: dict[str, Any], site: str, stream: tuple[str, .
     per_token = cfg["pooling"] == "token"
     if stream and not per_token:
         raise TPCHooksError(
-            f"--{'/--'.join(stream)} set how a per-token monitor aggregates its token scores, but {acts} "
+            f"--{'/--'.join(k.replace('_', '-') for k in stream)} set how a per-token monitor aggregates its token "
+            f"scores, but {acts} "
             f"holds pooled rows (pooling {cfg['pooling']!r}); drop the option, or collect per-token rows: "
             f"tpc-hooks collect --pooling token"
         )

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, cast
 
 from ..head import FitConfig, check_tau
-from ..pooling import check_aggregate
+from ..pooling import TOP_K, check_aggregate
 from ..recipes import Recipe, resolve
 from ._train import check_target_fpr, default_aggregate, fit_config
 
@@ -54,6 +54,7 @@ class TrainOptions:
     aggregate: str | None = None  # None: the default for the contexts (default_aggregate)
     alpha: float = 0.1
     window: int = 16
+    top_k: int = TOP_K
     contexts: Any = None
     context_tokens: Any = (512, 1024)
     chat_template: bool | None = None
@@ -74,7 +75,7 @@ class TrainOptions:
         check_target_fpr(self.target_fpr)
         if self.tau is not None:
             check_tau(self.tau)
-        check_aggregate(self.aggregate or "rolling", self.alpha, self.window)
+        check_aggregate(self.aggregate or "rolling", self.alpha, self.window, self.top_k)
         set_(self, "fit_args", {k: options.pop(k) for k in FIT_OWN if k in options})
         set_(self, "fit", options)
         set_(self, "cfg", self.fit_config(self.recipe.augment))

@@ -24,7 +24,7 @@ from ..activations import collect, cost_line, prompts_digest, token_batches
 from ..data import HOMONYM, STATED, PromptSet, homonym_examples, host_splits, intent_flips, rewrites, stated_flips
 from ..head import FitConfig
 from ..monitoring import Monitor, MonitorConfig, conversation_ids
-from ..pooling import pool_prefixes
+from ..pooling import TOP_K, pool_prefixes
 from ..recipes import Recipe
 from ._options import OPTIONS, TrainOptions
 from ._refit import last_step, refits
@@ -71,6 +71,7 @@ def train_monitor(
     aggregate: str | None = None,
     alpha: float = 0.1,
     window: int = 16,
+    top_k: int = TOP_K,
     contexts: Any = None,
     context_tokens: int | Sequence[int] = (512, 1024),
     # reading the model
@@ -187,7 +188,8 @@ def train_monitor(
         tau: if given, the monitor's policy is a cascade at ``tau``, calibrated on validation.
         sae: an SAELens SAE for ``site``: train on its latents (pooled per prompt), so
             attribution reads in feature ids.
-        aggregate, alpha, window: a streaming monitor's aggregation (see :class:`Monitor`).
+        aggregate, alpha, window, top_k: a streaming monitor's aggregation (see :class:`Monitor`;
+            ``"sctopk"``: the mean of the ``top_k`` best segments of ``window`` tokens).
             Its report and operating point count a prompt as flagged when the aggregate
             reaches the threshold at any token. Default: ``"max"`` with ``contexts`` (the
             best at long contexts once the head has seen requests inside conversations),
@@ -533,6 +535,7 @@ def _plan(r: Request, t: _Texts) -> TrainPlan:
         alpha=r.options.alpha,
         window=r.options.window,
         skip=skip,
+        top_k=r.options.top_k,
     )
     return TrainPlan(
         settings,
