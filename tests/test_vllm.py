@@ -101,10 +101,15 @@ def _head():
     return random_head(576, std=0.05, scale=30.0)
 
 
-def _monitor(pooling, cascade=True):
+def _monitor(pooling, cascade=True, **settings):
     head = _head()
     return tpc.Monitor(
-        head, SITES[1], pooling=pooling, chat_template=True, cascade=tpc.Cascade(head, 0.1) if cascade else None
+        head,
+        SITES[1],
+        pooling=pooling,
+        chat_template=True,
+        cascade=tpc.Cascade(head, 0.1) if cascade else None,
+        **settings,
     )
 
 
@@ -129,13 +134,20 @@ def _same_run(got, want):
     assert got.stopped_at == want.stopped_at
 
 
-@pytest.mark.parametrize("pooling, cascade", [*((p, k % 2 == 0) for k, p in enumerate(POOLINGS)), ("token", True)])
-def test_every_generated_step_scores_as_the_transformers_loop_scores_it(models, pooling, cascade):
+@pytest.mark.parametrize(
+    "pooling, cascade, settings",
+    [
+        *((p, k % 2 == 0, {}) for k, p in enumerate(POOLINGS)),
+        ("token", True, {}),
+        ("token", False, {"aggregate": "sctopk", "window": 4, "top_k": 3}),
+    ],
+)
+def test_every_generated_step_scores_as_the_transformers_loop_scores_it(models, pooling, cascade, settings):
     """The same tokens, and every step's score, exit order and FLOPs as monitor.generate on the
     transformers model, which scores each prefix as monitor.score does (tested there); rows end
     on EOS at different steps (their last step takes one more pass) and one joins late."""
     llm, hf, tok = models
-    mon = _monitor(pooling, cascade)
+    mon = _monitor(pooling, cascade, **settings)
     want = mon.generate(hf, PROMPTS, max_new_tokens=10, tokenizer=tok)
     mon.threshold = _between_rows(want)
     want = mon.generate(hf, PROMPTS, max_new_tokens=10, tokenizer=tok)
