@@ -28,6 +28,7 @@ PRINTS = {
     "04": "scores per step",
     "05": "logit",
     "06": "finish_reason:",
+    "07": "= baseline",
 }
 
 
