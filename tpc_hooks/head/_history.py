@@ -16,6 +16,8 @@ RECIPES = ("default", "paper")
 LINEAR_SOLVERS = ("auto", "sklearn", "lbfgs")
 PROBE_METRICS = ("auto", "auroc", "f1")
 GROUP_RULES = ("balanced", "worst")
+OBJECTIVES = ("token", "sctopk")
+SEQUENCE_FIELDS = ("objective", "window", "top_k", "segvar")  # saved only by a head trained on sequences
 
 
 def _positive_int(value: Any, name: str, low: int = 1) -> None:
@@ -153,6 +155,16 @@ class FitConfig:
             paper's), or ``"auto"``: F1 with ``recipe="paper"``, else AUROC. Ties: lower loss.
         val_fraction: the stratified share of training rows held out when no validation set
             is given.
+        objective: what each row's logit is trained against. ``"token"`` (None means it): its own
+            label, row by row. ``"sctopk"`` (segment top-k, He et al., arXiv 2604.14865): rows are
+            the tokens of sequences (``fit(..., sequences=, val_sequences=)``) and each sequence's
+            logit is the mean of its ``top_k`` best segment means of ``window`` consecutive token
+            logits (what a per-token monitor with ``aggregate="sctopk"`` decides on), trained by its
+            BCE plus ``segvar`` times the sigmoid-weighted variance of a benign sequence's segment
+            scores; degree 1 starts from the per-token probe and is trained on that loss (the probe
+            kept when the validation sequences' loss prefers it), every higher degree on the loss of
+            its truncation, the validation sequences selecting.
+        window, top_k, segvar: the segment top-k objective's settings (16, 8, 0.01: the published ones).
         linear_solver: ``"auto"`` (scikit-learn in memory, streamed L-BFGS on the same objective
             for stores over 2 GiB), ``"sklearn"`` or ``"lbfgs"``.
         chunk_rows: rows read from a store at a time (peak memory O(chunk_rows x d_model)).
@@ -212,6 +224,10 @@ class FitConfig:
     linear_solver: str = "auto"
     chunk_rows: int = 65536
     seed: int = 0
+    objective: str | None = None
+    window: int = 16
+    top_k: int = 8
+    segvar: float = 0.01
     experimental: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -253,6 +269,14 @@ class FitConfig:
             raise TPCHooksError(f"linear_solver must be 'auto', 'sklearn' or 'lbfgs'; got {self.linear_solver!r}")
         if isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1:
             raise TPCHooksError(f"chunk_rows must be a positive integer; got {self.chunk_rows!r}")
+        if self.objective is not None and self.objective not in OBJECTIVES:
+            raise TPCHooksError(f"objective must be one of {list(OBJECTIVES)}; got {self.objective!r}")
+        if self.objective == "sctopk" and self.mode != "progressive":
+            raise TPCHooksError("objective='sctopk' trains degree by degree; it needs mode='progressive'")
+        _positive_int(self.window, "window")
+        _positive_int(self.top_k, "top_k")
+        if not (_number(self.segvar) and 0 <= self.segvar < math.inf):
+            raise TPCHooksError(f"segvar must be a finite number >= 0; got {self.segvar!r}")
 
     @classmethod
     def from_options(cls, config: "FitConfig | None", options: dict[str, Any]) -> "FitConfig":
@@ -338,7 +362,8 @@ class FitConfig:
         d["Cs"] = None if self.Cs is None else list(self.Cs)
         if isinstance(self.sweep, dict):
             d["sweep"] = {k: list(v) for k, v in self.sweep.items()}
-        return {k: d[k] for k in SAVED_ORDER}
+        sequence = SEQUENCE_FIELDS if self.objective == "sctopk" else ()  # other heads' files unchanged
+        return {k: d[k] for k in SAVED_ORDER + sequence}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FitConfig":

@@ -65,6 +65,7 @@ def choose_site(
             yv,
             config,
             degree=1,
+            objective=None,  # a probe per row: the site is chosen before any sequence is trained
             consistency=0.0,
             experimental={**config.experimental, "contrast": 0.0} if config else None,
             device=device,  # degree 1 only

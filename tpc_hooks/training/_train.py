@@ -155,6 +155,27 @@ def fit_config(recipe: str, families: Sequence[str], config: FitConfig | None, o
     return FitConfig.from_options(config, {**options, **extra})
 
 
+def objective_for(cfg: FitConfig, settings: MonitorConfig) -> FitConfig:
+    """The fit's objective for a monitor: a per-token monitor that aggregates by ``"sctopk"`` trains on
+    that aggregate (its ``window`` and ``top_k``) unless ``objective="token"`` is asked for; the
+    segment objective is refused anywhere else."""
+    sctopk = settings.streaming and settings.aggregate == "sctopk"
+    if cfg.objective is None and sctopk:
+        return replace(cfg, objective="sctopk", window=settings.window, top_k=settings.top_k)
+    if cfg.objective == "sctopk":
+        if not sctopk:
+            raise TPCHooksError(
+                "objective='sctopk' trains the aggregate a per-token monitor decides on: it needs pooling='token' "
+                "and aggregate='sctopk'"
+            )
+        if (cfg.window, cfg.top_k) != (settings.window, settings.top_k):
+            raise TPCHooksError(
+                f"the fit's segments (window={cfg.window}, top_k={cfg.top_k}) differ from the monitor's "
+                f"(window={settings.window}, top_k={settings.top_k}); leave the fit's unset"
+            )
+    return cfg
+
+
 def default_aggregate(with_contexts: bool) -> str:
     """A per-token monitor's aggregation when none is asked for: ``"max"`` once the head has seen
     requests inside conversations (the best at long contexts), else ``"rolling"`` (trained on
@@ -210,10 +231,11 @@ def train(
             device,
             benign=_calibrated(val, plan)[seen],
         )
-    d, cfg = data[site], plan.fit
+    d = data[site]
     if d.val is not None and plan.everyday is not None:
         _calibrated(d.val, plan)  # no everyday benign validation prompt: refused before anything is trained
     settings = replace(plan.monitor, site=site)
+    cfg = objective_for(plan.fit, settings)
     tokens = _TokenRows(d, settings.skip) if settings.streaming else None
     if tokens:
         X_tr, y_tr = tokens.train
@@ -227,21 +249,27 @@ def train(
     if cfg.consistency and plan.families and d.rewrites is not None:
         unlabelled = token_rows(list(d.rewrites.X), settings.skip)[0] if tokens else d.rewrites.X
     X_fit, y_fit, g_fit = X_va, y_va, g_va
+    sequences: dict[str, Any] = tokens.sequences() if tokens and cfg.objective == "sctopk" else {}
     unfit = [*plan.shifts, CALIBRATION]  # the fit neither trains nor selects on the held-out constructions (or traffic)
     if y_va is not None and g_va is not None and np.isin(g_va, unfit).any():
         seen = ~np.isin(g_va, unfit)
         X_fit, y_fit, g_fit = _take(X_va, seen), y_va[seen], g_va[seen]
+        if sequences and tokens and tokens.val_lengths is not None:
+            sequences["val_sequences"] = tokens.val_lengths[~np.isin(tokens.val_groups, unfit)]
     # selection over groups: the trained families, the intent group, the hosted chats (a group of their own)
     grouped = bool(plan.families or plan.intent or (tokens and "val" in tokens.chats))
     shared = dict(verbose=verbose, val_groups=g_fit if grouped else None, X_unlabelled=unlabelled, device=device)
     pairs = _pairs(d, cfg, tokens, len(y_tr))
     if d.homonyms is not None and len(d.homonyms) and cfg.degree > 1:  # order 1 without them, the higher orders with
         if init is None:  # (rank is the higher degrees' setting: any value does for degree 1)
-            init = fit(X_tr, y_tr, X_fit, y_fit, replace(cfg, degree=1, rank=1), pairs=pairs, **shared)
+            once = replace(cfg, degree=1, rank=1)
+            init = fit(X_tr, y_tr, X_fit, y_fit, once, pairs=pairs, **sequences, **shared)
         late = Examples(*token_rows(list(d.homonyms.X), settings.skip, d.homonyms.y)) if tokens else d.homonyms
         every = _cat(Examples(X_tr, y_tr), late)
         X_tr, y_tr = every.X, every.y
-    head = fit(X_tr, y_tr, X_fit, y_fit, cfg, pairs=pairs, init=init, **shared).cpu()
+        if sequences and tokens:
+            sequences["sequences"] = np.concatenate([tokens.train_lengths, _lengths(d.homonyms.X, settings.skip)])
+    head = fit(X_tr, y_tr, X_fit, y_fit, cfg, pairs=pairs, init=init, **sequences, **shared).cpu()
     if plan.prune and d.val is not None and head.degree > 1:
         head = _earned(head, d, settings, sae, plan, report)
     cascade = None
@@ -400,17 +428,42 @@ class _TokenRows:
         self.chats: dict[str, tuple[Chats, Any]] = {}
         for split, c in d.contexts.items():
             self.chats[split] = (c, hosted_rows(c.seqs, c.spans, c.labels, skip=skip, tail=c.tail))
+        # each sequence's rows (a prompt's tokens after the prefix; a hosted chat's rows), for the segment objective
+        self.train_lengths = _lengths(seqs, skip)
         if "train" in self.chats:
             rows = self.chats["train"][1]
             X, y = torch.cat([X, rows[0]]), np.concatenate([y, rows[1]])
+            self.train_lengths = np.concatenate([self.train_lengths, _chat_lengths(rows[2], skip)])
         self.train = X, y
+        self.val_lengths: np.ndarray | None = None
         if d.val is not None:
             X, y, g = token_rows(list(d.val.X), skip, d.val.y, d.val.groups)
+            self.val_lengths = _lengths(d.val.X, skip)
+            self.val_groups = np.asarray(d.val.groups)[[len(z) > skip for z in d.val.X]]
             if "val" in self.chats:
                 rows = self.chats["val"][1]
                 X, y = torch.cat([X, rows[0]]), np.concatenate([y, rows[1]])
                 g = np.concatenate([g, np.full(len(rows[1]), "contexts")])
+                chat_lengths = _chat_lengths(rows[2], skip)
+                self.val_lengths = np.concatenate([self.val_lengths, chat_lengths])
+                self.val_groups = np.concatenate([self.val_groups, np.full(len(chat_lengths), "contexts")])
             self.val = X, y, g
+
+    def sequences(self) -> dict[str, np.ndarray | None]:
+        """``fit``'s ``sequences`` and ``val_sequences`` (the rows of each training and validation sequence)."""
+        return {"sequences": self.train_lengths, "val_sequences": self.val_lengths}
+
+
+def _lengths(seqs: Any, skip: int) -> np.ndarray:
+    """Rows per sequence of :func:`token_rows` (a sequence no longer than the prefix has none)."""
+    n = np.asarray([len(z) - skip for z in seqs], dtype=np.int64)
+    return n[n > 0]
+
+
+def _chat_lengths(ends: Sequence[int], skip: int) -> np.ndarray:
+    """Rows per hosted chat (its rows run from the prefix's end to ``end``)."""
+    n = np.asarray(ends, dtype=np.int64) - skip
+    return n[n > 0]
 
 
 def _report(

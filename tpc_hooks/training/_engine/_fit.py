@@ -16,6 +16,7 @@ from ...head import TPC, FitConfig, History, TrainConfig, order_projections, ord
 from ._loop import Draws, default_device, loss_and_f1, train_loop
 from ._probe import fit_probe
 from ._rows import Rows, as_rows, split_data
+from ._segments import SequenceBatches, Sequences, sequence_lengths
 from ._shrink import fit_order_scale
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ def fit(
     val_groups: Any = None,
     X_unlabelled: Any = None,
     pairs: Any = None,
+    sequences: Any = None,
+    val_sequences: Any = None,
     device: str | torch.device | None = None,
     verbose: bool = True,
     **settings: Any,
@@ -66,6 +69,11 @@ def fit(
         pairs: ``[m, 2]`` row indices into ``X_train`` (in memory, with ``X_val`` given): a
             harmful row and a benign counterpart on its topic (its intent flip); the ``contrast``
             loss ranks each harmful row above its counterpart.
+        sequences, val_sequences: with ``objective="sctopk"``, the rows of each training / validation
+            sequence (a list of counts: the first ``sequences[0]`` rows are the first sequence's
+            tokens, in order, and so on). A sequence's label is 1 when any of its rows' is. The
+            validation loss and F1 are then the sequences' (``val_groups``: each sequence's first
+            row's group).
         device: where to train (default: CUDA if available). The head is returned there.
         verbose: progress bars.
         **settings: any :class:`~tpc_hooks.FitConfig` field, overriding ``config``: ``degree``,
@@ -95,6 +103,9 @@ def fit(
     )
     tr.chunk_rows = va.chunk_rows = cfg.chunk_rows
     groups = _groups(val_groups, va.n, X_val is not None)
+    seqs = _sequences(cfg, sequences, val_sequences, tr, y_tr, va, y_va, X_val is not None, pairs, dev)
+    if seqs is not None and groups is not None:
+        groups = _groups(np.asarray(val_groups).reshape(-1)[seqs[1].first_rows()], seqs[1].n, True)
     unl = _unlabelled(X_unlabelled, tr.d, cfg, dev)
     pair_rows = _pairs(pairs, X_val is not None, tr, y_tr, cfg, dev)
     head, history, cfg = _extend(init, cfg) if init is not None else _new_head(tr, cfg.resolved())
@@ -104,7 +115,7 @@ def fit(
     va.hold_standardized(head.scaler, dev)
     if unl is not None:
         unl.hold_standardized(head.scaler, dev)
-    train = _Trainer(head, tr, y_tr, va, y_va, cfg, dev, verbose, history.records, groups, unl, pair_rows)
+    train = _Trainer(head, tr, y_tr, va, y_va, cfg, dev, verbose, history.records, groups, unl, pair_rows, seqs)
 
     if cfg.mode == "joint":
         history.selected[head.degree] = train.joint()
@@ -124,6 +135,8 @@ def fit(
                 history.records,
                 cfg.probe_metric,
             )
+            if seqs is not None:
+                history.selected[1].update(train.sequence_probe())
             log.info("degree 1: C=%s, val F1 %.4f", history.selected[1]["C"], history.selected[1]["val_f1"])
         for k in range(2 if init is None else init.degree + 1, head.degree + 1):
             prefix = train.prefix(k)  # the frozen truncation below, computed once
@@ -154,6 +167,39 @@ def _groups(val_groups: Any, n_val: int, given: bool) -> list[Tensor] | None:
     if labels.shape[0] != n_val:
         raise TPCHooksError(f"val_groups needs one label per validation row ({n_val}); got {labels.shape[0]}")
     return [torch.as_tensor(np.flatnonzero(labels == g)) for g in dict.fromkeys(labels.tolist())]
+
+
+def _sequences(
+    cfg: FitConfig,
+    sequences: Any,
+    val_sequences: Any,
+    tr: Rows,
+    y_tr: Tensor,
+    va: Rows,
+    y_va: Tensor,
+    given: bool,
+    pairs: Any,
+    device: torch.device,
+) -> tuple[Sequences, Sequences] | None:
+    """The training and validation sequences of ``objective="sctopk"`` (None for the per-row objective)."""
+    if cfg.objective != "sctopk":
+        if sequences is not None or val_sequences is not None:
+            raise TPCHooksError("sequences and val_sequences are read by objective='sctopk'; set it with them")
+        return None
+    if sequences is None or val_sequences is None or not given:
+        raise TPCHooksError(
+            "objective='sctopk' trains on whole sequences: pass sequences= (rows per training sequence) and "
+            "X_val, y_val with val_sequences= (rows per validation sequence)"
+        )
+    if pairs is not None:
+        raise TPCHooksError("pairs (the contrast loss) rank rows; they cannot be combined with objective='sctopk'")
+    if not tr.in_memory:
+        raise TPCHooksError("objective='sctopk' needs the training rows in memory (an array or tensor), not a store")
+    out = tuple(
+        Sequences(sequence_lengths(lengths, rows.n, name), y, cfg.window, cfg.top_k, cfg.segvar, device)
+        for lengths, rows, y, name in ((sequences, tr, y_tr, "sequences"), (val_sequences, va, y_va, "val_sequences"))
+    )
+    return out[0], out[1]
 
 
 def _unlabelled(X: Any, d: int, cfg: FitConfig, device: torch.device) -> Rows | None:
@@ -269,8 +315,11 @@ class _Trainer:
         groups: list[Tensor] | None = None,
         unlabelled: Rows | None = None,
         pairs: Tensor | None = None,
+        sequences: tuple[Sequences, Sequences] | None = None,
     ):
         self.unlabelled, self.pairs = unlabelled, pairs
+        self.seq_tr: Sequences | None = None if sequences is None else sequences[0]
+        self.seq_va: Sequences | None = None if sequences is None else sequences[1]
         self.head, self.tr, self.va, self.cfg, self.device, self.verbose, self.records = (
             head,
             tr,
@@ -282,7 +331,10 @@ class _Trainer:
         )
         self.groups = None if groups is None else [g.to(device) for g in groups]
         self.y_tr, self.y_va = y_tr.to(device), y_va.to(device)
+        if self.seq_va is not None:  # validation judges the sequences' logits
+            self.y_va = self.seq_va.y
         self.configs = cfg.train_config().grid(cfg.sweep)
+        self.data: Rows | SequenceBatches = tr if self.seq_tr is None else SequenceBatches(tr, self.seq_tr)
 
     @torch.no_grad()
     def prefix(self, k: int) -> tuple[Tensor, Tensor]:
@@ -294,9 +346,48 @@ class _Trainer:
         return self.tr.map(self.head.scaler, self.device, fn), self.va.map(self.head.scaler, self.device, fn)
 
     def _scored(self, s: Tensor) -> tuple[float, float]:
-        """Validation (loss, F1) of logits ``s``: pooled, or over the groups by ``group_rule`` (one read
-        back to the host per call)."""
-        return loss_and_f1(s, self.y_va, self.groups, self.cfg.group_rule)
+        """Validation (loss, F1) of the rows' logits ``s`` (with sequences: of the sequences' logits): pooled,
+        or over the groups by ``group_rule`` (one read back to the host per call)."""
+        return loss_and_f1(self._judged(s), self.y_va, self.groups, self.cfg.group_rule)
+
+    def _judged(self, s: Tensor) -> Tensor:
+        """What validation judges of the rows' logits ``s [..., n]``: themselves, or the sequences' logits."""
+        return s if self.seq_va is None else self.seq_va.reduce(s)
+
+    def sequence_probe(self) -> dict[str, Any]:
+        """Degree 1 (bias and weights), from the per-token probe, trained on the sequences' loss; the probe
+        itself stays when no epoch lowers the validation sequences' loss (weight decay 0: the probe's C
+        already regularises)."""
+        head, seq = self.head, self.seq_tr
+        assert seq is not None  # called with sequences only
+        params = [head.bias, head.linear]
+        for p in params:
+            p.requires_grad_(True)
+
+        def batch_loss(xb: Tensor, ids: Tensor) -> Tensor:
+            return seq.loss(truncation_logits(head, xb, 1), ids, seq.lengths[ids.to(seq.lengths.device)])
+
+        def evaluate() -> tuple[float, float]:
+            return self._scored(self.va.map(head.scaler, self.device, lambda x: truncation_logits(head, x, 1)))
+
+        tc = replace(self.configs[0], weight_decay=0.0, dropout=0.0)
+        res = train_loop(
+            params,
+            batch_loss,
+            evaluate,
+            self.data,
+            head.scaler,
+            tc,
+            self.device,
+            torch.Generator().manual_seed(self.cfg.seed * 7919 + 1),
+            desc="degree 1 on sequences",
+            verbose=self.verbose,
+            records=self.records,
+            tags={"degree": 1, "trial": 0, "lr_init": tc.lr, "weight_decay": 0.0, "dropout": 0.0},
+        )
+        for p in params:
+            p.requires_grad_(False)
+        return {"val_loss": res["val_loss"], "val_f1": res["val_f1"], "best_epoch": res["epoch"]}
 
     def _val_term(self, k: int) -> Tensor:
         return self.va.map(self.head.scaler, self.device, lambda x: order_term(self.head, x, k)[0])
@@ -334,7 +425,7 @@ class _Trainer:
                 [U, lam],
                 batch_loss,
                 evaluate,
-                self.tr,
+                self.data,
                 head.scaler,
                 tc,
                 device,
@@ -408,15 +499,24 @@ class _Trainer:
         head, cfg, device = self.head, self.cfg, self.device
         U = head.factors[str(k)]
         unl = self.unlabelled.std if self.unlabelled is not None else None
-        pairs = self.pairs
+        pairs, seq = self.pairs, self.seq_tr
 
         def batch_loss(xb: Tensor, idx: Tensor) -> Tensor:
+            ids, lengths = None, None
+            if seq is not None:  # idx are sequences: their rows, laid end to end
+                ids = idx
+                idx, lengths = seq.rows_of(ids)
             idx = idx.to(device)
             prefix = prefix_tr[idx]
             if tc.dropout > 0:
                 keep = (drop.take(idx.shape[0]) >= tc.dropout).to(prefix.dtype)
                 prefix = prefix * keep / (1 - tc.dropout)
-            loss = F.binary_cross_entropy_with_logits(prefix + order_term(head, xb, k, clip=False)[0], self.y_tr[idx])
+            z = prefix + order_term(head, xb, k, clip=False)[0]
+            if seq is not None:
+                assert ids is not None and lengths is not None
+                loss = seq.loss(z, ids, lengths)
+            else:
+                loss = F.binary_cross_entropy_with_logits(z, self.y_tr[idx])
             if pick_u is not None:
                 assert unl is not None  # pick_u draws the unlabelled rows
                 loss = (
@@ -448,7 +548,9 @@ class _Trainer:
     @torch.no_grad()
     def shrink(self, k: int, prefix: tuple[Tensor, Tensor]) -> dict[str, float]:
         """Scales ``lambda_k`` by the grid scale with the lowest validation loss."""
-        scale, loss = fit_order_scale(prefix[1], self._val_term(k), self.y_va, self.groups, self.cfg.group_rule)
+        scale, loss = fit_order_scale(
+            prefix[1], self._val_term(k), self.y_va, self.groups, self.cfg.group_rule, reduce=self._judged
+        )
         self.head.lambdas[str(k)].mul_(scale)
         return {"scale": scale, "val_loss_scaled": loss}
 

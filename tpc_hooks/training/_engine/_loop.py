@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from ..._errors import TPCHooksError
 from ...head import TrainConfig
 from ._rows import Rows
+from ._segments import SequenceBatches
 
 
 def f1_at_zero(logits: Tensor, y: Tensor) -> float:
@@ -92,7 +93,7 @@ def train_loop(
     params: Sequence[nn.Parameter],
     batch_loss: Callable[[Tensor, Tensor], Tensor],
     evaluate: Callable[[], tuple[float, float]],
-    data: Rows,
+    data: Rows | SequenceBatches,
     scaler: nn.Module,
     cfg: TrainConfig,
     device: torch.device,
@@ -105,7 +106,8 @@ def train_loop(
 ) -> dict[str, Any]:
     """AdamW + ReduceLROnPlateau + gradient clipping; keeps the epoch with the best validation loss.
 
-    ``batch_loss(rows, positions)`` returns the loss of one minibatch of standardised rows;
+    ``batch_loss(rows, positions)`` returns the loss of one minibatch of standardised rows (with
+    :class:`SequenceBatches`: whole sequences' rows and the sequences' ids);
     ``evaluate()`` returns ``(val_loss, val_f1)``; ``scaler`` standardises raw rows. The state
     before training is a candidate too (epoch -1): for a new TPC degree that is lambda_k = 0,
     i.e. the previous truncation, so training a degree never worsens the validation loss.

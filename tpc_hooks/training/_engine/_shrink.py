@@ -3,7 +3,7 @@ scaled by the ``s`` in :data:`SHRINK_GRID` that the validation loss prefers, poo
 validation groups (``group_rule``); ``s = 0`` is the lower truncation."""
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +16,12 @@ HURT_Z = 2.0  # a group is hurt when its mean change in loss is this many standa
 
 
 def fit_order_scale(
-    prefix: Tensor, term: Tensor, y: Tensor, groups: Sequence[Tensor] | None = None, rule: str = "balanced"
+    prefix: Tensor,
+    term: Tensor,
+    y: Tensor,
+    groups: Sequence[Tensor] | None = None,
+    rule: str = "balanced",
+    reduce: Callable[[Tensor], Tensor] | None = None,
 ) -> tuple[float, float]:
     """The per-order scale ``s`` in ``SHRINK_GRID`` (0, 0.05, ..., 1) that minimises the validation
     BCE of ``prefix + s * term`` (ties: the smaller ``s``). ``s = 0`` is the lower truncation.
@@ -26,12 +31,14 @@ def fit_order_scale(
     BCE over ``s = 0`` is more than :data:`HURT_Z` standard errors above 0 (a paired test on the
     same rows). With ``rule="worst"``, ``s`` minimises the worst group's change in BCE over
     ``s = 0``, so a scale above 0 is kept only where it lowers every group's loss. The pooled BCE
-    at ``s`` is returned."""
+    at ``s`` is returned. ``reduce`` maps the rows' logits ``[..., n]`` to what ``y`` and ``groups``
+    label (a sequence's logit from its tokens': ``objective="sctopk"``)."""
+    grid = torch.tensor(SHRINK_GRID, dtype=prefix.dtype, device=prefix.device)[:, None]
+    logits = prefix + grid * term  # [scale, row]
+    if reduce is not None:
+        logits = reduce(logits)
     if groups is not None and rule == "balanced":
-        grid = torch.tensor(SHRINK_GRID, dtype=prefix.dtype, device=prefix.device)[:, None]
-        rows = F.binary_cross_entropy_with_logits(
-            prefix + grid * term, y.expand(len(SHRINK_GRID), -1), reduction="none"
-        )
+        rows = F.binary_cross_entropy_with_logits(logits, y.expand(len(SHRINK_GRID), -1), reduction="none")
         change = rows - rows[:1]  # [scale, row]: each row's change in BCE over s = 0
         hurt = torch.stack([change[:, g].mean(1) > HURT_Z * _stderr(change[:, g]) for g in groups]).any(0)
         loss = torch.where(hurt, math.inf, torch.stack([rows[:, g].mean(1) for g in groups]).mean(0)).tolist()
@@ -40,10 +47,7 @@ def fit_order_scale(
     # every (scale, group) loss in one read back to the host
     parts = [slice(None)] + ([] if groups is None else list(groups))
     table = torch.stack(
-        [
-            torch.stack([F.binary_cross_entropy_with_logits(prefix[g] + s * term[g], y[g]) for g in parts])
-            for s in SHRINK_GRID
-        ]
+        [torch.stack([F.binary_cross_entropy_with_logits(row[g], y[g]) for g in parts]) for row in logits]
     ).tolist()  # [scale][pooled, group...]
     if groups is not None:
         base = table[0][1:]  # SHRINK_GRID[0] == 0
