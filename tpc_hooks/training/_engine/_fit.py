@@ -13,10 +13,11 @@ from torch import Tensor
 
 from ..._errors import TPCHooksError
 from ...head import TPC, FitConfig, History, TrainConfig, order_projections, order_term, truncation_logits
+from ._inputs import pair_rows, sequence_splits, unlabelled_rows, val_group_rows
 from ._loop import Draws, default_device, loss_and_f1, train_loop
 from ._probe import fit_probe
-from ._rows import Rows, as_rows, split_data
-from ._segments import SequenceBatches, Sequences, sequence_lengths
+from ._rows import Rows, split_data
+from ._segments import SequenceBatches, Sequences
 from ._shrink import fit_order_scale
 
 log = logging.getLogger(__name__)
@@ -102,12 +103,12 @@ def fit(
         X_train, y_train, X_val, y_val, cfg.val_fraction, cfg.seed, None if init is None else init.d_model, dev
     )
     tr.chunk_rows = va.chunk_rows = cfg.chunk_rows
-    groups = _groups(val_groups, va.n, X_val is not None)
-    seqs = _sequences(cfg, sequences, val_sequences, tr, y_tr, va, y_va, X_val is not None, pairs, dev)
+    groups = val_group_rows(val_groups, va.n, X_val is not None)
+    seqs = sequence_splits(cfg, sequences, val_sequences, tr, y_tr, va, y_va, X_val is not None, pairs, dev)
     if seqs is not None and groups is not None:
-        groups = _groups(np.asarray(val_groups).reshape(-1)[seqs[1].first_rows()], seqs[1].n, True)
-    unl = _unlabelled(X_unlabelled, tr.d, cfg, dev)
-    pair_rows = _pairs(pairs, X_val is not None, tr, y_tr, cfg, dev)
+        groups = val_group_rows(np.asarray(val_groups).reshape(-1)[seqs[1].first_rows()], seqs[1].n, True)
+    unl = unlabelled_rows(X_unlabelled, tr.d, cfg, dev)
+    pair_idx = pair_rows(pairs, X_val is not None, tr, y_tr, cfg, dev)
     head, history, cfg = _extend(init, cfg) if init is not None else _new_head(tr, cfg.resolved())
     head.to(dev)
     head.requires_grad_(False)
@@ -115,7 +116,7 @@ def fit(
     va.hold_standardized(head.scaler, dev)
     if unl is not None:
         unl.hold_standardized(head.scaler, dev)
-    train = _Trainer(head, tr, y_tr, va, y_va, cfg, dev, verbose, history.records, groups, unl, pair_rows, seqs)
+    train = _Trainer(head, tr, y_tr, va, y_va, cfg, dev, verbose, history.records, groups, unl, pair_idx, seqs)
 
     if cfg.mode == "joint":
         history.selected[head.degree] = train.joint()
@@ -155,95 +156,6 @@ def fit(
     head.requires_grad_(True)
     head.history = history
     return head.eval()
-
-
-def _groups(val_groups: Any, n_val: int, given: bool) -> list[Tensor] | None:
-    """The validation rows of each group (index tensors), or ``None`` for pooled selection."""
-    if val_groups is None:
-        return None
-    if not given:
-        raise TPCHooksError("val_groups labels the rows of X_val; pass X_val and y_val with it")
-    labels = np.asarray(val_groups).reshape(-1)
-    if labels.shape[0] != n_val:
-        raise TPCHooksError(f"val_groups needs one label per validation row ({n_val}); got {labels.shape[0]}")
-    return [torch.as_tensor(np.flatnonzero(labels == g)) for g in dict.fromkeys(labels.tolist())]
-
-
-def _sequences(
-    cfg: FitConfig,
-    sequences: Any,
-    val_sequences: Any,
-    tr: Rows,
-    y_tr: Tensor,
-    va: Rows,
-    y_va: Tensor,
-    given: bool,
-    pairs: Any,
-    device: torch.device,
-) -> tuple[Sequences, Sequences] | None:
-    """The training and validation sequences of ``objective="sctopk"`` (None for the per-row objective)."""
-    if cfg.objective != "sctopk":
-        if sequences is not None or val_sequences is not None:
-            raise TPCHooksError("sequences and val_sequences are read by objective='sctopk'; set it with them")
-        return None
-    if sequences is None or val_sequences is None or not given:
-        raise TPCHooksError(
-            "objective='sctopk' trains on whole sequences: pass sequences= (rows per training sequence) and "
-            "X_val, y_val with val_sequences= (rows per validation sequence)"
-        )
-    if pairs is not None:
-        raise TPCHooksError("pairs (the contrast loss) rank rows; they cannot be combined with objective='sctopk'")
-    if not tr.in_memory:
-        raise TPCHooksError("objective='sctopk' needs the training rows in memory (an array or tensor), not a store")
-    out = tuple(
-        Sequences(sequence_lengths(lengths, rows.n, name), y, cfg.window, cfg.top_k, cfg.segvar, device)
-        for lengths, rows, y, name in ((sequences, tr, y_tr, "sequences"), (val_sequences, va, y_va, "val_sequences"))
-    )
-    return out[0], out[1]
-
-
-def _unlabelled(X: Any, d: int, cfg: FitConfig, device: torch.device) -> Rows | None:
-    """The rows the consistency penalty reads (held in memory), or None."""
-    if X is None:
-        if cfg.consistency:
-            raise TPCHooksError("consistency > 0 needs X_unlabelled (the rows where higher orders should add nothing)")
-        return None
-    if not cfg.consistency:
-        raise TPCHooksError("X_unlabelled is only read by the consistency penalty; set consistency > 0 with it")
-    if cfg.mode != "progressive":
-        raise TPCHooksError("consistency applies to degrees trained one at a time; it needs mode='progressive'")
-    rows = as_rows(X, "X_unlabelled", d, device)
-    if not rows.in_memory:
-        raise TPCHooksError("X_unlabelled must fit in memory (an array or tensor), not an ActivationStore")
-    return rows
-
-
-def _pairs(pairs: Any, given: bool, tr: Rows, y: Tensor, cfg: FitConfig, device: torch.device) -> Tensor | None:
-    """The contrast loss's (harmful, counterpart) training-row pairs as a ``[m, 2]`` tensor, or None."""
-    if pairs is None:
-        if cfg.experimental["contrast"]:
-            raise TPCHooksError("contrast > 0 needs pairs (each harmful training row with its benign counterpart)")
-        return None
-    if not cfg.experimental["contrast"]:
-        raise TPCHooksError("pairs are only read by the contrast loss; set contrast > 0 with them")
-    if cfg.mode != "progressive":
-        raise TPCHooksError("contrast applies to degrees trained one at a time; it needs mode='progressive'")
-    if not given:
-        raise TPCHooksError("pairs index X_train's rows; pass X_val and y_val so that none of them is held out")
-    if not tr.in_memory:
-        raise TPCHooksError("pairs need the training rows in memory (an array or tensor), not an ActivationStore")
-    arr = np.asarray(pairs)
-    if arr.ndim != 2 or arr.shape[1] != 2 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.integer):
-        raise TPCHooksError(
-            f"pairs must be a non-empty [m, 2] array of integer row indices; got shape {arr.shape} "
-            f"and dtype {arr.dtype}"
-        )
-    if arr.min() < 0 or arr.max() >= tr.n:
-        raise TPCHooksError(f"pairs index rows 0..{tr.n - 1} of X_train; got {int(arr.min())}..{int(arr.max())}")
-    yy = y.numpy()
-    if (yy[arr[:, 0]] != 1).any() or (yy[arr[:, 1]] != 0).any():
-        raise TPCHooksError("each pair is (a harmful row, label 1; its benign counterpart, label 0)")
-    return torch.as_tensor(arr, dtype=torch.long, device=device)
 
 
 def _new_head(tr: Rows, cfg: FitConfig) -> tuple[TPC, History, FitConfig]:
