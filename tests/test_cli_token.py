@@ -190,6 +190,15 @@ def test_mixing_token_and_pooled_stores_is_a_clear_error(tmp_path, tiny_cli, cap
     assert main(["train", "--acts", str(tok), "--out", str(tmp_path / "sc"), *segments, *common]) == 0
     sc = tpc.Monitor.from_pretrained(tmp_path / "sc")
     assert (sc.aggregate, sc.window, sc.top_k) == ("sctopk", 3, 2)
+    cfg = sc.head.history.config  # trained on the aggregate it decides on, its segments the monitor's
+    assert (cfg.objective, cfg.window, cfg.top_k) == ("sctopk", 3, 2)
+    rows = ["--objective", "token"]
+    assert main(["train", "--acts", str(tok), "--out", str(tmp_path / "sc-rows"), *segments, *rows, *common]) == 0
+    assert tpc.Monitor.from_pretrained(tmp_path / "sc-rows").head.history.config.objective is None
+    fails(
+        ["train", "--acts", str(tok), "--out", str(tmp_path / "m"), "--objective", "sctopk", *common],
+        "objective='sctopk' trains the aggregate a per-token monitor decides on",
+    )
     fails(
         ["evaluate", "--monitor", str(tmp_path / "mean"), "--acts", str(tok), "--splits", "test"],
         f"{tok / 'test' / SITE} holds per-token rows (tpc-hooks collect --pooling token), but the monitor",

@@ -185,6 +185,13 @@ def _train(sub: argparse._SubParsersAction) -> None:
         help="per-token stores, --aggregate sctopk: the best segments averaged, which must agree (default 8)",
     )
     p.add_argument(
+        "--objective",
+        choices=("token", "sctopk"),
+        default=None,
+        help="per-token stores: what the head trains on: each token against its prompt's label (token), or each "
+        "prompt's segment top-k against it (sctopk: the default with --aggregate sctopk)",
+    )
+    p.add_argument(
         "--no-contexts",
         action="store_true",
         help="per-token stores: ignore the ctx-train/ctx-val chats collect --contexts wrote",

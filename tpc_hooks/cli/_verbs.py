@@ -237,6 +237,7 @@ def _train(args: argparse.Namespace) -> int:
         fit=dict(
             epochs=args.epochs,
             **({} if args.recipe == "paper" else {"gate": not args.no_gate, "escalate_only": args.escalate_only}),
+            **({"objective": args.objective} if args.objective else {}),
         ),
         **stream,
     )
