@@ -493,6 +493,7 @@ def test_train_monitor_contexts_errors():
     kw = dict(verbose=False, tokenizer=tok, degree=1, epochs=1)
     cases = [
         (dict(pooling="mean", contexts=chats(4)), "pass pooling='token'"),
+        (dict(pooling="mean", aggregate="sctopk"), "scores the pooled prefix: pass pooling='token' with it"),
         (dict(pooling="token", contexts=chats(3)), "at least 4 non-empty conversations"),
         (dict(pooling="token", contexts=chats(3) + [[]]), "one is empty"),
         (dict(pooling="token", contexts=2), "at least 4"),

@@ -143,6 +143,11 @@ def check_request(
             raise TPCHooksError(
                 "contexts= trains a per-token monitor on requests inside conversations; pass pooling='token'"
             )
+        if o.aggregate is not None:
+            raise TPCHooksError(
+                f"aggregate= sets how a per-token monitor aggregates its token scores over time; a pooled monitor "
+                f"(pooling={pooling!r}) scores the pooled prefix: pass pooling='token' with it"
+            )
     chat_template = o.chat_template
     if chat_template is None:
         chat_template = bool(getattr(adapter.tokenizer, "chat_template", None))
