@@ -187,7 +187,6 @@ def _train(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--objective",
         choices=("token", "sctopk"),
-        default=None,
         help="per-token stores: what the head trains on: each token against its prompt's label (token), or each "
         "prompt's segment top-k against it (sctopk: the default with --aggregate sctopk)",
     )
