@@ -189,7 +189,9 @@ def train_monitor(
         sae: an SAELens SAE for ``site``: train on its latents (pooled per prompt), so
             attribution reads in feature ids.
         aggregate, alpha, window, top_k: a streaming monitor's aggregation (see :class:`Monitor`;
-            ``"sctopk"``: the mean of the ``top_k`` best segments of ``window`` tokens).
+            ``"sctopk"``: the mean of the ``top_k`` best segments of ``window`` tokens, and the head is
+            then trained on that aggregate, each prompt and hosted chat a sequence:
+            ``FitConfig.objective``; ``objective="token"`` trains it token by token).
             Its report and operating point count a prompt as flagged when the aggregate
             reaches the threshold at any token. Default: ``"max"`` with ``contexts`` (the
             best at long contexts once the head has seen requests inside conversations),
