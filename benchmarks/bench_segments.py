@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 import tpc_hooks as tpc
 from tpc_hooks import offline
@@ -104,13 +105,26 @@ def cached_monitor(path: Path, build) -> tuple[tpc.Monitor, float | None]:
 
 def token_acts(model, texts: list[str], where: str, chat: bool, path: Path) -> list[torch.Tensor]:
     """Every token's activations at ``where`` of each text (as the monitors wrap it), cached."""
-    if path.with_suffix(".pt").exists():
-        return torch.load(path.with_suffix(".pt"))
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.with_suffix(".safetensors").exists():
+        return load_sequences(path)[0]
     seqs = tpc.collect(model, texts, [where], pooling="token", chat_template=chat, progress=False)[where]
     seqs = [s.float().cpu() for s in seqs]
-    torch.save(seqs, path.with_suffix(".pt"))
+    save_sequences(path, seqs)
     return seqs
+
+
+def save_sequences(path: Path, seqs: list[torch.Tensor], labels: list[int] | None = None) -> None:
+    """Per-sequence activations as safetensors (one tensor per sequence) and their labels as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({str(i): s.contiguous() for i, s in enumerate(seqs)}, str(path.with_suffix(".safetensors")))
+    path.with_suffix(".json").write_text(json.dumps({"n": len(seqs), "labels": labels}))
+
+
+def load_sequences(path: Path) -> tuple[list[torch.Tensor], list[int] | None]:
+    """What :func:`save_sequences` wrote (no unpickling)."""
+    meta = json.loads(path.with_suffix(".json").read_text())
+    tensors = load_file(str(path.with_suffix(".safetensors")))
+    return [tensors[str(i)] for i in range(meta["n"])], meta["labels"]
 
 
 @torch.no_grad()
@@ -150,18 +164,18 @@ def request_pooled(seqs: list[torch.Tensor], span: tuple[int, int]) -> torch.Ten
 def long_chats(model, adapter, measured, seen: list[str], where: str, cache: Path, n: int = N_CHATS):
     """``n`` harmbench requests and ``n`` unseen everyday first turns, each hosted in a benign ShareGPT chat
     (512 / 1024 tokens, start / middle / end), and every token's activations at ``where`` (cached)."""
-    path = cache / "acts" / short(where) / "long-chats.pt"
-    if path.exists():
-        return torch.load(path)
+    path = cache / "acts" / short(where) / "long-chats"
+    if path.with_suffix(".safetensors").exists():
+        return load_sequences(path)
     requests = [t for pair in zip(measured["harmbench"][:n], measured["sharegpt"][:n], strict=True) for t in pair]
     labels = [1, 0] * n
     contexts = sharegpt_contexts(adapter.tokenizer, 2 * n, tokens=1024, exclude=[*seen, *requests])
     hosted = host_requests(adapter.tokenizer, contexts, requests, labels, lengths=(512, 1024))
     ids = [q.ids for q in hosted.sequences]
     acts = tpc.collect(model, tokens=ids, sites=[where], pooling="token", batch_size=1, progress=False)[where]
-    out = ([a.float().cpu() for a in acts], list(hosted.labels))
-    torch.save(out, path)
-    return out
+    seqs, chat_labels = [a.float().cpu() for a in acts], [int(c) for c in hosted.labels]
+    save_sequences(path, seqs, chat_labels)
+    return seqs, chat_labels
 
 
 def chat_flags(mon: tpc.Monitor, chats: list[torch.Tensor], labels: list[int]) -> tuple[float, float]:
