@@ -16,6 +16,8 @@ threshold flags 1% of the everyday benign validation prompts. The monitors:
 * ``token, A``: one per-token head (``pooling="token"``, degree 3, every order kept, trained token by token)
   at the default's layer, its scores aggregated by ``A`` (``rolling``: the per-token default; ``max``,
   ``mean``, ``ema``; ``sctopk``: the same head, segments and top-k at decision time only);
+* ``sctopk, final aggregate``: the same, trained on each sequence's aggregate after its last token
+  (``streamed=False``: the published objective);
 * ``sctopk``: ``aggregate="sctopk"`` trained on that aggregate (``objective="sctopk"``, window 16, top 8,
   segment variance 0.01: the published settings), degree 3, every order kept.
 
@@ -306,6 +308,12 @@ def run(args: argparse.Namespace) -> None:
         cache / "sctopk",
         lambda: tpc.train_monitor(model, train.texts, train.labels, where, aggregate="sctopk", **token_kw),
     )
+    final, final_s = cached_monitor(
+        cache / "sctopk-final",
+        lambda: tpc.train_monitor(
+            model, train.texts, train.labels, where, aggregate="sctopk", streamed=False, **token_kw
+        ),
+    )
     orders: dict[str, dict[str, float]] = {}
     for how in AGGREGATIONS:
         for order in range(1, per_token.head.degree + 1):
@@ -315,6 +323,9 @@ def run(args: argparse.Namespace) -> None:
     for order in range(1, segments.head.degree + 1):
         orders[f"sctopk, order {order}"] = shares(variant(segments, order, everyday_val), acts)
     results["sctopk"] = orders[f"sctopk, order {segments.head.degree}"]
+    for order in range(1, final.head.degree + 1):
+        orders[f"sctopk, final aggregate, order {order}"] = shares(variant(final, order, everyday_val), acts)
+    results["sctopk, final aggregate"] = orders[f"sctopk, final aggregate, order {final.head.degree}"]
 
     chat_rows: dict[str, tuple[float, float]] = {}
     if chat:  # ShareGPT chats are rendered with the chat template: a base model has none
@@ -327,6 +338,7 @@ def run(args: argparse.Namespace) -> None:
                 for how in AGGREGATIONS
             },
             "sctopk": chat_flags(variant(segments, segments.head.degree, everyday_val), chats, chat_labels),
+            "sctopk, final aggregate": chat_flags(variant(final, final.head.degree, everyday_val), chats, chat_labels),
         }
 
     head_cols = " | ".join(HARMFUL + BENIGN)
@@ -363,7 +375,8 @@ def run(args: argparse.Namespace) -> None:
     cost = decode_cost(per_token, per_token.head.d_model)
     print(
         f"\nSeconds to train (2 cores): default {default_s:.0f}, request only {request_s:.0f}, token {token_s:.0f}, "
-        f"sctopk {segments_s:.0f}. Decode step (8 requests, head + aggregate) against rolling's "
+        f"sctopk {segments_s:.0f}, sctopk final aggregate {final_s:.0f}. Decode step (8 requests, head + "
+        "aggregate) against rolling's "
         f"{1e6 * cost['rolling']:.0f} us: "
         + ", ".join(f"{k} {cost[k] / cost['rolling']:.2f}x" for k in AGGREGATIONS)
         + f".\n\nTotal {time.time() - t0:.0f} s."

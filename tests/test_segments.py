@@ -32,12 +32,13 @@ from tpc_hooks.training._engine._segments import (
 SITE = "blocks.1.hook_resid_post"
 
 
-def _sequence_logits(z, lengths, window, top_k):
-    """Each sequence's logit as a monitor decides after its last token (pooling.aggregate, float64)."""
+def _sequence_logits(z, lengths, window, top_k, streamed=False):
+    """Each sequence's logit as a monitor decides after its last token, or (``streamed``) the highest
+    value its aggregate takes after any token (pooling.aggregate, float64)."""
     out, a = [], 0
     for n in lengths:
         agg = aggregate(z[None, a : a + n].double(), torch.ones(1, n), "sctopk", window=window, top_k=top_k)
-        out.append(float(agg[0, -1]))
+        out.append(float(agg[0].max() if streamed else agg[0, -1]))
         a += n
     return torch.tensor(out, dtype=torch.float64)
 
@@ -77,12 +78,30 @@ def test_the_sequence_logit_is_the_aggregate_after_its_last_token(window, top_k)
     torch.testing.assert_close(segment_top_k(stacked, torch.tensor(lengths), window, top_k), each)
 
 
+@pytest.mark.parametrize(("window", "top_k"), SETTINGS)
+def test_the_streamed_logit_is_the_highest_aggregate_over_every_prefix(window, top_k):
+    """What a streaming monitor flags on: the aggregate's maximum over the sequence, early prefixes (a
+    few tokens' mean) included; it is at least the final aggregate, and the loss trains on it."""
+    g = torch.Generator().manual_seed(window * 10 + top_k)
+    lengths = [1, 2, window - 1 or 1, window, window + 1, window + top_k, 2 * window + 3, 60, 7]
+    z = torch.randn(sum(lengths), generator=g, dtype=torch.float64) * 3
+    z[0] = 9.0  # one word at the start: only the streamed logit sees it in a longer sequence
+    got = segment_top_k(z, torch.tensor(lengths), window, top_k, streamed=True)
+    torch.testing.assert_close(got, _sequence_logits(z, lengths, window, top_k, True), rtol=1e-12, atol=1e-12)
+    assert (got >= segment_top_k(z, torch.tensor(lengths), window, top_k) - 1e-12).all()
+    y_rows = torch.tensor(np.repeat(np.arange(len(lengths)) % 2, lengths))
+    seqs = Sequences(np.array(lengths), y_rows, window, top_k, 0.0, torch.device("cpu"))
+    assert seqs.streamed  # the default
+    bce = F.binary_cross_entropy_with_logits(got, seqs.y.double())
+    torch.testing.assert_close(seqs.loss(z, torch.arange(len(lengths)), torch.tensor(lengths)).double(), bce)
+
+
 def test_the_loss_adds_the_weighted_segment_variance_of_benign_sequences_only():
     g = torch.Generator().manual_seed(0)
     lengths = [20, 5, 33, 16, 40]
     z = torch.randn(sum(lengths), generator=g, dtype=torch.float64) * 3
     y_rows = torch.tensor(np.repeat([0, 1, 0, 1, 0], lengths))
-    seqs = Sequences(np.array(lengths), y_rows, 4, 3, 0.5, torch.device("cpu"))
+    seqs = Sequences(np.array(lengths), y_rows, 4, 3, 0.5, torch.device("cpu"), streamed=False)
     assert seqs.y.tolist() == [0, 1, 0, 1, 0]
     by_hand, a = [], 0
     for n in lengths:  # every whole segment's mean, weighted by sigmoid(score / tau)
@@ -127,7 +146,7 @@ def _val_sequence_loss(head, Xv, yv, lengths, window=16, top_k=8, order=1):
         z = head(torch.as_tensor(Xv), order=order).double()
     starts = np.cumsum(lengths) - lengths
     y = torch.tensor(yv[starts], dtype=torch.float64)
-    return float(F.binary_cross_entropy_with_logits(_sequence_logits(z, lengths, window, top_k), y))
+    return float(F.binary_cross_entropy_with_logits(_sequence_logits(z, lengths, window, top_k, True), y))
 
 
 def test_degree_one_starts_from_the_probe_and_keeps_it_unless_the_sequences_prefer_another():
@@ -163,7 +182,7 @@ def test_higher_degrees_train_on_the_sequences_and_leave_lower_truncations_bit_i
         by_hand = _val_sequence_loss(three, Xv, yv, np.array(Lv), 4, 3, order=k)
         assert math.isclose(three.history.selected[k]["val_loss_scaled"], by_hand, rel_tol=1e-4)
     cfg = three.history.config
-    assert (cfg.objective, cfg.window, cfg.top_k, cfg.segvar) == ("sctopk", 4, 3, 0.01)
+    assert (cfg.objective, cfg.window, cfg.top_k, cfg.segvar, cfg.streamed) == ("sctopk", 4, 3, 0.01, True)
 
 
 def test_a_sequence_heads_settings_are_saved_and_other_heads_files_unchanged(tmp_path):
@@ -176,9 +195,13 @@ def test_a_sequence_heads_settings_are_saved_and_other_heads_files_unchanged(tmp
         head.save_pretrained(tmp_path / name)
     saved = json.loads((tmp_path / "seq" / "config.json").read_text())["history"]["config"]
     assert (saved["objective"], saved["window"], saved["top_k"], saved["segvar"]) == ("sctopk", 16, 8, 0.01)
+    assert saved["streamed"] is True
     assert "objective" not in json.loads((tmp_path / "rows" / "config.json").read_text())["history"]["config"]
     back = tpc.TPC.from_pretrained(tmp_path / "seq")
     assert back.history.config == seq.history.config
+    # a record written before streamed existed was trained on each sequence's final aggregate
+    del saved["streamed"]
+    assert tpc.FitConfig.from_dict(saved).streamed is False
 
 
 @pytest.mark.parametrize(

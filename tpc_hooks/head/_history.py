@@ -17,7 +17,7 @@ LINEAR_SOLVERS = ("auto", "sklearn", "lbfgs")
 PROBE_METRICS = ("auto", "auroc", "f1")
 GROUP_RULES = ("balanced", "worst")
 OBJECTIVES = ("token", "sctopk")
-SEQUENCE_FIELDS = ("objective", "window", "top_k", "segvar")  # saved only by a head trained on sequences
+SEQUENCE_FIELDS = ("objective", "window", "top_k", "segvar", "streamed")  # saved only by a head trained on sequences
 
 
 def _positive_int(value: Any, name: str, low: int = 1) -> None:
@@ -165,6 +165,11 @@ class FitConfig:
             kept when the validation sequences' loss prefers it), every higher degree on the loss of
             its truncation, the validation sequences selecting.
         window, top_k, segvar: the segment top-k objective's settings (16, 8, 0.01: the published ones).
+        streamed: the segment objective's sequence logit is the highest aggregate over every prefix of
+            the sequence (True: what a streaming monitor flags on, early prefixes included, where the
+            aggregate is still the mean of a few tokens) or the aggregate after its last token
+            (False: the published objective; it leaves those prefixes untrained:
+            docs/benchmarks/segments.md).
         linear_solver: ``"auto"`` (scikit-learn in memory, streamed L-BFGS on the same objective
             for stores over 2 GiB), ``"sklearn"`` or ``"lbfgs"``.
         chunk_rows: rows read from a store at a time (peak memory O(chunk_rows x d_model)).
@@ -228,6 +233,7 @@ class FitConfig:
     window: int = 16
     top_k: int = 8
     segvar: float = 0.01
+    streamed: bool = True
     experimental: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -277,6 +283,8 @@ class FitConfig:
         _positive_int(self.top_k, "top_k")
         if not (_number(self.segvar) and 0 <= self.segvar < math.inf):
             raise TPCHooksError(f"segvar must be a finite number >= 0; got {self.segvar!r}")
+        if not isinstance(self.streamed, bool):
+            raise TPCHooksError(f"streamed must be True or False; got {self.streamed!r}")
 
     @classmethod
     def from_options(cls, config: "FitConfig | None", options: dict[str, Any]) -> "FitConfig":
@@ -371,7 +379,9 @@ class FitConfig:
         experimental = {k: d[k] for k in EXPERIMENTAL if k in d}
         # a record that lacks group_rule: its head was selected by the worst group; probe_metric: its C by F1
         kept = {k: v for k, v in d.items() if k in names}
-        return cls(**{"group_rule": "worst", "probe_metric": "f1", **kept}, experimental=experimental)
+        # a segment-objective record without streamed: trained on each sequence's final aggregate
+        legacy = {"streamed": False} if d.get("objective") == "sctopk" else {}
+        return cls(**{"group_rule": "worst", "probe_metric": "f1", **legacy, **kept}, experimental=experimental)
 
 
 @dataclass

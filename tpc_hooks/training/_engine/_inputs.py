@@ -52,7 +52,7 @@ def sequence_splits(
     if not tr.in_memory:
         raise TPCHooksError("objective='sctopk' needs the training rows in memory (an array or tensor), not a store")
     out = tuple(
-        Sequences(sequence_lengths(lengths, rows.n, name), y, cfg.window, cfg.top_k, cfg.segvar, device)
+        Sequences(sequence_lengths(lengths, rows.n, name), y, cfg.window, cfg.top_k, cfg.segvar, device, cfg.streamed)
         for lengths, rows, y, name in ((sequences, tr, y_tr, "sequences"), (val_sequences, va, y_va, "val_sequences"))
     )
     return out[0], out[1]

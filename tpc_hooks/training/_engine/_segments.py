@@ -4,7 +4,8 @@ per-token head trained on each sequence's aggregated logit, not on its tokens on
 A sequence's rows are consecutive rows of the training data. Its per-token logits ``z_1..z_T`` give
 segment scores (the mean of every ``window`` consecutive logits), and its logit is the mean of the
 ``top_k`` best segments (all of them while fewer exist; the token mean when no whole segment fits):
-the value :func:`tpc_hooks.pooling.aggregate` gives after the sequence's last token. The loss is the
+the value :func:`tpc_hooks.pooling.aggregate` gives after the sequence's last token, or (``streamed``,
+the default) the highest value it gives after any prefix: what a streaming monitor flags on. The loss is the
 BCE of that logit plus, on benign sequences, ``segvar`` times the variance of their segment scores
 weighted by ``sigmoid(score / SEGVAR_TAU)``: a benign sequence may not hold a few segments that stand
 out."""
@@ -24,12 +25,15 @@ SEGVAR_TAU = 2.0  # the temperature of the segment weights in the variance penal
 
 
 def segment_top_k(
-    z: Tensor, lengths: Tensor, window: int, top_k: int, *, scores: bool = False
+    z: Tensor, lengths: Tensor, window: int, top_k: int, *, scores: bool = False, streamed: bool = False
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
     """Each sequence's segment top-k logit from the per-token logits ``z [..., N]`` of sequences laid end
-    to end (``lengths [S]``, summing to ``N``): ``[..., S]``, differentiable. ``scores=True`` also returns
-    the segment scores ``[..., S, W]`` and which of them exist ``[S, W]`` (``W`` = the longest sequence's
-    segments, at least 1)."""
+    to end (``lengths [S]``, summing to ``N``): ``[..., S]``, differentiable. ``streamed``: the highest
+    value the aggregate takes after any prefix of the sequence instead of after its last token (the
+    mean of the first ``t`` logits while ``t < window``, then the mean of the first segments while fewer
+    than ``top_k`` exist; from there on the top-k mean can only grow, so the final value bounds the
+    rest). ``scores=True`` also returns the segment scores ``[..., S, W]`` and which of them exist
+    ``[S, W]`` (``W`` = the longest sequence's segments, at least 1)."""
     n_seq = lengths.shape[0]
     t_max = int(lengths.max()) if n_seq else 0
     starts = torch.cumsum(lengths, 0) - lengths
@@ -46,6 +50,17 @@ def segment_top_k(
     taken = torch.arange(kk, device=z.device) < n_seg.clamp_max(top_k)[:, None]
     agreed = torch.where(taken, top, 0.0).sum(-1) / n_seg.clamp(1, top_k)
     out = torch.where(n_seg > 0, agreed, mean)
+    if streamed:
+        early = min(window - 1, padded.shape[-1])
+        prefix = (padded[..., :early].cumsum(-1) / torch.arange(1, early + 1, device=z.device)).masked_fill(
+            ~inside[:, :early], float("-inf")
+        )
+        few = max(min(top_k - 1, seg.shape[-1]), 0)  # fewer than top_k segments: the mean of those there are
+        first = (seg[..., :few].cumsum(-1) / torch.arange(1, few + 1, device=z.device)).masked_fill(
+            ~exists[:, :few], float("-inf")
+        )
+        if early or few:  # window 1 and top_k 1: every prefix's aggregate is its last token's, the max already
+            out = torch.maximum(out, torch.cat([prefix, first], -1).amax(-1))
     return (out, seg, exists) if scores else out
 
 
@@ -77,9 +92,16 @@ class Sequences:
     labelled 1: a chat holding a harmful request is harmful) and the objective's settings."""
 
     def __init__(
-        self, lengths: np.ndarray, y_rows: Tensor, window: int, top_k: int, segvar: float, device: torch.device
+        self,
+        lengths: np.ndarray,
+        y_rows: Tensor,
+        window: int,
+        top_k: int,
+        segvar: float,
+        device: torch.device,
+        streamed: bool = True,
     ):
-        self.window, self.top_k, self.segvar = window, top_k, segvar
+        self.window, self.top_k, self.segvar, self.streamed = window, top_k, segvar, streamed
         self.lengths_np = lengths
         self.starts_np = np.cumsum(lengths) - lengths
         self.lengths = torch.as_tensor(lengths, device=device)
@@ -92,7 +114,7 @@ class Sequences:
 
     def reduce(self, z: Tensor) -> Tensor:
         """Every sequence's logit from the per-token logits of all rows ``z [..., N]``."""
-        out = segment_top_k(z, self.lengths, self.window, self.top_k)
+        out = segment_top_k(z, self.lengths, self.window, self.top_k, streamed=self.streamed)
         assert isinstance(out, Tensor)
         return out
 
@@ -106,7 +128,7 @@ class Sequences:
     def loss(self, z: Tensor, ids: Tensor, lengths: Tensor) -> Tensor:
         """The objective on sequences ``ids`` from their rows' logits ``z`` (laid end to end): BCE of the
         segment top-k logit, plus the weighted segment variance of the benign ones."""
-        out = segment_top_k(z, lengths, self.window, self.top_k, scores=bool(self.segvar))
+        out = segment_top_k(z, lengths, self.window, self.top_k, scores=bool(self.segvar), streamed=self.streamed)
         y = self.y[ids.to(self.y.device)]
         if not self.segvar:
             assert isinstance(out, Tensor)
