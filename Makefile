@@ -112,7 +112,7 @@ $(VLLM_VENV)/.installed: $(INSTALLED)
 VLLM_FAMILIES ?= llama,gemma3_text
 test-vllm: vllm-env
 	VLLM_CPU_KVCACHE_SPACE=1 TPC_VLLM_FAMILIES=$(VLLM_FAMILIES) $(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
-		tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py tests/test_vllm_families.py \
+		tests/test_vllm.py tests/test_vllm_stages.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py tests/test_vllm_families.py \
 		tests/test_vllm_contract.py
 
 test-vllm-families: vllm-env

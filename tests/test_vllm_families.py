@@ -13,11 +13,7 @@ comma-separated list).
 
 import gc
 import json
-import logging
 import os
-import re
-import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,6 +23,7 @@ vllm = pytest.importorskip("vllm")
 
 from families import FAMILIES, build, vllm_engine  # noqa: E402
 from tiny_models import assert_steps_score_as_offline, tiny_head, tokenizer  # noqa: E402
+from vllm_logs import root_cause, stderr_to  # noqa: E402
 
 import tpc_hooks as tpc  # noqa: E402
 from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
@@ -42,45 +39,6 @@ REPLACED = (
     "Gemma3ForCausalLM",
     "GraniteMoeHybridForCausalLM",
 )  # architectures the monitored worker serves with its own subclass (_worker.models)
-
-
-@contextmanager
-def _stderr_to(path: Path):
-    """The process's stdout and stderr (and so the engine processes', which inherit them) into
-    ``path``: where vLLM's log has a worker's root cause when the parent only raises "see the root
-    cause above"."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    with open(path, "w") as f:
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
-        # this process's vLLM log goes to the stream its handler was made with (pytest's capture, not fd 1)
-        handler = logging.StreamHandler(f)
-        logging.getLogger("vllm").addHandler(handler)
-        try:
-            yield
-        finally:
-            logging.getLogger("vllm").removeHandler(handler)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            for fd, old in zip((1, 2), saved, strict=True):
-                os.dup2(old, fd)
-                os.close(old)
-
-
-def _root_cause(log: Path, err: BaseException, *earlier: Path) -> str:
-    """The worker's own error from the engine's log (a module vLLM's model file could not import
-    first, also from ``earlier`` logs: vLLM inspects a model class once per process), else the
-    exception's first line."""
-    text = "\n".join(p.read_text(errors="replace") for p in (*earlier, log))
-    found = (
-        re.findall(r"(No module named '[^']+')", text)
-        or re.findall(r"Worker failed with error '([^']+)'", text)
-        or re.findall(r"Value error, (.+?)(?: \[type=|$)", str(err))
-        or re.findall(r"^\S*(?:Error|Exception): (.+)$", text, re.M)
-    )
-    return (found[-1] if found else str(err).splitlines()[0]).strip()
 
 
 def _selected() -> list[str]:
@@ -129,7 +87,7 @@ def _plain_greedy(path: Path, prompts: list[list[int]], log: Path) -> list[list[
 
     plain = None
     try:
-        with _stderr_to(log):
+        with stderr_to(log):
             plain = vllm_engine(path)
             outs = plain.generate(
                 [TokensPrompt(prompt_token_ids=p) for p in prompts], vllm.SamplingParams(max_tokens=6, temperature=0.0)
@@ -148,7 +106,7 @@ def test_the_engine_reads_the_family_or_says_why_not(checkpoint, tmp_path):
     extra = {"language_model_only": True} if family in MULTIMODAL else {}
     llm = None
     try:
-        with _stderr_to(log):
+        with stderr_to(log):
             llm = vllm_engine(path, **extra, **vllm_engine_args([SITE]))
             generated = _read(llm, model, ATOL.get(family, 1e-4))
         if type(model).__name__ in REPLACED:  # served by tpc-hooks' subclass of vLLM's class: the same tokens
@@ -163,19 +121,19 @@ def test_the_engine_reads_the_family_or_says_why_not(checkpoint, tmp_path):
     except AssertionError:
         raise
     except Exception as err:  # noqa: BLE001 - vLLM raises its own wrappers around the worker's error
-        why = _root_cause(log, err)
+        why = root_cause(log, err)
     finally:
         del llm
         gc.collect()
     ours = "does not implement SupportsEagle3" in log.read_text(errors="replace")  # the worker's refusal
     plain = None
     try:  # the same checkpoint on an engine without tpc-hooks: vLLM's own limit, or ours?
-        with _stderr_to(tmp_path / "plain.log"):
+        with stderr_to(tmp_path / "plain.log"):
             plain = vllm_engine(path, **extra)
             plain.generate(PROMPTS, vllm.SamplingParams(max_tokens=2))
     except Exception as err:  # noqa: BLE001
         _OUTCOMES[family] = (
-            f"not run: vLLM's CPU build does not run it ({_root_cause(tmp_path / 'plain.log', err, log)})"
+            f"not run: vLLM's CPU build does not run it ({root_cause(tmp_path / 'plain.log', err, log)})"
         )
         return
     finally:

@@ -31,7 +31,7 @@ from .checks import CHANGED, MISSING, OK, SKIPPED
 # recorder saw and the worker's attributes) or in the driver's process (_live); v1./v2.: on that
 # model runner only
 WORKER_CHECKS = (
-    "rows apply_after_execute state state.aux worker.vllm_config worker.model_runner worker.rank config.sizes "
+    "rows apply_after_execute state state.aux worker.vllm_config worker.model_runner config.sizes "
     "config.sites sched.num_computed sched.finished params.eos rpc.thread model.eagle3 runner.aux_flag "
     "runner.num_blocks runner.class registry v1.state.scheduler_output v1.batch.num_reqs v1.batch.req_ids "
     "v1.batch.starts v1.batch.tokens v2.state.input_batch v2.batch.req_ids v2.batch.starts v2.batch.tokens"
@@ -253,7 +253,6 @@ def check_runtime(worker: Any, expect: dict[str, Any]) -> dict[str, Any]:
     rec.judge("rpc.thread", lambda: None if between else f"on thread {me}; execute_model on {rec.thread} ({rec.busy=})")
     rec.judge("worker.vllm_config", lambda: isinstance_of(worker.vllm_config, "vllm.config", "VllmConfig"))
     rec.judge("worker.model_runner", lambda: _runner_ok(runner))
-    rec.judge("worker.rank", lambda: None if isinstance(worker.rank, int) else f"{worker.rank!r}")
     rec.judge("runner.class", lambda: _runner_class(worker, runner))
     rec.judge("config.sizes", lambda: _sizes(worker.vllm_config.model_config.hf_text_config, expect))
     rec.judge("config.sites", lambda: same(worker.vllm_config.additional_config[CONFIG]["sites"], expect["sites"]))

@@ -56,6 +56,8 @@ R1 = "vllm.v1.worker.gpu_model_runner"  # Model Runner V1 (the CPU build's runne
 R2 = "vllm.v1.worker.gpu.model_runner"  # Model Runner V2
 SCHED = "vllm.v1.core.sched.output"
 IF = "vllm.model_executor.models.interfaces"
+PS = "vllm.distributed.parallel_state"
+EAGLE3 = "vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils"
 GEMMA = "vllm.model_executor.models.gemma3"
 GRANITE = "vllm.model_executor.models.granitemoehybrid"
 CLI = "vllm.entrypoints.common.cli_args"  # vLLM 0.33; 0.32: OLD_CLI
@@ -225,8 +227,6 @@ ROWS: tuple[Row, ...] = (
     row(f"{BASE}:WorkerBase.model_runner", "read", (f"{MIX}.load_model", f"{MIX}.execute_model", f"{CTRL}._tpc_store",
         f"{CTRL}._tpc_d_model"), source("self.model_runner", at=f"{BASE}:WorkerBase.__init__"),
         live="worker.model_runner"),
-    row(f"{BASE}:WorkerBase.rank", "read", (f"{CTRL}.tpc_hooks_arm_set", f"{CTRL}.tpc_hooks_swap"),
-        source("self.rank = rank", at=f"{BASE}:WorkerBase.__init__"), live="worker.rank"),
     row("vllm.config:VllmConfig.speculative_config", "read", f"{MIX}.load_model", field()),
     row("vllm.config:ModelConfig.hf_text_config", "read", (f"{MIX}.load_model", f"{ADA}.__init__"), field(),
         live="config.sizes"),
@@ -261,6 +261,22 @@ ROWS: tuple[Row, ...] = (
     row(f"{IF}:SupportsEagle3.set_aux_hidden_state_layers", "call", f"{ENG}:expose", params("self", "layers"),
         live="model.eagle3"),
     row(f"{IF}:SupportsMultiModal.get_language_model", "call", f"{ENG}:expose", params("self")),
+    row(f"{PS}:model_parallel_is_initialized", "call", f"{ENG}:pipeline", params()),
+    row(f"{PS}:get_pp_group", "call", f"{ENG}:pipeline", params()),
+    row(f"{PS}:get_tp_group", "call", f"{ENG}:pipeline", params()),
+    row(f"{PS}:GroupCoordinator.world_size", "read", f"{ENG}:pipeline",
+        source("self.world_size = ", at=f"{PS}:GroupCoordinator.__init__")),
+    row(f"{PS}:GroupCoordinator.rank_in_group", "read", f"{ENG}:pipeline",
+        source("self.rank_in_group = ", at=f"{PS}:GroupCoordinator.__init__")),
+    row(f"{IF}:EagleModelMixin.supports_aux_hidden_states_over_pp", "read", f"{ENG}:across_stages", exists()),
+    row(f"{EAGLE3}:reserve_aux_intermediate_tensor_slots", "call", f"{ENG}:across_stages", every(
+        params("model"), source("make_empty_intermediate_tensors"))),
+    row(f"{R2}:GPUModelRunner.pp_handler", "read", f"{ENG}:across_stages", every(
+        source("self.pp_handler", at=f"{R2}:GPUModelRunner.__init__"),
+        params("self", "model", at="vllm.v1.worker.gpu.pp_utils:PPHandler.configure_aux_hidden_state_relay"))),
+    row(f"{R1}:GPUModelRunner.execute_model (a stage before the last returns its IntermediateTensors, after "
+        "unpacking the extra outputs if it was asked for them)", "behaviour", f"{ENG}:expose",
+        source("if not get_pp_group().is_last_rank:", "assert isinstance(hidden_states, IntermediateTensors)")),
     row(f"{R1}:GPUModelRunner.use_aux_hidden_state_outputs", "write", f"{ENG}:expose", every(
         source("self.use_aux_hidden_state_outputs = ", at=f"{R1}:GPUModelRunner.__init__"),
         source("self.use_aux_hidden_state_outputs = ", at=f"{R2}:GPUModelRunner.__init__")), live="runner.aux_flag"),
@@ -306,7 +322,7 @@ ROWS: tuple[Row, ...] = (
         (f"{MOD}:_Gemma3Model.forward", f"{MOD}:_Granite4Model.forward"), prop(),
         also=("vllm.distributed.get_pp_group().is_first_rank",)),
     row("vllm.distributed.parallel_state:GroupCoordinator.is_last_rank", "read",
-        (f"{MOD}:_Gemma3Model.forward", f"{MOD}:_Granite4Model.forward"), prop(),
+        (f"{MOD}:_Gemma3Model.forward", f"{MOD}:_Granite4Model.forward", f"{ENG}:pipeline"), prop(),
         also=("vllm.distributed.get_pp_group().is_last_rank",)),
     row(GEMMA, "import", f"{MOD}:_building_with", exists()),
     row(f"{GEMMA}:Gemma3Model", "subclass", f"{MOD}:_Gemma3Model", exists()),
@@ -356,6 +372,8 @@ ROWS: tuple[Row, ...] = (
         params("self", "aux_hidden_states", "layer_idx", "hidden_states", "residual")),
     row(f"{IF}:EagleModelMixin.pack_local_aux_hidden_states", "call", f"{MOD}:_Gemma3Model.forward",
         params("self", "aux_hidden_states")),
+    row(f"{IF}:EagleModelMixin.collect_remote_aux_hidden_states", "call", f"{MOD}:_Gemma3Model.forward",
+        params("self", "intermediate_tensors")),
     row(f"{IF}:EagleModelMixin.aux_hidden_state_layers", "read", f"{MOD}:_Granite4Model.forward", exists()),
     row(f"{IF}:SupportsEagle3", "subclass", (f"{MOD}:Gemma3ForCausalLM", f"{MOD}:GraniteMoeHybridForCausalLM"),
         source('getattr(parent_ref, "model", parent_ref)', at=f"{IF}:SupportsEagle3.set_aux_hidden_state_layers")),
@@ -409,7 +427,13 @@ ROWS: tuple[Row, ...] = (
         "\"Worker failed with error '<error>', please check the stack trace above for the root cause\")",
         "behaviour", (f"{ARGS}:worker_error", f"{ADA}.monitoring", f"{SERVE}:run", SWAP),
         source("Worker failed with error '{result}', please check the", " stack trace above for the root cause")),
-    row("vllm.v1.executor.abstract:Executor.collective_rpc (results in rank order: [0] is rank 0's)", "behaviour",
+    row("vllm.config:ParallelConfig (fields pipeline_parallel_size, tensor_parallel_size, "
+        "prefill_context_parallel_size)", "read", f"{ARGS}:holder",
+        field("pipeline_parallel_size", "tensor_parallel_size", "prefill_context_parallel_size")),
+    row("vllm.v1.executor.multiproc_executor:MultiprocExecutor._get_output_rank (the engine reports the sampled "
+        "tokens of the last stage's first rank)", "behaviour", (f"{ARGS}:holder", f"{ENG}:Stages.holds"),
+        source("self.world_size", "- self.parallel_config.tensor_parallel_size")),
+    row("vllm.v1.executor.abstract:Executor.collective_rpc (results in rank order: [k] is rank k's)", "behaviour",
         (f"{ADA}.exposed", f"{ADA}.forward_sites", f"{ADA}.generate", f"{ADA}.monitoring", f"{SERVE}:_Asks.ask"),
         live="rpc.ranks"),
     # ----------------------------------------------------------------- E. the server (tpc-hooks serve)

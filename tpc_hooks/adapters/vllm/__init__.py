@@ -41,6 +41,7 @@ from ._wire import (
     STOP,
     WORKER,
     ServedMonitor,
+    holder,
     ident,
     keyed,
     unexposed,
@@ -71,6 +72,7 @@ class VLLMAdapter(Adapter):
         ]
         self._hf_config = config.model_config.hf_text_config
         self._sites: dict[str, int] | None = None
+        self.holder = holder(config)  # collective_rpc's answer from the worker that holds the monitors
 
     @property
     def d_model(self) -> int:
@@ -85,7 +87,7 @@ class VLLMAdapter(Adapter):
         """The sites the engine's compiled forward returns (fixed when it was built)."""
         if self._sites is None:
             try:
-                self._sites = self.model.collective_rpc(RPC_SITES)[0]
+                self._sites = self.model.collective_rpc(RPC_SITES)[self.holder]
             except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
                 raise TPCHooksError(worker_error(err)) from None  # e.g. tpc-hooks turned off (TPC_HOOKS_DISABLE)
         return self._sites
@@ -128,7 +130,7 @@ class VLLMAdapter(Adapter):
                 ],
                 use_tqdm=False,
             )
-            got = llm.collective_rpc(RPC_TAKE)[0]  # every tensor-parallel rank holds the same stream
+            got = llm.collective_rpc(RPC_TAKE)[self.holder]  # the rank the stream of every stage reaches
         finally:
             llm.collective_rpc(RPC_RELEASE)
         B, T = attention_mask.shape
@@ -214,7 +216,7 @@ class VLLMAdapter(Adapter):
                 """Each member's steps of the requests keyed ``keys``, in their order."""
                 out = {}
                 for n in names:
-                    got = llm.collective_rpc(RPC_RUNS, args=([ident(k) for k in keys], n))[0]
+                    got = llm.collective_rpc(RPC_RUNS, args=([ident(k) for k in keys], n))[self.holder]
                     out[n] = [got.get(ident(k)) for k in keys]
                 return out
 
@@ -291,7 +293,8 @@ class VLLMAdapter(Adapter):
         """Inside the block the engine's workers score every request with ``monitor`` (each
         step, at its site) and, with ``action="stop"``, end a request at its first flagged
         step; the block yields what the workers run (site, threshold, d_model). The steps are
-        kept per request until ``llm.collective_rpc("tpc_hooks_runs")`` takes them (a request goes
+        kept per request until ``llm.collective_rpc("tpc_hooks_runs")[adapter.holder]`` takes them (the
+        answer of the worker that holds the monitors: 0 on one pipeline stage; a request goes
         by its engine id there, or by the key ``extra_args={"tpc_hooks_key": KEY}`` gives it, as
         ``"KEY/0"``). Requests
         read the prefix cache: the workers keep the monitor's state at every block's end and
@@ -302,13 +305,14 @@ class VLLMAdapter(Adapter):
         A :class:`~tpc_hooks.MonitorSet` runs every member on each pass, each with its own
         policy and action (``action``: None for the set's, one for all, or a dict by name); the
         block yields what each runs by name (with its ``action``), and
-        ``llm.collective_rpc("tpc_hooks_runs", args=(None, name))`` takes a member's steps.
+        ``llm.collective_rpc("tpc_hooks_runs", args=(None, name))[adapter.holder]`` takes a member's steps.
 
         Example (the engine as :func:`vllm_engine_args` builds it)::
 
-            with get_adapter(llm).monitoring(monitor):
+            adapter = get_adapter(llm)
+            with adapter.monitoring(monitor):
                 outs = llm.generate(prompts, SamplingParams(max_tokens=64))
-                steps = llm.collective_rpc("tpc_hooks_runs")[0]
+                steps = llm.collective_rpc("tpc_hooks_runs")[adapter.holder]
         """
         members = monitor._members(action)  # a lone monitor: one, named ""
         lone = members[0][0] == ""
@@ -321,7 +325,7 @@ class VLLMAdapter(Adapter):
         llm = self.model
         specs = [ServedMonitor.of(name, mon, act, order, cascade).plain() for name, mon, act in members]
         try:
-            info = llm.collective_rpc(RPC_ARM_SET, args=(specs, keep))[0]
+            info = llm.collective_rpc(RPC_ARM_SET, args=(specs, keep))[self.holder]
         except Exception as err:  # vLLM re-raises a worker's error as a bare Exception
             raise TPCHooksError(f"the vLLM workers could not run this monitor: {worker_error(err)}") from None
         for name, _, act in members:

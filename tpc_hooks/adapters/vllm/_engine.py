@@ -7,6 +7,8 @@ elsewhere, is declared and checked in ``tests/vllm_contract/surface.py``):
   outputs of its forward (the interface EAGLE-3 drafting uses: ``set_aux_hidden_state_layers``),
   and the runner to hand them on. Set before the engine's warm-up traces the graph, these
   outputs are part of the compiled graph (and of CUDA graphs), so nothing runs eagerly;
+* :func:`pipeline`, :func:`across_stages`: where the worker sits in a pipeline of stages, and the
+  residual stream at an earlier stage's sites sent on to the last stage, which holds the monitors;
 * :func:`check_runner`: the model runner is one whose batch layout the plugin reads (vLLM's GPU
   model runner, V1 or V2, or a subclass: the CPU build's), refused at engine build otherwise;
 * :func:`last_pass`: after a forward pass, which rows of the flat batch belong to which request,
@@ -119,7 +121,73 @@ def expose(runner: Any, ids: list[int]) -> None:
             f"forward; monitor {arch} through transformers or nnsight instead"
         )
     model.set_aux_hidden_state_layers(tuple(sorted(set(ids))))
-    runner.use_aux_hidden_state_outputs = True
+    stages = pipeline()
+    if stages.size > 1:
+        across_stages(runner, runner.get_model(), arch, stages.size)
+    # V1 unpacks (hidden states, extra outputs) on every stage, so only the last stage, which returns them, asks;
+    # V2 reads them on the last stage only
+    runner.use_aux_hidden_state_outputs = stages.last or runner_version(runner) == "v2"
+
+
+@dataclass(frozen=True)
+class Stages:
+    """This worker's place in the engine's pipeline: how many stages, whether it runs the last one
+    (where the residual stream at every exposed site arrives, and the sampler runs), and its rank
+    among the tensor-parallel ranks of its stage."""
+
+    size: int
+    last: bool
+    tp_rank: int
+
+    @property
+    def holds(self) -> bool:
+        """Whether this worker holds the monitors: the first tensor-parallel rank of the last stage (the
+        rank whose sampled tokens the engine reports)."""
+        return self.last and self.tp_rank == 0
+
+
+def pipeline() -> Stages:
+    """Where this worker sits in the engine's pipeline (one stage and rank 0 outside a worker)."""
+    from vllm.distributed import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return Stages(1, True, 0)
+    pp, tp = ps.get_pp_group(), ps.get_tp_group()
+    return Stages(int(pp.world_size), bool(pp.is_last_rank), int(tp.rank_in_group))
+
+
+def decoder(model: Any) -> Any:
+    """The decoder that keeps the exposed ids (vLLM's ``EagleModelMixin``): ``model.model`` or its
+    language model's."""
+    get = getattr(model, "get_language_model", None)
+    holder = get() if callable(get) else model
+    return getattr(holder, "model", holder)
+
+
+def across_stages(runner: Any, model: Any, arch: str, stages: int) -> None:
+    """Has the residual stream at the ids a stage exposes travel with the hidden states to the last
+    stage (vLLM's relay for EAGLE-3 drafting across pipeline stages): the last stage's buffers for
+    what arrives get a slot per upstream id, and a middle stage (V2) hands on what it received.
+    ``model``: the runner's (a multimodal model's too, not its language model)."""
+    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import reserve_aux_intermediate_tensor_slots
+
+    if not getattr(decoder(model), "supports_aux_hidden_states_over_pp", False):
+        raise TPCHooksError(
+            f"vLLM's {arch} does not pass intermediate hidden states between pipeline stages "
+            "(supports_aux_hidden_states_over_pp), so a monitor on its later stage would not see a site on an "
+            f"earlier one; serve {arch} with pipeline_parallel_size=1 (tensor_parallel_size splits it across "
+            "GPUs), or monitor it through transformers"
+        )
+    version = runner_version(runner)
+    if version == "v1" and stages > 2:
+        raise TPCHooksError(
+            f"tpc-hooks monitors at most two pipeline stages on vLLM's Model Runner V1 (a middle stage would "
+            f"have to hand on the residual stream it received, which V1 does not); this engine has {stages}: "
+            "use pipeline_parallel_size=2 with tensor_parallel_size for the rest, or Model Runner V2"
+        )
+    reserve_aux_intermediate_tensor_slots(model)
+    if version == "v2":
+        runner.pp_handler.configure_aux_hidden_state_relay(model)
 
 
 @dataclass

@@ -129,6 +129,23 @@ def disabled() -> bool:
     return os.environ.get(DISABLE, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def holder(vllm_config: Any) -> int:
+    """Where in ``collective_rpc``'s results (one per worker, in rank order) the worker that holds the
+    monitors answers: the first tensor-parallel rank of the last pipeline stage, the rank whose sampled
+    tokens the engine reports (0 on a single stage).
+
+    Example:
+        >>> from types import SimpleNamespace as NS
+        >>> holder(NS(parallel_config=NS(tensor_parallel_size=2, pipeline_parallel_size=2)))
+        2
+        >>> holder(NS(parallel_config=NS(tensor_parallel_size=4, pipeline_parallel_size=1)))
+        0
+    """
+    p = vllm_config.parallel_config
+    per_stage = int(p.tensor_parallel_size) * int(getattr(p, "prefill_context_parallel_size", 1))
+    return (int(p.pipeline_parallel_size) - 1) * per_stage
+
+
 def unexposed(sites: Sequence[str], exposed: dict[str, int]) -> str:
     """The error for sites a built engine does not return (``exposed``: its sites -> aux ids).
 

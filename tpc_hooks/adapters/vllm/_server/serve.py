@@ -48,6 +48,7 @@ from .._wire import (
     WORKER,
     completion_prompt,
     disabled,
+    holder,
     ident,
     keyed,
     worker_error,
@@ -281,7 +282,8 @@ class _Asks:
                     batch, self.waiting = self.waiting, []
                     try:
                         wanted = [i for ids, _ in batch for i in ids]
-                        got = (await engine.collective_rpc(RPC_SET_SUMMARIES, args=(wanted,)))[0]
+                        answers = await engine.collective_rpc(RPC_SET_SUMMARIES, args=(wanted,))
+                        got = answers[holder(engine.vllm_config)]  # the worker that holds the monitors
                     except Exception as err:  # every waiting response learns it
                         for _, f in batch:
                             f.set_exception(err)

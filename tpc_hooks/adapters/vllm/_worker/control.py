@@ -16,7 +16,8 @@ STORES = 4  # monitors whose block states a worker keeps (the least recently arm
 
 
 class Control:
-    """tpc-hooks' remote calls on the worker (rank 0 holds the monitors; every rank answers).
+    """tpc-hooks' remote calls on the worker (the first rank of the last pipeline stage holds the monitors
+    and the recorded rows, ``holder``; every rank answers).
 
     The worker it is mixed into (``_worker.worker``) sets the ``_tpc_*`` state when its model is
     loaded; ``model_runner`` is vLLM's."""
@@ -27,6 +28,7 @@ class Control:
     _tpc_finished_rows: dict[str, dict[int, list[torch.Tensor]]]
     _tpc_counts: dict[str, int]
     _tpc_off: bool
+    _tpc_holds: bool
     _tpc: WorkerState
     model_runner: Any
 
@@ -88,7 +90,7 @@ class Control:
         self._tpc_on()
         armed = [self._tpc_armed(ServedMonitor.from_plain(spec), keep) for spec in specs]
         self.tpc_hooks_disarm()
-        if getattr(self, "rank", 0) == 0:
+        if self._tpc_holds:
             self._tpc.armed.update({a.name: a for a in armed})
         return {a.name: self._tpc_info(a) for a in armed}
 
@@ -150,7 +152,7 @@ class Control:
         keep = next(iter(self._tpc.armed.values())).keep if self._tpc.armed else "summary"
         new = None if spec is None else self._tpc_armed(ServedMonitor.from_plain({**spec, "name": name}), keep)
         info = {} if new is None else self._tpc_info(new)
-        if getattr(self, "rank", 0) != 0:
+        if not self._tpc_holds:
             return info
         if old is not None:
             old.owns = {req.ident for req in self._tpc_requests.values()}  # in flight: they finish on it

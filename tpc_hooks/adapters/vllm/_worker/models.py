@@ -31,7 +31,11 @@ __all__ = ["Gemma3ForCausalLM", "GraniteMoeHybridForCausalLM", "register"]
 
 class _Gemma3Model(_gemma3.Gemma3Model, EagleModelMixin):
     """vLLM's Gemma 3 decoder, returning ``(hidden_states, [residual stream at each exposed id])``
-    when ids are exposed (the bare hidden states otherwise, as vLLM's)."""
+    when ids are exposed (the bare hidden states otherwise, as vLLM's). Across pipeline stages an
+    earlier stage sends its exposed ids on with the hidden states, and the last returns them first
+    (vLLM's Llama does the same)."""
+
+    supports_aux_hidden_states_over_pp = True
 
     def forward(
         self,
@@ -47,6 +51,7 @@ class _Gemma3Model(_gemma3.Gemma3Model, EagleModelMixin):
         else:
             assert intermediate_tensors is not None
             hidden, residual = intermediate_tensors["hidden_states"], intermediate_tensors["residual"]
+        upstream = self.collect_remote_aux_hidden_states(intermediate_tensors)  # the last stage: earlier stages' ids
         aux: list[torch.Tensor] = []
         if get_pp_group().is_first_rank:
             self._maybe_add_hidden_state(aux, self.start_layer, hidden, residual)
@@ -58,6 +63,7 @@ class _Gemma3Model(_gemma3.Gemma3Model, EagleModelMixin):
                 {"hidden_states": hidden, "residual": residual, **self.pack_local_aux_hidden_states(aux)}
             )
         hidden, _ = self.norm(hidden, residual)
+        aux = upstream + aux
         return (hidden, aux) if aux else hidden
 
 

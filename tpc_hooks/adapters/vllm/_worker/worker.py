@@ -82,8 +82,10 @@ class TPCHooksStop(V1LogitsProcessor, V2LogitsProcessor):
 class _Mixin:
     """tpc-hooks' part of the worker's passes: the exposed sites when the model is built, then after
     each forward pass the new rows of every request, scored by each armed monitor (the driver's
-    remote calls: ``_worker.control.Control``). Only the rank that reports the sampled tokens
-    (rank 0) scores: the residual stream is the same on every tensor-parallel rank.
+    remote calls: ``_worker.control.Control``). Only the rank that reports the sampled tokens (the
+    first tensor-parallel rank of the last pipeline stage: rank 0 of a single stage) reads and scores:
+    the residual stream is the same on every tensor-parallel rank, and an earlier stage's sites reach
+    the last stage with its hidden states (``_engine.across_stages``).
 
     Mixed in before vLLM's worker class, which has ``vllm_config`` and ``model_runner``."""
 
@@ -115,6 +117,7 @@ class _Mixin:
         self._tpc_sites = _engine.aux_ids(sites, int(hf.num_hidden_layers))
         self._tpc_ids = sorted(set(self._tpc_sites.values()))
         _engine.expose(self.model_runner, self._tpc_ids)
+        self._tpc_holds = _engine.pipeline().holds  # the last stage's first rank: the stream and the sampler meet there
         self._tpc_block = int(config.cache_config.block_size)
         self._tpc_requests: dict[str, Request] = {}
         self._tpc_capture: list[int] = []
@@ -128,7 +131,7 @@ class _Mixin:
             return super().execute_model(scheduler_output, *args, **kwargs)  # type: ignore[misc]  # vLLM's worker
         self._tpc_note(scheduler_output)
         out = super().execute_model(scheduler_output, *args, **kwargs)  # type: ignore[misc]  # vLLM's worker
-        if scheduler_output.total_num_scheduled_tokens and (self._tpc.armed or self._tpc_capture):
+        if self._tpc_holds and scheduler_output.total_num_scheduled_tokens and (self._tpc.armed or self._tpc_capture):
             self._tpc_read(_engine.last_pass(self.model_runner, scheduler_output))
         return out
 
@@ -203,8 +206,9 @@ class _Mixin:
                 ends = req.chain.extend(toks)
             else:
                 ends, req.chain.computed = [], req.chain.computed + len(toks)
-            for aux_id in self._tpc_capture:
-                req.rows.setdefault(aux_id, []).append(step.aux[at[aux_id]][a:b].detach().float().cpu())
+            for aux_id in self._tpc_capture:  # copied: an earlier stage's site arrives in a buffer each pass reuses
+                rows = step.aux[at[aux_id]][a:b].detach()
+                req.rows.setdefault(aux_id, []).append(rows.to("cpu", torch.float32, copy=True))
             if not members or all(rid in m.unscored for m in members):
                 continue
             end = req.start + (b - a)  # a step ends here if it reaches past the prompt and the steps recorded so far
