@@ -458,8 +458,9 @@ def test_what_the_adapter_does_not_do_is_a_clear_error(models):
 
 def test_tensor_parallel_ranks_score_once_and_as_the_transformers_loop(tmp_path, monkeypatch):
     """tensor_parallel_size=2 on this CPU (one core per rank; SmolLM2-135M's 9 heads do not split
-    in two, so a small random Llama with 8 heads, saved with transformers): only rank 0 scores,
-    and the run is the transformers loop's on the same weights."""
+    in two, so a small random Llama with 8 heads, saved with transformers): collection returns the
+    transformers adapter's rows, only rank 0 scores, and the run is the transformers loop's on the
+    same weights."""
     import shutil
 
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -491,6 +492,13 @@ def test_tensor_parallel_ranks_score_once_and_as_the_transformers_loop(tmp_path,
 
         hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
         tok = AutoTokenizer.from_pretrained(tmp_path)
+        for pooling in ("mean", "token"):  # collection reads rank 0's rows, pooled and per token
+            got = tpc.collect(llm, PROMPTS, "blocks.2.hook_resid_post", pooling, chat_template=True, progress=False)
+            want = tpc.collect(
+                hf, PROMPTS, "blocks.2.hook_resid_post", pooling, chat_template=True, tokenizer=tok, progress=False
+            )
+            for a, b in zip(got["blocks.2.hook_resid_post"], want["blocks.2.hook_resid_post"], strict=True):
+                _close(a, b)
         head = random_head(256, std=0.1, seed=1)
         mon = tpc.Monitor(
             head, "blocks.2.hook_resid_post", pooling="mean", chat_template=True, cascade=tpc.Cascade(head, 0.1)
