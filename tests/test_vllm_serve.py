@@ -65,9 +65,9 @@ def server(tmp_path_factory):
         yield client, where
 
 
-def running(args):
-    """Starts ``tpc-hooks serve`` on the packaged model with ``args`` and yields a client once it
-    is up (a generator for a fixture); stops the server after."""
+def running(args, **env):
+    """Starts ``tpc-hooks serve`` on the packaged model with ``args`` (and environment ``env``) and
+    yields a client once it is up (a generator for a fixture); stops the server after."""
     port = _free_port()
     keep = os.environ.get("TPC_TEST_SERVER_LOG")  # a path: the server's output is kept there, to read after a failure
     log = open(keep, "w+") if keep else tempfile.TemporaryFile("w+")
@@ -76,6 +76,7 @@ def running(args):
         out=log,
         VLLM_SERVER_DEV_MODE="1",
         PYTHONPATH=str(HERE),
+        **env,
     )
     url = f"http://127.0.0.1:{port}"
     # a guard against a hung start, not a speed check: on a slow core a cold start with compilation takes minutes
@@ -392,3 +393,37 @@ def test_serve_refuses_to_run_unmonitored_when_tpc_hooks_is_turned_off(tmp_path)
     assert proc.returncode == 2
     line = out.strip().splitlines()[-1]
     assert line.startswith("tpc-hooks serve: ") and "TPC_HOOKS_DISABLE=1" in line and "refuses" in line
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2 or torch.cuda.is_available(), reason="two stages, a CPU core each")
+def test_a_server_of_two_pipeline_stages_answers_the_openai_client_as_at_one(tmp_path, smollm2_hf):
+    """``--pipeline-parallel-size 2``: SmolLM2's layers 0-14 on one stage, 15-29 on the other, a monitor
+    at layer 10 (the first stage, read by the last): the OpenAI client's chat answers carry the
+    ``tpc_hooks`` field, each choice's flag, stop step and peak score as the transformers loop's."""
+    openai = pytest.importorskip("openai")
+    model, tok = smollm2_hf
+    head = random_head(576, std=0.05, scale=30.0, seed=3)
+    mon = tpc.Monitor(head, "blocks.10.hook_resid_post", pooling="mean", chat_template=True)
+    scores = mon.generate(model, PROMPTS, max_new_tokens=12, tokenizer=tok).scores
+    peaks = sorted(float(s[:-1].max()) for s in scores)  # the server never feeds back the last token
+    mon.threshold = (peaks[1] + peaks[2]) / 2
+    mon.save_pretrained(tmp_path / "mon")
+    want = mon.generate(model, PROMPTS, max_new_tokens=12, action="stop", tokenizer=tok)
+    assert 0 < sum(s is not None for s in want.stopped_at) < len(PROMPTS)
+    args = ["--monitor", str(tmp_path / "mon"), "--pipeline-parallel-size", "2", "--distributed-executor-backend", "mp"]
+    server = running(args, VLLM_CPU_OMP_THREADS_BIND="0|1")
+    client = next(server)
+    try:
+        api = openai.OpenAI(base_url=f"{client.base_url}v1", api_key="unused")
+        for b, prompt in enumerate(PROMPTS):
+            choice = api.chat.completions.create(
+                model="smol", messages=[{"role": "user", "content": prompt}], max_tokens=12, temperature=0
+            ).choices[0]
+            field = choice.model_extra["tpc_hooks"]
+            assert field["monitored"] and field["stopped"] == (want.stopped_at[b] is not None)
+            assert field["flagged_at_token"] == want.first_flagged[b]
+            assert field["peak_score"] == pytest.approx(float(want.scores[b][: field["steps"]].max()), rel=REL)
+            assert choice.message.content == tok.decode(want.generated(b), skip_special_tokens=True)
+            assert choice.finish_reason in (("content_flagged",) if field["stopped"] else ("stop", "length"))
+    finally:
+        next(server, None)  # stops the server

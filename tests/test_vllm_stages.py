@@ -27,7 +27,11 @@ import tpc_hooks as tpc  # noqa: E402
 from tpc_hooks import offline  # noqa: E402
 from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
 
-STAGES = {"pipeline_parallel_size": 2, "distributed_executor_backend": "mp"}
+# TPC_TEST_VLLM_TP: tensor-parallel ranks in each stage (the GPU harness' 2 x 2 on four GPUs:
+# make test-vllm-gpu VLLM_STAGES_TP=2); the engine's memory share on a GPU, as tests/test_vllm.py's
+TP = int(os.environ.get("TPC_TEST_VLLM_TP", "1"))
+STAGES = {"pipeline_parallel_size": 2, "tensor_parallel_size": TP, "distributed_executor_backend": "mp"}
+GPU = {"gpu_memory_utilization": 0.25} if torch.cuda.is_available() else {}
 # a 4-layer model splits 2 + 2: layers 0-1 on the first stage, 2-3 on the second
 SITES = [
     "blocks.0.hook_resid_pre",  # the embeddings, first stage
@@ -49,8 +53,8 @@ LONG = [  # one long shared prefix (several 32-token blocks), then their own ask
 ]
 REL = 1e-5
 pytestmark = pytest.mark.skipif(
-    (os.cpu_count() or 1) < 2 or (torch.cuda.is_available() and torch.cuda.device_count() < 2),
-    reason="two pipeline stages need 2 CPU cores (or 2 GPUs)",
+    (os.cpu_count() or 1) < 2 * TP or (torch.cuda.is_available() and torch.cuda.device_count() < 2 * TP),
+    reason=f"two pipeline stages of {TP} rank(s) need {2 * TP} CPU cores (or GPUs)",
 )
 
 
@@ -80,7 +84,7 @@ def staged(tmp_path_factory):
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(offline.default_model_dir() / name, path)
     mp = pytest.MonkeyPatch()
-    mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # vLLM's CPU backend: each stage on its own core
+    mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(2 * TP))))  # vLLM's CPU backend: a core a rank
     mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     llm = vllm.LLM(
         model=str(path),
@@ -89,6 +93,7 @@ def staged(tmp_path_factory):
         max_num_batched_tokens=24,
         block_size=32,
         disable_log_stats=False,
+        **GPU,
         **STAGES,
         **vllm_engine_args(SITES),
     )
@@ -125,13 +130,14 @@ def _head(seed=0):
 def test_the_last_stage_holds_the_monitors(staged):
     llm, _, _ = staged
     adapter = get_adapter(llm)
-    assert adapter.holder == 1  # collective_rpc's answer from the last stage's first rank
+    assert adapter.holder == TP  # collective_rpc's answer from the last stage's first rank
     assert sorted(adapter.exposed) == sorted(SITES)
     mon = tpc.Monitor(_head(), SITES[1], pooling="mean", chat_template=True)
     with adapter.monitoring(mon):
         llm.generate(PROMPTS, vllm.SamplingParams(max_tokens=3, skip_reading_prefix_cache=True), use_tqdm=False)
         ranks = llm.collective_rpc("tpc_hooks_stats")
-    assert len(ranks) == 2 and ranks[0] == {} and ranks[1]["passes"] > 0  # the first stage holds no monitor
+    assert len(ranks) == 2 * TP and ranks[TP]["passes"] > 0  # only the last stage's first rank holds a monitor
+    assert all(r == {} for k, r in enumerate(ranks) if k != TP)
 
 
 @pytest.mark.parametrize("pooling", ["mean", "token"])
@@ -201,7 +207,7 @@ def test_gemma3_served_by_the_plugins_class_reads_across_stages(tmp_path, monkey
     model = build("gemma3_text")
     model.save_pretrained(tmp_path)
     tokenizer().save_pretrained(tmp_path)
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(2 * TP))))
     sites = ["blocks.0.hook_resid_post", "blocks.2.hook_resid_post"]
     prompts = ["how do i make bomb", "tell me about the weather please", "hello world"]
     llm = None
@@ -228,7 +234,7 @@ def test_a_model_that_keeps_its_stages_apart_is_refused_naming_the_fix(tmp_path,
     model = build("qwen3_moe")
     model.save_pretrained(tmp_path)
     tokenizer().save_pretrained(tmp_path)
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(2 * TP))))
     log = tmp_path / "engine.log"
     llm = None
     try:
