@@ -144,9 +144,9 @@ def offline_rounds(base, llm, mon, prompts: list[list[int]], new_tokens: int, ro
         with adapter.monitoring(mon):
             t = time.perf_counter()
             outs = llm.generate(reqs, sp, use_tqdm=False)
-            runs = [llm.collective_rpc("tpc_hooks_runs", args=(None, n))[0] for n in names]
+            runs = [llm.collective_rpc("tpc_hooks_runs", args=(None, n))[adapter.holder] for n in names]
             dt = time.perf_counter() - t
-            every = [llm.collective_rpc("tpc_hooks_stats", args=(n,))[0] for n in names]
+            every = [llm.collective_rpc("tpc_hooks_stats", args=(n,))[adapter.holder] for n in names]
         stats = {"passes": every[0]["passes"], "seconds": sum(st["seconds"] for st in every)}  # all members' work
         return dt, outs, runs, stats
 
@@ -217,7 +217,7 @@ def chat_rounds(base, llm, mon, tok, system: list[int], asks: list[list[str]], n
             if monitored:
                 with adapter.monitoring(mon):
                     outs = engine.generate(reqs, sp, use_tqdm=False)
-                    runs = engine.collective_rpc("tpc_hooks_runs")[0]
+                    runs = engine.collective_rpc("tpc_hooks_runs")[adapter.holder]
                 assert all("error" not in r for r in runs.values()), "a monitored request was not scored"
             else:
                 outs = engine.generate(reqs, sp, use_tqdm=False)
@@ -545,6 +545,13 @@ def main(argv: list[str] | None = None) -> None:
         help="server load test: tpc-hooks serve logs (and explains) this share of its requests",
     )
     ap.add_argument("--no-offline", action="store_true", help="skip the offline engine rounds")
+    ap.add_argument(
+        "--pipeline-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="both offline engines in N pipeline stages (a CPU core each here; with --no-server)",
+    )
     ap.add_argument("--quick", action="store_true", help="1 and 8, 16 tokens, 2 rounds, 100 requests (a smoke test)")
     ap.add_argument(
         "--sets",
@@ -561,6 +568,12 @@ def main(argv: list[str] | None = None) -> None:
         args.results_name = "bench_serving_set"
     elif args.review_log_sample:
         args.results_name = "bench_serving_review"
+    stages = args.pipeline_parallel_size
+    if stages > 1:
+        if not args.no_server or args.sets:
+            ap.error("--pipeline-parallel-size measures the offline engines only: add --no-server (and no --sets)")
+        args.results_name = "bench_serving_stages"
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(stages))))  # a core a stage
     if args.quick:
         args.concurrency, args.new_tokens, args.rounds, args.requests, args.server_rounds = [1, 8], 16, 2, 100, 1
     import vllm
@@ -576,6 +589,8 @@ def main(argv: list[str] | None = None) -> None:
             return set_rounds(args, texts, tok, path, extra, d_model, layers, what)
         if not args.no_offline:
             size = dict(max_num_seqs=max(args.concurrency + [args.conversations]), **extra)
+            if stages > 1:  # vLLM's plain engine and the monitored one alike
+                size.update(pipeline_parallel_size=stages, distributed_executor_backend="mp")
             base = vllm.LLM(model=path, dtype=args.dtype, **size)
             llm = vllm.LLM(model=path, dtype=args.dtype, **size, **vllm_engine_args([site]))
             config = llm.llm_engine.vllm_config
@@ -583,8 +598,9 @@ def main(argv: list[str] | None = None) -> None:
             device = "CPU" if torch.cuda.device_count() == 0 else torch.cuda.get_device_name(0)
             print("## Offline vLLM: monitored tokens/s over vLLM's defaults, same run\n")
             print(
-                f"{what} {args.dtype} on {device} ({os.cpu_count()} CPU cores), vllm {vllm.__version__} "
-                f"(compilation mode {config.compilation_config.mode}, prefix caching "
+                f"{what} {args.dtype} on {device} ({os.cpu_count()} CPU cores), vllm {vllm.__version__}"
+                + (f", {stages} pipeline stages each engine " if stages > 1 else " ")
+                + f"(compilation mode {config.compilation_config.mode}, prefix caching "
                 f"{'on' if config.cache_config.enable_prefix_caching else 'off'}, block size "
                 f"{config.cache_config.block_size}), {args.prompt_tokens}-token prompts, {args.new_tokens} greedy "
                 f"tokens each, {args.rounds} rotated rounds; median [min, max]. Monitor: degree 5, rank 64, cascade "
