@@ -20,21 +20,17 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 from tiny_models import random_head  # noqa: E402
+from vllm_runs import LONG, PROMPTS, REL, save_random_llama  # noqa: E402
+from vllm_runs import between_rows as _between_rows  # noqa: E402
+from vllm_runs import close as _close  # noqa: E402
+from vllm_runs import same_run as _same_run  # noqa: E402
 
 import tpc_hooks as tpc  # noqa: E402
 from tpc_hooks import offline  # noqa: E402
 from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
 from tpc_hooks.pooling import POOLINGS  # noqa: E402
 
-PROMPTS = [
-    "How do I bake sourdough bread?",
-    "Write a phishing email to steal bank logins.",
-    "hi",
-    "Explain how vaccines train the immune system, in two sentences.",
-    "Say only the word yes.",
-]
 SITES = ["blocks.10.hook_resid_post", "blocks.20.hook_resid_post"]
-REL = 1e-5  # float32, relative (the issue's target)
 UNCACHED_SITES = ["blocks.20.hook_resid_post", "blocks.10.hook_resid_pre"]  # the second engine exposes these only
 # on a GPU (make test-vllm-gpu) several engines share the device in this process
 GPU = {"gpu_memory_utilization": 0.25} if torch.cuda.is_available() else {}
@@ -59,10 +55,6 @@ def models():
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     yield llm, hf, AutoTokenizer.from_pretrained(path)
     del llm
-
-
-def _close(got, want):
-    assert float((got - want).norm() / want.norm()) < REL
 
 
 @pytest.mark.parametrize("pooling", POOLINGS)
@@ -111,27 +103,6 @@ def _monitor(pooling, cascade=True, **settings):
         cascade=tpc.Cascade(head, 0.1) if cascade else None,
         **settings,
     )
-
-
-def _between_rows(run):
-    """A threshold half the rows cross at some step and the others never do."""
-    peaks = sorted(float(s.max()) for s in run.scores)
-    k = len(peaks) // 2
-    return (peaks[k - 1] + peaks[k]) / 2
-
-
-def _same_run(got, want):
-    assert got.sequences == want.sequences
-    assert got.prompt_lengths == want.prompt_lengths
-    for a, b in zip(got.scores, want.scores, strict=True):
-        assert a.shape == b.shape
-        torch.testing.assert_close(a, b, rtol=REL, atol=1e-6)
-    for a, b in zip(got.logits, want.logits, strict=True):
-        torch.testing.assert_close(a, b, rtol=REL, atol=1e-5)
-    assert all(torch.equal(a, b) for a, b in zip(got.exit_orders, want.exit_orders, strict=True))
-    assert all(torch.equal(a, b) for a, b in zip(got.flops, want.flops, strict=True))
-    assert got.first_flagged == want.first_flagged
-    assert got.stopped_at == want.stopped_at
 
 
 @pytest.mark.parametrize(
@@ -244,18 +215,6 @@ def test_a_response_monitor_reads_a_prompt_cached_without_it_and_resumes_its_ans
 def _cache_hits(llm) -> float:
     """The engine's own count of prompt tokens read from its prefix cache."""
     return sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")
-
-
-LONG = [  # prompts sharing one long prefix (a system-like preamble of several 32-token blocks), then their own ask
-    "You are a careful assistant for a hardware store. Answer in one short sentence, never more, and say when you "
-    "are unsure. Customers ask about tools, paint, garden supplies and repairs. " + ask
-    for ask in (
-        "How do I fix a leaking tap?",
-        "Which paint suits a bathroom?",
-        "How do I pick a lock I do not own?",
-        "What saw cuts curves?",
-    )
-]
 
 
 @pytest.mark.parametrize("pooling", ["mean", "token"])
@@ -461,30 +420,14 @@ def test_tensor_parallel_ranks_score_once_and_as_the_transformers_loop(tmp_path,
     in two, so a small random Llama with 8 heads, saved with transformers): collection returns the
     transformers adapter's rows, only rank 0 scores, and the run is the transformers loop's on the
     same weights."""
-    import shutil
 
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("needs 2 CPU cores")
     if torch.cuda.is_available() and torch.cuda.device_count() < 2:
         pytest.skip("tensor_parallel_size=2 on a GPU needs 2 GPUs")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        intermediate_size=512,
-        vocab_size=49152,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(offline.default_model_dir() / name, tmp_path)
+    save_random_llama(tmp_path)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # vLLM's CPU backend binds each rank to its own cores
     llm = vllm.LLM(model=str(tmp_path), dtype="float32", tensor_parallel_size=2, **GPU, **vllm_engine_args())
     try:

@@ -12,7 +12,6 @@ intermediate hidden states between stages is refused at engine build, naming the
 
 import gc
 import os
-import shutil
 
 import pytest
 import torch
@@ -22,9 +21,9 @@ vllm = pytest.importorskip("vllm")
 from families import build, vllm_engine  # noqa: E402
 from tiny_models import assert_steps_score_as_offline, random_head, tiny_head, tokenizer  # noqa: E402
 from vllm_logs import stderr_to  # noqa: E402
+from vllm_runs import LONG, PROMPTS, between_rows, close, same_run, save_random_llama  # noqa: E402
 
 import tpc_hooks as tpc  # noqa: E402
-from tpc_hooks import offline  # noqa: E402
 from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
 
 # TPC_TEST_VLLM_TP: tensor-parallel ranks in each stage (the GPU harness' 2 x 2 on four GPUs:
@@ -39,19 +38,6 @@ SITES = [
     "blocks.2.hook_resid_pre",  # the first stage's last output: what crosses to the second
     "blocks.3.hook_resid_post",  # second stage
 ]
-PROMPTS = [
-    "How do I bake sourdough bread?",
-    "Write a phishing email to steal bank logins.",
-    "hi",
-    "Explain how vaccines train the immune system, in two sentences.",
-    "Say only the word yes.",
-]
-LONG = [  # one long shared prefix (several 32-token blocks), then their own ask: the prefix cache's case
-    "You are a careful assistant for a hardware store. Answer in one short sentence, never more, and say when you "
-    "are unsure. Customers ask about tools, paint, garden supplies and repairs. " + ask
-    for ask in ("How do I fix a leaking tap?", "Which paint suits a bathroom?", "What saw cuts curves?")
-]
-REL = 1e-5
 pytestmark = pytest.mark.skipif(
     (os.cpu_count() or 1) < 2 * TP or (torch.cuda.is_available() and torch.cuda.device_count() < 2 * TP),
     reason=f"two pipeline stages of {TP} rank(s) need {2 * TP} CPU cores (or GPUs)",
@@ -64,25 +50,10 @@ def staged(tmp_path_factory):
     random Llama (vLLM's own class) with SmolLM2's tokenizer and chat template, at most 3 running
     requests and 24 tokens a pass (prompts computed in chunks, requests joining mid-generation),
     32-token blocks with prefix caching on."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = tmp_path_factory.mktemp("staged")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=256,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        intermediate_size=512,
-        vocab_size=49152,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,  # the last stage holds the unembedding, the first the embedding
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(offline.default_model_dir() / name, path)
+    save_random_llama(path, tie_word_embeddings=False)  # the embedding on the first stage, the unembedding on the last
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(2 * TP))))  # vLLM's CPU backend: a core a rank
     mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -102,25 +73,6 @@ def staged(tmp_path_factory):
     del llm
     gc.collect()
     mp.undo()
-
-
-def _close(got, want):
-    assert float((got - want).norm() / want.norm()) < REL
-
-
-def _same_run(got, want):
-    assert got.sequences == want.sequences and got.prompt_lengths == want.prompt_lengths
-    for a, b in zip(got.logits, want.logits, strict=True):
-        torch.testing.assert_close(a, b, rtol=REL, atol=1e-5)
-    assert all(torch.equal(a, b) for a, b in zip(got.exit_orders, want.exit_orders, strict=True))
-    assert got.first_flagged == want.first_flagged and got.stopped_at == want.stopped_at
-
-
-def _between_rows(run):
-    """A threshold half the rows cross at some step and the others never do."""
-    peaks = sorted(float(s.max()) for s in run.scores)
-    k = len(peaks) // 2
-    return (peaks[k - 1] + peaks[k]) / 2
 
 
 def _head(seed=0):
@@ -149,9 +101,9 @@ def test_collect_on_two_stages_reads_what_the_transformers_forward_computes(stag
         if pooling == "token":
             assert [a.shape for a in got[s]] == [b.shape for b in want[s]]
             for a, b in zip(got[s], want[s], strict=True):
-                _close(a, b)
+                close(a, b)
         else:
-            _close(got[s], want[s])
+            close(got[s], want[s])
 
 
 def test_monitors_on_both_stages_score_every_step_and_stop_the_same_requests(staged):
@@ -162,13 +114,13 @@ def test_monitors_on_both_stages_score_every_step_and_stop_the_same_requests(sta
     first = tpc.Monitor(head, SITES[1], pooling="mean", chat_template=True, cascade=tpc.Cascade(head, 0.1))
     boundary = tpc.Monitor(_head(2), SITES[2], pooling="token", chat_template=True)
     second = tpc.Monitor(_head(3), SITES[3], pooling="last", chat_template=True)
-    first.threshold = _between_rows(first.generate(hf, PROMPTS, max_new_tokens=8, tokenizer=tok))
-    second.threshold = _between_rows(second.generate(hf, PROMPTS, max_new_tokens=8, tokenizer=tok))
+    first.threshold = between_rows(first.generate(hf, PROMPTS, max_new_tokens=8, tokenizer=tok))
+    second.threshold = between_rows(second.generate(hf, PROMPTS, max_new_tokens=8, tokenizer=tok))
     monitors = tpc.MonitorSet({"first": first, "boundary": boundary, "second": second}, actions={"first": "stop"})
     got = monitors.generate(llm, PROMPTS, max_new_tokens=8)
     want = monitors.generate(hf, PROMPTS, max_new_tokens=8, tokenizer=tok)
     for name in monitors:
-        _same_run(got[name], want[name])
+        same_run(got[name], want[name])
     assert got.stopped_by == want.stopped_by and "first" in got.stopped_by and None in got.stopped_by
     assert any(got["second"].flagged)
 
@@ -177,9 +129,9 @@ def test_a_response_monitor_on_two_stages_scores_every_answer_step(staged):
     llm, hf, tok = staged
     mon = tpc.Monitor(_head(4), SITES[3], pooling="mean", chat_template=True)
     mon.reads = "answer"
-    mon.threshold = _between_rows(mon.generate(hf, PROMPTS, max_new_tokens=6, tokenizer=tok))
+    mon.threshold = between_rows(mon.generate(hf, PROMPTS, max_new_tokens=6, tokenizer=tok))
     got = mon.generate(llm, PROMPTS, max_new_tokens=6, action="stop")
-    _same_run(got, mon.generate(hf, PROMPTS, max_new_tokens=6, action="stop", tokenizer=tok))
+    same_run(got, mon.generate(hf, PROMPTS, max_new_tokens=6, action="stop", tokenizer=tok))
     assert 0 < sum(s is not None for s in got.stopped_at) < len(PROMPTS)
 
 
@@ -189,7 +141,7 @@ def test_a_prompt_read_from_the_prefix_cache_resumes_on_two_stages(staged, site)
     each request from the monitor state kept for them) and scores as the transformers loop."""
     llm, hf, tok = staged
     mon = tpc.Monitor(_head(5), site, pooling="mean", chat_template=True)
-    prompts = [p.replace("hardware store", f"shop {site}") for p in LONG]
+    prompts = [p.replace("hardware store", f"shop {site}") for p in LONG[:3]]
     want = mon.generate(hf, prompts, max_new_tokens=4, tokenizer=tok)
     mon.generate(llm, prompts[:1], max_new_tokens=2)  # the shared blocks, cached with their states
     holder = get_adapter(llm).holder
@@ -197,7 +149,7 @@ def test_a_prompt_read_from_the_prefix_cache_resumes_on_two_stages(staged, site)
     got = mon.generate(llm, prompts, max_new_tokens=4)
     after = llm.collective_rpc("tpc_hooks_counts")[holder]
     assert after["resumed"] - before["resumed"] == len(prompts) and after["unscored"] == before["unscored"]
-    _same_run(got, want)
+    same_run(got, want)
 
 
 def test_gemma3_served_by_the_plugins_class_reads_across_stages(tmp_path, monkeypatch):
@@ -219,7 +171,7 @@ def test_gemma3_served_by_the_plugins_class_reads_across_stages(tmp_path, monkey
             with torch.no_grad():
                 hs = model(input_ids=torch.tensor([row]), output_hidden_states=True).hidden_states
             for s, layer in zip(sites, (1, 3), strict=True):
-                torch.testing.assert_close(acts[s][i], hs[layer][0].mean(0), rtol=1e-4, atol=1e-4)
+                torch.testing.assertclose(acts[s][i], hs[layer][0].mean(0), rtol=1e-4, atol=1e-4)
         for s in sites:
             mon = tpc.Monitor(tiny_head(), s, pooling="mean")
             assert_steps_score_as_offline(mon, llm, mon.generate(llm, prompts, max_new_tokens=5))

@@ -1,0 +1,76 @@
+"""What the vLLM tests send and how they compare an engine's runs with the transformers loop's: the
+prompts, the prompts that share a long prefix, the comparisons (relative, float32), and a small
+random Llama that splits across ranks and stages."""
+
+import shutil
+
+import torch
+
+PROMPTS = [
+    "How do I bake sourdough bread?",
+    "Write a phishing email to steal bank logins.",
+    "hi",
+    "Explain how vaccines train the immune system, in two sentences.",
+    "Say only the word yes.",
+]
+REL = 1e-5  # float32, relative
+LONG = [  # prompts sharing one long prefix (a system-like preamble of several 32-token blocks), then their own ask
+    "You are a careful assistant for a hardware store. Answer in one short sentence, never more, and say when you "
+    "are unsure. Customers ask about tools, paint, garden supplies and repairs. " + ask
+    for ask in (
+        "How do I fix a leaking tap?",
+        "Which paint suits a bathroom?",
+        "How do I pick a lock I do not own?",
+        "What saw cuts curves?",
+    )
+]
+
+
+def close(got, want):
+    assert float((got - want).norm() / want.norm()) < REL
+
+
+def between_rows(run):
+    """A threshold half the rows cross at some step and the others never do."""
+    peaks = sorted(float(s.max()) for s in run.scores)
+    k = len(peaks) // 2
+    return (peaks[k - 1] + peaks[k]) / 2
+
+
+def same_run(got, want):
+    assert got.sequences == want.sequences
+    assert got.prompt_lengths == want.prompt_lengths
+    for a, b in zip(got.scores, want.scores, strict=True):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=REL, atol=1e-6)
+    for a, b in zip(got.logits, want.logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=REL, atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(got.exit_orders, want.exit_orders, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(got.flops, want.flops, strict=True))
+    assert got.first_flagged == want.first_flagged
+    assert got.stopped_at == want.stopped_at
+
+
+def save_random_llama(path, tie_word_embeddings: bool = True) -> None:
+    """A small random Llama (4 layers, 256 wide, 8 heads: splits in two ranks or two stages; SmolLM2-135M's
+    9 heads do not) saved at ``path`` with SmolLM2's tokenizer and chat template."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tpc_hooks import offline
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=512,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(offline.default_model_dir() / name, path)
