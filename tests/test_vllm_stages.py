@@ -171,7 +171,7 @@ def test_gemma3_served_by_the_plugins_class_reads_across_stages(tmp_path, monkey
             with torch.no_grad():
                 hs = model(input_ids=torch.tensor([row]), output_hidden_states=True).hidden_states
             for s, layer in zip(sites, (1, 3), strict=True):
-                torch.testing.assertclose(acts[s][i], hs[layer][0].mean(0), rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(acts[s][i], hs[layer][0].mean(0), rtol=1e-4, atol=1e-4)
         for s in sites:
             mon = tpc.Monitor(tiny_head(), s, pooling="mean")
             assert_steps_score_as_offline(mon, llm, mon.generate(llm, prompts, max_new_tokens=5))
