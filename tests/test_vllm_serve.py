@@ -414,7 +414,7 @@ def test_a_server_of_two_pipeline_stages_answers_the_openai_client_as_at_one(tmp
     server = running(args, VLLM_CPU_OMP_THREADS_BIND="0|1")
     client = next(server)
     try:
-        api = openai.OpenAI(base_url=f"{client.base_url}v1", api_key="unused")
+        api = openai.OpenAI(base_url=f"{str(client.base_url).rstrip('/')}/v1", api_key="unused")
         for b, prompt in enumerate(PROMPTS):
             choice = api.chat.completions.create(
                 model="smol", messages=[{"role": "user", "content": prompt}], max_tokens=12, temperature=0
