@@ -52,7 +52,7 @@ def segment_top_k(
     out = torch.where(n_seg > 0, agreed, mean)
     if streamed:
         early = min(window - 1, padded.shape[-1])
-        prefix = (padded[..., :early].cumsum(-1) / torch.arange(1, early + 1, device=z.device)).masked_fill(
+        prefix = (c[..., 1 : early + 1] / torch.arange(1, early + 1, device=z.device)).masked_fill(
             ~inside[:, :early], float("-inf")
         )
         few = max(min(top_k - 1, seg.shape[-1]), 0)  # fewer than top_k segments: the mean of those there are
