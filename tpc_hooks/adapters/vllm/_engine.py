@@ -105,9 +105,40 @@ def aux_ids(sites: Any, n_layers: int) -> dict[str, int]:
     return out
 
 
-def expose(runner: Any, ids: list[int]) -> None:
+@dataclass(frozen=True)
+class Stages:
+    """This worker's place in the engine's pipeline: how many stages, whether it runs the last one
+    (where the residual stream at every exposed site arrives, and the sampler runs), and its rank
+    among the tensor-parallel ranks of its stage."""
+
+    size: int
+    last: bool
+    tp_rank: int
+
+    @property
+    def holds(self) -> bool:
+        """Whether this worker holds the monitors: the first tensor-parallel rank of the last stage (the
+        rank whose sampled tokens the engine reports)."""
+        return self.last and self.tp_rank == 0
+
+
+def pipeline() -> Stages:
+    """Where this worker sits in the engine's pipeline (one stage and rank 0 outside a worker, and
+    where vLLM is not installed)."""
+    try:
+        from vllm.distributed import parallel_state as ps
+    except ImportError:
+        return Stages(1, True, 0)
+    if not ps.model_parallel_is_initialized():
+        return Stages(1, True, 0)
+    pp, tp = ps.get_pp_group(), ps.get_tp_group()
+    return Stages(int(pp.world_size), bool(pp.is_last_rank), int(tp.rank_in_group))
+
+
+def expose(runner: Any, ids: list[int]) -> Stages:
     """The model returns the residual stream at ``ids`` beside its hidden states, and the runner
-    hands them on (call before the warm-up compiles the model)."""
+    hands them on (call before the warm-up compiles the model). Returns the worker's place in the
+    pipeline."""
     model = runner.get_model()
     arch = type(model).__name__
     if not hasattr(model, "set_aux_hidden_state_layers"):  # a multimodal model: its language model may have it
@@ -127,33 +158,7 @@ def expose(runner: Any, ids: list[int]) -> None:
     # V1 unpacks (hidden states, extra outputs) on every stage, so only the last stage, which returns them, asks;
     # V2 reads them on the last stage only
     runner.use_aux_hidden_state_outputs = stages.last or runner_version(runner) == "v2"
-
-
-@dataclass(frozen=True)
-class Stages:
-    """This worker's place in the engine's pipeline: how many stages, whether it runs the last one
-    (where the residual stream at every exposed site arrives, and the sampler runs), and its rank
-    among the tensor-parallel ranks of its stage."""
-
-    size: int
-    last: bool
-    tp_rank: int
-
-    @property
-    def holds(self) -> bool:
-        """Whether this worker holds the monitors: the first tensor-parallel rank of the last stage (the
-        rank whose sampled tokens the engine reports)."""
-        return self.last and self.tp_rank == 0
-
-
-def pipeline() -> Stages:
-    """Where this worker sits in the engine's pipeline (one stage and rank 0 outside a worker)."""
-    from vllm.distributed import parallel_state as ps
-
-    if not ps.model_parallel_is_initialized():
-        return Stages(1, True, 0)
-    pp, tp = ps.get_pp_group(), ps.get_tp_group()
-    return Stages(int(pp.world_size), bool(pp.is_last_rank), int(tp.rank_in_group))
+    return stages
 
 
 def decoder(model: Any) -> Any:

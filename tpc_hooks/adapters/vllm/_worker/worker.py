@@ -116,8 +116,8 @@ class _Mixin:
         sites = (config.additional_config or {}).get(_engine.CONFIG, {}).get("sites", "all")
         self._tpc_sites = _engine.aux_ids(sites, int(hf.num_hidden_layers))
         self._tpc_ids = sorted(set(self._tpc_sites.values()))
-        _engine.expose(self.model_runner, self._tpc_ids)
-        self._tpc_holds = _engine.pipeline().holds  # the last stage's first rank: the stream and the sampler meet there
+        # the last stage's first rank holds the monitors: the stream and the sampler meet there
+        self._tpc_holds = _engine.expose(self.model_runner, self._tpc_ids).holds
         self._tpc_block = int(config.cache_config.block_size)
         self._tpc_requests: dict[str, Request] = {}
         self._tpc_capture: list[int] = []
