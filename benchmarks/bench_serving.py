@@ -24,8 +24,10 @@ vLLM decides, prefix caching on); the monitored engine is built with
    generated for them), all chats at once, ``--new-tokens`` greedy tokens per answer. Both engines
    read their prefix caches (warmed by one run first); the monitored engine resumes each request
    from the monitor state kept for its cached blocks. Reported: tokens generated per second over
-   all turns, monitored / baseline, median [min, max] over rounds, and the prompt tokens each
-   engine read from its cache. Target: >= 0.95.
+   all turns, monitored / baseline, median [min, max] over rounds, the prompt tokens each
+   engine read from its cache, and the monitored requests the worker reported unscored (a cached
+   prefix without a kept monitor state: the adapter's own calls send those again). Target: >= 0.95,
+   none unscored.
 
 3. The server under load (unless ``--no-server``): ``tpc-hooks serve`` (the monitor, action
    stop, a threshold it never reaches) against ``vllm serve``'s OpenAI server with its defaults,
@@ -204,6 +206,8 @@ def chat_rounds(base, llm, mon, tok, system: list[int], asks: list[list[str]], n
     sp = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     adapter = get_adapter(llm)
 
+    unscored = {"requests": 0, "unscored": 0}  # the monitored requests, and those it reported unscored
+
     def run(engine, monitored: bool) -> tuple[float, int, list]:
         history = [[] for _ in asks]  # per chat: (user ids + answer ids) of earlier turns
         dt, cached, answers = 0.0, 0, []
@@ -218,7 +222,11 @@ def chat_rounds(base, llm, mon, tok, system: list[int], asks: list[list[str]], n
                 with adapter.monitoring(mon):
                     outs = engine.generate(reqs, sp, use_tqdm=False)
                     runs = engine.collective_rpc("tpc_hooks_runs")[adapter.holder]
-                assert all("error" not in r for r in runs.values()), "a monitored request was not scored"
+                errors = {k: r["error"] for k, r in runs.items() if "error" in r}
+                unscored["requests"] += len(runs)
+                unscored["unscored"] += len(errors)
+                if errors:
+                    print(f"  monitored requests not scored, turn {t}: {errors}", file=sys.stderr)
             else:
                 outs = engine.generate(reqs, sp, use_tqdm=False)
             dt += time.perf_counter() - t0
@@ -244,7 +252,7 @@ def chat_rounds(base, llm, mon, tok, system: list[int], asks: list[list[str]], n
             f"  chats round {r + 1}/{rounds}: base {base_tps[-1]:.1f} tok/s, monitored x{ratios[-1]:.3f}",
             file=sys.stderr,
         )
-    return {"tokens_per_s": statistics.median(base_tps), "ratios": ratios, "cached": hits}
+    return {"tokens_per_s": statistics.median(base_tps), "ratios": ratios, "cached": hits, **unscored}
 
 
 def free_port() -> int:
@@ -629,12 +637,12 @@ def main(argv: list[str] | None = None) -> None:
             )
             print(
                 "| vLLM defaults, tokens/s | monitored / defaults | prompt tokens read from the cache, per run: "
-                "defaults / monitored |"
+                "defaults / monitored | monitored requests reported unscored |"
             )
-            print("|---:|---:|---:|")
+            print("|---:|---:|---:|---:|")
             print(
                 f"| {got['tokens_per_s']:.1f} | {fmt(got['ratios'])} | {got['cached']['base']} / "
-                f"{got['cached']['mon']} |"
+                f"{got['cached']['mon']} | {got['unscored']} of {got['requests']} |"
             )
             del llm, base
         if not args.no_server:
