@@ -23,6 +23,7 @@ import json
 import logging
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -252,6 +253,8 @@ def _train(args: argparse.Namespace) -> int:
     )
     data, plan, site, per_token, hosted = run.data, run.plan, run.site, run.per_token, run.hosted
     mon = train(data, plan, verbose=not args.no_progress)
+    if run.split is not None:  # the split's rows are done with: freed before the refit reads every prompt
+        data, run = {}, replace(run, data={})
     finish(run, mon, args.target_fpr)  # a user's file: refit on every prompt, as train_monitor does
     print_choices(mon, site=site, per_token=per_token, target_fpr=args.target_fpr)
     path = mon.save_pretrained(args.out)

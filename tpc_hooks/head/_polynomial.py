@@ -59,7 +59,7 @@ class Scaler(nn.Module):
         self.register_buffer("scale", torch.ones(d_model))
 
     def forward(self, z: Tensor) -> Tensor:
-        return (z - self.mean.to(z.dtype)) / self.scale.to(z.dtype)
+        return (z - self.mean.to(z.dtype)).div_(self.scale.to(z.dtype))  # one copy of the rows, not two
 
 
 def check_int(value: Any, name: str, low: int) -> int:

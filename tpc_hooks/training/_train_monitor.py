@@ -255,6 +255,7 @@ def train_monitor(
     chats = _collect_chats(request)
     data = {s: _train_data(rows[s], texts, request, chats) for s in request.sites}
     monitor = train(data, plan, sae=sae, verbose=verbose, **options.fit_args)
+    del data  # the split's rows (copies): freed before the last step reads every prompt's
     if request.responses is not None:
         monitor = _answer_monitor(monitor, request, cut)
     last_step(monitor, request, texts.at, rows, plan)
@@ -412,10 +413,13 @@ def _collect(r: Request, t: _Texts, cached: RowsCache | None = None) -> dict[str
         )
 
     read = [read_part(part) if cached is None else cached.collect(part, r.sites, read_part) for part in parts]
-    acts = {s: torch.cat([a[s] for a in read]) for s in r.sites}
+    acts = {s: read[0][s] if len(read) == 1 else torch.cat([a[s] for a in read]) for s in r.sites}  # one part: as is
 
     def rows_of(a: torch.Tensor) -> Callable[[list[Any]], Any]:
         def rows(at: list[Any]) -> Any:
+            first = int(at[0]) if len(at) else 0
+            if len(at) and list(map(int, at)) == list(range(first, first + len(at))):
+                return a[first : first + len(at)]  # a run of texts (the training prompts, say): a view, no copy
             return a[at]
 
         return rows

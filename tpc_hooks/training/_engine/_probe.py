@@ -85,7 +85,9 @@ def fit_probe(
     if solver == "auto":
         solver = "sklearn" if small else "lbfgs"
     if solver == "sklearn":
-        Xs, ys = tr.map(head.scaler, device, lambda x: x).cpu().numpy(), y_tr.numpy()
+        # the rows standardised once (held in memory) as they are, else standardised chunk by chunk
+        held = tr.std if tr.std is not None else tr.map(head.scaler, device, lambda x: x)
+        Xs, ys = held.cpu().numpy(), y_tr.numpy()
 
         def solve(C):
             return _sklearn_logreg(Xs, ys, C, max_iter)

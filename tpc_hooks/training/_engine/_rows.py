@@ -14,6 +14,8 @@ from ...activations import ActivationStore
 from ...head import check_features
 from ...metrics import check_labels
 
+_MOMENT_ELEMENTS = 1 << 22  # the elements of one block standardised or summed at a time (32 MB in float64)
+
 
 class Rows:
     """Training rows held in memory (one tensor) or on disk (an ActivationStore), optionally a
@@ -24,6 +26,7 @@ class Rows:
         self.rows = rows
         self.chunk_rows = chunk_rows
         self.std: Tensor | None = None  # standardised rows, when held in memory
+        self._std_by: nn.Module | None = None  # the scaler they were standardised by
 
     @property
     def in_memory(self) -> bool:
@@ -72,28 +75,36 @@ class Rows:
         """Mean and population std per feature (float64, merged chunk by chunk; a zero std
         becomes 1, as in scikit-learn's StandardScaler)."""
         count, mean, m2 = 0, None, None
-        for _, x in self.raw_chunks():
-            x = x.double()
-            n_b = x.shape[0]
-            mean_b = x.mean(0)
-            m2_b = ((x - mean_b) ** 2).sum(0)
-            if mean is None or m2 is None:  # the first chunk
-                count, mean, m2 = n_b, mean_b, m2_b
-            else:
-                delta = mean_b - mean
-                tot = count + n_b
-                mean = mean + delta * (n_b / tot)
-                m2 = m2 + m2_b + delta**2 * (count * n_b / tot)
-                count = tot
+        step = max(1, _MOMENT_ELEMENTS // self.d)  # rows per float64 block: a block's copy stays small
+        for _, chunk in self.raw_chunks():
+            for a in range(0, chunk.shape[0], step):
+                x = chunk[a : a + step].to(torch.float64, copy=True)  # summed in place: never the rows
+                n_b = x.shape[0]
+                mean_b = x.mean(0)
+                m2_b = x.sub_(mean_b).square_().sum(0)
+                if mean is None or m2 is None:  # the first block
+                    count, mean, m2 = n_b, mean_b, m2_b
+                else:
+                    delta = mean_b - mean
+                    tot = count + n_b
+                    mean = mean + delta * (n_b / tot)
+                    m2 = m2 + m2_b + delta**2 * (count * n_b / tot)
+                    count = tot
         assert mean is not None and m2 is not None  # the rows are not empty
         scale = (m2 / count).sqrt()
         scale = torch.where(scale < 10 * torch.finfo(torch.float64).eps, torch.ones_like(scale), scale)
         return mean.float(), scale.float()
 
     def hold_standardized(self, scaler: nn.Module, device: torch.device) -> None:
-        """Standardises once and keeps the result (in-memory data only)."""
-        if isinstance(self.source, Tensor):  # in memory
-            self.std = scaler(self.source.to(device))
+        """Standardises once and keeps the result (in-memory data only); again by the same scaler,
+        nothing (the validation rows of a fit whose validation rows are its training rows)."""
+        if isinstance(self.source, Tensor) and not (self._std_by is scaler and self.std is not None):
+            src = self.source.to(device)
+            std = torch.empty_like(src)
+            step = max(1, _MOMENT_ELEMENTS // max(self.d, 1))
+            for a in range(0, src.shape[0], step):  # block by block: no full-size intermediate
+                std[a : a + step] = scaler(src[a : a + step])
+            self.std, self._std_by = std, scaler
 
     def _chunk(self, i: int, scaler: nn.Module, device: torch.device) -> tuple[np.ndarray, Tensor]:
         if self.std is not None:
@@ -166,6 +177,8 @@ def split_data(
         raise TPCHooksError(
             "pass both X_val and y_val, or neither (a stratified split of the training data is then used)"
         )
+    if X_val is X and y_val is y and not isinstance(X, ActivationStore):  # refit: rows held once, not twice
+        return data, y_all, data, y_all
     if X_val is not None:
         va = as_rows(X_val, "X_val", data.d, device)
         return data, y_all, va, check_labels(y_val, va.n, "y_val")
