@@ -23,6 +23,31 @@ def test_scaler_and_degree_one_equal_sklearn(problem):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_rows_standardised_block_by_block_and_held_once_train_as_before(problem, monkeypatch):
+    """The scaler's moments are summed and the rows standardised in blocks (here of 7 rows):
+    scikit-learn's StandardScaler on the whole rows agrees; validation rows that are the training
+    rows themselves (a refit's), held once, train the same head, bit for bit, as a copy of them."""
+    from tpc_hooks.training._engine import _rows
+
+    Xtr, ytr, Xva, yva, Xte, _ = problem
+    monkeypatch.setattr(_rows, "_MOMENT_ELEMENTS", 7 * Xtr.shape[1])
+    head = tpc.fit(Xtr, ytr, Xva, yva, degree=2, Cs=(1.0,), **FAST)
+    sc = StandardScaler().fit(Xtr)
+    np.testing.assert_allclose(head.scaler.mean.numpy(), sc.mean_, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(head.scaler.scale.numpy(), sc.scale_, rtol=1e-5)
+    z = torch.tensor(Xte)
+    np.testing.assert_allclose(
+        head(z, order=1).detach().numpy(),
+        LogisticRegression(C=1.0, max_iter=500).fit(sc.transform(Xtr), ytr).decision_function(sc.transform(Xte)),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+    shared = tpc.fit(Xtr, ytr, Xtr, ytr, degree=2, Cs=(1.0,), **FAST)
+    copied = tpc.fit(Xtr, ytr, Xtr.copy(), ytr.copy(), degree=2, Cs=(1.0,), **FAST)
+    for (name, a), b in zip(shared.state_dict().items(), copied.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize(
     "settings, metric", [({"recipe": "paper"}, "f1"), ({"probe_metric": "f1"}, "f1"), ({}, "auroc")]
 )
