@@ -26,7 +26,6 @@ class Rows:
         self.rows = rows
         self.chunk_rows = chunk_rows
         self.std: Tensor | None = None  # standardised rows, when held in memory
-        self._std_by: nn.Module | None = None  # the scaler they were standardised by
 
     @property
     def in_memory(self) -> bool:
@@ -96,15 +95,15 @@ class Rows:
         return mean.float(), scale.float()
 
     def hold_standardized(self, scaler: nn.Module, device: torch.device) -> None:
-        """Standardises once and keeps the result (in-memory data only); again by the same scaler,
-        nothing (the validation rows of a fit whose validation rows are its training rows)."""
-        if isinstance(self.source, Tensor) and not (self._std_by is scaler and self.std is not None):
+        """Standardises once and keeps the result (in-memory data only); once held, nothing (the
+        validation rows of a fit whose validation rows are its training rows: one ``Rows``)."""
+        if isinstance(self.source, Tensor) and self.std is None:
             src = self.source.to(device)
             std = torch.empty_like(src)
             step = max(1, _MOMENT_ELEMENTS // max(self.d, 1))
             for a in range(0, src.shape[0], step):  # block by block: no full-size intermediate
                 std[a : a + step] = scaler(src[a : a + step])
-            self.std, self._std_by = std, scaler
+            self.std = std
 
     def _chunk(self, i: int, scaler: nn.Module, device: torch.device) -> tuple[np.ndarray, Tensor]:
         if self.std is not None:
