@@ -20,7 +20,7 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 from tiny_models import random_head  # noqa: E402
-from vllm_runs import LONG, PROMPTS, REL, save_random_llama  # noqa: E402
+from vllm_runs import LONG, PROMPTS, REL, resumes_in_its_own_pass, save_random_llama  # noqa: E402
 from vllm_runs import between_rows as _between_rows  # noqa: E402
 from vllm_runs import close as _close  # noqa: E402
 from vllm_runs import same_run as _same_run  # noqa: E402
@@ -233,6 +233,11 @@ def test_monitored_requests_read_the_prefix_cache_and_score_as_if_they_computed_
     assert _cache_hits(llm) - hits >= 32 * len(prompts)  # every prompt read at least its first block
     assert after["resumed"] - before["resumed"] == len(prompts) and after["unscored"] == before["unscored"]
     _same_run(got, want)
+
+
+def test_a_request_reading_blocks_its_own_pass_computes_resumes_from_their_state(models):
+    llm, hf, tok = models
+    resumes_in_its_own_pass(llm, hf, tok, _monitor("mean"), "zoo")
 
 
 def test_a_prefix_cached_without_the_monitor_is_computed_again_never_scored_in_part(models):

@@ -21,7 +21,15 @@ vllm = pytest.importorskip("vllm")
 from families import build, vllm_engine  # noqa: E402
 from tiny_models import assert_steps_score_as_offline, random_head, tiny_head, tokenizer  # noqa: E402
 from vllm_logs import stderr_to  # noqa: E402
-from vllm_runs import LONG, PROMPTS, between_rows, close, same_run, save_random_llama  # noqa: E402
+from vllm_runs import (  # noqa: E402
+    LONG,
+    PROMPTS,
+    between_rows,
+    close,
+    resumes_in_its_own_pass,
+    same_run,
+    save_random_llama,
+)
 
 import tpc_hooks as tpc  # noqa: E402
 from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
@@ -150,6 +158,11 @@ def test_a_prompt_read_from_the_prefix_cache_resumes_on_two_stages(staged, site)
     after = llm.collective_rpc("tpc_hooks_counts")[holder]
     assert after["resumed"] - before["resumed"] == len(prompts) and after["unscored"] == before["unscored"]
     same_run(got, want)
+
+
+def test_a_request_reading_blocks_its_own_pass_computes_resumes_on_two_stages(staged):
+    llm, hf, tok = staged
+    resumes_in_its_own_pass(llm, hf, tok, tpc.Monitor(_head(6), SITES[3], pooling="mean", chat_template=True), "zoo")
 
 
 def test_gemma3_served_by_the_plugins_class_reads_across_stages(tmp_path, monkeypatch):

@@ -51,6 +51,28 @@ def same_run(got, want):
     assert got.stopped_at == want.stopped_at
 
 
+def resumes_in_its_own_pass(llm, hf, tok, mon, shop: str) -> None:
+    """vLLM caches a block when it allocates it, so a request scheduled in the pass whose chunk
+    completes its prompt's blocks (the first of three copies of a prompt, its last chunk) reads them
+    at once. The worker scores such a pass in rounds: a later copy resumes from the state the first
+    keeps in that pass, is never reported unscored, and all score as the transformers loop.
+    Prompts of 65-75 tokens on an engine of 24 tokens a pass and 32-token blocks: for some, the
+    first copy's last chunk completes the block ending at 64 as another copy joins the pass.
+    ``shop``: names no other test's prompt uses (the chat template's first block is shared)."""
+    from tpc_hooks.adapters import get_adapter
+
+    holder = get_adapter(llm).holder  # the rank that holds the monitors
+    before = llm.collective_rpc("tpc_hooks_counts")[holder]
+    for cut in range(2, 10):
+        words = LONG[0].replace("hardware store", f"{shop}{cut}").split()  # a prefix only this call caches
+        copies = [" ".join(words[: len(words) - cut])] * 3
+        want = mon.generate(hf, copies, max_new_tokens=3, tokenizer=tok)
+        same_run(mon.generate(llm, copies, max_new_tokens=3), want)
+    after = llm.collective_rpc("tpc_hooks_counts")[holder]
+    assert after["unscored"] == before["unscored"]
+    assert after["resumed_in_pass"] > before["resumed_in_pass"]
+
+
 def save_random_llama(path, tie_word_embeddings: bool = True) -> None:
     """A small random Llama (4 layers, 256 wide, 8 heads: splits in two ranks or two stages; SmolLM2-135M's
     9 heads do not) saved at ``path`` with SmolLM2's tokenizer and chat template."""

@@ -245,7 +245,8 @@ class Control:
 
     def tpc_hooks_counts(self) -> dict[str, int]:
         """Since the engine started: monitored requests that resumed from the monitor state kept for
-        their cached prefix, and those whose cached prefix had none (not scored)."""
+        their cached prefix (``resumed``; of them ``resumed_in_pass``: from blocks computed in the same
+        pass, by a request scheduled beside them), and those whose cached prefix had none (``unscored``)."""
         self._tpc_on()
         return dict(self._tpc_counts)
 

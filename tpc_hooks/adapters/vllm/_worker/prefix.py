@@ -72,9 +72,10 @@ class Chain:
         self.tail: list[int] = []
         self.computed = 0  # tokens the request has computed (or read from the cache) so far
 
-    def start(self, prefix: Sequence[int]) -> bytes:
-        """Places the chain after a cached ``prefix`` (whole blocks); returns its hash."""
-        self.hash = prefix_hash(prefix, self.block_size, self.lora)
+    def start(self, prefix: Sequence[int], known: bytes | None = None) -> bytes:
+        """Places the chain after a cached ``prefix`` (whole blocks); returns its hash (``known``:
+        the caller has it already)."""
+        self.hash = prefix_hash(prefix, self.block_size, self.lora) if known is None else known
         self.tail, self.computed = [], len(prefix)
         return self.hash
 
@@ -122,6 +123,9 @@ class BlockStates:
         self.hits += 1
         self._states.move_to_end(key)
         return state
+
+    def __contains__(self, key: bytes) -> bool:  # a look that counts neither a hit nor a miss
+        return key in self._states
 
     def clear(self) -> None:
         self._states.clear()

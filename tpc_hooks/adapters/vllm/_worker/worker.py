@@ -42,7 +42,7 @@ from .._wire import own_setting as _own
 from .._wire import request_settings as _settings
 from .armed import Armed, Request, WorkerState
 from .control import Control
-from .prefix import Chain
+from .prefix import Chain, prefix_hash
 
 
 class TPCHooksStop(V1LogitsProcessor, V2LogitsProcessor):
@@ -123,7 +123,7 @@ class _Mixin:
         self._tpc_capture: list[int] = []
         self._tpc_finished_rows: dict[str, dict[int, list[torch.Tensor]]] = {}  # capture: requests that ended
         # since the engine started: requests resumed from a kept block state, and found without one
-        self._tpc_counts = {"resumed": 0, "unscored": 0}
+        self._tpc_counts = {"resumed": 0, "resumed_in_pass": 0, "unscored": 0}
         self._tpc_together = Together()  # the members of one shape, at any site: one stacked evaluation per pass
 
     def execute_model(self, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
@@ -181,11 +181,31 @@ class _Mixin:
     # ------------------------------------------------------------------ reading a pass
     @torch.inference_mode()
     def _tpc_read(self, step: _engine.Pass) -> None:
+        """Scores the pass's new rows. A request that resumes from blocks this same pass computes (vLLM
+        caches a block when it allocates it, so a request scheduled beside the one computing its prefix
+        reads it at once) waits for the next round: the pass is scored in rounds, each taking the
+        requests whose resumed state is kept by then, until one round finds no more; the rest resume
+        without a state (unscored). The usual pass is one round."""
         members = [*self._tpc.armed.values(), *self._tpc.retiring]
-        t0 = time.perf_counter()
+        order, wait, first = list(range(len(step.req_ids))), True, True
+        while order:
+            later = self._tpc_round(step, order, members, wait, time.perf_counter())
+            if wait and not first:  # resumed from a state this pass kept
+                self._tpc_counts["resumed_in_pass"] += len(order) - len(later)
+            # progress: the rest may find their state now; none: the last round, where they resume without one
+            wait, first, order = len(later) < len(order), False, later
+        for armed in members:
+            armed.passes += 1
+
+    def _tpc_round(
+        self, step: _engine.Pass, order: list[int], members: list[Armed], wait: bool, t0: float
+    ) -> list[int]:
+        """One round of a pass: the ``order``-th requests' rows, pooled and scored by every member; returns
+        the requests left for a later round (``wait``: those whose resumed state is not kept yet)."""
         at = {i: k for k, i in enumerate(self._tpc_ids)}
-        pieces, cuts, rows_of = [], [], {}
-        for i, engine_id in enumerate(step.req_ids):
+        pieces, cuts, rows_of, later = [], [], {}, []
+        for i in order:
+            engine_id = step.req_ids[i]
             a, b = int(step.starts[i]), int(step.starts[i + 1])
             req = self._tpc_requests.get(engine_id)
             if req is None:
@@ -197,9 +217,10 @@ class _Mixin:
             if b <= a:
                 continue
             rid = req.ident
+            if req.start != req.chain.computed and not self._tpc_resume(rid, req, self._tpc.serving(rid), wait):
+                later.append(i)
+                continue
             toks = step.tokens[a:b].tolist()
-            if req.start != req.chain.computed:
-                self._tpc_resume(rid, req, self._tpc.serving(rid))
             if req.tokens is not None and req.start + len(toks) > len(req.tokens):
                 req.tokens[req.start :] = toks
             if req.reusable:
@@ -218,7 +239,7 @@ class _Mixin:
             pieces.append((rid, a, b, complete))
             cuts.append([off for off, _ in ends])
             rows_of[rid] = (i, req, dict(ends))
-        shared = (time.perf_counter() - t0) / max(len(members), 1)  # the pass's bookkeeping, shared by the members
+        shared = (time.perf_counter() - t0) / max(len(members), 1)  # the round's bookkeeping, shared by the members
         taken, work = self._tpc.held_by_retiring(), []
         for armed in members:  # each member pools its pieces; then the policies score, those of one shape together
             t1 = time.perf_counter()
@@ -267,29 +288,38 @@ class _Mixin:
             t1 = time.perf_counter()
             if mine:
                 self._tpc_decide(armed, *armed.scores.end(got.get(k)), rows_of)
-            armed.passes += 1
             armed.seconds += shared + spent + (each if k in got else 0.0) + time.perf_counter() - t1
+        return later
 
-    def _tpc_resume(self, rid: str, req: Request, members: list[Armed]) -> None:
+    def _tpc_resume(self, rid: str, req: Request, members: list[Armed], wait: bool = False) -> bool:
         """A request whose computed count is not where its chain stands: it starts (or starts over
         after a preemption) at 0, or resumes after ``start`` cached tokens, from the state kept
-        for them; without one it is not scored (it would be scored on part of its prompt)."""
+        for them; without one it is not scored (it would be scored on part of its prompt). ``wait``:
+        a request some member holds no state for yet is left as it is (False returned), for a later
+        round of the pass to find the state its earlier rounds keep."""
         c = req.start
-        req.rows.clear()
         if c == 0:
+            req.rows.clear()
             req.chain = Chain(self._tpc_block, req.chain.lora)
             for armed in members:
                 armed.scores.restart(rid)
                 armed.unscored.discard(rid)
-            return
+            return True
         known = req.tokens is not None and req.reusable and c <= len(req.tokens) and c % self._tpc_block == 0
-        if known:
-            assert req.tokens is not None  # known
-            key = req.chain.start(req.tokens[:c])
+        key = prefix_hash(req.tokens[:c], self._tpc_block, req.chain.lora) if known else None  # type: ignore[index]
+        fresh = [armed.monitor.answers and c <= req.answer_from for armed in members]  # no answer row: none to resume
+        if wait and key is not None:  # a member without the state: perhaps a later round's
+            if not all(
+                f or armed.key(key, req.answer_from) in armed.blocks for armed, f in zip(members, fresh, strict=True)
+            ):
+                return False
+        req.rows.clear()
+        if key is not None:
+            req.chain.start(req.tokens[:c], key)  # type: ignore[index]
         else:
-            key, req.chain.computed = None, c
-        for armed in members:  # each member from its own state for the prefix, or not at all
-            if armed.monitor.answers and c <= req.answer_from:  # no answer row yet: nothing pooled to resume
+            req.chain.computed = c
+        for armed, f in zip(members, fresh, strict=True):  # each from its own state for the prefix, or none
+            if f:
                 armed.scores.restart(rid)
                 armed.unscored.discard(rid)
                 continue
@@ -302,6 +332,7 @@ class _Mixin:
             armed.scores.restore(rid, state)
             armed.unscored.discard(rid)
             self._tpc_counts["resumed"] += 1
+        return True
 
     def _tpc_decide(self, armed: Armed, done: list[str], res: Any, rows_of: dict) -> None:
         """Records each scored step and flags, or stops, the requests that cross their threshold."""
