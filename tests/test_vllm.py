@@ -20,7 +20,7 @@ import torch
 vllm = pytest.importorskip("vllm")
 
 from tiny_models import random_head  # noqa: E402
-from vllm_runs import LONG, PROMPTS, REL, resumes_in_its_own_pass, save_random_llama  # noqa: E402
+from vllm_runs import GPU, LONG, PROMPTS, REL, resumes_in_its_own_pass, save_random_llama, small_engine  # noqa: E402
 from vllm_runs import between_rows as _between_rows  # noqa: E402
 from vllm_runs import close as _close  # noqa: E402
 from vllm_runs import same_run as _same_run  # noqa: E402
@@ -32,8 +32,6 @@ from tpc_hooks.pooling import POOLINGS  # noqa: E402
 
 SITES = ["blocks.10.hook_resid_post", "blocks.20.hook_resid_post"]
 UNCACHED_SITES = ["blocks.20.hook_resid_post", "blocks.10.hook_resid_pre"]  # the second engine exposes these only
-# on a GPU (make test-vllm-gpu) several engines share the device in this process
-GPU = {"gpu_memory_utilization": 0.25} if torch.cuda.is_available() else {}
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +40,7 @@ def models():
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     path = str(offline.default_model_dir())
-    llm = vllm.LLM(
-        model=path,
-        dtype="float32",
-        max_num_seqs=3,
-        max_num_batched_tokens=24,
-        block_size=32,
-        disable_log_stats=False,
-        **GPU,
-        **vllm_engine_args(),
-    )
+    llm = small_engine(path, **vllm_engine_args())
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     yield llm, hf, AutoTokenizer.from_pretrained(path)
     del llm

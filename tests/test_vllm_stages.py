@@ -29,16 +29,16 @@ from vllm_runs import (  # noqa: E402
     resumes_in_its_own_pass,
     same_run,
     save_random_llama,
+    small_engine,
 )
 
 import tpc_hooks as tpc  # noqa: E402
 from tpc_hooks.adapters import get_adapter, vllm_engine_args  # noqa: E402
 
 # TPC_TEST_VLLM_TP: tensor-parallel ranks in each stage (the GPU harness' 2 x 2 on four GPUs:
-# make test-vllm-gpu VLLM_STAGES_TP=2); the engine's memory share on a GPU, as tests/test_vllm.py's
+# make test-vllm-gpu VLLM_STAGES_TP=2)
 TP = int(os.environ.get("TPC_TEST_VLLM_TP", "1"))
 STAGES = {"pipeline_parallel_size": 2, "tensor_parallel_size": TP, "distributed_executor_backend": "mp"}
-GPU = {"gpu_memory_utilization": 0.25} if torch.cuda.is_available() else {}
 # a 4-layer model splits 2 + 2: layers 0-1 on the first stage, 2-3 on the second
 SITES = [
     "blocks.0.hook_resid_pre",  # the embeddings, first stage
@@ -65,17 +65,7 @@ def staged(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(2 * TP))))  # vLLM's CPU backend: a core a rank
     mp.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    llm = vllm.LLM(
-        model=str(path),
-        dtype="float32",
-        max_num_seqs=3,
-        max_num_batched_tokens=24,
-        block_size=32,
-        disable_log_stats=False,
-        **GPU,
-        **STAGES,
-        **vllm_engine_args(SITES),
-    )
+    llm = small_engine(path, **STAGES, **vllm_engine_args(SITES))
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     yield llm, hf, AutoTokenizer.from_pretrained(path)
     del llm

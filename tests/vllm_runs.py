@@ -26,6 +26,28 @@ LONG = [  # prompts sharing one long prefix (a system-like preamble of several 3
 ]
 
 
+# on a GPU (make test-vllm-gpu) several engines share the device in one process
+GPU = {"gpu_memory_utilization": 0.25} if torch.cuda.is_available() else {}
+
+
+def small_engine(model, **extra):
+    """The engine most vLLM tests share: float32, at most 3 running requests and 24 tokens a pass
+    (prompts computed in chunks, requests joining mid-generation), 32-token blocks with prefix
+    caching on, the engine's own metrics kept; ``extra``: vLLM's other arguments (the plugin's)."""
+    import vllm
+
+    return vllm.LLM(
+        model=str(model),
+        dtype="float32",
+        max_num_seqs=3,
+        max_num_batched_tokens=24,
+        block_size=32,
+        disable_log_stats=False,
+        **GPU,
+        **extra,
+    )
+
+
 def close(got, want):
     assert float((got - want).norm() / want.norm()) < REL
 
