@@ -148,8 +148,12 @@ def earned_order(
     n_h, n_b = int(harmful.sum()), int(ref.sum())
     table, hits, every = [], [], []
     kept = 1
+    orders = None
+    if not monitor.streaming:  # every order's logits in one pass over the rows (each equal to head(X, order=n))
+        with torch.no_grad():
+            orders = monitor.head.truncations(torch.as_tensor(X))
     for n in range(1, monitor.head.degree + 1):
-        s = order_logits(monitor, X if monitor.streaming else torch.as_tensor(X), n, decision)
+        s = order_logits(monitor, X, n, decision) if orders is None else orders[:, n - 1]
         s = np.asarray(s if isinstance(s, np.ndarray) else s.double().cpu().numpy(), dtype=np.float64)
         t = threshold_at_fpr(s[ref], fpr)
         every.append(s > t)
