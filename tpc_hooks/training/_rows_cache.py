@@ -1,7 +1,7 @@
 """``train_monitor``'s ``rows_cache``: each text's pooled row per site, kept under how it was read, so
 that a later call given the same dict runs the model only on the texts no earlier call read the same way."""
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -26,7 +26,8 @@ class Reading(NamedTuple):
 
 class RowsCache:
     """``train_monitor``'s ``rows_cache``: each text's pooled row per site, keyed by
-    ``(reading, text)``; :meth:`collect` runs the model only on the texts it lacks."""
+    ``(reading, text)``; :meth:`fill` runs the model only on the texts it lacks, :meth:`picker`
+    reads rows back."""
 
     def __init__(self, rows: MutableMapping[Any, Any], r: Request, model: Any):
         self.rows = rows
@@ -48,14 +49,22 @@ class RowsCache:
             for s in r.sites
         }
 
-    def collect(
-        self, texts: list[str], sites: list[str], read: Callable[[list[str]], dict[str, torch.Tensor]]
-    ) -> dict[str, torch.Tensor]:
-        """``read(texts)`` (``{site: [n, d]}``) for the texts not in the cache at every site, each
-        text read once; then every text's rows from the cache, in order."""
+    def fill(self, texts: list[str], sites: list[str], read: Callable[[list[str]], dict[str, torch.Tensor]]) -> None:
+        """``read(texts)`` (``{site: [n, d]}``) for the texts not in the cache at every site, each text read once."""
         key = self.reading
         missing = list(dict.fromkeys(t for t in texts for s in sites if (key[s], t) not in self.rows))
         if missing:
             got = read(missing)
             self.rows.update({(key[s], t): got[s][i] for s in sites for i, t in enumerate(missing)})
-        return {s: torch.stack([self.rows[key[s], t] for t in texts]) for s in sites}
+
+    def picker(self, texts: list[str], site: str) -> Callable[[Sequence[Any]], torch.Tensor]:
+        """A function from positions in ``texts`` to their rows at ``site`` ``[len(at), d]``, stacked from
+        the cache's entries for each call (only the rows asked for are copied, never every text's at once)."""
+        key, rows = self.reading[site], self.rows
+
+        def pick(at: Sequence[Any]) -> torch.Tensor:
+            if not len(at):
+                return rows[key, texts[0]].new_empty((0, *rows[key, texts[0]].shape))
+            return torch.stack([rows[key, texts[int(i)]] for i in at])
+
+        return pick

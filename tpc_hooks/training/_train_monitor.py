@@ -412,7 +412,11 @@ def _collect(r: Request, t: _Texts, cached: RowsCache | None = None) -> dict[str
             progress=verbose,
         )
 
-    read = [read_part(part) if cached is None else cached.collect(part, r.sites, read_part) for part in parts]
+    if cached is not None:  # each request for rows stacks them from the cache: no copy of every text's beside it
+        for part in parts:
+            cached.fill(part, r.sites, read_part)
+        return {s: cached.picker(t.texts, s) for s in r.sites}
+    read = [read_part(part) for part in parts]
     acts = {s: read[0][s] if len(read) == 1 else torch.cat([a[s] for a in read]) for s in r.sites}  # one part: as is
 
     def rows_of(a: torch.Tensor) -> Callable[[list[Any]], Any]:
