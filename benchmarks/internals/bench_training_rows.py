@@ -73,6 +73,7 @@ STEPS = [
     "refit",
     "threshold",
 ]
+ITERATION = "order 1 / solver iteration"  # order 1's seconds over its solver's iterations (summed over the C sweep)
 
 
 # ---- the rows ----------------------------------------------------------------------------------------------
@@ -273,6 +274,17 @@ def _patches(steps: Steps) -> ExitStack:
     stack.enter_context(
         mock.patch.object(_fit._Trainer, "degree", steps.wrap(lambda self, k, p: f"order {k}", trained))
     )
+    from sklearn.linear_model import LogisticRegression
+
+    solve = LogisticRegression.fit
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:  # order 1's solver iterations, over the C sweep
+        out = solve(self, *args, **kwargs)
+        extra = steps.open[-1]["extra"]
+        extra["iterations"] = extra.get("iterations", 0) + int(np.max(self.n_iter_))
+        return out
+
+    stack.enter_context(mock.patch.object(LogisticRegression, "fit", counted))
     patch(_train, "_earned", "choice of orders")
     patch(_refit, "out_of_fold", "out-of-fold")
     patch(_refit, "refit", "refit")
@@ -350,9 +362,10 @@ def summarise(r: dict[str, Any]) -> dict[str, dict[str, float]]:
             continue
         if name == "fit":
             continue
-        got = out.setdefault(name, {"seconds": 0.0, "epochs": 0, "peak_mb": 0.0})
+        got = out.setdefault(name, {"seconds": 0.0, "epochs": 0, "iterations": 0, "peak_mb": 0.0})
         got["seconds"] += s["seconds"]
         got["epochs"] += s["extra"].get("epochs", 0)
+        got["iterations"] += s["extra"].get("iterations", 0)
         got["peak_mb"] = max(got["peak_mb"], (s["peak_kb"] - r["base_kb"]) / 1024)
     return out
 
@@ -364,6 +377,9 @@ def step_value(at: dict[Any, Any], p: str, n: int, w: int, step: str) -> float |
         return None
     if step == "total":
         return r["seconds"]
+    if step == ITERATION:
+        s = summarise(r).get("order 1")
+        return s["seconds"] / s["iterations"] if s and s["iterations"] else None
     s = summarise(r).get(step)
     if s is None or s["seconds"] <= 0:
         return None
@@ -403,7 +419,7 @@ def report(results: list[dict[str, Any]], epochs: int) -> None:
                 ratio = r["peak_kb_above"] * 1024 / r["rows_bytes"]
                 print(f"| `{p}` | {n:,} | {w:,} | {r['seconds']:.1f} | {r['kept']} | {ratio:.2f}x | {apart} |")
     for p in paths:
-        print(f"\n## `{p}`: each step, seconds (epochs run) and peak MB above the start\n")
+        print(f"\n## `{p}`: each step, seconds (epochs run; order 1: solver iterations) and peak MB above the start\n")
         cols = [(n, w) for w in widths for n in counts if (p, n, w) in at]
         print("| step | " + " | ".join(f"{n // 1000}k x {w}" for n, w in cols) + " |")
         print("|---|" + "---:|" * len(cols))
@@ -415,7 +431,7 @@ def report(results: list[dict[str, Any]], epochs: int) -> None:
                 if s is None:
                     cells.append("")
                     continue
-                ep = f" ({s['epochs']})" if s["epochs"] else ""
+                ep = f" ({s['epochs']})" if s["epochs"] else f" ({s['iterations']} it.)" if s["iterations"] else ""
                 cells.append(f"{s['seconds']:.1f}{ep} / {s['peak_mb']:.0f}")
             if any(cells):
                 print(f"| {step} | " + " | ".join(cells) + " |")
@@ -429,7 +445,7 @@ def report(results: list[dict[str, Any]], epochs: int) -> None:
         print("| step | a (rows) | b (width) | seconds at the largest run | extrapolated seconds |")
         print("|---|---:|---:|---:|---:|")
         big_w, big_n = widths[-1], counts[-1]
-        for step in [*STEPS, "total"]:
+        for step in [*STEPS[:2], ITERATION, *STEPS[2:], "total"]:
             by_n = [(n, step_value(at, p, n, big_w, step)) for n in counts]
             by_n = [(n, v) for n, v in by_n if v]
             a = slope([n for n, _ in by_n], [v for _, v in by_n]) if len(by_n) > 1 else float("nan")
@@ -441,7 +457,7 @@ def report(results: list[dict[str, Any]], epochs: int) -> None:
                 continue
             est = last * (PAPER[0] / big_n) ** a * (PAPER[1] / big_w) ** b
             unit = " / epoch" if step.startswith("order ") and step != "order 1" else ""
-            print(f"| {step}{unit} | {a:.2f} | {b:.2f} | {last:.2f} | {est:,.0f} |")
+            print(f"| {step}{unit} | {a:.2f} | {b:.2f} | {last:.3f} | {est:,.1f} |")
         print("\n| peak / rows' bytes | " + " | ".join(f"{n // 1000}k x {w}" for n, w in cols) + " |")
         print("|---|" + "---:|" * len(cols))
         print(
