@@ -29,7 +29,7 @@ every split). Steps, each timed inclusive of the steps under it:
 
 Run (from the repository root; 2 CPU cores here, one used per run):
 
-    python benchmarks/internals/bench_training_rows.py                       # 2k 8k 32k x 576 2048
+    python benchmarks/internals/bench_training_rows.py                       # 2k 8k 32k 64k x 576 2048
     python benchmarks/internals/bench_training_rows.py --rows 2000 --widths 576 --epochs 5   # a smoke run
 """
 
@@ -73,6 +73,8 @@ STEPS = [
     "refit",
     "threshold",
 ]
+REFITS = ("out-of-fold", "refit")  # also timed per epoch their orders ran (the epochs chosen depend on the data)
+EPOCHS_OF = ": its orders / epoch"
 ITERATION = "order 1 / solver iteration"  # order 1's seconds over its solver's iterations (summed over the C sweep)
 
 
@@ -352,11 +354,17 @@ def one(path: str, n: int, width: int, epochs: int, out: Path) -> None:
 
 def summarise(r: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Each step's seconds, epochs and peak (MB above the start): the steps ``train`` runs on its own
-    split (outside out-of-fold and refit), and out-of-fold and refit whole."""
+    split (outside out-of-fold and refit), and out-of-fold and refit whole (their epochs: those their
+    orders ran)."""
     out: dict[str, dict[str, float]] = {}
+    nested = {top: [0, 0.0] for top in REFITS}  # the epochs the refits' orders 2+ ran and their seconds
     for s in r["steps"]:
         name, within = s["step"], s["within"]
-        if name.startswith("order") and any(w in ("out-of-fold", "refit") for w in within):
+        if name.startswith("order") and any(w in REFITS for w in within):
+            if name != "order 1":
+                got = nested["out-of-fold" if "out-of-fold" in within else "refit"]
+                got[0] += s["extra"].get("epochs", 0)
+                got[1] += s["seconds"]
             continue  # the refits' own orders count in the refits
         if name == "refit" and "out-of-fold" in within:
             continue
@@ -367,6 +375,9 @@ def summarise(r: dict[str, Any]) -> dict[str, dict[str, float]]:
         got["epochs"] += s["extra"].get("epochs", 0)
         got["iterations"] += s["extra"].get("iterations", 0)
         got["peak_mb"] = max(got["peak_mb"], (s["peak_kb"] - r["base_kb"]) / 1024)
+    for name, (epochs, seconds) in nested.items():
+        if name in out:
+            out[name]["epochs"], out[name]["epoch_seconds"] = epochs, seconds
     return out
 
 
@@ -380,10 +391,13 @@ def step_value(at: dict[Any, Any], p: str, n: int, w: int, step: str) -> float |
     if step == ITERATION:
         s = summarise(r).get("order 1")
         return s["seconds"] / s["iterations"] if s and s["iterations"] else None
+    if step.endswith(EPOCHS_OF):  # a refit's orders 2+, per epoch they ran
+        s = summarise(r).get(step[: -len(EPOCHS_OF)])
+        return s["epoch_seconds"] / s["epochs"] if s and s["epochs"] else None
     s = summarise(r).get(step)
     if s is None or s["seconds"] <= 0:
         return None
-    return s["seconds"] / s["epochs"] if s["epochs"] else s["seconds"]
+    return s["seconds"] / s["epochs"] if s["epochs"] and step not in REFITS else s["seconds"]
 
 
 def slope(xs: list[float], ys: list[float]) -> float:
@@ -437,27 +451,38 @@ def report(results: list[dict[str, Any]], epochs: int) -> None:
                 print(f"| {step} | " + " | ".join(cells) + " |")
         print(f"\n## `{p}`: growth exponents (time and peak ~ rows^a, width^b) and the paper's scale\n")
         print(
-            "a: the slope of log time on log rows at the widest width; b: between the two widths at the most "
-            f"rows. Extrapolated to {PAPER[0]:,} rows x {PAPER[1]:,} (the paper's WildGuardMix on Gemma-3-27B) "
-            "from the largest run by these exponents: an extrapolation, not a measurement; per epoch for the "
-            "orders (the epochs run depend on the data).\n"
+            "a: the slope of log time on log rows at the widest width, over every count and without the "
+            "smallest (whose rows fit the CPU's caches: it runs faster per row); b: between the two widths at "
+            f"the most rows. Extrapolated to {PAPER[0]:,} rows x {PAPER[1]:,} (the paper's WildGuardMix on "
+            "Gemma-3-27B) from the largest run by a without the smallest count and b: an extrapolation, not a "
+            "measurement (the whole run's: in proportion to rows x width). Per epoch for the orders and the "
+            "refits' orders, per solver iteration for order 1: how many a step runs depends on the data.\n"
         )
-        print("| step | a (rows) | b (width) | seconds at the largest run | extrapolated seconds |")
-        print("|---|---:|---:|---:|---:|")
+        print(
+            "| step | a (rows) | a (without the smallest) | b (width) | seconds at the largest run "
+            "| extrapolated seconds |"
+        )
+        print("|---|---:|---:|---:|---:|---:|")
         big_w, big_n = widths[-1], counts[-1]
-        for step in [*STEPS[:2], ITERATION, *STEPS[2:], "total"]:
+        rows_steps = [*STEPS[:2], ITERATION, *STEPS[2:8], STEPS[7] + EPOCHS_OF, STEPS[8], STEPS[8] + EPOCHS_OF]
+        for step in [*rows_steps, *STEPS[9:], "total"]:
             by_n = [(n, step_value(at, p, n, big_w, step)) for n in counts]
             by_n = [(n, v) for n, v in by_n if v]
             a = slope([n for n, _ in by_n], [v for _, v in by_n]) if len(by_n) > 1 else float("nan")
+            big = [(n, v) for n, v in by_n if n > counts[0]]
+            a_big = slope([n for n, _ in big], [v for _, v in big]) if len(big) > 1 else float("nan")
             by_w = [(w, step_value(at, p, big_n, w, step)) for w in widths]
             by_w = [(w, v) for w, v in by_w if v]
             b = slope([w for w, _ in by_w], [v for _, v in by_w]) if len(by_w) > 1 else float("nan")
             last = step_value(at, p, big_n, big_w, step)
             if last is None:
                 continue
-            est = last * (PAPER[0] / big_n) ** a * (PAPER[1] / big_w) ** b
-            unit = " / epoch" if step.startswith("order ") and step != "order 1" else ""
-            print(f"| {step}{unit} | {a:.2f} | {b:.2f} | {last:.3f} | {est:,.1f} |")
+            if step == "total":  # as rows x width, as each step's cost per epoch and per iteration grows
+                est = last * (PAPER[0] / big_n) * (PAPER[1] / big_w)
+            else:
+                est = last * (PAPER[0] / big_n) ** (a_big if a_big == a_big else a) * (PAPER[1] / big_w) ** b
+            unit = " / epoch" if step.startswith("order ") and step not in ("order 1", ITERATION) else ""
+            print(f"| {step}{unit} | {a:.2f} | {a_big:.2f} | {b:.2f} | {last:.3f} | {est:,.1f} |")
         print("\n| peak / rows' bytes | " + " | ".join(f"{n // 1000}k x {w}" for n, w in cols) + " |")
         print("|---|" + "---:|" * len(cols))
         print(
@@ -469,7 +494,7 @@ def report(results: list[dict[str, Any]], epochs: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, nargs="+", default=[2000, 8000, 32000])
+    ap.add_argument("--rows", type=int, nargs="+", default=[2000, 8000, 32000, 64000])
     ap.add_argument("--widths", type=int, nargs="+", default=[576, 2048])
     ap.add_argument("--paths", nargs="+", default=["train", "train_monitor"], choices=["train", "train_monitor"])
     ap.add_argument("--epochs", type=int, default=50, help="epochs an order at most (the default's 50)")
